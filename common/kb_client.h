@@ -1,0 +1,102 @@
+/* Client library for kb-server: used by kbctl, knowledge makers and trainers.
+ *
+ * One kb_client_t owns one ZeroMQ DEALER socket connected to one server endpoint, and must be used from one
+ * thread at a time. Many requests may be in flight (kb_client_send + kb_client_wait); the blocking helpers
+ * below send one request and wait for its answer.
+ *
+ * Timeouts and retries: each attempt waits timeout_ms; after a timeout the client closes and reopens its
+ * socket (dropping anything queued for a dead peer) and resends the same request with the same request id,
+ * client id and sequence number, up to `retries` more times. The server applies a write with a given
+ * (client_id, sequence) once, so a retried write never applies twice.
+ *
+ * Return convention: 0 on success, a negative KB_CLIENT_E* code on failure; kb_client_last_error() then
+ * describes it (for KB_CLIENT_ESTATUS: the server's status name and error text). */
+#ifndef KB_CLIENT_H
+#define KB_CLIENT_H
+
+#include "carls.pb-c.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kb_client kb_client_t;
+
+enum {
+    KB_CLIENT_OK = 0,
+    KB_CLIENT_ETIMEOUT = -1, /* no answer after every retry */
+    KB_CLIENT_ESTATUS = -2,  /* the server answered with a non-OK status */
+    KB_CLIENT_EINVAL = -3,   /* the call's arguments are wrong (caught before sending) */
+    KB_CLIENT_EIO = -4,      /* ZeroMQ or decoding failure */
+};
+
+typedef struct {
+    int timeout_ms;     /* per attempt; 0 means 5000 */
+    int retries;        /* extra attempts after a timeout; negative means 0; default (0 here) means 0 */
+    uint64_t client_id; /* 0: a random nonzero id */
+} kb_client_options_t;
+
+/* A key: any byte string (not NUL-terminated). */
+typedef struct {
+    const void *data;
+    size_t len;
+} kb_key_t;
+
+/* Per-row metadata returned by lookups. */
+typedef struct {
+    uint64_t version;
+    int64_t updated_at_ms;
+    uint64_t frequency;
+} kb_row_meta_t;
+
+/* Connects to endpoint ("tcp://127.0.0.1:7000"). opts may be NULL for defaults. Caller owns the result;
+ * NULL on failure (logged). Connecting never blocks: a server that is not up yet is waited for per call. */
+kb_client_t *kb_client_new(const char *endpoint, const kb_client_options_t *opts);
+
+/* Closes the socket and frees the client; accepts NULL and *self_p == NULL; nulls *self_p. */
+void kb_client_destroy(kb_client_t **self_p);
+
+/* Last error text for this client ("" after success). Valid until the next call on the client. */
+const char *kb_client_last_error(const kb_client_t *self);
+
+uint64_t kb_client_id(const kb_client_t *self);
+
+/* Low level. Fills req's protocol_version and request_id, and for writes (create/drop table, put, push
+ * gradients) client_id and a fresh sequence number; packs and sends it. *request_id_out identifies it. */
+int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_out);
+
+/* Waits for the answer to request_id (resending on timeout as described above). On success (status OK)
+ * *response_out is the decoded answer; caller owns it and frees it with carls__response__free_unpacked(r,
+ * NULL). On KB_CLIENT_ESTATUS *response_out is also set (caller frees) so the status can be inspected. */
+int kb_client_wait(kb_client_t *self, uint64_t request_id, Carls__Response **response_out);
+
+/* kb_client_send + kb_client_wait. */
+int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out);
+
+/* Blocking helpers. `cfg` is copied into the request (fields left zero take the server's defaults). */
+int kb_client_create_table(kb_client_t *self, const char *table, const Carls__TableConfig *cfg,
+                           bool if_not_exists);
+int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists);
+
+/* Caller owns *list_out (a Response whose result is table_list). */
+int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
+
+/* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
+ * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs. */
+int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                     float *values_out, kb_row_meta_t *meta_out);
+
+/* Writes n rows (n*dim floats) tagged with version. */
+int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                  const float *values, uint64_t version);
+
+/* Pushes n gradient rows (n*dim floats); each row is one gradient. */
+int kb_client_push_gradients(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                             const float *gradients);
+
+/* table may be NULL or "" for every table. Caller owns *stats_out (result is stats). */
+int kb_client_stats(kb_client_t *self, const char *table, Carls__Response **stats_out);
+
+int kb_client_checkpoint(kb_client_t *self);
+
+#endif

@@ -1,0 +1,51 @@
+#include "protocol.h"
+
+#include <string.h>
+
+const char *carls_status_name(Carls__StatusCode status)
+{
+    switch (status) {
+    case CARLS__STATUS_CODE__STATUS_OK: return "OK";
+    case CARLS__STATUS_CODE__STATUS_MALFORMED: return "MALFORMED";
+    case CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION: return "UNSUPPORTED_VERSION";
+    case CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case CARLS__STATUS_CODE__STATUS_NOT_FOUND: return "NOT_FOUND";
+    case CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case CARLS__STATUS_CODE__STATUS_TOO_LARGE: return "TOO_LARGE";
+    case CARLS__STATUS_CODE__STATUS_READ_ONLY: return "READ_ONLY";
+    case CARLS__STATUS_CODE__STATUS_INTERNAL: return "INTERNAL";
+    case CARLS__STATUS_CODE__STATUS_UNAVAILABLE: return "UNAVAILABLE";
+    case CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    default: return "UNKNOWN_STATUS";
+    }
+}
+
+const char *carls_op_name(Carls__Request__OpCase op)
+{
+    switch (op) {
+    case CARLS__REQUEST__OP_CREATE_TABLE: return "create_table";
+    case CARLS__REQUEST__OP_DROP_TABLE: return "drop_table";
+    case CARLS__REQUEST__OP_LIST_TABLES: return "list_tables";
+    case CARLS__REQUEST__OP_LOOKUP: return "lookup";
+    case CARLS__REQUEST__OP_PUT: return "put";
+    case CARLS__REQUEST__OP_PUSH_GRADIENTS: return "push_gradients";
+    case CARLS__REQUEST__OP_STATS: return "stats";
+    case CARLS__REQUEST__OP_CHECKPOINT: return "checkpoint";
+    default: return "none";
+    }
+}
+
+int carls_table_name_valid(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > CARLS_MAX_TABLE_NAME_BYTES)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                 c == '-' || c == '.';
+        if (!ok)
+            return -1;
+    }
+    return 0;
+}

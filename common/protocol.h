@@ -1,0 +1,30 @@
+/* Protocol constants and helpers shared by the server and every client (see proto/carls.proto and
+ * docs/PROTOCOL.md). */
+#ifndef CARLS_PROTOCOL_H
+#define CARLS_PROTOCOL_H
+
+#include "carls.pb-c.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CARLS_PROTOCOL_VERSION 1u
+
+/* Default limits; the server takes each as a flag. Clients use them to refuse oversized requests early. */
+#define CARLS_DEFAULT_MAX_MESSAGE_BYTES (64u << 20) /* one request or response frame */
+#define CARLS_DEFAULT_MAX_KEY_BYTES 1024u
+#define CARLS_DEFAULT_MAX_DIM 4096u
+#define CARLS_DEFAULT_MAX_KEYS_PER_REQUEST 100000u
+#define CARLS_MAX_TABLE_NAME_BYTES 128u
+#define CARLS_MAX_PENDING_LIMIT 1024u
+
+/* Short stable name of a status code ("OK", "INVALID_ARGUMENT", ...). */
+const char *carls_status_name(Carls__StatusCode status);
+
+/* Name of the operation a request carries ("lookup", "put", ...), or "none". */
+const char *carls_op_name(Carls__Request__OpCase op);
+
+/* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. Returns 0 when valid. */
+int carls_table_name_valid(const char *name);
+
+#endif

@@ -1,0 +1,136 @@
+#include "util.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+
+int64_t carls_monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t carls_monotonic_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t carls_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+uint64_t carls_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t carls_hash64(const void *data, size_t len, uint64_t seed)
+{
+    const unsigned char *p = data;
+    uint64_t h = 0xcbf29ce484222325ULL ^ seed;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    /* FNV-1a alone mixes its low bits poorly; one splitmix round fixes that. */
+    return carls_splitmix64(&h);
+}
+
+void *carls_xmalloc_at(size_t size, const char *file, int line)
+{
+    void *p = malloc(size ? size : 1);
+    if (!p) {
+        carls_log_write(CARLS_LOG_ERROR, file, line, "out of memory allocating %zu bytes", size);
+        abort();
+    }
+    return p;
+}
+
+void *carls_xcalloc_at(size_t n, size_t size, const char *file, int line)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        carls_log_write(CARLS_LOG_ERROR, file, line, "out of memory allocating %zu x %zu bytes", n, size);
+        abort();
+    }
+    return p;
+}
+
+void *carls_xrealloc_at(void *ptr, size_t size, const char *file, int line)
+{
+    void *p = realloc(ptr, size ? size : 1);
+    if (!p) {
+        carls_log_write(CARLS_LOG_ERROR, file, line, "out of memory reallocating %zu bytes", size);
+        abort();
+    }
+    return p;
+}
+
+int carls_parse_u64(const char *text, uint64_t *out)
+{
+    if (!text || !*text || *text == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int carls_parse_i64(const char *text, int64_t *out)
+{
+    if (!text || !*text)
+        return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int carls_parse_float(const char *text, float *out)
+{
+    if (!text || !*text)
+        return -1;
+    char *end;
+    errno = 0;
+    float v = strtof(text, &end);
+    if (errno || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int carls_random_bytes(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}

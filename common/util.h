@@ -1,0 +1,38 @@
+/* Small helpers shared by every program: clocks, hashing, checked allocation, number parsing. */
+#ifndef CARLS_UTIL_H
+#define CARLS_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Monotonic clock in milliseconds / microseconds, for timeouts and latencies. */
+int64_t carls_monotonic_ms(void);
+int64_t carls_monotonic_us(void);
+/* Wall clock in milliseconds since the epoch, for timestamps stored with data. */
+int64_t carls_wall_ms(void);
+
+/* 64-bit hash of a byte string (a seeded FNV-1a folded through splitmix64). Stable across platforms and
+ * releases: initial values and shard placement depend on it. */
+uint64_t carls_hash64(const void *data, size_t len, uint64_t seed);
+
+/* splitmix64 step: advances *state and returns the next pseudo-random value. */
+uint64_t carls_splitmix64(uint64_t *state);
+
+/* Allocation that aborts with file:line on failure (out of memory is not a recoverable error here). */
+void *carls_xmalloc_at(size_t size, const char *file, int line);
+void *carls_xcalloc_at(size_t n, size_t size, const char *file, int line);
+void *carls_xrealloc_at(void *ptr, size_t size, const char *file, int line);
+#define carls_xmalloc(size) carls_xmalloc_at((size), __FILE__, __LINE__)
+#define carls_xcalloc(n, size) carls_xcalloc_at((n), (size), __FILE__, __LINE__)
+#define carls_xrealloc(ptr, size) carls_xrealloc_at((ptr), (size), __FILE__, __LINE__)
+
+/* Strict number parsing for command lines: the whole string must be a number in range. 0 on success. */
+int carls_parse_u64(const char *text, uint64_t *out);
+int carls_parse_i64(const char *text, int64_t *out);
+int carls_parse_float(const char *text, float *out);
+
+/* Fills buf with n random bytes from the OS. 0 on success. */
+int carls_random_bytes(void *buf, size_t n);
+
+#endif
