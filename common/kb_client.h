@@ -67,7 +67,11 @@ int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_
 
 /* Waits for the answer to request_id (resending on timeout as described above). On success (status OK)
  * *response_out is the decoded answer; caller owns it and frees it with carls__response__free_unpacked(r,
- * NULL). On KB_CLIENT_ESTATUS *response_out is also set (caller frees) so the status can be inspected. */
+ * NULL). On KB_CLIENT_ESTATUS *response_out is also set (caller frees) so the status can be inspected.
+ * Answers to other requests in flight that arrive meanwhile are kept for their own wait; answers to ids not
+ * in flight (late duplicates) are dropped. A frame that does not decode fails this wait with KB_CLIENT_EIO.
+ * Every return except KB_CLIENT_EINVAL (request_id not in flight) ends the request: it is no longer in
+ * flight afterwards, and a late answer to it is dropped. */
 int kb_client_wait(kb_client_t *self, uint64_t request_id, Carls__Response **response_out);
 
 /* kb_client_send + kb_client_wait. */
@@ -82,9 +86,15 @@ int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists);
 int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
 
 /* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
- * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs. */
+ * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with KB_CLIENT_EIO
+ * if the answer holds another number of values or metadata records than n*dim / n (nothing is copied). */
 int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                      float *values_out, kb_row_meta_t *meta_out);
+
+/* kb_client_lookup with the request's no_create flag: when true the server answers unseen keys with their
+ * initial value without inserting them (kbctl get --no-create). */
+int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                        bool no_create, float *values_out, kb_row_meta_t *meta_out);
 
 /* Writes n rows (n*dim floats) tagged with version. */
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,

@@ -1,0 +1,72 @@
+/* Text rows for kbctl and scripts: "KEY<TAB>v1 v2 ... vdim", one row per line.
+ *
+ * Format (read):
+ *   - A line is everything up to '\n'; a trailing '\r' is dropped (files written on Windows).
+ *   - An empty line is skipped (so a stray blank line at the end of a file is harmless).
+ *   - Row lines: the key is every byte before the first TAB; it must be non-empty and at most
+ *     CARLS_DEFAULT_MAX_KEY_BYTES long. After the TAB come exactly `dim` numbers separated by one or more
+ *     spaces or TABs (leading and trailing blanks allowed). Each number is a C float literal (strtof) that
+ *     is finite after conversion: "nan", "inf" and values that overflow a float are refused; values that
+ *     underflow to a subnormal or zero are accepted, so every float printed with "%.9g" reads back exactly.
+ *   - Key lines (kb_rows_read with keys_only): the whole line is the key (it may contain spaces or TABs).
+ *
+ * Format (write): kb_rows_write_row prints the key, a TAB, then the values with "%.9g" separated by single
+ * spaces (no newline, so a caller may add columns). "%.9g" has enough digits for any float, so writing then
+ * reading gives the same bits. Keys are written as they are: a key holding a TAB or newline cannot be read
+ * back as a row line.
+ *
+ * kb_rows_t holds parsed rows: the keys back to back in one buffer and the values row-major. */
+#ifndef KB_ROWS_TEXT_H
+#define KB_ROWS_TEXT_H
+
+#include "kb_client.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    uint32_t dim;     /* values per row; 0 for a list of keys only */
+    size_t n;         /* rows held */
+    size_t cap;       /* rows allocated in key_off / key_len / values */
+    char *key_bytes;  /* every key back to back (not NUL-terminated) */
+    size_t key_bytes_len, key_bytes_cap;
+    size_t *key_off;  /* (n) where key i starts in key_bytes */
+    size_t *key_len;  /* (n) its length */
+    float *values;    /* (n, dim) row-major; NULL while dim == 0 */
+} kb_rows_t;
+
+/* A new, empty set of rows of dimension dim (0: keys only). Caller owns it; free with kb_rows_destroy. */
+kb_rows_t *kb_rows_new(uint32_t dim);
+
+/* Frees rows; accepts NULL and *rows_p == NULL; nulls *rows_p. */
+void kb_rows_destroy(kb_rows_t **rows_p);
+
+/* Appends one row (values: dim floats, ignored when dim == 0). Copies key and values. */
+void kb_rows_append(kb_rows_t *rows, const void *key, size_t key_len, const float *values);
+
+/* Key i (0 <= i < n) as a kb_key_t pointing into rows; valid until the next append or destroy. */
+kb_key_t kb_rows_key(const kb_rows_t *rows, size_t i);
+
+/* Parses one row line (without its '\n'; a trailing '\r' is allowed) of len bytes and appends it to rows.
+ * rows->dim must be > 0. Returns 0, or -1 with a one-line reason (no line number) in err and rows
+ * unchanged. An empty line is an error here; kb_rows_read skips empty lines before calling this. */
+int kb_rows_parse_line(kb_rows_t *rows, const char *line, size_t len, char *err, size_t errlen);
+
+/* Parses one key line (the whole line is the key, trailing '\r' dropped) and appends it (rows->dim == 0).
+ * Returns 0, or -1 with a reason in err (empty or over-long key). */
+int kb_rows_parse_key_line(kb_rows_t *rows, const char *line, size_t len, char *err, size_t errlen);
+
+/* Reads every line of in, appending valid rows to rows (row lines when rows->dim > 0, key lines when
+ * rows->dim == 0). Every invalid line is reported to errs as "line N: reason" (N counts from 1, blank
+ * lines included), at most max_reports of them, then one "... and K more invalid lines" line; errs may be
+ * NULL. Returns 0 when every line was valid, -1 when some line was not or reading failed (reported too);
+ * *bad_lines_out (may be NULL) gets the number of invalid lines. On -1 the caller should send nothing. */
+int kb_rows_read(kb_rows_t *rows, FILE *in, FILE *errs, size_t max_reports, size_t *bad_lines_out);
+
+/* Writes "KEY<TAB>v1 v2 ... vdim" (no newline) with "%.9g". Returns 0, or -1 when the stream reports an
+ * error. */
+int kb_rows_write_row(FILE *out, const void *key, size_t key_len, const float *values, uint32_t dim);
+
+#endif
