@@ -1,0 +1,619 @@
+#include "kb_bank.h"
+
+#include "kb_dedup.h"
+#include "kb_store.h"
+#include "log.h"
+#include "protocol.h"
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A table in the registry. refs counts the registry itself (while not dropped) plus every acquire. */
+typedef struct {
+    kb_table_t *table;
+    int refs;
+    bool dropped;
+} s_entry_t;
+
+/* A create or drop waiting for the next commit, in the order they happened. */
+typedef struct {
+    bool drop;
+    int64_t id;
+    char *name;
+    uint8_t *config;
+    size_t config_len;
+} s_table_op_t;
+
+struct kb_bank {
+    kb_bank_options_t opts;
+    char *data_dir;
+    kb_store_t *store;
+    pthread_mutex_t store_mutex; /* the persister and checkpoints take turns on the store */
+    kb_dedup_t *dedup;
+
+    pthread_mutex_t registry_mutex;
+    s_entry_t *entries;
+    size_t entry_count, entry_capacity;
+    int64_t next_table_id;
+    s_table_op_t *ops; /* guarded by registry_mutex */
+    size_t op_count, op_capacity;
+
+    /* Held shared by write requests, exclusively by the persister while it collects an epoch. */
+    pthread_rwlock_t gate;
+    atomic_uint_fast64_t epoch; /* the epoch being filled; advanced only under the exclusive gate */
+
+    pthread_mutex_t commit_mutex;
+    pthread_cond_t commit_cond;   /* persister -> waiters: committed_epoch advanced or a failure */
+    pthread_cond_t persist_cond;  /* waiters -> persister: someone waits */
+    uint64_t committed_epoch;
+    int waiters;
+    bool stopping;
+    char storage_error[512];      /* last commit failure, "" after a success */
+
+    pthread_t persister, sweeper;
+    bool threads_started;
+    pthread_mutex_t sweep_mutex;
+    pthread_cond_t sweep_cond;
+
+    kb_bank_stats_t stats; /* guarded by commit_mutex */
+};
+
+/* ---- registry ---- */
+
+static s_entry_t *s_find_entry(kb_bank_t *self, const char *name)
+{
+    for (size_t i = 0; i < self->entry_count; i++)
+        if (!self->entries[i].dropped && strcmp(kb_table_name(self->entries[i].table), name) == 0)
+            return &self->entries[i];
+    return NULL;
+}
+
+static void s_add_entry(kb_bank_t *self, kb_table_t *table)
+{
+    if (self->entry_count == self->entry_capacity) {
+        self->entry_capacity = self->entry_capacity ? self->entry_capacity * 2 : 8;
+        self->entries = carls_xrealloc(self->entries, self->entry_capacity * sizeof *self->entries);
+    }
+    self->entries[self->entry_count++] = (s_entry_t){.table = table, .refs = 1, .dropped = false};
+}
+
+/* Drops one reference; frees the table and its entry when it was the last. Registry mutex held. */
+static void s_unref(kb_bank_t *self, size_t index)
+{
+    s_entry_t *e = &self->entries[index];
+    if (--e->refs > 0)
+        return;
+    kb_table_destroy(&e->table);
+    self->entries[index] = self->entries[--self->entry_count];
+}
+
+kb_table_t *kb_bank_acquire(kb_bank_t *self, const char *name)
+{
+    pthread_mutex_lock(&self->registry_mutex);
+    s_entry_t *e = s_find_entry(self, name);
+    kb_table_t *t = NULL;
+    if (e) {
+        e->refs++;
+        t = e->table;
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+    return t;
+}
+
+void kb_bank_release(kb_bank_t *self, kb_table_t *table)
+{
+    if (!table)
+        return;
+    pthread_mutex_lock(&self->registry_mutex);
+    for (size_t i = 0; i < self->entry_count; i++) {
+        if (self->entries[i].table == table) {
+            s_unref(self, i);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+}
+
+static int s_compare_tables(const void *a, const void *b)
+{
+    return strcmp(kb_table_name(*(kb_table_t *const *)a), kb_table_name(*(kb_table_t *const *)b));
+}
+
+size_t kb_bank_acquire_all(kb_bank_t *self, kb_table_t ***out)
+{
+    pthread_mutex_lock(&self->registry_mutex);
+    kb_table_t **list = carls_xcalloc(self->entry_count + 1, sizeof *list);
+    size_t n = 0;
+    for (size_t i = 0; i < self->entry_count; i++) {
+        if (self->entries[i].dropped)
+            continue;
+        self->entries[i].refs++;
+        list[n++] = self->entries[i].table;
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+    qsort(list, n, sizeof *list, s_compare_tables);
+    *out = list;
+    return n;
+}
+
+static void s_queue_op(kb_bank_t *self, s_table_op_t op)
+{
+    if (self->op_count == self->op_capacity) {
+        self->op_capacity = self->op_capacity ? self->op_capacity * 2 : 8;
+        self->ops = carls_xrealloc(self->ops, self->op_capacity * sizeof *self->ops);
+    }
+    self->ops[self->op_count++] = op;
+}
+
+static void s_free_ops(s_table_op_t *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ops[i].name);
+        free(ops[i].config);
+    }
+}
+
+/* Packs a table config for the store. Caller frees. */
+static uint8_t *s_pack_config(const kb_table_config_t *cfg, size_t *len)
+{
+    Carls__TableConfig pc;
+    Carls__OptimizerConfig po;
+    Carls__LazyUpdateConfig pl;
+    kb_table_config_to_proto(cfg, &pc, &po, &pl);
+    *len = carls__table_config__get_packed_size(&pc);
+    uint8_t *buf = carls_xmalloc(*len);
+    carls__table_config__pack(&pc, buf);
+    return buf;
+}
+
+int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists)
+{
+    pthread_mutex_lock(&self->registry_mutex);
+    s_entry_t *e = s_find_entry(self, name);
+    if (e) {
+        int rc = KB_BANK_EEXISTS;
+        if (if_not_exists)
+            rc = memcmp(kb_table_config(e->table), cfg, sizeof *cfg) == 0 ? KB_BANK_OK : KB_BANK_ECONFLICT;
+        pthread_mutex_unlock(&self->registry_mutex);
+        return rc;
+    }
+    int64_t id = self->next_table_id++;
+    s_add_entry(self, kb_table_new(id, name, cfg));
+    s_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
+    if (!op.name)
+        CARLS_FATAL("out of memory");
+    op.config = s_pack_config(cfg, &op.config_len);
+    s_queue_op(self, op);
+    pthread_mutex_unlock(&self->registry_mutex);
+    LOG_INFO("created table %s (dim %u)", name, cfg->dim);
+    return KB_BANK_OK;
+}
+
+int kb_bank_drop_table(kb_bank_t *self, const char *name)
+{
+    pthread_mutex_lock(&self->registry_mutex);
+    s_entry_t *e = s_find_entry(self, name);
+    if (!e) {
+        pthread_mutex_unlock(&self->registry_mutex);
+        return KB_BANK_ENOTFOUND;
+    }
+    e->dropped = true;
+    s_queue_op(self, (s_table_op_t){.drop = true, .id = kb_table_id(e->table)});
+    s_unref(self, (size_t)(e - self->entries));
+    pthread_mutex_unlock(&self->registry_mutex);
+    LOG_INFO("dropped table %s", name);
+    return KB_BANK_OK;
+}
+
+/* ---- write bracket and durability ---- */
+
+void kb_bank_write_begin(kb_bank_t *self) { pthread_rwlock_rdlock(&self->gate); }
+
+uint64_t kb_bank_write_end(kb_bank_t *self)
+{
+    /* The persister advances the epoch only under the exclusive gate, so everything this request changed
+     * is collected in the epoch read here, or (if it was read after a collection began) in a later one. */
+    uint64_t ticket = atomic_load(&self->epoch);
+    pthread_rwlock_unlock(&self->gate);
+    return ticket;
+}
+
+int kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+{
+    return kb_dedup_check_and_record(self->dedup, client_id, seq);
+}
+
+void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+{
+    kb_dedup_forget(self->dedup, client_id, seq);
+}
+
+bool kb_bank_sync(const kb_bank_t *self) { return self->opts.sync; }
+
+static void s_deadline(struct timespec *ts, int timeout_ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Waits until epoch `ticket` has committed, waking the persister. Any durability mode. */
+static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
+{
+    struct timespec deadline;
+    s_deadline(&deadline, timeout_ms);
+    int rc = KB_BANK_OK;
+    pthread_mutex_lock(&self->commit_mutex);
+    self->waiters++;
+    pthread_cond_signal(&self->persist_cond);
+    while (self->committed_epoch < ticket && !self->stopping) {
+        if (pthread_cond_timedwait(&self->commit_cond, &self->commit_mutex, &deadline) == ETIMEDOUT)
+            break;
+    }
+    if (self->committed_epoch < ticket) {
+        snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms,
+                 self->storage_error[0] ? ": " : "", self->storage_error);
+        rc = KB_BANK_ESTORAGE;
+    }
+    self->waiters--;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return rc;
+}
+
+int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
+{
+    if (!self->opts.sync)
+        return KB_BANK_OK;
+    return s_wait_epoch(self, ticket, timeout_ms, err, errlen);
+}
+
+/* ---- persister ---- */
+
+typedef struct {
+    s_table_op_t *ops;
+    size_t op_count;
+    kb_store_row_t *rows;
+    size_t row_count, row_capacity;
+    kb_dedup_record_t *clients;
+    size_t client_count, client_capacity;
+    uint64_t epoch;
+} s_batch_t;
+
+static void s_batch_clear(s_batch_t *b)
+{
+    s_free_ops(b->ops, b->op_count);
+    free(b->ops);
+    b->ops = NULL;
+    b->op_count = 0;
+    for (size_t i = 0; i < b->row_count; i++)
+        kb_store_row_free(&b->rows[i]);
+    b->row_count = 0;
+    b->client_count = 0;
+}
+
+/* Collects one epoch's changes into b (appending to what a failed commit left there). */
+static void s_collect(kb_bank_t *self, s_batch_t *b)
+{
+    pthread_rwlock_wrlock(&self->gate);
+    b->epoch = atomic_fetch_add(&self->epoch, 1);
+
+    pthread_mutex_lock(&self->registry_mutex);
+    if (self->op_count) {
+        b->ops = carls_xrealloc(b->ops, (b->op_count + self->op_count) * sizeof *b->ops);
+        memcpy(b->ops + b->op_count, self->ops, self->op_count * sizeof *self->ops);
+        b->op_count += self->op_count;
+        self->op_count = 0;
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self, &tables);
+    for (size_t i = 0; i < n; i++)
+        kb_table_take_dirty(tables[i], &b->rows, &b->row_count, &b->row_capacity);
+
+    kb_dedup_record_t *fresh = NULL;
+    size_t fresh_cap = 0;
+    size_t fresh_n = kb_dedup_take_dirty(self->dedup, &fresh, &fresh_cap);
+    pthread_rwlock_unlock(&self->gate);
+
+    for (size_t i = 0; i < n; i++)
+        kb_bank_release(self, tables[i]);
+    free(tables);
+    if (fresh_n) {
+        if (b->client_count + fresh_n > b->client_capacity) {
+            b->client_capacity = b->client_count + fresh_n;
+            b->clients = carls_xrealloc(b->clients, b->client_capacity * sizeof *b->clients);
+        }
+        memcpy(b->clients + b->client_count, fresh, fresh_n * sizeof *fresh);
+        b->client_count += fresh_n;
+    }
+    free(fresh);
+}
+
+/* Writes a batch in one transaction. 0 on success. Store mutex held. */
+static int s_write_batch(kb_bank_t *self, const s_batch_t *b)
+{
+    if (b->op_count == 0 && b->row_count == 0 && b->client_count == 0)
+        return 0;
+    if (kb_store_begin(self->store) != 0)
+        return -1;
+    for (size_t i = 0; i < b->op_count; i++) {
+        const s_table_op_t *op = &b->ops[i];
+        int rc = op->drop ? kb_store_drop_table(self->store, op->id)
+                          : kb_store_put_table(self->store, op->id, op->name, op->config, op->config_len);
+        if (rc != 0)
+            goto fail;
+    }
+    for (size_t i = 0; i < b->row_count; i++) {
+        if (kb_store_put_row(self->store, &b->rows[i]) != 0)
+            goto fail;
+    }
+    for (size_t i = 0; i < b->client_count; i++) {
+        const kb_dedup_record_t *c = &b->clients[i];
+        if (kb_store_put_client(self->store, c->client_id, c->max_seq, c->window, KB_DEDUP_WINDOW_BYTES) != 0)
+            goto fail;
+    }
+    if (kb_store_commit(self->store) != 0)
+        goto fail;
+    return 0;
+fail:
+    kb_store_rollback(self->store);
+    return -1;
+}
+
+/* One round: collect, write, publish. Returns 0 on success. */
+static int s_persist_round(kb_bank_t *self, s_batch_t *b)
+{
+    /* The store mutex spans collect and write so that rounds (the persister's, a checkpoint's) can never
+     * write an older epoch after a newer one. */
+    pthread_mutex_lock(&self->store_mutex);
+    s_collect(self, b);
+    int rc = s_write_batch(self, b);
+    const char *why = rc ? kb_store_last_error(self->store) : "";
+    pthread_mutex_lock(&self->commit_mutex);
+    if (rc == 0) {
+        if (b->op_count || b->row_count || b->client_count)
+            self->stats.commits++;
+        self->stats.rows_written += b->row_count;
+        self->committed_epoch = b->epoch;
+        self->stats.committed_epoch = b->epoch;
+        self->storage_error[0] = '\0';
+    } else {
+        self->stats.commit_failures++;
+        snprintf(self->storage_error, sizeof self->storage_error, "%s", why);
+    }
+    pthread_cond_broadcast(&self->commit_cond);
+    pthread_mutex_unlock(&self->commit_mutex);
+    pthread_mutex_unlock(&self->store_mutex);
+    if (rc == 0)
+        s_batch_clear(b);
+    /* On failure the batch is kept and written again, with newer changes after it, next round. */
+    return rc;
+}
+
+static void *s_persister_main(void *arg)
+{
+    kb_bank_t *self = arg;
+    s_batch_t batch = {0};
+    /* In sync mode rows changed by reads (frequency counts) still reach disk within this period. */
+    int idle_ms = self->opts.sync ? 200 : (int)self->opts.interval_ms;
+    int failures = 0;
+    pthread_mutex_lock(&self->commit_mutex);
+    while (!self->stopping) {
+        if (self->waiters == 0) {
+            struct timespec deadline;
+            s_deadline(&deadline, failures ? 100 : idle_ms);
+            pthread_cond_timedwait(&self->persist_cond, &self->commit_mutex, &deadline);
+            if (self->stopping)
+                break;
+            /* Interval mode: only the timer (or a checkpoint, which waits) starts a round. */
+        }
+        pthread_mutex_unlock(&self->commit_mutex);
+        int rc = s_persist_round(self, &batch);
+        failures = rc ? failures + 1 : 0;
+        if (rc && failures % 50 == 1)
+            LOG_ERROR("commit failed (%d in a row), will retry: %s", failures, self->storage_error);
+        pthread_mutex_lock(&self->commit_mutex);
+    }
+    pthread_mutex_unlock(&self->commit_mutex);
+    /* Final round so that a clean shutdown loses nothing. */
+    if (s_persist_round(self, &batch) != 0)
+        LOG_ERROR("final commit failed: %s; %zu rows not saved", self->storage_error, batch.row_count);
+    s_batch_clear(&batch);
+    free(batch.rows);
+    free(batch.clients);
+    return NULL;
+}
+
+/* ---- sweeper ---- */
+
+static void *s_sweeper_main(void *arg)
+{
+    kb_bank_t *self = arg;
+    pthread_mutex_lock(&self->sweep_mutex);
+    while (!self->stopping) {
+        pthread_mutex_unlock(&self->sweep_mutex);
+        kb_table_t **tables;
+        size_t n = kb_bank_acquire_all(self, &tables);
+        int64_t now = carls_monotonic_ms();
+        uint32_t tick_ms = 100;
+        for (size_t i = 0; i < n; i++) {
+            const kb_table_config_t *cfg = kb_table_config(tables[i]);
+            /* Check four times per max_age so a pending set waits at most ~1.25x max_age_ms. */
+            uint32_t t = cfg->max_age_ms / 4;
+            if (t < tick_ms)
+                tick_ms = t < 2 ? 2 : t;
+            kb_table_expire(tables[i], now);
+            kb_bank_release(self, tables[i]);
+        }
+        free(tables);
+        pthread_mutex_lock(&self->sweep_mutex);
+        if (self->stopping)
+            break;
+        struct timespec deadline;
+        s_deadline(&deadline, (int)tick_ms);
+        pthread_cond_timedwait(&self->sweep_cond, &self->sweep_mutex, &deadline);
+    }
+    pthread_mutex_unlock(&self->sweep_mutex);
+    return NULL;
+}
+
+/* ---- open / close ---- */
+
+static int s_load_table(void *ctx, int64_t id, const char *name, const uint8_t *config, size_t len)
+{
+    kb_bank_t *self = ctx;
+    Carls__TableConfig *pc = carls__table_config__unpack(NULL, len, config);
+    kb_table_config_t cfg;
+    char err[256];
+    if (!pc || kb_table_config_from_proto(pc, CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err) != 0) {
+        LOG_ERROR("table %s in the database has an unreadable config; refusing to start", name);
+        if (pc)
+            carls__table_config__free_unpacked(pc, NULL);
+        return -1;
+    }
+    carls__table_config__free_unpacked(pc, NULL);
+    s_add_entry(self, kb_table_new(id, name, &cfg));
+    if (id >= self->next_table_id)
+        self->next_table_id = id + 1;
+    return 0;
+}
+
+static int s_load_row(void *ctx, const kb_store_row_t *rec)
+{
+    kb_bank_t *self = ctx;
+    for (size_t i = 0; i < self->entry_count; i++) {
+        if (kb_table_id(self->entries[i].table) == rec->table_id) {
+            if (kb_table_restore_row(self->entries[i].table, rec) != 0)
+                LOG_WARN("row of table %s does not match its config; skipped",
+                         kb_table_name(self->entries[i].table));
+            return 0;
+        }
+    }
+    return 0; /* rows of dropped tables are deleted with the drop; ignore leftovers */
+}
+
+static int s_load_client(void *ctx, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len)
+{
+    kb_bank_t *self = ctx;
+    if (kb_dedup_restore(self->dedup, client_id, max_seq, window, len) != 0)
+        LOG_WARN("client %llx: malformed de-duplication record skipped", (unsigned long long)client_id);
+    return 0;
+}
+
+int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    kb_bank_t *self = carls_xcalloc(1, sizeof *self);
+    self->opts = *opts;
+    self->data_dir = strdup(opts->data_dir);
+    if (!self->data_dir)
+        CARLS_FATAL("out of memory");
+    self->opts.data_dir = self->data_dir;
+    if (!self->opts.sync && self->opts.interval_ms == 0)
+        self->opts.interval_ms = 1000;
+    self->next_table_id = 1;
+    self->dedup = kb_dedup_new();
+    pthread_mutex_init(&self->store_mutex, NULL);
+    pthread_mutex_init(&self->registry_mutex, NULL);
+    pthread_rwlock_init(&self->gate, NULL);
+    pthread_mutex_init(&self->commit_mutex, NULL);
+    pthread_cond_init(&self->commit_cond, NULL);
+    pthread_cond_init(&self->persist_cond, NULL);
+    pthread_mutex_init(&self->sweep_mutex, NULL);
+    pthread_cond_init(&self->sweep_cond, NULL);
+    atomic_init(&self->epoch, 1);
+
+    if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
+        goto fail;
+    int64_t t0 = carls_monotonic_ms();
+    if (kb_store_load(self->store, s_load_table, s_load_row, s_load_client, self) != 0) {
+        snprintf(err, errlen, "loading %s failed: %s", self->data_dir, kb_store_last_error(self->store));
+        goto fail;
+    }
+    size_t rows = 0;
+    for (size_t i = 0; i < self->entry_count; i++)
+        rows += kb_table_row_count(self->entries[i].table);
+    LOG_INFO("loaded %zu tables, %zu rows, %zu clients from %s in %lld ms", self->entry_count, rows,
+             kb_dedup_client_count(self->dedup), self->data_dir, (long long)(carls_monotonic_ms() - t0));
+
+    if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0 ||
+        pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
+        CARLS_FATAL("cannot start bank threads");
+    self->threads_started = true;
+    *out = self;
+    return 0;
+fail:
+    kb_bank_close(&self);
+    return -1;
+}
+
+void kb_bank_close(kb_bank_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_bank_t *self = *self_p;
+    if (self->threads_started) {
+        pthread_mutex_lock(&self->sweep_mutex);
+        pthread_mutex_lock(&self->commit_mutex);
+        self->stopping = true;
+        pthread_cond_broadcast(&self->persist_cond);
+        pthread_mutex_unlock(&self->commit_mutex);
+        pthread_cond_broadcast(&self->sweep_cond);
+        pthread_mutex_unlock(&self->sweep_mutex);
+        pthread_join(self->sweeper, NULL);
+        pthread_join(self->persister, NULL);
+    }
+    for (size_t i = 0; i < self->entry_count; i++)
+        kb_table_destroy(&self->entries[i].table);
+    free(self->entries);
+    s_free_ops(self->ops, self->op_count);
+    free(self->ops);
+    kb_store_close(&self->store);
+    kb_dedup_destroy(&self->dedup);
+    pthread_mutex_destroy(&self->store_mutex);
+    pthread_mutex_destroy(&self->registry_mutex);
+    pthread_rwlock_destroy(&self->gate);
+    pthread_mutex_destroy(&self->commit_mutex);
+    pthread_cond_destroy(&self->commit_cond);
+    pthread_cond_destroy(&self->persist_cond);
+    pthread_mutex_destroy(&self->sweep_mutex);
+    pthread_cond_destroy(&self->sweep_cond);
+    free(self->data_dir);
+    free(self);
+    *self_p = NULL;
+}
+
+int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
+{
+    /* Everything written before this call is in an epoch <= the one being filled now. */
+    kb_bank_write_begin(self);
+    uint64_t ticket = kb_bank_write_end(self);
+    if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)
+        return KB_BANK_ESTORAGE;
+    pthread_mutex_lock(&self->store_mutex);
+    int rc = kb_store_checkpoint(self->store);
+    if (rc != 0)
+        snprintf(err, errlen, "WAL checkpoint failed: %s", kb_store_last_error(self->store));
+    pthread_mutex_unlock(&self->store_mutex);
+    pthread_mutex_lock(&self->commit_mutex);
+    *committed_epoch = self->committed_epoch;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return rc ? KB_BANK_ESTORAGE : KB_BANK_OK;
+}
+
+void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    *out = self->stats;
+    pthread_mutex_unlock(&self->commit_mutex);
+}

@@ -1,0 +1,86 @@
+/* The bank: one server's named tables, their persistence and the background work that serves them.
+ *
+ * Owns the table registry (tables are reference counted so a drop never frees a table a request is using),
+ * the SQLite store, the write de-duplication state, a persister thread and a sweeper thread:
+ *  - persister: collects every row changed since its last round and writes them in one transaction
+ *    ("epoch"). In sync durability, a write request waits until the epoch holding its changes has
+ *    committed before it is acknowledged; requests arriving while a commit runs share the next one (group
+ *    commit). In interval durability it commits every interval_ms and nobody waits.
+ *  - sweeper: applies pending gradient sets older than their table's max_age_ms.
+ *
+ * Write requests bracket their changes with kb_bank_write_begin/kb_bank_write_end (a shared lock the
+ * persister takes exclusively while it collects), so all rows of one request and its de-duplication record
+ * land in the same transaction: after a crash a write is either wholly there or wholly absent. */
+#ifndef KB_BANK_H
+#define KB_BANK_H
+
+#include "kb_table.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *data_dir;
+    bool sync;            /* true: commit before acknowledging; false: commit every interval_ms */
+    uint32_t interval_ms; /* interval durability: at most this much acknowledged work can be lost */
+} kb_bank_options_t;
+
+typedef struct kb_bank kb_bank_t;
+
+enum {
+    KB_BANK_OK = 0,
+    KB_BANK_ENOTFOUND = -1,
+    KB_BANK_EEXISTS = -2,
+    KB_BANK_ESTORAGE = -3, /* the store failed or did not commit in time; the error text says why */
+    KB_BANK_ECONFLICT = -4, /* the table exists with a different config */
+};
+
+/* Opens the store in opts->data_dir, loads every table and row, and starts the background threads. */
+int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen);
+
+/* Stops the threads, commits everything still in memory, closes the store. Accepts NULL; nulls *self_p. */
+void kb_bank_close(kb_bank_t **self_p);
+
+/* The named table with a reference held, or NULL. Every acquire is paired with a release. */
+kb_table_t *kb_bank_acquire(kb_bank_t *self, const char *name);
+void kb_bank_release(kb_bank_t *self, kb_table_t *table);
+
+/* Acquires every table (sorted by name) into a new array *out; returns the count. Release each, free *out. */
+size_t kb_bank_acquire_all(kb_bank_t *self, kb_table_t ***out);
+
+/* Creates a table. With if_not_exists an existing table of the same config is success; a different config
+ * is KB_BANK_ECONFLICT. Must be called between write_begin and write_end. */
+int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists);
+
+/* Drops a table and (at the next commit) its rows. Must be called between write_begin and write_end. */
+int kb_bank_drop_table(kb_bank_t *self, const char *name);
+
+/* Write bracket. kb_bank_write_end returns the ticket to pass to kb_bank_wait_durable. */
+void kb_bank_write_begin(kb_bank_t *self);
+uint64_t kb_bank_write_end(kb_bank_t *self);
+
+/* Inside the write bracket: 1 if (client_id, seq) was applied before, else records it and returns 0. */
+int kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
+
+/* Inside the write bracket: forgets a record made by kb_bank_seen_write for a write that failed. */
+void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
+
+/* Waits until the epoch `ticket` has committed (sync durability; immediate in interval mode). Returns 0,
+ * or KB_BANK_ESTORAGE with a message in err if the store failed or timeout_ms passed. */
+int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen);
+
+/* Commits everything now and checkpoints the SQLite WAL. */
+int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen);
+
+typedef struct {
+    uint64_t commits;         /* transactions committed */
+    uint64_t committed_epoch;
+    uint64_t rows_written;
+    uint64_t commit_failures;
+} kb_bank_stats_t;
+
+void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out);
+bool kb_bank_sync(const kb_bank_t *self);
+
+#endif

@@ -1,0 +1,104 @@
+#include "kb_rowmap.h"
+
+#include "kb_table.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void kb_rowmap_init(kb_rowmap_t *map) { memset(map, 0, sizeof *map); }
+
+void kb_rowmap_free(kb_rowmap_t *map)
+{
+    free(map->hashes);
+    free(map->rows);
+    memset(map, 0, sizeof *map);
+}
+
+uint64_t kb_rowmap_hash(const void *key, size_t len)
+{
+    uint64_t h = carls_hash64(key, len, 0x6b625f726f776d61ULL);
+    return h ? h : 1;
+}
+
+static int s_key_equal(const struct kb_row *row, const void *key, size_t len)
+{
+    return row->key_len == len && memcmp(row->key, key, len) == 0;
+}
+
+struct kb_row *kb_rowmap_find(const kb_rowmap_t *map, uint64_t hash, const void *key, size_t len)
+{
+    if (map->capacity == 0)
+        return NULL;
+    size_t mask = map->capacity - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+        if (map->hashes[i] == 0)
+            return NULL;
+        if (map->hashes[i] == hash && s_key_equal(map->rows[i], key, len))
+            return map->rows[i];
+    }
+}
+
+static void s_place(kb_rowmap_t *map, uint64_t hash, struct kb_row *row)
+{
+    size_t mask = map->capacity - 1;
+    size_t i = hash & mask;
+    while (map->hashes[i] != 0)
+        i = (i + 1) & mask;
+    map->hashes[i] = hash;
+    map->rows[i] = row;
+}
+
+static void s_grow(kb_rowmap_t *map)
+{
+    size_t old_cap = map->capacity;
+    uint64_t *old_hashes = map->hashes;
+    struct kb_row **old_rows = map->rows;
+    map->capacity = old_cap ? old_cap * 2 : 16;
+    map->hashes = carls_xcalloc(map->capacity, sizeof *map->hashes);
+    map->rows = carls_xcalloc(map->capacity, sizeof *map->rows);
+    for (size_t i = 0; i < old_cap; i++)
+        if (old_hashes[i])
+            s_place(map, old_hashes[i], old_rows[i]);
+    free(old_hashes);
+    free(old_rows);
+}
+
+void kb_rowmap_insert(kb_rowmap_t *map, uint64_t hash, struct kb_row *row)
+{
+    /* Keep the load factor under 0.7 so probe sequences stay short. */
+    if ((map->count + 1) * 10 > map->capacity * 7)
+        s_grow(map);
+    s_place(map, hash, row);
+    map->count++;
+}
+
+struct kb_row *kb_rowmap_remove(kb_rowmap_t *map, uint64_t hash, const void *key, size_t len)
+{
+    if (map->capacity == 0)
+        return NULL;
+    size_t mask = map->capacity - 1;
+    size_t i = hash & mask;
+    while (map->hashes[i] != 0 && !(map->hashes[i] == hash && s_key_equal(map->rows[i], key, len)))
+        i = (i + 1) & mask;
+    if (map->hashes[i] == 0)
+        return NULL;
+    struct kb_row *found = map->rows[i];
+    /* Backward-shift deletion: move later members of the probe run into the hole so that find never stops
+     * early at a slot emptied by a removal. */
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask; map->hashes[j] != 0; j = (j + 1) & mask) {
+        size_t home = map->hashes[j] & mask;
+        /* Entry j may move to the hole if its home is not cyclically within (hole, j]. */
+        int home_in_range = (hole <= j) ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!home_in_range) {
+            map->hashes[hole] = map->hashes[j];
+            map->rows[hole] = map->rows[j];
+            hole = j;
+        }
+    }
+    map->hashes[hole] = 0;
+    map->rows[hole] = NULL;
+    map->count--;
+    return found;
+}

@@ -1,0 +1,39 @@
+/* The kb-server's transport: a ZeroMQ ROUTER socket facing clients, a pool of worker threads behind an
+ * inproc DEALER socket, and a main loop that moves frames between them.
+ *
+ * Each client message must be one frame (one packed Request). A worker receives [client identity,
+ * request], asks the service for the reply and sends [identity, reply] back. Multi-part messages are
+ * dropped and counted (there is no single request to answer). ZMQ_MAXMSGSIZE is set to twice the
+ * service's message limit: frames between the limit and twice it get a TOO_LARGE reply, larger ones make
+ * ZeroMQ drop the connection before anything is allocated for them. */
+#ifndef KB_SERVER_H
+#define KB_SERVER_H
+
+#include "kb_service.h"
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *endpoint;      /* e.g. tcp://127.0.0.1:7070; tcp://127.0.0.1:* picks a free port */
+    uint32_t threads;          /* worker threads, >= 1 */
+    uint32_t max_message_bytes;
+} kb_server_options_t;
+
+typedef struct kb_server kb_server_t;
+
+/* Binds the endpoint and starts the workers. The service is borrowed. NULL with a message on failure. */
+kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opts, char *err, size_t errlen);
+
+/* The endpoint actually bound (with the real port when '*' was asked for). */
+const char *kb_server_endpoint(const kb_server_t *self);
+
+/* Serves until *stop becomes nonzero (set it from a signal handler), then lets the workers finish the
+ * requests they hold and delivers their replies. */
+void kb_server_run(kb_server_t *self, volatile sig_atomic_t *stop);
+
+/* Stops the workers (if still running) and closes the sockets. Accepts NULL; nulls *self_p. */
+void kb_server_destroy(kb_server_t **self_p);
+
+#endif

@@ -1,0 +1,524 @@
+#include "kb_service.h"
+
+#include "kb_latency.h"
+#include "log.h"
+#include "protocol.h"
+#include "util.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Latency is kept per operation; index = Carls__Request__OpCase mapped by s_op_index. */
+enum { OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT, OP_COUNT };
+
+struct kb_service {
+    kb_bank_t *bank;
+    kb_limits_t limits;
+    uint32_t threads;
+    char *durability;
+    int64_t started_ms;
+    atomic_uint_fast64_t requests, errors, malformed, duplicates;
+    kb_latency_t latency[OP_COUNT];
+};
+
+static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup",
+                                           "put",          "push_gradients", "stats", "checkpoint"};
+
+void kb_limits_defaults(kb_limits_t *limits)
+{
+    limits->max_message_bytes = CARLS_DEFAULT_MAX_MESSAGE_BYTES;
+    limits->max_key_bytes = CARLS_DEFAULT_MAX_KEY_BYTES;
+    limits->max_dim = CARLS_DEFAULT_MAX_DIM;
+    limits->max_keys_per_request = CARLS_DEFAULT_MAX_KEYS_PER_REQUEST;
+    limits->commit_timeout_ms = 30000;
+    limits->read_only = false;
+}
+
+kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_t threads, const char *durability)
+{
+    kb_service_t *self = carls_xcalloc(1, sizeof *self);
+    self->bank = bank;
+    self->limits = *limits;
+    self->threads = threads;
+    self->durability = strdup(durability ? durability : "");
+    if (!self->durability)
+        CARLS_FATAL("out of memory");
+    self->started_ms = carls_monotonic_ms();
+    for (int i = 0; i < OP_COUNT; i++)
+        kb_latency_init(&self->latency[i]);
+    return self;
+}
+
+void kb_service_destroy(kb_service_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    free((*self_p)->durability);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+void kb_service_count_dropped(kb_service_t *self) { atomic_fetch_add(&self->malformed, 1); }
+
+/* ---- replies ---- */
+
+/* Per-request scratch: the response and what its fields point to, freed after packing. */
+typedef struct {
+    Carls__Response resp;
+    char error[512];
+    union {
+        Carls__LookupResult lookup;
+        Carls__WriteResult write;
+        Carls__TableList list;
+        Carls__StatsResult stats;
+        Carls__CheckpointResult checkpoint;
+    } r;
+    void *owned[8];
+    int owned_count;
+} s_reply_t;
+
+/* Records a buffer to free once the reply is packed; returns it. */
+static void *s_own(s_reply_t *rp, void *ptr)
+{
+    assert(rp->owned_count < (int)(sizeof rp->owned / sizeof rp->owned[0]));
+    rp->owned[rp->owned_count++] = ptr;
+    return ptr;
+}
+
+static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rp->error, sizeof rp->error, fmt, ap);
+    va_end(ap);
+    rp->resp.status = status;
+    rp->resp.error = rp->error;
+    rp->resp.result_case = CARLS__RESPONSE__RESULT__NOT_SET;
+    return -1;
+}
+
+/* ---- validation ---- */
+
+static bool s_is_write(Carls__Request__OpCase op)
+{
+    return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
+           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS;
+}
+
+static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
+{
+    if (n == 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "no keys");
+    if (n > self->limits.max_keys_per_request)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu keys in one request; the limit is %u", n,
+                      self->limits.max_keys_per_request);
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].len == 0)
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is empty", i);
+        if (keys[i].len > self->limits.max_key_bytes)
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is %zu bytes; the limit is %u",
+                          i, keys[i].len, self->limits.max_key_bytes);
+    }
+    return 0;
+}
+
+/* Checks that a values array holds exactly n rows of dim finite floats. */
+static int s_check_rows(s_reply_t *rp, const char *what, size_t n, uint32_t dim, size_t n_values,
+                        const float *values)
+{
+    if (n_values != n * dim)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                      "%zu %s for %zu keys of dim %u: expected %zu", n_values, what, n, dim, n * (size_t)dim);
+    for (size_t i = 0; i < n_values; i++)
+        if (!isfinite(values[i]))
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s row %zu holds NaN or Inf", what,
+                          i / dim);
+    return 0;
+}
+
+/* ---- operations ---- */
+
+/* Acquires the request's table or fails NOT_FOUND. */
+static kb_table_t *s_table(kb_service_t *self, s_reply_t *rp, const char *name)
+{
+    kb_table_t *t = kb_bank_acquire(self->bank, name);
+    if (!t)
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", name);
+    return t;
+}
+
+static void s_write_ok(s_reply_t *rp, uint32_t rows, bool duplicate, uint64_t updates)
+{
+    carls__write_result__init(&rp->r.write);
+    rp->r.write.rows = rows;
+    rp->r.write.duplicate = duplicate;
+    rp->r.write.updates_applied = updates;
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_WRITE;
+    rp->resp.write = &rp->r.write;
+}
+
+/* Runs a validated write inside the bank's write bracket, with de-duplication and, in sync mode, waits
+ * for the commit before the caller answers. apply returns 0 (success) or -1 (rp holds the error). */
+typedef int (*s_apply_fn)(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp);
+
+static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp,
+                       s_apply_fn apply)
+{
+    kb_bank_write_begin(self->bank);
+    if (kb_bank_seen_write(self->bank, req->client_id, req->sequence)) {
+        uint64_t ticket = kb_bank_write_end(self->bank);
+        atomic_fetch_add(&self->duplicates, 1);
+        /* The first attempt may still be committing: answer once it is durable too. */
+        char err[512];
+        if (kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+        s_write_ok(rp, 0, true, 0);
+        return 0;
+    }
+    int rc = apply(self, req, table, rp);
+    if (rc != 0)
+        kb_bank_forget_write(self->bank, req->client_id, req->sequence);
+    uint64_t ticket = kb_bank_write_end(self->bank);
+    if (rc != 0)
+        return rc;
+    char err[512];
+    if (kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+    return 0;
+}
+
+static int s_apply_create(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, s_reply_t *rp)
+{
+    (void)unused;
+    kb_table_config_t cfg;
+    char err[256];
+    if (kb_table_config_from_proto(req->create_table->config, self->limits.max_dim, &cfg, err, sizeof err) != 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "table config: %s", err);
+    int rc = kb_bank_create_table(self->bank, req->table, &cfg, req->create_table->if_not_exists);
+    if (rc == KB_BANK_EEXISTS)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS, "table '%s' exists", req->table);
+    if (rc == KB_BANK_ECONFLICT)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS,
+                      "table '%s' exists with a different config", req->table);
+    s_write_ok(rp, 0, false, 0);
+    return 0;
+}
+
+static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, s_reply_t *rp)
+{
+    (void)unused;
+    if (kb_bank_drop_table(self->bank, req->table) != KB_BANK_OK && !req->drop_table->if_exists)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", req->table);
+    s_write_ok(rp, 0, false, 0);
+    return 0;
+}
+
+static int s_apply_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+{
+    (void)self;
+    const Carls__Put *put = req->put;
+    kb_table_put(table, put->keys, put->n_keys, put->values, put->version);
+    s_write_ok(rp, (uint32_t)put->n_keys, false, 0);
+    return 0;
+}
+
+static int s_apply_push(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+{
+    (void)self;
+    const Carls__PushGradients *push = req->push_gradients;
+    uint64_t steps = kb_table_push(table, push->keys, push->n_keys, push->gradients);
+    s_write_ok(rp, (uint32_t)push->n_keys, false, steps);
+    return 0;
+}
+
+static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__Lookup *lk = req->lookup;
+    if (s_check_keys(self, rp, lk->n_keys, lk->keys) != 0)
+        return -1;
+    kb_table_t *t = s_table(self, rp, req->table);
+    if (!t)
+        return -1;
+    uint32_t dim = kb_table_config(t)->dim;
+    size_t n = lk->n_keys;
+    Carls__LookupResult *res = &rp->r.lookup;
+    carls__lookup_result__init(res);
+    res->dim = dim;
+    res->n_values = n * dim;
+    res->values = s_own(rp, carls_xmalloc(n * dim * sizeof(float)));
+    res->n_versions = res->n_updated_at_ms = res->n_frequencies = n;
+    res->versions = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
+    res->updated_at_ms = s_own(rp, carls_xmalloc(n * sizeof(int64_t)));
+    res->frequencies = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
+    kb_table_lookup(t, lk->keys, n, lk->no_create || self->limits.read_only, res->values, res->versions,
+                    res->updated_at_ms, res->frequencies);
+    kb_bank_release(self->bank, t);
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_LOOKUP;
+    rp->resp.lookup = res;
+    return 0;
+}
+
+static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    size_t n;
+    const ProtobufCBinaryData *keys;
+    size_t n_values;
+    const float *values;
+    s_apply_fn apply;
+    const char *what;
+    if (req->op_case == CARLS__REQUEST__OP_PUT) {
+        n = req->put->n_keys, keys = req->put->keys, n_values = req->put->n_values, values = req->put->values;
+        apply = s_apply_put, what = "values";
+    } else {
+        n = req->push_gradients->n_keys, keys = req->push_gradients->keys;
+        n_values = req->push_gradients->n_gradients, values = req->push_gradients->gradients;
+        apply = s_apply_push, what = "gradients";
+    }
+    if (s_check_keys(self, rp, n, keys) != 0)
+        return -1;
+    kb_table_t *t = s_table(self, rp, req->table);
+    if (!t)
+        return -1;
+    int rc = s_check_rows(rp, what, n, kb_table_config(t)->dim, n_values, values);
+    if (rc == 0)
+        rc = s_run_write(self, req, t, rp, apply);
+    kb_bank_release(self->bank, t);
+    return rc;
+}
+
+/* Lists every table; the references stay held (*held) until the reply is packed, since the reply points at
+ * the tables' names. */
+static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, size_t *held_n)
+{
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self->bank, &tables);
+    *held = tables;
+    *held_n = n;
+    Carls__TableList *list = &rp->r.list;
+    carls__table_list__init(list);
+    /* One block holds the infos, the configs and their nested messages, plus the pointer array. */
+    size_t each = sizeof(Carls__TableInfo) + sizeof(Carls__TableConfig) + sizeof(Carls__OptimizerConfig) +
+                  sizeof(Carls__LazyUpdateConfig);
+    uint8_t *block = s_own(rp, carls_xcalloc(n ? n : 1, each));
+    list->tables = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *list->tables));
+    list->n_tables = n;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *p = block + i * each;
+        Carls__TableInfo *info = (Carls__TableInfo *)p;
+        Carls__TableConfig *cfg = (Carls__TableConfig *)(p + sizeof *info);
+        Carls__OptimizerConfig *opt = (Carls__OptimizerConfig *)(p + sizeof *info + sizeof *cfg);
+        Carls__LazyUpdateConfig *lazy = (Carls__LazyUpdateConfig *)(p + sizeof *info + sizeof *cfg + sizeof *opt);
+        carls__table_info__init(info);
+        kb_table_config_to_proto(kb_table_config(tables[i]), cfg, opt, lazy);
+        info->name = (char *)kb_table_name(tables[i]);
+        info->config = cfg;
+        info->rows = kb_table_row_count(tables[i]);
+        list->tables[i] = info;
+    }
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_TABLE_LIST;
+    rp->resp.table_list = list;
+}
+
+static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
+                      size_t *held_n)
+{
+    kb_table_t **tables;
+    size_t n;
+    if (req->table && req->table[0]) {
+        kb_table_t *t = s_table(self, rp, req->table);
+        if (!t)
+            return -1;
+        tables = carls_xcalloc(1, sizeof *tables);
+        tables[0] = t;
+        n = 1;
+    } else {
+        n = kb_bank_acquire_all(self->bank, &tables);
+    }
+    *held = tables;
+    *held_n = n;
+    Carls__StatsResult *st = &rp->r.stats;
+    carls__stats_result__init(st);
+    Carls__TableStats *ts = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *ts));
+    st->tables = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *st->tables));
+    st->n_tables = n;
+    for (size_t i = 0; i < n; i++) {
+        kb_table_stats_t s;
+        kb_table_get_stats(tables[i], &s);
+        carls__table_stats__init(&ts[i]);
+        ts[i].name = (char *)kb_table_name(tables[i]);
+        ts[i].dim = kb_table_config(tables[i])->dim;
+        ts[i].rows = s.rows;
+        ts[i].pending_keys = s.pending_keys;
+        ts[i].pending_gradients = s.pending_gradients;
+        ts[i].gradients_received = s.gradients_received;
+        ts[i].gradients_applied = s.gradients_applied;
+        ts[i].outliers_dropped = s.outliers_dropped;
+        ts[i].updates_applied = s.updates_applied;
+        ts[i].applied_on_lookup = s.applied_on_lookup;
+        ts[i].applied_on_age = s.applied_on_age;
+        ts[i].applied_on_count = s.applied_on_count;
+        ts[i].lookups = s.lookups;
+        ts[i].puts = s.puts;
+        st->tables[i] = &ts[i];
+    }
+    Carls__LatencySummary *lat = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *lat));
+    st->latency = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *st->latency));
+    for (int i = 0; i < OP_COUNT; i++) {
+        if (kb_latency_count(&self->latency[i]) == 0)
+            continue;
+        Carls__LatencySummary *l = &lat[st->n_latency];
+        carls__latency_summary__init(l);
+        l->op = (char *)s_op_names[i];
+        l->count = kb_latency_count(&self->latency[i]);
+        l->p50_us = kb_latency_quantile(&self->latency[i], 0.50);
+        l->p99_us = kb_latency_quantile(&self->latency[i], 0.99);
+        l->max_us = (double)kb_latency_max(&self->latency[i]);
+        st->latency[st->n_latency++] = l;
+    }
+    kb_bank_stats_t bs;
+    kb_bank_get_stats(self->bank, &bs);
+    st->requests = atomic_load(&self->requests);
+    st->errors = atomic_load(&self->errors);
+    st->malformed_frames = atomic_load(&self->malformed);
+    st->duplicate_writes = atomic_load(&self->duplicates);
+    st->uptime_ms = (uint64_t)(carls_monotonic_ms() - self->started_ms);
+    st->commits = bs.commits;
+    st->committed_epoch = bs.committed_epoch;
+    st->durability = self->durability;
+    st->threads = self->threads;
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_STATS;
+    rp->resp.stats = st;
+    return 0;
+}
+
+static int s_op_checkpoint(kb_service_t *self, s_reply_t *rp)
+{
+    uint64_t epoch = 0;
+    char err[512];
+    if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "checkpoint: %s", err);
+    Carls__CheckpointResult *ck = &rp->r.checkpoint;
+    carls__checkpoint_result__init(ck);
+    ck->committed_epoch = epoch;
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self->bank, &tables);
+    for (size_t i = 0; i < n; i++) {
+        ck->rows += kb_table_row_count(tables[i]);
+        kb_bank_release(self->bank, tables[i]);
+    }
+    free(tables);
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_CHECKPOINT;
+    rp->resp.checkpoint = ck;
+    return 0;
+}
+
+/* Validates the envelope and runs the operation. Returns the op index for latency, or -1. */
+static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
+                      size_t *held_n)
+{
+    if (req->protocol_version != CARLS_PROTOCOL_VERSION) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION,
+               "protocol version %u is not supported; this server speaks %u", req->protocol_version,
+               CARLS_PROTOCOL_VERSION);
+        return -1;
+    }
+    Carls__Request__OpCase op = req->op_case;
+    bool needs_table = op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
+                       op == CARLS__REQUEST__OP_LOOKUP || op == CARLS__REQUEST__OP_PUT ||
+                       op == CARLS__REQUEST__OP_PUSH_GRADIENTS;
+    if (needs_table && carls_table_name_valid(req->table) != 0) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+               "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
+        return -1;
+    }
+    if (s_is_write(op)) {
+        if (self->limits.read_only) {
+            s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
+                   carls_op_name(op));
+            return -1;
+        }
+        if (req->client_id == 0 || req->sequence == 0) {
+            s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                   "writes need a nonzero client_id and sequence (for exactly-once retries)");
+            return -1;
+        }
+    }
+    switch (op) {
+    case CARLS__REQUEST__OP_CREATE_TABLE:
+        s_run_write(self, req, NULL, rp, s_apply_create);
+        return OP_CREATE;
+    case CARLS__REQUEST__OP_DROP_TABLE:
+        s_run_write(self, req, NULL, rp, s_apply_drop);
+        return OP_DROP;
+    case CARLS__REQUEST__OP_LIST_TABLES:
+        s_op_list(self, rp, held, held_n);
+        return OP_LIST;
+    case CARLS__REQUEST__OP_LOOKUP:
+        s_op_lookup(self, req, rp);
+        return OP_LOOKUP;
+    case CARLS__REQUEST__OP_PUT:
+        s_op_table_write(self, req, rp);
+        return OP_PUT;
+    case CARLS__REQUEST__OP_PUSH_GRADIENTS:
+        s_op_table_write(self, req, rp);
+        return OP_PUSH;
+    case CARLS__REQUEST__OP_STATS:
+        s_op_stats(self, req, rp, held, held_n);
+        return OP_STATS;
+    case CARLS__REQUEST__OP_CHECKPOINT:
+        s_op_checkpoint(self, rp);
+        return OP_CHECKPOINT;
+    default:
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
+        return -1;
+    }
+}
+
+void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len)
+{
+    int64_t t0 = carls_monotonic_us();
+    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    carls__response__init(&rp->resp);
+    rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
+    kb_table_t **held = NULL;
+    size_t held_n = 0;
+    int op_index = -1;
+    Carls__Request *req = NULL;
+
+    atomic_fetch_add(&self->requests, 1);
+    if (len > self->limits.max_message_bytes) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "message of %zu bytes; the limit is %u", len,
+               self->limits.max_message_bytes);
+    } else if (!(req = carls__request__unpack(NULL, len, frame))) {
+        atomic_fetch_add(&self->malformed, 1);
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_MALFORMED, "request could not be decoded (%zu bytes)", len);
+    } else {
+        rp->resp.request_id = req->request_id;
+        op_index = s_dispatch(self, req, rp, &held, &held_n);
+    }
+    if (rp->resp.status != CARLS__STATUS_CODE__STATUS_OK) {
+        atomic_fetch_add(&self->errors, 1);
+        LOG_DEBUG("request %llu: %s: %s", (unsigned long long)rp->resp.request_id,
+                  carls_status_name(rp->resp.status), rp->error);
+    }
+
+    *reply_len = carls__response__get_packed_size(&rp->resp);
+    *reply = carls_xmalloc(*reply_len);
+    carls__response__pack(&rp->resp, *reply);
+
+    for (size_t i = 0; i < held_n; i++)
+        kb_bank_release(self->bank, held[i]);
+    free(held);
+    for (int i = 0; i < rp->owned_count; i++)
+        free(rp->owned[i]);
+    free(rp);
+    if (req)
+        carls__request__free_unpacked(req, NULL);
+    if (op_index >= 0)
+        kb_latency_record(&self->latency[op_index], (uint64_t)(carls_monotonic_us() - t0));
+}

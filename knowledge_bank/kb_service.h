@@ -1,0 +1,45 @@
+/* Request handling: one packed carls.Request in, one packed carls.Response out.
+ *
+ * Everything that arrives is untrusted. The handler checks the frame size, decodes (a NULL from protobuf-c
+ * is MALFORMED), checks the protocol version, the operation, the table name, key counts and lengths,
+ * dimensions and finiteness, all before anything is allocated from the request's declared sizes or any
+ * table is touched, and answers every problem with a status and a message. Writes are de-duplicated by
+ * (client_id, sequence) and, in sync durability, answered only after they have committed.
+ *
+ * kb_service_handle is thread-safe: the server's worker threads call it concurrently. */
+#ifndef KB_SERVICE_H
+#define KB_SERVICE_H
+
+#include "kb_bank.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits on what one request may ask; each is a kb-server flag (defaults in common/protocol.h). */
+typedef struct {
+    uint32_t max_message_bytes;
+    uint32_t max_key_bytes;
+    uint32_t max_dim;
+    uint32_t max_keys_per_request;
+    int commit_timeout_ms; /* sync durability: answer INTERNAL if a commit takes longer */
+    bool read_only;        /* refuse every write */
+} kb_limits_t;
+
+/* Fills the defaults. */
+void kb_limits_defaults(kb_limits_t *limits);
+
+typedef struct kb_service kb_service_t;
+
+/* The service borrows bank (which must outlive it). durability is the text shown in stats. */
+kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_t threads, const char *durability);
+void kb_service_destroy(kb_service_t **self_p);
+
+/* Handles one request frame. Always produces a reply (MALFORMED for undecodable frames, with request id
+ * 0): *reply is a malloc'd packed Response the caller frees. */
+void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len);
+
+/* Counts a frame dropped by the transport before it could be handled (e.g. a multi-part message). */
+void kb_service_count_dropped(kb_service_t *self);
+
+#endif

@@ -1,0 +1,318 @@
+#include "kb_store.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define KB_STORE_SCHEMA_VERSION 1
+
+struct kb_store {
+    sqlite3 *db;
+    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *put_client;
+    char error[512];
+};
+
+static const char *s_schema =
+    "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v);"
+    "CREATE TABLE IF NOT EXISTS tables(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, config BLOB NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS rows(table_id INTEGER NOT NULL, key BLOB NOT NULL, row_id INTEGER NOT NULL,"
+    " value BLOB NOT NULL, opt_state BLOB, opt_steps INTEGER NOT NULL, pending BLOB,"
+    " pending_count INTEGER NOT NULL, version INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " frequency INTEGER NOT NULL, PRIMARY KEY(table_id, key)) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS clients(client_id INTEGER PRIMARY KEY, max_seq INTEGER NOT NULL, window BLOB);";
+
+void kb_store_row_free(kb_store_row_t *row)
+{
+    if (!row)
+        return;
+    free(row->key);
+    free(row->value);
+    free(row->opt_state);
+    free(row->pending);
+    memset(row, 0, sizeof *row);
+}
+
+static int s_fail(kb_store_t *self, const char *what)
+{
+    snprintf(self->error, sizeof self->error, "%s: %s", what, sqlite3_errmsg(self->db));
+    LOG_ERROR("sqlite: %s", self->error);
+    return -1;
+}
+
+static int s_exec(kb_store_t *self, const char *sql)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(self->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        snprintf(self->error, sizeof self->error, "%s: %s", sql, msg ? msg : "?");
+        LOG_ERROR("sqlite: %s", self->error);
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int s_prepare(kb_store_t *self, const char *sql, sqlite3_stmt **stmt)
+{
+    if (sqlite3_prepare_v2(self->db, sql, -1, stmt, NULL) != SQLITE_OK)
+        return s_fail(self, sql);
+    return 0;
+}
+
+const char *kb_store_last_error(const kb_store_t *self) { return self->error; }
+
+int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create data directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "data directory %s is not a directory", dir);
+        return -1;
+    }
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/bank.sqlite", dir) >= sizeof path) {
+        snprintf(err, errlen, "data directory path too long");
+        return -1;
+    }
+    kb_store_t *self = carls_xcalloc(1, sizeof *self);
+    /* The database holds everything the bank knows: only its owner may read it. */
+    mode_t old_mask = umask(077);
+    int rc = sqlite3_open_v2(path, &self->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                             NULL);
+    umask(old_mask);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open %s: %s", path, self->db ? sqlite3_errmsg(self->db) : "out of memory");
+        goto fail;
+    }
+    sqlite3_busy_timeout(self->db, 5000);
+    if (s_exec(self, "PRAGMA journal_mode=WAL;") != 0 ||
+        s_exec(self, sync ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;") != 0 ||
+        s_exec(self, s_schema) != 0)
+        goto fail_sql;
+
+    sqlite3_stmt *version_stmt = NULL;
+    if (s_prepare(self, "SELECT v FROM meta WHERE k='schema_version'", &version_stmt) != 0)
+        goto fail_sql;
+    int have_version = sqlite3_step(version_stmt) == SQLITE_ROW;
+    int version = have_version ? sqlite3_column_int(version_stmt, 0) : 0;
+    sqlite3_finalize(version_stmt);
+    if (!have_version) {
+        if (s_exec(self, "INSERT INTO meta(k, v) VALUES('schema_version', 1);") != 0)
+            goto fail_sql;
+    } else if (version != KB_STORE_SCHEMA_VERSION) {
+        snprintf(err, errlen, "%s has schema version %d; this server reads version %d", path, version,
+                 KB_STORE_SCHEMA_VERSION);
+        goto fail;
+    }
+
+    if (s_prepare(self, "INSERT OR REPLACE INTO tables(id, name, config) VALUES(?1, ?2, ?3)", &self->put_table) ||
+        s_prepare(self, "DELETE FROM tables WHERE id = ?1", &self->drop_table) ||
+        s_prepare(self, "DELETE FROM rows WHERE table_id = ?1", &self->drop_rows) ||
+        s_prepare(self,
+                  "INSERT OR REPLACE INTO rows(table_id, key, row_id, value, opt_state, opt_steps, pending,"
+                  " pending_count, version, updated_at, frequency) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+                  &self->put_row) ||
+        s_prepare(self, "INSERT OR REPLACE INTO clients(client_id, max_seq, window) VALUES(?1, ?2, ?3)",
+                  &self->put_client))
+        goto fail_sql;
+    *out = self;
+    return 0;
+
+fail_sql:
+    snprintf(err, errlen, "%s", self->error);
+fail:
+    kb_store_close(&self);
+    return -1;
+}
+
+void kb_store_close(kb_store_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_store_t *self = *self_p;
+    sqlite3_finalize(self->put_table);
+    sqlite3_finalize(self->drop_table);
+    sqlite3_finalize(self->drop_rows);
+    sqlite3_finalize(self->put_row);
+    sqlite3_finalize(self->put_client);
+    if (self->db)
+        sqlite3_close(self->db);
+    free(self);
+    *self_p = NULL;
+}
+
+/* Reads a float blob of exactly `count` floats; NULL blob is allowed only for count 0. */
+static int s_column_floats(sqlite3_stmt *stmt, int col, uint64_t count, const float **out)
+{
+    int bytes = sqlite3_column_bytes(stmt, col);
+    const void *blob = sqlite3_column_blob(stmt, col);
+    if ((uint64_t)bytes != count * sizeof(float))
+        return -1;
+    *out = blob;
+    return 0;
+}
+
+int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn on_row,
+                  kb_store_client_fn on_client, void *ctx)
+{
+    sqlite3_stmt *stmt = NULL;
+    int rc = 0;
+    if (s_prepare(self, "SELECT id, name, config FROM tables ORDER BY id", &stmt) != 0)
+        return -1;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        int r = on_table(ctx, sqlite3_column_int64(stmt, 0), (const char *)sqlite3_column_text(stmt, 1),
+                         sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
+        if (r != 0) {
+            sqlite3_finalize(stmt);
+            return r;
+        }
+    }
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE)
+        return s_fail(self, "loading tables");
+
+    if (s_prepare(self,
+                  "SELECT table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,"
+                  " updated_at, frequency FROM rows",
+                  &stmt) != 0)
+        return -1;
+    uint64_t bad = 0;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        kb_store_row_t rec = {0};
+        rec.table_id = sqlite3_column_int64(stmt, 0);
+        rec.key = (uint8_t *)sqlite3_column_blob(stmt, 1);
+        rec.key_len = (uint32_t)sqlite3_column_bytes(stmt, 1);
+        rec.row_id = sqlite3_column_int64(stmt, 2);
+        int value_bytes = sqlite3_column_bytes(stmt, 3);
+        rec.value = (float *)sqlite3_column_blob(stmt, 3);
+        rec.dim = (uint32_t)(value_bytes / (int)sizeof(float));
+        int opt_bytes = sqlite3_column_bytes(stmt, 4);
+        rec.opt_state = (float *)sqlite3_column_blob(stmt, 4);
+        rec.opt_floats = (uint32_t)(opt_bytes / (int)sizeof(float));
+        rec.opt_steps = (uint64_t)sqlite3_column_int64(stmt, 5);
+        rec.pending_count = (uint32_t)sqlite3_column_int64(stmt, 7);
+        const float *pending = NULL;
+        if (value_bytes % (int)sizeof(float) != 0 || opt_bytes % (int)sizeof(float) != 0 || rec.dim == 0 ||
+            s_column_floats(stmt, 6, (uint64_t)rec.pending_count * rec.dim, &pending) != 0) {
+            bad++;
+            continue;
+        }
+        rec.pending = (float *)pending;
+        rec.version = (uint64_t)sqlite3_column_int64(stmt, 8);
+        rec.updated_at_ms = sqlite3_column_int64(stmt, 9);
+        rec.frequency = (uint64_t)sqlite3_column_int64(stmt, 10);
+        int r = on_row(ctx, &rec);
+        if (r != 0) {
+            sqlite3_finalize(stmt);
+            return r;
+        }
+    }
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE)
+        return s_fail(self, "loading rows");
+    if (bad)
+        LOG_WARN("skipped %llu malformed rows in the database", (unsigned long long)bad);
+
+    if (s_prepare(self, "SELECT client_id, max_seq, window FROM clients", &stmt) != 0)
+        return -1;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        int r = on_client(ctx, (uint64_t)sqlite3_column_int64(stmt, 0), (uint64_t)sqlite3_column_int64(stmt, 1),
+                          sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
+        if (r != 0) {
+            sqlite3_finalize(stmt);
+            return r;
+        }
+    }
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE)
+        return s_fail(self, "loading clients");
+    return 0;
+}
+
+int kb_store_begin(kb_store_t *self) { return s_exec(self, "BEGIN IMMEDIATE;"); }
+
+int kb_store_commit(kb_store_t *self) { return s_exec(self, "COMMIT;"); }
+
+void kb_store_rollback(kb_store_t *self)
+{
+    if (!sqlite3_get_autocommit(self->db))
+        s_exec(self, "ROLLBACK;");
+}
+
+/* Steps a write statement once and resets it. */
+static int s_step_write(kb_store_t *self, sqlite3_stmt *stmt, const char *what)
+{
+    int rc = sqlite3_step(stmt);
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+    if (rc != SQLITE_DONE)
+        return s_fail(self, what);
+    return 0;
+}
+
+int kb_store_put_table(kb_store_t *self, int64_t id, const char *name, const uint8_t *config, size_t len)
+{
+    sqlite3_bind_int64(self->put_table, 1, id);
+    sqlite3_bind_text(self->put_table, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(self->put_table, 3, config, (int)len, SQLITE_STATIC);
+    return s_step_write(self, self->put_table, "storing table");
+}
+
+int kb_store_drop_table(kb_store_t *self, int64_t id)
+{
+    sqlite3_bind_int64(self->drop_rows, 1, id);
+    if (s_step_write(self, self->drop_rows, "deleting rows") != 0)
+        return -1;
+    sqlite3_bind_int64(self->drop_table, 1, id);
+    return s_step_write(self, self->drop_table, "deleting table");
+}
+
+int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row)
+{
+    sqlite3_stmt *s = self->put_row;
+    sqlite3_bind_int64(s, 1, row->table_id);
+    sqlite3_bind_blob(s, 2, row->key, (int)row->key_len, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, row->row_id);
+    sqlite3_bind_blob(s, 4, row->value, (int)(row->dim * sizeof(float)), SQLITE_STATIC);
+    if (row->opt_floats)
+        sqlite3_bind_blob(s, 5, row->opt_state, (int)(row->opt_floats * sizeof(float)), SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 5);
+    sqlite3_bind_int64(s, 6, (sqlite3_int64)row->opt_steps);
+    if (row->pending_count)
+        sqlite3_bind_blob(s, 7, row->pending, (int)((size_t)row->pending_count * row->dim * sizeof(float)),
+                          SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 7);
+    sqlite3_bind_int64(s, 8, row->pending_count);
+    sqlite3_bind_int64(s, 9, (sqlite3_int64)row->version);
+    sqlite3_bind_int64(s, 10, row->updated_at_ms);
+    sqlite3_bind_int64(s, 11, (sqlite3_int64)row->frequency);
+    return s_step_write(self, s, "storing row");
+}
+
+int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len)
+{
+    sqlite3_bind_int64(self->put_client, 1, (sqlite3_int64)client_id);
+    sqlite3_bind_int64(self->put_client, 2, (sqlite3_int64)max_seq);
+    sqlite3_bind_blob(self->put_client, 3, window, (int)len, SQLITE_STATIC);
+    return s_step_write(self, self->put_client, "storing client");
+}
+
+int kb_store_checkpoint(kb_store_t *self)
+{
+    int log_frames = 0, checkpointed = 0;
+    if (sqlite3_wal_checkpoint_v2(self->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log_frames, &checkpointed) !=
+        SQLITE_OK)
+        return s_fail(self, "WAL checkpoint");
+    return 0;
+}

@@ -1,0 +1,75 @@
+/* SQLite persistence of one kb-server: tables, rows (value, metadata, optimizer state, pending gradients)
+ * and the write de-duplication state of clients, in <data dir>/bank.sqlite (WAL mode).
+ *
+ * Schema (version 1):
+ *   meta(k TEXT PRIMARY KEY, v)                         -- 'schema_version' = 1
+ *   tables(id INTEGER PRIMARY KEY, name TEXT UNIQUE, config BLOB)   -- config: packed carls.TableConfig
+ *   rows(table_id, key BLOB, row_id, value BLOB, opt_state BLOB, opt_steps, pending BLOB, pending_count,
+ *        version, updated_at, frequency, PRIMARY KEY(table_id, key)) WITHOUT ROWID
+ *   clients(client_id INTEGER PRIMARY KEY, max_seq, window BLOB)
+ * Float blobs are the host's little-endian float32 arrays; `kbctl export` is the portable format.
+ *
+ * Writes happen in transactions opened by kb_store_begin and ended by kb_store_commit; one thread (the
+ * bank's persister) uses the store at a time. In `sync` durability the connection runs with
+ * synchronous=FULL so a commit is on disk when kb_store_commit returns; otherwise synchronous=NORMAL (a
+ * commit survives a process crash but not necessarily a power loss). */
+#ifndef KB_STORE_H
+#define KB_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kb_store kb_store_t;
+
+/* One row as stored. Buffers are owned by whoever filled the record (see kb_store_row_free). */
+typedef struct {
+    int64_t table_id;
+    uint8_t *key;
+    uint32_t key_len;
+    int64_t row_id;
+    float *value;          /* dim */
+    uint32_t dim;
+    float *opt_state;      /* opt_floats */
+    uint32_t opt_floats;
+    uint64_t opt_steps;
+    float *pending;        /* pending_count * dim */
+    uint32_t pending_count;
+    uint64_t version;
+    int64_t updated_at_ms;
+    uint64_t frequency;
+} kb_store_row_t;
+
+/* Frees the record's buffers (not the record). */
+void kb_store_row_free(kb_store_row_t *row);
+
+/* Opens (creating if needed) the database in dir, which must exist or be creatable (mode 0700).
+ * Returns 0 or -1 with a message in err. */
+int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_t errlen);
+void kb_store_close(kb_store_t **self_p);
+
+/* Loading at start-up. The callbacks receive borrowed data valid only during the call; a nonzero return
+ * stops the load and is returned. Rows of tables that no longer exist are skipped. */
+typedef int (*kb_store_table_fn)(void *ctx, int64_t id, const char *name, const uint8_t *config, size_t len);
+typedef int (*kb_store_row_fn)(void *ctx, const kb_store_row_t *row);
+typedef int (*kb_store_client_fn)(void *ctx, uint64_t client_id, uint64_t max_seq, const uint8_t *window,
+                                  size_t len);
+int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn on_row,
+                  kb_store_client_fn on_client, void *ctx);
+
+int kb_store_begin(kb_store_t *self);
+int kb_store_put_table(kb_store_t *self, int64_t id, const char *name, const uint8_t *config, size_t len);
+/* Deletes the table and all its rows. */
+int kb_store_drop_table(kb_store_t *self, int64_t id);
+int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row);
+int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len);
+int kb_store_commit(kb_store_t *self);
+void kb_store_rollback(kb_store_t *self);
+
+/* Checkpoints the WAL into the main database file (TRUNCATE). */
+int kb_store_checkpoint(kb_store_t *self);
+
+/* Text of the last SQLite error on this store. */
+const char *kb_store_last_error(const kb_store_t *self);
+
+#endif
