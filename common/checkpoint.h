@@ -1,0 +1,95 @@
+/* Trainer checkpoints: a model kind, a step and named float32 tensors in one self-checking file.
+ *
+ * The trainer writes them (carls_ckpt_save_to_dir: DIR/ckpt-<step>.ckpt, then DIR/latest pointing at it,
+ * both replaced atomically); knowledge makers read DIR/latest and load the tensors they need. The byte
+ * layout is described at the top of checkpoint.c. The reader trusts nothing: it checks the magic, the
+ * version, the length, the CRC-32 and every count and shape against hard caps and the file's size before it
+ * allocates, and refuses a bad file with a message that says what is wrong.
+ *
+ * Return convention: 0 on success, a negative CARLS_CKPT_E* code on failure, with a message in err (errlen
+ * bytes; err may be NULL). */
+#ifndef CARLS_CHECKPOINT_H
+#define CARLS_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CARLS_CKPT_MAGIC "CARLSCKP" /* 8 bytes, no terminator in the file */
+#define CARLS_CKPT_VERSION 1u
+#define CARLS_CKPT_MAX_TENSORS 4096u
+#define CARLS_CKPT_MAX_DIMS 8
+#define CARLS_CKPT_MAX_NAME 255u                    /* bytes of a tensor name */
+#define CARLS_CKPT_MAX_KIND 64u                     /* bytes of the model kind */
+#define CARLS_CKPT_MAX_ELEMENTS ((1ull << 31) - 1u) /* per tensor, so sizes fit an int */
+#define CARLS_CKPT_MAX_FILE_BYTES (64ull << 30)     /* 64 GiB */
+#define CARLS_CKPT_LATEST "latest"                  /* the pointer file's name inside a checkpoint directory */
+
+enum {
+    CARLS_CKPT_OK = 0,
+    CARLS_CKPT_EIO = -1,        /* open/read/write/fsync/rename failed (errno in the message) */
+    CARLS_CKPT_EMAGIC = -2,     /* not a checkpoint: the first 8 bytes are not CARLS_CKPT_MAGIC */
+    CARLS_CKPT_EVERSION = -3,   /* a format version this build does not read */
+    CARLS_CKPT_ETRUNCATED = -4, /* shorter (or longer) than its header says */
+    CARLS_CKPT_ECHECKSUM = -5,  /* CRC-32 mismatch */
+    CARLS_CKPT_ELIMIT = -6,     /* a count, name length or shape beyond the caps above */
+    CARLS_CKPT_ECORRUPT = -7,   /* inconsistent contents (bad dtype, duplicate name, tensors overrun) */
+    CARLS_CKPT_EINVAL = -8,     /* bad arguments from the caller */
+};
+
+/* One tensor: row-major float32 data of the given shape. */
+typedef struct {
+    char *name;                         /* NUL-terminated, 1..CARLS_CKPT_MAX_NAME bytes */
+    int ndim;                           /* 1..CARLS_CKPT_MAX_DIMS */
+    int64_t dims[CARLS_CKPT_MAX_DIMS];  /* dims[0..ndim-1], each >= 1 */
+    int64_t numel;                      /* product of dims */
+    float *data;                        /* numel floats, owned by the checkpoint */
+} carls_ckpt_tensor_t;
+
+typedef struct carls_ckpt carls_ckpt_t;
+
+/* A new, empty checkpoint of the given model kind (1..CARLS_CKPT_MAX_KIND bytes) and step. Caller owns the
+ * result; NULL when kind is invalid. */
+carls_ckpt_t *carls_ckpt_new(const char *kind, uint64_t step);
+
+/* Frees the checkpoint and its tensors; accepts NULL and *self_p == NULL; nulls *self_p. */
+void carls_ckpt_destroy(carls_ckpt_t **self_p);
+
+/* Adds a copy of data (numel = product of dims floats) under name. EINVAL for an empty, too long or
+ * duplicate name, or a shape outside the caps. */
+int carls_ckpt_add(carls_ckpt_t *self, const char *name, int ndim, const int64_t *dims, const float *data);
+
+uint64_t carls_ckpt_step(const carls_ckpt_t *self);
+const char *carls_ckpt_kind(const carls_ckpt_t *self);
+int carls_ckpt_count(const carls_ckpt_t *self);
+/* The i-th tensor (0 <= i < count), in the order they were added or stored. */
+const carls_ckpt_tensor_t *carls_ckpt_tensor(const carls_ckpt_t *self, int i);
+/* The tensor called name, or NULL. */
+const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char *name);
+/* For a checkpoint that was read: its CRC-32 and its size in bytes (0 for one built in memory). */
+uint32_t carls_ckpt_crc(const carls_ckpt_t *self);
+uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self);
+
+/* Writes the checkpoint to path: to "<path>.tmp.<pid>" first, fsync, rename over path, fsync the directory.
+ * On failure the temporary file is removed and path is untouched. */
+int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size_t errlen);
+
+/* Reads and verifies path. On success *out is a new checkpoint the caller owns. */
+int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen);
+
+/* Writes DIR/ckpt-<step, 12 digits>.ckpt (creating DIR and its parents if needed), then replaces DIR/latest
+ * (a one-line file naming it) atomically. path_out (path_len bytes, may be NULL) receives the file's path. */
+int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path_out, size_t path_len, char *err,
+                           size_t errlen);
+
+/* Resolves DIR/latest into the path of the newest checkpoint (path_out, path_len bytes). The pointer must name
+ * a plain file inside DIR (no '/', no "..": anything else is ECORRUPT). */
+int carls_ckpt_latest_path(const char *dir, char *path_out, size_t path_len, char *err, size_t errlen);
+
+/* Removes the oldest ckpt-*.ckpt files of DIR so that at most keep (>= 1) remain; never the one latest names.
+ * Returns the number removed, or a negative code. */
+int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen);
+
+/* Short name of a return code ("ok", "bad magic", ...). */
+const char *carls_ckpt_strerror(int rc);
+
+#endif

@@ -1,0 +1,377 @@
+/* common/checkpoint: round trip through a checkpoint directory, the latest pointer, pruning, and refusal of
+ * every kind of bad file (bad magic, unsupported version, truncation, trailing bytes, checksum mismatch,
+ * absurd counts and shapes, bad dtype, duplicate names, a hostile latest pointer).
+ *
+ * The corrupt files are made from a known good one whose layout the test spells out (see s_make_good), and,
+ * where the point is to get past the checksum, the test recomputes the CRC itself. */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+static char s_dir[256];
+
+static int s_setup(void **state)
+{
+    (void)state;
+    snprintf(s_dir, sizeof s_dir, "/tmp/carls_ckpt_test_XXXXXX");
+    return mkdtemp(s_dir) ? 0 : -1;
+}
+
+static int s_teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static unsigned char *s_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 16);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static void s_spit(const char *path, const unsigned char *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    if (len) {
+        assert_int_equal(fwrite(buf, 1, len, f), len);
+    }
+    fclose(f);
+}
+
+static void s_put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void s_put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+/* Recomputes the trailing CRC so that a crafted file gets past the checksum. */
+static void s_fix_crc(unsigned char *buf, size_t len)
+{
+    s_put_u32(buf + len - 4, (uint32_t)crc32(0L, buf, (uInt)(len - 4)));
+}
+
+/* Writes the reference checkpoint: kind "test", step 77, tensor "a" (2, 3) = 0..5 and "b" (4) = 10..13.
+ * Layout: header 34 bytes + kind 4 = 38; "a" at 38: name_len@38 name@40 dtype@41 ndim@42 dims@43 data@59..82;
+ * "b" at 83: name_len@83 name@85 dtype@86 ndim@87 dims@88 data@96..111; CRC@112; 116 bytes in all. */
+static void s_make_good(const char *path)
+{
+    carls_ckpt_t *c = carls_ckpt_new("test", 77);
+    assert_non_null(c);
+    float a[6] = {0, 1, 2, 3, 4, 5}, b[4] = {10, 11, 12, 13};
+    int64_t da[2] = {2, 3}, db[1] = {4};
+    assert_int_equal(carls_ckpt_add(c, "a", 2, da, a), 0);
+    assert_int_equal(carls_ckpt_add(c, "b", 1, db, b), 0);
+    char err[512];
+    assert_int_equal(carls_ckpt_write(c, path, err, sizeof err), 0);
+    carls_ckpt_destroy(&c);
+    assert_null(c);
+}
+
+/* Reads path, expects rc, and that the message mentions `word`. */
+static void s_expect_refused(const char *path, int rc, const char *word)
+{
+    carls_ckpt_t *c = (carls_ckpt_t *)0x1;
+    char err[512] = "";
+    int got = carls_ckpt_read(path, &c, err, sizeof err);
+    printf("  %-22s -> %d (%s): %s\n", word, got, carls_ckpt_strerror(got), err);
+    assert_int_equal(got, rc);
+    assert_null(c);
+    assert_non_null(strstr(err, word));
+}
+
+static void test_round_trip_and_latest(void **state)
+{
+    (void)state;
+    char dir[512], path[1024], latest[1024], err[512];
+    snprintf(dir, sizeof dir, "%s/run/ckpts", s_dir); /* parents created on demand */
+    float big[3 * 4 * 5];
+    for (int i = 0; i < 60; i++) {
+        big[i] = (float)i * 0.25f - 3.0f;
+    }
+    float tiny[1] = {-0.0f};
+    int64_t dbig[3] = {3, 4, 5}, dtiny[1] = {1};
+    for (uint64_t step = 100; step <= 300; step += 100) {
+        carls_ckpt_t *c = carls_ckpt_new("mlp_classifier", step);
+        assert_non_null(c);
+        big[0] = (float)step;
+        assert_int_equal(carls_ckpt_add(c, "enc.0.weight", 3, dbig, big), 0);
+        assert_int_equal(carls_ckpt_add(c, "x", 1, dtiny, tiny), 0);
+        assert_int_equal(carls_ckpt_save_to_dir(c, dir, path, sizeof path, err, sizeof err), 0);
+        carls_ckpt_destroy(&c);
+    }
+    assert_int_equal(carls_ckpt_latest_path(dir, latest, sizeof latest, err, sizeof err), 0);
+    assert_string_equal(latest, path);
+    assert_non_null(strstr(latest, "ckpt-000000000300.ckpt"));
+
+    carls_ckpt_t *r = NULL;
+    assert_int_equal(carls_ckpt_read(latest, &r, err, sizeof err), 0);
+    assert_non_null(r);
+    assert_string_equal(carls_ckpt_kind(r), "mlp_classifier");
+    assert_int_equal(carls_ckpt_step(r), 300);
+    assert_int_equal(carls_ckpt_count(r), 2);
+    const carls_ckpt_tensor_t *t = carls_ckpt_find(r, "enc.0.weight");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 3);
+    assert_int_equal(t->dims[0], 3);
+    assert_int_equal(t->dims[1], 4);
+    assert_int_equal(t->dims[2], 5);
+    assert_int_equal(t->numel, 60);
+    big[0] = 300.0f;
+    assert_memory_equal(t->data, big, sizeof big);
+    assert_ptr_equal(carls_ckpt_tensor(r, 0), t);
+    const carls_ckpt_tensor_t *x = carls_ckpt_find(r, "x");
+    assert_non_null(x);
+    assert_memory_equal(x->data, tiny, sizeof tiny); /* bit-exact, sign of zero included */
+    assert_null(carls_ckpt_find(r, "nope"));
+    struct stat st;
+    assert_int_equal(stat(latest, &st), 0);
+    assert_int_equal(carls_ckpt_file_bytes(r), (uint64_t)st.st_size);
+    carls_ckpt_destroy(&r);
+
+    /* No temporary files left behind; prune keeps the newest (and never the one latest names). */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c tmp", dir);
+    FILE *p = popen(cmd, "r");
+    int tmp_count = -1;
+    assert_int_equal(fscanf(p, "%d", &tmp_count), 1);
+    pclose(p);
+    assert_int_equal(tmp_count, 0);
+    assert_int_equal(carls_ckpt_prune(dir, 1, err, sizeof err), 2);
+    assert_int_equal(carls_ckpt_read(latest, &r, err, sizeof err), 0);
+    carls_ckpt_destroy(&r);
+    snprintf(path, sizeof path, "%s/ckpt-000000000100.ckpt", dir);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_add_rejects_bad_tensors(void **state)
+{
+    (void)state;
+    assert_null(carls_ckpt_new("", 1));
+    char long_kind[CARLS_CKPT_MAX_KIND + 2];
+    memset(long_kind, 'k', sizeof long_kind - 1);
+    long_kind[sizeof long_kind - 1] = '\0';
+    assert_null(carls_ckpt_new(long_kind, 1));
+    carls_ckpt_t *c = carls_ckpt_new("k", 1);
+    float v[4] = {0};
+    int64_t ok[1] = {4}, zero[2] = {2, 0}, nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, huge[2] = {1 << 20, 1 << 20};
+    assert_int_equal(carls_ckpt_add(c, "w", 1, ok, v), 0);
+    assert_int_equal(carls_ckpt_add(c, "w", 1, ok, v), CARLS_CKPT_EINVAL);    /* duplicate */
+    assert_int_equal(carls_ckpt_add(c, "", 1, ok, v), CARLS_CKPT_EINVAL);     /* empty name */
+    assert_int_equal(carls_ckpt_add(c, "z", 2, zero, v), CARLS_CKPT_EINVAL);  /* zero dimension */
+    assert_int_equal(carls_ckpt_add(c, "n", 9, nine, v), CARLS_CKPT_EINVAL);  /* too many dims */
+    assert_int_equal(carls_ckpt_add(c, "h", 2, huge, v), CARLS_CKPT_EINVAL);  /* 2^40 elements */
+    assert_int_equal(carls_ckpt_count(c), 1);
+    carls_ckpt_destroy(&c);
+    carls_ckpt_destroy(&c); /* NULL is fine */
+}
+
+static void test_write_failure_leaves_nothing(void **state)
+{
+    (void)state;
+    carls_ckpt_t *c = carls_ckpt_new("k", 1);
+    float v[1] = {1};
+    int64_t d[1] = {1};
+    assert_int_equal(carls_ckpt_add(c, "w", 1, d, v), 0);
+    char path[512], err[512];
+    snprintf(path, sizeof path, "%s/no/such/dir/x.ckpt", s_dir);
+    assert_int_equal(carls_ckpt_write(c, path, err, sizeof err), CARLS_CKPT_EIO);
+    printf("  write to a missing directory: %s\n", err);
+    assert_int_equal(access(path, F_OK), -1);
+    carls_ckpt_destroy(&c);
+}
+
+static void test_refuses_bad_files(void **state)
+{
+    (void)state;
+    char good[512], bad[512];
+    snprintf(good, sizeof good, "%s/good.ckpt", s_dir);
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", s_dir);
+    s_make_good(good);
+    size_t len;
+    unsigned char *ref = s_slurp(good, &len);
+    assert_int_equal(len, 116); /* the layout described at s_make_good */
+    assert_int_equal(ref[41], 1); /* "a": dtype f32 */
+    assert_int_equal(ref[42], 2); /* "a": ndim */
+    assert_int_equal(ref[85], 'b');
+    unsigned char *buf = malloc(len + 16);
+    carls_ckpt_t *c = NULL;
+    char err[512];
+    assert_int_equal(carls_ckpt_read(good, &c, err, sizeof err), 0);
+    assert_int_equal(carls_ckpt_find(c, "b")->data[3], 13.0f);
+    carls_ckpt_destroy(&c);
+
+#define RESET() memcpy(buf, ref, len)
+
+    RESET();
+    buf[0] = 'X';
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
+
+    s_spit(bad, (const unsigned char *)"hello world, not a checkpoint", 29);
+    s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
+
+    RESET();
+    s_put_u32(buf + 8, 2);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_EVERSION, "version 2");
+
+    size_t cuts[] = {0, 5, 11, 20, 37, 60, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        s_spit(bad, ref, cuts[i]);
+        s_expect_refused(bad, CARLS_CKPT_ETRUNCATED, "truncated");
+    }
+
+    RESET();
+    buf[len] = 0;
+    s_spit(bad, buf, len + 1);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "trailing");
+
+    RESET();
+    buf[70] ^= 0x01; /* one bit of "a"'s data */
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECHECKSUM, "checksum");
+
+    RESET();
+    buf[113] ^= 0xff; /* the stored CRC itself */
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECHECKSUM, "checksum");
+
+    RESET();
+    s_put_u32(buf + 12, 1000000000u); /* absurd count: refused before anything is allocated for it */
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "tensors");
+
+    RESET();
+    s_put_u64(buf + 16, 1ull << 50); /* absurd stated length */
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "states");
+
+    /* From here the CRC is made valid, so the structural checks are what refuses. */
+    RESET();
+    s_put_u64(buf + 43, 1ull << 40); /* "a" dim 0 */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimension 0");
+
+    RESET();
+    s_put_u64(buf + 43, 1ull << 20); /* 2^20 x 3 floats: within the caps, far beyond the file */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "remain");
+
+    RESET();
+    s_put_u64(buf + 43, 0);
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimension 0");
+
+    RESET();
+    buf[42] = 9; /* ndim */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimensions");
+
+    RESET();
+    buf[41] = 7; /* dtype */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "dtype");
+
+    RESET();
+    buf[85] = 'a'; /* second tensor renamed to the first's name */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "twice");
+
+    RESET();
+    s_put_u32(buf + 12, 3); /* says 3 tensors, holds 2 */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "past the end");
+
+    RESET();
+    s_put_u32(buf + 12, 1); /* says 1 tensor, holds 2 */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "left after");
+
+    RESET();
+    buf[38] = 0; /* name length 0 */
+    s_fix_crc(buf, len);
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "name length");
+
+    RESET();
+    buf[32] = 200; /* kind length over the cap */
+    s_spit(bad, buf, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "kind length");
+#undef RESET
+
+    c = (carls_ckpt_t *)0x1;
+    char missing[512];
+    snprintf(missing, sizeof missing, "%s/missing.ckpt", s_dir);
+    assert_int_equal(carls_ckpt_read(missing, &c, err, sizeof err), CARLS_CKPT_EIO);
+    assert_null(c);
+    free(buf);
+    free(ref);
+}
+
+static void test_hostile_latest_pointer(void **state)
+{
+    (void)state;
+    char dir[512], latest[600], out[1024], err[512];
+    snprintf(dir, sizeof dir, "%s/hostile", s_dir);
+    mkdir(dir, 0755);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    const char *bad[] = {"../../etc/passwd\n", "/etc/passwd\n", "..\n", "\n", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s_spit(latest, (const unsigned char *)bad[i], strlen(bad[i]));
+        assert_int_equal(carls_ckpt_latest_path(dir, out, sizeof out, err, sizeof err), CARLS_CKPT_ECORRUPT);
+    }
+    s_spit(latest, (const unsigned char *)"ckpt-000000000005.ckpt\n", 23);
+    assert_int_equal(carls_ckpt_latest_path(dir, out, sizeof out, err, sizeof err), 0);
+    char want[1024];
+    snprintf(want, sizeof want, "%s/ckpt-000000000005.ckpt", dir);
+    assert_string_equal(out, want);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_and_latest),  cmocka_unit_test(test_add_rejects_bad_tensors),
+        cmocka_unit_test(test_write_failure_leaves_nothing), cmocka_unit_test(test_refuses_bad_files),
+        cmocka_unit_test(test_hostile_latest_pointer),
+    };
+    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+}
