@@ -255,9 +255,17 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     res->versions = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
     res->updated_at_ms = s_own(rp, carls_xmalloc(n * sizeof(int64_t)));
     res->frequencies = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
-    kb_table_lookup(t, lk->keys, n, lk->no_create || self->limits.read_only, res->values, res->versions,
-                    res->updated_at_ms, res->frequencies);
+    /* A lookup that applies pending gradients produces a value its reader sees: in sync durability that
+     * value must be committed before the answer, like any write (after a crash the pending set would
+     * otherwise be re-applied together with later gradients, and the reader's value would be lost). */
+    kb_bank_write_begin(self->bank);
+    uint64_t steps = kb_table_lookup(t, lk->keys, n, lk->no_create || self->limits.read_only, res->values,
+                                     res->versions, res->updated_at_ms, res->frequencies);
+    uint64_t ticket = kb_bank_write_end(self->bank);
     kb_bank_release(self->bank, t);
+    char err[512];
+    if (steps > 0 && kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
     rp->resp.result_case = CARLS__RESPONSE__RESULT_LOOKUP;
     rp->resp.lookup = res;
     return 0;
