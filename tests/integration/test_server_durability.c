@@ -1,0 +1,287 @@
+/* Integration: nothing acknowledged is lost. In sync durability, kill -9 right after acknowledged puts and
+ * gradient pushes (still pending) and check everything after a restart; replay a write after a crash and
+ * check it is applied once; kill -9 while concurrent writers run and check every acknowledged write. In
+ * interval durability, check that only writes acknowledged within the last interval (plus commit time)
+ * can be missing. */
+#include "kb_client.h"
+#include "protocol.h"
+#include "raw_client.h"
+#include "server_harness.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+typedef struct {
+    test_server_t srv;
+    kb_client_t *client;
+} fixture_t;
+
+static kb_client_t *s_connect(const char *endpoint)
+{
+    kb_client_options_t opts = {.timeout_ms = 5000, .retries = 2};
+    kb_client_t *c = kb_client_new(endpoint, &opts);
+    assert_non_null(c);
+    return c;
+}
+
+static int s_setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    test_server_init(&f->srv);
+    *state = f;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    fixture_t *f = *state;
+    kb_client_destroy(&f->client);
+    test_server_cleanup(&f->srv);
+    free(f);
+    return 0;
+}
+
+static void s_start(fixture_t *f, const char *durability)
+{
+    const char *args[] = {"--durability", durability, NULL};
+    assert_int_equal(test_server_start(&f->srv, args), 0);
+    f->client = s_connect(f->srv.endpoint);
+}
+
+static void s_kill_and_restart(fixture_t *f, const char *durability)
+{
+    kb_client_destroy(&f->client);
+    assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
+    s_start(f, durability);
+}
+
+static void s_create(kb_client_t *c, const char *name, uint32_t dim)
+{
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
+    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
+    cfg.dim = dim;
+    cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
+    opt.learning_rate = 1.0f;
+    lazy.max_age_ms = 3600000; /* gradients stay pending until looked up */
+    lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
+    cfg.optimizer = &opt;
+    cfg.lazy = &lazy;
+    assert_int_equal(kb_client_create_table(c, name, &cfg, false), 0);
+}
+
+static void s_key_name(char *buf, size_t n, const char *prefix, int i) { snprintf(buf, n, "%s-%d", prefix, i); }
+
+static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, "sync");
+    s_create(f->client, "t", 3);
+    enum { PUTS = 200, PUSHED = 50 };
+    char name[32];
+    for (int i = 0; i < PUTS; i++) {
+        s_key_name(name, sizeof name, "put", i);
+        kb_key_t k = {name, strlen(name)};
+        float v[3] = {(float)i, (float)-i, 0.5f * (float)i};
+        assert_int_equal(kb_client_put(f->client, "t", &k, 1, 3, v, (uint64_t)i + 1), 0);
+    }
+    for (int i = 0; i < PUSHED; i++) {
+        s_key_name(name, sizeof name, "grad", i);
+        kb_key_t k[2] = {{name, strlen(name)}, {name, strlen(name)}};
+        float g[6] = {1, 2, 3, 3, 2, (float)i};
+        assert_int_equal(kb_client_push_gradients(f->client, "t", k, 2, 3, g), 0);
+    }
+    s_kill_and_restart(f, "sync");
+
+    for (int i = 0; i < PUTS; i++) {
+        s_key_name(name, sizeof name, "put", i);
+        kb_key_t k = {name, strlen(name)};
+        float v[3];
+        kb_row_meta_t meta;
+        assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 3, v, &meta), 0);
+        assert_true(v[0] == (float)i && v[1] == (float)-i && v[2] == 0.5f * (float)i);
+        assert_int_equal(meta.version, (uint64_t)i + 1);
+    }
+    for (int i = 0; i < PUSHED; i++) {
+        s_key_name(name, sizeof name, "grad", i);
+        kb_key_t k = {name, strlen(name)};
+        float v[3];
+        assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 3, v, NULL), 0);
+        /* zeros - 1.0 * mean of the two pending gradients */
+        assert_true(v[0] == -2.0f && v[1] == -2.0f && v[2] == -(3.0f + (float)i) / 2.0f);
+    }
+}
+
+/* A write replayed byte for byte after a crash (a client that never saw the answer) is applied once. */
+static void test_replayed_write_after_crash_applies_once(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, "sync");
+    s_create(f->client, "t", 1);
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__PushGradients push = CARLS__PUSH_GRADIENTS__INIT;
+    ProtobufCBinaryData key = {1, (uint8_t *)"k"};
+    float g = 4.0f;
+    push.n_keys = 1;
+    push.keys = &key;
+    push.n_gradients = 1;
+    push.gradients = &g;
+    req.protocol_version = CARLS_PROTOCOL_VERSION;
+    req.request_id = 1;
+    req.client_id = 0xfeedbeefULL;
+    req.sequence = 1;
+    req.table = "t";
+    req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+    req.push_gradients = &push;
+
+    raw_client_t raw;
+    assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
+    Carls__Response *resp = raw_call(&raw, &req, 5000);
+    assert_non_null(resp);
+    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
+    assert_false(resp->write->duplicate);
+    carls__response__free_unpacked(resp, NULL);
+    raw_close(&raw);
+
+    s_kill_and_restart(f, "sync");
+    assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
+    resp = raw_call(&raw, &req, 5000);
+    assert_non_null(resp);
+    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
+    assert_true(resp->write->duplicate);
+    carls__response__free_unpacked(resp, NULL);
+    /* A new sequence number is a new write. */
+    req.sequence = 2;
+    g = 2.0f;
+    resp = raw_call(&raw, &req, 5000);
+    assert_non_null(resp);
+    assert_false(resp->write->duplicate);
+    carls__response__free_unpacked(resp, NULL);
+    raw_close(&raw);
+
+    float v;
+    kb_key_t k = {"k", 1};
+    assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 1, &v, NULL), 0);
+    assert_true(v == -3.0f); /* one pending set {4, 2}: -1.0 * 3 */
+}
+
+typedef struct {
+    const char *endpoint;
+    int id;
+    atomic_int *stop;
+    int acked; /* puts acknowledged: keys w<id>-0 .. w<id>-(acked-1) */
+    int64_t *acked_at_ms; /* monotonic time of each acknowledgement */
+    int capacity;
+} writer_t;
+
+static void *s_writer_main(void *p)
+{
+    writer_t *w = p;
+    kb_client_options_t opts = {.timeout_ms = 300, .retries = 0};
+    kb_client_t *c = kb_client_new(w->endpoint, &opts);
+    char name[32];
+    while (!atomic_load(w->stop) && w->acked < w->capacity) {
+        snprintf(name, sizeof name, "w%d-%d", w->id, w->acked);
+        kb_key_t k = {name, strlen(name)};
+        float v = (float)w->acked;
+        if (kb_client_put(c, "t", &k, 1, 1, &v, 1) != 0)
+            break; /* the server died under us: this write was not acknowledged */
+        w->acked_at_ms[w->acked] = carls_monotonic_ms();
+        w->acked++;
+    }
+    kb_client_destroy(&c);
+    return NULL;
+}
+
+/* Runs writers for run_ms, kills the server with SIGKILL, restarts it and returns how many acknowledged
+ * writes are missing among those acknowledged before (kill time - grace_ms). */
+static int s_crash_round(fixture_t *f, const char *durability, int run_ms, int grace_ms, int *total_acked)
+{
+    enum { WRITERS = 3, CAP = 100000 };
+    atomic_int stop = 0;
+    writer_t w[WRITERS];
+    pthread_t th[WRITERS];
+    for (int i = 0; i < WRITERS; i++) {
+        w[i] = (writer_t){.endpoint = f->srv.endpoint, .id = i, .stop = &stop, .capacity = CAP};
+        w[i].acked_at_ms = calloc(CAP, sizeof(int64_t));
+        assert_int_equal(pthread_create(&th[i], NULL, s_writer_main, &w[i]), 0);
+    }
+    usleep((useconds_t)run_ms * 1000);
+    int64_t killed_at = carls_monotonic_ms();
+    kb_client_destroy(&f->client);
+    assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < WRITERS; i++)
+        pthread_join(th[i], NULL);
+    s_start(f, durability);
+
+    int missing = 0;
+    *total_acked = 0;
+    char name[32];
+    for (int i = 0; i < WRITERS; i++) {
+        *total_acked += w[i].acked;
+        for (int j = 0; j < w[i].acked; j++) {
+            if (w[i].acked_at_ms[j] > killed_at - grace_ms)
+                continue;
+            snprintf(name, sizeof name, "w%d-%d", i, j);
+            kb_key_t k = {name, strlen(name)};
+            float v;
+            kb_row_meta_t meta;
+            assert_int_equal(kb_client_lookup_ex(f->client, "t", &k, 1, 1, true, &v, &meta), 0);
+            if (meta.version != 1 || v != (float)j)
+                missing++;
+        }
+        free(w[i].acked_at_ms);
+    }
+    return missing;
+}
+
+static void test_sync_kill9_under_concurrent_writers(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, "sync");
+    s_create(f->client, "t", 1);
+    for (int round = 0; round < 3; round++) {
+        int acked = 0;
+        int missing = s_crash_round(f, "sync", 300 + 100 * round, 0, &acked);
+        print_message("sync round %d: %d acknowledged writes, %d missing\n", round, acked, missing);
+        assert_true(acked > 0);
+        assert_int_equal(missing, 0);
+    }
+}
+
+static void test_interval_loses_at_most_the_window(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, "interval:100");
+    s_create(f->client, "t", 1);
+    int acked = 0;
+    /* Documented window: 100 ms; allow a generous second for the commit itself on a loaded machine. */
+    int missing = s_crash_round(f, "interval:100", 800, 1100, &acked);
+    print_message("interval: %d acknowledged writes, %d missing outside the window\n", acked, missing);
+    assert_true(acked > 0);
+    assert_int_equal(missing, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, s_setup,
+                                        s_teardown),
+        cmocka_unit_test_setup_teardown(test_replayed_write_after_crash_applies_once, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sync_kill9_under_concurrent_writers, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_interval_loses_at_most_the_window, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
