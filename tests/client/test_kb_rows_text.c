@@ -1,0 +1,297 @@
+/* Tests of kb_rows_text (kbctl's stdin rows): valid lines, every kind of invalid line with its reason and
+ * line number, key lines, and exact round trips of floats through "%.9g". */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_rows_text.h"
+#include "protocol.h"
+#include "util.h"
+
+/* Parses a NUL-terminated line; returns the parser's result and leaves the reason in err. */
+static int s_parse(kb_rows_t *rows, const char *line, char *err, size_t errlen)
+{
+    err[0] = '\0';
+    return kb_rows_parse_line(rows, line, strlen(line), err, errlen);
+}
+
+static void s_assert_key(const kb_rows_t *rows, size_t i, const char *want)
+{
+    kb_key_t k = kb_rows_key(rows, i);
+    assert_int_equal(k.len, strlen(want));
+    assert_memory_equal(k.data, want, k.len);
+}
+
+static void test_valid_lines(void **state)
+{
+    (void)state;
+    kb_rows_t *rows = kb_rows_new(3);
+    char err[256];
+    assert_int_equal(s_parse(rows, "alpha\t1 2 3", err, sizeof err), 0);
+    /* TABs and runs of blanks between numbers, blanks at both ends, CRLF, exponents, signs, hex floats. */
+    assert_int_equal(s_parse(rows, "b e t a\t  -1.5\t\t2e-3   +4  \r", err, sizeof err), 0);
+    assert_int_equal(s_parse(rows, "x\t0x1p-2 -0 1e-45", err, sizeof err), 0);
+    assert_int_equal(rows->n, 3);
+    s_assert_key(rows, 0, "alpha");
+    s_assert_key(rows, 1, "b e t a");
+    s_assert_key(rows, 2, "x");
+    const float want[9] = {1, 2, 3, -1.5f, 2e-3f, 4, 0.25f, -0.0f, 1e-45f};
+    for (int i = 0; i < 9; i++)
+        assert_true(rows->values[i] == want[i]);
+    assert_true(signbit(rows->values[7]));
+    assert_true(rows->values[8] > 0); /* the smallest subnormal survives */
+    kb_rows_destroy(&rows);
+    assert_null(rows);
+    kb_rows_destroy(&rows);
+    kb_rows_destroy(NULL);
+}
+
+/* Each invalid line is refused with its reason, and leaves the rows as they were. */
+static void test_invalid_lines(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *line;
+        const char *reason; /* a part of the error text */
+    } cases[] = {
+        {"key 1 2 3", "no TAB"},
+        {"\t1 2 3", "empty key"},
+        {"k\t1 2", "expected 3 numbers after the key, got 2"},
+        {"k\t1 2 3 4", "expected 3 numbers after the key, got 4"},
+        {"k\t", "got 0"},
+        {"k\t1 nan 3", "value 2 \"nan\" is not finite"},
+        {"k\t1 2 inf", "value 3 \"inf\" is not finite"},
+        {"k\t-infinity 2 3", "not finite"},
+        {"k\t1e39 2 3", "value 1 \"1e39\" is not finite (or overflows a float)"},
+        {"k\t1.0x 2 3", "value 1 \"1.0x\" is not a number"},
+        {"k\t1,5 2 3", "is not a number"},
+        {"k\t1 2 three", "value 3 \"three\" is not a number"},
+        {"k\t1 2 3\x01", "is not a number"},
+        {"", "no TAB"},
+    };
+    kb_rows_t *rows = kb_rows_new(3);
+    char err[256];
+    assert_int_equal(s_parse(rows, "good\t1 2 3", err, sizeof err), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = s_parse(rows, cases[i].line, err, sizeof err);
+        if (rc != -1 || !strstr(err, cases[i].reason)) {
+            print_error("line \"%s\": rc %d, err \"%s\", want \"%s\"\n", cases[i].line, rc, err, cases[i].reason);
+            fail();
+        }
+    }
+    assert_int_equal(rows->n, 1);
+    s_assert_key(rows, 0, "good");
+    assert_true(rows->values[0] == 1 && rows->values[2] == 3);
+
+    /* Keys up to the limit are fine, one byte more is not. */
+    size_t max = CARLS_DEFAULT_MAX_KEY_BYTES;
+    char *line = malloc(max + 16);
+    memset(line, 'k', max + 1);
+    strcpy(line + max, "\t1 2 3");
+    assert_int_equal(s_parse(rows, line, err, sizeof err), 0);
+    memset(line, 'k', max + 1);
+    strcpy(line + max + 1, "\t1 2 3");
+    assert_int_equal(s_parse(rows, line, err, sizeof err), -1);
+    assert_non_null(strstr(err, "longer than the limit"));
+    free(line);
+    assert_int_equal(rows->n, 2);
+    kb_rows_destroy(&rows);
+}
+
+/* A line given with its length is not read past that length (no NUL needed). */
+static void test_length_bounded(void **state)
+{
+    (void)state;
+    kb_rows_t *rows = kb_rows_new(2);
+    char err[256];
+    const char buf[] = "k\t1 2 3 4";
+    assert_int_equal(kb_rows_parse_line(rows, buf, 5, err, sizeof err), 0); /* "k\t1 2" */
+    assert_true(rows->values[0] == 1 && rows->values[1] == 2);
+    /* A number that is cut by the length is the shorter number. */
+    const char buf2[] = "z\t7 89";
+    assert_int_equal(kb_rows_parse_line(rows, buf2, 5, err, sizeof err), 0);
+    assert_true(rows->values[3] == 8);
+    kb_rows_destroy(&rows);
+}
+
+static FILE *s_mem_in(const char *text)
+{
+    FILE *f = fmemopen((void *)text, strlen(text), "r");
+    assert_non_null(f);
+    return f;
+}
+
+/* kb_rows_read: every invalid line is reported with its number (blank lines counted, not rows), blank
+ * lines are skipped, and valid rows still collect. */
+static void test_read_reports_line_numbers(void **state)
+{
+    (void)state;
+    const char *text = "a\t1 2\n"
+                       "\n"
+                       "b\t1\n"       /* line 3: too few */
+                       "c\t3 4\r\n"   /* CRLF ok */
+                       "nokey 5 6\n"  /* line 5: no TAB */
+                       "\r\n"         /* blank (CR only) */
+                       "d\t5 nan\n"   /* line 7: nan */
+                       "e\t7 8";      /* no final newline */
+    FILE *in = s_mem_in(text);
+    char *report = NULL;
+    size_t report_len = 0;
+    FILE *errs = open_memstream(&report, &report_len);
+    kb_rows_t *rows = kb_rows_new(2);
+    size_t bad = 0;
+    assert_int_equal(kb_rows_read(rows, in, errs, 20, &bad), -1);
+    fclose(errs);
+    fclose(in);
+    assert_int_equal(bad, 3);
+    assert_string_equal(report, "line 3: expected 2 numbers after the key, got 1\n"
+                                "line 5: no TAB after the key (expected KEY<TAB>2 numbers)\n"
+                                "line 7: value 2 \"nan\" is not finite (or overflows a float)\n");
+    assert_int_equal(rows->n, 3);
+    s_assert_key(rows, 0, "a");
+    s_assert_key(rows, 1, "c");
+    s_assert_key(rows, 2, "e");
+    assert_true(rows->values[2] == 3 && rows->values[5] == 8);
+    free(report);
+    kb_rows_destroy(&rows);
+
+    /* All valid: 0. */
+    in = s_mem_in("x\t1 2\ny\t3 4\n");
+    rows = kb_rows_new(2);
+    assert_int_equal(kb_rows_read(rows, in, NULL, 20, &bad), 0);
+    assert_int_equal(bad, 0);
+    assert_int_equal(rows->n, 2);
+    fclose(in);
+    kb_rows_destroy(&rows);
+}
+
+/* Past max_reports the rest are counted in one line. */
+static void test_read_caps_reports(void **state)
+{
+    (void)state;
+    char text[1024] = "";
+    for (int i = 0; i < 10; i++)
+        strcat(text, "bad line\n");
+    FILE *in = s_mem_in(text);
+    char *report = NULL;
+    size_t report_len = 0;
+    FILE *errs = open_memstream(&report, &report_len);
+    kb_rows_t *rows = kb_rows_new(1);
+    size_t bad = 0;
+    assert_int_equal(kb_rows_read(rows, in, errs, 3, &bad), -1);
+    fclose(errs);
+    fclose(in);
+    assert_int_equal(bad, 10);
+    assert_non_null(strstr(report, "line 3: "));
+    assert_null(strstr(report, "line 4: "));
+    assert_non_null(strstr(report, "... and 7 more invalid lines\n"));
+    free(report);
+    kb_rows_destroy(&rows);
+}
+
+static void test_key_lines(void **state)
+{
+    (void)state;
+    FILE *in = s_mem_in("plain\nwith space\tand tab\r\n\n\xc3\xa9t\xc3\xa9\n");
+    kb_rows_t *rows = kb_rows_new(0);
+    assert_int_equal(kb_rows_read(rows, in, NULL, 20, NULL), 0);
+    fclose(in);
+    assert_int_equal(rows->n, 3);
+    s_assert_key(rows, 0, "plain");
+    s_assert_key(rows, 1, "with space\tand tab");
+    s_assert_key(rows, 2, "\xc3\xa9t\xc3\xa9");
+    assert_null(rows->values);
+    char err[128];
+    assert_int_equal(kb_rows_parse_key_line(rows, "\r", 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, "empty key"));
+    assert_int_equal(rows->n, 3);
+    kb_rows_destroy(&rows);
+}
+
+/* Many rows: storage grows and keeps every key and value in place. */
+static void test_many_rows(void **state)
+{
+    (void)state;
+    kb_rows_t *rows = kb_rows_new(2);
+    char key[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        float v[2] = {(float)i, (float)-i};
+        kb_rows_append(rows, key, strlen(key), v);
+    }
+    assert_int_equal(rows->n, 5000);
+    for (int i = 0; i < 5000; i += 997) {
+        snprintf(key, sizeof key, "key-%d", i);
+        s_assert_key(rows, (size_t)i, key);
+        assert_true(rows->values[2 * i] == (float)i && rows->values[2 * i + 1] == (float)-i);
+    }
+    kb_rows_destroy(&rows);
+}
+
+/* Writing with "%.9g" and parsing back gives the same bits for ordinary, tiny, huge and special-signed
+ * floats and for many random bit patterns. */
+static void test_round_trip(void **state)
+{
+    (void)state;
+    enum { DIM = 8, RANDOM_ROWS = 2000 };
+    float vals[DIM] = {0.1f, -1.0f / 3.0f, FLT_MAX, -FLT_MAX, FLT_MIN, 1e-45f, -0.0f, 16777217.0f};
+    uint64_t rng = 42;
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *out = open_memstream(&text, &text_len);
+    kb_rows_t *want = kb_rows_new(DIM);
+    for (int r = 0; r <= RANDOM_ROWS; r++) {
+        if (r > 0) {
+            for (int j = 0; j < DIM; j++) {
+                uint32_t bits;
+                do {
+                    bits = (uint32_t)carls_splitmix64(&rng);
+                    memcpy(&vals[j], &bits, sizeof bits);
+                } while (!isfinite(vals[j]));
+            }
+        }
+        char key[32];
+        snprintf(key, sizeof key, "row%d", r);
+        kb_rows_append(want, key, strlen(key), vals);
+        assert_int_equal(kb_rows_write_row(out, key, strlen(key), vals, DIM), 0);
+        fputc('\n', out);
+    }
+    fclose(out);
+    FILE *in = s_mem_in(text);
+    kb_rows_t *got = kb_rows_new(DIM);
+    assert_int_equal(kb_rows_read(got, in, stderr, 5, NULL), 0);
+    fclose(in);
+    assert_int_equal(got->n, want->n);
+    assert_memory_equal(got->values, want->values, want->n * DIM * sizeof(float));
+    assert_int_equal(got->key_bytes_len, want->key_bytes_len);
+    assert_memory_equal(got->key_bytes, want->key_bytes, want->key_bytes_len);
+    /* Single spaces between values, a TAB after the key. */
+    assert_true(strncmp(text, "row0\t0.100000001 -0.333333343 3.40282347e+38", 44) == 0);
+    free(text);
+    kb_rows_destroy(&want);
+    kb_rows_destroy(&got);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_lines),
+        cmocka_unit_test(test_invalid_lines),
+        cmocka_unit_test(test_length_bounded),
+        cmocka_unit_test(test_read_reports_line_numbers),
+        cmocka_unit_test(test_read_caps_reports),
+        cmocka_unit_test(test_key_lines),
+        cmocka_unit_test(test_many_rows),
+        cmocka_unit_test(test_round_trip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,492 @@
+/* Tests of the kbctl program: runs build/bin/kbctl against the fake server and checks its exit status,
+ * stdout, stderr and the requests the server received (usage errors, input validation before sending,
+ * batching, output formats, server errors). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fake_kb_server.h"
+#include "protocol.h"
+
+extern char **environ;
+
+#define KBCTL CARLS_BIN_DIR "/kbctl"
+
+typedef struct {
+    int status; /* exit status, or -1 if it did not exit normally */
+    char *out;  /* everything it wrote to stdout */
+    char *err;  /* ... and to stderr */
+} s_run_t;
+
+static char *s_read_file(int fd)
+{
+    off_t len = lseek(fd, 0, SEEK_END);
+    assert_true(len >= 0);
+    char *buf = malloc((size_t)len + 1);
+    assert_non_null(buf);
+    assert_int_equal(pread(fd, buf, (size_t)len, 0), len);
+    buf[len] = '\0';
+    return buf;
+}
+
+static int s_temp_file(void)
+{
+    char path[] = "/tmp/test_kbctl_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    return fd;
+}
+
+/* Runs kbctl with args (NULL-terminated, without argv[0]) and stdin_text on stdin. The environment is this
+ * process's without CARLS_KB and CARLS_LOG_LEVEL, plus CARLS_KB=env_kb when env_kb is not NULL. */
+static s_run_t s_kbctl(const char *env_kb, const char *stdin_text, const char *const *args)
+{
+    const char *argv[64] = {"kbctl"};
+    size_t argc = 1;
+    for (; args[argc - 1]; argc++) {
+        assert_true(argc < 63);
+        argv[argc] = args[argc - 1];
+    }
+    argv[argc] = NULL;
+
+    /* Built before fork: the child of a threaded process may only exec. */
+    size_t n_env = 0;
+    while (environ[n_env])
+        n_env++;
+    char **envp = calloc(n_env + 2, sizeof *envp);
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (strncmp(environ[i], "CARLS_KB=", 9) != 0 && strncmp(environ[i], "CARLS_LOG_LEVEL=", 16) != 0)
+            envp[k++] = environ[i];
+    char env_kb_buf[256];
+    if (env_kb) {
+        snprintf(env_kb_buf, sizeof env_kb_buf, "CARLS_KB=%s", env_kb);
+        envp[k++] = env_kb_buf;
+    }
+    envp[k] = NULL;
+
+    int in = s_temp_file(), out = s_temp_file(), err = s_temp_file();
+    if (stdin_text) {
+        size_t len = strlen(stdin_text);
+        assert_int_equal(write(in, stdin_text, len), (ssize_t)len);
+        lseek(in, 0, SEEK_SET);
+    }
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(in, 0);
+        dup2(out, 1);
+        dup2(err, 2);
+        execve(KBCTL, (char *const *)argv, envp);
+        _exit(127);
+    }
+    int wstatus = 0;
+    assert_int_equal(waitpid(pid, &wstatus, 0), pid);
+    s_run_t r = {WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1, s_read_file(out), s_read_file(err)};
+    close(in);
+    close(out);
+    close(err);
+    free(envp);
+    return r;
+}
+
+static void s_run_free(s_run_t *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Fails with kbctl's stderr shown when its exit status is not `want`. */
+static void s_expect_status(const s_run_t *r, int want)
+{
+    if (r->status != want) {
+        print_error("kbctl exited %d, want %d; stdout:\n%s\nstderr:\n%s\n", r->status, want, r->out, r->err);
+        fail();
+    }
+}
+
+static fake_kb_server_t *s_server(void)
+{
+    fake_kb_server_t *srv = fake_kb_server_new();
+    fake_kb_server_add_table(srv, "emb", 3, 10);
+    fake_kb_server_add_table(srv, "words", 2, 5);
+    return srv;
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    s_run_t r = s_kbctl(NULL, NULL, (const char *[]){NULL});
+    s_expect_status(&r, 1);
+    assert_non_null(strstr(r.err, "usage: kbctl"));
+    s_run_free(&r);
+
+    r = s_kbctl(NULL, NULL, (const char *[]){"--help", NULL});
+    s_expect_status(&r, 0);
+    assert_non_null(strstr(r.out, "kbctl list-tables"));
+    assert_non_null(strstr(r.out, "Exit status"));
+    s_run_free(&r);
+
+    r = s_kbctl(NULL, NULL, (const char *[]){"put", "--help", NULL});
+    s_expect_status(&r, 0);
+    assert_non_null(strstr(r.out, "usage: kbctl put TABLE"));
+    s_run_free(&r);
+
+    r = s_kbctl(NULL, NULL, (const char *[]){"list-tables", "--help", NULL});
+    s_expect_status(&r, 0);
+    assert_non_null(strstr(r.out, "name, dim, rows, optimizer, update policy"));
+    s_run_free(&r);
+
+    r = s_kbctl(NULL, NULL, (const char *[]){"list-tables", NULL});
+    s_expect_status(&r, 1);
+    assert_non_null(strstr(r.err, "CARLS_KB"));
+    s_run_free(&r);
+
+    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"frobnicate", NULL});
+    s_expect_status(&r, 1);
+    assert_non_null(strstr(r.err, "unknown verb"));
+    s_run_free(&r);
+
+    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--bogus", NULL});
+    s_expect_status(&r, 1);
+    s_run_free(&r);
+
+    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--kb", "x", NULL});
+    s_expect_status(&r, 1);
+    assert_non_null(strstr(r.err, "global option"));
+    s_run_free(&r);
+
+    r = s_kbctl(NULL, NULL, (const char *[]){"--timeout-ms", "soon", "list-tables", NULL});
+    s_expect_status(&r, 1);
+    s_run_free(&r);
+}
+
+/* Endpoint from --kb or from CARLS_KB; list-tables prints name, dim, rows, optimizer, policy. */
+static void test_list_tables(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    const char *want = "emb\t3\t10\tsgd\tlazy\nwords\t2\t5\tadam\timmediate\n";
+    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"list-tables", NULL});
+    s_expect_status(&r, 0);
+    assert_string_equal(r.out, want);
+    s_run_free(&r);
+    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"--kb", ep, "list-tables", NULL});
+    s_expect_status(&r, 0); /* --kb wins over CARLS_KB */
+    assert_string_equal(r.out, want);
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+static void test_create_table(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    s_run_t r = s_kbctl(ep, NULL,
+                        (const char *[]){"create-table", "vecs", "--dim", "16", "--optimizer", "adam", "--lr=0.5",
+                                         "--beta1", "0.8", "--beta2", "0.99", "--epsilon", "1e-6", "--update",
+                                         "immediate", "--max-age-ms", "250", "--max-pending", "64",
+                                         "--outlier-threshold", "2.5", "--outlier-rule", "none", "--init",
+                                         "normal", "--init-scale", "0.1", "--seed", "77", "--if-not-exists", NULL});
+    s_expect_status(&r, 0);
+    assert_string_equal(r.out, "");
+    assert_non_null(strstr(r.err, "vecs"));
+    s_run_free(&r);
+    assert_int_equal(fake_kb_server_count(srv), 1);
+    Carls__Request *q = fake_kb_server_request(srv, 0);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_CREATE_TABLE);
+    assert_string_equal(q->table, "vecs");
+    assert_true(q->client_id != 0);
+    assert_int_equal(q->sequence, 1);
+    const Carls__CreateTable *ct = q->create_table;
+    assert_true(ct->if_not_exists);
+    const Carls__TableConfig *cfg = ct->config;
+    assert_int_equal(cfg->kind, CARLS__TABLE_KIND__TABLE_EMBEDDING);
+    assert_int_equal(cfg->dim, 16);
+    assert_int_equal(cfg->init, CARLS__INIT_KIND__INIT_NORMAL);
+    assert_true(cfg->init_scale == 0.1f);
+    assert_int_equal(cfg->init_seed, 77);
+    assert_int_equal(cfg->optimizer->kind, CARLS__OPTIMIZER_KIND__OPT_ADAM);
+    assert_true(cfg->optimizer->learning_rate == 0.5f);
+    assert_true(cfg->optimizer->beta1 == 0.8f && cfg->optimizer->beta2 == 0.99f);
+    assert_true(cfg->optimizer->epsilon == 1e-6f);
+    assert_int_equal(cfg->lazy->policy, CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE);
+    assert_int_equal(cfg->lazy->max_age_ms, 250);
+    assert_int_equal(cfg->lazy->max_pending, 64);
+    assert_int_equal(cfg->lazy->outlier_rule, CARLS__OUTLIER_RULE__OUTLIER_NONE);
+    assert_true(cfg->lazy->outlier_threshold == 2.5f);
+    carls__request__free_unpacked(q, NULL);
+
+    /* Bad command lines are refused before anything is sent. */
+    static const char *const bad[][8] = {
+        {"create-table", "vecs", NULL},                                     /* no --dim */
+        {"create-table", "bad name", "--dim", "4", NULL},                   /* invalid name */
+        {"create-table", "vecs", "--dim", "0", NULL},                       /* dim 0 */
+        {"create-table", "vecs", "--dim", "4", "--optimizer", "rmsprop", NULL},
+        {"create-table", "vecs", "--dim", "4", "--max-pending", "2000", NULL},
+        {"create-table", "vecs", "--dim", "4", "--momentum", "1.5", NULL},
+        {"create-table", "vecs", "--dim", "4", "--lr", "0", NULL},          /* 0 would mean "default" */
+        {"create-table", "vecs", "--dim", "4", "--lr", "nan", NULL},
+        {"create-table", "a", "b", "--dim", "4", NULL},                     /* two names */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = s_kbctl(ep, NULL, bad[i]);
+        s_expect_status(&r, 1);
+        assert_true(strlen(r.err) > 0);
+        s_run_free(&r);
+    }
+    assert_int_equal(fake_kb_server_count(srv), 1);
+
+    r = s_kbctl(ep, NULL, (const char *[]){"drop-table", "vecs", "--if-exists", NULL});
+    s_expect_status(&r, 0);
+    s_run_free(&r);
+    q = fake_kb_server_request(srv, 1);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_DROP_TABLE);
+    assert_string_equal(q->table, "vecs");
+    assert_true(q->drop_table->if_exists);
+    carls__request__free_unpacked(q, NULL);
+    fake_kb_server_destroy(&srv);
+}
+
+/* put: rows on stdin, checked against the table's dim, sent in batches, summary on stderr. */
+static void test_put(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    const char *rows = "a\t1 2 3\n"
+                       "bb\t4\t5  6\n"
+                       "c c\t-7 8.5 1e-3\n"
+                       "d\t0 0 0\n"
+                       "e\t9 9 9\n";
+    s_run_t r = s_kbctl(ep, rows, (const char *[]){"put", "emb", "--version", "12", "--batch", "2", NULL});
+    s_expect_status(&r, 0);
+    assert_string_equal(r.out, "");
+    assert_non_null(strstr(r.err, "put 5 rows into emb"));
+    s_run_free(&r);
+
+    /* list_tables (for the dim), then puts of 2, 2 and 1 rows in input order. */
+    assert_int_equal(fake_kb_server_count(srv), 4);
+    Carls__Request *q = fake_kb_server_request(srv, 0);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_LIST_TABLES);
+    carls__request__free_unpacked(q, NULL);
+    static const char *keys[] = {"a", "bb", "c c", "d", "e"};
+    static const float vals[] = {1, 2, 3, 4, 5, 6, -7, 8.5f, 1e-3f, 0, 0, 0, 9, 9, 9};
+    size_t row = 0;
+    uint64_t last_seq = 0;
+    for (size_t i = 1; i < 4; i++) {
+        q = fake_kb_server_request(srv, i);
+        assert_int_equal(q->op_case, CARLS__REQUEST__OP_PUT);
+        assert_string_equal(q->table, "emb");
+        assert_int_equal(q->put->version, 12);
+        assert_int_equal(q->put->n_keys, i < 3 ? 2 : 1);
+        assert_true(q->sequence > last_seq);
+        last_seq = q->sequence;
+        for (size_t j = 0; j < q->put->n_keys; j++, row++) {
+            assert_int_equal(q->put->keys[j].len, strlen(keys[row]));
+            assert_memory_equal(q->put->keys[j].data, keys[row], strlen(keys[row]));
+            assert_memory_equal(q->put->values + 3 * j, vals + 3 * row, 3 * sizeof(float));
+        }
+        carls__request__free_unpacked(q, NULL);
+    }
+    assert_int_equal(row, 5);
+    fake_kb_server_destroy(&srv);
+}
+
+/* One bad line anywhere: every bad line reported with its number, exit 1, and no put sent. */
+static void test_put_invalid_input(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    const char *rows = "a\t1 2 3\n"
+                       "b\t1 2\n"
+                       "c\t1 2 3\n"
+                       "d\t1 nan 3\n"
+                       "\t1 2 3\n";
+    s_run_t r = s_kbctl(ep, rows, (const char *[]){"put", "emb", NULL});
+    s_expect_status(&r, 1);
+    assert_non_null(strstr(r.err, "line 2: expected 3 numbers after the key, got 2"));
+    assert_non_null(strstr(r.err, "line 4: value 2 \"nan\""));
+    assert_non_null(strstr(r.err, "line 5: empty key"));
+    assert_null(strstr(r.err, "line 1:"));
+    assert_non_null(strstr(r.err, "nothing was sent"));
+    s_run_free(&r);
+    for (size_t i = 0; i < fake_kb_server_count(srv); i++) {
+        Carls__Request *q = fake_kb_server_request(srv, i);
+        assert_int_not_equal(q->op_case, CARLS__REQUEST__OP_PUT);
+        carls__request__free_unpacked(q, NULL);
+    }
+
+    /* The same rows are fine for nothing else either: a table that does not exist is a server-side error. */
+    r = s_kbctl(ep, "a\t1 2 3\n", (const char *[]){"put", "nosuch", NULL});
+    s_expect_status(&r, 2);
+    assert_non_null(strstr(r.err, "no table named \"nosuch\""));
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+static void test_push_grad(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    s_run_t r = s_kbctl(ep, "w1\t0.5 -0.5\nw1\t1 1\n", (const char *[]){"push-grad", "words", NULL});
+    s_expect_status(&r, 0);
+    assert_non_null(strstr(r.err, "pushed 2 gradient rows to words"));
+    s_run_free(&r);
+    Carls__Request *q = fake_kb_server_request(srv, 1);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_PUSH_GRADIENTS);
+    assert_int_equal(q->push_gradients->n_keys, 2);
+    assert_int_equal(q->push_gradients->n_gradients, 4);
+    assert_true(q->push_gradients->gradients[1] == -0.5f && q->push_gradients->gradients[3] == 1.0f);
+    carls__request__free_unpacked(q, NULL);
+    /* push-grad takes no --version. */
+    r = s_kbctl(ep, "w1\t0.5 -0.5\n", (const char *[]){"push-grad", "words", "--version", "3", NULL});
+    s_expect_status(&r, 1);
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+/* The line get prints for key in a dim-3 table of the fake, with "%.9g". */
+static void s_expected_row(char *buf, size_t cap, const char *key, const char *meta)
+{
+    size_t len = strlen(key);
+    int n = snprintf(buf, cap, "%s\t%.9g %.9g %.9g%s\n", key, (double)fake_kb_value(key, len, 0),
+                     (double)fake_kb_value(key, len, 1), (double)fake_kb_value(key, len, 2), meta);
+    assert_true(n > 0 && (size_t)n < cap);
+}
+
+static void test_get(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    char want[512], line[256];
+
+    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"get", "emb", "alpha", "b b", NULL});
+    s_expect_status(&r, 0);
+    s_expected_row(want, sizeof want, "alpha", "");
+    s_expected_row(line, sizeof line, "b b", "");
+    strcat(want, line);
+    assert_string_equal(r.out, want);
+    /* The printed numbers read back to exactly the floats the server sent. */
+    float v[3];
+    assert_int_equal(sscanf(r.out, "alpha\t%g %g %g", &v[0], &v[1], &v[2]), 3);
+    for (uint32_t j = 0; j < 3; j++)
+        assert_true(v[j] == fake_kb_value("alpha", 5, j));
+    s_run_free(&r);
+    Carls__Request *q = fake_kb_server_request(srv, 1);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_LOOKUP);
+    assert_false(q->lookup->no_create);
+    carls__request__free_unpacked(q, NULL);
+
+    /* Keys from stdin, metadata columns, --no-create on the wire, several batches. */
+    r = s_kbctl(ep, "k1\nk2\n\nk3\n", (const char *[]){"get", "emb", "--meta", "--no-create", "--batch", "2", NULL});
+    s_expect_status(&r, 0);
+    s_expected_row(want, sizeof want, "k1", "\t7\t1000\t1");
+    s_expected_row(line, sizeof line, "k2", "\t7\t1001\t2");
+    strcat(want, line);
+    s_expected_row(line, sizeof line, "k3", "\t7\t1000\t1"); /* first row of the second batch */
+    strcat(want, line);
+    assert_string_equal(r.out, want);
+    s_run_free(&r);
+    size_t n = fake_kb_server_count(srv);
+    assert_int_equal(n, 2 + 3);
+    q = fake_kb_server_request(srv, n - 1);
+    assert_true(q->lookup->no_create);
+    assert_int_equal(q->lookup->n_keys, 1);
+    carls__request__free_unpacked(q, NULL);
+
+    r = s_kbctl(ep, NULL, (const char *[]){"get", "emb", "", NULL});
+    s_expect_status(&r, 1);
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+/* Connection and server errors exit with 2 and say why. */
+static void test_server_errors(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    fake_kb_server_set_mode(srv, FAKE_SILENT);
+    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"--timeout-ms", "100", "--retries", "1", "list-tables", NULL});
+    s_expect_status(&r, 2);
+    assert_non_null(strstr(r.err, "no answer"));
+    assert_string_equal(r.out, "");
+    s_run_free(&r);
+    assert_int_equal(fake_kb_server_wait_count(srv, 2, 2000), 2);
+
+    fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only");
+    r = s_kbctl(ep, NULL, (const char *[]){"drop-table", "emb", NULL});
+    s_expect_status(&r, 2);
+    assert_non_null(strstr(r.err, "READ_ONLY: this server is read-only"));
+    s_run_free(&r);
+
+    fake_kb_server_set_mode(srv, FAKE_GARBAGE);
+    r = s_kbctl(ep, NULL, (const char *[]){"checkpoint", NULL});
+    s_expect_status(&r, 2);
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+static void test_stats_and_checkpoint(void **state)
+{
+    (void)state;
+    fake_kb_server_t *srv = s_server();
+    const char *ep = fake_kb_server_endpoint(srv);
+    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"stats", NULL});
+    s_expect_status(&r, 0);
+    assert_non_null(strstr(r.out, "requests: 77\n"));
+    assert_non_null(strstr(r.out, "durability: sync\n"));
+    assert_non_null(strstr(r.out, "latency lookup: count 5, p50 12.5 us, p99 "));
+    assert_non_null(strstr(r.out, "\ntable emb\ndim: 3\nrows: 10\n"));
+    assert_non_null(strstr(r.out, "\ntable words\n"));
+    assert_non_null(strstr(r.out, "outliers_dropped: 3\n"));
+    s_run_free(&r);
+
+    r = s_kbctl(ep, NULL, (const char *[]){"stats", "words", NULL});
+    s_expect_status(&r, 0);
+    assert_null(strstr(r.out, "table emb"));
+    assert_non_null(strstr(r.out, "table words"));
+    s_run_free(&r);
+    Carls__Request *q = fake_kb_server_request(srv, 1);
+    assert_string_equal(q->table, "words");
+    carls__request__free_unpacked(q, NULL);
+
+    r = s_kbctl(ep, NULL, (const char *[]){"checkpoint", NULL});
+    s_expect_status(&r, 0);
+    assert_string_equal(r.out, "committed_epoch: 42\nrows: 5\n");
+    s_run_free(&r);
+    fake_kb_server_destroy(&srv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_list_tables),
+        cmocka_unit_test(test_create_table),
+        cmocka_unit_test(test_put),
+        cmocka_unit_test(test_put_invalid_input),
+        cmocka_unit_test(test_push_grad),
+        cmocka_unit_test(test_get),
+        cmocka_unit_test(test_server_errors),
+        cmocka_unit_test(test_stats_and_checkpoint),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
