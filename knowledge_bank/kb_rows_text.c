@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Longest number token we accept. A float needs at most ~50 characters even written out in full ("%.9g"
- * needs 16); the cap keeps the copy into a NUL-terminated buffer bounded. */
+/* Longest number token we accept. A float written out in full needs at most ~50 characters (the "%.9g" form
+ * at most 15); the cap keeps the copy into a NUL-terminated buffer bounded. */
 #define S_MAX_NUMBER_CHARS 127
 
 kb_rows_t *kb_rows_new(uint32_t dim)
@@ -108,7 +108,7 @@ static int s_check_key(size_t key_len, char *err, size_t errlen)
 
 /* Parses one number token (not NUL-terminated) into *out. Overflow and non-finite values are refused;
  * underflow (ERANGE with a result that is zero or subnormal) is accepted because it is exact for the
- * subnormals "%.9g" prints. */
+ * subnormals kb_rows_write_row prints. */
 static int s_parse_number(const char *tok, size_t len, size_t index, float *out, char *err, size_t errlen)
 {
     if (len > S_MAX_NUMBER_CHARS) {
@@ -215,12 +215,30 @@ int kb_rows_read(kb_rows_t *rows, FILE *in, FILE *errs, size_t max_reports, size
     return (bad > 0 || read_failed) ? -1 : 0;
 }
 
+int kb_rows_format_float(float v, char *buf, size_t cap)
+{
+    assert(cap >= KB_ROWS_FLOAT_CHARS);
+    /* Nine significant digits always read back to the same float. People read these numbers too, and a
+     * value that was typed as "0.1" should come back as "0.1", not "0.100000001": so the plain "%g" (six
+     * digits) when it reads back to the same bits (compared as bits, so -0 stays -0), else "%.9g". */
+    snprintf(buf, cap, "%g", (double)v);
+    float back = strtof(buf, NULL);
+    if (memcmp(&back, &v, sizeof v) != 0)
+        snprintf(buf, cap, "%.9g", (double)v);
+    return (int)strlen(buf);
+}
+
 int kb_rows_write_row(FILE *out, const void *key, size_t key_len, const float *values, uint32_t dim)
 {
+    char num[KB_ROWS_FLOAT_CHARS];
     if (key_len > 0)
         fwrite(key, 1, key_len, out);
     fputc('\t', out);
-    for (uint32_t j = 0; j < dim; j++)
-        fprintf(out, j ? " %.9g" : "%.9g", (double)values[j]);
+    for (uint32_t j = 0; j < dim; j++) {
+        kb_rows_format_float(values[j], num, sizeof num);
+        if (j)
+            fputc(' ', out);
+        fputs(num, out);
+    }
     return ferror(out) ? -1 : 0;
 }

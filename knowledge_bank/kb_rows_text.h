@@ -7,13 +7,15 @@
  *     CARLS_DEFAULT_MAX_KEY_BYTES long. After the TAB come exactly `dim` numbers separated by one or more
  *     spaces or TABs (leading and trailing blanks allowed). Each number is a C float literal (strtof) that
  *     is finite after conversion: "nan", "inf" and values that overflow a float are refused; values that
- *     underflow to a subnormal or zero are accepted, so every float printed with "%.9g" reads back exactly.
+ *     underflow to a subnormal or zero are accepted, so every float kb_rows_write_row prints reads back
+ *     exactly.
  *   - Key lines (kb_rows_read with keys_only): the whole line is the key (it may contain spaces or TABs).
  *
- * Format (write): kb_rows_write_row prints the key, a TAB, then the values with "%.9g" separated by single
- * spaces (no newline, so a caller may add columns). "%.9g" has enough digits for any float, so writing then
- * reading gives the same bits. Keys are written as they are: a key holding a TAB or newline cannot be read
- * back as a row line.
+ * Format (write): kb_rows_write_row prints the key, a TAB, then the values separated by single spaces (no
+ * newline, so a caller may add columns). Each value is written with "%g" when that reads back to the same
+ * float bit for bit ("0.1" rather than "0.100000001"), otherwise with "%.9g", which is exact for every
+ * float. So writing then reading gives the same bits. Keys are written as they are: a key holding a TAB or
+ * newline cannot be read back as a row line.
  *
  * kb_rows_t holds parsed rows: the keys back to back in one buffer and the values row-major. */
 #ifndef KB_ROWS_TEXT_H
@@ -65,8 +67,15 @@ int kb_rows_parse_key_line(kb_rows_t *rows, const char *line, size_t len, char *
  * *bad_lines_out (may be NULL) gets the number of invalid lines. On -1 the caller should send nothing. */
 int kb_rows_read(kb_rows_t *rows, FILE *in, FILE *errs, size_t max_reports, size_t *bad_lines_out);
 
-/* Writes "KEY<TAB>v1 v2 ... vdim" (no newline) with "%.9g". Returns 0, or -1 when the stream reports an
- * error. */
+/* Room for any float formatted by kb_rows_format_float, with its NUL ("-1.17549435e-38" is 15 chars). */
+#define KB_ROWS_FLOAT_CHARS 32
+
+/* Writes v into buf (cap >= KB_ROWS_FLOAT_CHARS) with "%g" if that reads back (strtof) to the same bits,
+ * else with "%.9g". Returns the length written. */
+int kb_rows_format_float(float v, char *buf, size_t cap);
+
+/* Writes "KEY<TAB>v1 v2 ... vdim" (no newline), values by kb_rows_format_float. Returns 0, or -1 when the
+ * stream reports an error. */
 int kb_rows_write_row(FILE *out, const void *key, size_t key_len, const float *values, uint32_t dim);
 
 #endif

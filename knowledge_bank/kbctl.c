@@ -761,7 +761,8 @@ static const s_verb_t s_verbs[] = {
     {"get",
      "usage: kbctl get TABLE [--meta] [--no-create] [--batch N] [KEY...]\n"
      "Looks up the keys given (or one key per line on stdin when none are given) and prints one line per\n"
-     "key: KEY, a TAB, the values separated by single spaces (\"%.9g\": they read back exactly).\n"
+     "key: KEY, a TAB, the values separated by single spaces, each as \"%g\" when that reads back to the\n"
+     "same float and as \"%.9g\" otherwise, so the printed values read back exactly.\n"
      "  --meta       adds TAB-separated columns: version, updated_at_ms, frequency\n"
      "  --no-create  do not insert unseen keys (they still show their initial value)\n",
      s_get},
