@@ -1,0 +1,223 @@
+/* nn/nn_mlp: the whole model's gradient against finite differences (with dropout on a fixed mask, an
+ * unlabelled row and an extra embedding gradient), learning a small synthetic problem with both optimisers,
+ * and a checkpoint round trip that must reproduce the predictions exactly. CPU device. */
+#include "nn_mlp.h"
+#include "nn_testlib.h"
+
+#include "util.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+typedef struct {
+    nn_mlp_t *m;
+    float *params; /* host copy being perturbed */
+    float *r;      /* (B, E) direction of the extra embedding term */
+    float *emb;    /* (B, E) host scratch */
+    int B, E;
+} mlp_ctx_t;
+
+static double s_mlp_loss(void *p)
+{
+    mlp_ctx_t *c = p;
+    nn_mlp_set_params(c->m, c->params);
+    double loss = nn_mlp_forward(c->m, c->B, true, 1234);
+    memcpy(c->emb, c->m->h[c->m->cfg.n_hidden - 1], sizeof(float) * (size_t)(c->B * c->E));
+    return loss + t_dot(c->r, c->emb, c->B * c->E);
+}
+
+static void test_mlp_gradcheck(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 6, .n_hidden = 2, .hidden = {5, 4}, .num_classes = 3, .dropout = 0.25f};
+    nn_mlp_t *m = NULL;
+    char err[256];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 8, 99, &m, err, sizeof err), 0);
+    const int B = 5, E = 4;
+    uint64_t rng = 21;
+    float x[5 * 6];
+    int32_t y[5] = {0, 2, -1, 1, 2}; /* row 2 unlabelled */
+    t_fill_uniform(x, B * 6, -1, 1, &rng);
+    nn_mlp_set_batch(m, x, y, B);
+    mlp_ctx_t c = {.m = m, .B = B, .E = E};
+    c.params = malloc(sizeof(float) * m->num_params);
+    c.r = malloc(sizeof(float) * (size_t)(B * E));
+    c.emb = malloc(sizeof(float) * (size_t)(B * E));
+    nn_mlp_get_params(m, c.params);
+    t_fill_uniform(c.r, B * E, -0.5f, 0.5f, &rng);
+
+    s_mlp_loss(&c);
+    nn_mlp_zero_grad(m);
+    nn_mlp_backward(m, B, c.r);
+    float *analytic = malloc(sizeof(float) * m->num_params);
+    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    int bad = t_gradcheck("mlp all parameters", c.params, (int)m->num_params, analytic, s_mlp_loss, &c, 1e-3f, 1e-3,
+                          1e-2);
+    assert_int_equal(bad, 0);
+
+    /* Gradients accumulate across backward calls until zero_grad. */
+    s_mlp_loss(&c);
+    nn_mlp_backward(m, B, c.r);
+    for (size_t i = 0; i < m->num_params; i++) {
+        assert_float_equal(m->grads[i], 2.0f * analytic[i], 1e-5);
+    }
+    free(analytic);
+    free(c.params);
+    free(c.r);
+    free(c.emb);
+    nn_mlp_destroy(&m);
+    assert_null(m);
+}
+
+/* Three Gaussian blobs in 8 dimensions, one per class. */
+static void s_blobs(float *x, int32_t *y, int n, uint64_t *rng)
+{
+    for (int i = 0; i < n; i++) {
+        int c = i % 3;
+        y[i] = c;
+        for (int d = 0; d < 8; d++) {
+            float noise;
+            t_fill_uniform(&noise, 1, -1, 1, rng);
+            x[i * 8 + d] = (d % 3 == c ? 1.5f : 0.0f) + noise;
+        }
+    }
+}
+
+static float s_train_blobs(nn_optim_config_t opt)
+{
+    nn_mlp_config_t cfg = {.in_dim = 8, .n_hidden = 1, .hidden = {16}, .num_classes = 3, .dropout = 0.1f};
+    nn_mlp_t *m = NULL;
+    char err[256];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 64, 5, &m, err, sizeof err), 0);
+    enum { N = 64 };
+    float x[N * 8];
+    int32_t y[N];
+    uint64_t rng = 3;
+    s_blobs(x, y, N, &rng);
+    float first = 0, last = 0;
+    for (int step = 0; step < 300; step++) {
+        nn_mlp_set_batch(m, x, y, N);
+        float loss = nn_mlp_forward(m, N, true, (uint64_t)step);
+        if (step == 0) {
+            first = loss;
+        }
+        last = loss;
+        nn_mlp_zero_grad(m);
+        nn_mlp_backward(m, N, NULL);
+        nn_mlp_step(m, &opt);
+    }
+    /* Fresh points from the same blobs. */
+    s_blobs(x, y, N, &rng);
+    nn_mlp_set_batch(m, x, y, N);
+    nn_mlp_forward(m, N, false, 0);
+    float acc = (float)nn_mlp_correct(m, N, NULL) / N;
+    printf("blobs: loss %.4f -> %.4f, held-out accuracy %.3f\n", first, last, acc);
+    assert_true(last < 0.5f * first);
+    nn_mlp_destroy(&m);
+    return acc;
+}
+
+static void test_mlp_learns(void **state)
+{
+    (void)state;
+    nn_optim_config_t adam = {.kind = NN_OPT_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    nn_optim_config_t sgd = {.kind = NN_OPT_SGD, .lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+    assert_true(s_train_blobs(adam) >= 0.9f);
+    assert_true(s_train_blobs(sgd) >= 0.9f);
+}
+
+static void test_mlp_checkpoint_round_trip(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 7, .n_hidden = 2, .hidden = {9, 5}, .num_classes = 4};
+    nn_mlp_t *m = NULL, *back = NULL;
+    char err[512], dir[] = "/tmp/carls_mlp_test_XXXXXX", path[600];
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 16, 77, &m, err, sizeof err), 0);
+    carls_ckpt_t *c = NULL;
+    assert_int_equal(nn_mlp_to_ckpt(m, 42, &c, err, sizeof err), 0);
+    assert_string_equal(carls_ckpt_kind(c), NN_MLP_KIND_CLASSIFIER);
+    assert_int_equal(carls_ckpt_count(c), 6);
+    assert_int_equal(carls_ckpt_save_to_dir(c, dir, path, sizeof path, err, sizeof err), 0);
+    carls_ckpt_destroy(&c);
+    assert_int_equal(carls_ckpt_read(path, &c, err, sizeof err), 0);
+    assert_int_equal(nn_mlp_from_ckpt(c, NN_DEVICE_CPU, 16, &back, err, sizeof err), 0);
+    assert_int_equal(back->cfg.in_dim, 7);
+    assert_int_equal(back->cfg.n_hidden, 2);
+    assert_int_equal(back->cfg.hidden[1], 5);
+    assert_int_equal(back->cfg.num_classes, 4);
+
+    float x[20 * 7], p1[20 * 4], p2[20 * 4], e1[20 * 5], e2[20 * 5];
+    uint64_t rng = 9;
+    t_fill_uniform(x, 20 * 7, -1, 1, &rng);
+    nn_mlp_predict(m, x, 20, p1); /* 20 > max_batch: two chunks */
+    nn_mlp_predict(back, x, 20, p2);
+    assert_memory_equal(p1, p2, sizeof p1);
+    nn_mlp_encode(m, x, 20, e1);
+    nn_mlp_encode(back, x, 20, e2);
+    assert_memory_equal(e1, e2, sizeof e1);
+    for (int i = 0; i < 20; i++) {
+        double s = 0;
+        for (int k = 0; k < 4; k++) {
+            s += p1[i * 4 + k];
+        }
+        assert_float_equal(s, 1.0, 1e-5);
+    }
+
+    /* A checkpoint missing a tensor, or of another kind, is refused with a reason. */
+    carls_ckpt_t *partial = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 1);
+    const carls_ckpt_tensor_t *t = carls_ckpt_find(c, "enc.0.weight");
+    assert_int_equal(carls_ckpt_add(partial, t->name, t->ndim, t->dims, t->data), 0);
+    nn_mlp_t *none = NULL;
+    assert_int_equal(nn_mlp_from_ckpt(partial, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    printf("partial checkpoint refused: %s\n", err);
+    assert_null(none);
+    carls_ckpt_t *other = carls_ckpt_new("word2vec", 1);
+    assert_int_equal(nn_mlp_from_ckpt(other, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    assert_non_null(strstr(err, "word2vec"));
+    carls_ckpt_destroy(&other);
+    carls_ckpt_destroy(&partial);
+    carls_ckpt_destroy(&c);
+    nn_mlp_destroy(&m);
+    nn_mlp_destroy(&back);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_mlp_config_checks(void **state)
+{
+    (void)state;
+    char err[256];
+    nn_mlp_t *m = NULL;
+    nn_mlp_config_t bad = {.in_dim = 4, .n_hidden = 0, .num_classes = 2};
+    assert_int_equal(nn_mlp_new(&bad, NN_DEVICE_CPU, 4, 1, &m, err, sizeof err), -1);
+    bad.n_hidden = 1;
+    bad.hidden[0] = 3;
+    bad.dropout = 1.0f;
+    assert_int_equal(nn_mlp_new(&bad, NN_DEVICE_CPU, 4, 1, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "dropout"));
+    bad.dropout = 0.0f;
+    assert_int_equal(nn_mlp_new(&bad, NN_DEVICE_CPU, 0, 1, &m, err, sizeof err), -1);
+    assert_null(m);
+}
+
+int main(void)
+{
+    nn_cpu_set_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_gradcheck),
+        cmocka_unit_test(test_mlp_learns),
+        cmocka_unit_test(test_mlp_checkpoint_round_trip),
+        cmocka_unit_test(test_mlp_config_checks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

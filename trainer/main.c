@@ -1,0 +1,39 @@
+/* trainer: trains models for carls-c and writes the checkpoints knowledge makers read. */
+#include "trainer.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainer <command> [options]\n"
+            "commands:\n"
+            "  supervised   train an MLP encoder + softmax classifier on Fashion-MNIST\n"
+            "  inspect      print what a checkpoint file (or a checkpoint directory's latest) holds\n"
+            "  bench-sgemm  measure sgemm FLOP/s (OpenBLAS on the CPU, cuBLAS on a GPU)\n"
+            "run 'trainer <command> --help' for a command's options\n");
+}
+
+int main(int argc, char **argv)
+{
+    carls_log_init_from_env();
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        s_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "supervised") == 0) {
+        return trainer_supervised_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "inspect") == 0) {
+        return trainer_inspect_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "bench-sgemm") == 0) {
+        return trainer_bench_main(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "trainer: unknown command '%s'\n", argv[1]);
+    s_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,40 @@
+/* CSV metrics (see trainer_metrics.h). */
+#include "trainer_metrics.h"
+
+#include <string.h>
+
+int trainer_metrics_open(trainer_metrics_t *m, const char *path, const char *header)
+{
+    memset(m, 0, sizeof *m);
+    m->f = fopen(path, "w");
+    if (!m->f) {
+        return -1;
+    }
+    m->columns = 1;
+    for (const char *p = header; *p; p++) {
+        m->columns += *p == ',';
+    }
+    fprintf(m->f, "%s\n", header);
+    fflush(m->f);
+    return 0;
+}
+
+void trainer_metrics_row(trainer_metrics_t *m, const double *values)
+{
+    if (!m->f) {
+        return;
+    }
+    for (int i = 0; i < m->columns; i++) {
+        fprintf(m->f, "%s%.6g", i ? "," : "", values[i]);
+    }
+    fputc('\n', m->f);
+    fflush(m->f);
+}
+
+void trainer_metrics_close(trainer_metrics_t *m)
+{
+    if (m->f) {
+        fclose(m->f);
+    }
+    m->f = NULL;
+}
