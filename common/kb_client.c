@@ -181,10 +181,13 @@ uint64_t kb_client_id(const kb_client_t *self)
     return self->client_id;
 }
 
+/* Operations that change the bank: they carry client_id and sequence so a resent one is applied once.
+ * feature_put (added with the retrieval operations) changes rows like put does, so it is one too. */
 static bool s_is_write(Carls__Request__OpCase op)
 {
     return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
-           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS;
+           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
+           op == CARLS__REQUEST__OP_FEATURE_PUT;
 }
 
 /* Sends one packed request on the current socket without blocking. A full queue (EAGAIN) is not an

@@ -134,6 +134,34 @@ static void test_envelope(void **state)
         }
         carls__request__free_unpacked(r, NULL);
     }
+
+    /* Of the retrieval operations, feature_put is a write and knn a read. (The fake does not know them and
+     * answers UNIMPLEMENTED; only what was sent matters here.) */
+    Carls__FeaturePut fput = CARLS__FEATURE_PUT__INIT;
+    Carls__Knn knn = CARLS__KNN__INIT;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = "emb";
+    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
+    req.feature_put = &fput;
+    assert_int_equal(kb_client_call(c, &req, &resp), KB_CLIENT_ESTATUS);
+    carls__response__free_unpacked(resp, NULL);
+    Carls__Request req2 = CARLS__REQUEST__INIT;
+    req2.table = "emb";
+    req2.op_case = CARLS__REQUEST__OP_KNN;
+    req2.knn = &knn;
+    assert_int_equal(kb_client_call(c, &req2, &resp), KB_CLIENT_ESTATUS);
+    carls__response__free_unpacked(resp, NULL);
+    Carls__Request *r = fake_kb_server_request(srv, n);
+    assert_int_equal(r->op_case, CARLS__REQUEST__OP_FEATURE_PUT);
+    assert_int_equal(r->client_id, cid);
+    assert_int_equal(r->sequence, want_seq);
+    carls__request__free_unpacked(r, NULL);
+    r = fake_kb_server_request(srv, n + 1);
+    assert_int_equal(r->op_case, CARLS__REQUEST__OP_KNN);
+    assert_int_equal(r->client_id, 0);
+    assert_int_equal(r->sequence, 0);
+    carls__request__free_unpacked(r, NULL);
+
     kb_client_destroy(&c);
     assert_null(c);
     fake_kb_server_destroy(&srv);
