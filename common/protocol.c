@@ -31,6 +31,11 @@ const char *carls_op_name(Carls__Request__OpCase op)
     case CARLS__REQUEST__OP_PUSH_GRADIENTS: return "push_gradients";
     case CARLS__REQUEST__OP_STATS: return "stats";
     case CARLS__REQUEST__OP_CHECKPOINT: return "checkpoint";
+    case CARLS__REQUEST__OP_KNN: return "knn";
+    case CARLS__REQUEST__OP_SAMPLE: return "sample";
+    case CARLS__REQUEST__OP_FEATURE_GET: return "feature_get";
+    case CARLS__REQUEST__OP_FEATURE_PUT: return "feature_put";
+    case CARLS__REQUEST__OP_SCAN: return "scan";
     default: return "none";
     }
 }
@@ -48,4 +53,12 @@ int carls_table_name_valid(const char *name)
             return -1;
     }
     return 0;
+}
+
+uint32_t carls_shard_of(const void *key, size_t len, uint32_t n)
+{
+    if (n <= 1)
+        return 0;
+    /* A seed of its own so shard placement is independent of the row maps' and stripes' hashing. */
+    return (uint32_t)(carls_hash64(key, len, 0x7368617264ULL) % n);
 }

@@ -4,6 +4,7 @@
 #define CARLS_PROTOCOL_H
 
 #include "carls.pb-c.h"
+#include "util.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,10 @@ const char *carls_status_name(Carls__StatusCode status);
 
 /* Name of the operation a request carries ("lookup", "put", ...), or "none". */
 const char *carls_op_name(Carls__Request__OpCase op);
+
+/* The shard (0..n-1) that owns key among n shards. Depends on nothing but the key bytes and n; clients
+ * route with it and a server started with --shard i/n refuses keys of other shards. */
+uint32_t carls_shard_of(const void *key, size_t len, uint32_t n);
 
 /* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. Returns 0 when valid. */
 int carls_table_name_valid(const char *name);

@@ -161,13 +161,11 @@ static void s_free_ops(s_table_op_t *ops, size_t n)
 /* Packs a table config for the store. Caller frees. */
 static uint8_t *s_pack_config(const kb_table_config_t *cfg, size_t *len)
 {
-    Carls__TableConfig pc;
-    Carls__OptimizerConfig po;
-    Carls__LazyUpdateConfig pl;
-    kb_table_config_to_proto(cfg, &pc, &po, &pl);
-    *len = carls__table_config__get_packed_size(&pc);
+    kb_table_config_wire_t wire;
+    kb_table_config_to_proto(cfg, &wire);
+    *len = carls__table_config__get_packed_size(&wire.config);
     uint8_t *buf = carls_xmalloc(*len);
-    carls__table_config__pack(&pc, buf);
+    carls__table_config__pack(&wire.config, buf);
     return buf;
 }
 
@@ -453,6 +451,9 @@ static void *s_sweeper_main(void *arg)
             if (t < tick_ms)
                 tick_ms = t < 2 ? 2 : t;
             kb_table_expire(tables[i], now);
+            /* Keep nearest-neighbour indexes within one tick of the table. */
+            if (kb_table_knn_flush(tables[i]) != 0)
+                LOG_WARN("table %s: nearest-neighbour index update failed", kb_table_name(tables[i]));
             kb_bank_release(self, tables[i]);
         }
         free(tables);

@@ -6,6 +6,7 @@
 #include "util.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,7 +14,10 @@
 #include <string.h>
 
 /* Latency is kept per operation; index = Carls__Request__OpCase mapped by s_op_index. */
-enum { OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT, OP_COUNT };
+enum {
+    OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT,
+    OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN, OP_COUNT
+};
 
 struct kb_service {
     kb_bank_t *bank;
@@ -25,11 +29,13 @@ struct kb_service {
     kb_latency_t latency[OP_COUNT];
 };
 
-static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup",
-                                           "put",          "push_gradients", "stats", "checkpoint"};
+static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup", "put",
+                                           "push_gradients", "stats", "checkpoint", "knn", "sample",
+                                           "feature_get", "feature_put", "scan"};
 
 void kb_limits_defaults(kb_limits_t *limits)
 {
+    memset(limits, 0, sizeof *limits);
     limits->max_message_bytes = CARLS_DEFAULT_MAX_MESSAGE_BYTES;
     limits->max_key_bytes = CARLS_DEFAULT_MAX_KEY_BYTES;
     limits->max_dim = CARLS_DEFAULT_MAX_DIM;
@@ -76,17 +82,38 @@ typedef struct {
         Carls__TableList list;
         Carls__StatsResult stats;
         Carls__CheckpointResult checkpoint;
+        Carls__KnnResult knn;
+        Carls__SampleResult sample;
+        Carls__FeatureResult features;
+        Carls__ScanResult scan;
     } r;
-    void *owned[8];
-    int owned_count;
+    void **owned; /* malloc'd buffers the response points into */
+    size_t owned_count, owned_capacity;
+    Carls__FeatureRecord **records; /* unpacked records the response points to */
+    size_t record_count;
 } s_reply_t;
 
 /* Records a buffer to free once the reply is packed; returns it. */
 static void *s_own(s_reply_t *rp, void *ptr)
 {
-    assert(rp->owned_count < (int)(sizeof rp->owned / sizeof rp->owned[0]));
+    if (rp->owned_count == rp->owned_capacity) {
+        rp->owned_capacity = rp->owned_capacity ? rp->owned_capacity * 2 : 16;
+        rp->owned = carls_xrealloc(rp->owned, rp->owned_capacity * sizeof *rp->owned);
+    }
     rp->owned[rp->owned_count++] = ptr;
     return ptr;
+}
+
+static void s_reply_free(s_reply_t *rp)
+{
+    for (size_t i = 0; i < rp->owned_count; i++)
+        free(rp->owned[i]);
+    free(rp->owned);
+    for (size_t i = 0; i < rp->record_count; i++)
+        if (rp->records[i])
+            carls__feature_record__free_unpacked(rp->records[i], NULL);
+    free(rp->records);
+    free(rp);
 }
 
 static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -107,7 +134,8 @@ static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
 static bool s_is_write(Carls__Request__OpCase op)
 {
     return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
-           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS;
+           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
+           op == CARLS__REQUEST__OP_FEATURE_PUT;
 }
 
 static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
@@ -123,6 +151,14 @@ static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const Proto
         if (keys[i].len > self->limits.max_key_bytes)
             return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is %zu bytes; the limit is %u",
                           i, keys[i].len, self->limits.max_key_bytes);
+        if (self->limits.shard_count > 1) {
+            uint32_t shard = carls_shard_of(keys[i].data, keys[i].len, self->limits.shard_count);
+            if (shard != self->limits.shard_index)
+                return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                              "key %zu belongs to shard %u of %u; this server is shard %u (client routing "
+                              "disagrees with the server's --shard)",
+                              i, shard, self->limits.shard_count, self->limits.shard_index);
+        }
     }
     return 0;
 }
@@ -149,6 +185,21 @@ static kb_table_t *s_table(kb_service_t *self, s_reply_t *rp, const char *name)
     kb_table_t *t = kb_bank_acquire(self->bank, name);
     if (!t)
         s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", name);
+    return t;
+}
+
+/* Acquires the request's table and checks its kind, or fails. */
+static kb_table_t *s_table_of_kind(kb_service_t *self, s_reply_t *rp, const char *name, kb_table_kind_t kind,
+                                   const char *op)
+{
+    kb_table_t *t = s_table(self, rp, name);
+    if (t && kb_table_config(t)->kind != kind) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s", op,
+               kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", name,
+               kind == KB_TABLE_EMBEDDING ? "a feature table" : "an embedding table");
+        kb_bank_release(self->bank, t);
+        return NULL;
+    }
     return t;
 }
 
@@ -241,7 +292,7 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     const Carls__Lookup *lk = req->lookup;
     if (s_check_keys(self, rp, lk->n_keys, lk->keys) != 0)
         return -1;
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "lookup");
     if (!t)
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
@@ -289,7 +340,7 @@ static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_rep
     }
     if (s_check_keys(self, rp, n, keys) != 0)
         return -1;
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, carls_op_name(req->op_case));
     if (!t)
         return -1;
     int rc = s_check_rows(rp, what, n, kb_table_config(t)->dim, n_values, values);
@@ -309,22 +360,16 @@ static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, siz
     *held_n = n;
     Carls__TableList *list = &rp->r.list;
     carls__table_list__init(list);
-    /* One block holds the infos, the configs and their nested messages, plus the pointer array. */
-    size_t each = sizeof(Carls__TableInfo) + sizeof(Carls__TableConfig) + sizeof(Carls__OptimizerConfig) +
-                  sizeof(Carls__LazyUpdateConfig);
-    uint8_t *block = s_own(rp, carls_xcalloc(n ? n : 1, each));
+    Carls__TableInfo *infos = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *infos));
+    kb_table_config_wire_t *wires = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *wires));
     list->tables = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *list->tables));
     list->n_tables = n;
     for (size_t i = 0; i < n; i++) {
-        uint8_t *p = block + i * each;
-        Carls__TableInfo *info = (Carls__TableInfo *)p;
-        Carls__TableConfig *cfg = (Carls__TableConfig *)(p + sizeof *info);
-        Carls__OptimizerConfig *opt = (Carls__OptimizerConfig *)(p + sizeof *info + sizeof *cfg);
-        Carls__LazyUpdateConfig *lazy = (Carls__LazyUpdateConfig *)(p + sizeof *info + sizeof *cfg + sizeof *opt);
+        Carls__TableInfo *info = &infos[i];
         carls__table_info__init(info);
-        kb_table_config_to_proto(kb_table_config(tables[i]), cfg, opt, lazy);
+        kb_table_config_to_proto(kb_table_config(tables[i]), &wires[i]);
         info->name = (char *)kb_table_name(tables[i]);
-        info->config = cfg;
+        info->config = &wires[i].config;
         info->rows = kb_table_row_count(tables[i]);
         list->tables[i] = info;
     }
@@ -372,6 +417,16 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         ts[i].applied_on_count = s.applied_on_count;
         ts[i].lookups = s.lookups;
         ts[i].puts = s.puts;
+        ts[i].not_admitted = s.not_admitted;
+        ts[i].not_persisted = s.not_persisted;
+        ts[i].evictions = s.evictions;
+        ts[i].knn_count = s.knn.count;
+        ts[i].knn_indexed = s.knn.indexed;
+        ts[i].knn_pending = s.knn.pending;
+        ts[i].knn_rebuilds = s.knn.rebuilds;
+        ts[i].knn_ready = s.knn.ready;
+        ts[i].kind = kb_table_config(tables[i])->kind == KB_TABLE_FEATURE ? CARLS__TABLE_KIND__TABLE_FEATURE
+                                                                           : CARLS__TABLE_KIND__TABLE_EMBEDDING;
         st->tables[i] = &ts[i];
     }
     Carls__LatencySummary *lat = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *lat));
@@ -425,6 +480,251 @@ static int s_op_checkpoint(kb_service_t *self, s_reply_t *rp)
     return 0;
 }
 
+
+/* ---- retrieval operations ---- */
+
+#define KB_MAX_K 4096u
+
+static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__Knn *q = req->knn;
+    if (q->k == 0 || q->k > KB_MAX_K)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "k must be in 1..%u, got %u", KB_MAX_K, q->k);
+    if ((q->n_keys > 0) == (q->n_vectors > 0))
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "knn needs query keys or query vectors, not both");
+    if (q->exclude_query && q->n_keys == 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "exclude_query needs query keys");
+    if (q->n_keys > 0 && s_check_keys(self, rp, q->n_keys, q->keys) != 0)
+        return -1;
+    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "knn");
+    if (!t)
+        return -1;
+    uint32_t dim = kb_table_config(t)->dim;
+    size_t nq = q->n_keys;
+    const float *queries = q->vectors;
+    int64_t *exclude = NULL;
+    int rc = 0;
+    if (q->n_vectors > 0) {
+        if (q->n_vectors % dim != 0 || q->n_vectors / dim > self->limits.max_keys_per_request) {
+            rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                        "%zu query values: expected a multiple of dim %u, at most %u queries", q->n_vectors, dim,
+                        self->limits.max_keys_per_request);
+            goto done;
+        }
+        nq = q->n_vectors / dim;
+        if (s_check_rows(rp, "query vectors", nq, dim, q->n_vectors, q->vectors) != 0) {
+            rc = -1;
+            goto done;
+        }
+    } else {
+        float *vecs = s_own(rp, carls_xmalloc(nq * dim * sizeof(float)));
+        exclude = s_own(rp, carls_xmalloc(nq * sizeof *exclude));
+        kb_table_peek(t, q->keys, nq, vecs, exclude);
+        queries = vecs;
+        if (!q->exclude_query)
+            exclude = NULL;
+    }
+    if ((uint64_t)nq * q->k > CARLS_DEFAULT_MAX_KEYS_PER_REQUEST * 10ull) {
+        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu queries x k %u is too many answers", nq, q->k);
+        goto done;
+    }
+    Carls__KnnResult *res = &rp->r.knn;
+    carls__knn_result__init(res);
+    res->k = q->k;
+    res->n_keys = res->n_scores = nq * q->k;
+    res->keys = s_own(rp, carls_xcalloc(nq * q->k, sizeof *res->keys));
+    res->scores = s_own(rp, carls_xmalloc(nq * q->k * sizeof(float)));
+    int krc = kb_table_knn(t, queries, nq, q->k, exclude, res->keys, res->scores);
+    for (size_t i = 0; i < nq * q->k; i++)
+        if (res->keys[i].data)
+            s_own(rp, res->keys[i].data);
+    if (krc == -ENOTSUP) {
+        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                    "table '%s' has no nearest-neighbour index (create it with a knn spec)", req->table);
+        goto done;
+    }
+    if (krc != 0) {
+        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "nearest-neighbour search failed (%d)", krc);
+        goto done;
+    }
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_KNN;
+    rp->resp.knn = res;
+done:
+    kb_bank_release(self->bank, t);
+    return rc;
+}
+
+/* Checks a feature record from the wire. */
+static int s_check_record(kb_service_t *self, s_reply_t *rp, size_t i, const Carls__FeatureRecord *r)
+{
+    if (!r)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu is missing", i);
+    if (r->n_neighbor_keys != r->n_neighbor_weights)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                      "record %zu: %zu neighbour keys but %zu weights", i, r->n_neighbor_keys, r->n_neighbor_weights);
+    if (r->n_neighbor_keys > self->limits.max_keys_per_request)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "record %zu: %zu neighbours; the limit is %u", i,
+                      r->n_neighbor_keys, self->limits.max_keys_per_request);
+    for (size_t j = 0; j < r->n_neighbor_keys; j++) {
+        if (r->neighbor_keys[j].len == 0 || r->neighbor_keys[j].len > self->limits.max_key_bytes)
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                          "record %zu: neighbour key %zu is empty or longer than %u bytes", i, j,
+                          self->limits.max_key_bytes);
+        if (!isfinite(r->neighbor_weights[j]))
+            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: weight %zu is NaN or Inf",
+                          i, j);
+    }
+    if (r->label_case == CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL && !isfinite(r->float_label))
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: label is NaN or Inf", i);
+    if (!isfinite(r->label_confidence))
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: confidence is NaN or Inf", i);
+    return 0;
+}
+
+static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+{
+    (void)self;
+    const Carls__FeaturePut *fp = req->feature_put;
+    size_t n = fp->n_keys;
+    uint8_t **bufs = carls_xcalloc(n, sizeof *bufs);
+    size_t *lens = carls_xcalloc(n, sizeof *lens);
+    int64_t now = carls_wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        /* Stored as given, with the server's timestamp; `found` is a reply-only field. */
+        Carls__FeatureRecord r = *fp->records[i];
+        r.found = false;
+        r.updated_at_ms = now;
+        lens[i] = carls__feature_record__get_packed_size(&r);
+        bufs[i] = carls_xmalloc(lens[i]);
+        carls__feature_record__pack(&r, bufs[i]);
+    }
+    kb_table_feature_put(table, fp->keys, n, bufs, lens);
+    for (size_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(lens);
+    s_write_ok(rp, (uint32_t)n, false, 0);
+    return 0;
+}
+
+static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__FeaturePut *fp = req->feature_put;
+    if (s_check_keys(self, rp, fp->n_keys, fp->keys) != 0)
+        return -1;
+    if (fp->n_records != fp->n_keys)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%zu records for %zu keys", fp->n_records,
+                      fp->n_keys);
+    for (size_t i = 0; i < fp->n_records; i++)
+        if (s_check_record(self, rp, i, fp->records[i]) != 0)
+            return -1;
+    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_put");
+    if (!t)
+        return -1;
+    int rc = s_run_write(self, req, t, rp, s_apply_feature_put);
+    kb_bank_release(self->bank, t);
+    return rc;
+}
+
+/* Decodes a stored record for a reply (kept in rp until packed); an empty "not found" one for NULL. */
+static Carls__FeatureRecord *s_reply_record(s_reply_t *rp, const uint8_t *buf, size_t len, bool found)
+{
+    Carls__FeatureRecord *r = NULL;
+    if (found)
+        r = carls__feature_record__unpack(NULL, len, buf);
+    if (!r) {
+        /* Not found (or, never expected, an unreadable stored record): answer an empty record. */
+        r = carls__feature_record__unpack(NULL, 0, (const uint8_t *)"");
+        if (!r)
+            CARLS_FATAL("cannot decode an empty feature record");
+        found = false;
+    }
+    r->found = found;
+    rp->records = carls_xrealloc(rp->records, (rp->record_count + 1) * sizeof *rp->records);
+    rp->records[rp->record_count++] = r;
+    return r;
+}
+
+static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__FeatureGet *fg = req->feature_get;
+    if (s_check_keys(self, rp, fg->n_keys, fg->keys) != 0)
+        return -1;
+    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_get");
+    if (!t)
+        return -1;
+    size_t n = fg->n_keys;
+    uint8_t **bufs = carls_xcalloc(n, sizeof *bufs);
+    size_t *lens = carls_xcalloc(n, sizeof *lens);
+    bool *found = carls_xcalloc(n, sizeof *found);
+    kb_table_feature_get(t, fg->keys, n, bufs, lens, found);
+    kb_bank_release(self->bank, t);
+    Carls__FeatureResult *res = &rp->r.features;
+    carls__feature_result__init(res);
+    res->n_records = n;
+    res->records = s_own(rp, carls_xcalloc(n, sizeof *res->records));
+    for (size_t i = 0; i < n; i++) {
+        res->records[i] = s_reply_record(rp, bufs[i], lens[i], found[i]);
+        free(bufs[i]);
+    }
+    free(bufs);
+    free(lens);
+    free(found);
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_FEATURES;
+    rp->resp.features = res;
+    return 0;
+}
+
+static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__Scan *sc = req->scan;
+    uint32_t limit = sc->limit ? sc->limit : 1000;
+    if (limit > self->limits.max_keys_per_request)
+        limit = self->limits.max_keys_per_request;
+    kb_table_t *t = s_table(self, rp, req->table);
+    if (!t)
+        return -1;
+    const kb_table_config_t *cfg = kb_table_config(t);
+    kb_store_row_t *rows = NULL;
+    bool done = false;
+    size_t n = kb_table_scan(t, sc->after_row_id, limit, &rows, &done);
+    kb_bank_release(self->bank, t);
+    Carls__ScanResult *res = &rp->r.scan;
+    carls__scan_result__init(res);
+    res->done = done;
+    res->dim = cfg->dim;
+    res->n_keys = res->n_row_ids = res->n_versions = res->n_frequencies = n;
+    res->keys = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->keys));
+    res->row_ids = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->row_ids));
+    res->versions = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->versions));
+    res->frequencies = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->frequencies));
+    if (cfg->kind == KB_TABLE_EMBEDDING) {
+        res->n_values = n * cfg->dim;
+        res->values = s_own(rp, carls_xmalloc((n ? n : 1) * cfg->dim * sizeof(float)));
+    } else {
+        res->n_records = n;
+        res->records = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->records));
+    }
+    for (size_t i = 0; i < n; i++) {
+        kb_store_row_t *r = &rows[i];
+        res->keys[i].data = s_own(rp, r->key);
+        res->keys[i].len = r->key_len;
+        r->key = NULL;
+        res->row_ids[i] = r->row_id;
+        res->versions[i] = r->version;
+        res->frequencies[i] = r->frequency;
+        if (cfg->kind == KB_TABLE_EMBEDDING)
+            memcpy(res->values + i * cfg->dim, r->value, cfg->dim * sizeof(float));
+        else
+            res->records[i] = s_reply_record(rp, r->record, r->record_len, true);
+        kb_store_row_free(r);
+    }
+    free(rows);
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_SCAN;
+    rp->resp.scan = res;
+    return 0;
+}
+
 /* Validates the envelope and runs the operation. Returns the op index for latency, or -1. */
 static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
                       size_t *held_n)
@@ -436,9 +736,8 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
         return -1;
     }
     Carls__Request__OpCase op = req->op_case;
-    bool needs_table = op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
-                       op == CARLS__REQUEST__OP_LOOKUP || op == CARLS__REQUEST__OP_PUT ||
-                       op == CARLS__REQUEST__OP_PUSH_GRADIENTS;
+    bool needs_table = op != CARLS__REQUEST__OP_LIST_TABLES && op != CARLS__REQUEST__OP_STATS &&
+                       op != CARLS__REQUEST__OP_CHECKPOINT && op != CARLS__REQUEST__OP__NOT_SET;
     if (needs_table && carls_table_name_valid(req->table) != 0) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
@@ -481,6 +780,18 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
     case CARLS__REQUEST__OP_CHECKPOINT:
         s_op_checkpoint(self, rp);
         return OP_CHECKPOINT;
+    case CARLS__REQUEST__OP_KNN:
+        s_op_knn(self, req, rp);
+        return OP_KNN;
+    case CARLS__REQUEST__OP_FEATURE_GET:
+        s_op_feature_get(self, req, rp);
+        return OP_FEATURE_GET;
+    case CARLS__REQUEST__OP_FEATURE_PUT:
+        s_op_feature_put(self, req, rp);
+        return OP_FEATURE_PUT;
+    case CARLS__REQUEST__OP_SCAN:
+        s_op_scan(self, req, rp);
+        return OP_SCAN;
     default:
         s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
         return -1;
@@ -522,9 +833,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     for (size_t i = 0; i < held_n; i++)
         kb_bank_release(self->bank, held[i]);
     free(held);
-    for (int i = 0; i < rp->owned_count; i++)
-        free(rp->owned[i]);
-    free(rp);
+    s_reply_free(rp);
     if (req)
         carls__request__free_unpacked(req, NULL);
     if (op_index >= 0)

@@ -24,6 +24,8 @@ typedef struct {
     uint32_t max_keys_per_request;
     int commit_timeout_ms; /* sync durability: answer INTERNAL if a commit takes longer */
     bool read_only;        /* refuse every write */
+    uint32_t shard_index;  /* this server is shard shard_index of shard_count (--shard i/n) */
+    uint32_t shard_count;  /* 0 or 1: unsharded; otherwise keys of other shards are refused */
 } kb_limits_t;
 
 /* Fills the defaults. */

@@ -14,7 +14,7 @@
 
 struct kb_store {
     sqlite3 *db;
-    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *put_client;
+    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *delete_row, *put_client;
     char error[512];
 };
 
@@ -22,9 +22,9 @@ static const char *s_schema =
     "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v);"
     "CREATE TABLE IF NOT EXISTS tables(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, config BLOB NOT NULL);"
     "CREATE TABLE IF NOT EXISTS rows(table_id INTEGER NOT NULL, key BLOB NOT NULL, row_id INTEGER NOT NULL,"
-    " value BLOB NOT NULL, opt_state BLOB, opt_steps INTEGER NOT NULL, pending BLOB,"
+    " value BLOB, opt_state BLOB, opt_steps INTEGER NOT NULL, pending BLOB,"
     " pending_count INTEGER NOT NULL, version INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-    " frequency INTEGER NOT NULL, PRIMARY KEY(table_id, key)) WITHOUT ROWID;"
+    " frequency INTEGER NOT NULL, record BLOB, PRIMARY KEY(table_id, key)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS clients(client_id INTEGER PRIMARY KEY, max_seq INTEGER NOT NULL, window BLOB);";
 
 void kb_store_row_free(kb_store_row_t *row)
@@ -35,6 +35,7 @@ void kb_store_row_free(kb_store_row_t *row)
     free(row->value);
     free(row->opt_state);
     free(row->pending);
+    free(row->record);
     memset(row, 0, sizeof *row);
 }
 
@@ -119,8 +120,10 @@ int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_
         s_prepare(self, "DELETE FROM rows WHERE table_id = ?1", &self->drop_rows) ||
         s_prepare(self,
                   "INSERT OR REPLACE INTO rows(table_id, key, row_id, value, opt_state, opt_steps, pending,"
-                  " pending_count, version, updated_at, frequency) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+                  " pending_count, version, updated_at, frequency, record)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
                   &self->put_row) ||
+        s_prepare(self, "DELETE FROM rows WHERE table_id = ?1 AND key = ?2", &self->delete_row) ||
         s_prepare(self, "INSERT OR REPLACE INTO clients(client_id, max_seq, window) VALUES(?1, ?2, ?3)",
                   &self->put_client))
         goto fail_sql;
@@ -143,6 +146,7 @@ void kb_store_close(kb_store_t **self_p)
     sqlite3_finalize(self->drop_table);
     sqlite3_finalize(self->drop_rows);
     sqlite3_finalize(self->put_row);
+    sqlite3_finalize(self->delete_row);
     sqlite3_finalize(self->put_client);
     if (self->db)
         sqlite3_close(self->db);
@@ -182,7 +186,7 @@ int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn 
 
     if (s_prepare(self,
                   "SELECT table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,"
-                  " updated_at, frequency FROM rows",
+                  " updated_at, frequency, record FROM rows WHERE table_id IN (SELECT id FROM tables)",
                   &stmt) != 0)
         return -1;
     uint64_t bad = 0;
@@ -201,7 +205,13 @@ int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn 
         rec.opt_steps = (uint64_t)sqlite3_column_int64(stmt, 5);
         rec.pending_count = (uint32_t)sqlite3_column_int64(stmt, 7);
         const float *pending = NULL;
-        if (value_bytes % (int)sizeof(float) != 0 || opt_bytes % (int)sizeof(float) != 0 || rec.dim == 0 ||
+        rec.record = (uint8_t *)sqlite3_column_blob(stmt, 11);
+        rec.record_len = (uint32_t)sqlite3_column_bytes(stmt, 11);
+        /* Feature rows have no value (dim 0) and a record (possibly of zero bytes); embedding rows have a
+         * value and no record. */
+        bool has_record = sqlite3_column_type(stmt, 11) != SQLITE_NULL;
+        if (value_bytes % (int)sizeof(float) != 0 || opt_bytes % (int)sizeof(float) != 0 ||
+            (rec.dim == 0) != has_record ||
             s_column_floats(stmt, 6, (uint64_t)rec.pending_count * rec.dim, &pending) != 0) {
             bad++;
             continue;
@@ -278,11 +288,19 @@ int kb_store_drop_table(kb_store_t *self, int64_t id)
 
 int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row)
 {
+    if (row->deleted) {
+        sqlite3_bind_int64(self->delete_row, 1, row->table_id);
+        sqlite3_bind_blob(self->delete_row, 2, row->key, (int)row->key_len, SQLITE_STATIC);
+        return s_step_write(self, self->delete_row, "deleting row");
+    }
     sqlite3_stmt *s = self->put_row;
     sqlite3_bind_int64(s, 1, row->table_id);
     sqlite3_bind_blob(s, 2, row->key, (int)row->key_len, SQLITE_STATIC);
     sqlite3_bind_int64(s, 3, row->row_id);
-    sqlite3_bind_blob(s, 4, row->value, (int)(row->dim * sizeof(float)), SQLITE_STATIC);
+    if (row->dim)
+        sqlite3_bind_blob(s, 4, row->value, (int)(row->dim * sizeof(float)), SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 4);
     if (row->opt_floats)
         sqlite3_bind_blob(s, 5, row->opt_state, (int)(row->opt_floats * sizeof(float)), SQLITE_STATIC);
     else
@@ -297,6 +315,11 @@ int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row)
     sqlite3_bind_int64(s, 9, (sqlite3_int64)row->version);
     sqlite3_bind_int64(s, 10, row->updated_at_ms);
     sqlite3_bind_int64(s, 11, (sqlite3_int64)row->frequency);
+    if (row->dim == 0) /* feature row: a record, even an empty one */
+        sqlite3_bind_blob(s, 12, row->record ? (const void *)row->record : (const void *)"", (int)row->record_len,
+                          SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 12);
     return s_step_write(self, s, "storing row");
 }
 

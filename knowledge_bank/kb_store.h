@@ -5,7 +5,8 @@
  *   meta(k TEXT PRIMARY KEY, v)                         -- 'schema_version' = 1
  *   tables(id INTEGER PRIMARY KEY, name TEXT UNIQUE, config BLOB)   -- config: packed carls.TableConfig
  *   rows(table_id, key BLOB, row_id, value BLOB, opt_state BLOB, opt_steps, pending BLOB, pending_count,
- *        version, updated_at, frequency, PRIMARY KEY(table_id, key)) WITHOUT ROWID
+ *        version, updated_at, frequency, record BLOB, PRIMARY KEY(table_id, key)) WITHOUT ROWID
+ *                                                       -- record: packed carls.FeatureRecord (feature tables)
  *   clients(client_id INTEGER PRIMARY KEY, max_seq, window BLOB)
  * Float blobs are the host's little-endian float32 arrays; `kbctl export` is the portable format.
  *
@@ -38,6 +39,9 @@ typedef struct {
     uint64_t version;
     int64_t updated_at_ms;
     uint64_t frequency;
+    uint8_t *record;       /* feature tables: packed carls.FeatureRecord */
+    uint32_t record_len;
+    bool deleted;          /* kb_store_put_row deletes the row instead (eviction) */
 } kb_store_row_t;
 
 /* Frees the record's buffers (not the record). */
@@ -61,6 +65,7 @@ int kb_store_begin(kb_store_t *self);
 int kb_store_put_table(kb_store_t *self, int64_t id, const char *name, const uint8_t *config, size_t len);
 /* Deletes the table and all its rows. */
 int kb_store_drop_table(kb_store_t *self, int64_t id);
+/* Inserts or replaces the row, or deletes it when row->deleted. */
 int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row);
 int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len);
 int kb_store_commit(kb_store_t *self);

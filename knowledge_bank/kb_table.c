@@ -1,10 +1,12 @@
 #include "kb_table.h"
 
+#include "kb_bloom.h"
 #include "kb_rowmap.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,12 +19,20 @@
 #define DEFAULT_MAX_PENDING 16u
 #define DEFAULT_OUTLIER_THRESHOLD 3.0f
 #define DEFAULT_OUTLIER_MIN_COUNT 3u
+#define DEFAULT_MIN_FREQUENCY 2u
+#define DEFAULT_BLOOM_BITS_LOG2 20u
+#define DEFAULT_BLOOM_HASHES 4u
+/* A pending set holds max_pending * dim floats per key: keep it bounded (16 MiB). */
+#define MAX_PENDING_FLOATS (4u << 20)
 
 typedef struct {
     pthread_mutex_t mutex;
     kb_rowmap_t map;
     kb_row_t *pending_head, *pending_tail; /* rows with pending gradients, oldest first */
-    kb_row_t *dirty_head;                  /* rows changed since the last persist */
+    kb_row_t *dirty_head;                  /* rows changed since the last persist (and evicted rows) */
+    kb_row_t *lru_head, *lru_tail;         /* eviction order: head goes first */
+    int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
+    size_t knn_count, knn_capacity;
 } kb_stripe_t;
 
 struct kb_table {
@@ -32,13 +42,81 @@ struct kb_table {
     uint32_t opt_floats;     /* optimizer state floats per row */
     atomic_int_fast64_t next_row_id;
     kb_stripe_t stripes[KB_TABLE_STRIPES];
+    pthread_mutex_t id_mutex; /* guards by_id; taken inside a stripe lock, never the other way */
+    kb_row_t **by_id;         /* row id -> row (ids are dense from 1), for answering knn with keys */
+    size_t by_id_capacity;
+    kb_knn_t *knn;            /* NULL without an index */
+    pthread_mutex_t knn_mutex; /* one index flush at a time, so updates reach the index in order */
+    kb_bloom_t *bloom;        /* ADMIT_BLOOM only */
+    atomic_uint_fast64_t tick; /* use counter for eviction order */
+    atomic_uint_fast64_t evict_rng; /* picks the stripes an eviction samples */
     struct {
         atomic_uint_fast64_t rows, pending_keys, pending_gradients, gradients_received, gradients_applied,
-            outliers_dropped, updates_applied, applied_on_lookup, applied_on_age, applied_on_count, lookups, puts;
+            outliers_dropped, updates_applied, applied_on_lookup, applied_on_age, applied_on_count, lookups, puts,
+            not_admitted, not_persisted, evictions;
     } stats;
 };
 
 /* ---- config ---- */
+
+/* The kb_knn config of a table config. */
+static void s_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
+{
+    kb_knn_config_default(kc);
+    kc->spec = cfg->knn_spec;
+    kc->metric = cfg->knn_metric;
+    kc->dim = cfg->dim;
+    kc->nprobe = cfg->knn_nprobe;
+    kc->ef_search = cfg->knn_ef_search;
+}
+
+/* Admission and eviction, shared by both table kinds. */
+static int s_config_memory_policies(const Carls__TableConfig *in, kb_table_config_t *out, char *err, size_t errlen)
+{
+    const Carls__AdmissionConfig *a = in->admission;
+    out->admission = KB_ADMIT_ALL;
+    if (a && a->kind != CARLS__ADMISSION_KIND__ADMIT_ALL) {
+        if (a->kind == CARLS__ADMISSION_KIND__ADMIT_FREQUENCY)
+            out->admission = KB_ADMIT_FREQUENCY;
+        else if (a->kind == CARLS__ADMISSION_KIND__ADMIT_BLOOM)
+            out->admission = KB_ADMIT_BLOOM;
+        else {
+            snprintf(err, errlen, "unknown admission kind %d", (int)a->kind);
+            return -1;
+        }
+        out->min_frequency = a->min_frequency ? a->min_frequency : DEFAULT_MIN_FREQUENCY;
+        if (out->min_frequency > 255) {
+            snprintf(err, errlen, "admission min_frequency must be at most 255");
+            return -1;
+        }
+        if (out->admission == KB_ADMIT_BLOOM) {
+            out->bloom_bits_log2 = a->bloom_bits_log2 ? a->bloom_bits_log2 : DEFAULT_BLOOM_BITS_LOG2;
+            out->bloom_hashes = a->bloom_hashes ? a->bloom_hashes : DEFAULT_BLOOM_HASHES;
+            if (out->bloom_bits_log2 < 4 || out->bloom_bits_log2 > 30 || out->bloom_hashes > 16) {
+                snprintf(err, errlen, "bloom_bits_log2 must be in 4..30 and bloom_hashes in 1..16");
+                return -1;
+            }
+        }
+    }
+    const Carls__EvictionConfig *e = in->eviction;
+    out->eviction = KB_EVICT_NONE;
+    if (e && e->kind != CARLS__EVICTION_KIND__EVICT_NONE) {
+        if (e->kind == CARLS__EVICTION_KIND__EVICT_LRU)
+            out->eviction = KB_EVICT_LRU;
+        else if (e->kind == CARLS__EVICTION_KIND__EVICT_OLDEST)
+            out->eviction = KB_EVICT_OLDEST;
+        else {
+            snprintf(err, errlen, "unknown eviction kind %d", (int)e->kind);
+            return -1;
+        }
+        if (e->max_rows == 0) {
+            snprintf(err, errlen, "eviction needs max_rows > 0");
+            return -1;
+        }
+        out->max_rows = e->max_rows;
+    }
+    return 0;
+}
 
 int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
                                size_t errlen)
@@ -48,8 +126,19 @@ int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, k
         snprintf(err, errlen, "missing table config");
         return -1;
     }
+    if (in->kind == CARLS__TABLE_KIND__TABLE_FEATURE) {
+        if (in->dim != 0 || in->knn) {
+            snprintf(err, errlen, "feature tables take no dim and no knn index");
+            return -1;
+        }
+        out->kind = KB_TABLE_FEATURE;
+        out->max_pending = 1;
+        out->max_age_ms = DEFAULT_MAX_AGE_MS;
+        kb_optimizer_config_defaults(&out->optimizer);
+        return s_config_memory_policies(in, out, err, errlen);
+    }
     if (in->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        snprintf(err, errlen, "table kind %d is not supported by this server (embedding only)", (int)in->kind);
+        snprintf(err, errlen, "unknown table kind %d", (int)in->kind);
         return -1;
     }
     if (in->dim == 0 || in->dim > max_dim) {
@@ -119,20 +208,72 @@ int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, k
         return -1;
     }
     out->outlier.min_count = lazy && lazy->outlier_min_count ? lazy->outlier_min_count : DEFAULT_OUTLIER_MIN_COUNT;
-    return 0;
+    if ((uint64_t)out->max_pending * out->dim > MAX_PENDING_FLOATS) {
+        snprintf(err, errlen, "max_pending * dim must be at most %u floats", MAX_PENDING_FLOATS);
+        return -1;
+    }
+    if (in->knn && in->knn->spec && in->knn->spec[0]) {
+        const Carls__KnnConfig *k = in->knn;
+        if (strlen(k->spec) >= KB_KNN_SPEC_MAX) {
+            snprintf(err, errlen, "knn spec longer than %d characters", KB_KNN_SPEC_MAX - 1);
+            return -1;
+        }
+        switch (k->metric) {
+        case CARLS__KNN_METRIC__METRIC_IP: out->knn_metric = KB_KNN_METRIC_IP; break;
+        case CARLS__KNN_METRIC__METRIC_L2: out->knn_metric = KB_KNN_METRIC_L2; break;
+        case CARLS__KNN_METRIC__METRIC_COSINE: out->knn_metric = KB_KNN_METRIC_COSINE; break;
+        default: snprintf(err, errlen, "unknown knn metric %d", (int)k->metric); return -1;
+        }
+        out->knn = true;
+        snprintf(out->knn_spec, sizeof out->knn_spec, "%s", k->spec);
+        out->knn_nprobe = k->nprobe;
+        out->knn_ef_search = k->ef_search;
+        /* Let FAISS judge the spec now, so a bad one is refused at create time with its reason. */
+        kb_knn_t *probe = NULL;
+        kb_knn_config_t kc;
+        s_knn_config(out, &kc);
+        kc.background = false;
+        char why[200] = "";
+        if (kb_knn_new(&kc, &probe, why, sizeof why) != 0) {
+            snprintf(err, errlen, "knn spec '%s': %s", k->spec, why);
+            return -1;
+        }
+        kb_knn_destroy(&probe);
+    }
+    return s_config_memory_policies(in, out, err, errlen);
 }
 
-void kb_table_config_to_proto(const kb_table_config_t *in, Carls__TableConfig *out, Carls__OptimizerConfig *opt,
-                              Carls__LazyUpdateConfig *lazy)
+void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *w)
 {
+    Carls__TableConfig *out = &w->config;
     carls__table_config__init(out);
-    carls__optimizer_config__init(opt);
-    carls__lazy_update_config__init(lazy);
-    out->kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+    carls__optimizer_config__init(&w->optimizer);
+    carls__lazy_update_config__init(&w->lazy);
+    carls__knn_config__init(&w->knn);
+    carls__admission_config__init(&w->admission);
+    carls__eviction_config__init(&w->eviction);
+    out->kind = in->kind == KB_TABLE_FEATURE ? CARLS__TABLE_KIND__TABLE_FEATURE : CARLS__TABLE_KIND__TABLE_EMBEDDING;
     out->dim = in->dim;
+    if (in->admission != KB_ADMIT_ALL) {
+        w->admission.kind = in->admission == KB_ADMIT_BLOOM ? CARLS__ADMISSION_KIND__ADMIT_BLOOM
+                                                            : CARLS__ADMISSION_KIND__ADMIT_FREQUENCY;
+        w->admission.min_frequency = in->min_frequency;
+        w->admission.bloom_bits_log2 = in->bloom_bits_log2;
+        w->admission.bloom_hashes = in->bloom_hashes;
+        out->admission = &w->admission;
+    }
+    if (in->eviction != KB_EVICT_NONE) {
+        w->eviction.kind = in->eviction == KB_EVICT_LRU ? CARLS__EVICTION_KIND__EVICT_LRU
+                                                        : CARLS__EVICTION_KIND__EVICT_OLDEST;
+        w->eviction.max_rows = in->max_rows;
+        out->eviction = &w->eviction;
+    }
+    if (in->kind == KB_TABLE_FEATURE)
+        return;
     out->init = (Carls__InitKind)in->init;
     out->init_scale = in->init_scale;
     out->init_seed = in->init_seed;
+    Carls__OptimizerConfig *opt = &w->optimizer;
     opt->kind = (Carls__OptimizerKind)in->optimizer.kind;
     opt->learning_rate = in->optimizer.learning_rate;
     opt->momentum = in->optimizer.momentum;
@@ -140,6 +281,7 @@ void kb_table_config_to_proto(const kb_table_config_t *in, Carls__TableConfig *o
     opt->beta2 = in->optimizer.beta2;
     opt->epsilon = in->optimizer.epsilon;
     opt->initial_accumulator = in->optimizer.initial_accumulator;
+    Carls__LazyUpdateConfig *lazy = &w->lazy;
     lazy->policy = in->immediate ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY;
     lazy->max_age_ms = in->max_age_ms;
     lazy->max_pending = in->max_pending;
@@ -149,6 +291,13 @@ void kb_table_config_to_proto(const kb_table_config_t *in, Carls__TableConfig *o
     lazy->outlier_min_count = in->outlier.min_count;
     out->optimizer = opt;
     out->lazy = lazy;
+    if (in->knn) {
+        w->knn.spec = (char *)in->knn_spec;
+        w->knn.metric = (Carls__KnnMetric)in->knn_metric;
+        w->knn.nprobe = in->knn_nprobe;
+        w->knn.ef_search = in->knn_ef_search;
+        out->knn = &w->knn;
+    }
 }
 
 /* ---- lifecycle ---- */
@@ -161,12 +310,25 @@ kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *
     if (!self->name)
         CARLS_FATAL("out of memory");
     self->cfg = *cfg;
-    self->opt_floats = kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim);
+    self->opt_floats = cfg->kind == KB_TABLE_EMBEDDING ? kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim) : 0;
     atomic_init(&self->next_row_id, 1);
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         pthread_mutex_init(&self->stripes[i].mutex, NULL);
         kb_rowmap_init(&self->stripes[i].map);
     }
+    pthread_mutex_init(&self->id_mutex, NULL);
+    pthread_mutex_init(&self->knn_mutex, NULL);
+    if (cfg->knn) {
+        kb_knn_config_t kc;
+        s_knn_config(cfg, &kc);
+        char err[200] = "";
+        /* The spec was accepted when the config was validated; a failure now leaves the table without an
+         * index (knn answers ENOTSUP) rather than losing its rows. */
+        if (kb_knn_new(&kc, &self->knn, err, sizeof err) != 0)
+            LOG_ERROR("table %s: knn index '%s' not created: %s", name, cfg->knn_spec, err);
+    }
+    if (cfg->admission == KB_ADMIT_BLOOM)
+        self->bloom = kb_bloom_new(cfg->bloom_bits_log2, cfg->bloom_hashes);
     return self;
 }
 
@@ -175,6 +337,7 @@ static void s_row_free(kb_row_t *row)
     if (!row)
         return;
     free(row->pending);
+    free(row->record);
     free(row);
 }
 
@@ -183,14 +346,27 @@ void kb_table_destroy(kb_table_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_table_t *self = *self_p;
+    kb_knn_destroy(&self->knn);
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         kb_stripe_t *st = &self->stripes[i];
+        /* Evicted rows live only on the dirty list until their deletion is persisted. */
+        for (kb_row_t *row = st->dirty_head; row;) {
+            kb_row_t *next = row->dirty_next;
+            if (row->evicted)
+                s_row_free(row);
+            row = next;
+        }
         for (size_t j = 0; j < st->map.capacity; j++)
             if (st->map.hashes[j])
                 s_row_free(st->map.rows[j]);
         kb_rowmap_free(&st->map);
+        free(st->knn_ids);
         pthread_mutex_destroy(&st->mutex);
     }
+    pthread_mutex_destroy(&self->id_mutex);
+    pthread_mutex_destroy(&self->knn_mutex);
+    kb_bloom_destroy(&self->bloom);
+    free(self->by_id);
     free(self->name);
     free(self);
     *self_p = NULL;
@@ -204,6 +380,7 @@ size_t kb_table_row_count(kb_table_t *self) { return (size_t)atomic_load(&self->
 
 void kb_table_get_stats(kb_table_t *self, kb_table_stats_t *out)
 {
+    memset(out, 0, sizeof *out);
     out->rows = atomic_load(&self->stats.rows);
     out->pending_keys = atomic_load(&self->stats.pending_keys);
     out->pending_gradients = atomic_load(&self->stats.pending_gradients);
@@ -216,9 +393,14 @@ void kb_table_get_stats(kb_table_t *self, kb_table_stats_t *out)
     out->applied_on_count = atomic_load(&self->stats.applied_on_count);
     out->lookups = atomic_load(&self->stats.lookups);
     out->puts = atomic_load(&self->stats.puts);
+    out->not_admitted = atomic_load(&self->stats.not_admitted);
+    out->not_persisted = atomic_load(&self->stats.not_persisted);
+    out->evictions = atomic_load(&self->stats.evictions);
+    if (self->knn)
+        kb_knn_get_stats(self->knn, &out->knn);
 }
 
-/* ---- rows (all s_row_* helpers run with the row's stripe locked) ---- */
+/* ---- rows (all s_row_* and s_* list helpers run with the row's stripe locked) ---- */
 
 static kb_stripe_t *s_stripe(kb_table_t *self, uint64_t hash)
 {
@@ -240,17 +422,51 @@ static kb_row_t *s_row_alloc(kb_table_t *self, const uint8_t *key, uint32_t key_
     return row;
 }
 
-static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const uint8_t *key,
-                              uint32_t key_len)
+static void s_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
 {
-    kb_row_t *row = s_row_alloc(self, key, key_len);
-    row->id = atomic_fetch_add(&self->next_row_id, 1);
-    kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, key, key_len, row->value,
-                  self->cfg.dim);
-    kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, self->cfg.dim);
-    kb_rowmap_insert(&st->map, hash, row);
-    atomic_fetch_add(&self->stats.rows, 1);
+    pthread_mutex_lock(&self->id_mutex);
+    if ((size_t)id >= self->by_id_capacity) {
+        size_t cap = self->by_id_capacity ? self->by_id_capacity : 1024;
+        while (cap <= (size_t)id)
+            cap *= 2;
+        self->by_id = carls_xrealloc(self->by_id, cap * sizeof *self->by_id);
+        memset(self->by_id + self->by_id_capacity, 0, (cap - self->by_id_capacity) * sizeof *self->by_id);
+        self->by_id_capacity = cap;
+    }
+    self->by_id[id] = row;
+    pthread_mutex_unlock(&self->id_mutex);
+}
+
+/* The row with this id or NULL. Only dereference it with the row's stripe locked. */
+static kb_row_t *s_by_id_get(kb_table_t *self, int64_t id)
+{
+    pthread_mutex_lock(&self->id_mutex);
+    kb_row_t *row = id >= 0 && (size_t)id < self->by_id_capacity ? self->by_id[id] : NULL;
+    pthread_mutex_unlock(&self->id_mutex);
     return row;
+}
+
+/* The stripe of the row with this id, or NULL. A row is alive while it is in by_id (eviction takes it out
+ * before the row can be freed), so reading its stripe under id_mutex is safe. */
+static kb_stripe_t *s_by_id_stripe(kb_table_t *self, int64_t id)
+{
+    pthread_mutex_lock(&self->id_mutex);
+    kb_row_t *row = id >= 0 && (size_t)id < self->by_id_capacity ? self->by_id[id] : NULL;
+    kb_stripe_t *st = row ? &self->stripes[row->stripe] : NULL;
+    pthread_mutex_unlock(&self->id_mutex);
+    return st;
+}
+
+static void s_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    if (!self->knn || row->knn_dirty)
+        return;
+    row->knn_dirty = true;
+    if (st->knn_count == st->knn_capacity) {
+        st->knn_capacity = st->knn_capacity ? st->knn_capacity * 2 : 64;
+        st->knn_ids = carls_xrealloc(st->knn_ids, st->knn_capacity * sizeof *st->knn_ids);
+    }
+    st->knn_ids[st->knn_count++] = row->id;
 }
 
 static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
@@ -260,6 +476,13 @@ static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
     row->dirty = true;
     row->dirty_next = st->dirty_head;
     st->dirty_head = row;
+}
+
+/* A row changed: persist it and (embedding tables) re-index it. */
+static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    s_mark_dirty(st, row);
+    s_knn_touch(self, st, row);
 }
 
 static void s_pending_unlink(kb_stripe_t *st, kb_row_t *row)
@@ -286,13 +509,165 @@ static void s_pending_append(kb_stripe_t *st, kb_row_t *row)
     st->pending_tail = row;
 }
 
+static void s_lru_unlink(kb_stripe_t *st, kb_row_t *row)
+{
+    if (row->lru_prev)
+        row->lru_prev->lru_next = row->lru_next;
+    else
+        st->lru_head = row->lru_next;
+    if (row->lru_next)
+        row->lru_next->lru_prev = row->lru_prev;
+    else
+        st->lru_tail = row->lru_prev;
+    row->lru_prev = row->lru_next = NULL;
+}
+
+static void s_lru_append(kb_stripe_t *st, kb_row_t *row)
+{
+    row->lru_next = NULL;
+    row->lru_prev = st->lru_tail;
+    if (st->lru_tail)
+        st->lru_tail->lru_next = row;
+    else
+        st->lru_head = row;
+    st->lru_tail = row;
+}
+
+/* A use of the row: with LRU eviction it becomes the most recent. */
+static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    if (self->cfg.eviction != KB_EVICT_LRU)
+        return;
+    row->last_used = atomic_fetch_add(&self->tick, 1);
+    if (st->lru_tail != row) {
+        s_lru_unlink(st, row);
+        s_lru_append(st, row);
+    }
+}
+
+/* Counts one sighting (lookup or gradient) of the row; with frequency admission a row becomes persistent
+ * when it reaches min_frequency. */
+static void s_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    row->frequency++;
+    if (self->cfg.admission == KB_ADMIT_FREQUENCY && row->frequency == self->cfg.min_frequency) {
+        atomic_fetch_sub(&self->stats.not_persisted, 1);
+        s_mark_dirty(st, row);
+    }
+}
+
+static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
+{
+    return self->cfg.admission != KB_ADMIT_FREQUENCY || row->frequency >= self->cfg.min_frequency;
+}
+
+/* Removes a row from the table. It stays on the dirty list, marked evicted, until the persister has
+ * deleted it from storage and frees it. Its pending gradients go with it (eviction drops the row). */
+static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    kb_rowmap_remove(&st->map, kb_rowmap_hash(row->key, row->key_len), row->key, row->key_len);
+    if (row->pending_count) {
+        atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
+        atomic_fetch_sub(&self->stats.pending_keys, 1);
+        s_pending_unlink(st, row);
+        free(row->pending);
+        row->pending = NULL;
+        row->pending_count = 0;
+    }
+    s_lru_unlink(st, row);
+    s_by_id_set(self, row->id, NULL);
+    if (!s_persistable(self, row))
+        atomic_fetch_sub(&self->stats.not_persisted, 1);
+    s_knn_touch(self, st, row); /* the flush finds no row for the id and removes it from the index */
+    row->evicted = true;
+    s_mark_dirty(st, row);
+    atomic_fetch_sub(&self->stats.rows, 1);
+    atomic_fetch_add(&self->stats.evictions, 1);
+}
+
+/* Over the cap: evicts the least recently used (or oldest) row among the heads of this stripe and of a few
+ * sampled others -- each stripe's list is in use order, so its head is its oldest row. Sampling, as Redis
+ * does, approximates a table-wide LRU without a global lock; other stripes are only try-locked, so the
+ * lock order (one stripe at a time) is never violated. `keep` (the row being created) is never chosen. */
+#define EVICTION_SAMPLES 8
+static void s_evict_one(kb_table_t *self, kb_stripe_t *st, kb_row_t *keep)
+{
+    kb_stripe_t *best_st = NULL;
+    kb_row_t *best = st->lru_head != keep ? st->lru_head : (keep ? keep->lru_next : NULL);
+    if (best)
+        best_st = st;
+    kb_stripe_t *locked[EVICTION_SAMPLES];
+    int n_locked = 0;
+    uint64_t rng = atomic_fetch_add(&self->evict_rng, 0x9e3779b97f4a7c15ULL);
+    for (int i = 0; i < EVICTION_SAMPLES; i++) {
+        kb_stripe_t *other = &self->stripes[carls_splitmix64(&rng) % KB_TABLE_STRIPES];
+        bool seen = other == st;
+        for (int j = 0; j < n_locked; j++)
+            seen |= locked[j] == other;
+        if (seen || pthread_mutex_trylock(&other->mutex) != 0)
+            continue;
+        locked[n_locked++] = other;
+        if (other->lru_head && (!best || other->lru_head->last_used < best->last_used)) {
+            best = other->lru_head;
+            best_st = other;
+        }
+    }
+    if (best)
+        s_evict(self, best_st, best);
+    for (int j = 0; j < n_locked; j++)
+        pthread_mutex_unlock(&locked[j]->mutex);
+}
+
+static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const uint8_t *key,
+                              uint32_t key_len)
+{
+    kb_row_t *row = s_row_alloc(self, key, key_len);
+    row->id = atomic_fetch_add(&self->next_row_id, 1);
+    row->stripe = (uint16_t)(st - self->stripes);
+    if (self->cfg.kind == KB_TABLE_EMBEDDING) {
+        kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, key, key_len, row->value,
+                      self->cfg.dim);
+        kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, self->cfg.dim);
+    }
+    kb_rowmap_insert(&st->map, hash, row);
+    s_by_id_set(self, row->id, row);
+    row->last_used = atomic_fetch_add(&self->tick, 1);
+    s_lru_append(st, row);
+    atomic_fetch_add(&self->stats.rows, 1);
+    if (!s_persistable(self, row))
+        atomic_fetch_add(&self->stats.not_persisted, 1);
+    s_row_changed(self, st, row);
+    if (self->cfg.eviction != KB_EVICT_NONE && atomic_load(&self->stats.rows) > self->cfg.max_rows)
+        s_evict_one(self, st, row);
+    return row;
+}
+
+/* The key's row; created when create is set and admission allows it, else NULL. */
+static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
+                           bool create)
+{
+    kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
+    if (row) {
+        s_lru_touch(self, st, row);
+        return row;
+    }
+    if (!create)
+        return NULL;
+    if (self->bloom && kb_bloom_add(self->bloom, key->data, key->len) < self->cfg.min_frequency) {
+        atomic_fetch_add(&self->stats.not_admitted, 1);
+        return NULL;
+    }
+    return s_row_create(self, st, hash, key->data, (uint32_t)key->len);
+}
+
 /* One optimizer step with gradient g; updates version and timestamp. */
-static void s_row_step(kb_table_t *self, kb_row_t *row, const float *g)
+static void s_row_step(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const float *g)
 {
     kb_optimizer_step(&self->cfg.optimizer, row->value, row->opt_state, &row->opt_steps, g, self->cfg.dim);
     row->version++;
     row->updated_at_ms = carls_wall_ms();
     atomic_fetch_add(&self->stats.updates_applied, 1);
+    s_row_changed(self, st, row);
 }
 
 /* Applies the row's pending set (outliers dropped, average, one step) and empties it. */
@@ -307,7 +682,7 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
     uint32_t dropped = 0;
     uint32_t kept = kb_lazy_average(&self->cfg.outlier, row->pending, count, dim, avg, &dropped);
     if (kept > 0)
-        s_row_step(self, row, avg);
+        s_row_step(self, st, row, avg);
     if (avg != avg_small)
         free(avg);
 
@@ -334,8 +709,8 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
         uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
         kb_stripe_t *st = s_stripe(self, hash);
         pthread_mutex_lock(&st->mutex);
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (!row && no_create) {
+        kb_row_t *row = s_row_get(self, st, hash, &keys[i], !no_create);
+        if (!row) {
             pthread_mutex_unlock(&st->mutex);
             kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, keys[i].data, keys[i].len,
                           values + i * dim, dim);
@@ -344,14 +719,12 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
             frequencies[i] = 0;
             continue;
         }
-        if (!row)
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
         if (row->pending_count > 0) {
             s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
             steps++;
         }
         if (!no_create) {
-            row->frequency++;
+            s_count_use(self, st, row);
             s_mark_dirty(st, row);
         }
         memcpy(values + i * dim, row->value, dim * sizeof(float));
@@ -364,6 +737,28 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     return steps;
 }
 
+void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, float *values, int64_t *ids)
+{
+    uint32_t dim = self->cfg.dim;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
+        kb_stripe_t *st = s_stripe(self, hash);
+        pthread_mutex_lock(&st->mutex);
+        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
+        if (row) {
+            if (row->pending_count > 0)
+                s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
+            memcpy(values + i * dim, row->value, dim * sizeof(float));
+            ids[i] = row->id;
+        } else {
+            kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, keys[i].data, keys[i].len,
+                          values + i * dim, dim);
+            ids[i] = -1;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+}
+
 void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, const float *values,
                   uint64_t version)
 {
@@ -373,13 +768,16 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
         uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
         kb_stripe_t *st = s_stripe(self, hash);
         pthread_mutex_lock(&st->mutex);
+        /* A put is an explicit write: admission filters do not apply to it. */
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (!row)
+        if (row)
+            s_lru_touch(self, st, row);
+        else
             row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
         memcpy(row->value, values + i * dim, dim * sizeof(float));
         row->version = version;
         row->updated_at_ms = now;
-        s_mark_dirty(st, row);
+        s_row_changed(self, st, row);
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.puts, n);
@@ -394,12 +792,14 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
         uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
         kb_stripe_t *st = s_stripe(self, hash);
         pthread_mutex_lock(&st->mutex);
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (!row)
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
-        row->frequency++;
+        kb_row_t *row = s_row_get(self, st, hash, &keys[i], true);
+        if (!row) { /* not admitted yet: the gradient of a key without a row is dropped (counted) */
+            pthread_mutex_unlock(&st->mutex);
+            continue;
+        }
+        s_count_use(self, st, row);
         if (self->cfg.immediate) {
-            s_row_step(self, row, g);
+            s_row_step(self, st, row, g);
             atomic_fetch_add(&self->stats.gradients_applied, 1);
             steps++;
         } else {
@@ -426,7 +826,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
 
 uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
 {
-    if (self->cfg.immediate)
+    if (self->cfg.immediate || self->cfg.kind != KB_TABLE_EMBEDDING)
         return 0;
     uint64_t applied = 0;
     int64_t max_age = self->cfg.max_age_ms;
@@ -443,10 +843,145 @@ uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
     return applied;
 }
 
+/* ---- nearest neighbours ---- */
+
+/* Brings the index up to date with every change made before the call. */
+static int s_knn_flush(kb_table_t *self)
+{
+    uint32_t dim = self->cfg.dim;
+    int rc = 0;
+    pthread_mutex_lock(&self->knn_mutex);
+    for (int i = 0; i < KB_TABLE_STRIPES && rc == 0; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        size_t n = st->knn_count;
+        if (n == 0) {
+            pthread_mutex_unlock(&st->mutex);
+            continue;
+        }
+        int64_t *up_ids = carls_xmalloc(n * sizeof *up_ids);
+        int64_t *gone = carls_xmalloc(n * sizeof *gone);
+        float *vecs = carls_xmalloc(n * dim * sizeof *vecs);
+        size_t n_up = 0, n_gone = 0;
+        for (size_t j = 0; j < n; j++) {
+            kb_row_t *row = s_by_id_get(self, st->knn_ids[j]);
+            if (row && row->knn_dirty) {
+                memcpy(vecs + n_up * dim, row->value, dim * sizeof(float));
+                up_ids[n_up++] = row->id;
+                row->knn_dirty = false;
+            } else if (!row) {
+                gone[n_gone++] = st->knn_ids[j];
+            }
+        }
+        st->knn_count = 0;
+        pthread_mutex_unlock(&st->mutex);
+        /* The stripe is unlocked while FAISS works; knn_mutex keeps flushes, and so updates, in order. */
+        if (n_gone)
+            rc = kb_knn_remove_batch(self->knn, n_gone, gone, NULL);
+        if (rc == 0 && n_up)
+            rc = kb_knn_upsert_batch(self->knn, n_up, up_ids, vecs);
+        free(up_ids);
+        free(gone);
+        free(vecs);
+    }
+    pthread_mutex_unlock(&self->knn_mutex);
+    return rc;
+}
+
+int kb_table_knn_flush(kb_table_t *self) { return self->knn ? s_knn_flush(self) : 0; }
+
+int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
+                 ProtobufCBinaryData *keys_out, float *scores_out)
+{
+    if (!self->knn)
+        return -ENOTSUP;
+    int rc = s_knn_flush(self);
+    if (rc != 0)
+        return rc;
+    int64_t *ids = carls_xmalloc(nq * k * sizeof *ids);
+    rc = kb_knn_search(self->knn, queries, nq, k, exclude, ids, scores_out);
+    for (size_t i = 0; i < nq * k; i++) {
+        keys_out[i].data = NULL;
+        keys_out[i].len = 0;
+        if (rc != 0 || ids[i] < 0)
+            continue;
+        /* The id's row may be evicted between search and here: then it is answered as missing. */
+        kb_stripe_t *st = s_by_id_stripe(self, ids[i]);
+        if (!st)
+            continue;
+        pthread_mutex_lock(&st->mutex);
+        kb_row_t *row = s_by_id_get(self, ids[i]);
+        if (row) {
+            keys_out[i].data = carls_xmalloc(row->key_len);
+            memcpy(keys_out[i].data, row->key, row->key_len);
+            keys_out[i].len = row->key_len;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    free(ids);
+    return rc;
+}
+
+/* ---- feature records ---- */
+
+void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t **records,
+                          size_t *lens, bool *found)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
+        kb_stripe_t *st = s_stripe(self, hash);
+        pthread_mutex_lock(&st->mutex);
+        kb_row_t *row = s_row_get(self, st, hash, &keys[i], false);
+        records[i] = NULL;
+        lens[i] = 0;
+        found[i] = row != NULL;
+        if (row) {
+            s_count_use(self, st, row);
+            s_mark_dirty(st, row);
+            records[i] = carls_xmalloc(row->record_len);
+            if (row->record_len)
+                memcpy(records[i], row->record, row->record_len);
+            lens[i] = row->record_len;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    atomic_fetch_add(&self->stats.lookups, n);
+}
+
+void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t *const *records,
+                          const size_t *lens)
+{
+    int64_t now = carls_wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
+        kb_stripe_t *st = s_stripe(self, hash);
+        pthread_mutex_lock(&st->mutex);
+        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
+        if (row)
+            s_lru_touch(self, st, row);
+        else
+            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        free(row->record);
+        row->record = carls_xmalloc(lens[i]);
+        if (lens[i])
+            memcpy(row->record, records[i], lens[i]);
+        row->record_len = (uint32_t)lens[i];
+        row->version++;
+        row->updated_at_ms = now;
+        s_mark_dirty(st, row);
+        pthread_mutex_unlock(&st->mutex);
+    }
+    atomic_fetch_add(&self->stats.puts, n);
+}
+
+/* ---- persistence ---- */
+
 int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
 {
+    bool feature = self->cfg.kind == KB_TABLE_FEATURE;
     if (rec->dim != self->cfg.dim || rec->opt_floats != self->opt_floats ||
-        rec->pending_count > self->cfg.max_pending || rec->key_len == 0)
+        rec->pending_count > self->cfg.max_pending || rec->key_len == 0 || rec->row_id <= 0 ||
+        (feature && rec->pending_count))
         return -1;
     uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
     kb_stripe_t *st = s_stripe(self, hash);
@@ -454,13 +989,21 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         return -1;
     kb_row_t *row = s_row_alloc(self, rec->key, rec->key_len);
     row->id = rec->row_id;
+    row->stripe = (uint16_t)(st - self->stripes);
     row->version = rec->version;
     row->frequency = rec->frequency;
     row->opt_steps = rec->opt_steps;
     row->updated_at_ms = rec->updated_at_ms;
-    memcpy(row->value, rec->value, (size_t)rec->dim * sizeof(float));
+    if (rec->dim)
+        memcpy(row->value, rec->value, (size_t)rec->dim * sizeof(float));
     if (rec->opt_floats)
         memcpy(row->opt_state, rec->opt_state, (size_t)rec->opt_floats * sizeof(float));
+    if (feature) {
+        row->record = carls_xmalloc(rec->record_len);
+        if (rec->record_len)
+            memcpy(row->record, rec->record, rec->record_len);
+        row->record_len = rec->record_len;
+    }
     if (rec->pending_count > 0) {
         row->pending = carls_xmalloc((size_t)self->cfg.max_pending * rec->dim * sizeof(float));
         memcpy(row->pending, rec->pending, (size_t)rec->pending_count * rec->dim * sizeof(float));
@@ -472,7 +1015,16 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
     }
     kb_rowmap_insert(&st->map, hash, row);
+    s_by_id_set(self, row->id, row);
+    /* Use order is not persisted: after a restart rows count as used in creation (row id) order. */
+    row->last_used = (uint64_t)row->id;
+    if (row->last_used >= atomic_load(&self->tick))
+        atomic_store(&self->tick, row->last_used + 1);
+    s_lru_append(st, row);
+    s_knn_touch(self, st, row);
     atomic_fetch_add(&self->stats.rows, 1);
+    if (!s_persistable(self, row))
+        atomic_fetch_add(&self->stats.not_persisted, 1);
     if (rec->row_id >= atomic_load(&self->next_row_id))
         atomic_store(&self->next_row_id, rec->row_id + 1);
     return 0;
@@ -487,9 +1039,14 @@ static void s_snapshot_row(const kb_table_t *self, const kb_row_t *row, kb_store
     memcpy(rec->key, row->key, row->key_len);
     rec->key_len = row->key_len;
     rec->row_id = row->id;
+    rec->deleted = row->evicted;
+    if (row->evicted)
+        return;
     rec->dim = dim;
-    rec->value = carls_xmalloc(dim * sizeof(float));
-    memcpy(rec->value, row->value, dim * sizeof(float));
+    if (dim) {
+        rec->value = carls_xmalloc(dim * sizeof(float));
+        memcpy(rec->value, row->value, dim * sizeof(float));
+    }
     rec->opt_floats = self->opt_floats;
     if (self->opt_floats) {
         rec->opt_state = carls_xmalloc(self->opt_floats * sizeof(float));
@@ -502,9 +1059,24 @@ static void s_snapshot_row(const kb_table_t *self, const kb_row_t *row, kb_store
         rec->pending = carls_xmalloc(bytes);
         memcpy(rec->pending, row->pending, bytes);
     }
+    if (self->cfg.kind == KB_TABLE_FEATURE) {
+        rec->record = carls_xmalloc(row->record_len);
+        if (row->record_len)
+            memcpy(rec->record, row->record, row->record_len);
+        rec->record_len = row->record_len;
+    }
     rec->version = row->version;
     rec->updated_at_ms = row->updated_at_ms;
     rec->frequency = row->frequency;
+}
+
+static kb_store_row_t *s_grow_records(kb_store_row_t **out, size_t count, size_t *capacity)
+{
+    if (count == *capacity) {
+        *capacity = *capacity ? *capacity * 2 : 256;
+        *out = carls_xrealloc(*out, *capacity * sizeof **out);
+    }
+    return &(*out)[count];
 }
 
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity)
@@ -514,16 +1086,79 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
         pthread_mutex_lock(&st->mutex);
         for (kb_row_t *row = st->dirty_head; row;) {
             kb_row_t *next = row->dirty_next;
-            if (*count == *capacity) {
-                *capacity = *capacity ? *capacity * 2 : 256;
-                *out = carls_xrealloc(*out, *capacity * sizeof **out);
-            }
-            s_snapshot_row(self, row, &(*out)[(*count)++]);
             row->dirty = false;
             row->dirty_next = NULL;
+            /* Rows below the admission frequency stay in memory only; they are marked dirty again when
+             * they reach it. */
+            if (row->evicted || s_persistable(self, row)) {
+                s_snapshot_row(self, row, s_grow_records(out, *count, capacity));
+                (*count)++;
+            }
+            if (row->evicted)
+                s_row_free(row);
             row = next;
         }
         st->dirty_head = NULL;
         pthread_mutex_unlock(&st->mutex);
     }
+}
+
+/* ---- scan ---- */
+
+static int s_compare_ids(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int s_compare_records(const void *a, const void *b)
+{
+    return s_compare_ids(&((const kb_store_row_t *)a)->row_id, &((const kb_store_row_t *)b)->row_id);
+}
+
+size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
+{
+    /* Pass 1: the ids after the cursor; keep the smallest `limit`. */
+    int64_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < KB_TABLE_STRIPES; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        for (size_t j = 0; j < st->map.capacity; j++) {
+            if (!st->map.hashes[j] || st->map.rows[j]->id <= after_id)
+                continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                ids = carls_xrealloc(ids, cap * sizeof *ids);
+            }
+            ids[n++] = st->map.rows[j]->id;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    qsort(ids, n, sizeof *ids, s_compare_ids);
+    *done = n <= limit;
+    if (n > limit)
+        n = limit;
+    int64_t last = n ? ids[n - 1] : after_id;
+    free(ids);
+
+    /* Pass 2: snapshot the rows in (after_id, last]; rows created since pass 1 get higher ids. */
+    size_t count = 0, capacity = 0;
+    *out = NULL;
+    for (int i = 0; i < KB_TABLE_STRIPES && n; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        for (size_t j = 0; j < st->map.capacity; j++) {
+            if (!st->map.hashes[j])
+                continue;
+            kb_row_t *row = st->map.rows[j];
+            if (row->id <= after_id || row->id > last)
+                continue;
+            s_snapshot_row(self, row, s_grow_records(out, count, &capacity));
+            count++;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    qsort(*out, count, sizeof **out, s_compare_records);
+    return count;
 }

@@ -15,6 +15,7 @@
 
 #include "carls.pb-c.h"
 #include "kb_init.h"
+#include "kb_knn.h"
 #include "kb_lazy.h"
 #include "kb_optimizer.h"
 #include "kb_store.h"
@@ -26,9 +27,17 @@
 
 #define KB_TABLE_STRIPES 64
 
-/* A table's configuration with every default filled in. */
+typedef enum { KB_TABLE_EMBEDDING = 0, KB_TABLE_FEATURE = 1 } kb_table_kind_t;
+typedef enum { KB_ADMIT_ALL = 0, KB_ADMIT_FREQUENCY = 1, KB_ADMIT_BLOOM = 2 } kb_admission_kind_t;
+typedef enum { KB_EVICT_NONE = 0, KB_EVICT_LRU = 1, KB_EVICT_OLDEST = 2 } kb_eviction_kind_t;
+
+#define KB_KNN_SPEC_MAX 64
+
+/* A table's configuration with every default filled in. Zero-initialized as a whole (it is compared with
+ * memcmp for create_table's if_not_exists). */
 typedef struct {
-    uint32_t dim;
+    kb_table_kind_t kind;
+    uint32_t dim;          /* embedding tables; 0 for feature tables */
     kb_init_kind_t init;
     float init_scale;
     uint64_t init_seed;
@@ -37,15 +46,34 @@ typedef struct {
     uint32_t max_age_ms;
     uint32_t max_pending;  /* 1..CARLS_MAX_PENDING_LIMIT */
     kb_outlier_config_t outlier;
+    bool knn;                           /* keep a nearest-neighbour index */
+    char knn_spec[KB_KNN_SPEC_MAX];     /* FAISS index-factory string */
+    kb_knn_metric_t knn_metric;
+    uint32_t knn_nprobe, knn_ef_search; /* 0: kb_knn defaults */
+    kb_admission_kind_t admission;
+    uint32_t min_frequency;             /* admission: sightings before a key is persisted / gets a row */
+    uint32_t bloom_bits_log2, bloom_hashes;
+    kb_eviction_kind_t eviction;
+    uint64_t max_rows;                  /* eviction: rows kept at most (approximately: per stripe) */
 } kb_table_config_t;
 
 /* Validates a wire config and fills defaults into *out. Returns 0, or -1 with a message in err. */
 int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
                                size_t errlen);
 
-/* Writes a config to wire form. `opt` and `lazy` are storage for the nested messages. */
-void kb_table_config_to_proto(const kb_table_config_t *in, Carls__TableConfig *out, Carls__OptimizerConfig *opt,
-                              Carls__LazyUpdateConfig *lazy);
+/* A config in wire form with storage for its nested messages; `config` points into the rest (and its knn
+ * spec into the kb_table_config_t it was made from, which must outlive it). */
+typedef struct {
+    Carls__TableConfig config;
+    Carls__OptimizerConfig optimizer;
+    Carls__LazyUpdateConfig lazy;
+    Carls__KnnConfig knn;
+    Carls__AdmissionConfig admission;
+    Carls__EvictionConfig eviction;
+} kb_table_config_wire_t;
+
+/* Writes a config to wire form. */
+void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *out);
 
 /* One row. value and opt_state point into the row's own allocation; key follows them. */
 typedef struct kb_row {
@@ -61,7 +89,14 @@ typedef struct kb_row {
     int64_t pending_since_ms; /* monotonic time of the first pending gradient */
     struct kb_row *pending_prev, *pending_next; /* stripe's pending list, oldest first */
     struct kb_row *dirty_next;                  /* stripe's dirty list */
+    struct kb_row *lru_prev, *lru_next;         /* stripe's recency (LRU) or creation (oldest) order */
     bool dirty;
+    bool knn_dirty;          /* value changed since the index last saw it */
+    bool evicted;            /* removed from the table; freed once its deletion is persisted */
+    uint16_t stripe;         /* index of the row's stripe */
+    uint64_t last_used;      /* table tick of the last use (LRU) or of creation (oldest-first) */
+    uint8_t *record;         /* feature tables: packed carls.FeatureRecord (malloc'd) */
+    uint32_t record_len;
     uint32_t key_len;
     uint8_t *key;
 } kb_row_t;
@@ -80,6 +115,10 @@ typedef struct {
     uint64_t applied_on_count;
     uint64_t lookups;
     uint64_t puts;
+    uint64_t not_admitted;
+    uint64_t not_persisted;
+    uint64_t evictions;
+    kb_knn_stats_t knn; /* zero when the table has no index */
 } kb_table_stats_t;
 
 typedef struct kb_table kb_table_t;
@@ -123,5 +162,31 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
 
 /* Number of rows held. */
 size_t kb_table_row_count(kb_table_t *self);
+
+/* Current values of n keys without creating or counting them (pending gradients are applied first):
+ * values (n*dim) and row ids (-1 for a key without a row, whose value is then its initial value). */
+void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, float *values, int64_t *ids);
+
+/* Nearest neighbours of nq query vectors: brings the index up to date with every change made before the
+ * call, then searches. exclude: NULL or nq row ids never answered for their query. keys_out (nq*k) get
+ * malloc'd copies of the keys (data NULL, len 0 where fewer than k exist); caller frees each data.
+ * Returns 0, -ENOTSUP without an index, or a kb_knn error. */
+int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
+                 ProtobufCBinaryData *keys_out, float *scores_out);
+
+/* Brings the nearest-neighbour index up to date with every change made so far (the sweeper calls it so the
+ * index does not lag far behind; kb_table_knn calls it before searching). 0 without an index. */
+int kb_table_knn_flush(kb_table_t *self);
+
+/* Feature tables. get: per key a malloc'd copy of its packed record (NULL and found=false if none).
+ * put: replaces each key's record with records[i] (packed carls.FeatureRecord, validated by the caller). */
+void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t **records,
+                          size_t *lens, bool *found);
+void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t *const *records,
+                          const size_t *lens);
+
+/* Up to limit rows with row id > after_id, in row-id order, as snapshots (caller kb_store_row_free's each
+ * and frees *out). Returns the count; *done is set when no further rows exist. */
+size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done);
 
 #endif

@@ -40,6 +40,8 @@ static void s_usage(FILE *out)
             "                             (default sync)\n"
             "  --threads N                worker threads (default 2)\n"
             "  --read-only                refuse every write (serving mode)\n"
+            "  --shard I/N                this server is shard I of N (0-based): it refuses keys that belong\n"
+            "                             to other shards (clients route keys with the same hash)\n"
             "  --max-message-bytes N      largest request frame (default %u)\n"
             "  --max-key-bytes N          longest key (default %u)\n"
             "  --max-dim N                largest table dimension (default %u)\n"
@@ -95,13 +97,15 @@ int main(int argc, char **argv)
     kb_limits_t limits;
     kb_limits_defaults(&limits);
 
-    enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG };
+    enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
+           O_SHARD };
     static const struct option options[] = {
         {"listen", required_argument, NULL, O_LISTEN},
         {"data", required_argument, NULL, O_DATA},
         {"durability", required_argument, NULL, O_DUR},
         {"threads", required_argument, NULL, O_THREADS},
         {"read-only", no_argument, NULL, O_RO},
+        {"shard", required_argument, NULL, O_SHARD},
         {"max-message-bytes", required_argument, NULL, O_MSG},
         {"max-key-bytes", required_argument, NULL, O_KEY},
         {"max-dim", required_argument, NULL, O_DIM},
@@ -120,6 +124,17 @@ int main(int argc, char **argv)
         case O_DUR: durability = optarg; break;
         case O_THREADS: threads = s_parse_u32("--threads", optarg, 1); break;
         case O_RO: limits.read_only = true; break;
+        case O_SHARD: {
+            unsigned i, n;
+            char extra;
+            if (sscanf(optarg, "%u/%u%c", &i, &n, &extra) != 2 || n == 0 || i >= n || n > 65536) {
+                fprintf(stderr, "kb-server: --shard needs I/N with 0 <= I < N, got '%s'\n", optarg);
+                return 2;
+            }
+            limits.shard_index = i;
+            limits.shard_count = n;
+            break;
+        }
         case O_MSG: limits.max_message_bytes = s_parse_u32("--max-message-bytes", optarg, 1024); break;
         case O_KEY: limits.max_key_bytes = s_parse_u32("--max-key-bytes", optarg, 1); break;
         case O_DIM: limits.max_dim = s_parse_u32("--max-dim", optarg, 1); break;
@@ -183,7 +198,8 @@ int main(int argc, char **argv)
         rc = 1;
         goto done;
     }
-    LOG_INFO("kb-server: data %s, durability %s%s", data_dir, durability, limits.read_only ? ", read-only" : "");
+    LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u", data_dir, durability,
+             limits.read_only ? ", read-only" : "", limits.shard_index, limits.shard_count ? limits.shard_count : 1);
     if (endpoint_file && s_write_file(endpoint_file, kb_server_endpoint(server)) != 0) {
         LOG_ERROR("cannot write %s: %s", endpoint_file, strerror(errno));
         rc = 1;

@@ -1,0 +1,501 @@
+/* Integration: the retrieval side of a real kb-server. Nearest neighbours through the server equal a
+ * brute-force reference and follow puts and updates; feature records round-trip and survive restarts;
+ * frequency and Bloom admission keep rare keys out; LRU and oldest-first eviction keep what they should and
+ * delete the rest from storage; scan pages cover every row once; --read-only and --shard refuse what they
+ * must. */
+#include "kb_client.h"
+#include "protocol.h"
+#include "server_harness.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+typedef struct {
+    test_server_t srv;
+    kb_client_t *client;
+} fixture_t;
+
+static kb_client_t *s_connect(const char *endpoint)
+{
+    kb_client_options_t opts = {.timeout_ms = 10000, .retries = 1};
+    kb_client_t *c = kb_client_new(endpoint, &opts);
+    assert_non_null(c);
+    return c;
+}
+
+static int s_setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    test_server_init(&f->srv);
+    *state = f;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    fixture_t *f = *state;
+    kb_client_destroy(&f->client);
+    test_server_cleanup(&f->srv);
+    free(f);
+    return 0;
+}
+
+static void s_start(fixture_t *f, const char *const *args)
+{
+    assert_int_equal(test_server_start(&f->srv, args), 0);
+    f->client = s_connect(f->srv.endpoint);
+}
+
+static void s_restart(fixture_t *f, int sig, const char *const *args)
+{
+    kb_client_destroy(&f->client);
+    test_server_stop(&f->srv, sig);
+    s_start(f, args);
+}
+
+static void s_create(kb_client_t *c, const char *name, Carls__TableConfig *cfg)
+{
+    if (kb_client_create_table(c, name, cfg, false) != 0)
+        fail_msg("create %s: %s", name, kb_client_last_error(c));
+}
+
+static uint64_t s_rng = 88172645463325252ULL;
+static float s_uniform(void)
+{
+    s_rng ^= s_rng << 13;
+    s_rng ^= s_rng >> 7;
+    s_rng ^= s_rng << 17;
+    return (float)((s_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static Carls__Response *s_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals,
+                              const kb_key_t *keys, size_t nkeys, uint32_t k, bool exclude)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Knn q = CARLS__KNN__INIT;
+    ProtobufCBinaryData *bk = calloc(nkeys ? nkeys : 1, sizeof *bk);
+    for (size_t i = 0; i < nkeys; i++) {
+        bk[i].data = (uint8_t *)keys[i].data;
+        bk[i].len = keys[i].len;
+    }
+    q.vectors = (float *)vecs;
+    q.n_vectors = nvals;
+    q.keys = bk;
+    q.n_keys = nkeys;
+    q.k = k;
+    q.exclude_query = exclude;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_KNN;
+    req.knn = &q;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(c, &req, &resp);
+    free(bk);
+    if (rc != 0)
+        fail_msg("knn: %s", kb_client_last_error(c));
+    return resp;
+}
+
+static void s_key_name(char *buf, size_t n, int i) { snprintf(buf, n, "item%04d", i); }
+
+/* Flat kNN through the server equals brute force, for ip, l2 and cosine; it follows a moved vector. */
+static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    enum { N = 300, DIM = 8, K = 5, NQ = 10 };
+    static float data[N * DIM];
+    for (int i = 0; i < N * DIM; i++)
+        data[i] = s_uniform();
+    const Carls__KnnMetric metrics[3] = {CARLS__KNN_METRIC__METRIC_IP, CARLS__KNN_METRIC__METRIC_L2,
+                                         CARLS__KNN_METRIC__METRIC_COSINE};
+    const char *names[3] = {"knn_ip", "knn_l2", "knn_cos"};
+    char keybuf[N][16];
+    kb_key_t keys[N];
+    for (int i = 0; i < N; i++) {
+        s_key_name(keybuf[i], sizeof keybuf[i], i);
+        keys[i] = (kb_key_t){keybuf[i], strlen(keybuf[i])};
+    }
+    for (int m = 0; m < 3; m++) {
+        Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+        Carls__KnnConfig kc = CARLS__KNN_CONFIG__INIT;
+        cfg.dim = DIM;
+        kc.spec = "Flat";
+        kc.metric = metrics[m];
+        cfg.knn = &kc;
+        s_create(f->client, names[m], &cfg);
+        assert_int_equal(kb_client_put(f->client, names[m], keys, N, DIM, data, 1), 0);
+
+        float queries[NQ * DIM];
+        for (int i = 0; i < NQ * DIM; i++)
+            queries[i] = s_uniform();
+        Carls__Response *resp = s_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
+        assert_int_equal(resp->knn->n_keys, NQ * K);
+        for (int q = 0; q < NQ; q++) {
+            /* Reference: score every row. */
+            double score[N];
+            for (int i = 0; i < N; i++) {
+                double dot = 0, d2 = 0, nx = 0, nq = 0;
+                for (int j = 0; j < DIM; j++) {
+                    double x = data[i * DIM + j], y = queries[q * DIM + j];
+                    dot += x * y;
+                    d2 += (x - y) * (x - y);
+                    nx += x * x;
+                    nq += y * y;
+                }
+                score[i] = m == 0 ? dot : m == 1 ? -d2 : dot / sqrt(nx * nq);
+            }
+            for (int r = 0; r < K; r++) {
+                int best = -1;
+                for (int i = 0; i < N; i++) {
+                    bool taken = false;
+                    for (int t = 0; t < r; t++) {
+                        char name[16];
+                        memcpy(name, resp->knn->keys[q * K + t].data, resp->knn->keys[q * K + t].len);
+                        name[resp->knn->keys[q * K + t].len] = '\0';
+                        taken |= strcmp(name, keybuf[i]) == 0;
+                    }
+                    if (!taken && (best < 0 || score[i] > score[best]))
+                        best = i;
+                }
+                ProtobufCBinaryData got = resp->knn->keys[q * K + r];
+                if (got.len != strlen(keybuf[best]) || memcmp(got.data, keybuf[best], got.len) != 0)
+                    fail_msg("%s query %d rank %d: got %.*s, expected %s", names[m], q, r, (int)got.len,
+                             (const char *)got.data, keybuf[best]);
+                double expected = m == 1 ? -score[best] : score[best];
+                assert_true(fabs(resp->knn->scores[q * K + r] - expected) < 1e-4);
+            }
+        }
+        carls__response__free_unpacked(resp, NULL);
+    }
+
+    /* Move item0007 onto a far point: it is found there, and no longer near its old place. */
+    float far[DIM], old[DIM];
+    memcpy(old, data + 7 * DIM, sizeof old);
+    for (int j = 0; j < DIM; j++)
+        far[j] = 50.0f + (float)j;
+    assert_int_equal(kb_client_put(f->client, "knn_l2", &keys[7], 1, DIM, far, 2), 0);
+    Carls__Response *resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
+    carls__response__free_unpacked(resp, NULL);
+    resp = s_knn(f->client, "knn_l2", old, DIM, NULL, 0, 1, false);
+    assert_false(resp->knn->keys[0].len == 8 && memcmp(resp->knn->keys[0].data, "item0007", 8) == 0);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* By key, excluding the key itself. */
+    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 3, true);
+    for (int r = 0; r < 3; r++)
+        assert_false(resp->knn->keys[r].len == 8 && memcmp(resp->knn->keys[r].data, "item0003", 8) == 0);
+    carls__response__free_unpacked(resp, NULL);
+    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 1, false);
+    assert_memory_equal(resp->knn->keys[0].data, "item0003", 8);
+    assert_true(resp->knn->scores[0] < 1e-6f);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* After a restart the index is rebuilt from the stored rows. */
+    s_restart(f, SIGKILL, NULL);
+    resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
+    carls__response__free_unpacked(resp, NULL);
+}
+
+static void test_feature_records_round_trip(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
+    s_create(f->client, "graph", &cfg);
+
+    Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
+    ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {2, (uint8_t *)"n2"}};
+    float weights[2] = {0.75f, 0.25f};
+    rec.neighbor_keys = nbrs;
+    rec.n_neighbor_keys = 2;
+    rec.neighbor_weights = weights;
+    rec.n_neighbor_weights = 2;
+    rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+    rec.int_label = 7;
+    rec.label_confidence = 0.9f;
+    rec.data = (ProtobufCBinaryData){3, (uint8_t *)"\x00\x01\x02"};
+    rec.version = 42;
+    Carls__FeatureRecord *recs[1] = {&rec};
+    ProtobufCBinaryData key = {4, (uint8_t *)"node"};
+    Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
+    fp.keys = &key;
+    fp.n_keys = 1;
+    fp.records = recs;
+    fp.n_records = 1;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = "graph";
+    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
+    req.feature_put = &fp;
+    Carls__Response *resp = NULL;
+    assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* Mismatched neighbour and weight counts are refused. */
+    rec.n_neighbor_weights = 1;
+    assert_int_equal(kb_client_call(f->client, &req, &resp), KB_CLIENT_ESTATUS);
+    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT);
+    carls__response__free_unpacked(resp, NULL);
+    /* Embedding operations on a feature table are refused. */
+    kb_key_t k = {"node", 4};
+    float v;
+    assert_int_equal(kb_client_lookup(f->client, "graph", &k, 1, 1, &v, NULL), KB_CLIENT_ESTATUS);
+
+    s_restart(f, SIGKILL, NULL);
+    ProtobufCBinaryData keys[2] = {{4, (uint8_t *)"node"}, {7, (uint8_t *)"missing"}};
+    Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
+    fg.keys = keys;
+    fg.n_keys = 2;
+    Carls__Request get = CARLS__REQUEST__INIT;
+    get.table = "graph";
+    get.op_case = CARLS__REQUEST__OP_FEATURE_GET;
+    get.feature_get = &fg;
+    assert_int_equal(kb_client_call(f->client, &get, &resp), 0);
+    assert_int_equal(resp->features->n_records, 2);
+    Carls__FeatureRecord *got = resp->features->records[0];
+    assert_true(got->found);
+    assert_int_equal(got->n_neighbor_keys, 2);
+    assert_memory_equal(got->neighbor_keys[1].data, "n2", 2);
+    assert_true(got->neighbor_weights[0] == 0.75f && got->neighbor_weights[1] == 0.25f);
+    assert_int_equal(got->label_case, CARLS__FEATURE_RECORD__LABEL_INT_LABEL);
+    assert_int_equal(got->int_label, 7);
+    assert_true(got->label_confidence == 0.9f);
+    assert_int_equal(got->data.len, 3);
+    assert_int_equal(got->version, 42);
+    assert_true(got->updated_at_ms > 0);
+    assert_false(resp->features->records[1]->found);
+    carls__response__free_unpacked(resp, NULL);
+}
+
+static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Response **resp)
+{
+    assert_int_equal(kb_client_stats(c, table, resp), 0);
+    return (*resp)->stats->tables[0];
+}
+
+static void test_admission_keeps_rare_keys_out(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    Carls__AdmissionConfig adm = CARLS__ADMISSION_CONFIG__INIT;
+    cfg.dim = 2;
+    cfg.admission = &adm;
+    adm.kind = CARLS__ADMISSION_KIND__ADMIT_FREQUENCY;
+    adm.min_frequency = 3;
+    s_create(f->client, "freq", &cfg);
+    adm.kind = CARLS__ADMISSION_KIND__ADMIT_BLOOM;
+    s_create(f->client, "bloom", &cfg);
+
+    kb_key_t rare = {"rare", 4}, common = {"common", 6};
+    float v[2];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kb_client_lookup(f->client, "freq", &common, 1, 2, v, NULL), 0);
+    assert_int_equal(kb_client_lookup(f->client, "freq", &rare, 1, 2, v, NULL), 0);
+    Carls__Response *resp;
+    Carls__TableStats *ts = s_stats(f->client, "freq", &resp);
+    assert_int_equal(ts->rows, 2);
+    assert_int_equal(ts->not_persisted, 1);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* Bloom: no row until the third sighting; gradients for a key without a row are dropped and counted. */
+    float g[2] = {1, 1};
+    assert_int_equal(kb_client_push_gradients(f->client, "bloom", &rare, 1, 2, g), 0);
+    assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
+    ts = s_stats(f->client, "bloom", &resp);
+    assert_int_equal(ts->rows, 0);
+    assert_int_equal(ts->not_admitted, 2);
+    carls__response__free_unpacked(resp, NULL);
+    assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
+    ts = s_stats(f->client, "bloom", &resp);
+    assert_int_equal(ts->rows, 1);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* Checkpoint, crash: the frequent key was persisted, the rare one was not. */
+    assert_int_equal(kb_client_checkpoint(f->client), 0);
+    s_restart(f, SIGKILL, NULL);
+    ts = s_stats(f->client, "freq", &resp);
+    assert_int_equal(ts->rows, 1);
+    carls__response__free_unpacked(resp, NULL);
+    kb_row_meta_t meta;
+    assert_int_equal(kb_client_lookup_ex(f->client, "freq", &common, 1, 2, true, v, &meta), 0);
+    assert_int_equal(meta.frequency, 3);
+    assert_int_equal(kb_client_lookup_ex(f->client, "freq", &rare, 1, 2, true, v, &meta), 0);
+    assert_int_equal(meta.frequency, 0);
+}
+
+static void test_eviction_lru_and_oldest(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    enum { CAP = 200, TOTAL = 1000 };
+    const Carls__EvictionKind kinds[2] = {CARLS__EVICTION_KIND__EVICT_LRU, CARLS__EVICTION_KIND__EVICT_OLDEST};
+    const char *names[2] = {"lru", "oldest"};
+    for (int m = 0; m < 2; m++) {
+        Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+        Carls__EvictionConfig ev = CARLS__EVICTION_CONFIG__INIT;
+        cfg.dim = 1;
+        cfg.eviction = &ev;
+        ev.kind = kinds[m];
+        ev.max_rows = CAP;
+        s_create(f->client, names[m], &cfg);
+        kb_key_t hot = {"hot", 3};
+        float v = 5.0f;
+        assert_int_equal(kb_client_put(f->client, names[m], &hot, 1, 1, &v, 1), 0);
+        char name[16];
+        for (int i = 0; i < TOTAL; i++) {
+            s_key_name(name, sizeof name, i);
+            kb_key_t k = {name, strlen(name)};
+            assert_int_equal(kb_client_put(f->client, names[m], &k, 1, 1, &v, 1), 0);
+            float got;
+            assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, NULL), 0);
+            if (m == 0 && i % 10 == 0) /* keep "hot" recently used (a lookup is a use) */
+                assert_int_equal(kb_client_lookup(f->client, names[m], &hot, 1, 1, &got, NULL), 0);
+        }
+        Carls__Response *resp;
+        Carls__TableStats *ts = s_stats(f->client, names[m], &resp);
+        /* Each new row over the cap evicts one: the cap holds exactly once reached. */
+        assert_int_equal(ts->rows, CAP);
+        assert_int_equal(ts->rows + ts->evictions, TOTAL + 1);
+        carls__response__free_unpacked(resp, NULL);
+        kb_row_meta_t meta;
+        float got;
+        assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, &meta), 0);
+        if (m == 0)
+            assert_int_equal(meta.version, 1); /* LRU kept the hot key */
+        else
+            assert_int_equal(meta.version, 0); /* oldest-first evicted it long ago: initial value */
+        /* The newest key is always there. */
+        s_key_name(name, sizeof name, TOTAL - 1);
+        kb_key_t newest = {name, strlen(name)};
+        assert_int_equal(kb_client_lookup_ex(f->client, names[m], &newest, 1, 1, true, &got, &meta), 0);
+        assert_int_equal(meta.version, 1);
+    }
+    /* Evicted rows are deleted from storage too. */
+    Carls__Response *resp;
+    assert_int_equal(kb_client_checkpoint(f->client), 0);
+    uint64_t rows_before = s_stats(f->client, "lru", &resp)->rows;
+    carls__response__free_unpacked(resp, NULL);
+    s_restart(f, SIGKILL, NULL);
+    assert_int_equal(s_stats(f->client, "lru", &resp)->rows, rows_before);
+    carls__response__free_unpacked(resp, NULL);
+}
+
+static void test_scan_pages_cover_every_row_once(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = 2;
+    s_create(f->client, "scan", &cfg);
+    enum { N = 537 };
+    char name[16];
+    for (int i = 0; i < N; i++) {
+        s_key_name(name, sizeof name, i);
+        kb_key_t k = {name, strlen(name)};
+        float v[2] = {(float)i, -(float)i};
+        assert_int_equal(kb_client_put(f->client, "scan", &k, 1, 2, v, 3), 0);
+    }
+    static bool seen[N];
+    int64_t after = 0;
+    int pages = 0, total = 0;
+    for (;;) {
+        Carls__Request req = CARLS__REQUEST__INIT;
+        Carls__Scan sc = CARLS__SCAN__INIT;
+        sc.after_row_id = after;
+        sc.limit = 100;
+        req.table = "scan";
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &sc;
+        Carls__Response *resp;
+        assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
+        Carls__ScanResult *r = resp->scan;
+        assert_true(r->n_keys <= 100);
+        for (size_t i = 0; i < r->n_keys; i++) {
+            char kbuf[16] = {0};
+            assert_true(r->keys[i].len < sizeof kbuf);
+            memcpy(kbuf, r->keys[i].data, r->keys[i].len);
+            int idx = atoi(kbuf + 4);
+            assert_false(seen[idx]);
+            seen[idx] = true;
+            assert_true(r->values[2 * i] == (float)idx && r->values[2 * i + 1] == -(float)idx);
+            assert_true(r->row_ids[i] > after);
+            after = r->row_ids[i];
+            total++;
+        }
+        pages++;
+        bool done = r->done;
+        carls__response__free_unpacked(resp, NULL);
+        if (done)
+            break;
+        assert_true(pages < 100);
+    }
+    assert_int_equal(total, N);
+    assert_int_equal(pages, (N + 99) / 100);
+}
+
+static void test_read_only_and_shard_refusals(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = 1;
+    s_create(f->client, "t", &cfg);
+    kb_key_t k = {"a", 1};
+    float v = 1.0f;
+    assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 1), 0);
+
+    const char *ro[] = {"--read-only", NULL};
+    s_restart(f, SIGTERM, ro);
+    assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 2), KB_CLIENT_ESTATUS);
+    assert_non_null(strstr(kb_client_last_error(f->client), "READ_ONLY"));
+    assert_int_equal(kb_client_push_gradients(f->client, "t", &k, 1, 1, &v), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_create_table(f->client, "u", &cfg, false), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_drop_table(f->client, "t", false), KB_CLIENT_ESTATUS);
+    float got;
+    assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 1, &got, NULL), 0);
+    assert_true(got == 1.0f);
+
+    /* Shard 0 of 2 refuses keys of shard 1. */
+    const char *sh[] = {"--shard", "0/2", NULL};
+    s_restart(f, SIGTERM, sh);
+    char name[16];
+    int refused = 0, accepted = 0;
+    for (int i = 0; i < 40; i++) {
+        s_key_name(name, sizeof name, i);
+        kb_key_t key = {name, strlen(name)};
+        int rc = kb_client_put(f->client, "t", &key, 1, 1, &v, 1);
+        if (carls_shard_of(name, strlen(name), 2) == 0) {
+            assert_int_equal(rc, 0);
+            accepted++;
+        } else {
+            assert_int_equal(rc, KB_CLIENT_ESTATUS);
+            assert_non_null(strstr(kb_client_last_error(f->client), "shard"));
+            refused++;
+        }
+    }
+    assert_true(refused > 5 && accepted > 5);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_feature_records_round_trip, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_admission_keeps_rare_keys_out, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_eviction_lru_and_oldest, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_scan_pages_cover_every_row_once, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_read_only_and_shard_refusals, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
