@@ -43,7 +43,8 @@ void openblas_set_num_threads(int num_threads);
 #define KB_KNN_MAX_DIM 65536u
 #define KB_KNN_MAX_K 4096u
 #define KB_KNN_MAX_SPEC 256u
-#define KB_KNN_DEFAULT_EF 64u
+#define KB_KNN_DEFAULT_EF 256u
+#define KB_KNN_DEFAULT_EF_CONSTRUCTION 80u
 #define KB_KNN_DEFAULT_MIN_PENDING 256u
 #define KB_KNN_DEFAULT_FRACTION 0.05f
 /* FAISS's k-means warns below 39 training points per centroid; 256 centroids is an 8-bit PQ/SQ codebook. */
@@ -63,7 +64,8 @@ typedef struct {
     size_t count;  /* occupied slots */
 } knn_map_t;
 
-static size_t s_map_home(const knn_map_t *m, int64_t key) {
+static size_t s_map_home(const knn_map_t *m, int64_t key)
+{
     /* splitmix64's finalizer: row ids are often sequential, and must not cluster. */
     uint64_t z = (uint64_t)key + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -73,7 +75,8 @@ static size_t s_map_home(const knn_map_t *m, int64_t key) {
 }
 
 /* Slot holding key, or SIZE_MAX. */
-static size_t s_map_find(const knn_map_t *m, int64_t key) {
+static size_t s_map_find(const knn_map_t *m, int64_t key)
+{
     if (m->cap == 0) {
         return SIZE_MAX;
     }
@@ -88,7 +91,8 @@ static size_t s_map_find(const knn_map_t *m, int64_t key) {
     }
 }
 
-static bool s_map_get(const knn_map_t *m, int64_t key, int64_t *val) {
+static bool s_map_get(const knn_map_t *m, int64_t key, int64_t *val)
+{
     size_t i = s_map_find(m, key);
     if (i == SIZE_MAX) {
         return false;
@@ -102,7 +106,8 @@ static bool s_map_get(const knn_map_t *m, int64_t key, int64_t *val) {
 static void s_map_put(knn_map_t *m, int64_t key, int64_t val);
 
 /* Doubles the capacity (load factor stays <= 1/2, which keeps probe sequences short). */
-static void s_map_grow(knn_map_t *m) {
+static void s_map_grow(knn_map_t *m)
+{
     knn_map_t old = *m;
     m->cap = old.cap ? old.cap * 2 : 16;
     m->count = 0;
@@ -119,7 +124,8 @@ static void s_map_grow(knn_map_t *m) {
 }
 
 /* Inserts or overwrites key -> val. */
-static void s_map_put(knn_map_t *m, int64_t key, int64_t val) {
+static void s_map_put(knn_map_t *m, int64_t key, int64_t val)
+{
     if ((m->count + 1) * 2 > m->cap) {
         s_map_grow(m);
     }
@@ -137,7 +143,8 @@ static void s_map_put(knn_map_t *m, int64_t key, int64_t val) {
 
 /* Removes key; returns whether it was there. Later entries of the probe run are shifted back so that
  * lookups never need tombstones. */
-static bool s_map_del(knn_map_t *m, int64_t key) {
+static bool s_map_del(knn_map_t *m, int64_t key)
+{
     size_t i = s_map_find(m, key);
     if (i == SIZE_MAX) {
         return false;
@@ -164,7 +171,8 @@ static bool s_map_del(knn_map_t *m, int64_t key) {
 }
 
 /* Empties the map; a large table is freed rather than wiped so that a burst does not pin memory. */
-static void s_map_clear(knn_map_t *m) {
+static void s_map_clear(knn_map_t *m)
+{
     if (m->cap > 4096) {
         free(m->keys);
         free(m->vals);
@@ -177,7 +185,8 @@ static void s_map_clear(knn_map_t *m) {
     m->count = 0;
 }
 
-static void s_map_free(knn_map_t *m) {
+static void s_map_free(knn_map_t *m)
+{
     free(m->keys);
     free(m->vals);
     memset(m, 0, sizeof(*m));
@@ -197,6 +206,7 @@ struct kb_knn {
     uint64_t train_min;           /* vectors needed before training */
     uint32_t nprobe;              /* 0: not an IVF index (or leave FAISS's default) */
     uint32_t ef_search;
+    uint32_t ef_construction;
     uint32_t rebuild_min_pending;
     float rebuild_fraction;
     bool background;
@@ -239,7 +249,8 @@ struct kb_knn {
 static atomic_int s_omp_threads;   /* 0 until kb_knn_set_threads or the first kb_knn_new */
 static pthread_once_t s_threads_once = PTHREAD_ONCE_INIT;
 
-void kb_knn_set_threads(int omp_threads, int blas_threads) {
+void kb_knn_set_threads(int omp_threads, int blas_threads)
+{
     if (omp_threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         omp_threads = cores > 0 ? (int)cores : 1;
@@ -252,7 +263,8 @@ void kb_knn_set_threads(int omp_threads, int blas_threads) {
     LOG_DEBUG("kb_knn: %d OpenMP threads per calling thread, %d OpenBLAS threads", omp_threads, blas_threads);
 }
 
-static void s_threads_default(void) {
+static void s_threads_default(void)
+{
     if (atomic_load(&s_omp_threads) == 0) {
         kb_knn_set_threads(0, 0);
     }
@@ -260,7 +272,8 @@ static void s_threads_default(void) {
 
 /* OpenMP's thread count is per calling thread (a thread the server made with pthread_create starts from the
  * process default), so every entry point applies ours before FAISS can start a parallel region. */
-static void s_apply_threads(void) {
+static void s_apply_threads(void)
+{
     int n = atomic_load(&s_omp_threads);
     if (n > 0 && omp_get_max_threads() != n) {
         omp_set_num_threads(n);
@@ -270,12 +283,30 @@ static void s_apply_threads(void) {
 /* ---------------------------------------------------------------------------------------------------- */
 /* Small helpers. */
 
-static const char *s_faiss_error(void) {
+static const char *s_faiss_error(void)
+{
     const char *e = faiss_get_last_error();
     return e ? e : "unknown FAISS error";
 }
 
-static bool s_finite(const float *v, size_t n) {
+/* The last FAISS error without the "Error in <function> at <file>.cpp:<line>: " that FAISS puts first:
+ * the rest names the problem, which is what a user who typed a spec needs to read. */
+static const char *s_faiss_message(void)
+{
+    const char *e = s_faiss_error();
+    const char *at = strstr(e, ".cpp:");
+    if (!at) {
+        return e;
+    }
+    at += 5;
+    while (*at >= '0' && *at <= '9') {
+        at++;
+    }
+    return strncmp(at, ": ", 2) == 0 ? at + 2 : e;
+}
+
+static bool s_finite(const float *v, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(v[i])) {
             return false;
@@ -285,7 +316,8 @@ static bool s_finite(const float *v, size_t n) {
 }
 
 /* Scales v to unit L2 norm; a zero vector is left as it is (it has no direction). */
-static void s_normalize(float *v, uint32_t dim) {
+static void s_normalize(float *v, uint32_t dim)
+{
     double ss = 0.0;
     for (uint32_t i = 0; i < dim; i++) {
         ss += (double)v[i] * v[i];
@@ -299,7 +331,8 @@ static void s_normalize(float *v, uint32_t dim) {
 }
 
 /* The score FAISS would give: inner product, or squared L2 distance. */
-static float s_score(const kb_knn_t *self, const float *a, const float *b) {
+static float s_score(const kb_knn_t *self, const float *a, const float *b)
+{
     float acc = 0.0f;
     if (self->faiss_metric == METRIC_L2) {
         for (uint32_t i = 0; i < self->dim; i++) {
@@ -326,14 +359,16 @@ typedef struct {
     bool higher;    /* higher scores are better */
 } knn_topk_t;
 
-static bool s_better(const knn_topk_t *t, float sa, int64_t ia, float sb, int64_t ib) {
+static bool s_better(const knn_topk_t *t, float sa, int64_t ia, float sb, int64_t ib)
+{
     if (sa != sb) {
         return t->higher ? sa > sb : sa < sb;
     }
     return ia < ib;
 }
 
-static void s_topk_swap(knn_topk_t *t, uint32_t a, uint32_t b) {
+static void s_topk_swap(knn_topk_t *t, uint32_t a, uint32_t b)
+{
     float s = t->scores[a];
     int64_t i = t->ids[a];
     t->scores[a] = t->scores[b];
@@ -343,7 +378,8 @@ static void s_topk_swap(knn_topk_t *t, uint32_t a, uint32_t b) {
 }
 
 /* Restores the heap below node i among the first n entries. */
-static void s_topk_down(knn_topk_t *t, uint32_t i, uint32_t n) {
+static void s_topk_down(knn_topk_t *t, uint32_t i, uint32_t n)
+{
     for (;;) {
         uint32_t l = 2 * i + 1, r = l + 1, worst = i;
         if (l < n && s_better(t, t->scores[worst], t->ids[worst], t->scores[l], t->ids[l])) {
@@ -360,7 +396,8 @@ static void s_topk_down(knn_topk_t *t, uint32_t i, uint32_t n) {
     }
 }
 
-static void s_topk_push(knn_topk_t *t, int64_t id, float score) {
+static void s_topk_push(knn_topk_t *t, int64_t id, float score)
+{
     if (t->n < t->k) {
         uint32_t i = t->n++;
         t->scores[i] = score;
@@ -381,7 +418,8 @@ static void s_topk_push(knn_topk_t *t, int64_t id, float score) {
 }
 
 /* Sorts the kept entries best first and pads the row to k with id -1 and the worst possible score. */
-static void s_topk_finish(knn_topk_t *t) {
+static void s_topk_finish(knn_topk_t *t)
+{
     for (uint32_t n = t->n; n > 1; n--) {
         s_topk_swap(t, 0, n - 1); /* the worst goes to the back */
         s_topk_down(t, 0, n - 1);
@@ -396,7 +434,8 @@ static void s_topk_finish(knn_topk_t *t) {
 /* The copy. */
 
 /* Inserts or replaces id's vector (already normalized for cosine). */
-static void s_copy_put(kb_knn_t *self, int64_t id, const float *vec) {
+static void s_copy_put(kb_knn_t *self, int64_t id, const float *vec)
+{
     int64_t slot;
     if (!s_map_get(&self->slot, id, &slot)) {
         if (self->count == self->cap) {
@@ -412,7 +451,8 @@ static void s_copy_put(kb_knn_t *self, int64_t id, const float *vec) {
 }
 
 /* Removes id; returns whether it was there. The last slot moves into the hole to keep the arrays dense. */
-static bool s_copy_del(kb_knn_t *self, int64_t id) {
+static bool s_copy_del(kb_knn_t *self, int64_t id)
+{
     int64_t slot;
     if (!s_map_get(&self->slot, id, &slot)) {
         return false;
@@ -428,7 +468,8 @@ static bool s_copy_del(kb_knn_t *self, int64_t id) {
     return true;
 }
 
-static const float *s_copy_vec(const kb_knn_t *self, int64_t id) {
+static const float *s_copy_vec(const kb_knn_t *self, int64_t id)
+{
     int64_t slot;
     if (!s_map_get(&self->slot, id, &slot)) {
         return NULL;
@@ -441,17 +482,15 @@ static const float *s_copy_vec(const kb_knn_t *self, int64_t id) {
 
 /* Creates an empty index of self's spec, with search parameters set and ids of our own (IndexIDMap
  * around kinds that cannot take ids, e.g. Flat and HNSW; IVF stores ids itself). err may be NULL. */
-static int s_index_create(const kb_knn_t *self, FaissIndex **out, uint32_t *nlist_out, char *err, size_t errlen) {
+static int s_index_create(const kb_knn_t *self, FaissIndex **out, uint32_t *nlist_out, char *err, size_t errlen)
+{
     FaissIndex *base = NULL;
     FaissParameterSpace *ps = NULL;
     int rc = 0;
     *out = NULL;
     if (faiss_index_factory(&base, (int)self->dim, self->spec, self->faiss_metric) != 0) {
         if (err) {
-            /* FAISS's text begins with its source location; keep the message, which names the problem. */
-            const char *e = s_faiss_error();
-            const char *msg = strstr(e, "): ");
-            snprintf(err, errlen, "bad index spec '%s': %s", self->spec, msg ? msg + 3 : e);
+            snprintf(err, errlen, "bad index spec '%s': %s", self->spec, s_faiss_message());
         }
         rc = -EINVAL;
         goto cleanup;
@@ -474,6 +513,7 @@ static int s_index_create(const kb_knn_t *self, FaissIndex **out, uint32_t *nlis
         (void)faiss_ParameterSpace_set_index_parameter(ps, base, "nprobe", (double)nprobe);
     }
     (void)faiss_ParameterSpace_set_index_parameter(ps, base, "efSearch", (double)self->ef_search);
+    (void)faiss_ParameterSpace_set_index_parameter(ps, base, "efConstruction", (double)self->ef_construction);
 
     if (ivf || faiss_IndexIDMap_cast(base)) {
         *out = base;
@@ -501,7 +541,8 @@ cleanup:
 }
 
 /* Removes ids from index (one scan whatever n is). */
-static int s_index_remove(FaissIndex *index, size_t n, const int64_t *ids) {
+static int s_index_remove(FaissIndex *index, size_t n, const int64_t *ids)
+{
     FaissIDSelectorBatch *sel = NULL;
     if (n == 0 || faiss_Index_ntotal(index) == 0) {
         return 0;
@@ -519,7 +560,8 @@ static int s_index_remove(FaissIndex *index, size_t n, const int64_t *ids) {
 /* Builds. */
 
 /* Whether the worker should build now. Caller holds lock. */
-static bool s_needs_build_locked(const kb_knn_t *self) {
+static bool s_needs_build_locked(const kb_knn_t *self)
+{
     if (self->building) {
         return false;
     }
@@ -536,7 +578,8 @@ static bool s_needs_build_locked(const kb_knn_t *self) {
     return false;
 }
 
-static void s_wake_worker(kb_knn_t *self) {
+static void s_wake_worker(kb_knn_t *self)
+{
     if (!self->background) {
         return;
     }
@@ -547,7 +590,8 @@ static void s_wake_worker(kb_knn_t *self) {
 }
 
 /* Gathers the copy's vectors of ids[0..n) into a new array (NULL when n == 0). Caller holds lock. */
-static float *s_gather(const kb_knn_t *self, size_t n, const int64_t *ids) {
+static float *s_gather(const kb_knn_t *self, size_t n, const int64_t *ids)
+{
     if (n == 0) {
         return NULL;
     }
@@ -561,7 +605,8 @@ static float *s_gather(const kb_knn_t *self, size_t n, const int64_t *ids) {
 
 /* Replays the changes made during a build onto the new index and computes its pending set. Caller holds
  * lock exclusively. On failure the new index must be discarded. */
-static int s_replay_locked(kb_knn_t *self, FaissIndex *fresh, knn_map_t *pending) {
+static int s_replay_locked(kb_knn_t *self, FaissIndex *fresh, knn_map_t *pending)
+{
     size_t nc = self->changed.count;
     int64_t *del = carls_xmalloc((nc + 1) * sizeof(int64_t));
     int64_t *add = carls_xmalloc((nc + 1) * sizeof(int64_t));
@@ -607,7 +652,8 @@ cleanup:
 /* Builds a new index from a snapshot of the copy and swaps it in. force: build even when not due.
  * Returns 0 (also when nothing was due), -EAGAIN (trainable, too few vectors), -EIO (FAISS failed; the old
  * index stays). */
-static int s_build(kb_knn_t *self, bool force) {
+static int s_build(kb_knn_t *self, bool force)
+{
     int64_t *snap_ids = NULL;
     float *snap_vecs = NULL;
     size_t n = 0;
@@ -697,7 +743,8 @@ cleanup:
     return rc;
 }
 
-static void *s_worker(void *arg) {
+static void *s_worker(void *arg)
+{
     kb_knn_t *self = arg;
     int64_t retry_at = 0; /* monotonic ms before which a failed build is not retried */
     for (;;) {
@@ -741,7 +788,8 @@ static void *s_worker(void *arg) {
 /* ---------------------------------------------------------------------------------------------------- */
 /* Public API. */
 
-void kb_knn_config_default(kb_knn_config_t *cfg) {
+void kb_knn_config_default(kb_knn_config_t *cfg)
+{
     assert(cfg);
     memset(cfg, 0, sizeof(*cfg));
     cfg->spec = "Flat";
@@ -749,7 +797,8 @@ void kb_knn_config_default(kb_knn_config_t *cfg) {
     cfg->background = true;
 }
 
-int kb_knn_metric_parse(const char *name, kb_knn_metric_t *out) {
+int kb_knn_metric_parse(const char *name, kb_knn_metric_t *out)
+{
     if (!name) {
         return -EINVAL;
     }
@@ -765,7 +814,8 @@ int kb_knn_metric_parse(const char *name, kb_knn_metric_t *out) {
     return 0;
 }
 
-const char *kb_knn_metric_name(kb_knn_metric_t metric) {
+const char *kb_knn_metric_name(kb_knn_metric_t metric)
+{
     switch (metric) {
     case KB_KNN_METRIC_IP:
         return "ip";
@@ -777,7 +827,8 @@ const char *kb_knn_metric_name(kb_knn_metric_t metric) {
     return "?";
 }
 
-int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t errlen) {
+int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t errlen)
+{
     kb_knn_t *self = NULL;
     FaissIndex *probe = NULL;
     char local_err[256] = "";
@@ -820,6 +871,7 @@ int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t err
     self->dim = cfg->dim;
     self->nprobe = cfg->nprobe;
     self->ef_search = cfg->ef_search ? cfg->ef_search : KB_KNN_DEFAULT_EF;
+    self->ef_construction = cfg->ef_construction ? cfg->ef_construction : KB_KNN_DEFAULT_EF_CONSTRUCTION;
     self->rebuild_min_pending = cfg->rebuild_min_pending ? cfg->rebuild_min_pending : KB_KNN_DEFAULT_MIN_PENDING;
     self->rebuild_fraction = cfg->rebuild_fraction > 0.0f ? cfg->rebuild_fraction : KB_KNN_DEFAULT_FRACTION;
     self->background = cfg->background;
@@ -882,7 +934,8 @@ cleanup:
     return rc;
 }
 
-void kb_knn_destroy(kb_knn_t **self_p) {
+void kb_knn_destroy(kb_knn_t **self_p)
+{
     if (!self_p || !*self_p) {
         return;
     }
@@ -912,7 +965,8 @@ void kb_knn_destroy(kb_knn_t **self_p) {
 
 /* Applies a batch of upserts (vecs != NULL, already validated and normalized) or removes (vecs == NULL) to
  * the copy and then to the index. Caller holds lock exclusively. */
-static int s_apply_locked(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs, size_t *removed) {
+static int s_apply_locked(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs, size_t *removed)
+{
     /* id -> bit 0: was in the copy before this batch, bit 1: was in the index before this batch. */
     knn_map_t touched = {0};
     int64_t *del = NULL, *add = NULL;
@@ -991,7 +1045,8 @@ cleanup:
     return rc;
 }
 
-int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs) {
+int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs)
+{
     assert(self);
     if (n == 0) {
         return 0;
@@ -1029,11 +1084,13 @@ int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const floa
     return rc;
 }
 
-int kb_knn_upsert(kb_knn_t *self, int64_t id, const float *vec) {
+int kb_knn_upsert(kb_knn_t *self, int64_t id, const float *vec)
+{
     return kb_knn_upsert_batch(self, 1, &id, vec);
 }
 
-int kb_knn_remove_batch(kb_knn_t *self, size_t n, const int64_t *ids, size_t *removed) {
+int kb_knn_remove_batch(kb_knn_t *self, size_t n, const int64_t *ids, size_t *removed)
+{
     assert(self);
     if (removed) {
         *removed = 0;
@@ -1055,7 +1112,8 @@ int kb_knn_remove_batch(kb_knn_t *self, size_t n, const int64_t *ids, size_t *re
     return rc;
 }
 
-int kb_knn_remove(kb_knn_t *self, int64_t id) {
+int kb_knn_remove(kb_knn_t *self, int64_t id)
+{
     size_t removed = 0;
     int rc = kb_knn_remove_batch(self, 1, &id, &removed);
     if (rc == 0 && removed == 0) {
@@ -1065,7 +1123,8 @@ int kb_knn_remove(kb_knn_t *self, int64_t id) {
 }
 
 /* Exact search of the whole copy for one query. Caller holds lock (shared). */
-static void s_search_copy(const kb_knn_t *self, const float *q, int64_t exclude, knn_topk_t *t) {
+static void s_search_copy(const kb_knn_t *self, const float *q, int64_t exclude, knn_topk_t *t)
+{
     for (size_t i = 0; i < self->count; i++) {
         if (self->ids[i] == exclude) {
             continue;
@@ -1076,7 +1135,8 @@ static void s_search_copy(const kb_knn_t *self, const float *q, int64_t exclude,
 
 /* Exact search of the pending ids still in the copy (their current values) for one query. Caller holds
  * lock (shared). */
-static void s_search_pending(const kb_knn_t *self, const float *q, int64_t exclude, knn_topk_t *t) {
+static void s_search_pending(const kb_knn_t *self, const float *q, int64_t exclude, knn_topk_t *t)
+{
     for (size_t s = 0; s < self->pending.cap; s++) {
         int64_t id = self->pending.keys[s];
         if (id == -1 || id == exclude) {
@@ -1092,7 +1152,8 @@ static void s_search_pending(const kb_knn_t *self, const float *q, int64_t exclu
 /* Pushes FAISS's answer for one query (kk entries) into t, skipping -1, the excluded id and stale ids.
  * Returns how many were taken. */
 static uint32_t s_take_faiss(const kb_knn_t *self, const idx_t *labels, const float *dist, size_t kk,
-                             int64_t exclude, knn_topk_t *t) {
+                             int64_t exclude, knn_topk_t *t)
+{
     uint32_t taken = 0;
     for (size_t j = 0; j < kk; j++) {
         int64_t id = labels[j];
@@ -1110,7 +1171,8 @@ static uint32_t s_take_faiss(const kb_knn_t *self, const idx_t *labels, const fl
 
 /* Searches the index for queries (nq, already normalized). Caller holds lock (shared). */
 static int s_search_index(const kb_knn_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
-                          int64_t *out_ids, float *out_scores) {
+                          int64_t *out_ids, float *out_scores)
+{
     size_t ntotal = (size_t)faiss_Index_ntotal(self->index);
     size_t npend = self->removable ? 0 : self->pending.count;
     size_t nexcl = exclude ? 1 : 0;
@@ -1179,7 +1241,8 @@ cleanup:
 }
 
 int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
-                  int64_t *out_ids, float *out_scores) {
+                  int64_t *out_ids, float *out_scores)
+{
     assert(self);
     if (nq == 0) {
         return 0;
@@ -1218,12 +1281,14 @@ int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, c
     return rc;
 }
 
-int kb_knn_rebuild(kb_knn_t *self) {
+int kb_knn_rebuild(kb_knn_t *self)
+{
     assert(self);
     return s_build(self, true);
 }
 
-void kb_knn_get_stats(kb_knn_t *self, kb_knn_stats_t *out) {
+void kb_knn_get_stats(kb_knn_t *self, kb_knn_stats_t *out)
+{
     assert(self && out);
     memset(out, 0, sizeof(*out));
     pthread_rwlock_rdlock(&self->lock);
@@ -1240,12 +1305,14 @@ void kb_knn_get_stats(kb_knn_t *self, kb_knn_stats_t *out) {
     pthread_rwlock_unlock(&self->lock);
 }
 
-uint32_t kb_knn_dim(const kb_knn_t *self) {
+uint32_t kb_knn_dim(const kb_knn_t *self)
+{
     assert(self);
     return self->dim;
 }
 
-kb_knn_metric_t kb_knn_metric(const kb_knn_t *self) {
+kb_knn_metric_t kb_knn_metric(const kb_knn_t *self)
+{
     assert(self);
     return self->metric;
 }

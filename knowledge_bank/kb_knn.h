@@ -32,6 +32,15 @@
  *   product of L2-normalized vectors (stored vectors and queries are normalized here; a zero vector stays
  *   zero), higher is better. Answers are best first.
  *
+ * Recall
+ *   Defaults aim at recall@10 >= 0.9 out of the box. Measured on 5000 clustered vectors of dim 32
+ *   (tests/kb/test_kb_knn.c): IVF64,Flat with nprobe 8: 0.99 (l2), 0.98 (ip). HNSW32 with efSearch 256 and
+ *   efConstruction 80: 0.99 for l2 and cosine on isotropic Gaussian clusters, the hard case for graphs
+ *   (FAISS's defaults, efSearch 16 / efConstruction 40, gave 0.64 / 0.51 there; efConstruction 40 with
+ *   efSearch 256 gave 0.92-0.98 for cosine, varying run to run as the parallel build is not
+ *   deterministic), and 0.99 on embedding-like data of low intrinsic dimension. A search costs roughly
+ *   in proportion to efSearch, a build to efConstruction; lower them where the data allows.
+ *
  * Threads
  *   One reader-writer lock per index: searches share it, updates take it exclusively (FAISS indexes are not
  *   safe for an add concurrent with a search). The slow part of a build (training, adding every vector)
@@ -66,7 +75,8 @@ typedef struct {
     kb_knn_metric_t metric;    /* see above */
     uint32_t dim;              /* vector length, 1..65536 */
     uint32_t nprobe;           /* IVF: inverted lists visited per query; 0 = ceil(nlist / 8) */
-    uint32_t ef_search;        /* HNSW: search beam width (efSearch); 0 = 64. FAISS widens it to k when k > it */
+    uint32_t ef_search;        /* HNSW: search beam width (efSearch); 0 = 256 (see "Recall") */
+    uint32_t ef_construction;  /* HNSW: beam width while inserting (efConstruction); 0 = 80 (FAISS: 40) */
     uint64_t train_min;        /* trainable indexes: vectors needed before training; 0 = default (above) */
     uint32_t rebuild_min_pending; /* HNSW: pending changes before a rebuild, at least; 0 = 256 */
     float rebuild_fraction;    /* HNSW: ... and at least this fraction of the count; 0 = 0.05 */
