@@ -42,7 +42,7 @@ typedef struct {
     const char *ckpt_dir;          /* checkpoints (and metrics.csv unless --metrics) */
     const char *metrics;           /* CSV path, NULL: <ckpt_dir>/metrics.csv */
     const char *device;            /* auto | cpu | cuda */
-    int threads;                   /* OpenBLAS threads, 0: one per online CPU */
+    int threads;                   /* OpenBLAS threads, 0: TRAINER_DEFAULT_THREADS */
     int eval_every;                /* evaluate (and checkpoint) every this many epochs, and after the last */
     int keep;                      /* checkpoints kept in ckpt_dir */
 } s_opts_t;
@@ -70,7 +70,7 @@ static void s_usage(FILE *out)
             "  --keep N                 checkpoints kept (default 3)\n"
             "  --metrics FILE           metrics CSV (default DIR/metrics.csv)\n"
             "  --device auto|cpu|cuda   (default auto: a GPU when there is one)\n"
-            "  --threads N              OpenBLAS threads (default: one per CPU)\n"
+            "  --threads N              OpenBLAS threads (default 1, see docs/BENCHMARKS.md)\n"
             "  --log-level LEVEL        debug|info|warn|error\n",
             CARLS_FMNIST_DIR);
 }

@@ -63,11 +63,7 @@ int trainer_parse_float(const char *name, const char *text, double lo, double hi
 
 int trainer_setup_threads(int requested)
 {
-    int n = requested;
-    if (n <= 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cpus > 0 ? (int)cpus : 1;
-    }
+    int n = requested > 0 ? requested : TRAINER_DEFAULT_THREADS;
     int got = nn_cpu_set_threads(n);
     LOG_INFO("OpenBLAS threads: %d", got);
     return got;
