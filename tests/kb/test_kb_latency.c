@@ -1,0 +1,240 @@
+/* Unit tests for kb_latency: quantile estimates of known distributions stay within the documented bucket
+ * error (an estimate is the upper edge of a bucket 2^(1/4) wide: at least the true value, less than ~19%
+ * above it), an empty histogram answers 0, the maximum is exact, and concurrent recording loses nothing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_latency.h"
+
+/* 2^(1/4): the documented bucket ratio. */
+static const double s_ratio = 1.189207115002721;
+
+static uint64_t s_rand(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static int s_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of sorted values as "the smallest value with at least q of the samples at or below it". */
+static uint64_t s_true_quantile(const uint64_t *sorted, size_t n, double q)
+{
+    size_t rank = (size_t)ceil(q * (double)n);
+    if (rank == 0)
+        rank = 1;
+    return sorted[rank - 1];
+}
+
+/* estimate within [truth, truth * 2^(1/4)], with a hair of slack for the floating-point edge. */
+static void s_assert_close(double estimate, uint64_t truth, double q)
+{
+    double lo = (double)truth * (1.0 - 1e-9);
+    double hi = (double)truth * s_ratio * (1.0 + 1e-9);
+    if (!(estimate >= lo && estimate <= hi))
+        fail_msg("q=%g: estimate %.3f not within [%llu, %.3f]", q, estimate, (unsigned long long)truth, hi);
+}
+
+static void s_check_distribution(uint64_t *values, size_t n)
+{
+    kb_latency_t h;
+    kb_latency_init(&h);
+    uint64_t max = 0;
+    for (size_t i = 0; i < n; i++) {
+        kb_latency_record(&h, values[i]);
+        if (values[i] > max)
+            max = values[i];
+    }
+    assert_int_equal(kb_latency_count(&h), n);
+    assert_int_equal(kb_latency_max(&h), max);
+    qsort(values, n, sizeof *values, s_cmp_u64);
+    static const double qs[] = {1e-9, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0};
+    double prev = 0.0;
+    for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+        double e = kb_latency_quantile(&h, qs[i]);
+        s_assert_close(e, s_true_quantile(values, n, qs[i]), qs[i]);
+        assert_true(e >= prev); /* quantiles do not decrease with q */
+        prev = e;
+    }
+}
+
+static void test_empty(void **st)
+{
+    (void)st;
+    kb_latency_t h;
+    kb_latency_init(&h);
+    assert_int_equal(kb_latency_count(&h), 0);
+    assert_int_equal(kb_latency_max(&h), 0);
+    assert_true(kb_latency_quantile(&h, 0.5) == 0.0);
+    assert_true(kb_latency_quantile(&h, 0.99) == 0.0);
+    assert_true(kb_latency_quantile(&h, 1.0) == 0.0);
+}
+
+static void test_single_values(void **st)
+{
+    (void)st;
+    /* Powers of two sit on bucket edges, the others inside buckets. */
+    static const uint64_t samples[] = {1, 2, 3, 5, 7, 8, 100, 1000, 1024, 4097, 65535, 1000000, 123456789};
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        kb_latency_t h;
+        kb_latency_init(&h);
+        kb_latency_record(&h, samples[i]);
+        assert_int_equal(kb_latency_count(&h), 1);
+        assert_int_equal(kb_latency_max(&h), samples[i]);
+        s_assert_close(kb_latency_quantile(&h, 0.5), samples[i], 0.5);
+        s_assert_close(kb_latency_quantile(&h, 1.0), samples[i], 1.0);
+    }
+    /* Below the 1 µs resolution: answered as at most 1 µs. */
+    kb_latency_t h;
+    kb_latency_init(&h);
+    kb_latency_record(&h, 0);
+    assert_true(kb_latency_quantile(&h, 0.5) <= 1.0);
+    assert_int_equal(kb_latency_count(&h), 1);
+    assert_int_equal(kb_latency_max(&h), 0);
+}
+
+/* Every value 1..100000 once. */
+static void test_uniform(void **st)
+{
+    (void)st;
+    enum { N = 100000 };
+    uint64_t *v = malloc(N * sizeof *v);
+    assert_non_null(v);
+    for (size_t i = 0; i < N; i++)
+        v[i] = N - i; /* recorded in descending order */
+    s_check_distribution(v, N);
+    free(v);
+}
+
+/* Log-uniform between 1 µs and ~17 minutes: every bucket range is exercised. */
+static void test_log_uniform(void **st)
+{
+    (void)st;
+    enum { N = 200000 };
+    uint64_t *v = malloc(N * sizeof *v);
+    assert_non_null(v);
+    uint64_t rng = 42;
+    for (size_t i = 0; i < N; i++) {
+        double u = (double)(s_rand(&rng) >> 11) / 9007199254740992.0; /* [0, 1) */
+        v[i] = (uint64_t)exp2(u * 30.0);
+        if (v[i] == 0)
+            v[i] = 1;
+    }
+    s_check_distribution(v, N);
+    free(v);
+}
+
+/* A latency-like mixture: most requests fast, a long tail of slow ones; checks the tail quantiles. */
+static void test_bimodal(void **st)
+{
+    (void)st;
+    enum { N = 100000 };
+    uint64_t *v = malloc(N * sizeof *v);
+    assert_non_null(v);
+    uint64_t rng = 7;
+    for (size_t i = 0; i < N; i++)
+        v[i] = (i % 100 < 97) ? 200 + s_rand(&rng) % 100 : 50000 + s_rand(&rng) % 50000;
+    s_check_distribution(v, N);
+    free(v);
+}
+
+/* The maximum is exact, not bucketed, and never goes down. */
+static void test_max_exact(void **st)
+{
+    (void)st;
+    kb_latency_t h;
+    kb_latency_init(&h);
+    uint64_t rng = 3, max = 0;
+    for (int i = 0; i < 10000; i++) {
+        uint64_t us = s_rand(&rng) % 10000000;
+        kb_latency_record(&h, us);
+        if (us > max)
+            max = us;
+        assert_int_equal(kb_latency_max(&h), max);
+    }
+    kb_latency_record(&h, 1);
+    assert_int_equal(kb_latency_max(&h), max);
+    /* Far beyond the top bucket (hours): still recorded and the maximum stays exact. */
+    uint64_t huge = 10ULL * 3600 * 1000000;
+    kb_latency_record(&h, huge);
+    assert_int_equal(kb_latency_max(&h), huge);
+    assert_int_equal(kb_latency_count(&h), 10002);
+}
+
+/* Recording from several threads at once loses no sample and keeps the true maximum. */
+typedef struct {
+    kb_latency_t *h;
+    uint64_t seed, max;
+} s_worker_t;
+
+enum { THREADS = 4, PER_THREAD = 200000 };
+
+static void *s_worker(void *arg)
+{
+    s_worker_t *w = arg;
+    uint64_t rng = w->seed;
+    for (int i = 0; i < PER_THREAD; i++) {
+        uint64_t us = 1 + s_rand(&rng) % 5000;
+        if (i == PER_THREAD / 2)
+            us = 1000000 + w->seed; /* one distinct spike per thread */
+        if (us > w->max)
+            w->max = us;
+        kb_latency_record(w->h, us);
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **st)
+{
+    (void)st;
+    kb_latency_t h;
+    kb_latency_init(&h);
+    pthread_t th[THREADS];
+    s_worker_t w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (s_worker_t){.h = &h, .seed = (uint64_t)i + 1, .max = 0};
+        assert_int_equal(pthread_create(&th[i], NULL, s_worker, &w[i]), 0);
+    }
+    uint64_t max = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].max > max)
+            max = w[i].max;
+    }
+    assert_int_equal(kb_latency_count(&h), (uint64_t)THREADS * PER_THREAD);
+    assert_int_equal(kb_latency_max(&h), max);
+    /* The median of values uniform in 1..5000 is about 2500. */
+    double med = kb_latency_quantile(&h, 0.5);
+    assert_true(med >= 2400.0 && med <= 2600.0 * s_ratio);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_single_values),
+        cmocka_unit_test(test_uniform),
+        cmocka_unit_test(test_log_uniform),
+        cmocka_unit_test(test_bimodal),
+        cmocka_unit_test(test_max_exact),
+        cmocka_unit_test(test_concurrent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
