@@ -1,5 +1,6 @@
 #include "kb_server.h"
 
+#include "kb_auth.h"
 #include "log.h"
 #include "util.h"
 
@@ -23,6 +24,7 @@ struct kb_server {
     uint32_t worker_count;
     atomic_int stop_workers;
     atomic_int workers_alive;
+    kb_auth_t *auth; /* CURVE only */
 };
 
 /* Receives the rest of a multi-part message and discards it. */
@@ -111,10 +113,25 @@ kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opt
     zmq_setsockopt(self->frontend, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(self->frontend, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(self->frontend, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (opts->curve_secret_file) {
+        kb_auth_keypair_t pair;
+        kb_auth_allow_t *allow = NULL;
+        if (!opts->curve_allow_path) {
+            snprintf(err, errlen, "CURVE needs an allow-list of client keys as well as the secret key");
+            goto fail;
+        }
+        if (kb_auth_load_secret(opts->curve_secret_file, &pair, err, errlen) != 0 ||
+            kb_auth_allow_load(opts->curve_allow_path, &allow, err, errlen) != 0)
+            goto fail;
+        size_t allowed = kb_auth_allow_count(allow);
+        self->auth = kb_auth_new(self->ctx, &allow, err, errlen);
+        if (!self->auth || kb_auth_setup_server(self->frontend, &pair, self->auth, err, errlen) != 0)
+            goto fail;
+        LOG_INFO("CURVE on: %zu allowed client keys from %s", allowed, opts->curve_allow_path);
+    }
     if (zmq_bind(self->frontend, opts->endpoint) != 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", opts->endpoint, zmq_strerror(errno));
-        kb_server_destroy(&self);
-        return NULL;
+        goto fail;
     }
     size_t len = sizeof self->endpoint;
     zmq_getsockopt(self->frontend, ZMQ_LAST_ENDPOINT, self->endpoint, &len);
@@ -133,6 +150,15 @@ kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opt
         self->worker_count++;
     }
     return self;
+fail:
+    kb_server_destroy(&self);
+    return NULL;
+}
+
+void kb_server_auth_counts(const kb_server_t *self, uint64_t *allowed, uint64_t *denied)
+{
+    *allowed = self->auth ? kb_auth_allowed(self->auth) : 0;
+    *denied = self->auth ? kb_auth_denied(self->auth) : 0;
 }
 
 const char *kb_server_endpoint(const kb_server_t *self) { return self->endpoint; }
@@ -198,6 +224,7 @@ void kb_server_destroy(kb_server_t **self_p)
         zmq_close(self->frontend);
     if (self->backend)
         zmq_close(self->backend);
+    kb_auth_destroy(&self->auth);
     zmq_ctx_term(self->ctx);
     free(self);
     *self_p = NULL;

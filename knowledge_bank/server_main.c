@@ -48,6 +48,9 @@ static void s_usage(FILE *out)
             "  --max-keys-per-request N   most keys in one request (default %u)\n"
             "  --commit-timeout-ms N      sync mode: answer INTERNAL if a commit takes longer (default 30000)\n"
             "  --endpoint-file FILE       write the bound endpoint to FILE once listening\n"
+            "  --curve-secret FILE        encrypt with CURVE using this server key (from kb-keygen) ...\n"
+            "  --curve-allow PATH         ... and admit only these client public keys (a directory of\n"
+            "                             *.pub files, or a file with one key per line); docs/SECURITY.md\n"
             "  --log-level LEVEL          debug, info, warn, error (default info; or CARLS_LOG_LEVEL)\n"
             "  -h, --help                 this help\n"
             "\n"
@@ -93,12 +96,13 @@ int main(int argc, char **argv)
     const char *data_dir = "./kb-data";
     const char *durability = "sync";
     const char *endpoint_file = NULL;
+    const char *curve_secret = NULL, *curve_allow = NULL;
     uint32_t threads = 2;
     kb_limits_t limits;
     kb_limits_defaults(&limits);
 
     enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
-           O_SHARD };
+           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW };
     static const struct option options[] = {
         {"listen", required_argument, NULL, O_LISTEN},
         {"data", required_argument, NULL, O_DATA},
@@ -106,6 +110,8 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, O_THREADS},
         {"read-only", no_argument, NULL, O_RO},
         {"shard", required_argument, NULL, O_SHARD},
+        {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
+        {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"max-message-bytes", required_argument, NULL, O_MSG},
         {"max-key-bytes", required_argument, NULL, O_KEY},
         {"max-dim", required_argument, NULL, O_DIM},
@@ -141,6 +147,8 @@ int main(int argc, char **argv)
         case O_KEYS: limits.max_keys_per_request = s_parse_u32("--max-keys-per-request", optarg, 1); break;
         case O_COMMIT: limits.commit_timeout_ms = (int)s_parse_u32("--commit-timeout-ms", optarg, 1); break;
         case O_EPFILE: endpoint_file = optarg; break;
+        case O_CURVE_SECRET: curve_secret = optarg; break;
+        case O_CURVE_ALLOW: curve_allow = optarg; break;
         case O_LOG: {
             carls_log_level_t level;
             if (carls_log_parse_level(optarg, &level) != 0) {
@@ -157,6 +165,10 @@ int main(int argc, char **argv)
     if (optind < argc) {
         fprintf(stderr, "kb-server: unexpected argument '%s'\n", argv[optind]);
         s_usage(stderr);
+        return 2;
+    }
+    if (!curve_secret != !curve_allow) {
+        fprintf(stderr, "kb-server: --curve-secret and --curve-allow go together\n");
         return 2;
     }
     if (threads > 256) {
@@ -190,7 +202,12 @@ int main(int argc, char **argv)
     }
     kb_service_t *service = kb_service_new(bank, &limits, threads, durability);
     kb_server_options_t server_opts = {
-        .endpoint = listen, .threads = threads, .max_message_bytes = limits.max_message_bytes};
+        .endpoint = listen,
+        .threads = threads,
+        .max_message_bytes = limits.max_message_bytes,
+        .curve_secret_file = curve_secret,
+        .curve_allow_path = curve_allow,
+    };
     kb_server_t *server = kb_server_new(service, &server_opts, err, sizeof err);
     int rc = 0;
     if (!server) {

@@ -1,5 +1,9 @@
 #include "raw_client.h"
 
+#include "kb_auth.h"
+
+#include <stdio.h>
+
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -10,6 +14,24 @@ int raw_open(raw_client_t *rc, const char *endpoint)
     rc->socket = zmq_socket(rc->ctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(rc->socket, ZMQ_LINGER, &linger, sizeof linger);
+    return zmq_connect(rc->socket, endpoint);
+}
+
+int raw_open_curve(raw_client_t *rc, const char *endpoint, const char *client_key_file, const char *server_pub_file)
+{
+    kb_auth_keypair_t pair;
+    kb_auth_key_t server;
+    char err[256];
+    rc->ctx = zmq_ctx_new();
+    rc->socket = zmq_socket(rc->ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(rc->socket, ZMQ_LINGER, &linger, sizeof linger);
+    if (kb_auth_load_secret(client_key_file, &pair, err, sizeof err) != 0 ||
+        kb_auth_load_public(server_pub_file, &server, err, sizeof err) != 0 ||
+        kb_auth_setup_client(rc->socket, &pair, &server, err, sizeof err) != 0) {
+        fprintf(stderr, "raw_open_curve: %s\n", err);
+        return -1;
+    }
     return zmq_connect(rc->socket, endpoint);
 }
 

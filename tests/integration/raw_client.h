@@ -14,6 +14,8 @@ typedef struct {
 } raw_client_t;
 
 int raw_open(raw_client_t *rc, const char *endpoint);
+/* raw_open with CURVE: client key pair file (kb-keygen's NAME.key) and the server's public key file. */
+int raw_open_curve(raw_client_t *rc, const char *endpoint, const char *client_key_file, const char *server_pub_file);
 void raw_close(raw_client_t *rc);
 
 /* Sends one frame. 0 on success. */

@@ -90,12 +90,22 @@ int test_server_stop(test_server_t *srv, int sig)
     return -1;
 }
 
-void test_server_cleanup(test_server_t *srv)
+int test_server_cleanup(test_server_t *srv)
 {
-    if (srv->pid > 0)
-        test_server_stop(srv, SIGKILL);
+    int status = 0;
+    if (srv->pid > 0) {
+        status = test_server_stop(srv, SIGTERM);
+        if (status != 0) {
+            fprintf(stderr, "kb-server exited with status %d on SIGTERM; its log:\n", status);
+            char cmd[400];
+            snprintf(cmd, sizeof cmd, "tail -n 40 '%s' >&2", srv->log_file);
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no log)\n");
+        }
+    }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", srv->data_dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", srv->data_dir);
+    return status;
 }

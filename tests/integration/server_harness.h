@@ -23,7 +23,9 @@ int test_server_start(test_server_t *srv, const char *const *extra_args);
 /* Sends sig and waits for the process. Returns its exit status (or 128+signal). */
 int test_server_stop(test_server_t *srv, int sig);
 
-/* Stops the server if running and removes the data directory. */
-void test_server_cleanup(test_server_t *srv);
+/* Stops the server if running with SIGTERM (a clean shutdown: under the sanitizers LeakSanitizer checks the
+ * server then) and removes the data directory. Returns the server's exit status (0 when it was not
+ * running): tests fail on anything else, so a leak or an unclean shutdown fails them. */
+int test_server_cleanup(test_server_t *srv);
 
 #endif

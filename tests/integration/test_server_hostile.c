@@ -53,9 +53,9 @@ static int s_teardown(void **state)
     fixture_t *f = *state;
     raw_close(&f->raw);
     kb_client_destroy(&f->client);
-    test_server_cleanup(&f->srv);
+    int status = test_server_cleanup(&f->srv);
     free(f);
-    return 0;
+    return status == 0 ? 0 : -1;
 }
 
 /* The well-behaved client still gets right answers. */

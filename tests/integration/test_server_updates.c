@@ -46,9 +46,9 @@ static int s_teardown(void **state)
 {
     fixture_t *f = *state;
     kb_client_destroy(&f->client);
-    test_server_cleanup(&f->srv);
+    int status = test_server_cleanup(&f->srv);
     free(f);
-    return 0;
+    return status == 0 ? 0 : -1;
 }
 
 static void s_restart(fixture_t *f, int sig)
