@@ -75,6 +75,7 @@ static void s_usage(FILE *out)
             CARLS_FMNIST_DIR);
 }
 
+/* Parses the options into *o. Returns 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     *o = (s_opts_t){
@@ -215,7 +216,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         }
         case O_HELP:
             s_usage(stdout);
-            exit(0);
+            return 1;
         default:
             s_usage(stderr);
             return -1;
@@ -283,8 +284,9 @@ static int s_checkpoint(nn_mlp_t *m, const s_opts_t *o, uint64_t step)
 int trainer_supervised_main(int argc, char **argv)
 {
     s_opts_t o;
-    if (s_parse(argc, argv, &o) != 0) {
-        return 2;
+    int parsed = s_parse(argc, argv, &o);
+    if (parsed != 0) {
+        return parsed > 0 ? 0 : 2;
     }
     nn_device_t device;
     if (trainer_setup_device(o.device, &device) != 0) {

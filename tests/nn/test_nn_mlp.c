@@ -193,6 +193,55 @@ static void test_mlp_checkpoint_round_trip(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* An encoder without a classifier (what a contrastive or graph-only trainer uses): its gradient comes only
+ * from d_embedding, and it saves and loads as NN_MLP_KIND_ENCODER. */
+static void test_mlp_encoder_only(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 4, .n_hidden = 2, .hidden = {6, 3}, .num_classes = 0};
+    nn_mlp_t *m = NULL, *back = NULL;
+    char err[256];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 4, 3, &m, err, sizeof err), 0);
+    assert_int_equal(m->n_layers, 2);
+    const int B = 4, E = 3;
+    uint64_t rng = 31;
+    float x[4 * 4];
+    t_fill_uniform(x, B * 4, -1, 1, &rng);
+    nn_mlp_set_batch(m, x, NULL, B);
+    mlp_ctx_t c = {.m = m, .B = B, .E = E};
+    c.params = malloc(sizeof(float) * m->num_params);
+    c.r = malloc(sizeof(float) * (size_t)(B * E));
+    c.emb = malloc(sizeof(float) * (size_t)(B * E));
+    nn_mlp_get_params(m, c.params);
+    t_fill_uniform(c.r, B * E, -1, 1, &rng);
+    assert_float_equal(nn_mlp_forward(m, B, true, 1234), 0.0f, 0.0); /* no classifier: no cross-entropy */
+    s_mlp_loss(&c);
+    nn_mlp_zero_grad(m);
+    nn_mlp_backward(m, B, c.r);
+    float *analytic = malloc(sizeof(float) * m->num_params);
+    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    assert_int_equal(t_gradcheck("mlp encoder only", c.params, (int)m->num_params, analytic, s_mlp_loss, &c, 1e-3f,
+                                 1e-3, 1e-2),
+                     0);
+    nn_mlp_set_params(m, c.params); /* the gradient check left the last parameter perturbed */
+    carls_ckpt_t *ck = NULL;
+    assert_int_equal(nn_mlp_to_ckpt(m, 5, &ck, err, sizeof err), 0);
+    assert_string_equal(carls_ckpt_kind(ck), NN_MLP_KIND_ENCODER);
+    assert_null(carls_ckpt_find(ck, "cls.weight"));
+    assert_int_equal(nn_mlp_from_ckpt(ck, NN_DEVICE_CPU, 4, &back, err, sizeof err), 0);
+    float e1[4 * 3], e2[4 * 3];
+    nn_mlp_encode(m, x, B, e1);
+    nn_mlp_encode(back, x, B, e2);
+    assert_memory_equal(e1, e2, sizeof e1);
+    carls_ckpt_destroy(&ck);
+    free(analytic);
+    free(c.params);
+    free(c.r);
+    free(c.emb);
+    nn_mlp_destroy(&m);
+    nn_mlp_destroy(&back);
+}
+
 static void test_mlp_config_checks(void **state)
 {
     (void)state;
@@ -217,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_mlp_gradcheck),
         cmocka_unit_test(test_mlp_learns),
         cmocka_unit_test(test_mlp_checkpoint_round_trip),
+        cmocka_unit_test(test_mlp_encoder_only),
         cmocka_unit_test(test_mlp_config_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
