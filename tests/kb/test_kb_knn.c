@@ -668,6 +668,103 @@ static void test_bad_input(void **st)
     kb_knn_destroy(NULL);
 }
 
+/* Many random batches of upserts (with repeated ids inside a batch: the last wins) and removes (some of
+ * absent ids) against a shadow copy; then the answers must match the shadow: exactly for Flat and for
+ * IVF probing every list, with recall for HNSW (rebuilt now and then, so both of its paths are used). */
+static void test_random_ops(void **st)
+{
+    (void)st;
+    enum { NIDS = 600, DIM = 8, K = 6 };
+    const char *specs[] = {"Flat", "IVF8,Flat", "HNSW16"};
+    for (int s = 0; s < 3; s++) {
+        kb_knn_config_t cfg;
+        kb_knn_config_default(&cfg);
+        cfg.spec = specs[s];
+        cfg.metric = KB_KNN_METRIC_L2;
+        cfg.dim = DIM;
+        cfg.nprobe = 8;
+        cfg.train_min = 200;
+        cfg.background = false;
+        kb_knn_t *knn = NULL;
+        assert_int_equal(kb_knn_new(&cfg, &knn, NULL, 0), 0);
+        static float shadow[NIDS * DIM];
+        static bool present[NIDS];
+        memset(present, 0, sizeof present);
+        uint64_t rng = 4242 + (uint64_t)s;
+        for (int op = 0; op < 1500; op++) {
+            int64_t ids[6];
+            float v[6 * DIM];
+            size_t nb = 1 + carls_splitmix64(&rng) % 6;
+            for (size_t j = 0; j < nb; j++) {
+                ids[j] = (int64_t)(carls_splitmix64(&rng) % NIDS);
+                if (j > 0 && carls_splitmix64(&rng) % 4 == 0)
+                    ids[j] = ids[0]; /* a repeat inside the batch */
+                for (int d = 0; d < DIM; d++)
+                    v[j * DIM + d] = s_uniform(&rng);
+            }
+            if (carls_splitmix64(&rng) % 3 == 0) {
+                size_t removed = 0, want = 0;
+                for (size_t j = 0; j < nb; j++) {
+                    bool first = true;
+                    for (size_t i = 0; i < j; i++)
+                        first &= ids[i] != ids[j];
+                    want += first && present[ids[j]];
+                }
+                assert_int_equal(kb_knn_remove_batch(knn, nb, ids, &removed), 0);
+                assert_int_equal(removed, want);
+                for (size_t j = 0; j < nb; j++)
+                    present[ids[j]] = false;
+            } else {
+                assert_int_equal(kb_knn_upsert_batch(knn, nb, ids, v), 0);
+                for (size_t j = 0; j < nb; j++) {
+                    present[ids[j]] = true;
+                    memcpy(shadow + ids[j] * DIM, v + j * DIM, sizeof(float) * DIM);
+                }
+            }
+            if (op % 500 == 250 && strncmp(specs[s], "Flat", 4) != 0) {
+                int rc = kb_knn_rebuild(knn);
+                assert_true(rc == 0 || rc == -EAGAIN);
+            }
+        }
+        float ref[NIDS * DIM];
+        int64_t ref_ids[NIDS];
+        size_t nref = 0;
+        for (int i = 0; i < NIDS; i++) {
+            if (present[i]) {
+                memcpy(ref + nref * DIM, shadow + i * DIM, sizeof(float) * DIM);
+                ref_ids[nref++] = i;
+            }
+        }
+        kb_knn_stats_t stt;
+        kb_knn_get_stats(knn, &stt);
+        assert_int_equal(stt.count, nref);
+        if (strncmp(specs[s], "HNSW", 4) == 0)
+            assert_true(stt.pending > 0); /* the stale path is exercised below */
+        float *q = s_random(40, DIM, 9);
+        int64_t got[40 * K], rid[K];
+        float sc[40 * K], rsc[K];
+        int64_t excl[40];
+        for (int i = 0; i < 40; i++)
+            excl[i] = i % 2 ? ref_ids[i] : -1;
+        assert_int_equal(kb_knn_search(knn, q, 40, K, excl, got, sc), 0);
+        size_t hits = 0;
+        for (int i = 0; i < 40; i++) {
+            s_reference(ref, ref_ids, nref, DIM, KB_KNN_METRIC_L2, q + i * DIM, K, excl[i], rid, rsc);
+            if (strncmp(specs[s], "HNSW", 4) != 0)
+                s_assert_same(got + i * K, sc + i * K, rid, rsc, K);
+            for (int a = 0; a < K; a++)
+                for (int b = 0; b < K; b++)
+                    hits += got[i * K + a] == rid[b];
+        }
+        double recall = (double)hits / (40.0 * K);
+        fprintf(stderr, "%s after random ops: recall@%d = %.4f (pending %llu)\n", specs[s], K, recall,
+                (unsigned long long)stt.pending);
+        assert_true(recall >= 0.95);
+        free(q);
+        kb_knn_destroy(&knn);
+    }
+}
+
 /* ---- concurrency ---- */
 
 #define CONC_N 2000u
@@ -853,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_move_remove_exclude),
         cmocka_unit_test(test_hnsw_staleness),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_random_ops),
         cmocka_unit_test(test_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
