@@ -554,6 +554,54 @@ done:
     return rc;
 }
 
+static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__Sample *sm = req->sample;
+    if (sm->n > self->limits.max_keys_per_request || sm->n_positives > self->limits.max_keys_per_request)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "n and positives must each be at most %u",
+                      self->limits.max_keys_per_request);
+    if (sm->n_positives > 0 && s_check_keys(self, rp, sm->n_positives, sm->positives) != 0)
+        return -1;
+    kb_sampler_strategy_t strategy;
+    switch (sm->strategy) {
+    case CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM: strategy = KB_SAMPLER_UNIFORM; break;
+    case CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM: strategy = KB_SAMPLER_LOG_UNIFORM; break;
+    case CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM: strategy = KB_SAMPLER_UNIGRAM; break;
+    default: return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown strategy %d", (int)sm->strategy);
+    }
+    kb_table_t *t = s_table(self, rp, req->table);
+    if (!t)
+        return -1;
+    size_t total = sm->n_positives + sm->n;
+    Carls__SampleResult *res = &rp->r.sample;
+    carls__sample_result__init(res);
+    res->keys = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->keys));
+    res->probabilities = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->probabilities));
+    res->is_positive = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->is_positive));
+    uint64_t seed = sm->seed;
+    if (seed == 0 && carls_random_bytes(&seed, sizeof seed) != 0)
+        seed = (uint64_t)carls_monotonic_us();
+    double mass = 0;
+    uint64_t rows = 0;
+    int rc = kb_table_sample(t, strategy, sm->positives, sm->n_positives, sm->n, seed, res->keys,
+                             res->probabilities, res->is_positive, &mass, &rows);
+    kb_bank_release(self->bank, t);
+    for (size_t i = 0; i < total; i++)
+        if (res->keys[i].data)
+            s_own(rp, res->keys[i].data);
+    if (rc == -ENODATA && sm->n > 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND,
+                      "table '%s' has no rows that strategy can draw", req->table);
+    if (rc != 0 && rc != -ENODATA)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "sampling failed (%d)", rc);
+    res->n_keys = res->n_probabilities = res->n_is_positive = total;
+    res->mass = mass;
+    res->rows = rows;
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_SAMPLE;
+    rp->resp.sample = res;
+    return 0;
+}
+
 /* Checks a feature record from the wire. */
 static int s_check_record(kb_service_t *self, s_reply_t *rp, size_t i, const Carls__FeatureRecord *r)
 {
@@ -783,6 +831,9 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
     case CARLS__REQUEST__OP_KNN:
         s_op_knn(self, req, rp);
         return OP_KNN;
+    case CARLS__REQUEST__OP_SAMPLE:
+        s_op_sample(self, req, rp);
+        return OP_SAMPLE;
     case CARLS__REQUEST__OP_FEATURE_GET:
         s_op_feature_get(self, req, rp);
         return OP_FEATURE_GET;

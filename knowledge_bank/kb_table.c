@@ -50,6 +50,8 @@ struct kb_table {
     kb_bloom_t *bloom;        /* ADMIT_BLOOM only */
     atomic_uint_fast64_t tick; /* use counter for eviction order */
     atomic_uint_fast64_t evict_rng; /* picks the stripes an eviction samples */
+    pthread_mutex_t sample_mutex;   /* guards the sampling snapshots */
+    struct s_sample_cache *samplers[3]; /* per strategy */
     struct {
         atomic_uint_fast64_t rows, pending_keys, pending_gradients, gradients_received, gradients_applied,
             outliers_dropped, updates_applied, applied_on_lookup, applied_on_age, applied_on_count, lookups, puts,
@@ -300,6 +302,25 @@ void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_
     }
 }
 
+/* A sampling snapshot: the sampler and the keys of its entries (index order). */
+struct s_sample_cache {
+    kb_sampler_t *sampler;
+    uint8_t *key_bytes;  /* all keys, back to back */
+    size_t *key_offset;  /* entries + 1 */
+    int64_t built_ms;
+    uint64_t signature;  /* table activity when built: rebuild only if it moved */
+};
+
+static void s_sample_cache_free(struct s_sample_cache *c)
+{
+    if (!c)
+        return;
+    kb_sampler_destroy(&c->sampler);
+    free(c->key_bytes);
+    free(c->key_offset);
+    free(c);
+}
+
 /* ---- lifecycle ---- */
 
 kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *cfg)
@@ -318,6 +339,7 @@ kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *
     }
     pthread_mutex_init(&self->id_mutex, NULL);
     pthread_mutex_init(&self->knn_mutex, NULL);
+    pthread_mutex_init(&self->sample_mutex, NULL);
     if (cfg->knn) {
         kb_knn_config_t kc;
         s_knn_config(cfg, &kc);
@@ -365,6 +387,9 @@ void kb_table_destroy(kb_table_t **self_p)
     }
     pthread_mutex_destroy(&self->id_mutex);
     pthread_mutex_destroy(&self->knn_mutex);
+    pthread_mutex_destroy(&self->sample_mutex);
+    for (int i = 0; i < 3; i++)
+        s_sample_cache_free(self->samplers[i]);
     kb_bloom_destroy(&self->bloom);
     free(self->by_id);
     free(self->name);
@@ -919,6 +944,144 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
         pthread_mutex_unlock(&st->mutex);
     }
     free(ids);
+    return rc;
+}
+
+/* ---- candidate sampling ---- */
+
+/* Anything that changes rows or frequencies moves this. */
+static uint64_t s_activity(kb_table_t *self)
+{
+    return atomic_load(&self->stats.lookups) + atomic_load(&self->stats.gradients_received) +
+           atomic_load(&self->stats.puts) + atomic_load(&self->stats.evictions) + atomic_load(&self->stats.rows);
+}
+
+/* Builds a snapshot of every row for one strategy. Returns NULL (with rc) when the sampler refuses. */
+static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strategy_t strategy, int *rc)
+{
+    kb_sampler_entry_t *entries = NULL;
+    size_t n = 0, cap = 0, bytes = 0, bytes_cap = 0;
+    struct s_sample_cache *c = carls_xcalloc(1, sizeof *c);
+    c->signature = s_activity(self);
+    for (int i = 0; i < KB_TABLE_STRIPES; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        for (size_t j = 0; j < st->map.capacity; j++) {
+            if (!st->map.hashes[j])
+                continue;
+            kb_row_t *row = st->map.rows[j];
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                entries = carls_xrealloc(entries, cap * sizeof *entries);
+                c->key_offset = carls_xrealloc(c->key_offset, (cap + 1) * sizeof *c->key_offset);
+            }
+            while (bytes + row->key_len > bytes_cap) {
+                bytes_cap = bytes_cap ? bytes_cap * 2 : 16384;
+                c->key_bytes = carls_xrealloc(c->key_bytes, bytes_cap);
+            }
+            entries[n] = (kb_sampler_entry_t){.row_id = row->id, .frequency = row->frequency};
+            c->key_offset[n] = bytes;
+            memcpy(c->key_bytes + bytes, row->key, row->key_len);
+            bytes += row->key_len;
+            n++;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    c->key_offset = carls_xrealloc(c->key_offset, (n + 1) * sizeof *c->key_offset);
+    c->key_offset[n] = bytes;
+    *rc = kb_sampler_new(strategy, entries, n, &c->sampler);
+    free(entries);
+    if (*rc != 0) {
+        s_sample_cache_free(c);
+        return NULL;
+    }
+    c->built_ms = carls_monotonic_ms();
+    return c;
+}
+
+static void s_copy_key(const struct s_sample_cache *c, size_t index, ProtobufCBinaryData *out)
+{
+    size_t len = c->key_offset[index + 1] - c->key_offset[index];
+    out->data = carls_xmalloc(len ? len : 1);
+    memcpy(out->data, c->key_bytes + c->key_offset[index], len);
+    out->len = len;
+}
+
+int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const ProtobufCBinaryData *positives,
+                    size_t n_pos, size_t n, uint64_t seed, ProtobufCBinaryData *out_keys, float *out_probs,
+                    protobuf_c_boolean *out_positive, double *mass, uint64_t *rows)
+{
+    if ((int)strategy < 0 || (int)strategy > 2)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&self->sample_mutex);
+    struct s_sample_cache *c = self->samplers[strategy];
+    /* A snapshot serves for up to a second; after that it is rebuilt if the table has changed. It is rebuilt
+     * at once when the table has changed and its size is off by a factor of two (e.g. a first snapshot
+     * taken of an empty table). */
+    bool stale = false;
+    if (c && s_activity(self) != c->signature) {
+        uint64_t now_rows = atomic_load(&self->stats.rows), had = kb_sampler_size(c->sampler);
+        stale = carls_monotonic_ms() - c->built_ms >= 1000 || now_rows > 2 * had || had > 2 * now_rows;
+    }
+    if (!c || stale) {
+        struct s_sample_cache *fresh = s_sample_build(self, strategy, &rc);
+        if (fresh) {
+            s_sample_cache_free(c);
+            c = self->samplers[strategy] = fresh;
+        } else if (!c) {
+            pthread_mutex_unlock(&self->sample_mutex);
+            return rc;
+        }
+        rc = 0;
+    }
+    *mass = kb_sampler_mass(c->sampler);
+    *rows = kb_sampler_size(c->sampler);
+    for (size_t i = 0; i < n_pos; i++) {
+        out_keys[i].data = carls_xmalloc(positives[i].len ? positives[i].len : 1);
+        memcpy(out_keys[i].data, positives[i].data, positives[i].len);
+        out_keys[i].len = positives[i].len;
+        out_positive[i] = true;
+        int64_t id = -1;
+        uint64_t freq = 0;
+        uint64_t hash = kb_rowmap_hash(positives[i].data, positives[i].len);
+        kb_stripe_t *st = s_stripe(self, hash);
+        pthread_mutex_lock(&st->mutex);
+        kb_row_t *row = kb_rowmap_find(&st->map, hash, positives[i].data, positives[i].len);
+        if (row) {
+            id = row->id;
+            freq = row->frequency;
+        }
+        pthread_mutex_unlock(&st->mutex);
+        double p = 0.0;
+        if (id < 0 || kb_sampler_prob_of(c->sampler, id, &p, NULL) != 0) {
+            /* Not in the snapshot (new, or no row): what the strategy would give it. */
+            if (strategy == KB_SAMPLER_UNIFORM && *rows)
+                p = 1.0 / (double)*rows;
+            else if (strategy == KB_SAMPLER_UNIGRAM && *mass > 0)
+                p = pow((double)freq, 0.75) / *mass;
+            else
+                p = 0.0;
+        }
+        out_probs[i] = (float)p;
+    }
+    if (n > 0) {
+        size_t *idx = carls_xmalloc(n * sizeof *idx);
+        double *probs = carls_xmalloc(n * sizeof *probs);
+        uint64_t rng = seed;
+        rc = kb_sampler_draw(c->sampler, &rng, n, idx, NULL, probs);
+        for (size_t j = 0; j < n && rc == 0; j++) {
+            s_copy_key(c, idx[j], &out_keys[n_pos + j]);
+            out_probs[n_pos + j] = (float)probs[j];
+            out_positive[n_pos + j] = false;
+        }
+        if (rc != 0) /* nothing drawable: leave the candidate slots empty for the caller to free */
+            for (size_t j = 0; j < n; j++)
+                out_keys[n_pos + j] = (ProtobufCBinaryData){0, NULL};
+        free(idx);
+        free(probs);
+    }
+    pthread_mutex_unlock(&self->sample_mutex);
     return rc;
 }
 

@@ -18,6 +18,7 @@
 #include "kb_knn.h"
 #include "kb_lazy.h"
 #include "kb_optimizer.h"
+#include "kb_sampler.h"
 #include "kb_store.h"
 
 #include <stdatomic.h>
@@ -184,6 +185,16 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
                           size_t *lens, bool *found);
 void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t *const *records,
                           const size_t *lens);
+
+/* Candidate sampling (DESIGN.md; DynamicEmbedding §3.2.4). Draws n candidates with replacement by strategy
+ * from a snapshot of the table's rows (rebuilt at most once a second, when the table changed), and reports
+ * the positives first: out_keys / out_probs / out_positive get n_pos + n entries, keys as malloc'd copies
+ * (caller frees each data). A positive's probability is what one draw picks it with (0 when the strategy can
+ * never draw it, e.g. a key without a row under log-uniform). *mass and *rows describe the snapshot for
+ * merging across shards (kb_sampler_mass). Returns 0, or -ENODATA when nothing can be drawn (empty table). */
+int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const ProtobufCBinaryData *positives,
+                    size_t n_pos, size_t n, uint64_t seed, ProtobufCBinaryData *out_keys, float *out_probs,
+                    protobuf_c_boolean *out_positive, double *mass, uint64_t *rows);
 
 /* Up to limit rows with row id > after_id, in row-id order, as snapshots (caller kb_store_row_free's each
  * and frees *out). Returns the count; *done is set when no further rows exist. */

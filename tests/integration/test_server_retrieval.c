@@ -487,6 +487,96 @@ static void test_read_only_and_shard_refusals(void **state)
     assert_true(refused > 5 && accepted > 5);
 }
 
+static Carls__Response *s_sample(kb_client_t *c, const char *table, Carls__SampleStrategy strategy, uint32_t n,
+                                 const char *positive, uint64_t seed, int expect_rc)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Sample sm = CARLS__SAMPLE__INIT;
+    ProtobufCBinaryData pos = {positive ? strlen(positive) : 0, (uint8_t *)positive};
+    sm.n = n;
+    sm.strategy = strategy;
+    sm.seed = seed;
+    sm.positives = positive ? &pos : NULL;
+    sm.n_positives = positive ? 1 : 0;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_SAMPLE;
+    req.sample = &sm;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(c, &req, &resp);
+    if (rc != expect_rc)
+        fail_msg("sample: rc %d, expected %d: %s", rc, expect_rc, kb_client_last_error(c));
+    return resp;
+}
+
+/* Sampling through the server: stated probabilities are the strategy's formula, draws follow them, the
+ * positive comes first with its probability, and a seed makes the draw repeatable. */
+static void test_sampling_probabilities_and_frequencies(void **state)
+{
+    fixture_t *f = *state;
+    s_start(f, NULL);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = 1;
+    s_create(f->client, "words", &cfg);
+    Carls__Response *resp = s_sample(f->client, "words", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM, 5, NULL, 1,
+                                     KB_CLIENT_ESTATUS);
+    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_NOT_FOUND);
+    carls__response__free_unpacked(resp, NULL);
+
+    /* Word i is looked up i+1 times: frequency i+1. */
+    enum { WORDS = 8, DRAWS = 20000 };
+    char name[16];
+    double mass = 0;
+    for (int i = 0; i < WORDS; i++) {
+        s_key_name(name, sizeof name, i);
+        kb_key_t k = {name, strlen(name)};
+        float v;
+        for (int j = 0; j <= i; j++)
+            assert_int_equal(kb_client_lookup(f->client, "words", &k, 1, 1, &v, NULL), 0);
+        mass += pow(i + 1, 0.75);
+    }
+    const Carls__SampleStrategy strategies[2] = {CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
+                                                 CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM};
+    for (int m = 0; m < 2; m++) {
+        resp = s_sample(f->client, "words", strategies[m], DRAWS, "item0003", 7, 0);
+        Carls__SampleResult *r = resp->sample;
+        assert_int_equal(r->n_keys, DRAWS + 1);
+        assert_true(r->is_positive[0] && !r->is_positive[1]);
+        assert_memory_equal(r->keys[0].data, "item0003", 8);
+        assert_int_equal(r->rows, WORDS);
+        double expect_pos = m == 0 ? 1.0 / WORDS : pow(4, 0.75) / mass;
+        assert_true(fabs(r->probabilities[0] - expect_pos) < 1e-6);
+        if (m == 1)
+            assert_true(fabs(r->mass - mass) < 1e-6 * mass);
+        int counts[WORDS] = {0};
+        for (size_t j = 1; j < r->n_keys; j++) {
+            char kbuf[16] = {0};
+            memcpy(kbuf, r->keys[j].data, r->keys[j].len);
+            int idx = atoi(kbuf + 4);
+            assert_true(idx >= 0 && idx < WORDS);
+            double p = m == 0 ? 1.0 / WORDS : pow(idx + 1, 0.75) / mass;
+            assert_true(fabs(r->probabilities[j] - p) < 1e-6);
+            counts[idx]++;
+        }
+        for (int i = 0; i < WORDS; i++) {
+            double p = m == 0 ? 1.0 / WORDS : pow(i + 1, 0.75) / mass;
+            double sd = sqrt(DRAWS * p * (1 - p));
+            /* 5 standard deviations: a false failure about once in 2 million runs per bucket. */
+            if (fabs(counts[i] - DRAWS * p) > 5 * sd)
+                fail_msg("strategy %d word %d: %d draws, expected %.1f +- %.1f", m, i, counts[i], DRAWS * p, sd);
+        }
+        carls__response__free_unpacked(resp, NULL);
+    }
+    /* Same seed, same draws. */
+    Carls__Response *a = s_sample(f->client, "words", CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM, 50, NULL, 99, 0);
+    Carls__Response *b = s_sample(f->client, "words", CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM, 50, NULL, 99, 0);
+    for (int j = 0; j < 50; j++) {
+        assert_int_equal(a->sample->keys[j].len, b->sample->keys[j].len);
+        assert_memory_equal(a->sample->keys[j].data, b->sample->keys[j].data, a->sample->keys[j].len);
+    }
+    carls__response__free_unpacked(a, NULL);
+    carls__response__free_unpacked(b, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +586,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eviction_lru_and_oldest, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_scan_pages_cover_every_row_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_read_only_and_shard_refusals, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sampling_probabilities_and_frequencies, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
