@@ -46,6 +46,8 @@ struct kb_client {
     uint64_t next_sequence;   /* next write sequence number (starts at 1) */
     s_inflight_t *inflight;   /* requests sent and not yet waited for */
     size_t n_inflight, cap_inflight;
+    bool use_curve;           /* apply `curve` to every socket opened */
+    kb_client_curve_t curve;  /* copied from the options; wiped on destroy */
     char last_error[512];     /* "" after success */
 };
 
@@ -77,6 +79,16 @@ static int s_open_socket(kb_client_t *self)
     if (zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) != 0) {
         s_set_error(self, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+        zmq_close(sock);
+        return -1;
+    }
+    /* CURVE options must be set before connecting; a reopened socket needs them again (they belong to the
+     * socket, not to the client). */
+    if (self->use_curve &&
+        (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, self->curve.server_public, KB_CLIENT_CURVE_KEY_BYTES) != 0 ||
+         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, self->curve.public_key, KB_CLIENT_CURVE_KEY_BYTES) != 0 ||
+         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, self->curve.secret_key, KB_CLIENT_CURVE_KEY_BYTES) != 0)) {
+        s_set_error(self, "cannot make the socket a CURVE client: %s", zmq_strerror(zmq_errno()));
         zmq_close(sock);
         return -1;
     }
@@ -115,6 +127,14 @@ kb_client_t *kb_client_new(const char *endpoint, const kb_client_options_t *opts
             LOG_ERROR("kb_client_new: cannot read random bytes for a client id");
             goto fail;
         }
+    }
+    if (opts && opts->curve) {
+        if (!zmq_has("curve")) {
+            LOG_ERROR("kb_client_new: CURVE keys were given but this libzmq has no CURVE support");
+            goto fail;
+        }
+        self->use_curve = true;
+        self->curve = *opts->curve;
     }
     self->next_request_id = 1;
     self->next_sequence = 1;
@@ -164,6 +184,8 @@ void kb_client_destroy(kb_client_t **self_p)
     s_close_socket(self);
     if (self->ctx)
         zmq_ctx_term(self->ctx);
+    /* The secret key should not outlive the client in freed memory. */
+    explicit_bzero(&self->curve, sizeof self->curve);
     free(self->endpoint);
     free(self);
     *self_p = NULL;

@@ -30,10 +30,26 @@ enum {
     KB_CLIENT_EIO = -4,      /* ZeroMQ or decoding failure */
 };
 
+#define KB_CLIENT_CURVE_KEY_BYTES 32 /* a binary CURVE key (its Z85 text is 40 characters) */
+
+/* CURVE keys for an encrypted, authenticated connection (docs/SECURITY.md). The client library takes them
+ * already loaded (knowledge_bank/kb_auth.h reads key files: kb_auth_load_secret, kb_auth_load_public), so it
+ * needs nothing beyond libzmq. */
+typedef struct {
+    uint8_t public_key[KB_CLIENT_CURVE_KEY_BYTES];    /* this client's key pair ... */
+    uint8_t secret_key[KB_CLIENT_CURVE_KEY_BYTES];
+    uint8_t server_public[KB_CLIENT_CURVE_KEY_BYTES]; /* the only server this client will talk to */
+} kb_client_curve_t;
+
 typedef struct {
     int timeout_ms;     /* per attempt; 0 means 5000 */
     int retries;        /* extra attempts after a timeout; negative means 0; default (0 here) means 0 */
     uint64_t client_id; /* 0: a random nonzero id */
+    /* NULL: plain TCP. Otherwise every DEALER socket the client opens (the first one and each one reopened
+     * after a timeout) is a CURVE client with these keys; a server without the matching secret key, or one
+     * that refuses this client's public key, never answers (the calls time out). Copied by kb_client_new,
+     * so the caller may wipe its copy afterwards. kb_client_new fails when libzmq lacks CURVE. */
+    const kb_client_curve_t *curve;
 } kb_client_options_t;
 
 /* A key: any byte string (not NUL-terminated). */

@@ -1,0 +1,218 @@
+/* Sharded client: one logical knowledge bank served by N kb-server processes (`kb-server --shard i/N`).
+ *
+ * A kb_cluster_t holds one kb_client_t per shard. The endpoint list "tcp://a:1,tcp://b:2,..." is in shard
+ * order: the i-th endpoint serves shard i of N. A key belongs to shard carls_shard_of(key, len, N) and to no
+ * other (a sharded server refuses keys of other shards, so a list in the wrong order fails loudly instead of
+ * scattering data). With a single endpoint every call is a thin pass-through to the kb_client_t.
+ *
+ * How each operation spreads over the shards:
+ *   - create_table, drop_table, checkpoint: sent to every shard (in parallel). Not atomic across shards: when
+ *     some shard fails the others may have applied it; last_error names the first shard that failed, and a
+ *     retry with if_not_exists / if_exists converges.
+ *   - list_tables: every shard answers; the list is shard 0's (names and configs) with each table's `rows`
+ *     summed over the shards.
+ *   - lookup, lookup_ex, put, push_gradients, feature_get, feature_put: keys are split by shard, every
+ *     sub-request is sent before any answer is awaited (the shards work in parallel), and the answers are
+ *     put back in the caller's key order. A write that fails on one shard may have been applied on others:
+ *     re-running a put is harmless (it sets the same values), re-running push_gradients pushes the rows of
+ *     the shards that succeeded twice. kb_cluster_failed_shard() says which shard failed.
+ *   - knn by vector: every shard answers its own top-k and the lists are merged by score in the direction
+ *     of the table's metric (higher first for inner product and cosine, lower first for L2). With a Flat
+ *     index the merged answer equals a single server's holding every row. The metric comes from the table's
+ *     config (list_tables), cached per table name; kb_cluster_forget_tables() drops the cache.
+ *   - knn by key: the key's current value is read from its owning shard (a no_create lookup, which applies
+ *     the key's pending gradients and counts as a use of it), then every shard is asked by vector. With
+ *     exclude_self the query key is dropped from the merged answer (each shard is asked for k+1).
+ *   - sample: see kb_cluster_sample.
+ *   - stats and scan: per shard (the caller picks the shard).
+ *
+ * Threading: like kb_client_t, one cluster is used from one thread at a time.
+ *
+ * Return convention: as kb_client: 0 on success, a negative KB_CLIENT_E* code on failure, with
+ * kb_cluster_last_error() describing it. With more than one shard the text starts with
+ * "shard I (ENDPOINT): ", naming the first shard that failed. */
+#ifndef KB_CLUSTER_H
+#define KB_CLUSTER_H
+
+#include "kb_client.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kb_cluster kb_cluster_t;
+
+#define KB_CLUSTER_MAX_SHARDS 1024u
+
+/* Opens one client per endpoint of the comma-separated list (blanks around the commas are ignored), each
+ * with opts (may be NULL). Without opts->client_id each client picks its own random id; a given id is
+ * shared by every shard's client, which is safe because each server keeps its own duplicate filter. An
+ * empty entry, a repeated endpoint or more than KB_CLUSTER_MAX_SHARDS endpoints is refused. Caller owns
+ * the result; NULL on failure (logged). */
+kb_cluster_t *kb_cluster_new(const char *endpoints, const kb_client_options_t *opts);
+
+/* Closes every client and frees the cluster; accepts NULL and *self_p == NULL; nulls *self_p. */
+void kb_cluster_destroy(kb_cluster_t **self_p);
+
+/* Number of shards (endpoints), >= 1. */
+uint32_t kb_cluster_shards(const kb_cluster_t *self);
+
+/* The shard's endpoint as given (trimmed). shard < kb_cluster_shards(). */
+const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard);
+
+/* The shard's client, for low-level calls (kb_client_send / kb_client_wait). Owned by the cluster. */
+kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard);
+
+/* The shard owning key: carls_shard_of(key, len, shards). */
+uint32_t kb_cluster_shard_of(const kb_cluster_t *self, const void *key, size_t len);
+
+/* Last error text ("" after success). Valid until the next call on the cluster. */
+const char *kb_cluster_last_error(const kb_cluster_t *self);
+
+/* The shard whose failure the last error describes, or -1 (success, or an error not tied to one shard,
+ * such as bad arguments). */
+int kb_cluster_failed_shard(const kb_cluster_t *self);
+
+/* ---- tables ---------------------------------------------------------------------------------------- */
+
+/* What the cluster caches about a table (from list_tables). */
+typedef struct {
+    Carls__TableKind kind;
+    uint32_t dim;             /* 0 for feature tables */
+    bool has_knn;             /* a nearest-neighbour index is configured */
+    Carls__KnnMetric metric;  /* its metric (meaningful when has_knn) */
+} kb_cluster_table_t;
+
+/* Creates the table on every shard. cfg is copied into the requests. */
+int kb_cluster_create_table(kb_cluster_t *self, const char *table, const Carls__TableConfig *cfg,
+                            bool if_not_exists);
+
+/* Drops the table on every shard. */
+int kb_cluster_drop_table(kb_cluster_t *self, const char *table, bool if_exists);
+
+/* Every shard's list, merged: shard 0's answer with each table's rows replaced by the sum over shards.
+ * Caller owns *list_out (a Response whose result is table_list; free with carls__response__free_unpacked).
+ * Refreshes the table cache. */
+int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out);
+
+/* Fills *out with the table's kind, dim and metric, from the cache or, on a miss, from list_tables. A table
+ * the bank does not have is KB_CLIENT_ESTATUS ("NOT_FOUND: ..."). */
+int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *out);
+
+/* Forgets every cached table (call it after another client dropped and re-created a table). */
+void kb_cluster_forget_tables(kb_cluster_t *self);
+
+/* The table's config with defaults filled in, as shard 0 reports it. Caller owns *cfg_out (free with
+ * carls__table_config__free_unpacked(cfg, NULL)). KB_CLIENT_ESTATUS when the table does not exist. */
+int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableConfig **cfg_out);
+
+/* ---- rows -------------------------------------------------------------------------------------------- */
+
+/* As kb_client_lookup / kb_client_lookup_ex / kb_client_put / kb_client_push_gradients, with the keys split
+ * over the shards (see the top of this file). values_out, meta_out and the input rows are in the caller's
+ * key order. */
+int kb_cluster_lookup(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                      float *values_out, kb_row_meta_t *meta_out);
+int kb_cluster_lookup_ex(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                         bool no_create, float *values_out, kb_row_meta_t *meta_out);
+int kb_cluster_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                   const float *values, uint64_t version);
+int kb_cluster_push_gradients(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                              uint32_t dim, const float *gradients);
+
+/* ---- nearest neighbours ------------------------------------------------------------------------------ */
+
+/* Answers to nq queries, k slots each, best first per query. */
+typedef struct {
+    size_t nq;           /* queries */
+    uint32_t k;          /* slots per query */
+    kb_key_t *keys;      /* (nq, k); len 0 (data NULL) in slots past the last row found */
+    float *scores;       /* (nq, k); the metric's score (L2: squared distance); 0 in empty slots */
+    uint8_t *key_bytes;  /* private: storage the keys point into */
+} kb_knn_result_t;
+
+/* Frees a result; accepts NULL and *result_p == NULL; nulls *result_p. */
+void kb_knn_result_destroy(kb_knn_result_t **result_p);
+
+/* Top-k rows for each of nq query vectors (queries: nq * dim floats; dim must be the table's). k is
+ * 1..4096. Caller owns *out. */
+int kb_cluster_knn(kb_cluster_t *self, const char *table, const float *queries, size_t nq, uint32_t dim,
+                   uint32_t k, kb_knn_result_t **out);
+
+/* Top-k rows near each query key's current value; with exclude_self a query key never answers itself.
+ * Caller owns *out. */
+int kb_cluster_knn_by_key(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t nq, uint32_t k,
+                          bool exclude_self, kb_knn_result_t **out);
+
+/* ---- candidate sampling ------------------------------------------------------------------------------ */
+
+typedef struct {
+    size_t n;             /* entries: the positives, then the sampled candidates */
+    size_t n_positives;   /* the first n_positives entries are the positives, in the caller's order */
+    kb_key_t *keys;       /* (n) */
+    float *probabilities; /* (n) probability that one draw from the whole bank picks the key */
+    bool *is_positive;    /* (n) */
+    double mass;          /* total mass over the shards */
+    uint64_t rows;        /* rows the samplers drew from, over all shards */
+    uint8_t *key_bytes;   /* private: storage the keys point into */
+} kb_sample_result_t;
+
+/* Frees a result; accepts NULL and *result_p == NULL; nulls *result_p. */
+void kb_sample_result_destroy(kb_sample_result_t **result_p);
+
+/* Draws n candidates (with replacement) by strategy from the whole bank and returns the positives first,
+ * then the candidates, each with its per-draw probability (for a sampled-softmax correction log(n * p)).
+ *
+ * With several shards: every shard is first asked for its mass (a sample of 0 candidates, carrying the
+ * positives it owns, whose probabilities it answers). n is split over the shards by a multinomial draw with
+ * probabilities mass_s / total (seeded by seed), each shard draws its share (seeded by seed and the shard),
+ * and each probability is scaled by mass_s / total; candidates are then shuffled (seeded) so they do not
+ * come grouped by shard. What that gives:
+ *   - uniform (mass = rows) and unigram (mass = sum of frequency^0.75): exact. The scaled probabilities are
+ *     the single-bank ones, and n draws split multinomially by mass, each shard drawing from its own
+ *     distribution, have the same law as n independent draws from the whole bank.
+ *   - log-uniform: an approximation. Each shard ranks only its own rows by frequency, so a key's
+ *     probability follows its rank within its shard, mixed by row counts; this equals the single-bank
+ *     Zipfian only when the shards' frequency profiles match. The probabilities returned are the ones the
+ *     draws were made with, so the sampled-softmax correction stays consistent.
+ * seed 0 picks a random seed. Caller owns *out. A bank with no rows answers the positives only. */
+int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                      uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out);
+
+/* ---- feature records --------------------------------------------------------------------------------- */
+
+typedef struct {
+    size_t n;                               /* one record per requested key, in the caller's order */
+    const Carls__FeatureRecord **records;   /* (n); records[i]->found says whether key i has one */
+    Carls__Response **responses;            /* private: the shards' answers the records live in */
+    size_t n_responses;
+} kb_feature_result_t;
+
+/* Frees a result; accepts NULL and *result_p == NULL; nulls *result_p. */
+void kb_feature_result_destroy(kb_feature_result_t **result_p);
+
+/* Records of n keys of a feature table. Caller owns *out. */
+int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                           kb_feature_result_t **out);
+
+/* Replaces the records of n keys (records[i] for keys[i]; the server stamps updated_at_ms). */
+int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                           const Carls__FeatureRecord *const *records);
+
+/* ---- per shard ----------------------------------------------------------------------------------------- */
+
+/* The shard's stats (table NULL or "" for every table). Caller owns *stats_out. */
+int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carls__Response **stats_out);
+
+/* Checkpoints every shard (in parallel). per_shard_out, when not NULL, gets kb_cluster_shards() entries:
+ * each shard's committed epoch and row count. */
+int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard_out);
+
+/* One page of the shard's rows with row id > after_row_id (at most limit; 0 means the server's default),
+ * checked for consistent sizes (keys, row ids, versions and frequencies per row; dim values per row of an
+ * embedding table, one record per row of a feature table; row ids increasing past after_row_id). Caller
+ * owns *page_out (result scan); page with the last row id until scan->done. */
+int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64_t after_row_id, uint32_t limit,
+                    Carls__Response **page_out);
+
+#endif

@@ -1,0 +1,700 @@
+/* Table export files (contract in kb_export.h).
+ *
+ * Byte layout, format version 1. Integers are unsigned little-endian; floats are IEEE-754 binary32
+ * little-endian.
+ *
+ *   offset   size        field
+ *   0        8           magic "CARLSKBX"
+ *   8        4           u32 format version (1)
+ *   12       4           u32 name_len, 1..128
+ *   16       name_len    the exported table's name ([A-Za-z0-9_.-])
+ *   ..       4           u32 config_len, 0..KB_EXPORT_MAX_CONFIG_BYTES
+ *   ..       config_len  packed carls.TableConfig (defaults filled in, as list_tables reports it); kind
+ *                        embedding needs dim 1..CARLS_DEFAULT_MAX_DIM
+ *   rows, one after the other until the trailer:
+ *            4           u32 key_len, 1..CARLS_DEFAULT_MAX_KEY_BYTES
+ *            key_len     key bytes
+ *            8           u64 version
+ *            8           u64 frequency
+ *            4           u32 payload_len: embedding tables exactly 4 * dim; feature tables
+ *                        0..KB_EXPORT_MAX_RECORD_BYTES
+ *            payload_len embedding: dim finite float32; feature: a packed carls.FeatureRecord
+ *   trailer, the last 20 bytes of the file:
+ *   end-20   8           magic "CARLSEND"
+ *   end-12   8           u64 row count
+ *   end-4    4           u32 CRC-32 (zlib crc32) of every byte before it
+ *
+ * The trailer is found from the file's length, so no row can be mistaken for it, and a file cut short
+ * anywhere loses it. Every length is checked against its cap and against the bytes left before the trailer
+ * before anything is allocated or read. When the structure is wrong, the reader still finishes the CRC over
+ * the rest of the file and reports a checksum mismatch if there is one (a damaged file is then called
+ * damaged, not "row 17: key of 3 billion bytes"); a file whose checksum matches but whose structure does
+ * not was written wrong and gets the structural reason. */
+#include "kb_export.h"
+
+#include "log.h"
+#include "protocol.h"
+#include "util.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define S_TRAILER_BYTES 20u
+#define S_MIN_FILE_BYTES (8u + 4u + 4u + 1u + 4u + S_TRAILER_BYTES) /* header with a 1-byte name, no rows */
+
+static int s_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int s_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* zlib's crc32 over any length (its length argument is 32-bit). */
+static uint32_t s_crc(uint32_t crc, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return crc;
+}
+
+static void s_le32(uint8_t *b, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void s_le64(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t s_get32(const uint8_t *b)
+{
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static uint64_t s_get64(const uint8_t *b) { return (uint64_t)s_get32(b) | (uint64_t)s_get32(b + 4) << 32; }
+
+/* ---- writer ------------------------------------------------------------------------------------------ */
+
+struct kb_export_writer {
+    FILE *f;           /* the temporary file */
+    char *path;        /* the target */
+    char *tmp;         /* the temporary file's name; NULL once renamed */
+    uint32_t crc;      /* of every byte written so far */
+    bool feature;      /* a feature table (else embedding) */
+    uint32_t dim;      /* embedding tables */
+    uint64_t rows;
+    bool failed;       /* a write failed: only destroy remains */
+    uint8_t *scratch;  /* packed records and converted values */
+    size_t scratch_cap;
+};
+
+/* Writes len bytes and adds them to the CRC. 0 or KB_EXPORT_EIO. */
+static int s_write(kb_export_writer_t *w, const void *buf, size_t len, char *err, size_t errlen)
+{
+    if (len > 0 && fwrite(buf, 1, len, w->f) != len) {
+        w->failed = true;
+        return s_fail(err, errlen, KB_EXPORT_EIO, "write %s: %s", w->tmp, strerror(errno));
+    }
+    w->crc = s_crc(w->crc, buf, len);
+    return 0;
+}
+
+static void s_scratch(kb_export_writer_t *w, size_t len)
+{
+    if (w->scratch_cap < len) {
+        w->scratch = carls_xrealloc(w->scratch, len);
+        w->scratch_cap = len;
+    }
+}
+
+int kb_export_writer_open(const char *path, const char *table, const Carls__TableConfig *cfg,
+                          kb_export_writer_t **out, char *err, size_t errlen)
+{
+    if (!out)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: no output pointer");
+    *out = NULL;
+    if (!path || !*path || !table || !cfg)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a path, a table name and a config are required");
+    if (carls_table_name_valid(table) != 0)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: invalid table name \"%s\"", table);
+    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    if (!feature && cfg->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: unknown table kind %d", (int)cfg->kind);
+    if (!feature && (cfg->dim == 0 || cfg->dim > CARLS_DEFAULT_MAX_DIM))
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: dim %u is outside 1..%u", cfg->dim,
+                      CARLS_DEFAULT_MAX_DIM);
+    size_t cfg_len = carls__table_config__get_packed_size(cfg);
+    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the config packs to %zu bytes", cfg_len);
+
+    kb_export_writer_t *w = carls_xcalloc(1, sizeof *w);
+    w->feature = feature;
+    w->dim = cfg->dim;
+    w->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    w->path = strdup(path);
+    size_t tmp_len = strlen(path) + 16;
+    w->tmp = carls_xmalloc(tmp_len);
+    if (!w->path)
+        CARLS_FATAL("out of memory");
+    /* mkstemp creates the file 0600 with a fresh name beside the target (same file system, so the rename
+     * is atomic). */
+    snprintf(w->tmp, tmp_len, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(w->tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(w->tmp);
+        w->tmp = NULL;
+        kb_export_writer_destroy(&w);
+        return s_fail(err, errlen, KB_EXPORT_EIO, "cannot create a temporary file beside %s: %s", path, strerror(e));
+    }
+    w->f = fdopen(fd, "wb");
+    if (!w->f) {
+        int e = errno;
+        close(fd);
+        kb_export_writer_destroy(&w);
+        return s_fail(err, errlen, KB_EXPORT_EIO, "fdopen %s: %s", path, strerror(e));
+    }
+    uint8_t head[16];
+    memcpy(head, KB_EXPORT_MAGIC, 8);
+    s_le32(head + 8, KB_EXPORT_VERSION);
+    s_le32(head + 12, (uint32_t)strlen(table));
+    uint8_t len4[4];
+    s_le32(len4, (uint32_t)cfg_len);
+    s_scratch(w, cfg_len ? cfg_len : 1);
+    carls__table_config__pack(cfg, w->scratch);
+    int rc = s_write(w, head, sizeof head, err, errlen);
+    if (rc == 0)
+        rc = s_write(w, table, strlen(table), err, errlen);
+    if (rc == 0)
+        rc = s_write(w, len4, 4, err, errlen);
+    if (rc == 0)
+        rc = s_write(w, w->scratch, cfg_len, err, errlen);
+    if (rc != 0) {
+        kb_export_writer_destroy(&w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_len, uint64_t version,
+                         uint64_t frequency, const float *values, const Carls__FeatureRecord *record, char *err,
+                         size_t errlen)
+{
+    assert(self);
+    if (self->failed || !self->tmp)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
+    if (!key || key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: key of %zu bytes (1..%u allowed)",
+                      (unsigned long long)self->rows + 1, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
+    size_t payload;
+    if (self->feature) {
+        if (!record || values)
+            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a feature row needs a record and no values");
+        /* `found` only means something in replies; it is not part of the stored record. */
+        Carls__FeatureRecord r = *record;
+        r.found = false;
+        payload = carls__feature_record__get_packed_size(&r);
+        if (payload > KB_EXPORT_MAX_RECORD_BYTES)
+            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: a record of %zu bytes",
+                          (unsigned long long)self->rows + 1, payload);
+        s_scratch(self, payload ? payload : 1);
+        carls__feature_record__pack(&r, self->scratch);
+    } else {
+        if (!values || record)
+            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: an embedding row needs values and no record");
+        payload = (size_t)self->dim * 4;
+        s_scratch(self, payload);
+        for (uint32_t j = 0; j < self->dim; j++) {
+            if (!isfinite(values[j]))
+                return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: value %u is not finite",
+                              (unsigned long long)self->rows + 1, j + 1);
+            uint32_t bits;
+            memcpy(&bits, &values[j], 4);
+            s_le32(self->scratch + 4 * j, bits);
+        }
+    }
+    uint8_t klen[4], meta[20];
+    s_le32(klen, (uint32_t)key_len);
+    s_le64(meta, version);
+    s_le64(meta + 8, frequency);
+    s_le32(meta + 16, (uint32_t)payload);
+    int rc = s_write(self, klen, 4, err, errlen);
+    if (rc == 0)
+        rc = s_write(self, key, key_len, err, errlen);
+    if (rc == 0)
+        rc = s_write(self, meta, sizeof meta, err, errlen);
+    if (rc == 0)
+        rc = s_write(self, self->scratch, payload, err, errlen);
+    if (rc == 0)
+        self->rows++;
+    return rc;
+}
+
+uint64_t kb_export_writer_rows(const kb_export_writer_t *self)
+{
+    assert(self);
+    return self->rows;
+}
+
+/* fsyncs the directory holding path, so the rename is durable. */
+static int s_fsync_dir_of(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir)
+        CARLS_FATAL("out of memory");
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    free(dir);
+    errno = e;
+    return rc;
+}
+
+int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
+{
+    assert(self);
+    if (self->failed || !self->tmp)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
+    uint8_t trailer[S_TRAILER_BYTES];
+    memcpy(trailer, KB_EXPORT_END_MAGIC, 8);
+    s_le64(trailer + 8, self->rows);
+    int rc = s_write(self, trailer, 16, err, errlen);
+    if (rc != 0)
+        return rc;
+    s_le32(trailer + 16, self->crc);
+    rc = s_write(self, trailer + 16, 4, err, errlen);
+    if (rc != 0)
+        return rc;
+    self->failed = true; /* from here on, whatever happens, only destroy remains */
+    const char *step = NULL;
+    if (fflush(self->f) != 0)
+        step = "write";
+    else if (fsync(fileno(self->f)) != 0)
+        step = "fsync";
+    int e = errno;
+    if (fclose(self->f) != 0 && !step) {
+        step = "close";
+        e = errno;
+    }
+    self->f = NULL;
+    if (step)
+        return s_fail(err, errlen, KB_EXPORT_EIO, "%s %s: %s", step, self->tmp, strerror(e));
+    if (rename(self->tmp, self->path) != 0)
+        return s_fail(err, errlen, KB_EXPORT_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(errno));
+    free(self->tmp);
+    self->tmp = NULL;
+    if (s_fsync_dir_of(self->path) != 0)
+        return s_fail(err, errlen, KB_EXPORT_EIO, "fsync the directory of %s: %s", self->path, strerror(errno));
+    return 0;
+}
+
+void kb_export_writer_destroy(kb_export_writer_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_export_writer_t *w = *self_p;
+    if (w->f)
+        fclose(w->f);
+    if (w->tmp)
+        unlink(w->tmp);
+    free(w->tmp);
+    free(w->path);
+    free(w->scratch);
+    free(w);
+    *self_p = NULL;
+}
+
+/* ---- reader ------------------------------------------------------------------------------------------ */
+
+struct kb_export_reader {
+    FILE *f;
+    char *path;
+    uint64_t size;         /* file length */
+    uint64_t trailer_off;  /* size - S_TRAILER_BYTES: rows end here */
+    uint64_t rows_off;     /* first row */
+    uint32_t crc_at_rows;  /* CRC of the bytes before rows_off */
+    uint64_t pos;          /* offset of the next byte to read */
+    uint32_t crc;          /* CRC of the bytes before pos */
+    char name[CARLS_MAX_TABLE_NAME_BYTES + 1];
+    Carls__TableConfig *config;
+    bool feature;
+    uint32_t dim;
+    uint64_t rows;         /* from the trailer */
+    uint64_t rows_read;    /* by the current pass */
+    uint8_t key[CARLS_DEFAULT_MAX_KEY_BYTES];
+    uint8_t *payload;      /* the current row's payload */
+    size_t payload_cap;
+    float *values;         /* (dim) the current row's values in host order */
+};
+
+/* Reads exactly len bytes at the current position into buf (NULL: read and discard), adding them to the CRC.
+ * The caller has checked that they lie before `limit`. 0 or KB_EXPORT_EIO / KB_EXPORT_ETRUNCATED. */
+static int s_read(kb_export_reader_t *r, void *buf, size_t len, char *err, size_t errlen)
+{
+    uint8_t tmp[4096];
+    uint8_t *dst = buf;
+    while (len > 0) {
+        size_t chunk = dst ? len : (len < sizeof tmp ? len : sizeof tmp);
+        uint8_t *p = dst ? dst : tmp;
+        size_t got = fread(p, 1, chunk, r->f);
+        if (got != chunk) {
+            if (ferror(r->f))
+                return s_fail(err, errlen, KB_EXPORT_EIO, "read %s: %s", r->path, strerror(errno));
+            return s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s: the file ended early (was it changed while being "
+                          "read?)", r->path);
+        }
+        r->crc = s_crc(r->crc, p, got);
+        r->pos += got;
+        len -= got;
+        if (dst)
+            dst += got;
+    }
+    return 0;
+}
+
+/* Checks that len more bytes fit before the trailer. */
+static int s_fits(const kb_export_reader_t *r, uint64_t len, const char *what, char *err, size_t errlen)
+{
+    if (len > r->trailer_off - r->pos)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: %s of %llu bytes runs past the end of the rows (%llu bytes "
+                      "left)", r->path, what, (unsigned long long)len,
+                      (unsigned long long)(r->trailer_off - r->pos));
+    return 0;
+}
+
+/* Reads the next row at r->pos (< trailer_off) into the reader's buffers, checking every length and the
+ * payload (finite values, a record that decodes). 0 or a negative code. */
+static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, size_t errlen)
+{
+    uint64_t n = r->rows_read + 1;
+    char what[64];
+    uint8_t b[20];
+    snprintf(what, sizeof what, "row %llu's key length", (unsigned long long)n);
+    int rc = s_fits(r, 4, what, err, errlen);
+    if (rc == 0)
+        rc = s_read(r, b, 4, err, errlen);
+    if (rc != 0)
+        return rc;
+    uint32_t key_len = s_get32(b);
+    if (key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a key of %u bytes (1..%u allowed)", r->path,
+                      (unsigned long long)n, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
+    snprintf(what, sizeof what, "row %llu", (unsigned long long)n);
+    rc = s_fits(r, (uint64_t)key_len + 20, what, err, errlen);
+    if (rc == 0)
+        rc = s_read(r, r->key, key_len, err, errlen);
+    if (rc == 0)
+        rc = s_read(r, b, 20, err, errlen);
+    if (rc != 0)
+        return rc;
+    uint32_t payload = s_get32(b + 16);
+    if (!r->feature && payload != 4u * r->dim)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u value bytes; dim %u needs %u", r->path,
+                      (unsigned long long)n, payload, r->dim, 4u * r->dim);
+    if (r->feature && payload > KB_EXPORT_MAX_RECORD_BYTES)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a record of %u bytes (at most %u)", r->path,
+                      (unsigned long long)n, payload, KB_EXPORT_MAX_RECORD_BYTES);
+    snprintf(what, sizeof what, "row %llu's payload", (unsigned long long)n);
+    rc = s_fits(r, payload, what, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (r->payload_cap < payload) {
+        r->payload = carls_xrealloc(r->payload, payload);
+        r->payload_cap = payload;
+    }
+    rc = s_read(r, r->payload, payload, err, errlen);
+    if (rc != 0)
+        return rc;
+    memset(row, 0, sizeof *row);
+    row->key = r->key;
+    row->key_len = key_len;
+    row->version = s_get64(b);
+    row->frequency = s_get64(b + 8);
+    if (r->feature) {
+        Carls__FeatureRecord *rec = carls__feature_record__unpack(NULL, payload, r->payload);
+        if (!rec)
+            return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu's feature record does not decode", r->path,
+                          (unsigned long long)n);
+        carls__feature_record__free_unpacked(rec, NULL);
+        row->record = r->payload;
+        row->record_len = payload;
+    } else {
+        for (uint32_t j = 0; j < r->dim; j++) {
+            uint32_t bits = s_get32(r->payload + 4 * j);
+            memcpy(&r->values[j], &bits, 4);
+            if (!isfinite(r->values[j]))
+                return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: value %u is not finite", r->path,
+                              (unsigned long long)n, j + 1);
+        }
+        row->values = r->values;
+    }
+    r->rows_read++;
+    return 0;
+}
+
+/* Reads the trailer (r->pos == trailer_off) and checks the row count and the CRC against this pass. */
+static int s_check_trailer(kb_export_reader_t *r, char *err, size_t errlen)
+{
+    uint8_t t[S_TRAILER_BYTES];
+    uint32_t computed_body = 0;
+    int rc = s_read(r, t, 16, err, errlen);
+    if (rc != 0)
+        return rc;
+    computed_body = r->crc;
+    rc = s_read(r, t + 16, 4, err, errlen);
+    if (rc != 0)
+        return rc;
+    uint32_t stored = s_get32(t + 16);
+    if (stored != computed_body)
+        return s_fail(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the "
+                      "file is damaged", r->path, stored, computed_body);
+    if (memcmp(t, KB_EXPORT_END_MAGIC, 8) != 0)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: no trailer at the end of the file", r->path);
+    uint64_t count = s_get64(t + 8);
+    if (count != r->rows_read)
+        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the trailer says %llu rows, the file holds %llu", r->path,
+                      (unsigned long long)count, (unsigned long long)r->rows_read);
+    r->rows = count;
+    return 0;
+}
+
+/* After a structural error at r->pos: reads the rest of the file to finish the CRC. When the CRC does not
+ * match, the file is damaged: reports that (with the structural detail) instead. Returns the code to give. */
+static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t errlen)
+{
+    if (code == KB_EXPORT_EIO)
+        return code;
+    if (r->pos > r->size - 4 || fseeko(r->f, (off_t)r->pos, SEEK_SET) != 0)
+        return code;
+    if (s_read(r, NULL, (size_t)(r->size - 4 - r->pos), NULL, 0) != 0)
+        return code;
+    uint8_t c[4];
+    if (fread(c, 1, 4, r->f) != 4)
+        return code;
+    uint32_t stored = s_get32(c);
+    if (stored == r->crc)
+        return code;
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", err ? err : "");
+    return s_fail(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the file is "
+                  "damaged (%s)", r->path, stored, r->crc, detail);
+}
+
+int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err, size_t errlen)
+{
+    if (!out || !path)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: no path or output pointer");
+    *out = NULL;
+    kb_export_reader_t *r = carls_xcalloc(1, sizeof *r);
+    r->path = strdup(path);
+    if (!r->path)
+        CARLS_FATAL("out of memory");
+    int rc = 0;
+    uint8_t *cfg_buf = NULL;
+    r->f = fopen(path, "rb");
+    if (!r->f) {
+        rc = s_fail(err, errlen, KB_EXPORT_EIO, "cannot open %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(fileno(r->f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = s_fail(err, errlen, KB_EXPORT_EIO, "%s is not a regular file", path);
+        goto fail;
+    }
+    r->size = (uint64_t)st.st_size;
+    r->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    uint8_t head[16];
+    size_t got = fread(head, 1, sizeof head, r->f);
+    if (got < 8 || memcmp(head, KB_EXPORT_MAGIC, 8) != 0) {
+        rc = s_fail(err, errlen, KB_EXPORT_EMAGIC, "%s is not a carls table export (no \"%s\" magic)", path,
+                    KB_EXPORT_MAGIC);
+        goto fail;
+    }
+    if (got >= 12 && s_get32(head + 8) != KB_EXPORT_VERSION) {
+        rc = s_fail(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
+                    path, s_get32(head + 8), KB_EXPORT_VERSION);
+        goto fail;
+    }
+    if (r->size < S_MIN_FILE_BYTES) {
+        rc = s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s is %llu bytes, shorter than any export (%u): truncated",
+                    path, (unsigned long long)r->size, S_MIN_FILE_BYTES);
+        goto fail;
+    }
+    /* The trailer's magic first: a file cut short is then called truncated rather than "row N runs past". */
+    uint8_t end_magic[8];
+    if (fseeko(r->f, (off_t)(r->size - S_TRAILER_BYTES), SEEK_SET) != 0 || fread(end_magic, 1, 8, r->f) != 8) {
+        rc = s_fail(err, errlen, KB_EXPORT_EIO, "read %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (memcmp(end_magic, KB_EXPORT_END_MAGIC, 8) != 0) {
+        rc = s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s: no \"%s\" trailer at the end: the file is truncated or "
+                    "was not completely written", path, KB_EXPORT_END_MAGIC);
+        goto fail;
+    }
+    r->trailer_off = r->size - S_TRAILER_BYTES;
+
+    /* Header, checked field by field, then the rows, then the trailer: one pass computing the CRC. */
+    rewind(r->f);
+    r->pos = 0;
+    rc = s_read(r, head, sizeof head, err, errlen);
+    if (rc != 0)
+        goto fail;
+    uint32_t name_len = s_get32(head + 12);
+    if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
+                    CARLS_MAX_TABLE_NAME_BYTES);
+        goto structural;
+    }
+    rc = s_fits(r, (uint64_t)name_len + 4, "the table name", err, errlen);
+    if (rc == 0)
+        rc = s_read(r, r->name, name_len, err, errlen);
+    if (rc != 0)
+        goto structural;
+    r->name[name_len] = '\0';
+    if (carls_table_name_valid(r->name) != 0) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
+        goto structural;
+    }
+    uint8_t b4[4];
+    rc = s_read(r, b4, 4, err, errlen);
+    if (rc != 0)
+        goto structural;
+    uint32_t cfg_len = s_get32(b4);
+    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
+                    KB_EXPORT_MAX_CONFIG_BYTES);
+        goto structural;
+    }
+    rc = s_fits(r, cfg_len, "the table config", err, errlen);
+    if (rc != 0)
+        goto structural;
+    cfg_buf = carls_xmalloc(cfg_len ? cfg_len : 1);
+    rc = s_read(r, cfg_buf, cfg_len, err, errlen);
+    if (rc != 0)
+        goto structural;
+    r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
+    if (!r->config) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
+        goto structural;
+    }
+    r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
+        goto structural;
+    }
+    if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM)) {
+        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
+                    CARLS_DEFAULT_MAX_DIM);
+        goto structural;
+    }
+    r->dim = r->feature ? 0 : r->config->dim;
+    r->values = carls_xmalloc((r->dim ? r->dim : 1) * sizeof *r->values);
+    r->rows_off = r->pos;
+    r->crc_at_rows = r->crc;
+    kb_export_row_t row;
+    while (r->pos < r->trailer_off) {
+        rc = s_read_row(r, &row, err, errlen);
+        if (rc != 0)
+            goto structural;
+    }
+    rc = s_check_trailer(r, err, errlen);
+    if (rc != 0)
+        goto fail;
+    /* Ready for the rows pass. */
+    if (fseeko(r->f, (off_t)r->rows_off, SEEK_SET) != 0) {
+        rc = s_fail(err, errlen, KB_EXPORT_EIO, "seek %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    r->pos = r->rows_off;
+    r->crc = r->crc_at_rows;
+    r->rows_read = 0;
+    free(cfg_buf);
+    *out = r;
+    return 0;
+structural:
+    rc = s_prefer_checksum(r, rc, err, errlen);
+fail:
+    free(cfg_buf);
+    kb_export_reader_destroy(&r);
+    return rc;
+}
+
+const char *kb_export_reader_table(const kb_export_reader_t *self)
+{
+    assert(self);
+    return self->name;
+}
+
+const Carls__TableConfig *kb_export_reader_config(const kb_export_reader_t *self)
+{
+    assert(self);
+    return self->config;
+}
+
+uint64_t kb_export_reader_rows(const kb_export_reader_t *self)
+{
+    assert(self);
+    return self->rows;
+}
+
+int kb_export_reader_next(kb_export_reader_t *self, kb_export_row_t *row, char *err, size_t errlen)
+{
+    assert(self && row);
+    if (self->pos < self->trailer_off) {
+        int rc = s_read_row(self, row, err, errlen);
+        return rc == 0 ? 1 : rc;
+    }
+    if (self->pos > self->trailer_off)
+        return 0; /* the trailer was checked already */
+    int rc = s_check_trailer(self, err, errlen);
+    return rc;
+}
+
+void kb_export_reader_destroy(kb_export_reader_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_export_reader_t *r = *self_p;
+    if (r->f)
+        fclose(r->f);
+    if (r->config)
+        carls__table_config__free_unpacked(r->config, NULL);
+    free(r->path);
+    free(r->payload);
+    free(r->values);
+    free(r);
+    *self_p = NULL;
+}

@@ -1,0 +1,113 @@
+/* Portable snapshot files of one knowledge-bank table ("exports"), written by `kbctl export` and read by
+ * `kbctl import`, so a table can move between banks, machines and shard counts.
+ *
+ * The byte layout is described at the top of kb_export.c. In short: a magic, a format version, the table's
+ * name and config (a packed carls.TableConfig), the rows (key, version, frequency, then dim float32 values or
+ * a packed carls.FeatureRecord), and a trailer with the row count and a CRC-32 of everything before it.
+ * Every integer and float is little-endian, whatever the host.
+ *
+ * What a file carries: each row's key, its values (embedding tables) or feature record (feature tables,
+ * with its version, label, neighbours and data as stored), its version and its frequency (lookups and
+ * gradient rows seen), and the table's config. What it does not carry: optimizer state (momentum and
+ * Adam/AdaGrad accumulators) and pending (not yet applied) gradients, neither of which the protocol's scan
+ * returns. Importing cannot restore frequencies either: the protocol has no operation that sets one, so an
+ * imported row starts at the frequency its put gives it (see kbctl import).
+ *
+ * Writing: the file is created 0600 under a temporary name beside the target, written, fsynced, renamed
+ * over the target, and the directory is fsynced, so a crash leaves either the old file or the whole new one.
+ *
+ * Reading: kb_export_reader_open reads the whole file once and verifies everything (magic, version, every
+ * declared length against its cap and against the bytes that remain, the row structure, each feature record
+ * decoding, the row count and the CRC-32) BEFORE it returns, so an importer can refuse a bad file before it
+ * writes anything. Rows are then read by a second pass (kb_export_reader_next), which checks the same again;
+ * if the file changed in between, that pass fails (at the latest at its end, on the checksum).
+ *
+ * Return convention: 0 on success, a negative KB_EXPORT_E* code on failure with a one-line message in err
+ * (errlen bytes; err may be NULL when errlen is 0). */
+#ifndef KB_EXPORT_H
+#define KB_EXPORT_H
+
+#include "carls.pb-c.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KB_EXPORT_MAGIC "CARLSKBX"     /* 8 bytes at offset 0, no terminator in the file */
+#define KB_EXPORT_END_MAGIC "CARLSEND" /* 8 bytes starting the trailer */
+#define KB_EXPORT_VERSION 1u
+#define KB_EXPORT_MAX_CONFIG_BYTES (1u << 20)  /* a packed TableConfig is a few dozen bytes */
+#define KB_EXPORT_MAX_RECORD_BYTES (64u << 20) /* a packed FeatureRecord: the protocol's message cap */
+
+enum {
+    KB_EXPORT_OK = 0,
+    KB_EXPORT_EIO = -1,        /* open/read/write/fsync/rename failed (errno in the message) */
+    KB_EXPORT_EMAGIC = -2,     /* not an export file */
+    KB_EXPORT_EVERSION = -3,   /* a format version this build does not read */
+    KB_EXPORT_ETRUNCATED = -4, /* shorter than its contents say (or a length runs past the end) */
+    KB_EXPORT_ECHECKSUM = -5,  /* CRC-32 mismatch */
+    KB_EXPORT_ECORRUPT = -6,   /* lengths over their caps, a config or record that does not decode, a row
+                                  count that disagrees with the rows, bytes left between rows and trailer */
+    KB_EXPORT_EINVAL = -7,     /* bad arguments from the caller */
+};
+
+/* ---- writing -------------------------------------------------------------------------------------------- */
+
+typedef struct kb_export_writer kb_export_writer_t;
+
+/* Starts an export of table (name, 1..128 bytes) with config cfg (kind, and dim 1..CARLS_DEFAULT_MAX_DIM for
+ * an embedding table) to path, through a temporary file created 0600 beside it. Caller owns *out. */
+int kb_export_writer_open(const char *path, const char *table, const Carls__TableConfig *cfg,
+                          kb_export_writer_t **out, char *err, size_t errlen);
+
+/* Appends one row. Embedding tables: values holds dim finite floats and record is NULL. Feature tables:
+ * record is the row's record (its `found` flag is not stored) and values is NULL. key is 1..
+ * CARLS_DEFAULT_MAX_KEY_BYTES bytes. */
+int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_len, uint64_t version,
+                         uint64_t frequency, const float *values, const Carls__FeatureRecord *record, char *err,
+                         size_t errlen);
+
+/* Rows appended so far. */
+uint64_t kb_export_writer_rows(const kb_export_writer_t *self);
+
+/* Writes the trailer, fsyncs, renames the temporary file to the path and fsyncs the directory. After
+ * success or failure only kb_export_writer_destroy may be called. */
+int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen);
+
+/* Frees the writer; an unfinished export's temporary file is removed (the target is untouched). Accepts
+ * NULL and *self_p == NULL; nulls *self_p. */
+void kb_export_writer_destroy(kb_export_writer_t **self_p);
+
+/* ---- reading -------------------------------------------------------------------------------------------- */
+
+typedef struct kb_export_reader kb_export_reader_t;
+
+/* One row, valid until the next kb_export_reader_next or destroy. */
+typedef struct {
+    const uint8_t *key;
+    size_t key_len;
+    uint64_t version;
+    uint64_t frequency;
+    const float *values;   /* embedding tables: dim floats (host order); NULL for feature tables */
+    const uint8_t *record; /* feature tables: the packed FeatureRecord (verified to decode); NULL otherwise */
+    size_t record_len;
+} kb_export_row_t;
+
+/* Opens path and verifies the whole file (see the top of this file). Caller owns *out. */
+int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err, size_t errlen);
+
+/* The exported table's name and config (owned by the reader). */
+const char *kb_export_reader_table(const kb_export_reader_t *self);
+const Carls__TableConfig *kb_export_reader_config(const kb_export_reader_t *self);
+
+/* Rows in the file (from the verified trailer). */
+uint64_t kb_export_reader_rows(const kb_export_reader_t *self);
+
+/* Reads the next row into *row: returns 1 with a row, 0 at the end (after checking the trailer and the
+ * checksum again), or a negative code. */
+int kb_export_reader_next(kb_export_reader_t *self, kb_export_row_t *row, char *err, size_t errlen);
+
+/* Frees the reader; accepts NULL and *self_p == NULL; nulls *self_p. */
+void kb_export_reader_destroy(kb_export_reader_t **self_p);
+
+#endif
