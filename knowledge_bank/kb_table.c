@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,12 +26,17 @@
 /* A pending set holds max_pending * dim floats per key: keep it bounded (16 MiB). */
 #define MAX_PENDING_FLOATS (4u << 20)
 
+/* An intrusive list of rows, linked through the kb_row_link_t at a given offset in each row. */
+typedef struct {
+    kb_row_t *head, *tail;
+} s_row_list_t;
+
 typedef struct {
     pthread_mutex_t mutex;
     kb_rowmap_t map;
-    kb_row_t *pending_head, *pending_tail; /* rows with pending gradients, oldest first */
+    s_row_list_t pending;                  /* rows with pending gradients, oldest first */
     kb_row_t *dirty_head;                  /* rows changed since the last persist (and evicted rows) */
-    kb_row_t *lru_head, *lru_tail;         /* eviction order: head goes first */
+    s_row_list_t lru;                      /* eviction order: head goes first */
     int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
     size_t knn_count, knn_capacity;
 } kb_stripe_t;
@@ -510,52 +516,35 @@ static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     s_knn_touch(self, st, row);
 }
 
-static void s_pending_unlink(kb_stripe_t *st, kb_row_t *row)
+#define PENDING_LINK offsetof(kb_row_t, pending_link)
+#define LRU_LINK offsetof(kb_row_t, lru_link)
+
+static kb_row_link_t *s_link(kb_row_t *row, size_t offset) { return (kb_row_link_t *)((char *)row + offset); }
+
+static void s_list_unlink(s_row_list_t *list, kb_row_t *row, size_t offset)
 {
-    if (row->pending_prev)
-        row->pending_prev->pending_next = row->pending_next;
+    kb_row_link_t *l = s_link(row, offset);
+    if (l->prev)
+        s_link(l->prev, offset)->next = l->next;
     else
-        st->pending_head = row->pending_next;
-    if (row->pending_next)
-        row->pending_next->pending_prev = row->pending_prev;
+        list->head = l->next;
+    if (l->next)
+        s_link(l->next, offset)->prev = l->prev;
     else
-        st->pending_tail = row->pending_prev;
-    row->pending_prev = row->pending_next = NULL;
+        list->tail = l->prev;
+    l->prev = l->next = NULL;
 }
 
-static void s_pending_append(kb_stripe_t *st, kb_row_t *row)
+static void s_list_append(s_row_list_t *list, kb_row_t *row, size_t offset)
 {
-    row->pending_next = NULL;
-    row->pending_prev = st->pending_tail;
-    if (st->pending_tail)
-        st->pending_tail->pending_next = row;
+    kb_row_link_t *l = s_link(row, offset);
+    l->next = NULL;
+    l->prev = list->tail;
+    if (list->tail)
+        s_link(list->tail, offset)->next = row;
     else
-        st->pending_head = row;
-    st->pending_tail = row;
-}
-
-static void s_lru_unlink(kb_stripe_t *st, kb_row_t *row)
-{
-    if (row->lru_prev)
-        row->lru_prev->lru_next = row->lru_next;
-    else
-        st->lru_head = row->lru_next;
-    if (row->lru_next)
-        row->lru_next->lru_prev = row->lru_prev;
-    else
-        st->lru_tail = row->lru_prev;
-    row->lru_prev = row->lru_next = NULL;
-}
-
-static void s_lru_append(kb_stripe_t *st, kb_row_t *row)
-{
-    row->lru_next = NULL;
-    row->lru_prev = st->lru_tail;
-    if (st->lru_tail)
-        st->lru_tail->lru_next = row;
-    else
-        st->lru_head = row;
-    st->lru_tail = row;
+        list->head = row;
+    list->tail = row;
 }
 
 /* A use of the row: with LRU eviction it becomes the most recent. */
@@ -564,9 +553,9 @@ static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     if (self->cfg.eviction != KB_EVICT_LRU)
         return;
     row->last_used = atomic_fetch_add(&self->tick, 1);
-    if (st->lru_tail != row) {
-        s_lru_unlink(st, row);
-        s_lru_append(st, row);
+    if (st->lru.tail != row) {
+        s_list_unlink(&st->lru, row, LRU_LINK);
+        s_list_append(&st->lru, row, LRU_LINK);
     }
 }
 
@@ -594,12 +583,12 @@ static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     if (row->pending_count) {
         atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
         atomic_fetch_sub(&self->stats.pending_keys, 1);
-        s_pending_unlink(st, row);
+        s_list_unlink(&st->pending, row, PENDING_LINK);
         free(row->pending);
         row->pending = NULL;
         row->pending_count = 0;
     }
-    s_lru_unlink(st, row);
+    s_list_unlink(&st->lru, row, LRU_LINK);
     s_by_id_set(self, row->id, NULL);
     if (!s_persistable(self, row))
         atomic_fetch_sub(&self->stats.not_persisted, 1);
@@ -618,7 +607,7 @@ static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 static void s_evict_one(kb_table_t *self, kb_stripe_t *st, kb_row_t *keep)
 {
     kb_stripe_t *best_st = NULL;
-    kb_row_t *best = st->lru_head != keep ? st->lru_head : (keep ? keep->lru_next : NULL);
+    kb_row_t *best = st->lru.head != keep ? st->lru.head : (keep ? keep->lru_link.next : NULL);
     if (best)
         best_st = st;
     kb_stripe_t *locked[EVICTION_SAMPLES];
@@ -632,8 +621,8 @@ static void s_evict_one(kb_table_t *self, kb_stripe_t *st, kb_row_t *keep)
         if (seen || pthread_mutex_trylock(&other->mutex) != 0)
             continue;
         locked[n_locked++] = other;
-        if (other->lru_head && (!best || other->lru_head->last_used < best->last_used)) {
-            best = other->lru_head;
+        if (other->lru.head && (!best || other->lru.head->last_used < best->last_used)) {
+            best = other->lru.head;
             best_st = other;
         }
     }
@@ -657,7 +646,7 @@ static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, 
     kb_rowmap_insert(&st->map, hash, row);
     s_by_id_set(self, row->id, row);
     row->last_used = atomic_fetch_add(&self->tick, 1);
-    s_lru_append(st, row);
+    s_list_append(&st->lru, row, LRU_LINK);
     atomic_fetch_add(&self->stats.rows, 1);
     if (!s_persistable(self, row))
         atomic_fetch_add(&self->stats.not_persisted, 1);
@@ -719,7 +708,7 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
     free(row->pending);
     row->pending = NULL;
     row->pending_count = 0;
-    s_pending_unlink(st, row);
+    s_list_unlink(&st->pending, row, PENDING_LINK);
     s_mark_dirty(st, row);
 }
 
@@ -831,7 +820,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
             if (row->pending_count == 0) {
                 row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
                 row->pending_since_ms = carls_monotonic_ms();
-                s_pending_append(st, row);
+                s_list_append(&st->pending, row, PENDING_LINK);
                 atomic_fetch_add(&self->stats.pending_keys, 1);
             }
             memcpy(row->pending + (size_t)row->pending_count * dim, g, dim * sizeof(float));
@@ -859,8 +848,8 @@ uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
         kb_stripe_t *st = &self->stripes[i];
         pthread_mutex_lock(&st->mutex);
         /* The list is in arrival order of each key's first pending gradient, so stop at the first young one. */
-        while (st->pending_head && now_ms - st->pending_head->pending_since_ms >= max_age) {
-            s_row_apply_pending(self, st, st->pending_head, &self->stats.applied_on_age);
+        while (st->pending.head && now_ms - st->pending.head->pending_since_ms >= max_age) {
+            s_row_apply_pending(self, st, st->pending.head, &self->stats.applied_on_age);
             applied++;
         }
         pthread_mutex_unlock(&st->mutex);
@@ -1173,7 +1162,7 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         row->pending_count = rec->pending_count;
         /* The monotonic clock does not survive a restart: restored pending sets start their age now. */
         row->pending_since_ms = carls_monotonic_ms();
-        s_pending_append(st, row);
+        s_list_append(&st->pending, row, PENDING_LINK);
         atomic_fetch_add(&self->stats.pending_keys, 1);
         atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
     }
@@ -1183,7 +1172,7 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
     row->last_used = (uint64_t)row->id;
     if (row->last_used >= atomic_load(&self->tick))
         atomic_store(&self->tick, row->last_used + 1);
-    s_lru_append(st, row);
+    s_list_append(&st->lru, row, LRU_LINK);
     s_knn_touch(self, st, row);
     atomic_fetch_add(&self->stats.rows, 1);
     if (!s_persistable(self, row))

@@ -76,6 +76,11 @@ typedef struct {
 /* Writes a config to wire form. */
 void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *out);
 
+/* Links of a row in one of its stripe's intrusive doubly-linked lists. */
+typedef struct {
+    struct kb_row *prev, *next;
+} kb_row_link_t;
+
 /* One row. value and opt_state point into the row's own allocation; key follows them. */
 typedef struct kb_row {
     int64_t id;              /* unique in the table, stable across restarts (nearest-neighbour ids) */
@@ -88,9 +93,9 @@ typedef struct kb_row {
     float *pending;          /* (max_pending, dim) while pending_count > 0, else NULL */
     uint32_t pending_count;
     int64_t pending_since_ms; /* monotonic time of the first pending gradient */
-    struct kb_row *pending_prev, *pending_next; /* stripe's pending list, oldest first */
+    kb_row_link_t pending_link;                 /* stripe's pending list, oldest first */
     struct kb_row *dirty_next;                  /* stripe's dirty list */
-    struct kb_row *lru_prev, *lru_next;         /* stripe's recency (LRU) or creation (oldest) order */
+    kb_row_link_t lru_link;                     /* stripe's recency (LRU) or creation (oldest) order */
     bool dirty;
     bool knn_dirty;          /* value changed since the index last saw it */
     bool evicted;            /* removed from the table; freed once its deletion is persisted */
