@@ -1,5 +1,6 @@
 /* kb-server: the knowledge bank's server program. See `kb-server --help` and docs/PROTOCOL.md. */
 #include "kb_bank.h"
+#include "kb_knn.h"
 #include "kb_server.h"
 #include "kb_service.h"
 #include "log.h"
@@ -39,6 +40,9 @@ static void s_usage(FILE *out)
             "                             so up to MS ms of acknowledged writes can be lost in a crash\n"
             "                             (default sync)\n"
             "  --threads N                worker threads (default 2)\n"
+            "  --knn-threads N            OpenMP threads per nearest-neighbour search (default 1; OpenBLAS\n"
+            "                             stays at 1: their product must not oversubscribe the cores, and\n"
+            "                             the worker threads already search in parallel)\n"
             "  --read-only                refuse every write (serving mode)\n"
             "  --shard I/N                this server is shard I of N (0-based): it refuses keys that belong\n"
             "                             to other shards (clients route keys with the same hash)\n"
@@ -98,11 +102,12 @@ int main(int argc, char **argv)
     const char *endpoint_file = NULL;
     const char *curve_secret = NULL, *curve_allow = NULL;
     uint32_t threads = 2;
+    uint32_t knn_threads = 1;
     kb_limits_t limits;
     kb_limits_defaults(&limits);
 
     enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
-           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW };
+           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS };
     static const struct option options[] = {
         {"listen", required_argument, NULL, O_LISTEN},
         {"data", required_argument, NULL, O_DATA},
@@ -110,6 +115,7 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, O_THREADS},
         {"read-only", no_argument, NULL, O_RO},
         {"shard", required_argument, NULL, O_SHARD},
+        {"knn-threads", required_argument, NULL, O_KNN_THREADS},
         {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
         {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"max-message-bytes", required_argument, NULL, O_MSG},
@@ -129,6 +135,7 @@ int main(int argc, char **argv)
         case O_DATA: data_dir = optarg; break;
         case O_DUR: durability = optarg; break;
         case O_THREADS: threads = s_parse_u32("--threads", optarg, 1); break;
+        case O_KNN_THREADS: knn_threads = s_parse_u32("--knn-threads", optarg, 1); break;
         case O_RO: limits.read_only = true; break;
         case O_SHARD: {
             unsigned i, n;
@@ -194,6 +201,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    kb_knn_set_threads((int)knn_threads, 1);
     char err[1024];
     kb_bank_t *bank = NULL;
     if (kb_bank_open(&bank_opts, &bank, err, sizeof err) != 0) {
