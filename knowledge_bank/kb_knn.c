@@ -64,6 +64,7 @@ typedef struct {
     size_t count;  /* occupied slots */
 } knn_map_t;
 
+/* The slot where key's probe sequence starts. m->cap > 0. */
 static size_t s_map_home(const knn_map_t *m, int64_t key)
 {
     /* splitmix64's finalizer: row ids are often sequential, and must not cluster. */
@@ -91,6 +92,7 @@ static size_t s_map_find(const knn_map_t *m, int64_t key)
     }
 }
 
+/* Whether key is present; its value goes to *val when val is not NULL. */
 static bool s_map_get(const knn_map_t *m, int64_t key, int64_t *val)
 {
     size_t i = s_map_find(m, key);
@@ -185,6 +187,7 @@ static void s_map_clear(knn_map_t *m)
     m->count = 0;
 }
 
+/* Frees the map's arrays and leaves it empty and reusable. */
 static void s_map_free(knn_map_t *m)
 {
     free(m->keys);
@@ -263,6 +266,7 @@ void kb_knn_set_threads(int omp_threads, int blas_threads)
     LOG_DEBUG("kb_knn: %d OpenMP threads per calling thread, %d OpenBLAS threads", omp_threads, blas_threads);
 }
 
+/* pthread_once body: the default thread settings unless kb_knn_set_threads came first. */
 static void s_threads_default(void)
 {
     if (atomic_load(&s_omp_threads) == 0) {
@@ -283,6 +287,7 @@ static void s_apply_threads(void)
 /* ---------------------------------------------------------------------------------------------------- */
 /* Small helpers. */
 
+/* The last FAISS error of this thread, never NULL (for logs). */
 static const char *s_faiss_error(void)
 {
     const char *e = faiss_get_last_error();
@@ -305,6 +310,7 @@ static const char *s_faiss_message(void)
     return strncmp(at, ": ", 2) == 0 ? at + 2 : e;
 }
 
+/* Whether all n values are finite: NaN or Inf would poison distances and, in HNSW, the graph. */
 static bool s_finite(const float *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -359,6 +365,7 @@ typedef struct {
     bool higher;    /* higher scores are better */
 } knn_topk_t;
 
+/* Whether (sa, ia) ranks before (sb, ib). */
 static bool s_better(const knn_topk_t *t, float sa, int64_t ia, float sb, int64_t ib)
 {
     if (sa != sb) {
@@ -367,6 +374,7 @@ static bool s_better(const knn_topk_t *t, float sa, int64_t ia, float sb, int64_
     return ia < ib;
 }
 
+/* Swaps entries a and b. */
 static void s_topk_swap(knn_topk_t *t, uint32_t a, uint32_t b)
 {
     float s = t->scores[a];
@@ -396,6 +404,7 @@ static void s_topk_down(knn_topk_t *t, uint32_t i, uint32_t n)
     }
 }
 
+/* Offers a candidate: kept if fewer than k are held or it beats the worst held (which it replaces). */
 static void s_topk_push(knn_topk_t *t, int64_t id, float score)
 {
     if (t->n < t->k) {
@@ -468,6 +477,7 @@ static bool s_copy_del(kb_knn_t *self, int64_t id)
     return true;
 }
 
+/* id's vector in the copy, or NULL. Valid until the copy next changes. */
 static const float *s_copy_vec(const kb_knn_t *self, int64_t id)
 {
     int64_t slot;
@@ -578,6 +588,7 @@ static bool s_needs_build_locked(const kb_knn_t *self)
     return false;
 }
 
+/* Tells the worker (if any) that a build may be due; it re-checks under the lock. */
 static void s_wake_worker(kb_knn_t *self)
 {
     if (!self->background) {
@@ -662,10 +673,10 @@ static int s_build(kb_knn_t *self, bool force)
     knn_map_t pending = {0};
     int rc = 0;
     char err[256] = "";
-    int64_t t0 = carls_monotonic_ms();
 
     s_apply_threads();
     pthread_mutex_lock(&self->build_mu);
+    int64_t t0 = carls_monotonic_ms(); /* after waiting for another build: the duration is this build's */
 
     /* Snapshot. Exclusive so that no update slips between the copy and the start of change tracking. */
     pthread_rwlock_wrlock(&self->lock);
@@ -743,6 +754,8 @@ cleanup:
     return rc;
 }
 
+/* The background thread: sleeps until woken, builds when due, and backs off after a failed build
+ * so that a persistent FAISS error cannot spin. Exits when stop is set. */
 static void *s_worker(void *arg)
 {
     kb_knn_t *self = arg;

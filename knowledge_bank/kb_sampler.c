@@ -86,6 +86,7 @@ static size_t s_below(uint64_t *rng, size_t n)
 
 /* ---- construction ---- */
 
+/* Orders by row id. */
 static int s_cmp_key(const void *a, const void *b)
 {
     const sampler_key_t *x = a, *y = b;
@@ -108,6 +109,7 @@ static int s_cmp_rank(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
+/* Ranks the entries and sets P(index) = P(rank of index) (kb_sampler.h). */
 static void s_build_log_uniform(kb_sampler_t *self, const kb_sampler_entry_t *entries)
 {
     size_t n = self->n;
