@@ -698,3 +698,255 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p)
     free(r);
     *self_p = NULL;
 }
+
+/* ---- whole tables ----------------------------------------------------------------------------------- */
+
+#define S_DEFAULT_PAGE 1000u
+#define S_DEFAULT_BATCH 1000u
+
+int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
+                    char *err, size_t errlen)
+{
+    if (rows_out)
+        *rows_out = 0;
+    if (!bank || !table || !path)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a bank, a table and a path are required");
+    if (page == 0)
+        page = S_DEFAULT_PAGE;
+    Carls__TableConfig *cfg = NULL;
+    kb_export_writer_t *w = NULL;
+    int rc = kb_cluster_table_config(bank, table, &cfg);
+    if (rc != 0)
+        return s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+    rc = kb_export_writer_open(path, table, cfg, &w, err, errlen);
+    if (rc != 0)
+        goto cleanup;
+    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    for (uint32_t s = 0; s < kb_cluster_shards(bank); s++) {
+        int64_t after = 0;
+        bool done = false;
+        while (!done) {
+            Carls__Response *resp = NULL;
+            if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0) {
+                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+                goto cleanup;
+            }
+            const Carls__ScanResult *r = resp->scan;
+            if (!feature && r->n_keys > 0 && r->dim != cfg->dim) {
+                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u", s,
+                            r->dim, cfg->dim);
+            } else if (feature && r->n_keys > 0 && r->n_records != r->n_keys) {
+                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
+            }
+            for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
+                rc = kb_export_writer_add(w, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
+                                          feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL,
+                                          err, errlen);
+                /* A row the writer refuses (non-finite value, over-long key) came from the bank. */
+                if (rc == KB_EXPORT_EINVAL)
+                    rc = KB_EXPORT_EBANK;
+            }
+            done = r->done || r->n_keys == 0;
+            if (r->n_keys > 0)
+                after = r->row_ids[r->n_keys - 1];
+            carls__response__free_unpacked(resp, NULL);
+            if (rc != 0)
+                goto cleanup;
+        }
+    }
+    rc = kb_export_writer_finish(w, err, errlen);
+    if (rc == 0 && rows_out)
+        *rows_out = kb_export_writer_rows(w);
+cleanup:
+    kb_export_writer_destroy(&w);
+    if (cfg)
+        carls__table_config__free_unpacked(cfg, NULL);
+    return rc;
+}
+
+/* Rows read from a file and not yet written. */
+typedef struct {
+    size_t n, cap;                   /* rows held / room */
+    uint32_t dim;                    /* embedding tables; 0 for feature tables */
+    uint8_t *key_bytes;              /* keys back to back */
+    size_t key_bytes_len, key_bytes_cap;
+    size_t *key_off, *key_len;       /* (cap) */
+    float *values;                   /* (cap, dim) */
+    uint64_t *versions;              /* (cap) */
+    Carls__FeatureRecord **records;  /* (cap) decoded, owned */
+} s_batch_t;
+
+static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim)
+{
+    memset(b, 0, sizeof *b);
+    b->cap = cap;
+    b->dim = dim;
+    b->key_off = carls_xmalloc(cap * sizeof *b->key_off);
+    b->key_len = carls_xmalloc(cap * sizeof *b->key_len);
+    b->versions = carls_xmalloc(cap * sizeof *b->versions);
+    b->values = dim ? carls_xmalloc(cap * dim * sizeof *b->values) : NULL;
+    b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
+}
+
+/* Forgets the rows (freeing their records). */
+static void s_batch_clear(s_batch_t *b)
+{
+    for (size_t i = 0; b->records && i < b->n; i++) {
+        carls__feature_record__free_unpacked(b->records[i], NULL);
+        b->records[i] = NULL;
+    }
+    b->n = 0;
+    b->key_bytes_len = 0;
+}
+
+static void s_batch_free(s_batch_t *b)
+{
+    s_batch_clear(b);
+    free(b->key_bytes);
+    free(b->key_off);
+    free(b->key_len);
+    free(b->values);
+    free(b->versions);
+    free(b->records);
+}
+
+/* Adds one row read from the file (b has room). 0, or KB_EXPORT_ECORRUPT when its record does not decode
+ * (the file changed after it was verified). */
+static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
+{
+    assert(b->n < b->cap);
+    if (!b->dim) {
+        b->records[b->n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
+        if (!b->records[b->n])
+            return KB_EXPORT_ECORRUPT;
+    } else {
+        memcpy(b->values + b->n * b->dim, row->values, b->dim * sizeof(float));
+    }
+    if (b->key_bytes_cap - b->key_bytes_len < row->key_len) {
+        size_t cap = b->key_bytes_cap ? b->key_bytes_cap : 4096;
+        while (cap - b->key_bytes_len < row->key_len)
+            cap *= 2;
+        b->key_bytes = carls_xrealloc(b->key_bytes, cap);
+        b->key_bytes_cap = cap;
+    }
+    memcpy(b->key_bytes + b->key_bytes_len, row->key, row->key_len);
+    b->key_off[b->n] = b->key_bytes_len;
+    b->key_len[b->n] = row->key_len;
+    b->key_bytes_len += row->key_len;
+    b->versions[b->n] = row->version;
+    b->n++;
+    return 0;
+}
+
+/* qsort_r order of row indices by version, then file order (so a later row for the same key still comes
+ * later and wins on the server). */
+static int s_by_version(const void *a, const void *b, void *ctx)
+{
+    const uint64_t *versions = ctx;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    if (versions[x] != versions[y])
+        return versions[x] < versions[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* Writes the batch to the bank and clears it. 0 or KB_EXPORT_EBANK (message set). */
+static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, char *err, size_t errlen)
+{
+    size_t n = b->n;
+    if (n == 0)
+        return 0;
+    int rc = 0;
+    kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
+    if (!b->dim) {
+        for (size_t i = 0; i < n; i++)
+            keys[i] = (kb_key_t){b->key_bytes + b->key_off[i], b->key_len[i]};
+        rc = kb_cluster_feature_put(bank, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
+    } else {
+        /* One put per version: the protocol's put tags all its rows with one version. */
+        size_t *order = carls_xmalloc(n * sizeof *order);
+        float *vals = carls_xmalloc(n * b->dim * sizeof *vals);
+        for (size_t i = 0; i < n; i++)
+            order[i] = i;
+        qsort_r(order, n, sizeof *order, s_by_version, b->versions);
+        for (size_t i = 0; i < n; i++) {
+            keys[i] = (kb_key_t){b->key_bytes + b->key_off[order[i]], b->key_len[order[i]]};
+            memcpy(vals + i * b->dim, b->values + order[i] * b->dim, b->dim * sizeof *vals);
+        }
+        for (size_t start = 0; start < n && rc == 0;) {
+            size_t end = start + 1;
+            while (end < n && b->versions[order[end]] == b->versions[order[start]])
+                end++;
+            rc = kb_cluster_put(bank, table, keys + start, end - start, b->dim, vals + start * b->dim,
+                                b->versions[order[start]]);
+            start = end;
+        }
+        free(vals);
+        free(order);
+    }
+    free(keys);
+    s_batch_clear(b);
+    if (rc != 0)
+        return s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+    return 0;
+}
+
+int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
+                    char *err, size_t errlen)
+{
+    if (rows_out)
+        *rows_out = 0;
+    if (!bank || !table || !path)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "import: a bank, a table and a path are required");
+    if (carls_table_name_valid(table) != 0)
+        return s_fail(err, errlen, KB_EXPORT_EINVAL, "import: invalid table name \"%s\"", table);
+    if (batch == 0)
+        batch = S_DEFAULT_BATCH;
+    kb_export_reader_t *r = NULL;
+    /* Everything about the file is checked before the bank is touched. */
+    int rc = kb_export_reader_open(path, &r, err, errlen);
+    if (rc != 0)
+        return rc;
+    const Carls__TableConfig *cfg = kb_export_reader_config(r);
+    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    uint64_t written = 0;
+    s_batch_t b;
+    s_batch_init(&b, batch, feature ? 0 : cfg->dim);
+    if (kb_cluster_create_table(bank, table, cfg, true) != 0) {
+        if (strstr(kb_cluster_last_error(bank), "ALREADY_EXISTS"))
+            rc = s_fail(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
+                        table, kb_cluster_last_error(bank));
+        else
+            rc = s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+        goto cleanup;
+    }
+    kb_export_row_t row;
+    int got;
+    while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
+        if (s_batch_add(&b, &row) != 0) {
+            got = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: a feature record no longer decodes (was the file "
+                         "changed while being imported?)", path);
+            break;
+        }
+        if (b.n == b.cap) {
+            size_t k = b.n;
+            rc = s_batch_flush(bank, table, &b, err, errlen);
+            if (rc != 0)
+                goto cleanup;
+            written += k;
+        }
+    }
+    if (got < 0) {
+        rc = got;
+        goto cleanup;
+    }
+    size_t k = b.n;
+    rc = s_batch_flush(bank, table, &b, err, errlen);
+    if (rc == 0)
+        written += k;
+cleanup:
+    if (rows_out)
+        *rows_out = written;
+    s_batch_free(&b);
+    kb_export_reader_destroy(&r);
+    return rc;
+}

@@ -28,6 +28,7 @@
 #define KB_EXPORT_H
 
 #include "carls.pb-c.h"
+#include "kb_cluster.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -49,6 +50,8 @@ enum {
     KB_EXPORT_ECORRUPT = -6,   /* lengths over their caps, a config or record that does not decode, a row
                                   count that disagrees with the rows, bytes left between rows and trailer */
     KB_EXPORT_EINVAL = -7,     /* bad arguments from the caller */
+    KB_EXPORT_EBANK = -8,      /* kb_export_table / kb_import_table: the bank failed or refused (the message
+                                  holds kb_cluster_last_error) */
 };
 
 /* ---- writing -------------------------------------------------------------------------------------------- */
@@ -109,5 +112,24 @@ int kb_export_reader_next(kb_export_reader_t *self, kb_export_row_t *row, char *
 
 /* Frees the reader; accepts NULL and *self_p == NULL; nulls *self_p. */
 void kb_export_reader_destroy(kb_export_reader_t **self_p);
+
+/* ---- whole tables ----------------------------------------------------------------------------------- */
+
+/* Exports table from bank (every shard, read with scan pages of `page` rows; 0 means 1000) to path.
+ * *rows_out (may be NULL) gets the rows written. Rows written to the table meanwhile may or may not be
+ * included: it is not a point-in-time snapshot. On failure path is untouched (the temporary file is
+ * removed). */
+int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
+                    char *err, size_t errlen);
+
+/* Imports the file at path into table of bank: verifies the whole file first (nothing is sent for a bad
+ * file), creates the table with the file's config unless it exists with that same config (another config:
+ * KB_EXPORT_EBANK, nothing written), then writes the rows in batches of `batch` rows (0 means 1000) routed
+ * by the bank's current shard count: embedding rows with kb_cluster_put (one request per version within a
+ * batch, since a put carries one version), feature records with kb_cluster_feature_put. Rows of the table
+ * with keys not in the file stay. Frequencies are not restored (the protocol cannot set them). *rows_out
+ * (may be NULL) gets the rows written, also on failure (how far it got). */
+int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
+                    char *err, size_t errlen);
 
 #endif

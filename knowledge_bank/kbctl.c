@@ -1219,6 +1219,12 @@ cleanup:
     return st;
 }
 
+/* Exit status for a kb_export_* / kb_import_table failure: the bank's fault or the file's. */
+static int s_export_status(int rc)
+{
+    return rc == KB_EXPORT_EBANK ? S_EXIT_SERVER : S_EXIT_USAGE;
+}
+
 static int s_export(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
 {
     s_opt_t opts[] = {{"force", false, NULL}, {"page", true, NULL}};
@@ -1238,132 +1244,22 @@ static int s_export(const s_verb_t *verb, const s_global_t *g, int argc, char **
         fprintf(stderr, "kbctl %s: %s exists; --force replaces it\n", v, path);
         return S_EXIT_USAGE;
     }
-    Carls__TableConfig *cfg = NULL;
-    kb_export_writer_t *w = NULL;
-    char err[512];
     kb_cluster_t *c = s_connect_st(g, &st);
     if (!c)
         return st;
-    int rc = kb_cluster_table_config(c, table, &cfg);
+    char err[768];
+    uint64_t rows = 0;
+    int rc = kb_export_table(c, table, path, (uint32_t)page, &rows, err, sizeof err);
     if (rc != 0) {
-        st = s_fail(v, c, rc);
-        goto cleanup;
-    }
-    if (kb_export_writer_open(path, table, cfg, &w, err, sizeof err) != 0) {
         fprintf(stderr, "kbctl %s: %s\n", v, err);
-        st = S_EXIT_USAGE;
-        goto cleanup;
+        st = s_export_status(rc);
+    } else {
+        fprintf(stderr, "exported %llu row%s of %s to %s\n", (unsigned long long)rows, rows == 1 ? "" : "s", table,
+                path);
+        st = S_EXIT_OK;
     }
-    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    /* Every shard's rows, page by page in row-id order. Rows written meanwhile may or may not be seen: an
-     * export of a table in use is not a point-in-time snapshot. */
-    for (uint32_t s = 0; s < kb_cluster_shards(c); s++) {
-        int64_t after = 0;
-        for (;;) {
-            Carls__Response *resp = NULL;
-            rc = kb_cluster_scan(c, s, table, after, (uint32_t)page, &resp);
-            if (rc != 0) {
-                st = s_fail(v, c, rc);
-                goto cleanup;
-            }
-            const Carls__ScanResult *r = resp->scan;
-            if (!feature && r->n_keys > 0 && r->dim != cfg->dim) {
-                fprintf(stderr, "kbctl %s: shard %u sent rows of dim %u for a table of dim %u\n", v, s, r->dim, cfg->dim);
-                carls__response__free_unpacked(resp, NULL);
-                st = S_EXIT_SERVER;
-                goto cleanup;
-            }
-            int wrc = 0;
-            for (size_t i = 0; i < r->n_keys && wrc == 0; i++)
-                wrc = kb_export_writer_add(w, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
-                                           feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL,
-                                           err, sizeof err);
-            bool done = r->done || r->n_keys == 0;
-            if (r->n_keys > 0)
-                after = r->row_ids[r->n_keys - 1];
-            carls__response__free_unpacked(resp, NULL);
-            if (wrc != 0) {
-                fprintf(stderr, "kbctl %s: %s\n", v, err);
-                st = wrc == KB_EXPORT_EIO ? S_EXIT_USAGE : S_EXIT_SERVER;
-                goto cleanup;
-            }
-            if (done)
-                break;
-        }
-    }
-    if (kb_export_writer_finish(w, err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl %s: %s\n", v, err);
-        st = S_EXIT_USAGE;
-        goto cleanup;
-    }
-    fprintf(stderr, "exported %llu row%s of %s to %s\n", (unsigned long long)kb_export_writer_rows(w),
-            kb_export_writer_rows(w) == 1 ? "" : "s", table, path);
-    st = S_EXIT_OK;
-cleanup:
-    kb_export_writer_destroy(&w);
-    if (cfg)
-        carls__table_config__free_unpacked(cfg, NULL);
     kb_cluster_destroy(&c);
     return st;
-}
-
-/* One batch of rows read from an export file, waiting to be written. */
-typedef struct {
-    kb_rows_t *rows;                  /* keys (and values for embedding tables) */
-    uint64_t *versions;               /* (cap) per row */
-    Carls__FeatureRecord **records;   /* (cap) feature tables: decoded records, owned */
-    size_t cap;
-} s_import_batch_t;
-
-static int s_version_order_cmp(const void *a, const void *b, void *ctx)
-{
-    const uint64_t *versions = ctx;
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    if (versions[x] != versions[y])
-        return versions[x] < versions[y] ? -1 : 1;
-    return x < y ? -1 : x > y; /* keep file order among equal versions: a later row wins on the server */
-}
-
-/* Writes the batch: feature records in one feature_put; embedding rows with one put per version (a put
- * request carries one version for all its rows). 0, or the cluster's error code. */
-static int s_import_flush(kb_cluster_t *c, const char *table, bool feature, s_import_batch_t *b)
-{
-    size_t n = b->rows->n;
-    if (n == 0)
-        return 0;
-    int rc = 0;
-    kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
-    if (feature) {
-        for (size_t i = 0; i < n; i++)
-            keys[i] = kb_rows_key(b->rows, i);
-        rc = kb_cluster_feature_put(c, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
-        for (size_t i = 0; i < n; i++)
-            carls__feature_record__free_unpacked(b->records[i], NULL);
-    } else {
-        uint32_t dim = b->rows->dim;
-        size_t *order = carls_xmalloc(n * sizeof *order);
-        float *vals = carls_xmalloc(n * dim * sizeof *vals);
-        for (size_t i = 0; i < n; i++)
-            order[i] = i;
-        qsort_r(order, n, sizeof *order, s_version_order_cmp, b->versions);
-        for (size_t i = 0; i < n; i++) {
-            keys[i] = kb_rows_key(b->rows, order[i]);
-            memcpy(vals + i * dim, b->rows->values + order[i] * dim, dim * sizeof *vals);
-        }
-        for (size_t start = 0; start < n && rc == 0;) {
-            size_t end = start + 1;
-            while (end < n && b->versions[order[end]] == b->versions[order[start]])
-                end++;
-            rc = kb_cluster_put(c, table, keys + start, end - start, dim, vals + start * dim,
-                                b->versions[order[start]]);
-            start = end;
-        }
-        free(vals);
-        free(order);
-    }
-    free(keys);
-    kb_rows_clear(b->rows);
-    return rc;
 }
 
 static int s_import(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
@@ -1380,85 +1276,36 @@ static int s_import(const s_verb_t *verb, const s_global_t *g, int argc, char **
         return S_EXIT_USAGE;
     if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
         return S_EXIT_USAGE;
-    char err[512];
+    char err[768];
+    /* Verified here first as well, so a bad file is refused before any connection is opened. */
     kb_export_reader_t *r = NULL;
-    /* The whole file is verified before the bank is even contacted: a bad file imports nothing. */
-    if (kb_export_reader_open(path, &r, err, sizeof err) != 0) {
+    int rc = kb_export_reader_open(path, &r, err, sizeof err);
+    if (rc != 0) {
         fprintf(stderr, "kbctl %s: refusing %s: %s; nothing was imported\n", v, path, err);
         return S_EXIT_USAGE;
     }
-    const Carls__TableConfig *cfg = kb_export_reader_config(r);
-    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    s_import_batch_t b = {kb_rows_new(feature ? 0 : cfg->dim), NULL, NULL, (size_t)batch};
-    b.versions = carls_xcalloc(b.cap, sizeof *b.versions);
-    b.records = carls_xcalloc(b.cap, sizeof *b.records);
-    uint64_t imported = 0;
+    char from[CARLS_MAX_TABLE_NAME_BYTES + 1];
+    snprintf(from, sizeof from, "%s", kb_export_reader_table(r));
+    uint64_t in_file = kb_export_reader_rows(r);
+    kb_export_reader_destroy(&r);
     kb_cluster_t *c = s_connect_st(g, &st);
     if (!c)
-        goto cleanup;
-    int rc = kb_cluster_create_table(c, table, cfg, true);
+        return st;
+    uint64_t rows = 0;
+    rc = kb_import_table(c, table, path, (size_t)batch, &rows, err, sizeof err);
     if (rc != 0) {
-        if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(c), "ALREADY_EXISTS"))
-            fprintf(stderr, "kbctl %s: table %s exists with another config than the file's; nothing was imported "
-                            "(%s)\n", v, table, kb_cluster_last_error(c));
-        else
-            s_fail(v, c, rc);
-        st = rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
-        goto cleanup;
+        fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported)\n", v, err, (unsigned long long)rows,
+                (unsigned long long)in_file);
+        st = s_export_status(rc);
+    } else {
+        fprintf(stderr, "imported %llu row%s into %s (exported from table %s)\n", (unsigned long long)rows,
+                rows == 1 ? "" : "s", table, from);
+        st = S_EXIT_OK;
     }
-    kb_export_row_t row;
-    int got;
-    while ((got = kb_export_reader_next(r, &row, err, sizeof err)) == 1) {
-        size_t i = b.rows->n;
-        if (feature) {
-            b.records[i] = carls__feature_record__unpack(NULL, row.record_len, row.record);
-            if (!b.records[i]) {
-                snprintf(err, sizeof err, "a feature record no longer decodes (was the file changed?)");
-                got = KB_EXPORT_ECORRUPT;
-                break;
-            }
-        }
-        kb_rows_append(b.rows, row.key, row.key_len, row.values);
-        b.versions[i] = row.version;
-        if (b.rows->n == b.cap) {
-            size_t k = b.rows->n;
-            rc = s_import_flush(c, table, feature, &b);
-            if (rc != 0)
-                break;
-            imported += k;
-        }
-    }
-    if (got < 0) {
-        fprintf(stderr, "kbctl %s: %s (%llu rows were imported before)\n", v, err, (unsigned long long)imported);
-        st = S_EXIT_USAGE;
-        goto cleanup;
-    }
-    if (rc == 0) {
-        size_t k = b.rows->n;
-        rc = s_import_flush(c, table, feature, &b);
-        if (rc == 0)
-            imported += k;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported before)\n", v, kb_cluster_last_error(c),
-                (unsigned long long)imported, (unsigned long long)kb_export_reader_rows(r));
-        st = rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
-        goto cleanup;
-    }
-    fprintf(stderr, "imported %llu row%s into %s (exported from table %s)\n", (unsigned long long)imported,
-            imported == 1 ? "" : "s", table, kb_export_reader_table(r));
-    st = S_EXIT_OK;
-cleanup:
-    if (feature)
-        for (size_t i = 0; i < b.rows->n; i++)
-            carls__feature_record__free_unpacked(b.records[i], NULL);
-    free(b.versions);
-    free(b.records);
-    kb_rows_destroy(&b.rows);
-    kb_export_reader_destroy(&r);
     kb_cluster_destroy(&c);
     return st;
 }
+
 static const s_verb_t s_verbs[] = {
     {"create-table",
      "usage: kbctl create-table NAME --dim D [options] | NAME --kind feature [options]\n"
