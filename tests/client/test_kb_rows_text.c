@@ -328,6 +328,229 @@ static void test_round_trip(void **state)
     kb_rows_destroy(&got);
 }
 
+/* ---- feature lines ---- */
+
+/* Writes a feature line for (key, rec) into a string (caller frees). */
+static char *s_feature_text(const void *key, size_t len, const Carls__FeatureRecord *rec, bool meta)
+{
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    assert_non_null(f);
+    assert_int_equal(kb_feature_write_line(f, key, len, rec, meta), 0);
+    fclose(f);
+    return buf;
+}
+
+static int s_parse_feature(kb_feature_rows_t *rows, const char *line, char *err, size_t errlen)
+{
+    err[0] = '\0';
+    return kb_feature_parse_line(rows, line, strlen(line), err, errlen);
+}
+
+static void test_feature_lines_parse(void **state)
+{
+    (void)state;
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    char err[256];
+    assert_int_equal(s_parse_feature(rows, "n%201\tlabel=-3 confidence=0.9 version=2 neighbors=a:0.5,b%2Cx:-0.25 "
+                                           "data=00fFa0", err, sizeof err), 0);
+    assert_int_equal(s_parse_feature(rows, "n2\t\tflabel=1e-3\tupdated_at_ms=1700000000000 ", err, sizeof err), 0);
+    assert_int_equal(s_parse_feature(rows, "n3\t", err, sizeof err), 0);
+    assert_int_equal(s_parse_feature(rows, "n4\tfound=false", err, sizeof err), 0);
+    assert_int_equal(s_parse_feature(rows, "n5\tneighbors= version=0\r", err, sizeof err), 0);
+    assert_int_equal(rows->keys->n, 4);
+    assert_int_equal(rows->skipped, 1);
+    kb_key_t k = kb_rows_key(rows->keys, 0);
+    assert_int_equal(k.len, 3);
+    assert_memory_equal(k.data, "n 1", 3);
+    const Carls__FeatureRecord *r = rows->records[0];
+    assert_int_equal(r->label_case, CARLS__FEATURE_RECORD__LABEL_INT_LABEL);
+    assert_int_equal(r->int_label, -3);
+    assert_true(r->label_confidence == 0.9f);
+    assert_int_equal(r->version, 2);
+    assert_int_equal(r->n_neighbor_keys, 2);
+    assert_int_equal(r->n_neighbor_weights, 2);
+    assert_int_equal(r->neighbor_keys[1].len, 3);
+    assert_memory_equal(r->neighbor_keys[1].data, "b,x", 3);
+    assert_true(r->neighbor_weights[0] == 0.5f && r->neighbor_weights[1] == -0.25f);
+    assert_int_equal(r->data.len, 3);
+    assert_memory_equal(r->data.data, "\x00\xff\xa0", 3);
+    r = rows->records[1];
+    assert_int_equal(r->label_case, CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL);
+    assert_true(r->float_label == 1e-3f);
+    assert_int_equal(r->label_case == CARLS__FEATURE_RECORD__LABEL__NOT_SET, false);
+    r = rows->records[2];
+    assert_int_equal(r->label_case, CARLS__FEATURE_RECORD__LABEL__NOT_SET);
+    assert_int_equal(r->n_neighbor_keys, 0);
+    assert_int_equal(r->data.len, 0);
+    k = kb_rows_key(rows->keys, 3);
+    assert_memory_equal(k.data, "n5", 2);
+    kb_feature_rows_destroy(&rows);
+    assert_null(rows);
+    kb_feature_rows_destroy(&rows);
+}
+
+static void test_feature_lines_invalid(void **state)
+{
+    (void)state;
+    struct {
+        const char *line, *reason;
+    } bad[] = {
+        {"no tab here label=1", "no TAB"},
+        {"\tlabel=1", "key is empty"},
+        {"k%2\tlabel=1", "two hex digits"},
+        {"k%zz\tlabel=1", "two hex digits"},
+        {"k\tlabel", "not NAME=VALUE"},
+        {"k\tcolour=red", "unknown field"},
+        {"k\tlabel=1 label=2", "appears twice"},
+        {"k\tlabel=1 flabel=2", "exclude each other"},
+        {"k\tlabel=1.5", "whole number"},
+        {"k\tlabel=99999999999999999999", "whole number"},
+        {"k\tflabel=nan", "not a finite number"},
+        {"k\tconfidence=", "wants a number"},
+        {"k\tversion=-1", "version= wants"},
+        {"k\tneighbors=a", "no ':WEIGHT'"},
+        {"k\tneighbors=a:inf", "not a finite number"},
+        {"k\tneighbors=:1", "neighbour 1 is empty"},
+        {"k\tneighbors=a:1,", "no ':WEIGHT'"},
+        {"k\tdata=abc", "even number"},
+        {"k\tdata=zz", "not a hex digit"},
+        {"k\tfound=true", "can only be false"},
+        {"k\tfound=false label=1", "stands alone"},
+    };
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    char err[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (s_parse_feature(rows, bad[i].line, err, sizeof err) != -1 || !strstr(err, bad[i].reason))
+            fail_msg("line \"%s\": got \"%s\", want a reason with \"%s\"", bad[i].line, err, bad[i].reason);
+    }
+    assert_int_equal(rows->keys->n, 0);
+    assert_int_equal(rows->skipped, 0);
+    /* An over-long key, before and after decoding. */
+    char line[4 * CARLS_DEFAULT_MAX_KEY_BYTES];
+    memset(line, 'a', CARLS_DEFAULT_MAX_KEY_BYTES + 1);
+    strcpy(line + CARLS_DEFAULT_MAX_KEY_BYTES + 1, "\t");
+    assert_int_equal(s_parse_feature(rows, line, err, sizeof err), -1);
+    assert_non_null(strstr(err, "longer than"));
+    /* 1024 bytes written as %XX (3072 characters) are fine. */
+    for (size_t i = 0; i < CARLS_DEFAULT_MAX_KEY_BYTES; i++)
+        memcpy(line + 3 * i, "%2C", 3);
+    strcpy(line + 3 * CARLS_DEFAULT_MAX_KEY_BYTES, "\t");
+    assert_int_equal(s_parse_feature(rows, line, err, sizeof err), 0);
+    assert_int_equal(kb_rows_key(rows->keys, 0).len, CARLS_DEFAULT_MAX_KEY_BYTES);
+    kb_feature_rows_destroy(&rows);
+}
+
+/* Whatever kb_feature_write_line prints reads back to the same record, for awkward keys and exact floats. */
+static void test_feature_lines_round_trip(void **state)
+{
+    (void)state;
+    static const char key[] = "a b\t%:,=\n\x01\xff/end";
+    ProtobufCBinaryData nbrs[3] = {{3, (uint8_t *)"x=y"}, {2, (uint8_t *)"\x00\x7f"}, {1, (uint8_t *)"z"}};
+    float w[3] = {0.1f, -3.40282347e+38f, 1e-45f};
+    Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
+    rec.found = true;
+    rec.neighbor_keys = nbrs;
+    rec.n_neighbor_keys = 3;
+    rec.neighbor_weights = w;
+    rec.n_neighbor_weights = 3;
+    rec.label_case = CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL;
+    rec.float_label = 0.3f;
+    rec.label_confidence = -0.0f;
+    rec.version = UINT64_MAX;
+    rec.data = (ProtobufCBinaryData){4, (uint8_t *)"\xde\xad\x00\x01"};
+    rec.updated_at_ms = 1234;
+    char *text = s_feature_text(key, sizeof key - 1, &rec, true);
+    /* Nothing in the line but printable ASCII, one TAB, and spaces between fields. */
+    for (const char *p = text; *p; p++)
+        assert_true((*p >= 0x20 && *p <= 0x7e) || *p == '\t');
+    assert_non_null(strstr(text, "updated_at_ms=1234"));
+    assert_non_null(strstr(text, "data=dead0001"));
+    char n1[KB_ROWS_FLOAT_CHARS], n2[KB_ROWS_FLOAT_CHARS], want[160];
+    kb_rows_format_float(w[1], n1, sizeof n1);
+    kb_rows_format_float(w[2], n2, sizeof n2);
+    snprintf(want, sizeof want, "neighbors=x%%3Dy:0.1,%%00%%7F:%s,z:%s ", n1, n2);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "a%20b%09%25%3A%2C%3D%0A%01%FF/end\t"));
+
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    char err[256];
+    assert_int_equal(s_parse_feature(rows, text, err, sizeof err), 0);
+    kb_key_t k = kb_rows_key(rows->keys, 0);
+    assert_int_equal(k.len, sizeof key - 1);
+    assert_memory_equal(k.data, key, k.len);
+    const Carls__FeatureRecord *r = rows->records[0];
+    assert_int_equal(r->n_neighbor_keys, 3);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(r->neighbor_keys[j].len, nbrs[j].len);
+        assert_memory_equal(r->neighbor_keys[j].data, nbrs[j].data, nbrs[j].len);
+        assert_memory_equal(&r->neighbor_weights[j], &w[j], sizeof(float));
+    }
+    assert_int_equal(r->label_case, CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL);
+    assert_true(r->float_label == 0.3f);
+    assert_true(signbit(r->label_confidence));
+    assert_int_equal(r->version, UINT64_MAX);
+    assert_int_equal(r->data.len, 4);
+    assert_memory_equal(r->data.data, "\xde\xad\x00\x01", 4);
+    free(text);
+
+    /* Written again, the parsed record gives the same line (without meta). */
+    char *a = s_feature_text(key, sizeof key - 1, &rec, false);
+    Carls__FeatureRecord again = *r;
+    again.found = true;
+    char *b = s_feature_text(k.data, k.len, &again, false);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+
+    /* Defaults are left out; a missing record is found=false; an int label. */
+    Carls__FeatureRecord empty = CARLS__FEATURE_RECORD__INIT;
+    empty.found = true;
+    text = s_feature_text("e", 1, &empty, false);
+    assert_string_equal(text, "e\t");
+    free(text);
+    empty.found = false;
+    text = s_feature_text("e", 1, &empty, true);
+    assert_string_equal(text, "e\tfound=false");
+    free(text);
+    text = s_feature_text("e", 1, NULL, false);
+    assert_string_equal(text, "e\tfound=false");
+    free(text);
+    empty.found = true;
+    empty.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+    empty.int_label = INT64_MIN;
+    text = s_feature_text("e", 1, &empty, false);
+    assert_string_equal(text, "e\tlabel=-9223372036854775808");
+    assert_int_equal(s_parse_feature(rows, text, err, sizeof err), 0);
+    assert_int_equal(rows->records[1]->int_label, INT64_MIN);
+    free(text);
+    kb_feature_rows_destroy(&rows);
+}
+
+/* kb_feature_rows_read: line numbers and the cap on reports, as for rows. */
+static void test_feature_rows_read(void **state)
+{
+    (void)state;
+    const char *input = "a\tlabel=1\n\nb\tlabel=x\nc\tfound=false\nd\tbogus=1\n";
+    FILE *in = fmemopen((void *)input, strlen(input), "r");
+    char *errs = NULL;
+    size_t errs_len = 0;
+    FILE *err = open_memstream(&errs, &errs_len);
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    size_t bad = 0;
+    assert_int_equal(kb_feature_rows_read(rows, in, err, 20, &bad), -1);
+    fclose(in);
+    fclose(err);
+    assert_int_equal(bad, 2);
+    assert_non_null(strstr(errs, "line 3: label= wants a whole number"));
+    assert_non_null(strstr(errs, "line 5: unknown field"));
+    assert_int_equal(rows->keys->n, 1);
+    assert_int_equal(rows->skipped, 1);
+    free(errs);
+    kb_feature_rows_destroy(&rows);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -340,6 +563,10 @@ int main(void)
         cmocka_unit_test(test_many_rows),
         cmocka_unit_test(test_format_float),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_feature_lines_parse),
+        cmocka_unit_test(test_feature_lines_invalid),
+        cmocka_unit_test(test_feature_lines_round_trip),
+        cmocka_unit_test(test_feature_rows_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
