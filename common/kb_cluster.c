@@ -951,8 +951,10 @@ static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t
     if (rc != 0)
         return rc;
     if (info->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING || !info->has_knn) {
-        s_set_error(self, "knn: table \"%s\" has no nearest-neighbour index", table);
-        return KB_CLIENT_EINVAL;
+        /* What every shard would answer, so it reads the same as the single-server error. */
+        s_set_error(self, "INVALID_ARGUMENT: table '%s' has no nearest-neighbour index (create it with a knn spec)",
+                    table);
+        return KB_CLIENT_ESTATUS;
     }
     return 0;
 }

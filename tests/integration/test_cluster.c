@@ -304,9 +304,10 @@ static void test_knn_merged_equals_single(void **state)
     assert_int_equal(x->keys[7].len, 0);
     kb_knn_result_destroy(&x);
     kb_knn_result_destroy(&y);
-    /* Wrong dim and no index are refused before anything is sent. */
+    /* Wrong dim and no index are refused before anything is sent (no index: as a server would refuse it). */
     assert_int_equal(kb_cluster_knn(f->cluster, "knn_small", data, 1, DIM - 1, 3, &x), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_cluster_knn(f->cluster, "rows", data, 1, 4, 3, &x), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_knn(f->cluster, "rows", data, 1, 4, 3, &x), KB_CLIENT_ESTATUS);
+    assert_non_null(strstr(kb_cluster_last_error(f->cluster), "no nearest-neighbour index"));
     assert_null(x);
     s_free_keys(&k);
 }
