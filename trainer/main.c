@@ -1,5 +1,6 @@
 /* trainer: trains models for carls-c and writes the checkpoints knowledge makers read. */
 #include "trainer.h"
+#include "trainer_graphreg.h"
 
 #include "log.h"
 
@@ -12,6 +13,7 @@ static void s_usage(FILE *out)
             "usage: trainer <command> [options]\n"
             "commands:\n"
             "  supervised   train an MLP encoder + softmax classifier on Fashion-MNIST\n"
+            "  graphreg     semi-supervised: labels + bank pseudo-labels + graph regulariser (neighbours from the bank)\n"
             "  inspect      print what a checkpoint file (or a checkpoint directory's latest) holds\n"
             "  bench-sgemm  measure sgemm FLOP/s (OpenBLAS on the CPU, cuBLAS on a GPU)\n"
             "run 'trainer <command> --help' for a command's options\n");
@@ -26,6 +28,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "supervised") == 0) {
         return trainer_supervised_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "graphreg") == 0) {
+        return trainer_graphreg_main(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "inspect") == 0) {
         return trainer_inspect_main(argc - 1, argv + 1);

@@ -1,0 +1,422 @@
+/* Item-indexed calls to the knowledge bank (see km_bank.h). */
+#include "km_bank.h"
+
+#include "kb_client.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct km_bank {
+    kb_client_t *client; /* one DEALER connection */
+    char error[1024];    /* last error */
+};
+
+int km_tables_init(km_tables_t *t, const char *prefix)
+{
+    if (!prefix || !*prefix || strlen(prefix) + 8 >= KM_TABLE_NAME_MAX) {
+        return -1;
+    }
+    snprintf(t->pixels, sizeof t->pixels, "%s.pixels", prefix);
+    snprintf(t->emb, sizeof t->emb, "%s.emb", prefix);
+    snprintf(t->graph, sizeof t->graph, "%s.graph", prefix);
+    snprintf(t->labels, sizeof t->labels, "%s.labels", prefix);
+    return 0;
+}
+
+size_t km_item_key(uint32_t item, char *buf)
+{
+    return (size_t)snprintf(buf, 11, "%u", item);
+}
+
+uint32_t km_key_item(const void *data, size_t len)
+{
+    const char *s = data;
+    if (len == 0 || len > 10) {
+        return KM_NO_ITEM;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return KM_NO_ITEM;
+        }
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    return v >= KM_NO_ITEM ? KM_NO_ITEM : (uint32_t)v;
+}
+
+km_bank_t *km_bank_new(const char *endpoints, int timeout_ms)
+{
+    if (!endpoints || !*endpoints) {
+        LOG_ERROR("no knowledge-bank endpoint");
+        return NULL;
+    }
+    if (strchr(endpoints, ',')) {
+        LOG_ERROR("--kb '%s': several shards need the sharded client, which this build does not have yet; "
+                  "give one endpoint",
+                  endpoints);
+        return NULL;
+    }
+    kb_client_options_t opts = {.timeout_ms = timeout_ms > 0 ? timeout_ms : 60000, .retries = 2};
+    kb_client_t *c = kb_client_new(endpoints, &opts);
+    if (!c) {
+        return NULL;
+    }
+    km_bank_t *b = carls_xcalloc(1, sizeof *b);
+    b->client = c;
+    return b;
+}
+
+void km_bank_destroy(km_bank_t **self_p)
+{
+    if (!self_p || !*self_p) {
+        return;
+    }
+    kb_client_destroy(&(*self_p)->client);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+const char *km_bank_error(const km_bank_t *self)
+{
+    return self->error;
+}
+
+/* Records the client's error after a failed call and returns rc. */
+static int s_fail(km_bank_t *self, int rc, const char *what, const char *table)
+{
+    snprintf(self->error, sizeof self->error, "%s %s: %s", what, table, kb_client_last_error(self->client));
+    return rc;
+}
+
+/* Keys of items[0..n) in one buffer: keys[i] points into text (n * 11 bytes). */
+static void s_keys(const uint32_t *items, size_t n, kb_key_t *keys, char *text)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *k = text + i * 11;
+        keys[i].len = km_item_key(items[i], k);
+        keys[i].data = k;
+    }
+}
+
+static void s_wire_keys(const uint32_t *items, size_t n, ProtobufCBinaryData *wire, char *text)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *k = text + i * 11;
+        wire[i].len = km_item_key(items[i], k);
+        wire[i].data = (uint8_t *)k;
+    }
+}
+
+int km_bank_create_embedding(km_bank_t *self, const char *table, uint32_t dim)
+{
+    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
+    knn.spec = "Flat";
+    knn.metric = CARLS__KNN_METRIC__METRIC_COSINE;
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+    cfg.dim = dim;
+    cfg.knn = &knn;
+    int rc = kb_client_create_table(self->client, table, &cfg, true);
+    return rc ? s_fail(self, rc, "create_table", table) : 0;
+}
+
+int km_bank_create_feature(km_bank_t *self, const char *table)
+{
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
+    int rc = kb_client_create_table(self->client, table, &cfg, true);
+    return rc ? s_fail(self, rc, "create_table", table) : 0;
+}
+
+int km_bank_put(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t dim,
+                const float *values, uint64_t version)
+{
+    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
+    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    int rc = 0;
+    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
+        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
+        s_keys(items + off, m, keys, text);
+        rc = kb_client_put(self->client, table, keys, m, dim, values + off * dim, version);
+        if (rc) {
+            s_fail(self, rc, "put", table);
+        }
+    }
+    free(keys);
+    free(text);
+    return rc;
+}
+
+int km_bank_lookup(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t dim,
+                   float *values, uint64_t *versions, int64_t *updated_at_ms)
+{
+    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
+    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    kb_row_meta_t *meta = carls_xmalloc(sizeof *meta * KM_BANK_CHUNK);
+    float *scratch = values ? NULL : carls_xmalloc(sizeof(float) * KM_BANK_CHUNK * dim);
+    int rc = 0;
+    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
+        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
+        s_keys(items + off, m, keys, text);
+        rc = kb_client_lookup_ex(self->client, table, keys, m, dim, true, values ? values + off * dim : scratch,
+                                 meta);
+        if (rc) {
+            s_fail(self, rc, "lookup", table);
+            break;
+        }
+        for (size_t i = 0; i < m; i++) {
+            if (versions) {
+                versions[off + i] = meta[i].version;
+            }
+            if (updated_at_ms) {
+                updated_at_ms[off + i] = meta[i].updated_at_ms;
+            }
+        }
+    }
+    free(keys);
+    free(text);
+    free(meta);
+    free(scratch);
+    return rc;
+}
+
+int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t k, uint32_t *nbr,
+                float *score)
+{
+    const size_t chunk = 1024; /* queries per request: keeps each answer (chunk * k keys) small */
+    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * chunk);
+    char *text = carls_xmalloc(11 * chunk);
+    int rc = 0;
+    for (size_t off = 0; off < n && rc == 0; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        s_wire_keys(items + off, m, wire, text);
+        Carls__Knn op = CARLS__KNN__INIT;
+        op.n_keys = m;
+        op.keys = wire;
+        op.k = k;
+        op.exclude_query = true;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = (char *)table;
+        req.op_case = CARLS__REQUEST__OP_KNN;
+        req.knn = &op;
+        Carls__Response *resp = NULL;
+        rc = kb_client_call(self->client, &req, &resp);
+        if (rc) {
+            s_fail(self, rc, "knn", table);
+        } else if (resp->result_case != CARLS__RESPONSE__RESULT_KNN || resp->knn->n_keys != m * resp->knn->k ||
+                   resp->knn->n_scores != resp->knn->n_keys || resp->knn->k > k) {
+            snprintf(self->error, sizeof self->error, "knn %s: malformed answer", table);
+            rc = KB_CLIENT_EIO;
+        } else {
+            const uint32_t rk = resp->knn->k;
+            for (size_t i = 0; i < m; i++) {
+                for (uint32_t j = 0; j < k; j++) {
+                    uint32_t item = KM_NO_ITEM;
+                    float s = 0.0f;
+                    if (j < rk) {
+                        item = km_key_item(resp->knn->keys[i * rk + j].data, resp->knn->keys[i * rk + j].len);
+                        s = resp->knn->scores[i * rk + j];
+                    }
+                    nbr[(off + i) * k + j] = item;
+                    score[(off + i) * k + j] = item == KM_NO_ITEM ? 0.0f : s;
+                }
+            }
+        }
+        if (resp) {
+            carls__response__free_unpacked(resp, NULL);
+        }
+    }
+    free(wire);
+    free(text);
+    return rc;
+}
+
+/* Sends records (one per item) with feature_put, in chunks. */
+static int s_feature_put(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
+                         Carls__FeatureRecord *records)
+{
+    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * KM_BANK_CHUNK);
+    Carls__FeatureRecord **ptrs = carls_xmalloc(sizeof *ptrs * KM_BANK_CHUNK);
+    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    int rc = 0;
+    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
+        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
+        s_wire_keys(items + off, m, wire, text);
+        for (size_t i = 0; i < m; i++) {
+            ptrs[i] = &records[off + i];
+        }
+        Carls__FeaturePut op = CARLS__FEATURE_PUT__INIT;
+        op.n_keys = m;
+        op.keys = wire;
+        op.n_records = m;
+        op.records = ptrs;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = (char *)table;
+        req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
+        req.feature_put = &op;
+        Carls__Response *resp = NULL;
+        rc = kb_client_call(self->client, &req, &resp);
+        if (rc) {
+            s_fail(self, rc, "feature_put", table);
+        }
+        if (resp) {
+            carls__response__free_unpacked(resp, NULL);
+        }
+    }
+    free(wire);
+    free(ptrs);
+    free(text);
+    return rc;
+}
+
+int km_bank_put_neighbors(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t k,
+                          const uint32_t *nbr, const float *weight, uint64_t version)
+{
+    Carls__FeatureRecord *rec = carls_xcalloc(n ? n : 1, sizeof *rec);
+    ProtobufCBinaryData *keys = carls_xcalloc(n * k + 1, sizeof *keys);
+    float *w = carls_xcalloc(n * k + 1, sizeof *w);
+    char *text = carls_xmalloc(11 * (n * k + 1));
+    for (size_t i = 0; i < n; i++) {
+        carls__feature_record__init(&rec[i]);
+        rec[i].version = version;
+        size_t c = 0;
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t it = nbr[i * k + j];
+            if (it == KM_NO_ITEM) {
+                continue;
+            }
+            char *s = text + (i * k + c) * 11;
+            keys[i * k + c].len = km_item_key(it, s);
+            keys[i * k + c].data = (uint8_t *)s;
+            w[i * k + c] = weight[i * k + j];
+            c++;
+        }
+        rec[i].n_neighbor_keys = c;
+        rec[i].neighbor_keys = keys + i * k;
+        rec[i].n_neighbor_weights = c;
+        rec[i].neighbor_weights = w + i * k;
+    }
+    int rc = s_feature_put(self, table, items, n, rec);
+    free(rec);
+    free(keys);
+    free(w);
+    free(text);
+    return rc;
+}
+
+int km_bank_put_labels(km_bank_t *self, const char *table, const uint32_t *items, size_t n, const int32_t *label,
+                       const float *confidence, uint64_t version)
+{
+    Carls__FeatureRecord *rec = carls_xcalloc(n ? n : 1, sizeof *rec);
+    for (size_t i = 0; i < n; i++) {
+        carls__feature_record__init(&rec[i]);
+        rec[i].version = version;
+        rec[i].label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+        rec[i].int_label = label[i];
+        rec[i].label_confidence = confidence[i];
+    }
+    int rc = s_feature_put(self, table, items, n, rec);
+    free(rec);
+    return rc;
+}
+
+/* feature_get of items[0..n) in chunks; calls fn(ctx, index, record) for each item in order. */
+static int s_feature_get(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
+                         void (*fn)(void *ctx, size_t i, const Carls__FeatureRecord *r), void *ctx)
+{
+    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * KM_BANK_CHUNK);
+    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    int rc = 0;
+    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
+        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
+        s_wire_keys(items + off, m, wire, text);
+        Carls__FeatureGet op = CARLS__FEATURE_GET__INIT;
+        op.n_keys = m;
+        op.keys = wire;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = (char *)table;
+        req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
+        req.feature_get = &op;
+        Carls__Response *resp = NULL;
+        rc = kb_client_call(self->client, &req, &resp);
+        if (rc) {
+            s_fail(self, rc, "feature_get", table);
+        } else if (resp->result_case != CARLS__RESPONSE__RESULT_FEATURES || resp->features->n_records != m) {
+            snprintf(self->error, sizeof self->error, "feature_get %s: malformed answer", table);
+            rc = KB_CLIENT_EIO;
+        } else {
+            for (size_t i = 0; i < m; i++) {
+                fn(ctx, off + i, resp->features->records[i]);
+            }
+        }
+        if (resp) {
+            carls__response__free_unpacked(resp, NULL);
+        }
+    }
+    free(wire);
+    free(text);
+    return rc;
+}
+
+typedef struct {
+    uint32_t k;
+    uint32_t *nbr;
+    float *weight;
+    uint64_t *versions;
+} s_nbr_ctx_t;
+
+static void s_take_neighbors(void *ctx, size_t i, const Carls__FeatureRecord *r)
+{
+    s_nbr_ctx_t *c = ctx;
+    size_t have = r->found ? r->n_neighbor_keys : 0;
+    if (have > r->n_neighbor_weights) {
+        have = r->n_neighbor_weights;
+    }
+    for (uint32_t j = 0; j < c->k; j++) {
+        uint32_t it = KM_NO_ITEM;
+        if (j < have) {
+            it = km_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
+        }
+        c->nbr[i * c->k + j] = it;
+        c->weight[i * c->k + j] = it == KM_NO_ITEM ? 0.0f : r->neighbor_weights[j];
+    }
+    if (c->versions) {
+        c->versions[i] = r->found ? r->version : 0;
+    }
+}
+
+int km_bank_get_neighbors(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t k,
+                          uint32_t *nbr, float *weight, uint64_t *versions)
+{
+    s_nbr_ctx_t ctx = {.k = k, .nbr = nbr, .weight = weight, .versions = versions};
+    return s_feature_get(self, table, items, n, s_take_neighbors, &ctx);
+}
+
+typedef struct {
+    int32_t *label;
+    float *confidence;
+    uint64_t *versions;
+} s_label_ctx_t;
+
+static void s_take_label(void *ctx, size_t i, const Carls__FeatureRecord *r)
+{
+    s_label_ctx_t *c = ctx;
+    bool has = r->found && r->label_case == CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+    c->label[i] = has ? (int32_t)r->int_label : -1;
+    c->confidence[i] = has ? r->label_confidence : 0.0f;
+    if (c->versions) {
+        c->versions[i] = r->found ? r->version : 0;
+    }
+}
+
+int km_bank_get_labels(km_bank_t *self, const char *table, const uint32_t *items, size_t n, int32_t *label,
+                       float *confidence, uint64_t *versions)
+{
+    s_label_ctx_t ctx = {.label = label, .confidence = confidence, .versions = versions};
+    return s_feature_get(self, table, items, n, s_take_label, &ctx);
+}

@@ -1,0 +1,639 @@
+/* kb-maker's options and tasks (see km_maker.h). */
+#include "km_maker.h"
+
+#include "km_bank.h"
+#include "km_spread.h"
+#include "km_watch.h"
+
+#include "data_fmnist.h"
+#include "data_sample.h"
+#include "nn_device.h"
+#include "nn_mlp.h"
+#include "nn_mlp_semi.h"
+
+#include "checkpoint.h"
+#include "log.h"
+#include "util.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Everything a running maker holds. */
+typedef struct {
+    const km_opts_t *o;
+    carls_fmnist_t ds;      /* the data set */
+    int n_items;            /* the item pool: training images 0..n_items-1 */
+    uint32_t *share;        /* (n_share) the items this worker owns, increasing */
+    size_t n_share;
+    uint8_t *share_px;      /* (n_share, dim) their pixels, contiguous (embed) */
+    km_bank_t *bank;
+    km_tables_t tables;
+    km_watch_t *watch;      /* checkpoint tasks only */
+    nn_device_t device;     /* resolved */
+} s_maker_t;
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kb-maker --kb ENDPOINT --task embed|graph|label [options]\n"
+            "  --kb ENDPOINT            knowledge bank (kb-server) endpoint, e.g. tcp://127.0.0.1:7070\n"
+            "  --ckpt-dir DIR           the trainer's checkpoint directory (watched; embed/label, graph --source emb)\n"
+            "  --task embed|graph|label what to make (see below)\n"
+            "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
+            "  --device auto|cpu|cuda   where the forward pass runs (default auto)\n"
+            "  --data fashion-mnist     the items' data set (default fashion-mnist)\n"
+            "  --data-dir DIR           its IDX files (default %s)\n"
+            "  --items N                use the first N training images as items (default 0: all)\n"
+            "  --tables PREFIX          table-name prefix (default fmnist): PREFIX.pixels .emb .graph .labels\n"
+            "  --once                   do the task once and exit (default: loop on new checkpoints)\n"
+            "  --poll-ms MS             checkpoint polling period when inotify is missing (default 500)\n"
+            "  --threads N              OpenBLAS threads (default 1)\n"
+            "embed:\n"
+            "  --encoder model|pixels   model: the checkpoint's encoder -> PREFIX.emb (default);\n"
+            "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
+            "  --batch B                rows per forward chunk (default 4096)\n"
+            "graph:\n"
+            "  --source pixels|emb      the embedding table searched (default pixels; emb: on every checkpoint)\n"
+            "  --k K                    neighbours per item (default 10)\n"
+            "  --wait-embed-ms MS       emb: wait this long for the embed fleet's step (default 60000)\n"
+            "label:\n"
+            "  --labels-per-class N --label-seed S   the labelled subset (as the trainer's)\n"
+            "  --k K                    neighbour slots read from PREFIX.graph (default 10)\n"
+            "  --spread-alpha A         label spreading alpha (default 0.99)\n"
+            "  --spread-iters T         iterations (default 30)\n"
+            "  --model-weight G         weight of the checkpoint's predictions in the prior (default 0)\n"
+            "  --balance 0|1            class-mass normalisation (default 1)\n"
+            "  --log-level LEVEL        debug|info|warn|error\n",
+            CARLS_FMNIST_DIR);
+}
+
+static int s_int(const char *name, const char *text, long lo, long hi, int *out)
+{
+    int64_t v;
+    if (carls_parse_i64(text, &v) != 0 || v < lo || v > hi) {
+        fprintf(stderr, "kb-maker: --%s: '%s' is not an integer in %ld..%ld\n", name, text, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int s_float(const char *name, const char *text, double lo, double hi, float *out)
+{
+    float v;
+    if (carls_parse_float(text, &v) != 0 || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kb-maker: --%s: '%s' is not a number in [%g, %g]\n", name, text, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int km_opts_parse(int argc, char **argv, km_opts_t *o)
+{
+    *o = (km_opts_t){
+        .task = -1,
+        .workers = 1,
+        .device = "auto",
+        .data = "fashion-mnist",
+        .prefix = "fmnist",
+        .k = 10,
+        .poll_ms = 500,
+        .labels_per_class = 10,
+        .spread_alpha = 0.99f,
+        .spread_iters = 30,
+        .balance = 1,
+        .batch = 4096,
+        .wait_embed_ms = 60000,
+        .threads = 1,
+    };
+    enum {
+        O_KB = 256, O_CKPT, O_TASK, O_WORKER, O_DEVICE, O_DATA, O_DATA_DIR, O_ITEMS, O_TABLES, O_ONCE, O_POLL,
+        O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL,
+        O_LOG, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"kb", required_argument, NULL, O_KB},
+        {"ckpt-dir", required_argument, NULL, O_CKPT},
+        {"task", required_argument, NULL, O_TASK},
+        {"worker", required_argument, NULL, O_WORKER},
+        {"device", required_argument, NULL, O_DEVICE},
+        {"data", required_argument, NULL, O_DATA},
+        {"data-dir", required_argument, NULL, O_DATA_DIR},
+        {"items", required_argument, NULL, O_ITEMS},
+        {"tables", required_argument, NULL, O_TABLES},
+        {"once", no_argument, NULL, O_ONCE},
+        {"poll-ms", required_argument, NULL, O_POLL},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"encoder", required_argument, NULL, O_ENCODER},
+        {"batch", required_argument, NULL, O_BATCH},
+        {"source", required_argument, NULL, O_SOURCE},
+        {"k", required_argument, NULL, O_K},
+        {"wait-embed-ms", required_argument, NULL, O_WAIT},
+        {"labels-per-class", required_argument, NULL, O_LPC},
+        {"label-seed", required_argument, NULL, O_LSEED},
+        {"spread-alpha", required_argument, NULL, O_SALPHA},
+        {"spread-iters", required_argument, NULL, O_SITERS},
+        {"model-weight", required_argument, NULL, O_MW},
+        {"balance", required_argument, NULL, O_BAL},
+        {"log-level", required_argument, NULL, O_LOG},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_KB: o->kb = optarg; break;
+        case O_CKPT: o->ckpt_dir = optarg; break;
+        case O_TASK:
+            if (strcmp(optarg, "embed") == 0) {
+                o->task = KM_TASK_EMBED;
+            } else if (strcmp(optarg, "graph") == 0) {
+                o->task = KM_TASK_GRAPH;
+            } else if (strcmp(optarg, "label") == 0) {
+                o->task = KM_TASK_LABEL;
+            } else {
+                fprintf(stderr, "kb-maker: --task: '%s' is not embed, graph or label\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_WORKER: {
+            unsigned i, n;
+            char tail;
+            if (sscanf(optarg, "%u/%u%c", &i, &n, &tail) != 2 || n < 1 || n > 4096 || i >= n) {
+                fprintf(stderr, "kb-maker: --worker: '%s' is not I/N with 0 <= I < N <= 4096\n", optarg);
+                bad = -1;
+            } else {
+                o->worker = i;
+                o->workers = n;
+            }
+            break;
+        }
+        case O_DEVICE: o->device = optarg; break;
+        case O_DATA: o->data = optarg; break;
+        case O_DATA_DIR: o->data_dir = optarg; break;
+        case O_ITEMS: bad = s_int("items", optarg, 0, 100000000, &o->items); break;
+        case O_TABLES: o->prefix = optarg; break;
+        case O_ONCE: o->once = 1; break;
+        case O_POLL: bad = s_int("poll-ms", optarg, 10, 3600000, &o->poll_ms); break;
+        case O_THREADS: bad = s_int("threads", optarg, 1, 1024, &o->threads); break;
+        case O_ENCODER:
+            if (strcmp(optarg, "model") == 0 || strcmp(optarg, "pixels") == 0) {
+                o->pixels = strcmp(optarg, "pixels") == 0;
+            } else {
+                fprintf(stderr, "kb-maker: --encoder: '%s' is not model or pixels\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_BATCH: bad = s_int("batch", optarg, 1, 1 << 20, &o->batch); break;
+        case O_SOURCE:
+            if (strcmp(optarg, "pixels") == 0 || strcmp(optarg, "emb") == 0) {
+                o->source_emb = strcmp(optarg, "emb") == 0;
+            } else {
+                fprintf(stderr, "kb-maker: --source: '%s' is not pixels or emb\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_K: bad = s_int("k", optarg, 1, 4096, &o->k); break;
+        case O_WAIT: bad = s_int("wait-embed-ms", optarg, 0, 86400000, &o->wait_embed_ms); break;
+        case O_LPC: bad = s_int("labels-per-class", optarg, 1, 6000, &o->labels_per_class); break;
+        case O_LSEED: bad = s_int("label-seed", optarg, 0, 2147483647, &o->label_seed); break;
+        case O_SALPHA: bad = s_float("spread-alpha", optarg, 0.0, 0.9999, &o->spread_alpha); break;
+        case O_SITERS: bad = s_int("spread-iters", optarg, 1, 10000, &o->spread_iters); break;
+        case O_MW: bad = s_float("model-weight", optarg, 0.0, 1000.0, &o->model_weight); break;
+        case O_BAL: bad = s_int("balance", optarg, 0, 1, &o->balance); break;
+        case O_LOG: {
+            carls_log_level_t level;
+            if (carls_log_parse_level(optarg, &level) != 0) {
+                fprintf(stderr, "kb-maker: --log-level: '%s' is not debug, info, warn or error\n", optarg);
+                bad = -1;
+            } else {
+                carls_log_set_level(level);
+            }
+            break;
+        }
+        case O_HELP: s_usage(stdout); return 1;
+        default: s_usage(stderr); return -1;
+        }
+        if (bad) {
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kb-maker: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->kb) {
+        fprintf(stderr, "kb-maker: --kb is required\n");
+        return -1;
+    }
+    if ((int)o->task < 0) {
+        fprintf(stderr, "kb-maker: --task is required (embed, graph or label)\n");
+        return -1;
+    }
+    if (strcmp(o->data, "fashion-mnist") != 0) {
+        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist)\n", o->data);
+        return -1;
+    }
+    bool needs_ckpt = (o->task == KM_TASK_EMBED && !o->pixels) || (o->task == KM_TASK_GRAPH && o->source_emb) ||
+                      (o->task == KM_TASK_LABEL && !o->once);
+    if (needs_ckpt && !o->ckpt_dir) {
+        fprintf(stderr, "kb-maker: --ckpt-dir is required for this task\n");
+        return -1;
+    }
+    return 0;
+}
+
+static const char *s_task_name(km_task_t t)
+{
+    return t == KM_TASK_EMBED ? "embed" : t == KM_TASK_GRAPH ? "graph" : "label";
+}
+
+static double s_secs(int64_t t0_us)
+{
+    return (double)(carls_monotonic_us() - t0_us) / 1e6;
+}
+
+/* ---- embed ------------------------------------------------------------------------------------------ */
+
+static int s_embed_pixels(s_maker_t *mk)
+{
+    const int dim = mk->ds.train.dim;
+    int64_t t0 = carls_monotonic_us();
+    if (km_bank_create_embedding(mk->bank, mk->tables.pixels, (uint32_t)dim) != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        return -1;
+    }
+    float *x = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)dim);
+    carls_image_set_batch(&mk->ds.train, mk->share, (int)mk->n_share, x, NULL);
+    int rc = km_bank_put(mk->bank, mk->tables.pixels, mk->share, mk->n_share, (uint32_t)dim, x, 0);
+    free(x);
+    if (rc != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        return -1;
+    }
+    double s = s_secs(t0);
+    LOG_INFO("embed pixels: %zu items into %s in %.2f s (%.0f items/s)", mk->n_share, mk->tables.pixels, s,
+             (double)mk->n_share / (s > 0 ? s : 1e-9));
+    return 0;
+}
+
+/* One checkpoint's embeddings for the share. */
+static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
+{
+    char err[1024];
+    nn_mlp_t *m = NULL;
+    const uint64_t step = carls_ckpt_step(ck);
+    int64_t t0 = carls_monotonic_us();
+    if (nn_mlp_from_ckpt(ck, mk->device, mk->o->batch, &m, err, sizeof err) != 0) {
+        LOG_WARN("checkpoint step %" PRIu64 " has no usable encoder: %s", step, err);
+        return 0; /* not fatal: keep serving the last good step */
+    }
+    const int E = m->cfg.hidden[m->cfg.n_hidden - 1];
+    float *emb = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)E);
+    nn_mlp_encode_u8(m, mk->share_px, (int)mk->n_share, emb, NULL, mk->o->batch);
+    double t_enc = s_secs(t0);
+    int rc = km_bank_create_embedding(mk->bank, mk->tables.emb, (uint32_t)E);
+    if (rc == 0) {
+        rc = km_bank_put(mk->bank, mk->tables.emb, mk->share, mk->n_share, (uint32_t)E, emb, step);
+    }
+    free(emb);
+    nn_mlp_destroy(&m);
+    if (rc != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        return -1;
+    }
+    double s = s_secs(t0);
+    uint64_t latest = km_watch_latest_step(mk->watch);
+    LOG_INFO("embed step %" PRIu64 ": %zu items (dim %d) in %.2f s, %.0f items/s (forward %.0f items/s on %s); "
+             "trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
+             step, mk->n_share, E, s, (double)mk->n_share / (s > 0 ? s : 1e-9),
+             (double)mk->n_share / (t_enc > 0 ? t_enc : 1e-9), nn_device_name(mk->device), latest,
+             latest > step ? latest - step : 0);
+    return 0;
+}
+
+/* ---- graph ------------------------------------------------------------------------------------------ */
+
+/* Builds the share's neighbour lists from the knn over table, tagged with version. */
+static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, volatile sig_atomic_t *stop)
+{
+    const uint32_t k = (uint32_t)mk->o->k;
+    int64_t t0 = carls_monotonic_us();
+    int rc = km_bank_create_feature(mk->bank, mk->tables.graph);
+    const size_t chunk = 4096;
+    uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * k);
+    float *score = carls_xmalloc(sizeof *score * chunk * k);
+    uint64_t same = 0, edges = 0;
+    for (size_t off = 0; off < mk->n_share && rc == 0; off += chunk) {
+        if (stop && *stop) {
+            break;
+        }
+        size_t m = mk->n_share - off < chunk ? mk->n_share - off : chunk;
+        rc = km_bank_knn(mk->bank, table, mk->share + off, m, k, nbr, score);
+        for (size_t i = 0; rc == 0 && i < m * k; i++) {
+            score[i] = score[i] > 0.0f ? score[i] : 0.0f;
+            uint32_t t = nbr[i];
+            if (t != KM_NO_ITEM && (int)t >= mk->n_items) {
+                nbr[i] = KM_NO_ITEM; /* a row that is not one of this run's items */
+            } else if (t != KM_NO_ITEM) {
+                edges++;
+                same += mk->ds.train.labels[t] == mk->ds.train.labels[mk->share[off + i / k]];
+            }
+        }
+        if (rc == 0) {
+            rc = km_bank_put_neighbors(mk->bank, mk->tables.graph, mk->share + off, m, k, nbr, score, version);
+        }
+    }
+    free(nbr);
+    free(score);
+    if (rc != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        return -1;
+    }
+    double s = s_secs(t0);
+    LOG_INFO("graph from %s (version %" PRIu64 "): %zu items, k=%u in %.2f s (%.0f items/s); purity %.4f "
+             "(share of edges joining images of one class: a diagnostic, never written)",
+             table, version, mk->n_share, k, s, (double)mk->n_share / (s > 0 ? s : 1e-9),
+             edges ? (double)same / (double)edges : 0.0);
+    return 0;
+}
+
+/* graph --source emb for checkpoint step: waits for the embed fleet's step on the share, then rebuilds. */
+static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *stop)
+{
+    const uint64_t step = carls_ckpt_step(ck);
+    const carls_ckpt_tensor_t *bias = NULL;
+    for (int l = NN_MLP_MAX_HIDDEN - 1; l >= 0 && !bias; l--) {
+        char name[32];
+        snprintf(name, sizeof name, "enc.%d.bias", l);
+        bias = carls_ckpt_find(ck, name);
+    }
+    if (!bias) {
+        LOG_WARN("checkpoint step %" PRIu64 " has no encoder", step);
+        return 0;
+    }
+    const uint32_t E = (uint32_t)bias->numel;
+    uint64_t *ver = carls_xmalloc(sizeof *ver * (mk->n_share ? mk->n_share : 1));
+    int64_t *upd = carls_xmalloc(sizeof *upd * (mk->n_share ? mk->n_share : 1));
+    const int64_t deadline = carls_monotonic_ms() + mk->o->wait_embed_ms;
+    uint64_t min_ver = 0;
+    for (;;) {
+        if (km_bank_lookup(mk->bank, mk->tables.emb, mk->share, mk->n_share, E, NULL, ver, upd) != 0) {
+            LOG_DEBUG("waiting for %s: %s", mk->tables.emb, km_bank_error(mk->bank));
+            min_ver = 0;
+        } else {
+            min_ver = UINT64_MAX;
+            for (size_t i = 0; i < mk->n_share; i++) {
+                uint64_t v = upd[i] ? ver[i] : 0;
+                min_ver = v < min_ver ? v : min_ver;
+            }
+        }
+        if (min_ver >= step || carls_monotonic_ms() > deadline || (stop && *stop)) {
+            break;
+        }
+        usleep(200 * 1000);
+    }
+    free(ver);
+    free(upd);
+    if (stop && *stop) {
+        return 0;
+    }
+    if (min_ver < step) {
+        LOG_WARN("graph: embeddings of step %" PRIu64 " not all there after %d ms (oldest %" PRIu64 "); "
+                 "building from what the bank holds",
+                 step, mk->o->wait_embed_ms, min_ver);
+    }
+    return s_graph_build(mk, mk->tables.emb, min_ver == UINT64_MAX ? step : min_ver, stop);
+}
+
+/* ---- label ------------------------------------------------------------------------------------------ */
+
+/* Label spreading over the whole graph (with the checkpoint's predictions when ck is not NULL); writes the
+ * share's unlabelled items. */
+static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
+{
+    const km_opts_t *o = mk->o;
+    const size_t n = (size_t)mk->n_items;
+    const int C = CARLS_FMNIST_CLASSES;
+    const uint32_t k = (uint32_t)o->k;
+    const uint64_t step = ck ? carls_ckpt_step(ck) : 0;
+    int64_t t0 = carls_monotonic_us();
+    int rc = -1;
+    uint32_t *all = carls_xmalloc(sizeof *all * n), *labelled = NULL, *nbr = NULL, *items = NULL;
+    float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL, *probs = NULL;
+    int32_t *lab = NULL;
+    uint8_t *is_lab = NULL;
+    nn_mlp_t *m = NULL;
+    carls_iota_u32(all, n);
+    const size_t n_lab = (size_t)o->labels_per_class * C;
+    labelled = carls_xmalloc(sizeof *labelled * n_lab);
+    if (carls_label_subset(mk->ds.train.labels, n, C, o->labels_per_class, (uint64_t)o->label_seed, labelled,
+                           NULL) != 0) {
+        LOG_ERROR("cannot pick %d labelled images per class among %zu", o->labels_per_class, n);
+        goto cleanup;
+    }
+    is_lab = carls_xcalloc(n, 1);
+    for (size_t i = 0; i < n_lab; i++) {
+        is_lab[labelled[i]] = 1;
+    }
+    nbr = carls_xmalloc(sizeof *nbr * n * k);
+    w = carls_xmalloc(sizeof *w * n * k);
+    if (km_bank_get_neighbors(mk->bank, mk->tables.graph, all, n, k, nbr, w, NULL) != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        goto cleanup;
+    }
+    for (size_t i = 0; i < n * k; i++) {
+        if (nbr[i] != KM_NO_ITEM && nbr[i] >= n) {
+            nbr[i] = KM_NO_ITEM;
+        }
+    }
+    prior = carls_xcalloc(n * (size_t)C, sizeof *prior);
+    if (ck && o->model_weight > 0.0f) {
+        char err[1024];
+        if (nn_mlp_from_ckpt(ck, mk->device, o->batch, &m, err, sizeof err) != 0 || m->cfg.num_classes != C) {
+            LOG_WARN("checkpoint step %" PRIu64 " has no usable classifier (%s): labels only", step,
+                     m ? "wrong class count" : err);
+        } else {
+            probs = carls_xmalloc(sizeof *probs * n * (size_t)C);
+            nn_mlp_encode_u8(m, mk->ds.train.pixels, (int)n, NULL, probs, o->batch);
+            for (size_t i = 0; i < n * (size_t)C; i++) {
+                prior[i] = o->model_weight * probs[i];
+            }
+        }
+    }
+    for (size_t i = 0; i < n_lab; i++) {
+        float *row = prior + (size_t)labelled[i] * C;
+        for (int c = 0; c < C; c++) {
+            row[c] = 0.0f;
+        }
+        row[mk->ds.train.labels[labelled[i]]] = 1.0f;
+    }
+    F = carls_xmalloc(sizeof *F * n * (size_t)C);
+    if (km_spread(nbr, w, n, k, prior, C, o->spread_alpha, o->spread_iters, o->balance, F) != 0) {
+        LOG_ERROR("label spreading: bad graph");
+        goto cleanup;
+    }
+    /* The share's unlabelled items. */
+    items = carls_xmalloc(sizeof *items * (mk->n_share ? mk->n_share : 1));
+    lab = carls_xmalloc(sizeof *lab * (mk->n_share ? mk->n_share : 1));
+    conf = carls_xmalloc(sizeof *conf * (mk->n_share ? mk->n_share : 1));
+    size_t m_out = 0, right = 0;
+    for (size_t s = 0; s < mk->n_share; s++) {
+        uint32_t it = mk->share[s];
+        if (is_lab[it]) {
+            continue;
+        }
+        items[m_out] = it;
+        km_spread_labels(F + (size_t)it * C, 1, C, &lab[m_out], &conf[m_out]);
+        right += lab[m_out] == mk->ds.train.labels[it];
+        m_out++;
+    }
+    if (km_bank_create_feature(mk->bank, mk->tables.labels) != 0 ||
+        km_bank_put_labels(mk->bank, mk->tables.labels, items, m_out, lab, conf, step) != 0) {
+        LOG_ERROR("%s", km_bank_error(mk->bank));
+        goto cleanup;
+    }
+    double s = s_secs(t0);
+    uint64_t latest = mk->watch ? km_watch_latest_step(mk->watch) : 0;
+    LOG_INFO("label step %" PRIu64 " (%s): %zu unlabelled items in %.2f s (%.0f items/s); pseudo-label accuracy "
+             "%.4f (a diagnostic from the true labels, which are never written); trainer's newest checkpoint "
+             "%" PRIu64 ", %" PRIu64 " steps ahead",
+             step, probs ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
+             m_out ? (double)right / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
+    rc = 0;
+cleanup:
+    nn_mlp_destroy(&m);
+    free(all);
+    free(labelled);
+    free(is_lab);
+    free(nbr);
+    free(w);
+    free(prior);
+    free(F);
+    free(probs);
+    free(items);
+    free(lab);
+    free(conf);
+    return rc;
+}
+
+/* ---- the loop --------------------------------------------------------------------------------------- */
+
+static int s_setup(s_maker_t *mk, const km_opts_t *o)
+{
+    char err[2048];
+    mk->o = o;
+    if (km_tables_init(&mk->tables, o->prefix) != 0) {
+        LOG_ERROR("--tables '%s': not a usable prefix", o->prefix);
+        return -1;
+    }
+    nn_device_t req;
+    if (nn_device_parse(o->device, &req) != 0 || nn_device_resolve(req, &mk->device, err, sizeof err) != 0) {
+        LOG_ERROR("--device %s: %s", o->device, nn_device_parse(o->device, &req) != 0 ? "not auto, cpu or cuda" : err);
+        return -1;
+    }
+    nn_cpu_set_threads(o->threads);
+    if (carls_fmnist_load(o->data_dir, &mk->ds, err, sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return -1;
+    }
+    mk->n_items = o->items > 0 && o->items < mk->ds.train.n ? o->items : mk->ds.train.n;
+    mk->share = carls_xmalloc(sizeof *mk->share * ((size_t)mk->n_items / o->workers + 1));
+    for (int i = (int)o->worker; i < mk->n_items; i += (int)o->workers) {
+        mk->share[mk->n_share++] = (uint32_t)i;
+    }
+    if (o->task == KM_TASK_EMBED && !o->pixels) {
+        const size_t dim = (size_t)mk->ds.train.dim;
+        mk->share_px = carls_xmalloc(mk->n_share * dim + 1);
+        for (size_t s = 0; s < mk->n_share; s++) {
+            memcpy(mk->share_px + s * dim, mk->ds.train.pixels + (size_t)mk->share[s] * dim, dim);
+        }
+    }
+    mk->bank = km_bank_new(o->kb, 60000);
+    if (!mk->bank) {
+        return -1;
+    }
+    if (o->ckpt_dir) {
+        mk->watch = km_watch_new(o->ckpt_dir, o->poll_ms);
+        if (!mk->watch) {
+            return -1;
+        }
+    }
+    LOG_INFO("kb-maker %s: worker %u/%u, %zu of %d items, device %s, bank %s%s%s%s", s_task_name(o->task), o->worker,
+             o->workers, mk->n_share, mk->n_items, nn_device_name(mk->device), o->kb,
+             mk->watch ? ", watching " : "", mk->watch ? o->ckpt_dir : "",
+             mk->watch ? (km_watch_uses_inotify(mk->watch) ? " (inotify)" : " (polling)") : "");
+    return 0;
+}
+
+static void s_teardown(s_maker_t *mk)
+{
+    km_watch_destroy(&mk->watch);
+    km_bank_destroy(&mk->bank);
+    free(mk->share);
+    free(mk->share_px);
+    carls_fmnist_free(&mk->ds);
+}
+
+int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
+{
+    s_maker_t mk;
+    memset(&mk, 0, sizeof mk);
+    int rc = 1;
+    if (s_setup(&mk, o) != 0) {
+        goto cleanup;
+    }
+    /* Tasks that need no checkpoint. */
+    if (o->task == KM_TASK_EMBED && o->pixels) {
+        rc = s_embed_pixels(&mk) == 0 ? 0 : 1;
+        goto cleanup;
+    }
+    if (o->task == KM_TASK_GRAPH && !o->source_emb) {
+        rc = s_graph_build(&mk, mk.tables.pixels, 0, stop) == 0 ? 0 : 1;
+        goto cleanup;
+    }
+    if (o->task == KM_TASK_LABEL && o->once && !o->ckpt_dir) {
+        rc = s_label_step(&mk, NULL) == 0 ? 0 : 1;
+        goto cleanup;
+    }
+    /* The checkpoint loop: every new checkpoint that verifies, until stopped (or once). */
+    uint64_t done = 0, last_step = 0;
+    while (!*stop) {
+        carls_ckpt_t *ck = NULL;
+        char path[4200];
+        if (km_watch_next(mk.watch, -1, stop, &ck, path, sizeof path) != 1) {
+            break;
+        }
+        LOG_DEBUG("checkpoint %s (step %" PRIu64 ")", path, carls_ckpt_step(ck));
+        int r = 0;
+        switch (o->task) {
+        case KM_TASK_EMBED: r = s_embed_step(&mk, ck); break;
+        case KM_TASK_GRAPH: r = s_graph_step(&mk, ck, stop); break;
+        case KM_TASK_LABEL: r = s_label_step(&mk, ck); break;
+        }
+        last_step = carls_ckpt_step(ck);
+        carls_ckpt_destroy(&ck);
+        if (r != 0) {
+            goto cleanup;
+        }
+        done++;
+        if (o->once) {
+            break;
+        }
+    }
+    LOG_INFO("kb-maker %s worker %u/%u: %" PRIu64 " checkpoints processed (last step %" PRIu64 "), %" PRIu64
+             " refused; %s",
+             s_task_name(o->task), o->worker, o->workers, done, last_step, km_watch_refused(mk.watch),
+             *stop ? "stopped by signal" : "done");
+    rc = 0;
+cleanup:
+    s_teardown(&mk);
+    return rc;
+}

@@ -1,0 +1,110 @@
+/* Child processes (see carls_proc.h). */
+#include "carls_proc.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int s_open_out(const char *path)
+{
+    return open(path ? path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], const char *out_path,
+                     const char *err_path)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    int out = s_open_out(out_path);
+    int err = (err_path && out_path && strcmp(err_path, out_path) == 0) ? dup(out) : s_open_out(err_path);
+    if (out < 0 || err < 0) {
+        LOG_ERROR("%s: cannot open its log files: %s", name, strerror(errno));
+        if (out >= 0) {
+            close(out);
+        }
+        if (err >= 0) {
+            close(err);
+        }
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        LOG_ERROR("%s: fork: %s", name, strerror(errno));
+        close(out);
+        close(err);
+        return -1;
+    }
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        if (in >= 0) {
+            dup2(in, 0);
+        }
+        dup2(out, 1);
+        dup2(err, 2);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execv(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(out);
+    close(err);
+    p->pid = pid;
+    p->running = true;
+    return 0;
+}
+
+static void s_reaped(carls_proc_t *p, int st)
+{
+    p->running = false;
+    p->pid = 0;
+    p->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
+}
+
+bool carls_proc_poll(carls_proc_t *p)
+{
+    if (!p->running) {
+        return true;
+    }
+    int st = 0;
+    pid_t r = waitpid(p->pid, &st, WNOHANG);
+    if (r == p->pid) {
+        s_reaped(p, st);
+        return true;
+    }
+    return false;
+}
+
+bool carls_proc_wait(carls_proc_t *p, int timeout_ms)
+{
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    for (int waited = 0; timeout_ms < 0 || waited <= timeout_ms; waited += 20) {
+        if (carls_proc_poll(p)) {
+            return true;
+        }
+        nanosleep(&ts, NULL);
+    }
+    return carls_proc_poll(p);
+}
+
+int carls_proc_stop(carls_proc_t *p, int grace_ms)
+{
+    if (!p->running) {
+        return p->status;
+    }
+    kill(p->pid, SIGTERM);
+    if (!carls_proc_wait(p, grace_ms)) {
+        LOG_WARN("%s (pid %d) did not stop within %d ms of SIGTERM: SIGKILL", p->name, (int)p->pid, grace_ms);
+        kill(p->pid, SIGKILL);
+        carls_proc_wait(p, -1);
+    }
+    return p->status;
+}

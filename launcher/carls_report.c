@@ -1,0 +1,142 @@
+/* Plots and report.md (see carls_report.h). */
+#include "carls_report.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+int carls_result_read(carls_result_t *r, const char *path)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return -1;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        char *eq = strchr(line, '=');
+        if (!eq || eq == line || (strchr(line, ' ') && strchr(line, ' ') < eq)) {
+            continue;
+        }
+        *eq = '\0';
+        char *end = NULL;
+        double v = strtod(eq + 1, &end);
+        if (end == eq + 1 || (*end != '\n' && *end != '\0')) {
+            continue;
+        }
+        int i = 0;
+        while (i < r->n && strcmp(r->key[i], line) != 0) {
+            i++;
+        }
+        if (i == r->n) {
+            if (r->n >= CARLS_RESULT_MAX || strlen(line) >= sizeof r->key[0]) {
+                continue;
+            }
+            snprintf(r->key[r->n++], sizeof r->key[0], "%s", line);
+        }
+        r->value[i] = v;
+    }
+    fclose(f);
+    return r->n;
+}
+
+const double *carls_result_get(const carls_result_t *r, const char *key)
+{
+    for (int i = 0; i < r->n; i++) {
+        if (strcmp(r->key[i], key) == 0) {
+            return &r->value[i];
+        }
+    }
+    return NULL;
+}
+
+int carls_report_plots(const char *dir, const char *metrics_csv)
+{
+    char script[4200];
+    snprintf(script, sizeof script, "%s/plots.gp", dir);
+    FILE *f = fopen(script, "w");
+    if (!f) {
+        return -1;
+    }
+    /* Columns of trainer graphreg's metrics: 1 step, 7 accuracy, 9 neighbours/step, 10 stale, 11 missing,
+     * 12 mean staleness (steps). */
+    fprintf(f,
+            "set datafile separator ','\n"
+            "set terminal pngcairo size 900,540 noenhanced\n"
+            "set key autotitle columnhead bottom right\n"
+            "set grid\n"
+            "set xlabel 'trainer step'\n"
+            "set output '%s/accuracy.png'\n"
+            "set ylabel 'accuracy'\n"
+            "set title 'Evaluation accuracy over training'\n"
+            "plot '%s' using 1:7 with linespoints lw 2\n"
+            "set output '%s/staleness.png'\n"
+            "set ylabel 'steps'\n"
+            "set y2label 'neighbour embeddings per eval window'\n"
+            "set y2tics\n"
+            "set key top left\n"
+            "set title 'Staleness of the neighbour embeddings read from the bank'\n"
+            "plot '%s' using 1:12 with linespoints lw 2 title 'mean age (trainer step - embedding version)', "
+            "'' using 1:10 axes x1y2 with linespoints title 'skipped as too stale', "
+            "'' using 1:11 axes x1y2 with linespoints title 'missing (not yet embedded)'\n",
+            dir, metrics_csv, dir, metrics_csv);
+    fclose(f);
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>'%s/plots.log'", script, dir);
+    int st = system(cmd);
+    if (st != 0) {
+        LOG_WARN("gnuplot failed or is missing (exit %d): no plots (install gnuplot-nox; see %s/plots.log)",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1, dir);
+        return -1;
+    }
+    return 0;
+}
+
+int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
+                       const char *phases, int plotted)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/report.md", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        return -1;
+    }
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    double load[3] = {0, 0, 0};
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la) {
+        if (fscanf(la, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) {
+            load[0] = load[1] = load[2] = 0;
+        }
+        fclose(la);
+    }
+    fprintf(f, "# Run %s\n\n", carls_ini_get(ini, "name", "?"));
+    fprintf(f, "Config `%s`, finished %s, load average at the end %.2f %.2f %.2f.\n\n", config_path, when, load[0],
+            load[1], load[2]);
+    fprintf(f, "## Result\n\n| key | value |\n| --- | --- |\n");
+    for (int i = 0; i < r->n; i++) {
+        fprintf(f, "| %s | %.6g |\n", r->key[i], r->value[i]);
+    }
+    if (phases && *phases) {
+        fprintf(f, "\n## Phases\n\n| phase | seconds |\n| --- | --- |\n%s", phases);
+    }
+    fprintf(f, "\n## Plots\n\n");
+    if (plotted) {
+        fprintf(f, "![accuracy](accuracy.png)\n\n![staleness](staleness.png)\n");
+    } else {
+        fprintf(f, "No plots: gnuplot is missing or failed (see plots.log).\n");
+    }
+    fprintf(f, "\n## Configuration\n\n| key | value |\n| --- | --- |\n");
+    for (int i = 0; i < ini->n; i++) {
+        fprintf(f, "| %s | %s%s |\n", ini->key[i], ini->value[i], ini->overridden[i] ? " (--set)" : "");
+    }
+    fprintf(f, "\nFiles: `metrics.csv` (one row per evaluation), `logs/` (every process's log), `trainer.out`.\n");
+    fclose(f);
+    return 0;
+}

@@ -1,0 +1,34 @@
+/* What the launcher writes after a run into runs/<name>/: PNG plots of the trainer's metrics CSV (through
+ * gnuplot, when it is installed) and report.md with the configuration, the result table and the phases'
+ * timings. */
+#ifndef CARLS_REPORT_H
+#define CARLS_REPORT_H
+
+#include "carls_ini.h"
+
+#include <stddef.h>
+
+#define CARLS_RESULT_MAX 32
+
+/* key=value numbers parsed from the trainer's stdout, in order of appearance. */
+typedef struct {
+    int n;
+    char key[CARLS_RESULT_MAX][64];
+    double value[CARLS_RESULT_MAX];
+} carls_result_t;
+
+/* Reads every "key=number" line of path into *r (a key seen twice keeps its last value). Returns the number
+ * of keys, or -1 if the file cannot be read. */
+int carls_result_read(carls_result_t *r, const char *path);
+/* The value of key, or NULL when absent. */
+const double *carls_result_get(const carls_result_t *r, const char *key);
+
+/* Plots accuracy and staleness over steps from metrics_csv into dir/accuracy.png and dir/staleness.png with
+ * gnuplot. Returns 0, or -1 when gnuplot is missing or failed (logged; the report says so). */
+int carls_report_plots(const char *dir, const char *metrics_csv);
+
+/* Writes dir/report.md. phases: a text table of timings (may be NULL). plotted: whether the PNGs exist. */
+int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
+                       const char *phases, int plotted);
+
+#endif

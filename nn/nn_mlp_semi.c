@@ -1,0 +1,120 @@
+/* Semi-supervised additions to the MLP (see nn_mlp_semi.h). */
+#include "nn_mlp_semi.h"
+
+#include "nn_ops.h"
+
+#include "util.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#ifdef CARLS_HAVE_CUDA
+#include "nn_cuda_encode.h"
+#endif
+
+void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding)
+{
+    assert(self && B >= 1 && B <= self->max_batch && row_weight);
+    const nn_ops_t *ops = self->ops;
+    const nn_mlp_config_t *cfg = &self->cfg;
+    assert(cfg->num_classes > 0);
+    for (int i = 0; i < B; i++) {
+        self->h_dlosses[i] = self->h_targets[i] >= 0 ? row_weight[i] : 0.0f;
+    }
+    ops->to_device(self->dlosses, self->h_dlosses, sizeof(float) * (size_t)B);
+    ops->softmax_ce_backward(self->dbuf[0], self->dlosses, self->probs, self->targets, B, cfg->num_classes);
+    float *cur = self->dbuf[0]; /* gradient of layer l's output, (B, out[l]) */
+    int which = 0;
+    for (int l = self->n_layers - 1; l >= 0; l--) {
+        const int n = B * self->out[l];
+        if (l < cfg->n_hidden) {
+            if (l == cfg->n_hidden - 1 && d_embedding) {
+                ops->add(cur, d_embedding, 1.0f, n);
+            }
+            if (self->train_mode) {
+                ops->dropout_backward(cur, cur, self->mask[l], n);
+            }
+            ops->relu_backward(cur, cur, self->post[l], n);
+        }
+        const float *inp = l == 0 ? self->x : self->h[l - 1];
+        float *dinp = l == 0 ? NULL : self->dbuf[1 - which];
+        ops->linear_backward(dinp, self->dw[l], self->db[l], cur, inp, self->w[l], B, self->in[l], self->out[l]);
+        cur = dinp;
+        which = 1 - which;
+    }
+}
+
+void nn_encode_u8_cpu(const float *const *w, const float *const *b, const int *in, const int *out, int n_layers,
+                      int n_hidden, const uint8_t *pixels, int n, float *emb, float *probs, int chunk)
+{
+    assert(n_layers >= n_hidden && n_hidden >= 1 && chunk >= 1 && n >= 0);
+    int maxw = in[0];
+    for (int l = 0; l < n_layers; l++) {
+        maxw = out[l] > maxw ? out[l] : maxw;
+    }
+    float *buf[2];
+    buf[0] = carls_xmalloc(sizeof(float) * (size_t)chunk * (size_t)maxw);
+    buf[1] = carls_xmalloc(sizeof(float) * (size_t)chunk * (size_t)maxw);
+    int32_t *targets = carls_xmalloc(sizeof(int32_t) * (size_t)chunk);
+    float *losses = carls_xmalloc(sizeof(float) * (size_t)chunk);
+    for (int i = 0; i < chunk; i++) {
+        targets[i] = -1;
+    }
+    const int E = out[n_hidden - 1];
+    for (int off = 0; off < n; off += chunk) {
+        const int m = n - off < chunk ? n - off : chunk;
+        const uint8_t *px = pixels + (size_t)off * (size_t)in[0];
+        for (size_t i = 0; i < (size_t)m * (size_t)in[0]; i++) {
+            buf[0][i] = (float)px[i] * (1.0f / 255.0f);
+        }
+        int cur = 0;
+        for (int l = 0; l < n_layers; l++) {
+            nn_linear_forward_cpu(buf[1 - cur], buf[cur], w[l], b[l], m, in[l], out[l]);
+            cur = 1 - cur;
+            if (l < n_hidden) {
+                nn_relu_forward_cpu(buf[cur], buf[cur], m * out[l]);
+                if (l == n_hidden - 1 && emb) {
+                    float *dst = emb + (size_t)off * (size_t)E;
+                    for (size_t i = 0; i < (size_t)m * (size_t)E; i++) {
+                        dst[i] = buf[cur][i];
+                    }
+                }
+                if (l == n_hidden - 1 && (!probs || n_layers == n_hidden)) {
+                    break;
+                }
+            } else if (probs) {
+                const int C = out[l];
+                nn_softmax_ce_forward_cpu(losses, probs + (size_t)off * (size_t)C, buf[cur], targets, m, C);
+            }
+        }
+    }
+    free(buf[0]);
+    free(buf[1]);
+    free(targets);
+    free(losses);
+}
+
+void nn_mlp_encode_u8(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, float *probs, int chunk)
+{
+    assert(self && (emb || probs));
+    assert(!probs || self->cfg.num_classes > 0);
+    if (chunk <= 0) {
+        chunk = 4096;
+    }
+    if (n <= 0) {
+        return;
+    }
+    const float *w[NN_MLP_MAX_LAYERS], *b[NN_MLP_MAX_LAYERS];
+    for (int l = 0; l < self->n_layers; l++) {
+        w[l] = self->w[l];
+        b[l] = self->b[l];
+    }
+#ifdef CARLS_HAVE_CUDA
+    if (self->ops->device == NN_DEVICE_CUDA) {
+        nn_encode_u8_cuda(w, b, self->in, self->out, self->n_layers, self->cfg.n_hidden, pixels, n, emb, probs,
+                          chunk);
+        return;
+    }
+#endif
+    nn_encode_u8_cpu(w, b, self->in, self->out, self->n_layers, self->cfg.n_hidden, pixels, n, emb, probs, chunk);
+}

@@ -1,0 +1,38 @@
+/* Additions to the MLP (nn_mlp.h) for semi-supervised training and for knowledge makers.
+ *
+ *   - nn_mlp_backward_weighted: the backward pass with a weight per labelled row instead of the plain mean
+ *     over labelled rows, so a trainer can mix true labels with confidence-weighted pseudo-labels.
+ *   - nn_mlp_encode_u8 / nn_encode_u8_cpu: a maker's bulk forward pass over grey-level images (bytes, scaled
+ *     by 1/255 on the device), writing the last hidden layer and, with a classifier, the class
+ *     probabilities. The CPU version is the reference; the CUDA twin (cuda/nn_cuda_encode.h) pipelines the
+ *     chunks through pinned host memory on two streams so copies overlap compute. */
+#ifndef NN_MLP_SEMI_H
+#define NN_MLP_SEMI_H
+
+#include "nn_mlp.h"
+
+#include <stdint.h>
+
+/* Backward pass for the last forward, adding to the parameter gradients the gradient of
+ *   sum_b row_weight[b] * CE_b  +  <d_embedding, embedding>
+ * where CE_b is row b's cross-entropy for its target (rows with target -1 contribute nothing whatever their
+ * weight). row_weight (B) is a host array; d_embedding is a device pointer (B, hidden[n_hidden-1]) or NULL.
+ * Needs a classifier. */
+void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding);
+
+/* Eval-mode forward pass of an MLP given by its layers, on the CPU (host pointers):
+ *   x = pixels / 255  (n, in[0]);  h_l = relu(h_{l-1} @ w[l]^T + b[l]) for l < n_hidden;
+ *   emb (n, out[n_hidden-1]) = h_{n_hidden-1};  probs (n, out[n_layers-1]) = softmax(logits) when
+ *   n_layers > n_hidden and probs is not NULL.
+ * w[l] (out[l], in[l]), b[l] (out[l]); in[l+1] == out[l]. emb may be NULL. Works in chunks of `chunk` rows
+ * (>= 1); the result does not depend on the chunk size beyond BLAS rounding. */
+void nn_encode_u8_cpu(const float *const *w, const float *const *b, const int *in, const int *out, int n_layers,
+                      int n_hidden, const uint8_t *pixels, int n, float *emb, float *probs, int chunk);
+
+/* nn_encode_u8 on the model's device: the CPU reference above, or the CUDA twin when the model lives on a GPU
+ * (weights already there; the pixels are read from host memory and the results written to host memory).
+ * pixels (n, in_dim) host bytes; emb (n, hidden[n_hidden-1]) host or NULL; probs (n, num_classes) host or
+ * NULL (needs a classifier). chunk <= 0 picks 4096. */
+void nn_mlp_encode_u8(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, float *probs, int chunk);
+
+#endif

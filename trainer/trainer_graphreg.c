@@ -1,0 +1,703 @@
+/* trainer graphreg: semi-supervised classification of Fashion-MNIST with the CARLS knowledge bank
+ * (CARLS §4.1-4.2, Neural Structured Learning's graph regulariser).
+ *
+ * Every step draws a batch of labelled and unlabelled training images and minimises
+ *   (1/BL) sum_labelled CE(y_i)                                  the labels
+ * + beta  (1/BU) sum_unlabelled c_i CE(pseudo_i)  [c_i >= thr]   pseudo-labels from the bank's label makers
+ * + alpha (1/B)  sum_i sum_j w~_ij ||h_i - h_j||^2                the graph regulariser, over every batch item
+ * where h is the encoder's last hidden layer, the neighbour lists j (with similarity weights w, normalised
+ * to w~ per item) come from the bank's graph table, and the neighbour embeddings h_j come from the bank's
+ * embedding table, written there by kb-maker fleets from this trainer's checkpoints (constants here).
+ * --neighbors-from trainer computes h_j in the trainer instead (a forward pass over every neighbour, the
+ * way CARLS replaces), for comparison. alpha and beta ramp up linearly over --rampup steps.
+ *
+ * The next batch's graph lists, pseudo-labels and neighbour embeddings are fetched by a prefetch thread
+ * while this batch trains (trainer_prefetch.h). --max-staleness S skips neighbour embeddings whose version
+ * (the checkpoint step they were computed from) is more than S steps behind (counted).
+ *
+ * Checkpoints go to --ckpt-dir at step 0 and every --ckpt-every steps (the makers watch it). Evaluation on
+ * the 10,000 test images, or with --validation N on N images drawn from the unlabelled training images
+ * (held out of training; for choosing hyperparameters without the test set). The last stdout line is
+ * test_accuracy=X (or val_accuracy=X). */
+#include "trainer_graphreg.h"
+#include "trainer_metrics.h"
+#include "trainer_prefetch.h"
+#include "trainer_util.h"
+
+#include "data_fmnist.h"
+#include "data_sample.h"
+#include "nn_hash.h"
+#include "nn_mlp.h"
+#include "nn_mlp_semi.h"
+
+#include "checkpoint.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { S_NBR_BANK = 0, S_NBR_TRAINER = 1, S_NBR_NONE = 2 } s_nbr_mode_t;
+
+typedef struct {
+    const char *data, *data_dir;
+    int labels_per_class, label_seed;
+    int train_items;               /* 0: all training images are items */
+    int validation;                /* held-out validation images (0: evaluate on the test set) */
+    int steps, batch_labelled, batch_unlabelled;
+    int n_hidden, hidden[NN_MLP_MAX_HIDDEN];
+    float dropout;
+    nn_optim_config_t opt;
+    int cosine, seed;
+    float alpha, beta, conf_threshold;
+    int rampup;
+    int K;                         /* neighbours used per item */
+    s_nbr_mode_t nbr_mode;
+    int max_staleness;             /* 0: no limit */
+    const char *kb, *tables;
+    const char *ckpt_dir, *metrics;
+    int ckpt_every, eval_every, keep;
+    const char *device;
+    int threads;
+} s_opts_t;
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainer graphreg --data fashion-mnist --kb ENDPOINT [options]\n"
+            "data (as trainer supervised):\n"
+            "  --data NAME --data-dir DIR --labels-per-class N (default 10) --label-seed S (default 0)\n"
+            "  --train-items N          use the first N training images (default 0: all 60000)\n"
+            "  --validation N           hold out N unlabelled training images and evaluate on them instead of\n"
+            "                           the test set (for choosing hyperparameters; default 0)\n"
+            "model and optimiser:\n"
+            "  --hidden H[,H2..] (default 256,128; the last is the embedding) --dropout P (default 0.2)\n"
+            "  --optimizer adam|sgd --lr LR (default 0.001) --weight-decay WD --schedule cosine|constant\n"
+            "  --steps N (default 3000) --batch-labelled BL (default 100) --batch-unlabelled BU (default 128)\n"
+            "  --seed N (default 1)\n"
+            "knowledge from the bank:\n"
+            "  --kb ENDPOINT            the knowledge bank (needed unless alpha = beta = 0)\n"
+            "  --tables PREFIX          table prefix (default fmnist: .graph .labels .emb)\n"
+            "  --alpha A                graph regulariser weight (default 0)\n"
+            "  --neighbors K            neighbours per item from the graph lists (default 10)\n"
+            "  --neighbors-from bank|trainer|none  who computes neighbour embeddings (default bank)\n"
+            "  --max-staleness S        skip neighbour embeddings more than S steps old (default 0: keep all)\n"
+            "  --beta B                 pseudo-label weight (default 0)\n"
+            "  --conf-threshold T       ignore pseudo-labels less confident than T (default 0)\n"
+            "  --rampup R               alpha and beta grow linearly over the first R steps (default 0)\n"
+            "output:\n"
+            "  --ckpt-dir DIR (default runs/graphreg) --ckpt-every N (default 100) --keep N (default 3)\n"
+            "  --eval-every N (default 500) --metrics FILE (default DIR/metrics.csv)\n"
+            "  --device auto|cpu|cuda --threads N --log-level LEVEL\n");
+}
+
+static int s_parse(int argc, char **argv, s_opts_t *o)
+{
+    *o = (s_opts_t){
+        .labels_per_class = 10,
+        .steps = 3000,
+        .batch_labelled = 100,
+        .batch_unlabelled = 128,
+        .n_hidden = 2,
+        .hidden = {256, 128},
+        .dropout = 0.2f,
+        .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+        .cosine = 1,
+        .seed = 1,
+        .K = 10,
+        .tables = "fmnist",
+        .ckpt_dir = "runs/graphreg",
+        .ckpt_every = 100,
+        .eval_every = 500,
+        .keep = 3,
+        .device = "auto",
+    };
+    enum {
+        O_DATA = 256, O_DATA_DIR, O_LPC, O_LSEED, O_TITEMS, O_VAL, O_STEPS, O_BL, O_BU, O_HIDDEN, O_DROPOUT, O_OPT,
+        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_K, O_FROM, O_STALE, O_KB, O_TABLES, O_CKPT,
+        O_METRICS, O_CKEVERY, O_EVAL, O_KEEP, O_DEVICE, O_THREADS, O_LOG, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"data", required_argument, NULL, O_DATA},
+        {"data-dir", required_argument, NULL, O_DATA_DIR},
+        {"labels-per-class", required_argument, NULL, O_LPC},
+        {"label-seed", required_argument, NULL, O_LSEED},
+        {"train-items", required_argument, NULL, O_TITEMS},
+        {"validation", required_argument, NULL, O_VAL},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"batch-labelled", required_argument, NULL, O_BL},
+        {"batch-unlabelled", required_argument, NULL, O_BU},
+        {"hidden", required_argument, NULL, O_HIDDEN},
+        {"dropout", required_argument, NULL, O_DROPOUT},
+        {"optimizer", required_argument, NULL, O_OPT},
+        {"lr", required_argument, NULL, O_LR},
+        {"weight-decay", required_argument, NULL, O_WD},
+        {"schedule", required_argument, NULL, O_SCHED},
+        {"seed", required_argument, NULL, O_SEED},
+        {"alpha", required_argument, NULL, O_ALPHA},
+        {"beta", required_argument, NULL, O_BETA},
+        {"conf-threshold", required_argument, NULL, O_THR},
+        {"rampup", required_argument, NULL, O_RAMP},
+        {"neighbors", required_argument, NULL, O_K},
+        {"neighbors-from", required_argument, NULL, O_FROM},
+        {"max-staleness", required_argument, NULL, O_STALE},
+        {"kb", required_argument, NULL, O_KB},
+        {"tables", required_argument, NULL, O_TABLES},
+        {"ckpt-dir", required_argument, NULL, O_CKPT},
+        {"metrics", required_argument, NULL, O_METRICS},
+        {"ckpt-every", required_argument, NULL, O_CKEVERY},
+        {"eval-every", required_argument, NULL, O_EVAL},
+        {"keep", required_argument, NULL, O_KEEP},
+        {"device", required_argument, NULL, O_DEVICE},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"log-level", required_argument, NULL, O_LOG},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_DATA: o->data = optarg; break;
+        case O_DATA_DIR: o->data_dir = optarg; break;
+        case O_LPC: bad = trainer_parse_int("labels-per-class", optarg, 1, 6000, &o->labels_per_class); break;
+        case O_LSEED: bad = trainer_parse_int("label-seed", optarg, 0, 2147483647, &o->label_seed); break;
+        case O_TITEMS: bad = trainer_parse_int("train-items", optarg, 0, 100000000, &o->train_items); break;
+        case O_VAL: bad = trainer_parse_int("validation", optarg, 0, 100000000, &o->validation); break;
+        case O_STEPS: bad = trainer_parse_int("steps", optarg, 1, 100000000, &o->steps); break;
+        case O_BL: bad = trainer_parse_int("batch-labelled", optarg, 1, 65536, &o->batch_labelled); break;
+        case O_BU: bad = trainer_parse_int("batch-unlabelled", optarg, 0, 65536, &o->batch_unlabelled); break;
+        case O_HIDDEN:
+            o->n_hidden = trainer_parse_widths(optarg, o->hidden, NN_MLP_MAX_HIDDEN);
+            if (o->n_hidden < 1) {
+                fprintf(stderr, "trainer: --hidden: '%s' is not a list of widths like 256,128\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_DROPOUT: bad = trainer_parse_float("dropout", optarg, 0.0, 0.95, &o->dropout); break;
+        case O_OPT:
+            if (strcmp(optarg, "adam") == 0 || strcmp(optarg, "sgd") == 0) {
+                o->opt.kind = strcmp(optarg, "adam") == 0 ? NN_OPT_ADAM : NN_OPT_SGD;
+            } else {
+                fprintf(stderr, "trainer: --optimizer: '%s' is not adam or sgd\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->opt.lr); break;
+        case O_WD: bad = trainer_parse_float("weight-decay", optarg, 0.0, 10.0, &o->opt.weight_decay); break;
+        case O_SCHED:
+            if (strcmp(optarg, "cosine") == 0 || strcmp(optarg, "constant") == 0) {
+                o->cosine = strcmp(optarg, "cosine") == 0;
+            } else {
+                fprintf(stderr, "trainer: --schedule: '%s' is not cosine or constant\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_SEED: bad = trainer_parse_int("seed", optarg, 0, 2147483647, &o->seed); break;
+        case O_ALPHA: bad = trainer_parse_float("alpha", optarg, 0.0, 1e6, &o->alpha); break;
+        case O_BETA: bad = trainer_parse_float("beta", optarg, 0.0, 1e6, &o->beta); break;
+        case O_THR: bad = trainer_parse_float("conf-threshold", optarg, 0.0, 1.0, &o->conf_threshold); break;
+        case O_RAMP: bad = trainer_parse_int("rampup", optarg, 0, 100000000, &o->rampup); break;
+        case O_K: bad = trainer_parse_int("neighbors", optarg, 1, 1024, &o->K); break;
+        case O_FROM:
+            if (strcmp(optarg, "bank") == 0) {
+                o->nbr_mode = S_NBR_BANK;
+            } else if (strcmp(optarg, "trainer") == 0) {
+                o->nbr_mode = S_NBR_TRAINER;
+            } else if (strcmp(optarg, "none") == 0) {
+                o->nbr_mode = S_NBR_NONE;
+            } else {
+                fprintf(stderr, "trainer: --neighbors-from: '%s' is not bank, trainer or none\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_STALE: bad = trainer_parse_int("max-staleness", optarg, 0, 2147483647, &o->max_staleness); break;
+        case O_KB: o->kb = optarg; break;
+        case O_TABLES: o->tables = optarg; break;
+        case O_CKPT: o->ckpt_dir = optarg; break;
+        case O_METRICS: o->metrics = optarg; break;
+        case O_CKEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
+        case O_EVAL: bad = trainer_parse_int("eval-every", optarg, 1, 100000000, &o->eval_every); break;
+        case O_KEEP: bad = trainer_parse_int("keep", optarg, 1, 1000000, &o->keep); break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_THREADS: bad = trainer_parse_int("threads", optarg, 1, 1024, &o->threads); break;
+        case O_LOG: {
+            carls_log_level_t level;
+            if (carls_log_parse_level(optarg, &level) != 0) {
+                fprintf(stderr, "trainer: --log-level: '%s' is not debug, info, warn or error\n", optarg);
+                bad = -1;
+            } else {
+                carls_log_set_level(level);
+            }
+            break;
+        }
+        case O_HELP: s_usage(stdout); return 1;
+        default: s_usage(stderr); return -1;
+        }
+        if (bad) {
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "trainer graphreg: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
+        fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
+        return -1;
+    }
+    if (o->alpha <= 0.0f) {
+        o->nbr_mode = S_NBR_NONE;
+    }
+    if ((o->alpha > 0.0f || o->beta > 0.0f) && !o->kb) {
+        fprintf(stderr, "trainer graphreg: --kb is required when alpha or beta is above 0\n");
+        return -1;
+    }
+    if (o->opt.lr < 0.0f) {
+        o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
+    }
+    return 0;
+}
+
+static void s_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
+                       int32_t *ybuf, double *loss, double *acc)
+{
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    for (int off = 0; off < n; off += m->max_batch) {
+        int b = n - off < m->max_batch ? n - off : m->max_batch;
+        carls_image_set_batch(set, which + off, b, xbuf, ybuf);
+        nn_mlp_set_batch(m, xbuf, ybuf, b);
+        loss_sum += (double)nn_mlp_forward(m, b, false, 0) * b;
+        correct += nn_mlp_correct(m, b, NULL);
+    }
+    *loss = loss_sum / n;
+    *acc = (double)correct / n;
+}
+
+static int s_checkpoint(nn_mlp_t *m, const s_opts_t *o, uint64_t step)
+{
+    carls_ckpt_t *c = NULL;
+    char err[1024], path[4096];
+    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0 ||
+        carls_ckpt_save_to_dir(c, o->ckpt_dir, path, sizeof path, err, sizeof err) != 0) {
+        LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
+        carls_ckpt_destroy(&c);
+        return -1;
+    }
+    carls_ckpt_destroy(&c);
+    if (carls_ckpt_prune(o->ckpt_dir, o->keep, err, sizeof err) < 0) {
+        LOG_WARN("pruning %s: %s", o->ckpt_dir, err);
+    }
+    return 0;
+}
+
+/* Draws the next n indices from order (len), reshuffling it whenever it runs out. */
+static void s_draw(uint32_t *order, int len, int *cursor, uint64_t *rng, int n, uint32_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        if (*cursor >= len) {
+            carls_shuffle_u32(order, (size_t)len, rng);
+            *cursor = 0;
+        }
+        out[i] = order[(*cursor)++];
+    }
+}
+
+/* Window counters between two evaluations. */
+typedef struct {
+    double loss, ce, pl, graph;   /* sums of per-step values */
+    int64_t steps;
+    int64_t nbr_used, nbr_stale, nbr_missing; /* neighbour embeddings used / skipped as too old / not there */
+    double staleness_sum;         /* sum over used neighbours of (step - version) */
+    int64_t pl_rows, pl_used;     /* unlabelled rows, rows with an accepted pseudo-label */
+    double wait_ms, fetch_ms;     /* waiting on the prefetcher, its fetch time */
+    int64_t train_us;             /* training-loop time */
+} s_window_t;
+
+int trainer_graphreg_main(int argc, char **argv)
+{
+    s_opts_t o;
+    int parsed = s_parse(argc, argv, &o);
+    if (parsed != 0) {
+        return parsed > 0 ? 0 : 2;
+    }
+    nn_device_t device;
+    if (trainer_setup_device(o.device, &device) != 0) {
+        return 2;
+    }
+    trainer_setup_threads(o.threads);
+
+    int rc = 1;
+    char err[2048];
+    carls_fmnist_t ds = {0};
+    nn_mlp_t *m = NULL;
+    trainer_prefetch_t *pf = NULL;
+    trainer_metrics_t metrics = {0};
+    uint32_t *labelled = NULL, *unlabelled = NULL, *val = NULL, *batch = NULL, *eval_idx = NULL, *nbr_items = NULL;
+    float *xbuf = NULL, *row_w = NULL, *h_host = NULL, *dh_host = NULL, *dh_dev = NULL, *nbr_x = NULL,
+          *nbr_emb_local = NULL;
+    int32_t *ybuf = NULL;
+    int *nbr_slot = NULL;
+
+    if (carls_fmnist_load(o.data_dir, &ds, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: %s\n", err);
+        goto cleanup;
+    }
+    const int C = CARLS_FMNIST_CLASSES;
+    const int N = o.train_items > 0 && o.train_items < ds.train.n ? o.train_items : ds.train.n;
+    const int n_lab = o.labels_per_class * C;
+    labelled = carls_xmalloc(sizeof *labelled * (size_t)n_lab);
+    unlabelled = carls_xmalloc(sizeof *unlabelled * (size_t)N);
+    if (carls_label_subset(ds.train.labels, (size_t)N, C, o.labels_per_class, (uint64_t)o.label_seed, labelled,
+                           unlabelled) != 0) {
+        fprintf(stderr, "trainer: cannot pick %d labelled images per class among %d\n", o.labels_per_class, N);
+        goto cleanup;
+    }
+    int n_unl = N - n_lab;
+    /* Validation: a seeded draw from the unlabelled images, held out of training. */
+    uint64_t vrng = nn_hash_mix((uint64_t)o.label_seed, 0x76616c69ULL); /* "vali" */
+    int n_val = o.validation < n_unl ? o.validation : 0;
+    if (n_val > 0) {
+        carls_shuffle_u32(unlabelled, (size_t)n_unl, &vrng);
+        val = carls_xmalloc(sizeof *val * (size_t)n_val);
+        memcpy(val, unlabelled + n_unl - n_val, sizeof *val * (size_t)n_val);
+        n_unl -= n_val;
+    }
+    const int BL = o.batch_labelled < n_lab ? o.batch_labelled : n_lab;
+    const int BU = o.batch_unlabelled < n_unl ? o.batch_unlabelled : n_unl;
+    const int B = BL + BU;
+    const int K = o.K;
+    LOG_INFO("graphreg: %d items, %d labelled (%d per class, seed %d), %d unlabelled, %d validation; batch %d+%d; "
+             "alpha %g beta %g K %d neighbours from %s",
+             N, n_lab, o.labels_per_class, o.label_seed, n_unl, n_val, BL, BU, (double)o.alpha, (double)o.beta, K,
+             o.nbr_mode == S_NBR_BANK ? "bank" : o.nbr_mode == S_NBR_TRAINER ? "trainer" : "nowhere");
+
+    nn_mlp_config_t cfg = {.in_dim = ds.train.dim, .n_hidden = o.n_hidden, .num_classes = C, .dropout = o.dropout};
+    memcpy(cfg.hidden, o.hidden, sizeof cfg.hidden);
+    const int E = cfg.hidden[cfg.n_hidden - 1];
+    int max_batch = B > 500 ? B : 500;
+    if (nn_mlp_new(&cfg, device, max_batch, (uint64_t)o.seed, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: model: %s\n", err);
+        goto cleanup;
+    }
+    if (trainer_mkdirs(o.ckpt_dir) != 0) {
+        fprintf(stderr, "trainer: cannot create %s: %s\n", o.ckpt_dir, strerror(errno));
+        goto cleanup;
+    }
+    char metrics_path[4200];
+    snprintf(metrics_path, sizeof metrics_path, "%s", o.metrics ? o.metrics : "");
+    if (!o.metrics) {
+        snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.ckpt_dir);
+    }
+    if (trainer_metrics_open(&metrics, metrics_path,
+                             n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
+                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                     "elapsed_s"
+                                   : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
+                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                     "elapsed_s") != 0) {
+        fprintf(stderr, "trainer: cannot write metrics to %s\n", metrics_path);
+        goto cleanup;
+    }
+    const bool use_graph = o.nbr_mode != S_NBR_NONE;
+    const bool use_pl = o.beta > 0.0f;
+    char t_graph[200], t_labels[200], t_emb[200];
+    snprintf(t_graph, sizeof t_graph, "%s.graph", o.tables);
+    snprintf(t_labels, sizeof t_labels, "%s.labels", o.tables);
+    snprintf(t_emb, sizeof t_emb, "%s.emb", o.tables);
+    if (use_graph || use_pl) {
+        trainer_prefetch_config_t pc = {
+            .endpoint = o.kb,
+            .graph_table = use_graph ? t_graph : NULL,
+            .labels_table = use_pl ? t_labels : NULL,
+            .emb_table = o.nbr_mode == S_NBR_BANK ? t_emb : NULL,
+            .K = K,
+            .E = E,
+            .max_batch = B,
+            .n_items = N,
+        };
+        pf = trainer_prefetch_new(&pc);
+        if (!pf) {
+            goto cleanup;
+        }
+    }
+
+    xbuf = carls_xmalloc(sizeof(float) * (size_t)max_batch * (size_t)ds.train.dim);
+    ybuf = carls_xmalloc(sizeof(int32_t) * (size_t)max_batch);
+    eval_idx = carls_xmalloc(sizeof(uint32_t) * (size_t)(ds.test.n > n_val ? ds.test.n : n_val));
+    row_w = carls_xmalloc(sizeof(float) * (size_t)B);
+    h_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
+    dh_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
+    dh_dev = m->ops->alloc(sizeof(float) * (size_t)B * (size_t)E);
+    batch = carls_xmalloc(sizeof(uint32_t) * (size_t)B * 2);
+    if (o.nbr_mode == S_NBR_TRAINER) {
+        nbr_items = carls_xmalloc(sizeof(uint32_t) * (size_t)B * (size_t)K);
+        nbr_slot = carls_xmalloc(sizeof(int) * (size_t)B * (size_t)K);
+        nbr_x = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)K * (size_t)ds.train.dim);
+        nbr_emb_local = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)K * (size_t)E);
+    }
+
+    uint64_t rng = nn_hash_mix((uint64_t)o.seed, 0x67726567ULL); /* "greg" */
+    int lab_cursor = n_lab, unl_cursor = n_unl;
+    uint32_t *cur_batch = batch, *next_batch = batch + B;
+    s_draw(labelled, n_lab, &lab_cursor, &rng, BL, cur_batch);
+    s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, cur_batch + BL);
+    if (pf) {
+        trainer_prefetch_submit(pf, cur_batch, B);
+    }
+    if (s_checkpoint(m, &o, 0) != 0) {
+        goto cleanup;
+    }
+    s_window_t win;
+    memset(&win, 0, sizeof win);
+    nn_optim_config_t opt = o.opt;
+    const int64_t t_start = carls_monotonic_us();
+    int64_t total_train_us = 0, total_nbr_used = 0, total_stale = 0, total_missing = 0;
+    double total_wait_ms = 0, last_acc = 0, last_loss = 0;
+    for (int step = 0; step < o.steps; step++) {
+        const int64_t t_step = carls_monotonic_us();
+        const trainer_fetch_t *f = NULL;
+        double wait_ms = 0;
+        if (pf) {
+            f = trainer_prefetch_wait(pf, &wait_ms);
+            if (f->rc != 0) {
+                fprintf(stderr, "trainer: bank: %s\n", f->err);
+                goto cleanup;
+            }
+        }
+        /* The batch after this one, fetched while this one trains. */
+        s_draw(labelled, n_lab, &lab_cursor, &rng, BL, next_batch);
+        s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, next_batch + BL);
+        if (pf && step + 1 < o.steps) {
+            trainer_prefetch_submit(pf, next_batch, B);
+        }
+        const float ramp = o.rampup > 0 && step < o.rampup ? (float)(step + 1) / (float)o.rampup : 1.0f;
+        const float alpha = o.alpha * ramp, beta = o.beta * ramp;
+
+        /* Targets and row weights. */
+        carls_image_set_batch(&ds.train, cur_batch, B, xbuf, ybuf);
+        for (int i = 0; i < B; i++) {
+            if (i < BL) {
+                row_w[i] = 1.0f / (float)BL;
+                continue;
+            }
+            win.pl_rows++;
+            if (use_pl && f && f->plabel[i] >= 0 && f->pconf[i] >= o.conf_threshold && f->plabel[i] < C) {
+                ybuf[i] = f->plabel[i];
+                row_w[i] = beta * f->pconf[i] / (float)BU;
+                win.pl_used++;
+            } else {
+                ybuf[i] = -1;
+                row_w[i] = 0.0f;
+            }
+        }
+        /* In-trainer mode: the neighbours' embeddings from the current weights, before the batch's forward
+         * pass (nn_mlp_encode reuses the activation buffers). */
+        const float *nbr_emb = f ? f->nbr_emb : NULL;
+        if (use_graph && o.nbr_mode == S_NBR_TRAINER && f) {
+            int U = 0;
+            for (int i = 0; i < B * K; i++) {
+                nbr_slot[i] = -1;
+                if (f->nbr[i] != TRAINER_NO_ITEM) {
+                    nbr_slot[i] = U;
+                    nbr_items[U++] = f->nbr[i];
+                }
+            }
+            if (U > 0) {
+                carls_image_set_batch(&ds.train, nbr_items, U, nbr_x, NULL);
+                nn_mlp_encode(m, nbr_x, U, nbr_emb_local);
+            }
+            nbr_emb = nbr_emb_local;
+        }
+        nn_mlp_set_batch(m, xbuf, ybuf, B);
+        nn_mlp_forward(m, B, true, nn_hash_mix((uint64_t)o.seed, (uint64_t)step));
+        /* Per-row CE for the loss report. */
+        m->ops->to_host(m->h_losses, m->losses, sizeof(float) * (size_t)B);
+        double ce = 0.0, pl = 0.0;
+        for (int i = 0; i < B; i++) {
+            if (ybuf[i] >= 0) {
+                if (i < BL) {
+                    ce += m->h_losses[i] * row_w[i];
+                } else {
+                    pl += m->h_losses[i] * row_w[i];
+                }
+            }
+        }
+        /* The graph term: d/dh_i of alpha/B sum_j w~_ij ||h_i - h_j||^2, neighbours as constants. */
+        double graph = 0.0;
+        const float *d_emb = NULL;
+        if (use_graph && f && alpha > 0.0f) {
+            m->ops->to_host(h_host, m->h[cfg.n_hidden - 1], sizeof(float) * (size_t)B * (size_t)E);
+            memset(dh_host, 0, sizeof(float) * (size_t)B * (size_t)E);
+            for (int i = 0; i < B; i++) {
+                double wsum = 0.0;
+                for (int j = 0; j < K; j++) {
+                    const int s = i * K + j;
+                    if (f->nbr[s] == TRAINER_NO_ITEM) {
+                        continue;
+                    }
+                    if (o.nbr_mode == S_NBR_BANK) {
+                        if (!f->nbr_have[s]) {
+                            win.nbr_missing++;
+                            continue;
+                        }
+                        uint64_t age = (uint64_t)step > f->nbr_ver[s] ? (uint64_t)step - f->nbr_ver[s] : 0;
+                        if (o.max_staleness > 0 && age > (uint64_t)o.max_staleness) {
+                            win.nbr_stale++;
+                            continue;
+                        }
+                        win.staleness_sum += (double)age;
+                    }
+                    win.nbr_used++;
+                    wsum += f->w[s] > 0.0f ? f->w[s] : 0.0f;
+                }
+                if (wsum <= 0.0) {
+                    continue;
+                }
+                const float *hi = h_host + (size_t)i * E;
+                float *gi = dh_host + (size_t)i * E;
+                for (int j = 0; j < K; j++) {
+                    const int s = i * K + j;
+                    if (f->nbr[s] == TRAINER_NO_ITEM || f->w[s] <= 0.0f) {
+                        continue;
+                    }
+                    const float *hj;
+                    if (o.nbr_mode == S_NBR_BANK) {
+                        if (!f->nbr_have[s]) {
+                            continue;
+                        }
+                        uint64_t age = (uint64_t)step > f->nbr_ver[s] ? (uint64_t)step - f->nbr_ver[s] : 0;
+                        if (o.max_staleness > 0 && age > (uint64_t)o.max_staleness) {
+                            continue;
+                        }
+                        hj = nbr_emb + (size_t)s * E;
+                    } else {
+                        hj = nbr_emb + (size_t)nbr_slot[s] * E;
+                    }
+                    const float wt = (float)(f->w[s] / wsum) * alpha / (float)B;
+                    double d2 = 0.0;
+                    for (int e = 0; e < E; e++) {
+                        float d = hi[e] - hj[e];
+                        d2 += (double)d * d;
+                        gi[e] += 2.0f * wt * d;
+                    }
+                    graph += wt * d2;
+                }
+            }
+            m->ops->to_device(dh_dev, dh_host, sizeof(float) * (size_t)B * (size_t)E);
+            d_emb = dh_dev;
+        }
+        nn_mlp_zero_grad(m);
+        nn_mlp_backward_weighted(m, B, row_w, d_emb);
+        if (o.cosine) {
+            opt.lr = o.opt.lr * 0.5f * (1.0f + cosf((float)M_PI * (float)step / (float)o.steps));
+        }
+        nn_mlp_step(m, &opt);
+        {
+            uint32_t *t = cur_batch;
+            cur_batch = next_batch;
+            next_batch = t;
+        }
+        const int64_t dt = carls_monotonic_us() - t_step;
+        win.train_us += dt;
+        total_train_us += dt;
+        win.loss += ce + pl + graph;
+        win.ce += ce;
+        win.pl += pl;
+        win.graph += graph;
+        win.steps++;
+        win.wait_ms += wait_ms;
+        total_wait_ms += wait_ms;
+        win.fetch_ms += f ? f->fetch_ms : 0.0;
+
+        const int done = step + 1;
+        if (done % o.ckpt_every == 0 || done == o.steps) {
+            if (s_checkpoint(m, &o, (uint64_t)done) != 0) {
+                goto cleanup;
+            }
+        }
+        if (done % o.eval_every == 0 || done == o.steps) {
+            m->ops->synchronize();
+            int n_eval = n_val ? n_val : ds.test.n;
+            if (n_val) {
+                s_evaluate(m, &ds.train, val, n_val, xbuf, ybuf, &last_loss, &last_acc);
+            } else {
+                carls_iota_u32(eval_idx, (size_t)n_eval);
+                s_evaluate(m, &ds.test, eval_idx, n_eval, xbuf, ybuf, &last_loss, &last_acc);
+            }
+            const double ws = (double)win.steps;
+            const double sps = win.train_us > 0 ? ws / ((double)win.train_us / 1e6) : 0.0;
+            double row[16] = {done,
+                              win.loss / ws,
+                              win.ce / ws,
+                              win.pl / ws,
+                              win.graph / ws,
+                              last_loss,
+                              last_acc,
+                              win.pl_rows ? (double)win.pl_used / (double)win.pl_rows : 0.0,
+                              (double)win.nbr_used / ws,
+                              (double)win.nbr_stale,
+                              (double)win.nbr_missing,
+                              win.nbr_used ? win.staleness_sum / (double)win.nbr_used : 0.0,
+                              win.wait_ms / ws,
+                              win.fetch_ms / ws,
+                              sps,
+                              (double)(carls_monotonic_us() - t_start) / 1e6};
+            trainer_metrics_row(&metrics, row);
+            LOG_INFO("step %d/%d: loss %.4f (ce %.4f pl %.4f graph %.4f), %s accuracy %.4f, pseudo-labels on %.0f%% "
+                     "of unlabelled rows, %.1f neighbours/step (stale %lld, missing %lld, mean age %.0f steps), "
+                     "wait %.2f ms/step, %.1f steps/s",
+                     done, o.steps, win.loss / ws, win.ce / ws, win.pl / ws, win.graph / ws, n_val ? "val" : "test",
+                     last_acc, 100.0 * row[7], row[8], (long long)win.nbr_stale, (long long)win.nbr_missing, row[11],
+                     row[12], sps);
+            total_nbr_used += win.nbr_used;
+            total_stale += win.nbr_stale;
+            total_missing += win.nbr_missing;
+            memset(&win, 0, sizeof win);
+        }
+    }
+    const double train_s = (double)total_train_us / 1e6;
+    printf("graphreg: %d labelled, %d unlabelled, %d steps of %d+%d, alpha %g, beta %g, K %d from %s, device %s\n",
+           n_lab, n_unl, o.steps, BL, BU, (double)o.alpha, (double)o.beta, K,
+           o.nbr_mode == S_NBR_BANK ? "bank" : o.nbr_mode == S_NBR_TRAINER ? "trainer" : "none",
+           nn_device_name(device));
+    printf("checkpoints: %s, metrics: %s\n", o.ckpt_dir, metrics_path);
+    printf("train_seconds=%.2f\n", train_s);
+    printf("steps_per_s=%.2f\n", train_s > 0 ? o.steps / train_s : 0.0);
+    printf("wait_ms_per_step=%.3f\n", total_wait_ms / o.steps);
+    printf("neighbors_used=%lld\nneighbors_stale=%lld\nneighbors_missing=%lld\n", (long long)total_nbr_used,
+           (long long)total_stale, (long long)total_missing);
+    printf("%s_loss=%.4f\n", n_val ? "val" : "test", last_loss);
+    printf("%s_accuracy=%.4f\n", n_val ? "val" : "test", last_acc);
+    fflush(stdout);
+    rc = 0;
+cleanup:
+    trainer_prefetch_destroy(&pf);
+    trainer_metrics_close(&metrics);
+    if (m && dh_dev) {
+        m->ops->free(dh_dev);
+    }
+    nn_mlp_destroy(&m);
+    carls_fmnist_free(&ds);
+    free(labelled);
+    free(unlabelled);
+    free(val);
+    free(batch);
+    free(eval_idx);
+    free(nbr_items);
+    free(xbuf);
+    free(row_w);
+    free(h_host);
+    free(dh_host);
+    free(nbr_x);
+    free(nbr_emb_local);
+    free(ybuf);
+    free(nbr_slot);
+    return rc;
+}

@@ -1,0 +1,351 @@
+/* Asynchronous neighbour / pseudo-label / embedding fetches for the graph-regularised trainer
+ * (see trainer_prefetch.h). */
+#include "trainer_prefetch.h"
+
+#include "kb_client.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define S_SLOTS 2
+#define S_KEY 11 /* bytes per decimal key buffer */
+
+struct trainer_prefetch {
+    trainer_prefetch_config_t cfg;
+    kb_client_t *client;          /* used by the thread only */
+    pthread_t thread;
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    uint64_t submitted, done, taken; /* batches queued, fetched, handed to the caller */
+    int stop;                     /* the thread should exit */
+    trainer_fetch_t slot[S_SLOTS]; /* batch t lives in slot t % S_SLOTS */
+    /* thread scratch */
+    ProtobufCBinaryData *wire;    /* (max_batch) keys of a feature_get */
+    char *key_text;               /* (max(max_batch, max_batch * K), S_KEY) */
+    kb_key_t *ukeys;              /* (max_batch * K) distinct neighbour keys */
+    uint32_t *uitems;             /* (max_batch * K) their items */
+    int32_t *pos;                 /* (n_items) item -> index in uitems, -1 (reset after each batch) */
+    float *uvals;                 /* (max_batch * K, E) */
+    kb_row_meta_t *umeta;         /* (max_batch * K) */
+};
+
+static uint32_t s_key_item(const uint8_t *d, size_t len)
+{
+    if (len == 0 || len > 10) {
+        return TRAINER_NO_ITEM;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (d[i] < '0' || d[i] > '9') {
+            return TRAINER_NO_ITEM;
+        }
+        v = v * 10 + (uint64_t)(d[i] - '0');
+    }
+    return v >= TRAINER_NO_ITEM ? TRAINER_NO_ITEM : (uint32_t)v;
+}
+
+/* Sends a feature_get of the batch's items to table; *id receives the request id. */
+static int s_send_feature_get(trainer_prefetch_t *p, const char *table, const trainer_fetch_t *f, uint64_t *id)
+{
+    for (int i = 0; i < f->B; i++) {
+        char *k = p->key_text + (size_t)i * S_KEY;
+        p->wire[i].len = (size_t)snprintf(k, S_KEY, "%u", f->items[i]);
+        p->wire[i].data = (uint8_t *)k;
+    }
+    Carls__FeatureGet op = CARLS__FEATURE_GET__INIT;
+    op.n_keys = (size_t)f->B;
+    op.keys = p->wire;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
+    req.feature_get = &op;
+    return kb_client_send(p->client, &req, id);
+}
+
+/* Waits for a feature_get answer and checks its shape. Caller frees *resp. */
+static int s_wait_features(trainer_prefetch_t *p, uint64_t id, int B, Carls__Response **resp, trainer_fetch_t *f,
+                           const char *table)
+{
+    int rc = kb_client_wait(p->client, id, resp);
+    if (rc != 0) {
+        snprintf(f->err, sizeof f->err, "feature_get %s: %s", table, kb_client_last_error(p->client));
+        return rc;
+    }
+    if ((*resp)->result_case != CARLS__RESPONSE__RESULT_FEATURES || (*resp)->features->n_records != (size_t)B) {
+        snprintf(f->err, sizeof f->err, "feature_get %s: malformed answer", table);
+        return KB_CLIENT_EIO;
+    }
+    return 0;
+}
+
+/* Fetches everything batch f needs. */
+static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
+{
+    const int K = p->cfg.K, E = p->cfg.E, B = f->B;
+    int64_t t0 = carls_monotonic_us();
+    f->rc = 0;
+    f->err[0] = '\0';
+    f->distinct = 0;
+    for (int i = 0; i < B; i++) {
+        f->plabel[i] = -1;
+        f->pconf[i] = 0.0f;
+        f->pver[i] = 0;
+    }
+    for (int i = 0; i < B * K; i++) {
+        f->nbr[i] = TRAINER_NO_ITEM;
+        f->w[i] = 0.0f;
+        f->nbr_have[i] = 0;
+        f->nbr_ver[i] = 0;
+    }
+    /* Labels first (its keys buffer is reused by the graph request, which is sent right after). */
+    Carls__Response *lresp = NULL, *gresp = NULL;
+    uint64_t lid = 0, gid = 0;
+    int rc = 0;
+    if (p->cfg.labels_table) {
+        rc = s_send_feature_get(p, p->cfg.labels_table, f, &lid);
+    }
+    if (rc == 0 && p->cfg.graph_table) {
+        rc = s_send_feature_get(p, p->cfg.graph_table, f, &gid);
+    }
+    if (rc != 0) {
+        snprintf(f->err, sizeof f->err, "send: %s", kb_client_last_error(p->client));
+    }
+    if (rc == 0 && p->cfg.labels_table) {
+        rc = s_wait_features(p, lid, B, &lresp, f, p->cfg.labels_table);
+        if (rc == KB_CLIENT_ESTATUS && lresp && lresp->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
+            rc = 0; /* no label maker wrote anything yet */
+        } else if (rc == 0) {
+            for (int i = 0; i < B; i++) {
+                const Carls__FeatureRecord *r = lresp->features->records[i];
+                if (r->found && r->label_case == CARLS__FEATURE_RECORD__LABEL_INT_LABEL && r->int_label >= 0) {
+                    f->plabel[i] = (int32_t)r->int_label;
+                    f->pconf[i] = r->label_confidence;
+                    f->pver[i] = r->version;
+                }
+            }
+        }
+    }
+    if (rc == 0 && p->cfg.graph_table) {
+        rc = s_wait_features(p, gid, B, &gresp, f, p->cfg.graph_table);
+        if (rc == KB_CLIENT_ESTATUS && gresp && gresp->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
+            rc = 0; /* no graph yet */
+        } else if (rc == 0) {
+            for (int i = 0; i < B; i++) {
+                const Carls__FeatureRecord *r = gresp->features->records[i];
+                size_t have = r->found ? r->n_neighbor_keys : 0;
+                have = have < r->n_neighbor_weights ? have : r->n_neighbor_weights;
+                for (int j = 0; j < K && (size_t)j < have; j++) {
+                    uint32_t it = s_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
+                    if (it != TRAINER_NO_ITEM && (int64_t)it < p->cfg.n_items) {
+                        f->nbr[i * K + j] = it;
+                        f->w[i * K + j] = r->neighbor_weights[j];
+                    }
+                }
+            }
+        }
+    }
+    if (lresp) {
+        carls__response__free_unpacked(lresp, NULL);
+    }
+    if (gresp) {
+        carls__response__free_unpacked(gresp, NULL);
+    }
+    /* Neighbour embeddings: one no_create lookup of the distinct neighbours. */
+    if (rc == 0 && p->cfg.emb_table) {
+        int U = 0;
+        for (int i = 0; i < B * K; i++) {
+            uint32_t it = f->nbr[i];
+            if (it == TRAINER_NO_ITEM || p->pos[it] >= 0) {
+                continue;
+            }
+            p->pos[it] = U;
+            p->uitems[U] = it;
+            char *k = p->key_text + (size_t)U * S_KEY;
+            p->ukeys[U].len = (size_t)snprintf(k, S_KEY, "%u", it);
+            p->ukeys[U].data = k;
+            U++;
+        }
+        f->distinct = U;
+        if (U > 0) {
+            rc = kb_client_lookup_ex(p->client, p->cfg.emb_table, p->ukeys, (size_t)U, (uint32_t)E, true, p->uvals,
+                                     p->umeta);
+            if (rc == KB_CLIENT_ESTATUS && strstr(kb_client_last_error(p->client), "NOT_FOUND")) {
+                rc = 0; /* no maker wrote embeddings yet: every neighbour is missing */
+                for (int u = 0; u < U; u++) {
+                    p->umeta[u].updated_at_ms = 0;
+                }
+            } else if (rc != 0) {
+                snprintf(f->err, sizeof f->err, "lookup %s: %s", p->cfg.emb_table, kb_client_last_error(p->client));
+            }
+        }
+        if (rc == 0) {
+            for (int i = 0; i < B * K; i++) {
+                uint32_t it = f->nbr[i];
+                if (it == TRAINER_NO_ITEM) {
+                    continue;
+                }
+                int u = p->pos[it];
+                if (p->umeta[u].updated_at_ms != 0) {
+                    f->nbr_have[i] = 1;
+                    f->nbr_ver[i] = p->umeta[u].version;
+                    memcpy(f->nbr_emb + (size_t)i * E, p->uvals + (size_t)u * E, sizeof(float) * (size_t)E);
+                }
+            }
+        }
+        for (int u = 0; u < U; u++) {
+            p->pos[p->uitems[u]] = -1;
+        }
+    }
+    f->rc = rc;
+    f->fetch_ms = (double)(carls_monotonic_us() - t0) / 1e3;
+}
+
+static void *s_thread(void *arg)
+{
+    trainer_prefetch_t *p = arg;
+    pthread_mutex_lock(&p->mutex);
+    for (;;) {
+        while (!p->stop && p->done == p->submitted) {
+            pthread_cond_wait(&p->cond, &p->mutex);
+        }
+        if (p->stop) {
+            break;
+        }
+        trainer_fetch_t *f = &p->slot[p->done % S_SLOTS];
+        pthread_mutex_unlock(&p->mutex);
+        s_fetch(p, f);
+        pthread_mutex_lock(&p->mutex);
+        p->done++;
+        pthread_cond_broadcast(&p->cond);
+    }
+    pthread_mutex_unlock(&p->mutex);
+    return NULL;
+}
+
+trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
+{
+    assert(cfg && cfg->K >= 0 && cfg->max_batch >= 1 && cfg->n_items >= 1);
+    kb_client_options_t opts = {.timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000, .retries = 2};
+    kb_client_t *c = kb_client_new(cfg->endpoint, &opts);
+    if (!c) {
+        return NULL;
+    }
+    trainer_prefetch_t *p = carls_xcalloc(1, sizeof *p);
+    p->cfg = *cfg;
+    p->client = c;
+    const size_t MB = (size_t)cfg->max_batch, K = (size_t)(cfg->K > 0 ? cfg->K : 1);
+    const size_t E = (size_t)(cfg->E > 0 ? cfg->E : 1);
+    for (int s = 0; s < S_SLOTS; s++) {
+        trainer_fetch_t *f = &p->slot[s];
+        f->items = carls_xcalloc(MB, sizeof *f->items);
+        f->nbr = carls_xcalloc(MB * K, sizeof *f->nbr);
+        f->w = carls_xcalloc(MB * K, sizeof *f->w);
+        f->nbr_emb = cfg->emb_table ? carls_xcalloc(MB * K * E, sizeof *f->nbr_emb) : NULL;
+        f->nbr_ver = carls_xcalloc(MB * K, sizeof *f->nbr_ver);
+        f->nbr_have = carls_xcalloc(MB * K, sizeof *f->nbr_have);
+        f->plabel = carls_xcalloc(MB, sizeof *f->plabel);
+        f->pconf = carls_xcalloc(MB, sizeof *f->pconf);
+        f->pver = carls_xcalloc(MB, sizeof *f->pver);
+    }
+    p->wire = carls_xcalloc(MB, sizeof *p->wire);
+    p->key_text = carls_xcalloc(MB * K + MB, S_KEY);
+    p->ukeys = carls_xcalloc(MB * K, sizeof *p->ukeys);
+    p->uitems = carls_xcalloc(MB * K, sizeof *p->uitems);
+    p->pos = carls_xmalloc(sizeof *p->pos * (size_t)cfg->n_items);
+    for (int i = 0; i < cfg->n_items; i++) {
+        p->pos[i] = -1;
+    }
+    p->uvals = cfg->emb_table ? carls_xcalloc(MB * K * E, sizeof *p->uvals) : NULL;
+    p->umeta = carls_xcalloc(MB * K, sizeof *p->umeta);
+    pthread_mutex_init(&p->mutex, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    if (pthread_create(&p->thread, NULL, s_thread, p) != 0) {
+        LOG_ERROR("cannot start the prefetch thread");
+        pthread_mutex_destroy(&p->mutex);
+        pthread_cond_destroy(&p->cond);
+        p->stop = -1; /* no thread to join */
+        trainer_prefetch_destroy(&p);
+        return NULL;
+    }
+    return p;
+}
+
+void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
+{
+    if (!self_p || !*self_p) {
+        return;
+    }
+    trainer_prefetch_t *p = *self_p;
+    if (p->stop != -1) {
+        pthread_mutex_lock(&p->mutex);
+        p->stop = 1;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->mutex);
+        pthread_join(p->thread, NULL);
+        pthread_mutex_destroy(&p->mutex);
+        pthread_cond_destroy(&p->cond);
+    }
+    for (int s = 0; s < S_SLOTS; s++) {
+        trainer_fetch_t *f = &p->slot[s];
+        free(f->items);
+        free(f->nbr);
+        free(f->w);
+        free(f->nbr_emb);
+        free(f->nbr_ver);
+        free(f->nbr_have);
+        free(f->plabel);
+        free(f->pconf);
+        free(f->pver);
+    }
+    free(p->wire);
+    free(p->key_text);
+    free(p->ukeys);
+    free(p->uitems);
+    free(p->pos);
+    free(p->uvals);
+    free(p->umeta);
+    kb_client_destroy(&p->client);
+    free(p);
+    *self_p = NULL;
+}
+
+int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int B)
+{
+    assert(B >= 1 && B <= self->cfg.max_batch);
+    pthread_mutex_lock(&self->mutex);
+    if (self->submitted - self->taken >= S_SLOTS) {
+        pthread_mutex_unlock(&self->mutex);
+        assert(!"trainer_prefetch_submit: two batches already in flight");
+        return -1;
+    }
+    trainer_fetch_t *f = &self->slot[self->submitted % S_SLOTS];
+    f->B = B;
+    memcpy(f->items, items, sizeof *items * (size_t)B);
+    self->submitted++;
+    pthread_cond_broadcast(&self->cond);
+    pthread_mutex_unlock(&self->mutex);
+    return 0;
+}
+
+const trainer_fetch_t *trainer_prefetch_wait(trainer_prefetch_t *self, double *wait_ms)
+{
+    int64_t t0 = carls_monotonic_us();
+    pthread_mutex_lock(&self->mutex);
+    assert(self->taken < self->submitted);
+    while (self->done <= self->taken) {
+        pthread_cond_wait(&self->cond, &self->mutex);
+    }
+    const trainer_fetch_t *f = &self->slot[self->taken % S_SLOTS];
+    self->taken++;
+    pthread_mutex_unlock(&self->mutex);
+    if (wait_ms) {
+        *wait_ms = (double)(carls_monotonic_us() - t0) / 1e3;
+    }
+    return f;
+}

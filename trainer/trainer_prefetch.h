@@ -1,0 +1,67 @@
+/* The graph-regularised trainer's link to the knowledge bank: a thread that fetches what the NEXT batch
+ * needs while the trainer computes the current one (CARLS §3.3: the trainer's communication module), so the
+ * trainer does not wait on the network.
+ *
+ * For a batch of items it fetches, with its own client connection:
+ *   - the items' neighbour lists from the graph feature table (the first K entries of each);
+ *   - the pseudo-labels and confidences of the items from the labels feature table (when asked);
+ *   - in bank mode, the neighbours' embeddings from the embedding table, with the version (checkpoint step)
+ *     and write time of each: a no_create lookup of the distinct neighbours of the batch, so rows that no
+ *     maker wrote yet are reported as missing instead of being created.
+ *
+ * Two batches are in flight at most: submit(t+1) may be called while the caller still uses the result of
+ * t; the result of t is overwritten by submit(t+2). Results come back in submission order.
+ * Items and neighbour keys are decimal training-image indices (as knowledge_maker/km_bank.h writes them). */
+#ifndef TRAINER_PREFETCH_H
+#define TRAINER_PREFETCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TRAINER_NO_ITEM UINT32_MAX
+
+typedef struct {
+    const char *endpoint;     /* bank endpoint */
+    const char *graph_table;  /* neighbour lists; NULL: none fetched */
+    const char *labels_table; /* pseudo-labels; NULL: none fetched */
+    const char *emb_table;    /* neighbour embeddings; NULL: none fetched (in-trainer mode) */
+    int K;                    /* neighbours used per item */
+    int E;                    /* embedding dimension (emb_table) */
+    int max_batch;            /* most items per batch */
+    int n_items;              /* item indices are below this */
+    int timeout_ms;           /* per request attempt */
+} trainer_prefetch_config_t;
+
+/* One batch's knowledge. Arrays are sized for max_batch; the first B rows are valid. */
+typedef struct {
+    int B;              /* items */
+    uint32_t *items;    /* (B) */
+    uint32_t *nbr;      /* (B, K) neighbour items, TRAINER_NO_ITEM past the list */
+    float *w;           /* (B, K) edge weights (0 past the list) */
+    float *nbr_emb;     /* (B, K, E) neighbour embeddings (bank mode) */
+    uint64_t *nbr_ver;  /* (B, K) their versions (checkpoint step) */
+    uint8_t *nbr_have;  /* (B, K) 1 when a maker wrote the embedding */
+    int32_t *plabel;    /* (B) pseudo-label, -1 where none */
+    float *pconf;       /* (B) its confidence */
+    uint64_t *pver;     /* (B) its version */
+    int rc;             /* 0, or the failure (err says which) */
+    char err[512];
+    double fetch_ms;    /* time the thread spent fetching this batch */
+    int distinct;       /* distinct neighbours looked up */
+} trainer_fetch_t;
+
+typedef struct trainer_prefetch trainer_prefetch_t;
+
+/* Starts the thread. NULL on failure (logged). */
+trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg);
+/* Stops the thread and frees everything; accepts NULL; nulls *self_p. */
+void trainer_prefetch_destroy(trainer_prefetch_t **self_p);
+
+/* Queues a batch (items (B), 1 <= B <= max_batch). Returns 0, or -1 when two batches are already queued or
+ * held (a caller bug, asserted in debug builds). */
+int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int B);
+/* Waits for the oldest submitted batch and returns its result (owned by the prefetcher, valid until the
+ * submit after next). *wait_ms receives how long the caller waited. */
+const trainer_fetch_t *trainer_prefetch_wait(trainer_prefetch_t *self, double *wait_ms);
+
+#endif
