@@ -1,6 +1,7 @@
 /* trainer: trains models for carls-c and writes the checkpoints knowledge makers read. */
 #include "trainer.h"
 #include "trainer_graphreg.h"
+#include "trainer_w2v.h"
 
 #include "log.h"
 
@@ -14,6 +15,8 @@ static void s_usage(FILE *out)
             "commands:\n"
             "  supervised   train an MLP encoder + softmax classifier on Fashion-MNIST\n"
             "  graphreg     semi-supervised: labels + bank pseudo-labels + graph regulariser (neighbours from the bank)\n"
+            "  word2vec     skip-gram word vectors whose vocabulary lives in the knowledge bank (no dictionary)\n"
+            "  w2v-eval     score word vectors (word2vec text files): hand-made pairs, word groups, overlap\n"
             "  inspect      print what a checkpoint file (or a checkpoint directory's latest) holds\n"
             "  bench-sgemm  measure sgemm FLOP/s (OpenBLAS on the CPU, cuBLAS on a GPU)\n"
             "run 'trainer <command> --help' for a command's options\n");
@@ -31,6 +34,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "graphreg") == 0) {
         return trainer_graphreg_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "word2vec") == 0) {
+        return trainer_word2vec_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "w2v-eval") == 0) {
+        return trainer_w2v_eval_main(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "inspect") == 0) {
         return trainer_inspect_main(argc - 1, argv + 1);

@@ -1,0 +1,225 @@
+/* Plain-text corpora (see data_text.h). */
+#include "data_text.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "util.h"
+
+static int s_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int s_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* A byte that belongs to words: letters, apostrophes and any non-ASCII byte. */
+static inline bool s_word_byte(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '\'' || c >= 0x80;
+}
+
+size_t data_text_strip_bible(const char *raw, size_t len, char *out)
+{
+    size_t o = 0;
+    size_t i = 0;
+    while (i < len) {
+        size_t end = i;
+        while (end < len && raw[end] != '\n')
+            end++;
+        size_t p = i;
+        while (p < end && (raw[p] == ' ' || raw[p] == '\t'))
+            p++;
+        size_t digits = p;
+        while (p < end && raw[p] >= '0' && raw[p] <= '9')
+            p++;
+        /* A verse line: indentation, a verse number, one space, the text. Headings start with a letter. */
+        if (p > digits && p > i && p < end && raw[p] == ' ') {
+            p++;
+            memcpy(out + o, raw + p, end - p);
+            o += end - p;
+            out[o++] = '\n';
+        }
+        i = end + 1;
+    }
+    return o;
+}
+
+/* Appends to a growing array of elem bytes per entry. */
+static void *s_grow(void *arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return arr;
+    size_t n = *cap ? *cap : 1024;
+    while (n < need)
+        n *= 2;
+    *cap = n;
+    return carls_xrealloc(arr, n * elem);
+}
+
+int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (len >= UINT32_MAX)
+        return s_fail(err, errlen, "corpus of %zu bytes is over the 4 GiB limit", len);
+    data_text_t *t = carls_xcalloc(1, sizeof *t);
+    t->text = carls_xmalloc(len + 1);
+    size_t tok_cap = 0, line_cap = 0;
+    size_t o = 0;
+    size_t line_first = 0; /* first token of the current line */
+    size_t i = 0;
+    while (i <= len) {
+        if (i == len || raw[i] == '\n') {
+            if (t->n_tokens > line_first) {
+                t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 2, sizeof *t->line_start);
+                t->line_start[t->n_lines++] = line_first;
+                t->text[o - 1] = '\n'; /* the separator after the line's last token */
+                line_first = t->n_tokens;
+            }
+            i++;
+            continue;
+        }
+        if (!s_word_byte((unsigned char)raw[i])) {
+            i++;
+            continue;
+        }
+        size_t s = i;
+        while (i < len && s_word_byte((unsigned char)raw[i]))
+            i++;
+        size_t e = i;
+        while (s < e && raw[s] == '\'')
+            s++;
+        while (e > s && raw[e - 1] == '\'')
+            e--;
+        while (s < e) {
+            size_t piece = e - s > DATA_TEXT_MAX_TOKEN ? DATA_TEXT_MAX_TOKEN : e - s;
+            if (t->n_tokens + 1 > tok_cap) {
+                t->tok_off = s_grow(t->tok_off, &tok_cap, t->n_tokens + 1, sizeof *t->tok_off);
+                t->tok_len = carls_xrealloc(t->tok_len, tok_cap);
+            }
+            t->tok_off[t->n_tokens] = (uint32_t)o;
+            t->tok_len[t->n_tokens] = (uint8_t)piece;
+            t->n_tokens++;
+            for (size_t k = 0; k < piece; k++) {
+                unsigned char c = (unsigned char)raw[s + k];
+                t->text[o++] = (char)(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+            }
+            t->text[o++] = ' ';
+            s += piece;
+        }
+    }
+    t->text_len = o;
+    t->text[o] = '\0';
+    if (t->n_tokens == 0) {
+        data_text_destroy(&t);
+        return s_fail(err, errlen, "the corpus holds no words");
+    }
+    t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
+    t->line_start[t->n_lines] = t->n_tokens;
+    *out = t;
+    return 0;
+}
+
+/* Reads a whole stream into a malloc'ed buffer. Returns 0 or -1 (errno set by the read). */
+static int s_read_all(FILE *f, char **buf_out, size_t *len_out)
+{
+    size_t cap = 1 << 20, len = 0;
+    char *buf = carls_xmalloc(cap);
+    for (;;) {
+        if (len == cap) {
+            cap *= 2;
+            buf = carls_xrealloc(buf, cap);
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                free(buf);
+                return -1;
+            }
+            break;
+        }
+    }
+    *buf_out = buf;
+    *len_out = len;
+    return 0;
+}
+
+int data_text_load(const char *source, data_text_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *raw = NULL;
+    size_t len = 0;
+    if (strcmp(source, "kjv") == 0) {
+        FILE *p = popen(DATA_TEXT_KJV_COMMAND " 2>/dev/null", "r");
+        if (!p)
+            return s_fail(err, errlen, "cannot run '%s': %s", DATA_TEXT_KJV_COMMAND, strerror(errno));
+        int rrc = s_read_all(p, &raw, &len);
+        int status = pclose(p);
+        if (rrc != 0 || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || len == 0) {
+            free(raw);
+            return s_fail(err, errlen,
+                          "'%s' failed (status %d); install Debian's bible-kjv and bible-kjv-text "
+                          "(scripts/setup.sh)",
+                          DATA_TEXT_KJV_COMMAND, status);
+        }
+        char *verses = carls_xmalloc(len + 1);
+        size_t n = data_text_strip_bible(raw, len, verses);
+        free(raw);
+        raw = verses;
+        len = n;
+    } else {
+        FILE *f = fopen(source, "rb");
+        if (!f)
+            return s_fail(err, errlen, "cannot open %s: %s", source, strerror(errno));
+        int rrc = s_read_all(f, &raw, &len);
+        int saved = errno;
+        fclose(f);
+        if (rrc != 0)
+            return s_fail(err, errlen, "cannot read %s: %s", source, strerror(saved));
+    }
+    int rc = data_text_from_buffer(raw, len, out, err, errlen);
+    free(raw);
+    return rc;
+}
+
+void data_text_destroy(data_text_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    data_text_t *t = *self_p;
+    free(t->text);
+    free(t->tok_off);
+    free(t->tok_len);
+    free(t->line_start);
+    free(t);
+    *self_p = NULL;
+}
+
+void data_text_slice(const data_text_t *self, uint32_t worker, uint32_t workers, size_t *first, size_t *end)
+{
+    /* Line l goes to the worker whose share of the tokens holds the line's first token. */
+    size_t lo = (size_t)((double)self->n_tokens * worker / workers);
+    size_t hi = (size_t)((double)self->n_tokens * (worker + 1) / workers);
+    size_t a = 0;
+    while (a < self->n_lines && self->line_start[a] < lo)
+        a++;
+    size_t b = a;
+    while (b < self->n_lines && self->line_start[b] < hi)
+        b++;
+    if (worker + 1 == workers)
+        b = self->n_lines;
+    *first = a;
+    *end = b;
+}

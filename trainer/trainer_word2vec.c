@@ -1,0 +1,1265 @@
+/* trainer word2vec: dictionary-free skip-gram with negative sampling through the knowledge bank
+ * (DynamicEmbedding §3.1; tables described in trainer_w2v.h).
+ *
+ * One batch of about --batch-tokens corpus tokens (whole lines) goes through four stages:
+ *   1. count:   the batch's words are looked up in NAME.count. In the trainer's first pass every token is
+ *               sent (each occurrence counts one), later passes send each distinct word once with no_create.
+ *               Together with it, --pool candidates are drawn from NAME.count by the bank's unigram^0.75
+ *               sampler (one `sample` request per batch).
+ *   2. lookup:  with the counts, tokens of words the bank has not admitted are dropped, frequent words are
+ *               subsampled (word2vec's keep probability sqrt(t/f) + t/f, f = count / tokens counted), and the
+ *               distinct kept words are looked up in NAME (input rows) and, with the sampled negatives, in
+ *               NAME.out (output rows). Unseen words get their deterministic initial rows from the bank.
+ *   3. compute: forward/backward over every (center, context) pair (nn_sgns_cpu), the gradient summed per
+ *               distinct word, then pushed to NAME and NAME.out (one request each). The bank applies them
+ *               with its optimizer and update policy (lazy average or immediate).
+ *   4. finish:  the pushes' acknowledgements are collected.
+ * Batches are pipelined over one client with several requests in flight: while batch b is computed, the
+ * lookups of b+1 and the count of b+2 are being served, and the pushes of b-1 acknowledged. Batch b+1 thus
+ * reads rows that include the pushes of b-1 but not of b (one batch of staleness).
+ *
+ * Several trainers (--worker i/n, separate processes) train on separate slices of the corpus and push to the
+ * same tables at the same time. */
+#include "trainer.h"
+#include "trainer_progress.h"
+#include "trainer_util.h"
+#include "trainer_w2v.h"
+
+#include "data_text.h"
+#include "nn_sgns.h"
+
+#include "kb_client.h"
+#include "log.h"
+#include "protocol.h"
+#include "util.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE UINT32_MAX
+#define SLOTS 4
+
+typedef struct {
+    const char *corpus;
+    const char *kb;
+    const char *table;
+    w2v_tables_t tables;
+    uint32_t window, negatives, epochs;
+    float subsample;
+    uint32_t worker, workers;
+    uint32_t batch_tokens;
+    uint32_t pool;
+    int lr_decay;          /* -1: default (linear for sgd, none for adagrad); 0 none; 1 linear */
+    int count_pass;        /* 1: count every token of the first pass in NAME.count */
+    uint64_t seed;
+    const char *export_path;
+    const char *predict;   /* comma-separated words */
+    uint32_t predict_k;
+    uint32_t predict_eval; /* context-prediction pairs to score */
+    int tokenize_only;
+    int timeout_ms, retries;
+    const char *metrics;
+} s_opts_t;
+
+/* Timings of the whole run. */
+typedef struct {
+    int64_t wait_us;    /* blocked in kb_client_wait */
+    int64_t compute_us; /* nn_sgns_cpu */
+    int64_t requests;
+} s_io_t;
+
+/* One batch in the pipeline. */
+typedef struct {
+    bool active;
+    uint64_t index;          /* batch number (this trainer) */
+    uint32_t epoch;
+    bool counting;           /* first pass: every token counted */
+    size_t tok0, tok1;       /* corpus tokens */
+    size_t line0, line1;
+    w2v_map_t map;           /* distinct words of the batch (then negative-only words) */
+    uint32_t *tok_word;      /* (tok1-tok0) map index of each token */
+    uint64_t *freq;          /* (map.n) bank count of each distinct word */
+    uint32_t *row;           /* (map.n) output row of each word, NONE when not in the batch's rows */
+    ProtobufCBinaryData *keys;       /* request keys (count lookup; then output rows' keys) */
+    size_t keys_cap;
+    uint32_t *tokens, *sent_end;     /* kept tokens (as rows) and sentence ends */
+    uint32_t n_tokens, n_sents, n_words, n_out;
+    uint32_t *pool;                  /* negative candidates as output rows */
+    uint32_t n_pool;
+    float *in_vec, *out_vec, *g_in, *g_out;
+    size_t cap_in, cap_g_in, cap_out, cap_g_out; /* floats allocated in each */
+    uint64_t count_id, sample_id, in_id, out_id, push_in_id, push_out_id;
+    bool sample_sent, vectors_sent, pushed;
+    Carls__Response *sample_resp;    /* owns the negative keys' bytes until the batch is finished */
+    double loss;
+    uint64_t pairs;
+} s_batch_t;
+
+typedef struct {
+    s_opts_t o;
+    w2v_names_t names;
+    data_text_t *text;
+    kb_client_t *kb;
+    s_io_t io;
+    size_t line_first, line_end; /* this worker's slice */
+    size_t slice_tokens;
+    uint64_t tokens_counted;     /* tokens this trainer counted in its first pass */
+    uint64_t total_tokens;       /* estimate of the corpus tokens the bank has counted (all workers) */
+    uint64_t tokens_done;        /* corpus tokens trained over (all epochs) */
+    uint64_t tokens_target;      /* slice_tokens * epochs */
+    /* the next batch to prepare */
+    uint32_t next_epoch;
+    size_t next_line;
+    uint64_t next_index;
+    s_batch_t slot[SLOTS];
+    trainer_progress_t progress;
+    uint32_t progress_epoch;
+    double epoch_loss;
+    uint64_t epoch_pairs;
+    FILE *metrics;
+} s_run_t;
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainer word2vec --corpus FILE|kjv --kb ENDPOINT --table NAME [options]\n"
+            "Skip-gram with negative sampling whose vocabulary lives in the knowledge bank: every word's input\n"
+            "and output vectors are rows of NAME and NAME.out keyed by the word; NAME.count counts the words.\n"
+            "  --corpus FILE|kjv        plain text (one sentence per line), or the King James Bible from\n"
+            "                           Debian's bible-kjv (verse references stripped)\n"
+            "  --kb ENDPOINT            kb-server endpoint (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
+            "  --table NAME             base name of the tables (default words)\n"
+            "  --dim D                  vector size (default 100)\n"
+            "  --window W               context window half-width, sampled 1..W per center (default 5)\n"
+            "  --negatives K            negatives per (center, context) pair (default 5)\n"
+            "  --epochs E               passes over this worker's slice (default 5; 0: no training)\n"
+            "  --subsample T            subsampling threshold of frequent words (default 1e-4; 0: off)\n"
+            "  --min-count N            admission: a word is trained once the bank has counted it N times\n"
+            "                           (default 5)\n"
+            "  --admission bloom|frequency|none  NAME.count's admission policy (default bloom: rare words get\n"
+            "                           no row at all; frequency: kept in memory, never persisted)\n"
+            "  --worker I/N             train on slice I of N of the corpus (default 0/1)\n"
+            "  --batch-tokens N         corpus tokens per batch (default 16384)\n"
+            "  --pool N                 negatives drawn from the bank per batch; each pair picks its K\n"
+            "                           negatives uniformly from them (default 8192)\n"
+            "  --optimizer adagrad|sgd  server-side optimizer (default adagrad)\n"
+            "  --lr LR                  server learning rate (default 0.05 adagrad, 0.025 sgd)\n"
+            "  --lr-decay linear|none   scale pushed gradients by 1 - progress (default: linear for sgd,\n"
+            "                           none for adagrad)\n"
+            "  --update lazy|immediate  bank update policy (default lazy)\n"
+            "  --max-age-ms MS          lazy: apply pending gradients after MS ms (default 100)\n"
+            "  --max-pending N          lazy: or once N have gathered (default 16)\n"
+            "  --knn-spec SPEC          FAISS index of NAME (cosine) and NAME.out (inner product);\n"
+            "                           none for no index (default Flat)\n"
+            "  --no-count               do not count tokens in NAME.count (a trainer resuming a run)\n"
+            "  --seed S                 window, subsampling and sampling seed (default 1)\n"
+            "  --export FILE            after training, write NAME as a word2vec text file (most frequent first)\n"
+            "  --predict W1,W2,...      after training, print the top-k context words predicted for each word:\n"
+            "                           NAME.out's rows by inner product with the word's NAME row (bank knn)\n"
+            "  --predict-k K            (default 10)\n"
+            "  --predict-eval N         score N (center, context) pairs of the slice: share whose context is in\n"
+            "                           the top-k predicted, against always predicting the k most frequent words\n"
+            "  --tokenize-only          print the corpus as the trainer tokenizes it (one line per sentence)\n"
+            "  --metrics FILE           CSV: one row per epoch\n"
+            "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
+            "  --kb-retries N           resends after a timeout, e.g. across a bank restart (default 60)\n"
+            "  --log-level LEVEL        debug|info|warn|error\n");
+}
+
+static int s_parse_worker(const char *text, uint32_t *i, uint32_t *n)
+{
+    unsigned a, b;
+    char tail;
+    if (sscanf(text, "%u/%u%c", &a, &b, &tail) != 2 || b == 0 || a >= b || b > 1024) {
+        fprintf(stderr, "trainer: --worker: '%s' is not I/N with 0 <= I < N <= 1024\n", text);
+        return -1;
+    }
+    *i = a;
+    *n = b;
+    return 0;
+}
+
+/* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
+static int s_parse(int argc, char **argv, s_opts_t *o)
+{
+    *o = (s_opts_t){
+        .kb = getenv("CARLS_KB") ? getenv("CARLS_KB") : "tcp://127.0.0.1:7070",
+        .table = "words",
+        .tables = {.dim = 100, .adagrad = true, .lr = -1, .lazy = true, .max_age_ms = 100, .max_pending = 16,
+                   .admission = W2V_ADMIT_BLOOM, .min_count = 5, .knn_spec = "Flat"},
+        .window = 5,
+        .negatives = 5,
+        .epochs = 5,
+        .subsample = 1e-4f,
+        .worker = 0,
+        .workers = 1,
+        .batch_tokens = 16384,
+        .pool = 8192,
+        .lr_decay = -1,
+        .count_pass = 1,
+        .seed = 1,
+        .predict_k = 10,
+        .timeout_ms = 10000,
+        .retries = 60,
+    };
+    enum {
+        O_CORPUS = 256, O_KB, O_TABLE, O_DIM, O_WINDOW, O_NEG, O_EPOCHS, O_SUB, O_MINC, O_ADM, O_WORKER, O_BATCH,
+        O_POOL, O_OPT, O_LR, O_DECAY, O_UPDATE, O_AGE, O_PENDING, O_KNN, O_NOCOUNT, O_SEED, O_EXPORT, O_PREDICT,
+        O_PK, O_PEVAL, O_TOK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"corpus", required_argument, NULL, O_CORPUS},
+        {"kb", required_argument, NULL, O_KB},
+        {"table", required_argument, NULL, O_TABLE},
+        {"dim", required_argument, NULL, O_DIM},
+        {"window", required_argument, NULL, O_WINDOW},
+        {"negatives", required_argument, NULL, O_NEG},
+        {"epochs", required_argument, NULL, O_EPOCHS},
+        {"subsample", required_argument, NULL, O_SUB},
+        {"min-count", required_argument, NULL, O_MINC},
+        {"admission", required_argument, NULL, O_ADM},
+        {"worker", required_argument, NULL, O_WORKER},
+        {"batch-tokens", required_argument, NULL, O_BATCH},
+        {"pool", required_argument, NULL, O_POOL},
+        {"optimizer", required_argument, NULL, O_OPT},
+        {"lr", required_argument, NULL, O_LR},
+        {"lr-decay", required_argument, NULL, O_DECAY},
+        {"update", required_argument, NULL, O_UPDATE},
+        {"max-age-ms", required_argument, NULL, O_AGE},
+        {"max-pending", required_argument, NULL, O_PENDING},
+        {"knn-spec", required_argument, NULL, O_KNN},
+        {"no-count", no_argument, NULL, O_NOCOUNT},
+        {"seed", required_argument, NULL, O_SEED},
+        {"export", required_argument, NULL, O_EXPORT},
+        {"predict", required_argument, NULL, O_PREDICT},
+        {"predict-k", required_argument, NULL, O_PK},
+        {"predict-eval", required_argument, NULL, O_PEVAL},
+        {"tokenize-only", no_argument, NULL, O_TOK},
+        {"metrics", required_argument, NULL, O_METRICS},
+        {"kb-timeout-ms", required_argument, NULL, O_TIMEOUT},
+        {"kb-retries", required_argument, NULL, O_RETRIES},
+        {"log-level", required_argument, NULL, O_LOG},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int c;
+    int v;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_CORPUS: o->corpus = optarg; break;
+        case O_KB: o->kb = optarg; break;
+        case O_TABLE: o->table = optarg; break;
+        case O_DIM:
+            bad = trainer_parse_int("dim", optarg, 1, W2V_MAX_DIM, &v);
+            o->tables.dim = (uint32_t)v;
+            break;
+        case O_WINDOW:
+            bad = trainer_parse_int("window", optarg, 1, W2V_MAX_WINDOW, &v);
+            o->window = (uint32_t)v;
+            break;
+        case O_NEG:
+            bad = trainer_parse_int("negatives", optarg, 0, W2V_MAX_NEGATIVES, &v);
+            o->negatives = (uint32_t)v;
+            break;
+        case O_EPOCHS:
+            bad = trainer_parse_int("epochs", optarg, 0, 100000, &v);
+            o->epochs = (uint32_t)v;
+            break;
+        case O_SUB: bad = trainer_parse_float("subsample", optarg, 0.0, 1.0, &o->subsample); break;
+        case O_MINC:
+            bad = trainer_parse_int("min-count", optarg, 1, 255, &v);
+            o->tables.min_count = (uint32_t)v;
+            break;
+        case O_ADM:
+            if (strcmp(optarg, "bloom") == 0) {
+                o->tables.admission = W2V_ADMIT_BLOOM;
+            } else if (strcmp(optarg, "frequency") == 0) {
+                o->tables.admission = W2V_ADMIT_FREQUENCY;
+            } else if (strcmp(optarg, "none") == 0) {
+                o->tables.admission = W2V_ADMIT_NONE;
+            } else {
+                fprintf(stderr, "trainer: --admission: '%s' is not bloom, frequency or none\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_WORKER: bad = s_parse_worker(optarg, &o->worker, &o->workers); break;
+        case O_BATCH:
+            bad = trainer_parse_int("batch-tokens", optarg, 16, 90000, &v);
+            o->batch_tokens = (uint32_t)v;
+            break;
+        case O_POOL:
+            bad = trainer_parse_int("pool", optarg, 1, 90000, &v);
+            o->pool = (uint32_t)v;
+            break;
+        case O_OPT:
+            if (strcmp(optarg, "adagrad") == 0 || strcmp(optarg, "sgd") == 0) {
+                o->tables.adagrad = strcmp(optarg, "adagrad") == 0;
+            } else {
+                fprintf(stderr, "trainer: --optimizer: '%s' is not adagrad or sgd\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->tables.lr); break;
+        case O_DECAY:
+            if (strcmp(optarg, "linear") == 0 || strcmp(optarg, "none") == 0) {
+                o->lr_decay = strcmp(optarg, "linear") == 0;
+            } else {
+                fprintf(stderr, "trainer: --lr-decay: '%s' is not linear or none\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_UPDATE:
+            if (strcmp(optarg, "lazy") == 0 || strcmp(optarg, "immediate") == 0) {
+                o->tables.lazy = strcmp(optarg, "lazy") == 0;
+            } else {
+                fprintf(stderr, "trainer: --update: '%s' is not lazy or immediate\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_AGE:
+            bad = trainer_parse_int("max-age-ms", optarg, 1, 3600000, &v);
+            o->tables.max_age_ms = (uint32_t)v;
+            break;
+        case O_PENDING:
+            bad = trainer_parse_int("max-pending", optarg, 1, 1024, &v);
+            o->tables.max_pending = (uint32_t)v;
+            break;
+        case O_KNN: o->tables.knn_spec = optarg; break;
+        case O_NOCOUNT: o->count_pass = 0; break;
+        case O_SEED:
+            bad = trainer_parse_int("seed", optarg, 0, 2147483647, &v);
+            o->seed = (uint64_t)v;
+            break;
+        case O_EXPORT: o->export_path = optarg; break;
+        case O_PREDICT: o->predict = optarg; break;
+        case O_PK:
+            bad = trainer_parse_int("predict-k", optarg, 1, 4096, &v);
+            o->predict_k = (uint32_t)v;
+            break;
+        case O_PEVAL:
+            bad = trainer_parse_int("predict-eval", optarg, 1, 20000, &v);
+            o->predict_eval = (uint32_t)v;
+            break;
+        case O_TOK: o->tokenize_only = 1; break;
+        case O_METRICS: o->metrics = optarg; break;
+        case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 100, 3600000, &o->timeout_ms); break;
+        case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 100000, &o->retries); break;
+        case O_LOG: {
+            carls_log_level_t lvl;
+            if (carls_log_parse_level(optarg, &lvl) != 0) {
+                fprintf(stderr, "trainer: --log-level: '%s' is not debug, info, warn or error\n", optarg);
+                bad = -1;
+            } else {
+                carls_log_set_level(lvl);
+            }
+            break;
+        }
+        case O_HELP: s_usage(stdout); return 1;
+        default: s_usage(stderr); return -1;
+        }
+        if (bad)
+            return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "trainer: word2vec: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
+        fprintf(stderr, "trainer: word2vec: --corpus FILE|kjv is required\n");
+        return -1;
+    }
+    if (o->tables.lr < 0)
+        o->tables.lr = o->tables.adagrad ? 0.05f : 0.025f;
+    if (o->lr_decay < 0)
+        o->lr_decay = o->tables.adagrad ? 0 : 1;
+    if (o->tables.admission == W2V_ADMIT_NONE)
+        o->tables.min_count = 1;
+    return 0;
+}
+
+/* ---- requests ---- */
+
+static int s_fail_kb(s_run_t *r, const char *what)
+{
+    LOG_ERROR("word2vec: %s: %s", what, kb_client_last_error(r->kb));
+    return -1;
+}
+
+static int s_send_lookup(s_run_t *r, const char *table, ProtobufCBinaryData *keys, size_t n, bool no_create,
+                         uint64_t *id)
+{
+    Carls__Lookup op = CARLS__LOOKUP__INIT;
+    op.keys = keys;
+    op.n_keys = n;
+    op.no_create = no_create;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_LOOKUP;
+    req.lookup = &op;
+    r->io.requests++;
+    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending a lookup");
+}
+
+static int s_send_push(s_run_t *r, const char *table, ProtobufCBinaryData *keys, size_t n, float *grads,
+                       uint64_t *id)
+{
+    Carls__PushGradients op = CARLS__PUSH_GRADIENTS__INIT;
+    op.keys = keys;
+    op.n_keys = n;
+    op.gradients = grads;
+    op.n_gradients = n * r->o.tables.dim;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+    req.push_gradients = &op;
+    r->io.requests++;
+    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending gradients");
+}
+
+static int s_send_sample(s_run_t *r, uint32_t n, uint64_t seed, uint64_t *id)
+{
+    Carls__Sample op = CARLS__SAMPLE__INIT;
+    op.n = n;
+    op.strategy = CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM;
+    op.seed = seed ? seed : 1;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = r->names.count;
+    req.op_case = CARLS__REQUEST__OP_SAMPLE;
+    req.sample = &op;
+    r->io.requests++;
+    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending a sample request");
+}
+
+/* Waits for an answer of the expected kind. Returns 0 (caller frees *resp), 1 for a NOT_FOUND status when
+ * allow_not_found (resp freed), or -1 (logged). */
+static int s_wait(s_run_t *r, uint64_t id, Carls__Response__ResultCase expect, bool allow_not_found,
+                  const char *what, Carls__Response **resp)
+{
+    *resp = NULL;
+    int64_t t0 = carls_monotonic_us();
+    int rc = kb_client_wait(r->kb, id, resp);
+    r->io.wait_us += carls_monotonic_us() - t0;
+    if (rc == KB_CLIENT_ESTATUS && allow_not_found && *resp &&
+        (*resp)->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
+        carls__response__free_unpacked(*resp, NULL);
+        *resp = NULL;
+        return 1;
+    }
+    if (rc != 0 || (*resp)->result_case != expect) {
+        LOG_ERROR("word2vec: %s: %s", what, rc != 0 ? kb_client_last_error(r->kb) : "unexpected answer");
+        if (*resp)
+            carls__response__free_unpacked(*resp, NULL);
+        *resp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits for a lookup of n keys of dim and copies the values (and frequencies, when freq is not NULL). */
+static int s_wait_lookup(s_run_t *r, uint64_t id, size_t n, uint32_t dim, float *values, uint64_t *freq,
+                         const char *what)
+{
+    Carls__Response *resp;
+    if (s_wait(r, id, CARLS__RESPONSE__RESULT_LOOKUP, false, what, &resp) != 0)
+        return -1;
+    const Carls__LookupResult *lr = resp->lookup;
+    int rc = 0;
+    if (lr->dim != dim || lr->n_values != n * dim || lr->n_frequencies != n) {
+        LOG_ERROR("word2vec: %s: %zu values of dim %u and %zu counts for %zu keys of dim %u", what, lr->n_values,
+                  lr->dim, lr->n_frequencies, n, dim);
+        rc = -1;
+    } else {
+        if (values)
+            memcpy(values, lr->values, n * dim * sizeof(float));
+        if (freq)
+            memcpy(freq, lr->frequencies, n * sizeof(uint64_t));
+    }
+    carls__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
+/* ---- the pipeline ---- */
+
+static void s_keys_reserve(s_batch_t *b, size_t n)
+{
+    if (n > b->keys_cap) {
+        b->keys_cap = n;
+        b->keys = carls_xrealloc(b->keys, n * sizeof *b->keys);
+    }
+}
+
+static void s_vec_reserve(float **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        *cap = n;
+        *p = carls_xrealloc(*p, n * sizeof(float));
+    }
+}
+
+/* Stage 1: takes the next lines into slot b, maps the batch's words, sends the count lookup and the
+ * negative sampling request. Leaves b inactive when the trainer's passes are done. */
+static int s_prepare(s_run_t *r, s_batch_t *b)
+{
+    b->active = false;
+    if (r->next_line >= r->line_end) {
+        r->next_epoch++;
+        r->next_line = r->line_first;
+    }
+    if (r->next_epoch >= r->o.epochs || r->line_first >= r->line_end)
+        return 0;
+    const data_text_t *t = r->text;
+    b->active = true;
+    b->index = r->next_index++;
+    b->epoch = r->next_epoch;
+    b->counting = r->o.count_pass && b->epoch == 0;
+    b->line0 = r->next_line;
+    size_t l = b->line0;
+    while (l < r->line_end && t->line_start[l] - t->line_start[b->line0] < r->o.batch_tokens)
+        l++;
+    b->line1 = l;
+    r->next_line = l;
+    b->tok0 = t->line_start[b->line0];
+    b->tok1 = t->line_start[b->line1];
+    size_t n = b->tok1 - b->tok0;
+    b->tok_word = carls_xrealloc(b->tok_word, n * sizeof *b->tok_word);
+    w2v_map_clear(&b->map);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = b->tok0 + i;
+        b->tok_word[i] = w2v_map_put(&b->map, data_text_token(t, k), t->tok_len[k]);
+    }
+    /* Counting pass: every occurrence; later: each distinct word once, without creating rows. */
+    size_t nk = b->counting ? n : b->map.n;
+    s_keys_reserve(b, nk);
+    for (size_t i = 0; i < nk; i++) {
+        uint32_t w = b->counting ? b->tok_word[i] : (uint32_t)i;
+        b->keys[i].data = (uint8_t *)b->map.key[w];
+        b->keys[i].len = b->map.len[w];
+    }
+    if (s_send_lookup(r, r->names.count, b->keys, nk, !b->counting, &b->count_id) != 0)
+        return -1;
+    b->sample_sent = false;
+    if (r->o.negatives > 0) {
+        uint64_t st = r->o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)r->o.worker * 1000003ULL + b->index;
+        if (s_send_sample(r, r->o.pool, carls_splitmix64(&st), &b->sample_id) != 0)
+            return -1;
+        b->sample_sent = true;
+    }
+    b->vectors_sent = false;
+    b->pushed = false;
+    return 0;
+}
+
+/* The row of a word for this batch's output, appending negative-only words. */
+static uint32_t s_out_row(s_batch_t *b, uint32_t w)
+{
+    if (b->row[w] == NONE) {
+        b->row[w] = b->n_out++;
+        b->keys[b->row[w]].data = (uint8_t *)b->map.key[w];
+        b->keys[b->row[w]].len = b->map.len[w];
+    }
+    return b->row[w];
+}
+
+/* Stage 2: counts and negatives in; admission, subsampling, then the vector lookups go out. */
+static int s_lookup_stage(s_run_t *r, s_batch_t *b)
+{
+    size_t n = b->tok1 - b->tok0;
+    uint32_t nw = b->map.n;
+    b->freq = carls_xrealloc(b->freq, (nw ? nw : 1) * sizeof *b->freq);
+    if (b->counting) {
+        uint64_t *occ = carls_xmalloc((n ? n : 1) * sizeof *occ);
+        if (s_wait_lookup(r, b->count_id, n, 1, NULL, occ, "counting words") != 0) {
+            free(occ);
+            return -1;
+        }
+        memset(b->freq, 0, nw * sizeof *b->freq);
+        for (size_t i = 0; i < n; i++)
+            if (occ[i] > b->freq[b->tok_word[i]])
+                b->freq[b->tok_word[i]] = occ[i];
+        free(occ);
+        r->tokens_counted += n;
+        r->total_tokens = r->tokens_counted * r->o.workers;
+    } else {
+        if (s_wait_lookup(r, b->count_id, nw, 1, NULL, b->freq, "reading word counts") != 0)
+            return -1;
+        if (r->total_tokens == 0)
+            r->total_tokens = (uint64_t)r->slice_tokens * r->o.workers;
+    }
+
+    /* Admission and subsampling: kept tokens, sentence by sentence. */
+    uint64_t min_freq = r->o.tables.admission == W2V_ADMIT_FREQUENCY ? r->o.tables.min_count : 1;
+    b->row = carls_xrealloc(b->row, (nw ? nw : 1) * sizeof *b->row);
+    for (uint32_t w = 0; w < nw; w++)
+        b->row[w] = NONE;
+    b->tokens = carls_xrealloc(b->tokens, (n ? n : 1) * sizeof *b->tokens);
+    b->sent_end = carls_xrealloc(b->sent_end, (b->line1 - b->line0 + 1) * sizeof *b->sent_end);
+    s_keys_reserve(b, nw + r->o.pool);
+    b->n_tokens = b->n_sents = b->n_words = b->n_out = 0;
+    uint64_t rng = r->o.seed * 0xd1b54a32d192ed03ULL ^ ((uint64_t)r->o.worker << 40) ^ b->index;
+    double t = r->o.subsample;
+    const data_text_t *text = r->text;
+    for (size_t l = b->line0; l < b->line1; l++) {
+        uint32_t before = b->n_tokens;
+        for (size_t k = text->line_start[l]; k < text->line_start[l + 1]; k++) {
+            uint32_t w = b->tok_word[k - b->tok0];
+            uint64_t f = b->freq[w];
+            if (f < min_freq)
+                continue;
+            if (t > 0 && r->total_tokens > 0) {
+                double ratio = t * (double)r->total_tokens / (double)f;
+                double keep = sqrt(ratio) + ratio;
+                double u = (double)(carls_splitmix64(&rng) >> 11) * 0x1.0p-53;
+                if (u >= keep)
+                    continue;
+            }
+            b->tokens[b->n_tokens++] = s_out_row(b, w);
+        }
+        if (b->n_tokens - before >= 2)
+            b->sent_end[b->n_sents++] = b->n_tokens;
+        else
+            b->n_tokens = before; /* a sentence of one word has no pair */
+    }
+    b->n_words = b->n_out;
+
+    /* Negatives: the bank's unigram^0.75 draws, as output rows. */
+    b->n_pool = 0;
+    if (b->sample_sent) {
+        Carls__Response *resp;
+        int src = s_wait(r, b->sample_id, CARLS__RESPONSE__RESULT_SAMPLE, true, "sampling negatives", &resp);
+        if (src < 0)
+            return -1;
+        b->pool = carls_xrealloc(b->pool, (r->o.pool + n + 1) * sizeof *b->pool);
+        if (src == 0) {
+            const Carls__SampleResult *sr = resp->sample;
+            double mass = sr->mass;
+            for (size_t i = 0; i < sr->n_keys; i++) {
+                if (sr->is_positive && i < sr->n_is_positive && sr->is_positive[i])
+                    continue;
+                if (sr->keys[i].len == 0 || sr->keys[i].len > DATA_TEXT_MAX_TOKEN)
+                    continue;
+                /* With frequency admission rows below the cutoff exist (in memory): not negatives. The
+                 * count is recovered from the draw probability: p = f^0.75 / mass. */
+                if (min_freq > 1 && i < sr->n_probabilities &&
+                    pow((double)sr->probabilities[i] * mass, 4.0 / 3.0) < (double)min_freq - 0.5)
+                    continue;
+                uint32_t w = w2v_map_put(&b->map, (const char *)sr->keys[i].data, (uint8_t)sr->keys[i].len);
+                if (w >= nw) {
+                    b->row = carls_xrealloc(b->row, b->map.n * sizeof *b->row);
+                    b->row[w] = NONE;
+                    nw = b->map.n;
+                }
+                b->pool[b->n_pool++] = s_out_row(b, w);
+            }
+            carls__response__free_unpacked(b->sample_resp, NULL);
+            b->sample_resp = resp; /* the map points into its keys */
+        } else {
+            /* The count table has nothing to draw yet (the very first batch): the batch's own kept tokens,
+             * i.e. negatives by their unigram frequency in this batch. */
+            for (uint32_t i = 0; i < b->n_tokens; i++)
+                b->pool[b->n_pool++] = b->tokens[i];
+        }
+    }
+
+    /* Vector lookups: input rows of the kept words, output rows of kept words and negatives. */
+    size_t dim = r->o.tables.dim;
+    s_vec_reserve(&b->in_vec, &b->cap_in, (size_t)b->n_words * dim + 1);
+    s_vec_reserve(&b->g_in, &b->cap_g_in, (size_t)b->n_words * dim + 1);
+    s_vec_reserve(&b->out_vec, &b->cap_out, (size_t)b->n_out * dim + 1);
+    s_vec_reserve(&b->g_out, &b->cap_g_out, (size_t)b->n_out * dim + 1);
+    if (b->n_tokens > 0) {
+        if (s_send_lookup(r, r->names.in, b->keys, b->n_words, false, &b->in_id) != 0 ||
+            s_send_lookup(r, r->names.out, b->keys, b->n_out, false, &b->out_id) != 0)
+            return -1;
+        b->vectors_sent = true;
+    }
+    return 0;
+}
+
+/* Moves the nonzero gradient rows (and their keys) to the front; returns how many there are. */
+static size_t s_compact(ProtobufCBinaryData *keys, float *g, size_t n, size_t dim)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float *row = g + i * dim;
+        bool nonzero = false;
+        for (size_t d = 0; d < dim && !nonzero; d++)
+            nonzero = row[d] != 0.0f;
+        if (!nonzero)
+            continue;
+        if (m != i) {
+            keys[m] = keys[i];
+            memmove(g + m * dim, row, dim * sizeof(float));
+        }
+        m++;
+    }
+    return m;
+}
+
+/* Stage 3: vectors in, forward/backward, gradients out. */
+static int s_compute_stage(s_run_t *r, s_batch_t *b)
+{
+    uint32_t dim = r->o.tables.dim;
+    b->loss = 0;
+    b->pairs = 0;
+    if (b->vectors_sent) {
+        if (s_wait_lookup(r, b->in_id, b->n_words, dim, b->in_vec, NULL, "looking up input vectors") != 0 ||
+            s_wait_lookup(r, b->out_id, b->n_out, dim, b->out_vec, NULL, "looking up output vectors") != 0)
+            return -1;
+        nn_sgns_batch_t nb = {
+            .tokens = b->tokens, .sent_end = b->sent_end, .n_sents = b->n_sents, .n_in = b->n_words,
+            .n_out = b->n_out, .pool = b->pool, .n_pool = b->n_pool, .dim = dim, .window = r->o.window,
+            .negatives = r->o.negatives,
+        };
+        uint64_t rng = (r->o.seed + 1) * 0xbf58476d1ce4e5b9ULL ^ ((uint64_t)r->o.worker << 48) ^ b->index;
+        int64_t t0 = carls_monotonic_us();
+        nn_sgns_cpu(&nb, b->in_vec, b->out_vec, b->g_in, b->g_out, &rng, &b->loss, &b->pairs);
+        r->io.compute_us += carls_monotonic_us() - t0;
+        if (!isfinite(b->loss)) {
+            LOG_ERROR("word2vec: the loss is not finite (%g): training diverged; lower --lr", b->loss);
+            return -1;
+        }
+        /* SGD with a decaying rate: the bank's rate is fixed, so the trainer scales what it pushes. */
+        if (r->o.lr_decay) {
+            double progress = (double)r->tokens_done / (double)(r->tokens_target ? r->tokens_target : 1);
+            float scale = (float)(progress < 0.9999 ? 1.0 - progress : 0.0001);
+            for (size_t i = 0; i < (size_t)b->n_words * dim; i++)
+                b->g_in[i] *= scale;
+            for (size_t i = 0; i < (size_t)b->n_out * dim; i++)
+                b->g_out[i] *= scale;
+        }
+        /* Rows never used (pool words no pair drew) carry no gradient: pushing zeros would dilute the
+         * lazy average of the rows' real gradients. The input push goes out before the keys are compacted
+         * for the output push (kb_client_send packs the request at once). */
+        size_t n_in = s_compact(b->keys, b->g_in, b->n_words, dim);
+        if (n_in > 0 && s_send_push(r, r->names.in, b->keys, n_in, b->g_in, &b->push_in_id) != 0)
+            return -1;
+        b->push_in_id = n_in > 0 ? b->push_in_id : 0;
+        /* s_compact may have moved input keys; rebuild the output keys from the map's rows. */
+        for (uint32_t w = 0; w < b->map.n; w++) {
+            if (b->row[w] != NONE) {
+                b->keys[b->row[w]].data = (uint8_t *)b->map.key[w];
+                b->keys[b->row[w]].len = b->map.len[w];
+            }
+        }
+        size_t n_out = s_compact(b->keys, b->g_out, b->n_out, dim);
+        if (n_out > 0 && s_send_push(r, r->names.out, b->keys, n_out, b->g_out, &b->push_out_id) != 0)
+            return -1;
+        b->push_out_id = n_out > 0 ? b->push_out_id : 0;
+        b->pushed = true;
+    }
+    r->tokens_done += b->tok1 - b->tok0;
+    return 0;
+}
+
+/* Stage 4: the pushes' acknowledgements. */
+static int s_finish_stage(s_run_t *r, s_batch_t *b)
+{
+    if (!b->pushed)
+        return 0;
+    b->pushed = false;
+    Carls__Response *resp;
+    if (b->push_in_id) {
+        if (s_wait(r, b->push_in_id, CARLS__RESPONSE__RESULT_WRITE, false, "pushing input gradients", &resp) != 0)
+            return -1;
+        carls__response__free_unpacked(resp, NULL);
+    }
+    if (b->push_out_id) {
+        if (s_wait(r, b->push_out_id, CARLS__RESPONSE__RESULT_WRITE, false, "pushing output gradients", &resp) !=
+            0)
+            return -1;
+        carls__response__free_unpacked(resp, NULL);
+    }
+    return 0;
+}
+
+static void s_epoch_end(s_run_t *r)
+{
+    char extra[160];
+    double loss = r->epoch_pairs ? r->epoch_loss / (double)r->epoch_pairs : 0;
+    snprintf(extra, sizeof extra, "loss/pair %.4f, %llu pairs", loss, (unsigned long long)r->epoch_pairs);
+    double wps = trainer_progress_finish(&r->progress, extra);
+    if (r->metrics) {
+        fprintf(r->metrics, "%u,%zu,%llu,%.6f,%.1f\n", r->progress_epoch + 1, r->slice_tokens,
+                (unsigned long long)r->epoch_pairs, loss, wps);
+        fflush(r->metrics);
+    }
+    r->epoch_loss = 0;
+    r->epoch_pairs = 0;
+}
+
+static void s_batch_free(s_batch_t *b)
+{
+    w2v_map_free(&b->map);
+    free(b->tok_word);
+    free(b->freq);
+    free(b->row);
+    free(b->keys);
+    free(b->tokens);
+    free(b->sent_end);
+    free(b->pool);
+    free(b->in_vec);
+    free(b->out_vec);
+    free(b->g_in);
+    free(b->g_out);
+    if (b->sample_resp)
+        carls__response__free_unpacked(b->sample_resp, NULL);
+    memset(b, 0, sizeof *b);
+}
+
+/* The training loop: the pipeline described at the top of the file. */
+static int s_train(s_run_t *r)
+{
+    for (int i = 0; i < SLOTS; i++)
+        w2v_map_init(&r->slot[i].map);
+    r->next_epoch = 0;
+    r->next_line = r->line_first;
+    r->tokens_target = (uint64_t)r->slice_tokens * r->o.epochs;
+    int rc = -1;
+    char label[64];
+    snprintf(label, sizeof label, "epoch 1/%u", r->o.epochs);
+    trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+    r->progress_epoch = 0;
+    if (s_prepare(r, &r->slot[0]) != 0 || (r->slot[0].active && s_lookup_stage(r, &r->slot[0]) != 0) ||
+        s_prepare(r, &r->slot[1]) != 0)
+        goto cleanup;
+    for (uint64_t b = 0; r->slot[b % SLOTS].active; b++) {
+        s_batch_t *cur = &r->slot[b % SLOTS];
+        s_batch_t *next = &r->slot[(b + 1) % SLOTS];
+        s_batch_t *after = &r->slot[(b + 2) % SLOTS];
+        s_batch_t *prev = &r->slot[(b + 3) % SLOTS];
+        if (next->active && s_lookup_stage(r, next) != 0)
+            goto cleanup;
+        if (next->active && s_prepare(r, after) != 0)
+            goto cleanup;
+        if (!next->active)
+            after->active = false;
+        if (cur->epoch != r->progress_epoch) {
+            s_epoch_end(r);
+            r->progress_epoch = cur->epoch;
+            snprintf(label, sizeof label, "epoch %u/%u", cur->epoch + 1, r->o.epochs);
+            trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+        }
+        if (s_compute_stage(r, cur) != 0)
+            goto cleanup;
+        r->epoch_loss += cur->loss;
+        r->epoch_pairs += cur->pairs;
+        trainer_progress_update(&r->progress, (int64_t)(cur->tok1 - cur->tok0),
+                                cur->pairs ? cur->loss / (double)cur->pairs : 0);
+        if (s_finish_stage(r, prev) != 0)
+            goto cleanup;
+        if (!next->active) {
+            if (s_finish_stage(r, cur) != 0)
+                goto cleanup;
+            break;
+        }
+    }
+    s_epoch_end(r);
+    rc = 0;
+cleanup:
+    for (int i = 0; i < SLOTS; i++)
+        s_batch_free(&r->slot[i]);
+    return rc;
+}
+
+/* ---- export, prediction ---- */
+
+typedef struct {
+    char *word;
+    uint64_t count;
+    float *vec;
+} s_row_t;
+
+static int s_by_count(const void *a, const void *b)
+{
+    const s_row_t *x = a, *y = b;
+    if (x->count != y->count)
+        return x->count > y->count ? -1 : 1;
+    return strcmp(x->word, y->word);
+}
+
+/* Writes NAME's rows as a word2vec text file, most counted words first. */
+static int s_export(s_run_t *r, const char *path)
+{
+    uint32_t dim = r->o.tables.dim;
+    s_row_t *rows = NULL;
+    size_t n = 0, cap = 0;
+    int64_t after = 0;
+    int rc = -1;
+    for (;;) {
+        Carls__Scan op = CARLS__SCAN__INIT;
+        op.after_row_id = after;
+        op.limit = 2000;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = r->names.in;
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &op;
+        Carls__Response *resp = NULL;
+        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
+            LOG_ERROR("word2vec: export: scanning %s: %s", r->names.in, kb_client_last_error(r->kb));
+            if (resp)
+                carls__response__free_unpacked(resp, NULL);
+            goto cleanup;
+        }
+        const Carls__ScanResult *sr = resp->scan;
+        if (sr->n_keys > 0 && (sr->dim != dim || sr->n_values != sr->n_keys * dim || sr->n_row_ids != sr->n_keys)) {
+            LOG_ERROR("word2vec: export: %s answered a malformed page", r->names.in);
+            carls__response__free_unpacked(resp, NULL);
+            goto cleanup;
+        }
+        for (size_t i = 0; i < sr->n_keys; i++) {
+            if (n == cap) {
+                cap = cap ? cap * 2 : 4096;
+                rows = carls_xrealloc(rows, cap * sizeof *rows);
+            }
+            rows[n].word = carls_xmalloc(sr->keys[i].len + 1);
+            memcpy(rows[n].word, sr->keys[i].data, sr->keys[i].len);
+            rows[n].word[sr->keys[i].len] = '\0';
+            rows[n].vec = carls_xmalloc(dim * sizeof(float));
+            memcpy(rows[n].vec, sr->values + i * dim, dim * sizeof(float));
+            rows[n].count = 0;
+            n++;
+            after = sr->row_ids[i];
+        }
+        bool done = sr->done || sr->n_keys == 0;
+        carls__response__free_unpacked(resp, NULL);
+        if (done)
+            break;
+    }
+    /* Word counts from NAME.count, to order the file as word2vec and fastText do. */
+    for (size_t i0 = 0; i0 < n; i0 += 50000) {
+        size_t m = n - i0 < 50000 ? n - i0 : 50000;
+        kb_key_t *keys = carls_xmalloc(m * sizeof *keys);
+        kb_row_meta_t *meta = carls_xmalloc(m * sizeof *meta);
+        float *vals = carls_xmalloc(m * sizeof *vals);
+        for (size_t i = 0; i < m; i++)
+            keys[i] = (kb_key_t){rows[i0 + i].word, strlen(rows[i0 + i].word)};
+        int lrc = kb_client_lookup_ex(r->kb, r->names.count, keys, m, 1, true, vals, meta);
+        for (size_t i = 0; lrc == 0 && i < m; i++)
+            rows[i0 + i].count = meta[i].frequency;
+        free(keys);
+        free(meta);
+        free(vals);
+        if (lrc != 0) {
+            LOG_ERROR("word2vec: export: reading counts: %s", kb_client_last_error(r->kb));
+            goto cleanup;
+        }
+    }
+    qsort(rows, n, sizeof *rows, s_by_count);
+    {
+        char **words = carls_xmalloc((n ? n : 1) * sizeof *words);
+        float *vec = carls_xmalloc((n ? n : 1) * dim * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            words[i] = rows[i].word;
+            memcpy(vec + i * dim, rows[i].vec, dim * sizeof(float));
+        }
+        char err[256];
+        rc = w2v_write_vectors(path, (uint32_t)n, dim, words, vec, err, sizeof err);
+        if (rc != 0)
+            LOG_ERROR("word2vec: export: %s", err);
+        else
+            LOG_INFO("word2vec: wrote %zu vectors of dim %u to %s", n, dim, path);
+        free(words);
+        free(vec);
+    }
+cleanup:
+    for (size_t i = 0; i < n; i++) {
+        free(rows[i].word);
+        free(rows[i].vec);
+    }
+    free(rows);
+    return rc;
+}
+
+/* Top-k output (DynamicEmbedding §3.1.2): for query vectors (nq, dim), the output rows with the largest
+ * inner product, by the bank's knn over NAME.out. Caller frees *resp. */
+static int s_knn_out(s_run_t *r, float *queries, size_t nq, uint32_t k, Carls__Response **resp)
+{
+    Carls__Knn op = CARLS__KNN__INIT;
+    op.vectors = queries;
+    op.n_vectors = nq * r->o.tables.dim;
+    op.k = k;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = r->names.out;
+    req.op_case = CARLS__REQUEST__OP_KNN;
+    req.knn = &op;
+    *resp = NULL;
+    if (kb_client_call(r->kb, &req, resp) != 0 || (*resp)->result_case != CARLS__RESPONSE__RESULT_KNN ||
+        (*resp)->knn->n_keys != nq * k) {
+        LOG_ERROR("word2vec: knn on %s: %s", r->names.out, kb_client_last_error(r->kb));
+        if (*resp)
+            carls__response__free_unpacked(*resp, NULL);
+        *resp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int s_predict(s_run_t *r)
+{
+    uint32_t dim = r->o.tables.dim, k = r->o.predict_k;
+    char *list = strdup(r->o.predict);
+    kb_key_t keys[256];
+    size_t nq = 0;
+    for (char *save = NULL, *w = strtok_r(list, ",", &save); w && nq < 256; w = strtok_r(NULL, ",", &save))
+        keys[nq++] = (kb_key_t){w, strlen(w)};
+    int rc = -1;
+    float *q = carls_xmalloc((nq ? nq : 1) * dim * sizeof(float));
+    Carls__Response *resp = NULL;
+    if (nq == 0 || kb_client_lookup_ex(r->kb, r->names.in, keys, nq, dim, true, q, NULL) != 0) {
+        LOG_ERROR("word2vec: predict: %s", nq ? kb_client_last_error(r->kb) : "no words");
+        goto cleanup;
+    }
+    if (s_knn_out(r, q, nq, k, &resp) != 0)
+        goto cleanup;
+    for (size_t i = 0; i < nq; i++) {
+        printf("predict %.*s:", (int)keys[i].len, (const char *)keys[i].data);
+        for (uint32_t j = 0; j < k; j++) {
+            const ProtobufCBinaryData *kk = &resp->knn->keys[i * k + j];
+            if (kk->len)
+                printf(" %.*s(%.2f)", (int)kk->len, (const char *)kk->data, resp->knn->scores[i * k + j]);
+        }
+        printf("\n");
+    }
+    rc = 0;
+cleanup:
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    free(q);
+    free(list);
+    return rc;
+}
+
+/* Context prediction scored on n (center, context) pairs of the slice drawn like training pairs (dynamic
+ * window), both words admitted: hit@k of the bank's top-k output rows for the center's input vector, against
+ * the baseline of always answering the k most counted words. */
+static int s_predict_eval(s_run_t *r)
+{
+    uint32_t dim = r->o.tables.dim, k = r->o.predict_k, n = r->o.predict_eval;
+    const data_text_t *t = r->text;
+    uint64_t rng = r->o.seed * 77777ULL + 12345ULL;
+    size_t lines = r->line_end - r->line_first;
+    kb_key_t *centers = carls_xmalloc(n * sizeof *centers);
+    kb_key_t *contexts = carls_xmalloc(n * sizeof *contexts);
+    kb_row_meta_t *meta = carls_xmalloc(2 * n * sizeof *meta);
+    float *vals = carls_xmalloc(2 * n * sizeof *vals);
+    float *q = carls_xmalloc((size_t)n * dim * sizeof(float));
+    kb_key_t *both = carls_xmalloc(2 * n * sizeof *both);
+    uint32_t m = 0;
+    int rc = -1;
+    Carls__Response *resp = NULL;
+    for (int tries = 0; m < n && tries < 100 && lines > 0; tries++) {
+        uint32_t want = n - m;
+        for (uint32_t j = 0; j < want; j++) {
+            size_t l = r->line_first + carls_splitmix64(&rng) % lines;
+            size_t a = t->line_start[l], e = t->line_start[l + 1];
+            if (e - a < 2)
+                continue;
+            size_t i = a + carls_splitmix64(&rng) % (e - a);
+            uint32_t half = 1 + (uint32_t)(carls_splitmix64(&rng) % r->o.window);
+            size_t lo = i - a > half ? i - half : a, hi = e - 1 - i > half ? i + half : e - 1;
+            size_t c = lo + carls_splitmix64(&rng) % (hi - lo + 1);
+            if (c == i)
+                continue;
+            centers[m] = (kb_key_t){data_text_token(t, i), t->tok_len[i]};
+            contexts[m] = (kb_key_t){data_text_token(t, c), t->tok_len[c]};
+            both[2 * m] = centers[m];
+            both[2 * m + 1] = contexts[m];
+            m++;
+        }
+        /* Keep pairs whose both words the count table admitted. */
+        if (kb_client_lookup_ex(r->kb, r->names.count, both, 2 * (size_t)m, 1, true, vals, meta) != 0) {
+            LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
+            goto cleanup;
+        }
+        uint64_t min_freq = r->o.tables.admission == W2V_ADMIT_FREQUENCY ? r->o.tables.min_count : 1;
+        uint32_t kept = 0;
+        for (uint32_t j = 0; j < m; j++) {
+            if (meta[2 * j].frequency >= min_freq && meta[2 * j + 1].frequency >= min_freq) {
+                centers[kept] = centers[j];
+                contexts[kept] = contexts[j];
+                both[2 * kept] = centers[j];
+                both[2 * kept + 1] = contexts[j];
+                kept++;
+            }
+        }
+        m = kept;
+    }
+    if (m == 0) {
+        LOG_ERROR("word2vec: predict-eval: no pair of admitted words found");
+        goto cleanup;
+    }
+    if (kb_client_lookup_ex(r->kb, r->names.in, centers, m, dim, true, q, NULL) != 0) {
+        LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
+        goto cleanup;
+    }
+    uint32_t hits = 0;
+    for (uint32_t i0 = 0; i0 < m; i0 += 1000) {
+        uint32_t nq = m - i0 < 1000 ? m - i0 : 1000;
+        if (s_knn_out(r, q + (size_t)i0 * dim, nq, k, &resp) != 0)
+            goto cleanup;
+        for (uint32_t i = 0; i < nq; i++) {
+            for (uint32_t j = 0; j < k; j++) {
+                const ProtobufCBinaryData *kk = &resp->knn->keys[(size_t)i * k + j];
+                if (kk->len == contexts[i0 + i].len && memcmp(kk->data, contexts[i0 + i].data, kk->len) == 0) {
+                    hits++;
+                    break;
+                }
+            }
+        }
+        carls__response__free_unpacked(resp, NULL);
+        resp = NULL;
+    }
+    /* Baseline: the k most counted words among the pairs' own contexts' counts is not enough; use the
+     * count table's k most frequent rows (a scan). */
+    uint64_t *topf = carls_xcalloc(k, sizeof *topf);
+    char **topw = carls_xcalloc(k, sizeof *topw);
+    int64_t after = 0;
+    for (;;) {
+        Carls__Scan op = CARLS__SCAN__INIT;
+        op.after_row_id = after;
+        op.limit = 5000;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = r->names.count;
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &op;
+        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN)
+            break;
+        const Carls__ScanResult *sr = resp->scan;
+        for (size_t i = 0; i < sr->n_keys && i < sr->n_frequencies; i++) {
+            after = sr->row_ids[i];
+            uint64_t f = sr->frequencies[i];
+            if (f <= topf[k - 1])
+                continue;
+            uint32_t p = k - 1;
+            free(topw[p]);
+            while (p > 0 && topf[p - 1] < f) {
+                topf[p] = topf[p - 1];
+                topw[p] = topw[p - 1];
+                p--;
+            }
+            topf[p] = f;
+            topw[p] = strndup((const char *)sr->keys[i].data, sr->keys[i].len);
+        }
+        bool done = sr->done || sr->n_keys == 0;
+        carls__response__free_unpacked(resp, NULL);
+        resp = NULL;
+        if (done)
+            break;
+    }
+    uint32_t base = 0;
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < k; j++)
+            if (topw[j] && strlen(topw[j]) == contexts[i].len && memcmp(topw[j], contexts[i].data, contexts[i].len) == 0) {
+                base++;
+                break;
+            }
+    printf("predict_eval pairs=%u hit@%u=%.4f most_frequent_baseline=%.4f\n", m, k, (double)hits / m, (double)base / m);
+    for (uint32_t j = 0; j < k; j++)
+        free(topw[j]);
+    free(topw);
+    free(topf);
+    rc = 0;
+cleanup:
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    free(centers);
+    free(contexts);
+    free(meta);
+    free(vals);
+    free(q);
+    free(both);
+    return rc;
+}
+
+/* Prints the corpus as tokenized, one sentence per line. */
+static void s_print_tokens(const data_text_t *t)
+{
+    for (size_t l = 0; l < t->n_lines; l++) {
+        for (size_t k = t->line_start[l]; k < t->line_start[l + 1]; k++)
+            printf("%s%.*s", k == t->line_start[l] ? "" : " ", (int)t->tok_len[k], data_text_token(t, k));
+        printf("\n");
+    }
+}
+
+int trainer_word2vec_main(int argc, char **argv)
+{
+    s_run_t run;
+    memset(&run, 0, sizeof run);
+    s_run_t *r = &run;
+    int prc = s_parse(argc, argv, &r->o);
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
+    if (w2v_names(r->o.table, &r->names) != 0) {
+        fprintf(stderr, "trainer: --table: '%s' is not a valid table name of at most 120 bytes\n", r->o.table);
+        return 2;
+    }
+    int rc = 1;
+    char err[512];
+    if (r->o.corpus) {
+        int64_t t0 = carls_monotonic_ms();
+        if (data_text_load(r->o.corpus, &r->text, err, sizeof err) != 0) {
+            LOG_ERROR("word2vec: %s", err);
+            return 1;
+        }
+        if (r->o.tokenize_only) {
+            s_print_tokens(r->text);
+            data_text_destroy(&r->text);
+            return 0;
+        }
+        data_text_slice(r->text, r->o.worker, r->o.workers, &r->line_first, &r->line_end);
+        r->slice_tokens = r->text->line_start[r->line_end] - r->text->line_start[r->line_first];
+        LOG_INFO("word2vec: corpus %s: %zu lines, %zu tokens (%lld ms); worker %u/%u trains lines %zu..%zu "
+                 "(%zu tokens)",
+                 r->o.corpus, r->text->n_lines, r->text->n_tokens, (long long)(carls_monotonic_ms() - t0),
+                 r->o.worker, r->o.workers, r->line_first, r->line_end, r->slice_tokens);
+    }
+    kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
+    r->kb = kb_client_new(r->o.kb, &copts);
+    if (!r->kb) {
+        LOG_ERROR("word2vec: cannot open a client for %s", r->o.kb);
+        goto cleanup;
+    }
+    if (w2v_tables_create(r->kb, &r->names, &r->o.tables) != 0) {
+        LOG_ERROR("word2vec: creating tables %s, %s, %s: %s (a table of that name with another config?)",
+                  r->names.in, r->names.out, r->names.count, kb_client_last_error(r->kb));
+        goto cleanup;
+    }
+    if (r->o.metrics) {
+        r->metrics = fopen(r->o.metrics, "w");
+        if (!r->metrics) {
+            LOG_ERROR("word2vec: cannot write %s", r->o.metrics);
+            goto cleanup;
+        }
+        fprintf(r->metrics, "epoch,tokens,pairs,loss_per_pair,words_per_sec\n");
+    }
+    if (r->o.epochs > 0 && r->text) {
+        int64_t t0 = carls_monotonic_us();
+        if (s_train(r) != 0)
+            goto cleanup;
+        double secs = (double)(carls_monotonic_us() - t0) / 1e6;
+        double words = (double)r->slice_tokens * r->o.epochs;
+        printf("word2vec worker=%u/%u tokens=%.0f seconds=%.2f words_per_sec=%.0f bank_wait_share=%.3f "
+               "compute_share=%.3f requests=%lld\n",
+               r->o.worker, r->o.workers, words, secs, words / secs, (double)r->io.wait_us / 1e6 / secs,
+               (double)r->io.compute_us / 1e6 / secs, (long long)r->io.requests);
+    }
+    if (r->o.export_path && s_export(r, r->o.export_path) != 0)
+        goto cleanup;
+    if (r->o.predict && s_predict(r) != 0)
+        goto cleanup;
+    if (r->o.predict_eval && r->text && s_predict_eval(r) != 0)
+        goto cleanup;
+    rc = 0;
+cleanup:
+    if (r->metrics)
+        fclose(r->metrics);
+    kb_client_destroy(&r->kb);
+    data_text_destroy(&r->text);
+    fflush(stdout);
+    return rc;
+}
