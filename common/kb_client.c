@@ -84,11 +84,10 @@ static int s_open_socket(kb_client_t *self)
     }
     /* CURVE options must be set before connecting; a reopened socket needs them again (they belong to the
      * socket, not to the client). */
+    char err[256];
     if (self->use_curve &&
-        (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, self->curve.server_public, KB_CLIENT_CURVE_KEY_BYTES) != 0 ||
-         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, self->curve.public_key, KB_CLIENT_CURVE_KEY_BYTES) != 0 ||
-         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, self->curve.secret_key, KB_CLIENT_CURVE_KEY_BYTES) != 0)) {
-        s_set_error(self, "cannot make the socket a CURVE client: %s", zmq_strerror(zmq_errno()));
+        kb_auth_setup_client(sock, &self->curve.client, &self->curve.server_public, err, sizeof err) != 0) {
+        s_set_error(self, "%s", err);
         zmq_close(sock);
         return -1;
     }
@@ -107,6 +106,22 @@ static void s_close_socket(kb_client_t *self)
         zmq_close(self->sock);
         self->sock = NULL;
     }
+}
+
+int kb_client_curve_load(const char *key_file, const char *server_key_file, kb_client_curve_t *out, char *err,
+                         size_t errlen)
+{
+    assert(out);
+    if (!key_file || !server_key_file) {
+        snprintf(err, errlen, "CURVE needs both a client key file and the server's public key file");
+        return KB_AUTH_EINVAL;
+    }
+    int rc = kb_auth_load_secret(key_file, &out->client, err, errlen);
+    if (rc == 0)
+        rc = kb_auth_load_public(server_key_file, &out->server_public, err, errlen);
+    if (rc != 0)
+        explicit_bzero(out, sizeof *out);
+    return rc;
 }
 
 kb_client_t *kb_client_new(const char *endpoint, const kb_client_options_t *opts)

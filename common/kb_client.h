@@ -15,6 +15,7 @@
 #define KB_CLIENT_H
 
 #include "carls.pb-c.h"
+#include "kb_auth.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,15 +31,11 @@ enum {
     KB_CLIENT_EIO = -4,      /* ZeroMQ or decoding failure */
 };
 
-#define KB_CLIENT_CURVE_KEY_BYTES 32 /* a binary CURVE key (its Z85 text is 40 characters) */
-
-/* CURVE keys for an encrypted, authenticated connection (docs/SECURITY.md). The client library takes them
- * already loaded (knowledge_bank/kb_auth.h reads key files: kb_auth_load_secret, kb_auth_load_public), so it
- * needs nothing beyond libzmq. */
+/* CURVE keys for an encrypted, authenticated connection (docs/SECURITY.md): this client's key pair and the
+ * public key of the only server it will talk to. kb_client_curve_load reads them from key files. */
 typedef struct {
-    uint8_t public_key[KB_CLIENT_CURVE_KEY_BYTES];    /* this client's key pair ... */
-    uint8_t secret_key[KB_CLIENT_CURVE_KEY_BYTES];
-    uint8_t server_public[KB_CLIENT_CURVE_KEY_BYTES]; /* the only server this client will talk to */
+    kb_auth_keypair_t client;
+    kb_auth_key_t server_public;
 } kb_client_curve_t;
 
 typedef struct {
@@ -64,6 +61,11 @@ typedef struct {
     int64_t updated_at_ms;
     uint64_t frequency;
 } kb_row_meta_t;
+
+/* Loads *out from a client secret key file (kb-keygen's NAME.key) and a server public key file
+ * (server.pub). 0, or a negative KB_AUTH_E* code with a message in err. */
+int kb_client_curve_load(const char *key_file, const char *server_key_file, kb_client_curve_t *out, char *err,
+                         size_t errlen);
 
 /* Connects to endpoint ("tcp://127.0.0.1:7000"). opts may be NULL for defaults. Caller owns the result;
  * NULL on failure (logged). Connecting never blocks: a server that is not up yet is waited for per call. */

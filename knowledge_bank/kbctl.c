@@ -11,7 +11,6 @@
  * summaries, logs) to stderr.
  * Exit status: 0 success, 1 usage or input error (nothing was sent for bad input), 2 server or connection
  * error (timeout, error status, undecodable answer). */
-#include "kb_auth.h"
 #include "kb_cluster.h"
 #include "kb_export.h"
 #include "kb_rows_text.h"
@@ -270,22 +269,11 @@ static int s_check_table_name(const char *verb, const char *name)
 /* Loads the CURVE key files named by the global options into *keys. 0, or -1 after printing why. */
 static int s_load_curve(const s_global_t *g, kb_client_curve_t *keys)
 {
-    kb_auth_keypair_t pair;
-    kb_auth_key_t server;
     char err[512];
-    if (kb_auth_load_secret(g->curve_key, &pair, err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl: --curve-key: %s\n", err);
+    if (kb_client_curve_load(g->curve_key, g->curve_server_key, keys, err, sizeof err) != 0) {
+        fprintf(stderr, "kbctl: CURVE keys: %s\n", err);
         return -1;
     }
-    if (kb_auth_load_public(g->curve_server_key, &server, err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl: --curve-server-key: %s\n", err);
-        explicit_bzero(&pair, sizeof pair);
-        return -1;
-    }
-    memcpy(keys->public_key, pair.public_key.bytes, KB_CLIENT_CURVE_KEY_BYTES);
-    memcpy(keys->secret_key, pair.secret_key.bytes, KB_CLIENT_CURVE_KEY_BYTES);
-    memcpy(keys->server_public, server.bytes, KB_CLIENT_CURVE_KEY_BYTES);
-    explicit_bzero(&pair, sizeof pair);
     return 0;
 }
 

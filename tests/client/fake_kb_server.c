@@ -51,6 +51,7 @@ struct fake_kb_server {
     uint64_t *seen_ids;        /* request ids seen (FAKE_IGNORE_FIRST) */
     size_t n_seen, cap_seen;
     s_held_t held;             /* FAKE_REVERSE_PAIRS: the first of a pair; held.reply.data NULL if none */
+    kb_auth_t *auth;           /* the ZAP handler of a CURVE fake; NULL otherwise */
 };
 
 float fake_kb_value(const void *key, size_t key_len, uint32_t j)
@@ -352,7 +353,8 @@ static void *s_thread(void *arg)
     return NULL;
 }
 
-fake_kb_server_t *fake_kb_server_new(void)
+/* A fake on tcp://127.0.0.1:*; with server keys, a CURVE server that admits only allowed_client. */
+static fake_kb_server_t *s_new(const kb_auth_keypair_t *server, const kb_auth_key_t *allowed_client)
 {
     fake_kb_server_t *self = carls_xcalloc(1, sizeof *self);
     pthread_mutex_init(&self->mu, NULL);
@@ -361,6 +363,17 @@ fake_kb_server_t *fake_kb_server_new(void)
     self->sock = self->ctx ? zmq_socket(self->ctx, ZMQ_ROUTER) : NULL;
     int linger = 0;
     size_t len = sizeof self->endpoint;
+    if (server) {
+        /* The ZAP handler first, then the socket's CURVE server role, both before the bind. */
+        char err[256];
+        kb_auth_allow_t *allow = kb_auth_allow_new();
+        kb_auth_allow_add(allow, allowed_client);
+        self->auth = kb_auth_new(self->ctx, &allow, err, sizeof err);
+        if (!self->auth || !self->sock || kb_auth_setup_server(self->sock, server, self->auth, err, sizeof err) != 0) {
+            fprintf(stderr, "fake_kb_server: cannot set up CURVE: %s\n", err);
+            abort();
+        }
+    }
     if (!self->sock || zmq_setsockopt(self->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_bind(self->sock, "tcp://127.0.0.1:*") != 0 ||
         zmq_getsockopt(self->sock, ZMQ_LAST_ENDPOINT, self->endpoint, &len) != 0) {
@@ -373,6 +386,13 @@ fake_kb_server_t *fake_kb_server_new(void)
     return self;
 }
 
+fake_kb_server_t *fake_kb_server_new(void) { return s_new(NULL, NULL); }
+
+fake_kb_server_t *fake_kb_server_new_curve(const kb_auth_keypair_t *server, const kb_auth_key_t *allowed_client)
+{
+    return s_new(server, allowed_client);
+}
+
 void fake_kb_server_destroy(fake_kb_server_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -381,6 +401,7 @@ void fake_kb_server_destroy(fake_kb_server_t **self_p)
     atomic_store(&self->stop, true);
     pthread_join(self->thread, NULL);
     zmq_close(self->sock);
+    kb_auth_destroy(&self->auth);
     zmq_ctx_term(self->ctx);
     for (size_t i = 0; i < self->n_log; i++)
         free(self->log[i].data);

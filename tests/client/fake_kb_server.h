@@ -6,6 +6,7 @@
 #define FAKE_KB_SERVER_H
 
 #include "carls.pb-c.h"
+#include "kb_auth.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,9 @@ typedef struct fake_kb_server fake_kb_server_t;
 
 /* Binds tcp://127.0.0.1:* and starts the thread, in mode FAKE_ANSWER with no tables. */
 fake_kb_server_t *fake_kb_server_new(void);
+/* fake_kb_server_new as a CURVE server with key pair `server` that admits only the client whose public key
+ * is allowed_client (others never get a frame through). */
+fake_kb_server_t *fake_kb_server_new_curve(const kb_auth_keypair_t *server, const kb_auth_key_t *allowed_client);
 /* Stops the thread and frees everything; nulls *self_p. */
 void fake_kb_server_destroy(fake_kb_server_t **self_p);
 
