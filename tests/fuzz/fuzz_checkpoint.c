@@ -1,0 +1,137 @@
+/* Fuzz target "checkpoint": the trainer checkpoint reader, carls_ckpt_read (common/checkpoint.h).
+ *
+ * The reader takes a path, so each input is put in an in-memory file (memfd) and read through
+ * /proc/self/fd/N; nothing touches the disk. Every input is read twice:
+ *  1. as it is, which exercises the magic, version, length and checksum checks;
+ *  2. "fixed up" (when it is long enough to have a header and a trailer): the header's length field is set
+ *     to the input's real size and the last 4 bytes to the CRC-32 of the bytes before them, so mutations
+ *     get past the checksum and reach the tensor parser. A valid checkpoint is unchanged by the fix-up.
+ * When a read succeeds: the accessors must agree with each other (count, shapes, numel, find by name) and
+ * writing the checkpoint back (carls_ckpt_write into a temporary directory) must reproduce the input byte
+ * for byte, since a file the reader accepts has no slack. */
+#include "fuzz_common.h"
+
+#include "checkpoint.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define S_HEADER_BYTES 34u /* fixed part of a checkpoint header (see checkpoint.c) */
+
+static struct {
+    bool ready;
+    char dir[256];  /* for the write-back */
+    char path[300]; /* dir/rewrite.ckpt */
+} s;
+
+static void s_cleanup(void)
+{
+    unlink(s.path);
+    rmdir(s.dir);
+}
+
+static void s_setup(void)
+{
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-ckpt-XXXXXX", base);
+    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
+    snprintf(s.path, sizeof s.path, "%s/rewrite.ckpt", s.dir);
+    atexit(s_cleanup);
+    s.ready = true;
+}
+
+/* Reads the whole of path into a new buffer. */
+static uint8_t *s_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    FUZZ_CHECK(f != NULL);
+    FUZZ_CHECK(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    FUZZ_CHECK(n >= 0);
+    rewind(f);
+    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+    FUZZ_CHECK(buf != NULL);
+    FUZZ_CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Checks a checkpoint that was read from data (size bytes). */
+static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t size)
+{
+    FUZZ_CHECK(carls_ckpt_file_bytes(ck) == size);
+    const char *kind = carls_ckpt_kind(ck);
+    FUZZ_CHECK(kind && strlen(kind) >= 1 && strlen(kind) <= CARLS_CKPT_MAX_KIND);
+    int count = carls_ckpt_count(ck);
+    FUZZ_CHECK(count >= 0 && (unsigned)count <= CARLS_CKPT_MAX_TENSORS);
+    for (int i = 0; i < count; i++) {
+        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(ck, i);
+        FUZZ_CHECK(t && t->name && strlen(t->name) >= 1 && strlen(t->name) <= CARLS_CKPT_MAX_NAME);
+        FUZZ_CHECK(t->ndim >= 1 && t->ndim <= CARLS_CKPT_MAX_DIMS);
+        int64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            FUZZ_CHECK(t->dims[d] >= 1);
+            numel *= t->dims[d];
+        }
+        FUZZ_CHECK(numel == t->numel && (uint64_t)numel <= CARLS_CKPT_MAX_ELEMENTS);
+        FUZZ_CHECK(t->data != NULL);
+        FUZZ_CHECK(carls_ckpt_find(ck, t->name) == t);
+    }
+    char err[512];
+    if (carls_ckpt_write(ck, s.path, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_checkpoint: write-back failed: %s\n", err);
+        abort();
+    }
+    size_t len;
+    uint8_t *again = s_slurp(s.path, &len);
+    FUZZ_CHECK(len == size && memcmp(again, data, size) == 0);
+    free(again);
+}
+
+static void s_read(const uint8_t *data, size_t size)
+{
+    char path[64];
+    int fd = fuzz_memfile(data, size, path, sizeof path);
+    FUZZ_CHECK(fd >= 0);
+    carls_ckpt_t *ck = NULL;
+    char err[512] = "";
+    int rc = carls_ckpt_read(path, &ck, err, sizeof err);
+    close(fd);
+    if (rc == CARLS_CKPT_OK) {
+        FUZZ_CHECK(ck != NULL);
+        s_check_loaded(ck, data, size);
+        carls_ckpt_destroy(&ck);
+        FUZZ_CHECK(ck == NULL);
+    } else {
+        FUZZ_CHECK(ck == NULL);
+        FUZZ_CHECK(rc < 0 && rc >= CARLS_CKPT_EINVAL && rc != CARLS_CKPT_EIO);
+        FUZZ_CHECK(err[0] != '\0');
+        FUZZ_CHECK(strcmp(carls_ckpt_strerror(rc), "unknown error") != 0);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!s.ready)
+        s_setup();
+    s_read(data, size);
+    if (size >= S_HEADER_BYTES + 4) {
+        uint8_t *fixed = malloc(size);
+        FUZZ_CHECK(fixed != NULL);
+        memcpy(fixed, data, size);
+        for (int i = 0; i < 8; i++) /* u64 file length at offset 16, little-endian */
+            fixed[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
+        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
+        for (int i = 0; i < 4; i++)
+            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
+        if (memcmp(fixed, data, size) != 0)
+            s_read(fixed, size);
+        free(fixed);
+    }
+    return 0;
+}

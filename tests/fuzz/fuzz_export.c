@@ -1,0 +1,228 @@
+/* Fuzz target "export": the table export reader, kb_export_reader_open / _next (common/kb_export.h).
+ *
+ * The reader takes a path, so each input is put in an in-memory file (memfd) and read through
+ * /proc/self/fd/N. Every input is read twice: as it is, and "fixed up" (when it is long enough to have a
+ * trailer) with its last 4 bytes replaced by the CRC-32 of the bytes before them, so mutations get past the
+ * checksum and reach the structural checks. A valid export is unchanged by the fix-up.
+ * When open succeeds, the rows pass must deliver exactly the trailer's row count, each row well formed
+ * (key of 1..max bytes; dim finite values for an embedding table, a record that decodes for a feature
+ * table), and end with 0. Then the rows are written again with kb_export_writer (what `kbctl export` would
+ * write for the same table) and read back: the copy must hold the same name, kind, dim and rows. */
+#include "fuzz_common.h"
+
+#include "kb_export.h"
+#include "log.h"
+#include "protocol.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define S_TRAILER_BYTES 20u /* "CARLSEND", u64 rows, u32 CRC (see kb_export.c) */
+
+static struct {
+    bool ready;
+    char dir[256];  /* for the write-back */
+    char path[300]; /* dir/rewrite.kbx */
+} s;
+
+static void s_cleanup(void)
+{
+    unlink(s.path);
+    rmdir(s.dir);
+}
+
+static void s_setup(void)
+{
+    carls_log_set_level(CARLS_LOG_OFF);
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-export-XXXXXX", base);
+    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
+    snprintf(s.path, sizeof s.path, "%s/rewrite.kbx", s.dir);
+    atexit(s_cleanup);
+    s.ready = true;
+}
+
+/* One row, copied out of the reader. */
+typedef struct {
+    uint8_t *key;
+    size_t key_len;
+    uint64_t version, frequency;
+    float *values;                 /* embedding */
+    Carls__FeatureRecord *record;  /* feature */
+} s_row_t;
+
+static void s_rows_free(s_row_t *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(rows[i].key);
+        free(rows[i].values);
+        if (rows[i].record)
+            carls__feature_record__free_unpacked(rows[i].record, NULL);
+    }
+    free(rows);
+}
+
+/* Runs the rows pass of an open reader, checking each row; returns the rows (*n of them). */
+static s_row_t *s_read_rows(kb_export_reader_t *r, size_t *n_out)
+{
+    const Carls__TableConfig *cfg = kb_export_reader_config(r);
+    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    uint32_t dim = feature ? 0 : cfg->dim;
+    uint64_t expected = kb_export_reader_rows(r);
+    s_row_t *rows = NULL;
+    size_t n = 0;
+    char err[512];
+    kb_export_row_t row;
+    int rc;
+    while ((rc = kb_export_reader_next(r, &row, err, sizeof err)) == 1) {
+        FUZZ_CHECK(n < expected);
+        FUZZ_CHECK(row.key && row.key_len >= 1 && row.key_len <= CARLS_DEFAULT_MAX_KEY_BYTES);
+        rows = realloc(rows, (n + 1) * sizeof *rows);
+        FUZZ_CHECK(rows != NULL);
+        s_row_t *c = &rows[n++];
+        memset(c, 0, sizeof *c);
+        c->key = malloc(row.key_len);
+        FUZZ_CHECK(c->key != NULL);
+        memcpy(c->key, row.key, row.key_len);
+        c->key_len = row.key_len;
+        c->version = row.version;
+        c->frequency = row.frequency;
+        if (feature) {
+            FUZZ_CHECK(row.values == NULL && row.record != NULL);
+            c->record = carls__feature_record__unpack(NULL, row.record_len, row.record);
+            FUZZ_CHECK(c->record != NULL);
+        } else {
+            FUZZ_CHECK(row.values != NULL && row.record == NULL);
+            c->values = malloc(dim * sizeof *c->values);
+            FUZZ_CHECK(c->values != NULL);
+            for (uint32_t j = 0; j < dim; j++)
+                FUZZ_CHECK(isfinite(row.values[j]));
+            memcpy(c->values, row.values, dim * sizeof *c->values);
+        }
+    }
+    /* The file did not change, so the second pass must agree with the verified first one. */
+    if (rc != 0)
+        fprintf(stderr, "fuzz_export: rows pass failed after a successful open: %s\n", err);
+    FUZZ_CHECK(rc == 0);
+    FUZZ_CHECK(n == expected);
+    FUZZ_CHECK(kb_export_reader_next(r, &row, err, sizeof err) == 0);
+    *n_out = n;
+    return rows;
+}
+
+/* Packs a record the way the writer stores it (found cleared) into a new buffer. */
+static uint8_t *s_pack_record(const Carls__FeatureRecord *rec, size_t *len)
+{
+    Carls__FeatureRecord r = *rec;
+    r.found = false;
+    *len = carls__feature_record__get_packed_size(&r);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    FUZZ_CHECK(buf != NULL);
+    carls__feature_record__pack(&r, buf);
+    return buf;
+}
+
+/* Writes name/cfg/rows with the writer and checks that reading the copy gives the same table. */
+static void s_write_back(const char *name, const Carls__TableConfig *cfg, const s_row_t *rows, size_t n)
+{
+    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    uint32_t dim = feature ? 0 : cfg->dim;
+    char err[512];
+    kb_export_writer_t *w = NULL;
+    int rc = kb_export_writer_open(s.path, name, cfg, &w, err, sizeof err);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = kb_export_writer_add(w, rows[i].key, rows[i].key_len, rows[i].version, rows[i].frequency,
+                                  rows[i].values, rows[i].record, err, sizeof err);
+    if (rc == 0)
+        rc = kb_export_writer_finish(w, err, sizeof err);
+    kb_export_writer_destroy(&w);
+    if (rc != 0) {
+        fprintf(stderr, "fuzz_export: writing back a table the reader accepted failed: %s\n", err);
+        abort();
+    }
+    kb_export_reader_t *r = NULL;
+    rc = kb_export_reader_open(s.path, &r, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "fuzz_export: reading back a written export failed: %s\n", err);
+        abort();
+    }
+    FUZZ_CHECK(strcmp(kb_export_reader_table(r), name) == 0);
+    const Carls__TableConfig *cfg2 = kb_export_reader_config(r);
+    FUZZ_CHECK(cfg2->kind == cfg->kind && cfg2->dim == cfg->dim);
+    size_t n2;
+    s_row_t *rows2 = s_read_rows(r, &n2);
+    FUZZ_CHECK(n2 == n);
+    for (size_t i = 0; i < n; i++) {
+        FUZZ_CHECK(rows2[i].key_len == rows[i].key_len && memcmp(rows2[i].key, rows[i].key, rows[i].key_len) == 0);
+        FUZZ_CHECK(rows2[i].version == rows[i].version && rows2[i].frequency == rows[i].frequency);
+        if (feature) {
+            size_t a_len, b_len;
+            uint8_t *a = s_pack_record(rows[i].record, &a_len);
+            uint8_t *b = s_pack_record(rows2[i].record, &b_len);
+            FUZZ_CHECK(a_len == b_len && memcmp(a, b, a_len) == 0);
+            free(a);
+            free(b);
+        } else {
+            FUZZ_CHECK(memcmp(rows2[i].values, rows[i].values, dim * sizeof(float)) == 0);
+        }
+    }
+    s_rows_free(rows2, n2);
+    kb_export_reader_destroy(&r);
+    unlink(s.path);
+}
+
+static void s_read(const uint8_t *data, size_t size)
+{
+    char path[64];
+    int fd = fuzz_memfile(data, size, path, sizeof path);
+    FUZZ_CHECK(fd >= 0);
+    kb_export_reader_t *r = NULL;
+    char err[512] = "";
+    int rc = kb_export_reader_open(path, &r, err, sizeof err);
+    if (rc != KB_EXPORT_OK) {
+        close(fd);
+        FUZZ_CHECK(r == NULL);
+        FUZZ_CHECK(rc < 0 && rc >= KB_EXPORT_EINVAL && rc != KB_EXPORT_EIO);
+        FUZZ_CHECK(err[0] != '\0');
+        return;
+    }
+    FUZZ_CHECK(r != NULL);
+    const char *name = kb_export_reader_table(r);
+    FUZZ_CHECK(carls_table_name_valid(name) == 0);
+    const Carls__TableConfig *cfg = kb_export_reader_config(r);
+    FUZZ_CHECK(cfg != NULL);
+    FUZZ_CHECK(cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE ||
+               (cfg->kind == CARLS__TABLE_KIND__TABLE_EMBEDDING && cfg->dim >= 1 &&
+                cfg->dim <= CARLS_DEFAULT_MAX_DIM));
+    size_t n;
+    s_row_t *rows = s_read_rows(r, &n);
+    s_write_back(name, cfg, rows, n);
+    s_rows_free(rows, n);
+    kb_export_reader_destroy(&r);
+    FUZZ_CHECK(r == NULL);
+    close(fd);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!s.ready)
+        s_setup();
+    s_read(data, size);
+    if (size >= S_TRAILER_BYTES + 8) {
+        uint8_t *fixed = malloc(size);
+        FUZZ_CHECK(fixed != NULL);
+        memcpy(fixed, data, size);
+        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
+        for (int i = 0; i < 4; i++)
+            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
+        if (memcmp(fixed, data, size) != 0)
+            s_read(fixed, size);
+        free(fixed);
+    }
+    return 0;
+}

@@ -1,0 +1,423 @@
+/* Seed generator for the fuzz corpora: writes valid inputs for every target into OUTDIR/<target>/.
+ *
+ * Usage: fuzz_seeds OUTDIR
+ *   OUTDIR/request/ and OUTDIR/service/  packed carls.Request frames, at least one per operation, naming the
+ *                                        service harness's base tables (fuzz_common.h), plus a few invalid
+ *                                        ones (bad version, no op, write without client id);
+ *   OUTDIR/checkpoint/                   checkpoints written with carls_ckpt_write (one and several tensors,
+ *                                        1..4 dimensions, the longest kind);
+ *   OUTDIR/export/                       exports written with kb_export_writer (embedding and feature
+ *                                        tables, empty and with rows).
+ * The directories must exist. The seeds are a starting point for a fuzzing run; the corpus that is kept in
+ * tests/fuzz/corpus/ is what libFuzzer minimized from them and from what it found (see README.md). */
+#include "fuzz_common.h"
+
+#include "checkpoint.h"
+#include "kb_export.h"
+#include "protocol.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *s_out;
+
+static void s_write_file(const char *target, const char *name, const uint8_t *data, size_t len)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", s_out, target, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "fuzz_seeds: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+/* Writes req into request/ and service/ as seed-<name>. */
+static void s_request(const char *name, Carls__Request *req)
+{
+    uint8_t *buf;
+    size_t len;
+    fuzz_pack_request(req, &buf, &len);
+    char file[128];
+    snprintf(file, sizeof file, "seed-%s", name);
+    s_write_file("request", file, buf, len);
+    s_write_file("service", file, buf, len);
+    free(buf);
+}
+
+/* A request envelope: version 1, a request id, a write identity, the table. */
+static Carls__Request s_envelope(const char *table, uint64_t sequence)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.protocol_version = CARLS_PROTOCOL_VERSION;
+    req.request_id = 100 + sequence;
+    req.client_id = 42;
+    req.sequence = sequence;
+    req.table = (char *)table;
+    return req;
+}
+
+static void s_requests(void)
+{
+    static uint8_t k1[] = "alpha", k2[] = "beta", k3[] = "gamma";
+    ProtobufCBinaryData keys[3] = {{5, k1}, {4, k2}, {5, k3}};
+    float emb_values[3 * FUZZ_EMB_DIM], lazy_values[3 * FUZZ_LAZY_DIM];
+    for (unsigned i = 0; i < 3 * FUZZ_EMB_DIM; i++)
+        emb_values[i] = 0.25f * (float)i - 1.0f;
+    for (unsigned i = 0; i < 3 * FUZZ_LAZY_DIM; i++)
+        lazy_values[i] = 0.5f - 0.125f * (float)i;
+    uint64_t seq = 1;
+
+    /* create_table: each base table (also with if_not_exists), and a few other configs. */
+    for (int i = 0; i < FUZZ_BASE_TABLES; i++) {
+        fuzz_config_t w;
+        fuzz_base_table_config(i, &w);
+        Carls__CreateTable ct = CARLS__CREATE_TABLE__INIT;
+        ct.config = &w.config;
+        ct.if_not_exists = i == 0;
+        Carls__Request req = s_envelope(fuzz_base_table_name(i), seq++);
+        req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
+        req.create_table = &ct;
+        char name[64];
+        snprintf(name, sizeof name, "create-%s", fuzz_base_table_name(i));
+        s_request(name, &req);
+    }
+    {
+        /* Adam, L2 HNSW index, Bloom admission. */
+        fuzz_config_t w;
+        fuzz_base_table_config(0, &w);
+        w.config.dim = 16;
+        w.optimizer.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;
+        w.knn.spec = "HNSW8";
+        w.knn.metric = CARLS__KNN_METRIC__METRIC_L2;
+        w.knn.ef_search = 32;
+        w.config.admission = &w.admission;
+        w.admission.kind = CARLS__ADMISSION_KIND__ADMIT_BLOOM;
+        w.admission.bloom_bits_log2 = 10;
+        w.admission.bloom_hashes = 3;
+        Carls__CreateTable ct = CARLS__CREATE_TABLE__INIT;
+        ct.config = &w.config;
+        Carls__Request req = s_envelope("hnsw", seq++);
+        req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
+        req.create_table = &ct;
+        s_request("create-hnsw", &req);
+        /* Momentum, IVF index with inner product. */
+        w.config.dim = 4;
+        w.optimizer.kind = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM;
+        w.knn.spec = "IVF4,Flat";
+        w.knn.metric = CARLS__KNN_METRIC__METRIC_IP;
+        w.knn.nprobe = 2;
+        w.config.admission = NULL;
+        w.lazy.policy = CARLS__UPDATE_POLICY__UPDATE_LAZY;
+        w.lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
+        req = s_envelope("ivf", seq++);
+        req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
+        req.create_table = &ct;
+        s_request("create-ivf", &req);
+    }
+    {
+        Carls__DropTable dt = CARLS__DROP_TABLE__INIT;
+        dt.if_exists = 1;
+        Carls__Request req = s_envelope("nosuch", seq++);
+        req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
+        req.drop_table = &dt;
+        s_request("drop-if-exists", &req);
+        dt.if_exists = 0;
+        req = s_envelope(FUZZ_TABLE_LAZY, seq++);
+        req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
+        req.drop_table = &dt;
+        s_request("drop-lazy", &req);
+    }
+    {
+        Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
+        Carls__Request req = s_envelope("", 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
+        req.list_tables = &lt;
+        s_request("list-tables", &req);
+    }
+    for (int t = 0; t < 2; t++) {
+        const char *table = t == 0 ? FUZZ_TABLE_EMB : FUZZ_TABLE_LAZY;
+        float *values = t == 0 ? emb_values : lazy_values;
+        unsigned dim = t == 0 ? FUZZ_EMB_DIM : FUZZ_LAZY_DIM;
+        char name[64];
+
+        Carls__Lookup lk = CARLS__LOOKUP__INIT;
+        lk.n_keys = 3;
+        lk.keys = keys;
+        Carls__Request req = s_envelope(table, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_LOOKUP;
+        req.lookup = &lk;
+        snprintf(name, sizeof name, "lookup-%s", table);
+        s_request(name, &req);
+        lk.no_create = 1;
+        snprintf(name, sizeof name, "lookup-no-create-%s", table);
+        s_request(name, &req);
+
+        Carls__Put put = CARLS__PUT__INIT;
+        put.n_keys = 3;
+        put.keys = keys;
+        put.n_values = 3 * dim;
+        put.values = values;
+        put.version = 9;
+        req = s_envelope(table, seq++);
+        req.op_case = CARLS__REQUEST__OP_PUT;
+        req.put = &put;
+        snprintf(name, sizeof name, "put-%s", table);
+        s_request(name, &req);
+
+        /* Three gradients for one key (the outlier rule needs three), two others. */
+        ProtobufCBinaryData gkeys[3] = {keys[0], keys[0], keys[0]};
+        Carls__PushGradients pg = CARLS__PUSH_GRADIENTS__INIT;
+        pg.n_keys = 3;
+        pg.keys = gkeys;
+        pg.n_gradients = 3 * dim;
+        pg.gradients = values;
+        req = s_envelope(table, seq++);
+        req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+        req.push_gradients = &pg;
+        snprintf(name, sizeof name, "push-%s", table);
+        s_request(name, &req);
+        pg.keys = keys;
+        req = s_envelope(table, seq++);
+        req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+        req.push_gradients = &pg;
+        snprintf(name, sizeof name, "push-3keys-%s", table);
+        s_request(name, &req);
+
+        Carls__Sample sm = CARLS__SAMPLE__INIT;
+        sm.n_positives = 1;
+        sm.positives = keys;
+        sm.n = 5;
+        sm.seed = 3;
+        for (int st = 0; st < 3; st++) {
+            sm.strategy = (Carls__SampleStrategy)st;
+            req = s_envelope(table, 0);
+            req.client_id = 0;
+            req.op_case = CARLS__REQUEST__OP_SAMPLE;
+            req.sample = &sm;
+            snprintf(name, sizeof name, "sample-%d-%s", st, table);
+            s_request(name, &req);
+        }
+
+        Carls__Scan sc = CARLS__SCAN__INIT;
+        sc.limit = 2;
+        req = s_envelope(table, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &sc;
+        snprintf(name, sizeof name, "scan-%s", table);
+        s_request(name, &req);
+
+        Carls__Stats stq = CARLS__STATS__INIT;
+        req = s_envelope(table, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_STATS;
+        req.stats = &stq;
+        snprintf(name, sizeof name, "stats-%s", table);
+        s_request(name, &req);
+    }
+    {
+        Carls__Knn kq = CARLS__KNN__INIT;
+        kq.k = 2;
+        kq.n_vectors = 2 * FUZZ_EMB_DIM;
+        kq.vectors = emb_values;
+        Carls__Request req = s_envelope(FUZZ_TABLE_EMB, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_KNN;
+        req.knn = &kq;
+        s_request("knn-vectors", &req);
+        kq.n_vectors = 0;
+        kq.vectors = NULL;
+        kq.n_keys = 2;
+        kq.keys = keys;
+        kq.exclude_query = 1;
+        kq.k = 3;
+        s_request("knn-keys", &req);
+    }
+    {
+        static uint8_t n1[] = "beta", n2[] = "delta", blob[] = {1, 2, 3, 0, 255};
+        ProtobufCBinaryData nk[2] = {{4, n1}, {5, n2}};
+        float nw[2] = {0.75f, 0.25f};
+        Carls__FeatureRecord r1 = CARLS__FEATURE_RECORD__INIT, r2 = CARLS__FEATURE_RECORD__INIT;
+        r1.n_neighbor_keys = r1.n_neighbor_weights = 2;
+        r1.neighbor_keys = nk;
+        r1.neighbor_weights = nw;
+        r1.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+        r1.int_label = 7;
+        r1.label_confidence = 0.9f;
+        r1.version = 3;
+        r2.label_case = CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL;
+        r2.float_label = 1.5f;
+        r2.data.len = sizeof blob;
+        r2.data.data = blob;
+        Carls__FeatureRecord *recs[2] = {&r1, &r2};
+        Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
+        fp.n_keys = fp.n_records = 2;
+        fp.keys = keys;
+        fp.records = recs;
+        Carls__Request req = s_envelope(FUZZ_TABLE_FEAT, seq++);
+        req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
+        req.feature_put = &fp;
+        s_request("feature-put", &req);
+
+        Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
+        fg.n_keys = 3;
+        fg.keys = keys;
+        req = s_envelope(FUZZ_TABLE_FEAT, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
+        req.feature_get = &fg;
+        s_request("feature-get", &req);
+
+        Carls__Scan sc = CARLS__SCAN__INIT;
+        req = s_envelope(FUZZ_TABLE_FEAT, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &sc;
+        s_request("scan-feat", &req);
+
+        Carls__Sample sm = CARLS__SAMPLE__INIT;
+        sm.n = 4;
+        req = s_envelope(FUZZ_TABLE_FEAT, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_SAMPLE;
+        req.sample = &sm;
+        s_request("sample-feat", &req);
+    }
+    {
+        Carls__Stats stq = CARLS__STATS__INIT;
+        Carls__Request req = s_envelope("", 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_STATS;
+        req.stats = &stq;
+        s_request("stats-all", &req);
+
+        Carls__Checkpoint ck = CARLS__CHECKPOINT__INIT;
+        req.op_case = CARLS__REQUEST__OP_CHECKPOINT;
+        req.checkpoint = &ck;
+        s_request("checkpoint", &req);
+
+        /* Refused: no operation, another protocol version, a write without client id. */
+        req = s_envelope(FUZZ_TABLE_EMB, 0);
+        s_request("no-op", &req);
+        Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
+        req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
+        req.list_tables = &lt;
+        req.protocol_version = 2;
+        s_request("bad-version", &req);
+        Carls__Put put = CARLS__PUT__INIT;
+        put.n_keys = 1;
+        put.keys = keys;
+        put.n_values = FUZZ_EMB_DIM;
+        put.values = emb_values;
+        req = s_envelope(FUZZ_TABLE_EMB, 0);
+        req.client_id = 0;
+        req.op_case = CARLS__REQUEST__OP_PUT;
+        req.put = &put;
+        s_request("put-no-client", &req);
+    }
+}
+
+/* Writes a checkpoint built by add() into checkpoint/seed-<name>. */
+static void s_checkpoint(const char *name, const char *kind, int tensors, int ndim)
+{
+    carls_ckpt_t *ck = carls_ckpt_new(kind, 1000 + (uint64_t)tensors);
+    if (!ck)
+        exit(1);
+    for (int t = 0; t < tensors; t++) {
+        int64_t dims[4] = {2, 3, 1, 2};
+        int64_t numel = 1;
+        for (int d = 0; d < ndim; d++)
+            numel *= dims[d];
+        float data[12];
+        for (int64_t i = 0; i < numel; i++)
+            data[i] = (float)(t + 1) * 0.5f - (float)i;
+        char tname[32];
+        snprintf(tname, sizeof tname, "layer%d.weight", t);
+        if (carls_ckpt_add(ck, tname, ndim, dims, data) != 0)
+            exit(1);
+    }
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/checkpoint/seed-%s", s_out, name);
+    if (carls_ckpt_write(ck, path, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_seeds: %s\n", err);
+        exit(1);
+    }
+    carls_ckpt_destroy(&ck);
+}
+
+static void s_checkpoints(void)
+{
+    s_checkpoint("empty", "mlp_classifier", 0, 1);
+    s_checkpoint("one-1d", "mlp_classifier", 1, 1);
+    s_checkpoint("three-2d", "mlp_encoder", 3, 2);
+    s_checkpoint("two-4d", "0123456789012345678901234567890123456789012345678901234567890123", 2, 4);
+}
+
+/* Writes an export of `rows` rows into export/seed-<name>. */
+static void s_export(const char *name, bool feature, uint32_t dim, int rows)
+{
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.kind = feature ? CARLS__TABLE_KIND__TABLE_FEATURE : CARLS__TABLE_KIND__TABLE_EMBEDDING;
+    cfg.dim = feature ? 0 : dim;
+    cfg.init_scale = 0.05f;
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/export/seed-%s", s_out, name);
+    kb_export_writer_t *w = NULL;
+    if (kb_export_writer_open(path, feature ? "features" : "embeddings", &cfg, &w, err, sizeof err) != 0)
+        goto fail;
+    for (int i = 0; i < rows; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "key-%d", i);
+        float values[8];
+        for (uint32_t j = 0; j < dim && j < 8; j++)
+            values[j] = (float)i - 0.25f * (float)j;
+        static uint8_t nb[] = "key-0";
+        ProtobufCBinaryData nk = {5, nb};
+        float nw = 0.5f;
+        Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
+        rec.n_neighbor_keys = rec.n_neighbor_weights = (size_t)(i % 2);
+        rec.neighbor_keys = &nk;
+        rec.neighbor_weights = &nw;
+        rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
+        rec.int_label = i;
+        rec.version = (uint64_t)i;
+        if (kb_export_writer_add(w, key, strlen(key), (uint64_t)i + 1, (uint64_t)i * 3, feature ? NULL : values,
+                                 feature ? &rec : NULL, err, sizeof err) != 0)
+            goto fail;
+    }
+    if (kb_export_writer_finish(w, err, sizeof err) != 0)
+        goto fail;
+    kb_export_writer_destroy(&w);
+    return;
+fail:
+    fprintf(stderr, "fuzz_seeds: export %s: %s\n", name, err);
+    exit(1);
+}
+
+static void s_exports(void)
+{
+    s_export("embedding-empty", false, 4, 0);
+    s_export("embedding-3rows", false, 4, 3);
+    s_export("embedding-dim1", false, 1, 2);
+    s_export("feature-empty", true, 0, 0);
+    s_export("feature-3rows", true, 0, 3);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s OUTDIR (with request/ service/ checkpoint/ export/ in it)\n", argv[0]);
+        return 1;
+    }
+    s_out = argv[1];
+    s_requests();
+    s_checkpoints();
+    s_exports();
+    return 0;
+}
