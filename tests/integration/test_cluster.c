@@ -664,6 +664,18 @@ static void test_export_import_round_trip(void **state)
         fail_msg("import features back: %s", err);
     s_assert_features_equal(f->one, "expf", f->one, "expf_back", &kf);
 
+    /* An empty table exports as a valid file of no rows (every shard scanned empty) and imports as an empty
+     * table with the same config. */
+    char pe[128];
+    s_path(f, "empty.kbx", pe, sizeof pe);
+    assert_int_equal(kb_cluster_create_table(f->cluster, "empty", &cfg, false), 0);
+    if (kb_export_table(f->cluster, "empty", pe, 0, &rows, err, sizeof err) != 0)
+        fail_msg("export of an empty table: %s", err);
+    assert_int_equal(rows, 0);
+    assert_int_equal(kb_import_table(f->one, "empty_copy", pe, 0, &rows, err, sizeof err), 0);
+    assert_int_equal(rows, 0);
+    assert_int_equal(s_table_rows(f->one, "empty_copy"), 0);
+
     /* Importing into an existing table with another config is refused and writes nothing. */
     assert_int_equal(kb_import_table(f->cluster, "rows", p1, 0, &rows, err, sizeof err), KB_EXPORT_EBANK);
     assert_non_null(strstr(err, "another config"));
