@@ -1,0 +1,37 @@
+/* Helpers shared by the maker tests: checks that print file:line, a kb-maker child process, temp dirs. */
+#ifndef MAKER_TESTLIB_H
+#define MAKER_TESTLIB_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+extern int mt_failures;
+
+#define MT_CHECK(cond, ...)                                                                                 \
+    do {                                                                                                    \
+        if (!(cond)) {                                                                                      \
+            fprintf(stderr, "%s:%d: CHECK FAILED: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                                   \
+            fprintf(stderr, "\n");                                                                          \
+            mt_failures++;                                                                                  \
+        }                                                                                                   \
+    } while (0)
+
+/* 1 when dataset-fashion-mnist is installed. */
+int mt_have_fmnist(void);
+
+/* mkdtemp under /tmp; path (>= 64 bytes). */
+void mt_tempdir(char *path, const char *tag);
+/* rm -rf */
+void mt_rmrf(const char *path);
+
+/* Starts build/bin/<prog> with argv (NULL-terminated, argv[0] is ignored), output to log. Returns the pid. */
+pid_t mt_spawn(const char *prog, char *const argv[], const char *log);
+/* Waits up to timeout_ms for pid; returns its exit status, 128+signal, or -1 on timeout (the child is then
+ * killed). */
+int mt_wait(pid_t pid, int timeout_ms);
+/* 1 when file contains text. */
+int mt_file_contains(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,98 @@
+/* End to end: `carls run` on a small configuration (1,000 items, a 2-maker fleet, 150 trainer steps with the
+ * graph term and pseudo-labels from the bank) must finish, print `test_accuracy=...` as its last line and
+ * write report.md and metrics.csv; a second run interrupted with SIGINT while the trainer runs must stop
+ * every process and exit 130. `--set` of an unknown key is refused. Exits 77 (skipped) without
+ * dataset-fashion-mnist. */
+#include "maker_testlib.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+static void s_write_ini(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# small end-to-end configuration\n"
+               "name = e2e\nruns_dir = unset\nitems = 1000\nlabels_per_class = 10\nlabel_seed = 0\n"
+               "validation = 0\nmakers = 2\nmaker_device = cpu\ngraph_k = 5\nlabel_maker = 1\n"
+               "label_model_weight = 0\nhidden = 64,32\nsteps = 150\nbatch_labelled = 100\n"
+               "batch_unlabelled = 64\nalpha = 0.1\nneighbors = 5\nneighbors_from = bank\nbeta = 1\n"
+               "ckpt_every = 25\neval_every = 50\ntrainer_device = cpu\ntimeout_s = 300\n");
+    fclose(f);
+}
+
+/* The last non-empty line of path into line. */
+static void s_last_line(const char *path, char *line, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    char buf[4096];
+    line[0] = '\0';
+    while (f && fgets(buf, sizeof buf, f)) {
+        if (buf[0] != '\n') {
+            snprintf(line, len, "%s", buf);
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+}
+
+int main(void)
+{
+    if (!mt_have_fmnist()) {
+        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+        return 77;
+    }
+    char dir[64], ini[128], runs[128], log[128], set_runs[160], path[256], line[4096];
+    mt_tempdir(dir, "e2e");
+    snprintf(ini, sizeof ini, "%s/e2e.ini", dir);
+    snprintf(runs, sizeof runs, "%s/runs", dir);
+    snprintf(log, sizeof log, "%s/carls.log", dir);
+    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
+    s_write_ini(ini);
+
+    /* Unknown keys are refused before anything starts. */
+    char *bad[] = {"carls", "run", ini, "--set", "no_such_key=1", NULL};
+    MT_CHECK(mt_wait(mt_spawn("carls", bad, log), 10000) == 2, "--set of an unknown key was accepted");
+
+    char *argv[] = {"carls", "run", ini, "--set", set_runs, NULL};
+    int64_t t0 = carls_monotonic_ms();
+    int st = mt_wait(mt_spawn("carls", argv, log), 300000);
+    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
+    s_last_line(log, line, sizeof line);
+    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
+    double acc = atof(line + 14);
+    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
+    MT_CHECK(strstr(line, "steps_per_s=") != NULL, "no steps_per_s in the result line: %s", line);
+    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    MT_CHECK(mt_file_contains(path, "test_accuracy"), "report.md lacks the result");
+    snprintf(path, sizeof path, "%s/e2e/metrics.csv", runs);
+    MT_CHECK(mt_file_contains(path, "test_accuracy") && mt_file_contains(path, "150,"), "metrics.csv incomplete");
+    MT_CHECK(!mt_file_contains(log, "ended with status"), "a process did not stop cleanly (see %s)", log);
+    printf("end-to-end run: %s (%.1f s)", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
+
+    /* Ctrl-C while the trainer runs: every process stops, exit 130. */
+    char log2[140];
+    snprintf(log2, sizeof log2, "%s/carls-int.log", dir);
+    char *argv2[] = {"carls", "run", ini, "--set", set_runs, "--set", "steps=100000", "--set", "name=e2e-int", NULL};
+    pid_t pid = mt_spawn("carls", argv2, log2);
+    int64_t deadline = carls_monotonic_ms() + 120000;
+    while (!mt_file_contains(log2, "[trainer]") && carls_monotonic_ms() < deadline) {
+        usleep(100 * 1000);
+    }
+    MT_CHECK(mt_file_contains(log2, "[trainer]"), "the trainer never reported (see %s)", log2);
+    kill(pid, SIGINT);
+    st = mt_wait(pid, 60000);
+    MT_CHECK(st == 130, "interrupted run exited with %d (see %s)", st, log2);
+    MT_CHECK(mt_file_contains(log2, "every process stopped"), "no clean stop reported (see %s)", log2);
+    MT_CHECK(!mt_file_contains(log2, "SIGKILL"), "a process needed SIGKILL (see %s)", log2);
+    if (mt_failures) {
+        fprintf(stderr, "files in %s\n", dir);
+        return 1;
+    }
+    mt_rmrf(dir);
+    printf("test_launcher_short: OK\n");
+    return 0;
+}

@@ -1,0 +1,168 @@
+/* Maker fleets against a real kb-server, on 900 real Fashion-MNIST images:
+ *   - three embed makers (--worker 0/3, 1/3, 2/3, --once) cover every item exactly once: every item has the
+ *     checkpoint's step, and the bank counted as many puts as there are items;
+ *   - a pixel fleet and a graph fleet build k=5 neighbour lists: every item has 5 neighbours, never itself,
+ *     with weights in [0, 1], best first;
+ *   - a label maker writes pseudo-labels for the unlabelled items only.
+ * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "maker_testlib.h"
+#include "server_harness.h"
+
+#include "km_bank.h"
+
+#include "nn_mlp.h"
+
+#include "checkpoint.h"
+#include "kb_client.h"
+
+#include <string.h>
+
+#define N_ITEMS 900
+
+/* Runs n makers with the given extra arguments (--worker i/n added) and checks they all exit 0. */
+static void s_fleet(const char *endpoint, const char *dir, int n, const char *const *extra)
+{
+    pid_t pids[8];
+    char logs[8][160];
+    for (int i = 0; i < n; i++) {
+        char *argv[40];
+        char worker[32];
+        int a = 0;
+        snprintf(worker, sizeof worker, "%d/%d", i, n);
+        argv[a++] = "kb-maker";
+        argv[a++] = "--kb";
+        argv[a++] = (char *)endpoint;
+        argv[a++] = "--worker";
+        argv[a++] = worker;
+        argv[a++] = "--items";
+        argv[a++] = "900";
+        argv[a++] = "--device";
+        argv[a++] = "cpu";
+        argv[a++] = "--once";
+        for (int e = 0; extra[e]; e++) {
+            argv[a++] = (char *)extra[e];
+        }
+        argv[a] = NULL;
+        snprintf(logs[i], sizeof logs[i], "%s/maker-%s-%d.log", dir, extra[1], i);
+        pids[i] = mt_spawn("kb-maker", argv, logs[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        int st = mt_wait(pids[i], 120000);
+        MT_CHECK(st == 0, "maker %d/%d (%s) exited with %d, see %s", i, n, extra[1], st, logs[i]);
+    }
+}
+
+static uint64_t s_stat(kb_client_t *c, const char *table, const char *field)
+{
+    Carls__Response *r = NULL;
+    uint64_t v = UINT64_MAX;
+    if (kb_client_stats(c, table, &r) == 0) {
+        for (size_t i = 0; i < r->stats->n_tables; i++) {
+            const Carls__TableStats *t = r->stats->tables[i];
+            if (strcmp(t->name, table) == 0) {
+                v = strcmp(field, "rows") == 0 ? t->rows : t->puts;
+            }
+        }
+    }
+    if (r) {
+        carls__response__free_unpacked(r, NULL);
+    }
+    return v;
+}
+
+int main(void)
+{
+    if (!mt_have_fmnist()) {
+        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+        return 77;
+    }
+    test_server_t srv;
+    test_server_init(&srv);
+    if (test_server_start(&srv, NULL) != 0) {
+        return 1;
+    }
+    char dir[64], ckpt[128], err[512];
+    mt_tempdir(dir, "mkfleet");
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    nn_mlp_config_t cfg = {.in_dim = 784, .n_hidden = 1, .hidden = {8}, .num_classes = 10};
+    nn_mlp_t *m = NULL;
+    carls_ckpt_t *c = NULL;
+    if (nn_mlp_new(&cfg, NN_DEVICE_CPU, 64, 3, &m, err, sizeof err) != 0 || nn_mlp_to_ckpt(m, 42, &c, err, sizeof err) != 0 ||
+        carls_ckpt_save_to_dir(c, ckpt, NULL, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    carls_ckpt_destroy(&c);
+    nn_mlp_destroy(&m);
+
+    /* Embed fleet of three. */
+    const char *embed[] = {"--task", "embed", "--ckpt-dir", ckpt, NULL};
+    s_fleet(srv.endpoint, dir, 3, embed);
+    km_bank_t *bank = km_bank_new(srv.endpoint, 5000);
+    kb_client_t *client = kb_client_new(srv.endpoint, NULL);
+    static uint32_t items[N_ITEMS];
+    static uint64_t ver[N_ITEMS];
+    static int64_t upd[N_ITEMS];
+    for (int i = 0; i < N_ITEMS; i++) {
+        items[i] = (uint32_t)i;
+    }
+    MT_CHECK(km_bank_lookup(bank, "fmnist.emb", items, N_ITEMS, 8, NULL, ver, upd) == 0, "%s", km_bank_error(bank));
+    int ok = 1;
+    for (int i = 0; i < N_ITEMS; i++) {
+        ok = ok && upd[i] != 0 && ver[i] == 42;
+    }
+    MT_CHECK(ok, "some item lacks the step-42 embedding");
+    MT_CHECK(s_stat(client, "fmnist.emb", "rows") == N_ITEMS, "rows %llu", (unsigned long long)s_stat(client, "fmnist.emb", "rows"));
+    MT_CHECK(s_stat(client, "fmnist.emb", "puts") == N_ITEMS, "puts %llu: the fleet did not write each item exactly once",
+             (unsigned long long)s_stat(client, "fmnist.emb", "puts"));
+
+    /* Pixel graph, k = 5, built by two makers. */
+    const char *pixels[] = {"--task", "embed", "--encoder", "pixels", NULL};
+    s_fleet(srv.endpoint, dir, 2, pixels);
+    MT_CHECK(s_stat(client, "fmnist.pixels", "puts") == N_ITEMS, "pixel puts");
+    const char *graph[] = {"--task", "graph", "--source", "pixels", "--k", "5", NULL};
+    s_fleet(srv.endpoint, dir, 2, graph);
+    static uint32_t nbr[N_ITEMS * 5];
+    static float w[N_ITEMS * 5];
+    MT_CHECK(km_bank_get_neighbors(bank, "fmnist.graph", items, N_ITEMS, 5, nbr, w, ver) == 0, "%s", km_bank_error(bank));
+    int full = 1, self = 0, range = 1, order = 1;
+    for (int i = 0; i < N_ITEMS; i++) {
+        for (int j = 0; j < 5; j++) {
+            uint32_t t = nbr[i * 5 + j];
+            full = full && t != KM_NO_ITEM;
+            self += t == (uint32_t)i;
+            range = range && (t == KM_NO_ITEM || t < N_ITEMS) && w[i * 5 + j] >= 0.0f && w[i * 5 + j] <= 1.0001f;
+            order = order && (j == 0 || w[i * 5 + j] <= w[i * 5 + j - 1] + 1e-6f);
+        }
+    }
+    MT_CHECK(full, "an item has fewer than 5 neighbours");
+    MT_CHECK(self == 0, "%d items list themselves", self);
+    MT_CHECK(range, "a neighbour or weight out of range");
+    MT_CHECK(order, "neighbours are not best first");
+
+    /* Label spreading: labels for the unlabelled items only. */
+    const char *label[] = {"--task", "label", "--labels-per-class", "3", "--label-seed", "1", "--k", "5", NULL};
+    s_fleet(srv.endpoint, dir, 1, label);
+    static int32_t lab[N_ITEMS];
+    static float conf[N_ITEMS];
+    MT_CHECK(km_bank_get_labels(bank, "fmnist.labels", items, N_ITEMS, lab, conf, NULL) == 0, "%s", km_bank_error(bank));
+    int labelled = 0, bad = 0;
+    for (int i = 0; i < N_ITEMS; i++) {
+        labelled += lab[i] >= 0;
+        bad += lab[i] >= 10 || (lab[i] >= 0 && !(conf[i] > 0.0f && conf[i] <= 1.0f));
+    }
+    MT_CHECK(labelled == N_ITEMS - 30, "%d items got pseudo-labels, expected the %d unlabelled ones", labelled, N_ITEMS - 30);
+    MT_CHECK(bad == 0, "%d bad labels or confidences", bad);
+    MT_CHECK(s_stat(client, "fmnist.labels", "rows") == N_ITEMS - 30, "label rows");
+
+    kb_client_destroy(&client);
+    km_bank_destroy(&bank);
+    MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
+    if (mt_failures) {
+        fprintf(stderr, "logs in %s\n", dir);
+        return 1;
+    }
+    mt_rmrf(dir);
+    printf("test_maker_fleet: OK\n");
+    return 0;
+}
