@@ -45,7 +45,7 @@ size_t data_text_strip_bible(const char *raw, size_t len, char *out)
         while (p < end && raw[p] >= '0' && raw[p] <= '9')
             p++;
         /* A verse line: indentation, a verse number, one space, the text. Headings start with a letter. */
-        if (p > digits && p > i && p < end && raw[p] == ' ') {
+        if (p > digits && digits > i && p < end && raw[p] == ' ') {
             p++;
             memcpy(out + o, raw + p, end - p);
             o += end - p;

@@ -999,6 +999,80 @@ static int s_knn_out(s_run_t *r, float *queries, size_t nq, uint32_t k, Carls__R
     return 0;
 }
 
+/* One predicted word. */
+typedef struct {
+    char word[DATA_TEXT_MAX_TOKEN + 1];
+    float score;
+} s_pred_t;
+
+/* Top-k predicted context words for nq query (input) vectors q (nq, dim) into out (nq, k; empty words where
+ * fewer exist). The bank's knn over NAME.out answers the rows with the largest inner product u.v, the
+ * sampled-logit score (DynamicEmbedding §3.1.2). Under negative sampling u.v estimates
+ * log P(o|c) - log(K Pn(o)) with Pn the unigram^0.75 noise distribution, so u.v alone ranks by pointwise
+ * mutual information and favours rare words. With prior, the bank's top 20k candidates are re-ranked by
+ * u.v + log Pn(o) = u.v + 0.75 log count(o) + const (the bias b_a of the paper's eq. 14), counts read from
+ * NAME.count: the most probable context words. */
+static int s_predict_topk(s_run_t *r, float *q, size_t nq, uint32_t k, bool prior, s_pred_t *out)
+{
+    uint32_t kk = prior ? (k * 20 < 4096 ? k * 20 : 4096) : k;
+    if (kk < k)
+        kk = k;
+    memset(out, 0, nq * k * sizeof *out);
+    int rc = -1;
+    for (size_t i0 = 0; i0 < nq; i0 += 200) {
+        size_t m = nq - i0 < 200 ? nq - i0 : 200;
+        Carls__Response *resp = NULL;
+        if (s_knn_out(r, q + i0 * r->o.tables.dim, m, kk, &resp) != 0)
+            return -1;
+        size_t nc = m * kk;
+        float *score = carls_xmalloc(nc * sizeof *score);
+        for (size_t j = 0; j < nc; j++)
+            score[j] = resp->knn->keys[j].len ? resp->knn->scores[j] : -INFINITY;
+        if (prior) {
+            kb_key_t *keys = carls_xmalloc(nc * sizeof *keys);
+            kb_row_meta_t *meta = carls_xmalloc(nc * sizeof *meta);
+            float *vals = carls_xmalloc(nc * sizeof *vals);
+            for (size_t j = 0; j < nc; j++)
+                keys[j] = (kb_key_t){resp->knn->keys[j].len ? (const void *)resp->knn->keys[j].data : "-",
+                                     resp->knn->keys[j].len ? resp->knn->keys[j].len : 1};
+            int lrc = kb_client_lookup_ex(r->kb, r->names.count, keys, nc, 1, true, vals, meta);
+            for (size_t j = 0; lrc == 0 && j < nc; j++)
+                score[j] += 0.75f * logf((float)(meta[j].frequency ? meta[j].frequency : 1));
+            free(keys);
+            free(meta);
+            free(vals);
+            if (lrc != 0) {
+                LOG_ERROR("word2vec: predict: reading counts: %s", kb_client_last_error(r->kb));
+                free(score);
+                carls__response__free_unpacked(resp, NULL);
+                return -1;
+            }
+        }
+        for (size_t i = 0; i < m; i++) {
+            s_pred_t *o = out + (i0 + i) * k;
+            uint32_t have = 0;
+            for (uint32_t j = 0; j < kk; j++) {
+                float sc = score[i * kk + j];
+                const ProtobufCBinaryData *key = &resp->knn->keys[i * kk + j];
+                if (!key->len || key->len > DATA_TEXT_MAX_TOKEN || (have == k && sc <= o[k - 1].score))
+                    continue;
+                uint32_t p = have < k ? have++ : k - 1;
+                while (p > 0 && o[p - 1].score < sc) {
+                    o[p] = o[p - 1];
+                    p--;
+                }
+                memcpy(o[p].word, key->data, key->len);
+                o[p].word[key->len] = '\0';
+                o[p].score = sc;
+            }
+        }
+        free(score);
+        carls__response__free_unpacked(resp, NULL);
+    }
+    rc = 0;
+    return rc;
+}
+
 static int s_predict(s_run_t *r)
 {
     uint32_t dim = r->o.tables.dim, k = r->o.predict_k;
@@ -1009,34 +1083,33 @@ static int s_predict(s_run_t *r)
         keys[nq++] = (kb_key_t){w, strlen(w)};
     int rc = -1;
     float *q = carls_xmalloc((nq ? nq : 1) * dim * sizeof(float));
-    Carls__Response *resp = NULL;
+    s_pred_t *pred = carls_xmalloc((nq ? nq : 1) * k * sizeof *pred);
     if (nq == 0 || kb_client_lookup_ex(r->kb, r->names.in, keys, nq, dim, true, q, NULL) != 0) {
         LOG_ERROR("word2vec: predict: %s", nq ? kb_client_last_error(r->kb) : "no words");
         goto cleanup;
     }
-    if (s_knn_out(r, q, nq, k, &resp) != 0)
-        goto cleanup;
-    for (size_t i = 0; i < nq; i++) {
-        printf("predict %.*s:", (int)keys[i].len, (const char *)keys[i].data);
-        for (uint32_t j = 0; j < k; j++) {
-            const ProtobufCBinaryData *kk = &resp->knn->keys[i * k + j];
-            if (kk->len)
-                printf(" %.*s(%.2f)", (int)kk->len, (const char *)kk->data, resp->knn->scores[i * k + j]);
+    for (int prior = 0; prior < 2; prior++) {
+        if (s_predict_topk(r, q, nq, k, prior, pred) != 0)
+            goto cleanup;
+        for (size_t i = 0; i < nq; i++) {
+            printf("predict%s %.*s:", prior ? "+prior" : "", (int)keys[i].len, (const char *)keys[i].data);
+            for (uint32_t j = 0; j < k; j++)
+                if (pred[i * k + j].word[0])
+                    printf(" %s(%.2f)", pred[i * k + j].word, pred[i * k + j].score);
+            printf("\n");
         }
-        printf("\n");
     }
     rc = 0;
 cleanup:
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
+    free(pred);
     free(q);
     free(list);
     return rc;
 }
 
 /* Context prediction scored on n (center, context) pairs of the slice drawn like training pairs (dynamic
- * window), both words admitted: hit@k of the bank's top-k output rows for the center's input vector, against
- * the baseline of always answering the k most counted words. */
+ * window), both words admitted: hit@k of the bank's top-k output rows for the center's input vector (u.v, and
+ * u.v + log Pn), against always answering the k most counted words. */
 static int s_predict_eval(s_run_t *r)
 {
     uint32_t dim = r->o.tables.dim, k = r->o.predict_k, n = r->o.predict_eval;
@@ -1049,9 +1122,12 @@ static int s_predict_eval(s_run_t *r)
     float *vals = carls_xmalloc(2 * n * sizeof *vals);
     float *q = carls_xmalloc((size_t)n * dim * sizeof(float));
     kb_key_t *both = carls_xmalloc(2 * n * sizeof *both);
+    s_pred_t *pred = carls_xmalloc((size_t)n * k * sizeof *pred);
+    uint64_t *topf = carls_xcalloc(k, sizeof *topf);
+    char **topw = carls_xcalloc(k, sizeof *topw);
     uint32_t m = 0;
     int rc = -1;
-    Carls__Response *resp = NULL;
+    uint64_t min_freq = r->o.tables.admission == W2V_ADMIT_FREQUENCY ? r->o.tables.min_count : 1;
     for (int tries = 0; m < n && tries < 100 && lines > 0; tries++) {
         uint32_t want = n - m;
         for (uint32_t j = 0; j < want; j++) {
@@ -1072,11 +1148,10 @@ static int s_predict_eval(s_run_t *r)
             m++;
         }
         /* Keep pairs whose both words the count table admitted. */
-        if (kb_client_lookup_ex(r->kb, r->names.count, both, 2 * (size_t)m, 1, true, vals, meta) != 0) {
+        if (m > 0 && kb_client_lookup_ex(r->kb, r->names.count, both, 2 * (size_t)m, 1, true, vals, meta) != 0) {
             LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
             goto cleanup;
         }
-        uint64_t min_freq = r->o.tables.admission == W2V_ADMIT_FREQUENCY ? r->o.tables.min_count : 1;
         uint32_t kept = 0;
         for (uint32_t j = 0; j < m; j++) {
             if (meta[2 * j].frequency >= min_freq && meta[2 * j + 1].frequency >= min_freq) {
@@ -1097,27 +1172,19 @@ static int s_predict_eval(s_run_t *r)
         LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
         goto cleanup;
     }
-    uint32_t hits = 0;
-    for (uint32_t i0 = 0; i0 < m; i0 += 1000) {
-        uint32_t nq = m - i0 < 1000 ? m - i0 : 1000;
-        if (s_knn_out(r, q + (size_t)i0 * dim, nq, k, &resp) != 0)
+    uint32_t hits[2] = {0, 0};
+    for (int prior = 0; prior < 2; prior++) {
+        if (s_predict_topk(r, q, m, k, prior, pred) != 0)
             goto cleanup;
-        for (uint32_t i = 0; i < nq; i++) {
-            for (uint32_t j = 0; j < k; j++) {
-                const ProtobufCBinaryData *kk = &resp->knn->keys[(size_t)i * k + j];
-                if (kk->len == contexts[i0 + i].len && memcmp(kk->data, contexts[i0 + i].data, kk->len) == 0) {
-                    hits++;
+        for (uint32_t i = 0; i < m; i++)
+            for (uint32_t j = 0; j < k; j++)
+                if (strlen(pred[(size_t)i * k + j].word) == contexts[i].len &&
+                    memcmp(pred[(size_t)i * k + j].word, contexts[i].data, contexts[i].len) == 0) {
+                    hits[prior]++;
                     break;
                 }
-            }
-        }
-        carls__response__free_unpacked(resp, NULL);
-        resp = NULL;
     }
-    /* Baseline: the k most counted words among the pairs' own contexts' counts is not enough; use the
-     * count table's k most frequent rows (a scan). */
-    uint64_t *topf = carls_xcalloc(k, sizeof *topf);
-    char **topw = carls_xcalloc(k, sizeof *topw);
+    /* Baseline: always the k most counted words (a scan of NAME.count). */
     int64_t after = 0;
     for (;;) {
         Carls__Scan op = CARLS__SCAN__INIT;
@@ -1127,10 +1194,15 @@ static int s_predict_eval(s_run_t *r)
         req.table = r->names.count;
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &op;
-        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN)
-            break;
+        Carls__Response *resp = NULL;
+        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
+            LOG_ERROR("word2vec: predict-eval: scanning %s: %s", r->names.count, kb_client_last_error(r->kb));
+            if (resp)
+                carls__response__free_unpacked(resp, NULL);
+            goto cleanup;
+        }
         const Carls__ScanResult *sr = resp->scan;
-        for (size_t i = 0; i < sr->n_keys && i < sr->n_frequencies; i++) {
+        for (size_t i = 0; i < sr->n_keys && i < sr->n_frequencies && i < sr->n_row_ids; i++) {
             after = sr->row_ids[i];
             uint64_t f = sr->frequencies[i];
             if (f <= topf[k - 1])
@@ -1147,26 +1219,26 @@ static int s_predict_eval(s_run_t *r)
         }
         bool done = sr->done || sr->n_keys == 0;
         carls__response__free_unpacked(resp, NULL);
-        resp = NULL;
         if (done)
             break;
     }
     uint32_t base = 0;
     for (uint32_t i = 0; i < m; i++)
         for (uint32_t j = 0; j < k; j++)
-            if (topw[j] && strlen(topw[j]) == contexts[i].len && memcmp(topw[j], contexts[i].data, contexts[i].len) == 0) {
+            if (topw[j] && strlen(topw[j]) == contexts[i].len &&
+                memcmp(topw[j], contexts[i].data, contexts[i].len) == 0) {
                 base++;
                 break;
             }
-    printf("predict_eval pairs=%u hit@%u=%.4f most_frequent_baseline=%.4f\n", m, k, (double)hits / m, (double)base / m);
+    printf("predict_eval pairs=%u k=%u hit_ip=%.4f hit_ip_prior=%.4f most_frequent_baseline=%.4f\n", m, k,
+           (double)hits[0] / m, (double)hits[1] / m, (double)base / m);
+    rc = 0;
+cleanup:
     for (uint32_t j = 0; j < k; j++)
         free(topw[j]);
     free(topw);
     free(topf);
-    rc = 0;
-cleanup:
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
+    free(pred);
     free(centers);
     free(contexts);
     free(meta);
@@ -1174,6 +1246,36 @@ cleanup:
     free(q);
     free(both);
     return rc;
+}
+
+/* Without training (--epochs 0) the tables must exist; their dim replaces --dim. */
+static int s_existing_dim(s_run_t *r)
+{
+    Carls__Response *list = NULL;
+    if (kb_client_list_tables(r->kb, &list) != 0) {
+        LOG_ERROR("word2vec: listing tables: %s", kb_client_last_error(r->kb));
+        return -1;
+    }
+    int found = 0;
+    for (size_t i = 0; i < list->table_list->n_tables; i++) {
+        const Carls__TableInfo *ti = list->table_list->tables[i];
+        if (strcmp(ti->name, r->names.in) == 0 && ti->config && ti->config->dim > 0 &&
+            ti->config->dim <= W2V_MAX_DIM) {
+            r->o.tables.dim = ti->config->dim;
+            found |= 1;
+        }
+        if (strcmp(ti->name, r->names.out) == 0)
+            found |= 2;
+        if (strcmp(ti->name, r->names.count) == 0)
+            found |= 4;
+    }
+    carls__response__free_unpacked(list, NULL);
+    if (found != 7) {
+        LOG_ERROR("word2vec: the bank has no tables %s, %s and %s to read", r->names.in, r->names.out,
+                  r->names.count);
+        return -1;
+    }
+    return 0;
 }
 
 /* Prints the corpus as tokenized, one sentence per line. */
@@ -1224,11 +1326,13 @@ int trainer_word2vec_main(int argc, char **argv)
         LOG_ERROR("word2vec: cannot open a client for %s", r->o.kb);
         goto cleanup;
     }
-    if (w2v_tables_create(r->kb, &r->names, &r->o.tables) != 0) {
+    if (r->o.epochs > 0 && w2v_tables_create(r->kb, &r->names, &r->o.tables) != 0) {
         LOG_ERROR("word2vec: creating tables %s, %s, %s: %s (a table of that name with another config?)",
                   r->names.in, r->names.out, r->names.count, kb_client_last_error(r->kb));
         goto cleanup;
     }
+    if (r->o.epochs == 0 && s_existing_dim(r) != 0)
+        goto cleanup;
     if (r->o.metrics) {
         r->metrics = fopen(r->o.metrics, "w");
         if (!r->metrics) {
