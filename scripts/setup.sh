@@ -9,6 +9,7 @@ PACKAGES=(
   libfaiss-dev libsqlite3-dev libopenblas-dev libcmocka-dev zlib1g-dev
   sqlite3 redis-server gnuplot-nox
   dataset-fashion-mnist
+  bible-kjv-text bible-kjv fasttext
 )
 
 missing=()
