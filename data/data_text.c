@@ -74,7 +74,9 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
     if (len >= UINT32_MAX)
         return s_fail(err, errlen, "corpus of %zu bytes is over the 4 GiB limit", len);
     data_text_t *t = carls_xcalloc(1, sizeof *t);
-    t->text = carls_xmalloc(len + 1);
+    /* Every token is followed by one separator; the separators of most tokens replace a non-word byte of the
+     * input, except after the pieces a long run is cut into (one per DATA_TEXT_MAX_TOKEN bytes). */
+    t->text = carls_xmalloc(len + len / DATA_TEXT_MAX_TOKEN + 2);
     size_t tok_cap = 0, line_cap = 0;
     size_t o = 0;
     size_t line_first = 0; /* first token of the current line */

@@ -142,11 +142,11 @@ static void s_usage(FILE *out)
             "  --admission bloom|frequency|none  NAME.count's admission policy (default bloom: rare words get\n"
             "                           no row at all; frequency: kept in memory, never persisted)\n"
             "  --worker I/N             train on slice I of N of the corpus (default 0/1)\n"
-            "  --batch-tokens N         corpus tokens per batch (default 16384)\n"
+            "  --batch-tokens N         corpus tokens per batch (default 8192)\n"
             "  --pool N                 negatives drawn from the bank per batch; each pair picks its K\n"
-            "                           negatives uniformly from them (default 8192)\n"
+            "                           negatives uniformly from them (default 4096)\n"
             "  --optimizer adagrad|sgd  server-side optimizer (default adagrad)\n"
-            "  --lr LR                  server learning rate (default 0.05 adagrad, 0.025 sgd)\n"
+            "  --lr LR                  server learning rate (default 0.5 adagrad, 0.025 sgd)\n"
             "  --lr-decay linear|none   scale pushed gradients by 1 - progress (default: linear for sgd,\n"
             "                           none for adagrad)\n"
             "  --update lazy|immediate  bank update policy (default lazy)\n"
@@ -196,8 +196,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .subsample = 1e-4f,
         .worker = 0,
         .workers = 1,
-        .batch_tokens = 16384,
-        .pool = 8192,
+        .batch_tokens = 8192,
+        .pool = 4096,
         .lr_decay = -1,
         .count_pass = 1,
         .seed = 1,
@@ -374,7 +374,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         return -1;
     }
     if (o->tables.lr < 0)
-        o->tables.lr = o->tables.adagrad ? 0.05f : 0.025f;
+        o->tables.lr = o->tables.adagrad ? 0.5f : 0.025f;
     if (o->lr_decay < 0)
         o->lr_decay = o->tables.adagrad ? 0 : 1;
     if (o->tables.admission == W2V_ADMIT_NONE)
