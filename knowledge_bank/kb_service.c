@@ -19,6 +19,19 @@ enum {
     OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN, OP_COUNT
 };
 
+/* Per-table request counters (stats: requests by kind, errors, latency). Kept in an open-addressed table of
+ * S_TABLE_SLOTS slots filled lock-free (compare-and-swap on an empty slot) and never emptied, so a reader
+ * never sees a counter freed under it; a dropped table's counters stay (and continue if the name is created
+ * again). Only requests naming an existing table (or creating one) are counted, so clients cannot fill the
+ * slots with made-up names; past S_TABLE_SLOTS tables the rest go uncounted per table. */
+#define S_TABLE_SLOTS 1024
+
+typedef struct {
+    char name[CARLS_MAX_TABLE_NAME_BYTES + 1];
+    atomic_uint_fast64_t errors;    /* requests on the table answered with a non-OK status */
+    kb_latency_t latency[OP_COUNT]; /* per operation: count and latency */
+} s_table_counters_t;
+
 struct kb_service {
     kb_bank_t *bank;
     kb_limits_t limits;
@@ -27,6 +40,8 @@ struct kb_service {
     int64_t started_ms;
     atomic_uint_fast64_t requests, errors, malformed, duplicates;
     kb_latency_t latency[OP_COUNT];
+    _Atomic(s_table_counters_t *) table_counters[S_TABLE_SLOTS];
+    atomic_bool table_counters_full_logged;
 };
 
 static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup", "put",
@@ -63,12 +78,62 @@ void kb_service_destroy(kb_service_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
+    for (size_t i = 0; i < S_TABLE_SLOTS; i++)
+        free(atomic_load(&(*self_p)->table_counters[i]));
     free((*self_p)->durability);
     free(*self_p);
     *self_p = NULL;
 }
 
 void kb_service_count_dropped(kb_service_t *self) { atomic_fetch_add(&self->malformed, 1); }
+
+/* The counters of table `name` (a valid table name), created when create is set; NULL when absent (or when
+ * every slot is taken). */
+static s_table_counters_t *s_table_counters(kb_service_t *self, const char *name, bool create)
+{
+    size_t len = strlen(name);
+    size_t slot = (size_t)carls_hash64(name, len, 0x6b62737461747321ULL) % S_TABLE_SLOTS;
+    s_table_counters_t *fresh = NULL;
+    for (size_t probe = 0; probe < S_TABLE_SLOTS; probe++, slot = (slot + 1) % S_TABLE_SLOTS) {
+        s_table_counters_t *c = atomic_load(&self->table_counters[slot]);
+        if (!c) {
+            if (!create)
+                return NULL;
+            if (!fresh) {
+                fresh = carls_xcalloc(1, sizeof *fresh);
+                memcpy(fresh->name, name, len);
+                for (int i = 0; i < OP_COUNT; i++)
+                    kb_latency_init(&fresh->latency[i]);
+            }
+            if (atomic_compare_exchange_strong(&self->table_counters[slot], &c, fresh))
+                return fresh;
+            /* Another thread filled the slot first: c is its entry; check it like any other. */
+        }
+        if (strcmp(c->name, name) == 0) {
+            free(fresh);
+            return c;
+        }
+    }
+    free(fresh);
+    if (!atomic_exchange(&self->table_counters_full_logged, true))
+        LOG_WARN("stats: more than %d table names seen; further tables are not counted per table", S_TABLE_SLOTS);
+    return NULL;
+}
+
+/* Estimated memory of a table (TableStats.bytes): row headers, values, optimizer state, pending gradient
+ * buffers and the index's own copy of the vectors. Keys, feature records and FAISS's structures are not
+ * counted (the table does not track them). */
+static uint64_t s_table_bytes(kb_table_t *t, const kb_table_stats_t *s)
+{
+    const kb_table_config_t *cfg = kb_table_config(t);
+    uint64_t floats = cfg->kind == KB_TABLE_EMBEDDING
+                          ? (uint64_t)cfg->dim + kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim)
+                          : 0;
+    uint64_t bytes = s->rows * (sizeof(kb_row_t) + floats * sizeof(float));
+    bytes += s->pending_keys * (uint64_t)cfg->max_pending * cfg->dim * sizeof(float);
+    bytes += s->knn.count * (uint64_t)cfg->dim * sizeof(float);
+    return bytes;
+}
 
 /* ---- replies ---- */
 
@@ -427,6 +492,28 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         ts[i].knn_ready = s.knn.ready;
         ts[i].kind = kb_table_config(tables[i])->kind == KB_TABLE_FEATURE ? CARLS__TABLE_KIND__TABLE_FEATURE
                                                                            : CARLS__TABLE_KIND__TABLE_EMBEDDING;
+        ts[i].bytes = s_table_bytes(tables[i], &s);
+        ts[i].knn_failed_builds = s.knn.failed_builds;
+        ts[i].knn_building = s.knn.building;
+        ts[i].knn_last_build_ms = s.knn.last_build_ms;
+        s_table_counters_t *tc = s_table_counters(self, ts[i].name, false);
+        if (tc) {
+            ts[i].request_errors = atomic_load(&tc->errors);
+            Carls__LatencySummary *tl = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *tl));
+            ts[i].requests = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *ts[i].requests));
+            for (int op = 0; op < OP_COUNT; op++) {
+                if (kb_latency_count(&tc->latency[op]) == 0)
+                    continue;
+                Carls__LatencySummary *l = &tl[ts[i].n_requests];
+                carls__latency_summary__init(l);
+                l->op = (char *)s_op_names[op];
+                l->count = kb_latency_count(&tc->latency[op]);
+                l->p50_us = kb_latency_quantile(&tc->latency[op], 0.50);
+                l->p99_us = kb_latency_quantile(&tc->latency[op], 0.99);
+                l->max_us = (double)kb_latency_max(&tc->latency[op]);
+                ts[i].requests[ts[i].n_requests++] = l;
+            }
+        }
         st->tables[i] = &ts[i];
     }
     Carls__LatencySummary *lat = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *lat));
@@ -452,6 +539,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->uptime_ms = (uint64_t)(carls_monotonic_ms() - self->started_ms);
     st->commits = bs.commits;
     st->committed_epoch = bs.committed_epoch;
+    st->rows_written = bs.rows_written;
+    st->commit_failures = bs.commit_failures;
     st->durability = self->durability;
     st->threads = self->threads;
     rp->resp.result_case = CARLS__RESPONSE__RESULT_STATS;
@@ -884,9 +973,51 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     for (size_t i = 0; i < held_n; i++)
         kb_bank_release(self->bank, held[i]);
     free(held);
+    s_table_counters_t *tc = NULL;
+    bool ok = rp->resp.status == CARLS__STATUS_CODE__STATUS_OK;
+    /* Per table: requests that named an existing table, or created one. The name was validated by
+     * s_dispatch for every op that has one (op_index >= 0 means dispatch ran the operation). */
+    if (op_index >= 0 && op_index != OP_LIST && op_index != OP_CHECKPOINT &&
+        rp->resp.status != CARLS__STATUS_CODE__STATUS_NOT_FOUND && req->table && req->table[0] &&
+        carls_table_name_valid(req->table) == 0 && (op_index != OP_CREATE || ok))
+        tc = s_table_counters(self, req->table, true);
+    if (tc && !ok)
+        atomic_fetch_add(&tc->errors, 1);
     s_reply_free(rp);
     if (req)
         carls__request__free_unpacked(req, NULL);
-    if (op_index >= 0)
-        kb_latency_record(&self->latency[op_index], (uint64_t)(carls_monotonic_us() - t0));
+    if (op_index >= 0) {
+        uint64_t us = (uint64_t)(carls_monotonic_us() - t0);
+        kb_latency_record(&self->latency[op_index], us);
+        if (tc)
+            kb_latency_record(&tc->latency[op_index], us);
+    }
+}
+
+int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
+{
+    assert(self && out);
+    *out = NULL;
+    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    carls__response__init(&rp->resp);
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = "";
+    kb_table_t **held = NULL;
+    size_t held_n = 0;
+    int rc = s_op_stats(self, &req, rp, &held, &held_n);
+    if (rc == 0) {
+        /* Packed and unpacked again: the copy owns everything it points to, so the caller frees it with
+         * protobuf-c's free_unpacked and no table is held past this call. */
+        size_t len = carls__stats_result__get_packed_size(&rp->r.stats);
+        uint8_t *buf = carls_xmalloc(len ? len : 1);
+        carls__stats_result__pack(&rp->r.stats, buf);
+        *out = carls__stats_result__unpack(NULL, len, buf);
+        free(buf);
+        rc = *out ? 0 : -1;
+    }
+    for (size_t i = 0; i < held_n; i++)
+        kb_bank_release(self->bank, held[i]);
+    free(held);
+    s_reply_free(rp);
+    return rc;
 }

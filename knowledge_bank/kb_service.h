@@ -44,4 +44,10 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
 /* Counts a frame dropped by the transport before it could be handled (e.g. a multi-part message). */
 void kb_service_count_dropped(kb_service_t *self);
 
+/* The answer a `stats` request for every table would get now (for the Prometheus exporter, kb_metrics.h).
+ * Thread-safe. Returns 0 and *out, which the caller owns and frees with
+ * carls__stats_result__free_unpacked(*out, NULL); -1 (and *out NULL) on failure. The call is not counted as a
+ * request. */
+int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out);
+
 #endif

@@ -1,5 +1,6 @@
 /* kb-server: the knowledge bank's server program. See `kb-server --help` and docs/PROTOCOL.md. */
 #include "kb_bank.h"
+#include "kb_metrics.h"
 #include "kb_knn.h"
 #include "kb_server.h"
 #include "kb_service.h"
@@ -52,6 +53,9 @@ static void s_usage(FILE *out)
             "  --max-keys-per-request N   most keys in one request (default %u)\n"
             "  --commit-timeout-ms N      sync mode: answer INTERNAL if a commit takes longer (default 30000)\n"
             "  --endpoint-file FILE       write the bound endpoint to FILE once listening\n"
+            "  --metrics-port P           serve Prometheus metrics (what `stats` answers) over HTTP on\n"
+            "                             http://ADDRESS:P/metrics (0: a free port, logged)\n"
+            "  --metrics-address ADDR     IPv4 address for --metrics-port (default 127.0.0.1; no auth)\n"
             "  --curve-secret FILE        encrypt with CURVE using this server key (from kb-keygen) ...\n"
             "  --curve-allow PATH         ... and admit only these client public keys (a directory of\n"
             "                             *.pub files, or a file with one key per line); docs/SECURITY.md\n"
@@ -103,11 +107,13 @@ int main(int argc, char **argv)
     const char *curve_secret = NULL, *curve_allow = NULL;
     uint32_t threads = 2;
     uint32_t knn_threads = 1;
+    int metrics_port = -1; /* -1: no metrics server */
+    const char *metrics_address = "127.0.0.1";
     kb_limits_t limits;
     kb_limits_defaults(&limits);
 
     enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
-           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS };
+           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS, O_METRICS_PORT, O_METRICS_ADDR };
     static const struct option options[] = {
         {"listen", required_argument, NULL, O_LISTEN},
         {"data", required_argument, NULL, O_DATA},
@@ -116,6 +122,8 @@ int main(int argc, char **argv)
         {"read-only", no_argument, NULL, O_RO},
         {"shard", required_argument, NULL, O_SHARD},
         {"knn-threads", required_argument, NULL, O_KNN_THREADS},
+        {"metrics-port", required_argument, NULL, O_METRICS_PORT},
+        {"metrics-address", required_argument, NULL, O_METRICS_ADDR},
         {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
         {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"max-message-bytes", required_argument, NULL, O_MSG},
@@ -136,6 +144,16 @@ int main(int argc, char **argv)
         case O_DUR: durability = optarg; break;
         case O_THREADS: threads = s_parse_u32("--threads", optarg, 1); break;
         case O_KNN_THREADS: knn_threads = s_parse_u32("--knn-threads", optarg, 1); break;
+        case O_METRICS_PORT: {
+            uint32_t p = s_parse_u32("--metrics-port", optarg, 0);
+            if (p > 65535) {
+                fprintf(stderr, "kb-server: --metrics-port must be 0..65535, got '%s'\n", optarg);
+                return 2;
+            }
+            metrics_port = (int)p;
+            break;
+        }
+        case O_METRICS_ADDR: metrics_address = optarg; break;
         case O_RO: limits.read_only = true; break;
         case O_SHARD: {
             unsigned i, n;
@@ -217,11 +235,22 @@ int main(int argc, char **argv)
         .curve_allow_path = curve_allow,
     };
     kb_server_t *server = kb_server_new(service, &server_opts, err, sizeof err);
+    kb_metrics_server_t *metrics = NULL;
     int rc = 0;
     if (!server) {
         LOG_ERROR("%s", err);
         rc = 1;
         goto done;
+    }
+    /* Before the endpoint file is written, so whoever waits for that file finds the metrics up too. */
+    if (metrics_port >= 0) {
+        metrics = kb_metrics_server_start(service, metrics_address, (uint16_t)metrics_port, err, sizeof err);
+        if (!metrics) {
+            LOG_ERROR("%s", err);
+            rc = 1;
+            goto done;
+        }
+        LOG_INFO("metrics: http://%s:%u/metrics", metrics_address, kb_metrics_server_port(metrics));
     }
     LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u", data_dir, durability,
              limits.read_only ? ", read-only" : "", limits.shard_index, limits.shard_count ? limits.shard_count : 1);
@@ -232,6 +261,7 @@ int main(int argc, char **argv)
     }
     kb_server_run(server, &s_stop);
 done:
+    kb_metrics_server_stop(&metrics);
     kb_server_destroy(&server);
     kb_service_destroy(&service);
     kb_bank_close(&bank);

@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   libzmq3-dev libczmq-dev libprotobuf-c-dev protobuf-c-compiler
   libfaiss-dev libsqlite3-dev libopenblas-dev libcmocka-dev zlib1g-dev
+  libmicrohttpd-dev libhiredis-dev
   sqlite3 redis-server gnuplot-nox
   dataset-fashion-mnist
   bible-kjv-text bible-kjv fasttext

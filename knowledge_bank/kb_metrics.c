@@ -1,0 +1,360 @@
+#include "kb_metrics.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <assert.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- rendering ---- */
+
+/* Writes a label value with Prometheus's escapes (backslash, double quote, newline). */
+static void s_label(FILE *f, const char *value)
+{
+    for (const char *p = value ? value : ""; *p; p++) {
+        if (*p == '\\')
+            fputs("\\\\", f);
+        else if (*p == '"')
+            fputs("\\\"", f);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*p, f);
+    }
+}
+
+static void s_family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One sample of a metric without labels. */
+static void s_sample(FILE *f, const char *name, double value) { fprintf(f, "%s %.15g\n", name, value); }
+
+/* The per-table metrics that are one number per table. */
+typedef enum {
+    T_ROWS, T_DIM, T_BYTES, T_ERRORS, T_PENDING_KEYS, T_PENDING_GRADIENTS, T_GRAD_RECEIVED, T_GRAD_APPLIED,
+    T_OUTLIERS, T_UPDATES, T_LOOKUPS, T_PUTS, T_NOT_ADMITTED, T_NOT_PERSISTED, T_EVICTIONS, T_KNN_COUNT,
+    T_KNN_INDEXED, T_KNN_PENDING, T_KNN_REBUILDS, T_KNN_FAILED, T_KNN_READY, T_KNN_BUILDING, T_COUNT
+} s_table_metric_t;
+
+static const struct {
+    const char *name, *type, *help;
+} s_table_metrics[T_COUNT] = {
+    [T_ROWS] = {"carls_kb_table_rows", "gauge", "Rows held by the table."},
+    [T_DIM] = {"carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."},
+    [T_BYTES] = {"carls_kb_table_bytes", "gauge",
+                 "Estimated memory held: row headers, values, optimizer state, pending gradients, index copy "
+                 "(keys and feature records not counted)."},
+    [T_ERRORS] = {"carls_kb_table_request_errors_total", "counter",
+                  "Requests on the table answered with a non-OK status."},
+    [T_PENDING_KEYS] = {"carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."},
+    [T_PENDING_GRADIENTS] = {"carls_kb_table_pending_gradients", "gauge", "Gradients waiting to be applied."},
+    [T_GRAD_RECEIVED] = {"carls_kb_table_gradients_received_total", "counter", "Gradient rows pushed."},
+    [T_GRAD_APPLIED] = {"carls_kb_table_gradients_applied_total", "counter",
+                        "Gradient rows that went into an applied average."},
+    [T_OUTLIERS] = {"carls_kb_table_outliers_dropped_total", "counter",
+                    "Gradient rows dropped as outliers by the lazy update."},
+    [T_UPDATES] = {"carls_kb_table_updates_applied_total", "counter", "Optimizer steps taken."},
+    [T_LOOKUPS] = {"carls_kb_table_keys_looked_up_total", "counter", "Keys looked up."},
+    [T_PUTS] = {"carls_kb_table_rows_put_total", "counter", "Rows written by put."},
+    [T_NOT_ADMITTED] = {"carls_kb_table_not_admitted_total", "counter",
+                        "Lookups and pushes of keys the admission policy kept out."},
+    [T_NOT_PERSISTED] = {"carls_kb_table_not_persisted", "gauge",
+                         "Rows held in memory only, below the admission frequency."},
+    [T_EVICTIONS] = {"carls_kb_table_evictions_total", "counter", "Rows dropped by the eviction policy."},
+    [T_KNN_COUNT] = {"carls_kb_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."},
+    [T_KNN_INDEXED] = {"carls_kb_table_index_indexed", "gauge", "Vectors in the FAISS index."},
+    [T_KNN_PENDING] = {"carls_kb_table_index_pending", "gauge",
+                       "Changes the nearest-neighbour index does not reflect yet (staleness)."},
+    [T_KNN_REBUILDS] = {"carls_kb_table_index_builds_total", "counter", "Index builds completed."},
+    [T_KNN_FAILED] = {"carls_kb_table_index_failed_builds_total", "counter", "Index builds that failed."},
+    [T_KNN_READY] = {"carls_kb_table_index_ready", "gauge", "1 when a usable index exists (0: brute force)."},
+    [T_KNN_BUILDING] = {"carls_kb_table_index_building", "gauge", "1 while an index build runs."},
+};
+
+static double s_table_value(const Carls__TableStats *t, s_table_metric_t m)
+{
+    switch (m) {
+    case T_ROWS: return (double)t->rows;
+    case T_DIM: return (double)t->dim;
+    case T_BYTES: return (double)t->bytes;
+    case T_ERRORS: return (double)t->request_errors;
+    case T_PENDING_KEYS: return (double)t->pending_keys;
+    case T_PENDING_GRADIENTS: return (double)t->pending_gradients;
+    case T_GRAD_RECEIVED: return (double)t->gradients_received;
+    case T_GRAD_APPLIED: return (double)t->gradients_applied;
+    case T_OUTLIERS: return (double)t->outliers_dropped;
+    case T_UPDATES: return (double)t->updates_applied;
+    case T_LOOKUPS: return (double)t->lookups;
+    case T_PUTS: return (double)t->puts;
+    case T_NOT_ADMITTED: return (double)t->not_admitted;
+    case T_NOT_PERSISTED: return (double)t->not_persisted;
+    case T_EVICTIONS: return (double)t->evictions;
+    case T_KNN_COUNT: return (double)t->knn_count;
+    case T_KNN_INDEXED: return (double)t->knn_indexed;
+    case T_KNN_PENDING: return (double)t->knn_pending;
+    case T_KNN_REBUILDS: return (double)t->knn_rebuilds;
+    case T_KNN_FAILED: return (double)t->knn_failed_builds;
+    case T_KNN_READY: return t->knn_ready ? 1.0 : 0.0;
+    case T_KNN_BUILDING: return t->knn_building ? 1.0 : 0.0;
+    case T_COUNT: break;
+    }
+    assert(0 && "unknown table metric");
+    return 0.0;
+}
+
+/* Latency quantiles of a list of summaries: name{<labels>,op="...",quantile="q"} seconds. prefix_label is
+ * NULL or the table name. */
+static void s_latency_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
+                              size_t n)
+{
+    static const char *quantiles[3] = {"0.5", "0.99", "1"};
+    for (size_t i = 0; i < n; i++) {
+        double values[3] = {lat[i]->p50_us * 1e-6, lat[i]->p99_us * 1e-6, lat[i]->max_us * 1e-6};
+        for (int q = 0; q < 3; q++) {
+            fprintf(f, "%s{", name);
+            if (table) {
+                fputs("table=\"", f);
+                s_label(f, table);
+                fputs("\",", f);
+            }
+            fputs("op=\"", f);
+            s_label(f, lat[i]->op);
+            fprintf(f, "\",quantile=\"%s\"} %.9g\n", quantiles[q], values[q]);
+        }
+    }
+}
+
+static void s_count_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
+                            size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "%s{", name);
+        if (table) {
+            fputs("table=\"", f);
+            s_label(f, table);
+            fputs("\",", f);
+        }
+        fputs("op=\"", f);
+        s_label(f, lat[i]->op);
+        fprintf(f, "\"} %llu\n", (unsigned long long)lat[i]->count);
+    }
+}
+
+int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len_out)
+{
+    assert(st && text_out && len_out);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -1;
+
+    s_family(f, "carls_kb_uptime_seconds", "gauge", "Seconds since the server started.");
+    s_sample(f, "carls_kb_uptime_seconds", (double)st->uptime_ms / 1000.0);
+    s_family(f, "carls_kb_info", "gauge", "Server settings as labels (value 1).");
+    fputs("carls_kb_info{durability=\"", f);
+    s_label(f, st->durability);
+    fprintf(f, "\",threads=\"%u\"} 1\n", st->threads);
+    s_family(f, "carls_kb_tables", "gauge", "Tables held.");
+    s_sample(f, "carls_kb_tables", (double)st->n_tables);
+    s_family(f, "carls_kb_requests_total", "counter", "Requests handled (every table and operation).");
+    s_sample(f, "carls_kb_requests_total", (double)st->requests);
+    s_family(f, "carls_kb_request_errors_total", "counter", "Requests answered with a non-OK status.");
+    s_sample(f, "carls_kb_request_errors_total", (double)st->errors);
+    s_family(f, "carls_kb_malformed_frames_total", "counter",
+             "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
+    s_sample(f, "carls_kb_malformed_frames_total", (double)st->malformed_frames);
+    s_family(f, "carls_kb_duplicate_writes_total", "counter",
+             "Retried writes recognised by (client id, sequence) and not applied again.");
+    s_sample(f, "carls_kb_duplicate_writes_total", (double)st->duplicate_writes);
+    s_family(f, "carls_kb_commits_total", "counter", "SQLite transactions committed.");
+    s_sample(f, "carls_kb_commits_total", (double)st->commits);
+    s_family(f, "carls_kb_commit_failures_total", "counter", "SQLite commits that failed.");
+    s_sample(f, "carls_kb_commit_failures_total", (double)st->commit_failures);
+    s_family(f, "carls_kb_rows_written_total", "counter", "Row records written to SQLite.");
+    s_sample(f, "carls_kb_rows_written_total", (double)st->rows_written);
+    s_family(f, "carls_kb_committed_epoch", "gauge", "Last committed epoch (group commit number).");
+    s_sample(f, "carls_kb_committed_epoch", (double)st->committed_epoch);
+
+    s_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
+    s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);
+    s_family(f, "carls_kb_op_latency_seconds", "gauge",
+             "Request latency by operation since start: quantiles 0.5 and 0.99 (histogram estimates within "
+             "~19%) and 1 (the maximum).");
+    s_latency_samples(f, "carls_kb_op_latency_seconds", NULL, st->latency, st->n_latency);
+
+    for (int m = 0; m < T_COUNT; m++) {
+        s_family(f, s_table_metrics[m].name, s_table_metrics[m].type, s_table_metrics[m].help);
+        for (size_t i = 0; i < st->n_tables; i++) {
+            fprintf(f, "%s{table=\"", s_table_metrics[m].name);
+            s_label(f, st->tables[i]->name);
+            fprintf(f, "\"} %.15g\n", s_table_value(st->tables[i], (s_table_metric_t)m));
+        }
+    }
+    s_family(f, "carls_kb_table_updates_by_trigger_total", "counter",
+             "Lazy updates applied, by what triggered them: a lookup, max_age_ms, or max_pending.");
+    for (size_t i = 0; i < st->n_tables; i++) {
+        const Carls__TableStats *t = st->tables[i];
+        const char *triggers[3] = {"lookup", "age", "count"};
+        uint64_t values[3] = {t->applied_on_lookup, t->applied_on_age, t->applied_on_count};
+        for (int k = 0; k < 3; k++) {
+            fputs("carls_kb_table_updates_by_trigger_total{table=\"", f);
+            s_label(f, t->name);
+            fprintf(f, "\",trigger=\"%s\"} %llu\n", triggers[k], (unsigned long long)values[k]);
+        }
+    }
+    s_family(f, "carls_kb_table_index_last_build_age_seconds", "gauge",
+             "Seconds since the nearest-neighbour index was last built (tables whose index was built).");
+    int64_t now_ms = carls_wall_ms();
+    for (size_t i = 0; i < st->n_tables; i++) {
+        const Carls__TableStats *t = st->tables[i];
+        if (t->knn_last_build_ms <= 0)
+            continue;
+        double age = (double)(now_ms - t->knn_last_build_ms) / 1000.0;
+        fputs("carls_kb_table_index_last_build_age_seconds{table=\"", f);
+        s_label(f, t->name);
+        fprintf(f, "\"} %.6g\n", age < 0 ? 0.0 : age);
+    }
+    s_family(f, "carls_kb_table_requests_total", "counter", "Requests on the table, by operation.");
+    for (size_t i = 0; i < st->n_tables; i++)
+        s_count_samples(f, "carls_kb_table_requests_total", st->tables[i]->name, st->tables[i]->requests,
+                        st->tables[i]->n_requests);
+    s_family(f, "carls_kb_table_latency_seconds", "gauge",
+             "Request latency on the table by operation: quantiles 0.5, 0.99 and 1 (the maximum).");
+    for (size_t i = 0; i < st->n_tables; i++)
+        s_latency_samples(f, "carls_kb_table_latency_seconds", st->tables[i]->name, st->tables[i]->requests,
+                          st->tables[i]->n_requests);
+
+    if (fclose(f) != 0) {
+        free(text);
+        return -1;
+    }
+    *text_out = text;
+    *len_out = len;
+    return 0;
+}
+
+/* ---- HTTP ---- */
+
+struct kb_metrics_server {
+    kb_service_t *service;
+    struct MHD_Daemon *daemon;
+    uint16_t port;
+    atomic_uint_fast64_t scrapes;
+};
+
+static void s_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    LOG_WARN("metrics http: %s", line);
+}
+
+static enum MHD_Result s_reply_text(struct MHD_Connection *conn, unsigned int status, const char *text)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result rc = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result s_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                               const char *version, const char *upload_data, size_t *upload_data_size,
+                               void **con_cls)
+{
+    (void)version;
+    (void)upload_data;
+    (void)con_cls;
+    kb_metrics_server_t *self = cls;
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    if (!get && !head) {
+        *upload_data_size = 0; /* whatever body came is ignored */
+        return s_reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    }
+    if (strcmp(url, "/metrics") != 0)
+        return s_reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: metrics are on /metrics\n");
+
+    Carls__StatsResult *st = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    if (kb_service_stats_snapshot(self->service, &st) != 0 || kb_metrics_render(st, &text, &len) != 0) {
+        if (st)
+            carls__stats_result__free_unpacked(st, NULL);
+        return s_reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "stats unavailable\n");
+    }
+    carls__stats_result__free_unpacked(st, NULL);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    atomic_fetch_add(&self->scrapes, 1);
+    return rc;
+}
+
+kb_metrics_server_t *kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, char *err,
+                                             size_t errlen)
+{
+    assert(service && address);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    if (inet_pton(AF_INET, address, &addr.sin_addr) != 1) {
+        snprintf(err, errlen, "metrics address '%s' is not an IPv4 address", address);
+        return NULL;
+    }
+    kb_metrics_server_t *self = carls_xcalloc(1, sizeof *self);
+    self->service = service;
+    atomic_init(&self->scrapes, 0);
+    /* The logger first: libmicrohttpd logs option errors as it reads the options. */
+    self->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, port, NULL, NULL, s_handle,
+                                    self, MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+                                    (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)16,
+                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+    if (!self->daemon) {
+        snprintf(err, errlen, "cannot serve metrics on %s:%u (port in use, or not allowed)", address, port);
+        free(self);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    self->port = info ? info->port : port;
+    return self;
+}
+
+uint16_t kb_metrics_server_port(const kb_metrics_server_t *self) { return self->port; }
+
+uint64_t kb_metrics_server_scrapes(const kb_metrics_server_t *self)
+{
+    return atomic_load(&((kb_metrics_server_t *)self)->scrapes);
+}
+
+void kb_metrics_server_stop(kb_metrics_server_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    MHD_stop_daemon((*self_p)->daemon);
+    free(*self_p);
+    *self_p = NULL;
+}

@@ -1,0 +1,47 @@
+/* Prometheus metrics for kb-server: the `stats` answer rendered as Prometheus text (exposition format
+ * 0.0.4) and served over HTTP on /metrics by libmicrohttpd (kb-server --metrics-port).
+ *
+ * Everything a `stats` request answers is exported (kbctl stats shows the same): server-wide request,
+ * error, malformed-frame and duplicate-write counters, commits, uptime, and per operation the request count
+ * and latency quantiles; per table (label table="NAME"): rows, estimated bytes, requests and latency per
+ * operation, request errors, pending gradients, gradients received/applied, outliers dropped, optimizer
+ * steps by trigger, keys looked up, rows put, admission (not admitted / not persisted), evictions, and the
+ * nearest-neighbour index's size, staleness (pending changes, seconds since the last build) and builds.
+ * Counters end in _total; latencies are gauges in seconds with a quantile label (they come from the
+ * server's histograms, known to within ~19%, kb_latency.h). Metric names start with carls_kb_.
+ *
+ * The HTTP server answers GET and HEAD of /metrics (200, text/plain; version=0.0.4), anything else with
+ * 404 or 405. It runs its own thread (libmicrohttpd's internal polling thread), at most 16 connections at a
+ * time with a 10 s idle timeout; each scrape takes a stats snapshot (kb_service_stats_snapshot). There is no
+ * authentication: bind it to loopback (the default) or a trusted network. */
+#ifndef KB_METRICS_H
+#define KB_METRICS_H
+
+#include "carls.pb-c.h"
+#include "kb_service.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Renders stats as Prometheus text. Returns 0 with *text_out (malloc'd, NUL-terminated; caller frees) and
+ * *len_out its length without the NUL, or -1 when memory for the text could not be had. */
+int kb_metrics_render(const Carls__StatsResult *stats, char **text_out, size_t *len_out);
+
+typedef struct kb_metrics_server kb_metrics_server_t;
+
+/* Starts serving /metrics for service (borrowed; it must outlive the server) on address:port. address is an
+ * IPv4 address ("127.0.0.1", "0.0.0.0"); port 0 picks a free port (see kb_metrics_server_port). Returns the
+ * server, or NULL with a one-line reason in err. Caller owns the result. */
+kb_metrics_server_t *kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, char *err,
+                                             size_t errlen);
+
+/* The port actually bound. */
+uint16_t kb_metrics_server_port(const kb_metrics_server_t *self);
+
+/* Scrapes answered so far (GET or HEAD of /metrics). */
+uint64_t kb_metrics_server_scrapes(const kb_metrics_server_t *self);
+
+/* Stops the HTTP thread (waiting for scrapes in progress) and frees the server. Accepts NULL; nulls *self_p. */
+void kb_metrics_server_stop(kb_metrics_server_t **self_p);
+
+#endif

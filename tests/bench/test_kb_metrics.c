@@ -1,0 +1,407 @@
+/* Observability: the stats answer's per-table fields (bytes, requests and latency by operation, errors) and
+ * the Prometheus text that kb-server --metrics-port serves on /metrics. The rendering is checked on a
+ * hand-made stats answer (escaping, grouping), then a real server is scraped over HTTP after known traffic:
+ * every line must be valid exposition format and the numbers must match what was done. */
+#include "kb_client.h"
+#include "kb_metrics.h"
+#include "server_harness.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+/* ---- a small checker of Prometheus text (exposition format 0.0.4) ---- */
+
+#define MAX_FAMILIES 256
+
+typedef struct {
+    char names[MAX_FAMILIES][128];
+    size_t n;
+} families_t;
+
+static bool s_is_name_char(char c, bool first)
+{
+    return isalpha((unsigned char)c) || c == '_' || c == ':' || (!first && isdigit((unsigned char)c));
+}
+
+/* Checks every line of text; fails the test on the first bad one. Samples must follow a TYPE line of their
+ * family (the name, or the name less _count/_sum/_bucket), and each family's TYPE appears once. */
+static void s_check_exposition(const char *text)
+{
+    families_t fam = {.n = 0};
+    const char *line = text;
+    size_t lines = 0;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        assert_non_null(end); /* every line ends with a newline, the last one too */
+        char buf[1024];
+        size_t len = (size_t)(end - line);
+        assert_true(len < sizeof buf);
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        line = end + 1;
+        lines++;
+        if (strncmp(buf, "# HELP ", 7) == 0)
+            continue;
+        if (strncmp(buf, "# TYPE ", 7) == 0) {
+            char name[128], type[32];
+            assert_int_equal(sscanf(buf + 7, "%127s %31s", name, type), 2);
+            assert_true(strcmp(type, "counter") == 0 || strcmp(type, "gauge") == 0 ||
+                        strcmp(type, "summary") == 0 || strcmp(type, "histogram") == 0 ||
+                        strcmp(type, "untyped") == 0);
+            for (size_t i = 0; i < fam.n; i++)
+                if (strcmp(fam.names[i], name) == 0)
+                    fail_msg("TYPE of %s given twice", name);
+            assert_true(fam.n < MAX_FAMILIES);
+            strcpy(fam.names[fam.n++], name);
+            continue;
+        }
+        assert_true(buf[0] != '#'); /* no other comments are written */
+        /* name */
+        size_t i = 0;
+        assert_true(s_is_name_char(buf[0], true));
+        while (s_is_name_char(buf[i], false))
+            i++;
+        char name[128];
+        assert_true(i < sizeof name);
+        memcpy(name, buf, i);
+        name[i] = '\0';
+        assert_true(fam.n > 0);
+        /* the sample belongs to the family declared last */
+        const char *family = fam.names[fam.n - 1];
+        if (strcmp(name, family) != 0)
+            fail_msg("sample %s outside its family (last TYPE was %s)", name, family);
+        /* labels */
+        if (buf[i] == '{') {
+            i++;
+            while (buf[i] != '}') {
+                assert_true(s_is_name_char(buf[i], true));
+                while (s_is_name_char(buf[i], false))
+                    i++;
+                assert_int_equal(buf[i++], '=');
+                assert_int_equal(buf[i++], '"');
+                while (buf[i] != '"') {
+                    assert_true(buf[i] != '\0');
+                    if (buf[i] == '\\') {
+                        i++;
+                        assert_true(buf[i] == '\\' || buf[i] == '"' || buf[i] == 'n');
+                    }
+                    i++;
+                }
+                i++;
+                if (buf[i] == ',')
+                    i++;
+                else
+                    assert_int_equal(buf[i], '}');
+            }
+            i++;
+        }
+        assert_int_equal(buf[i++], ' ');
+        char *vend;
+        double v = strtod(buf + i, &vend);
+        if (vend == buf + i || *vend != '\0')
+            fail_msg("bad value in line '%s'", buf);
+        assert_false(isnan(v));
+    }
+    assert_true(lines > 10);
+}
+
+/* The value of the sample whose line starts with "prefix " (name and labels exactly), or NAN. */
+static double s_value(const char *text, const char *prefix)
+{
+    size_t plen = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, prefix, plen) == 0 && p[plen] == ' ')
+            return strtod(p + plen + 1, NULL);
+    }
+    return NAN;
+}
+
+/* ---- rendering ---- */
+
+static void test_render_escapes_and_groups(void **state)
+{
+    (void)state;
+    Carls__StatsResult st = CARLS__STATS_RESULT__INIT;
+    st.durability = "we\"ird\\mode\n";
+    st.threads = 3;
+    st.requests = 42;
+    st.uptime_ms = 1500;
+    Carls__TableStats t1 = CARLS__TABLE_STATS__INIT, t2 = CARLS__TABLE_STATS__INIT;
+    t1.name = "alpha";
+    t1.rows = 7;
+    t1.knn_ready = true;
+    t2.name = "beta.v2";
+    t2.rows = 9;
+    t2.pending_gradients = 4;
+    Carls__LatencySummary l = CARLS__LATENCY_SUMMARY__INIT;
+    l.op = "lookup";
+    l.count = 5;
+    l.p50_us = 120;
+    l.p99_us = 900;
+    l.max_us = 1000;
+    Carls__LatencySummary *lp = &l;
+    t1.requests = &lp;
+    t1.n_requests = 1;
+    st.latency = &lp;
+    st.n_latency = 1;
+    Carls__TableStats *tables[2] = {&t1, &t2};
+    st.tables = tables;
+    st.n_tables = 2;
+
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(kb_metrics_render(&st, &text, &len), 0);
+    assert_int_equal(strlen(text), len);
+    s_check_exposition(text);
+    assert_non_null(strstr(text, "carls_kb_info{durability=\"we\\\"ird\\\\mode\\n\",threads=\"3\"} 1\n"));
+    assert_true(s_value(text, "carls_kb_requests_total") == 42);
+    assert_true(s_value(text, "carls_kb_uptime_seconds") == 1.5);
+    assert_true(s_value(text, "carls_kb_table_rows{table=\"alpha\"}") == 7);
+    assert_true(s_value(text, "carls_kb_table_rows{table=\"beta.v2\"}") == 9);
+    assert_true(s_value(text, "carls_kb_table_pending_gradients{table=\"beta.v2\"}") == 4);
+    assert_true(s_value(text, "carls_kb_table_index_ready{table=\"alpha\"}") == 1);
+    assert_true(s_value(text, "carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}") == 5);
+    assert_true(fabs(s_value(text, "carls_kb_table_latency_seconds{table=\"alpha\",op=\"lookup\",quantile=\"0.5\"}") -
+                     120e-6) < 1e-12);
+    assert_true(s_value(text, "carls_kb_op_requests_total{op=\"lookup\"}") == 5);
+    assert_true(s_value(text, "carls_kb_op_latency_seconds{op=\"lookup\",quantile=\"1\"}") == 1000e-6);
+    free(text);
+}
+
+/* ---- a real server ---- */
+
+/* GET or another method of path on 127.0.0.1:port over HTTP/1.0; returns the whole answer (malloc'd). */
+static char *s_http(uint16_t port, const char *method, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        assert_true(r >= 0);
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* The metrics port the server logged ("metrics: http://127.0.0.1:PORT/metrics"). */
+static uint16_t s_logged_port(const test_server_t *srv)
+{
+    FILE *f = fopen(srv->log_file, "r");
+    assert_non_null(f);
+    char line[1024];
+    unsigned port = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "metrics: http://127.0.0.1:");
+        if (p)
+            port = (unsigned)strtoul(p + strlen("metrics: http://127.0.0.1:"), NULL, 10);
+    }
+    fclose(f);
+    assert_true(port > 0 && port < 65536);
+    return (uint16_t)port;
+}
+
+/* Each server test owns one server and one client, cleaned up by the teardown even when an assertion
+ * fails (a server left running would keep the test's output pipe open). */
+typedef struct {
+    test_server_t srv;
+    kb_client_t *client;
+} fixture_t;
+
+static int s_setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    test_server_init(&f->srv);
+    *state = f;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    fixture_t *f = *state;
+    kb_client_destroy(&f->client);
+    int status = test_server_cleanup(&f->srv);
+    free(f);
+    return status == 0 ? 0 : -1;
+}
+
+static void test_scrape_real_server(void **state)
+{
+    fixture_t *f = *state;
+    const char *args[] = {"--metrics-port", "0", "--durability", "interval:50", NULL};
+    assert_int_equal(test_server_start(&f->srv, args), 0);
+    uint16_t port = s_logged_port(&f->srv);
+
+    kb_client_options_t opts = {.timeout_ms = 10000, .retries = 1};
+    f->client = kb_client_new(f->srv.endpoint, &opts);
+    kb_client_t *c = f->client;
+    assert_non_null(c);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = 4;
+    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
+    knn.spec = "Flat";
+    cfg.knn = &knn;
+    assert_int_equal(kb_client_create_table(c, "emb", &cfg, false), 0);
+    kb_key_t keys[3] = {{"a", 1}, {"b", 1}, {"c", 1}};
+    float vals[12] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};
+    assert_int_equal(kb_client_put(c, "emb", keys, 3, 4, vals, 1), 0);
+    float out[12];
+    assert_int_equal(kb_client_lookup(c, "emb", keys, 3, 4, out, NULL), 0);
+    assert_int_equal(kb_client_lookup(c, "emb", keys, 2, 4, out, NULL), 0);
+    float grads[8] = {1, 1, 1, 1, 2, 2, 2, 2};
+    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 2, 4, grads), 0);
+    /* an error on the table: wrong dimension */
+    assert_int_equal(kb_client_put(c, "emb", keys, 2, 4, vals, 1), 0);
+    float bad[3] = {1, 2, 3};
+    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 1, 3, bad), KB_CLIENT_ESTATUS);
+    /* a request naming a table that does not exist is not counted per table */
+    assert_int_equal(kb_client_lookup(c, "nosuch", keys, 1, 4, out, NULL), KB_CLIENT_ESTATUS);
+    /* a knn request brings the index up to date with every put */
+    Carls__Knn kq = CARLS__KNN__INIT;
+    ProtobufCBinaryData qkey = {1, (uint8_t *)"a"};
+    kq.keys = &qkey;
+    kq.n_keys = 1;
+    kq.k = 2;
+    Carls__Request kreq = CARLS__REQUEST__INIT;
+    kreq.table = "emb";
+    kreq.op_case = CARLS__REQUEST__OP_KNN;
+    kreq.knn = &kq;
+    Carls__Response *kresp = NULL;
+    assert_int_equal(kb_client_call(c, &kreq, &kresp), 0);
+    carls__response__free_unpacked(kresp, NULL);
+
+    /* stats over the protocol carries the new per-table fields */
+    Carls__Response *resp = NULL;
+    assert_int_equal(kb_client_stats(c, "", &resp), 0);
+    Carls__StatsResult *st = resp->stats;
+    assert_int_equal(st->n_tables, 1);
+    Carls__TableStats *t = st->tables[0];
+    assert_string_equal(t->name, "emb");
+    assert_int_equal(t->rows, 3);
+    assert_true(t->bytes >= 3 * 4 * sizeof(float) * 2); /* values plus the index copy at least */
+    assert_int_equal(t->request_errors, 1);
+    uint64_t lookups = 0, puts = 0, pushes = 0, creates = 0;
+    for (size_t i = 0; i < t->n_requests; i++) {
+        const Carls__LatencySummary *l = t->requests[i];
+        assert_true(l->p50_us > 0 && l->p99_us >= l->p50_us);
+        if (strcmp(l->op, "lookup") == 0)
+            lookups = l->count;
+        else if (strcmp(l->op, "put") == 0)
+            puts = l->count;
+        else if (strcmp(l->op, "push_gradients") == 0)
+            pushes = l->count;
+        else if (strcmp(l->op, "create_table") == 0)
+            creates = l->count;
+    }
+    assert_int_equal(lookups, 2);
+    assert_int_equal(puts, 2);
+    assert_int_equal(pushes, 2);
+    assert_int_equal(creates, 1);
+    carls__response__free_unpacked(resp, NULL);
+
+    char *answer = s_http(port, "GET", "/metrics");
+    assert_true(strncmp(answer, "HTTP/1.", 7) == 0);
+    assert_non_null(strstr(answer, " 200 "));
+    assert_non_null(strstr(answer, "text/plain; version=0.0.4"));
+    const char *body = strstr(answer, "\r\n\r\n");
+    assert_non_null(body);
+    body += 4;
+    s_check_exposition(body);
+    assert_true(s_value(body, "carls_kb_table_rows{table=\"emb\"}") == 3);
+    assert_true(s_value(body, "carls_kb_table_dim{table=\"emb\"}") == 4);
+    assert_true(s_value(body, "carls_kb_table_bytes{table=\"emb\"}") >= 96);
+    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}") == 2);
+    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}") == 2);
+    assert_true(s_value(body, "carls_kb_table_request_errors_total{table=\"emb\"}") == 1);
+    assert_true(s_value(body, "carls_kb_table_keys_looked_up_total{table=\"emb\"}") == 5);
+    assert_true(s_value(body, "carls_kb_table_rows_put_total{table=\"emb\"}") == 5);
+    assert_true(s_value(body, "carls_kb_table_gradients_received_total{table=\"emb\"}") == 2);
+    assert_true(s_value(body, "carls_kb_table_index_vectors{table=\"emb\"}") == 3);
+    assert_false(isnan(s_value(body, "carls_kb_table_pending_gradients{table=\"emb\"}")));
+    assert_false(isnan(s_value(body, "carls_kb_table_outliers_dropped_total{table=\"emb\"}")));
+    assert_false(isnan(s_value(body, "carls_kb_table_evictions_total{table=\"emb\"}")));
+    assert_false(isnan(s_value(body, "carls_kb_table_not_admitted_total{table=\"emb\"}")));
+    assert_false(isnan(s_value(body, "carls_kb_table_index_pending{table=\"emb\"}")));
+    assert_true(s_value(body, "carls_kb_table_latency_seconds{table=\"emb\",op=\"lookup\",quantile=\"0.99\"}") > 0);
+    assert_true(s_value(body, "carls_kb_op_requests_total{op=\"stats\"}") == 1);
+    assert_true(s_value(body, "carls_kb_request_errors_total") == 2);
+    assert_true(isnan(s_value(body, "carls_kb_table_rows{table=\"nosuch\"}")));
+    assert_null(strstr(body, "nosuch"));
+    assert_non_null(strstr(body, "carls_kb_info{durability=\"interval:50\",threads=\"2\"} 1\n"));
+    free(answer);
+
+    answer = s_http(port, "HEAD", "/metrics");
+    assert_non_null(strstr(answer, " 200 "));
+    free(answer);
+    answer = s_http(port, "GET", "/");
+    assert_non_null(strstr(answer, " 404 "));
+    free(answer);
+    answer = s_http(port, "POST", "/metrics");
+    assert_non_null(strstr(answer, " 405 "));
+    free(answer);
+    /* the server still serves the protocol and scrapes */
+    assert_int_equal(kb_client_lookup(c, "emb", keys, 1, 4, out, NULL), 0);
+    answer = s_http(port, "GET", "/metrics");
+    assert_non_null(strstr(answer, " 200 "));
+    free(answer);
+}
+
+static void test_metrics_port_in_use_fails(void **state)
+{
+    fixture_t *f = *state;
+    /* Hold a port, then ask a server for it: it must refuse to start rather than run without metrics. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    socklen_t alen = sizeof addr;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &alen), 0);
+    char port[16];
+    snprintf(port, sizeof port, "%u", ntohs(addr.sin_port));
+    const char *args[] = {"--metrics-port", port, NULL};
+    int rc = test_server_start(&f->srv, args);
+    close(fd);
+    assert_int_not_equal(rc, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_render_escapes_and_groups),
+        cmocka_unit_test_setup_teardown(test_scrape_real_server, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
