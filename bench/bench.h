@@ -1,0 +1,175 @@
+/* kb-bench internals: the shared pieces of the benchmark program (bench_main.c).
+ *
+ *   bench_util.c  options, clocks, the timed multi-thread runner and its latency percentiles, results
+ *                 (table for people, one JSON object per line for scripts), child processes (kb-server,
+ *                 redis-server), free loopback ports, data directories.
+ *   bench_ref.c   the reference points measured in the same run: a raw ZeroMQ DEALER/ROUTER echo of given
+ *                 request/reply sizes, Redis (MGET, pipelined SET; through hiredis), and FAISS in-process
+ *                 (knowledge_bank/kb_knn.h, the index code the server uses).
+ *   bench_kb.c    the kb-server workloads: lookup, push, put, knn, mixed, sharded lookups.
+ *
+ * Keys are "k" + 9 decimal digits of the key index (bench_key), the same bytes for kb and Redis; values are
+ * dim float32s from a seeded generator. Every case runs for a fixed time after a short warm-up; throughput
+ * is units (embeddings, rows, queries) per second of that window, latency is per request (one batch). */
+#ifndef KB_BENCH_H
+#define KB_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* ---- options ---- */
+
+typedef struct {
+    uint32_t dim;          /* embedding dimension */
+    uint32_t batch;        /* keys per lookup / rows per push or put */
+    uint32_t keys;         /* rows in the lookup/push/put table */
+    uint32_t clients;      /* client threads per case */
+    double seconds;        /* measured time per case */
+    double warmup;         /* seconds before measuring */
+    double mixed_seconds;  /* the mixed-load case */
+    uint32_t knn_batch;    /* queries per knn request */
+    uint32_t knn_k;        /* neighbours per query */
+    uint32_t knn_rows[4];  /* table sizes for the knn cases (0-terminated) */
+    uint32_t shard_counts[4];  /* shard scaling (0-terminated) */
+    uint32_t row_counts[5];    /* row-count scaling (0-terminated) */
+    uint32_t server_threads;   /* kb-server --threads */
+    uint32_t knn_threads;      /* kb-server --knn-threads, and the in-process FAISS reference */
+    const char *interval;      /* durability of the interval-mode server, e.g. "interval:1000" */
+    const char *cases;         /* comma list of case groups to run, NULL = all */
+    const char *kb_server;     /* path of kb-server */
+    const char *redis_server;  /* path of redis-server ("" disables Redis) */
+    const char *connect;       /* NULL: start servers; else endpoints of running servers (shard order) */
+    const char *data_dir;      /* where started servers keep their data; NULL: a fresh directory in /tmp */
+    bool keep_data;
+    bool json;
+    bool verbose;
+    const char *mode;          /* "quick", "smoke", "full" or "custom": printed with the results */
+} bench_opts_t;
+
+/* Whether case group `name` (lookup, push, put, knn, mixed, shards, rows) is selected by opts->cases. */
+bool bench_selected(const bench_opts_t *opts, const char *name);
+
+/* ---- clocks and random numbers ---- */
+
+double bench_now(void); /* monotonic seconds */
+uint64_t bench_rand(uint64_t *state);
+/* Uniform in [0, n). */
+uint32_t bench_rand_below(uint64_t *state, uint32_t n);
+/* Standard normal (Box-Muller). */
+float bench_normal(uint64_t *state);
+/* The key of index i: "k" + 9 digits, written to buf (at least 16 bytes); returns its length (10). */
+size_t bench_key(uint32_t i, char *buf);
+/* Deterministic value of key i: dim floats. */
+void bench_value(uint32_t i, uint32_t dim, float *out);
+/* The 1-minute load average, or -1. */
+double bench_load1(void);
+
+/* ---- the timed runner ---- */
+
+/* One worker thread's operation: does one request and adds the units it moved (embeddings, rows,
+ * queries) to *units. Returns 0, or -1 on failure (with a message in err), which ends the case. */
+typedef int (*bench_op_fn)(void *thread_state, uint64_t *rng, uint64_t *units, char *err, size_t errlen);
+
+typedef struct {
+    void *(*thread_new)(void *arg, uint32_t thread_index); /* per-thread state (client, buffers); NULL fails */
+    void (*thread_free)(void *thread_state);
+    bench_op_fn op;
+    void *arg;
+} bench_workload_t;
+
+typedef struct {
+    double seconds;       /* the measured window */
+    uint64_t ops;         /* requests completed in it */
+    uint64_t units;       /* units moved in it */
+    double rate;          /* units per second */
+    double op_rate;       /* requests per second */
+    double p50_us, p99_us, mean_us; /* per-request latency */
+    bool failed;
+    char error[256];
+} bench_measure_t;
+
+/* Runs the workload on `threads` threads: each runs its op for warmup seconds, then all measure for
+ * seconds. Returns 0 (results in *out), or -1 when a thread failed (out->error says why). */
+int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double seconds, bench_measure_t *out);
+
+/* ---- results ---- */
+
+typedef struct {
+    const char *name;        /* e.g. "lookup.throughput" */
+    double value;
+    const char *unit;        /* "emb/s", "us", "rows/s", "queries/s" */
+    const char *reference;   /* what it is compared with, e.g. "redis.mget" ("" for none) */
+    double reference_value;  /* NAN when unavailable */
+    bool lower_is_better;    /* latency: ratio = value / reference and "better" means below */
+    const char *target;      /* the target text, e.g. "<= 1.5" (ratio), or NULL */
+    double target_ratio;     /* the bound the target sets on the ratio */
+    double p50_us, p99_us;   /* per-request latency of the case (NAN when not measured) */
+    uint32_t clients, batch, shards;
+    uint64_t rows;
+    const char *note;        /* short remark (why unavailable...), or NULL */
+} bench_result_t;
+
+/* Prints one result (table row or JSON line) at once, and remembers it for the summary. */
+void bench_report(const bench_opts_t *opts, const bench_result_t *r);
+/* Prints the table header (people) once. */
+void bench_report_begin(const bench_opts_t *opts);
+/* Prints the footer: load average, cores, elapsed time, targets met/missed. */
+void bench_report_end(const bench_opts_t *opts, double elapsed_s);
+/* Number of results reported so far, and how many of them failed (value not finite). */
+size_t bench_report_count(void);
+
+/* Progress lines on stderr (people only; quiet with --json unless --verbose). */
+void bench_progress(const bench_opts_t *opts, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- child processes ---- */
+
+typedef struct {
+    pid_t pid;
+    char endpoint[256];  /* kb-server: tcp://127.0.0.1:PORT */
+    char dir[512];       /* its data directory (removed by bench_server_stop unless keep) */
+    char log[600];
+    uint16_t port;       /* redis-server */
+} bench_proc_t;
+
+/* A fresh directory under opts->data_dir (or /tmp) for one server; 0 or -1. */
+int bench_make_dir(const bench_opts_t *opts, const char *tag, char *out, size_t outlen);
+
+/* Starts kb-server with its data in a fresh directory, on a free loopback port, with extra arguments
+ * (NULL-terminated), and waits until it answers. 0 or -1 (logged). */
+int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const *extra, bench_proc_t *out);
+
+/* Starts redis-server on a free loopback port without persistence and waits for PING. -1 when Redis is
+ * missing or does not start (the caller reports the reference as unavailable). */
+int bench_redis_start(const bench_opts_t *opts, bench_proc_t *out);
+
+/* SIGTERM, wait (SIGKILL after 30 s), remove the data directory unless keep. Accepts pid 0. */
+void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p);
+
+/* ---- references (bench_ref.c) ---- */
+
+/* ZeroMQ echo over TCP loopback: a ROUTER thread answers every request_bytes message with reply_bytes.
+ * clients DEALER threads, one message in flight each. Units: `units_per_op` per round trip. */
+int bench_zmq_echo(const bench_opts_t *opts, size_t request_bytes, size_t reply_bytes, uint64_t units_per_op,
+                   bench_measure_t *out);
+
+/* Redis on port: loads opts->keys keys with dim*4-byte values (pipelined), then measures MGET of batch random
+ * keys (units: keys) into *mget and pipelined SET of batch keys (units: rows) into *set. */
+int bench_redis(const bench_opts_t *opts, uint16_t port, bench_measure_t *mget, bench_measure_t *set);
+
+/* In-process FAISS through kb_knn: an index of spec over rows (n x dim), queried by clients threads with
+ * batches of opts->knn_batch queries drawn like the server case's. Units: queries. */
+int bench_faiss(const bench_opts_t *opts, const char *spec, const float *rows, uint32_t n, bench_measure_t *out,
+                double *build_s);
+
+/* Query vectors for knn: a stored row plus small noise. */
+void bench_knn_queries(const float *rows, uint32_t n, uint32_t dim, uint32_t nq, uint64_t *rng, float *out);
+
+/* ---- kb workloads (bench_kb.c) ---- */
+
+/* Runs every selected kb case and its references, reporting as it goes. Returns 0, or -1 when a kb case
+ * failed (the failure is reported too). */
+int bench_kb_all(const bench_opts_t *opts);
+
+#endif

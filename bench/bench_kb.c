@@ -1,0 +1,1194 @@
+/* kb-bench: the kb-server workloads and how each is compared with its reference (see bench.h and
+ * docs/BENCHMARKS.md, "Knowledge bank"). */
+#include "bench.h"
+
+#include "kb_client.h"
+#include "protocol.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define S_MAX_SHARDS 8
+#define S_LOAD_BATCH 5000u /* rows per put while loading a table */
+#define S_TABLE "emb"
+
+/* ---- connections: one kb_client per shard ---- */
+
+/* Copies an endpoint into a 256-byte slot (kb-server endpoints are far shorter). */
+static void s_ep(char *dst, const char *src)
+{
+    size_t n = strnlen(src, 255);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+typedef struct {
+    uint32_t shards;
+    kb_client_t *c[S_MAX_SHARDS];
+} s_conn_t;
+
+static int s_conn_open(s_conn_t *conn, char endpoints[][256], uint32_t shards)
+{
+    memset(conn, 0, sizeof *conn);
+    conn->shards = shards;
+    kb_client_options_t o = {.timeout_ms = 120000, .retries = 0};
+    for (uint32_t s = 0; s < shards; s++) {
+        conn->c[s] = kb_client_new(endpoints[s], &o);
+        if (!conn->c[s])
+            return -1;
+    }
+    return 0;
+}
+
+static void s_conn_close(s_conn_t *conn)
+{
+    for (uint32_t s = 0; s < conn->shards; s++)
+        kb_client_destroy(&conn->c[s]);
+}
+
+/* Sends one request per shard holding keys (idx[s][0..n[s]) of keys) and waits for every answer. build fills
+ * the request's operation for shard s. Answers are handed to `take` in shard order. */
+typedef void (*s_build_fn)(void *ctx, uint32_t shard, Carls__Request *req);
+typedef int (*s_take_fn)(void *ctx, uint32_t shard, const Carls__Response *resp, char *err, size_t errlen);
+
+static int s_fanout(s_conn_t *conn, const bool *active, s_build_fn build, s_take_fn take, void *ctx, char *err,
+                    size_t errlen)
+{
+    uint64_t ids[S_MAX_SHARDS];
+    int rc = 0;
+    bool sent[S_MAX_SHARDS] = {false};
+    for (uint32_t s = 0; s < conn->shards; s++) {
+        if (!active[s])
+            continue;
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = S_TABLE;
+        build(ctx, s, &req);
+        if (kb_client_send(conn->c[s], &req, &ids[s]) != 0) {
+            snprintf(err, errlen, "shard %u: %s", s, kb_client_last_error(conn->c[s]));
+            rc = -1;
+            break;
+        }
+        sent[s] = true;
+    }
+    for (uint32_t s = 0; s < conn->shards; s++) {
+        if (!sent[s])
+            continue;
+        Carls__Response *resp = NULL;
+        int w = kb_client_wait(conn->c[s], ids[s], &resp);
+        if (w != 0) {
+            if (rc == 0)
+                snprintf(err, errlen, "shard %u: %s", s, kb_client_last_error(conn->c[s]));
+            rc = -1;
+        } else if (rc == 0 && take && take(ctx, s, resp, err, errlen) != 0) {
+            rc = -1;
+        }
+        if (resp)
+            carls__response__free_unpacked(resp, NULL);
+    }
+    return rc;
+}
+
+/* Per-call scratch for routed batches. */
+typedef struct {
+    uint32_t dim;
+    size_t n;
+    const ProtobufCBinaryData *keys; /* n */
+    const float *values;             /* n * dim (put) */
+    float *out;                      /* n * dim (lookup) */
+    uint64_t version;
+    /* routing */
+    uint32_t *shard_of;              /* n */
+    ProtobufCBinaryData *skeys[S_MAX_SHARDS];
+    float *svalues[S_MAX_SHARDS];
+    size_t *spos[S_MAX_SHARDS];      /* caller positions */
+    size_t sn[S_MAX_SHARDS];
+    Carls__Lookup lookup[S_MAX_SHARDS];
+    Carls__Put put[S_MAX_SHARDS];
+} s_route_t;
+
+static void s_route_init(s_route_t *r, uint32_t shards, size_t cap, uint32_t dim)
+{
+    memset(r, 0, sizeof *r);
+    r->dim = dim;
+    r->shard_of = carls_xmalloc(cap * sizeof *r->shard_of);
+    for (uint32_t s = 0; s < shards; s++) {
+        r->skeys[s] = carls_xmalloc(cap * sizeof **r->skeys);
+        r->svalues[s] = carls_xmalloc(cap * dim * sizeof(float));
+        r->spos[s] = carls_xmalloc(cap * sizeof **r->spos);
+    }
+}
+
+static void s_route_free(s_route_t *r)
+{
+    free(r->shard_of);
+    for (uint32_t s = 0; s < S_MAX_SHARDS; s++) {
+        free(r->skeys[s]);
+        free(r->svalues[s]);
+        free(r->spos[s]);
+    }
+}
+
+static void s_route_split(s_route_t *r, uint32_t shards, bool with_values, bool *active)
+{
+    for (uint32_t s = 0; s < shards; s++)
+        r->sn[s] = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        uint32_t s = shards > 1 ? carls_shard_of(r->keys[i].data, r->keys[i].len, shards) : 0;
+        size_t j = r->sn[s]++;
+        r->skeys[s][j] = r->keys[i];
+        r->spos[s][j] = i;
+        if (with_values)
+            memcpy(r->svalues[s] + j * r->dim, r->values + i * r->dim, r->dim * sizeof(float));
+    }
+    for (uint32_t s = 0; s < shards; s++)
+        active[s] = r->sn[s] > 0;
+}
+
+static void s_build_lookup(void *ctx, uint32_t s, Carls__Request *req)
+{
+    s_route_t *r = ctx;
+    carls__lookup__init(&r->lookup[s]);
+    r->lookup[s].keys = r->skeys[s];
+    r->lookup[s].n_keys = r->sn[s];
+    req->op_case = CARLS__REQUEST__OP_LOOKUP;
+    req->lookup = &r->lookup[s];
+}
+
+static int s_take_lookup(void *ctx, uint32_t s, const Carls__Response *resp, char *err, size_t errlen)
+{
+    s_route_t *r = ctx;
+    if (resp->result_case != CARLS__RESPONSE__RESULT_LOOKUP || resp->lookup->n_values != r->sn[s] * r->dim) {
+        snprintf(err, errlen, "shard %u: bad lookup answer", s);
+        return -1;
+    }
+    for (size_t j = 0; j < r->sn[s]; j++)
+        memcpy(r->out + r->spos[s][j] * r->dim, resp->lookup->values + j * r->dim, r->dim * sizeof(float));
+    return 0;
+}
+
+static void s_build_put(void *ctx, uint32_t s, Carls__Request *req)
+{
+    s_route_t *r = ctx;
+    carls__put__init(&r->put[s]);
+    r->put[s].keys = r->skeys[s];
+    r->put[s].n_keys = r->sn[s];
+    r->put[s].values = r->svalues[s];
+    r->put[s].n_values = r->sn[s] * r->dim;
+    r->put[s].version = r->version;
+    req->op_case = CARLS__REQUEST__OP_PUT;
+    req->put = &r->put[s];
+}
+
+/* Routed lookup / put of r->n keys. */
+static int s_lookup(s_conn_t *conn, s_route_t *r, char *err, size_t errlen)
+{
+    bool active[S_MAX_SHARDS];
+    s_route_split(r, conn->shards, false, active);
+    return s_fanout(conn, active, s_build_lookup, s_take_lookup, r, err, errlen);
+}
+
+static int s_put(s_conn_t *conn, s_route_t *r, char *err, size_t errlen)
+{
+    bool active[S_MAX_SHARDS];
+    s_route_split(r, conn->shards, true, active);
+    return s_fanout(conn, active, s_build_put, NULL, r, err, errlen);
+}
+
+/* ---- tables ---- */
+
+static int s_create(s_conn_t *conn, uint32_t dim, const char *knn_spec)
+{
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = dim;
+    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
+    if (knn_spec) {
+        knn.spec = (char *)knn_spec;
+        knn.metric = CARLS__KNN_METRIC__METRIC_L2;
+        cfg.knn = &knn;
+    }
+    for (uint32_t s = 0; s < conn->shards; s++) {
+        if (kb_client_create_table(conn->c[s], S_TABLE, &cfg, true) != 0) {
+            fprintf(stderr, "kb-bench: create table: %s\n", kb_client_last_error(conn->c[s]));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Puts rows [from, to) with their bench_value (or rows[] when given) in batches. */
+static int s_load(s_conn_t *conn, uint32_t dim, uint32_t from, uint32_t to, const float *rows)
+{
+    s_route_t r;
+    s_route_init(&r, conn->shards, S_LOAD_BATCH, dim);
+    ProtobufCBinaryData *keys = carls_xmalloc(S_LOAD_BATCH * sizeof *keys);
+    char *kbuf = carls_xmalloc((size_t)S_LOAD_BATCH * 16);
+    float *vals = carls_xmalloc((size_t)S_LOAD_BATCH * dim * sizeof(float));
+    char err[512] = "";
+    int rc = 0;
+    for (uint32_t s = from; s < to && rc == 0; s += S_LOAD_BATCH) {
+        uint32_t m = to - s < S_LOAD_BATCH ? to - s : S_LOAD_BATCH;
+        for (uint32_t i = 0; i < m; i++) {
+            keys[i].len = bench_key(s + i, kbuf + (size_t)i * 16);
+            keys[i].data = (uint8_t *)kbuf + (size_t)i * 16;
+            if (rows)
+                memcpy(vals + (size_t)i * dim, rows + (size_t)(s + i) * dim, dim * sizeof(float));
+            else
+                bench_value(s + i, dim, vals + (size_t)i * dim);
+        }
+        r.n = m;
+        r.keys = keys;
+        r.values = vals;
+        r.version = 1;
+        rc = s_put(conn, &r, err, sizeof err);
+    }
+    if (rc != 0)
+        fprintf(stderr, "kb-bench: loading rows: %s\n", err);
+    free(keys);
+    free(kbuf);
+    free(vals);
+    s_route_free(&r);
+    return rc;
+}
+
+/* The table's stats on shard s (a copy of the fields used here). */
+typedef struct {
+    uint64_t rows, pending_gradients, gradients_received, gradients_applied, outliers_dropped;
+    uint64_t knn_count, knn_indexed, knn_pending;
+    bool knn_ready, knn_building;
+} s_tstats_t;
+
+static int s_stats(kb_client_t *c, s_tstats_t *out)
+{
+    Carls__Response *resp = NULL;
+    if (kb_client_stats(c, S_TABLE, &resp) != 0) {
+        fprintf(stderr, "kb-bench: stats: %s\n", kb_client_last_error(c));
+        if (resp)
+            carls__response__free_unpacked(resp, NULL);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    if (resp->stats->n_tables == 1) {
+        const Carls__TableStats *t = resp->stats->tables[0];
+        out->rows = t->rows;
+        out->pending_gradients = t->pending_gradients;
+        out->gradients_received = t->gradients_received;
+        out->gradients_applied = t->gradients_applied;
+        out->outliers_dropped = t->outliers_dropped;
+        out->knn_count = t->knn_count;
+        out->knn_indexed = t->knn_indexed;
+        out->knn_pending = t->knn_pending;
+        out->knn_ready = t->knn_ready;
+        out->knn_building = t->knn_building;
+    }
+    carls__response__free_unpacked(resp, NULL);
+    return 0;
+}
+
+/* Resident memory of a process in bytes (VmRSS), or 0. */
+static uint64_t s_rss_bytes(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %llu kB", (unsigned long long *)&kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* ---- workloads ---- */
+
+typedef struct {
+    const bench_opts_t *opts;
+    char (*endpoints)[256];
+    uint32_t shards;
+    uint32_t keys; /* keys drawn from [0, keys) */
+    uint32_t batch;
+    const float *rows; /* knn: the table's rows, for queries */
+    uint32_t n_rows;
+} s_kb_arg_t;
+
+typedef struct {
+    s_kb_arg_t *a;
+    s_conn_t conn;
+    s_route_t route;
+    ProtobufCBinaryData *keys;
+    char *kbuf;
+    float *vals, *out;
+    kb_key_t *ckeys;
+    uint64_t version;
+    bool trainer_push; /* mixed: push after each lookup */
+} s_kb_thread_t;
+
+static void s_kb_thread_free(void *state)
+{
+    s_kb_thread_t *t = state;
+    s_conn_close(&t->conn);
+    s_route_free(&t->route);
+    free(t->keys);
+    free(t->kbuf);
+    free(t->vals);
+    free(t->out);
+    free(t->ckeys);
+    free(t);
+}
+
+static void *s_kb_thread_new(void *arg, uint32_t index)
+{
+    (void)index;
+    s_kb_arg_t *a = arg;
+    s_kb_thread_t *t = carls_xcalloc(1, sizeof *t);
+    t->a = a;
+    uint32_t dim = a->opts->dim;
+    size_t cap = a->batch > a->opts->knn_batch ? a->batch : a->opts->knn_batch;
+    s_route_init(&t->route, a->shards, cap, dim);
+    t->keys = carls_xmalloc(cap * sizeof *t->keys);
+    t->ckeys = carls_xmalloc(cap * sizeof *t->ckeys);
+    t->kbuf = carls_xmalloc(cap * 16);
+    t->vals = carls_xmalloc(cap * dim * sizeof(float));
+    t->out = carls_xmalloc(cap * dim * sizeof(float));
+    if (s_conn_open(&t->conn, a->endpoints, a->shards) != 0) {
+        s_kb_thread_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void s_draw_keys(s_kb_thread_t *t, uint64_t *rng, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        char *k = t->kbuf + (size_t)i * 16;
+        size_t len = bench_key(bench_rand_below(rng, t->a->keys), k);
+        t->keys[i].data = (uint8_t *)k;
+        t->keys[i].len = len;
+        t->ckeys[i].data = k;
+        t->ckeys[i].len = len;
+    }
+}
+
+/* A trainer's read: lookup of batch random keys (kb_client_lookup when unsharded, as an application
+ * would call it; routed to every shard in parallel otherwise). */
+static int s_op_lookup(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    uint32_t b = t->a->batch, dim = t->a->opts->dim;
+    s_draw_keys(t, rng, b);
+    if (t->conn.shards == 1) {
+        if (kb_client_lookup(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
+            snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
+            return -1;
+        }
+    } else {
+        t->route.n = b;
+        t->route.keys = t->keys;
+        t->route.out = t->out;
+        if (s_lookup(&t->conn, &t->route, err, errlen) != 0)
+            return -1;
+    }
+    *units = b;
+    return 0;
+}
+
+/* The same read with no_create: keys are not counted, so their rows are not marked changed and the persister
+ * does not rewrite them (the difference to s_op_lookup is the cost of persisting frequency counts). */
+static int s_op_lookup_no_create(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    uint32_t b = t->a->batch, dim = t->a->opts->dim;
+    s_draw_keys(t, rng, b);
+    if (kb_client_lookup_ex(t->conn.c[0], S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0) {
+        snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
+        return -1;
+    }
+    *units = b;
+    return 0;
+}
+
+/* A trainer's gradient push: batch rows for random keys, small values (no outliers by design). */
+static int s_op_push(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    uint32_t b = t->a->batch, dim = t->a->opts->dim;
+    s_draw_keys(t, rng, b);
+    for (size_t i = 0; i < (size_t)b * dim; i++)
+        t->vals[i] = 0.01f * bench_normal(rng);
+    if (kb_client_push_gradients(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
+        snprintf(err, errlen, "push: %s", kb_client_last_error(t->conn.c[0]));
+        return -1;
+    }
+    *units = b;
+    return 0;
+}
+
+/* A maker's write: batch rows of fresh values for random keys, tagged with a growing version. */
+static int s_op_put(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    uint32_t b = t->a->batch, dim = t->a->opts->dim;
+    s_draw_keys(t, rng, b);
+    for (size_t i = 0; i < (size_t)b * dim; i++)
+        t->vals[i] = 0.1f * bench_normal(rng);
+    t->version++;
+    if (t->conn.shards == 1) {
+        if (kb_client_put(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals, t->version) != 0) {
+            snprintf(err, errlen, "put: %s", kb_client_last_error(t->conn.c[0]));
+            return -1;
+        }
+    } else {
+        t->route.n = b;
+        t->route.keys = t->keys;
+        t->route.values = t->vals;
+        t->route.version = t->version;
+        if (s_put(&t->conn, &t->route, err, errlen) != 0)
+            return -1;
+    }
+    *units = b;
+    return 0;
+}
+
+/* A trainer step in the mixed load: read a batch, push its gradients. Units: embeddings read. */
+static int s_op_trainer(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    uint32_t b = t->a->batch, dim = t->a->opts->dim;
+    s_draw_keys(t, rng, b);
+    if (kb_client_lookup(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
+        snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
+        return -1;
+    }
+    for (size_t i = 0; i < (size_t)b * dim; i++)
+        t->vals[i] = 0.01f * bench_normal(rng);
+    if (kb_client_push_gradients(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
+        snprintf(err, errlen, "push: %s", kb_client_last_error(t->conn.c[0]));
+        return -1;
+    }
+    *units = b;
+    return 0;
+}
+
+/* knn by vector: knn_batch queries near stored rows, k neighbours each. Units: queries. */
+static int s_op_knn(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    const bench_opts_t *o = t->a->opts;
+    bench_knn_queries(t->a->rows, t->a->n_rows, o->dim, o->knn_batch, rng, t->vals);
+    Carls__Knn op = CARLS__KNN__INIT;
+    op.vectors = t->vals;
+    op.n_vectors = (size_t)o->knn_batch * o->dim;
+    op.k = o->knn_k;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = S_TABLE;
+    req.op_case = CARLS__REQUEST__OP_KNN;
+    req.knn = &op;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(t->conn.c[0], &req, &resp);
+    if (rc != 0 || resp->result_case != CARLS__RESPONSE__RESULT_KNN ||
+        resp->knn->n_keys != (size_t)o->knn_batch * o->knn_k) {
+        snprintf(err, errlen, "knn: %s", rc != 0 ? kb_client_last_error(t->conn.c[0]) : "bad answer");
+        if (resp)
+            carls__response__free_unpacked(resp, NULL);
+        return -1;
+    }
+    carls__response__free_unpacked(resp, NULL);
+    *units = o->knn_batch;
+    return 0;
+}
+
+static int s_run_kb(const bench_opts_t *opts, bench_proc_t *servers, uint32_t shards, uint32_t keys,
+                    uint32_t batch, bench_op_fn op, uint32_t clients, double seconds, bench_measure_t *m)
+{
+    char endpoints[S_MAX_SHARDS][256];
+    for (uint32_t s = 0; s < shards; s++)
+        s_ep(endpoints[s], servers[s].endpoint);
+    s_kb_arg_t a = {.opts = opts, .endpoints = endpoints, .shards = shards, .keys = keys, .batch = batch};
+    bench_workload_t w = {s_kb_thread_new, s_kb_thread_free, op, &a};
+    return bench_run(&w, clients, opts->warmup, seconds, m);
+}
+
+/* ---- reporting helpers ---- */
+
+static bench_result_t s_result(const bench_opts_t *opts, const char *name, const char *unit)
+{
+    bench_result_t r = {.name = name, .unit = unit, .reference = "", .reference_value = NAN, .value = NAN,
+                        .p50_us = NAN, .p99_us = NAN, .clients = opts->clients, .batch = opts->batch,
+                        .shards = 1, .rows = opts->keys};
+    return r;
+}
+
+/* Reports a failed measurement (value n/a) with its error as the note. */
+static void s_report_failed(const bench_opts_t *opts, const char *name, const char *unit, const char *why)
+{
+    bench_result_t r = s_result(opts, name, unit);
+    r.note = why;
+    bench_report(opts, &r);
+}
+
+/* ---- the cases ---- */
+
+typedef struct {
+    bench_measure_t lookup, push, put_sync, put_interval; /* alone, for the mixed case's references */
+    bool have_lookup, have_push, have_put_sync;
+    bench_measure_t redis_mget, redis_set;
+    bool have_redis;
+    const char *redis_note;
+} s_state_t;
+
+/* Packed sizes of one lookup request and its answer, measured on the real server. */
+static int s_lookup_sizes(const bench_opts_t *opts, kb_client_t *c, size_t *req_bytes, size_t *rep_bytes)
+{
+    ProtobufCBinaryData *keys = carls_xmalloc(opts->batch * sizeof *keys);
+    char *kbuf = carls_xmalloc((size_t)opts->batch * 16);
+    for (uint32_t i = 0; i < opts->batch; i++) {
+        keys[i].len = bench_key(i % opts->keys, kbuf + (size_t)i * 16);
+        keys[i].data = (uint8_t *)kbuf + (size_t)i * 16;
+    }
+    Carls__Lookup op = CARLS__LOOKUP__INIT;
+    op.keys = keys;
+    op.n_keys = opts->batch;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = S_TABLE;
+    req.op_case = CARLS__REQUEST__OP_LOOKUP;
+    req.lookup = &op;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(c, &req, &resp);
+    if (rc == 0) {
+        *req_bytes = carls__request__get_packed_size(&req);
+        *rep_bytes = carls__response__get_packed_size(resp);
+    }
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    free(keys);
+    free(kbuf);
+    return rc;
+}
+
+/* Packed size of a push of batch rows (the echo reference for pushes; answered with a small write result). */
+static size_t s_push_request_bytes(const bench_opts_t *opts)
+{
+    ProtobufCBinaryData *keys = carls_xmalloc(opts->batch * sizeof *keys);
+    char *kbuf = carls_xmalloc((size_t)opts->batch * 16);
+    float *g = carls_xcalloc((size_t)opts->batch * opts->dim, sizeof(float));
+    for (uint32_t i = 0; i < opts->batch; i++) {
+        keys[i].len = bench_key(i, kbuf + (size_t)i * 16);
+        keys[i].data = (uint8_t *)kbuf + (size_t)i * 16;
+    }
+    Carls__PushGradients op = CARLS__PUSH_GRADIENTS__INIT;
+    op.keys = keys;
+    op.n_keys = opts->batch;
+    op.gradients = g;
+    op.n_gradients = (size_t)opts->batch * opts->dim;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.protocol_version = 1;
+    req.request_id = 1234567;
+    req.client_id = UINT64_MAX / 3;
+    req.sequence = 1234567;
+    req.table = S_TABLE;
+    req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+    req.push_gradients = &op;
+    size_t n = carls__request__get_packed_size(&req);
+    free(keys);
+    free(kbuf);
+    free(g);
+    return n;
+}
+
+static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    bench_progress(opts, "lookup: %u clients, batch %u, %u keys, dim %u", opts->clients, opts->batch, opts->keys,
+                   opts->dim);
+    size_t req_bytes = 0, rep_bytes = 0;
+    kb_client_options_t o = {.timeout_ms = 60000};
+    kb_client_t *c = kb_client_new(srv->endpoint, &o);
+    int rc = c ? s_lookup_sizes(opts, c, &req_bytes, &rep_bytes) : -1;
+    kb_client_destroy(&c);
+    bench_measure_t kb, echo;
+    memset(&kb, 0, sizeof kb);
+    snprintf(kb.error, sizeof kb.error, "could not measure the request sizes");
+    if (rc == 0)
+        rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &kb);
+    if (rc != 0) {
+        s_report_failed(opts, "lookup.throughput", "emb/s", kb.error);
+        (*failures)++;
+        return;
+    }
+    st->lookup = kb;
+    st->have_lookup = true;
+    int erc = bench_zmq_echo(opts, req_bytes, rep_bytes, opts->batch, &echo);
+    char note[160];
+    snprintf(note, sizeof note, "request %zu B, reply %zu B", req_bytes, rep_bytes);
+
+    bench_result_t r = s_result(opts, "lookup.p50", "us");
+    r.value = kb.p50_us;
+    r.reference = "zmq.echo.p50 (same bytes)";
+    r.reference_value = erc == 0 ? echo.p50_us : NAN;
+    r.lower_is_better = true;
+    r.target = "<= 1.5";
+    r.target_ratio = 1.5;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    r.note = note;
+    bench_report(opts, &r);
+
+    r = s_result(opts, "lookup.p99", "us");
+    r.value = kb.p99_us;
+    r.reference = "zmq.echo.p99 (same bytes)";
+    r.reference_value = erc == 0 ? echo.p99_us : NAN;
+    r.lower_is_better = true;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    bench_report(opts, &r);
+
+    r = s_result(opts, "lookup.throughput", "emb/s");
+    r.value = kb.rate;
+    r.reference = "redis.mget";
+    r.reference_value = st->have_redis ? st->redis_mget.rate : NAN;
+    r.target = ">= 1.0";
+    r.target_ratio = 1.0;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    r.note = st->have_redis ? NULL : st->redis_note;
+    bench_report(opts, &r);
+
+    r = s_result(opts, "lookup.throughput.vs_zmq", "emb/s");
+    r.value = kb.rate;
+    r.reference = "zmq.echo (same bytes)";
+    r.reference_value = erc == 0 ? echo.rate : NAN;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    bench_report(opts, &r);
+
+    bench_measure_t nc;
+    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup_no_create, opts->clients, opts->seconds,
+                 &nc) != 0) {
+        s_report_failed(opts, "lookup.no_create", "emb/s", nc.error);
+        (*failures)++;
+        return;
+    }
+    r = s_result(opts, "lookup.no_create", "emb/s");
+    r.value = nc.rate;
+    r.reference = "lookup.throughput";
+    r.reference_value = kb.rate;
+    r.p50_us = nc.p50_us;
+    r.p99_us = nc.p99_us;
+    r.note = "keys not counted: rows not rewritten to SQLite";
+    bench_report(opts, &r);
+}
+
+static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    bench_progress(opts, "push: %u clients, batch %u rows, lazy updates (max_age 1000 ms, max_pending 16)",
+                   opts->clients, opts->batch);
+    kb_client_options_t o = {.timeout_ms = 60000};
+    kb_client_t *c = kb_client_new(srv->endpoint, &o);
+    s_tstats_t before, after;
+    bench_measure_t kb, echo;
+    memset(&kb, 0, sizeof kb);
+    memset(&after, 0, sizeof after);
+    int rc = c ? s_stats(c, &before) : -1;
+    double t0 = bench_now();
+    if (rc == 0)
+        rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_push, opts->clients, opts->seconds, &kb);
+    double pushed_s = bench_now() - t0;
+    /* Applied: wait until every pending gradient has been applied (max_age_ms is 1000). */
+    double drained_s = NAN;
+    if (rc == 0) {
+        for (int i = 0; i < 1000; i++) {
+            if (s_stats(c, &after) != 0) {
+                rc = -1;
+                break;
+            }
+            if (after.pending_gradients == 0) {
+                drained_s = bench_now() - t0;
+                break;
+            }
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    kb_client_destroy(&c);
+    if (rc != 0) {
+        s_report_failed(opts, "push.accepted", "rows/s", kb.error[0] ? kb.error : "stats failed");
+        (*failures)++;
+        return;
+    }
+    st->push = kb;
+    st->have_push = true;
+    int erc = bench_zmq_echo(opts, s_push_request_bytes(opts), 8, opts->batch, &echo);
+
+    bench_result_t r = s_result(opts, "push.accepted", "rows/s");
+    r.value = kb.rate;
+    r.reference = "zmq.echo (same bytes)";
+    r.reference_value = erc == 0 ? echo.rate : NAN;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    r.note = "sync durability: each push waits for its group commit";
+    bench_report(opts, &r);
+
+    uint64_t received = after.gradients_received - before.gradients_received;
+    uint64_t applied = (after.gradients_applied - before.gradients_applied) +
+                       (after.outliers_dropped - before.outliers_dropped);
+    r = s_result(opts, "push.applied", "rows/s");
+    r.value = isfinite(drained_s) ? (double)applied / drained_s : NAN;
+    r.reference = "push.received (same run)";
+    r.reference_value = (double)received / pushed_s;
+    r.note = isfinite(drained_s) ? "applied rows / time until nothing is pending" : "still pending after 10 s";
+    bench_report(opts, &r);
+}
+
+static void s_case_put(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    bench_progress(opts, "put: %u writers, batch %u rows, sync and %s", opts->clients, opts->batch, opts->interval);
+    bench_measure_t sync_m, int_m;
+    int rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &sync_m);
+    if (rc != 0) {
+        s_report_failed(opts, "put.sync", "rows/s", sync_m.error);
+        (*failures)++;
+        return;
+    }
+    st->put_sync = sync_m;
+    st->have_put_sync = true;
+    /* A second server in interval mode, same table and rows. */
+    bench_proc_t isrv;
+    const char *extra[] = {"--durability", opts->interval, NULL};
+    rc = opts->connect ? -1 : bench_kb_start(opts, "kb-interval", extra, &isrv);
+    if (rc == 0) {
+        s_conn_t conn;
+        char ep[1][256];
+        s_ep(ep[0], isrv.endpoint);
+        rc = s_conn_open(&conn, ep, 1);
+        if (rc == 0)
+            rc = s_create(&conn, opts->dim, NULL);
+        if (rc == 0)
+            rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
+        s_conn_close(&conn);
+        if (rc == 0)
+            rc = s_run_kb(opts, &isrv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &int_m);
+        bench_proc_stop(opts, &isrv);
+    }
+    if (rc != 0 && !opts->connect)
+        (*failures)++;
+
+    bench_result_t r = s_result(opts, "put.sync", "rows/s");
+    r.value = sync_m.rate;
+    r.reference = "put.interval";
+    r.reference_value = rc == 0 ? int_m.rate : NAN;
+    r.target = ">= 0.5";
+    r.target_ratio = 0.5;
+    r.p50_us = sync_m.p50_us;
+    r.p99_us = sync_m.p99_us;
+    r.note = opts->connect ? "interval server not started with --connect" : NULL;
+    bench_report(opts, &r);
+
+    if (rc == 0) {
+        r = s_result(opts, "put.interval", "rows/s");
+        r.value = int_m.rate;
+        r.reference = "redis.set (pipelined)";
+        r.reference_value = st->have_redis ? st->redis_set.rate : NAN;
+        r.p50_us = int_m.p50_us;
+        r.p99_us = int_m.p99_us;
+        r.note = st->have_redis ? opts->interval : st->redis_note;
+        bench_report(opts, &r);
+    }
+}
+
+/* nlist for an IVF table of n rows: sqrt(n) rounded down to a power of two, 16..1024. */
+static uint32_t s_nlist(uint32_t n)
+{
+    uint32_t target = (uint32_t)sqrt((double)n), nlist = 16;
+    while (nlist * 2 <= target && nlist < 1024)
+        nlist *= 2;
+    return nlist;
+}
+
+/* Waits until the server's index holds all n rows and is up to date. */
+static int s_wait_index(kb_client_t *c, uint64_t n, double timeout_s)
+{
+    double deadline = bench_now() + timeout_s;
+    while (bench_now() < deadline) {
+        s_tstats_t s;
+        if (s_stats(c, &s) != 0)
+            return -1;
+        if (s.knn_count == n && s.knn_pending == 0 && s.knn_ready && !s.knn_building && s.knn_indexed >= n)
+            return 0;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+static void s_case_knn(const bench_opts_t *opts, int *failures)
+{
+    for (int ri = 0; ri < 4 && opts->knn_rows[ri]; ri++) {
+        uint32_t n = opts->knn_rows[ri];
+        float *rows = carls_xmalloc((size_t)n * opts->dim * sizeof(float));
+        for (uint32_t i = 0; i < n; i++)
+            bench_value(i, opts->dim, rows + (size_t)i * opts->dim);
+        char ivf[32];
+        snprintf(ivf, sizeof ivf, "IVF%u,Flat", s_nlist(n));
+        const char *specs[3] = {"Flat", ivf, "HNSW32"};
+        const char *short_names[3] = {"flat", "ivf", "hnsw"};
+        for (int si = 0; si < 3; si++) {
+            char name[64], load_name[64], size[16];
+            if (n >= 1000000 && n % 1000000 == 0)
+                snprintf(size, sizeof size, "%um", n / 1000000);
+            else if (n % 1000 == 0)
+                snprintf(size, sizeof size, "%uk", n / 1000);
+            else
+                snprintf(size, sizeof size, "%u", n);
+            snprintf(name, sizeof name, "knn.%s.%s", short_names[si], size);
+            snprintf(load_name, sizeof load_name, "knn.%s.%s.load", short_names[si], size);
+            bench_progress(opts, "%s: %s, %u rows, %u queries x k=%u per request, %u clients", name, specs[si], n,
+                           opts->knn_batch, opts->knn_k, opts->clients);
+            bench_proc_t srv;
+            const char *extra[] = {"--durability", opts->interval, NULL};
+            bench_measure_t kb, ref;
+            double load_s = NAN, build_ref_s = NAN;
+            char why[300] = "";
+            int rc = bench_kb_start(opts, "kb-knn", extra, &srv);
+            if (rc == 0) {
+                s_conn_t conn;
+                char ep[1][256];
+                s_ep(ep[0], srv.endpoint);
+                rc = s_conn_open(&conn, ep, 1);
+                if (rc == 0)
+                    rc = s_create(&conn, opts->dim, specs[si]);
+                double t0 = bench_now();
+                if (rc == 0)
+                    rc = s_load(&conn, opts->dim, 0, n, rows);
+                if (rc == 0)
+                    rc = s_wait_index(conn.c[0], n, 1800.0);
+                load_s = bench_now() - t0;
+                s_conn_close(&conn);
+                if (rc != 0)
+                    snprintf(why, sizeof why, "loading the server's table or index failed");
+                if (rc == 0) {
+                    char endpoints[1][256];
+                    s_ep(endpoints[0], srv.endpoint);
+                    s_kb_arg_t a = {.opts = opts, .endpoints = endpoints, .shards = 1, .keys = n, .batch = 1,
+                                    .rows = rows, .n_rows = n};
+                    bench_workload_t w = {s_kb_thread_new, s_kb_thread_free, s_op_knn, &a};
+                    rc = bench_run(&w, opts->clients, opts->warmup, opts->seconds, &kb);
+                    if (rc != 0)
+                        snprintf(why, sizeof why, "%s", kb.error);
+                }
+                bench_proc_stop(opts, &srv);
+            } else {
+                snprintf(why, sizeof why, "kb-server did not start");
+            }
+            if (rc != 0) {
+                s_report_failed(opts, name, "queries/s", why);
+                (*failures)++;
+                continue;
+            }
+            int frc = bench_faiss(opts, specs[si], rows, n, &ref, &build_ref_s);
+            bench_result_t r = s_result(opts, name, "queries/s");
+            r.value = kb.rate;
+            r.reference = "faiss.inprocess";
+            r.reference_value = frc == 0 ? ref.rate : NAN;
+            r.target = ">= 0.8";
+            r.target_ratio = 0.8;
+            r.p50_us = kb.p50_us;
+            r.p99_us = kb.p99_us;
+            r.batch = opts->knn_batch;
+            r.rows = n;
+            r.note = frc == 0 ? specs[si] : ref.error;
+            bench_report(opts, &r);
+
+            r = s_result(opts, load_name, "rows/s");
+            r.value = (double)n / load_s;
+            r.reference = "faiss.inprocess build";
+            r.reference_value = frc == 0 ? (double)n / build_ref_s : NAN;
+            r.batch = S_LOAD_BATCH;
+            r.clients = 1;
+            r.rows = n;
+            r.note = "put + index + SQLite, until the index is up to date";
+            bench_report(opts, &r);
+        }
+        free(rows);
+    }
+}
+
+/* Two workloads at once (trainers and makers), each for the same window. */
+typedef struct {
+    const bench_opts_t *opts;
+    bench_proc_t *srv;
+    bench_op_fn op;
+    uint32_t clients;
+    bench_measure_t m;
+    int rc;
+} s_concurrent_t;
+
+static void *s_concurrent_main(void *arg)
+{
+    s_concurrent_t *c = arg;
+    c->rc = s_run_kb(c->opts, c->srv, 1, c->opts->keys, c->opts->batch, c->op, c->clients, c->opts->mixed_seconds,
+                     &c->m);
+    return NULL;
+}
+
+static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    uint32_t makers = 1;
+    bench_progress(opts, "mixed: %u trainers (lookup + push) and %u maker (put) for %.1f s", opts->clients, makers,
+                   opts->mixed_seconds);
+    s_concurrent_t tr = {.opts = opts, .srv = srv, .op = s_op_trainer, .clients = opts->clients};
+    s_concurrent_t mk = {.opts = opts, .srv = srv, .op = s_op_put, .clients = makers};
+    pthread_t a, b;
+    if (pthread_create(&a, NULL, s_concurrent_main, &tr) != 0 || pthread_create(&b, NULL, s_concurrent_main, &mk) != 0)
+        CARLS_FATAL("cannot start the mixed load");
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    if (tr.rc != 0 || mk.rc != 0) {
+        s_report_failed(opts, "mixed.lookup", "emb/s", tr.rc != 0 ? tr.m.error : mk.m.error);
+        (*failures)++;
+        return;
+    }
+    bench_result_t r = s_result(opts, "mixed.lookup", "emb/s");
+    r.value = tr.m.rate;
+    r.reference = "lookup.throughput (alone)";
+    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
+    r.p50_us = tr.m.p50_us;
+    r.p99_us = tr.m.p99_us;
+    r.note = "latency: one trainer step = lookup + push";
+    bench_report(opts, &r);
+
+    r = s_result(opts, "mixed.push", "rows/s");
+    r.value = tr.m.rate; /* every step pushes as many rows as it read */
+    r.reference = "push.accepted (alone)";
+    r.reference_value = st->have_push ? st->push.rate : NAN;
+    bench_report(opts, &r);
+
+    r = s_result(opts, "mixed.put", "rows/s");
+    r.value = mk.m.rate;
+    r.reference = "put.sync (alone)";
+    r.reference_value = st->have_put_sync ? st->put_sync.rate : NAN;
+    r.clients = makers;
+    r.p50_us = mk.m.p50_us;
+    r.p99_us = mk.m.p99_us;
+    bench_report(opts, &r);
+}
+
+static void s_case_shards(const bench_opts_t *opts, int *failures)
+{
+    double base_lookup = NAN, base_put = NAN;
+    for (int i = 0; i < 4 && opts->shard_counts[i]; i++) {
+        uint32_t shards = opts->shard_counts[i];
+        if (shards > S_MAX_SHARDS)
+            continue;
+        bench_progress(opts, "shards: %u kb-server processes, %u clients", shards, opts->clients);
+        bench_proc_t srv[S_MAX_SHARDS];
+        memset(srv, 0, sizeof srv);
+        int rc = 0;
+        for (uint32_t s = 0; s < shards && rc == 0; s++) {
+            char shard[32];
+            snprintf(shard, sizeof shard, "%u/%u", s, shards);
+            const char *extra[] = {"--shard", shard, NULL};
+            rc = bench_kb_start(opts, "kb-shard", extra, &srv[s]);
+        }
+        bench_measure_t lk, pt;
+        if (rc == 0) {
+            s_conn_t conn;
+            char eps[S_MAX_SHARDS][256];
+            for (uint32_t s = 0; s < shards; s++)
+                s_ep(eps[s], srv[s].endpoint);
+            rc = s_conn_open(&conn, eps, shards);
+            if (rc == 0)
+                rc = s_create(&conn, opts->dim, NULL);
+            if (rc == 0)
+                rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
+            s_conn_close(&conn);
+        }
+        if (rc == 0)
+            rc = s_run_kb(opts, srv, shards, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &lk);
+        if (rc == 0)
+            rc = s_run_kb(opts, srv, shards, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &pt);
+        for (uint32_t s = 0; s < shards; s++)
+            bench_proc_stop(opts, &srv[s]);
+        char name[64];
+        snprintf(name, sizeof name, "shards.%u.lookup", shards);
+        if (rc != 0) {
+            s_report_failed(opts, name, "emb/s", "a shard failed");
+            (*failures)++;
+            continue;
+        }
+        if (i == 0) {
+            base_lookup = lk.rate;
+            base_put = pt.rate;
+        }
+        char ref[64];
+        snprintf(ref, sizeof ref, "shards.%u.lookup", opts->shard_counts[0]);
+        bench_result_t r = s_result(opts, name, "emb/s");
+        r.value = lk.rate;
+        r.reference = ref;
+        r.reference_value = base_lookup;
+        r.p50_us = lk.p50_us;
+        r.p99_us = lk.p99_us;
+        r.shards = shards;
+        bench_report(opts, &r);
+
+        char pname[64], pref[64];
+        snprintf(pname, sizeof pname, "shards.%u.put.sync", shards);
+        snprintf(pref, sizeof pref, "shards.%u.put.sync", opts->shard_counts[0]);
+        r = s_result(opts, pname, "rows/s");
+        r.value = pt.rate;
+        r.reference = pref;
+        r.reference_value = base_put;
+        r.p50_us = pt.p50_us;
+        r.p99_us = pt.p99_us;
+        r.shards = shards;
+        bench_report(opts, &r);
+    }
+}
+
+static void s_case_rows(const bench_opts_t *opts, int *failures)
+{
+    bench_proc_t srv;
+    const char *extra[] = {"--durability", opts->interval, NULL};
+    if (bench_kb_start(opts, "kb-rows", extra, &srv) != 0) {
+        s_report_failed(opts, "rows.lookup", "emb/s", "kb-server did not start");
+        (*failures)++;
+        return;
+    }
+    s_conn_t conn;
+    char ep[1][256];
+    s_ep(ep[0], srv.endpoint);
+    int rc = s_conn_open(&conn, ep, 1);
+    if (rc == 0)
+        rc = s_create(&conn, opts->dim, NULL);
+    uint64_t rss0 = s_rss_bytes(srv.pid);
+    uint32_t loaded = 0;
+    double base = NAN, base_mem = NAN;
+    char base_name[64] = "", base_mem_name[64] = "";
+    for (int i = 0; i < 5 && opts->row_counts[i] && rc == 0; i++) {
+        uint32_t n = opts->row_counts[i];
+        bench_progress(opts, "rows: lookups over %u rows", n);
+        rc = s_load(&conn, opts->dim, loaded, n, NULL);
+        if (rc != 0)
+            break;
+        loaded = n;
+        bench_measure_t m;
+        rc = s_run_kb(opts, &srv, 1, n, opts->batch, s_op_lookup, opts->clients, opts->seconds, &m);
+        if (rc != 0)
+            break;
+        char name[64], mem_name[64];
+        snprintf(name, sizeof name, "rows.%u.lookup", n);
+        snprintf(mem_name, sizeof mem_name, "rows.%u.memory", n);
+        double per_row = ((double)s_rss_bytes(srv.pid) - (double)rss0) / n;
+        if (i == 0) {
+            base = m.rate;
+            base_mem = per_row;
+            snprintf(base_name, sizeof base_name, "%s", name);
+            snprintf(base_mem_name, sizeof base_mem_name, "%s", mem_name);
+        }
+        bench_result_t r = s_result(opts, name, "emb/s");
+        r.value = m.rate;
+        r.reference = base_name;
+        r.reference_value = base;
+        r.p50_us = m.p50_us;
+        r.p99_us = m.p99_us;
+        r.rows = n;
+        bench_report(opts, &r);
+        r = s_result(opts, mem_name, "B/row");
+        r.value = per_row;
+        r.reference = base_mem_name;
+        r.reference_value = base_mem;
+        r.rows = n;
+        r.note = "server RSS growth / rows (dim floats + optimizer state + key + SQLite cache)";
+        bench_report(opts, &r);
+    }
+    s_conn_close(&conn);
+    bench_proc_stop(opts, &srv);
+    if (rc != 0) {
+        s_report_failed(opts, "rows.lookup", "emb/s", "loading or lookups failed");
+        (*failures)++;
+    }
+}
+
+int bench_kb_all(const bench_opts_t *opts)
+{
+    int failures = 0;
+    s_state_t st;
+    memset(&st, 0, sizeof st);
+    st.redis_note = "redis-server unavailable";
+
+    /* Redis first (its own process; stopped before the kb cases so it takes no memory or CPU from them). */
+    if ((bench_selected(opts, "lookup") || bench_selected(opts, "put")) && opts->redis_server[0]) {
+        bench_proc_t redis;
+        if (bench_redis_start(opts, &redis) == 0) {
+            bench_progress(opts, "redis: MGET of %u keys and pipelined SET of %u rows, %u B values, %u clients",
+                           opts->batch, opts->batch, opts->dim * 4, opts->clients);
+            st.have_redis = bench_redis(opts, redis.port, &st.redis_mget, &st.redis_set) == 0;
+            if (!st.have_redis)
+                st.redis_note = "redis benchmark failed";
+            bench_proc_stop(opts, &redis);
+        } else {
+            bench_progress(opts, "redis-server not available: Redis references reported as n/a");
+        }
+    }
+
+    /* The main server: default settings (sync durability). */
+    bool need_main = bench_selected(opts, "lookup") || bench_selected(opts, "push") || bench_selected(opts, "put") ||
+                     bench_selected(opts, "mixed");
+    bench_proc_t main_srv;
+    memset(&main_srv, 0, sizeof main_srv);
+    if (need_main) {
+        int rc;
+        if (opts->connect) {
+            snprintf(main_srv.endpoint, sizeof main_srv.endpoint, "%s", opts->connect);
+            rc = 0;
+        } else {
+            rc = bench_kb_start(opts, "kb-main", NULL, &main_srv);
+        }
+        s_conn_t conn;
+        char ep[1][256];
+        s_ep(ep[0], main_srv.endpoint);
+        if (rc == 0)
+            rc = s_conn_open(&conn, ep, 1);
+        if (rc == 0) {
+            rc = s_create(&conn, opts->dim, NULL);
+            if (rc == 0) {
+                bench_progress(opts, "loading %u rows of dim %u", opts->keys, opts->dim);
+                rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
+            }
+            s_conn_close(&conn);
+        }
+        if (rc != 0) {
+            s_report_failed(opts, "setup", "", "the main kb-server could not be started or loaded");
+            bench_proc_stop(opts, &main_srv);
+            return -1;
+        }
+        if (bench_selected(opts, "lookup"))
+            s_case_lookup(opts, &main_srv, &st, &failures);
+        if (bench_selected(opts, "push"))
+            s_case_push(opts, &main_srv, &st, &failures);
+        if (bench_selected(opts, "put"))
+            s_case_put(opts, &main_srv, &st, &failures);
+        if (bench_selected(opts, "mixed"))
+            s_case_mixed(opts, &main_srv, &st, &failures);
+        bench_proc_stop(opts, &main_srv);
+    }
+    if (opts->connect) {
+        if (bench_selected(opts, "knn") || bench_selected(opts, "shards") || bench_selected(opts, "rows"))
+            bench_progress(opts, "--connect: knn, shards and rows need servers of their own; skipped");
+        return failures ? -1 : 0;
+    }
+    if (bench_selected(opts, "knn"))
+        s_case_knn(opts, &failures);
+    if (bench_selected(opts, "shards"))
+        s_case_shards(opts, &failures);
+    if (bench_selected(opts, "rows"))
+        s_case_rows(opts, &failures);
+    return failures ? -1 : 0;
+}

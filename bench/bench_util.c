@@ -1,0 +1,490 @@
+/* kb-bench: clocks, the timed runner, results and child processes (see bench.h). */
+#include "bench.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- options ---- */
+
+bool bench_selected(const bench_opts_t *opts, const char *name)
+{
+    if (!opts->cases || !opts->cases[0])
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = opts->cases; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        p += len + (end ? 1 : 0);
+    }
+    return false;
+}
+
+/* ---- clocks and random numbers ---- */
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t bench_rand(uint64_t *state) { return carls_splitmix64(state); }
+
+uint32_t bench_rand_below(uint64_t *state, uint32_t n)
+{
+    return (uint32_t)(((bench_rand(state) >> 32) * (uint64_t)n) >> 32);
+}
+
+float bench_normal(uint64_t *state)
+{
+    double u1 = ((double)(bench_rand(state) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (double)(bench_rand(state) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+size_t bench_key(uint32_t i, char *buf)
+{
+    /* Fixed width so every key has the same length (10 bytes), for kb and Redis alike. */
+    buf[0] = 'k';
+    for (int d = 9; d >= 1; d--) {
+        buf[d] = (char)('0' + i % 10);
+        i /= 10;
+    }
+    buf[10] = '\0';
+    return 10;
+}
+
+void bench_value(uint32_t i, uint32_t dim, float *out)
+{
+    uint64_t state = 0x9e3779b97f4a7c15ULL ^ ((uint64_t)i * 0xbf58476d1ce4e5b9ULL);
+    for (uint32_t d = 0; d < dim; d++)
+        out[d] = bench_normal(&state) * 0.1f;
+}
+
+double bench_load1(void)
+{
+    double load[1];
+    return getloadavg(load, 1) == 1 ? load[0] : -1.0;
+}
+
+/* ---- the timed runner ---- */
+
+typedef struct {
+    const bench_workload_t *w;
+    pthread_barrier_t ready;   /* every thread has its state; main then sets the window */
+    pthread_barrier_t go;
+    double measure_start, measure_end;
+    atomic_int failed;
+} s_run_t;
+
+typedef struct {
+    s_run_t *run;
+    uint32_t index;
+    uint64_t ops, units;
+    float *lat_us; /* latencies of the ops completed in the window */
+    size_t n_lat, cap_lat;
+    char error[256];
+    bool failed;
+} s_thread_t;
+
+static void *s_thread_main(void *arg)
+{
+    s_thread_t *t = arg;
+    s_run_t *run = t->run;
+    void *state = run->w->thread_new(run->w->arg, t->index);
+    if (!state) {
+        snprintf(t->error, sizeof t->error, "thread %u could not start (connection or memory)", t->index);
+        t->failed = true;
+        atomic_store(&run->failed, 1);
+    }
+    pthread_barrier_wait(&run->ready);
+    pthread_barrier_wait(&run->go);
+    uint64_t rng = 0x5eed0000ULL + t->index * 0x9e3779b97f4a7c15ULL;
+    while (state && !atomic_load(&run->failed)) {
+        double t0 = bench_now();
+        if (t0 >= run->measure_end)
+            break;
+        uint64_t units = 0;
+        if (run->w->op(state, &rng, &units, t->error, sizeof t->error) != 0) {
+            t->failed = true;
+            atomic_store(&run->failed, 1);
+            break;
+        }
+        double t1 = bench_now();
+        if (t1 >= run->measure_start && t1 <= run->measure_end) {
+            t->ops++;
+            t->units += units;
+            if (t->n_lat == t->cap_lat) {
+                t->cap_lat = t->cap_lat ? t->cap_lat * 2 : 4096;
+                t->lat_us = carls_xrealloc(t->lat_us, t->cap_lat * sizeof *t->lat_us);
+            }
+            t->lat_us[t->n_lat++] = (float)((t1 - t0) * 1e6);
+        }
+    }
+    if (state)
+        run->w->thread_free(state);
+    return NULL;
+}
+
+static int s_cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double seconds, bench_measure_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->p50_us = out->p99_us = out->mean_us = NAN;
+    if (threads == 0)
+        threads = 1;
+    s_run_t run = {.w = w};
+    atomic_init(&run.failed, 0);
+    pthread_barrier_init(&run.ready, NULL, threads + 1);
+    pthread_barrier_init(&run.go, NULL, threads + 1);
+    s_thread_t *ts = carls_xcalloc(threads, sizeof *ts);
+    pthread_t *ids = carls_xcalloc(threads, sizeof *ids);
+    for (uint32_t i = 0; i < threads; i++) {
+        ts[i].run = &run;
+        ts[i].index = i;
+        if (pthread_create(&ids[i], NULL, s_thread_main, &ts[i]) != 0)
+            CARLS_FATAL("cannot start a benchmark thread");
+    }
+    pthread_barrier_wait(&run.ready);
+    run.measure_start = bench_now() + warmup;
+    run.measure_end = run.measure_start + seconds;
+    pthread_barrier_wait(&run.go);
+    for (uint32_t i = 0; i < threads; i++)
+        pthread_join(ids[i], NULL);
+    pthread_barrier_destroy(&run.ready);
+    pthread_barrier_destroy(&run.go);
+
+    size_t n_lat = 0;
+    for (uint32_t i = 0; i < threads; i++) {
+        out->ops += ts[i].ops;
+        out->units += ts[i].units;
+        n_lat += ts[i].n_lat;
+        if (ts[i].failed && !out->failed) {
+            out->failed = true;
+            snprintf(out->error, sizeof out->error, "%s", ts[i].error);
+        }
+    }
+    out->seconds = seconds;
+    out->rate = (double)out->units / seconds;
+    out->op_rate = (double)out->ops / seconds;
+    if (n_lat > 0) {
+        float *all = carls_xmalloc(n_lat * sizeof *all);
+        size_t k = 0;
+        double sum = 0;
+        for (uint32_t i = 0; i < threads; i++) {
+            memcpy(all + k, ts[i].lat_us, ts[i].n_lat * sizeof *all);
+            k += ts[i].n_lat;
+        }
+        qsort(all, n_lat, sizeof *all, s_cmp_float);
+        for (size_t i = 0; i < n_lat; i++)
+            sum += all[i];
+        /* nearest rank */
+        out->p50_us = all[(size_t)ceil(0.50 * (double)n_lat) - 1];
+        out->p99_us = all[(size_t)ceil(0.99 * (double)n_lat) - 1];
+        out->mean_us = sum / (double)n_lat;
+        free(all);
+    }
+    for (uint32_t i = 0; i < threads; i++)
+        free(ts[i].lat_us);
+    free(ts);
+    free(ids);
+    if (!out->failed && out->ops == 0) {
+        out->failed = true;
+        snprintf(out->error, sizeof out->error, "no request completed in %.2f s", seconds);
+    }
+    return out->failed ? -1 : 0;
+}
+
+/* ---- results ---- */
+
+static size_t s_results, s_failed, s_targets, s_targets_met;
+
+size_t bench_report_count(void) { return s_results; }
+
+static void s_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned)(unsigned char)*s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void s_json_number(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+/* 1234567 -> "1.23M" for people. */
+static void s_human(char *buf, size_t len, double v)
+{
+    if (!isfinite(v))
+        snprintf(buf, len, "n/a");
+    else if (fabs(v) >= 1e9)
+        snprintf(buf, len, "%.3gG", v / 1e9);
+    else if (fabs(v) >= 1e6)
+        snprintf(buf, len, "%.3gM", v / 1e6);
+    else if (fabs(v) >= 1e4)
+        snprintf(buf, len, "%.3gk", v / 1e3);
+    else
+        snprintf(buf, len, "%.4g", v);
+}
+
+void bench_report_begin(const bench_opts_t *opts)
+{
+    if (opts->json)
+        return;
+    printf("%-28s %10s %-9s %-28s %10s %7s  %s\n", "case", "value", "unit", "reference", "ref value", "ratio",
+           "target");
+}
+
+void bench_report(const bench_opts_t *opts, const bench_result_t *r)
+{
+    double ratio = isfinite(r->value) && isfinite(r->reference_value) && r->reference_value != 0
+                       ? r->value / r->reference_value
+                       : NAN;
+    bool has_target = r->target != NULL;
+    bool met = false;
+    if (has_target && isfinite(ratio))
+        met = r->lower_is_better ? ratio <= r->target_ratio : ratio >= r->target_ratio;
+    s_results++;
+    if (!isfinite(r->value))
+        s_failed++;
+    if (has_target && isfinite(ratio)) {
+        s_targets++;
+        s_targets_met += met;
+    }
+    if (opts->json) {
+        FILE *f = stdout;
+        fputs("{\"case\":", f);
+        s_json_string(f, r->name);
+        fputs(",\"value\":", f);
+        s_json_number(f, r->value);
+        fputs(",\"unit\":", f);
+        s_json_string(f, r->unit);
+        fputs(",\"reference\":", f);
+        s_json_string(f, r->reference ? r->reference : "");
+        fputs(",\"reference_value\":", f);
+        s_json_number(f, r->reference_value);
+        fputs(",\"ratio\":", f);
+        s_json_number(f, ratio);
+        if (has_target) {
+            fputs(",\"target\":", f);
+            s_json_string(f, r->target);
+            fprintf(f, ",\"target_met\":%s", isfinite(ratio) ? (met ? "true" : "false") : "null");
+        }
+        fputs(",\"p50_us\":", f);
+        s_json_number(f, r->p50_us);
+        fputs(",\"p99_us\":", f);
+        s_json_number(f, r->p99_us);
+        fprintf(f, ",\"clients\":%u,\"batch\":%u,\"shards\":%u,\"rows\":%llu,\"dim\":%u,\"load1\":", r->clients,
+                r->batch, r->shards, (unsigned long long)r->rows, opts->dim);
+        s_json_number(f, bench_load1());
+        fputs(",\"mode\":", f);
+        s_json_string(f, opts->mode);
+        if (r->note) {
+            fputs(",\"note\":", f);
+            s_json_string(f, r->note);
+        }
+        fputs("}\n", f);
+    } else {
+        char v[32], rv[32], ra[32], tg[64];
+        s_human(v, sizeof v, r->value);
+        s_human(rv, sizeof rv, r->reference_value);
+        if (isfinite(ratio))
+            snprintf(ra, sizeof ra, "%.2f", ratio);
+        else
+            snprintf(ra, sizeof ra, "-");
+        if (has_target)
+            snprintf(tg, sizeof tg, "%s %s", r->target, isfinite(ratio) ? (met ? "met" : "MISSED") : "n/a");
+        else
+            tg[0] = '\0';
+        printf("%-28s %10s %-9s %-28s %10s %7s  %s%s%s\n", r->name, v, r->unit,
+               r->reference && r->reference[0] ? r->reference : "-", rv, ra, tg, r->note ? "  " : "",
+               r->note ? r->note : "");
+    }
+    fflush(stdout);
+}
+
+void bench_report_end(const bench_opts_t *opts, double elapsed_s)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (opts->json)
+        return;
+    printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met; %ld cores, load average %.2f; "
+           "%.0f s in all (%s run)\n",
+           s_results, s_failed, s_targets_met, s_targets, cores, bench_load1(), elapsed_s, opts->mode);
+}
+
+void bench_progress(const bench_opts_t *opts, const char *fmt, ...)
+{
+    if (opts->json && !opts->verbose)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kb-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* ---- child processes ---- */
+
+int bench_make_dir(const bench_opts_t *opts, const char *tag, char *out, size_t outlen)
+{
+    static atomic_int counter;
+    int n = atomic_fetch_add(&counter, 1);
+    if ((size_t)snprintf(out, outlen, "%s/%s-%d", opts->data_dir, tag, n) >= outlen)
+        return -1;
+    if (mkdir(out, 0700) != 0) {
+        fprintf(stderr, "kb-bench: cannot create %s: %s\n", out, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Forks and execs argv with stderr (and stdout) to log. Returns the pid or -1. */
+static pid_t s_spawn(const char *const *argv, const char *log)
+{
+    /* Nothing buffered may reach the child (it would be written twice). */
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        /* Die with the benchmark (a killed kb-bench must not leave servers behind). */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() == 1)
+            _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
+            _exit(127);
+        close(fd);
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "execv %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const *extra, bench_proc_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (bench_make_dir(opts, tag, out->dir, sizeof out->dir) != 0)
+        return -1;
+    char db[600], epfile[600], threads[16], knn_threads[16];
+    snprintf(db, sizeof db, "%s/db", out->dir);
+    snprintf(epfile, sizeof epfile, "%s/endpoint", out->dir);
+    snprintf(out->log, sizeof out->log, "%s/server.log", out->dir);
+    snprintf(threads, sizeof threads, "%u", opts->server_threads);
+    snprintf(knn_threads, sizeof knn_threads, "%u", opts->knn_threads);
+    const char *argv[48];
+    int argc = 0;
+    argv[argc++] = opts->kb_server;
+    argv[argc++] = "--listen";
+    argv[argc++] = "tcp://127.0.0.1:*";
+    argv[argc++] = "--data";
+    argv[argc++] = db;
+    argv[argc++] = "--endpoint-file";
+    argv[argc++] = epfile;
+    argv[argc++] = "--threads";
+    argv[argc++] = threads;
+    argv[argc++] = "--knn-threads";
+    argv[argc++] = knn_threads;
+    argv[argc++] = "--log-level";
+    argv[argc++] = "warn";
+    for (int i = 0; extra && extra[i] && argc < 46; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    out->pid = s_spawn(argv, out->log);
+    if (out->pid < 0) {
+        out->pid = 0;
+        return -1;
+    }
+    for (int i = 0; i < 3000; i++) { /* 30 s */
+        FILE *f = fopen(epfile, "r");
+        if (f) {
+            bool ok = fgets(out->endpoint, sizeof out->endpoint, f) != NULL;
+            fclose(f);
+            if (ok) {
+                out->endpoint[strcspn(out->endpoint, "\n")] = '\0';
+                return 0;
+            }
+        }
+        int status;
+        if (waitpid(out->pid, &status, WNOHANG) == out->pid) {
+            fprintf(stderr, "kb-bench: kb-server exited at start (status %d); log in %s\n", status, out->log);
+            out->pid = 0;
+            return -1;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "kb-bench: kb-server did not start in 30 s; log in %s\n", out->log);
+    bench_proc_stop(opts, out);
+    return -1;
+}
+
+void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGTERM);
+        int status = 0;
+        double deadline = bench_now() + 30.0;
+        for (;;) {
+            pid_t r = waitpid(p->pid, &status, WNOHANG);
+            if (r == p->pid || (r < 0 && errno != EINTR))
+                break;
+            if (bench_now() > deadline) {
+                kill(p->pid, SIGKILL);
+                waitpid(p->pid, &status, 0);
+                break;
+            }
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+            fprintf(stderr, "kb-bench: %s exited with status %d (log %s)\n", p->endpoint[0] ? p->endpoint : "child",
+                    WEXITSTATUS(status), p->log);
+        p->pid = 0;
+    }
+    if (p->dir[0] && !opts->keep_data) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", p->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "kb-bench: could not remove %s\n", p->dir);
+        p->dir[0] = '\0';
+    }
+}

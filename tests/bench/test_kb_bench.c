@@ -1,0 +1,278 @@
+/* Smoke test of kb-bench: it runs (with tiny sizes), exits 0, and reports sane numbers: every JSON line
+ * parses, has the required fields, every kb figure is a positive finite number, references are present
+ * where they cannot be missing (the ZeroMQ echo, in-process FAISS), and ratio = value / reference_value.
+ * Never how fast anything is. */
+#include <ctype.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#define BENCH CARLS_BIN_DIR "/kb-bench"
+
+/* ---- a parser for one flat JSON object (string, number, true/false/null values) ---- */
+
+#define MAX_FIELDS 32
+
+typedef struct {
+    char key[32];
+    enum { V_STRING, V_NUMBER, V_BOOL, V_NULL } type;
+    char str[256];
+    double num;
+    bool b;
+} field_t;
+
+typedef struct {
+    field_t f[MAX_FIELDS];
+    int n;
+} object_t;
+
+static const char *s_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return p;
+}
+
+/* A JSON string at p (after the quote) into out; returns the position after the closing quote or NULL. */
+static const char *s_string(const char *p, char *out, size_t cap)
+{
+    size_t n = 0;
+    while (*p && *p != '"') {
+        char c = *p++;
+        if (c == '\\') {
+            c = *p++;
+            if (c == 'u') {
+                for (int i = 0; i < 4; i++)
+                    if (!isxdigit((unsigned char)*p++))
+                        return NULL;
+                c = '?';
+            } else if (c != '"' && c != '\\' && c != '/') {
+                return NULL;
+            }
+        } else if ((unsigned char)c < 0x20) {
+            return NULL;
+        }
+        if (n + 1 < cap)
+            out[n++] = c;
+    }
+    out[n] = '\0';
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static bool s_parse(const char *line, object_t *o)
+{
+    memset(o, 0, sizeof *o);
+    const char *p = s_ws(line);
+    if (*p++ != '{')
+        return false;
+    p = s_ws(p);
+    if (*p == '}')
+        return true;
+    for (;;) {
+        if (o->n == MAX_FIELDS || *p++ != '"')
+            return false;
+        field_t *f = &o->f[o->n++];
+        if (!(p = s_string(p, f->key, sizeof f->key)))
+            return false;
+        p = s_ws(p);
+        if (*p++ != ':')
+            return false;
+        p = s_ws(p);
+        if (*p == '"') {
+            f->type = V_STRING;
+            if (!(p = s_string(p + 1, f->str, sizeof f->str)))
+                return false;
+        } else if (strncmp(p, "true", 4) == 0 || strncmp(p, "false", 5) == 0) {
+            f->type = V_BOOL;
+            f->b = *p == 't';
+            p += f->b ? 4 : 5;
+        } else if (strncmp(p, "null", 4) == 0) {
+            f->type = V_NULL;
+            p += 4;
+        } else {
+            char *end;
+            f->type = V_NUMBER;
+            f->num = strtod(p, &end);
+            if (end == p || !isfinite(f->num))
+                return false;
+            p = end;
+        }
+        p = s_ws(p);
+        if (*p == ',') {
+            p = s_ws(p + 1);
+            continue;
+        }
+        if (*p++ != '}')
+            return false;
+        p = s_ws(p);
+        return *p == '\0' || *p == '\n';
+    }
+}
+
+static const field_t *s_get(const object_t *o, const char *key)
+{
+    for (int i = 0; i < o->n; i++)
+        if (strcmp(o->f[i].key, key) == 0)
+            return &o->f[i];
+    return NULL;
+}
+
+/* ---- running kb-bench ---- */
+
+#define MAX_LINES 256
+
+typedef struct {
+    object_t obj[MAX_LINES];
+    int n;
+    int status;
+} run_t;
+
+/* Runs kb-bench with args, parsing stdout as JSON lines when json. */
+static void s_run(const char *args, bool json, run_t *run, char *text, size_t text_cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s", BENCH, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    run->n = 0;
+    size_t used = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, p)) {
+        if (text && used + strlen(line) + 1 < text_cap) {
+            memcpy(text + used, line, strlen(line) + 1);
+            used += strlen(line);
+        }
+        if (!json)
+            continue;
+        assert_true(run->n < MAX_LINES);
+        if (!s_parse(line, &run->obj[run->n]))
+            fail_msg("not a flat JSON object: %s", line);
+        run->n++;
+    }
+    int st = pclose(p);
+    run->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const object_t *s_case(const run_t *run, const char *name)
+{
+    for (int i = 0; i < run->n; i++) {
+        const field_t *c = s_get(&run->obj[i], "case");
+        if (c && c->type == V_STRING && strcmp(c->str, name) == 0)
+            return &run->obj[i];
+    }
+    return NULL;
+}
+
+static double s_num(const object_t *o, const char *key)
+{
+    const field_t *f = s_get(o, key);
+    return f && f->type == V_NUMBER ? f->num : NAN;
+}
+
+static void test_smoke_json(void **state)
+{
+    (void)state;
+    static run_t run; /* large */
+    s_run("--smoke --json", true, &run, NULL, 0);
+    assert_int_equal(run.status, 0);
+    assert_true(run.n >= 20);
+
+    for (int i = 0; i < run.n; i++) {
+        const object_t *o = &run.obj[i];
+        const field_t *c = s_get(o, "case"), *v = s_get(o, "value"), *u = s_get(o, "unit");
+        const field_t *ref = s_get(o, "reference"), *rv = s_get(o, "reference_value"), *ra = s_get(o, "ratio");
+        assert_non_null(c);
+        assert_non_null(v);
+        assert_non_null(u);
+        assert_non_null(ref);
+        assert_non_null(rv);
+        assert_non_null(ra);
+        assert_int_equal(c->type, V_STRING);
+        assert_int_equal(u->type, V_STRING);
+        assert_int_equal(ref->type, V_STRING);
+        /* every kb figure ran and is positive */
+        if (v->type != V_NUMBER || !(v->num > 0))
+            fail_msg("%s: value is not a positive number", c->str);
+        if (rv->type == V_NUMBER) {
+            assert_true(rv->num > 0);
+            assert_int_equal(ra->type, V_NUMBER);
+            double want = v->num / rv->num;
+            if (fabs(ra->num - want) > 1e-3 * want + 1e-6)
+                fail_msg("%s: ratio %g, value / reference_value %g", c->str, ra->num, want);
+        } else {
+            /* only Redis may be missing (redis-server not installed), and then it says so */
+            assert_int_equal(rv->type, V_NULL);
+            assert_non_null(strstr(ref->str, "redis"));
+            assert_non_null(s_get(o, "note"));
+        }
+        double p50 = s_num(o, "p50_us"), p99 = s_num(o, "p99_us");
+        if (isfinite(p50) || isfinite(p99))
+            assert_true(p50 > 0 && p99 >= p50);
+        const field_t *tm = s_get(o, "target_met");
+        if (tm)
+            assert_true(tm->type == V_BOOL || tm->type == V_NULL);
+    }
+
+    static const char *const expected[] = {
+        "lookup.p50", "lookup.p99", "lookup.throughput", "lookup.throughput.vs_zmq", "lookup.no_create",
+        "push.accepted", "push.applied", "put.sync", "put.interval", "mixed.lookup", "mixed.push", "mixed.put",
+        "knn.flat.2k", "knn.ivf.2k", "knn.hnsw.2k", "knn.flat.2k.load", "shards.1.lookup", "shards.2.lookup",
+        "shards.2.put.sync", "rows.1000.lookup", "rows.3000.lookup", "rows.3000.memory",
+    };
+    for (size_t i = 0; i < sizeof expected / sizeof *expected; i++)
+        if (!s_case(&run, expected[i]))
+            fail_msg("case %s missing", expected[i]);
+    /* references that are always there: the ZeroMQ echo and in-process FAISS */
+    assert_true(s_num(s_case(&run, "lookup.p50"), "reference_value") > 0);
+    assert_true(s_num(s_case(&run, "push.accepted"), "reference_value") > 0);
+    assert_true(s_num(s_case(&run, "knn.hnsw.2k"), "reference_value") > 0);
+    assert_true(s_num(s_case(&run, "put.sync"), "reference_value") > 0);
+    assert_non_null(s_get(s_case(&run, "lookup.p50"), "target_met"));
+    assert_true(strcmp(s_get(s_case(&run, "lookup.throughput"), "unit")->str, "emb/s") == 0);
+}
+
+static void test_table_for_people(void **state)
+{
+    (void)state;
+    static run_t run;
+    static char text[1 << 16];
+    s_run("--smoke --cases lookup --redis-server none 2>/dev/null", false, &run, text, sizeof text);
+    assert_int_equal(run.status, 0);
+    assert_non_null(strstr(text, "case"));
+    assert_non_null(strstr(text, "lookup.throughput"));
+    assert_non_null(strstr(text, "zmq.echo"));
+    assert_non_null(strstr(text, "redis-server unavailable")); /* Redis off: reported, not a failure */
+    assert_non_null(strstr(text, "targets:"));
+    assert_null(strstr(text, "knn.")); /* --cases lookup */
+}
+
+static void test_usage(void **state)
+{
+    (void)state;
+    static run_t run;
+    s_run("--help >/dev/null", false, &run, NULL, 0);
+    assert_int_equal(run.status, 0);
+    s_run("--no-such-option 2>/dev/null", false, &run, NULL, 0);
+    assert_int_equal(run.status, 2);
+    s_run("--batch 0 2>/dev/null", false, &run, NULL, 0);
+    assert_int_equal(run.status, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_table_for_people),
+        cmocka_unit_test(test_smoke_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
