@@ -17,7 +17,7 @@
 #ifndef TRAINER_W2V_H
 #define TRAINER_W2V_H
 
-#include "kb_client.h"
+#include "kb_cluster.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -52,9 +52,9 @@ typedef struct {
 /* Fills the three names; -1 when base is not a valid table name or too long for the suffixes. */
 int w2v_names(const char *base, w2v_names_t *names);
 
-/* Creates the three tables (if_not_exists: a trainer joining or resuming finds them with the same config).
- * 0, or a KB_CLIENT_E* code with kb_client_last_error(). */
-int w2v_tables_create(kb_client_t *kb, const w2v_names_t *names, const w2v_tables_t *cfg);
+/* Creates the three tables on every shard (if_not_exists: a trainer joining or resuming finds them with the
+ * same config). 0, or a KB_CLIENT_E* code with kb_cluster_last_error(). */
+int w2v_tables_create(kb_cluster_t *kb, const w2v_names_t *names, const w2v_tables_t *cfg);
 
 /* ---- one batch's hash map: word bytes -> dense index, reset for every batch (never a dictionary) ---- */
 typedef struct {

@@ -75,7 +75,7 @@ static void s_config(const w2v_tables_t *cfg, bool count, bool output, Carls__Ta
     }
 }
 
-int w2v_tables_create(kb_client_t *kb, const w2v_names_t *names, const w2v_tables_t *cfg)
+int w2v_tables_create(kb_cluster_t *kb, const w2v_names_t *names, const w2v_tables_t *cfg)
 {
     const char *which[3] = {names->in, names->out, names->count};
     for (int i = 0; i < 3; i++) {
@@ -85,7 +85,7 @@ int w2v_tables_create(kb_client_t *kb, const w2v_names_t *names, const w2v_table
         Carls__KnnConfig knn;
         Carls__AdmissionConfig adm;
         s_config(cfg, i == 2, i == 1, &tc, &opt, &lazy, &knn, &adm);
-        int rc = kb_client_create_table(kb, which[i], &tc, true);
+        int rc = kb_cluster_create_table(kb, which[i], &tc, true);
         if (rc != 0)
             return rc;
     }

@@ -29,6 +29,7 @@
 #include "nn_sgns.h"
 
 #include "kb_client.h"
+#include "kb_cluster.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -71,6 +72,16 @@ typedef struct {
     int64_t requests;
 } s_io_t;
 
+/* A lookup or push split over the bank's shards: keys are routed by carls_shard_of (one sub-request per
+ * shard holding keys), answers are put back in the caller's key order. With one shard it is one request. */
+typedef struct {
+    uint64_t *id;    /* (shards) request id of each shard's part, 0 when nothing went there */
+    uint32_t *pos;   /* (n) the caller's positions, grouped by shard */
+    uint32_t *start; /* (shards + 1) where each shard's positions begin in pos */
+    size_t n, cap;   /* keys; positions allocated */
+    bool sent;       /* something is in flight */
+} s_req_t;
+
 /* One batch in the pipeline. */
 typedef struct {
     bool active;
@@ -91,9 +102,11 @@ typedef struct {
     uint32_t n_pool;
     float *in_vec, *out_vec, *g_in, *g_out;
     size_t cap_in, cap_g_in, cap_out, cap_g_out; /* floats allocated in each */
-    uint64_t count_id, sample_id, in_id, out_id, push_in_id, push_out_id;
+    s_req_t count_req, in_req, out_req, push_in_req, push_out_req;
+    uint64_t sample_id;              /* one shard: the async sample request */
     bool sample_sent, vectors_sent, pushed;
-    Carls__Response *sample_resp;    /* owns the negative keys' bytes until the batch is finished */
+    Carls__Response *sample_resp;    /* one shard: owns the negative keys' bytes until the batch is finished */
+    kb_sample_result_t *sample_multi;/* several shards: the merged sample (drawn when the batch is prepared) */
     double loss;
     uint64_t pairs;
 } s_batch_t;
@@ -102,7 +115,9 @@ typedef struct {
     s_opts_t o;
     w2v_names_t names;
     data_text_t *text;
-    kb_client_t *kb;
+    kb_cluster_t *bank;
+    kb_client_t *kb;             /* shard 0's client (the only one with a single endpoint) */
+    uint32_t shards;
     s_io_t io;
     size_t line_first, line_end; /* this worker's slice */
     size_t slice_tokens;
@@ -130,7 +145,8 @@ static void s_usage(FILE *out)
             "and output vectors are rows of NAME and NAME.out keyed by the word; NAME.count counts the words.\n"
             "  --corpus FILE|kjv        plain text (one sentence per line), or the King James Bible from\n"
             "                           Debian's bible-kjv (verse references stripped)\n"
-            "  --kb ENDPOINT            kb-server endpoint (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
+            "  --kb ENDPOINTS           kb-server endpoint, or the comma-separated list of a sharded bank's\n"
+            "                           endpoints in shard order (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
             "  --table NAME             base name of the tables (default words)\n"
             "  --dim D                  vector size (default 100)\n"
             "  --window W               context window half-width, sampled 1..W per center (default 5)\n"
@@ -386,39 +402,113 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
 
 static int s_fail_kb(s_run_t *r, const char *what)
 {
-    LOG_ERROR("word2vec: %s: %s", what, kb_client_last_error(r->kb));
+    LOG_ERROR("word2vec: %s: %s", what, kb_cluster_last_error(r->bank));
     return -1;
 }
 
-static int s_send_lookup(s_run_t *r, const char *table, ProtobufCBinaryData *keys, size_t n, bool no_create,
-                         uint64_t *id)
+static void s_req_free(s_req_t *q)
 {
-    Carls__Lookup op = CARLS__LOOKUP__INIT;
-    op.keys = keys;
-    op.n_keys = n;
-    op.no_create = no_create;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_LOOKUP;
-    req.lookup = &op;
-    r->io.requests++;
-    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending a lookup");
+    free(q->id);
+    free(q->pos);
+    free(q->start);
+    memset(q, 0, sizeof *q);
 }
 
-static int s_send_push(s_run_t *r, const char *table, ProtobufCBinaryData *keys, size_t n, float *grads,
-                       uint64_t *id)
+/* Groups n keys by shard into q (positions and shard boundaries). */
+static void s_req_route(s_run_t *r, s_req_t *q, const ProtobufCBinaryData *keys, size_t n)
 {
-    Carls__PushGradients op = CARLS__PUSH_GRADIENTS__INIT;
-    op.keys = keys;
-    op.n_keys = n;
-    op.gradients = grads;
-    op.n_gradients = n * r->o.tables.dim;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
-    req.push_gradients = &op;
-    r->io.requests++;
-    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending gradients");
+    uint32_t S = r->shards;
+    if (!q->id) {
+        q->id = carls_xcalloc(S, sizeof *q->id);
+        q->start = carls_xcalloc(S + 1, sizeof *q->start);
+    }
+    if (n > q->cap) {
+        q->cap = n;
+        q->pos = carls_xrealloc(q->pos, n * sizeof *q->pos);
+    }
+    q->n = n;
+    memset(q->id, 0, S * sizeof *q->id);
+    if (S == 1) {
+        for (size_t i = 0; i < n; i++)
+            q->pos[i] = (uint32_t)i;
+        q->start[0] = 0;
+        q->start[1] = (uint32_t)n;
+        return;
+    }
+    uint32_t *shard = carls_xmalloc((n ? n : 1) * sizeof *shard);
+    memset(q->start, 0, (S + 1) * sizeof *q->start);
+    for (size_t i = 0; i < n; i++) {
+        shard[i] = kb_cluster_shard_of(r->bank, keys[i].data, keys[i].len);
+        q->start[shard[i] + 1]++;
+    }
+    for (uint32_t s = 0; s < S; s++)
+        q->start[s + 1] += q->start[s];
+    uint32_t *fill = carls_xmalloc(S * sizeof *fill);
+    memcpy(fill, q->start, S * sizeof *fill);
+    for (size_t i = 0; i < n; i++)
+        q->pos[fill[shard[i]]++] = (uint32_t)i;
+    free(fill);
+    free(shard);
+}
+
+/* Sends a lookup (grads NULL) or a push of n keys, split by shard. */
+static int s_send_split(s_run_t *r, s_req_t *q, const char *table, ProtobufCBinaryData *keys, size_t n,
+                        bool no_create, const float *grads)
+{
+    uint32_t dim = r->o.tables.dim;
+    s_req_route(r, q, keys, n);
+    q->sent = true;
+    ProtobufCBinaryData *sk = NULL;
+    float *sg = NULL;
+    for (uint32_t s = 0; s < r->shards; s++) {
+        size_t m = q->start[s + 1] - q->start[s];
+        if (m == 0)
+            continue;
+        ProtobufCBinaryData *k = keys;
+        const float *g = grads;
+        if (r->shards > 1) {
+            sk = carls_xrealloc(sk, m * sizeof *sk);
+            for (size_t j = 0; j < m; j++)
+                sk[j] = keys[q->pos[q->start[s] + j]];
+            k = sk;
+            if (grads) {
+                sg = carls_xrealloc(sg, m * dim * sizeof *sg);
+                for (size_t j = 0; j < m; j++)
+                    memcpy(sg + j * dim, grads + (size_t)q->pos[q->start[s] + j] * dim, dim * sizeof(float));
+                g = sg;
+            }
+        }
+        Carls__Request req = CARLS__REQUEST__INIT;
+        req.table = (char *)table;
+        Carls__Lookup lk = CARLS__LOOKUP__INIT;
+        Carls__PushGradients pg = CARLS__PUSH_GRADIENTS__INIT;
+        if (grads) {
+            pg.keys = k;
+            pg.n_keys = m;
+            pg.gradients = (float *)g;
+            pg.n_gradients = m * dim;
+            req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
+            req.push_gradients = &pg;
+        } else {
+            lk.keys = k;
+            lk.n_keys = m;
+            lk.no_create = no_create;
+            req.op_case = CARLS__REQUEST__OP_LOOKUP;
+            req.lookup = &lk;
+        }
+        r->io.requests++;
+        kb_client_t *c = kb_cluster_client(r->bank, s);
+        if (kb_client_send(c, &req, &q->id[s]) != 0) {
+            LOG_ERROR("word2vec: sending to shard %u (%s): %s", s, kb_cluster_endpoint(r->bank, s),
+                      kb_client_last_error(c));
+            free(sk);
+            free(sg);
+            return -1;
+        }
+    }
+    free(sk);
+    free(sg);
+    return 0;
 }
 
 static int s_send_sample(s_run_t *r, uint32_t n, uint64_t seed, uint64_t *id)
@@ -435,14 +525,14 @@ static int s_send_sample(s_run_t *r, uint32_t n, uint64_t seed, uint64_t *id)
     return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending a sample request");
 }
 
-/* Waits for an answer of the expected kind. Returns 0 (caller frees *resp), 1 for a NOT_FOUND status when
- * allow_not_found (resp freed), or -1 (logged). */
-static int s_wait(s_run_t *r, uint64_t id, Carls__Response__ResultCase expect, bool allow_not_found,
-                  const char *what, Carls__Response **resp)
+/* Waits for one answer of the expected kind from client c. Returns 0 (caller frees *resp), 1 for a NOT_FOUND
+ * status when allow_not_found (resp freed), or -1 (logged). */
+static int s_wait_on(s_run_t *r, kb_client_t *c, uint64_t id, Carls__Response__ResultCase expect,
+                     bool allow_not_found, const char *what, Carls__Response **resp)
 {
     *resp = NULL;
     int64_t t0 = carls_monotonic_us();
-    int rc = kb_client_wait(r->kb, id, resp);
+    int rc = kb_client_wait(c, id, resp);
     r->io.wait_us += carls_monotonic_us() - t0;
     if (rc == KB_CLIENT_ESTATUS && allow_not_found && *resp &&
         (*resp)->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
@@ -451,7 +541,7 @@ static int s_wait(s_run_t *r, uint64_t id, Carls__Response__ResultCase expect, b
         return 1;
     }
     if (rc != 0 || (*resp)->result_case != expect) {
-        LOG_ERROR("word2vec: %s: %s", what, rc != 0 ? kb_client_last_error(r->kb) : "unexpected answer");
+        LOG_ERROR("word2vec: %s: %s", what, rc != 0 ? kb_client_last_error(c) : "unexpected answer");
         if (*resp)
             carls__response__free_unpacked(*resp, NULL);
         *resp = NULL;
@@ -460,26 +550,59 @@ static int s_wait(s_run_t *r, uint64_t id, Carls__Response__ResultCase expect, b
     return 0;
 }
 
-/* Waits for a lookup of n keys of dim and copies the values (and frequencies, when freq is not NULL). */
-static int s_wait_lookup(s_run_t *r, uint64_t id, size_t n, uint32_t dim, float *values, uint64_t *freq,
-                         const char *what)
+/* Waits for every part of a split lookup of dim and puts the values (and frequencies, when freq is not NULL)
+ * in the caller's key order. */
+static int s_wait_lookup(s_run_t *r, s_req_t *q, uint32_t dim, float *values, uint64_t *freq, const char *what)
 {
-    Carls__Response *resp;
-    if (s_wait(r, id, CARLS__RESPONSE__RESULT_LOOKUP, false, what, &resp) != 0)
-        return -1;
-    const Carls__LookupResult *lr = resp->lookup;
     int rc = 0;
-    if (lr->dim != dim || lr->n_values != n * dim || lr->n_frequencies != n) {
-        LOG_ERROR("word2vec: %s: %zu values of dim %u and %zu counts for %zu keys of dim %u", what, lr->n_values,
-                  lr->dim, lr->n_frequencies, n, dim);
-        rc = -1;
-    } else {
-        if (values)
-            memcpy(values, lr->values, n * dim * sizeof(float));
-        if (freq)
-            memcpy(freq, lr->frequencies, n * sizeof(uint64_t));
+    for (uint32_t s = 0; s < r->shards; s++) {
+        if (!q->id[s])
+            continue;
+        size_t m = q->start[s + 1] - q->start[s];
+        const uint32_t *pos = q->pos + q->start[s];
+        Carls__Response *resp;
+        if (s_wait_on(r, kb_cluster_client(r->bank, s), q->id[s], CARLS__RESPONSE__RESULT_LOOKUP, false, what,
+                      &resp) != 0) {
+            rc = -1;
+            continue;
+        }
+        q->id[s] = 0;
+        const Carls__LookupResult *lr = resp->lookup;
+        if (lr->dim != dim || lr->n_values != m * dim || lr->n_frequencies != m) {
+            LOG_ERROR("word2vec: %s: %zu values of dim %u and %zu counts for %zu keys of dim %u", what,
+                      lr->n_values, lr->dim, lr->n_frequencies, m, dim);
+            rc = -1;
+        } else {
+            for (size_t j = 0; j < m; j++) {
+                if (values)
+                    memcpy(values + (size_t)pos[j] * dim, lr->values + j * dim, dim * sizeof(float));
+                if (freq)
+                    freq[pos[j]] = lr->frequencies[j];
+            }
+        }
+        carls__response__free_unpacked(resp, NULL);
     }
-    carls__response__free_unpacked(resp, NULL);
+    q->sent = false;
+    return rc;
+}
+
+/* Waits for every part of a split push. */
+static int s_wait_write(s_run_t *r, s_req_t *q, const char *what)
+{
+    int rc = 0;
+    for (uint32_t s = 0; q->sent && s < r->shards; s++) {
+        if (!q->id[s])
+            continue;
+        Carls__Response *resp;
+        if (s_wait_on(r, kb_cluster_client(r->bank, s), q->id[s], CARLS__RESPONSE__RESULT_WRITE, false, what,
+                      &resp) != 0) {
+            rc = -1;
+            continue;
+        }
+        q->id[s] = 0;
+        carls__response__free_unpacked(resp, NULL);
+    }
+    q->sent = false;
     return rc;
 }
 
@@ -540,13 +663,26 @@ static int s_prepare(s_run_t *r, s_batch_t *b)
         b->keys[i].data = (uint8_t *)b->map.key[w];
         b->keys[i].len = b->map.len[w];
     }
-    if (s_send_lookup(r, r->names.count, b->keys, nk, !b->counting, &b->count_id) != 0)
+    if (s_send_split(r, &b->count_req, r->names.count, b->keys, nk, !b->counting, NULL) != 0)
         return -1;
     b->sample_sent = false;
     if (r->o.negatives > 0) {
         uint64_t st = r->o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)r->o.worker * 1000003ULL + b->index;
-        if (s_send_sample(r, r->o.pool, carls_splitmix64(&st), &b->sample_id) != 0)
-            return -1;
+        uint64_t seed = carls_splitmix64(&st);
+        if (r->shards == 1) {
+            if (s_send_sample(r, r->o.pool, seed, &b->sample_id) != 0)
+                return -1;
+        } else {
+            /* Several shards: the cluster splits the draws by each shard's mass (a blocking call). */
+            kb_sample_result_destroy(&b->sample_multi);
+            int64_t t0 = carls_monotonic_us();
+            int src = kb_cluster_sample(r->bank, r->names.count, NULL, 0, r->o.pool,
+                                        CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM, seed ? seed : 1, &b->sample_multi);
+            r->io.wait_us += carls_monotonic_us() - t0;
+            r->io.requests += 2 * r->shards;
+            if (src != 0)
+                return s_fail_kb(r, "sampling negatives");
+        }
         b->sample_sent = true;
     }
     b->vectors_sent = false;
@@ -573,7 +709,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     b->freq = carls_xrealloc(b->freq, (nw ? nw : 1) * sizeof *b->freq);
     if (b->counting) {
         uint64_t *occ = carls_xmalloc((n ? n : 1) * sizeof *occ);
-        if (s_wait_lookup(r, b->count_id, n, 1, NULL, occ, "counting words") != 0) {
+        if (s_wait_lookup(r, &b->count_req, 1, NULL, occ, "counting words") != 0) {
             free(occ);
             return -1;
         }
@@ -585,7 +721,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
         r->tokens_counted += n;
         r->total_tokens = r->tokens_counted * r->o.workers;
     } else {
-        if (s_wait_lookup(r, b->count_id, nw, 1, NULL, b->freq, "reading word counts") != 0)
+        if (s_wait_lookup(r, &b->count_req, 1, NULL, b->freq, "reading word counts") != 0)
             return -1;
         if (r->total_tokens == 0)
             r->total_tokens = (uint64_t)r->slice_tokens * r->o.workers;
@@ -629,25 +765,36 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     /* Negatives: the bank's unigram^0.75 draws, as output rows. */
     b->n_pool = 0;
     if (b->sample_sent) {
-        Carls__Response *resp;
-        int src = s_wait(r, b->sample_id, CARLS__RESPONSE__RESULT_SAMPLE, true, "sampling negatives", &resp);
-        if (src < 0)
-            return -1;
+        Carls__Response *resp = NULL;
+        int src = 0;
+        if (r->shards == 1) {
+            src = s_wait_on(r, r->kb, b->sample_id, CARLS__RESPONSE__RESULT_SAMPLE, true, "sampling negatives",
+                            &resp);
+            if (src < 0)
+                return -1;
+        } else if (!b->sample_multi || b->sample_multi->n == 0) {
+            src = 1;
+        }
         b->pool = carls_xrealloc(b->pool, (r->o.pool + n + 1) * sizeof *b->pool);
         if (src == 0) {
-            const Carls__SampleResult *sr = resp->sample;
-            double mass = sr->mass;
-            for (size_t i = 0; i < sr->n_keys; i++) {
-                if (sr->is_positive && i < sr->n_is_positive && sr->is_positive[i])
-                    continue;
-                if (sr->keys[i].len == 0 || sr->keys[i].len > DATA_TEXT_MAX_TOKEN)
+            /* One shard's answer or the cluster's merged one: keys, per-draw probabilities, total mass. */
+            const Carls__SampleResult *sr = resp ? resp->sample : NULL;
+            size_t nk = sr ? sr->n_keys : b->sample_multi->n;
+            double mass = sr ? sr->mass : b->sample_multi->mass;
+            for (size_t i = 0; i < nk; i++) {
+                const void *kd = sr ? (const void *)sr->keys[i].data : b->sample_multi->keys[i].data;
+                size_t kl = sr ? sr->keys[i].len : b->sample_multi->keys[i].len;
+                bool positive = sr ? (sr->is_positive && i < sr->n_is_positive && sr->is_positive[i])
+                                   : b->sample_multi->is_positive[i];
+                double prob = sr ? (i < sr->n_probabilities ? sr->probabilities[i] : 0)
+                                 : b->sample_multi->probabilities[i];
+                if (positive || kl == 0 || kl > DATA_TEXT_MAX_TOKEN)
                     continue;
                 /* With frequency admission rows below the cutoff exist (in memory): not negatives. The
                  * count is recovered from the draw probability: p = f^0.75 / mass. */
-                if (min_freq > 1 && i < sr->n_probabilities &&
-                    pow((double)sr->probabilities[i] * mass, 4.0 / 3.0) < (double)min_freq - 0.5)
+                if (min_freq > 1 && pow(prob * mass, 4.0 / 3.0) < (double)min_freq - 0.5)
                     continue;
-                uint32_t w = w2v_map_put(&b->map, (const char *)sr->keys[i].data, (uint8_t)sr->keys[i].len);
+                uint32_t w = w2v_map_put(&b->map, (const char *)kd, (uint8_t)kl);
                 if (w >= nw) {
                     b->row = carls_xrealloc(b->row, b->map.n * sizeof *b->row);
                     b->row[w] = NONE;
@@ -655,8 +802,10 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
                 }
                 b->pool[b->n_pool++] = s_out_row(b, w);
             }
-            carls__response__free_unpacked(b->sample_resp, NULL);
-            b->sample_resp = resp; /* the map points into its keys */
+            if (resp) {
+                carls__response__free_unpacked(b->sample_resp, NULL);
+                b->sample_resp = resp; /* the map points into its keys (sample_multi's stay until the next) */
+            }
         } else {
             /* The count table has nothing to draw yet (the very first batch): the batch's own kept tokens,
              * i.e. negatives by their unigram frequency in this batch. */
@@ -672,8 +821,8 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     s_vec_reserve(&b->out_vec, &b->cap_out, (size_t)b->n_out * dim + 1);
     s_vec_reserve(&b->g_out, &b->cap_g_out, (size_t)b->n_out * dim + 1);
     if (b->n_tokens > 0) {
-        if (s_send_lookup(r, r->names.in, b->keys, b->n_words, false, &b->in_id) != 0 ||
-            s_send_lookup(r, r->names.out, b->keys, b->n_out, false, &b->out_id) != 0)
+        if (s_send_split(r, &b->in_req, r->names.in, b->keys, b->n_words, false, NULL) != 0 ||
+            s_send_split(r, &b->out_req, r->names.out, b->keys, b->n_out, false, NULL) != 0)
             return -1;
         b->vectors_sent = true;
     }
@@ -707,8 +856,8 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
     b->loss = 0;
     b->pairs = 0;
     if (b->vectors_sent) {
-        if (s_wait_lookup(r, b->in_id, b->n_words, dim, b->in_vec, NULL, "looking up input vectors") != 0 ||
-            s_wait_lookup(r, b->out_id, b->n_out, dim, b->out_vec, NULL, "looking up output vectors") != 0)
+        if (s_wait_lookup(r, &b->in_req, dim, b->in_vec, NULL, "looking up input vectors") != 0 ||
+            s_wait_lookup(r, &b->out_req, dim, b->out_vec, NULL, "looking up output vectors") != 0)
             return -1;
         nn_sgns_batch_t nb = {
             .tokens = b->tokens, .sent_end = b->sent_end, .n_sents = b->n_sents, .n_in = b->n_words,
@@ -736,9 +885,8 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
          * lazy average of the rows' real gradients. The input push goes out before the keys are compacted
          * for the output push (kb_client_send packs the request at once). */
         size_t n_in = s_compact(b->keys, b->g_in, b->n_words, dim);
-        if (n_in > 0 && s_send_push(r, r->names.in, b->keys, n_in, b->g_in, &b->push_in_id) != 0)
+        if (n_in > 0 && s_send_split(r, &b->push_in_req, r->names.in, b->keys, n_in, false, b->g_in) != 0)
             return -1;
-        b->push_in_id = n_in > 0 ? b->push_in_id : 0;
         /* s_compact may have moved input keys; rebuild the output keys from the map's rows. */
         for (uint32_t w = 0; w < b->map.n; w++) {
             if (b->row[w] != NONE) {
@@ -747,9 +895,8 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
             }
         }
         size_t n_out = s_compact(b->keys, b->g_out, b->n_out, dim);
-        if (n_out > 0 && s_send_push(r, r->names.out, b->keys, n_out, b->g_out, &b->push_out_id) != 0)
+        if (n_out > 0 && s_send_split(r, &b->push_out_req, r->names.out, b->keys, n_out, false, b->g_out) != 0)
             return -1;
-        b->push_out_id = n_out > 0 ? b->push_out_id : 0;
         b->pushed = true;
     }
     r->tokens_done += b->tok1 - b->tok0;
@@ -762,19 +909,10 @@ static int s_finish_stage(s_run_t *r, s_batch_t *b)
     if (!b->pushed)
         return 0;
     b->pushed = false;
-    Carls__Response *resp;
-    if (b->push_in_id) {
-        if (s_wait(r, b->push_in_id, CARLS__RESPONSE__RESULT_WRITE, false, "pushing input gradients", &resp) != 0)
-            return -1;
-        carls__response__free_unpacked(resp, NULL);
-    }
-    if (b->push_out_id) {
-        if (s_wait(r, b->push_out_id, CARLS__RESPONSE__RESULT_WRITE, false, "pushing output gradients", &resp) !=
-            0)
-            return -1;
-        carls__response__free_unpacked(resp, NULL);
-    }
-    return 0;
+    int rc = s_wait_write(r, &b->push_in_req, "pushing input gradients");
+    if (s_wait_write(r, &b->push_out_req, "pushing output gradients") != 0)
+        rc = -1;
+    return rc;
 }
 
 static void s_epoch_end(s_run_t *r)
@@ -808,6 +946,12 @@ static void s_batch_free(s_batch_t *b)
     free(b->g_out);
     if (b->sample_resp)
         carls__response__free_unpacked(b->sample_resp, NULL);
+    kb_sample_result_destroy(&b->sample_multi);
+    s_req_free(&b->count_req);
+    s_req_free(&b->in_req);
+    s_req_free(&b->out_req);
+    s_req_free(&b->push_in_req);
+    s_req_free(&b->push_out_req);
     memset(b, 0, sizeof *b);
 }
 
@@ -890,45 +1034,39 @@ static int s_export(s_run_t *r, const char *path)
     size_t n = 0, cap = 0;
     int64_t after = 0;
     int rc = -1;
-    for (;;) {
-        Carls__Scan op = CARLS__SCAN__INIT;
-        op.after_row_id = after;
-        op.limit = 2000;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = r->names.in;
-        req.op_case = CARLS__REQUEST__OP_SCAN;
-        req.scan = &op;
-        Carls__Response *resp = NULL;
-        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
-            LOG_ERROR("word2vec: export: scanning %s: %s", r->names.in, kb_client_last_error(r->kb));
-            if (resp)
-                carls__response__free_unpacked(resp, NULL);
-            goto cleanup;
-        }
-        const Carls__ScanResult *sr = resp->scan;
-        if (sr->n_keys > 0 && (sr->dim != dim || sr->n_values != sr->n_keys * dim || sr->n_row_ids != sr->n_keys)) {
-            LOG_ERROR("word2vec: export: %s answered a malformed page", r->names.in);
-            carls__response__free_unpacked(resp, NULL);
-            goto cleanup;
-        }
-        for (size_t i = 0; i < sr->n_keys; i++) {
-            if (n == cap) {
-                cap = cap ? cap * 2 : 4096;
-                rows = carls_xrealloc(rows, cap * sizeof *rows);
+    for (uint32_t shard = 0; shard < r->shards; shard++) {
+        after = 0;
+        for (;;) {
+            Carls__Response *resp = NULL;
+            if (kb_cluster_scan(r->bank, shard, r->names.in, after, 2000, &resp) != 0) {
+                LOG_ERROR("word2vec: export: scanning %s: %s", r->names.in, kb_cluster_last_error(r->bank));
+                goto cleanup;
             }
-            rows[n].word = carls_xmalloc(sr->keys[i].len + 1);
-            memcpy(rows[n].word, sr->keys[i].data, sr->keys[i].len);
-            rows[n].word[sr->keys[i].len] = '\0';
-            rows[n].vec = carls_xmalloc(dim * sizeof(float));
-            memcpy(rows[n].vec, sr->values + i * dim, dim * sizeof(float));
-            rows[n].count = 0;
-            n++;
-            after = sr->row_ids[i];
+            const Carls__ScanResult *sr = resp->scan;
+            if (sr->n_keys > 0 && (sr->dim != dim || sr->n_values != sr->n_keys * dim)) {
+                LOG_ERROR("word2vec: export: %s answered a page of another dim", r->names.in);
+                carls__response__free_unpacked(resp, NULL);
+                goto cleanup;
+            }
+            for (size_t i = 0; i < sr->n_keys; i++) {
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 4096;
+                    rows = carls_xrealloc(rows, cap * sizeof *rows);
+                }
+                rows[n].word = carls_xmalloc(sr->keys[i].len + 1);
+                memcpy(rows[n].word, sr->keys[i].data, sr->keys[i].len);
+                rows[n].word[sr->keys[i].len] = '\0';
+                rows[n].vec = carls_xmalloc(dim * sizeof(float));
+                memcpy(rows[n].vec, sr->values + i * dim, dim * sizeof(float));
+                rows[n].count = 0;
+                n++;
+                after = sr->row_ids[i];
+            }
+            bool done = sr->done || sr->n_keys == 0;
+            carls__response__free_unpacked(resp, NULL);
+            if (done)
+                break;
         }
-        bool done = sr->done || sr->n_keys == 0;
-        carls__response__free_unpacked(resp, NULL);
-        if (done)
-            break;
     }
     /* Word counts from NAME.count, to order the file as word2vec and fastText do. */
     for (size_t i0 = 0; i0 < n; i0 += 50000) {
@@ -938,14 +1076,14 @@ static int s_export(s_run_t *r, const char *path)
         float *vals = carls_xmalloc(m * sizeof *vals);
         for (size_t i = 0; i < m; i++)
             keys[i] = (kb_key_t){rows[i0 + i].word, strlen(rows[i0 + i].word)};
-        int lrc = kb_client_lookup_ex(r->kb, r->names.count, keys, m, 1, true, vals, meta);
+        int lrc = kb_cluster_lookup_ex(r->bank, r->names.count, keys, m, 1, true, vals, meta);
         for (size_t i = 0; lrc == 0 && i < m; i++)
             rows[i0 + i].count = meta[i].frequency;
         free(keys);
         free(meta);
         free(vals);
         if (lrc != 0) {
-            LOG_ERROR("word2vec: export: reading counts: %s", kb_client_last_error(r->kb));
+            LOG_ERROR("word2vec: export: reading counts: %s", kb_cluster_last_error(r->bank));
             goto cleanup;
         }
     }
@@ -976,24 +1114,12 @@ cleanup:
 }
 
 /* Top-k output (DynamicEmbedding §3.1.2): for query vectors (nq, dim), the output rows with the largest
- * inner product, by the bank's knn over NAME.out. Caller frees *resp. */
-static int s_knn_out(s_run_t *r, float *queries, size_t nq, uint32_t k, Carls__Response **resp)
+ * inner product, by the bank's knn over NAME.out (every shard's top-k merged). Caller frees *res. */
+static int s_knn_out(s_run_t *r, const float *queries, size_t nq, uint32_t k, kb_knn_result_t **res)
 {
-    Carls__Knn op = CARLS__KNN__INIT;
-    op.vectors = queries;
-    op.n_vectors = nq * r->o.tables.dim;
-    op.k = k;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = r->names.out;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
-    *resp = NULL;
-    if (kb_client_call(r->kb, &req, resp) != 0 || (*resp)->result_case != CARLS__RESPONSE__RESULT_KNN ||
-        (*resp)->knn->n_keys != nq * k) {
-        LOG_ERROR("word2vec: knn on %s: %s", r->names.out, kb_client_last_error(r->kb));
-        if (*resp)
-            carls__response__free_unpacked(*resp, NULL);
-        *resp = NULL;
+    if (kb_cluster_knn(r->bank, r->names.out, queries, nq, r->o.tables.dim, k, res) != 0 || (*res)->k != k) {
+        LOG_ERROR("word2vec: knn on %s: %s", r->names.out, kb_cluster_last_error(r->bank));
+        kb_knn_result_destroy(res);
         return -1;
     }
     return 0;
@@ -1021,30 +1147,30 @@ static int s_predict_topk(s_run_t *r, float *q, size_t nq, uint32_t k, bool prio
     int rc = -1;
     for (size_t i0 = 0; i0 < nq; i0 += 200) {
         size_t m = nq - i0 < 200 ? nq - i0 : 200;
-        Carls__Response *resp = NULL;
+        kb_knn_result_t *resp = NULL;
         if (s_knn_out(r, q + i0 * r->o.tables.dim, m, kk, &resp) != 0)
             return -1;
         size_t nc = m * kk;
         float *score = carls_xmalloc(nc * sizeof *score);
         for (size_t j = 0; j < nc; j++)
-            score[j] = resp->knn->keys[j].len ? resp->knn->scores[j] : -INFINITY;
+            score[j] = resp->keys[j].len ? resp->scores[j] : -INFINITY;
         if (prior) {
             kb_key_t *keys = carls_xmalloc(nc * sizeof *keys);
             kb_row_meta_t *meta = carls_xmalloc(nc * sizeof *meta);
             float *vals = carls_xmalloc(nc * sizeof *vals);
             for (size_t j = 0; j < nc; j++)
-                keys[j] = (kb_key_t){resp->knn->keys[j].len ? (const void *)resp->knn->keys[j].data : "-",
-                                     resp->knn->keys[j].len ? resp->knn->keys[j].len : 1};
-            int lrc = kb_client_lookup_ex(r->kb, r->names.count, keys, nc, 1, true, vals, meta);
+                keys[j] = (kb_key_t){resp->keys[j].len ? resp->keys[j].data : "-",
+                                     resp->keys[j].len ? resp->keys[j].len : 1};
+            int lrc = kb_cluster_lookup_ex(r->bank, r->names.count, keys, nc, 1, true, vals, meta);
             for (size_t j = 0; lrc == 0 && j < nc; j++)
                 score[j] += 0.75f * logf((float)(meta[j].frequency ? meta[j].frequency : 1));
             free(keys);
             free(meta);
             free(vals);
             if (lrc != 0) {
-                LOG_ERROR("word2vec: predict: reading counts: %s", kb_client_last_error(r->kb));
+                LOG_ERROR("word2vec: predict: reading counts: %s", kb_cluster_last_error(r->bank));
                 free(score);
-                carls__response__free_unpacked(resp, NULL);
+                kb_knn_result_destroy(&resp);
                 return -1;
             }
         }
@@ -1053,7 +1179,7 @@ static int s_predict_topk(s_run_t *r, float *q, size_t nq, uint32_t k, bool prio
             uint32_t have = 0;
             for (uint32_t j = 0; j < kk; j++) {
                 float sc = score[i * kk + j];
-                const ProtobufCBinaryData *key = &resp->knn->keys[i * kk + j];
+                const kb_key_t *key = &resp->keys[i * kk + j];
                 if (!key->len || key->len > DATA_TEXT_MAX_TOKEN || (have == k && sc <= o[k - 1].score))
                     continue;
                 uint32_t p = have < k ? have++ : k - 1;
@@ -1067,7 +1193,7 @@ static int s_predict_topk(s_run_t *r, float *q, size_t nq, uint32_t k, bool prio
             }
         }
         free(score);
-        carls__response__free_unpacked(resp, NULL);
+        kb_knn_result_destroy(&resp);
     }
     rc = 0;
     return rc;
@@ -1084,8 +1210,8 @@ static int s_predict(s_run_t *r)
     int rc = -1;
     float *q = carls_xmalloc((nq ? nq : 1) * dim * sizeof(float));
     s_pred_t *pred = carls_xmalloc((nq ? nq : 1) * k * sizeof *pred);
-    if (nq == 0 || kb_client_lookup_ex(r->kb, r->names.in, keys, nq, dim, true, q, NULL) != 0) {
-        LOG_ERROR("word2vec: predict: %s", nq ? kb_client_last_error(r->kb) : "no words");
+    if (nq == 0 || kb_cluster_lookup_ex(r->bank, r->names.in, keys, nq, dim, true, q, NULL) != 0) {
+        LOG_ERROR("word2vec: predict: %s", nq ? kb_cluster_last_error(r->bank) : "no words");
         goto cleanup;
     }
     for (int prior = 0; prior < 2; prior++) {
@@ -1148,8 +1274,8 @@ static int s_predict_eval(s_run_t *r)
             m++;
         }
         /* Keep pairs whose both words the count table admitted. */
-        if (m > 0 && kb_client_lookup_ex(r->kb, r->names.count, both, 2 * (size_t)m, 1, true, vals, meta) != 0) {
-            LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
+        if (m > 0 && kb_cluster_lookup_ex(r->bank, r->names.count, both, 2 * (size_t)m, 1, true, vals, meta) != 0) {
+            LOG_ERROR("word2vec: predict-eval: %s", kb_cluster_last_error(r->bank));
             goto cleanup;
         }
         uint32_t kept = 0;
@@ -1168,8 +1294,8 @@ static int s_predict_eval(s_run_t *r)
         LOG_ERROR("word2vec: predict-eval: no pair of admitted words found");
         goto cleanup;
     }
-    if (kb_client_lookup_ex(r->kb, r->names.in, centers, m, dim, true, q, NULL) != 0) {
-        LOG_ERROR("word2vec: predict-eval: %s", kb_client_last_error(r->kb));
+    if (kb_cluster_lookup_ex(r->bank, r->names.in, centers, m, dim, true, q, NULL) != 0) {
+        LOG_ERROR("word2vec: predict-eval: %s", kb_cluster_last_error(r->bank));
         goto cleanup;
     }
     uint32_t hits[2] = {0, 0};
@@ -1185,42 +1311,35 @@ static int s_predict_eval(s_run_t *r)
                 }
     }
     /* Baseline: always the k most counted words (a scan of NAME.count). */
-    int64_t after = 0;
-    for (;;) {
-        Carls__Scan op = CARLS__SCAN__INIT;
-        op.after_row_id = after;
-        op.limit = 5000;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = r->names.count;
-        req.op_case = CARLS__REQUEST__OP_SCAN;
-        req.scan = &op;
-        Carls__Response *resp = NULL;
-        if (kb_client_call(r->kb, &req, &resp) != 0 || resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
-            LOG_ERROR("word2vec: predict-eval: scanning %s: %s", r->names.count, kb_client_last_error(r->kb));
-            if (resp)
-                carls__response__free_unpacked(resp, NULL);
-            goto cleanup;
-        }
-        const Carls__ScanResult *sr = resp->scan;
-        for (size_t i = 0; i < sr->n_keys && i < sr->n_frequencies && i < sr->n_row_ids; i++) {
-            after = sr->row_ids[i];
-            uint64_t f = sr->frequencies[i];
-            if (f <= topf[k - 1])
-                continue;
-            uint32_t p = k - 1;
-            free(topw[p]);
-            while (p > 0 && topf[p - 1] < f) {
-                topf[p] = topf[p - 1];
-                topw[p] = topw[p - 1];
-                p--;
+    for (uint32_t shard = 0; shard < r->shards; shard++) {
+        int64_t after = 0;
+        for (;;) {
+            Carls__Response *resp = NULL;
+            if (kb_cluster_scan(r->bank, shard, r->names.count, after, 5000, &resp) != 0) {
+                LOG_ERROR("word2vec: predict-eval: scanning %s: %s", r->names.count, kb_cluster_last_error(r->bank));
+                goto cleanup;
             }
-            topf[p] = f;
-            topw[p] = strndup((const char *)sr->keys[i].data, sr->keys[i].len);
+            const Carls__ScanResult *sr = resp->scan;
+            for (size_t i = 0; i < sr->n_keys; i++) {
+                after = sr->row_ids[i];
+                uint64_t f = sr->frequencies[i];
+                if (f <= topf[k - 1])
+                    continue;
+                uint32_t p = k - 1;
+                free(topw[p]);
+                while (p > 0 && topf[p - 1] < f) {
+                    topf[p] = topf[p - 1];
+                    topw[p] = topw[p - 1];
+                    p--;
+                }
+                topf[p] = f;
+                topw[p] = strndup((const char *)sr->keys[i].data, sr->keys[i].len);
+            }
+            bool done = sr->done || sr->n_keys == 0;
+            carls__response__free_unpacked(resp, NULL);
+            if (done)
+                break;
         }
-        bool done = sr->done || sr->n_keys == 0;
-        carls__response__free_unpacked(resp, NULL);
-        if (done)
-            break;
     }
     uint32_t base = 0;
     for (uint32_t i = 0; i < m; i++)
@@ -1252,8 +1371,8 @@ cleanup:
 static int s_existing_dim(s_run_t *r)
 {
     Carls__Response *list = NULL;
-    if (kb_client_list_tables(r->kb, &list) != 0) {
-        LOG_ERROR("word2vec: listing tables: %s", kb_client_last_error(r->kb));
+    if (kb_cluster_list_tables(r->bank, &list) != 0) {
+        LOG_ERROR("word2vec: listing tables: %s", kb_cluster_last_error(r->bank));
         return -1;
     }
     int found = 0;
@@ -1321,14 +1440,18 @@ int trainer_word2vec_main(int argc, char **argv)
                  r->o.worker, r->o.workers, r->line_first, r->line_end, r->slice_tokens);
     }
     kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
-    r->kb = kb_client_new(r->o.kb, &copts);
-    if (!r->kb) {
+    r->bank = kb_cluster_new(r->o.kb, &copts);
+    if (r->bank) {
+        r->shards = kb_cluster_shards(r->bank);
+        r->kb = kb_cluster_client(r->bank, 0);
+    }
+    if (!r->bank) {
         LOG_ERROR("word2vec: cannot open a client for %s", r->o.kb);
         goto cleanup;
     }
-    if (r->o.epochs > 0 && w2v_tables_create(r->kb, &r->names, &r->o.tables) != 0) {
+    if (r->o.epochs > 0 && w2v_tables_create(r->bank, &r->names, &r->o.tables) != 0) {
         LOG_ERROR("word2vec: creating tables %s, %s, %s: %s (a table of that name with another config?)",
-                  r->names.in, r->names.out, r->names.count, kb_client_last_error(r->kb));
+                  r->names.in, r->names.out, r->names.count, kb_cluster_last_error(r->bank));
         goto cleanup;
     }
     if (r->o.epochs == 0 && s_existing_dim(r) != 0)
@@ -1362,7 +1485,7 @@ int trainer_word2vec_main(int argc, char **argv)
 cleanup:
     if (r->metrics)
         fclose(r->metrics);
-    kb_client_destroy(&r->kb);
+    kb_cluster_destroy(&r->bank);
     data_text_destroy(&r->text);
     fflush(stdout);
     return rc;

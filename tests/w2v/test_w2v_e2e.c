@@ -12,6 +12,7 @@
 #include "trainer_w2v.h"
 
 #include "kb_client.h"
+#include "kb_cluster.h"
 #include "util.h"
 
 #include <setjmp.h>
@@ -100,25 +101,15 @@ static int s_wait_exit(pid_t pid)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The nearest key to `key` in `table` by the bank's knn (own row excluded). */
-static void s_knn_top(kb_client_t *kb, const char *table, const char *key, char *out, size_t outlen)
+/* The nearest key to `key` in `table` by the bank's knn (own row excluded; shards merged). */
+static void s_knn_top(kb_cluster_t *kb, const char *table, const char *key, char *out, size_t outlen)
 {
-    ProtobufCBinaryData k = {strlen(key), (uint8_t *)key};
-    Carls__Knn op = CARLS__KNN__INIT;
-    op.keys = &k;
-    op.n_keys = 1;
-    op.k = 1;
-    op.exclude_query = true;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
-    Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_call(kb, &req, &resp), 0);
-    assert_int_equal(resp->result_case, CARLS__RESPONSE__RESULT_KNN);
-    assert_int_equal(resp->knn->n_keys, 1);
-    snprintf(out, outlen, "%.*s", (int)resp->knn->keys[0].len, (const char *)resp->knn->keys[0].data);
-    carls__response__free_unpacked(resp, NULL);
+    kb_key_t k = {key, strlen(key)};
+    kb_knn_result_t *res = NULL;
+    assert_int_equal(kb_cluster_knn_by_key(kb, table, &k, 1, 1, true, &res), 0);
+    assert_int_equal(res->nq, 1);
+    snprintf(out, outlen, "%.*s", (int)res->keys[0].len, (const char *)res->keys[0].data);
+    kb_knn_result_destroy(&res);
 }
 
 /* Checks the planted pattern in an exported file and through the bank. */
@@ -146,25 +137,26 @@ static void s_check_learned(const char *endpoint, const char *vec_path)
     }
     w2v_vectors_destroy(&v);
 
-    kb_client_t *kb = kb_client_new(endpoint, NULL);
+    kb_cluster_t *kb = kb_cluster_new(endpoint, NULL);
     assert_non_null(kb);
     char top[64];
     s_knn_top(kb, "w2vt", "alpha", top, sizeof top);
     assert_string_equal(top, "omega");
     s_knn_top(kb, "w2vt", "gamma", top, sizeof top);
     assert_string_equal(top, "beta");
-    /* hapax has a count row only below admission (Bloom: none), and no vector row. */
+    /* hapax has no vector row (admission). */
     kb_key_t hk = {"hapax", 5};
     float val[24];
     kb_row_meta_t meta;
-    assert_int_equal(kb_client_lookup_ex(kb, "w2vt", &hk, 1, 24, true, val, &meta), 0);
+    assert_int_equal(kb_cluster_lookup_ex(kb, "w2vt", &hk, 1, 24, true, val, &meta), 0);
     assert_int_equal(meta.frequency, 0);
-    kb_client_destroy(&kb);
+    kb_cluster_destroy(&kb);
 }
 
 /* Per test: the server and the trainers started, stopped by the teardown even when an assertion failed. */
 typedef struct {
     test_server_t srv;
+    test_server_t srv2; /* second shard (test_sharded_bank) */
     pid_t trainers[8];
     int n_trainers;
 } s_fixture_t;
@@ -175,6 +167,7 @@ static int s_setup(void **state)
     if (!f)
         return -1;
     test_server_init(&f->srv);
+    test_server_init(&f->srv2);
     *state = f;
     return 0;
 }
@@ -187,6 +180,8 @@ static int s_teardown(void **state)
             waitpid(f->trainers[i], NULL, 0);
     }
     int rc = test_server_cleanup(&f->srv);
+    if (test_server_cleanup(&f->srv2) != 0)
+        rc = -1;
     free(f);
     return rc == 0 ? 0 : -1;
 }
@@ -302,6 +297,43 @@ static void test_bank_restart_mid_training(void **state)
     s_check_learned(endpoint, vec);
 }
 
+/* A bank of two shards (--shard 0/2, 1/2): --kb takes both endpoints, keys are routed by their hash,
+ * negatives are sampled across both by mass, export and knn merge the shards. */
+static void test_sharded_bank(void **state)
+{
+    s_fixture_t *fx = *state;
+    const char *a0[] = {"--durability", "interval:200", "--shard", "0/2", NULL};
+    const char *a1[] = {"--durability", "interval:200", "--shard", "1/2", NULL};
+    assert_int_equal(test_server_start(&fx->srv, a0), 0);
+    assert_int_equal(test_server_start(&fx->srv2, a1), 0);
+    char corpus[400], vec[400], out0[400], out1[400];
+    s_paths(&fx->srv, corpus, vec, out0, out1, sizeof corpus);
+    s_write_corpus(corpus);
+    char endpoints[600];
+    snprintf(endpoints, sizeof endpoints, "%s,%s", fx->srv.endpoint, fx->srv2.endpoint);
+    const char *w0[] = {"--worker", "0/2", NULL};
+    const char *w1[] = {"--worker", "1/2", NULL};
+    pid_t p0 = s_start(fx, endpoints, corpus, out0, w0);
+    pid_t p1 = s_start(fx, endpoints, corpus, out1, w1);
+    assert_int_equal(s_join(fx, p0), 0);
+    assert_int_equal(s_join(fx, p1), 0);
+    const char *ex[] = {"--epochs", "0", "--export", vec, NULL};
+    assert_int_equal(s_join(fx, s_start(fx, endpoints, corpus, out0, ex)), 0);
+    s_check_learned(endpoints, vec);
+    /* Both shards hold part of the vocabulary. */
+    for (int i = 0; i < 2; i++) {
+        kb_client_t *kb = kb_client_new(i ? fx->srv2.endpoint : fx->srv.endpoint, NULL);
+        assert_non_null(kb);
+        Carls__Response *st = NULL;
+        assert_int_equal(kb_client_stats(kb, "w2vt", &st), 0);
+        assert_int_equal(st->stats->n_tables, 1);
+        printf("  shard %d: %llu rows\n", i, (unsigned long long)st->stats->tables[0]->rows);
+        assert_true(st->stats->tables[0]->rows > 30);
+        carls__response__free_unpacked(st, NULL);
+        kb_client_destroy(&kb);
+    }
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
@@ -325,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_bad_usage),
         cmocka_unit_test_setup_teardown(test_two_trainers_learn_planted_pairs, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bank_restart_mid_training, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sharded_bank, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
