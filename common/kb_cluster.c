@@ -56,9 +56,9 @@ static void s_clear_error(kb_cluster_t *self)
     self->failed_shard = -1;
 }
 
-/* Records that shard s failed, with the shard's client error as the text. With one shard the text is the
- * client's own (a single server needs no name). Only the first failure of a call is kept: callers check
- * failed_shard < 0 before calling when several may fail. */
+/* Records that shard s failed, with the shard's client error as the text (replacing any earlier text: the
+ * callers decide which failure of a call is reported, see s_fanout). With one shard the text is the client's
+ * own (a single server needs no name). */
 static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
 {
     if (self->n == 1)
@@ -1073,9 +1073,11 @@ static uint64_t s_shard_seed(uint64_t seed, uint32_t s)
 }
 
 /* Sends one Sample request per shard: positives of that shard (grouped per sp; sp may be NULL for none),
- * counts[s] candidates (NULL: 0 each), shards with nothing to do skipped unless ask_all. */
+ * counts[s] candidates (NULL: 0 each), shards with nothing to do skipped unless ask_all. Shard s draws with
+ * s_shard_seed(seed, s), or with seed itself when raw_seed (the single-shard pass-through). */
 static int s_sample_round(kb_cluster_t *self, const char *table, const s_split_t *sp, const uint32_t *counts,
-                          bool ask_all, Carls__SampleStrategy strategy, uint64_t seed, Carls__Response **resps)
+                          bool ask_all, Carls__SampleStrategy strategy, uint64_t seed, bool raw_seed,
+                          Carls__Response **resps)
 {
     Carls__Sample *ops = carls_xcalloc(self->n, sizeof *ops);
     Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
@@ -1090,7 +1092,7 @@ static int s_sample_round(kb_cluster_t *self, const char *table, const s_split_t
         ops[s].positives = np ? sp->wire + sp->start[s] : NULL;
         ops[s].n = nc;
         ops[s].strategy = strategy;
-        ops[s].seed = s_shard_seed(seed, s);
+        ops[s].seed = raw_seed ? seed : s_shard_seed(seed, s);
         carls__request__init(&reqs[s]);
         reqs[s].table = (char *)table;
         reqs[s].op_case = CARLS__REQUEST__OP_SAMPLE;
@@ -1151,7 +1153,8 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
         s_set_error(self, "sample: no positive keys");
         return KB_CLIENT_EINVAL;
     }
-    while (seed == 0) {
+    /* One shard: the server picks a seed for 0 itself. Several: the split needs one here. */
+    while (seed == 0 && self->n > 1) {
         if (carls_random_bytes(&seed, sizeof seed) != 0) {
             s_set_error(self, "sample: cannot read random bytes for a seed");
             return KB_CLIENT_EIO;
@@ -1174,7 +1177,7 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     if (self->n == 1) {
         /* Pass-through: one request with everything, the answer as it is (scale 1). */
         counts[0] = n;
-        rc = s_sample_round(self, table, n_positives ? &sp : NULL, counts, true, strategy, seed, round1);
+        rc = s_sample_round(self, table, n_positives ? &sp : NULL, counts, true, strategy, seed, true, round1);
         if (rc != 0)
             goto cleanup;
         const Carls__SampleResult *res = round1[0]->sample;
@@ -1193,7 +1196,7 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     }
 
     /* Round 1: every shard's mass, and the probabilities of the positives it owns. */
-    rc = s_sample_round(self, table, n_positives ? &sp : NULL, NULL, true, strategy, seed, round1);
+    rc = s_sample_round(self, table, n_positives ? &sp : NULL, NULL, true, strategy, seed, false, round1);
     if (rc != 0)
         goto cleanup;
     double total = 0;
@@ -1202,8 +1205,14 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
         total += round1[s]->sample->mass;
         rows += round1[s]->sample->rows;
     }
+    if (n > 0 && !(total > 0)) {
+        /* What a single server answers when it has nothing to draw from. */
+        s_set_error(self, "NOT_FOUND: table '%s' has no rows that strategy can draw", table);
+        rc = KB_CLIENT_ESTATUS;
+        goto cleanup;
+    }
     /* The multinomial split of n by mass (shards with no mass get no draws). */
-    if (total > 0) {
+    if (n > 0) {
         uint64_t st = seed;
         for (uint32_t d = 0; d < n; d++) {
             double u = s_unit(&st) * total, acc = 0;
@@ -1222,7 +1231,7 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
             counts[pick]++;
         }
         /* Round 2: each shard draws its share. */
-        rc = s_sample_round(self, table, NULL, counts, false, strategy, seed, round2);
+        rc = s_sample_round(self, table, NULL, counts, false, strategy, seed, false, round2);
         if (rc != 0)
             goto cleanup;
     }

@@ -26,6 +26,10 @@
  *   - sample: see kb_cluster_sample.
  *   - stats and scan: per shard (the caller picks the shard).
  *
+ * Timeouts: each shard's client waits timeout_ms per attempt (kb_client.h), counted from when its answer is
+ * awaited. Answers are awaited shard after shard, so healthy shards cost one round trip together, but a call
+ * that meets k unresponsive shards takes up to k times the timeout before it fails.
+ *
  * Threading: like kb_client_t, one cluster is used from one thread at a time.
  *
  * Return convention: as kb_client: 0 on success, a negative KB_CLIENT_E* code on failure, with
@@ -175,7 +179,9 @@ void kb_sample_result_destroy(kb_sample_result_t **result_p);
  *     probability follows its rank within its shard, mixed by row counts; this equals the single-bank
  *     Zipfian only when the shards' frequency profiles match. The probabilities returned are the ones the
  *     draws were made with, so the sampled-softmax correction stays consistent.
- * seed 0 picks a random seed. Caller owns *out. A bank with no rows answers the positives only. */
+ * seed 0 picks a random seed (with one shard the server picks it). With one shard the request goes through
+ * unchanged. Caller owns *out. A bank with nothing to draw from answers n == 0 with the positives
+ * (probability 0) and refuses n > 0 with KB_CLIENT_ESTATUS ("NOT_FOUND: ..."), as a single server does. */
 int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
                       uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out);
 

@@ -721,7 +721,7 @@ static void test_corrupt_exports_refused(void **state)
     s_free_keys(&k);
 }
 
-/* An empty table exports as a valid file of no rows (every shard's scan comes back empty) and imports as an
+/* An empty table samples as a single server would and exports as a valid file of no rows (every shard's scan comes back empty) and imports as an
  * empty table with the same config. Last, because a server that fails it stops answering. */
 static void test_empty_table_export(void **state)
 {
@@ -731,6 +731,21 @@ static void test_empty_table_export(void **state)
     char pe[128], err[512];
     s_path(f, "empty.kbx", pe, sizeof pe);
     assert_int_equal(kb_cluster_create_table(f->cluster, "empty", &cfg, false), 0);
+    /* Nothing to draw: the positives' probabilities (0) for n = 0, NOT_FOUND for n > 0, as one server says. */
+    kb_key_t pos = {"p", 1};
+    kb_sample_result_t *r = NULL;
+    assert_int_equal(kb_cluster_sample(f->cluster, "empty", &pos, 1, 0, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM, 3, &r), 0);
+    assert_int_equal(r->n, 1);
+    assert_true(r->probabilities[0] == 0.0f);
+    kb_sample_result_destroy(&r);
+    assert_int_equal(kb_cluster_sample(f->cluster, "empty", &pos, 1, 5, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM, 3, &r),
+                     KB_CLIENT_ESTATUS);
+    assert_non_null(strstr(kb_cluster_last_error(f->cluster), "NOT_FOUND"));
+    assert_int_equal(kb_cluster_create_table(f->one, "empty1", &cfg, false), 0);
+    assert_int_equal(kb_cluster_sample(f->one, "empty1", &pos, 1, 5, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM, 3, &r),
+                     KB_CLIENT_ESTATUS);
+    assert_non_null(strstr(kb_cluster_last_error(f->one), "NOT_FOUND"));
+    assert_null(r);
     uint64_t rows = 99;
     if (kb_export_table(f->cluster, "empty", pe, 0, &rows, err, sizeof err) != 0)
         fail_msg("export of an empty table: %s", err);
