@@ -158,9 +158,10 @@ static void s_usage(FILE *out)
             "  --admission bloom|frequency|none  NAME.count's admission policy (default bloom: rare words get\n"
             "                           no row at all; frequency: kept in memory, never persisted)\n"
             "  --worker I/N             train on slice I of N of the corpus (default 0/1)\n"
-            "  --batch-tokens N         corpus tokens per batch (default 8192)\n"
+            "  --batch-tokens N         corpus tokens per batch (default 8192 / N of --worker I/N, at least\n"
+            "                           1024: the trainers together push about 8192 tokens' gradients per round)\n"
             "  --pool N                 negatives drawn from the bank per batch; each pair picks its K\n"
-            "                           negatives uniformly from them (default 4096)\n"
+            "                           negatives uniformly from them (default batch-tokens / 2)\n"
             "  --optimizer adagrad|sgd  server-side optimizer (default adagrad)\n"
             "  --lr LR                  server learning rate (default 0.5 adagrad, 0.025 sgd)\n"
             "  --lr-decay linear|none   scale pushed gradients by 1 - progress (default: linear for sgd,\n"
@@ -212,8 +213,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .subsample = 1e-4f,
         .worker = 0,
         .workers = 1,
-        .batch_tokens = 8192,
-        .pool = 4096,
+        .batch_tokens = 0,
+        .pool = 0,
         .lr_decay = -1,
         .count_pass = 1,
         .seed = 1,
@@ -391,6 +392,12 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if (o->tables.lr < 0)
         o->tables.lr = o->tables.adagrad ? 0.5f : 0.025f;
+    /* n trainers push n batches per round: keep the tokens per round at 8192, as one trainer's batch (larger
+     * rounds are larger effective minibatches, measured to hurt quality: docs/EXPERIMENTS.md). */
+    if (o->batch_tokens == 0)
+        o->batch_tokens = 8192 / o->workers > 1024 ? 8192 / o->workers : 1024;
+    if (o->pool == 0)
+        o->pool = o->batch_tokens / 2;
     if (o->lr_decay < 0)
         o->lr_decay = o->tables.adagrad ? 0 : 1;
     if (o->tables.admission == W2V_ADMIT_NONE)

@@ -9,6 +9,8 @@
 #     w1                         1 trainer (defaults, lazy updates)
 #     w2 w4                      2 / 4 trainers (--worker i/n), lazy updates
 #     w2imm w4imm                2 / 4 trainers, immediate updates
+#     w<N>[imm]b<B>              N trainers with B tokens per batch and a pool of B/2 (e.g. w4b2048: the
+#                                same tokens per round of 4 batches as one trainer's default batch)
 # Every run gets a fresh kb-server (--durability interval:1000, 2 worker threads) on its own port and data
 # directory. Each line of OUT_DIR/results.tsv: config, load average before, wall seconds, words/s (corpus
 # tokens x epochs / wall), mean share of trainer time waiting on the bank, quality checks (w2v-eval).
@@ -56,8 +58,13 @@ for cfg in "${configs[@]}"; do
         "$(quality "$out/$cfg.vec")" | tee -a "$results"
       ;;
     w*)
-      n=${cfg#w}; n=${n%imm}
-      update=lazy; [[ "$cfg" == *imm ]] && update=immediate
+      # w<N>[imm][b<B>]: N trainers, immediate updates, B tokens per batch (pool B/2)
+      n=$(echo "$cfg" | sed 's/^w\([0-9]*\).*/\1/')
+      update=lazy; [[ "$cfg" == *imm* ]] && update=immediate
+      extra=()
+      if [[ "$cfg" =~ b([0-9]+)$ ]]; then
+        extra=(--batch-tokens "${BASH_REMATCH[1]}" --pool $((BASH_REMATCH[1] / 2)))
+      fi
       port=$((port + 1))
       data="$out/$cfg.kb"; rm -rf "$data"
       "$S" --listen "tcp://127.0.0.1:$port" --data "$data" --durability interval:1000 --threads 2 \
@@ -68,7 +75,7 @@ for cfg in "${configs[@]}"; do
       pids=()
       for ((i = 0; i < n; i++)); do
         "$T" word2vec --corpus kjv --kb "tcp://127.0.0.1:$port" --table kjv --update "$update" --worker "$i/$n" \
-          > "$out/$cfg.$i.out" 2> "$out/$cfg.$i.err" &
+          "${extra[@]}" > "$out/$cfg.$i.out" 2> "$out/$cfg.$i.err" &
         pids+=($!)
       done
       for p in "${pids[@]}"; do wait "$p"; done
