@@ -292,6 +292,40 @@ static int s_stats(kb_client_t *c, s_tstats_t *out)
     return 0;
 }
 
+/* The server's commit counters (stats of every table). */
+static int s_commits(const char *endpoint, uint64_t *commits, uint64_t *rows_written)
+{
+    kb_client_options_t o = {.timeout_ms = 60000};
+    kb_client_t *c = kb_client_new(endpoint, &o);
+    Carls__Response *resp = NULL;
+    int rc = c ? kb_client_stats(c, "", &resp) : -1;
+    if (rc == 0) {
+        *commits = resp->stats->commits;
+        *rows_written = resp->stats->rows_written;
+    }
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    kb_client_destroy(&c);
+    return rc;
+}
+
+/* The server's own p50 for operation op (time inside kb_service_handle, from its histogram), or NAN. */
+static double s_server_p50(const char *endpoint, const char *op)
+{
+    kb_client_options_t o = {.timeout_ms = 60000};
+    kb_client_t *c = kb_client_new(endpoint, &o);
+    Carls__Response *resp = NULL;
+    double p50 = NAN;
+    if (c && kb_client_stats(c, "", &resp) == 0)
+        for (size_t i = 0; i < resp->stats->n_latency; i++)
+            if (strcmp(resp->stats->latency[i]->op, op) == 0)
+                p50 = resp->stats->latency[i]->p50_us;
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    kb_client_destroy(&c);
+    return p50;
+}
+
 /* Resident memory of a process in bytes (VmRSS), or 0. */
 static uint64_t s_rss_bytes(pid_t pid)
 {
@@ -538,8 +572,9 @@ static void s_report_failed(const bench_opts_t *opts, const char *name, const ch
 /* ---- the cases ---- */
 
 typedef struct {
-    bench_measure_t lookup, push, put_sync, put_interval; /* alone, for the mixed case's references */
-    bool have_lookup, have_push, have_put_sync;
+    /* measured alone, for later references (the mixed case's, sync against interval) */
+    bench_measure_t lookup, lookup_int, push_int, put_int;
+    bool have_lookup, have_lookup_int, have_push_int, have_put_int;
     bench_measure_t redis_mget, redis_set;
     bool have_redis;
     const char *redis_note;
@@ -627,7 +662,8 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     st->have_lookup = true;
     int erc = bench_zmq_echo(opts, req_bytes, rep_bytes, opts->batch, &echo);
     char note[160];
-    snprintf(note, sizeof note, "request %zu B, reply %zu B", req_bytes, rep_bytes);
+    snprintf(note, sizeof note, "request %zu B, reply %zu B; inside the server p50 %.0f us", req_bytes, rep_bytes,
+             s_server_p50(srv->endpoint, "lookup"));
 
     bench_result_t r = s_result(opts, "lookup.p50", "us");
     r.value = kb.p50_us;
@@ -686,45 +722,63 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     bench_report(opts, &r);
 }
 
-static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+/* Pushes for the configured time, then waits until nothing is pending. *applied_rate: gradient rows
+ * applied (or dropped as outliers) per second from the start until nothing was pending; *received_rate:
+ * rows received per second of pushing (warm-up included, as the applied count includes it). */
+static int s_measure_push(const bench_opts_t *opts, bench_proc_t *srv, bench_measure_t *kb, double *applied_rate,
+                          double *received_rate)
 {
-    bench_progress(opts, "push: %u clients, batch %u rows, lazy updates (max_age 1000 ms, max_pending 16)",
-                   opts->clients, opts->batch);
     kb_client_options_t o = {.timeout_ms = 60000};
     kb_client_t *c = kb_client_new(srv->endpoint, &o);
     s_tstats_t before, after;
-    bench_measure_t kb, echo;
-    memset(&kb, 0, sizeof kb);
+    memset(kb, 0, sizeof *kb);
     memset(&after, 0, sizeof after);
+    *applied_rate = *received_rate = NAN;
     int rc = c ? s_stats(c, &before) : -1;
     double t0 = bench_now();
     if (rc == 0)
-        rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_push, opts->clients, opts->seconds, &kb);
+        rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_push, opts->clients, opts->seconds, kb);
     double pushed_s = bench_now() - t0;
-    /* Applied: wait until every pending gradient has been applied (max_age_ms is 1000). */
-    double drained_s = NAN;
     if (rc == 0) {
-        for (int i = 0; i < 1000; i++) {
+        for (int i = 0; i < 1000; i++) { /* 10 s; max_age_ms is 1000 */
             if (s_stats(c, &after) != 0) {
                 rc = -1;
                 break;
             }
             if (after.pending_gradients == 0) {
-                drained_s = bench_now() - t0;
+                double drained_s = bench_now() - t0;
+                uint64_t applied = (after.gradients_applied - before.gradients_applied) +
+                                   (after.outliers_dropped - before.outliers_dropped);
+                *applied_rate = (double)applied / drained_s;
                 break;
             }
             struct timespec ts = {0, 10 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
+        *received_rate = (double)(after.gradients_received - before.gradients_received) / pushed_s;
     }
     kb_client_destroy(&c);
-    if (rc != 0) {
-        s_report_failed(opts, "push.accepted", "rows/s", kb.error[0] ? kb.error : "stats failed");
+    if (rc != 0 && !kb->error[0])
+        snprintf(kb->error, sizeof kb->error, "stats failed");
+    return rc;
+}
+
+/* Gradient pushes on the interval-durability server (a training deployment): accepted against a raw
+ * ZeroMQ echo of the same bytes, applied against received. */
+static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, const char *durability,
+                        int *failures)
+{
+    bench_progress(opts, "push: %u clients, batch %u rows, lazy updates (max_age 1000 ms, max_pending 16), %s",
+                   opts->clients, opts->batch, durability);
+    bench_measure_t kb, echo;
+    double applied, received;
+    if (s_measure_push(opts, srv, &kb, &applied, &received) != 0) {
+        s_report_failed(opts, "push.accepted", "rows/s", kb.error);
         (*failures)++;
         return;
     }
-    st->push = kb;
-    st->have_push = true;
+    st->push_int = kb;
+    st->have_push_int = true;
     int erc = bench_zmq_echo(opts, s_push_request_bytes(opts), 8, opts->batch, &echo);
 
     bench_result_t r = s_result(opts, "push.accepted", "rows/s");
@@ -733,74 +787,130 @@ static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *
     r.reference_value = erc == 0 ? echo.rate : NAN;
     r.p50_us = kb.p50_us;
     r.p99_us = kb.p99_us;
-    r.note = "sync durability: each push waits for its group commit";
+    r.note = durability;
     bench_report(opts, &r);
 
-    uint64_t received = after.gradients_received - before.gradients_received;
-    uint64_t applied = (after.gradients_applied - before.gradients_applied) +
-                       (after.outliers_dropped - before.outliers_dropped);
     r = s_result(opts, "push.applied", "rows/s");
-    r.value = isfinite(drained_s) ? (double)applied / drained_s : NAN;
+    r.value = applied;
     r.reference = "push.received (same run)";
-    r.reference_value = (double)received / pushed_s;
-    r.note = isfinite(drained_s) ? "applied rows / time until nothing is pending" : "still pending after 10 s";
+    r.reference_value = received;
+    r.note = isfinite(applied) ? "rows applied / time until nothing was pending" : "still pending after 10 s";
     bench_report(opts, &r);
 }
 
-static void s_case_put(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+/* The same pushes on the sync server: each push waits for the group commit holding it. */
+static void s_case_push_sync(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
 {
-    bench_progress(opts, "put: %u writers, batch %u rows, sync and %s", opts->clients, opts->batch, opts->interval);
-    bench_measure_t sync_m, int_m;
-    int rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &sync_m);
-    if (rc != 0) {
-        s_report_failed(opts, "put.sync", "rows/s", sync_m.error);
+    bench_progress(opts, "push: %u clients, batch %u rows, sync durability", opts->clients, opts->batch);
+    bench_measure_t kb;
+    double applied, received;
+    if (s_measure_push(opts, srv, &kb, &applied, &received) != 0) {
+        s_report_failed(opts, "push.accepted.sync", "rows/s", kb.error);
         (*failures)++;
         return;
     }
-    st->put_sync = sync_m;
-    st->have_put_sync = true;
-    /* A second server in interval mode, same table and rows. */
-    bench_proc_t isrv;
-    const char *extra[] = {"--durability", opts->interval, NULL};
-    rc = opts->connect ? -1 : bench_kb_start(opts, "kb-interval", extra, &isrv);
-    if (rc == 0) {
-        s_conn_t conn;
-        char ep[1][256];
-        s_ep(ep[0], isrv.endpoint);
-        rc = s_conn_open(&conn, ep, 1);
-        if (rc == 0)
-            rc = s_create(&conn, opts->dim, NULL);
-        if (rc == 0)
-            rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
-        s_conn_close(&conn);
-        if (rc == 0)
-            rc = s_run_kb(opts, &isrv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &int_m);
-        bench_proc_stop(opts, &isrv);
-    }
-    if (rc != 0 && !opts->connect)
-        (*failures)++;
-
-    bench_result_t r = s_result(opts, "put.sync", "rows/s");
-    r.value = sync_m.rate;
-    r.reference = "put.interval";
-    r.reference_value = rc == 0 ? int_m.rate : NAN;
-    r.target = ">= 0.5";
-    r.target_ratio = 0.5;
-    r.p50_us = sync_m.p50_us;
-    r.p99_us = sync_m.p99_us;
-    r.note = opts->connect ? "interval server not started with --connect" : NULL;
+    bench_result_t r = s_result(opts, "push.accepted.sync", "rows/s");
+    r.value = kb.rate;
+    r.reference = "push.accepted";
+    r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
+    r.p50_us = kb.p50_us;
+    r.p99_us = kb.p99_us;
+    r.note = "each push waits for its group commit";
     bench_report(opts, &r);
+}
 
-    if (rc == 0) {
-        r = s_result(opts, "put.interval", "rows/s");
-        r.value = int_m.rate;
-        r.reference = "redis.set (pipelined)";
-        r.reference_value = st->have_redis ? st->redis_set.rate : NAN;
-        r.p50_us = int_m.p50_us;
-        r.p99_us = int_m.p99_us;
-        r.note = st->have_redis ? opts->interval : st->redis_note;
+/* A maker's puts against the interval server; Redis's pipelined SET is the reference. */
+static void s_case_put_interval(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    bench_progress(opts, "put: %u writers, batch %u rows, %s", opts->clients, opts->batch, opts->interval);
+    bench_measure_t m;
+    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &m) != 0) {
+        s_report_failed(opts, "put.interval", "rows/s", m.error);
+        (*failures)++;
+        return;
+    }
+    st->put_int = m;
+    st->have_put_int = true;
+    bench_result_t r = s_result(opts, "put.interval", "rows/s");
+    r.value = m.rate;
+    r.reference = "redis.set (pipelined)";
+    r.reference_value = st->have_redis ? st->redis_set.rate : NAN;
+    r.p50_us = m.p50_us;
+    r.p99_us = m.p99_us;
+    r.note = st->have_redis ? opts->interval : st->redis_note;
+    bench_report(opts, &r);
+}
+
+/* Puts with `writers` writers on srv; the note says how many commits and rows per commit it took. */
+static int s_measure_put(const bench_opts_t *opts, bench_proc_t *srv, uint32_t writers, bench_measure_t *m,
+                         char *note, size_t notelen)
+{
+    uint64_t c0 = 0, w0 = 0, c1 = 0, w1 = 0;
+    s_commits(srv->endpoint, &c0, &w0);
+    double t0 = bench_now();
+    int rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_put, writers, opts->seconds, m);
+    double dt = bench_now() - t0;
+    s_commits(srv->endpoint, &c1, &w1);
+    snprintf(note, notelen, "%.0f commits/s, %.0f rows per commit", (double)(c1 - c0) / dt,
+             c1 > c0 ? (double)(w1 - w0) / (double)(c1 - c0) : 0.0);
+    return rc;
+}
+
+/* A maker's puts against the sync server, with the configured writers and with 8 times as many (group
+ * commit: more writers share each commit; one fsync per commit limits it). */
+static void s_case_put_sync(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    uint32_t counts[2] = {opts->clients, opts->clients * 8};
+    for (int i = 0; i < 2; i++) {
+        char name[48], note[128];
+        if (i == 0)
+            snprintf(name, sizeof name, "put.sync");
+        else
+            snprintf(name, sizeof name, "put.sync.%uw", counts[i]);
+        bench_progress(opts, "%s: %u writers, batch %u rows, sync durability", name, counts[i], opts->batch);
+        bench_measure_t m;
+        if (s_measure_put(opts, srv, counts[i], &m, note, sizeof note) != 0) {
+            s_report_failed(opts, name, "rows/s", m.error);
+            (*failures)++;
+            continue;
+        }
+        bench_result_t r = s_result(opts, name, "rows/s");
+        r.value = m.rate;
+        r.reference = "put.interval";
+        r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
+        if (i == 0) {
+            r.target = ">= 0.5";
+            r.target_ratio = 0.5;
+        }
+        r.p50_us = m.p50_us;
+        r.p99_us = m.p99_us;
+        r.clients = counts[i];
+        r.note = note;
         bench_report(opts, &r);
     }
+}
+
+/* Lookups on the interval server, alone: the mixed load's reference, and how much the sync server's
+ * 200 ms persistence of frequency counts costs. */
+static void s_case_lookup_interval(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
+{
+    bench_progress(opts, "lookup: %u clients, batch %u, %s", opts->clients, opts->batch, opts->interval);
+    bench_measure_t m;
+    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &m) != 0) {
+        s_report_failed(opts, "lookup.throughput.interval", "emb/s", m.error);
+        (*failures)++;
+        return;
+    }
+    st->lookup_int = m;
+    st->have_lookup_int = true;
+    bench_result_t r = s_result(opts, "lookup.throughput.interval", "emb/s");
+    r.value = m.rate;
+    r.reference = "lookup.throughput";
+    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
+    r.p50_us = m.p50_us;
+    r.p99_us = m.p99_us;
+    r.note = opts->interval;
+    bench_report(opts, &r);
 }
 
 /* nlist for an IVF table of n rows: sqrt(n) rounded down to a power of two, 16..1024. */
@@ -941,8 +1051,8 @@ static void *s_concurrent_main(void *arg)
 static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
 {
     uint32_t makers = 1;
-    bench_progress(opts, "mixed: %u trainers (lookup + push) and %u maker (put) for %.1f s", opts->clients, makers,
-                   opts->mixed_seconds);
+    bench_progress(opts, "mixed: %u trainers (lookup + push) and %u maker (put) for %.1f s, %s", opts->clients,
+                   makers, opts->mixed_seconds, opts->connect ? opts->connect : opts->interval);
     s_concurrent_t tr = {.opts = opts, .srv = srv, .op = s_op_trainer, .clients = opts->clients};
     s_concurrent_t mk = {.opts = opts, .srv = srv, .op = s_op_put, .clients = makers};
     pthread_t a, b;
@@ -957,8 +1067,8 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     }
     bench_result_t r = s_result(opts, "mixed.lookup", "emb/s");
     r.value = tr.m.rate;
-    r.reference = "lookup.throughput (alone)";
-    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
+    r.reference = "lookup.throughput.interval (alone)";
+    r.reference_value = st->have_lookup_int ? st->lookup_int.rate : NAN;
     r.p50_us = tr.m.p50_us;
     r.p99_us = tr.m.p99_us;
     r.note = "latency: one trainer step = lookup + push";
@@ -967,13 +1077,13 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     r = s_result(opts, "mixed.push", "rows/s");
     r.value = tr.m.rate; /* every step pushes as many rows as it read */
     r.reference = "push.accepted (alone)";
-    r.reference_value = st->have_push ? st->push.rate : NAN;
+    r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
     bench_report(opts, &r);
 
     r = s_result(opts, "mixed.put", "rows/s");
     r.value = mk.m.rate;
-    r.reference = "put.sync (alone)";
-    r.reference_value = st->have_put_sync ? st->put_sync.rate : NAN;
+    r.reference = "put.interval (alone)";
+    r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
     r.clients = makers;
     r.p50_us = mk.m.p50_us;
     r.p99_us = mk.m.p99_us;
@@ -1116,6 +1226,24 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
     }
 }
 
+/* Creates the table and loads opts->keys rows. */
+static int s_prepare(const bench_opts_t *opts, bench_proc_t *srv)
+{
+    s_conn_t conn;
+    char ep[1][256];
+    s_ep(ep[0], srv->endpoint);
+    int rc = s_conn_open(&conn, ep, 1);
+    if (rc == 0) {
+        rc = s_create(&conn, opts->dim, NULL);
+        if (rc == 0) {
+            bench_progress(opts, "loading %u rows of dim %u into %s", opts->keys, opts->dim, srv->endpoint);
+            rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
+        }
+    }
+    s_conn_close(&conn);
+    return rc;
+}
+
 int bench_kb_all(const bench_opts_t *opts)
 {
     int failures = 0;
@@ -1138,50 +1266,59 @@ int bench_kb_all(const bench_opts_t *opts)
         }
     }
 
-    /* The main server: default settings (sync durability). */
-    bool need_main = bench_selected(opts, "lookup") || bench_selected(opts, "push") || bench_selected(opts, "put") ||
-                     bench_selected(opts, "mixed");
-    bench_proc_t main_srv;
-    memset(&main_srv, 0, sizeof main_srv);
-    if (need_main) {
-        int rc;
-        if (opts->connect) {
-            snprintf(main_srv.endpoint, sizeof main_srv.endpoint, "%s", opts->connect);
-            rc = 0;
-        } else {
-            rc = bench_kb_start(opts, "kb-main", NULL, &main_srv);
-        }
-        s_conn_t conn;
-        char ep[1][256];
-        s_ep(ep[0], main_srv.endpoint);
+    /* Two servers with the same table and rows: default settings (sync durability) and interval
+     * durability. With --connect, the given server stands for both and the sync/interval comparisons are
+     * skipped. */
+    bool need_sync = bench_selected(opts, "lookup") || bench_selected(opts, "push") || bench_selected(opts, "put");
+    bool need_int = !opts->connect && (need_sync || bench_selected(opts, "mixed"));
+    if (opts->connect)
+        need_sync = need_sync || bench_selected(opts, "mixed");
+    bench_proc_t sync_srv, int_srv;
+    memset(&sync_srv, 0, sizeof sync_srv);
+    memset(&int_srv, 0, sizeof int_srv);
+    int rc = 0;
+    if (need_sync) {
+        if (opts->connect)
+            s_ep(sync_srv.endpoint, opts->connect);
+        else
+            rc = bench_kb_start(opts, "kb-sync", NULL, &sync_srv);
         if (rc == 0)
-            rc = s_conn_open(&conn, ep, 1);
-        if (rc == 0) {
-            rc = s_create(&conn, opts->dim, NULL);
-            if (rc == 0) {
-                bench_progress(opts, "loading %u rows of dim %u", opts->keys, opts->dim);
-                rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
-            }
-            s_conn_close(&conn);
-        }
-        if (rc != 0) {
-            s_report_failed(opts, "setup", "", "the main kb-server could not be started or loaded");
-            bench_proc_stop(opts, &main_srv);
-            return -1;
-        }
-        if (bench_selected(opts, "lookup"))
-            s_case_lookup(opts, &main_srv, &st, &failures);
-        if (bench_selected(opts, "push"))
-            s_case_push(opts, &main_srv, &st, &failures);
-        if (bench_selected(opts, "put"))
-            s_case_put(opts, &main_srv, &st, &failures);
-        if (bench_selected(opts, "mixed"))
-            s_case_mixed(opts, &main_srv, &st, &failures);
-        bench_proc_stop(opts, &main_srv);
+            rc = s_prepare(opts, &sync_srv);
     }
+    if (rc == 0 && need_int) {
+        const char *extra[] = {"--durability", opts->interval, NULL};
+        rc = bench_kb_start(opts, "kb-interval", extra, &int_srv);
+        if (rc == 0)
+            rc = s_prepare(opts, &int_srv);
+    }
+    if (rc != 0) {
+        s_report_failed(opts, "setup", "", "a kb-server could not be started or loaded");
+        bench_proc_stop(opts, &sync_srv);
+        bench_proc_stop(opts, &int_srv);
+        return -1;
+    }
+    bench_proc_t *train_srv = opts->connect ? &sync_srv : &int_srv; /* pushes and the mixed load */
+    if (bench_selected(opts, "lookup")) {
+        s_case_lookup(opts, &sync_srv, &st, &failures);
+        if (!opts->connect)
+            s_case_lookup_interval(opts, &int_srv, &st, &failures);
+    }
+    if (bench_selected(opts, "push")) {
+        s_case_push(opts, train_srv, &st, opts->connect ? "the --connect server" : opts->interval, &failures);
+        if (!opts->connect)
+            s_case_push_sync(opts, &sync_srv, &st, &failures);
+    }
+    if (bench_selected(opts, "put") && !opts->connect) {
+        s_case_put_interval(opts, &int_srv, &st, &failures);
+        s_case_put_sync(opts, &sync_srv, &st, &failures);
+    }
+    if (bench_selected(opts, "mixed"))
+        s_case_mixed(opts, train_srv, &st, &failures);
+    bench_proc_stop(opts, &sync_srv);
+    bench_proc_stop(opts, &int_srv);
     if (opts->connect) {
         if (bench_selected(opts, "knn") || bench_selected(opts, "shards") || bench_selected(opts, "rows"))
-            bench_progress(opts, "--connect: knn, shards and rows need servers of their own; skipped");
+            bench_progress(opts, "--connect: put, knn, shards and rows need servers of their own; skipped");
         return failures ? -1 : 0;
     }
     if (bench_selected(opts, "knn"))

@@ -26,7 +26,7 @@ static void s_usage(FILE *out)
             "here: MGET, pipelined SET), and FAISS called in-process through the server's own index code.\n"
             "\n"
             "modes (sizes; later options override them):\n"
-            "  --quick                20k keys, 1 s per case, knn at 20k rows (default; under two minutes)\n"
+            "  --quick                20k keys, 1 s per case, knn at 10k rows (default; under two minutes)\n"
             "  --full                 100k keys, 5 s per case, knn at 100k and 1M rows, rows up to 1M\n"
             "                         (about 30 minutes and several GiB of memory)\n"
             "  --smoke                tiny sizes, for the CTest smoke test\n"
@@ -55,7 +55,8 @@ static void s_usage(FILE *out)
             "  --verbose              progress on stderr also with --json\n"
             "  -h, --help\n"
             "\n"
-            "Exit status: 0 when every kb case ran (references may be n/a), 1 when one failed, 2 usage.\n");
+            "Exit status: 0 when every kb case ran (references may be n/a) and every server it started stopped\n"
+            "cleanly, 1 otherwise, 2 usage.\n");
 }
 
 static int s_u32(const char *opt, const char *text, uint32_t min, uint32_t *out)
@@ -101,7 +102,7 @@ static int s_list(const char *opt, const char *text, uint32_t *out, int cap)
 
 static void s_mode(bench_opts_t *o, const char *mode)
 {
-    static const uint32_t quick_knn[4] = {20000}, full_knn[4] = {100000, 1000000}, smoke_knn[4] = {2000};
+    static const uint32_t quick_knn[4] = {10000}, full_knn[4] = {100000, 1000000}, smoke_knn[4] = {2000};
     static const uint32_t shards[4] = {1, 2, 4}, smoke_shards[4] = {1, 2};
     static const uint32_t quick_rows[5] = {10000, 50000}, full_rows[5] = {10000, 100000, 1000000},
                           smoke_rows[5] = {1000, 3000};
@@ -297,5 +298,9 @@ int main(int argc, char **argv)
         rmdir(tmpdir); /* the servers' directories are gone already */
     else if (o.keep_data)
         bench_progress(&o, "data kept in %s", o.data_dir);
+    if (bench_bad_exits() > 0) {
+        fprintf(stderr, "kb-bench: %d server(s) did not exit cleanly\n", bench_bad_exits());
+        rc = -1;
+    }
     return rc == 0 ? 0 : 1;
 }

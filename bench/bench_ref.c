@@ -498,8 +498,12 @@ int bench_faiss(const bench_opts_t *opts, const char *spec, const float *rows, u
         rc = kb_knn_upsert_batch(index, m, ids + s, rows + (size_t)s * opts->dim);
     }
     free(ids);
-    if (rc == 0) {
-        rc = kb_knn_rebuild(index); /* trains IVF on every row; -EAGAIN: too few rows (exact search) */
+    kb_knn_stats_t ks;
+    kb_knn_get_stats(index, &ks);
+    if (rc == 0 && !ks.ready) {
+        /* Indexes that need training (IVF): train on every row and fill. Flat and HNSW took the rows in as
+         * they came, as the server's index does. -EAGAIN: too few rows to train (exact search). */
+        rc = kb_knn_rebuild(index);
         if (rc == -EAGAIN)
             rc = 0;
     }

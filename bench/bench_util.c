@@ -457,6 +457,10 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
     return -1;
 }
 
+static atomic_int s_bad_exits;
+
+int bench_bad_exits(void) { return atomic_load(&s_bad_exits); }
+
 void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p)
 {
     if (p->pid > 0) {
@@ -475,9 +479,12 @@ void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p)
             struct timespec ts = {0, 10 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
-        if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
-            fprintf(stderr, "kb-bench: %s exited with status %d (log %s)\n", p->endpoint[0] ? p->endpoint : "child",
-                    WEXITSTATUS(status), p->log);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            /* A server that does not stop cleanly (or leaks, under the sanitizers) fails the run. */
+            s_bad_exits++;
+            fprintf(stderr, "kb-bench: %s did not exit cleanly (status 0x%x; log %s)\n",
+                    p->endpoint[0] ? p->endpoint : "child", (unsigned)status, p->log);
+        }
         p->pid = 0;
     }
     if (p->dir[0] && !opts->keep_data) {

@@ -120,6 +120,15 @@ static s_table_counters_t *s_table_counters(kb_service_t *self, const char *name
     return NULL;
 }
 
+/* Percentiles and maximum of a histogram. A percentile is its bucket's upper edge, so it is capped at the
+ * maximum actually seen (else p99 could read above max). */
+static void s_fill_latency(Carls__LatencySummary *l, kb_latency_t *h)
+{
+    l->max_us = (double)kb_latency_max(h);
+    l->p50_us = fmin(kb_latency_quantile(h, 0.50), l->max_us);
+    l->p99_us = fmin(kb_latency_quantile(h, 0.99), l->max_us);
+}
+
 /* Estimated memory of a table (TableStats.bytes): row headers, values, optimizer state, pending gradient
  * buffers and the index's own copy of the vectors. Keys, feature records and FAISS's structures are not
  * counted (the table does not track them). */
@@ -508,9 +517,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
                 carls__latency_summary__init(l);
                 l->op = (char *)s_op_names[op];
                 l->count = kb_latency_count(&tc->latency[op]);
-                l->p50_us = kb_latency_quantile(&tc->latency[op], 0.50);
-                l->p99_us = kb_latency_quantile(&tc->latency[op], 0.99);
-                l->max_us = (double)kb_latency_max(&tc->latency[op]);
+                s_fill_latency(l, &tc->latency[op]);
                 ts[i].requests[ts[i].n_requests++] = l;
             }
         }
@@ -525,9 +532,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         carls__latency_summary__init(l);
         l->op = (char *)s_op_names[i];
         l->count = kb_latency_count(&self->latency[i]);
-        l->p50_us = kb_latency_quantile(&self->latency[i], 0.50);
-        l->p99_us = kb_latency_quantile(&self->latency[i], 0.99);
-        l->max_us = (double)kb_latency_max(&self->latency[i]);
+        s_fill_latency(l, &self->latency[i]);
         st->latency[st->n_latency++] = l;
     }
     kb_bank_stats_t bs;

@@ -224,9 +224,10 @@ static void test_smoke_json(void **state)
 
     static const char *const expected[] = {
         "lookup.p50", "lookup.p99", "lookup.throughput", "lookup.throughput.vs_zmq", "lookup.no_create",
-        "push.accepted", "push.applied", "put.sync", "put.interval", "mixed.lookup", "mixed.push", "mixed.put",
-        "knn.flat.2k", "knn.ivf.2k", "knn.hnsw.2k", "knn.flat.2k.load", "shards.1.lookup", "shards.2.lookup",
-        "shards.2.put.sync", "rows.1000.lookup", "rows.3000.lookup", "rows.3000.memory",
+        "lookup.throughput.interval", "push.accepted", "push.applied", "push.accepted.sync", "put.sync",
+        "put.sync.16w", "put.interval", "mixed.lookup", "mixed.push", "mixed.put", "knn.flat.2k", "knn.ivf.2k",
+        "knn.hnsw.2k", "knn.flat.2k.load", "shards.1.lookup", "shards.2.lookup", "shards.2.put.sync",
+        "rows.1000.lookup", "rows.3000.lookup", "rows.3000.memory",
     };
     for (size_t i = 0; i < sizeof expected / sizeof *expected; i++)
         if (!s_case(&run, expected[i]))
