@@ -526,7 +526,14 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     self->dedup = kb_dedup_new();
     pthread_mutex_init(&self->store_mutex, NULL);
     pthread_mutex_init(&self->registry_mutex, NULL);
-    pthread_rwlock_init(&self->gate, NULL);
+    /* Writer preference: glibc's default lets a steady stream of requests (readers of the gate) starve the
+     * persister forever, and in interval durability nothing would ever be committed. No thread takes the
+     * gate twice, so the non-recursive writer-preferring kind is safe. */
+    pthread_rwlockattr_t gate_attr;
+    pthread_rwlockattr_init(&gate_attr);
+    pthread_rwlockattr_setkind_np(&gate_attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&self->gate, &gate_attr);
+    pthread_rwlockattr_destroy(&gate_attr);
     pthread_mutex_init(&self->commit_mutex, NULL);
     pthread_cond_init(&self->commit_cond, NULL);
     pthread_cond_init(&self->persist_cond, NULL);

@@ -1287,7 +1287,8 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
         }
         pthread_mutex_unlock(&st->mutex);
     }
-    qsort(ids, n, sizeof *ids, s_compare_ids);
+    if (n > 0) /* qsort's pointer must be valid even for zero elements */
+        qsort(ids, n, sizeof *ids, s_compare_ids);
     *done = n <= limit;
     if (n > limit)
         n = limit;
@@ -1311,6 +1312,7 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
         }
         pthread_mutex_unlock(&st->mutex);
     }
-    qsort(*out, count, sizeof **out, s_compare_records);
+    if (count > 0)
+        qsort(*out, count, sizeof **out, s_compare_records);
     return count;
 }
