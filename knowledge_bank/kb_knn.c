@@ -840,6 +840,73 @@ const char *kb_knn_metric_name(kb_knn_metric_t metric)
     return "?";
 }
 
+/* Parses a decimal number in [lo, hi] at *p and advances past it. */
+static bool s_spec_number(const char **p, unsigned long lo, unsigned long hi, unsigned long *out)
+{
+    if (**p < '0' || **p > '9')
+        return false;
+    unsigned long v = 0;
+    while (**p >= '0' && **p <= '9') {
+        v = v * 10 + (unsigned long)(**p - '0');
+        if (v > hi)
+            return false;
+        (*p)++;
+    }
+    *out = v;
+    return v >= lo;
+}
+
+/* Parses "PQ<m>" or "PQ<m>x<bits>" at *p for vectors of dim. */
+static bool s_spec_pq(const char **p, uint32_t dim)
+{
+    unsigned long m, bits;
+    if (strncmp(*p, "PQ", 2) != 0)
+        return false;
+    *p += 2;
+    if (!s_spec_number(p, 1, dim, &m) || dim % m != 0)
+        return false;
+    if (**p == 'x') {
+        (*p)++;
+        if (!s_spec_number(p, 4, 12, &bits))
+            return false;
+    }
+    return true;
+}
+
+/* Accepts only index specs whose parameters are known to be safe: FAISS's factory does not validate its
+ * numbers and divides by zero (PQ0), aborts, or allocates without bound (IVF20000000) on bad ones, and the
+ * spec comes from the network. Grammar: Flat | HNSW<m>[,Flat] | IVF<n>,Flat | IVF<n>,PQ<m>[x<b>] |
+ * PQ<m>[x<b>], with 2 <= m(HNSW) <= 256, 1 <= n <= 65536, 1 <= m(PQ) <= dim dividing dim, 4 <= b <= 12. */
+static int s_spec_check(const char *spec, uint32_t dim, char *err, size_t errlen)
+{
+    const char *p = spec;
+    unsigned long v;
+    bool ok = false;
+    if (strcmp(p, "Flat") == 0) {
+        ok = true;
+    } else if (strncmp(p, "HNSW", 4) == 0) {
+        p += 4;
+        ok = s_spec_number(&p, 2, 256, &v) && (*p == '\0' || strcmp(p, ",Flat") == 0);
+    } else if (strncmp(p, "IVF", 3) == 0) {
+        p += 3;
+        ok = s_spec_number(&p, 1, 65536, &v) && *p == ',';
+        if (ok) {
+            p++;
+            ok = strcmp(p, "Flat") == 0 || (s_spec_pq(&p, dim) && *p == '\0');
+        }
+    } else {
+        ok = s_spec_pq(&p, dim) && *p == '\0';
+    }
+    if (!ok) {
+        snprintf(err, errlen,
+                 "index spec '%s' is not accepted: use Flat, HNSW<m> (2..256), IVF<n>,Flat (n 1..65536), "
+                 "IVF<n>,PQ<m>[x<bits>] or PQ<m>[x<bits>] (m divides dim %u, bits 4..12)",
+                 spec, dim);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t errlen)
 {
     kb_knn_t *self = NULL;
@@ -871,6 +938,9 @@ int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t err
         snprintf(err, errlen, "unknown metric %d", (int)cfg->metric);
         return -EINVAL;
     }
+    rc = s_spec_check(cfg->spec, cfg->dim, err, errlen);
+    if (rc != 0)
+        return rc;
     if (!(cfg->rebuild_fraction >= 0.0f && cfg->rebuild_fraction <= 1.0f)) {
         snprintf(err, errlen, "rebuild_fraction %g out of range 0..1", (double)cfg->rebuild_fraction);
         return -EINVAL;

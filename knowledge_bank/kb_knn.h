@@ -1,6 +1,9 @@
 /* Nearest-neighbour index of one embedding table, kept in step with the table's rows (DESIGN.md,
- * "Nearest neighbours"). Built on the FAISS C API; any FAISS index-factory spec is accepted, and
- * "Flat", "IVF<nlist>,Flat" and "HNSW<M>" are the tested ones.
+ * "Nearest neighbours"). Built on the FAISS C API from an index-factory spec. Only specs whose numbers
+ * are bounded are accepted (FAISS's factory divides by zero, aborts or allocates without limit on bad
+ * ones, and specs arrive over the network): Flat, HNSW<m>[,Flat] (m 2..256), IVF<n>,Flat (n 1..65536),
+ * IVF<n>,PQ<m>[x<bits>] and PQ<m>[x<bits>] (m divides dim, bits 4..12). "Flat", "IVF<nlist>,Flat" and
+ * "HNSW<M>" are the tested ones.
  *
  * Rows are identified by their table row id (int64, >= 0; -1 means "no result" in search answers).
  *

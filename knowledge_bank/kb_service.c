@@ -701,6 +701,11 @@ static int s_check_record(kb_service_t *self, s_reply_t *rp, size_t i, const Car
 {
     if (!r)
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu is missing", i);
+    /* protobuf-c keeps unknown fields and can re-pack some of them (a multi-byte tag of field 0) into bytes
+     * it then refuses to decode: storing them would acknowledge a record that can never be read back. */
+    if (r->base.n_unknown_fields != 0)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu has %u fields this server "
+                      "does not know", i, r->base.n_unknown_fields);
     if (r->n_neighbor_keys != r->n_neighbor_weights)
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                       "record %zu: %zu neighbour keys but %zu weights", i, r->n_neighbor_keys, r->n_neighbor_weights);
