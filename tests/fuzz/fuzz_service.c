@@ -200,9 +200,8 @@ static uint8_t *s_pack_known(const Carls__FeatureRecord *rec, size_t *len)
 }
 
 /* Read after write: after a successful (not duplicate) feature_put, a feature_get of the same keys must find
- * every key with the record that was put (for a key put twice, the last one). Records that carry unknown
- * fields are skipped: the server stores those verbatim and can fail to read them back (README.md,
- * "Findings", F2); drop the skip once that is fixed. */
+ * every key with the record that was put (for a key put twice, the last one). (Records with unknown fields
+ * are refused since finding F2, so every acknowledged record must read back.) */
 static void s_check_feature_put(const Carls__Request *put)
 {
     const Carls__FeaturePut *fp = put->feature_put;
@@ -229,8 +228,7 @@ static void s_check_feature_put(const Carls__Request *put)
             if (fp->keys[j].len == fp->keys[i].len && memcmp(fp->keys[j].data, fp->keys[i].data, fp->keys[i].len) == 0)
                 last = j;
         const Carls__FeatureRecord *want = fp->records[last];
-        if (want->base.n_unknown_fields > 0)
-            continue;
+        FUZZ_CHECK(want->base.n_unknown_fields == 0);
         const Carls__FeatureRecord *got = resp->features->records[i];
         FUZZ_CHECK(got->found);
         size_t a_len, b_len;
