@@ -13,7 +13,8 @@
 #                                same tokens per round of 4 batches as one trainer's default batch)
 # Every run gets a fresh kb-server (--durability interval:1000, 2 worker threads) on its own port and data
 # directory. Each line of OUT_DIR/results.tsv: config, load average before, wall seconds, words/s (corpus
-# tokens x epochs / wall), mean share of trainer time waiting on the bank, quality checks (w2v-eval).
+# tokens x epochs / wall), mean share of trainer time waiting on the bank, CPU seconds (fastText; or the
+# trainers' + the bank's), quality checks (w2v-eval).
 # Settings shared by both programs: dim 100, window 5, negatives 5, epochs 5, subsample 1e-4, min count 5.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -32,7 +33,9 @@ epochs=5
 pairs="$root/tests/w2v/kjv_similarity.txt"
 cats="$root/tests/w2v/kjv_categories.txt"
 results="$out/results.tsv"
-[ -s "$results" ] || printf 'config\tload\twall_s\twords_per_s\tbank_wait\tquality\n' > "$results"
+[ -s "$results" ] || printf 'config\tload\twall_s\twords_per_s\tbank_wait\tcpu_s\tquality\n' > "$results"
+export TIMEFORMAT='%U %S'
+cpu_of() { awk '{s += $1 + $2} END {printf "%.1f", s}' "$@"; } # sums "user sys" lines
 
 quality() { # vectors -> one line of w2v-eval numbers
   local ref=()
@@ -50,11 +53,12 @@ for cfg in "${configs[@]}"; do
     fasttext1|fasttext2)
       th=${cfg#fasttext}
       t0=$(date +%s.%N)
-      fasttext skipgram -input "$tok" -output "$out/$cfg" -dim 100 -ws 5 -neg 5 -epoch $epochs -minCount 5 \
-        -maxn 0 -t 1e-4 -thread "$th" > "$out/$cfg.log" 2>&1
+      { time fasttext skipgram -input "$tok" -output "$out/$cfg" -dim 100 -ws 5 -neg 5 -epoch $epochs \
+          -minCount 5 -maxn 0 -t 1e-4 -thread "$th" > "$out/$cfg.log" 2>&1; } 2> "$out/$cfg.cpu"
       t1=$(date +%s.%N)
       wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
-      printf '%s\t%s\t%.1f\t%.0f\t-\t%s\n' "$cfg" "$load" "$wall" "$(awk -v w="$words" -v e="$epochs" -v t="$wall" 'BEGIN {print w * e / t}')" \
+      printf '%s\t%s\t%.1f\t%.0f\t-\t%s\t%s\n' "$cfg" "$load" "$wall" \
+        "$(awk -v w="$words" -v e="$epochs" -v t="$wall" 'BEGIN {print w * e / t}')" "$(cpu_of "$out/$cfg.cpu")" \
         "$(quality "$out/$cfg.vec")" | tee -a "$results"
       ;;
     w*)
@@ -74,8 +78,8 @@ for cfg in "${configs[@]}"; do
       t0=$(date +%s.%N)
       pids=()
       for ((i = 0; i < n; i++)); do
-        "$T" word2vec --corpus kjv --kb "tcp://127.0.0.1:$port" --table kjv --update "$update" --worker "$i/$n" \
-          "${extra[@]}" > "$out/$cfg.$i.out" 2> "$out/$cfg.$i.err" &
+        { time "$T" word2vec --corpus kjv --kb "tcp://127.0.0.1:$port" --table kjv --update "$update" \
+            --worker "$i/$n" "${extra[@]}" > "$out/$cfg.$i.out" 2> "$out/$cfg.$i.err"; } 2> "$out/$cfg.$i.cpu" &
         pids+=($!)
       done
       for p in "${pids[@]}"; do wait "$p"; done
@@ -87,9 +91,10 @@ for cfg in "${configs[@]}"; do
       kill "$spid"; wait "$spid" || true
       wait_share=$(cat "$out"/$cfg.*.out | sed -n 's/.*bank_wait_share=\([0-9.]*\).*/\1/p' |
         awk '{s += $1; n++} END {printf "%.3f", n ? s / n : 0}')
-      printf '%s\t%s\t%.1f\t%.0f\t%s\t%s server_cpu_s=%s\n' "$cfg" "$load" "$wall" \
-        "$(awk -v w="$words" -v e="$epochs" -v t="$wall" 'BEGIN {print w * e / t}')" "$wait_share" "$(quality "$out/$cfg.vec")" "$server_cpu" |
-        tee -a "$results"
+      # cpu_s: the trainers' user+sys seconds + the bank's (its whole life, table creation to export)
+      printf '%s\t%s\t%.1f\t%.0f\t%s\t%s+%s\t%s\n' "$cfg" "$load" "$wall" \
+        "$(awk -v w="$words" -v e="$epochs" -v t="$wall" 'BEGIN {print w * e / t}')" "$wait_share" \
+        "$(cpu_of "$out"/$cfg.*.cpu)" "$server_cpu" "$(quality "$out/$cfg.vec")" | tee -a "$results"
       ;;
     *) echo "bench_kjv: unknown config $cfg" >&2; exit 2 ;;
   esac
