@@ -144,7 +144,7 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
  * missing or does not start (the caller reports the reference as unavailable). */
 int bench_redis_start(const bench_opts_t *opts, bench_proc_t *out);
 
-/* SIGTERM, wait (SIGKILL after 30 s), remove the data directory unless keep. Accepts pid 0. A child that
+/* SIGTERM, wait (SIGKILL after 600 s), remove the data directory unless keep. Accepts pid 0. A child that
  * does not exit with status 0 is counted (bench_bad_exits) and logged. */
 void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p);
 int bench_bad_exits(void);

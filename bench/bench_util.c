@@ -351,9 +351,12 @@ void bench_progress(const bench_opts_t *opts, const char *fmt, ...)
 {
     if (opts->json && !opts->verbose)
         return;
+    static double start;
+    if (start == 0)
+        start = bench_now();
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kb-bench: ");
+    fprintf(stderr, "kb-bench [%4.0f s, load %.1f]: ", bench_now() - start, bench_load1());
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
@@ -466,7 +469,7 @@ void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p)
     if (p->pid > 0) {
         kill(p->pid, SIGTERM);
         int status = 0;
-        double deadline = bench_now() + 30.0;
+        double t0 = bench_now(), deadline = t0 + 600.0;
         for (;;) {
             pid_t r = waitpid(p->pid, &status, WNOHANG);
             if (r == p->pid || (r < 0 && errno != EINTR))
@@ -479,6 +482,8 @@ void bench_proc_stop(const bench_opts_t *opts, bench_proc_t *p)
             struct timespec ts = {0, 10 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
+        if (bench_now() - t0 > 10.0)
+            bench_progress(opts, "%s took %.0f s to stop", p->endpoint[0] ? p->endpoint : "a child", bench_now() - t0);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             /* A server that does not stop cleanly (or leaks, under the sanitizers) fails the run. */
             s_bad_exits++;
