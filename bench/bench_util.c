@@ -195,6 +195,8 @@ int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double
         size_t k = 0;
         double sum = 0;
         for (uint32_t i = 0; i < threads; i++) {
+            if (ts[i].n_lat == 0)
+                continue; /* a thread that finished nothing in the window has no array */
             memcpy(all + k, ts[i].lat_us, ts[i].n_lat * sizeof *all);
             k += ts[i].n_lat;
         }
