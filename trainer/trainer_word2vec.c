@@ -547,6 +547,10 @@ static int s_wait_on(s_run_t *r, kb_client_t *c, uint64_t id, Carls__Response__R
         *resp = NULL;
         return 1;
     }
+    if (rc == KB_CLIENT_ESTATUS && *resp && (*resp)->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND)
+        LOG_ERROR("word2vec: the bank has no table %s any more: dropped, or lost in a crash within its "
+                  "durability interval; run the trainer again (it re-creates the tables)",
+                  strstr(kb_client_last_error(c), "'") ? strstr(kb_client_last_error(c), "'") : "");
     if (rc != 0 || (*resp)->result_case != expect) {
         LOG_ERROR("word2vec: %s: %s", what, rc != 0 ? kb_client_last_error(c) : "unexpected answer");
         if (*resp)

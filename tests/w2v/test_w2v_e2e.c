@@ -277,13 +277,32 @@ static void test_bank_restart_mid_training(void **state)
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s", srv->endpoint);
 
-    /* Long enough (about 4 s without sanitizers) that the kill lands mid-training. */
-    const char *more[] = {"--epochs", "40", NULL};
+    /* Long enough (about 3 s without sanitizers) that the kill lands mid-training. */
+    const char *more[] = {"--epochs", "60", NULL};
     pid_t p = s_start(fx, endpoint, corpus, out0, more);
-    /* Let it train a while, then kill the bank without warning and bring it back on the same address. */
-    struct timespec ts = {0, 800000000};
+    /* Once the trainer has pushed gradients, kill the bank without warning and bring it back on the same
+     * address. */
+    kb_client_options_t quick = {.timeout_ms = 500};
+    kb_client_t *kb = kb_client_new(endpoint, &quick);
+    assert_non_null(kb);
+    uint64_t pushed = 0;
+    for (int i = 0; i < 2000 && pushed == 0; i++) {
+        Carls__Response *st = NULL;
+        if (kb_client_stats(kb, "w2vt", &st) == 0 && st->stats->n_tables == 1)
+            pushed = st->stats->tables[0]->gradients_received;
+        if (st)
+            carls__response__free_unpacked(st, NULL);
+        struct timespec poll = {0, 10000000};
+        nanosleep(&poll, NULL);
+    }
+    kb_client_destroy(&kb);
+    assert_true(pushed > 0);
+    /* Three commit intervals more, so the tables themselves are on disk (a crash within the durability
+     * interval may lose acknowledged writes, table creation included: docs/PROTOCOL.md). */
+    struct timespec ts = {0, 300000000};
     nanosleep(&ts, NULL);
     assert_int_equal(waitpid(p, NULL, WNOHANG), 0); /* still training */
+    ts.tv_nsec = 500000000;
     int st = test_server_stop(srv, SIGKILL);
     assert_int_equal(st, 128 + SIGKILL);
     nanosleep(&ts, NULL);
