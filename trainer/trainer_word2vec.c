@@ -691,7 +691,10 @@ static int s_prepare(s_run_t *r, s_batch_t *b)
                                         CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM, seed ? seed : 1, &b->sample_multi);
             r->io.wait_us += carls_monotonic_us() - t0;
             r->io.requests += 2 * r->shards;
-            if (src != 0)
+            /* NOT_FOUND: nothing to draw from yet (a fresh bank's first batch); see s_lookup_stage. */
+            if (src == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(r->bank), "NOT_FOUND"))
+                kb_sample_result_destroy(&b->sample_multi);
+            else if (src != 0)
                 return s_fail_kb(r, "sampling negatives");
         }
         b->sample_sent = true;
