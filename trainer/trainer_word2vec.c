@@ -14,9 +14,11 @@
  *               distinct word, then pushed to NAME and NAME.out (one request each). The bank applies them
  *               with its optimizer and update policy (lazy average or immediate).
  *   4. finish:  the pushes' acknowledgements are collected.
- * Batches are pipelined over one client with several requests in flight: while batch b is computed, the
- * lookups of b+1 and the count of b+2 are being served, and the pushes of b-1 acknowledged. Batch b+1 thus
- * reads rows that include the pushes of b-1 but not of b (one batch of staleness).
+ * Batches are pipelined with several requests in flight on each shard's client: while batch b is computed,
+ * the lookups of b+1 and the count of b+2 are being served, and the pushes of b-1 acknowledged. Batch b+1 thus
+ * reads rows that include the pushes of b-1 but not of b (one batch of staleness). With a sharded bank
+ * (--kb a,b,...) lookups and pushes are split by key over the shards (kb_cluster routing) and the negatives are
+ * drawn by kb_cluster_sample (by each shard's mass; a blocking call made when the batch is prepared).
  *
  * Several trainers (--worker i/n, separate processes) train on separate slices of the corpus and push to the
  * same tables at the same time. */
