@@ -115,7 +115,11 @@ static void test_put_sends_each_shard_its_rows(void **state)
         assert_int_equal(q->put->n_values, q->put->n_keys * DIM);
         assert_true(q->client_id != 0 && q->sequence != 0);
         for (size_t j = 0; j < q->put->n_keys; j++) {
-            int i = atoi((const char *)q->put->keys[j].data + 4);
+            /* Keys in a decoded request are not NUL-terminated: parse within their length. */
+            char name[32] = {0};
+            assert_true(q->put->keys[j].len < sizeof name);
+            memcpy(name, q->put->keys[j].data, q->put->keys[j].len);
+            int i = atoi(name + 4);
             assert_int_equal(carls_shard_of(f->keys[i].data, f->keys[i].len, SHARDS), (uint32_t)s);
             assert_memory_equal(q->put->values + j * DIM, v + i * DIM, DIM * sizeof(float));
         }
