@@ -243,7 +243,7 @@ static void test_timeout(void **state)
     (void)state;
     fake_kb_server_t *srv = fake_kb_server_new();
     fake_kb_server_set_mode(srv, FAKE_SILENT);
-    kb_client_t *c = s_client(srv, 100, 2);
+    kb_client_t *c = s_client(srv, 300, 2);
     Carls__Response *resp = (Carls__Response *)(uintptr_t)1; /* must be reset to NULL */
     Carls__ListTables op = CARLS__LIST_TABLES__INIT;
     Carls__Request req = CARLS__REQUEST__INIT;
