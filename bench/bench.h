@@ -32,6 +32,7 @@ typedef struct {
     uint32_t knn_batch;    /* queries per knn request */
     uint32_t knn_k;        /* neighbours per query */
     uint32_t knn_rows[4];  /* table sizes for the knn cases (0-terminated) */
+    const char *knn_specs; /* comma list of flat, ivf, hnsw; NULL = all */
     uint32_t shard_counts[4];  /* shard scaling (0-terminated) */
     uint32_t row_counts[5];    /* row-count scaling (0-terminated) */
     uint32_t server_threads;   /* kb-server --threads */

@@ -959,6 +959,8 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
         const char *specs[3] = {"Flat", ivf, "HNSW32"};
         const char *short_names[3] = {"flat", "ivf", "hnsw"};
         for (int si = 0; si < 3; si++) {
+            if (opts->knn_specs && !strstr(opts->knn_specs, short_names[si]))
+                continue;
             char name[64], load_name[64], size[16];
             if (n >= 1000000 && n % 1000000 == 0)
                 snprintf(size, sizeof size, "%um", n / 1000000);

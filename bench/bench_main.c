@@ -39,6 +39,7 @@ static void s_usage(FILE *out)
             "  --mixed-seconds S      the mixed load's duration (mode)\n"
             "  --knn-batch N          queries per knn request (16); --knn-k K neighbours (10)\n"
             "  --knn-rows LIST        knn table sizes, e.g. 100000,1000000 (mode)\n"
+            "  --knn-specs LIST       which indexes: flat,ivf,hnsw (all)\n"
             "  --shards LIST          shard counts, e.g. 1,2,4\n"
             "  --rows LIST            row counts for the growth case, e.g. 10000,100000,1000000\n"
             "  --server-threads N     kb-server --threads (2); --knn-threads N (1, also in-process FAISS)\n"
@@ -182,7 +183,7 @@ int main(int argc, char **argv)
 
     enum { O_QUICK = 256, O_FULL, O_SMOKE, O_DIM, O_BATCH, O_KEYS, O_CLIENTS, O_SECONDS, O_WARMUP, O_MIXED,
            O_KNN_BATCH, O_KNN_K, O_KNN_ROWS, O_SHARDS, O_ROWS, O_SERVER_THREADS, O_KNN_THREADS, O_INTERVAL,
-           O_CASES, O_KB_SERVER, O_REDIS, O_CONNECT, O_DATA, O_KEEP, O_JSON, O_VERBOSE };
+           O_CASES, O_KB_SERVER, O_REDIS, O_CONNECT, O_DATA, O_KEEP, O_JSON, O_VERBOSE, O_KNN_SPECS };
     static const struct option options[] = {
         {"quick", no_argument, NULL, O_QUICK},
         {"full", no_argument, NULL, O_FULL},
@@ -197,6 +198,7 @@ int main(int argc, char **argv)
         {"knn-batch", required_argument, NULL, O_KNN_BATCH},
         {"knn-k", required_argument, NULL, O_KNN_K},
         {"knn-rows", required_argument, NULL, O_KNN_ROWS},
+        {"knn-specs", required_argument, NULL, O_KNN_SPECS},
         {"shards", required_argument, NULL, O_SHARDS},
         {"rows", required_argument, NULL, O_ROWS},
         {"server-threads", required_argument, NULL, O_SERVER_THREADS},
@@ -233,6 +235,7 @@ int main(int argc, char **argv)
         case O_KNN_THREADS: bad |= s_u32("--knn-threads", optarg, 1, &o.knn_threads); custom = true; break;
         case O_INTERVAL: bad |= s_u32("--interval", optarg, 1, &interval_ms); custom = true; break;
         case O_CASES: o.cases = optarg; break;
+        case O_KNN_SPECS: o.knn_specs = optarg; custom = true; break;
         case O_KB_SERVER: o.kb_server = optarg; break;
         case O_REDIS: o.redis_server = strcmp(optarg, "none") == 0 ? "" : optarg; break;
         case O_CONNECT: o.connect = optarg; break;
