@@ -28,6 +28,17 @@ int carls_log_parse_level(const char *name, carls_log_level_t *out)
     return -1;
 }
 
+int carls_log_level_option(const char *program, const char *text)
+{
+    carls_log_level_t level;
+    if (carls_log_parse_level(text, &level) != 0) {
+        fprintf(stderr, "%s: --log-level: '%s' is not debug, info, warn, error or off\n", program, text);
+        return -1;
+    }
+    carls_log_set_level(level);
+    return 0;
+}
+
 void carls_log_init_from_env(void)
 {
     const char *env = getenv("CARLS_LOG_LEVEL");

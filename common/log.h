@@ -20,6 +20,10 @@ carls_log_level_t carls_log_get_level(void);
 /* Parses "debug", "info", "warn", "error" or "off". Returns 0 and sets *out, or -1 for an unknown name. */
 int carls_log_parse_level(const char *name, carls_log_level_t *out);
 
+/* For a program's --log-level option: parses text and sets the level, or prints
+ * "PROGRAM: --log-level: 'TEXT' is not debug, info, warn, error or off" to stderr and returns -1. */
+int carls_log_level_option(const char *program, const char *text);
+
 /* Reads CARLS_LOG_LEVEL from the environment if set and valid. */
 void carls_log_init_from_env(void);
 

@@ -96,15 +96,10 @@ int main(int argc, char **argv)
         case 's':
             show = optarg;
             break;
-        case 'L': {
-            carls_log_level_t level;
-            if (carls_log_parse_level(optarg, &level) != 0) {
-                fprintf(stderr, "kb-keygen: unknown log level '%s'\n", optarg);
+        case 'L':
+            if (carls_log_level_option("kb-keygen", optarg) != 0)
                 return 2;
-            }
-            carls_log_set_level(level);
             break;
-        }
         case 'h':
             s_usage(stdout);
             return 0;

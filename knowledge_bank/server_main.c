@@ -174,15 +174,10 @@ int main(int argc, char **argv)
         case O_EPFILE: endpoint_file = optarg; break;
         case O_CURVE_SECRET: curve_secret = optarg; break;
         case O_CURVE_ALLOW: curve_allow = optarg; break;
-        case O_LOG: {
-            carls_log_level_t level;
-            if (carls_log_parse_level(optarg, &level) != 0) {
-                fprintf(stderr, "kb-server: unknown log level '%s'\n", optarg);
+        case O_LOG:
+            if (carls_log_level_option("kb-server", optarg) != 0)
                 return 2;
-            }
-            carls_log_set_level(level);
             break;
-        }
         case 'h': s_usage(stdout); return 0;
         default: s_usage(stderr); return 2;
         }

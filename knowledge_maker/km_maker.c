@@ -208,16 +208,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         case O_SITERS: bad = s_int("spread-iters", optarg, 1, 10000, &o->spread_iters); break;
         case O_MW: bad = s_float("model-weight", optarg, 0.0, 1000.0, &o->model_weight); break;
         case O_BAL: bad = s_int("balance", optarg, 0, 1, &o->balance); break;
-        case O_LOG: {
-            carls_log_level_t level;
-            if (carls_log_parse_level(optarg, &level) != 0) {
-                fprintf(stderr, "kb-maker: --log-level: '%s' is not debug, info, warn or error\n", optarg);
-                bad = -1;
-            } else {
-                carls_log_set_level(level);
-            }
-            break;
-        }
+        case O_LOG: bad = carls_log_level_option("kb-maker", optarg); break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
         }

@@ -204,16 +204,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_THREADS:
             bad = trainer_parse_int("threads", optarg, 1, 1024, &o->threads);
             break;
-        case O_LOG: {
-            carls_log_level_t level;
-            if (carls_log_parse_level(optarg, &level) != 0) {
-                fprintf(stderr, "trainer: --log-level: '%s' is not debug, info, warn or error\n", optarg);
-                bad = -1;
-            } else {
-                carls_log_set_level(level);
-            }
-            break;
-        }
+        case O_LOG: bad = carls_log_level_option("trainer", optarg); break;
         case O_HELP:
             s_usage(stdout);
             return 1;

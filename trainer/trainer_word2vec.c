@@ -368,16 +368,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_METRICS: o->metrics = optarg; break;
         case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 100, 3600000, &o->timeout_ms); break;
         case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 100000, &o->retries); break;
-        case O_LOG: {
-            carls_log_level_t lvl;
-            if (carls_log_parse_level(optarg, &lvl) != 0) {
-                fprintf(stderr, "trainer: --log-level: '%s' is not debug, info, warn or error\n", optarg);
-                bad = -1;
-            } else {
-                carls_log_set_level(lvl);
-            }
-            break;
-        }
+        case O_LOG: bad = carls_log_level_option("trainer word2vec", optarg); break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
         }
