@@ -110,7 +110,6 @@ static void s_echo_client_free(void *state)
 
 static int s_echo_op(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
 {
-    (void)rng;
     s_echo_client_t *c = state;
     /* A real client fills its request for every call; so does this one (the cost of a memset of the
      * bytes, small beside protobuf packing, keeps the floor honest). */

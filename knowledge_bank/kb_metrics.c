@@ -112,8 +112,8 @@ static double s_table_value(const Carls__TableStats *t, s_table_metric_t m)
     return 0.0;
 }
 
-/* Latency quantiles of a list of summaries: name{<labels>,op="...",quantile="q"} seconds. prefix_label is
- * NULL or the table name. */
+/* Latency quantiles of a list of summaries as name{[table="...",]op="...",quantile="q"} in seconds; table is
+ * NULL for the server-wide figures. */
 static void s_latency_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
                               size_t n)
 {
@@ -134,6 +134,7 @@ static void s_latency_samples(FILE *f, const char *name, const char *table, Carl
     }
 }
 
+/* Request counts of a list of summaries as name{[table="...",]op="..."}. */
 static void s_count_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
                             size_t n)
 {
