@@ -844,6 +844,13 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("knn_indexed: %llu\n", (unsigned long long)t->knn_indexed);
         printf("knn_pending: %llu\n", (unsigned long long)t->knn_pending);
         printf("knn_rebuilds: %llu\n", (unsigned long long)t->knn_rebuilds);
+        printf("bytes: %llu\n", (unsigned long long)t->bytes);
+        printf("request_errors: %llu\n", (unsigned long long)t->request_errors);
+        for (size_t j = 0; j < t->n_requests; j++) {
+            const Carls__LatencySummary *l = t->requests[j];
+            printf("requests %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
+                   (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
+        }
     }
 }
 
