@@ -1,0 +1,101 @@
+/* The two-tower model's shared pieces (see nn_tower.h). CPU only: a batch is a few small GEMMs over rows
+ * that travel through the bank, so the bank, not the arithmetic, sets the pace. */
+#include "nn_tower.h"
+
+#include "nn_ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+int nn_tower_trigrams(const char *word, size_t len, char (*keys)[3], int max)
+{
+    /* Trigram i of "<" word ">" covers bytes i-1 .. i+1 of the word, with '<' at -1 and '>' at len. */
+    int n = 0;
+    size_t count = len < 1 ? 0 : len;
+    for (size_t i = 0; i < count && n < max; i++, n++) {
+        for (int j = 0; j < 3; j++) {
+            long at = (long)i - 1 + j;
+            keys[n][j] = at < 0 ? '<' : (size_t)at >= len ? '>' : word[at];
+        }
+    }
+    return n;
+}
+
+void nn_tower_word_pool(float *x, const float *word_rows, const int32_t *word_idx, const float *gram_rows,
+                        const int32_t *gram_idx, const int32_t *gram_off, int B, int E)
+{
+    for (int b = 0; b < B; b++) {
+        float *xb = x + (size_t)b * E;
+        memcpy(xb, word_rows + (size_t)word_idx[b] * E, (size_t)E * sizeof(float));
+        int n = gram_off[b + 1] - gram_off[b];
+        if (n <= 0)
+            continue;
+        float scale = 1.0f / (float)n;
+        for (int g = gram_off[b]; g < gram_off[b + 1]; g++) {
+            const float *row = gram_rows + (size_t)gram_idx[g] * E;
+            for (int e = 0; e < E; e++)
+                xb[e] += scale * row[e];
+        }
+    }
+}
+
+void nn_tower_word_pool_backward(float *d_word_rows, float *d_gram_rows, const float *dx, const int32_t *word_idx,
+                                 const int32_t *gram_idx, const int32_t *gram_off, int B, int E)
+{
+    for (int b = 0; b < B; b++) {
+        const float *db = dx + (size_t)b * E;
+        float *dw = d_word_rows + (size_t)word_idx[b] * E;
+        for (int e = 0; e < E; e++)
+            dw[e] += db[e];
+        int n = gram_off[b + 1] - gram_off[b];
+        if (n <= 0)
+            continue;
+        float scale = 1.0f / (float)n;
+        for (int g = gram_off[b]; g < gram_off[b + 1]; g++) {
+            float *dg = d_gram_rows + (size_t)gram_idx[g] * E;
+            for (int e = 0; e < E; e++)
+                dg[e] += scale * db[e];
+        }
+    }
+}
+
+void nn_tower_head_forward(float *out, float *pre, float *norms, const float *x, const float *W, const float *bias,
+                           int B, int E, int D)
+{
+    nn_linear_forward_cpu(pre, x, W, bias, B, E, D);
+    nn_l2norm_forward_cpu(out, norms, pre, NN_TOWER_L2_EPS, B, D);
+}
+
+void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, const float *dout, const float *out,
+                            const float *norms, const float *x, const float *W, int B, int E, int D)
+{
+    nn_l2norm_backward_cpu(dpre, dout, out, norms, B, D);
+    nn_linear_backward_cpu(dx, dW, dbias, dpre, x, W, B, E, D);
+}
+
+int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which, nn_tower_head_t *out, char *err, size_t errlen)
+{
+    if (strcmp(carls_ckpt_kind(ckpt), NN_TOWER_KIND) != 0) {
+        snprintf(err, errlen, "checkpoint kind is '%s', not '%s'", carls_ckpt_kind(ckpt), NN_TOWER_KIND);
+        return -1;
+    }
+    char wname[32], bname[32];
+    snprintf(wname, sizeof wname, "%s.weight", which);
+    snprintf(bname, sizeof bname, "%s.bias", which);
+    const carls_ckpt_tensor_t *w = carls_ckpt_find(ckpt, wname);
+    const carls_ckpt_tensor_t *b = carls_ckpt_find(ckpt, bname);
+    if (!w || !b) {
+        snprintf(err, errlen, "checkpoint lacks tensor %s", !w ? wname : bname);
+        return -1;
+    }
+    if (w->ndim != 2 || b->ndim != 1 || b->dims[0] != w->dims[0] || w->dims[0] > 65536 || w->dims[1] > 65536) {
+        snprintf(err, errlen, "checkpoint tensors %s/%s have inconsistent shapes", wname, bname);
+        return -1;
+    }
+    out->D = (int)w->dims[0];
+    out->E = (int)w->dims[1];
+    out->W = w->data;
+    out->bias = b->data;
+    return 0;
+}

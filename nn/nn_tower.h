@@ -1,0 +1,65 @@
+/* The two-tower reverse-dictionary model (trainer twotower, issue 7): the pieces the trainer and the
+ * word-tower makers (kb-maker --task words) must compute identically.
+ *
+ * Rows live in the knowledge bank, keyed by strings, with no dictionary anywhere:
+ *   NAME.word  (E)  one row per word: every word of a definition (query tower) and every headword (word
+ *                   tower) use the same row, so a headword's row is tied to what definitions say with it;
+ *   NAME.gram  (E)  one row per character trigram of "<" headword ">", so an unseen word still has a vector;
+ *   NAME.vec   (D)  the word tower's output for every headword, written by makers from a checkpoint (tagged
+ *                   with its step) and searched with the bank's FAISS index (inner product = cosine, the
+ *                   rows being unit length).
+ *
+ * Query tower: x = IDF-weighted mean of the definition's word rows;  q = l2norm(Wq x + bq).
+ * Word tower:  x = row(headword) + mean of its trigram rows;         v = l2norm(Ww x + bw).
+ * Score: <q, v>. The checkpoint (kind NN_TOWER_KIND) holds "query.weight" (D, E), "query.bias" (D),
+ * "word.weight" (D, E), "word.bias" (D); the shapes carry E and D. */
+#ifndef NN_TOWER_H
+#define NN_TOWER_H
+
+#include "checkpoint.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NN_TOWER_KIND "twotower"
+#define NN_TOWER_MAX_GRAMS 64  /* trigrams kept per word (the first ones) */
+#define NN_TOWER_L2_EPS 1e-12f
+
+/* The trigrams of "<" word ">": keys[i] gets 3 bytes (no NUL). A word of n bytes has n trigrams (a one-byte
+ * word has "<a>"). Returns how many were written, at most max. */
+int nn_tower_trigrams(const char *word, size_t len, char (*keys)[3], int max);
+
+/* Word-tower input: x (B, E), x[b] = word_rows[word_idx[b]] + mean of gram_rows[gram_idx[g]] for g in
+ * gram_off[b] .. gram_off[b+1]-1 (no trigram: just the word row). word_rows (R1, E), gram_rows (R2, E). */
+void nn_tower_word_pool(float *x, const float *word_rows, const int32_t *word_idx, const float *gram_rows,
+                        const int32_t *gram_idx, const int32_t *gram_off, int B, int E);
+/* Its backward: d_word_rows (R1, E) and d_gram_rows (R2, E) ACCUMULATE (+=) the gradients from dx (B, E). */
+void nn_tower_word_pool_backward(float *d_word_rows, float *d_gram_rows, const float *dx, const int32_t *word_idx,
+                                 const int32_t *gram_idx, const int32_t *gram_off, int B, int E);
+
+/* Head: pre (B, D) = x W^T + bias; out (B, D) = pre / norms, norms (B) = sqrt(|pre|^2 + eps). */
+void nn_tower_head_forward(float *out, float *pre, float *norms, const float *x, const float *W, const float *bias,
+                           int B, int E, int D);
+/* dx (B, E) overwritten (NULL skips it); dW (D, E) and dbias (D) accumulate; dpre (B, D) is scratch. */
+void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, const float *dout, const float *out,
+                            const float *norms, const float *x, const float *W, int B, int E, int D);
+
+/* The word tower's parameters read from a checkpoint: pointers into ckpt (valid while it lives). Returns 0, or
+ * -1 with the reason in err (wrong kind, missing tensor, inconsistent shapes). */
+typedef struct {
+    int E, D;
+    const float *W;     /* (D, E) */
+    const float *bias;  /* (D) */
+} nn_tower_head_t;
+int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which /* "query" or "word" */, nn_tower_head_t *out,
+                       char *err, size_t errlen);
+
+/* The word tower of n headwords over rows read from the bank (word_table, gram_table: NAME.word, NAME.gram)
+ * without creating any: out (n, D). The trainer's evaluation and the word makers (kb-maker --task words) both
+ * call this, so they compute the same vectors. Returns 0, or a KB_CLIENT_E* code (the bank's error in
+ * kb_cluster_last_error). Defined in nn_tower_bank.c. */
+struct kb_cluster;
+int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
+                          const char *const *words, size_t n, const nn_tower_head_t *head, float *out);
+
+#endif
