@@ -4,7 +4,10 @@
  * Source files: DATA_GCIDE_INDEX (lines "headword<TAB>offset<TAB>length", offset and length in dictd's
  * base-64 digits) and DATA_GCIDE_DICT (dictzip, read with zlib as plain gzip; an uncompressed .dict works
  * too). Each index line points at one article; several lines may share an article and one headword may have
- * several articles (noun, verb, ...).
+ * several articles (noun, verb, ...). An article shared by several index lines (inflections such as "Banked"
+ * point at the verb Bank; "Banc", "Bancus" and "Bank" share one article) belongs to one headword only: the
+ * first of them its header names ("Name \pro*nun"ci*a`tion\"), else the first in index order. Otherwise one
+ * definition would be the right answer for several headwords (data_gcide.c says more).
  *
  * What is kept: headwords made of ASCII letters only (lowercased; "Abandon" and "abandon" are one word).
  * Each article's senses are its numbered definitions ("1. ...", "2. ..."; lettered sub-senses "(a) ..." are
@@ -39,14 +42,26 @@ typedef struct {
     bool held_out;      /* set by data_gcide_holdout_* */
 } data_gcide_sense_t;
 
+/* What the loader saw (trainer gcide-tfidf --stats prints it). */
 typedef struct {
-    char **words;                 /* (n_words) headwords, lowercase a-z, sorted, unique; each has >= 1 sense */
+    size_t index_lines;          /* lines in the index */
+    size_t articles;             /* articles with a letters-only headword, each counted once */
+    size_t senses_parsed;        /* senses with at least one word before masking */
+    size_t senses_with_headword; /* of those, senses in which masking removed a word */
+    size_t senses_masked_empty;  /* senses dropped because masking left no word */
+    double load_ms;              /* wall time of data_gcide_load */
+} data_gcide_stats_t;
+
+typedef struct {
+    char **words;                 /* (n_words) headwords, lowercase a-z, sorted, unique; each has >= 1 sense;
+                                   * each string malloc'ed (data_gcide_destroy frees them) */
     size_t n_words;
     data_gcide_sense_t *senses;   /* (n_senses) grouped by word, in sense-number order */
     size_t n_senses;
     size_t *word_first_sense;     /* (n_words + 1) senses of word w are [first[w], first[w + 1]) */
     data_text_t *text;            /* line s = the masked, tokenized definition of sense s */
     size_t n_held_out;
+    data_gcide_stats_t stats;     /* zero in a data set built by hand */
 } data_gcide_t;
 
 /* Parses the dictionary. index_path/dict_path NULL mean the Debian paths above. Caller owns *out.
@@ -60,8 +75,8 @@ int data_gcide_load(const char *index_path, const char *dict_path, data_gcide_t 
 int data_gcide_holdout_seed(data_gcide_t *g, uint64_t seed, size_t count, char *err, size_t errlen);
 
 /* Holds out the senses listed in a file of "headword<TAB>sense number" lines ('#' comments and blank lines
- * allowed). Every listed sense must exist and its headword must keep at least one training sense. Returns 0,
- * or -1 with file:line and the reason in err. */
+ * allowed). Every listed sense must exist (once) and its headword must keep at least one training sense.
+ * Returns 0, or -1 with file:line and the reason in err; after an error nothing is held out. */
 int data_gcide_holdout_file(data_gcide_t *g, const char *path, char *err, size_t errlen);
 
 /* Writes the current hold-out in the format holdout_file reads. 0 or -1 (errno set). */
@@ -73,7 +88,9 @@ long data_gcide_find(const data_gcide_t *g, const char *word);
 /* ---- pieces exposed for tests ---- */
 
 /* Splits one article (len bytes, as stored in the .dict) into cleaned, unmasked definitions: calls
- * fn(ctx, text, text_len) once per sense in order. Returns the number of senses. */
+ * fn(ctx, text, text_len) once per sense in order (fn may be NULL). A cleaned definition is one line,
+ * single-spaced and trimmed, with its original case and punctuation; senses left empty by the cleaning are
+ * not reported. Returns the number of senses. */
 size_t data_gcide_article_senses(const char *article, size_t len,
                                  void (*fn)(void *ctx, const char *text, size_t text_len), void *ctx);
 
