@@ -74,6 +74,44 @@ void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, con
     nn_linear_backward_cpu(dx, dW, dbias, dpre, x, W, B, E, D);
 }
 
+#define NN_TOWER_MASKED_LOGIT -1e4f
+
+double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, const float *q, const float *cand,
+                        const uint32_t *cand_word, float inv_temp, int B, int N, int D)
+{
+    nn_linear_forward_cpu(logits, q, cand, NULL, B, D, N);
+    for (int b = 0; b < B; b++) {
+        float *row = logits + (size_t)b * N;
+        for (int j = 0; j < N; j++)
+            row[j] = (j != b && cand_word[j] == cand_word[b]) ? NN_TOWER_MASKED_LOGIT : row[j] * inv_temp;
+    }
+    /* targets[b] = b; dlosses = 1/B (the mean). Small batches: the arrays live on the stack in chunks. */
+    double loss = 0;
+    for (int b0 = 0; b0 < B; b0 += 256) {
+        int nb = B - b0 < 256 ? B - b0 : 256;
+        int32_t targets[256];
+        float losses[256], dlosses[256];
+        for (int i = 0; i < nb; i++) {
+            targets[i] = b0 + i;
+            dlosses[i] = 1.0f / (float)B;
+        }
+        float *lg = logits + (size_t)b0 * N, *pr = probs + (size_t)b0 * N;
+        nn_softmax_ce_forward_cpu(losses, pr, lg, targets, nb, N);
+        for (int i = 0; i < nb; i++)
+            loss += losses[i];
+        /* The logits' gradient, through the temperature (masked logits are constants: their gradient is 0). */
+        nn_softmax_ce_backward_cpu(lg, dlosses, pr, targets, nb, N);
+    }
+    for (int b = 0; b < B; b++) {
+        float *row = logits + (size_t)b * N;
+        for (int j = 0; j < N; j++)
+            row[j] = (j != b && cand_word[j] == cand_word[b]) ? 0.0f : row[j] * inv_temp;
+    }
+    memset(dcand, 0, (size_t)N * D * sizeof(float));
+    nn_linear_backward_cpu(dq, dcand, NULL, logits, q, cand, B, D, N);
+    return loss / B;
+}
+
 int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which, nn_tower_head_t *out, char *err, size_t errlen)
 {
     if (strcmp(carls_ckpt_kind(ckpt), NN_TOWER_KIND) != 0) {

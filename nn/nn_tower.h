@@ -44,6 +44,14 @@ void nn_tower_head_forward(float *out, float *pre, float *norms, const float *x,
 void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, const float *dout, const float *out,
                             const float *norms, const float *x, const float *W, int B, int E, int D);
 
+/* InfoNCE over B queries q (B, D) and N >= B candidates cand (N, D): candidate b is query b's positive;
+ * every other candidate is a negative, except one with the same word (cand_word (N), so two senses of one
+ * headword in a batch, or a bank negative equal to the positive, are not pushed apart): its logit is masked.
+ * Logits are inv_temp * <q_b, cand_j>. Returns the mean loss over the batch; writes dq (B, D) and dcand (N, D)
+ * (overwritten: the gradients of the mean loss), using logits and probs (B, N) as scratch. */
+double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, const float *q, const float *cand,
+                        const uint32_t *cand_word, float inv_temp, int B, int N, int D);
+
 /* The word tower's parameters read from a checkpoint: pointers into ckpt (valid while it lives). Returns 0, or
  * -1 with the reason in err (wrong kind, missing tensor, inconsistent shapes). */
 typedef struct {
