@@ -1,0 +1,256 @@
+/* trainer twotower: word vectors, query vectors and the held-out evaluation (see trainer_tt.h).
+ *
+ * The evaluation ranks every held-out definition's headword among all headwords by the cosine of the two
+ * towers' outputs. The word-tower outputs are the rows of NAME.vec: written by the makers from the final
+ * checkpoint (waited for until every headword's row carries that step) or by this trainer. Ranks are exact
+ * (every headword scored here); the bank's knn over the same table answers a sample of the queries too, and
+ * the two must agree (reported as knn_agree). */
+#include "trainer_rank.h"
+#include "trainer_tfidf.h"
+#include "trainer_tt.h"
+#include "trainer_w2v.h"
+
+#include "log.h"
+#include "nn_ops.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TT_EVAL_CHUNK 512  /* words or queries per bank request */
+#define TT_EVAL_KNN_K 100
+
+/* Reads rows of keys (n) from table without creating any: rows (n, dim). */
+static int s_read_rows(kb_cluster_t *kb, const char *table, const kb_key_t *keys, size_t n, int dim, float *rows,
+                       kb_row_meta_t *meta)
+{
+    int rc = kb_cluster_lookup_ex(kb, table, keys, n, (uint32_t)dim, true, rows, meta);
+    if (rc != 0)
+        LOG_ERROR("trainer: reading %s failed: %s", table, kb_cluster_last_error(kb));
+    return rc;
+}
+
+int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const tt_idf_t *idf,
+                     const nn_tower_head_t *head, const size_t *senses, size_t n, float *q_out)
+{
+    const int E = head->E, D = head->D;
+    const data_text_t *t = g->text;
+    size_t L = 0;
+    for (size_t i = 0; i < n; i++)
+        L += t->line_start[senses[i] + 1] - t->line_start[senses[i]];
+    size_t Lc = L < 1 ? 1 : L;
+    kb_key_t *keys = carls_xmalloc(Lc * sizeof *keys);
+    int32_t *idx = carls_xmalloc(Lc * sizeof(int32_t));
+    float *wts = carls_xmalloc(Lc * sizeof(float));
+    int32_t *off = carls_xmalloc((TT_EVAL_CHUNK + 1) * sizeof(int32_t));
+    float *rows = carls_xmalloc(Lc * E * sizeof(float));
+    float *x = carls_xmalloc((size_t)TT_EVAL_CHUNK * E * sizeof(float));
+    float *pre = carls_xmalloc((size_t)TT_EVAL_CHUNK * D * sizeof(float));
+    float *norms = carls_xmalloc(TT_EVAL_CHUNK * sizeof(float));
+    w2v_map_t wmap;
+    w2v_map_init(&wmap);
+    int rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += TT_EVAL_CHUNK) {
+        int B = (int)(n - at < TT_EVAL_CHUNK ? n - at : TT_EVAL_CHUNK);
+        w2v_map_clear(&wmap);
+        int l = 0;
+        off[0] = 0;
+        for (int b = 0; b < B; b++) {
+            size_t s = senses[at + (size_t)b];
+            for (size_t k = t->line_start[s]; k < t->line_start[s + 1]; k++) {
+                const char *w = t->text + t->tok_off[k];
+                idx[l] = (int32_t)w2v_map_put(&wmap, w, t->tok_len[k]);
+                wts[l++] = tt_idf_weight(idf, w, t->tok_len[k]);
+            }
+            off[b + 1] = l;
+        }
+        for (uint32_t i = 0; i < wmap.n; i++)
+            keys[i] = (kb_key_t){wmap.key[i], wmap.len[i]};
+        rc = s_read_rows(kb, names->word, keys, wmap.n, E, rows, NULL);
+        if (rc != 0)
+            break;
+        nn_embedding_bag_forward_cpu(x, rows, idx, off, wts, NN_BAG_MEAN, B, (int)wmap.n, E);
+        nn_tower_head_forward(q_out + at * (size_t)D, pre, norms, x, head->W, head->bias, B, E, D);
+    }
+    w2v_map_free(&wmap);
+    void *p[] = {keys, idx, wts, off, rows, x, pre, norms};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        free(p[i]);
+    return rc;
+}
+
+/* The trainer writes NAME.vec itself from its final parameters. V (n_words, D) gets the vectors. */
+static int s_vectors_from_trainer(const tt_eval_in_t *in, float *V)
+{
+    const data_gcide_t *g = in->g;
+    int rc = nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, (const char *const *)g->words, g->n_words,
+                                   &in->word, V);
+    kb_key_t *keys = carls_xmalloc(TT_EVAL_CHUNK * sizeof *keys);
+    for (size_t at = 0; at < g->n_words && rc == 0; at += TT_EVAL_CHUNK) {
+        size_t n = g->n_words - at < TT_EVAL_CHUNK ? g->n_words - at : TT_EVAL_CHUNK;
+        for (size_t i = 0; i < n; i++)
+            keys[i] = (kb_key_t){g->words[at + i], strlen(g->words[at + i])};
+        rc = kb_cluster_put(in->kb, in->names->vec, keys, n, (uint32_t)in->word.D, V + at * (size_t)in->word.D,
+                            in->step);
+        if (rc != 0)
+            LOG_ERROR("trainer: writing %s failed: %s", in->names->vec, kb_cluster_last_error(in->kb));
+    }
+    free(keys);
+    return rc;
+}
+
+/* Reads every headword's row of NAME.vec; *fresh gets how many carry the step (or a later one). */
+static int s_read_vectors(const tt_eval_in_t *in, float *V, size_t *fresh)
+{
+    const data_gcide_t *g = in->g;
+    kb_key_t *keys = carls_xmalloc(TT_EVAL_CHUNK * sizeof *keys);
+    kb_row_meta_t *meta = carls_xmalloc(TT_EVAL_CHUNK * sizeof *meta);
+    int rc = 0;
+    *fresh = 0;
+    for (size_t at = 0; at < g->n_words && rc == 0; at += TT_EVAL_CHUNK) {
+        size_t n = g->n_words - at < TT_EVAL_CHUNK ? g->n_words - at : TT_EVAL_CHUNK;
+        for (size_t i = 0; i < n; i++)
+            keys[i] = (kb_key_t){g->words[at + i], strlen(g->words[at + i])};
+        rc = s_read_rows(in->kb, in->names->vec, keys, n, in->word.D, V + at * (size_t)in->word.D, meta);
+        for (size_t i = 0; i < n && rc == 0; i++)
+            *fresh += meta[i].version >= in->step;
+    }
+    free(keys);
+    free(meta);
+    return rc;
+}
+
+/* Waits until the makers have written every headword's vector from the final checkpoint. */
+static int s_vectors_from_makers(const tt_eval_in_t *in, float *V)
+{
+    int64_t t0 = carls_monotonic_us(), last_log = t0;
+    for (;;) {
+        size_t fresh = 0;
+        if (s_read_vectors(in, V, &fresh) != 0)
+            return -1;
+        double waited = (double)(carls_monotonic_us() - t0) / 1e6;
+        if (fresh == in->g->n_words) {
+            LOG_INFO("trainer: every word vector is from step %llu (waited %.1f s for the makers)",
+                           (unsigned long long)in->step, waited);
+            return 0;
+        }
+        if (waited > in->wait_fresh_s) {
+            LOG_ERROR("trainer: after %.0f s only %zu of %zu word vectors in %s are from step %llu: are the "
+                            "makers (kb-maker --task words) running?",
+                            waited, fresh, in->g->n_words, in->names->vec, (unsigned long long)in->step);
+            return -1;
+        }
+        if (carls_monotonic_us() - last_log > 10 * 1000000) {
+            LOG_INFO("trainer: waiting for the makers: %zu of %zu word vectors from step %llu", fresh,
+                           in->g->n_words, (unsigned long long)in->step);
+            last_log = carls_monotonic_us();
+        }
+        struct timespec ts = {0, 500 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Asks the bank's knn for the top 100 of the first n queries; counts the queries where it and the exact
+ * ranking agree on whether the headword is in the top 100. */
+static int s_knn_check(const tt_eval_in_t *in, const float *Q, const size_t *senses, const uint32_t *ranks, size_t n,
+                       size_t *agree, size_t *in_top)
+{
+    kb_knn_result_t *res = NULL;
+    int rc = kb_cluster_knn(in->kb, in->names->vec, Q, n, (uint32_t)in->word.D, TT_EVAL_KNN_K, &res);
+    if (rc != 0) {
+        LOG_ERROR("trainer: knn on %s failed: %s", in->names->vec, kb_cluster_last_error(in->kb));
+        return rc;
+    }
+    *agree = *in_top = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *truth = in->g->words[in->g->senses[senses[i]].word];
+        size_t tl = strlen(truth);
+        bool found = false;
+        for (uint32_t k = 0; k < res->k && !found; k++) {
+            const kb_key_t *key = &res->keys[i * res->k + k];
+            found = key->len == tl && memcmp(key->data, truth, tl) == 0;
+        }
+        *in_top += found;
+        *agree += found == (ranks[i] <= TT_EVAL_KNN_K);
+    }
+    kb_knn_result_destroy(&res);
+    return 0;
+}
+
+int tt_evaluate(const tt_eval_in_t *in)
+{
+    const data_gcide_t *g = in->g;
+    const size_t W = g->n_words;
+    const int D = in->word.D;
+    int64_t t0 = carls_monotonic_us();
+    float *V = carls_xmalloc(W * (size_t)D * sizeof(float));
+    size_t *held = carls_xmalloc((g->n_held_out + 1) * sizeof(size_t));
+    size_t H = 0;
+    for (size_t s = 0; s < g->n_senses; s++)
+        if (g->senses[s].held_out)
+            held[H++] = s;
+    float *Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
+    float *scores = carls_xmalloc((size_t)TT_EVAL_CHUNK * W * sizeof(float));
+    float *tf = in->fuse_tfidf > 0 ? carls_xmalloc(W * sizeof(float)) : NULL;
+    uint32_t *ranks = carls_xmalloc((H + 1) * sizeof(uint32_t));
+    tfidf_t *tfidf = NULL;
+    int status = -1;
+    if (H == 0) {
+        fprintf(stderr, "trainer: nothing is held out\n");
+        goto out;
+    }
+    int rc = in->vectors_from_trainer ? s_vectors_from_trainer(in, V) : s_vectors_from_makers(in, V);
+    if (rc != 0)
+        goto out;
+    if (tt_query_vectors(in->kb, in->names, g, in->idf, &in->query, held, H, Q) != 0)
+        goto out;
+    if (tf && tfidf_build(g, &tfidf) != 0) {
+        fprintf(stderr, "trainer: cannot build the TF-IDF index\n");
+        goto out;
+    }
+    for (size_t at = 0; at < H; at += TT_EVAL_CHUNK) {
+        int n = (int)(H - at < TT_EVAL_CHUNK ? H - at : TT_EVAL_CHUNK);
+        nn_linear_forward_cpu(scores, Q + at * (size_t)D, V, NULL, n, D, (int)W);
+        for (int i = 0; i < n; i++) {
+            float *row = scores + (size_t)i * W;
+            if (tf) {
+                tfidf_scores(tfidf, g, held[at + (size_t)i], tf);
+                for (size_t w = 0; w < W; w++)
+                    row[w] += in->fuse_tfidf * tf[w];
+            }
+            ranks[at + (size_t)i] = rank_of_truth(row, W, g->senses[held[at + (size_t)i]].word);
+        }
+    }
+    rank_metrics_t m;
+    rank_metrics(ranks, H, &m);
+    size_t agree = 0, in_top = 0, n_check = in->knn_check < 0 ? 0 : (size_t)in->knn_check;
+    if (n_check > H)
+        n_check = H;
+    /* The bank's knn knows only the cosine: compare it with exact model-only ranks. */
+    if (n_check > 0 && !tf && s_knn_check(in, Q, held, ranks, n_check, &agree, &in_top) != 0)
+        goto out;
+    LOG_INFO("trainer: evaluated %zu held-out definitions against %zu headwords in %.1f s", H, W,
+                   (double)(carls_monotonic_us() - t0) / 1e6);
+    if (n_check > 0 && !tf)
+        printf("knn_check: the bank's knn top-%d holds the headword for %zu of %zu queries; agrees with the exact "
+               "ranking on %zu\n",
+               TT_EVAL_KNN_K, in_top, n_check, agree);
+    printf("%s ", in->summary ? in->summary : "");
+    if (n_check > 0 && !tf)
+        printf("knn_agree=%.4f ", (double)agree / (double)n_check);
+    rank_metrics_print(stdout, NULL, &m);
+    fflush(stdout);
+    status = 0;
+out:
+    tfidf_destroy(&tfidf);
+    free(V);
+    free(held);
+    free(Q);
+    free(scores);
+    free(tf);
+    free(ranks);
+    return status;
+}

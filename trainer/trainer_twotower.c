@@ -1,0 +1,814 @@
+/* trainer twotower: options and the training loop (see trainer_tt.h).
+ *
+ * One step: B training (definition, headword) pairs; the batch's distinct word and trigram rows are looked
+ * up in the bank; the query tower embeds the definitions (tokens dropped at random), the word tower the
+ * headwords; InfoNCE over the B in-batch candidates plus M word-tower embeddings of random headwords fetched
+ * from NAME.vec (constants, written there by makers from an earlier checkpoint); the rows' gradients are
+ * pushed back to the bank, the dense heads take an Adam step here. */
+#include "trainer.h"
+#include "trainer_metrics.h"
+#include "trainer_tt.h"
+#include "trainer_util.h"
+#include "trainer_w2v.h"
+
+#include "checkpoint.h"
+#include "log.h"
+#include "nn_ops.h"
+#include "protocol.h"
+#include "util.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TT_MAX_BATCH 4096
+#define TT_MAX_NEGATIVES 100000
+#define TT_MAX_TOKENS 256 /* tokens of one definition used (the rest are cut) */
+
+typedef struct {
+    const char *kb, *table, *index_path, *dict_path, *holdout_file, *write_holdout, *ckpt_dir, *metrics;
+    uint64_t holdout_seed, seed;
+    int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check;
+    float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
+    Carls__OptimizerKind emb_opt;
+    bool vectors_from_trainer;
+    int timeout_ms, retries;
+} s_opts_t;
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainer twotower --kb ENDPOINTS [options]\n"
+            "Reverse dictionary on GCIDE (Debian's dict-gcide): a query tower over a definition's words and a word\n"
+            "tower over the headword's row and character trigrams, all rows in the knowledge bank (no dictionary),\n"
+            "trained with InfoNCE over in-batch negatives plus --kb-negatives M word-tower embeddings fetched from\n"
+            "the bank (written by kb-maker --task words from this trainer's checkpoints). Then ranks each held-out\n"
+            "definition's headword among all headwords; the last line is the result as key=value pairs.\n"
+            "data:\n"
+            "  --data gcide             the only data set (default)\n"
+            "  --index FILE --dict FILE GCIDE files (default %s, %s)\n"
+            "  --holdout-seed S         hold out one sense of --holdout-count headwords drawn with seed S (default 0)\n"
+            "  --holdout-count N        (default 2000)\n"
+            "  --holdout-file F         hold out the senses listed in F (headword<TAB>sense number) instead\n"
+            "  --write-holdout F        write the hold-out used\n"
+            "model and training:\n"
+            "  --kb ENDPOINTS           bank shards, comma-separated (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
+            "  --table NAME             tables NAME.word, NAME.gram, NAME.vec (default tt)\n"
+            "  --dim E                  word and trigram row size (default 128)\n"
+            "  --out-dim D              tower output size (default 128)\n"
+            "  --batch B                pairs per step (default 256)\n"
+            "  --epochs N               passes over the training pairs (default 15)\n"
+            "  --max-steps N            stop after N steps (0: no limit)\n"
+            "  --lr LR                  Adam learning rate of the dense heads (default 0.002)\n"
+            "  --emb-lr LR              server-side learning rate of the rows (default 0.01)\n"
+            "  --emb-optimizer KIND     adam|adagrad|sgd, server side (default adam)\n"
+            "  --init-scale S           rows start uniform in [-S, S] (default 0.1)\n"
+            "  --temperature T          softmax temperature over cosines (default 0.05)\n"
+            "  --token-dropout P        drop each definition word with probability P in training (default 0.3)\n"
+            "  --kb-negatives M         extra negatives from the bank's NAME.vec (default 0: in-batch only)\n"
+            "  --negatives-every N      fetch new bank negatives every N steps (default 1)\n"
+            "  --seed S                 (default 1)\n"
+            "checkpoints and evaluation:\n"
+            "  --ckpt-dir DIR           write checkpoints here (makers watch it)\n"
+            "  --ckpt-every N           every N steps (default 100)\n"
+            "  --vectors trainer|makers who writes NAME.vec for the evaluation: this trainer, or makers from the final\n"
+            "                           checkpoint (waited for; default trainer)\n"
+            "  --wait-fresh-s S         how long to wait for makers (default 600)\n"
+            "  --fuse-tfidf L           rank by cosine + L * TF-IDF cosine (default 0: the model alone)\n"
+            "  --knn-check N            also ask the bank's knn (top 100) for N held-out queries (default 200)\n"
+            "  --metrics FILE           CSV: one row per 50 steps\n"
+            "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
+            "  --kb-retries N           resends after a timeout, e.g. across a bank restart (default 60)\n"
+            "  --log-level LEVEL        debug|info|warn|error\n",
+            DATA_GCIDE_INDEX, DATA_GCIDE_DICT);
+}
+
+/* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
+static int s_parse(int argc, char **argv, s_opts_t *o)
+{
+    *o = (s_opts_t){
+        .kb = getenv("CARLS_KB") ? getenv("CARLS_KB") : "tcp://127.0.0.1:7070",
+        .table = "tt",
+        .holdout_count = 2000,
+        .E = 128,
+        .D = 128,
+        .batch = 256,
+        .epochs = 15,
+        .negatives_every = 1,
+        .ckpt_every = 100,
+        .knn_check = 200,
+        .lr = 0.002f,
+        .emb_lr = 0.01f,
+        .temperature = 0.05f,
+        .token_dropout = 0.3f,
+        .wait_fresh_s = 600,
+        .init_scale = 0.1f,
+        .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
+        .vectors_from_trainer = true,
+        .seed = 1,
+        .timeout_ms = 10000,
+        .retries = 60,
+    };
+    enum {
+        O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
+        O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
+        O_CKPTEVERY, O_VECTORS, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"data", required_argument, NULL, O_DATA},
+        {"index", required_argument, NULL, O_INDEX},
+        {"dict", required_argument, NULL, O_DICT},
+        {"holdout-seed", required_argument, NULL, O_HSEED},
+        {"holdout-count", required_argument, NULL, O_HCOUNT},
+        {"holdout-file", required_argument, NULL, O_HFILE},
+        {"write-holdout", required_argument, NULL, O_WHOLD},
+        {"kb", required_argument, NULL, O_KB},
+        {"table", required_argument, NULL, O_TABLE},
+        {"dim", required_argument, NULL, O_DIM},
+        {"out-dim", required_argument, NULL, O_ODIM},
+        {"batch", required_argument, NULL, O_BATCH},
+        {"epochs", required_argument, NULL, O_EPOCHS},
+        {"max-steps", required_argument, NULL, O_MAXSTEPS},
+        {"lr", required_argument, NULL, O_LR},
+        {"emb-lr", required_argument, NULL, O_ELR},
+        {"emb-optimizer", required_argument, NULL, O_EOPT},
+        {"init-scale", required_argument, NULL, O_INIT},
+        {"temperature", required_argument, NULL, O_TEMP},
+        {"token-dropout", required_argument, NULL, O_TDROP},
+        {"kb-negatives", required_argument, NULL, O_NEG},
+        {"negatives-every", required_argument, NULL, O_NEGEVERY},
+        {"seed", required_argument, NULL, O_SEED},
+        {"ckpt-dir", required_argument, NULL, O_CKPT},
+        {"ckpt-every", required_argument, NULL, O_CKPTEVERY},
+        {"vectors", required_argument, NULL, O_VECTORS},
+        {"wait-fresh-s", required_argument, NULL, O_WAIT},
+        {"fuse-tfidf", required_argument, NULL, O_FUSE},
+        {"knn-check", required_argument, NULL, O_KNNCHECK},
+        {"metrics", required_argument, NULL, O_METRICS},
+        {"kb-timeout-ms", required_argument, NULL, O_TIMEOUT},
+        {"kb-retries", required_argument, NULL, O_RETRIES},
+        {"log-level", required_argument, NULL, O_LOG},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_DATA:
+            if (strcmp(optarg, "gcide") != 0) {
+                fprintf(stderr, "trainer: --data: '%s' is not a data set this command knows (gcide)\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_INDEX: o->index_path = optarg; break;
+        case O_DICT: o->dict_path = optarg; break;
+        case O_HSEED:
+            if (carls_parse_u64(optarg, &o->holdout_seed) != 0) {
+                fprintf(stderr, "trainer: --holdout-seed: '%s' is not a number\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_HCOUNT: bad = trainer_parse_int("holdout-count", optarg, 1, 1000000, &o->holdout_count); break;
+        case O_HFILE: o->holdout_file = optarg; break;
+        case O_WHOLD: o->write_holdout = optarg; break;
+        case O_KB: o->kb = optarg; break;
+        case O_TABLE: o->table = optarg; break;
+        case O_DIM: bad = trainer_parse_int("dim", optarg, 2, 4096, &o->E); break;
+        case O_ODIM: bad = trainer_parse_int("out-dim", optarg, 2, 4096, &o->D); break;
+        case O_BATCH: bad = trainer_parse_int("batch", optarg, 2, TT_MAX_BATCH, &o->batch); break;
+        case O_EPOCHS: bad = trainer_parse_int("epochs", optarg, 0, 100000, &o->epochs); break;
+        case O_MAXSTEPS: bad = trainer_parse_int("max-steps", optarg, 0, 100000000, &o->max_steps); break;
+        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 10.0, &o->lr); break;
+        case O_ELR: bad = trainer_parse_float("emb-lr", optarg, 1e-9, 100.0, &o->emb_lr); break;
+        case O_EOPT:
+            if (strcmp(optarg, "adam") == 0) {
+                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM;
+            } else if (strcmp(optarg, "adagrad") == 0) {
+                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAGRAD;
+            } else if (strcmp(optarg, "sgd") == 0) {
+                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_SGD;
+            } else {
+                fprintf(stderr, "trainer: --emb-optimizer: '%s' is not adam, adagrad or sgd\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_INIT: bad = trainer_parse_float("init-scale", optarg, 1e-6, 10.0, &o->init_scale); break;
+        case O_TEMP: bad = trainer_parse_float("temperature", optarg, 1e-3, 10.0, &o->temperature); break;
+        case O_TDROP: bad = trainer_parse_float("token-dropout", optarg, 0.0, 0.95, &o->token_dropout); break;
+        case O_NEG: bad = trainer_parse_int("kb-negatives", optarg, 0, TT_MAX_NEGATIVES, &o->negatives); break;
+        case O_NEGEVERY: bad = trainer_parse_int("negatives-every", optarg, 1, 1000000, &o->negatives_every); break;
+        case O_SEED:
+            if (carls_parse_u64(optarg, &o->seed) != 0) {
+                fprintf(stderr, "trainer: --seed: '%s' is not a number\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_CKPT: o->ckpt_dir = optarg; break;
+        case O_CKPTEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
+        case O_VECTORS:
+            if (strcmp(optarg, "trainer") == 0 || strcmp(optarg, "makers") == 0) {
+                o->vectors_from_trainer = strcmp(optarg, "trainer") == 0;
+            } else {
+                fprintf(stderr, "trainer: --vectors: '%s' is not trainer or makers\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
+        case O_FUSE: bad = trainer_parse_float("fuse-tfidf", optarg, 0.0, 1000.0, &o->fuse_tfidf); break;
+        case O_KNNCHECK: bad = trainer_parse_int("knn-check", optarg, 0, 1000000, &o->knn_check); break;
+        case O_METRICS: o->metrics = optarg; break;
+        case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 1, 3600000, &o->timeout_ms); break;
+        case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 1000000, &o->retries); break;
+        case O_LOG: bad = carls_log_level_option("trainer", optarg); break;
+        case O_HELP: s_usage(stdout); return 1;
+        default: s_usage(stderr); return -1;
+        }
+        if (bad != 0)
+            return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "trainer: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->vectors_from_trainer && !o->ckpt_dir) {
+        fprintf(stderr, "trainer: --vectors makers needs --ckpt-dir (the makers read the final checkpoint there)\n");
+        return -1;
+    }
+    if (o->negatives > 0 && !o->ckpt_dir)
+        fprintf(stderr, "trainer: warning: --kb-negatives without --ckpt-dir: no maker can refresh %s.vec\n",
+                o->table);
+    return 0;
+}
+
+int tt_names(const char *base, tt_names_t *names)
+{
+    if (carls_table_name_valid(base) != 0 || strlen(base) + 6 > 128)
+        return -1;
+    snprintf(names->word, sizeof names->word, "%s.word", base);
+    snprintf(names->gram, sizeof names->gram, "%s.gram", base);
+    snprintf(names->vec, sizeof names->vec, "%s.vec", base);
+    return 0;
+}
+
+/* ---- tables --------------------------------------------------------------------------------------- */
+
+static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_opts_t *o)
+{
+    for (int t = 0; t < 3; t++) {
+        Carls__TableConfig tc;
+        Carls__OptimizerConfig opt;
+        Carls__LazyUpdateConfig lazy;
+        Carls__KnnConfig knn;
+        carls__table_config__init(&tc);
+        carls__optimizer_config__init(&opt);
+        carls__lazy_update_config__init(&lazy);
+        carls__knn_config__init(&knn);
+        tc.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+        tc.optimizer = &opt;
+        tc.lazy = &lazy;
+        /* One trainer pushes each row at most once per step: apply at once, nothing to average. */
+        lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
+        if (t < 2) {
+            tc.dim = (uint32_t)o->E;
+            tc.init = CARLS__INIT_KIND__INIT_UNIFORM;
+            tc.init_scale = o->init_scale;
+            opt.kind = o->emb_opt;
+            opt.learning_rate = o->emb_lr;
+        } else {
+            /* Written by put only (makers); unit rows, so inner product is cosine. */
+            tc.dim = (uint32_t)o->D;
+            tc.init = CARLS__INIT_KIND__INIT_ZEROS;
+            opt.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
+            knn.spec = "Flat";
+            knn.metric = CARLS__KNN_METRIC__METRIC_IP;
+            tc.knn = &knn;
+        }
+        const char *name = t == 0 ? names->word : t == 1 ? names->gram : names->vec;
+        int rc = kb_cluster_create_table(kb, name, &tc, true);
+        if (rc != 0) {
+            LOG_ERROR("trainer: cannot create table %s: %s", name, kb_cluster_last_error(kb));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ---- IDF by hash ------------------------------------------------------------------------------------ */
+
+static size_t s_idf_slot(const tt_idf_t *idf, uint64_t key)
+{
+    size_t mask = idf->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull) & mask;
+    while (idf->keys[i] != 0 && idf->keys[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static uint64_t s_word_hash(const char *word, size_t len)
+{
+    uint64_t h = carls_hash64(word, len, 0x1df);
+    return h == UINT64_MAX ? h - 1 : h + 1;  /* 0 marks an empty slot */
+}
+
+int tt_idf_build(tt_idf_t *idf, const data_gcide_t *g)
+{
+    const data_text_t *t = g->text;
+    idf->cap = 1u << 18;
+    while (idf->cap < 2 * t->n_tokens / 4 + 16)
+        idf->cap <<= 1;
+    idf->keys = carls_xcalloc(idf->cap, sizeof *idf->keys);
+    idf->df = carls_xcalloc(idf->cap, sizeof *idf->df);
+    idf->docs = 0;
+    size_t used = 0;
+    for (size_t s = 0; s < g->n_senses; s++) {
+        if (g->senses[s].held_out)
+            continue;
+        idf->docs++;
+        for (size_t k = t->line_start[s]; k < t->line_start[s + 1]; k++) {
+            uint64_t key = s_word_hash(t->text + t->tok_off[k], t->tok_len[k]);
+            /* Count a word once per definition: skip it when an earlier token of this line spells it. */
+            bool seen = false;
+            for (size_t j = t->line_start[s]; j < k && !seen; j++)
+                seen = t->tok_len[j] == t->tok_len[k] &&
+                       memcmp(t->text + t->tok_off[j], t->text + t->tok_off[k], t->tok_len[k]) == 0;
+            if (seen)
+                continue;
+            size_t i = s_idf_slot(idf, key);
+            if (idf->keys[i] == 0) {
+                if (++used * 2 > idf->cap)
+                    return -1;  /* cannot happen with the capacity above; refuse rather than loop */
+                idf->keys[i] = key;
+            }
+            idf->df[i]++;
+        }
+    }
+    return 0;
+}
+
+float tt_idf_weight(const tt_idf_t *idf, const char *word, size_t len)
+{
+    size_t i = s_idf_slot(idf, s_word_hash(word, len));
+    uint32_t df = idf->keys[i] == 0 ? 0 : idf->df[i];
+    return (float)(log((double)(idf->docs + 1) / (double)(df + 1)) + 1.0);
+}
+
+void tt_idf_free(tt_idf_t *idf)
+{
+    free(idf->keys);
+    free(idf->df);
+    memset(idf, 0, sizeof *idf);
+}
+
+/* ---- the training state ------------------------------------------------------------------------------ */
+
+typedef struct {
+    s_opts_t o;
+    tt_names_t names;
+    data_gcide_t *g;
+    tt_idf_t idf;
+    kb_cluster_t *kb;
+    uint64_t rng;
+
+    /* dense parameters: Wq (D, E), bq (D), Ww (D, E), bw (D) in one block, with gradients and Adam state */
+    float *params, *grads, *adam_m, *adam_v;
+    size_t n_params;
+    float *Wq, *bq, *Ww, *bw, *dWq, *dbq, *dWw, *dbw;
+    int adam_t;
+
+    /* the batch */
+    size_t *train;          /* training sense indices, shuffled each epoch */
+    size_t n_train;
+    w2v_map_t wmap, gmap;   /* distinct word / trigram keys of the batch */
+    char (*gram_keys)[3];   /* storage for the batch's trigram keys */
+    int32_t *bag_idx, *bag_off;
+    float *bag_w;
+    int32_t *hw_idx, *gram_idx, *gram_off;
+    uint32_t *hw_word;      /* (B) headword index of each pair */
+    kb_key_t *keys;
+    float *word_rows, *gram_rows, *d_word_rows, *d_gram_rows;
+    size_t rows_cap;        /* rows allocated in word_rows/gram_rows */
+    float *xq, *preq, *q, *nq, *xw, *prew, *v, *nw, *dq, *dxq, *dxw, *dpre;
+    float *cand, *dcand, *logits, *probs;
+    uint32_t *cand_word;    /* (B + M) headword of each candidate */
+    /* bank negatives */
+    float *neg;             /* (M, D) */
+    uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
+    int n_neg;              /* negatives held now (0 until the table has rows) */
+    double neg_staleness;   /* mean (step - version) of the negatives held */
+    uint64_t neg_fetches, neg_unavailable;
+    double staleness_sum;
+    uint64_t staleness_n;
+} s_run_t;
+
+static void s_alloc(s_run_t *r)
+{
+    const s_opts_t *o = &r->o;
+    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch, M = (size_t)o->negatives;
+    r->n_params = 2 * (D * E + D);
+    r->params = carls_xcalloc(r->n_params, sizeof(float));
+    r->grads = carls_xcalloc(r->n_params, sizeof(float));
+    r->adam_m = carls_xcalloc(r->n_params, sizeof(float));
+    r->adam_v = carls_xcalloc(r->n_params, sizeof(float));
+    r->Wq = r->params;
+    r->bq = r->Wq + D * E;
+    r->Ww = r->bq + D;
+    r->bw = r->Ww + D * E;
+    r->dWq = r->grads;
+    r->dbq = r->dWq + D * E;
+    r->dWw = r->dbq + D;
+    r->dbw = r->dWw + D * E;
+    /* PyTorch's Linear default: uniform(+-1/sqrt(E)); biases zero. */
+    float a = 1.0f / sqrtf((float)E);
+    uint64_t st = o->seed ^ 0x70707070ull;
+    for (size_t i = 0; i < D * E; i++) {
+        r->Wq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+        r->Ww[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+    }
+    size_t L = B * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
+    r->gram_keys = carls_xmalloc(G * sizeof *r->gram_keys);
+    r->bag_idx = carls_xmalloc(L * sizeof(int32_t));
+    r->bag_w = carls_xmalloc(L * sizeof(float));
+    r->bag_off = carls_xmalloc((B + 1) * sizeof(int32_t));
+    r->hw_idx = carls_xmalloc(B * sizeof(int32_t));
+    r->hw_word = carls_xmalloc(B * sizeof(uint32_t));
+    r->gram_idx = carls_xmalloc(G * sizeof(int32_t));
+    r->gram_off = carls_xmalloc((B + 1) * sizeof(int32_t));
+    r->rows_cap = L + B + G;
+    r->keys = carls_xmalloc(r->rows_cap * sizeof(kb_key_t));
+    r->word_rows = carls_xmalloc((L + B) * E * sizeof(float));
+    r->d_word_rows = carls_xmalloc((L + B) * E * sizeof(float));
+    r->gram_rows = carls_xmalloc(G * E * sizeof(float));
+    r->d_gram_rows = carls_xmalloc(G * E * sizeof(float));
+    float **be[] = {&r->xq, &r->xw, &r->dxq, &r->dxw};
+    for (size_t i = 0; i < sizeof be / sizeof be[0]; i++)
+        *be[i] = carls_xmalloc(B * E * sizeof(float));
+    float **bd[] = {&r->preq, &r->q, &r->prew, &r->v, &r->dq, &r->dpre};
+    for (size_t i = 0; i < sizeof bd / sizeof bd[0]; i++)
+        *bd[i] = carls_xmalloc(B * D * sizeof(float));
+    r->nq = carls_xmalloc(B * sizeof(float));
+    r->nw = carls_xmalloc(B * sizeof(float));
+    r->cand = carls_xmalloc((B + M) * D * sizeof(float));
+    r->dcand = carls_xmalloc((B + M) * D * sizeof(float));
+    r->logits = carls_xmalloc(B * (B + M) * sizeof(float));
+    r->probs = carls_xmalloc(B * (B + M) * sizeof(float));
+    r->cand_word = carls_xmalloc((B + M) * sizeof(uint32_t));
+    r->neg = carls_xmalloc((M + 1) * D * sizeof(float));
+    r->neg_word = carls_xmalloc((M + 1) * sizeof(uint32_t));
+    w2v_map_init(&r->wmap);
+    w2v_map_init(&r->gmap);
+}
+
+static void s_free(s_run_t *r)
+{
+    void *p[] = {r->params, r->grads, r->adam_m, r->adam_v, r->train, r->gram_keys, r->bag_idx, r->bag_w,
+                 r->bag_off, r->hw_idx, r->hw_word, r->gram_idx, r->gram_off, r->keys, r->word_rows,
+                 r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
+                 r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
+                 r->neg, r->neg_word};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        free(p[i]);
+    w2v_map_free(&r->wmap);
+    w2v_map_free(&r->gmap);
+    tt_idf_free(&r->idf);
+    kb_cluster_destroy(&r->kb);
+    data_gcide_destroy(&r->g);
+}
+
+static double s_uniform(uint64_t *rng)
+{
+    return (double)(carls_splitmix64(rng) >> 11) * 0x1p-53;
+}
+
+static void s_shuffle(size_t *a, size_t n, uint64_t *rng)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)(carls_splitmix64(rng) % i);
+        size_t t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}
+
+/* Builds the batch of pairs train[from .. from+B-1]: bags of (kept) definition words, headwords, trigrams.
+ * Returns the number of distinct word rows; *n_grams gets the trigram rows. */
+static void s_build_batch(s_run_t *r, const size_t *senses, int B)
+{
+    const data_text_t *t = r->g->text;
+    w2v_map_clear(&r->wmap);
+    w2v_map_clear(&r->gmap);
+    int L = 0, G = 0;
+    r->bag_off[0] = 0;
+    r->gram_off[0] = 0;
+    for (int b = 0; b < B; b++) {
+        size_t s = senses[b];
+        size_t first = t->line_start[s], end = t->line_start[s + 1];
+        if (end - first > TT_MAX_TOKENS)
+            end = first + TT_MAX_TOKENS;
+        int kept = 0;
+        for (size_t k = first; k < end; k++) {
+            if (r->o.token_dropout > 0 && s_uniform(&r->rng) < r->o.token_dropout)
+                continue;
+            const char *w = t->text + t->tok_off[k];
+            r->bag_idx[L] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
+            r->bag_w[L++] = tt_idf_weight(&r->idf, w, t->tok_len[k]);
+            kept++;
+        }
+        if (kept == 0) {  /* every word dropped: keep one at random */
+            size_t k = first + (size_t)(carls_splitmix64(&r->rng) % (end - first));
+            const char *w = t->text + t->tok_off[k];
+            r->bag_idx[L] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
+            r->bag_w[L++] = tt_idf_weight(&r->idf, w, t->tok_len[k]);
+        }
+        r->bag_off[b + 1] = L;
+        uint32_t word = r->g->senses[s].word;
+        const char *hw = r->g->words[word];
+        size_t hl = strlen(hw);
+        r->hw_word[b] = word;
+        r->hw_idx[b] = (int32_t)w2v_map_put(&r->wmap, hw, (uint8_t)hl);
+        int n = nn_tower_trigrams(hw, hl, r->gram_keys + G, NN_TOWER_MAX_GRAMS);
+        for (int i = 0; i < n; i++)
+            r->gram_idx[G + i] = (int32_t)w2v_map_put(&r->gmap, r->gram_keys[G + i], 3);
+        G += n;
+        r->gram_off[b + 1] = G;
+    }
+}
+
+static int s_lookup_map(s_run_t *r, const char *table, const w2v_map_t *m, float *rows)
+{
+    for (uint32_t i = 0; i < m->n; i++)
+        r->keys[i] = (kb_key_t){m->key[i], m->len[i]};
+    int rc = kb_cluster_lookup(r->kb, table, r->keys, m->n, (uint32_t)r->o.E, rows, NULL);
+    if (rc != 0)
+        LOG_ERROR("trainer: lookup in %s failed: %s", table, kb_cluster_last_error(r->kb));
+    return rc;
+}
+
+static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const float *grads)
+{
+    for (uint32_t i = 0; i < m->n; i++)
+        r->keys[i] = (kb_key_t){m->key[i], m->len[i]};
+    int rc = kb_cluster_push_gradients(r->kb, table, r->keys, m->n, (uint32_t)r->o.E, grads);
+    if (rc != 0)
+        LOG_ERROR("trainer: push to %s failed: %s", table, kb_cluster_last_error(r->kb));
+    return rc;
+}
+
+/* Fetches M word-tower embeddings of random headwords from NAME.vec (the bank's uniform sampler over the
+ * rows makers wrote). Until makers have written any, there are none: the step uses in-batch negatives only. */
+static void s_fetch_negatives(s_run_t *r, uint64_t step)
+{
+    r->n_neg = 0;
+    kb_sample_result_t *sr = NULL;
+    uint32_t M = (uint32_t)r->o.negatives;
+    int rc = kb_cluster_sample(r->kb, r->names.vec, NULL, 0, M, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
+                               carls_splitmix64(&r->rng) | 1, &sr);
+    r->neg_fetches++;
+    if (rc != 0 || sr->n < M) {
+        r->neg_unavailable++;
+        LOG_DEBUG("trainer: no bank negatives this step: %s", rc != 0 ? kb_cluster_last_error(r->kb) : "few");
+        kb_sample_result_destroy(&sr);
+        return;
+    }
+    kb_row_meta_t *meta = carls_xmalloc(M * sizeof *meta);
+    rc = kb_cluster_lookup_ex(r->kb, r->names.vec, sr->keys, M, (uint32_t)r->o.D, true, r->neg, meta);
+    if (rc != 0) {
+        r->neg_unavailable++;
+        LOG_WARN("trainer: reading bank negatives failed: %s", kb_cluster_last_error(r->kb));
+    } else {
+        double stale = 0;
+        char word[DATA_GCIDE_MAX_WORD + 1];
+        for (uint32_t j = 0; j < M; j++) {
+            stale += (double)step - (double)meta[j].version;
+            size_t len = sr->keys[j].len < DATA_GCIDE_MAX_WORD ? sr->keys[j].len : DATA_GCIDE_MAX_WORD;
+            memcpy(word, sr->keys[j].data, len);
+            word[len] = '\0';
+            long w = data_gcide_find(r->g, word);
+            r->neg_word[j] = w < 0 ? UINT32_MAX : (uint32_t)w;
+        }
+        r->neg_staleness = stale / M;
+        r->n_neg = (int)M;
+    }
+    free(meta);
+    kb_sample_result_destroy(&sr);
+}
+
+/* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
+static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
+{
+    const int E = r->o.E, D = r->o.D;
+    s_build_batch(r, senses, B);
+    if (s_lookup_map(r, r->names.word, &r->wmap, r->word_rows) != 0 ||
+        s_lookup_map(r, r->names.gram, &r->gmap, r->gram_rows) != 0)
+        return NAN;
+    if (r->o.negatives > 0 && (step % (uint64_t)r->o.negatives_every == 0 || r->n_neg == 0))
+        s_fetch_negatives(r, step);
+    if (r->n_neg > 0) {
+        r->staleness_sum += r->neg_staleness;
+        r->staleness_n++;
+    }
+    const int N = B + r->n_neg;
+    /* forward */
+    nn_embedding_bag_forward_cpu(r->xq, r->word_rows, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
+                                 (int)r->wmap.n, E);
+    nn_tower_head_forward(r->q, r->preq, r->nq, r->xq, r->Wq, r->bq, B, E, D);
+    nn_tower_word_pool(r->xw, r->word_rows, r->hw_idx, r->gram_rows, r->gram_idx, r->gram_off, B, E);
+    nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, B, E, D);
+    memcpy(r->cand, r->v, (size_t)B * D * sizeof(float));
+    if (r->n_neg > 0)
+        memcpy(r->cand + (size_t)B * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
+    for (int b = 0; b < B; b++)
+        r->cand_word[b] = r->hw_word[b];
+    for (int j = 0; j < r->n_neg; j++)
+        r->cand_word[B + j] = r->neg_word[j];
+    double loss = nn_tower_infonce(r->dq, r->dcand, r->logits, r->probs, r->q, r->cand, r->cand_word,
+                                   1.0f / r->o.temperature, B, N, D);
+    memset(r->grads, 0, r->n_params * sizeof(float));
+    nn_tower_head_backward(r->dxq, r->dWq, r->dbq, r->dpre, r->dq, r->q, r->nq, r->xq, r->Wq, B, E, D);
+    nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, B, E, D);
+    nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
+                                  (int)r->wmap.n, E);
+    memset(r->d_gram_rows, 0, (size_t)r->gmap.n * E * sizeof(float));
+    nn_tower_word_pool_backward(r->d_word_rows, r->d_gram_rows, r->dxw, r->hw_idx, r->gram_idx, r->gram_off, B, E);
+    if (s_push_map(r, r->names.word, &r->wmap, r->d_word_rows) != 0 ||
+        s_push_map(r, r->names.gram, &r->gmap, r->d_gram_rows) != 0)
+        return NAN;
+    r->adam_t++;
+    nn_adam_update_cpu(r->params, r->grads, r->adam_m, r->adam_v, r->o.lr, 0.9f, 0.999f, 1e-8f, 0.0f, r->adam_t,
+                       (int)r->n_params);
+    return loss;
+}
+
+static int s_save_ckpt(s_run_t *r, uint64_t step)
+{
+    int64_t wd[2] = {r->o.D, r->o.E}, bd[1] = {r->o.D};
+    carls_ckpt_t *ck = carls_ckpt_new(NN_TOWER_KIND, step);
+    char err[256] = "";
+    int rc = ck ? 0 : -1;
+    if (rc == 0)
+        rc = carls_ckpt_add(ck, "query.weight", 2, wd, r->Wq) || carls_ckpt_add(ck, "query.bias", 1, bd, r->bq) ||
+             carls_ckpt_add(ck, "word.weight", 2, wd, r->Ww) || carls_ckpt_add(ck, "word.bias", 1, bd, r->bw);
+    char path[1024];
+    if (rc == 0)
+        rc = carls_ckpt_save_to_dir(ck, r->o.ckpt_dir, path, sizeof path, err, sizeof err);
+    if (rc == 0)
+        rc = carls_ckpt_prune(r->o.ckpt_dir, 3, err, sizeof err);
+    carls_ckpt_destroy(&ck);
+    if (rc != 0)
+        LOG_ERROR("trainer: cannot write a checkpoint to %s: %s", r->o.ckpt_dir, err);
+    else
+        LOG_DEBUG("trainer: checkpoint step %llu -> %s", (unsigned long long)step, path);
+    return rc;
+}
+
+static int s_load_data(s_run_t *r)
+{
+    char err[512] = "";
+    int64_t t0 = carls_monotonic_us();
+    if (data_gcide_load(r->o.index_path, r->o.dict_path, &r->g, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: %s\n", err);
+        return -1;
+    }
+    int rc = r->o.holdout_file ? data_gcide_holdout_file(r->g, r->o.holdout_file, err, sizeof err)
+                               : data_gcide_holdout_seed(r->g, r->o.holdout_seed, (size_t)r->o.holdout_count, err,
+                                                         sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "trainer: hold-out: %s\n", err);
+        return -1;
+    }
+    if (r->o.write_holdout && data_gcide_holdout_write(r->g, r->o.write_holdout) != 0) {
+        fprintf(stderr, "trainer: cannot write %s\n", r->o.write_holdout);
+        return -1;
+    }
+    r->train = carls_xmalloc(r->g->n_senses * sizeof(size_t));
+    for (size_t s = 0; s < r->g->n_senses; s++)
+        if (!r->g->senses[s].held_out)
+            r->train[r->n_train++] = s;
+    if (tt_idf_build(&r->idf, r->g) != 0) {
+        fprintf(stderr, "trainer: IDF table overflow\n");
+        return -1;
+    }
+    LOG_INFO("trainer: GCIDE: %zu headwords, %zu senses, %zu training pairs, %zu held out (%.1f s)",
+                   r->g->n_words, r->g->n_senses, r->n_train, r->g->n_held_out,
+                   (double)(carls_monotonic_us() - t0) / 1e6);
+    return 0;
+}
+
+/* Trains; *steps_out gets the steps taken. Returns 0 or -1 (reported). */
+static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
+{
+    trainer_metrics_t csv = {0};
+    if (r->o.metrics && trainer_metrics_open(&csv, r->o.metrics,
+                                             "step,epoch,loss,steps_per_s,negatives,neg_staleness_steps") != 0) {
+        fprintf(stderr, "trainer: cannot write %s\n", r->o.metrics);
+        return -1;
+    }
+    uint64_t step = 0;
+    int64_t t0 = carls_monotonic_us(), tlast = t0;
+    double loss_sum = 0;
+    int loss_n = 0, rc = 0;
+    bool done = false;
+    for (int epoch = 0; epoch < r->o.epochs && !done; epoch++) {
+        s_shuffle(r->train, r->n_train, &r->rng);
+        for (size_t from = 0; from + (size_t)r->o.batch <= r->n_train && !done; from += (size_t)r->o.batch) {
+            double loss = s_step(r, r->train + from, r->o.batch, step);
+            if (isnan(loss)) {
+                rc = -1;
+                done = true;
+                break;
+            }
+            step++;
+            loss_sum += loss;
+            loss_n++;
+            if (r->o.ckpt_dir && step % (uint64_t)r->o.ckpt_every == 0 && s_save_ckpt(r, step) != 0) {
+                rc = -1;
+                done = true;
+            }
+            if (step % 50 == 0) {
+                int64_t now = carls_monotonic_us();
+                double sps = 50.0 / ((double)(now - tlast) / 1e6);
+                tlast = now;
+                double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
+                                 sps, (double)r->n_neg, r->n_neg ? r->neg_staleness : NAN};
+                if (csv.f)
+                    trainer_metrics_row(&csv, row);
+                LOG_INFO("trainer: step %llu epoch %d loss %.4f  %.1f steps/s  negatives %d (stale %.0f steps)",
+                               (unsigned long long)step, epoch, loss_sum / loss_n, sps, r->n_neg,
+                               r->n_neg ? r->neg_staleness : 0.0);
+                loss_sum = 0;
+                loss_n = 0;
+            }
+            if (r->o.max_steps > 0 && step >= (uint64_t)r->o.max_steps)
+                done = true;
+        }
+    }
+    if (csv.f)
+        trainer_metrics_close(&csv);
+    *steps_out = step;
+    *steps_per_s = (double)step / ((double)(carls_monotonic_us() - t0) / 1e6 + 1e-9);
+    return rc;
+}
+
+int trainer_twotower_main(int argc, char **argv)
+{
+    s_run_t r = {0};
+    int prc = s_parse(argc, argv, &r.o);
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
+    if (tt_names(r.o.table, &r.names) != 0) {
+        fprintf(stderr, "trainer: --table: '%s' is not a valid table name\n", r.o.table);
+        return 2;
+    }
+    trainer_setup_threads(0);
+    r.rng = r.o.seed * 0x9E3779B97F4A7C15ull + 7;
+    int status = 1;
+    if (s_load_data(&r) != 0)
+        goto out;
+    if (r.n_train < (size_t)r.o.batch) {
+        fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r.n_train, r.o.batch);
+        goto out;
+    }
+    if (r.o.ckpt_dir && trainer_mkdirs(r.o.ckpt_dir) != 0) {
+        fprintf(stderr, "trainer: cannot create %s\n", r.o.ckpt_dir);
+        goto out;
+    }
+    kb_client_options_t copts = {.timeout_ms = r.o.timeout_ms, .retries = r.o.retries};
+    r.kb = kb_cluster_new(r.o.kb, &copts);
+    if (!r.kb || s_create_tables(r.kb, &r.names, &r.o) != 0)
+        goto out;
+    s_alloc(&r);
+    uint64_t steps = 0;
+    double sps = 0;
+    if (s_train(&r, &steps, &sps) != 0)
+        goto out;
+    LOG_INFO("trainer: trained %llu steps, %.2f steps/s", (unsigned long long)steps, sps);
+    if (r.o.ckpt_dir && s_save_ckpt(&r, steps) != 0)
+        goto out;
+    tt_eval_in_t ev = {
+        .kb = r.kb,
+        .names = &r.names,
+        .g = r.g,
+        .idf = &r.idf,
+        .query = {.E = r.o.E, .D = r.o.D, .W = r.Wq, .bias = r.bq},
+        .word = {.E = r.o.E, .D = r.o.D, .W = r.Ww, .bias = r.bw},
+        .step = steps,
+        .vectors_from_trainer = r.o.vectors_from_trainer,
+        .wait_fresh_s = r.o.wait_fresh_s,
+        .fuse_tfidf = r.o.fuse_tfidf,
+        .knn_check = r.o.knn_check,
+    };
+    char summary[256];
+    snprintf(summary, sizeof summary,
+             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu",
+             (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
+             (unsigned long long)r.neg_unavailable);
+    ev.summary = summary;
+    if (tt_evaluate(&ev) != 0)
+        goto out;
+    status = 0;
+out:
+    s_free(&r);
+    return status;
+}
