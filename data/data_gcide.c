@@ -376,6 +376,13 @@ size_t data_gcide_article_senses(const char *article, size_t len,
         para_start = false;
         if (dropping)
             continue;
+        /* A tag line's text after the tag is debris of the conversion (the names of the next entry:
+         * "[1913 Webster] Abruptly pinnate"). */
+        if (l.p[0] == '[') {
+            size_t close = s_bracket_end(l.p, l.len, 0);
+            if (close < l.len)
+                l.len = close + 1;
+        }
         s_buf_add(&cur, "\n", 1);
         s_buf_add(&cur, l.p, l.len);
     }

@@ -17,6 +17,7 @@ static void s_usage(FILE *out)
             "  graphreg     semi-supervised: labels + bank pseudo-labels + graph regulariser (neighbours from the bank)\n"
             "  word2vec     skip-gram word vectors whose vocabulary lives in the knowledge bank (no dictionary)\n"
             "  w2v-eval     score word vectors (word2vec text files): hand-made pairs, word groups, overlap\n"
+            "  gcide-tfidf  reverse dictionary on GCIDE: TF-IDF baseline ranking headwords for held-out definitions\n"
             "  inspect      print what a checkpoint file (or a checkpoint directory's latest) holds\n"
             "  bench-sgemm  measure sgemm FLOP/s (OpenBLAS on the CPU, cuBLAS on a GPU)\n"
             "run 'trainer <command> --help' for a command's options\n");
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "w2v-eval") == 0) {
         return trainer_w2v_eval_main(argc - 1, argv + 1);
     }
+    if (strcmp(argv[1], "gcide-tfidf") == 0) return trainer_gcide_tfidf_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "inspect") == 0) {
         return trainer_inspect_main(argc - 1, argv + 1);
     }
