@@ -49,6 +49,7 @@ struct kb_client {
     bool use_curve;           /* apply `curve` to every socket opened */
     kb_client_curve_t curve;  /* copied from the options; wiped on destroy */
     char last_error[512];     /* "" after success */
+    Carls__StatusCode last_status; /* the server's status in the last failed answer; OK otherwise */
 };
 
 static void s_set_error(kb_client_t *self, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -61,7 +62,11 @@ static void s_set_error(kb_client_t *self, const char *fmt, ...)
     va_end(ap);
 }
 
-static void s_clear_error(kb_client_t *self) { self->last_error[0] = '\0'; }
+static void s_clear_error(kb_client_t *self)
+{
+    self->last_error[0] = '\0';
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
+}
 
 /* Opens a fresh DEALER socket connected to self->endpoint into self->sock. 0 or -1 (error set). */
 static int s_open_socket(kb_client_t *self)
@@ -210,6 +215,12 @@ const char *kb_client_last_error(const kb_client_t *self)
 {
     assert(self);
     return self->last_error;
+}
+
+Carls__StatusCode kb_client_last_status(const kb_client_t *self)
+{
+    assert(self);
+    return self->last_status;
 }
 
 uint64_t kb_client_id(const kb_client_t *self)
@@ -417,7 +428,12 @@ int kb_client_wait(kb_client_t *self, uint64_t request_id, Carls__Response **res
     Carls__Response *resp = self->inflight[idx].answer;
     self->inflight[idx].answer = NULL;
     if (resp->status != CARLS__STATUS_CODE__STATUS_OK) {
-        s_set_error(self, "%s: %s", carls_status_name(resp->status), resp->error ? resp->error : "");
+        self->last_status = resp->status;
+        if (resp->status == CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED)
+            s_set_error(self, "%s: %s [the server is at its memory limit; this request was not applied]",
+                        carls_status_name(resp->status), resp->error ? resp->error : "");
+        else
+            s_set_error(self, "%s: %s", carls_status_name(resp->status), resp->error ? resp->error : "");
         *response_out = resp;
         rc = KB_CLIENT_ESTATUS;
     } else if (resp->protocol_version != CARLS_PROTOCOL_VERSION) {

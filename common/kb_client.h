@@ -77,6 +77,11 @@ void kb_client_destroy(kb_client_t **self_p);
 /* Last error text for this client ("" after success). Valid until the next call on the client. */
 const char *kb_client_last_error(const kb_client_t *self);
 
+/* The status of the server's last non-OK answer to this client (after KB_CLIENT_ESTATUS), e.g.
+ * CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED when the server is at its --max-memory and refused a request
+ * that would create rows; STATUS_OK after a success or a failure without an answer. */
+Carls__StatusCode kb_client_last_status(const kb_client_t *self);
+
 uint64_t kb_client_id(const kb_client_t *self);
 
 /* Low level. Fills req's protocol_version and request_id, and for writes (create/drop table, put, push

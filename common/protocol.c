@@ -16,6 +16,7 @@ const char *carls_status_name(Carls__StatusCode status)
     case CARLS__STATUS_CODE__STATUS_INTERNAL: return "INTERNAL";
     case CARLS__STATUS_CODE__STATUS_UNAVAILABLE: return "UNAVAILABLE";
     case CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     default: return "UNKNOWN_STATUS";
     }
 }

@@ -1,12 +1,14 @@
 #include "kb_bank.h"
 
 #include "kb_dedup.h"
+#include "kb_memory.h"
 #include "kb_store.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +63,10 @@ struct kb_bank {
     pthread_cond_t sweep_cond;
 
     kb_bank_stats_t stats; /* guarded by commit_mutex */
+
+    kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
+    int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
+    int64_t batch_mem_counted;  /* persister only: the batch being committed as last added to mem */
 };
 
 /* ---- registry ---- */
@@ -90,6 +96,9 @@ static void s_unref(kb_bank_t *self, size_t index)
         return;
     kb_table_destroy(&e->table);
     self->entries[index] = self->entries[--self->entry_count];
+    /* A dropped table's rows are many small blocks spread over the heap: hand the whole free pages among them
+     * back to the system, so the resident size follows the estimate down (glibc keeps them otherwise). */
+    malloc_trim(0);
 }
 
 kb_table_t *kb_bank_acquire(kb_bank_t *self, const char *name)
@@ -181,7 +190,9 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
         return rc;
     }
     int64_t id = self->next_table_id++;
-    s_add_entry(self, kb_table_new(id, name, cfg));
+    kb_table_t *table = kb_table_new(id, name, cfg);
+    kb_table_set_memory(table, self->mem);
+    s_add_entry(self, table);
     s_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
     if (!op.name)
         CARLS_FATAL("out of memory");
@@ -368,6 +379,40 @@ fail:
     return -1;
 }
 
+/* Heap bytes of a batch (its row snapshots and arrays), for the memory estimate. */
+static int64_t s_batch_bytes(const s_batch_t *b)
+{
+    int64_t bytes = 0;
+    if (b->row_capacity)
+        bytes += (int64_t)kb_memory_chunk(b->row_capacity * sizeof *b->rows);
+    if (b->client_capacity)
+        bytes += (int64_t)kb_memory_chunk(b->client_capacity * sizeof *b->clients);
+    for (size_t i = 0; i < b->row_count; i++) {
+        const kb_store_row_t *r = &b->rows[i];
+        bytes += (int64_t)kb_memory_chunk(r->key_len);
+        if (r->value)
+            bytes += (int64_t)kb_memory_chunk((size_t)r->dim * sizeof(float));
+        if (r->opt_state)
+            bytes += (int64_t)kb_memory_chunk((size_t)r->opt_floats * sizeof(float));
+        if (r->pending)
+            bytes += (int64_t)kb_memory_chunk((size_t)r->pending_count * r->dim * sizeof(float));
+        if (r->record)
+            bytes += (int64_t)kb_memory_chunk(r->record_len);
+    }
+    return bytes;
+}
+
+/* Brings the estimate's share of the persister's batch and of the de-duplication records up to date.
+ * Persister thread only (or at close, after it stopped). */
+static void s_account(kb_bank_t *self, const s_batch_t *b)
+{
+    int64_t batch = s_batch_bytes(b);
+    int64_t dedup = (int64_t)kb_dedup_memory(self->dedup);
+    kb_memory_add(self->mem, batch - self->batch_mem_counted + dedup - self->dedup_mem_counted);
+    self->batch_mem_counted = batch;
+    self->dedup_mem_counted = dedup;
+}
+
 /* One round: collect, write, publish. Returns 0 on success. */
 static int s_persist_round(kb_bank_t *self, s_batch_t *b)
 {
@@ -375,6 +420,7 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b)
      * write an older epoch after a newer one. */
     pthread_mutex_lock(&self->store_mutex);
     s_collect(self, b);
+    s_account(self, b);
     int rc = s_write_batch(self, b);
     const char *why = rc ? kb_store_last_error(self->store) : "";
     pthread_mutex_lock(&self->commit_mutex);
@@ -392,8 +438,10 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b)
     pthread_cond_broadcast(&self->commit_cond);
     pthread_mutex_unlock(&self->commit_mutex);
     pthread_mutex_unlock(&self->store_mutex);
-    if (rc == 0)
+    if (rc == 0) {
         s_batch_clear(b);
+        s_account(self, b);
+    }
     /* On failure the batch is kept and written again, with newer changes after it, next round. */
     return rc;
 }
@@ -429,6 +477,8 @@ static void *s_persister_main(void *arg)
     s_batch_clear(&batch);
     free(batch.rows);
     free(batch.clients);
+    batch.row_capacity = batch.client_capacity = 0;
+    s_account(self, &batch);
     return NULL;
 }
 
@@ -483,7 +533,9 @@ static int s_load_table(void *ctx, int64_t id, const char *name, const uint8_t *
         return -1;
     }
     carls__table_config__free_unpacked(pc, NULL);
-    s_add_entry(self, kb_table_new(id, name, &cfg));
+    kb_table_t *table = kb_table_new(id, name, &cfg);
+    kb_table_set_memory(table, self->mem);
+    s_add_entry(self, table);
     if (id >= self->next_table_id)
         self->next_table_id = id + 1;
     return 0;
@@ -524,6 +576,7 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
         self->opts.interval_ms = 1000;
     self->next_table_id = 1;
     self->dedup = kb_dedup_new();
+    self->mem = kb_memory_new(opts->max_memory);
     pthread_mutex_init(&self->store_mutex, NULL);
     pthread_mutex_init(&self->registry_mutex, NULL);
     /* Writer preference: glibc's default lets a steady stream of requests (readers of the gate) starve the
@@ -551,8 +604,14 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     size_t rows = 0;
     for (size_t i = 0; i < self->entry_count; i++)
         rows += kb_table_row_count(self->entries[i].table);
-    LOG_INFO("loaded %zu tables, %zu rows, %zu clients from %s in %lld ms", self->entry_count, rows,
-             kb_dedup_client_count(self->dedup), self->data_dir, (long long)(carls_monotonic_ms() - t0));
+    self->dedup_mem_counted = (int64_t)kb_dedup_memory(self->dedup);
+    kb_memory_add(self->mem, self->dedup_mem_counted);
+    LOG_INFO("loaded %zu tables, %zu rows, %zu clients from %s in %lld ms (estimated memory %llu MiB%s)",
+             self->entry_count, rows, kb_dedup_client_count(self->dedup), self->data_dir,
+             (long long)(carls_monotonic_ms() - t0), (unsigned long long)(kb_memory_used(self->mem) >> 20),
+             kb_memory_limit(self->mem) && kb_memory_used(self->mem) > kb_memory_limit(self->mem)
+                 ? ", over --max-memory: requests that create rows will be refused"
+                 : "");
 
     if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0 ||
         pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
@@ -584,6 +643,7 @@ void kb_bank_close(kb_bank_t **self_p)
     for (size_t i = 0; i < self->entry_count; i++)
         kb_table_destroy(&self->entries[i].table);
     free(self->entries);
+    kb_memory_destroy(&self->mem);
     s_free_ops(self->ops, self->op_count);
     free(self->ops);
     kb_store_close(&self->store);
@@ -618,6 +678,8 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
     pthread_mutex_unlock(&self->commit_mutex);
     return rc ? KB_BANK_ESTORAGE : KB_BANK_OK;
 }
+
+kb_memory_t *kb_bank_memory(kb_bank_t *self) { return self->mem; }
 
 void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
 {

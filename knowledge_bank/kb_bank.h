@@ -14,6 +14,7 @@
 #ifndef KB_BANK_H
 #define KB_BANK_H
 
+#include "kb_memory.h"
 #include "kb_table.h"
 
 #include <stdbool.h>
@@ -24,6 +25,7 @@ typedef struct {
     const char *data_dir;
     bool sync;            /* true: commit before acknowledging; false: commit every interval_ms */
     uint32_t interval_ms; /* interval durability: at most this much acknowledged work can be lost */
+    uint64_t max_memory;  /* --max-memory: the budget of the memory estimate (kb_memory.h); 0 = unlimited */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -82,5 +84,9 @@ typedef struct {
 
 void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out);
 bool kb_bank_sync(const kb_bank_t *self);
+
+/* The bank's memory accounting: every table's estimate, the de-duplication records and the batch being
+ * committed, against opts->max_memory. Owned by the bank. */
+kb_memory_t *kb_bank_memory(kb_bank_t *self);
 
 #endif

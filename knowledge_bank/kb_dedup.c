@@ -1,5 +1,7 @@
 #include "kb_dedup.h"
 
+#include "kb_memory.h"
+
 #include "util.h"
 
 #include <pthread.h>
@@ -158,6 +160,14 @@ size_t kb_dedup_take_dirty(kb_dedup_t *self, kb_dedup_record_t **out, size_t *ca
     }
     pthread_mutex_unlock(&self->mutex);
     return n;
+}
+
+size_t kb_dedup_memory(kb_dedup_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    size_t bytes = kb_memory_chunk(sizeof *self) + kb_memory_chunk(self->capacity * sizeof *self->slots);
+    pthread_mutex_unlock(&self->mutex);
+    return bytes;
 }
 
 size_t kb_dedup_client_count(kb_dedup_t *self)

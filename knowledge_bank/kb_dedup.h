@@ -43,4 +43,8 @@ size_t kb_dedup_take_dirty(kb_dedup_t *self, kb_dedup_record_t **out, size_t *ca
 
 size_t kb_dedup_client_count(kb_dedup_t *self);
 
+/* Heap bytes held (the slot table, as malloc sizes it): about 300 bytes per client id ever seen, since the
+ * records are kept for good (kb_memory.h). */
+size_t kb_dedup_memory(kb_dedup_t *self);
+
 #endif

@@ -13,6 +13,8 @@
  * Lock order: build_mu, then lock; worker_mu is never held while taking either. */
 #include "kb_knn.h"
 
+#include "kb_memory.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
@@ -213,6 +215,8 @@ struct kb_knn {
     uint32_t rebuild_min_pending;
     float rebuild_fraction;
     bool background;
+    uint64_t index_vector_bytes;  /* memory estimate: bytes the FAISS index takes per vector ... */
+    uint64_t index_fixed_bytes;   /* ... and once built (centroids, codebooks) */
 
     pthread_rwlock_t lock; /* searches: shared; updates, snapshot and swap: exclusive */
 
@@ -907,6 +911,41 @@ static int s_spec_check(const char *spec, uint32_t dim, char *err, size_t errlen
     return 0;
 }
 
+/* What the index of an accepted spec takes in memory, per vector and once (kb_knn_memory): the stored
+ * vector (4 bytes a dimension; PQ: its code) plus 8 bytes of id (IDMap or the inverted list), HNSW<m> 2m
+ * level-0 links and about 1/m of that again above, at 4 bytes each, plus its level and offset; IVF: nlist
+ * centroids; PQ: its codebooks (2^bits centroids of the whole dimension). */
+static void s_index_cost(const char *spec, uint32_t dim, uint64_t *per_vector, uint64_t *fixed)
+{
+    const char *p = spec;
+    unsigned long v = 0, m = 0, bits = 8;
+    *per_vector = (uint64_t)dim * 4 + 8;
+    *fixed = 0;
+    if (strncmp(p, "HNSW", 4) == 0) {
+        p += 4;
+        if (s_spec_number(&p, 2, 256, &v))
+            *per_vector += 8ull * v + 8ull * v / (v - 1) + 16;
+        return;
+    }
+    if (strncmp(p, "IVF", 3) == 0) {
+        p += 3;
+        if (s_spec_number(&p, 1, 65536, &v))
+            *fixed += (uint64_t)v * dim * 4;
+        if (*p == ',')
+            p++;
+    }
+    if (strncmp(p, "PQ", 2) == 0) {
+        p += 2;
+        if (s_spec_number(&p, 1, dim, &m) && *p == 'x') {
+            p++;
+            if (!s_spec_number(&p, 4, 12, &bits))
+                bits = 8;
+        }
+        *per_vector = (m * bits + 7) / 8 + 8;
+        *fixed += (1ull << bits) * dim * 4;
+    }
+}
+
 int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t errlen)
 {
     kb_knn_t *self = NULL;
@@ -958,6 +997,7 @@ int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t err
     self->rebuild_min_pending = cfg->rebuild_min_pending ? cfg->rebuild_min_pending : KB_KNN_DEFAULT_MIN_PENDING;
     self->rebuild_fraction = cfg->rebuild_fraction > 0.0f ? cfg->rebuild_fraction : KB_KNN_DEFAULT_FRACTION;
     self->background = cfg->background;
+    s_index_cost(self->spec, self->dim, &self->index_vector_bytes, &self->index_fixed_bytes);
     pthread_rwlock_init(&self->lock, NULL);
     pthread_mutex_init(&self->build_mu, NULL);
     pthread_mutex_init(&self->worker_mu, NULL);
@@ -1370,6 +1410,20 @@ int kb_knn_rebuild(kb_knn_t *self)
     return s_build(self, true);
 }
 
+static uint64_t s_map_memory(const knn_map_t *m) { return m->cap ? 2 * kb_memory_chunk(m->cap * 8) : 0; }
+
+/* The memory estimate (kb_knn_memory). Lock held. */
+static uint64_t s_memory(const kb_knn_t *self)
+{
+    uint64_t bytes = kb_memory_chunk(sizeof *self);
+    if (self->cap)
+        bytes += kb_memory_chunk(self->cap * sizeof *self->ids) + kb_memory_chunk(self->cap * self->dim * sizeof(float));
+    bytes += s_map_memory(&self->slot) + s_map_memory(&self->pending) + s_map_memory(&self->changed);
+    if (self->index)
+        bytes += self->index_fixed_bytes + (uint64_t)faiss_Index_ntotal(self->index) * self->index_vector_bytes;
+    return bytes;
+}
+
 void kb_knn_get_stats(kb_knn_t *self, kb_knn_stats_t *out)
 {
     assert(self && out);
@@ -1385,7 +1439,24 @@ void kb_knn_get_stats(kb_knn_t *self, kb_knn_stats_t *out)
     out->ready = self->index != NULL;
     out->removable = self->removable;
     out->building = self->building;
+    out->memory_bytes = s_memory(self);
     pthread_rwlock_unlock(&self->lock);
+}
+
+uint64_t kb_knn_vector_bytes(const kb_knn_t *self)
+{
+    assert(self);
+    /* The copy's vector and id, two slots of the id map at its load, and the index's share. */
+    return (uint64_t)self->dim * sizeof(float) + 8 + 32 + self->index_vector_bytes;
+}
+
+uint64_t kb_knn_memory(kb_knn_t *self)
+{
+    assert(self);
+    pthread_rwlock_rdlock(&self->lock);
+    uint64_t bytes = s_memory(self);
+    pthread_rwlock_unlock(&self->lock);
+    return bytes;
 }
 
 uint32_t kb_knn_dim(const kb_knn_t *self)

@@ -101,9 +101,18 @@ typedef struct {
     bool ready;              /* a usable index exists; false while an index waits for training (brute force) */
     bool removable;          /* the index supports removal (updated in place) */
     bool building;           /* a build is running now */
+    uint64_t memory_bytes;   /* estimated heap bytes: the copy, its maps and the index (kb_knn_memory) */
 } kb_knn_stats_t;
 
 typedef struct kb_knn kb_knn_t;
+
+/* Estimated heap bytes held: the copy (ids and vectors, by capacity), its id maps and the FAISS index
+ * (per indexed vector by the spec's kind: vector or code, id, HNSW links; plus IVF centroids and PQ
+ * codebooks). A build in progress holds a second copy and index for a while; that is not counted. */
+uint64_t kb_knn_memory(kb_knn_t *self);
+
+/* About what one more vector adds to kb_knn_memory (for reserving memory before rows are created). */
+uint64_t kb_knn_vector_bytes(const kb_knn_t *self);
 
 /* Fills cfg with the defaults: spec "Flat", metric ip, dim 0 (the caller must set it), zeros elsewhere
  * (meaning the defaults above), background true. */

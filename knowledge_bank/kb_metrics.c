@@ -43,7 +43,8 @@ static void s_sample(FILE *f, const char *name, double value) { fprintf(f, "%s %
 typedef enum {
     T_ROWS, T_DIM, T_BYTES, T_ERRORS, T_PENDING_KEYS, T_PENDING_GRADIENTS, T_GRAD_RECEIVED, T_GRAD_APPLIED,
     T_OUTLIERS, T_UPDATES, T_LOOKUPS, T_PUTS, T_NOT_ADMITTED, T_NOT_PERSISTED, T_EVICTIONS, T_KNN_COUNT,
-    T_KNN_INDEXED, T_KNN_PENDING, T_KNN_REBUILDS, T_KNN_FAILED, T_KNN_READY, T_KNN_BUILDING, T_COUNT
+    T_KNN_INDEXED, T_KNN_PENDING, T_KNN_REBUILDS, T_KNN_FAILED, T_KNN_READY, T_KNN_BUILDING, T_MEM_REFUSALS,
+    T_MEM_REFUSED_ROWS, T_COUNT
 } s_table_metric_t;
 
 static const struct {
@@ -52,8 +53,8 @@ static const struct {
     [T_ROWS] = {"carls_kb_table_rows", "gauge", "Rows held by the table."},
     [T_DIM] = {"carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."},
     [T_BYTES] = {"carls_kb_table_bytes", "gauge",
-                 "Estimated memory held: row headers, values, optimizer state, pending gradients, index copy "
-                 "(keys and feature records not counted)."},
+                 "Estimated memory held (what --max-memory counts): rows with keys, values, optimizer state, "
+                 "pending gradients and feature records, row maps, the nearest-neighbour copy and index."},
     [T_ERRORS] = {"carls_kb_table_request_errors_total", "counter",
                   "Requests on the table answered with a non-OK status."},
     [T_PENDING_KEYS] = {"carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."},
@@ -79,6 +80,10 @@ static const struct {
     [T_KNN_FAILED] = {"carls_kb_table_index_failed_builds_total", "counter", "Index builds that failed."},
     [T_KNN_READY] = {"carls_kb_table_index_ready", "gauge", "1 when a usable index exists (0: brute force)."},
     [T_KNN_BUILDING] = {"carls_kb_table_index_building", "gauge", "1 while an index build runs."},
+    [T_MEM_REFUSALS] = {"carls_kb_table_memory_refusals_total", "counter",
+                        "Requests on the table refused with RESOURCE_EXHAUSTED (over --max-memory)."},
+    [T_MEM_REFUSED_ROWS] = {"carls_kb_table_memory_refused_rows_total", "counter",
+                            "New rows asked for by the requests refused over --max-memory."},
 };
 
 static double s_table_value(const Carls__TableStats *t, s_table_metric_t m)
@@ -106,6 +111,8 @@ static double s_table_value(const Carls__TableStats *t, s_table_metric_t m)
     case T_KNN_FAILED: return (double)t->knn_failed_builds;
     case T_KNN_READY: return t->knn_ready ? 1.0 : 0.0;
     case T_KNN_BUILDING: return t->knn_building ? 1.0 : 0.0;
+    case T_MEM_REFUSALS: return (double)t->memory_refusals;
+    case T_MEM_REFUSED_ROWS: return (double)t->memory_refused_rows;
     case T_COUNT: break;
     }
     assert(0 && "unknown table metric");
@@ -186,6 +193,16 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     s_sample(f, "carls_kb_rows_written_total", (double)st->rows_written);
     s_family(f, "carls_kb_committed_epoch", "gauge", "Last committed epoch (group commit number).");
     s_sample(f, "carls_kb_committed_epoch", (double)st->committed_epoch);
+    s_family(f, "carls_kb_memory_bytes", "gauge",
+             "The server's estimate of the memory its data takes (what --max-memory limits).");
+    s_sample(f, "carls_kb_memory_bytes", (double)st->memory_bytes);
+    s_family(f, "carls_kb_memory_limit_bytes", "gauge", "--max-memory (0: unlimited).");
+    s_sample(f, "carls_kb_memory_limit_bytes", (double)st->memory_limit);
+    s_family(f, "carls_kb_memory_refusals_total", "counter",
+             "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
+    s_sample(f, "carls_kb_memory_refusals_total", (double)st->memory_refusals);
+    s_family(f, "carls_kb_resident_bytes", "gauge", "The process's resident set size.");
+    s_sample(f, "carls_kb_resident_bytes", (double)st->rss_bytes);
 
     s_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
     s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);

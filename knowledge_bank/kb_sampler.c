@@ -1,6 +1,8 @@
 /* Candidate sampler; the contracts and the distributions are in kb_sampler.h. */
 #include "kb_sampler.h"
 
+#include "kb_memory.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
@@ -339,6 +341,19 @@ size_t kb_sampler_size(const kb_sampler_t *self)
 {
     assert(self);
     return self->n;
+}
+
+size_t kb_sampler_memory(const kb_sampler_t *self)
+{
+    assert(self);
+    size_t n = self->n ? self->n : 1;
+    size_t bytes = kb_memory_chunk(sizeof *self) + kb_memory_chunk(n * sizeof(int64_t)) +
+                   kb_memory_chunk(n * sizeof(double)) + kb_memory_chunk(n * sizeof(sampler_key_t));
+    if (self->rank_to_index)
+        bytes += kb_memory_chunk(n * sizeof(size_t));
+    if (self->alias_cut)
+        bytes += kb_memory_chunk(n * sizeof(double)) + kb_memory_chunk(n * sizeof(size_t));
+    return bytes;
 }
 
 double kb_sampler_mass(const kb_sampler_t *self)

@@ -73,6 +73,9 @@ int kb_sampler_prob_of(const kb_sampler_t *self, int64_t row_id, double *prob, s
 /* Number of entries. */
 size_t kb_sampler_size(const kb_sampler_t *self);
 
+/* Heap bytes the sampler holds (its arrays as malloc sizes them; kb_memory.h). */
+size_t kb_sampler_memory(const kb_sampler_t *self);
+
 /* This snapshot's weight for merging shards (docs/PROTOCOL.md "Candidate sampling"): the number of entries
  * for uniform and log-uniform, sum of f^0.75 for unigram. A client splits n over shards in proportion to
  * their masses and scales each shard's probabilities by mass / total mass. 0 when nothing can be drawn. */

@@ -29,6 +29,7 @@ enum {
 typedef struct {
     char name[CARLS_MAX_TABLE_NAME_BYTES + 1];
     atomic_uint_fast64_t errors;    /* requests on the table answered with a non-OK status */
+    atomic_uint_fast64_t mem_refusals, mem_refused_rows; /* RESOURCE_EXHAUSTED answers, rows they asked for */
     kb_latency_t latency[OP_COUNT]; /* per operation: count and latency */
 } s_table_counters_t;
 
@@ -39,6 +40,7 @@ struct kb_service {
     char *durability;
     int64_t started_ms;
     atomic_uint_fast64_t requests, errors, malformed, duplicates;
+    atomic_uint_fast64_t mem_refusals, mem_refused_rows; /* RESOURCE_EXHAUSTED answers (create_table too) */
     kb_latency_t latency[OP_COUNT];
     _Atomic(s_table_counters_t *) table_counters[S_TABLE_SLOTS];
     atomic_bool table_counters_full_logged;
@@ -127,21 +129,6 @@ static void s_fill_latency(Carls__LatencySummary *l, kb_latency_t *h)
     l->max_us = (double)kb_latency_max(h);
     l->p50_us = fmin(kb_latency_quantile(h, 0.50), l->max_us);
     l->p99_us = fmin(kb_latency_quantile(h, 0.99), l->max_us);
-}
-
-/* Estimated memory of a table (TableStats.bytes): row headers, values, optimizer state, pending gradient
- * buffers and the index's own copy of the vectors. Keys, feature records and FAISS's structures are not
- * counted (the table does not track them). */
-static uint64_t s_table_bytes(kb_table_t *t, const kb_table_stats_t *s)
-{
-    const kb_table_config_t *cfg = kb_table_config(t);
-    uint64_t floats = cfg->kind == KB_TABLE_EMBEDDING
-                          ? (uint64_t)cfg->dim + kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim)
-                          : 0;
-    uint64_t bytes = s->rows * (sizeof(kb_row_t) + floats * sizeof(float));
-    bytes += s->pending_keys * (uint64_t)cfg->max_pending * cfg->dim * sizeof(float);
-    bytes += s->knn.count * (uint64_t)cfg->dim * sizeof(float);
-    return bytes;
 }
 
 /* ---- replies ---- */
@@ -287,6 +274,54 @@ static void s_write_ok(s_reply_t *rp, uint32_t rows, bool duplicate, uint64_t up
     rp->resp.write = &rp->r.write;
 }
 
+/* ---- memory limit (--max-memory, kb_memory.h) ---- */
+
+/* Counts one request refused for memory: server-wide and, for an existing table (name not NULL), per table. */
+static void s_count_refusal(kb_service_t *self, const char *name, uint64_t new_rows)
+{
+    atomic_fetch_add(&self->mem_refusals, 1);
+    atomic_fetch_add(&self->mem_refused_rows, new_rows);
+    s_table_counters_t *tc = name ? s_table_counters(self, name, true) : NULL;
+    if (tc) {
+        atomic_fetch_add(&tc->mem_refusals, 1);
+        atomic_fetch_add(&tc->mem_refused_rows, new_rows);
+    }
+}
+
+static int s_refuse_memory(kb_service_t *self, s_reply_t *rp, const char *what, uint64_t bytes)
+{
+    kb_memory_t *mem = kb_bank_memory(self->bank);
+    return s_fail(rp, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED,
+                  "memory limit: %s would take about %llu KiB more, and the server's estimate is %llu MiB of its "
+                  "--max-memory %llu MiB (%llu KiB reserved by requests in progress); nothing was changed. Rows "
+                  "that exist can still be read and updated",
+                  what, (unsigned long long)(bytes >> 10), (unsigned long long)(kb_memory_used(mem) >> 20),
+                  (unsigned long long)(kb_memory_limit(mem) >> 20),
+                  (unsigned long long)(kb_memory_reserved(mem) >> 10));
+}
+
+/* Before an operation that may create rows in table t: reserves what its new rows are estimated to take, or
+ * refuses the whole request with RESOURCE_EXHAUSTED when that would take the estimate over --max-memory.
+ * *reserved is what to kb_memory_release once the rows exist. Without a limit nothing is estimated. */
+static int s_reserve_rows(kb_service_t *self, s_reply_t *rp, kb_table_t *t, kb_table_growth_op_t op,
+                          const ProtobufCBinaryData *keys, size_t n, const size_t *record_lens, uint64_t *reserved)
+{
+    *reserved = 0;
+    kb_memory_t *mem = kb_bank_memory(self->bank);
+    if (kb_memory_limit(mem) == 0)
+        return 0;
+    uint64_t new_rows = 0;
+    uint64_t bytes = kb_table_growth(t, op, keys, n, record_lens, &new_rows);
+    if (kb_memory_reserve(mem, bytes) == 0) {
+        *reserved = bytes;
+        return 0;
+    }
+    s_count_refusal(self, kb_table_name(t), new_rows);
+    char what[96];
+    snprintf(what, sizeof what, "the %llu new rows of this request", (unsigned long long)new_rows);
+    return s_refuse_memory(self, rp, what, bytes);
+}
+
 /* Runs a validated write inside the bank's write bracket, with de-duplication and, in sync mode, waits
  * for the commit before the caller answers. apply returns 0 (success) or -1 (rp holds the error). */
 typedef int (*s_apply_fn)(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp);
@@ -324,7 +359,23 @@ static int s_apply_create(kb_service_t *self, const Carls__Request *req, kb_tabl
     char err[256];
     if (kb_table_config_from_proto(req->create_table->config, self->limits.max_dim, &cfg, err, sizeof err) != 0)
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "table config: %s", err);
+    /* A new table takes memory too (its stripes, an admission filter, an index): refused over the limit. An
+     * existing name is answered as usual (ALREADY_EXISTS, or success with if_not_exists). */
+    kb_memory_t *mem = kb_bank_memory(self->bank);
+    uint64_t reserved = 0;
+    kb_table_t *existing = kb_memory_limit(mem) ? kb_bank_acquire(self->bank, req->table) : NULL;
+    if (existing) {
+        kb_bank_release(self->bank, existing);
+    } else if (kb_memory_limit(mem)) {
+        uint64_t bytes = kb_table_base_bytes(&cfg);
+        if (kb_memory_reserve(mem, bytes) != 0) {
+            s_count_refusal(self, NULL, 0);
+            return s_refuse_memory(self, rp, "a new table", bytes);
+        }
+        reserved = bytes;
+    }
     int rc = kb_bank_create_table(self->bank, req->table, &cfg, req->create_table->if_not_exists);
+    kb_memory_release(mem, reserved);
     if (rc == KB_BANK_EEXISTS)
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS, "table '%s' exists", req->table);
     if (rc == KB_BANK_ECONFLICT)
@@ -345,18 +396,24 @@ static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_
 
 static int s_apply_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
 {
-    (void)self;
     const Carls__Put *put = req->put;
+    uint64_t reserved;
+    if (s_reserve_rows(self, rp, table, KB_GROW_PUT, put->keys, put->n_keys, NULL, &reserved) != 0)
+        return -1;
     kb_table_put(table, put->keys, put->n_keys, put->values, put->version);
+    kb_memory_release(kb_bank_memory(self->bank), reserved);
     s_write_ok(rp, (uint32_t)put->n_keys, false, 0);
     return 0;
 }
 
 static int s_apply_push(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
 {
-    (void)self;
     const Carls__PushGradients *push = req->push_gradients;
+    uint64_t reserved;
+    if (s_reserve_rows(self, rp, table, KB_GROW_PUSH, push->keys, push->n_keys, NULL, &reserved) != 0)
+        return -1;
     uint64_t steps = kb_table_push(table, push->keys, push->n_keys, push->gradients);
+    kb_memory_release(kb_bank_memory(self->bank), reserved);
     s_write_ok(rp, (uint32_t)push->n_keys, false, steps);
     return 0;
 }
@@ -371,6 +428,12 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
     size_t n = lk->n_keys;
+    bool no_create = lk->no_create || self->limits.read_only;
+    uint64_t reserved = 0;
+    if (!no_create && s_reserve_rows(self, rp, t, KB_GROW_LOOKUP, lk->keys, n, NULL, &reserved) != 0) {
+        kb_bank_release(self->bank, t);
+        return -1;
+    }
     Carls__LookupResult *res = &rp->r.lookup;
     carls__lookup_result__init(res);
     res->dim = dim;
@@ -384,9 +447,10 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
      * value must be committed before the answer, like any write (after a crash the pending set would
      * otherwise be re-applied together with later gradients, and the reader's value would be lost). */
     kb_bank_write_begin(self->bank);
-    uint64_t steps = kb_table_lookup(t, lk->keys, n, lk->no_create || self->limits.read_only, res->values,
-                                     res->versions, res->updated_at_ms, res->frequencies);
+    uint64_t steps = kb_table_lookup(t, lk->keys, n, no_create, res->values, res->versions, res->updated_at_ms,
+                                     res->frequencies);
     uint64_t ticket = kb_bank_write_end(self->bank);
+    kb_memory_release(kb_bank_memory(self->bank), reserved);
     kb_bank_release(self->bank, t);
     char err[512];
     if (steps > 0 && kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
@@ -501,13 +565,15 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         ts[i].knn_ready = s.knn.ready;
         ts[i].kind = kb_table_config(tables[i])->kind == KB_TABLE_FEATURE ? CARLS__TABLE_KIND__TABLE_FEATURE
                                                                            : CARLS__TABLE_KIND__TABLE_EMBEDDING;
-        ts[i].bytes = s_table_bytes(tables[i], &s);
+        ts[i].bytes = kb_table_memory(tables[i]);
         ts[i].knn_failed_builds = s.knn.failed_builds;
         ts[i].knn_building = s.knn.building;
         ts[i].knn_last_build_ms = s.knn.last_build_ms;
         s_table_counters_t *tc = s_table_counters(self, ts[i].name, false);
         if (tc) {
             ts[i].request_errors = atomic_load(&tc->errors);
+            ts[i].memory_refusals = atomic_load(&tc->mem_refusals);
+            ts[i].memory_refused_rows = atomic_load(&tc->mem_refused_rows);
             Carls__LatencySummary *tl = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *tl));
             ts[i].requests = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *ts[i].requests));
             for (int op = 0; op < OP_COUNT; op++) {
@@ -548,6 +614,12 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->commit_failures = bs.commit_failures;
     st->durability = self->durability;
     st->threads = self->threads;
+    kb_memory_t *mem = kb_bank_memory(self->bank);
+    st->memory_bytes = kb_memory_used(mem);
+    st->memory_limit = kb_memory_limit(mem);
+    st->memory_refusals = atomic_load(&self->mem_refusals);
+    st->memory_refused_rows = atomic_load(&self->mem_refused_rows);
+    st->rss_bytes = kb_memory_rss();
     rp->resp.result_case = CARLS__RESPONSE__RESULT_STATS;
     rp->resp.stats = st;
     return 0;
@@ -730,7 +802,6 @@ static int s_check_record(kb_service_t *self, s_reply_t *rp, size_t i, const Car
 
 static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
 {
-    (void)self;
     const Carls__FeaturePut *fp = req->feature_put;
     size_t n = fp->n_keys;
     uint8_t **bufs = carls_xcalloc(n, sizeof *bufs);
@@ -745,13 +816,18 @@ static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb
         bufs[i] = carls_xmalloc(lens[i]);
         carls__feature_record__pack(&r, bufs[i]);
     }
-    kb_table_feature_put(table, fp->keys, n, bufs, lens);
+    uint64_t reserved;
+    int rc = s_reserve_rows(self, rp, table, KB_GROW_FEATURE_PUT, fp->keys, n, lens, &reserved);
+    if (rc == 0) {
+        kb_table_feature_put(table, fp->keys, n, bufs, lens);
+        kb_memory_release(kb_bank_memory(self->bank), reserved);
+        s_write_ok(rp, (uint32_t)n, false, 0);
+    }
     for (size_t i = 0; i < n; i++)
         free(bufs[i]);
     free(bufs);
     free(lens);
-    s_write_ok(rp, (uint32_t)n, false, 0);
-    return 0;
+    return rc;
 }
 
 static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)

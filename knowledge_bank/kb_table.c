@@ -1,6 +1,7 @@
 #include "kb_table.h"
 
 #include "kb_bloom.h"
+#include "kb_memory.h"
 #include "kb_rowmap.h"
 #include "log.h"
 #include "protocol.h"
@@ -63,7 +64,37 @@ struct kb_table {
             outliers_dropped, updates_applied, applied_on_lookup, applied_on_age, applied_on_count, lookups, puts,
             not_admitted, not_persisted, evictions;
     } stats;
+    /* Memory estimate (kb_memory.h): every allocation the table makes is added here as malloc sizes it, and
+     * passed on to the bank's accounting when one is attached. */
+    atomic_int_fast64_t mem_bytes;
+    kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
+    int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
 };
+
+/* Adds delta bytes to the table's estimate and the bank's. */
+static void s_mem(kb_table_t *self, int64_t delta)
+{
+    atomic_fetch_add(&self->mem_bytes, delta);
+    kb_memory_add(self->mem, delta);
+}
+
+/* Heap bytes of one row block (struct, value, optimizer state, key) and of one pending gradient buffer. */
+static int64_t s_row_bytes(const kb_table_t *self, uint32_t key_len)
+{
+    return (int64_t)kb_memory_chunk(sizeof(kb_row_t) + ((size_t)self->cfg.dim + self->opt_floats) * sizeof(float) +
+                                    key_len);
+}
+
+static int64_t s_pending_bytes(const kb_table_t *self)
+{
+    return (int64_t)kb_memory_chunk((size_t)self->cfg.max_pending * self->cfg.dim * sizeof(float));
+}
+
+/* The row map's two slot arrays at a capacity. */
+static int64_t s_map_bytes(size_t capacity)
+{
+    return capacity ? 2 * (int64_t)kb_memory_chunk(capacity * sizeof(uint64_t)) : 0;
+}
 
 /* ---- config ---- */
 
@@ -315,6 +346,7 @@ struct s_sample_cache {
     size_t *key_offset;  /* entries + 1 */
     int64_t built_ms;
     uint64_t signature;  /* table activity when built: rebuild only if it moved */
+    int64_t bytes;       /* heap bytes held (the memory estimate) */
 };
 
 static void s_sample_cache_free(struct s_sample_cache *c)
@@ -357,13 +389,48 @@ kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *
     }
     if (cfg->admission == KB_ADMIT_BLOOM)
         self->bloom = kb_bloom_new(cfg->bloom_bits_log2, cfg->bloom_hashes);
+    atomic_init(&self->mem_bytes, (int64_t)kb_table_base_bytes(cfg) + (int64_t)kb_memory_chunk(strlen(name) + 1));
+    if (self->knn) {
+        /* The empty index (a FAISS object) is in the base estimate; its growth is counted by s_knn_account. */
+        self->knn_mem_counted = (int64_t)kb_knn_memory(self->knn);
+        atomic_fetch_add(&self->mem_bytes, self->knn_mem_counted);
+    }
     return self;
 }
 
-static void s_row_free(kb_row_t *row)
+uint64_t kb_table_base_bytes(const kb_table_config_t *cfg)
+{
+    uint64_t bytes = kb_memory_chunk(sizeof(kb_table_t));
+    if (cfg->admission == KB_ADMIT_BLOOM)
+        bytes += kb_memory_chunk((size_t)1 << cfg->bloom_bits_log2) + 64;
+    return bytes;
+}
+
+void kb_table_set_memory(kb_table_t *self, kb_memory_t *mem)
+{
+    if (self->mem == mem)
+        return;
+    kb_memory_add(self->mem, -(int64_t)atomic_load(&self->mem_bytes));
+    self->mem = mem;
+    kb_memory_add(mem, atomic_load(&self->mem_bytes));
+}
+
+uint64_t kb_table_memory(kb_table_t *self)
+{
+    int64_t v = atomic_load(&self->mem_bytes);
+    return v > 0 ? (uint64_t)v : 0;
+}
+
+static void s_row_free(kb_table_t *self, kb_row_t *row)
 {
     if (!row)
         return;
+    int64_t bytes = s_row_bytes(self, row->key_len);
+    if (row->pending)
+        bytes += s_pending_bytes(self);
+    if (row->record)
+        bytes += (int64_t)kb_memory_chunk(row->record_len);
+    s_mem(self, -bytes);
     free(row->pending);
     free(row->record);
     free(row);
@@ -381,12 +448,12 @@ void kb_table_destroy(kb_table_t **self_p)
         for (kb_row_t *row = st->dirty_head; row;) {
             kb_row_t *next = row->dirty_next;
             if (row->evicted)
-                s_row_free(row);
+                s_row_free(self, row);
             row = next;
         }
         for (size_t j = 0; j < st->map.capacity; j++)
             if (st->map.hashes[j])
-                s_row_free(st->map.rows[j]);
+                s_row_free(self, st->map.rows[j]);
         kb_rowmap_free(&st->map);
         free(st->knn_ids);
         pthread_mutex_destroy(&st->mutex);
@@ -399,6 +466,8 @@ void kb_table_destroy(kb_table_t **self_p)
     kb_bloom_destroy(&self->bloom);
     free(self->by_id);
     free(self->name);
+    /* What is left of the estimate (maps, index, snapshots, the struct) goes with the table. */
+    kb_memory_add(self->mem, -(int64_t)atomic_load(&self->mem_bytes));
     free(self);
     *self_p = NULL;
 }
@@ -439,11 +508,21 @@ static kb_stripe_t *s_stripe(kb_table_t *self, uint64_t hash)
     return &self->stripes[(hash >> 58) % KB_TABLE_STRIPES];
 }
 
+/* Inserts a row into its stripe's map, counting the map's growth. */
+static void s_map_insert(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
+{
+    size_t before = st->map.capacity;
+    kb_rowmap_insert(&st->map, hash, row);
+    if (st->map.capacity != before)
+        s_mem(self, s_map_bytes(st->map.capacity) - s_map_bytes(before));
+}
+
 /* Allocates a row: one block holding the struct, value, optimizer state and key. */
 static kb_row_t *s_row_alloc(kb_table_t *self, const uint8_t *key, uint32_t key_len)
 {
     size_t floats = (size_t)self->cfg.dim + self->opt_floats;
     kb_row_t *row = carls_xcalloc(1, sizeof *row + floats * sizeof(float) + key_len);
+    s_mem(self, s_row_bytes(self, key_len));
     row->value = (float *)(row + 1);
     row->opt_state = row->value + self->cfg.dim;
     row->key = (uint8_t *)(row->opt_state + self->opt_floats);
@@ -461,6 +540,8 @@ static void s_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
         while (cap <= (size_t)id)
             cap *= 2;
         self->by_id = carls_xrealloc(self->by_id, cap * sizeof *self->by_id);
+        s_mem(self, (int64_t)kb_memory_chunk(cap * sizeof *self->by_id) -
+                        (self->by_id_capacity ? (int64_t)kb_memory_chunk(self->by_id_capacity * sizeof *self->by_id) : 0));
         memset(self->by_id + self->by_id_capacity, 0, (cap - self->by_id_capacity) * sizeof *self->by_id);
         self->by_id_capacity = cap;
     }
@@ -494,8 +575,10 @@ static void s_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
         return;
     row->knn_dirty = true;
     if (st->knn_count == st->knn_capacity) {
+        int64_t old = st->knn_capacity ? (int64_t)kb_memory_chunk(st->knn_capacity * sizeof *st->knn_ids) : 0;
         st->knn_capacity = st->knn_capacity ? st->knn_capacity * 2 : 64;
         st->knn_ids = carls_xrealloc(st->knn_ids, st->knn_capacity * sizeof *st->knn_ids);
+        s_mem(self, (int64_t)kb_memory_chunk(st->knn_capacity * sizeof *st->knn_ids) - old);
     }
     st->knn_ids[st->knn_count++] = row->id;
 }
@@ -585,6 +668,7 @@ static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
         atomic_fetch_sub(&self->stats.pending_keys, 1);
         s_list_unlink(&st->pending, row, PENDING_LINK);
         free(row->pending);
+        s_mem(self, -s_pending_bytes(self));
         row->pending = NULL;
         row->pending_count = 0;
     }
@@ -643,7 +727,7 @@ static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, 
                       self->cfg.dim);
         kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, self->cfg.dim);
     }
-    kb_rowmap_insert(&st->map, hash, row);
+    s_map_insert(self, st, hash, row);
     s_by_id_set(self, row->id, row);
     row->last_used = atomic_fetch_add(&self->tick, 1);
     s_list_append(&st->lru, row, LRU_LINK);
@@ -706,6 +790,7 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
     atomic_fetch_sub(&self->stats.pending_keys, 1);
     atomic_fetch_add(reason, 1);
     free(row->pending);
+    s_mem(self, -s_pending_bytes(self));
     row->pending = NULL;
     row->pending_count = 0;
     s_list_unlink(&st->pending, row, PENDING_LINK);
@@ -819,6 +904,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
         } else {
             if (row->pending_count == 0) {
                 row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
+                s_mem(self, s_pending_bytes(self));
                 row->pending_since_ms = carls_monotonic_ms();
                 s_list_append(&st->pending, row, PENDING_LINK);
                 atomic_fetch_add(&self->stats.pending_keys, 1);
@@ -855,6 +941,75 @@ uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
         pthread_mutex_unlock(&st->mutex);
     }
     return applied;
+}
+
+/* ---- memory ---- */
+
+uint64_t kb_table_growth(kb_table_t *self, kb_table_growth_op_t op, const ProtobufCBinaryData *keys, size_t n,
+                         const size_t *record_lens, uint64_t *new_rows_out)
+{
+    uint32_t per_stripe[KB_TABLE_STRIPES] = {0};
+    uint64_t new_rows = 0, bytes = 0;
+    int64_t extra = 0; /* bytes every new row brings besides its own block */
+    if (op == KB_GROW_PUSH && !self->cfg.immediate && self->cfg.kind == KB_TABLE_EMBEDDING)
+        extra += s_pending_bytes(self);
+    if (self->knn)
+        extra += (int64_t)kb_knn_vector_bytes(self->knn);
+    bool filtered = self->bloom && (op == KB_GROW_LOOKUP || op == KB_GROW_PUSH);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
+        kb_stripe_t *st = s_stripe(self, hash);
+        pthread_mutex_lock(&st->mutex);
+        bool found = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len) != NULL;
+        pthread_mutex_unlock(&st->mutex);
+        /* Bloom admission: a key gets a row only at its min_frequency-th sighting. */
+        if (found || (filtered && kb_bloom_count(self->bloom, keys[i].data, keys[i].len) + 1 < self->cfg.min_frequency))
+            continue;
+        new_rows++;
+        per_stripe[st - self->stripes]++;
+        bytes += (uint64_t)(s_row_bytes(self, (uint32_t)keys[i].len) + extra);
+        if (record_lens)
+            bytes += kb_memory_chunk(record_lens[i]);
+    }
+    *new_rows_out = new_rows;
+    if (new_rows == 0)
+        return 0;
+    uint64_t charged = new_rows;
+    if (self->cfg.eviction != KB_EVICT_NONE) {
+        /* Past max_rows every new row evicts one (freed once its deletion is committed): only the rows below
+         * the cap add to the table. */
+        uint64_t rows = atomic_load(&self->stats.rows);
+        uint64_t room = self->cfg.max_rows > rows ? self->cfg.max_rows - rows : 0;
+        if (room < new_rows) {
+            bytes = bytes / new_rows * room;
+            charged = room;
+        }
+    }
+    /* The row maps that must grow to take them (stripes count their own new rows). */
+    for (int i = 0; i < KB_TABLE_STRIPES && charged == new_rows; i++) {
+        if (!per_stripe[i])
+            continue;
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        size_t cap = st->map.capacity, grown = cap, need = st->map.count + per_stripe[i];
+        pthread_mutex_unlock(&st->mutex);
+        while (need * 10 > grown * 7)
+            grown = grown ? grown * 2 : 16;
+        bytes += (uint64_t)(s_map_bytes(grown) - s_map_bytes(cap));
+    }
+    /* The id index, which doubles. */
+    if (charged) {
+        pthread_mutex_lock(&self->id_mutex);
+        size_t cap = self->by_id_capacity;
+        pthread_mutex_unlock(&self->id_mutex);
+        uint64_t last = (uint64_t)atomic_load(&self->next_row_id) + charged;
+        size_t grown = cap ? cap : 1024;
+        while (grown <= last)
+            grown *= 2;
+        if (grown != cap)
+            bytes += kb_memory_chunk(grown * sizeof(kb_row_t *)) - (cap ? kb_memory_chunk(cap * sizeof(kb_row_t *)) : 0);
+    }
+    return bytes;
 }
 
 /* ---- nearest neighbours ---- */
@@ -898,6 +1053,10 @@ static int s_knn_flush(kb_table_t *self)
         free(gone);
         free(vecs);
     }
+    /* The index grew or shrank with the changes just fed to it. */
+    int64_t knn_bytes = (int64_t)kb_knn_memory(self->knn);
+    s_mem(self, knn_bytes - self->knn_mem_counted);
+    self->knn_mem_counted = knn_bytes;
     pthread_mutex_unlock(&self->knn_mutex);
     return rc;
 }
@@ -984,6 +1143,8 @@ static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strate
         s_sample_cache_free(c);
         return NULL;
     }
+    c->bytes = (int64_t)(kb_memory_chunk(sizeof *c) + kb_memory_chunk((n + 1) * sizeof *c->key_offset) +
+                         (bytes_cap ? kb_memory_chunk(bytes_cap) : 0) + kb_sampler_memory(c->sampler));
     c->built_ms = carls_monotonic_ms();
     return c;
 }
@@ -1016,6 +1177,7 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
     if (!c || stale) {
         struct s_sample_cache *fresh = s_sample_build(self, strategy, &rc);
         if (fresh) {
+            s_mem(self, fresh->bytes - (c ? c->bytes : 0));
             s_sample_cache_free(c);
             c = self->samplers[strategy] = fresh;
         } else if (!c) {
@@ -1113,8 +1275,11 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
             s_lru_touch(self, st, row);
         else
             row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        if (row->record)
+            s_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
         free(row->record);
         row->record = carls_xmalloc(lens[i]);
+        s_mem(self, (int64_t)kb_memory_chunk(lens[i]));
         if (lens[i])
             memcpy(row->record, records[i], lens[i]);
         row->record_len = (uint32_t)lens[i];
@@ -1152,12 +1317,14 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         memcpy(row->opt_state, rec->opt_state, (size_t)rec->opt_floats * sizeof(float));
     if (feature) {
         row->record = carls_xmalloc(rec->record_len);
+        s_mem(self, (int64_t)kb_memory_chunk(rec->record_len));
         if (rec->record_len)
             memcpy(row->record, rec->record, rec->record_len);
         row->record_len = rec->record_len;
     }
     if (rec->pending_count > 0) {
         row->pending = carls_xmalloc((size_t)self->cfg.max_pending * rec->dim * sizeof(float));
+        s_mem(self, s_pending_bytes(self));
         memcpy(row->pending, rec->pending, (size_t)rec->pending_count * rec->dim * sizeof(float));
         row->pending_count = rec->pending_count;
         /* The monotonic clock does not survive a restart: restored pending sets start their age now. */
@@ -1166,7 +1333,7 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         atomic_fetch_add(&self->stats.pending_keys, 1);
         atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
     }
-    kb_rowmap_insert(&st->map, hash, row);
+    s_map_insert(self, st, hash, row);
     s_by_id_set(self, row->id, row);
     /* Use order is not persisted: after a restart rows count as used in creation (row id) order. */
     row->last_used = (uint64_t)row->id;
@@ -1247,7 +1414,7 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
                 (*count)++;
             }
             if (row->evicted)
-                s_row_free(row);
+                s_row_free(self, row);
             row = next;
         }
         st->dirty_head = NULL;

@@ -17,6 +17,7 @@
 #include "kb_init.h"
 #include "kb_knn.h"
 #include "kb_lazy.h"
+#include "kb_memory.h"
 #include "kb_optimizer.h"
 #include "kb_sampler.h"
 #include "kb_store.h"
@@ -132,6 +133,25 @@ typedef struct kb_table kb_table_t;
 /* Creates an empty table. Caller owns the result. */
 kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *cfg);
 void kb_table_destroy(kb_table_t **self_p);
+
+/* Memory (kb_memory.h). The table counts every allocation it makes in its own estimate (kb_table_memory) and,
+ * once set_memory has attached the bank's accounting (before the table is shared), in that too; the table
+ * takes its bytes out of it when destroyed. base_bytes: what a new empty table of that config takes. */
+void kb_table_set_memory(kb_table_t *self, kb_memory_t *mem);
+uint64_t kb_table_memory(kb_table_t *self);
+uint64_t kb_table_base_bytes(const kb_table_config_t *cfg);
+
+typedef enum { KB_GROW_LOOKUP, KB_GROW_PUT, KB_GROW_PUSH, KB_GROW_FEATURE_PUT } kb_table_growth_op_t;
+
+/* Bytes the rows that an operation on n keys would create are estimated to add (row blocks, pending buffers
+ * for a push to a lazy table, feature records of record_lens[i] packed bytes for feature_put, the index's
+ * share, and the growth of the row maps and the id index they cause), and in *new_rows how many rows that is:
+ * keys without a row, except, for lookups and pushes under Bloom admission, keys that this sighting does not
+ * admit yet. A key given twice counts twice. Under eviction only rows below max_rows are charged (a row over
+ * it replaces an evicted one). Reads the table without changing it; concurrent requests may change the
+ * answer, so it is an estimate to reserve with (kb_memory_reserve). */
+uint64_t kb_table_growth(kb_table_t *self, kb_table_growth_op_t op, const ProtobufCBinaryData *keys, size_t n,
+                         const size_t *record_lens, uint64_t *new_rows_out);
 
 int64_t kb_table_id(const kb_table_t *self);
 const char *kb_table_name(const kb_table_t *self);

@@ -814,6 +814,11 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("duplicate_writes: %llu\n", (unsigned long long)s->duplicate_writes);
     printf("commits: %llu\n", (unsigned long long)s->commits);
     printf("committed_epoch: %llu\n", (unsigned long long)s->committed_epoch);
+    printf("memory_bytes: %llu\n", (unsigned long long)s->memory_bytes);
+    printf("memory_limit: %llu%s\n", (unsigned long long)s->memory_limit, s->memory_limit ? "" : " (unlimited)");
+    printf("memory_refusals: %llu\n", (unsigned long long)s->memory_refusals);
+    printf("memory_refused_rows: %llu\n", (unsigned long long)s->memory_refused_rows);
+    printf("rss_bytes: %llu\n", (unsigned long long)s->rss_bytes);
     for (size_t i = 0; i < s->n_latency; i++) {
         const Carls__LatencySummary *l = s->latency[i];
         printf("latency %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
@@ -846,6 +851,8 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("knn_rebuilds: %llu\n", (unsigned long long)t->knn_rebuilds);
         printf("bytes: %llu\n", (unsigned long long)t->bytes);
         printf("request_errors: %llu\n", (unsigned long long)t->request_errors);
+        printf("memory_refusals: %llu\n", (unsigned long long)t->memory_refusals);
+        printf("memory_refused_rows: %llu\n", (unsigned long long)t->memory_refused_rows);
         for (size_t j = 0; j < t->n_requests; j++) {
             const Carls__LatencySummary *l = t->requests[j];
             printf("requests %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",

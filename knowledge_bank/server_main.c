@@ -2,6 +2,7 @@
 #include "kb_bank.h"
 #include "kb_metrics.h"
 #include "kb_knn.h"
+#include "kb_memory.h"
 #include "kb_server.h"
 #include "kb_service.h"
 #include "log.h"
@@ -52,6 +53,13 @@ static void s_usage(FILE *out)
             "  --max-dim N                largest table dimension (default %u)\n"
             "  --max-keys-per-request N   most keys in one request (default %u)\n"
             "  --commit-timeout-ms N      sync mode: answer INTERNAL if a commit takes longer (default 30000)\n"
+            "  --max-memory BYTES         memory budget for the bank's data (suffixes K, M, G: powers of 1024;\n"
+            "                             default unlimited). Once the server's estimate of its tables (rows,\n"
+            "                             keys, optimizer state, pending gradients, feature records, indexes)\n"
+            "                             would go over it, requests that create rows or tables are refused\n"
+            "                             whole with RESOURCE_EXHAUSTED; reads and updates of existing rows go\n"
+            "                             on. Dropped tables and evicted rows give budget back. The process's\n"
+            "                             resident size is this plus its own overhead (docs/RELIABILITY.md)\n"
             "  --endpoint-file FILE       write the bound endpoint to FILE once listening\n"
             "  --metrics-port P           serve Prometheus metrics (what `stats` answers) over HTTP on\n"
             "                             http://ADDRESS:P/metrics (0: a free port, logged)\n"
@@ -111,9 +119,10 @@ int main(int argc, char **argv)
     const char *metrics_address = "127.0.0.1";
     kb_limits_t limits;
     kb_limits_defaults(&limits);
+    uint64_t max_memory = 0;
 
     enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
-           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS, O_METRICS_PORT, O_METRICS_ADDR };
+           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS, O_METRICS_PORT, O_METRICS_ADDR, O_MAX_MEMORY };
     static const struct option options[] = {
         {"listen", required_argument, NULL, O_LISTEN},
         {"data", required_argument, NULL, O_DATA},
@@ -131,6 +140,7 @@ int main(int argc, char **argv)
         {"max-dim", required_argument, NULL, O_DIM},
         {"max-keys-per-request", required_argument, NULL, O_KEYS},
         {"commit-timeout-ms", required_argument, NULL, O_COMMIT},
+        {"max-memory", required_argument, NULL, O_MAX_MEMORY},
         {"endpoint-file", required_argument, NULL, O_EPFILE},
         {"log-level", required_argument, NULL, O_LOG},
         {"help", no_argument, NULL, 'h'},
@@ -171,6 +181,13 @@ int main(int argc, char **argv)
         case O_DIM: limits.max_dim = s_parse_u32("--max-dim", optarg, 1); break;
         case O_KEYS: limits.max_keys_per_request = s_parse_u32("--max-keys-per-request", optarg, 1); break;
         case O_COMMIT: limits.commit_timeout_ms = (int)s_parse_u32("--commit-timeout-ms", optarg, 1); break;
+        case O_MAX_MEMORY:
+            if (kb_memory_parse(optarg, &max_memory) != 0) {
+                fprintf(stderr, "kb-server: --max-memory needs a byte count such as 536870912, 512M or 4G "
+                                "(or 'unlimited'), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case O_EPFILE: endpoint_file = optarg; break;
         case O_CURVE_SECRET: curve_secret = optarg; break;
         case O_CURVE_ALLOW: curve_allow = optarg; break;
@@ -196,7 +213,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    kb_bank_options_t bank_opts = {.data_dir = data_dir};
+    kb_bank_options_t bank_opts = {.data_dir = data_dir, .max_memory = max_memory};
     if (strcmp(durability, "sync") == 0) {
         bank_opts.sync = true;
     } else if (strncmp(durability, "interval:", 9) == 0) {
@@ -247,8 +264,12 @@ int main(int argc, char **argv)
         }
         LOG_INFO("metrics: http://%s:%u/metrics", metrics_address, kb_metrics_server_port(metrics));
     }
-    LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u", data_dir, durability,
-             limits.read_only ? ", read-only" : "", limits.shard_index, limits.shard_count ? limits.shard_count : 1);
+    char memory_note[64] = "";
+    if (max_memory)
+        snprintf(memory_note, sizeof memory_note, ", max memory %llu MiB", (unsigned long long)(max_memory >> 20));
+    LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u%s", data_dir, durability,
+             limits.read_only ? ", read-only" : "", limits.shard_index, limits.shard_count ? limits.shard_count : 1,
+             memory_note);
     if (endpoint_file && s_write_file(endpoint_file, kb_server_endpoint(server)) != 0) {
         LOG_ERROR("cannot write %s: %s", endpoint_file, strerror(errno));
         rc = 1;
