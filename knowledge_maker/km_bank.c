@@ -14,6 +14,7 @@
 struct km_bank {
     kb_client_t *client; /* one DEALER connection */
     char error[1024];    /* last error */
+    bool unreachable;    /* the last failure was the bank's absence (see km_bank_unreachable) */
 };
 
 int km_tables_init(km_tables_t *t, const char *prefix)
@@ -89,8 +90,16 @@ const char *km_bank_error(const km_bank_t *self)
 /* Records the client's error after a failed call and returns rc. */
 static int s_fail(km_bank_t *self, int rc, const char *what, const char *table)
 {
-    snprintf(self->error, sizeof self->error, "%s %s: %s", what, table, kb_client_last_error(self->client));
+    const char *err = kb_client_last_error(self->client);
+    snprintf(self->error, sizeof self->error, "%s %s: %s", what, table, err);
+    self->unreachable = rc == KB_CLIENT_ETIMEOUT || (rc == KB_CLIENT_EIO && strstr(err, "malformed") == NULL) ||
+                        (rc == KB_CLIENT_ESTATUS && strncmp(err, "UNAVAILABLE", 11) == 0);
     return rc;
+}
+
+bool km_bank_unreachable(const km_bank_t *self)
+{
+    return self->unreachable;
 }
 
 /* Keys of items[0..n) in one buffer: keys[i] points into text (n * 11 bytes). */
@@ -211,6 +220,7 @@ int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_
         } else if (resp->result_case != CARLS__RESPONSE__RESULT_KNN || resp->knn->n_keys != m * resp->knn->k ||
                    resp->knn->n_scores != resp->knn->n_keys || resp->knn->k > k) {
             snprintf(self->error, sizeof self->error, "knn %s: malformed answer", table);
+            self->unreachable = false;
             rc = KB_CLIENT_EIO;
         } else {
             const uint32_t rk = resp->knn->k;
@@ -348,6 +358,7 @@ static int s_feature_get(km_bank_t *self, const char *table, const uint32_t *ite
             s_fail(self, rc, "feature_get", table);
         } else if (resp->result_case != CARLS__RESPONSE__RESULT_FEATURES || resp->features->n_records != m) {
             snprintf(self->error, sizeof self->error, "feature_get %s: malformed answer", table);
+            self->unreachable = false;
             rc = KB_CLIENT_EIO;
         } else {
             for (size_t i = 0; i < m; i++) {

@@ -44,6 +44,10 @@ uint32_t km_key_item(const void *data, size_t len);
 km_bank_t *km_bank_new(const char *endpoints, int timeout_ms);
 void km_bank_destroy(km_bank_t **self_p);
 const char *km_bank_error(const km_bank_t *self);
+/* True when the last failed call failed because the bank was unreachable: no answer after every attempt, a
+ * connection failure, or a server shutting down (UNAVAILABLE). Such a call may succeed when retried after
+ * the bank is back (kb-server restarted on the same endpoint); other failures will not. */
+bool km_bank_unreachable(const km_bank_t *self);
 
 /* Creates an embedding table of dim with a Flat cosine knn index (if it does not exist with that config). */
 int km_bank_create_embedding(km_bank_t *self, const char *table, uint32_t dim);

@@ -34,7 +34,11 @@ typedef struct {
     km_tables_t tables;
     km_watch_t *watch;      /* checkpoint tasks only */
     nn_device_t device;     /* resolved */
+    uint64_t bank_retries;  /* units of work retried because the bank was unreachable */
 } s_maker_t;
+
+/* A task's result when the bank was unreachable: the work is retried (s_do). */
+#define S_RETRY 1
 
 static void s_usage(FILE *out)
 {
@@ -52,6 +56,9 @@ static void s_usage(FILE *out)
             "  --once                   do the task once and exit (default: loop on new checkpoints)\n"
             "  --poll-ms MS             checkpoint polling period when inotify is missing (default 500)\n"
             "  --threads N              OpenBLAS threads (default 1)\n"
+            "  --bank-timeout-ms MS     wait per request attempt, 3 attempts (default: embed 10000, graph/label\n"
+            "                           60000: knn requests can take long)\n"
+            "  --bank-wait-s S          while the bank is unreachable, retry the work for up to S s (default 600)\n"
             "embed:\n"
             "  --encoder model|pixels   model: the checkpoint's encoder -> PREFIX.emb (default);\n"
             "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
@@ -110,11 +117,12 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         .batch = 4096,
         .wait_embed_ms = 60000,
         .threads = 1,
+        .bank_wait_s = 600,
     };
     enum {
         O_KB = 256, O_CKPT, O_TASK, O_WORKER, O_DEVICE, O_DATA, O_DATA_DIR, O_ITEMS, O_TABLES, O_ONCE, O_POLL,
         O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL,
-        O_LOG, O_HELP
+        O_LOG, O_BTIMEOUT, O_BWAIT, O_HELP
     };
     static const struct option longopts[] = {
         {"kb", required_argument, NULL, O_KB},
@@ -141,6 +149,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         {"model-weight", required_argument, NULL, O_MW},
         {"balance", required_argument, NULL, O_BAL},
         {"log-level", required_argument, NULL, O_LOG},
+        {"bank-timeout-ms", required_argument, NULL, O_BTIMEOUT},
+        {"bank-wait-s", required_argument, NULL, O_BWAIT},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -209,6 +219,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         case O_MW: bad = s_float("model-weight", optarg, 0.0, 1000.0, &o->model_weight); break;
         case O_BAL: bad = s_int("balance", optarg, 0, 1, &o->balance); break;
         case O_LOG: bad = carls_log_level_option("kb-maker", optarg); break;
+        case O_BTIMEOUT: bad = s_int("bank-timeout-ms", optarg, 10, 3600000, &o->bank_timeout_ms); break;
+        case O_BWAIT: bad = s_int("bank-wait-s", optarg, 0, 86400 * 30, &o->bank_wait_s); break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
         }
@@ -251,6 +263,17 @@ static double s_secs(int64_t t0_us)
     return (double)(carls_monotonic_us() - t0_us) / 1e6;
 }
 
+/* After a failed bank call: S_RETRY when the bank was unreachable (the work is done again once it is back),
+ * otherwise -1 with the error logged. */
+static int s_bank_failed(s_maker_t *mk)
+{
+    if (km_bank_unreachable(mk->bank)) {
+        return S_RETRY;
+    }
+    LOG_ERROR("%s", km_bank_error(mk->bank));
+    return -1;
+}
+
 /* ---- embed ------------------------------------------------------------------------------------------ */
 
 static int s_embed_pixels(s_maker_t *mk)
@@ -258,16 +281,14 @@ static int s_embed_pixels(s_maker_t *mk)
     const int dim = mk->ds.train.dim;
     int64_t t0 = carls_monotonic_us();
     if (km_bank_create_embedding(mk->bank, mk->tables.pixels, (uint32_t)dim) != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
-        return -1;
+        return s_bank_failed(mk);
     }
     float *x = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)dim);
     carls_image_set_batch(&mk->ds.train, mk->share, (int)mk->n_share, x, NULL);
     int rc = km_bank_put(mk->bank, mk->tables.pixels, mk->share, mk->n_share, (uint32_t)dim, x, 0);
     free(x);
     if (rc != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
-        return -1;
+        return s_bank_failed(mk);
     }
     double s = s_secs(t0);
     LOG_INFO("embed pixels: %zu items into %s in %.2f s (%.0f items/s)", mk->n_share, mk->tables.pixels, s,
@@ -297,8 +318,7 @@ static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
     free(emb);
     nn_mlp_destroy(&m);
     if (rc != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
-        return -1;
+        return s_bank_failed(mk);
     }
     double s = s_secs(t0);
     uint64_t latest = km_watch_latest_step(mk->watch);
@@ -345,8 +365,7 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
     free(nbr);
     free(score);
     if (rc != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
-        return -1;
+        return s_bank_failed(mk);
     }
     double s = s_secs(t0);
     LOG_INFO("graph from %s (version %" PRIu64 "): %zu items, k=%u in %.2f s (%.0f items/s); purity %.4f "
@@ -437,7 +456,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     nbr = carls_xmalloc(sizeof *nbr * n * k);
     w = carls_xmalloc(sizeof *w * n * k);
     if (km_bank_get_neighbors(mk->bank, mk->tables.graph, all, n, k, nbr, w, NULL) != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
+        rc = s_bank_failed(mk);
         goto cleanup;
     }
     for (size_t i = 0; i < n * k; i++) {
@@ -488,7 +507,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     }
     if (km_bank_create_feature(mk->bank, mk->tables.labels) != 0 ||
         km_bank_put_labels(mk->bank, mk->tables.labels, items, m_out, lab, conf, step) != 0) {
-        LOG_ERROR("%s", km_bank_error(mk->bank));
+        rc = s_bank_failed(mk);
         goto cleanup;
     }
     double s = s_secs(t0);
@@ -547,7 +566,8 @@ static int s_setup(s_maker_t *mk, const km_opts_t *o)
             memcpy(mk->share_px + s * dim, mk->ds.train.pixels + (size_t)mk->share[s] * dim, dim);
         }
     }
-    mk->bank = km_bank_new(o->kb, 60000);
+    const int timeout_ms = o->bank_timeout_ms > 0 ? o->bank_timeout_ms : o->task == KM_TASK_EMBED ? 10000 : 60000;
+    mk->bank = km_bank_new(o->kb, timeout_ms);
     if (!mk->bank) {
         return -1;
     }
@@ -573,6 +593,77 @@ static void s_teardown(s_maker_t *mk)
     carls_fmnist_free(&mk->ds);
 }
 
+/* The task once: on ck for the checkpoint tasks (NULL for the others). 0, S_RETRY or -1. */
+static int s_task(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *stop)
+{
+    const km_opts_t *o = mk->o;
+    switch (o->task) {
+    case KM_TASK_EMBED: return o->pixels ? s_embed_pixels(mk) : s_embed_step(mk, ck);
+    case KM_TASK_GRAPH: return o->source_emb ? s_graph_step(mk, ck, stop) : s_graph_build(mk, mk->tables.pixels, 0, stop);
+    case KM_TASK_LABEL: return s_label_step(mk, ck);
+    }
+    return -1;
+}
+
+/* Sleeps ms, or less when *stop becomes nonzero. */
+static void s_sleep(int ms, volatile sig_atomic_t *stop)
+{
+    for (int waited = 0; waited < ms && !*stop; waited += 50) {
+        usleep(50 * 1000);
+    }
+}
+
+/* s_task, again and again while the bank is unreachable (killed, restarting): after 0.5 s, then twice as long
+ * each time up to 5 s, for at most --bank-wait-s in all. A checkpoint task moves on to a newer checkpoint
+ * that arrives meanwhile (*ck is replaced). Every retry is logged and counted. Returns 0, or -1 on a failure
+ * or when the bank stayed away too long. */
+static int s_do(s_maker_t *mk, carls_ckpt_t **ck, volatile sig_atomic_t *stop)
+{
+    const km_opts_t *o = mk->o;
+    int64_t first_failure = 0;
+    int retries = 0, delay_ms = 500;
+    for (;;) {
+        const int r = s_task(mk, ck ? *ck : NULL, stop);
+        char what[64];
+        if (ck && *ck) {
+            snprintf(what, sizeof what, "step %" PRIu64, carls_ckpt_step(*ck));
+        } else {
+            snprintf(what, sizeof what, "the %s task", s_task_name(o->task));
+        }
+        if (r != S_RETRY) {
+            if (r == 0 && retries) {
+                LOG_INFO("bank reachable again: %s done after %d retr%s over %.1f s", what, retries,
+                         retries == 1 ? "y" : "ies", (double)(carls_monotonic_ms() - first_failure) / 1000.0);
+            }
+            return r;
+        }
+        const int64_t now = carls_monotonic_ms();
+        first_failure = first_failure ? first_failure : now;
+        if (*stop) {
+            return 0;
+        }
+        if (now - first_failure > (int64_t)o->bank_wait_s * 1000) {
+            LOG_ERROR("bank unreachable for %.0f s (--bank-wait-s %d): giving up on %s: %s",
+                      (double)(now - first_failure) / 1000.0, o->bank_wait_s, what, km_bank_error(mk->bank));
+            return -1;
+        }
+        retries++;
+        mk->bank_retries++;
+        LOG_WARN("bank unreachable (%s); retrying %s in %.1f s (retry %d)", km_bank_error(mk->bank), what,
+                 delay_ms / 1000.0, retries);
+        carls_ckpt_t *newer = NULL;
+        char path[4200];
+        if (ck && mk->watch && km_watch_next(mk->watch, delay_ms, stop, &newer, path, sizeof path) == 1) {
+            LOG_INFO("moving on from %s to the newer checkpoint step %" PRIu64, what, carls_ckpt_step(newer));
+            carls_ckpt_destroy(ck);
+            *ck = newer;
+        } else if (!ck || !mk->watch) {
+            s_sleep(delay_ms, stop);
+        }
+        delay_ms = delay_ms * 2 < 5000 ? delay_ms * 2 : 5000;
+    }
+}
+
 int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
 {
     s_maker_t mk;
@@ -582,16 +673,9 @@ int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
         goto cleanup;
     }
     /* Tasks that need no checkpoint. */
-    if (o->task == KM_TASK_EMBED && o->pixels) {
-        rc = s_embed_pixels(&mk) == 0 ? 0 : 1;
-        goto cleanup;
-    }
-    if (o->task == KM_TASK_GRAPH && !o->source_emb) {
-        rc = s_graph_build(&mk, mk.tables.pixels, 0, stop) == 0 ? 0 : 1;
-        goto cleanup;
-    }
-    if (o->task == KM_TASK_LABEL && o->once && !o->ckpt_dir) {
-        rc = s_label_step(&mk, NULL) == 0 ? 0 : 1;
+    if ((o->task == KM_TASK_EMBED && o->pixels) || (o->task == KM_TASK_GRAPH && !o->source_emb) ||
+        (o->task == KM_TASK_LABEL && o->once && !o->ckpt_dir)) {
+        rc = s_do(&mk, NULL, stop) == 0 ? 0 : 1;
         goto cleanup;
     }
     /* The checkpoint loop: every new checkpoint that verifies, until stopped (or once). */
@@ -603,12 +687,7 @@ int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
             break;
         }
         LOG_DEBUG("checkpoint %s (step %" PRIu64 ")", path, carls_ckpt_step(ck));
-        int r = 0;
-        switch (o->task) {
-        case KM_TASK_EMBED: r = s_embed_step(&mk, ck); break;
-        case KM_TASK_GRAPH: r = s_graph_step(&mk, ck, stop); break;
-        case KM_TASK_LABEL: r = s_label_step(&mk, ck); break;
-        }
+        int r = s_do(&mk, &ck, stop);
         last_step = carls_ckpt_step(ck);
         carls_ckpt_destroy(&ck);
         if (r != 0) {
@@ -620,9 +699,9 @@ int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
         }
     }
     LOG_INFO("kb-maker %s worker %u/%u: %" PRIu64 " checkpoints processed (last step %" PRIu64 "), %" PRIu64
-             " refused; %s",
+             " refused, %" PRIu64 " bank retries; %s",
              s_task_name(o->task), o->worker, o->workers, done, last_step, km_watch_refused(mk.watch),
-             *stop ? "stopped by signal" : "done");
+             mk.bank_retries, *stop ? "stopped by signal" : "done");
     rc = 0;
 cleanup:
     s_teardown(&mk);

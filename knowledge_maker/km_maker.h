@@ -18,6 +18,12 @@
  *           newest checkpoint when there is one (--model-weight); pseudo-label + confidence of the share's
  *           unlabelled items into <prefix>.labels with version = step (0 without a model).
  *
+ * The bank going away (killed, restarting on the same endpoint) is waited out: a request is resent after
+ * --bank-timeout-ms on a new connection (3 attempts), and work whose requests all went unanswered is done
+ * again (backing off from 0.5 s to 5 s, moving on to a newer checkpoint if one arrives) for up to
+ * --bank-wait-s before the maker gives up with exit status 1. Each retry is logged ("bank unreachable ...;
+ * retrying step N") and counted in the final summary line.
+ *
  * --once: do the task once (for a checkpoint task: on the current checkpoint, waiting for one to appear) and
  * exit. Otherwise loop until SIGTERM/SIGINT, which ends the maker cleanly between two batches (exit 0).
  * Logs: items/s, the checkpoint step, and how many steps the newest checkpoint is ahead of the one in hand. */
@@ -57,6 +63,8 @@ typedef struct {
     int batch;                 /* embed: rows per forward chunk */
     int wait_embed_ms;         /* graph --source emb: how long to wait for the fleet's embeddings of a step */
     int threads;               /* OpenBLAS threads */
+    int bank_timeout_ms;       /* per request attempt; 0: embed 10000, graph/label 60000 */
+    int bank_wait_s;           /* how long work is retried while the bank is unreachable */
 } km_opts_t;
 
 /* Parses argv (argv[0] is the program). Returns 0 to run, 1 when --help was answered, -1 on bad usage

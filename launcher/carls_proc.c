@@ -2,6 +2,7 @@
 #include "carls_proc.h"
 
 #include "log.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +59,8 @@ int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], cons
     close(out);
     close(err);
     p->pid = pid;
+    p->started_pid = pid;
+    p->started_ms = carls_wall_ms();
     p->running = true;
     return 0;
 }
@@ -67,6 +70,29 @@ static void s_reaped(carls_proc_t *p, int st)
     p->running = false;
     p->pid = 0;
     p->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
+    p->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+}
+
+const char *carls_proc_describe(const carls_proc_t *p, char *buf, size_t len)
+{
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {{SIGKILL, "SIGKILL"}, {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGSEGV, "SIGSEGV"},
+                 {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"}, {SIGHUP, "SIGHUP"},
+                 {SIGPIPE, "SIGPIPE"}, {SIGILL, "SIGILL"}};
+    if (p->running) {
+        snprintf(buf, len, "is running");
+    } else if (p->signal) {
+        const char *name = "?";
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            name = names[i].sig == p->signal ? names[i].name : name;
+        }
+        snprintf(buf, len, "exited on signal %d (%s)", p->signal, name);
+    } else {
+        snprintf(buf, len, "exited with status %d", p->status);
+    }
+    return buf;
 }
 
 bool carls_proc_poll(carls_proc_t *p)

@@ -4,14 +4,19 @@
 #define CARLS_PROC_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define CARLS_PROC_MAX 64
 
 typedef struct {
-    char name[64];   /* for messages, e.g. "maker embed 1/2" */
-    pid_t pid;       /* 0 once reaped */
-    int status;      /* exit status once reaped: the code, or 128 + signal */
+    char name[64];      /* for messages, e.g. "maker embed 1/2" */
+    pid_t pid;          /* 0 once reaped */
+    pid_t started_pid;  /* the pid it ran with (kept after reaping) */
+    int64_t started_ms; /* wall-clock start (ms since the epoch) */
+    int status;         /* exit status once reaped: the code, or 128 + signal */
+    int signal;         /* the signal that ended it (0: it exited) */
     bool running;
 } carls_proc_t;
 
@@ -26,6 +31,9 @@ bool carls_proc_poll(carls_proc_t *p);
 
 /* Waits for p to exit (up to timeout_ms; negative: forever). Returns true when it exited. */
 bool carls_proc_wait(carls_proc_t *p, int timeout_ms);
+
+/* How a reaped process ended, for log lines: "exited with status 1", "exited on signal 9 (SIGKILL)". */
+const char *carls_proc_describe(const carls_proc_t *p, char *buf, size_t len);
 
 /* SIGTERM, wait up to grace_ms, then SIGKILL and wait. Returns the exit status (128 + signal when killed). */
 int carls_proc_stop(carls_proc_t *p, int grace_ms);

@@ -99,7 +99,7 @@ int carls_report_plots(const char *dir, const char *metrics_csv)
 }
 
 int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
-                       const char *phases, int plotted)
+                       const char *phases, const char *faults, int plotted)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/report.md", dir);
@@ -128,6 +128,9 @@ int carls_report_write(const char *dir, const char *config_path, const carls_ini
     if (phases && *phases) {
         fprintf(f, "\n## Phases\n\n| phase | seconds |\n| --- | --- |\n%s", phases);
     }
+    if (faults && *faults) {
+        fprintf(f, "\n## Faults\n\n%s", faults);
+    }
     fprintf(f, "\n## Plots\n\n");
     if (plotted) {
         fprintf(f, "![accuracy](accuracy.png)\n\n![staleness](staleness.png)\n");
@@ -138,7 +141,8 @@ int carls_report_write(const char *dir, const char *config_path, const carls_ini
     for (int i = 0; i < ini->n; i++) {
         fprintf(f, "| %s | %s%s |\n", ini->key[i], ini->value[i], ini->overridden[i] ? " (--set)" : "");
     }
-    fprintf(f, "\nFiles: `metrics.csv` (one row per evaluation), `logs/` (every process's log), `trainer.out`.\n");
+    fprintf(f, "\nFiles: `metrics.csv` (one row per evaluation), `logs/` (every process's log), `trainer.out`, "
+               "`processes.tsv` (every process: role, pid, start, end, exit).\n");
     fclose(f);
     return 0;
 }

@@ -27,8 +27,9 @@ const double *carls_result_get(const carls_result_t *r, const char *key);
  * gnuplot. Returns 0, or -1 when gnuplot is missing or failed (logged; the report says so). */
 int carls_report_plots(const char *dir, const char *metrics_csv);
 
-/* Writes dir/report.md. phases: a text table of timings (may be NULL). plotted: whether the PNGs exist. */
+/* Writes dir/report.md. phases: a text table of timings (may be NULL). faults: markdown for the "Faults"
+ * section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. */
 int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
-                       const char *phases, int plotted);
+                       const char *phases, const char *faults, int plotted);
 
 #endif

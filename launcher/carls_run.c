@@ -3,6 +3,7 @@
 
 #include "carls_ini.h"
 #include "carls_proc.h"
+#include "carls_ptab.h"
 #include "carls_report.h"
 
 #include "log.h"
@@ -125,11 +126,13 @@ static int s_mkdirs(const char *dir)
 /* The run's settings, read from the configuration. */
 typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
+    const char *kb_durability;
     char bin[4096];
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
     double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
+    double max_bank_restarts, max_maker_restarts;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -143,6 +146,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->neighbors_from = carls_ini_get(ini, "neighbors_from", "bank");
     c->maker_device = carls_ini_get(ini, "maker_device", "auto");
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
+    c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
     const char *bin = carls_ini_get(ini, "bin_dir", "");
     if (*bin) {
         s_fmt(c->bin, sizeof c->bin, "%s", bin);
@@ -192,6 +196,8 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"eval_every", &c->eval_every, 500},
         {"seed", &c->seed, 1},
         {"timeout_s", &c->timeout_s, 1200},
+        {"max_bank_restarts", &c->max_bank_restarts, 3},
+        {"max_maker_restarts", &c->max_maker_restarts, 3},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (carls_ini_get_double(ini, nums[i].key, nums[i].def, nums[i].out, err, errlen) != 0) {
@@ -205,6 +211,15 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     }
     if (c->makers < 1 || c->makers > 64) {
         s_fmt(err, errlen, "makers = %g: need 1..64", c->makers);
+        return -1;
+    }
+    if (c->max_bank_restarts < 0 || c->max_bank_restarts > 1000 || c->max_maker_restarts < 0 ||
+        c->max_maker_restarts > 1000) {
+        s_fmt(err, errlen, "max_bank_restarts and max_maker_restarts must be in 0..1000");
+        return -1;
+    }
+    if (strcmp(c->kb_durability, "sync") != 0 && strncmp(c->kb_durability, "interval:", 9) != 0) {
+        s_fmt(err, errlen, "kb_durability = '%s': sync or interval:MS", c->kb_durability);
         return -1;
     }
     if (strchr(c->name, '/') || !*c->name) {
@@ -237,44 +252,297 @@ static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, co
     }
 }
 
-/* Runs a fleet of `n` one-shot makers to completion. Returns 0, or -1 when one failed or we were stopped. */
-static int s_fleet_once(const s_cfg_t *c, const char *endpoint, const char *logs, const char *label,
-                        const char *task, int n, const char *const *extra, double *seconds)
+/* A run in progress: its processes, their supervision and what happened to them. */
+typedef struct {
+    const s_cfg_t *c;
+    const char *logs, *kbdir, *epfile;
+    int64_t t0;                       /* monotonic start of the run */
+    carls_ptab_t ptab;                /* processes.tsv */
+    /* The bank. */
+    carls_proc_t server;
+    int server_row;                   /* its processes.tsv row */
+    s_argv_t server_argv;             /* its arguments; once it listens, --listen names the bound endpoint */
+    int listen_arg;                   /* index of the --listen value in server_argv */
+    char server_log[4400];
+    char endpoint[512];               /* where it listens (the same after every restart) */
+    int64_t bank_down_ms;             /* monotonic time it was found dead; 0 while it is up */
+    int64_t bank_wait_deadline;       /* a restarted bank must be listening by then; 0: not waiting */
+    int bank_restarts;
+    bool bank_lost;                   /* it died with no restarts left: the run stops */
+    /* The resident maker fleet. */
+    int n_fleet;
+    carls_proc_t fleet[CARLS_PROC_MAX];
+    int fleet_row[CARLS_PROC_MAX];
+    s_argv_t *fleet_argv;             /* (n_fleet) their arguments, for restarts */
+    char fleet_log[CARLS_PROC_MAX][4400];
+    int maker_deaths, maker_restarts; /* every maker (one-shot fleets included) */
+    /* What happened, as rows of a markdown table for report.md. */
+    char events[8192];
+    size_t elen;
+} s_run_t;
+
+/* Seconds since the run began. */
+static double s_elapsed(const s_run_t *r)
 {
+    return (double)(carls_monotonic_ms() - r->t0) / 1000.0;
+}
+
+/* Appends a row to the report's fault table. */
+static void s_event(s_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void s_event(s_run_t *r, const char *fmt, ...)
+{
+    if (r->elen + 64 >= sizeof r->events) {
+        return;
+    }
+    r->elen += (size_t)snprintf(r->events + r->elen, sizeof r->events - r->elen, "| %.1f | ", s_elapsed(r));
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->events + r->elen, sizeof r->events - r->elen, fmt, ap);
+    va_end(ap);
+    r->elen = n < 0 ? r->elen : r->elen + (size_t)n < sizeof r->events ? r->elen + (size_t)n : sizeof r->events - 1;
+    if (r->elen + 3 < sizeof r->events) {
+        r->elen += (size_t)snprintf(r->events + r->elen, sizeof r->events - r->elen, " |\n");
+    }
+}
+
+/* Reads the endpoint a kb-server wrote to r->epfile into buf ("" when there is none yet). */
+static void s_read_endpoint(const s_run_t *r, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(r->epfile, "r");
+    if (f) {
+        if (!fgets(buf, (int)len, f)) {
+            buf[0] = '\0';
+        }
+        buf[strcspn(buf, "\r\n")] = '\0';
+        fclose(f);
+    }
+}
+
+/* The bank died: restart it with the same flags, data directory and endpoint, unless max_bank_restarts are
+ * used up (then r->bank_lost). Returns 0, or -1 when the run must stop. */
+static int s_bank_died(s_run_t *r)
+{
+    const int max = (int)r->c->max_bank_restarts;
+    char how[96];
+    carls_proc_describe(&r->server, how, sizeof how);
+    if (!r->bank_down_ms) {
+        r->bank_down_ms = carls_monotonic_ms();
+    }
+    if (r->bank_restarts >= max) {
+        LOG_ERROR("kb-server %s; no restarts left (%d of max_bank_restarts = %d used): stopping the run (see %s)",
+                  how, r->bank_restarts, max, r->server_log);
+        s_event(r, "kb-server (pid %d) %s; no restarts left: the run stops", (int)r->server.started_pid, how);
+        carls_ptab_ended(&r->ptab, r->server_row, &r->server, "died: not restarted (max_bank_restarts used up)");
+        r->bank_lost = true;
+        return -1;
+    }
+    r->bank_restarts++;
+    LOG_WARN("kb-server %s; restarting (%d/%d) on %s with its data in %s", how, r->bank_restarts, max, r->endpoint,
+             r->kbdir);
+    const carls_proc_t dead = r->server;
+    const int dead_row = r->server_row;
+    unlink(r->epfile);
+    if (carls_proc_start(&r->server, "kb-server 0/1", r->server_argv.ptr, r->server_log, r->server_log) != 0) {
+        carls_ptab_ended(&r->ptab, dead_row, &dead, "died: the restart failed");
+        r->bank_lost = true;
+        return -1;
+    }
+    char note[128];
+    s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)r->server.started_pid, r->bank_restarts, max);
+    carls_ptab_ended(&r->ptab, dead_row, &dead, note);
+    s_fmt(note, sizeof note, "restart %d/%d of kb-server 0/1 (pid %d)", r->bank_restarts, max, (int)dead.started_pid);
+    r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, note);
+    s_event(r, "kb-server (pid %d) %s; restarted as pid %d (%d/%d)", (int)dead.started_pid, how,
+            (int)r->server.started_pid, r->bank_restarts, max);
+    r->bank_wait_deadline = carls_monotonic_ms() + 300 * 1000;
+    return 0;
+}
+
+/* A resident maker (fleet[i]) died: count it, and restart it unless max_maker_restarts are used up. */
+static void s_maker_died(s_run_t *r, int i)
+{
+    const int max = (int)r->c->max_maker_restarts;
+    carls_proc_t *p = &r->fleet[i];
+    char how[96], note[128];
+    carls_proc_describe(p, how, sizeof how);
+    r->maker_deaths++;
+    if (r->maker_restarts >= max) {
+        LOG_WARN("%s %s; not restarted (%d of max_maker_restarts = %d used): the other makers and the trainer "
+                 "carry on (see %s)",
+                 p->name, how, r->maker_restarts, max, r->fleet_log[i]);
+        s_event(r, "%s (pid %d) %s; not restarted, the others carry on", p->name, (int)p->started_pid, how);
+        carls_ptab_ended(&r->ptab, r->fleet_row[i], p, "died: not restarted (max_maker_restarts used up)");
+        return;
+    }
+    r->maker_restarts++;
+    LOG_WARN("%s %s; restarting it (%d/%d); the other makers and the trainer carry on", p->name, how,
+             r->maker_restarts, max);
+    const carls_proc_t dead = *p;
+    char name[64];
+    s_fmt(name, sizeof name, "%s", p->name);
+    if (carls_proc_start(p, name, r->fleet_argv[i].ptr, r->fleet_log[i], r->fleet_log[i]) != 0) {
+        *p = dead; /* not running: nothing more to supervise */
+        carls_ptab_ended(&r->ptab, r->fleet_row[i], &dead, "died: the restart failed");
+        return;
+    }
+    s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p->started_pid, r->maker_restarts, max);
+    carls_ptab_ended(&r->ptab, r->fleet_row[i], &dead, note);
+    s_fmt(note, sizeof note, "restart %d/%d (pid %d died)", r->maker_restarts, max, (int)dead.started_pid);
+    r->fleet_row[i] = carls_ptab_started(&r->ptab, "maker", p, note);
+    s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how, (int)p->started_pid,
+            r->maker_restarts, max);
+}
+
+/* One round of supervision, called from every waiting loop: the bank (restarted when it died, watched until
+ * it listens again) and the resident makers. Returns 0, or -1 when the bank is gone for good. */
+static int s_supervise(s_run_t *r)
+{
+    if (r->bank_lost) {
+        return -1;
+    }
+    if (r->server.running && carls_proc_poll(&r->server) && s_bank_died(r) != 0) {
+        return -1;
+    }
+    if (r->bank_wait_deadline && r->server.running) {
+        char ep[512];
+        s_read_endpoint(r, ep, sizeof ep);
+        if (*ep) {
+            const double away = (double)(carls_monotonic_ms() - r->bank_down_ms) / 1000.0;
+            if (strcmp(ep, r->endpoint) != 0) {
+                LOG_ERROR("the restarted kb-server listens on %s, not %s: clients cannot find it", ep, r->endpoint);
+            }
+            printf("[carls] kb-server listening again on %s (pid %d), %.1f s after it died; makers and trainer "
+                   "reconnect\n",
+                   ep, (int)r->server.started_pid, away);
+            fflush(stdout);
+            s_event(r, "kb-server (pid %d) listening again, %.1f s after it died", (int)r->server.started_pid, away);
+            r->bank_wait_deadline = 0;
+            r->bank_down_ms = 0;
+        } else if (carls_monotonic_ms() > r->bank_wait_deadline) {
+            LOG_ERROR("the restarted kb-server (pid %d) is not listening after 300 s: killing it (see %s)",
+                      (int)r->server.started_pid, r->server_log);
+            kill(r->server.pid, SIGKILL);
+            r->bank_wait_deadline = 0;
+        }
+    }
+    for (int i = 0; i < r->n_fleet; i++) {
+        if (r->fleet[i].running && carls_proc_poll(&r->fleet[i])) {
+            s_maker_died(r, i);
+        }
+    }
+    return 0;
+}
+
+/* Runs a fleet of `n` one-shot makers to completion, supervising the bank meanwhile. A maker killed by a
+ * signal is started again (within max_maker_restarts); one that fails on its own fails the phase. Returns 0,
+ * or -1 when one failed, the bank is gone or we were stopped. */
+static int s_fleet_once(s_run_t *r, const char *label, const char *task, int n, const char *const *extra,
+                        double *seconds)
+{
+    const s_cfg_t *c = r->c;
     carls_proc_t p[CARLS_PROC_MAX];
+    int row[CARLS_PROC_MAX];
+    s_argv_t *a = carls_xcalloc((size_t)n, sizeof *a);
+    char (*log)[4400] = carls_xcalloc((size_t)n, sizeof *log);
     int64_t t0 = carls_monotonic_ms();
     int started = 0, rc = 0;
     for (int i = 0; i < n; i++) {
-        s_argv_t a = {0};
-        s_maker_args(&a, c, endpoint, task, i, n);
-        s_arg(&a, "--once");
+        s_maker_args(&a[i], c, r->endpoint, task, i, n);
+        s_arg(&a[i], "--once");
         for (int e = 0; extra && extra[e]; e++) {
-            s_arg(&a, "%s", extra[e]);
+            s_arg(&a[i], "%s", extra[e]);
         }
-        char name[64], log[4300];
+        char name[64];
         s_fmt(name, sizeof name, "%s %d/%d", label, i, n);
-        s_fmt(log, sizeof log, "%s/%s-%d.log", logs, label, i);
-        if (carls_proc_start(&p[started], name, a.ptr, log, log) != 0) {
+        s_fmt(log[i], sizeof log[0], "%s/%s-%d.log", r->logs, label, i);
+        if (carls_proc_start(&p[started], name, a[i].ptr, log[i], log[i]) != 0) {
             rc = -1;
             break;
         }
+        row[started] = carls_ptab_started(&r->ptab, "maker", &p[started], "one-shot");
         started++;
     }
-    for (int i = 0; i < started; i++) {
-        while (!carls_proc_wait(&p[i], 200)) {
-            if (s_interrupted) {
-                carls_proc_stop(&p[i], 5000);
+    for (;;) {
+        bool running = false;
+        for (int i = 0; i < started; i++) {
+            if (!p[i].running || !carls_proc_poll(&p[i])) {
+                running = running || p[i].running;
+                continue;
+            }
+            char how[96];
+            carls_proc_describe(&p[i], how, sizeof how);
+            if (p[i].status == 0) {
+                carls_ptab_ended(&r->ptab, row[i], &p[i], "finished");
+            } else if (p[i].signal && !s_interrupted && rc == 0 && r->maker_restarts < (int)c->max_maker_restarts) {
+                r->maker_deaths++;
+                r->maker_restarts++;
+                LOG_WARN("%s %s; restarting it (%d/%d)", p[i].name, how, r->maker_restarts, (int)c->max_maker_restarts);
+                const carls_proc_t dead = p[i];
+                char name[64], note[128];
+                s_fmt(name, sizeof name, "%s", dead.name);
+                if (carls_proc_start(&p[i], name, a[i].ptr, log[i], log[i]) != 0) {
+                    p[i] = dead;
+                    carls_ptab_ended(&r->ptab, row[i], &dead, "died: the restart failed");
+                    rc = -1;
+                    continue;
+                }
+                s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p[i].started_pid, r->maker_restarts,
+                      (int)c->max_maker_restarts);
+                carls_ptab_ended(&r->ptab, row[i], &dead, note);
+                row[i] = carls_ptab_started(&r->ptab, "maker", &p[i], "one-shot, restarted");
+                s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how,
+                        (int)p[i].started_pid, r->maker_restarts, (int)c->max_maker_restarts);
+                running = true;
+            } else {
+                if (p[i].signal && !s_interrupted) {
+                    r->maker_deaths++;
+                }
+                if (!s_interrupted) {
+                    LOG_ERROR("%s %s (see %s)", p[i].name, how, log[i]);
+                }
+                carls_ptab_ended(&r->ptab, row[i], &p[i], s_interrupted ? "stopped by the launcher" : "failed");
+                rc = -1;
             }
         }
-        if (p[i].status != 0) {
-            LOG_ERROR("%s exited with status %d (see %s/%s-%d.log)", p[i].name, p[i].status, logs, label, i);
-            rc = -1;
+        if (!running) {
+            break;
         }
+        if (s_supervise(r) != 0 || s_interrupted || rc != 0) {
+            for (int i = 0; i < started; i++) {
+                if (p[i].running) {
+                    carls_proc_stop(&p[i], 5000);
+                    carls_ptab_ended(&r->ptab, row[i], &p[i], "stopped by the launcher");
+                }
+            }
+            rc = -1;
+            break;
+        }
+        usleep(100 * 1000);
     }
+    free(a);
+    free(log);
     *seconds = (double)(carls_monotonic_ms() - t0) / 1000.0;
     printf("[carls] %s: %d maker%s in %.1f s%s\n", label, n, n == 1 ? "" : "s", *seconds, rc ? " (FAILED)" : "");
     fflush(stdout);
     return s_interrupted ? -1 : rc;
+}
+
+/* Starts resident maker number r->n_fleet with argv a (copied) and log file log. */
+static int s_fleet_start(s_run_t *r, const char *name, const s_argv_t *a, const char *log)
+{
+    const int i = r->n_fleet;
+    r->fleet_argv[i] = *a;
+    for (int k = 0; k < a->n; k++) {
+        r->fleet_argv[i].ptr[k] = r->fleet_argv[i].arg[k];
+    }
+    s_fmt(r->fleet_log[i], sizeof r->fleet_log[0], "%s", log);
+    if (carls_proc_start(&r->fleet[i], name, r->fleet_argv[i].ptr, log, log) != 0) {
+        return -1;
+    }
+    r->fleet_row[i] = carls_ptab_started(&r->ptab, "maker", &r->fleet[i], NULL);
+    r->n_fleet++;
+    return 0;
 }
 
 int carls_run_main(int argc, char **argv)
@@ -288,9 +556,6 @@ int carls_run_main(int argc, char **argv)
     carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
     bool quiet = false;
     int status = 2;
-    carls_proc_t server = {0}, fleet[CARLS_PROC_MAX], trainer = {0};
-    static char fleet_log[CARLS_PROC_MAX][4400];
-    int n_fleet = 0;
     if (carls_ini_load(ini, config, err, sizeof err) != 0) {
         fprintf(stderr, "carls: %s\n", err);
         free(ini);
@@ -329,7 +594,7 @@ int carls_run_main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    char dir[4200], logs[4300], kbdir[4300], ckpt[4300], epfile[4300], metrics[4300], out[4300];
+    char dir[4200], logs[4300], kbdir[4300], ckpt[4300], epfile[4300], metrics[4300], out[4300], ptab[4300];
     s_fmt(dir, sizeof dir, "%s/%s", c.runs_dir, c.name);
     s_fmt(logs, sizeof logs, "%s/logs", dir);
     s_fmt(kbdir, sizeof kbdir, "%s/kb", dir);
@@ -337,16 +602,27 @@ int carls_run_main(int argc, char **argv)
     s_fmt(epfile, sizeof epfile, "%s/kb.endpoint", dir);
     s_fmt(metrics, sizeof metrics, "%s/metrics.csv", dir);
     s_fmt(out, sizeof out, "%s/trainer.out", dir);
+    s_fmt(ptab, sizeof ptab, "%s/processes.tsv", dir);
     /* A fresh run directory: the bank, checkpoints and logs of an earlier run with this name go. */
     char cmd[9000];
-    s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s'", kbdir, ckpt, logs, epfile, metrics, out);
+    s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", kbdir, ckpt, logs, epfile, metrics, out, ptab);
     if (system(cmd) != 0 || s_mkdirs(logs) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", dir);
         free(ini);
         return 1;
     }
     status = 1;
-    const int64_t t_run = carls_monotonic_ms();
+    s_run_t *r = carls_xcalloc(1, sizeof *r);
+    r->c = &c;
+    r->logs = logs;
+    r->kbdir = kbdir;
+    r->epfile = epfile;
+    r->t0 = carls_monotonic_ms();
+    r->server_row = -1;
+    r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
+    carls_ptab_init(&r->ptab, ptab);
+    carls_proc_t trainer = {0};
+    int trainer_row = -1;
     char phases[4096] = "";
     size_t plen = 0;
     const bool graph_needed = c.alpha > 0 || c.beta > 0;
@@ -357,58 +633,59 @@ int carls_run_main(int argc, char **argv)
            bank_emb ? ", neighbour embeddings from the maker fleet" : "", dir);
     fflush(stdout);
 
-    /* 1. The bank. */
-    char endpoint[512] = "";
+    /* 1. The bank. A restart (s_bank_died) reuses these arguments with --listen set to the bound endpoint. */
     {
-        s_argv_t a = {0};
-        s_arg(&a, "%s/kb-server", c.bin);
-        s_arg(&a, "--listen");
-        s_arg(&a, "tcp://127.0.0.1:*");
-        s_arg(&a, "--endpoint-file");
-        s_arg(&a, "%s", epfile);
-        s_arg(&a, "--data");
-        s_arg(&a, "%s", kbdir);
-        s_arg(&a, "--durability");
-        s_arg(&a, "interval:1000");
-        s_arg(&a, "--threads");
-        s_arg(&a, "%d", (int)c.kb_threads);
-        char log[4400];
-        s_fmt(log, sizeof log, "%s/kb-server-0.log", logs);
-        if (carls_proc_start(&server, "kb-server 0/1", a.ptr, log, log) != 0) {
+        s_argv_t *a = &r->server_argv;
+        s_arg(a, "%s/kb-server", c.bin);
+        s_arg(a, "--listen");
+        r->listen_arg = a->n;
+        s_arg(a, "tcp://127.0.0.1:*");
+        s_arg(a, "--endpoint-file");
+        s_arg(a, "%s", epfile);
+        s_arg(a, "--data");
+        s_arg(a, "%s", kbdir);
+        s_arg(a, "--durability");
+        s_arg(a, "%s", c.kb_durability);
+        s_arg(a, "--threads");
+        s_arg(a, "%d", (int)c.kb_threads);
+        s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", logs);
+        if (carls_proc_start(&r->server, "kb-server 0/1", a->ptr, r->server_log, r->server_log) != 0) {
             goto stop;
         }
+        r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
         for (int i = 0; i < 600 && !s_interrupted; i++) {
-            FILE *f = fopen(epfile, "r");
-            if (f) {
-                if (fgets(endpoint, sizeof endpoint, f)) {
-                    endpoint[strcspn(endpoint, "\r\n")] = '\0';
-                }
-                fclose(f);
-            }
-            if (*endpoint || carls_proc_poll(&server)) {
+            s_read_endpoint(r, r->endpoint, sizeof r->endpoint);
+            if (*r->endpoint || carls_proc_poll(&r->server)) {
                 break;
             }
             usleep(50 * 1000);
         }
-        if (!*endpoint) {
-            LOG_ERROR("kb-server did not start (see %s)", log);
+        if (!*r->endpoint) {
+            LOG_ERROR("kb-server did not start (see %s)", r->server_log);
             goto stop;
         }
-        printf("[carls] kb-server listening on %s\n", endpoint);
+        if (strlen(r->endpoint) >= sizeof a->arg[0]) {
+            LOG_ERROR("kb-server endpoint '%s' is too long", r->endpoint);
+            goto stop;
+        }
+        memcpy(a->arg[r->listen_arg], r->endpoint, strlen(r->endpoint) + 1);
+        printf("[carls] kb-server listening on %s (restarted on the same endpoint and data if it dies, up to %d "
+               "times)\n",
+               r->endpoint, (int)c.max_bank_restarts);
     }
     /* 2. The initial graph over pixels (and a first label pass). */
     if (graph_needed) {
         double s = 0;
         const int n = (int)c.makers;
         const char *px[] = {"--encoder", "pixels", NULL};
-        if (s_fleet_once(&c, endpoint, logs, "pixels", "embed", n, px, &s) != 0) {
+        if (s_fleet_once(r, "pixels", "embed", n, px, &s) != 0) {
             goto stop;
         }
         plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| pixel embeddings (%d makers) | %.1f |\n", n, s);
         char kbuf[32];
         s_fmt(kbuf, sizeof kbuf, "%d", (int)c.graph_k);
         const char *gr[] = {"--source", "pixels", "--k", kbuf, NULL};
-        if (s_fleet_once(&c, endpoint, logs, "graph", "graph", n, gr, &s) != 0) {
+        if (s_fleet_once(r, "graph", "graph", n, gr, &s) != 0) {
             goto stop;
         }
         plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| initial k=%d graph (%d makers) | %.1f |\n",
@@ -422,7 +699,7 @@ int carls_run_main(int argc, char **argv)
             s_fmt(bal, sizeof bal, "%d", (int)c.label_balance);
             const char *lb[] = {"--labels-per-class", lpc, "--label-seed", lseed, "--k", kbuf, "--spread-alpha", sa_,
                                 "--spread-iters", si, "--balance", bal, NULL};
-            if (s_fleet_once(&c, endpoint, logs, "labels0", "label", 1, lb, &s) != 0) {
+            if (s_fleet_once(r, "labels0", "label", 1, lb, &s) != 0) {
                 goto stop;
             }
             plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| first label spreading | %.1f |\n", s);
@@ -433,21 +710,19 @@ int carls_run_main(int argc, char **argv)
         const int n = (int)c.makers;
         for (int i = 0; bank_emb && i < n; i++) {
             s_argv_t a = {0};
-            s_maker_args(&a, &c, endpoint, "embed", i, n);
+            s_maker_args(&a, &c, r->endpoint, "embed", i, n);
             s_arg(&a, "--ckpt-dir");
             s_arg(&a, "%s", ckpt);
             char name[64], log[4400];
             s_fmt(name, sizeof name, "maker embed %d/%d", i, n);
             s_fmt(log, sizeof log, "%s/maker-embed-%d.log", logs, i);
-            if (carls_proc_start(&fleet[n_fleet], name, a.ptr, log, log) != 0) {
+            if (s_fleet_start(r, name, &a, log) != 0) {
                 goto stop;
             }
-            s_fmt(fleet_log[n_fleet], sizeof fleet_log[0], "%s", log);
-            n_fleet++;
         }
         for (int i = 0; c.graph_refresh > 0 && bank_emb && i < n; i++) {
             s_argv_t a = {0};
-            s_maker_args(&a, &c, endpoint, "graph", i, n);
+            s_maker_args(&a, &c, r->endpoint, "graph", i, n);
             s_arg(&a, "--source");
             s_arg(&a, "emb");
             s_arg(&a, "--k");
@@ -457,15 +732,13 @@ int carls_run_main(int argc, char **argv)
             char name[64], log[4400];
             s_fmt(name, sizeof name, "maker graph %d/%d", i, n);
             s_fmt(log, sizeof log, "%s/maker-graph-%d.log", logs, i);
-            if (carls_proc_start(&fleet[n_fleet], name, a.ptr, log, log) != 0) {
+            if (s_fleet_start(r, name, &a, log) != 0) {
                 goto stop;
             }
-            s_fmt(fleet_log[n_fleet], sizeof fleet_log[0], "%s", log);
-            n_fleet++;
         }
         if (label_loop) {
             s_argv_t a = {0};
-            s_maker_args(&a, &c, endpoint, "label", 0, 1);
+            s_maker_args(&a, &c, r->endpoint, "label", 0, 1);
             s_arg(&a, "--ckpt-dir");
             s_arg(&a, "%s", ckpt);
             s_arg(&a, "--labels-per-class");
@@ -484,14 +757,12 @@ int carls_run_main(int argc, char **argv)
             s_arg(&a, "%g", c.label_model_weight);
             char log[4400];
             s_fmt(log, sizeof log, "%s/maker-label-0.log", logs);
-            if (carls_proc_start(&fleet[n_fleet], "maker label 0/1", a.ptr, log, log) != 0) {
+            if (s_fleet_start(r, "maker label 0/1", &a, log) != 0) {
                 goto stop;
             }
-            s_fmt(fleet_log[n_fleet], sizeof fleet_log[0], "%s", log);
-            n_fleet++;
         }
-        if (n_fleet) {
-            printf("[carls] maker fleet: %d process%s watching %s\n", n_fleet, n_fleet == 1 ? "" : "es", ckpt);
+        if (r->n_fleet) {
+            printf("[carls] maker fleet: %d process%s watching %s\n", r->n_fleet, r->n_fleet == 1 ? "" : "es", ckpt);
         }
     }
     /* 4. The trainer. */
@@ -508,7 +779,7 @@ int carls_run_main(int argc, char **argv)
         }
         if (graph_needed) {
             s_arg(&a, "--kb");
-            s_arg(&a, "%s", endpoint);
+            s_arg(&a, "%s", r->endpoint);
         }
         const struct {
             const char *flag;
@@ -550,18 +821,20 @@ int carls_run_main(int argc, char **argv)
         if (carls_proc_start(&trainer, "trainer", a.ptr, out, log) != 0) {
             goto stop;
         }
+        trainer_row = carls_ptab_started(&r->ptab, "trainer", &trainer, NULL);
         s_tail_t tails[CARLS_PROC_MAX + 1];
         int n_tails = 0;
         s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", log);
         s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "trainer");
         tails[n_tails++].offset = 0;
-        for (int i = 0; i < n_fleet; i++) {
-            s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", fleet_log[i]);
-            s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "%s", fleet[i].name);
+        for (int i = 0; i < r->n_fleet; i++) {
+            s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", r->fleet_log[i]);
+            s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "%s", r->fleet[i].name);
             tails[n_tails++].offset = 0;
         }
-        const char *const trainer_needles[] = {"step ", "ERROR", "WARN", NULL};
-        const char *const maker_needles[] = {"embed step", "label step", "graph from", "ERROR", "WARN", NULL};
+        const char *const trainer_needles[] = {"step ", "ERROR", "WARN", "bank reachable", NULL};
+        const char *const maker_needles[] = {"embed step", "label step", "graph from", "ERROR", "WARN",
+                                             "bank reachable", NULL};
         const int64_t deadline = carls_monotonic_ms() + (int64_t)(c.timeout_s * 1000.0);
         int64_t last_maker_print = 0;
         while (!carls_proc_wait(&trainer, 500)) {
@@ -573,10 +846,8 @@ int carls_run_main(int argc, char **argv)
                 }
                 last_maker_print = carls_monotonic_ms();
             }
-            for (int i = 0; i < n_fleet; i++) {
-                if (fleet[i].running && carls_proc_poll(&fleet[i])) {
-                    LOG_ERROR("%s exited early with status %d", fleet[i].name, fleet[i].status);
-                }
+            if (s_supervise(r) != 0) {
+                break;
             }
             if (s_interrupted || carls_monotonic_ms() > deadline) {
                 if (!s_interrupted) {
@@ -589,6 +860,9 @@ int carls_run_main(int argc, char **argv)
         for (int i = 1; i < n_tails; i++) {
             s_tail(&tails[i], maker_needles, quiet);
         }
+        if (!trainer.running) {
+            carls_ptab_ended(&r->ptab, trainer_row, &trainer, trainer.status == 0 ? "finished" : "failed");
+        }
     }
     plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| trainer (makers running beside it) | %.1f |\n",
                              (double)(carls_monotonic_ms() - t_train) / 1000.0);
@@ -597,57 +871,97 @@ stop:
     /* 5. Stop everything: trainer, makers, then the bank. */
     if (trainer.running) {
         carls_proc_stop(&trainer, 10000);
+        carls_ptab_ended(&r->ptab, trainer_row, &trainer, "stopped by the launcher");
     }
-    for (int i = 0; i < n_fleet; i++) {
-        if (fleet[i].running) {
-            kill(fleet[i].pid, SIGTERM);
+    for (int i = 0; i < r->n_fleet; i++) {
+        if (r->fleet[i].running && carls_proc_poll(&r->fleet[i])) {
+            char how[96];
+            r->maker_deaths++;
+            LOG_WARN("%s %s while the run was ending", r->fleet[i].name,
+                     carls_proc_describe(&r->fleet[i], how, sizeof how));
+            s_event(r, "%s (pid %d) %s while the run was ending", r->fleet[i].name, (int)r->fleet[i].started_pid, how);
+            carls_ptab_ended(&r->ptab, r->fleet_row[i], &r->fleet[i], "died: the run was ending");
         }
     }
-    for (int i = 0; i < n_fleet; i++) {
-        int st = carls_proc_stop(&fleet[i], 15000);
+    for (int i = 0; i < r->n_fleet; i++) {
+        if (r->fleet[i].running) {
+            kill(r->fleet[i].pid, SIGTERM);
+        }
+    }
+    for (int i = 0; i < r->n_fleet; i++) {
+        if (!r->fleet[i].running) {
+            continue;
+        }
+        int st = carls_proc_stop(&r->fleet[i], 15000);
+        carls_ptab_ended(&r->ptab, r->fleet_row[i], &r->fleet[i], "stopped by the launcher");
         if (st != 0) {
-            LOG_WARN("%s ended with status %d", fleet[i].name, st);
+            LOG_WARN("%s ended with status %d", r->fleet[i].name, st);
         }
     }
-    int server_status = server.pid || server.running ? carls_proc_stop(&server, 30000) : 0;
-    if (server_status != 0) {
-        LOG_WARN("kb-server ended with status %d", server_status);
+    if (r->server.running) {
+        if (carls_proc_poll(&r->server)) {
+            char how[96];
+            LOG_WARN("kb-server %s before the launcher stopped it", carls_proc_describe(&r->server, how, sizeof how));
+            carls_ptab_ended(&r->ptab, r->server_row, &r->server, "died: the run was ending");
+        } else {
+            int server_status = carls_proc_stop(&r->server, 30000);
+            carls_ptab_ended(&r->ptab, r->server_row, &r->server, "stopped by the launcher");
+            if (server_status != 0) {
+                LOG_WARN("kb-server ended with status %d", server_status);
+            }
+        }
     }
-    const double wall = (double)(carls_monotonic_ms() - t_run) / 1000.0;
+    const double wall = (double)(carls_monotonic_ms() - r->t0) / 1000.0;
     if (s_interrupted) {
         printf("[carls] interrupted: every process stopped (%.1f s)\n", wall);
         status = 130;
         goto done;
     }
-    if (!trainer.pid && trainer.status == 0 && trainer.name[0]) {
-        carls_result_t r;
-        carls_result_read(&r, out);
+    if (r->bank_lost) {
+        LOG_ERROR("the run failed: kb-server died %d time%s (max_bank_restarts = %d); see %s/processes.tsv",
+                  r->bank_restarts + 1, r->bank_restarts ? "s" : "", (int)c.max_bank_restarts, dir);
+    } else if (!trainer.pid && trainer.status == 0 && trainer.name[0]) {
+        carls_result_t res;
+        carls_result_read(&res, out);
         plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| whole run | %.1f |\n", wall);
         int plotted = carls_report_plots(dir, metrics) == 0;
-        carls_report_write(dir, config, ini, &r, phases, plotted);
-        const char *acc = carls_result_get(&r, "test_accuracy") ? "test_accuracy" : "val_accuracy";
-        const double *v = carls_result_get(&r, acc);
+        const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
+        char faults[10240];
+        snprintf(faults, sizeof faults,
+                 "kb-server restarts: %d (max_bank_restarts = %d), maker deaths: %d, maker restarts: %d "
+                 "(max_maker_restarts = %d), trainer batches without the bank: %.0f. Every process: "
+                 "`processes.tsv`.\n\n%s%s",
+                 r->bank_restarts, (int)c.max_bank_restarts, r->maker_deaths, r->maker_restarts,
+                 (int)c.max_maker_restarts, skipped ? *skipped : 0.0,
+                 r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
+        carls_report_write(dir, config, ini, &res, phases, faults, plotted);
+        const char *acc = carls_result_get(&res, "test_accuracy") ? "test_accuracy" : "val_accuracy";
+        const double *v = carls_result_get(&res, acc);
         if (!v) {
             LOG_ERROR("the trainer printed no %s (see %s)", acc, out);
             goto done;
         }
-        printf("[carls] report: %s/report.md, metrics: %s%s\n", dir, metrics, plotted ? ", plots: accuracy.png staleness.png" : "");
+        printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", dir, metrics,
+               plotted ? ", plots: accuracy.png staleness.png" : "", ptab);
         const char *show[] = {"steps_per_s", "wait_ms_per_step", "neighbors_used", "neighbors_stale",
-                              "neighbors_missing", NULL};
+                              "neighbors_missing", "bank_fetches_skipped", NULL};
         printf("%s=%.4f", acc, *v);
         for (int i = 0; show[i]; i++) {
-            const double *x = carls_result_get(&r, show[i]);
+            const double *x = carls_result_get(&res, show[i]);
             if (x) {
                 printf(" %s=%.6g", show[i], *x);
             }
         }
-        printf(" wall_s=%.1f\n", wall);
+        printf(" bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts,
+               r->maker_deaths, r->maker_restarts, wall);
         status = 0;
     } else if (trainer.name[0]) {
         LOG_ERROR("trainer failed with status %d (see %s/trainer.log)", trainer.status, logs);
     }
 done:
     fflush(stdout);
+    free(r->fleet_argv);
+    free(r);
     free(ini);
     return status;
 }

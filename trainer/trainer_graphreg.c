@@ -15,6 +15,10 @@
  * while this batch trains (trainer_prefetch.h). --max-staleness S skips neighbour embeddings whose version
  * (the checkpoint step they were computed from) is more than S steps behind (counted).
  *
+ * When the bank is unreachable (killed, restarting) the trainer does not wait for it: the batches it cannot
+ * fetch train on their labels alone, are counted (bank_skipped in metrics.csv, bank_fetches_skipped at the
+ * end) and the prefetcher reconnects when the bank answers again (trainer_prefetch.h).
+ *
  * Checkpoints go to --ckpt-dir at step 0 and every --ckpt-every steps (the makers watch it). Evaluation on
  * the 10,000 test images, or with --validation N on N images drawn from the unlabelled training images
  * (held out of training; for choosing hyperparameters without the test set). The last stdout line is
@@ -308,6 +312,7 @@ typedef struct {
     double staleness_sum;         /* sum over used neighbours of (step - version) */
     int64_t pl_rows, pl_used;     /* unlabelled rows, rows with an accepted pseudo-label */
     double wait_ms, fetch_ms;     /* waiting on the prefetcher, its fetch time */
+    int64_t bank_skipped;         /* batches trained without the bank's knowledge (it was unreachable) */
     int64_t train_us;             /* training-loop time */
 } s_window_t;
 
@@ -389,10 +394,10 @@ int trainer_graphreg_main(int argc, char **argv)
     if (trainer_metrics_open(&metrics, metrics_path,
                              n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
                                      "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                     "elapsed_s"
+                                     "elapsed_s,bank_skipped"
                                    : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
                                      "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                     "elapsed_s") != 0) {
+                                     "elapsed_s,bank_skipped") != 0) {
         fprintf(stderr, "trainer: cannot write metrics to %s\n", metrics_path);
         goto cleanup;
     }
@@ -449,7 +454,7 @@ int trainer_graphreg_main(int argc, char **argv)
     memset(&win, 0, sizeof win);
     nn_optim_config_t opt = o.opt;
     const int64_t t_start = carls_monotonic_us();
-    int64_t total_train_us = 0, total_nbr_used = 0, total_stale = 0, total_missing = 0;
+    int64_t total_train_us = 0, total_nbr_used = 0, total_stale = 0, total_missing = 0, total_skipped = 0;
     double total_wait_ms = 0, last_acc = 0, last_loss = 0;
     for (int step = 0; step < o.steps; step++) {
         const int64_t t_step = carls_monotonic_us();
@@ -457,9 +462,12 @@ int trainer_graphreg_main(int argc, char **argv)
         double wait_ms = 0;
         if (pf) {
             f = trainer_prefetch_wait(pf, &wait_ms);
-            if (f->rc != 0) {
+            if (f->rc < 0) {
                 fprintf(stderr, "trainer: bank: %s\n", f->err);
                 goto cleanup;
+            }
+            if (f->rc == TRAINER_FETCH_SKIPPED) {
+                win.bank_skipped++; /* the batch trains on its labels alone */
             }
         }
         /* The batch after this one, fetched while this one trains. */
@@ -624,7 +632,7 @@ int trainer_graphreg_main(int argc, char **argv)
             }
             const double ws = (double)win.steps;
             const double sps = win.train_us > 0 ? ws / ((double)win.train_us / 1e6) : 0.0;
-            double row[16] = {done,
+            double row[17] = {done,
                               win.loss / ws,
                               win.ce / ws,
                               win.pl / ws,
@@ -639,17 +647,24 @@ int trainer_graphreg_main(int argc, char **argv)
                               win.wait_ms / ws,
                               win.fetch_ms / ws,
                               sps,
-                              (double)(carls_monotonic_us() - t_start) / 1e6};
+                              (double)(carls_monotonic_us() - t_start) / 1e6,
+                              (double)win.bank_skipped};
             trainer_metrics_row(&metrics, row);
+            char skipped_text[96] = "";
+            if (win.bank_skipped) {
+                snprintf(skipped_text, sizeof skipped_text, "; %lld batches without the bank (unreachable)",
+                         (long long)win.bank_skipped);
+            }
             LOG_INFO("step %d/%d: loss %.4f (ce %.4f pl %.4f graph %.4f), %s accuracy %.4f, pseudo-labels on %.0f%% "
                      "of unlabelled rows, %.1f neighbours/step (stale %lld, missing %lld, mean age %.0f steps), "
-                     "wait %.2f ms/step, %.1f steps/s",
+                     "wait %.2f ms/step, %.1f steps/s%s",
                      done, o.steps, win.loss / ws, win.ce / ws, win.pl / ws, win.graph / ws, n_val ? "val" : "test",
                      last_acc, 100.0 * row[7], row[8], (long long)win.nbr_stale, (long long)win.nbr_missing, row[11],
-                     row[12], sps);
+                     row[12], sps, skipped_text);
             total_nbr_used += win.nbr_used;
             total_stale += win.nbr_stale;
             total_missing += win.nbr_missing;
+            total_skipped += win.bank_skipped;
             memset(&win, 0, sizeof win);
         }
     }
@@ -664,6 +679,9 @@ int trainer_graphreg_main(int argc, char **argv)
     printf("wait_ms_per_step=%.3f\n", total_wait_ms / o.steps);
     printf("neighbors_used=%lld\nneighbors_stale=%lld\nneighbors_missing=%lld\n", (long long)total_nbr_used,
            (long long)total_stale, (long long)total_missing);
+    if (pf) {
+        printf("bank_fetches_skipped=%lld\n", (long long)total_skipped);
+    }
     printf("%s_loss=%.4f\n", n_val ? "val" : "test", last_loss);
     printf("%s_accuracy=%.4f\n", n_val ? "val" : "test", last_acc);
     fflush(stdout);

@@ -18,7 +18,11 @@
 
 struct trainer_prefetch {
     trainer_prefetch_config_t cfg;
-    kb_client_t *client;          /* used by the thread only */
+    kb_client_t *client;          /* used by the thread only; NULL while the bank is away */
+    bool away;                    /* the bank is unreachable: batches are skipped, the bank probed */
+    int64_t away_since_ms;        /* when it went away (monotonic) */
+    int64_t next_probe_ms;        /* when to probe it next */
+    uint64_t away_skipped;        /* batches skipped since it went away */
     pthread_t thread;
     pthread_mutex_t mutex;
     pthread_cond_t cond;
@@ -84,6 +88,45 @@ static int s_wait_features(trainer_prefetch_t *p, uint64_t id, int B, Carls__Res
     return 0;
 }
 
+/* A connection to the bank with the configured timeout and no resend (an unanswered request means the bank
+ * is away; the batch is skipped rather than waited for). NULL on failure (logged). */
+static kb_client_t *s_connect(const trainer_prefetch_t *p, int timeout_ms)
+{
+    kb_client_options_t opts = {.timeout_ms = timeout_ms, .retries = 0};
+    return kb_client_new(p->cfg.endpoint, &opts);
+}
+
+/* Whether a failed request means the bank is unreachable (rather than a request it refuses). */
+static bool s_unreachable(int rc, const char *err)
+{
+    return rc == KB_CLIENT_ETIMEOUT || (rc == KB_CLIENT_EIO && strstr(err, "malformed") == NULL) ||
+           (rc == KB_CLIENT_ESTATUS && strstr(err, "UNAVAILABLE") != NULL);
+}
+
+/* While the bank is away: true when it answers a probe now (it is then connected again). */
+static bool s_probe(trainer_prefetch_t *p)
+{
+    const int64_t now = carls_monotonic_ms();
+    if (now < p->next_probe_ms) {
+        return false;
+    }
+    p->next_probe_ms = now + p->cfg.probe_ms;
+    kb_client_t *probe = s_connect(p, p->cfg.probe_timeout_ms);
+    Carls__Response *list = NULL;
+    int rc = probe ? kb_client_list_tables(probe, &list) : KB_CLIENT_EIO;
+    if (list) {
+        carls__response__free_unpacked(list, NULL);
+    }
+    kb_client_destroy(&probe);
+    if (rc != 0 || !(p->client = s_connect(p, p->cfg.timeout_ms))) {
+        return false;
+    }
+    LOG_INFO("bank reachable again at %s after %.1f s; %llu batches trained without it", p->cfg.endpoint,
+             (double)(carls_monotonic_ms() - p->away_since_ms) / 1000.0, (unsigned long long)p->away_skipped);
+    p->away = false;
+    return true;
+}
+
 /* Fetches everything batch f needs. */
 static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
 {
@@ -102,6 +145,14 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
         f->w[i] = 0.0f;
         f->nbr_have[i] = 0;
         f->nbr_ver[i] = 0;
+    }
+    if (p->away && !s_probe(p)) {
+        p->away_skipped++;
+        f->rc = TRAINER_FETCH_SKIPPED;
+        snprintf(f->err, sizeof f->err, "the bank is away (probing %s every %d ms)", p->cfg.endpoint,
+                 p->cfg.probe_ms);
+        f->fetch_ms = (double)(carls_monotonic_us() - t0) / 1e3;
+        return;
     }
     /* Labels first (its keys buffer is reused by the graph request, which is sent right after). */
     Carls__Response *lresp = NULL, *gresp = NULL;
@@ -202,6 +253,18 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
             p->pos[p->uitems[u]] = -1;
         }
     }
+    if (rc != 0 && s_unreachable(rc, f->err)) {
+        /* Requests may still be in flight on this connection: dropping it forgets them. */
+        kb_client_destroy(&p->client);
+        p->away = true;
+        p->away_since_ms = carls_monotonic_ms();
+        p->next_probe_ms = p->away_since_ms + p->cfg.probe_ms;
+        p->away_skipped = 1;
+        LOG_WARN("bank unreachable (%s): training on without its neighbours and pseudo-labels, probing it every "
+                 "%d ms",
+                 f->err, p->cfg.probe_ms);
+        rc = TRAINER_FETCH_SKIPPED;
+    }
     f->rc = rc;
     f->fetch_ms = (double)(carls_monotonic_us() - t0) / 1e3;
 }
@@ -231,14 +294,16 @@ static void *s_thread(void *arg)
 trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
 {
     assert(cfg && cfg->K >= 0 && cfg->max_batch >= 1 && cfg->n_items >= 1);
-    kb_client_options_t opts = {.timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000, .retries = 2};
-    kb_client_t *c = kb_client_new(cfg->endpoint, &opts);
-    if (!c) {
-        return NULL;
-    }
     trainer_prefetch_t *p = carls_xcalloc(1, sizeof *p);
     p->cfg = *cfg;
-    p->client = c;
+    p->cfg.timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 5000;
+    p->cfg.probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 1000;
+    p->cfg.probe_timeout_ms = cfg->probe_timeout_ms > 0 ? cfg->probe_timeout_ms : 500;
+    p->client = s_connect(p, p->cfg.timeout_ms);
+    if (!p->client) {
+        free(p);
+        return NULL;
+    }
     const size_t MB = (size_t)cfg->max_batch, K = (size_t)(cfg->K > 0 ? cfg->K : 1);
     const size_t E = (size_t)(cfg->E > 0 ? cfg->E : 1);
     for (int s = 0; s < S_SLOTS; s++) {

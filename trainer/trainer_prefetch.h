@@ -11,6 +11,14 @@
  *
  * Two batches are in flight at most: submit(t+1) may be called while the caller still uses the result of
  * t; the result of t is overwritten by submit(t+2). Results come back in submission order.
+ *
+ * When the bank is unreachable (a request timed out after timeout_ms, the connection failed, or the server
+ * answered UNAVAILABLE while shutting down), the batch comes back with rc = TRAINER_FETCH_SKIPPED and no
+ * knowledge (no neighbours, no pseudo-labels), and the prefetcher is "away": it drops its connection and
+ * skips every batch without sending anything, except that every probe_ms it asks a fresh connection for the
+ * table list (waiting at most probe_timeout_ms). When a probe is answered it reconnects and fetches again.
+ * So a trainer keeps training while the bank restarts, at most timeout_ms + probe_timeout_ms per probe_ms
+ * slower, and the batches it trained without the bank are counted. Going away and coming back are logged.
  * Items and neighbour keys are decimal training-image indices (as knowledge_maker/km_bank.h writes them). */
 #ifndef TRAINER_PREFETCH_H
 #define TRAINER_PREFETCH_H
@@ -29,8 +37,12 @@ typedef struct {
     int E;                    /* embedding dimension (emb_table) */
     int max_batch;            /* most items per batch */
     int n_items;              /* item indices are below this */
-    int timeout_ms;           /* per request attempt */
+    int timeout_ms;           /* per request (one attempt); 0: 5000 */
+    int probe_ms;             /* while the bank is away: how often to probe it; 0: 1000 */
+    int probe_timeout_ms;     /* how long a probe waits for the answer; 0: 500 */
 } trainer_prefetch_config_t;
+
+#define TRAINER_FETCH_SKIPPED 1 /* trainer_fetch_t.rc: the bank was unreachable; the batch has no knowledge */
 
 /* One batch's knowledge. Arrays are sized for max_batch; the first B rows are valid. */
 typedef struct {
@@ -44,7 +56,8 @@ typedef struct {
     int32_t *plabel;    /* (B) pseudo-label, -1 where none */
     float *pconf;       /* (B) its confidence */
     uint64_t *pver;     /* (B) its version */
-    int rc;             /* 0, or the failure (err says which) */
+    int rc;             /* 0; TRAINER_FETCH_SKIPPED (bank unreachable, err says why); or a negative
+                         * KB_CLIENT_E* failure the trainer cannot go on from (err says which) */
     char err[512];
     double fetch_ms;    /* time the thread spent fetching this batch */
     int distinct;       /* distinct neighbours looked up */
