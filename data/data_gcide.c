@@ -135,13 +135,14 @@ static bool s_is_mark(char c)
 }
 
 /* If code (n bytes, the text between '[' and ']') is a character code, appends what it stands for to out
- * and returns true. Diacritics: one mark before or after one or two letters ("[a^]", "[\"e]", "[=ae]",
- * "[oo^]") become the letters. */
+ * and returns true. Diacritics: one mark before one or two letters ("[\"e]", "[=ae]", "[.a]") or a
+ * circumflex after them ("[a^]", "[oo^]") become the letters. A period after a letter is not a mark:
+ * "[R.]" (rare), "[F.]" are tags. */
 static bool s_accent(const char *code, size_t n, s_buf_t *out)
 {
     if (n == 2 || n == 3) {
         size_t first = s_is_mark(code[0]) ? 1 : 0;
-        size_t last = s_is_mark(code[n - 1]) ? n - 1 : n;
+        size_t last = code[n - 1] == '^' ? n - 1 : n;
         bool letters = first + (n - last) == 1;
         for (size_t i = first; letters && i < last; i++)
             letters = s_is_letter((unsigned char)code[i]);
@@ -241,13 +242,14 @@ static void s_strip_citations(const char *in, size_t len, s_buf_t *out)
     }
     while (out->len && out->p[out->len - 1] == ' ')
         out->len--;
-    size_t lead = 0;
-    while (lead < out->len && out->p[lead] == ' ')
-        lead++;
-    memmove(out->p, out->p + lead, out->len - lead);
-    out->len -= lead;
-    if (out->p)
-        out->p[out->len] = '\0';
+    if (out->len == 0)
+        return;
+    /* Only the first byte can be a space (runs were collapsed). */
+    if (out->p[0] == ' ') {
+        memmove(out->p, out->p + 1, out->len - 1);
+        out->len--;
+    }
+    out->p[out->len] = '\0';
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
