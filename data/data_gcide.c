@@ -182,13 +182,33 @@ static size_t s_bracket_end(const char *in, size_t len, size_t i)
     return len;
 }
 
+/* A run-in derivative starts at in[i]: "-- {E`qui*dis\"tant*ly}, adv." ends a definition with another
+ * word's entry. */
+static bool s_is_run_in(const char *in, size_t len, size_t i)
+{
+    if (i + 2 >= len || in[i] != '-' || in[i + 1] != '-')
+        return false;
+    size_t k = i + 2;
+    while (k < len && s_is_space(in[k]))
+        k++;
+    return k > i + 2 && k < len && in[k] == '{';
+}
+
 /* Pass 1: character codes become letters, every other [...] (source and usage tags "[1913 Webster]",
- * "[Obs.]", "[Local, U.S.]") becomes a space, braces vanish ("{Clivicola riparia}" keeps its words).
+ * "[Obs.]", "[Local, U.S.]") becomes a space, braces vanish ("{Clivicola riparia}" keeps its words) and so
+ * do the syllable and stress marks inside them ("{Gre*ga\"ri*ous}"); a run-in derivative ends the text.
  * Newlines are kept for pass 2. */
 static void s_strip_brackets(const char *in, size_t len, s_buf_t *out)
 {
+    bool braced = false;
     for (size_t i = 0; i < len; i++) {
-        if (in[i] == '{' || in[i] == '}')
+        if (in[i] == '{' || in[i] == '}') {
+            braced = in[i] == '{';
+            continue;
+        }
+        if (s_is_run_in(in, len, i))
+            return;
+        if (braced && (in[i] == '*' || in[i] == '`' || in[i] == '"'))
             continue;
         if (in[i] != '[') {
             s_buf_add(out, in + i, 1);

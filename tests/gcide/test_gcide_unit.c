@@ -333,6 +333,17 @@ static void test_parse_unnumbered(void **state)
     const char *codes = "Oe \\Oe\\, n.\n   The [ae]on of Gr[ae]cia; a [beta]-ray [R.] [Local,\n   U.S.] aft.\n";
     static const char *const decoded[] = {"The aeon of Graecia; a beta -ray aft."};
     s_expect_senses(codes, decoded, 1);
+    /* A run-in derivative ends the definition; syllable marks inside braces go. */
+    const char *run_in = "Equidistant \\E`qui*dis\"tant\\, a. [L. aequidistans, -antis;\n"
+                         "   aequus equal + distans distant: cf. F. ['e]quidistant.]\n"
+                         "   Being at an equal distance from the same point or {thing}. --\n"
+                         "   {E`qui*dis\"tant*ly}, adv. --Sir T. Browne.\n"
+                         "   [1913 Webster]\n";
+    static const char *const run_in_senses[] = {"Being at an equal distance from the same point or thing."};
+    s_expect_senses(run_in, run_in_senses, 1);
+    const char *marks = "Bird \\Bird\\, n.\n   Called also {Gre*ga\"ri*ous} birds. [Obs.]\n";
+    static const char *const marks_senses[] = {"Called also Gregarious birds."};
+    s_expect_senses(marks, marks_senses, 1);
 }
 
 /* ---- masking ---- */
