@@ -1,6 +1,6 @@
 /* The maker loop against a real kb-server: a new checkpoint becomes new embeddings in the bank tagged with
- * its step (values equal to a local forward pass); a corrupt checkpoint is refused and the last good one
- * kept; SIGTERM ends the maker with status 0. Uses 600 real Fashion-MNIST images; exits 77 (skipped)
+ * its step (values equal to a local forward pass); a corrupt checkpoint (one flipped byte) and a truncated
+ * one (half a file) are refused with a log line naming the file and the last good one kept; SIGTERM ends the maker with status 0. Uses 600 real Fashion-MNIST images; exits 77 (skipped)
  * without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 #include "server_harness.h"
@@ -143,6 +143,28 @@ int main(void)
         MT_CHECK(mt_file_contains(log, "refusing checkpoint"), "the corrupt checkpoint was not refused (see %s)", log);
         MT_CHECK(s_wait_version(bank, items, 5, 1000), "the bank lost step 5 after a corrupt checkpoint");
         s_check_values(bank, items, a, &ds);
+
+        /* A truncated one (the first half of a good file): refused as well, step 5 still stays. */
+        char cut[160];
+        snprintf(cut, sizeof cut, "%s/ckpt-000000000010.ckpt", ckpt);
+        f = fopen(tmp, "rb");
+        n = fread(bytes, 1, sizeof bytes, f);
+        fclose(f);
+        f = fopen(cut, "wb");
+        fwrite(bytes, 1, n / 2, f);
+        fclose(f);
+        f = fopen(latest_tmp, "w");
+        fprintf(f, "ckpt-000000000010.ckpt\n");
+        fclose(f);
+        MT_CHECK(rename(latest_tmp, latest) == 0, "rename latest");
+        deadline = carls_monotonic_ms() + 20000;
+        while (!mt_file_contains(log, "ckpt-000000000010.ckpt") && carls_monotonic_ms() < deadline) {
+            usleep(50 * 1000);
+        }
+        MT_CHECK(mt_file_contains(log, "refusing checkpoint") && mt_file_contains(log, "ckpt-000000000010.ckpt"),
+                 "the truncated checkpoint was not refused (see %s)", log);
+        MT_CHECK(s_wait_version(bank, items, 5, 1000), "the bank lost step 5 after a truncated checkpoint");
+        s_check_values(bank, items, a, &ds);
     }
 
     /* A good step 12: new embeddings with the new step. */
@@ -153,7 +175,7 @@ int main(void)
     kill(maker, SIGTERM);
     int st = mt_wait(maker, 30000);
     MT_CHECK(st == 0, "kb-maker exited with %d after SIGTERM (see %s)", st, log);
-    MT_CHECK(mt_file_contains(log, "1 refused"), "the maker's summary does not count the refusal");
+    MT_CHECK(mt_file_contains(log, "2 refused"), "the maker's summary does not count the two refusals");
 
     km_bank_destroy(&bank);
     nn_mlp_destroy(&a);
