@@ -1,6 +1,8 @@
 /* The maker loop against a real kb-server: a new checkpoint becomes new embeddings in the bank tagged with
  * its step (values equal to a local forward pass); a corrupt checkpoint (one flipped byte) and a truncated
- * one (half a file) are refused with a log line naming the file and the last good one kept; SIGTERM ends the maker with status 0. Uses 600 real Fashion-MNIST images; exits 77 (skipped)
+ * one (half a file) are refused with a log line naming the file and the last good one kept; a checkpoint
+ * that arrives while the bank is dead (SIGKILL) is retried and written once the bank is back on the same
+ * endpoint; SIGTERM ends the maker with status 0. Uses 600 real Fashion-MNIST images; exits 77 (skipped)
  * without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 #include "server_harness.h"
@@ -104,7 +106,8 @@ int main(void)
     /* Step 5 exists before the maker starts; it picks it up at once. */
     nn_mlp_t *a = s_model_ckpt(ckpt, 11, 5);
     char *argv[] = {"kb-maker", "--kb", srv.endpoint, "--task", "embed", "--ckpt-dir", ckpt, "--items", "600",
-                    "--worker", "0/1", "--device", "cpu", "--poll-ms", "50", "--batch", "256", NULL};
+                    "--worker", "0/1", "--device", "cpu", "--poll-ms", "50", "--batch", "256", "--bank-timeout-ms", "1000",
+                    NULL};
     pid_t maker = mt_spawn("kb-maker", argv, log);
     km_bank_t *bank = km_bank_new(srv.endpoint, 5000);
     MT_CHECK(bank != NULL, "bank client");
@@ -172,6 +175,26 @@ int main(void)
     MT_CHECK(s_wait_version(bank, items, 12, 60000), "embeddings of step 12 did not appear");
     s_check_values(bank, items, c12, &ds);
 
+    /* The bank dies (SIGKILL) and a checkpoint arrives while it is away: the maker's requests go unanswered,
+     * it logs and retries the step, and writes it once the bank is back on the same endpoint and data. */
+    MT_CHECK(test_server_stop(&srv, SIGKILL) == 128 + SIGKILL, "kill the bank");
+    nn_mlp_t *c15 = s_model_ckpt(ckpt, 14, 15);
+    {
+        int64_t deadline = carls_monotonic_ms() + 60000;
+        while (!mt_file_contains(log, "retrying step 15") && carls_monotonic_ms() < deadline) {
+            usleep(50 * 1000);
+        }
+        MT_CHECK(mt_file_contains(log, "retrying step 15"), "the maker did not retry step 15 (see %s)", log);
+        char endpoint[256];
+        snprintf(endpoint, sizeof endpoint, "%s", srv.endpoint);
+        const char *same[] = {"--listen", endpoint, NULL};
+        MT_CHECK(test_server_start(&srv, same) == 0 && strcmp(srv.endpoint, endpoint) == 0,
+                 "restart the bank on %s", endpoint);
+        MT_CHECK(s_wait_version(bank, items, 15, 60000), "embeddings of step 15 did not appear after the restart");
+        s_check_values(bank, items, c15, &ds);
+        MT_CHECK(mt_file_contains(log, "bank reachable again: step 15 done"), "no recovery line (see %s)", log);
+    }
+
     kill(maker, SIGTERM);
     int st = mt_wait(maker, 30000);
     MT_CHECK(st == 0, "kb-maker exited with %d after SIGTERM (see %s)", st, log);
@@ -180,6 +203,7 @@ int main(void)
     km_bank_destroy(&bank);
     nn_mlp_destroy(&a);
     nn_mlp_destroy(&c12);
+    nn_mlp_destroy(&c15);
     carls_fmnist_free(&ds);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
     if (mt_failures) {
