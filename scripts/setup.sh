@@ -11,6 +11,7 @@ PACKAGES=(
   sqlite3 redis-server gnuplot-nox
   dataset-fashion-mnist
   bible-kjv-text bible-kjv fasttext
+  dict-gcide
 )
 
 missing=()
