@@ -1,0 +1,230 @@
+/* Soak (label soak): kb-bench's mixed load (trainers looking up and pushing gradients, a maker putting rows,
+ * bench/bench_kb.c) against one kb-server for CARLS_SOAK_SECONDS (default 30), sampling the server's
+ * resident size (VmRSS in /proc/PID/status) every second.
+ *
+ * Flat memory, the criterion: the samples of the mixed phase (from kb-bench's "mixed:" progress line) after a
+ * warm-up of its first 20% (at least 3 s: SQLite's page cache, malloc's arenas and, under ASan, its
+ * quarantine fill up) are split in thirds; the largest sample of the last third must be at most 10% above
+ * the largest of the first third. A leak of even a few bytes per request grows steadily with the requests,
+ * so it shows as the last third rising above the first; a one-off growth within the warm-up does not. Then
+ * the server must exit 0 on SIGTERM: under the sanitizers LeakSanitizer checks it at that exit and any leak
+ * fails the test. The server runs with --max-memory 1G, far above what the load needs, so the memory
+ * accounting (estimates and reservations) runs on every request without refusing any.
+ *
+ * Prints the figures: requests and rows served, resident size at the start and end of the mixed phase, the
+ * estimate. For longer runs (docs/RELIABILITY.md), run the binary directly: CARLS_SOAK_SECONDS=600. */
+#include "kb_client.h"
+#include "server_harness.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define S_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define S_SANITIZED 1
+#endif
+#endif
+
+#define MAX_SAMPLES 100000
+
+typedef struct {
+    test_server_t srv;
+} fixture_t;
+
+static int s_setup(void **state)
+{
+#ifdef S_SANITIZED
+    /* ASan keeps up to 256 MiB of freed blocks in quarantine by default, filling it over minutes: that would
+     * read as growth. 8 MiB fills within the warm-up. */
+    const char *old = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", old ? old : "", old && old[0] ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+#endif
+    fixture_t *f = calloc(1, sizeof *f);
+    test_server_init(&f->srv);
+    const char *args[] = {"--max-memory", "1G", "--threads", "2", "--durability", "interval:100", NULL};
+    if (test_server_start(&f->srv, args) != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    fixture_t *f = *state;
+    int status = test_server_cleanup(&f->srv);
+    free(f);
+    return status == 0 ? 0 : -1;
+}
+
+static uint64_t s_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            kb = strtoull(line + 6, NULL, 10);
+    fclose(f);
+    return kb;
+}
+
+static uint64_t s_max(const uint64_t *v, size_t from, size_t to)
+{
+    uint64_t m = 0;
+    for (size_t i = from; i < to; i++)
+        if (v[i] > m)
+            m = v[i];
+    return m;
+}
+
+static void test_soak(void **state)
+{
+    fixture_t *f = *state;
+    const char *env = getenv("CARLS_SOAK_SECONDS");
+    long seconds = env && atol(env) > 0 ? atol(env) : 30;
+    char secs[32], json_path[320];
+    snprintf(secs, sizeof secs, "%ld", seconds);
+    snprintf(json_path, sizeof json_path, "%s/bench.json", f->srv.data_dir);
+
+    int err_pipe[2];
+    assert_int_equal(pipe(err_pipe), 0);
+    pid_t bench = fork();
+    assert_true(bench >= 0);
+    if (bench == 0) {
+        dup2(err_pipe[1], 2);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        if (!freopen(json_path, "w", stdout))
+            _exit(126);
+        execl(CARLS_BIN_DIR "/kb-bench", "kb-bench", "--connect", f->srv.endpoint, "--cases", "mixed",
+              "--mixed-seconds", secs, "--keys", "5000", "--dim", "64", "--batch", "256", "--clients", "2",
+              "--redis-server", "none", "--json", "--verbose", (char *)NULL);
+        perror("exec kb-bench");
+        _exit(127);
+    }
+    close(err_pipe[1]);
+    fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+
+    uint64_t *rss = calloc(MAX_SAMPLES, sizeof *rss);
+    size_t n = 0, mixed_from = SIZE_MAX;
+    char text[4096];
+    size_t text_len = 0;
+    bool eof = false;
+    int status = -1;
+    int64_t next_sample = carls_monotonic_ms();
+    for (;;) {
+        int64_t wait = next_sample - carls_monotonic_ms();
+        struct pollfd p = {.fd = err_pipe[0], .events = POLLIN};
+        if (!eof && poll(&p, 1, wait > 0 ? (int)wait : 0) > 0) {
+            ssize_t got = read(err_pipe[0], text + text_len, sizeof text - 1 - text_len);
+            if (got == 0) {
+                eof = true;
+            } else if (got > 0) {
+                text_len += (size_t)got;
+                text[text_len] = '\0';
+                /* Look for the mixed phase's start, line by line; keep an unfinished line. */
+                char *line = text, *nl;
+                while ((nl = strchr(line, '\n'))) {
+                    *nl = '\0';
+                    fprintf(stderr, "%s\n", line);
+                    if (mixed_from == SIZE_MAX && strstr(line, "]: mixed:"))
+                        mixed_from = n;
+                    line = nl + 1;
+                }
+                text_len = strlen(line);
+                memmove(text, line, text_len + 1);
+                if (text_len == sizeof text - 1)
+                    text_len = 0; /* an endless line: drop it */
+            }
+        } else if (eof && wait > 0) {
+            usleep((useconds_t)wait * 1000);
+        }
+        if (carls_monotonic_ms() >= next_sample) {
+            next_sample += 1000;
+            if (n < MAX_SAMPLES)
+                rss[n++] = s_rss_kb(f->srv.pid);
+        }
+        if (waitpid(bench, &status, WNOHANG) == bench)
+            break;
+    }
+    close(err_pipe[0]);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "cat '%s' >&2", json_path);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no kb-bench output)\n");
+        fail_msg("kb-bench failed (status %d)", status);
+    }
+    assert_true(mixed_from != SIZE_MAX);
+
+    /* The server's own count of what it served. */
+    kb_client_options_t opts = {.timeout_ms = 30000};
+    kb_client_t *c = kb_client_new(f->srv.endpoint, &opts);
+    assert_non_null(c);
+    Carls__Response *r = NULL;
+    assert_int_equal(kb_client_stats(c, "emb", &r), 0);
+    Carls__StatsResult *st = r->stats;
+    Carls__TableStats *t = st->tables[0];
+
+    /* Only the mixed phase itself: kb-bench's wind-down (disconnects, its report) is not the load. */
+    if (n > mixed_from + (size_t)seconds)
+        n = mixed_from + (size_t)seconds;
+    size_t mixed_n = n - mixed_from;
+    size_t warm = mixed_n / 5 < 5 ? 5 : mixed_n / 5;
+    assert_true(mixed_n >= warm + 6);
+    size_t from = mixed_from + warm, third = (n - from) / 3;
+    uint64_t first_max = s_max(rss, from, from + third), last_max = s_max(rss, n - third, n);
+    print_message("soak: %ld s of mixed load (%zu samples, warm-up %zu s); server: %llu requests, %llu keys "
+                  "looked up, %llu gradients pushed, %llu rows put, %llu errors; resident: %.1f MiB at the start "
+                  "of the mixed phase, %.1f MiB after warm-up, %.1f MiB at the end; max first third %.1f MiB, "
+                  "max last third %.1f MiB (%+.1f%%); estimate %.1f MiB, resident at stats %.1f MiB\n",
+                  seconds, mixed_n, warm, (unsigned long long)st->requests, (unsigned long long)t->lookups,
+                  (unsigned long long)t->gradients_received, (unsigned long long)t->puts,
+                  (unsigned long long)st->errors, (double)rss[mixed_from] / 1024.0, (double)rss[from] / 1024.0,
+                  (double)rss[n - 1] / 1024.0, (double)first_max / 1024.0, (double)last_max / 1024.0,
+                  100.0 * ((double)last_max / (double)first_max - 1.0), (double)st->memory_bytes / 1048576.0,
+                  (double)st->rss_bytes / 1048576.0);
+    fprintf(stderr, "resident size each second of the mixed phase (MiB):");
+    for (size_t i = mixed_from; i < n; i++)
+        fprintf(stderr, " %.1f", (double)rss[i] / 1024.0);
+    fprintf(stderr, "\n");
+    assert_true(st->errors == 0);
+    assert_true(st->memory_refusals == 0);
+    assert_true(t->lookups > 0 && t->gradients_received > 0 && t->puts > 0);
+    if ((double)last_max > 1.10 * (double)first_max)
+        fail_msg("resident size grew: max %llu kB in the first third after warm-up, %llu kB in the last",
+                 (unsigned long long)first_max, (unsigned long long)last_max);
+    carls__response__free_unpacked(r, NULL);
+    kb_client_destroy(&c);
+    free(rss);
+    /* The teardown stops the server with SIGTERM; it must exit 0 (LeakSanitizer under the sanitizers). */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_soak, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
