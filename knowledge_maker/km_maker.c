@@ -1,5 +1,6 @@
 /* kb-maker's options and tasks (see km_maker.h). */
 #include "km_maker.h"
+#include "km_words.h"
 
 #include "km_bank.h"
 #include "km_spread.h"
@@ -43,10 +44,10 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kb-maker --kb ENDPOINT --task embed|graph|label [options]\n"
+            "usage: kb-maker --kb ENDPOINT --task embed|graph|label|words [options]\n"
             "  --kb ENDPOINT            knowledge bank (kb-server) endpoint, e.g. tcp://127.0.0.1:7070\n"
             "  --ckpt-dir DIR           the trainer's checkpoint directory (watched; embed/label, graph --source emb)\n"
-            "  --task embed|graph|label what to make (see below)\n"
+            "  --task embed|graph|label|words  what to make (see below)\n"
             "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
             "  --device auto|cpu|cuda   where the forward pass runs (default auto)\n"
             "  --data fashion-mnist     the items' data set (default fashion-mnist)\n"
@@ -67,6 +68,8 @@ static void s_usage(FILE *out)
             "  --source pixels|emb      the embedding table searched (default pixels; emb: on every checkpoint)\n"
             "  --k K                    neighbours per item (default 10)\n"
             "  --wait-embed-ms MS       emb: wait this long for the embed fleet's step (default 60000)\n"
+            "words (trainer twotower's word tower; items are GCIDE headwords, tables PREFIX.word .gram -> .vec):\n"
+            "  --gcide-index FILE --gcide-dict FILE   GCIDE files (default Debian's dict-gcide)\n"
             "label:\n"
             "  --labels-per-class N --label-seed S   the labelled subset (as the trainer's)\n"
             "  --k K                    neighbour slots read from PREFIX.graph (default 10)\n"
@@ -122,7 +125,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
     enum {
         O_KB = 256, O_CKPT, O_TASK, O_WORKER, O_DEVICE, O_DATA, O_DATA_DIR, O_ITEMS, O_TABLES, O_ONCE, O_POLL,
         O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL,
-        O_LOG, O_BTIMEOUT, O_BWAIT, O_HELP
+        O_LOG, O_BTIMEOUT, O_BWAIT, O_GINDEX, O_GDICT, O_HELP
     };
     static const struct option longopts[] = {
         {"kb", required_argument, NULL, O_KB},
@@ -151,6 +154,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         {"log-level", required_argument, NULL, O_LOG},
         {"bank-timeout-ms", required_argument, NULL, O_BTIMEOUT},
         {"bank-wait-s", required_argument, NULL, O_BWAIT},
+        {"gcide-index", required_argument, NULL, O_GINDEX},
+        {"gcide-dict", required_argument, NULL, O_GDICT},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -168,6 +173,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
                 o->task = KM_TASK_GRAPH;
             } else if (strcmp(optarg, "label") == 0) {
                 o->task = KM_TASK_LABEL;
+            } else if (strcmp(optarg, "words") == 0) {
+                o->task = KM_TASK_WORDS;
             } else {
                 fprintf(stderr, "kb-maker: --task: '%s' is not embed, graph or label\n", optarg);
                 bad = -1;
@@ -221,6 +228,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         case O_LOG: bad = carls_log_level_option("kb-maker", optarg); break;
         case O_BTIMEOUT: bad = s_int("bank-timeout-ms", optarg, 10, 3600000, &o->bank_timeout_ms); break;
         case O_BWAIT: bad = s_int("bank-wait-s", optarg, 0, 86400 * 30, &o->bank_wait_s); break;
+        case O_GINDEX: o->gcide_index = optarg; break;
+        case O_GDICT: o->gcide_dict = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
         }
@@ -237,7 +246,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     if ((int)o->task < 0) {
-        fprintf(stderr, "kb-maker: --task is required (embed, graph or label)\n");
+        fprintf(stderr, "kb-maker: --task is required (embed, graph, label or words)\n");
         return -1;
     }
     if (strcmp(o->data, "fashion-mnist") != 0) {
@@ -245,7 +254,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     bool needs_ckpt = (o->task == KM_TASK_EMBED && !o->pixels) || (o->task == KM_TASK_GRAPH && o->source_emb) ||
-                      (o->task == KM_TASK_LABEL && !o->once);
+                      (o->task == KM_TASK_LABEL && !o->once) || o->task == KM_TASK_WORDS;
     if (needs_ckpt && !o->ckpt_dir) {
         fprintf(stderr, "kb-maker: --ckpt-dir is required for this task\n");
         return -1;
@@ -255,7 +264,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
 
 static const char *s_task_name(km_task_t t)
 {
-    return t == KM_TASK_EMBED ? "embed" : t == KM_TASK_GRAPH ? "graph" : "label";
+    return t == KM_TASK_EMBED ? "embed" : t == KM_TASK_GRAPH ? "graph" : t == KM_TASK_LABEL ? "label" : "words";
 }
 
 static double s_secs(int64_t t0_us)
@@ -601,6 +610,7 @@ static int s_task(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *
     case KM_TASK_EMBED: return o->pixels ? s_embed_pixels(mk) : s_embed_step(mk, ck);
     case KM_TASK_GRAPH: return o->source_emb ? s_graph_step(mk, ck, stop) : s_graph_build(mk, mk->tables.pixels, 0, stop);
     case KM_TASK_LABEL: return s_label_step(mk, ck);
+    case KM_TASK_WORDS: break; /* km_words_run, never here */
     }
     return -1;
 }
@@ -666,6 +676,9 @@ static int s_do(s_maker_t *mk, carls_ckpt_t **ck, volatile sig_atomic_t *stop)
 
 int km_maker_run(const km_opts_t *o, volatile sig_atomic_t *stop)
 {
+    if (o->task == KM_TASK_WORDS) {
+        return km_words_run(o, stop); /* its own items (GCIDE headwords) and tables */
+    }
     s_maker_t mk;
     memset(&mk, 0, sizeof mk);
     int rc = 1;

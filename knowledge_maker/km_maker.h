@@ -17,6 +17,8 @@
  *           --label-seed: the same subset the trainer uses), mixed with the classifier's predictions of the
  *           newest checkpoint when there is one (--model-weight); pseudo-label + confidence of the share's
  *           unlabelled items into <prefix>.labels with version = step (0 without a model).
+ *   words   trainer twotower's word tower for its share of the GCIDE headwords, into <prefix>.vec with version
+ *           = step (km_words.h; items are headwords there, not images).
  *
  * The bank going away (killed, restarting on the same endpoint) is waited out: a request is resent after
  * --bank-timeout-ms on a new connection (3 attempts), and work whose requests all went unanswered is done
@@ -37,6 +39,7 @@ typedef enum {
     KM_TASK_EMBED = 0,
     KM_TASK_GRAPH = 1,
     KM_TASK_LABEL = 2,
+    KM_TASK_WORDS = 3,  /* trainer twotower's word tower over GCIDE headwords (km_words.h) */
 } km_task_t;
 
 typedef struct {
@@ -65,6 +68,8 @@ typedef struct {
     int threads;               /* OpenBLAS threads */
     int bank_timeout_ms;       /* per request attempt; 0: embed 10000, graph/label 60000 */
     int bank_wait_s;           /* how long work is retried while the bank is unreachable */
+    const char *gcide_index;   /* words: GCIDE files (NULL: Debian's dict-gcide) */
+    const char *gcide_dict;
 } km_opts_t;
 
 /* Parses argv (argv[0] is the program). Returns 0 to run, 1 when --help was answered, -1 on bad usage

@@ -131,6 +131,8 @@ int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which, nn_tower_hea
         snprintf(err, errlen, "checkpoint tensors %s/%s have inconsistent shapes", wname, bname);
         return -1;
     }
+    const carls_ckpt_tensor_t *defs = strcmp(which, "word") == 0 ? carls_ckpt_find(ckpt, "word.defs") : NULL;
+    out->defs = defs && defs->numel >= 1 && defs->data[0] > 0 ? (int)defs->data[0] : 0;
     out->D = (int)w->dims[0];
     out->E = (int)w->dims[1];
     out->W = w->data;

@@ -10,7 +10,9 @@
  *                   rows being unit length).
  *
  * Query tower: x = IDF-weighted mean of the definition's word rows;  q = l2norm(Wq x + bq).
- * Word tower:  x = row(headword) + mean of its trigram rows;         v = l2norm(Ww x + bw).
+ * Word tower:  x = row(headword) + mean of its trigram rows           v = l2norm(Ww x + bw).
+ *                  [+ IDF-weighted mean of the word rows of the headword's other training definitions, when
+ *                   the model was trained with --word-defs: the checkpoint's "word.defs" tensor says so]
  * Score: <q, v>. The checkpoint (kind NN_TOWER_KIND) holds "query.weight" (D, E), "query.bias" (D),
  * "word.weight" (D, E), "word.bias" (D); the shapes carry E and D. */
 #ifndef NN_TOWER_H
@@ -24,6 +26,10 @@
 #define NN_TOWER_KIND "twotower"
 #define NN_TOWER_MAX_GRAMS 64  /* trigrams kept per word (the first ones) */
 #define NN_TOWER_L2_EPS 1e-12f
+#define NN_TOWER_DEF_TOKENS 64  /* words of each definition pooled in a word-tower definition bag */
+#define NN_TOWER_DEF_SENSES 64  /* training senses pooled per headword by makers and the evaluation */
+/* The trainer's hold-out, written into its checkpoint directory: makers pooling definitions leave these out. */
+#define NN_TOWER_HOLDOUT_FILE "holdout.tsv"
 
 /* The trigrams of "<" word ">": keys[i] gets 3 bytes (no NUL). A word of n bytes has n trigrams (a one-byte
  * word has "<a>"). Returns how many were written, at most max. */
@@ -58,6 +64,7 @@ typedef struct {
     int E, D;
     const float *W;     /* (D, E) */
     const float *bias;  /* (D) */
+    int defs;           /* word tower only: > 0 when it pools the headword's definitions (tensor "word.defs") */
 } nn_tower_head_t;
 int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which /* "query" or "word" */, nn_tower_head_t *out,
                        char *err, size_t errlen);
@@ -66,8 +73,19 @@ int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which /* "query" or
  * without creating any: out (n, D). The trainer's evaluation and the word makers (kb-maker --task words) both
  * call this, so they compute the same vectors. Returns 0, or a KB_CLIENT_E* code (the bank's error in
  * kb_cluster_last_error). Defined in nn_tower_bank.c. */
+/* Definition bags of n headwords: the words of bag i are tok[off[i] .. off[i+1]-1] (len bytes each) with
+ * their IDF weights. */
+typedef struct {
+    const char *const *tok;
+    const uint8_t *len;
+    const float *weight;
+    const size_t *off;   /* (n + 1) */
+} nn_tower_bags_t;
+
 struct kb_cluster;
+/* bags: required when head->defs > 0 (NULL otherwise). */
 int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
-                          const char *const *words, size_t n, const nn_tower_head_t *head, float *out);
+                          const char *const *words, size_t n, const nn_tower_bags_t *bags,
+                          const nn_tower_head_t *head, float *out);
 
 #endif

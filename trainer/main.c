@@ -16,6 +16,7 @@ static void s_usage(FILE *out)
             "  supervised   train an MLP encoder + softmax classifier on Fashion-MNIST\n"
             "  graphreg     semi-supervised: labels + bank pseudo-labels + graph regulariser (neighbours from the bank)\n"
             "  word2vec     skip-gram word vectors whose vocabulary lives in the knowledge bank (no dictionary)\n"
+            "  twotower     reverse dictionary on GCIDE: two towers, rows and negatives from the bank\n"
             "  w2v-eval     score word vectors (word2vec text files): hand-made pairs, word groups, overlap\n"
             "  gcide-tfidf  reverse dictionary on GCIDE: TF-IDF baseline ranking headwords for held-out definitions\n"
             "  inspect      print what a checkpoint file (or a checkpoint directory's latest) holds\n"
@@ -38,6 +39,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "word2vec") == 0) {
         return trainer_word2vec_main(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "twotower") == 0) {
+        return trainer_twotower_main(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "w2v-eval") == 0) {
         return trainer_w2v_eval_main(argc - 1, argv + 1);

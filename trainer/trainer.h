@@ -9,6 +9,8 @@ int trainer_supervised_main(int argc, char **argv);
 int trainer_inspect_main(int argc, char **argv);
 /* trainer bench-sgemm: OpenBLAS (or cuBLAS) sgemm FLOP/s, the yardstick for the training loop (trainer_bench.c). */
 int trainer_bench_main(int argc, char **argv);
+/* trainer twotower: reverse dictionary on GCIDE, rows and negatives in the bank (trainer_twotower.c). */
+int trainer_twotower_main(int argc, char **argv);
 /* trainer gcide-tfidf: the TF-IDF reverse-dictionary baseline on GCIDE (trainer_gcide_cmd.c). */
 int trainer_gcide_tfidf_main(int argc, char **argv);
 

@@ -8,12 +8,16 @@
 #define TRAINER_TT_H
 
 #include "data_gcide.h"
+#include "data_idf.h"
 #include "kb_cluster.h"
 #include "nn_tower.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The hold-out, written into the checkpoint directory for the word makers (kb-maker --task words). */
+#define TT_HOLDOUT_FILE NN_TOWER_HOLDOUT_FILE
 
 /* Table names for --table NAME. */
 typedef struct {
@@ -25,22 +29,9 @@ typedef struct {
 /* Fills the names; -1 when base is not a valid table name or too long. */
 int tt_names(const char *base, tt_names_t *names);
 
-/* IDF of a word from training definitions, by 64-bit hash (no word list is kept). */
-typedef struct {
-    uint64_t *keys;   /* (cap) hash + 1, 0 = empty */
-    uint32_t *df;     /* (cap) definitions containing the word */
-    size_t cap;       /* power of two */
-    size_t docs;      /* training definitions counted */
-} tt_idf_t;
-
-int tt_idf_build(tt_idf_t *idf, const data_gcide_t *g);
-/* log((docs + 1) / (df + 1)) + 1: finite for unseen words, which weigh the most. */
-float tt_idf_weight(const tt_idf_t *idf, const char *word, size_t len);
-void tt_idf_free(tt_idf_t *idf);
-
 /* Computes the query tower of n senses without token dropout, reading word rows without creating any.
  * q_out (n, D). Returns 0 or a KB_CLIENT_E* code. */
-int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const tt_idf_t *idf,
+int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
                      const nn_tower_head_t *head, const size_t *senses, size_t n, float *q_out);
 
 /* What the evaluation needs. */
@@ -48,7 +39,7 @@ typedef struct {
     kb_cluster_t *kb;
     const tt_names_t *names;
     const data_gcide_t *g;
-    const tt_idf_t *idf;
+    const data_idf_t *idf;
     nn_tower_head_t query, word;
     uint64_t step;          /* the checkpoint step the vectors must come from */
     bool vectors_from_trainer; /* compute and put NAME.vec here, else wait for makers */

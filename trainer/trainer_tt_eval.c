@@ -10,6 +10,8 @@
 #include "trainer_tt.h"
 #include "trainer_w2v.h"
 
+#include "data_gcide_bags.h"
+
 #include "log.h"
 #include "nn_ops.h"
 #include "util.h"
@@ -33,7 +35,7 @@ static int s_read_rows(kb_cluster_t *kb, const char *table, const kb_key_t *keys
     return rc;
 }
 
-int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const tt_idf_t *idf,
+int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
                      const nn_tower_head_t *head, const size_t *senses, size_t n, float *q_out)
 {
     const int E = head->E, D = head->D;
@@ -63,7 +65,7 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
             for (size_t k = t->line_start[s]; k < t->line_start[s + 1]; k++) {
                 const char *w = t->text + t->tok_off[k];
                 idx[l] = (int32_t)w2v_map_put(&wmap, w, t->tok_len[k]);
-                wts[l++] = tt_idf_weight(idf, w, t->tok_len[k]);
+                wts[l++] = data_idf_weight(idf, w, t->tok_len[k]);
             }
             off[b + 1] = l;
         }
@@ -86,8 +88,18 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
 static int s_vectors_from_trainer(const tt_eval_in_t *in, float *V)
 {
     const data_gcide_t *g = in->g;
-    int rc = nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, (const char *const *)g->words, g->n_words,
-                                   &in->word, V);
+    data_gcide_bags_t bags = {0};
+    if (in->word.defs > 0) {
+        uint32_t *all = carls_xmalloc(g->n_words * sizeof(uint32_t));
+        for (size_t w = 0; w < g->n_words; w++)
+            all[w] = (uint32_t)w;
+        data_gcide_bags_build(&bags, g, in->idf, all, g->n_words, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
+        free(all);
+    }
+    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
+    int rc = nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, (const char *const *)g->words,
+                                   g->n_words, in->word.defs > 0 ? &view : NULL, &in->word, V);
+    data_gcide_bags_free(&bags);
     kb_key_t *keys = carls_xmalloc(TT_EVAL_CHUNK * sizeof *keys);
     for (size_t at = 0; at < g->n_words && rc == 0; at += TT_EVAL_CHUNK) {
         size_t n = g->n_words - at < TT_EVAL_CHUNK ? g->n_words - at : TT_EVAL_CHUNK;
@@ -196,6 +208,7 @@ int tt_evaluate(const tt_eval_in_t *in)
     float *scores = carls_xmalloc((size_t)TT_EVAL_CHUNK * W * sizeof(float));
     float *tf = in->fuse_tfidf > 0 ? carls_xmalloc(W * sizeof(float)) : NULL;
     uint32_t *ranks = carls_xmalloc((H + 1) * sizeof(uint32_t));
+    uint32_t *fused = carls_xmalloc((H + 1) * sizeof(uint32_t));
     tfidf_t *tfidf = NULL;
     int status = -1;
     if (H == 0) {
@@ -216,12 +229,14 @@ int tt_evaluate(const tt_eval_in_t *in)
         nn_linear_forward_cpu(scores, Q + at * (size_t)D, V, NULL, n, D, (int)W);
         for (int i = 0; i < n; i++) {
             float *row = scores + (size_t)i * W;
+            size_t truth = g->senses[held[at + (size_t)i]].word;
+            ranks[at + (size_t)i] = rank_of_truth(row, W, truth);
             if (tf) {
                 tfidf_scores(tfidf, g, held[at + (size_t)i], tf);
                 for (size_t w = 0; w < W; w++)
                     row[w] += in->fuse_tfidf * tf[w];
+                fused[at + (size_t)i] = rank_of_truth(row, W, truth);
             }
-            ranks[at + (size_t)i] = rank_of_truth(row, W, g->senses[held[at + (size_t)i]].word);
         }
     }
     rank_metrics_t m;
@@ -229,18 +244,24 @@ int tt_evaluate(const tt_eval_in_t *in)
     size_t agree = 0, in_top = 0, n_check = in->knn_check < 0 ? 0 : (size_t)in->knn_check;
     if (n_check > H)
         n_check = H;
-    /* The bank's knn knows only the cosine: compare it with exact model-only ranks. */
-    if (n_check > 0 && !tf && s_knn_check(in, Q, held, ranks, n_check, &agree, &in_top) != 0)
+    /* The bank's knn knows only the cosine: compared with the model-only ranks. */
+    if (n_check > 0 && s_knn_check(in, Q, held, ranks, n_check, &agree, &in_top) != 0)
         goto out;
     LOG_INFO("trainer: evaluated %zu held-out definitions against %zu headwords in %.1f s", H, W,
                    (double)(carls_monotonic_us() - t0) / 1e6);
-    if (n_check > 0 && !tf)
+    if (n_check > 0)
         printf("knn_check: the bank's knn top-%d holds the headword for %zu of %zu queries; agrees with the exact "
                "ranking on %zu\n",
                TT_EVAL_KNN_K, in_top, n_check, agree);
     printf("%s ", in->summary ? in->summary : "");
-    if (n_check > 0 && !tf)
+    if (n_check > 0)
         printf("knn_agree=%.4f ", (double)agree / (double)n_check);
+    if (tf) {
+        rank_metrics_t fm;
+        rank_metrics(fused, H, &fm);
+        printf("fuse_tfidf=%g fused_r1=%.4f fused_r10=%.4f fused_r100=%.4f fused_median_rank=%.1f fused_mrr=%.4f ",
+               (double)in->fuse_tfidf, fm.r1, fm.r10, fm.r100, fm.median_rank, fm.mrr);
+    }
     rank_metrics_print(stdout, NULL, &m);
     fflush(stdout);
     status = 0;
@@ -252,5 +273,6 @@ out:
     free(scores);
     free(tf);
     free(ranks);
+    free(fused);
     return status;
 }

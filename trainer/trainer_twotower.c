@@ -30,7 +30,7 @@
 typedef struct {
     const char *kb, *table, *index_path, *dict_path, *holdout_file, *write_holdout, *ckpt_dir, *metrics;
     uint64_t holdout_seed, seed;
-    int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check;
+    int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
     bool vectors_from_trainer;
@@ -67,6 +67,9 @@ static void s_usage(FILE *out)
             "  --init-scale S           rows start uniform in [-S, S] (default 0.1)\n"
             "  --temperature T          softmax temperature over cosines (default 0.05)\n"
             "  --token-dropout P        drop each definition word with probability P in training (default 0.3)\n"
+            "  --word-defs S            the word tower also pools the words of up to S of the headword's other\n"
+            "                           training definitions (makers and the evaluation pool up to %d; default 0:\n"
+            "                           the headword's row and trigrams only)\n"
             "  --kb-negatives M         extra negatives from the bank's NAME.vec (default 0: in-batch only)\n"
             "  --negatives-every N      fetch new bank negatives every N steps (default 1)\n"
             "  --seed S                 (default 1)\n"
@@ -76,13 +79,13 @@ static void s_usage(FILE *out)
             "  --vectors trainer|makers who writes NAME.vec for the evaluation: this trainer, or makers from the final\n"
             "                           checkpoint (waited for; default trainer)\n"
             "  --wait-fresh-s S         how long to wait for makers (default 600)\n"
-            "  --fuse-tfidf L           rank by cosine + L * TF-IDF cosine (default 0: the model alone)\n"
+            "  --fuse-tfidf L           also rank by cosine + L * TF-IDF cosine (fused_* results; default 0: off)\n"
             "  --knn-check N            also ask the bank's knn (top 100) for N held-out queries (default 200)\n"
             "  --metrics FILE           CSV: one row per 50 steps\n"
             "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
             "  --kb-retries N           resends after a timeout, e.g. across a bank restart (default 60)\n"
             "  --log-level LEVEL        debug|info|warn|error\n",
-            DATA_GCIDE_INDEX, DATA_GCIDE_DICT);
+            DATA_GCIDE_INDEX, DATA_GCIDE_DICT, NN_TOWER_DEF_SENSES);
 }
 
 /* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
@@ -114,7 +117,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     enum {
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
-        O_CKPTEVERY, O_VECTORS, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -143,6 +146,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"ckpt-dir", required_argument, NULL, O_CKPT},
         {"ckpt-every", required_argument, NULL, O_CKPTEVERY},
         {"vectors", required_argument, NULL, O_VECTORS},
+        {"word-defs", required_argument, NULL, O_WDEFS},
         {"wait-fresh-s", required_argument, NULL, O_WAIT},
         {"fuse-tfidf", required_argument, NULL, O_FUSE},
         {"knn-check", required_argument, NULL, O_KNNCHECK},
@@ -217,6 +221,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
                 bad = -1;
             }
             break;
+        case O_WDEFS: bad = trainer_parse_int("word-defs", optarg, 0, 1000, &o->word_defs); break;
         case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
         case O_FUSE: bad = trainer_parse_float("fuse-tfidf", optarg, 0.0, 1000.0, &o->fuse_tfidf); break;
         case O_KNNCHECK: bad = trainer_parse_int("knn-check", optarg, 0, 1000000, &o->knn_check); break;
@@ -297,78 +302,13 @@ static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_op
     return 0;
 }
 
-/* ---- IDF by hash ------------------------------------------------------------------------------------ */
-
-static size_t s_idf_slot(const tt_idf_t *idf, uint64_t key)
-{
-    size_t mask = idf->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull) & mask;
-    while (idf->keys[i] != 0 && idf->keys[i] != key)
-        i = (i + 1) & mask;
-    return i;
-}
-
-static uint64_t s_word_hash(const char *word, size_t len)
-{
-    uint64_t h = carls_hash64(word, len, 0x1df);
-    return h == UINT64_MAX ? h - 1 : h + 1;  /* 0 marks an empty slot */
-}
-
-int tt_idf_build(tt_idf_t *idf, const data_gcide_t *g)
-{
-    const data_text_t *t = g->text;
-    idf->cap = 1u << 18;
-    while (idf->cap < 2 * t->n_tokens / 4 + 16)
-        idf->cap <<= 1;
-    idf->keys = carls_xcalloc(idf->cap, sizeof *idf->keys);
-    idf->df = carls_xcalloc(idf->cap, sizeof *idf->df);
-    idf->docs = 0;
-    size_t used = 0;
-    for (size_t s = 0; s < g->n_senses; s++) {
-        if (g->senses[s].held_out)
-            continue;
-        idf->docs++;
-        for (size_t k = t->line_start[s]; k < t->line_start[s + 1]; k++) {
-            uint64_t key = s_word_hash(t->text + t->tok_off[k], t->tok_len[k]);
-            /* Count a word once per definition: skip it when an earlier token of this line spells it. */
-            bool seen = false;
-            for (size_t j = t->line_start[s]; j < k && !seen; j++)
-                seen = t->tok_len[j] == t->tok_len[k] &&
-                       memcmp(t->text + t->tok_off[j], t->text + t->tok_off[k], t->tok_len[k]) == 0;
-            if (seen)
-                continue;
-            size_t i = s_idf_slot(idf, key);
-            if (idf->keys[i] == 0) {
-                if (++used * 2 > idf->cap)
-                    return -1;  /* cannot happen with the capacity above; refuse rather than loop */
-                idf->keys[i] = key;
-            }
-            idf->df[i]++;
-        }
-    }
-    return 0;
-}
-
-float tt_idf_weight(const tt_idf_t *idf, const char *word, size_t len)
-{
-    size_t i = s_idf_slot(idf, s_word_hash(word, len));
-    uint32_t df = idf->keys[i] == 0 ? 0 : idf->df[i];
-    return (float)(log((double)(idf->docs + 1) / (double)(df + 1)) + 1.0);
-}
-
-void tt_idf_free(tt_idf_t *idf)
-{
-    free(idf->keys);
-    free(idf->df);
-    memset(idf, 0, sizeof *idf);
-}
-
 /* ---- the training state ------------------------------------------------------------------------------ */
 
 typedef struct {
     s_opts_t o;
     tt_names_t names;
     data_gcide_t *g;
-    tt_idf_t idf;
+    data_idf_t idf;
     kb_cluster_t *kb;
     uint64_t rng;
 
@@ -386,10 +326,14 @@ typedef struct {
     int32_t *bag_idx, *bag_off;
     float *bag_w;
     int32_t *hw_idx, *gram_idx, *gram_off;
+    int32_t *dbag_idx, *dbag_off;  /* --word-defs: the headwords' other definitions, into the word rows */
+    float *dbag_w, *xd, *d_scratch;
+    size_t dbag_cap, d_scratch_cap;
     uint32_t *hw_word;      /* (B) headword index of each pair */
     kb_key_t *keys;
+    size_t keys_cap;
     float *word_rows, *gram_rows, *d_word_rows, *d_gram_rows;
-    size_t rows_cap;        /* rows allocated in word_rows/gram_rows */
+    size_t word_rows_cap;   /* rows allocated in word_rows/d_word_rows (grown as batches need) */
     float *xq, *preq, *q, *nq, *xw, *prew, *v, *nw, *dq, *dxq, *dxw, *dpre;
     float *cand, *dcand, *logits, *probs;
     uint32_t *cand_word;    /* (B + M) headword of each candidate */
@@ -436,10 +380,8 @@ static void s_alloc(s_run_t *r)
     r->hw_word = carls_xmalloc(B * sizeof(uint32_t));
     r->gram_idx = carls_xmalloc(G * sizeof(int32_t));
     r->gram_off = carls_xmalloc((B + 1) * sizeof(int32_t));
-    r->rows_cap = L + B + G;
-    r->keys = carls_xmalloc(r->rows_cap * sizeof(kb_key_t));
-    r->word_rows = carls_xmalloc((L + B) * E * sizeof(float));
-    r->d_word_rows = carls_xmalloc((L + B) * E * sizeof(float));
+    r->dbag_off = carls_xmalloc((B + 1) * sizeof(int32_t));
+    r->xd = carls_xmalloc(B * E * sizeof(float));
     r->gram_rows = carls_xmalloc(G * E * sizeof(float));
     r->d_gram_rows = carls_xmalloc(G * E * sizeof(float));
     float **be[] = {&r->xq, &r->xw, &r->dxq, &r->dxw};
@@ -463,7 +405,7 @@ static void s_alloc(s_run_t *r)
 
 static void s_free(s_run_t *r)
 {
-    void *p[] = {r->params, r->grads, r->adam_m, r->adam_v, r->train, r->gram_keys, r->bag_idx, r->bag_w,
+    void *p[] = {r->dbag_idx, r->dbag_off, r->dbag_w, r->xd, r->d_scratch, r->params, r->grads, r->adam_m, r->adam_v, r->train, r->gram_keys, r->bag_idx, r->bag_w,
                  r->bag_off, r->hw_idx, r->hw_word, r->gram_idx, r->gram_off, r->keys, r->word_rows,
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
@@ -472,7 +414,7 @@ static void s_free(s_run_t *r)
         free(p[i]);
     w2v_map_free(&r->wmap);
     w2v_map_free(&r->gmap);
-    tt_idf_free(&r->idf);
+    data_idf_free(&r->idf);
     kb_cluster_destroy(&r->kb);
     data_gcide_destroy(&r->g);
 }
@@ -492,6 +434,44 @@ static void s_shuffle(size_t *a, size_t n, uint64_t *rng)
     }
 }
 
+/* --word-defs: appends to the definition bag, from position at, the words of up to S other training senses
+ * of word (not sense s, never a held-out one), chosen at random. Returns how many words. */
+static size_t s_add_defs(s_run_t *r, size_t s, uint32_t word, size_t at)
+{
+    const data_gcide_t *g = r->g;
+    const data_text_t *t = g->text;
+    size_t pick[1024], n = 0;
+    for (size_t o = g->word_first_sense[word]; o < g->word_first_sense[word + 1] && n < 1024; o++)
+        if (o != s && !g->senses[o].held_out)
+            pick[n++] = o;
+    size_t S = (size_t)r->o.word_defs < n ? (size_t)r->o.word_defs : n;
+    for (size_t i = 0; i < S; i++) { /* partial Fisher-Yates: the first S are a uniform draw */
+        size_t j = i + (size_t)(carls_splitmix64(&r->rng) % (n - i));
+        size_t tmp = pick[i];
+        pick[i] = pick[j];
+        pick[j] = tmp;
+    }
+    size_t count = 0;
+    for (size_t i = 0; i < S; i++) {
+        size_t first = t->line_start[pick[i]], end = t->line_start[pick[i] + 1];
+        if (end - first > NN_TOWER_DEF_TOKENS)
+            end = first + NN_TOWER_DEF_TOKENS;
+        if (at + count + (end - first) > r->dbag_cap) {
+            r->dbag_cap = 2 * (at + count + (end - first)) + 1024;
+            r->dbag_idx = realloc(r->dbag_idx, r->dbag_cap * sizeof(int32_t));
+            r->dbag_w = realloc(r->dbag_w, r->dbag_cap * sizeof(float));
+            if (!r->dbag_idx || !r->dbag_w)
+                CARLS_FATAL("out of memory (definition bags)");
+        }
+        for (size_t k = first; k < end; k++, count++) {
+            const char *w = t->text + t->tok_off[k];
+            r->dbag_idx[at + count] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
+            r->dbag_w[at + count] = data_idf_weight(&r->idf, w, t->tok_len[k]);
+        }
+    }
+    return count;
+}
+
 /* Builds the batch of pairs train[from .. from+B-1]: bags of (kept) definition words, headwords, trigrams.
  * Returns the number of distinct word rows; *n_grams gets the trigram rows. */
 static void s_build_batch(s_run_t *r, const size_t *senses, int B)
@@ -500,7 +480,9 @@ static void s_build_batch(s_run_t *r, const size_t *senses, int B)
     w2v_map_clear(&r->wmap);
     w2v_map_clear(&r->gmap);
     int L = 0, G = 0;
+    size_t D_ = 0;
     r->bag_off[0] = 0;
+    r->dbag_off[0] = 0;
     r->gram_off[0] = 0;
     for (int b = 0; b < B; b++) {
         size_t s = senses[b];
@@ -513,14 +495,14 @@ static void s_build_batch(s_run_t *r, const size_t *senses, int B)
                 continue;
             const char *w = t->text + t->tok_off[k];
             r->bag_idx[L] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
-            r->bag_w[L++] = tt_idf_weight(&r->idf, w, t->tok_len[k]);
+            r->bag_w[L++] = data_idf_weight(&r->idf, w, t->tok_len[k]);
             kept++;
         }
         if (kept == 0) {  /* every word dropped: keep one at random */
             size_t k = first + (size_t)(carls_splitmix64(&r->rng) % (end - first));
             const char *w = t->text + t->tok_off[k];
             r->bag_idx[L] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
-            r->bag_w[L++] = tt_idf_weight(&r->idf, w, t->tok_len[k]);
+            r->bag_w[L++] = data_idf_weight(&r->idf, w, t->tok_len[k]);
         }
         r->bag_off[b + 1] = L;
         uint32_t word = r->g->senses[s].word;
@@ -528,11 +510,34 @@ static void s_build_batch(s_run_t *r, const size_t *senses, int B)
         size_t hl = strlen(hw);
         r->hw_word[b] = word;
         r->hw_idx[b] = (int32_t)w2v_map_put(&r->wmap, hw, (uint8_t)hl);
+        if (r->o.word_defs > 0)
+            D_ += s_add_defs(r, s, word, D_);
+        r->dbag_off[b + 1] = (int32_t)D_;
         int n = nn_tower_trigrams(hw, hl, r->gram_keys + G, NN_TOWER_MAX_GRAMS);
         for (int i = 0; i < n; i++)
             r->gram_idx[G + i] = (int32_t)w2v_map_put(&r->gmap, r->gram_keys[G + i], 3);
         G += n;
         r->gram_off[b + 1] = G;
+    }
+}
+
+/* Grows the key array and the word-row buffers to hold n rows. */
+static void s_reserve(s_run_t *r, size_t n)
+{
+    size_t E = (size_t)r->o.E;
+    if (n > r->keys_cap) {
+        free(r->keys);
+        r->keys_cap = 2 * n;
+        r->keys = carls_xmalloc(r->keys_cap * sizeof *r->keys);
+    }
+    if (n > r->word_rows_cap) {
+        free(r->word_rows);
+        free(r->d_word_rows);
+        free(r->d_scratch);
+        r->word_rows_cap = 2 * n;
+        r->word_rows = carls_xmalloc(r->word_rows_cap * E * sizeof(float));
+        r->d_word_rows = carls_xmalloc(r->word_rows_cap * E * sizeof(float));
+        r->d_scratch = r->o.word_defs > 0 ? carls_xmalloc(r->word_rows_cap * E * sizeof(float)) : NULL;
     }
 }
 
@@ -600,6 +605,7 @@ static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
 {
     const int E = r->o.E, D = r->o.D;
     s_build_batch(r, senses, B);
+    s_reserve(r, r->wmap.n > r->gmap.n ? r->wmap.n : r->gmap.n);
     if (s_lookup_map(r, r->names.word, &r->wmap, r->word_rows) != 0 ||
         s_lookup_map(r, r->names.gram, &r->gmap, r->gram_rows) != 0)
         return NAN;
@@ -615,6 +621,11 @@ static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
                                  (int)r->wmap.n, E);
     nn_tower_head_forward(r->q, r->preq, r->nq, r->xq, r->Wq, r->bq, B, E, D);
     nn_tower_word_pool(r->xw, r->word_rows, r->hw_idx, r->gram_rows, r->gram_idx, r->gram_off, B, E);
+    if (r->o.word_defs > 0) {
+        nn_embedding_bag_forward_cpu(r->xd, r->word_rows, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, B,
+                                     (int)r->wmap.n, E);
+        nn_add_cpu(r->xw, r->xd, 1.0f, B * E);
+    }
     nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, B, E, D);
     memcpy(r->cand, r->v, (size_t)B * D * sizeof(float));
     if (r->n_neg > 0)
@@ -630,6 +641,11 @@ static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
     nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, B, E, D);
     nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                   (int)r->wmap.n, E);
+    if (r->o.word_defs > 0) {
+        nn_embedding_bag_backward_cpu(r->d_scratch, r->dxw, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, B,
+                                      (int)r->wmap.n, E);
+        nn_add_cpu(r->d_word_rows, r->d_scratch, 1.0f, (int)r->wmap.n * E);
+    }
     memset(r->d_gram_rows, 0, (size_t)r->gmap.n * E * sizeof(float));
     nn_tower_word_pool_backward(r->d_word_rows, r->d_gram_rows, r->dxw, r->hw_idx, r->gram_idx, r->gram_off, B, E);
     if (s_push_map(r, r->names.word, &r->wmap, r->d_word_rows) != 0 ||
@@ -650,11 +666,17 @@ static int s_save_ckpt(s_run_t *r, uint64_t step)
     if (rc == 0)
         rc = carls_ckpt_add(ck, "query.weight", 2, wd, r->Wq) || carls_ckpt_add(ck, "query.bias", 1, bd, r->bq) ||
              carls_ckpt_add(ck, "word.weight", 2, wd, r->Ww) || carls_ckpt_add(ck, "word.bias", 1, bd, r->bw);
+    if (rc == 0 && r->o.word_defs > 0) {
+        /* Tells makers the word tower pools definitions (they read the hold-out from DIR/holdout.tsv). */
+        float defs = (float)r->o.word_defs;
+        int64_t one[1] = {1};
+        rc = carls_ckpt_add(ck, "word.defs", 1, one, &defs);
+    }
     char path[1024];
     if (rc == 0)
         rc = carls_ckpt_save_to_dir(ck, r->o.ckpt_dir, path, sizeof path, err, sizeof err);
-    if (rc == 0)
-        rc = carls_ckpt_prune(r->o.ckpt_dir, 3, err, sizeof err);
+    if (rc == 0) /* prune answers how many files it removed, or a negative error */
+        rc = carls_ckpt_prune(r->o.ckpt_dir, 3, err, sizeof err) < 0 ? -1 : 0;
     carls_ckpt_destroy(&ck);
     if (rc != 0)
         LOG_ERROR("trainer: cannot write a checkpoint to %s: %s", r->o.ckpt_dir, err);
@@ -686,10 +708,11 @@ static int s_load_data(s_run_t *r)
     for (size_t s = 0; s < r->g->n_senses; s++)
         if (!r->g->senses[s].held_out)
             r->train[r->n_train++] = s;
-    if (tt_idf_build(&r->idf, r->g) != 0) {
-        fprintf(stderr, "trainer: IDF table overflow\n");
-        return -1;
-    }
+    bool *skip = carls_xmalloc(r->g->n_senses * sizeof(bool) + 1);
+    for (size_t s = 0; s < r->g->n_senses; s++)
+        skip[s] = r->g->senses[s].held_out;
+    data_idf_build(&r->idf, r->g->text, skip);
+    free(skip);
     LOG_INFO("trainer: GCIDE: %zu headwords, %zu senses, %zu training pairs, %zu held out (%.1f s)",
                    r->g->n_words, r->g->n_senses, r->n_train, r->g->n_held_out,
                    (double)(carls_monotonic_us() - t0) / 1e6);
@@ -774,6 +797,15 @@ int trainer_twotower_main(int argc, char **argv)
         fprintf(stderr, "trainer: cannot create %s\n", r.o.ckpt_dir);
         goto out;
     }
+    if (r.o.ckpt_dir) {
+        /* Word makers pooling definitions must leave out exactly the senses this trainer holds out. */
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", r.o.ckpt_dir, TT_HOLDOUT_FILE);
+        if (data_gcide_holdout_write(r.g, path) != 0) {
+            fprintf(stderr, "trainer: cannot write %s\n", path);
+            goto out;
+        }
+    }
     kb_client_options_t copts = {.timeout_ms = r.o.timeout_ms, .retries = r.o.retries};
     r.kb = kb_cluster_new(r.o.kb, &copts);
     if (!r.kb || s_create_tables(r.kb, &r.names, &r.o) != 0)
@@ -792,7 +824,7 @@ int trainer_twotower_main(int argc, char **argv)
         .g = r.g,
         .idf = &r.idf,
         .query = {.E = r.o.E, .D = r.o.D, .W = r.Wq, .bias = r.bq},
-        .word = {.E = r.o.E, .D = r.o.D, .W = r.Ww, .bias = r.bw},
+        .word = {.E = r.o.E, .D = r.o.D, .W = r.Ww, .bias = r.bw, .defs = r.o.word_defs},
         .step = steps,
         .vectors_from_trainer = r.o.vectors_from_trainer,
         .wait_fresh_s = r.o.wait_fresh_s,

@@ -1,0 +1,243 @@
+/* End to end: trainer twotower on a tiny dictionary in GCIDE's own format (an index with dictd base-64
+ * numbers and an uncompressed .dict), through a real kb-server, with and without word-tower makers.
+ *
+ * The planted pattern: 40 made-up headwords, each with 4 senses; every sense of headword i holds one or two
+ * of its two topic words (made up too, used by no other headword) among shared filler words. One sense of 20
+ * headwords is held out. A model that learns anything maps a definition's topic words near its headword's
+ * word-tower vector, so the held-out headwords must rank near the top (chance: R@1 = 0.025, R@10 = 0.25).
+ *   - test_trainer_vectors: the trainer writes NAME.vec itself (--vectors trainer).
+ *   - test_makers: two kb-maker --task words processes (worker 0/2 and 1/2) watch the trainer's checkpoint
+ *     directory and write NAME.vec; the trainer draws --kb-negatives from it while it trains and evaluates on
+ *     the makers' vectors of its final checkpoint (--vectors makers). The word tower also pools the headword's
+ *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out. */
+#include "server_harness.h"
+
+#include "util.h"
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define TRAINER CARLS_BIN_DIR "/trainer"
+#define MAKER CARLS_BIN_DIR "/kb-maker"
+#define N_HEAD 40
+#define N_FILL 30
+
+static void s_word(char *out, uint64_t *rng, int len)
+{
+    for (int i = 0; i < len; i++)
+        out[i] = (char)('a' + carls_splitmix64(rng) % 26);
+    out[len] = '\0';
+}
+
+/* dictd's base-64 digits. */
+static void s_b64(char *out, uint64_t v)
+{
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char tmp[16];
+    int n = 0;
+    do {
+        tmp[n++] = digits[v % 64];
+        v /= 64;
+    } while (v);
+    for (int i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    out[n] = '\0';
+}
+
+/* Writes dir/tiny.index and dir/tiny.dict. */
+static void s_write_dictionary(const char *dir)
+{
+    char heads[N_HEAD][8], topics[N_HEAD][2][8], fill[N_FILL][8];
+    uint64_t rng = 4242;
+    for (int i = 0; i < N_HEAD; i++) {
+        s_word(heads[i], &rng, 6);
+        heads[i][0] = (char)('a' + i % 26); /* distinct first letters keep the index sorted-ish and unique */
+        s_word(topics[i][0], &rng, 7);
+        s_word(topics[i][1], &rng, 7);
+    }
+    for (int i = 0; i < N_FILL; i++)
+        s_word(fill[i], &rng, 4);
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny.dict", dir);
+    FILE *d = fopen(path, "w");
+    snprintf(path, sizeof path, "%s/tiny.index", dir);
+    FILE *x = fopen(path, "w");
+    assert_non_null(d);
+    assert_non_null(x);
+    for (int i = 0; i < N_HEAD; i++) {
+        long start = ftell(d);
+        char cap[8];
+        strcpy(cap, heads[i]);
+        cap[0] = (char)(cap[0] - 'a' + 'A');
+        fprintf(d, "%s \\%s\\, n.\n", cap, heads[i]);
+        for (int s = 0; s < 4; s++) {
+            fprintf(d, "   %d. ", s + 1);
+            for (int k = 0; k < 3; k++)
+                fprintf(d, "%s ", fill[carls_splitmix64(&rng) % N_FILL]);
+            int which = (int)(carls_splitmix64(&rng) % 3); /* topic 0, topic 1 or both */
+            if (which != 1)
+                fprintf(d, "%s ", topics[i][0]);
+            if (which != 0)
+                fprintf(d, "%s ", topics[i][1]);
+            fprintf(d, "%s.\n      [1913 Webster]\n\n", fill[carls_splitmix64(&rng) % N_FILL]);
+        }
+        long end = ftell(d);
+        char o[16], l[16];
+        s_b64(o, (uint64_t)start);
+        s_b64(l, (uint64_t)(end - start));
+        fprintf(x, "%s\t%s\t%s\n", cap, o, l);
+    }
+    fclose(d);
+    fclose(x);
+}
+
+/* Runs argv with stdout to out_path; returns the pid. */
+static pid_t s_spawn(const char *const *argv, const char *out_path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (out_path) {
+            FILE *f = freopen(out_path, "w", stdout);
+            (void)f;
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int s_wait(pid_t pid)
+{
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The value of key in the last line of the file. */
+static double s_result(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096], last[4096] = "";
+    while (fgets(line, sizeof line, f))
+        strcpy(last, line);
+    fclose(f);
+    char pat[64];
+    snprintf(pat, sizeof pat, "%s=", key);
+    const char *at = strstr(last, pat);
+    if (!at || (at != last && at[-1] != ' ')) {
+        print_error("no %s in the last line: %s\n", key, last);
+        fail();
+    }
+    return atof(at + strlen(pat));
+}
+
+typedef struct {
+    test_server_t srv;
+    char dir[256];
+    char index[300], dict[300], out[300], ckpt[300];
+} s_env_t;
+
+static void s_env(s_env_t *e)
+{
+    test_server_init(&e->srv);
+    snprintf(e->dir, sizeof e->dir, "/tmp/carls-tt-XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    s_write_dictionary(e->dir);
+    snprintf(e->index, sizeof e->index, "%s/tiny.index", e->dir);
+    snprintf(e->dict, sizeof e->dict, "%s/tiny.dict", e->dir);
+    snprintf(e->out, sizeof e->out, "%s/trainer.out", e->dir);
+    snprintf(e->ckpt, sizeof e->ckpt, "%s/ckpt", e->dir);
+    assert_int_equal(test_server_start(&e->srv, NULL), 0);
+}
+
+static void s_env_done(s_env_t *e)
+{
+    assert_int_equal(test_server_cleanup(&e->srv), 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void s_check_quality(const char *out)
+{
+    double r1 = s_result(out, "r1"), r10 = s_result(out, "r10"), n = s_result(out, "n");
+    print_message("held out %.0f: r1=%.3f r10=%.3f knn_agree=%.3f\n", n, r1, r10, s_result(out, "knn_agree"));
+    assert_true(n == 20);
+    assert_true(r10 >= 0.7);  /* chance: 0.25 */
+    assert_true(r1 >= 0.3);   /* chance: 0.025 */
+    /* The bank's knn over NAME.vec (Flat, inner product) agrees with the exact ranking. */
+    assert_true(s_result(out, "knn_agree") == 1.0);
+}
+
+static void test_trainer_vectors(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e);
+    const char *argv[] = {TRAINER, "twotower", "--kb", e.srv.endpoint, "--index", e.index, "--dict", e.dict,
+                          "--holdout-count", "20", "--holdout-seed", "3", "--dim", "16", "--out-dim", "16",
+                          "--batch", "16", "--epochs", "40", "--emb-lr", "0.05", "--lr", "0.01",
+                          "--token-dropout", "0.2", "--knn-check", "20", "--kb-timeout-ms", "2000", NULL};
+    assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
+    s_check_quality(e.out);
+    s_env_done(&e);
+}
+
+static void test_makers(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e);
+    pid_t makers[2];
+    for (int w = 0; w < 2; w++) {
+        char worker[16];
+        snprintf(worker, sizeof worker, "%d/2", w);
+        const char *margv[] = {MAKER, "--kb", e.srv.endpoint, "--task", "words", "--tables", "tt",
+                               "--ckpt-dir", e.ckpt, "--worker", worker, "--gcide-index", e.index,
+                               "--gcide-dict", e.dict, "--poll-ms", "50", NULL};
+        makers[w] = s_spawn(margv, NULL);
+    }
+    const char *argv[] = {TRAINER, "twotower", "--kb", e.srv.endpoint, "--index", e.index, "--dict", e.dict,
+                          "--holdout-count", "20", "--holdout-seed", "3", "--dim", "16", "--out-dim", "16",
+                          "--batch", "16", "--epochs", "40", "--emb-lr", "0.05", "--lr", "0.01",
+                          "--token-dropout", "0.2", "--kb-negatives", "16", "--ckpt-dir", e.ckpt,
+                          "--ckpt-every", "20", "--vectors", "makers", "--word-defs", "2", "--wait-fresh-s", "60", "--knn-check", "20",
+                          "--kb-timeout-ms", "2000", NULL};
+    int rc = s_wait(s_spawn(argv, e.out));
+    for (int w = 0; w < 2; w++) {
+        kill(makers[w], SIGTERM);
+        assert_int_equal(s_wait(makers[w]), 0);
+    }
+    assert_int_equal(rc, 0);
+    s_check_quality(e.out);
+    /* Bank negatives were used: the makers wrote vectors while the trainer trained, so most steps had them,
+     * and they came from checkpoints a bounded number of steps old. */
+    double unavailable = s_result(e.out, "neg_unavailable"), steps = s_result(e.out, "train_steps");
+    print_message("steps %.0f, steps without bank negatives %.0f, staleness %.1f steps\n", steps, unavailable,
+                  s_result(e.out, "neg_staleness_steps"));
+    assert_true(unavailable < steps / 2);
+    assert_true(s_result(e.out, "neg_staleness_steps") > 0);
+    s_env_done(&e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trainer_vectors),
+        cmocka_unit_test(test_makers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
