@@ -914,7 +914,7 @@ static int s_spec_check(const char *spec, uint32_t dim, char *err, size_t errlen
 /* What the index of an accepted spec takes in memory, per vector and once (kb_knn_memory): the stored
  * vector (4 bytes a dimension; PQ: its code) plus 8 bytes of id (IDMap or the inverted list), HNSW<m> 2m
  * level-0 links and about 1/m of that again above, at 4 bytes each, plus its level and offset; IVF: nlist
- * centroids; PQ: its codebooks (2^bits centroids of the whole dimension). */
+ * centroids and the lists' spare capacity; PQ: its codebooks (2^bits centroids of the whole dimension). */
 static void s_index_cost(const char *spec, uint32_t dim, uint64_t *per_vector, uint64_t *fixed)
 {
     const char *p = spec;
@@ -927,7 +927,8 @@ static void s_index_cost(const char *spec, uint32_t dim, uint64_t *per_vector, u
             *per_vector += 8ull * v + 8ull * v / (v - 1) + 16;
         return;
     }
-    if (strncmp(p, "IVF", 3) == 0) {
+    bool ivf = strncmp(p, "IVF", 3) == 0;
+    if (ivf) {
         p += 3;
         if (s_spec_number(&p, 1, 65536, &v))
             *fixed += (uint64_t)v * dim * 4;
@@ -944,6 +945,9 @@ static void s_index_cost(const char *spec, uint32_t dim, uint64_t *per_vector, u
         *per_vector = (m * bits + 7) / 8 + 8;
         *fixed += (1ull << bits) * dim * 4;
     }
+    /* Inverted lists are vectors grown by doubling: half as much again on average. */
+    if (ivf)
+        *per_vector += *per_vector / 2;
 }
 
 int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t errlen)

@@ -1052,11 +1052,12 @@ static int s_knn_flush(kb_table_t *self)
         free(up_ids);
         free(gone);
         free(vecs);
+        /* The index grew or shrank with the changes just fed to it (counted stripe by stripe: feeding a
+         * large batch to a graph index takes a while). */
+        int64_t knn_bytes = (int64_t)kb_knn_memory(self->knn);
+        s_mem(self, knn_bytes - self->knn_mem_counted);
+        self->knn_mem_counted = knn_bytes;
     }
-    /* The index grew or shrank with the changes just fed to it. */
-    int64_t knn_bytes = (int64_t)kb_knn_memory(self->knn);
-    s_mem(self, knn_bytes - self->knn_mem_counted);
-    self->knn_mem_counted = knn_bytes;
     pthread_mutex_unlock(&self->knn_mutex);
     return rc;
 }

@@ -196,12 +196,14 @@ static void test_soak(void **state)
     size_t from = mixed_from + warm, third = (n - from) / 3;
     uint64_t first_max = s_max(rss, from, from + third), last_max = s_max(rss, n - third, n);
     print_message("soak: %ld s of mixed load (%zu samples, warm-up %zu s); server: %llu requests, %llu keys "
-                  "looked up, %llu gradients pushed, %llu rows put, %llu errors; resident: %.1f MiB at the start "
+                  "looked up, %llu gradients pushed, %llu rows put, %llu errors; resident: %.1f MiB idle, %.1f MiB "
+                  "at the start "
                   "of the mixed phase, %.1f MiB after warm-up, %.1f MiB at the end; max first third %.1f MiB, "
                   "max last third %.1f MiB (%+.1f%%); estimate %.1f MiB, resident at stats %.1f MiB\n",
                   seconds, mixed_n, warm, (unsigned long long)st->requests, (unsigned long long)t->lookups,
                   (unsigned long long)t->gradients_received, (unsigned long long)t->puts,
-                  (unsigned long long)st->errors, (double)rss[mixed_from] / 1024.0, (double)rss[from] / 1024.0,
+                  (unsigned long long)st->errors, (double)rss[0] / 1024.0, (double)rss[mixed_from] / 1024.0,
+                  (double)rss[from] / 1024.0,
                   (double)rss[n - 1] / 1024.0, (double)first_max / 1024.0, (double)last_max / 1024.0,
                   100.0 * ((double)last_max / (double)first_max - 1.0), (double)st->memory_bytes / 1048576.0,
                   (double)st->rss_bytes / 1048576.0);
