@@ -88,18 +88,22 @@ static void s_add_entry(kb_bank_t *self, kb_table_t *table)
     self->entries[self->entry_count++] = (s_entry_t){.table = table, .refs = 1, .dropped = false};
 }
 
-/* Drops one reference; frees the table and its entry when it was the last. Registry mutex held. */
-static void s_unref(kb_bank_t *self, size_t index)
+/* Drops one reference; frees the table and its entry when it was the last (then returns true). Registry
+ * mutex held. */
+static bool s_unref(kb_bank_t *self, size_t index)
 {
     s_entry_t *e = &self->entries[index];
     if (--e->refs > 0)
-        return;
+        return false;
     kb_table_destroy(&e->table);
     self->entries[index] = self->entries[--self->entry_count];
-    /* A dropped table's rows are many small blocks spread over the heap: hand the whole free pages among them
-     * back to the system, so the resident size follows the estimate down (glibc keeps them otherwise). */
-    malloc_trim(0);
+    return true;
 }
+
+/* After a dropped table was freed: its rows were many small blocks spread over the heap; hand the whole free
+ * pages among them back to the system, so the resident size follows the estimate down (glibc keeps them
+ * otherwise). Called without the registry mutex: on a large heap this takes a while. */
+static void s_trim(void) { malloc_trim(0); }
 
 kb_table_t *kb_bank_acquire(kb_bank_t *self, const char *name)
 {
@@ -118,14 +122,17 @@ void kb_bank_release(kb_bank_t *self, kb_table_t *table)
 {
     if (!table)
         return;
+    bool freed = false;
     pthread_mutex_lock(&self->registry_mutex);
     for (size_t i = 0; i < self->entry_count; i++) {
         if (self->entries[i].table == table) {
-            s_unref(self, i);
+            freed = s_unref(self, i);
             break;
         }
     }
     pthread_mutex_unlock(&self->registry_mutex);
+    if (freed)
+        s_trim();
 }
 
 static int s_compare_tables(const void *a, const void *b)
@@ -213,8 +220,10 @@ int kb_bank_drop_table(kb_bank_t *self, const char *name)
     }
     e->dropped = true;
     s_queue_op(self, (s_table_op_t){.drop = true, .id = kb_table_id(e->table)});
-    s_unref(self, (size_t)(e - self->entries));
+    bool freed = s_unref(self, (size_t)(e - self->entries));
     pthread_mutex_unlock(&self->registry_mutex);
+    if (freed)
+        s_trim();
     LOG_INFO("dropped table %s", name);
     return KB_BANK_OK;
 }
