@@ -30,8 +30,9 @@ int carls_ptab_started(carls_ptab_t *t, const char *role, const carls_proc_t *p,
     snprintf(r->note, sizeof r->note, "%s", note ? note : "");
     r->pid = (int)p->started_pid;
     r->started_ms = p->started_ms;
+    t->n++;
     carls_ptab_write(t);
-    return t->n++;
+    return t->n - 1;
 }
 
 void carls_ptab_ended(carls_ptab_t *t, int row, const carls_proc_t *p, const char *note)

@@ -297,8 +297,8 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
     trainer_prefetch_t *p = carls_xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->cfg.timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 5000;
-    p->cfg.probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 1000;
-    p->cfg.probe_timeout_ms = cfg->probe_timeout_ms > 0 ? cfg->probe_timeout_ms : 500;
+    p->cfg.probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 250;
+    p->cfg.probe_timeout_ms = cfg->probe_timeout_ms > 0 ? cfg->probe_timeout_ms : 200;
     p->client = s_connect(p, p->cfg.timeout_ms);
     if (!p->client) {
         free(p);

@@ -17,8 +17,9 @@
  * knowledge (no neighbours, no pseudo-labels), and the prefetcher is "away": it drops its connection and
  * skips every batch without sending anything, except that every probe_ms it asks a fresh connection for the
  * table list (waiting at most probe_timeout_ms). When a probe is answered it reconnects and fetches again.
- * So a trainer keeps training while the bank restarts, at most timeout_ms + probe_timeout_ms per probe_ms
- * slower, and the batches it trained without the bank are counted. Going away and coming back are logged.
+ * So a trainer keeps training while the bank restarts: the batch whose request went unanswered waits
+ * timeout_ms, later ones at most one probe (probe_timeout_ms), and the batches it trained without the bank
+ * are counted. Going away and coming back are logged.
  * Items and neighbour keys are decimal training-image indices (as knowledge_maker/km_bank.h writes them). */
 #ifndef TRAINER_PREFETCH_H
 #define TRAINER_PREFETCH_H
@@ -38,8 +39,8 @@ typedef struct {
     int max_batch;            /* most items per batch */
     int n_items;              /* item indices are below this */
     int timeout_ms;           /* per request (one attempt); 0: 5000 */
-    int probe_ms;             /* while the bank is away: how often to probe it; 0: 1000 */
-    int probe_timeout_ms;     /* how long a probe waits for the answer; 0: 500 */
+    int probe_ms;             /* while the bank is away: how often to probe it; 0: 250 */
+    int probe_timeout_ms;     /* how long a probe waits for the answer; 0: 200 */
 } trainer_prefetch_config_t;
 
 #define TRAINER_FETCH_SKIPPED 1 /* trainer_fetch_t.rc: the bank was unreachable; the batch has no knowledge */
