@@ -44,7 +44,9 @@ typedef struct {
     uint64_t step;          /* the checkpoint step the vectors must come from */
     bool vectors_from_trainer; /* compute and put NAME.vec here, else wait for makers */
     double wait_fresh_s;    /* how long to wait for makers */
-    float fuse_tfidf;       /* > 0: score = cosine + fuse_tfidf * TF-IDF cosine */
+    float fuse_tfidf;       /* > 0: also rank by cosine + fuse_tfidf * TF-IDF cosine (fused_* results) */
+    const float *fuse_sweep; /* (n_sweep) more fusion weights, each reported on its own line (for tuning) */
+    int n_sweep;
     int knn_check;          /* held-out queries also asked to the bank's knn (top 100), 0 = none */
     const char *summary;    /* key=value pairs about training, printed before the metrics on the last line */
 } tt_eval_in_t;

@@ -206,7 +206,10 @@ int tt_evaluate(const tt_eval_in_t *in)
             held[H++] = s;
     float *Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
     float *scores = carls_xmalloc((size_t)TT_EVAL_CHUNK * W * sizeof(float));
-    float *tf = in->fuse_tfidf > 0 ? carls_xmalloc(W * sizeof(float)) : NULL;
+    const bool need_tf = in->fuse_tfidf > 0 || in->n_sweep > 0;
+    float *tf = need_tf ? carls_xmalloc(W * sizeof(float)) : NULL;
+    float *model = in->n_sweep > 0 ? carls_xmalloc(W * sizeof(float)) : NULL;
+    uint32_t *swept = carls_xmalloc(((size_t)in->n_sweep * H + 1) * sizeof(uint32_t));
     uint32_t *ranks = carls_xmalloc((H + 1) * sizeof(uint32_t));
     uint32_t *fused = carls_xmalloc((H + 1) * sizeof(uint32_t));
     tfidf_t *tfidf = NULL;
@@ -231,8 +234,14 @@ int tt_evaluate(const tt_eval_in_t *in)
             float *row = scores + (size_t)i * W;
             size_t truth = g->senses[held[at + (size_t)i]].word;
             ranks[at + (size_t)i] = rank_of_truth(row, W, truth);
-            if (tf) {
+            if (tf)
                 tfidf_scores(tfidf, g, held[at + (size_t)i], tf);
+            for (int k = 0; k < in->n_sweep; k++) {
+                for (size_t w = 0; w < W; w++)
+                    model[w] = row[w] + in->fuse_sweep[k] * tf[w];
+                swept[(size_t)k * H + at + (size_t)i] = rank_of_truth(model, W, truth);
+            }
+            if (in->fuse_tfidf > 0) {
                 for (size_t w = 0; w < W; w++)
                     row[w] += in->fuse_tfidf * tf[w];
                 fused[at + (size_t)i] = rank_of_truth(row, W, truth);
@@ -249,6 +258,12 @@ int tt_evaluate(const tt_eval_in_t *in)
         goto out;
     LOG_INFO("trainer: evaluated %zu held-out definitions against %zu headwords in %.1f s", H, W,
                    (double)(carls_monotonic_us() - t0) / 1e6);
+    for (int k = 0; k < in->n_sweep; k++) {
+        rank_metrics_t sm;
+        rank_metrics(swept + (size_t)k * H, H, &sm);
+        printf("fuse_sweep: lambda=%g r1=%.4f r10=%.4f r100=%.4f median_rank=%.1f mrr=%.4f\n", (double)in->fuse_sweep[k],
+               sm.r1, sm.r10, sm.r100, sm.median_rank, sm.mrr);
+    }
     if (n_check > 0)
         printf("knn_check: the bank's knn top-%d holds the headword for %zu of %zu queries; agrees with the exact "
                "ranking on %zu\n",
@@ -256,7 +271,7 @@ int tt_evaluate(const tt_eval_in_t *in)
     printf("%s ", in->summary ? in->summary : "");
     if (n_check > 0)
         printf("knn_agree=%.4f ", (double)agree / (double)n_check);
-    if (tf) {
+    if (in->fuse_tfidf > 0) {
         rank_metrics_t fm;
         rank_metrics(fused, H, &fm);
         printf("fuse_tfidf=%g fused_r1=%.4f fused_r10=%.4f fused_r100=%.4f fused_median_rank=%.1f fused_mrr=%.4f ",
@@ -274,5 +289,7 @@ out:
     free(tf);
     free(ranks);
     free(fused);
+    free(model);
+    free(swept);
     return status;
 }

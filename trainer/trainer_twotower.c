@@ -33,6 +33,8 @@ typedef struct {
     int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
+    float fuse_sweep[16];
+    int n_sweep;
     bool vectors_from_trainer;
     int timeout_ms, retries;
 } s_opts_t;
@@ -80,6 +82,7 @@ static void s_usage(FILE *out)
             "                           checkpoint (waited for; default trainer)\n"
             "  --wait-fresh-s S         how long to wait for makers (default 600)\n"
             "  --fuse-tfidf L           also rank by cosine + L * TF-IDF cosine (fused_* results; default 0: off)\n"
+            "  --fuse-sweep L1,L2,...   also report the ranking for each fusion weight (tuning on a validation hold-out)\n"
             "  --knn-check N            also ask the bank's knn (top 100) for N held-out queries (default 200)\n"
             "  --metrics FILE           CSV: one row per 50 steps\n"
             "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
@@ -117,7 +120,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     enum {
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
-        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -147,6 +150,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"ckpt-every", required_argument, NULL, O_CKPTEVERY},
         {"vectors", required_argument, NULL, O_VECTORS},
         {"word-defs", required_argument, NULL, O_WDEFS},
+        {"fuse-sweep", required_argument, NULL, O_SWEEP},
         {"wait-fresh-s", required_argument, NULL, O_WAIT},
         {"fuse-tfidf", required_argument, NULL, O_FUSE},
         {"knn-check", required_argument, NULL, O_KNNCHECK},
@@ -221,6 +225,20 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
                 bad = -1;
             }
             break;
+        case O_SWEEP: {
+            char *save = NULL, *copy = strdup(optarg);
+            o->n_sweep = 0;
+            for (char *tok = strtok_r(copy, ",", &save); tok && !bad; tok = strtok_r(NULL, ",", &save)) {
+                if (o->n_sweep == 16)
+                    bad = -1;
+                else
+                    bad = trainer_parse_float("fuse-sweep", tok, 0.0, 1000.0, &o->fuse_sweep[o->n_sweep++]);
+            }
+            free(copy);
+            if (bad)
+                fprintf(stderr, "trainer: --fuse-sweep: at most 16 weights in [0, 1000]\n");
+            break;
+        }
         case O_WDEFS: bad = trainer_parse_int("word-defs", optarg, 0, 1000, &o->word_defs); break;
         case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
         case O_FUSE: bad = trainer_parse_float("fuse-tfidf", optarg, 0.0, 1000.0, &o->fuse_tfidf); break;
@@ -829,6 +847,8 @@ int trainer_twotower_main(int argc, char **argv)
         .vectors_from_trainer = r.o.vectors_from_trainer,
         .wait_fresh_s = r.o.wait_fresh_s,
         .fuse_tfidf = r.o.fuse_tfidf,
+        .fuse_sweep = r.o.fuse_sweep,
+        .n_sweep = r.o.n_sweep,
         .knn_check = r.o.knn_check,
     };
     char summary[256];
