@@ -3,11 +3,30 @@
 
 #include "log.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+
+/* Records key = value (a key seen again keeps its last value). */
+static void s_result_put(carls_result_t *r, const char *key, size_t len, double v)
+{
+    int i = 0;
+    while (i < r->n && (strlen(r->key[i]) != len || strncmp(r->key[i], key, len) != 0)) {
+        i++;
+    }
+    if (i == r->n) {
+        if (r->n >= CARLS_RESULT_MAX || len >= sizeof r->key[0]) {
+            return;
+        }
+        /* The length is checked above; memcpy keeps gcc's truncation warning (-O0) quiet. */
+        memcpy(r->key[r->n], key, len);
+        r->key[r->n++][len] = '\0';
+    }
+    r->value[i] = v;
+}
 
 int carls_result_read(carls_result_t *r, const char *path)
 {
@@ -16,31 +35,22 @@ int carls_result_read(carls_result_t *r, const char *path)
     if (!f) {
         return -1;
     }
-    char line[1024];
+    char line[4096];
     while (fgets(line, sizeof line, f)) {
-        char *eq = strchr(line, '=');
-        if (!eq || eq == line || (strchr(line, ' ') && strchr(line, ' ') < eq)) {
-            continue;
-        }
-        *eq = '\0';
-        char *end = NULL;
-        double v = strtod(eq + 1, &end);
-        if (end == eq + 1 || (*end != '\n' && *end != '\0')) {
-            continue;
-        }
-        int i = 0;
-        while (i < r->n && strcmp(r->key[i], line) != 0) {
-            i++;
-        }
-        if (i == r->n) {
-            size_t len = strlen(line);
-            if (r->n >= CARLS_RESULT_MAX || len >= sizeof r->key[0]) {
+        /* Every blank-separated word of the form key=number counts; other words are ignored. */
+        char *save = NULL;
+        for (char *w = strtok_r(line, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+            char *eq = strchr(w, '=');
+            if (!eq || eq == w) {
                 continue;
             }
-            /* The length is checked above; memcpy keeps gcc's truncation warning (-O0) quiet. */
-            memcpy(r->key[r->n++], line, len + 1);
+            char *end = NULL;
+            double v = strtod(eq + 1, &end);
+            if (end == eq + 1 || *end != '\0') {
+                continue;
+            }
+            s_result_put(r, w, (size_t)(eq - w), v);
         }
-        r->value[i] = v;
     }
     fclose(f);
     return r->n;
@@ -56,7 +66,31 @@ const double *carls_result_get(const carls_result_t *r, const char *key)
     return NULL;
 }
 
-int carls_report_plots(const char *dir, const char *metrics_csv)
+/* trainer twotower's metrics: 1 step, 3 loss, 4 steps/s, 5 bank negatives, 6 their staleness (steps). */
+static void s_twotower_plots(FILE *f, const char *dir, const char *metrics_csv)
+{
+    fprintf(f,
+            "set datafile separator ','\n"
+            "set terminal pngcairo size 900,540 noenhanced\n"
+            "set key autotitle columnhead top right\n"
+            "set grid\n"
+            "set xlabel 'trainer step'\n"
+            "set output '%s/loss.png'\n"
+            "set ylabel 'InfoNCE loss (mean over 50 steps)'\n"
+            "set y2label 'steps/s'\n"
+            "set y2tics\n"
+            "set title 'Training loss and speed'\n"
+            "plot '%s' using 1:3 with lines lw 2, '' using 1:4 axes x1y2 with lines title 'steps/s'\n"
+            "set output '%s/staleness.png'\n"
+            "set ylabel 'steps'\n"
+            "set y2label 'bank negatives per step'\n"
+            "set title 'Staleness of the bank negatives (trainer step - checkpoint step of their vectors)'\n"
+            "plot '%s' using 1:6 with linespoints lw 2 title 'mean staleness', "
+            "'' using 1:5 axes x1y2 with lines title 'bank negatives'\n",
+            dir, metrics_csv, dir, metrics_csv);
+}
+
+int carls_report_plots(const char *dir, const char *metrics_csv, const char *experiment)
 {
     char script[4200];
     snprintf(script, sizeof script, "%s/plots.gp", dir);
@@ -64,6 +98,9 @@ int carls_report_plots(const char *dir, const char *metrics_csv)
     if (!f) {
         return -1;
     }
+    if (strcmp(experiment, "twotower") == 0) {
+        s_twotower_plots(f, dir, metrics_csv);
+    } else {
     /* Columns of trainer graphreg's metrics: 1 step, 7 accuracy, 9 neighbours/step, 10 stale, 11 missing,
      * 12 mean staleness (steps). */
     fprintf(f,
@@ -86,6 +123,7 @@ int carls_report_plots(const char *dir, const char *metrics_csv)
             "'' using 1:10 axes x1y2 with linespoints title 'skipped as too stale', "
             "'' using 1:11 axes x1y2 with linespoints title 'missing (not yet embedded)'\n",
             dir, metrics_csv, dir, metrics_csv);
+    }
     fclose(f);
     char cmd[9000];
     snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>'%s/plots.log'", script, dir);
@@ -133,7 +171,8 @@ int carls_report_write(const char *dir, const char *config_path, const carls_ini
     }
     fprintf(f, "\n## Plots\n\n");
     if (plotted) {
-        fprintf(f, "![accuracy](accuracy.png)\n\n![staleness](staleness.png)\n");
+        const bool tt = strcmp(carls_ini_get(ini, "experiment", "graphreg"), "twotower") == 0;
+        fprintf(f, "![%s](%s.png)\n\n![staleness](staleness.png)\n", tt ? "loss" : "accuracy", tt ? "loss" : "accuracy");
     } else {
         fprintf(f, "No plots: gnuplot is missing or failed (see plots.log).\n");
     }

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#define CARLS_RESULT_MAX 32
+#define CARLS_RESULT_MAX 64
 
 /* key=value numbers parsed from the trainer's stdout, in order of appearance. */
 typedef struct {
@@ -17,15 +17,17 @@ typedef struct {
     double value[CARLS_RESULT_MAX];
 } carls_result_t;
 
-/* Reads every "key=number" line of path into *r (a key seen twice keeps its last value). Returns the number
- * of keys, or -1 if the file cannot be read. */
+/* Reads every blank-separated "key=number" word of path into *r (a key seen twice keeps its last value).
+ * Returns the number of keys, or -1 if the file cannot be read. */
 int carls_result_read(carls_result_t *r, const char *path);
 /* The value of key, or NULL when absent. */
 const double *carls_result_get(const carls_result_t *r, const char *key);
 
-/* Plots accuracy and staleness over steps from metrics_csv into dir/accuracy.png and dir/staleness.png with
- * gnuplot. Returns 0, or -1 when gnuplot is missing or failed (logged; the report says so). */
-int carls_report_plots(const char *dir, const char *metrics_csv);
+/* Plots the trainer's metrics_csv with gnuplot: for experiment "graphreg" accuracy and neighbour staleness over
+ * steps (dir/accuracy.png, dir/staleness.png), for "twotower" loss and speed and the bank negatives' staleness
+ * (dir/loss.png, dir/staleness.png). Returns 0, or -1 when gnuplot is missing or failed (logged; the report
+ * says so). */
+int carls_report_plots(const char *dir, const char *metrics_csv, const char *experiment);
 
 /* Writes dir/report.md. phases: a text table of timings (may be NULL). faults: markdown for the "Faults"
  * section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. */

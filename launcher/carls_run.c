@@ -127,12 +127,17 @@ static int s_mkdirs(const char *dir)
 typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
     const char *kb_durability;
+    const char *experiment;           /* graphreg | twotower */
+    const char *gcide_index, *gcide_dict;
     char bin[4096];
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
     double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
+    /* twotower */
+    double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
+    double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -147,6 +152,9 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->maker_device = carls_ini_get(ini, "maker_device", "auto");
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
+    c->experiment = carls_ini_get(ini, "experiment", "graphreg");
+    c->gcide_index = carls_ini_get(ini, "gcide_index", "");
+    c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
     const char *bin = carls_ini_get(ini, "bin_dir", "");
     if (*bin) {
         s_fmt(c->bin, sizeof c->bin, "%s", bin);
@@ -198,6 +206,20 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"timeout_s", &c->timeout_s, 1200},
         {"max_bank_restarts", &c->max_bank_restarts, 3},
         {"max_maker_restarts", &c->max_maker_restarts, 3},
+        {"holdout_seed", &c->holdout_seed, 0},
+        {"holdout_count", &c->holdout_count, 2000},
+        {"dim", &c->dim, 128},
+        {"out_dim", &c->out_dim, 128},
+        {"batch", &c->batch, 256},
+        {"epochs", &c->epochs, 15},
+        {"max_steps", &c->max_steps, 0},
+        {"kb_negatives", &c->kb_negatives, 0},
+        {"negatives_every", &c->negatives_every, 1},
+        {"word_defs", &c->word_defs, 0},
+        {"temperature", &c->temperature, 0.05},
+        {"emb_lr", &c->emb_lr, 0.01},
+        {"token_dropout", &c->token_dropout, 0.3},
+        {"fuse_tfidf", &c->fuse_tfidf, 0},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (carls_ini_get_double(ini, nums[i].key, nums[i].def, nums[i].out, err, errlen) != 0) {
@@ -220,6 +242,10 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     }
     if (strcmp(c->kb_durability, "sync") != 0 && strncmp(c->kb_durability, "interval:", 9) != 0) {
         s_fmt(err, errlen, "kb_durability = '%s': sync or interval:MS", c->kb_durability);
+        return -1;
+    }
+    if (strcmp(c->experiment, "graphreg") != 0 && strcmp(c->experiment, "twotower") != 0) {
+        s_fmt(err, errlen, "experiment = '%s': graphreg or twotower", c->experiment);
         return -1;
     }
     if (strchr(c->name, '/') || !*c->name) {
@@ -545,6 +571,124 @@ static int s_fleet_start(s_run_t *r, const char *name, const s_argv_t *a, const 
     return 0;
 }
 
+/* trainer graphreg's arguments (experiment = graphreg). */
+static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
+                            const char *metrics)
+{
+    s_arg(a, "graphreg");
+    s_arg(a, "--data");
+    s_arg(a, "fashion-mnist");
+    if (*c->data_dir) {
+        s_arg(a, "--data-dir");
+        s_arg(a, "%s", c->data_dir);
+    }
+    if (graph_needed) {
+        s_arg(a, "--kb");
+        s_arg(a, "%s", endpoint);
+    }
+    const struct {
+        const char *flag;
+        double v;
+        int is_int;
+    } nums[] = {
+        {"--labels-per-class", c->labels_per_class, 1}, {"--label-seed", c->label_seed, 1},
+        {"--train-items", c->items, 1},                 {"--validation", c->validation, 1},
+        {"--steps", c->steps, 1},                       {"--batch-labelled", c->batch_labelled, 1},
+        {"--batch-unlabelled", c->batch_unlabelled, 1}, {"--dropout", c->dropout, 0},
+        {"--lr", c->lr, 0},                             {"--seed", c->seed, 1},
+        {"--alpha", c->alpha, 0},                       {"--beta", c->beta, 0},
+        {"--conf-threshold", c->conf_threshold, 0},     {"--rampup", c->rampup, 1},
+        {"--neighbors", c->neighbors, 1},               {"--max-staleness", c->max_staleness, 1},
+        {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        s_arg(a, "%s", nums[i].flag);
+        if (nums[i].is_int) {
+            s_arg(a, "%d", (int)nums[i].v);
+        } else {
+            s_arg(a, "%g", nums[i].v);
+        }
+    }
+    s_arg(a, "--hidden");
+    s_arg(a, "%s", c->hidden);
+    s_arg(a, "--neighbors-from");
+    s_arg(a, "%s", c->neighbors_from);
+    s_arg(a, "--tables");
+    s_arg(a, "%s", c->tables);
+    s_arg(a, "--ckpt-dir");
+    s_arg(a, "%s", ckpt);
+    s_arg(a, "--metrics");
+    s_arg(a, "%s", metrics);
+    s_arg(a, "--device");
+    s_arg(a, "%s", c->trainer_device);
+}
+
+/* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
+static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *ckpt, const char *metrics)
+{
+    s_arg(a, "twotower");
+    const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
+                                 "--metrics", metrics, "--vectors", "makers", NULL};
+    for (int k = 0; fixed[k]; k++) {
+        s_arg(a, "%s", fixed[k]);
+    }
+    if (*c->gcide_index) {
+        s_arg(a, "--index");
+        s_arg(a, "%s", c->gcide_index);
+    }
+    if (*c->gcide_dict) {
+        s_arg(a, "--dict");
+        s_arg(a, "%s", c->gcide_dict);
+    }
+    const struct {
+        const char *flag;
+        double v;
+        int is_int;
+    } nums[] = {
+        {"--holdout-seed", c->holdout_seed, 1}, {"--holdout-count", c->holdout_count, 1},
+        {"--dim", c->dim, 1},                   {"--out-dim", c->out_dim, 1},
+        {"--batch", c->batch, 1},               {"--epochs", c->epochs, 1},
+        {"--max-steps", c->max_steps, 1},       {"--kb-negatives", c->kb_negatives, 1},
+        {"--negatives-every", c->negatives_every, 1}, {"--word-defs", c->word_defs, 1},
+        {"--temperature", c->temperature, 0},   {"--lr", c->lr, 0},
+        {"--emb-lr", c->emb_lr, 0},             {"--token-dropout", c->token_dropout, 0},
+        {"--fuse-tfidf", c->fuse_tfidf, 0},     {"--ckpt-every", c->ckpt_every, 1},
+        {"--seed", c->seed, 1},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        s_arg(a, "%s", nums[i].flag);
+        if (nums[i].is_int) {
+            s_arg(a, "%d", (int)nums[i].v);
+        } else {
+            s_arg(a, "%g", nums[i].v);
+        }
+    }
+}
+
+/* Prints the two-tower run's result line; returns the launcher's status. */
+static int s_twotower_result(const carls_result_t *res, const char *out, const char *dir, const char *metrics,
+                             const char *ptab, int plotted, const s_run_t *r, double wall)
+{
+    const char *show[] = {"r1", "r10", "r100", "median_rank", "mrr", "n", "fused_r1", "fused_r10", "fused_r100",
+                          "fused_median_rank", "fused_mrr", "train_steps", "train_steps_per_s", "kb_negatives",
+                          "neg_staleness_steps", "neg_unavailable", "knn_agree", NULL};
+    if (!carls_result_get(res, "r10")) {
+        LOG_ERROR("the trainer printed no r10 (see %s)", out);
+        return 1;
+    }
+    printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", dir, metrics,
+           plotted ? ", plots: loss.png staleness.png" : "", ptab);
+    for (int i = 0; show[i]; i++) {
+        const double *x = carls_result_get(res, show[i]);
+        if (x) {
+            printf("%s=%.6g ", show[i], *x);
+        }
+    }
+    printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
+           r->maker_restarts, wall);
+    return 0;
+}
+
 int carls_run_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
@@ -625,12 +769,19 @@ int carls_run_main(int argc, char **argv)
     int trainer_row = -1;
     char phases[4096] = "";
     size_t plen = 0;
-    const bool graph_needed = c.alpha > 0 || c.beta > 0;
-    const bool bank_emb = c.alpha > 0 && strcmp(c.neighbors_from, "bank") == 0;
-    const bool label_loop = c.beta > 0 && c.label_maker > 0 && c.label_model_weight > 0;
-    printf("[carls] run %s: %s, label seed %g, %s%s, results in %s\n", c.name, config, c.label_seed,
-           graph_needed ? "graph from the bank" : "supervised only (alpha = beta = 0)",
-           bank_emb ? ", neighbour embeddings from the maker fleet" : "", dir);
+    const bool tt = strcmp(c.experiment, "twotower") == 0;
+    const bool graph_needed = !tt && (c.alpha > 0 || c.beta > 0);
+    const bool bank_emb = !tt && c.alpha > 0 && strcmp(c.neighbors_from, "bank") == 0;
+    const bool label_loop = !tt && c.beta > 0 && c.label_maker > 0 && c.label_model_weight > 0;
+    if (tt) {
+        printf("[carls] run %s: %s, two-tower reverse dictionary on GCIDE, hold-out seed %g, %g bank negatives, "
+               "%d word-tower makers, results in %s\n",
+               c.name, config, c.holdout_seed, c.kb_negatives, (int)c.makers, dir);
+    } else {
+        printf("[carls] run %s: %s, label seed %g, %s%s, results in %s\n", c.name, config, c.label_seed,
+               graph_needed ? "graph from the bank" : "supervised only (alpha = beta = 0)",
+               bank_emb ? ", neighbour embeddings from the maker fleet" : "", dir);
+    }
     fflush(stdout);
 
     /* 1. The bank. A restart (s_bank_died) reuses these arguments with --listen set to the bound endpoint. */
@@ -736,6 +887,31 @@ int carls_run_main(int argc, char **argv)
                 goto stop;
             }
         }
+        for (int i = 0; tt && i < n; i++) {
+            s_argv_t a = {0};
+            s_arg(&a, "%s/kb-maker", c.bin);
+            const char *const fixed[] = {"--kb", r->endpoint, "--task", "words", "--tables", c.tables, "--ckpt-dir",
+                                         ckpt, NULL};
+            for (int k = 0; fixed[k]; k++) {
+                s_arg(&a, "%s", fixed[k]);
+            }
+            s_arg(&a, "--worker");
+            s_arg(&a, "%d/%d", i, n);
+            if (*c.gcide_index) {
+                s_arg(&a, "--gcide-index");
+                s_arg(&a, "%s", c.gcide_index);
+            }
+            if (*c.gcide_dict) {
+                s_arg(&a, "--gcide-dict");
+                s_arg(&a, "%s", c.gcide_dict);
+            }
+            char name[64], log[4400];
+            s_fmt(name, sizeof name, "maker words %d/%d", i, n);
+            s_fmt(log, sizeof log, "%s/maker-words-%d.log", logs, i);
+            if (s_fleet_start(r, name, &a, log) != 0) {
+                goto stop;
+            }
+        }
         if (label_loop) {
             s_argv_t a = {0};
             s_maker_args(&a, &c, r->endpoint, "label", 0, 1);
@@ -770,52 +946,11 @@ int carls_run_main(int argc, char **argv)
     {
         s_argv_t a = {0};
         s_arg(&a, "%s/trainer", c.bin);
-        s_arg(&a, "graphreg");
-        s_arg(&a, "--data");
-        s_arg(&a, "fashion-mnist");
-        if (*c.data_dir) {
-            s_arg(&a, "--data-dir");
-            s_arg(&a, "%s", c.data_dir);
+        if (tt) {
+            s_twotower_args(&a, &c, r->endpoint, ckpt, metrics);
+        } else {
+            s_graphreg_args(&a, &c, graph_needed, r->endpoint, ckpt, metrics);
         }
-        if (graph_needed) {
-            s_arg(&a, "--kb");
-            s_arg(&a, "%s", r->endpoint);
-        }
-        const struct {
-            const char *flag;
-            double v;
-            int is_int;
-        } nums[] = {
-            {"--labels-per-class", c.labels_per_class, 1}, {"--label-seed", c.label_seed, 1},
-            {"--train-items", c.items, 1},                 {"--validation", c.validation, 1},
-            {"--steps", c.steps, 1},                       {"--batch-labelled", c.batch_labelled, 1},
-            {"--batch-unlabelled", c.batch_unlabelled, 1}, {"--dropout", c.dropout, 0},
-            {"--lr", c.lr, 0},                             {"--seed", c.seed, 1},
-            {"--alpha", c.alpha, 0},                       {"--beta", c.beta, 0},
-            {"--conf-threshold", c.conf_threshold, 0},     {"--rampup", c.rampup, 1},
-            {"--neighbors", c.neighbors, 1},               {"--max-staleness", c.max_staleness, 1},
-            {"--ckpt-every", c.ckpt_every, 1},             {"--eval-every", c.eval_every, 1},
-        };
-        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-            s_arg(&a, "%s", nums[i].flag);
-            if (nums[i].is_int) {
-                s_arg(&a, "%d", (int)nums[i].v);
-            } else {
-                s_arg(&a, "%g", nums[i].v);
-            }
-        }
-        s_arg(&a, "--hidden");
-        s_arg(&a, "%s", c.hidden);
-        s_arg(&a, "--neighbors-from");
-        s_arg(&a, "%s", c.neighbors_from);
-        s_arg(&a, "--tables");
-        s_arg(&a, "%s", c.tables);
-        s_arg(&a, "--ckpt-dir");
-        s_arg(&a, "%s", ckpt);
-        s_arg(&a, "--metrics");
-        s_arg(&a, "%s", metrics);
-        s_arg(&a, "--device");
-        s_arg(&a, "%s", c.trainer_device);
         char log[4400];
         s_fmt(log, sizeof log, "%s/trainer.log", logs);
         if (carls_proc_start(&trainer, "trainer", a.ptr, out, log) != 0) {
@@ -833,8 +968,8 @@ int carls_run_main(int argc, char **argv)
             tails[n_tails++].offset = 0;
         }
         const char *const trainer_needles[] = {"step ", "ERROR", "WARN", "bank reachable", NULL};
-        const char *const maker_needles[] = {"embed step", "label step", "graph from", "ERROR", "WARN",
-                                             "bank reachable", NULL};
+        const char *const maker_needles[] = {"embed step", "label step", "graph from", "headwords in", "ERROR",
+                                             "WARN", "bank reachable", NULL};
         const int64_t deadline = carls_monotonic_ms() + (int64_t)(c.timeout_s * 1000.0);
         int64_t last_maker_print = 0;
         while (!carls_proc_wait(&trainer, 500)) {
@@ -924,7 +1059,7 @@ stop:
         carls_result_t res;
         carls_result_read(&res, out);
         plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| whole run | %.1f |\n", wall);
-        int plotted = carls_report_plots(dir, metrics) == 0;
+        int plotted = carls_report_plots(dir, metrics, c.experiment) == 0;
         const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
         char faults[10240];
         snprintf(faults, sizeof faults,
@@ -935,6 +1070,10 @@ stop:
                  (int)c.max_maker_restarts, skipped ? *skipped : 0.0,
                  r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
         carls_report_write(dir, config, ini, &res, phases, faults, plotted);
+        if (tt) {
+            status = s_twotower_result(&res, out, dir, metrics, ptab, plotted, r, wall);
+            goto done;
+        }
         const char *acc = carls_result_get(&res, "test_accuracy") ? "test_accuracy" : "val_accuracy";
         const double *v = carls_result_get(&res, acc);
         if (!v) {
