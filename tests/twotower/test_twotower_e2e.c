@@ -9,7 +9,9 @@
  *   - test_makers: two kb-maker --task words processes (worker 0/2 and 1/2) watch the trainer's checkpoint
  *     directory and write NAME.vec; the trainer draws --kb-negatives from it while it trains and evaluates on
  *     the makers' vectors of its final checkpoint (--vectors makers). The word tower also pools the headword's
- *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out. */
+ *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out.
+ *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank, a
+ *     fleet of two makers, the trainer), its result line, report and process table. */
 #include "server_harness.h"
 
 #include "util.h"
@@ -30,6 +32,7 @@
 
 #define TRAINER CARLS_BIN_DIR "/trainer"
 #define MAKER CARLS_BIN_DIR "/kb-maker"
+#define LAUNCHER CARLS_BIN_DIR "/carls"
 #define N_HEAD 40
 #define N_FILL 30
 
@@ -233,11 +236,46 @@ static void test_makers(void **state)
     s_env_done(&e);
 }
 
+static void test_launcher(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e); /* its bank is not used: the launcher starts its own */
+    char set[16][320];
+    const char *kv[] = {"gcide_index=%s/tiny.index", "gcide_dict=%s/tiny.dict", "runs_dir=%s", "name=run",
+                        "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
+                        "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
+                        "word_defs=2"};
+    const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
+    int n = 4;
+    for (int i = 0; i < 16; i++) {
+        snprintf(set[i], sizeof set[i], kv[i], e.dir);
+        argv[n++] = "--set";
+        argv[n++] = set[i];
+    }
+    argv[n] = NULL;
+    assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
+    s_check_quality(e.out);
+    assert_true(s_result(e.out, "bank_restarts") == 0);
+    char path[400];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/run/report.md", e.dir);
+    assert_int_equal(stat(path, &st), 0);
+    snprintf(path, sizeof path, "%s/run/processes.tsv", e.dir);
+    assert_int_equal(stat(path, &st), 0);
+    /* Every process it started: the bank, two makers and the trainer. */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "test $(grep -c -E 'kb-server|maker words|trainer' '%s') -ge 4", path);
+    assert_int_equal(system(cmd), 0);
+    s_env_done(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trainer_vectors),
         cmocka_unit_test(test_makers),
+        cmocka_unit_test(test_launcher),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
