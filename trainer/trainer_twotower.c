@@ -60,18 +60,18 @@ static void s_usage(FILE *out)
             "  --table NAME             tables NAME.word, NAME.gram, NAME.vec (default tt)\n"
             "  --dim E                  word and trigram row size (default 128)\n"
             "  --out-dim D              tower output size (default 128)\n"
-            "  --batch B                pairs per step (default 256)\n"
-            "  --epochs N               passes over the training pairs (default 15)\n"
+            "  --batch B                pairs per step (default 512)\n"
+            "  --epochs N               passes over the training pairs (default 10)\n"
             "  --max-steps N            stop after N steps (0: no limit)\n"
             "  --lr LR                  Adam learning rate of the dense heads (default 0.002)\n"
             "  --emb-lr LR              server-side learning rate of the rows (default 0.01)\n"
             "  --emb-optimizer KIND     adam|adagrad|sgd, server side (default adam)\n"
             "  --init-scale S           rows start uniform in [-S, S] (default 0.1)\n"
-            "  --temperature T          softmax temperature over cosines (default 0.05)\n"
+            "  --temperature T          softmax temperature over cosines (default 0.1)\n"
             "  --token-dropout P        drop each definition word with probability P in training (default 0.3)\n"
             "  --word-defs S            the word tower also pools the words of up to S of the headword's other\n"
-            "                           training definitions (makers and the evaluation pool up to %d; default 0:\n"
-            "                           the headword's row and trigrams only)\n"
+            "                           training definitions (makers and the evaluation pool up to %d; default 8;\n"
+            "                           0: the headword's row and trigrams only)\n"
             "  --kb-negatives M         extra negatives from the bank's NAME.vec (default 0: in-batch only)\n"
             "  --negatives-every N      fetch new bank negatives every N steps (default 1)\n"
             "  --seed S                 (default 1)\n"
@@ -100,14 +100,15 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .holdout_count = 2000,
         .E = 128,
         .D = 128,
-        .batch = 256,
-        .epochs = 15,
+        .batch = 512,
+        .epochs = 10,
         .negatives_every = 1,
         .ckpt_every = 100,
         .knn_check = 200,
         .lr = 0.002f,
         .emb_lr = 0.01f,
-        .temperature = 0.05f,
+        .temperature = 0.1f,
+        .word_defs = 8,
         .token_dropout = 0.3f,
         .wait_fresh_s = 600,
         .init_scale = 0.1f,
