@@ -28,9 +28,10 @@ typedef struct {
     km_watch_t *watch;
     /* definition bags (checkpoints with "word.defs"): built once, from the trainer's hold-out */
     bool have_bags;
+    bool have_vecx;         /* PREFIX.vecx exists (checked on every checkpoint until it does) */
     data_idf_t idf;
     data_gcide_bags_t bags;
-    char word[160], gram[160], vec[160];
+    char word[160], gram[160], vec[160], vecx[160];
 } s_words_t;
 
 static int s_setup(s_words_t *w, const km_opts_t *o)
@@ -44,6 +45,7 @@ static int s_setup(s_words_t *w, const km_opts_t *o)
     snprintf(w->word, sizeof w->word, "%s.word", o->prefix);
     snprintf(w->gram, sizeof w->gram, "%s.gram", o->prefix);
     snprintf(w->vec, sizeof w->vec, "%s.vec", o->prefix);
+    snprintf(w->vecx, sizeof w->vecx, "%s.vecx", o->prefix);
     int64_t t0 = carls_monotonic_us();
     if (data_gcide_load(o->gcide_index, o->gcide_dict, &w->g, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
@@ -116,9 +118,15 @@ static int s_step(s_words_t *w, const carls_ckpt_t *ck, volatile sig_atomic_t *s
     }
     if (head.defs > 0 && !w->have_bags && s_build_bags(w) != 0)
         return -2;
+    if (!w->have_vecx) {
+        kb_cluster_table_t info;
+        kb_cluster_forget_tables(w->kb);
+        w->have_vecx = kb_cluster_table(w->kb, w->vecx, &info) == 0 && info.dim == (uint32_t)head.E;
+    }
     uint64_t step = carls_ckpt_step(ck);
     int64_t t0 = carls_monotonic_us();
     float *vec = carls_xmalloc((size_t)KM_WORDS_CHUNK * head.D * sizeof(float));
+    float *vecx = carls_xmalloc((size_t)KM_WORDS_CHUNK * head.E * sizeof(float));
     kb_key_t *keys = carls_xmalloc(KM_WORDS_CHUNK * sizeof *keys);
     int rc = 0;
     size_t done = 0;
@@ -129,11 +137,14 @@ static int s_step(s_words_t *w, const carls_ckpt_t *ck, volatile sig_atomic_t *s
         if (head.defs > 0)
             view = (nn_tower_bags_t){(const char *const *)w->bags.tok, w->bags.len, w->bags.weight, w->bags.off + at};
         rc = nn_tower_word_vectors(w->kb, w->word, w->gram, w->share + at, n, head.defs > 0 ? &view : NULL, &head,
-                                   vec);
+                                   vec, vecx);
         for (size_t i = 0; i < n && rc == 0; i++)
             keys[i] = (kb_key_t){w->share[at + i], strlen(w->share[at + i])};
         if (rc == 0)
             rc = kb_cluster_put(w->kb, w->vec, keys, n, (uint32_t)head.D, vec, step);
+        /* The pooled inputs too, when the trainer made the table (it draws its negatives from it). */
+        if (rc == 0 && w->have_vecx)
+            rc = kb_cluster_put(w->kb, w->vecx, keys, n, (uint32_t)head.E, vecx, step);
         if (rc != 0)
             LOG_ERROR("step %" PRIu64 ": the bank failed: %s", step, kb_cluster_last_error(w->kb));
         done += rc == 0 ? n : 0;
@@ -145,6 +156,7 @@ static int s_step(s_words_t *w, const carls_ckpt_t *ck, volatile sig_atomic_t *s
              w->o->worker, w->o->workers, step, done, secs, (double)done / (secs + 1e-9), latest,
              latest > step ? latest - step : 0);
     free(vec);
+    free(vecx);
     free(keys);
     return rc == 0 ? 0 : -1;
 }

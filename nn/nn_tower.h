@@ -7,7 +7,9 @@
  *   NAME.gram  (E)  one row per character trigram of "<" headword ">", so an unseen word still has a vector;
  *   NAME.vec   (D)  the word tower's output for every headword, written by makers from a checkpoint (tagged
  *                   with its step) and searched with the bank's FAISS index (inner product = cosine, the
- *                   rows being unit length).
+ *                   rows being unit length);
+ *   NAME.vecx  (E)  the word tower's pooled input for every headword (the makers' expensive part: hundreds of
+ *                   rows gathered per word), so a trainer can apply its current head to bank negatives.
  *
  * Query tower: x = IDF-weighted mean of the definition's word rows;  q = l2norm(Wq x + bq).
  * Word tower:  x = row(headword) + mean of its trigram rows           v = l2norm(Ww x + bw).
@@ -83,9 +85,10 @@ typedef struct {
 } nn_tower_bags_t;
 
 struct kb_cluster;
-/* bags: required when head->defs > 0 (NULL otherwise). */
+/* bags: required when head->defs > 0 (NULL otherwise). x_out (n, E), or NULL: the pooled input of the head
+ * (what makers store in NAME.vecx so that a trainer can apply its current head to it). */
 int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
                           const char *const *words, size_t n, const nn_tower_bags_t *bags,
-                          const nn_tower_head_t *head, float *out);
+                          const nn_tower_head_t *head, float *out, float *x_out);
 
 #endif

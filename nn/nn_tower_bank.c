@@ -59,7 +59,7 @@ static void s_keys_free(s_keys_t *m)
 
 int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
                           const char *const *words, size_t n, const nn_tower_bags_t *bags,
-                          const nn_tower_head_t *head, float *out)
+                          const nn_tower_head_t *head, float *out, float *x_out)
 {
     const int E = head->E, D = head->D;
     const bool use_bags = head->defs > 0 && bags;
@@ -130,6 +130,8 @@ int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const c
             nn_embedding_bag_forward_cpu(xb, wrows, bidx, boff, bw, NN_BAG_MEAN, B, (int)wk.n, E);
             nn_add_cpu(x, xb, 1.0f, B * E);
         }
+        if (x_out)
+            memcpy(x_out + at * (size_t)E, x, (size_t)B * E * sizeof(float));
         nn_tower_head_forward(out + at * (size_t)D, pre, norms, x, head->W, head->bias, B, E, D);
     }
     s_keys_free(&wk);

@@ -24,6 +24,7 @@ typedef struct {
     char word[160];  /* NAME.word: word rows (query words and headwords) */
     char gram[160];  /* NAME.gram: character-trigram rows */
     char vec[160];   /* NAME.vec: word-tower outputs, written by makers (or the trainer), FAISS index */
+    char vecx[160];  /* NAME.vecx: word-tower pooled inputs, written by makers (bank negatives) */
 } tt_names_t;
 
 /* Fills the names; -1 when base is not a valid table name or too long. */

@@ -98,7 +98,7 @@ static int s_vectors_from_trainer(const tt_eval_in_t *in, float *V)
     }
     nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
     int rc = nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, (const char *const *)g->words,
-                                   g->n_words, in->word.defs > 0 ? &view : NULL, &in->word, V);
+                                   g->n_words, in->word.defs > 0 ? &view : NULL, &in->word, V, NULL);
     data_gcide_bags_free(&bags);
     kb_key_t *keys = carls_xmalloc(TT_EVAL_CHUNK * sizeof *keys);
     for (size_t at = 0; at < g->n_words && rc == 0; at += TT_EVAL_CHUNK) {

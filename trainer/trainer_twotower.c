@@ -36,6 +36,7 @@ typedef struct {
     float fuse_sweep[16];
     int n_sweep;
     bool vectors_from_trainer;
+    bool negatives_from_inputs; /* bank negatives: pooled inputs + this trainer's head, else stored outputs */
     int timeout_ms, retries;
 } s_opts_t;
 
@@ -74,6 +75,9 @@ static void s_usage(FILE *out)
             "                           0: the headword's row and trigrams only)\n"
             "  --kb-negatives M         extra negatives from the bank's NAME.vec (default 0: in-batch only)\n"
             "  --negatives-every N      fetch new bank negatives every N steps (default 1)\n"
+            "  --negatives-from inputs|outputs   inputs (default): the makers' pooled word-tower inputs (NAME.vecx)\n"
+            "                           through this trainer's current head; outputs: the makers' finished vectors\n"
+            "                           (NAME.vec), as old as their checkpoint\n"
             "  --seed S                 (default 1)\n"
             "checkpoints and evaluation:\n"
             "  --ckpt-dir DIR           write checkpoints here (makers watch it)\n"
@@ -114,6 +118,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .init_scale = 0.1f,
         .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
         .vectors_from_trainer = true,
+        .negatives_from_inputs = true,
         .seed = 1,
         .timeout_ms = 10000,
         .retries = 60,
@@ -121,7 +126,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     enum {
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
-        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -152,6 +157,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"vectors", required_argument, NULL, O_VECTORS},
         {"word-defs", required_argument, NULL, O_WDEFS},
         {"fuse-sweep", required_argument, NULL, O_SWEEP},
+        {"negatives-from", required_argument, NULL, O_NEGFROM},
         {"wait-fresh-s", required_argument, NULL, O_WAIT},
         {"fuse-tfidf", required_argument, NULL, O_FUSE},
         {"knn-check", required_argument, NULL, O_KNNCHECK},
@@ -240,6 +246,14 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
                 fprintf(stderr, "trainer: --fuse-sweep: at most 16 weights in [0, 1000]\n");
             break;
         }
+        case O_NEGFROM:
+            if (strcmp(optarg, "inputs") == 0 || strcmp(optarg, "outputs") == 0) {
+                o->negatives_from_inputs = strcmp(optarg, "inputs") == 0;
+            } else {
+                fprintf(stderr, "trainer: --negatives-from: '%s' is not inputs or outputs\n", optarg);
+                bad = -1;
+            }
+            break;
         case O_WDEFS: bad = trainer_parse_int("word-defs", optarg, 0, 1000, &o->word_defs); break;
         case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
         case O_FUSE: bad = trainer_parse_float("fuse-tfidf", optarg, 0.0, 1000.0, &o->fuse_tfidf); break;
@@ -275,6 +289,7 @@ int tt_names(const char *base, tt_names_t *names)
     snprintf(names->word, sizeof names->word, "%s.word", base);
     snprintf(names->gram, sizeof names->gram, "%s.gram", base);
     snprintf(names->vec, sizeof names->vec, "%s.vec", base);
+    snprintf(names->vecx, sizeof names->vecx, "%s.vecx", base);
     return 0;
 }
 
@@ -282,7 +297,8 @@ int tt_names(const char *base, tt_names_t *names)
 
 static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_opts_t *o)
 {
-    for (int t = 0; t < 3; t++) {
+    const int n_tables = o->negatives > 0 && o->negatives_from_inputs ? 4 : 3;
+    for (int t = 0; t < n_tables; t++) {
         Carls__TableConfig tc;
         Carls__OptimizerConfig opt;
         Carls__LazyUpdateConfig lazy;
@@ -302,6 +318,11 @@ static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_op
             tc.init_scale = o->init_scale;
             opt.kind = o->emb_opt;
             opt.learning_rate = o->emb_lr;
+        } else if (t == 3) {
+            /* Pooled word-tower inputs, written by put only (makers); read by id, never searched. */
+            tc.dim = (uint32_t)o->E;
+            tc.init = CARLS__INIT_KIND__INIT_ZEROS;
+            opt.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
         } else {
             /* Written by put only (makers); unit rows, so inner product is cosine. */
             tc.dim = (uint32_t)o->D;
@@ -311,7 +332,7 @@ static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_op
             knn.metric = CARLS__KNN_METRIC__METRIC_IP;
             tc.knn = &knn;
         }
-        const char *name = t == 0 ? names->word : t == 1 ? names->gram : names->vec;
+        const char *name = t == 0 ? names->word : t == 1 ? names->gram : t == 2 ? names->vec : names->vecx;
         int rc = kb_cluster_create_table(kb, name, &tc, true);
         if (rc != 0) {
             LOG_ERROR("trainer: cannot create table %s: %s", name, kb_cluster_last_error(kb));
@@ -358,6 +379,7 @@ typedef struct {
     uint32_t *cand_word;    /* (B + M) headword of each candidate */
     /* bank negatives */
     float *neg;             /* (M, D) */
+    float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
     uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
     int n_neg;              /* negatives held now (0 until the table has rows) */
     double neg_staleness;   /* mean (step - version) of the negatives held */
@@ -417,6 +439,10 @@ static void s_alloc(s_run_t *r)
     r->probs = carls_xmalloc(B * (B + M) * sizeof(float));
     r->cand_word = carls_xmalloc((B + M) * sizeof(uint32_t));
     r->neg = carls_xmalloc((M + 1) * D * sizeof(float));
+    r->negx = carls_xmalloc((M + 1) * E * sizeof(float));
+    r->neg_pre = carls_xmalloc((M + 1) * D * sizeof(float));
+    r->neg_norm = carls_xmalloc((M + 1) * sizeof(float));
+    r->neg_dpre = carls_xmalloc((M + 1) * D * sizeof(float));
     r->neg_word = carls_xmalloc((M + 1) * sizeof(uint32_t));
     w2v_map_init(&r->wmap);
     w2v_map_init(&r->gmap);
@@ -428,7 +454,7 @@ static void s_free(s_run_t *r)
                  r->bag_off, r->hw_idx, r->hw_word, r->gram_idx, r->gram_off, r->keys, r->word_rows,
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
-                 r->neg, r->neg_word};
+                 r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -587,7 +613,8 @@ static void s_fetch_negatives(s_run_t *r, uint64_t step)
     r->n_neg = 0;
     kb_sample_result_t *sr = NULL;
     uint32_t M = (uint32_t)r->o.negatives;
-    int rc = kb_cluster_sample(r->kb, r->names.vec, NULL, 0, M, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
+    const char *table = r->o.negatives_from_inputs ? r->names.vecx : r->names.vec;
+    int rc = kb_cluster_sample(r->kb, table, NULL, 0, M, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
                                carls_splitmix64(&r->rng) | 1, &sr);
     r->neg_fetches++;
     if (rc != 0 || sr->n < M) {
@@ -597,7 +624,9 @@ static void s_fetch_negatives(s_run_t *r, uint64_t step)
         return;
     }
     kb_row_meta_t *meta = carls_xmalloc(M * sizeof *meta);
-    rc = kb_cluster_lookup_ex(r->kb, r->names.vec, sr->keys, M, (uint32_t)r->o.D, true, r->neg, meta);
+    rc = r->o.negatives_from_inputs
+             ? kb_cluster_lookup_ex(r->kb, table, sr->keys, M, (uint32_t)r->o.E, true, r->negx, meta)
+             : kb_cluster_lookup_ex(r->kb, table, sr->keys, M, (uint32_t)r->o.D, true, r->neg, meta);
     if (rc != 0) {
         r->neg_unavailable++;
         LOG_WARN("trainer: reading bank negatives failed: %s", kb_cluster_last_error(r->kb));
@@ -647,6 +676,9 @@ static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
     }
     nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, B, E, D);
     memcpy(r->cand, r->v, (size_t)B * D * sizeof(float));
+    /* Inputs: the makers gathered the rows (the expensive part); the head is this trainer's, as of now. */
+    if (r->n_neg > 0 && r->o.negatives_from_inputs)
+        nn_tower_head_forward(r->neg, r->neg_pre, r->neg_norm, r->negx, r->Ww, r->bw, r->n_neg, E, D);
     if (r->n_neg > 0)
         memcpy(r->cand + (size_t)B * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
     for (int b = 0; b < B; b++)
@@ -658,6 +690,9 @@ static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
     memset(r->grads, 0, r->n_params * sizeof(float));
     nn_tower_head_backward(r->dxq, r->dWq, r->dbq, r->dpre, r->dq, r->q, r->nq, r->xq, r->Wq, B, E, D);
     nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, B, E, D);
+    if (r->n_neg > 0 && r->o.negatives_from_inputs) /* the negatives' inputs are constants; the head learns */
+        nn_tower_head_backward(NULL, r->dWw, r->dbw, r->neg_dpre, r->dcand + (size_t)B * D, r->neg, r->neg_norm,
+                               r->negx, r->Ww, r->n_neg, E, D);
     nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                   (int)r->wmap.n, E);
     if (r->o.word_defs > 0) {
