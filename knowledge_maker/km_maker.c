@@ -18,6 +18,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,9 @@ static void s_usage(FILE *out)
             "embed:\n"
             "  --encoder model|pixels   model: the checkpoint's encoder -> PREFIX.emb (default);\n"
             "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
+            "  --pixel-features F       --encoder pixels: raw (intensities in [0, 1], default), sqrt (their square\n"
+            "                           roots), centered / sqrt-centered / root4-centered (raw, square or fourth\n"
+            "                           roots minus their mean image over all items)\n"
             "  --batch B                rows per forward chunk (default 4096)\n"
             "graph:\n"
             "  --source pixels|emb      the embedding table searched (default pixels; emb: on every checkpoint)\n"
@@ -124,7 +128,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
     };
     enum {
         O_KB = 256, O_CKPT, O_TASK, O_WORKER, O_DEVICE, O_DATA, O_DATA_DIR, O_ITEMS, O_TABLES, O_ONCE, O_POLL,
-        O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL,
+        O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL, O_PXF,
         O_LOG, O_BTIMEOUT, O_BWAIT, O_GINDEX, O_GDICT, O_HELP
     };
     static const struct option longopts[] = {
@@ -150,6 +154,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         {"spread-alpha", required_argument, NULL, O_SALPHA},
         {"spread-iters", required_argument, NULL, O_SITERS},
         {"model-weight", required_argument, NULL, O_MW},
+        {"pixel-features", required_argument, NULL, O_PXF},
         {"balance", required_argument, NULL, O_BAL},
         {"log-level", required_argument, NULL, O_LOG},
         {"bank-timeout-ms", required_argument, NULL, O_BTIMEOUT},
@@ -224,6 +229,22 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         case O_SALPHA: bad = s_float("spread-alpha", optarg, 0.0, 0.9999, &o->spread_alpha); break;
         case O_SITERS: bad = s_int("spread-iters", optarg, 1, 10000, &o->spread_iters); break;
         case O_MW: bad = s_float("model-weight", optarg, 0.0, 1000.0, &o->model_weight); break;
+        case O_PXF: {
+            static const char *const names[] = {"raw", "sqrt", "centered", "sqrt-centered", "root4-centered"};
+            o->pixel_features = -1;
+            for (int f = 0; f < 5; f++) {
+                if (strcmp(optarg, names[f]) == 0) {
+                    o->pixel_features = f;
+                }
+            }
+            if (o->pixel_features < 0) {
+                fprintf(stderr, "kb-maker: --pixel-features: '%s' is not raw, sqrt, centered, sqrt-centered or "
+                        "root4-centered\n",
+                        optarg);
+                bad = -1;
+            }
+            break;
+        }
         case O_BAL: bad = s_int("balance", optarg, 0, 1, &o->balance); break;
         case O_LOG: bad = carls_log_level_option("kb-maker", optarg); break;
         case O_BTIMEOUT: bad = s_int("bank-timeout-ms", optarg, 10, 3600000, &o->bank_timeout_ms); break;
@@ -294,6 +315,29 @@ static int s_embed_pixels(s_maker_t *mk)
     }
     float *x = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)dim);
     carls_image_set_batch(&mk->ds.train, mk->share, (int)mk->n_share, x, NULL);
+    const int feat = mk->o->pixel_features;
+    if (feat == 1 || feat == 3 || feat == 4) {
+        for (size_t i = 0; i < mk->n_share * (size_t)dim; i++) {
+            x[i] = feat == 4 ? sqrtf(sqrtf(x[i])) : sqrtf(x[i]);
+        }
+    }
+    if (feat >= 2) {
+        /* The mean image over every item (not just the share: the whole fleet subtracts the same one). */
+        double *mean = carls_xcalloc((size_t)dim, sizeof *mean);
+        for (int it = 0; it < mk->n_items; it++) {
+            const uint8_t *px = mk->ds.train.pixels + (size_t)it * (size_t)dim;
+            for (int d = 0; d < dim; d++) {
+                double v = px[d] / 255.0;
+                mean[d] += feat == 4 ? sqrt(sqrt(v)) : feat == 3 ? sqrt(v) : v;
+            }
+        }
+        for (size_t i = 0; i < mk->n_share; i++) {
+            for (int d = 0; d < dim; d++) {
+                x[i * (size_t)dim + d] -= (float)(mean[d] / mk->n_items);
+            }
+        }
+        free(mean);
+    }
     int rc = km_bank_put(mk->bank, mk->tables.pixels, mk->share, mk->n_share, (uint32_t)dim, x, 0);
     free(x);
     if (rc != 0) {
@@ -503,7 +547,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     items = carls_xmalloc(sizeof *items * (mk->n_share ? mk->n_share : 1));
     lab = carls_xmalloc(sizeof *lab * (mk->n_share ? mk->n_share : 1));
     conf = carls_xmalloc(sizeof *conf * (mk->n_share ? mk->n_share : 1));
-    size_t m_out = 0, right = 0;
+    size_t m_out = 0, right = 0, n_conf = 0, right_conf = 0;
     for (size_t s = 0; s < mk->n_share; s++) {
         uint32_t it = mk->share[s];
         if (is_lab[it]) {
@@ -512,6 +556,10 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
         items[m_out] = it;
         km_spread_labels(F + (size_t)it * C, 1, C, &lab[m_out], &conf[m_out]);
         right += lab[m_out] == mk->ds.train.labels[it];
+        if (conf[m_out] >= 0.5f) {
+            n_conf++;
+            right_conf += lab[m_out] == mk->ds.train.labels[it];
+        }
         m_out++;
     }
     if (km_bank_create_feature(mk->bank, mk->tables.labels) != 0 ||
@@ -522,10 +570,11 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     double s = s_secs(t0);
     uint64_t latest = mk->watch ? km_watch_latest_step(mk->watch) : 0;
     LOG_INFO("label step %" PRIu64 " (%s): %zu unlabelled items in %.2f s (%.0f items/s); pseudo-label accuracy "
-             "%.4f (a diagnostic from the true labels, which are never written); trainer's newest checkpoint "
-             "%" PRIu64 ", %" PRIu64 " steps ahead",
+             "%.4f, %.4f on the %.1f%% with confidence >= 0.5 (diagnostics from the true labels, which are never "
+             "written); trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
              step, probs ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
-             m_out ? (double)right / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
+             m_out ? (double)right / (double)m_out : 0.0, n_conf ? (double)right_conf / (double)n_conf : 0.0,
+             m_out ? 100.0 * (double)n_conf / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
     rc = 0;
 cleanup:
     nn_mlp_destroy(&m);

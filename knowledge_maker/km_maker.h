@@ -53,6 +53,7 @@ typedef struct {
     int items;                 /* 0: every training image */
     const char *prefix;        /* table-name prefix */
     int pixels;                /* embed: 1 = --encoder pixels */
+    int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered */
     int source_emb;            /* graph: 1 = --source emb, 0 = pixels */
     int k;                     /* graph: neighbours per item */
     int once;                  /* do the task once and exit */

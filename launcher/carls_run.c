@@ -127,11 +127,13 @@ static int s_mkdirs(const char *dir)
 typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
     const char *kb_durability;
+    const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
     const char *experiment;           /* graphreg | twotower */
-    const char *gcide_index, *gcide_dict;
+    const char *gcide_index, *gcide_dict, *negatives_from;
     char bin[4096];
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
+    double augment_shift, augment_flip;
     double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
@@ -152,9 +154,11 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->maker_device = carls_ini_get(ini, "maker_device", "auto");
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
+    c->pixel_features = carls_ini_get(ini, "pixel_features", "raw");
     c->experiment = carls_ini_get(ini, "experiment", "graphreg");
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
     c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
+    c->negatives_from = carls_ini_get(ini, "negatives_from", "inputs");
     const char *bin = carls_ini_get(ini, "bin_dir", "");
     if (*bin) {
         s_fmt(c->bin, sizeof c->bin, "%s", bin);
@@ -193,6 +197,8 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"beta", &c->beta, 1},
         {"conf_threshold", &c->conf_threshold, 0},
         {"rampup", &c->rampup, 0},
+        {"augment_shift", &c->augment_shift, 0},
+        {"augment_flip", &c->augment_flip, 0},
         {"neighbors", &c->neighbors, 10},
         {"max_staleness", &c->max_staleness, 0},
         {"steps", &c->steps, 3000},
@@ -599,6 +605,7 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         {"--alpha", c->alpha, 0},                       {"--beta", c->beta, 0},
         {"--conf-threshold", c->conf_threshold, 0},     {"--rampup", c->rampup, 1},
         {"--neighbors", c->neighbors, 1},               {"--max-staleness", c->max_staleness, 1},
+        {"--augment-shift", c->augment_shift, 1},       {"--augment-flip", c->augment_flip, 0},
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
@@ -628,7 +635,8 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
 {
     s_arg(a, "twotower");
     const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
-                                 "--metrics", metrics, "--vectors", "makers", NULL};
+                                 "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
+                                 NULL};
     for (int k = 0; fixed[k]; k++) {
         s_arg(a, "%s", fixed[k]);
     }
@@ -828,7 +836,7 @@ int carls_run_main(int argc, char **argv)
     if (graph_needed) {
         double s = 0;
         const int n = (int)c.makers;
-        const char *px[] = {"--encoder", "pixels", NULL};
+        const char *px[] = {"--encoder", "pixels", "--pixel-features", c.pixel_features, NULL};
         if (s_fleet_once(r, "pixels", "embed", n, px, &s) != 0) {
             goto stop;
         }

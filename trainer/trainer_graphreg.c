@@ -59,6 +59,8 @@ typedef struct {
     int cosine, seed;
     float alpha, beta, conf_threshold;
     int rampup;
+    int augment_shift;             /* random translations of training images by up to this many pixels */
+    float augment_flip;            /* probability of a horizontal flip of a training image */
     int K;                         /* neighbours used per item */
     s_nbr_mode_t nbr_mode;
     int max_staleness;             /* 0: no limit */
@@ -93,6 +95,10 @@ static void s_usage(FILE *out)
             "  --beta B                 pseudo-label weight (default 0)\n"
             "  --conf-threshold T       ignore pseudo-labels less confident than T (default 0)\n"
             "  --rampup R               alpha and beta grow linearly over the first R steps (default 0)\n"
+            "augmentation (training images only; labelled and unlabelled rows alike):\n"
+            "  --augment-shift S        translate each image by a random offset in [-S, S] pixels in each\n"
+            "                           direction, zero fill (default 0: off)\n"
+            "  --augment-flip P         flip each image left-right with probability P (default 0: off)\n"
             "output:\n"
             "  --ckpt-dir DIR (default runs/graphreg) --ckpt-every N (default 100) --keep N (default 3)\n"
             "  --eval-every N (default 500) --metrics FILE (default DIR/metrics.csv)\n"
@@ -122,7 +128,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     };
     enum {
         O_DATA = 256, O_DATA_DIR, O_LPC, O_LSEED, O_TITEMS, O_VAL, O_STEPS, O_BL, O_BU, O_HIDDEN, O_DROPOUT, O_OPT,
-        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_K, O_FROM, O_STALE, O_KB, O_TABLES, O_CKPT,
+        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_AUGSHIFT, O_AUGFLIP, O_K, O_FROM, O_STALE, O_KB, O_TABLES, O_CKPT,
         O_METRICS, O_CKEVERY, O_EVAL, O_KEEP, O_DEVICE, O_THREADS, O_LOG, O_HELP
     };
     static const struct option longopts[] = {
@@ -146,6 +152,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"beta", required_argument, NULL, O_BETA},
         {"conf-threshold", required_argument, NULL, O_THR},
         {"rampup", required_argument, NULL, O_RAMP},
+        {"augment-shift", required_argument, NULL, O_AUGSHIFT},
+        {"augment-flip", required_argument, NULL, O_AUGFLIP},
         {"neighbors", required_argument, NULL, O_K},
         {"neighbors-from", required_argument, NULL, O_FROM},
         {"max-staleness", required_argument, NULL, O_STALE},
@@ -207,6 +215,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_BETA: bad = trainer_parse_float("beta", optarg, 0.0, 1e6, &o->beta); break;
         case O_THR: bad = trainer_parse_float("conf-threshold", optarg, 0.0, 1.0, &o->conf_threshold); break;
         case O_RAMP: bad = trainer_parse_int("rampup", optarg, 0, 100000000, &o->rampup); break;
+        case O_AUGSHIFT: bad = trainer_parse_int("augment-shift", optarg, 0, 8, &o->augment_shift); break;
+        case O_AUGFLIP: bad = trainer_parse_float("augment-flip", optarg, 0.0, 1.0, &o->augment_flip); break;
         case O_K: bad = trainer_parse_int("neighbors", optarg, 1, 1024, &o->K); break;
         case O_FROM:
             if (strcmp(optarg, "bank") == 0) {
@@ -304,6 +314,37 @@ static void s_draw(uint32_t *order, int len, int *cursor, uint64_t *rng, int n, 
     }
 }
 
+/* Augments n images (rows x cols floats each) in place: each is flipped left-right with probability flip and
+ * translated by (dy, dx) drawn uniformly from [-shift, shift]^2, vacated pixels set to 0 (the background).
+ * tmp holds one image. */
+static void s_augment(float *x, int n, int rows, int cols, int shift, float flip, uint64_t *rng, float *tmp)
+{
+    const size_t dim = (size_t)rows * (size_t)cols;
+    for (int i = 0; i < n; i++) {
+        float *img = x + (size_t)i * dim;
+        const uint64_t r = carls_splitmix64(rng);
+        const int span = 2 * shift + 1;
+        const int dy = shift > 0 ? (int)(r % (uint64_t)span) - shift : 0;
+        const int dx = shift > 0 ? (int)((r >> 16) % (uint64_t)span) - shift : 0;
+        const bool fl = flip > 0.0f && (double)(r >> 40) / (double)(1ULL << 24) < (double)flip;
+        if (dx == 0 && dy == 0 && !fl) {
+            continue;
+        }
+        memcpy(tmp, img, sizeof *tmp * dim);
+        for (int y = 0; y < rows; y++) {
+            const int sy = y - dy;
+            for (int c = 0; c < cols; c++) {
+                int sx = c - dx;
+                if (fl) {
+                    sx = cols - 1 - sx;
+                }
+                img[(size_t)y * cols + c] =
+                    sy >= 0 && sy < rows && sx >= 0 && sx < cols ? tmp[(size_t)sy * cols + sx] : 0.0f;
+            }
+        }
+    }
+}
+
 /* Window counters between two evaluations. */
 typedef struct {
     double loss, ce, pl, graph;   /* sums of per-step values */
@@ -336,7 +377,7 @@ int trainer_graphreg_main(int argc, char **argv)
     trainer_prefetch_t *pf = NULL;
     trainer_metrics_t metrics = {0};
     uint32_t *labelled = NULL, *unlabelled = NULL, *val = NULL, *batch = NULL, *eval_idx = NULL, *nbr_items = NULL;
-    float *xbuf = NULL, *row_w = NULL, *h_host = NULL, *dh_host = NULL, *dh_dev = NULL, *nbr_x = NULL,
+    float *xbuf = NULL, *aug_tmp = NULL, *row_w = NULL, *h_host = NULL, *dh_host = NULL, *dh_dev = NULL, *nbr_x = NULL,
           *nbr_emb_local = NULL;
     int32_t *ybuf = NULL;
     int *nbr_slot = NULL;
@@ -426,6 +467,7 @@ int trainer_graphreg_main(int argc, char **argv)
 
     xbuf = carls_xmalloc(sizeof(float) * (size_t)max_batch * (size_t)ds.train.dim);
     ybuf = carls_xmalloc(sizeof(int32_t) * (size_t)max_batch);
+    aug_tmp = carls_xmalloc(sizeof(float) * (size_t)ds.train.dim);
     eval_idx = carls_xmalloc(sizeof(uint32_t) * (size_t)(ds.test.n > n_val ? ds.test.n : n_val));
     row_w = carls_xmalloc(sizeof(float) * (size_t)B);
     h_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
@@ -440,6 +482,7 @@ int trainer_graphreg_main(int argc, char **argv)
     }
 
     uint64_t rng = nn_hash_mix((uint64_t)o.seed, 0x67726567ULL); /* "greg" */
+    uint64_t aug_rng = nn_hash_mix((uint64_t)o.seed, 0x6175676dULL); /* "augm" */
     int lab_cursor = n_lab, unl_cursor = n_unl;
     uint32_t *cur_batch = batch, *next_batch = batch + B;
     s_draw(labelled, n_lab, &lab_cursor, &rng, BL, cur_batch);
@@ -481,6 +524,9 @@ int trainer_graphreg_main(int argc, char **argv)
 
         /* Targets and row weights. */
         carls_image_set_batch(&ds.train, cur_batch, B, xbuf, ybuf);
+        if (o.augment_shift > 0 || o.augment_flip > 0.0f) {
+            s_augment(xbuf, B, ds.train.rows, ds.train.cols, o.augment_shift, o.augment_flip, &aug_rng, aug_tmp);
+        }
         for (int i = 0; i < B; i++) {
             if (i < BL) {
                 row_w[i] = 1.0f / (float)BL;
@@ -701,6 +747,7 @@ cleanup:
     free(eval_idx);
     free(nbr_items);
     free(xbuf);
+    free(aug_tmp);
     free(row_w);
     free(h_host);
     free(dh_host);
