@@ -2,9 +2,10 @@
  *
  * One step: B training (definition, headword) pairs; the batch's distinct word and trigram rows are looked
  * up in the bank; the query tower embeds the definitions (tokens dropped at random), the word tower the
- * headwords; InfoNCE over the B in-batch candidates plus M word-tower embeddings of random headwords fetched
- * from NAME.vec (constants, written there by makers from an earlier checkpoint); the rows' gradients are
- * pushed back to the bank, the dense heads take an Adam step here. */
+ * headwords; InfoNCE over the B in-batch candidates plus M random headwords from the bank, written there by
+ * makers from an earlier checkpoint: their pooled word-tower inputs (NAME.vecx) put through this trainer's
+ * current head (the default), or their finished vectors (NAME.vec, --negatives-from outputs); the rows'
+ * gradients are pushed back to the bank, the dense heads take an Adam step here. */
 #include "trainer.h"
 #include "trainer_metrics.h"
 #include "trainer_tt.h"
