@@ -3,7 +3,9 @@
  *     checkpoint's step, and the bank counted as many puts as there are items;
  *   - a pixel fleet and a graph fleet build k=5 neighbour lists: every item has 5 neighbours, never itself,
  *     with weights in [0, 1], best first;
- *   - a label maker writes pseudo-labels for the unlabelled items only.
+ *   - a label maker writes pseudo-labels for the unlabelled items only;
+ *   - a sqrt-centered pixel fleet (--pixel-features) writes rows whose mean over the items is zero (both makers
+ *     subtract the mean image of all items, not of their share).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 #include "server_harness.h"
@@ -15,6 +17,7 @@
 #include "checkpoint.h"
 #include "kb_client.h"
 
+#include <math.h>
 #include <string.h>
 
 #define N_ITEMS 900
@@ -154,6 +157,25 @@ int main(void)
     MT_CHECK(labelled == N_ITEMS - 30, "%d items got pseudo-labels, expected the %d unlabelled ones", labelled, N_ITEMS - 30);
     MT_CHECK(bad == 0, "%d bad labels or confidences", bad);
     MT_CHECK(s_stat(client, "fmnist.labels", "rows") == N_ITEMS - 30, "label rows");
+
+    /* sqrt-centered pixel features, two makers: every column sums to zero over the items. */
+    const char *sqc[] = {"--task", "embed", "--encoder", "pixels", "--pixel-features", "sqrt-centered", "--tables", "fmsc",
+                         NULL};
+    s_fleet(srv.endpoint, dir, 2, sqc);
+    MT_CHECK(s_stat(client, "fmsc.pixels", "puts") == N_ITEMS, "sqrt-centered pixel puts");
+    static float px[N_ITEMS * 784];
+    MT_CHECK(km_bank_lookup(bank, "fmsc.pixels", items, N_ITEMS, 784, px, NULL, NULL) == 0, "%s", km_bank_error(bank));
+    double worst = 0.0, spread = 0.0;
+    for (int d = 0; d < 784; d++) {
+        double sum = 0.0;
+        for (int i = 0; i < N_ITEMS; i++) {
+            sum += px[(size_t)i * 784 + d];
+            spread += fabs(px[(size_t)i * 784 + d]);
+        }
+        worst = fabs(sum / N_ITEMS) > worst ? fabs(sum / N_ITEMS) : worst;
+    }
+    MT_CHECK(worst < 1e-4, "a column of the sqrt-centered rows has mean %g", worst);
+    MT_CHECK(spread > 0.01 * N_ITEMS * 784, "the sqrt-centered rows are (nearly) all zero");
 
     kb_client_destroy(&client);
     km_bank_destroy(&bank);
