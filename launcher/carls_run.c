@@ -577,6 +577,25 @@ static int s_fleet_start(s_run_t *r, const char *name, const s_argv_t *a, const 
     return 0;
 }
 
+/* A numeric option for a child: flag and value, printed as an integer or with %g. */
+typedef struct {
+    const char *flag;
+    double v;
+    int is_int;
+} s_num_arg_t;
+
+static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        s_arg(a, "%s", nums[i].flag);
+        if (nums[i].is_int) {
+            s_arg(a, "%d", (int)nums[i].v);
+        } else {
+            s_arg(a, "%g", nums[i].v);
+        }
+    }
+}
+
 /* trainer graphreg's arguments (experiment = graphreg). */
 static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
                             const char *metrics)
@@ -592,11 +611,7 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         s_arg(a, "--kb");
         s_arg(a, "%s", endpoint);
     }
-    const struct {
-        const char *flag;
-        double v;
-        int is_int;
-    } nums[] = {
+    const s_num_arg_t nums[] = {
         {"--labels-per-class", c->labels_per_class, 1}, {"--label-seed", c->label_seed, 1},
         {"--train-items", c->items, 1},                 {"--validation", c->validation, 1},
         {"--steps", c->steps, 1},                       {"--batch-labelled", c->batch_labelled, 1},
@@ -608,14 +623,7 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         {"--augment-shift", c->augment_shift, 1},       {"--augment-flip", c->augment_flip, 0},
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        s_arg(a, "%s", nums[i].flag);
-        if (nums[i].is_int) {
-            s_arg(a, "%d", (int)nums[i].v);
-        } else {
-            s_arg(a, "%g", nums[i].v);
-        }
-    }
+    s_num_args(a, nums, sizeof nums / sizeof nums[0]);
     s_arg(a, "--hidden");
     s_arg(a, "%s", c->hidden);
     s_arg(a, "--neighbors-from");
@@ -648,11 +656,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         s_arg(a, "--dict");
         s_arg(a, "%s", c->gcide_dict);
     }
-    const struct {
-        const char *flag;
-        double v;
-        int is_int;
-    } nums[] = {
+    const s_num_arg_t nums[] = {
         {"--holdout-seed", c->holdout_seed, 1}, {"--holdout-count", c->holdout_count, 1},
         {"--dim", c->dim, 1},                   {"--out-dim", c->out_dim, 1},
         {"--batch", c->batch, 1},               {"--epochs", c->epochs, 1},
@@ -663,14 +667,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         {"--fuse-tfidf", c->fuse_tfidf, 0},     {"--ckpt-every", c->ckpt_every, 1},
         {"--seed", c->seed, 1},
     };
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        s_arg(a, "%s", nums[i].flag);
-        if (nums[i].is_int) {
-            s_arg(a, "%d", (int)nums[i].v);
-        } else {
-            s_arg(a, "%g", nums[i].v);
-        }
-    }
+    s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
 
 /* Prints the two-tower run's result line; returns the launcher's status. */
