@@ -1,0 +1,27 @@
+#!/bin/bash
+# Trainer steps/s against the number of neighbours K, bank mode vs in-trainer mode (docs/BENCHMARKS.md,
+# "Trainer steps/s against the number of neighbours"). Usage: bench/trainer_neighbors.sh [WORKDIR]; needs build/bin.
+set -u
+cd "$(dirname "$0")/.."
+B=build/bin; D=${1:-/tmp/carls-bench-neighbors}; rm -rf $D; mkdir -p $D
+$B/kb-server --listen 'tcp://127.0.0.1:*' --endpoint-file $D/ep --data $D/kb --durability interval:1000 > $D/kb.log 2>&1 &
+SP=$!
+for i in $(seq 50); do [ -s $D/ep ] && break; sleep 0.1; done
+EP=$(cat $D/ep)
+$B/kb-maker --kb $EP --task embed --encoder pixels --items 10000 --once > $D/mk.log 2>&1
+$B/kb-maker --kb $EP --task graph --source pixels --k 50 --items 10000 --once >> $D/mk.log 2>&1
+# a checkpoint, then one embed pass so the bank holds every item's embedding
+$B/trainer graphreg --data fashion-mnist --kb $EP --train-items 10000 --alpha 0 --steps 10 --ckpt-dir $D/ckpt --ckpt-every 10 --eval-every 100000 > $D/t0.log 2>&1
+$B/kb-maker --kb $EP --task embed --items 10000 --ckpt-dir $D/ckpt --once >> $D/mk.log 2>&1
+echo "load_before $(cut -d' ' -f1 /proc/loadavg)"
+for mode in bank trainer; do
+  for K in 1 5 10 20 50; do
+    if [ $mode = trainer ] && [ $K -gt 10 ]; then continue; fi
+    out=$($B/trainer graphreg --data fashion-mnist --kb $EP --train-items 10000 --alpha 0.1 --neighbors $K \
+        --neighbors-from $mode --steps 2000 --eval-every 100000 --ckpt-every 100000 --ckpt-dir $D/ckpt-run 2>&1)
+    sps=$(echo "$out" | tr ' ' '\n' | grep '^steps_per_s=' | tail -1 | cut -d= -f2)
+    wait=$(echo "$out" | tr ' ' '\n' | grep '^wait_ms_per_step=' | cut -d= -f2)
+    echo "$mode K=$K steps_per_s=$sps wait_ms_per_step=$wait load=$(cut -d' ' -f1 /proc/loadavg)"
+  done
+done
+kill $SP; wait $SP
