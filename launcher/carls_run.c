@@ -137,6 +137,7 @@ typedef struct {
     double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
+    double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
     double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf;
@@ -212,6 +213,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"timeout_s", &c->timeout_s, 1200},
         {"max_bank_restarts", &c->max_bank_restarts, 3},
         {"max_maker_restarts", &c->max_maker_restarts, 3},
+        {"maker_bank_timeout_ms", &c->maker_bank_timeout_ms, 0},
         {"holdout_seed", &c->holdout_seed, 0},
         {"holdout_count", &c->holdout_count, 2000},
         {"dim", &c->dim, 128},
@@ -261,6 +263,15 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* How long a maker waits for one answer before it resends (and so how soon it notices a restarted bank). */
+static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
+{
+    if (c->maker_bank_timeout_ms > 0) {
+        s_arg(a, "--bank-timeout-ms");
+        s_arg(a, "%d", (int)c->maker_bank_timeout_ms);
+    }
+}
+
 /* Common maker arguments. */
 static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *task, int worker,
                          int workers)
@@ -282,6 +293,7 @@ static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, co
         s_arg(a, "--data-dir");
         s_arg(a, "%s", c->data_dir);
     }
+    s_maker_timeout_arg(a, c);
 }
 
 /* A run in progress: its processes, their supervision and what happened to them. */
@@ -902,6 +914,7 @@ int carls_run_main(int argc, char **argv)
             }
             s_arg(&a, "--worker");
             s_arg(&a, "%d/%d", i, n);
+            s_maker_timeout_arg(&a, &c);
             if (*c.gcide_index) {
                 s_arg(&a, "--gcide-index");
                 s_arg(&a, "%s", c.gcide_index);

@@ -145,7 +145,10 @@ int main(void)
                     "--set", "makers=2", "--set", "maker_device=cpu", "--set", "trainer_device=cpu",
                     "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
                     "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=1000",
-                    "--set", "kb_durability=sync", "--set", "timeout_s=500", NULL};
+                    "--set", "kb_durability=sync", "--set", "timeout_s=500",
+                    /* A maker blocked in a request when the bank dies resends after 1 s, not its default 10 s:
+                     * on a quiet machine the whole run after the kill takes less than 10 s. */
+                    "--set", "maker_bank_timeout_ms=1000", NULL};
     const int64_t t0 = carls_monotonic_ms();
     pid_t launcher = mt_spawn("carls", argv, log);
 
