@@ -1060,9 +1060,6 @@ static int s_check_sample(kb_cluster_t *self, uint32_t s, const Carls__SampleRes
     return 0;
 }
 
-/* A random 53-bit fraction in [0, 1). */
-static double s_unit(uint64_t *state) { return (double)(carls_splitmix64(state) >> 11) * (1.0 / 9007199254740992.0); }
-
 /* The seed shard s draws with: a function of the caller's seed and s only, never 0 (0 asks the server to
  * pick one, which would make a seeded sample unrepeatable). */
 static uint64_t s_shard_seed(uint64_t seed, uint32_t s)
@@ -1215,7 +1212,7 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     if (n > 0) {
         uint64_t st = seed;
         for (uint32_t d = 0; d < n; d++) {
-            double u = s_unit(&st) * total, acc = 0;
+            double u = carls_unit_double(&st) * total, acc = 0;
             uint32_t pick = self->n; /* rounding may leave u >= the last sum: the last shard with mass */
             for (uint32_t s = 0; s < self->n; s++) {
                 acc += round1[s]->sample->mass;
@@ -1272,7 +1269,7 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
      * must not get one shard's draws first. */
     uint64_t st = s_shard_seed(seed, self->n);
     for (size_t i = r->n; i > n_positives + 1; i--) {
-        size_t j = n_positives + (size_t)(s_unit(&st) * (double)(i - n_positives));
+        size_t j = n_positives + (size_t)(carls_unit_double(&st) * (double)(i - n_positives));
         if (j >= i)
             j = i - 1;
         kb_key_t tk = r->keys[i - 1];

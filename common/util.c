@@ -38,6 +38,11 @@ uint64_t carls_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+double carls_unit_double(uint64_t *state)
+{
+    return (double)(carls_splitmix64(state) >> 11) * 0x1.0p-53;
+}
+
 uint64_t carls_hash64(const void *data, size_t len, uint64_t seed)
 {
     const unsigned char *p = data;

@@ -19,6 +19,9 @@ uint64_t carls_hash64(const void *data, size_t len, uint64_t seed);
 /* splitmix64 step: advances *state and returns the next pseudo-random value. */
 uint64_t carls_splitmix64(uint64_t *state);
 
+/* A uniform double in [0, 1) from the top 53 bits of the next splitmix64 value (advances *state). */
+double carls_unit_double(uint64_t *state);
+
 /* Allocation that aborts with file:line on failure (out of memory is not a recoverable error here). */
 void *carls_xmalloc_at(size_t size, const char *file, int line);
 void *carls_xcalloc_at(size_t n, size_t size, const char *file, int line);

@@ -48,6 +48,15 @@ void data_gcide_bags_build(data_gcide_bags_t *out, const data_gcide_t *g, const 
         s_walk(g, words[i], max_senses, max_tokens, out, out->off[i], idf);
 }
 
+void data_gcide_idf_build(data_idf_t *idf, const data_gcide_t *g)
+{
+    bool *skip = carls_xmalloc(g->n_senses * sizeof(bool) + 1);
+    for (size_t s = 0; s < g->n_senses; s++)
+        skip[s] = g->senses[s].held_out;
+    data_idf_build(idf, g->text, skip);
+    free(skip);
+}
+
 void data_gcide_bags_free(data_gcide_bags_t *b)
 {
     free(b->tok);

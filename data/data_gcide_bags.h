@@ -18,6 +18,10 @@ typedef struct {
     size_t n;
 } data_gcide_bags_t;
 
+/* The IDF of the training definitions: every sense that is not held out is one document. The trainer and
+ * its word makers both build it this way, so their weights agree. Free with data_idf_free. */
+void data_gcide_idf_build(data_idf_t *idf, const data_gcide_t *g);
+
 /* Bags of the n headwords words[0..n-1] (indices into g->words): the first max_senses training senses of
  * each, at most max_tokens words of each sense. Caller frees with data_gcide_bags_free. */
 void data_gcide_bags_build(data_gcide_bags_t *out, const data_gcide_t *g, const data_idf_t *idf,

@@ -93,11 +93,7 @@ static int s_build_bags(s_words_t *w)
         LOG_ERROR("the checkpoint's word tower pools definitions, but the trainer's hold-out is unreadable: %s", err);
         return -1;
     }
-    bool *skip = carls_xmalloc(w->g->n_senses * sizeof(bool) + 1);
-    for (size_t s = 0; s < w->g->n_senses; s++)
-        skip[s] = w->g->senses[s].held_out;
-    data_idf_build(&w->idf, w->g->text, skip);
-    free(skip);
+    data_gcide_idf_build(&w->idf, w->g);
     data_gcide_bags_build(&w->bags, w->g, &w->idf, w->share_idx, w->n_share, NN_TOWER_DEF_SENSES,
                           NN_TOWER_DEF_TOKENS);
     w->have_bags = true;

@@ -69,8 +69,7 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
             }
             off[b + 1] = l;
         }
-        for (uint32_t i = 0; i < wmap.n; i++)
-            keys[i] = (kb_key_t){wmap.key[i], wmap.len[i]};
+        w2v_map_keys(&wmap, keys);
         rc = s_read_rows(kb, names->word, keys, wmap.n, E, rows, NULL);
         if (rc != 0)
             break;

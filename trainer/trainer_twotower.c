@@ -13,6 +13,8 @@
 #include "trainer_w2v.h"
 
 #include "checkpoint.h"
+#include "data_gcide_bags.h"
+#include "data_sample.h"
 #include "log.h"
 #include "nn_ops.h"
 #include "protocol.h"
@@ -360,7 +362,7 @@ typedef struct {
     int adam_t;
 
     /* the batch */
-    size_t *train;          /* training sense indices, shuffled each epoch */
+    uint32_t *train;        /* training sense indices, shuffled each epoch */
     size_t n_train;
     w2v_map_t wmap, gmap;   /* distinct word / trigram keys of the batch */
     char (*gram_keys)[3];   /* storage for the batch's trigram keys */
@@ -465,21 +467,6 @@ static void s_free(s_run_t *r)
     data_gcide_destroy(&r->g);
 }
 
-static double s_uniform(uint64_t *rng)
-{
-    return (double)(carls_splitmix64(rng) >> 11) * 0x1p-53;
-}
-
-static void s_shuffle(size_t *a, size_t n, uint64_t *rng)
-{
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)(carls_splitmix64(rng) % i);
-        size_t t = a[i - 1];
-        a[i - 1] = a[j];
-        a[j] = t;
-    }
-}
-
 /* --word-defs: appends to the definition bag, from position at, the words of up to S other training senses
  * of word (not sense s, never a held-out one), chosen at random. Returns how many words. */
 static size_t s_add_defs(s_run_t *r, size_t s, uint32_t word, size_t at)
@@ -520,7 +507,7 @@ static size_t s_add_defs(s_run_t *r, size_t s, uint32_t word, size_t at)
 
 /* Builds the batch of pairs train[from .. from+B-1]: bags of (kept) definition words, headwords, trigrams.
  * Returns the number of distinct word rows; *n_grams gets the trigram rows. */
-static void s_build_batch(s_run_t *r, const size_t *senses, int B)
+static void s_build_batch(s_run_t *r, const uint32_t *senses, int B)
 {
     const data_text_t *t = r->g->text;
     w2v_map_clear(&r->wmap);
@@ -537,7 +524,7 @@ static void s_build_batch(s_run_t *r, const size_t *senses, int B)
             end = first + TT_MAX_TOKENS;
         int kept = 0;
         for (size_t k = first; k < end; k++) {
-            if (r->o.token_dropout > 0 && s_uniform(&r->rng) < r->o.token_dropout)
+            if (r->o.token_dropout > 0 && carls_unit_double(&r->rng) < r->o.token_dropout)
                 continue;
             const char *w = t->text + t->tok_off[k];
             r->bag_idx[L] = (int32_t)w2v_map_put(&r->wmap, w, t->tok_len[k]);
@@ -589,8 +576,7 @@ static void s_reserve(s_run_t *r, size_t n)
 
 static int s_lookup_map(s_run_t *r, const char *table, const w2v_map_t *m, float *rows)
 {
-    for (uint32_t i = 0; i < m->n; i++)
-        r->keys[i] = (kb_key_t){m->key[i], m->len[i]};
+    w2v_map_keys(m, r->keys);
     int rc = kb_cluster_lookup(r->kb, table, r->keys, m->n, (uint32_t)r->o.E, rows, NULL);
     if (rc != 0)
         LOG_ERROR("trainer: lookup in %s failed: %s", table, kb_cluster_last_error(r->kb));
@@ -599,8 +585,7 @@ static int s_lookup_map(s_run_t *r, const char *table, const w2v_map_t *m, float
 
 static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const float *grads)
 {
-    for (uint32_t i = 0; i < m->n; i++)
-        r->keys[i] = (kb_key_t){m->key[i], m->len[i]};
+    w2v_map_keys(m, r->keys);
     int rc = kb_cluster_push_gradients(r->kb, table, r->keys, m->n, (uint32_t)r->o.E, grads);
     if (rc != 0)
         LOG_ERROR("trainer: push to %s failed: %s", table, kb_cluster_last_error(r->kb));
@@ -650,7 +635,7 @@ static void s_fetch_negatives(s_run_t *r, uint64_t step)
 }
 
 /* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
-static double s_step(s_run_t *r, const size_t *senses, int B, uint64_t step)
+static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
 {
     const int E = r->o.E, D = r->o.D;
     s_build_batch(r, senses, B);
@@ -759,15 +744,11 @@ static int s_load_data(s_run_t *r)
         fprintf(stderr, "trainer: cannot write %s\n", r->o.write_holdout);
         return -1;
     }
-    r->train = carls_xmalloc(r->g->n_senses * sizeof(size_t));
+    r->train = carls_xmalloc(r->g->n_senses * sizeof(uint32_t));
     for (size_t s = 0; s < r->g->n_senses; s++)
         if (!r->g->senses[s].held_out)
-            r->train[r->n_train++] = s;
-    bool *skip = carls_xmalloc(r->g->n_senses * sizeof(bool) + 1);
-    for (size_t s = 0; s < r->g->n_senses; s++)
-        skip[s] = r->g->senses[s].held_out;
-    data_idf_build(&r->idf, r->g->text, skip);
-    free(skip);
+            r->train[r->n_train++] = (uint32_t)s;
+    data_gcide_idf_build(&r->idf, r->g);
     LOG_INFO("trainer: GCIDE: %zu headwords, %zu senses, %zu training pairs, %zu held out (%.1f s)",
                    r->g->n_words, r->g->n_senses, r->n_train, r->g->n_held_out,
                    (double)(carls_monotonic_us() - t0) / 1e6);
@@ -789,7 +770,7 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     int loss_n = 0, rc = 0;
     bool done = false;
     for (int epoch = 0; epoch < r->o.epochs && !done; epoch++) {
-        s_shuffle(r->train, r->n_train, &r->rng);
+        carls_shuffle_u32(r->train, r->n_train, &r->rng);
         for (size_t from = 0; from + (size_t)r->o.batch <= r->n_train && !done; from += (size_t)r->o.batch) {
             double loss = s_step(r, r->train + from, r->o.batch, step);
             if (isnan(loss)) {

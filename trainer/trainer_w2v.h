@@ -72,6 +72,8 @@ void w2v_map_clear(w2v_map_t *m);
 uint32_t w2v_map_put(w2v_map_t *m, const char *key, uint8_t len);
 /* Index of the word, or UINT32_MAX. */
 uint32_t w2v_map_get(const w2v_map_t *m, const char *key, uint8_t len);
+/* keys (m->n) = the map's words in index order, as bank keys (pointing at the words' bytes). */
+void w2v_map_keys(const w2v_map_t *m, kb_key_t *keys);
 
 /* ---- vector files (word2vec text format) and quality checks (trainer_w2v_eval.c) ---- */
 

@@ -83,3 +83,9 @@ uint32_t w2v_map_put(w2v_map_t *m, const char *key, uint8_t len)
         s_rehash(m);
     return i;
 }
+
+void w2v_map_keys(const w2v_map_t *m, kb_key_t *keys)
+{
+    for (uint32_t i = 0; i < m->n; i++)
+        keys[i] = (kb_key_t){m->key[i], m->len[i]};
+}

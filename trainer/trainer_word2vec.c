@@ -756,7 +756,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
             if (t > 0 && r->total_tokens > 0) {
                 double ratio = t * (double)r->total_tokens / (double)f;
                 double keep = sqrt(ratio) + ratio;
-                double u = (double)(carls_splitmix64(&rng) >> 11) * 0x1.0p-53;
+                double u = carls_unit_double(&rng);
                 if (u >= keep)
                     continue;
             }
