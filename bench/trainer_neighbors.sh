@@ -1,7 +1,9 @@
 #!/bin/bash
 # Trainer steps/s against the number of neighbours K, bank mode vs in-trainer mode (docs/BENCHMARKS.md,
 # "Trainer steps/s against the number of neighbours"). Usage: bench/trainer_neighbors.sh [WORKDIR]; needs build/bin.
+# NBR_REFRESH=N (default 20, the trainer's default) is passed to bank mode as --neighbor-refresh N.
 set -u
+REFRESH=${NBR_REFRESH:-20}
 cd "$(dirname "$0")/.."
 B=build/bin; D=${1:-/tmp/carls-bench-neighbors}; rm -rf $D; mkdir -p $D
 $B/kb-server --listen 'tcp://127.0.0.1:*' --endpoint-file $D/ep --data $D/kb --durability interval:1000 > $D/kb.log 2>&1 &
@@ -17,11 +19,13 @@ echo "load_before $(cut -d' ' -f1 /proc/loadavg)"
 for mode in bank trainer; do
   for K in 1 5 10 20 50; do
     if [ $mode = trainer ] && [ $K -gt 10 ]; then continue; fi
+    extra=""; [ $mode = bank ] && extra="--neighbor-refresh $REFRESH"
     out=$($B/trainer graphreg --data fashion-mnist --kb $EP --train-items 10000 --alpha 0.1 --neighbors $K \
-        --neighbors-from $mode --steps 2000 --eval-every 100000 --ckpt-every 100000 --ckpt-dir $D/ckpt-run 2>&1)
+        --neighbors-from $mode $extra --steps 2000 --eval-every 100000 --ckpt-every 100000 --ckpt-dir $D/ckpt-run 2>&1)
     sps=$(echo "$out" | tr ' ' '\n' | grep '^steps_per_s=' | tail -1 | cut -d= -f2)
     wait=$(echo "$out" | tr ' ' '\n' | grep '^wait_ms_per_step=' | cut -d= -f2)
-    echo "$mode K=$K steps_per_s=$sps wait_ms_per_step=$wait load=$(cut -d' ' -f1 /proc/loadavg)"
+    rows=$(echo "$out" | tr ' ' '\n' | grep '^neighbor_rows_read_per_step=' | cut -d= -f2)
+    echo "$mode K=$K steps_per_s=$sps wait_ms_per_step=$wait rows_read_per_step=${rows:--} load=$(cut -d' ' -f1 /proc/loadavg)"
   done
 done
 kill $SP; wait $SP

@@ -13,7 +13,10 @@
  *
  * The next batch's graph lists, pseudo-labels and neighbour embeddings are fetched by a prefetch thread
  * while this batch trains (trainer_prefetch.h). --max-staleness S skips neighbour embeddings whose version
- * (the checkpoint step they were computed from) is more than S steps behind (counted).
+ * (the checkpoint step they were computed from) is more than S steps behind (counted). In bank mode the
+ * prefetch thread also reduces the neighbours to a weighted mean and mean square per item, so a step costs
+ * the trainer the same at 50 neighbours as at 1, and it caches neighbour rows for --neighbor-refresh batches
+ * instead of reading every one for every batch (trainer_prefetch.h says why that is safe).
  *
  * When the bank is unreachable (killed, restarting) the trainer does not wait for it: the batches it cannot
  * fetch train on their labels alone, are counted (bank_skipped in metrics.csv, bank_fetches_skipped at the
@@ -64,6 +67,7 @@ typedef struct {
     int K;                         /* neighbours used per item */
     s_nbr_mode_t nbr_mode;
     int max_staleness;             /* 0: no limit */
+    int nbr_refresh;               /* bank mode: re-read a cached neighbour row after this many batches */
     const char *kb, *tables;
     const char *ckpt_dir, *metrics;
     int ckpt_every, eval_every, keep;
@@ -92,6 +96,8 @@ static void s_usage(FILE *out)
             "  --neighbors K            neighbours per item from the graph lists (default 10)\n"
             "  --neighbors-from bank|trainer|none  who computes neighbour embeddings (default bank)\n"
             "  --max-staleness S        skip neighbour embeddings more than S steps old (default 0: keep all)\n"
+            "  --neighbor-refresh N     bank mode: reuse a neighbour's embedding read from the bank for N batches\n"
+            "                           before reading it again (default 20; 1: read every neighbour every batch)\n"
             "  --beta B                 pseudo-label weight (default 0)\n"
             "  --conf-threshold T       ignore pseudo-labels less confident than T (default 0)\n"
             "  --rampup R               alpha and beta grow linearly over the first R steps (default 0)\n"
@@ -119,6 +125,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .cosine = 1,
         .seed = 1,
         .K = 10,
+        .nbr_refresh = 20,
         .tables = "fmnist",
         .ckpt_dir = "runs/graphreg",
         .ckpt_every = 100,
@@ -128,7 +135,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     };
     enum {
         O_DATA = 256, O_DATA_DIR, O_LPC, O_LSEED, O_TITEMS, O_VAL, O_STEPS, O_BL, O_BU, O_HIDDEN, O_DROPOUT, O_OPT,
-        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_AUGSHIFT, O_AUGFLIP, O_K, O_FROM, O_STALE, O_KB, O_TABLES, O_CKPT,
+        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_AUGSHIFT, O_AUGFLIP, O_K, O_FROM, O_STALE, O_REFRESH, O_KB, O_TABLES, O_CKPT,
         O_METRICS, O_CKEVERY, O_EVAL, O_KEEP, O_DEVICE, O_THREADS, O_LOG, O_HELP
     };
     static const struct option longopts[] = {
@@ -157,6 +164,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"neighbors", required_argument, NULL, O_K},
         {"neighbors-from", required_argument, NULL, O_FROM},
         {"max-staleness", required_argument, NULL, O_STALE},
+        {"neighbor-refresh", required_argument, NULL, O_REFRESH},
         {"kb", required_argument, NULL, O_KB},
         {"tables", required_argument, NULL, O_TABLES},
         {"ckpt-dir", required_argument, NULL, O_CKPT},
@@ -231,6 +239,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             }
             break;
         case O_STALE: bad = trainer_parse_int("max-staleness", optarg, 0, 2147483647, &o->max_staleness); break;
+        case O_REFRESH: bad = trainer_parse_int("neighbor-refresh", optarg, 1, 100000000, &o->nbr_refresh); break;
         case O_KB: o->kb = optarg; break;
         case O_TABLES: o->tables = optarg; break;
         case O_CKPT: o->ckpt_dir = optarg; break;
@@ -354,8 +363,57 @@ typedef struct {
     int64_t pl_rows, pl_used;     /* unlabelled rows, rows with an accepted pseudo-label */
     double wait_ms, fetch_ms;     /* waiting on the prefetcher, its fetch time */
     int64_t bank_skipped;         /* batches trained without the bank's knowledge (it was unreachable) */
+    int64_t rows_read;            /* neighbour rows read from the bank (the rest came from the cache) */
     int64_t train_us;             /* training-loop time */
 } s_window_t;
+
+/* In-trainer mode: the neighbours in the batch's lists. */
+static int64_t s_count_neighbors(const trainer_fetch_t *f, int n_slots)
+{
+    int64_t n = 0;
+    for (int s = 0; s < n_slots; s++) {
+        n += f->nbr[s] != TRAINER_NO_ITEM;
+    }
+    return n;
+}
+
+/* In-trainer mode's graph term from the neighbours' rows (emb row nbr_slot[s] for list slot s): adds the
+ * gradient of coef * sum_j w~_ij ||h_i - h_j||^2 to dh and returns the term. */
+static double s_graph_term_rows(const trainer_fetch_t *f, const float *h, const float *emb, const int *nbr_slot, int B,
+                                int K, int E, float coef, float *dh)
+{
+    double graph = 0.0;
+    for (int i = 0; i < B; i++) {
+        double wsum = 0.0;
+        for (int j = 0; j < K; j++) {
+            const int s = i * K + j;
+            if (f->nbr[s] != TRAINER_NO_ITEM && f->w[s] > 0.0f) {
+                wsum += f->w[s];
+            }
+        }
+        if (wsum <= 0.0) {
+            continue;
+        }
+        const float *hi = h + (size_t)i * E;
+        float *gi = dh + (size_t)i * E;
+        for (int j = 0; j < K; j++) {
+            const int s = i * K + j;
+            if (f->nbr[s] == TRAINER_NO_ITEM || f->w[s] <= 0.0f) {
+                continue;
+            }
+            const float *hj = emb + (size_t)nbr_slot[s] * E;
+            const float wt = (float)(f->w[s] / wsum) * coef;
+            double d2 = 0.0;
+            for (int e = 0; e < E; e++) {
+                float d = hi[e] - hj[e];
+                d2 += (double)d * d;
+                gi[e] += 2.0f * wt * d;
+            }
+            graph += wt * d2;
+        }
+    }
+    return graph;
+}
 
 int trainer_graphreg_main(int argc, char **argv)
 {
@@ -458,6 +516,9 @@ int trainer_graphreg_main(int argc, char **argv)
             .E = E,
             .max_batch = B,
             .n_items = N,
+            .refresh_batches = o.nbr_refresh,
+            .aggregate = o.nbr_mode == S_NBR_BANK,
+            .max_staleness = o.max_staleness,
         };
         pf = trainer_prefetch_new(&pc);
         if (!pf) {
@@ -488,7 +549,7 @@ int trainer_graphreg_main(int argc, char **argv)
     s_draw(labelled, n_lab, &lab_cursor, &rng, BL, cur_batch);
     s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, cur_batch + BL);
     if (pf) {
-        trainer_prefetch_submit(pf, cur_batch, B);
+        trainer_prefetch_submit(pf, cur_batch, B, 0);
     }
     if (s_checkpoint(m, &o, 0) != 0) {
         goto cleanup;
@@ -498,6 +559,7 @@ int trainer_graphreg_main(int argc, char **argv)
     nn_optim_config_t opt = o.opt;
     const int64_t t_start = carls_monotonic_us();
     int64_t total_train_us = 0, total_nbr_used = 0, total_stale = 0, total_missing = 0, total_skipped = 0;
+    int64_t total_rows_read = 0;
     double total_wait_ms = 0, last_acc = 0, last_loss = 0;
     for (int step = 0; step < o.steps; step++) {
         const int64_t t_step = carls_monotonic_us();
@@ -517,7 +579,7 @@ int trainer_graphreg_main(int argc, char **argv)
         s_draw(labelled, n_lab, &lab_cursor, &rng, BL, next_batch);
         s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, next_batch + BL);
         if (pf && step + 1 < o.steps) {
-            trainer_prefetch_submit(pf, next_batch, B);
+            trainer_prefetch_submit(pf, next_batch, B, (uint64_t)step + 1);
         }
         const float ramp = o.rampup > 0 && step < o.rampup ? (float)(step + 1) / (float)o.rampup : 1.0f;
         const float alpha = o.alpha * ramp, beta = o.beta * ramp;
@@ -544,7 +606,6 @@ int trainer_graphreg_main(int argc, char **argv)
         }
         /* In-trainer mode: the neighbours' embeddings from the current weights, before the batch's forward
          * pass (nn_mlp_encode reuses the activation buffers). */
-        const float *nbr_emb = f ? f->nbr_emb : NULL;
         if (use_graph && o.nbr_mode == S_NBR_TRAINER && f) {
             int U = 0;
             for (int i = 0; i < B * K; i++) {
@@ -558,7 +619,6 @@ int trainer_graphreg_main(int argc, char **argv)
                 carls_image_set_batch(&ds.train, nbr_items, U, nbr_x, NULL);
                 nn_mlp_encode(m, nbr_x, U, nbr_emb_local);
             }
-            nbr_emb = nbr_emb_local;
         }
         nn_mlp_set_batch(m, xbuf, ybuf, B);
         nn_mlp_forward(m, B, true, nn_hash_mix((uint64_t)o.seed, (uint64_t)step));
@@ -580,60 +640,16 @@ int trainer_graphreg_main(int argc, char **argv)
         if (use_graph && f && alpha > 0.0f) {
             m->ops->to_host(h_host, m->h[cfg.n_hidden - 1], sizeof(float) * (size_t)B * (size_t)E);
             memset(dh_host, 0, sizeof(float) * (size_t)B * (size_t)E);
-            for (int i = 0; i < B; i++) {
-                double wsum = 0.0;
-                for (int j = 0; j < K; j++) {
-                    const int s = i * K + j;
-                    if (f->nbr[s] == TRAINER_NO_ITEM) {
-                        continue;
-                    }
-                    if (o.nbr_mode == S_NBR_BANK) {
-                        if (!f->nbr_have[s]) {
-                            win.nbr_missing++;
-                            continue;
-                        }
-                        uint64_t age = (uint64_t)step > f->nbr_ver[s] ? (uint64_t)step - f->nbr_ver[s] : 0;
-                        if (o.max_staleness > 0 && age > (uint64_t)o.max_staleness) {
-                            win.nbr_stale++;
-                            continue;
-                        }
-                        win.staleness_sum += (double)age;
-                    }
-                    win.nbr_used++;
-                    wsum += f->w[s] > 0.0f ? f->w[s] : 0.0f;
-                }
-                if (wsum <= 0.0) {
-                    continue;
-                }
-                const float *hi = h_host + (size_t)i * E;
-                float *gi = dh_host + (size_t)i * E;
-                for (int j = 0; j < K; j++) {
-                    const int s = i * K + j;
-                    if (f->nbr[s] == TRAINER_NO_ITEM || f->w[s] <= 0.0f) {
-                        continue;
-                    }
-                    const float *hj;
-                    if (o.nbr_mode == S_NBR_BANK) {
-                        if (!f->nbr_have[s]) {
-                            continue;
-                        }
-                        uint64_t age = (uint64_t)step > f->nbr_ver[s] ? (uint64_t)step - f->nbr_ver[s] : 0;
-                        if (o.max_staleness > 0 && age > (uint64_t)o.max_staleness) {
-                            continue;
-                        }
-                        hj = nbr_emb + (size_t)s * E;
-                    } else {
-                        hj = nbr_emb + (size_t)nbr_slot[s] * E;
-                    }
-                    const float wt = (float)(f->w[s] / wsum) * alpha / (float)B;
-                    double d2 = 0.0;
-                    for (int e = 0; e < E; e++) {
-                        float d = hi[e] - hj[e];
-                        d2 += (double)d * d;
-                        gi[e] += 2.0f * wt * d;
-                    }
-                    graph += wt * d2;
-                }
+            if (o.nbr_mode == S_NBR_BANK) {
+                graph = trainer_fetch_graph_term(f, h_host, E, alpha / (float)B, dh_host);
+                win.nbr_used += f->nbr_used;
+                win.nbr_stale += f->nbr_stale;
+                win.nbr_missing += f->nbr_missing;
+                win.staleness_sum += f->staleness_sum;
+                win.rows_read += f->fetched;
+            } else {
+                win.nbr_used += s_count_neighbors(f, B * K);
+                graph = s_graph_term_rows(f, h_host, nbr_emb_local, nbr_slot, B, K, E, alpha / (float)B, dh_host);
             }
             m->ops->to_device(dh_dev, dh_host, sizeof(float) * (size_t)B * (size_t)E);
             d_emb = dh_dev;
@@ -711,6 +727,7 @@ int trainer_graphreg_main(int argc, char **argv)
             total_stale += win.nbr_stale;
             total_missing += win.nbr_missing;
             total_skipped += win.bank_skipped;
+            total_rows_read += win.rows_read;
             memset(&win, 0, sizeof win);
         }
     }
@@ -727,6 +744,9 @@ int trainer_graphreg_main(int argc, char **argv)
            (long long)total_stale, (long long)total_missing);
     if (pf) {
         printf("bank_fetches_skipped=%lld\n", (long long)total_skipped);
+    }
+    if (pf && o.nbr_mode == S_NBR_BANK) {
+        printf("neighbor_rows_read_per_step=%.1f\n", (double)total_rows_read / o.steps);
     }
     printf("%s_loss=%.4f\n", n_val ? "val" : "test", last_loss);
     printf("%s_accuracy=%.4f\n", n_val ? "val" : "test", last_acc);

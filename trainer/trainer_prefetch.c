@@ -32,11 +32,20 @@ struct trainer_prefetch {
     /* thread scratch */
     ProtobufCBinaryData *wire;    /* (max_batch) keys of a feature_get */
     char *key_text;               /* (max(max_batch, max_batch * K), S_KEY) */
-    kb_key_t *ukeys;              /* (max_batch * K) distinct neighbour keys */
-    uint32_t *uitems;             /* (max_batch * K) their items */
+    kb_key_t *ukeys;              /* (max_batch * K) keys of the neighbour rows to read from the bank */
+    uint32_t *uitems;             /* (max_batch * K) distinct neighbours of the batch */
+    uint32_t *uread;              /* (max_batch * K) of those, the ones read from the bank (ukeys) */
     int32_t *pos;                 /* (n_items) item -> index in uitems, -1 (reset after each batch) */
-    float *uvals;                 /* (max_batch * K, E) */
+    float *uvals;                 /* (max_batch * K, E) rows read */
     kb_row_meta_t *umeta;         /* (max_batch * K) */
+    /* neighbour-row cache, per item (emb_table only) */
+    uint64_t batches;             /* batches fetched so far */
+    float *row;                   /* (n_items, E) the last row read */
+    float *row_sq;                /* (n_items) its squared norm */
+    uint64_t *row_ver;            /* (n_items) its version */
+    int64_t *row_read_at;         /* (n_items) the batch it was read for; -1: never */
+    uint8_t *row_have;            /* (n_items) a maker had written it */
+    float *acc;                   /* (E) aggregate scratch */
 };
 
 static uint32_t s_key_item(const uint8_t *d, size_t len)
@@ -127,14 +136,141 @@ static bool s_probe(trainer_prefetch_t *p)
     return true;
 }
 
+/* Reads the batch's distinct neighbours' rows that the cache does not hold fresh enough into the cache, in
+ * one no_create lookup (rows no maker wrote are remembered as missing). */
+static int s_read_rows(trainer_prefetch_t *p, trainer_fetch_t *f)
+{
+    const int K = p->cfg.K, E = p->cfg.E, B = f->B;
+    const int64_t now = (int64_t)p->batches;
+    const int64_t refresh = p->cfg.refresh_batches > 1 ? p->cfg.refresh_batches : 1;
+    int U = 0, R = 0;
+    for (int i = 0; i < B * K; i++) {
+        uint32_t it = f->nbr[i];
+        if (it == TRAINER_NO_ITEM || p->pos[it] >= 0) {
+            continue;
+        }
+        p->pos[it] = U;
+        p->uitems[U++] = it;
+        if (p->row_read_at[it] >= 0 && now - p->row_read_at[it] < refresh) {
+            continue;
+        }
+        char *k = p->key_text + (size_t)R * S_KEY;
+        p->ukeys[R].len = (size_t)snprintf(k, S_KEY, "%u", it);
+        p->ukeys[R].data = k;
+        p->uread[R++] = it;
+    }
+    for (int u = 0; u < U; u++) {
+        p->pos[p->uitems[u]] = -1;
+    }
+    f->distinct = U;
+    f->fetched = R;
+    if (R == 0) {
+        return 0;
+    }
+    int rc = kb_client_lookup_ex(p->client, p->cfg.emb_table, p->ukeys, (size_t)R, (uint32_t)E, true, p->uvals,
+                                 p->umeta);
+    if (rc == KB_CLIENT_ESTATUS && strstr(kb_client_last_error(p->client), "NOT_FOUND")) {
+        rc = 0; /* no maker wrote embeddings yet: every neighbour is missing */
+        for (int r = 0; r < R; r++) {
+            p->umeta[r].updated_at_ms = 0;
+        }
+    } else if (rc != 0) {
+        snprintf(f->err, sizeof f->err, "lookup %s: %s", p->cfg.emb_table, kb_client_last_error(p->client));
+        return rc;
+    }
+    for (int r = 0; r < R; r++) {
+        const uint32_t it = p->uread[r];
+        p->row_read_at[it] = now;
+        p->row_have[it] = p->umeta[r].updated_at_ms != 0;
+        p->row_ver[it] = p->umeta[r].version;
+        const float *src = p->uvals + (size_t)r * E;
+        float *dst = p->row + (size_t)it * E;
+        double sq = 0.0;
+        for (int e = 0; e < E; e++) {
+            dst[e] = src[e];
+            sq += (double)src[e] * src[e];
+        }
+        p->row_sq[it] = (float)sq;
+    }
+    return 0;
+}
+
+/* Copies each neighbour's cached row to f->nbr_emb. */
+static void s_copy_rows(const trainer_prefetch_t *p, trainer_fetch_t *f)
+{
+    const int E = p->cfg.E;
+    for (int s = 0; s < f->B * p->cfg.K; s++) {
+        uint32_t it = f->nbr[s];
+        if (it != TRAINER_NO_ITEM && p->row_have[it]) {
+            f->nbr_have[s] = 1;
+            f->nbr_ver[s] = p->row_ver[it];
+            memcpy(f->nbr_emb + (size_t)s * E, p->row + (size_t)it * E, sizeof(float) * (size_t)E);
+        }
+    }
+}
+
+/* The neighbour side of the graph term (trainer_prefetch.h): agg_mean, agg_sq, agg_wsum and the counters. */
+static void s_aggregate(const trainer_prefetch_t *p, trainer_fetch_t *f)
+{
+    const int K = p->cfg.K, E = p->cfg.E;
+    float *acc = p->acc;
+    for (int i = 0; i < f->B; i++) {
+        double wsum = 0.0, sq = 0.0;
+        memset(acc, 0, sizeof *acc * (size_t)E);
+        for (int j = 0; j < K; j++) {
+            const int s = i * K + j;
+            const uint32_t it = f->nbr[s];
+            if (it == TRAINER_NO_ITEM) {
+                continue;
+            }
+            if (!p->row_have[it]) {
+                f->nbr_missing++;
+                continue;
+            }
+            const uint64_t ver = p->row_ver[it];
+            f->nbr_have[s] = 1;
+            f->nbr_ver[s] = ver;
+            const uint64_t age = f->step > ver ? f->step - ver : 0;
+            if (p->cfg.max_staleness > 0 && age > (uint64_t)p->cfg.max_staleness) {
+                f->nbr_stale++;
+                continue;
+            }
+            f->nbr_used++;
+            f->staleness_sum += (double)age;
+            const float w = f->w[s];
+            if (w <= 0.0f) {
+                continue;
+            }
+            wsum += w;
+            sq += (double)w * p->row_sq[it];
+            const float *h = p->row + (size_t)it * E;
+            for (int e = 0; e < E; e++) {
+                acc[e] += w * h[e];
+            }
+        }
+        float *mean = f->agg_mean + (size_t)i * E;
+        f->agg_wsum[i] = (float)wsum;
+        f->agg_sq[i] = wsum > 0.0 ? (float)(sq / wsum) : 0.0f;
+        for (int e = 0; e < E; e++) {
+            mean[e] = wsum > 0.0 ? (float)((double)acc[e] / wsum) : 0.0f;
+        }
+    }
+}
+
 /* Fetches everything batch f needs. */
 static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
 {
-    const int K = p->cfg.K, E = p->cfg.E, B = f->B;
+    const int K = p->cfg.K, B = f->B;
     int64_t t0 = carls_monotonic_us();
     f->rc = 0;
     f->err[0] = '\0';
     f->distinct = 0;
+    f->fetched = 0;
+    f->nbr_used = f->nbr_stale = f->nbr_missing = 0;
+    f->staleness_sum = 0.0;
+    if (f->agg_wsum) {
+        memset(f->agg_wsum, 0, sizeof *f->agg_wsum * (size_t)B); /* no graph term unless the fetch works */
+    }
     for (int i = 0; i < B; i++) {
         f->plabel[i] = -1;
         f->pconf[i] = 0.0f;
@@ -207,50 +343,12 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
     if (gresp) {
         carls__response__free_unpacked(gresp, NULL);
     }
-    /* Neighbour embeddings: one no_create lookup of the distinct neighbours. */
     if (rc == 0 && p->cfg.emb_table) {
-        int U = 0;
-        for (int i = 0; i < B * K; i++) {
-            uint32_t it = f->nbr[i];
-            if (it == TRAINER_NO_ITEM || p->pos[it] >= 0) {
-                continue;
-            }
-            p->pos[it] = U;
-            p->uitems[U] = it;
-            char *k = p->key_text + (size_t)U * S_KEY;
-            p->ukeys[U].len = (size_t)snprintf(k, S_KEY, "%u", it);
-            p->ukeys[U].data = k;
-            U++;
-        }
-        f->distinct = U;
-        if (U > 0) {
-            rc = kb_client_lookup_ex(p->client, p->cfg.emb_table, p->ukeys, (size_t)U, (uint32_t)E, true, p->uvals,
-                                     p->umeta);
-            if (rc == KB_CLIENT_ESTATUS && strstr(kb_client_last_error(p->client), "NOT_FOUND")) {
-                rc = 0; /* no maker wrote embeddings yet: every neighbour is missing */
-                for (int u = 0; u < U; u++) {
-                    p->umeta[u].updated_at_ms = 0;
-                }
-            } else if (rc != 0) {
-                snprintf(f->err, sizeof f->err, "lookup %s: %s", p->cfg.emb_table, kb_client_last_error(p->client));
-            }
-        }
-        if (rc == 0) {
-            for (int i = 0; i < B * K; i++) {
-                uint32_t it = f->nbr[i];
-                if (it == TRAINER_NO_ITEM) {
-                    continue;
-                }
-                int u = p->pos[it];
-                if (p->umeta[u].updated_at_ms != 0) {
-                    f->nbr_have[i] = 1;
-                    f->nbr_ver[i] = p->umeta[u].version;
-                    memcpy(f->nbr_emb + (size_t)i * E, p->uvals + (size_t)u * E, sizeof(float) * (size_t)E);
-                }
-            }
-        }
-        for (int u = 0; u < U; u++) {
-            p->pos[p->uitems[u]] = -1;
+        rc = s_read_rows(p, f);
+        if (rc == 0 && p->cfg.aggregate) {
+            s_aggregate(p, f);
+        } else if (rc == 0) {
+            s_copy_rows(p, f);
         }
     }
     if (rc != 0 && s_unreachable(rc, f->err)) {
@@ -265,6 +363,7 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
                  f->err, p->cfg.probe_ms);
         rc = TRAINER_FETCH_SKIPPED;
     }
+    p->batches++;
     f->rc = rc;
     f->fetch_ms = (double)(carls_monotonic_us() - t0) / 1e3;
 }
@@ -311,7 +410,11 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
         f->items = carls_xcalloc(MB, sizeof *f->items);
         f->nbr = carls_xcalloc(MB * K, sizeof *f->nbr);
         f->w = carls_xcalloc(MB * K, sizeof *f->w);
-        f->nbr_emb = cfg->emb_table ? carls_xcalloc(MB * K * E, sizeof *f->nbr_emb) : NULL;
+        const bool agg = cfg->emb_table && cfg->aggregate;
+        f->nbr_emb = cfg->emb_table && !agg ? carls_xcalloc(MB * K * E, sizeof *f->nbr_emb) : NULL;
+        f->agg_mean = agg ? carls_xcalloc(MB * E, sizeof *f->agg_mean) : NULL;
+        f->agg_sq = agg ? carls_xcalloc(MB, sizeof *f->agg_sq) : NULL;
+        f->agg_wsum = agg ? carls_xcalloc(MB, sizeof *f->agg_wsum) : NULL;
         f->nbr_ver = carls_xcalloc(MB * K, sizeof *f->nbr_ver);
         f->nbr_have = carls_xcalloc(MB * K, sizeof *f->nbr_have);
         f->plabel = carls_xcalloc(MB, sizeof *f->plabel);
@@ -322,12 +425,25 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
     p->key_text = carls_xcalloc(MB * K + MB, S_KEY);
     p->ukeys = carls_xcalloc(MB * K, sizeof *p->ukeys);
     p->uitems = carls_xcalloc(MB * K, sizeof *p->uitems);
+    p->uread = carls_xcalloc(MB * K, sizeof *p->uread);
     p->pos = carls_xmalloc(sizeof *p->pos * (size_t)cfg->n_items);
     for (int i = 0; i < cfg->n_items; i++) {
         p->pos[i] = -1;
     }
     p->uvals = cfg->emb_table ? carls_xcalloc(MB * K * E, sizeof *p->uvals) : NULL;
     p->umeta = carls_xcalloc(MB * K, sizeof *p->umeta);
+    if (cfg->emb_table) {
+        const size_t N = (size_t)cfg->n_items;
+        p->row = carls_xcalloc(N * E, sizeof *p->row);
+        p->row_sq = carls_xcalloc(N, sizeof *p->row_sq);
+        p->row_ver = carls_xcalloc(N, sizeof *p->row_ver);
+        p->row_read_at = carls_xmalloc(N * sizeof *p->row_read_at);
+        for (size_t i = 0; i < N; i++) {
+            p->row_read_at[i] = -1;
+        }
+        p->row_have = carls_xcalloc(N, sizeof *p->row_have);
+        p->acc = carls_xcalloc(E, sizeof *p->acc);
+    }
     pthread_mutex_init(&p->mutex, NULL);
     pthread_cond_init(&p->cond, NULL);
     if (pthread_create(&p->thread, NULL, s_thread, p) != 0) {
@@ -362,6 +478,9 @@ void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
         free(f->nbr);
         free(f->w);
         free(f->nbr_emb);
+        free(f->agg_mean);
+        free(f->agg_sq);
+        free(f->agg_wsum);
         free(f->nbr_ver);
         free(f->nbr_have);
         free(f->plabel);
@@ -372,6 +491,13 @@ void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
     free(p->key_text);
     free(p->ukeys);
     free(p->uitems);
+    free(p->uread);
+    free(p->row);
+    free(p->row_sq);
+    free(p->row_ver);
+    free(p->row_read_at);
+    free(p->row_have);
+    free(p->acc);
     free(p->pos);
     free(p->uvals);
     free(p->umeta);
@@ -380,7 +506,7 @@ void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
     *self_p = NULL;
 }
 
-int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int B)
+int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int B, uint64_t step)
 {
     assert(B >= 1 && B <= self->cfg.max_batch);
     pthread_mutex_lock(&self->mutex);
@@ -391,6 +517,7 @@ int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int
     }
     trainer_fetch_t *f = &self->slot[self->submitted % S_SLOTS];
     f->B = B;
+    f->step = step;
     memcpy(f->items, items, sizeof *items * (size_t)B);
     self->submitted++;
     pthread_cond_broadcast(&self->cond);
@@ -413,4 +540,25 @@ const trainer_fetch_t *trainer_prefetch_wait(trainer_prefetch_t *self, double *w
         *wait_ms = (double)(carls_monotonic_us() - t0) / 1e3;
     }
     return f;
+}
+
+double trainer_fetch_graph_term(const trainer_fetch_t *f, const float *h, int E, float coef, float *dh)
+{
+    double graph = 0.0;
+    for (int i = 0; i < f->B; i++) {
+        if (f->agg_wsum[i] <= 0.0f) {
+            continue;
+        }
+        const float *hi = h + (size_t)i * E, *mi = f->agg_mean + (size_t)i * E;
+        float *gi = dh + (size_t)i * E;
+        double hh = 0.0, hm = 0.0;
+        for (int e = 0; e < E; e++) {
+            hh += (double)hi[e] * hi[e];
+            hm += (double)hi[e] * mi[e];
+            gi[e] += 2.0f * coef * (hi[e] - mi[e]);
+        }
+        const double d2 = hh - 2.0 * hm + (double)f->agg_sq[i];
+        graph += (double)coef * (d2 > 0.0 ? d2 : 0.0); /* >= 0 exactly; rounding can dip below */
+    }
+    return graph;
 }

@@ -27,7 +27,7 @@ static const trainer_fetch_t *s_batch(trainer_prefetch_t *pf, uint32_t start, do
     for (int i = 0; i < S_B; i++) {
         items[i] = (start + (uint32_t)i) % S_N;
     }
-    MT_CHECK(trainer_prefetch_submit(pf, items, S_B) == 0, "submit");
+    MT_CHECK(trainer_prefetch_submit(pf, items, S_B, 0) == 0, "submit");
     return trainer_prefetch_wait(pf, ms);
 }
 
