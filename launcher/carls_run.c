@@ -43,14 +43,14 @@ static void s_fmt(char *buf, size_t len, const char *fmt, ...)
 /* An argv under construction: fixed storage, no allocation. */
 typedef struct {
     int n;
-    char arg[64][600];
-    char *ptr[65];
+    char arg[96][600];
+    char *ptr[97];
 } s_argv_t;
 
 static void s_arg(s_argv_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void s_arg(s_argv_t *a, const char *fmt, ...)
 {
-    if (a->n >= 64) {
+    if (a->n >= 96) {
         CARLS_FATAL("launcher: too many arguments");
     }
     va_list ap;
@@ -129,7 +129,7 @@ typedef struct {
     const char *kb_durability;
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
     const char *experiment;           /* graphreg | twotower */
-    const char *gcide_index, *gcide_dict, *negatives_from;
+    const char *gcide_index, *gcide_dict, *negatives_from, *lexical;
     char bin[4096];
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
@@ -140,7 +140,7 @@ typedef struct {
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
-    double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf;
+    double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -160,6 +160,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
     c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
     c->negatives_from = carls_ini_get(ini, "negatives_from", "inputs");
+    c->lexical = carls_ini_get(ini, "lexical", "tfidf");
     const char *bin = carls_ini_get(ini, "bin_dir", "");
     if (*bin) {
         s_fmt(c->bin, sizeof c->bin, "%s", bin);
@@ -228,6 +229,10 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"emb_lr", &c->emb_lr, 0.01},
         {"token_dropout", &c->token_dropout, 0.3},
         {"fuse_tfidf", &c->fuse_tfidf, 0},
+        {"bm25_k1", &c->bm25_k1, 1.2},
+        {"bm25_b", &c->bm25_b, 0.75},
+        {"hard_queries", &c->hard_queries, 0},
+        {"hard_k", &c->hard_k, 32},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (carls_ini_get_double(ini, nums[i].key, nums[i].def, nums[i].out, err, errlen) != 0) {
@@ -651,12 +656,13 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
 }
 
 /* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
-static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *ckpt, const char *metrics)
+static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *ckpt, const char *metrics,
+                            const char *vectors)
 {
     s_arg(a, "twotower");
     const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
-                                 NULL};
+                                 "--lexical", c->lexical, "--save-vectors", vectors, NULL};
     for (int k = 0; fixed[k]; k++) {
         s_arg(a, "%s", fixed[k]);
     }
@@ -677,7 +683,9 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         {"--temperature", c->temperature, 0},   {"--lr", c->lr, 0},
         {"--emb-lr", c->emb_lr, 0},             {"--token-dropout", c->token_dropout, 0},
         {"--fuse-tfidf", c->fuse_tfidf, 0},     {"--ckpt-every", c->ckpt_every, 1},
-        {"--seed", c->seed, 1},
+        {"--seed", c->seed, 1},                 {"--bm25-k1", c->bm25_k1, 0},
+        {"--bm25-b", c->bm25_b, 0},             {"--hard-queries", c->hard_queries, 1},
+        {"--hard-k", c->hard_k, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
@@ -965,7 +973,9 @@ int carls_run_main(int argc, char **argv)
         s_argv_t a = {0};
         s_arg(&a, "%s/trainer", c.bin);
         if (tt) {
-            s_twotower_args(&a, &c, r->endpoint, ckpt, metrics);
+            char vectors[4400];
+            s_fmt(vectors, sizeof vectors, "%s/vectors.bin", dir);
+            s_twotower_args(&a, &c, r->endpoint, ckpt, metrics, vectors);
         } else {
             s_graphreg_args(&a, &c, graph_needed, r->endpoint, ckpt, metrics);
         }

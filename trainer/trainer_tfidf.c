@@ -5,12 +5,14 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NO_TERM UINT32_MAX
 
 struct tfidf {
+    tfidf_opts_t opts;
     size_t n_docs;        /* g->n_words */
     size_t n_terms;
     char *bytes;          /* term spellings, back to back */
@@ -20,7 +22,7 @@ struct tfidf {
     size_t terms_cap;
     uint32_t *slots;      /* (slot_mask + 1) open addressing: term id + 1, 0 = empty */
     size_t slot_mask;
-    float *idf;           /* (n_terms) ln(N / df) */
+    float *idf;           /* (n_terms) ln(N / df), or BM25's ln(1 + (N - df + 0.5) / (df + 0.5)) */
     size_t *post_start;   /* (n_terms + 1) postings of term t are [post_start[t], post_start[t + 1]) */
     uint32_t *post_doc;   /* (n_postings) document (headword) of each posting, increasing within a term */
     float *post_w;        /* (n_postings) its normalised weight */
@@ -131,24 +133,36 @@ static void s_add_document(tfidf_t *t, const data_gcide_t *g, size_t w, s_triple
     }
 }
 
-/* Turns the triples' term frequencies into normalised weights (triples of a document are contiguous). */
+/* Turns the triples' term frequencies into weights (triples of a document are contiguous): cosine: the
+ * L2-normalised (1 + ln tf) * idf; BM25: idf * tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl)). */
 static void s_weigh(tfidf_t *t, s_triples_t *tr)
 {
+    const bool bm25 = t->opts.scheme == TFIDF_BM25;
+    const double k1 = t->opts.k1, b = t->opts.b;
     size_t *df = carls_xcalloc(t->n_terms, sizeof *df);
-    for (size_t i = 0; i < tr->n; i++)
+    double total = 0;
+    for (size_t i = 0; i < tr->n; i++) {
         df[tr->term[i]]++;
+        total += tr->w[i];
+    }
+    const double N = (double)t->n_docs, avgdl = N > 0 && total > 0 ? total / N : 1;
     t->idf = carls_xmalloc((t->n_terms ? t->n_terms : 1) * sizeof *t->idf);
     for (size_t id = 0; id < t->n_terms; id++)
-        t->idf[id] = (float)log((double)t->n_docs / (double)df[id]);
+        t->idf[id] = bm25 ? (float)log(1.0 + (N - (double)df[id] + 0.5) / ((double)df[id] + 0.5))
+                          : (float)log(N / (double)df[id]);
     free(df);
     for (size_t i = 0; i < tr->n;) {
         size_t j = i;
-        double norm = 0;
-        for (; j < tr->n && tr->doc[j] == tr->doc[i]; j++) {
-            tr->w[j] = (1.0f + logf(tr->w[j])) * t->idf[tr->term[j]];
-            norm += (double)tr->w[j] * tr->w[j];
+        double norm = 0, dl = 0;
+        for (; j < tr->n && tr->doc[j] == tr->doc[i]; j++)
+            dl += tr->w[j];
+        for (size_t k = i; k < j; k++) {
+            double tf = tr->w[k];
+            tr->w[k] = bm25 ? (float)(t->idf[tr->term[k]] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)))
+                            : (1.0f + logf((float)tf)) * t->idf[tr->term[k]];
+            norm += (double)tr->w[k] * tr->w[k];
         }
-        float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+        float inv = bm25 ? 1.0f : norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
         for (size_t k = i; k < j; k++)
             tr->w[k] *= inv;
         i = j;
@@ -177,7 +191,14 @@ static void s_invert(tfidf_t *t, const s_triples_t *tr)
 
 int tfidf_build(const data_gcide_t *g, tfidf_t **out)
 {
+    const tfidf_opts_t cosine = {.scheme = TFIDF_COSINE};
+    return tfidf_build_ex(g, &cosine, out);
+}
+
+int tfidf_build_ex(const data_gcide_t *g, const tfidf_opts_t *opts, tfidf_t **out)
+{
     tfidf_t *t = carls_xcalloc(1, sizeof *t);
+    t->opts = *opts;
     t->n_docs = g->n_words;
     s_rehash(t);
     s_triples_t tr = {0};
@@ -209,7 +230,9 @@ void tfidf_scores(const tfidf_t *t, const data_gcide_t *g, size_t sense, float *
             ids[m++] = id;
     }
     qsort(ids, m, sizeof *ids, s_cmp_u32);
-    /* Query weights, one per distinct term (stored at the run's start), then their norm. */
+    /* Query weights, one per distinct term (stored at the run's start), then their norm; BM25 counts each
+     * distinct query term once. */
+    const bool bm25 = t->opts.scheme == TFIDF_BM25;
     float *qw = carls_xmalloc((m ? m : 1) * sizeof *qw);
     double norm = 0;
     size_t d = 0;
@@ -218,16 +241,23 @@ void tfidf_scores(const tfidf_t *t, const data_gcide_t *g, size_t sense, float *
         while (j < m && ids[j] == ids[i])
             j++;
         ids[d] = ids[i];
-        qw[d] = (1.0f + logf((float)(j - i))) * t->idf[ids[i]];
+        qw[d] = bm25 ? 1.0f : (1.0f + logf((float)(j - i))) * t->idf[ids[i]];
         norm += (double)qw[d] * qw[d];
         d++;
         i = j;
     }
-    float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
-    for (size_t i = 0; i < d && inv > 0; i++) {
+    float inv = bm25 ? 1.0f : norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+    for (size_t i = 0; i < d && norm > 0; i++) {
         float q = qw[i] * inv;
         for (size_t p = t->post_start[ids[i]]; p < t->post_start[ids[i] + 1]; p++)
             scores[t->post_doc[p]] += q * t->post_w[p];
+    }
+    if (bm25) { /* scaled so the best document scores 1 */
+        float best = 0;
+        for (size_t w = 0; w < g->n_words; w++)
+            best = scores[w] > best ? scores[w] : best;
+        for (size_t w = 0; w < g->n_words && best > 0; w++)
+            scores[w] /= best;
     }
     free(qw);
     free(ids);

@@ -11,6 +11,7 @@
 #include "data_idf.h"
 #include "kb_cluster.h"
 #include "nn_tower.h"
+#include "trainer_tfidf.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,6 +36,13 @@ int tt_names(const char *base, tt_names_t *names);
 int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
                      const nn_tower_head_t *head, const size_t *senses, size_t n, float *q_out);
 
+/* Hard bank negatives (--hard-queries): from the headwords the bank's knn answered for n_q queries, k slots
+ * each (knn_words (n_q, k), best first; UINT32_MAX for an empty slot or an unknown word), keeps each distinct
+ * headword once, in slot order, leaving out every positive of the batch (pos (n_pos): a query's own headword and
+ * the other in-batch candidates, which are candidates already). Writes at most max_out to out; returns how many. */
+size_t tt_hard_select(const uint32_t *knn_words, size_t n_q, size_t k, const uint32_t *pos, size_t n_pos,
+                      uint32_t *out, size_t max_out);
+
 /* What the evaluation needs. */
 typedef struct {
     kb_cluster_t *kb;
@@ -45,7 +53,9 @@ typedef struct {
     uint64_t step;          /* the checkpoint step the vectors must come from */
     bool vectors_from_trainer; /* compute and put NAME.vec here, else wait for makers */
     double wait_fresh_s;    /* how long to wait for makers */
-    float fuse_tfidf;       /* > 0: also rank by cosine + fuse_tfidf * TF-IDF cosine (fused_* results) */
+    float fuse_tfidf;       /* > 0: also rank by cosine + fuse_tfidf * lexical score (fused_* results) */
+    tfidf_opts_t lexical;   /* the lexical score: TF-IDF cosine or scaled BM25 (trainer_tfidf.h) */
+    const char *save_vectors; /* when set, the held-out query vectors and every word vector are written here */
     const float *fuse_sweep; /* (n_sweep) more fusion weights, each reported on its own line (for tuning) */
     int n_sweep;
     int knn_check;          /* held-out queries also asked to the bank's knn (top 100), 0 = none */
@@ -55,5 +65,9 @@ typedef struct {
 /* Evaluates on the held-out senses and prints the metrics; the last line printed to stdout is the
  * key=value result. Returns 0, or -1 (reported). */
 int tt_evaluate(const tt_eval_in_t *in);
+
+/* As tt_evaluate, with the vectors read from a file written by --save-vectors (no bank, no training: for
+ * sweeping the lexical side and the fusion on fixed vectors). The file must hold the same hold-out. */
+int tt_evaluate_saved(const tt_eval_in_t *in, const char *path);
 
 #endif

@@ -191,19 +191,51 @@ static int s_knn_check(const tt_eval_in_t *in, const float *Q, const size_t *sen
     return 0;
 }
 
-int tt_evaluate(const tt_eval_in_t *in)
+/* The held-out senses, in sense order; returns their count. */
+static size_t s_held(const data_gcide_t *g, size_t **out)
+{
+    size_t *held = carls_xmalloc((g->n_held_out + 1) * sizeof(size_t)), H = 0;
+    for (size_t s = 0; s < g->n_senses; s++)
+        if (g->senses[s].held_out)
+            held[H++] = s;
+    *out = held;
+    return H;
+}
+
+#define TT_VEC_MAGIC "CARLSTTV"
+
+/* The vectors file: magic, then H, W, D, step (uint64 each), the held-out sense indices (H uint64), Q (H, D)
+ * and V (W, D) as floats, host byte order. */
+static int s_save_vectors(const char *path, const size_t *held, size_t H, size_t W, int D, uint64_t step,
+                          const float *Q, const float *V)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        LOG_ERROR("trainer: cannot write %s", path);
+        return -1;
+    }
+    uint64_t hdr[4] = {H, W, (uint64_t)D, step};
+    bool ok = fwrite(TT_VEC_MAGIC, 1, 8, f) == 8 && fwrite(hdr, sizeof hdr, 1, f) == 1;
+    for (size_t i = 0; i < H && ok; i++) {
+        uint64_t s = held[i];
+        ok = fwrite(&s, sizeof s, 1, f) == 1;
+    }
+    ok = ok && fwrite(Q, sizeof(float) * (size_t)D, H, f) == H && fwrite(V, sizeof(float) * (size_t)D, W, f) == W;
+    if (fclose(f) != 0 || !ok) {
+        LOG_ERROR("trainer: writing %s failed", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Ranks the H held-out definitions (query vectors Q) against every headword (V), alone and fused with the
+ * lexical score, and prints the results; the last line is the key=value result. */
+static int s_rank_and_report(const tt_eval_in_t *in, const float *Q, const float *V, const size_t *held, size_t H,
+                             int64_t t0)
 {
     const data_gcide_t *g = in->g;
     const size_t W = g->n_words;
     const int D = in->word.D;
-    int64_t t0 = carls_monotonic_us();
-    float *V = carls_xmalloc(W * (size_t)D * sizeof(float));
-    size_t *held = carls_xmalloc((g->n_held_out + 1) * sizeof(size_t));
-    size_t H = 0;
-    for (size_t s = 0; s < g->n_senses; s++)
-        if (g->senses[s].held_out)
-            held[H++] = s;
-    float *Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
     float *scores = carls_xmalloc((size_t)TT_EVAL_CHUNK * W * sizeof(float));
     const bool need_tf = in->fuse_tfidf > 0 || in->n_sweep > 0;
     float *tf = need_tf ? carls_xmalloc(W * sizeof(float)) : NULL;
@@ -211,19 +243,11 @@ int tt_evaluate(const tt_eval_in_t *in)
     uint32_t *swept = carls_xmalloc(((size_t)in->n_sweep * H + 1) * sizeof(uint32_t));
     uint32_t *ranks = carls_xmalloc((H + 1) * sizeof(uint32_t));
     uint32_t *fused = carls_xmalloc((H + 1) * sizeof(uint32_t));
+    uint32_t *lex = carls_xmalloc((H + 1) * sizeof(uint32_t));
     tfidf_t *tfidf = NULL;
     int status = -1;
-    if (H == 0) {
-        fprintf(stderr, "trainer: nothing is held out\n");
-        goto out;
-    }
-    int rc = in->vectors_from_trainer ? s_vectors_from_trainer(in, V) : s_vectors_from_makers(in, V);
-    if (rc != 0)
-        goto out;
-    if (tt_query_vectors(in->kb, in->names, g, in->idf, &in->query, held, H, Q) != 0)
-        goto out;
-    if (tf && tfidf_build(g, &tfidf) != 0) {
-        fprintf(stderr, "trainer: cannot build the TF-IDF index\n");
+    if (tf && tfidf_build_ex(g, &in->lexical, &tfidf) != 0) {
+        fprintf(stderr, "trainer: cannot build the lexical index\n");
         goto out;
     }
     for (size_t at = 0; at < H; at += TT_EVAL_CHUNK) {
@@ -233,8 +257,10 @@ int tt_evaluate(const tt_eval_in_t *in)
             float *row = scores + (size_t)i * W;
             size_t truth = g->senses[held[at + (size_t)i]].word;
             ranks[at + (size_t)i] = rank_of_truth(row, W, truth);
-            if (tf)
+            if (tf) {
                 tfidf_scores(tfidf, g, held[at + (size_t)i], tf);
+                lex[at + (size_t)i] = rank_of_truth(tf, W, truth);
+            }
             for (int k = 0; k < in->n_sweep; k++) {
                 for (size_t w = 0; w < W; w++)
                     model[w] = row[w] + in->fuse_sweep[k] * tf[w];
@@ -249,7 +275,7 @@ int tt_evaluate(const tt_eval_in_t *in)
     }
     rank_metrics_t m;
     rank_metrics(ranks, H, &m);
-    size_t agree = 0, in_top = 0, n_check = in->knn_check < 0 ? 0 : (size_t)in->knn_check;
+    size_t agree = 0, in_top = 0, n_check = in->knn_check < 0 || !in->kb ? 0 : (size_t)in->knn_check;
     if (n_check > H)
         n_check = H;
     /* The bank's knn knows only the cosine: compared with the model-only ranks. */
@@ -257,11 +283,18 @@ int tt_evaluate(const tt_eval_in_t *in)
         goto out;
     LOG_INFO("trainer: evaluated %zu held-out definitions against %zu headwords in %.1f s", H, W,
                    (double)(carls_monotonic_us() - t0) / 1e6);
+    const char *lex_name = in->lexical.scheme == TFIDF_BM25 ? "bm25" : "tfidf";
+    if (tf) {
+        rank_metrics_t lm;
+        rank_metrics(lex, H, &lm);
+        printf("lexical: %s k1=%g b=%g r1=%.4f r10=%.4f r100=%.4f median_rank=%.1f mrr=%.4f\n", lex_name,
+               (double)in->lexical.k1, (double)in->lexical.b, lm.r1, lm.r10, lm.r100, lm.median_rank, lm.mrr);
+    }
     for (int k = 0; k < in->n_sweep; k++) {
         rank_metrics_t sm;
         rank_metrics(swept + (size_t)k * H, H, &sm);
-        printf("fuse_sweep: lambda=%g r1=%.4f r10=%.4f r100=%.4f median_rank=%.1f mrr=%.4f\n", (double)in->fuse_sweep[k],
-               sm.r1, sm.r10, sm.r100, sm.median_rank, sm.mrr);
+        printf("fuse_sweep: lexical=%s lambda=%g r1=%.4f r10=%.4f r100=%.4f median_rank=%.1f mrr=%.4f\n", lex_name,
+               (double)in->fuse_sweep[k], sm.r1, sm.r10, sm.r100, sm.median_rank, sm.mrr);
     }
     if (n_check > 0)
         printf("knn_check: the bank's knn top-%d holds the headword for %zu of %zu queries; agrees with the exact "
@@ -273,22 +306,96 @@ int tt_evaluate(const tt_eval_in_t *in)
     if (in->fuse_tfidf > 0) {
         rank_metrics_t fm;
         rank_metrics(fused, H, &fm);
-        printf("fuse_tfidf=%g fused_r1=%.4f fused_r10=%.4f fused_r100=%.4f fused_median_rank=%.1f fused_mrr=%.4f ",
-               (double)in->fuse_tfidf, fm.r1, fm.r10, fm.r100, fm.median_rank, fm.mrr);
+        printf("fuse_tfidf=%g lexical=%s fused_r1=%.4f fused_r10=%.4f fused_r100=%.4f fused_median_rank=%.1f "
+               "fused_mrr=%.4f ",
+               (double)in->fuse_tfidf, lex_name, fm.r1, fm.r10, fm.r100, fm.median_rank, fm.mrr);
     }
     rank_metrics_print(stdout, NULL, &m);
     fflush(stdout);
     status = 0;
 out:
     tfidf_destroy(&tfidf);
-    free(V);
-    free(held);
-    free(Q);
     free(scores);
     free(tf);
     free(ranks);
     free(fused);
+    free(lex);
     free(model);
     free(swept);
+    return status;
+}
+
+int tt_evaluate(const tt_eval_in_t *in)
+{
+    const data_gcide_t *g = in->g;
+    const size_t W = g->n_words;
+    const int D = in->word.D;
+    int64_t t0 = carls_monotonic_us();
+    float *V = carls_xmalloc(W * (size_t)D * sizeof(float));
+    size_t *held = NULL;
+    size_t H = s_held(g, &held);
+    float *Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
+    int status = -1;
+    if (H == 0) {
+        fprintf(stderr, "trainer: nothing is held out\n");
+        goto out;
+    }
+    int rc = in->vectors_from_trainer ? s_vectors_from_trainer(in, V) : s_vectors_from_makers(in, V);
+    if (rc != 0)
+        goto out;
+    if (tt_query_vectors(in->kb, in->names, g, in->idf, &in->query, held, H, Q) != 0)
+        goto out;
+    if (in->save_vectors && s_save_vectors(in->save_vectors, held, H, W, D, in->step, Q, V) != 0)
+        goto out;
+    status = s_rank_and_report(in, Q, V, held, H, t0);
+out:
+    free(V);
+    free(held);
+    free(Q);
+    return status;
+}
+
+int tt_evaluate_saved(const tt_eval_in_t *in, const char *path)
+{
+    const data_gcide_t *g = in->g;
+    const size_t W = g->n_words;
+    const int D = in->word.D;
+    int64_t t0 = carls_monotonic_us();
+    size_t *held = NULL;
+    size_t H = s_held(g, &held);
+    float *Q = NULL, *V = NULL;
+    int status = -1;
+    FILE *f = fopen(path, "rb");
+    char magic[8];
+    uint64_t hdr[4];
+    if (!f || fread(magic, 1, 8, f) != 8 || memcmp(magic, TT_VEC_MAGIC, 8) != 0 || fread(hdr, sizeof hdr, 1, f) != 1) {
+        fprintf(stderr, "trainer: %s is not a vectors file (--save-vectors)\n", path);
+        goto out;
+    }
+    if (hdr[0] != H || hdr[1] != W || hdr[2] != (uint64_t)D) {
+        fprintf(stderr, "trainer: %s holds %llu queries, %llu words of dim %llu; this run has %zu, %zu, %d\n", path,
+                (unsigned long long)hdr[0], (unsigned long long)hdr[1], (unsigned long long)hdr[2], H, W, D);
+        goto out;
+    }
+    for (size_t i = 0; i < H; i++) {
+        uint64_t s;
+        if (fread(&s, sizeof s, 1, f) != 1 || s != held[i]) {
+            fprintf(stderr, "trainer: %s was written for another hold-out\n", path);
+            goto out;
+        }
+    }
+    Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
+    V = carls_xmalloc(W * (size_t)D * sizeof(float));
+    if (fread(Q, sizeof(float) * (size_t)D, H, f) != H || fread(V, sizeof(float) * (size_t)D, W, f) != W) {
+        fprintf(stderr, "trainer: %s is truncated\n", path);
+        goto out;
+    }
+    status = s_rank_and_report(in, Q, V, held, H, t0);
+out:
+    if (f)
+        fclose(f);
+    free(held);
+    free(Q);
+    free(V);
     return status;
 }

@@ -32,7 +32,10 @@
 
 typedef struct {
     const char *kb, *table, *index_path, *dict_path, *holdout_file, *write_holdout, *ckpt_dir, *metrics;
+    const char *save_vectors, *eval_vectors;
+    tfidf_opts_t lexical;
     uint64_t holdout_seed, seed;
+    int hard_queries, hard_k;
     int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
@@ -88,8 +91,14 @@ static void s_usage(FILE *out)
             "  --vectors trainer|makers who writes NAME.vec for the evaluation: this trainer, or makers from the final\n"
             "                           checkpoint (waited for; default trainer)\n"
             "  --wait-fresh-s S         how long to wait for makers (default 600)\n"
-            "  --fuse-tfidf L           also rank by cosine + L * TF-IDF cosine (fused_* results; default 0: off)\n"
+            "  --fuse-tfidf L           also rank by cosine + L * lexical score (fused_* results; default 0: off)\n"
             "  --fuse-sweep L1,L2,...   also report the ranking for each fusion weight (tuning on a validation hold-out)\n"
+            "  --lexical tfidf|bm25     the lexical score fused: TF-IDF cosine (default) or BM25 scaled so the best\n"
+            "                           headword scores 1\n"
+            "  --bm25-k1 K --bm25-b B   BM25's parameters (default 1.2, 0.75)\n"
+            "  --save-vectors FILE      write the held-out query vectors and every word vector evaluated\n"
+            "  --eval-vectors FILE      no bank, no training: evaluate the vectors of FILE (written by --save-vectors\n"
+            "                           with the same hold-out and --out-dim) with this run's lexical and fusion options\n"
             "  --knn-check N            also ask the bank's knn (top 100) for N held-out queries (default 200)\n"
             "  --metrics FILE           CSV: one row per 50 steps\n"
             "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
@@ -112,6 +121,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .negatives_every = 1,
         .ckpt_every = 100,
         .knn_check = 200,
+        .hard_k = 32,
         .lr = 0.002f,
         .emb_lr = 0.01f,
         .temperature = 0.1f,
@@ -122,6 +132,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
         .vectors_from_trainer = true,
         .negatives_from_inputs = true,
+        .lexical = {.scheme = TFIDF_COSINE, .k1 = 1.2f, .b = 0.75f},
         .seed = 1,
         .timeout_ms = 10000,
         .retries = 60,
@@ -129,7 +140,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     enum {
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
-        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -168,6 +180,13 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"kb-timeout-ms", required_argument, NULL, O_TIMEOUT},
         {"kb-retries", required_argument, NULL, O_RETRIES},
         {"log-level", required_argument, NULL, O_LOG},
+        {"lexical", required_argument, NULL, O_LEXICAL},
+        {"hard-queries", required_argument, NULL, O_HARDQ},
+        {"hard-k", required_argument, NULL, O_HARDK},
+        {"bm25-k1", required_argument, NULL, O_BM25K1},
+        {"bm25-b", required_argument, NULL, O_BM25B},
+        {"save-vectors", required_argument, NULL, O_SAVEVEC},
+        {"eval-vectors", required_argument, NULL, O_EVALVEC},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -265,6 +284,20 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 1, 3600000, &o->timeout_ms); break;
         case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 1000000, &o->retries); break;
         case O_LOG: bad = carls_log_level_option("trainer", optarg); break;
+        case O_LEXICAL:
+            if (strcmp(optarg, "tfidf") == 0 || strcmp(optarg, "bm25") == 0) {
+                o->lexical.scheme = strcmp(optarg, "bm25") == 0 ? TFIDF_BM25 : TFIDF_COSINE;
+            } else {
+                fprintf(stderr, "trainer: --lexical: '%s' is not tfidf or bm25\n", optarg);
+                bad = -1;
+            }
+            break;
+        case O_BM25K1: bad = trainer_parse_float("bm25-k1", optarg, 0.0, 100.0, &o->lexical.k1); break;
+        case O_BM25B: bad = trainer_parse_float("bm25-b", optarg, 0.0, 1.0, &o->lexical.b); break;
+        case O_SAVEVEC: o->save_vectors = optarg; break;
+        case O_HARDQ: bad = trainer_parse_int("hard-queries", optarg, 0, TT_MAX_BATCH, &o->hard_queries); break;
+        case O_HARDK: bad = trainer_parse_int("hard-k", optarg, 1, 1024, &o->hard_k); break;
+        case O_EVALVEC: o->eval_vectors = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
         }
@@ -277,6 +310,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if (!o->vectors_from_trainer && !o->ckpt_dir) {
         fprintf(stderr, "trainer: --vectors makers needs --ckpt-dir (the makers read the final checkpoint there)\n");
+        return -1;
+    }
+    if (o->hard_queries > 0 && !o->negatives_from_inputs) {
+        fprintf(stderr, "trainer: --hard-queries needs --negatives-from inputs\n");
         return -1;
     }
     if (o->negatives > 0 && !o->ckpt_dir)
@@ -300,7 +337,7 @@ int tt_names(const char *base, tt_names_t *names)
 
 static int s_create_tables(kb_cluster_t *kb, const tt_names_t *names, const s_opts_t *o)
 {
-    const int n_tables = o->negatives > 0 && o->negatives_from_inputs ? 4 : 3;
+    const int n_tables = (o->negatives > 0 || o->hard_queries > 0) && o->negatives_from_inputs ? 4 : 3;
     for (int t = 0; t < n_tables; t++) {
         Carls__TableConfig tc;
         Carls__OptimizerConfig opt;
@@ -384,7 +421,12 @@ typedef struct {
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
     uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
-    int n_neg;              /* negatives held now (0 until the table has rows) */
+    int n_neg;              /* negatives held now: n_uni uniform, then n_hard hard ones (0 until the table has rows) */
+    int n_uni, n_hard;
+    uint32_t *hard_knn, *hard_sel; /* (hard_queries * hard_k) */
+    kb_key_t *hard_keys;
+    double hard_staleness, hard_staleness_sum, hard_n_sum; /* last, and sums over the fetches that had some */
+    uint64_t hard_fetches, hard_unavailable;
     double neg_staleness;   /* mean (step - version) of the negatives held */
     uint64_t neg_fetches, neg_unavailable;
     double staleness_sum;
@@ -394,7 +436,12 @@ typedef struct {
 static void s_alloc(s_run_t *r)
 {
     const s_opts_t *o = &r->o;
-    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch, M = (size_t)o->negatives;
+    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch;
+    size_t Hmax = (size_t)o->hard_queries * (size_t)o->hard_k;
+    size_t M = (size_t)o->negatives + Hmax; /* uniform then hard negatives */
+    r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
     r->n_params = 2 * (D * E + D);
     r->params = carls_xcalloc(r->n_params, sizeof(float));
     r->grads = carls_xcalloc(r->n_params, sizeof(float));
@@ -457,7 +504,8 @@ static void s_free(s_run_t *r)
                  r->bag_off, r->hw_idx, r->hw_word, r->gram_idx, r->gram_off, r->keys, r->word_rows,
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
-                 r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre};
+                 r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
+                 r->hard_keys};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -596,7 +644,7 @@ static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const f
  * rows makers wrote). Until makers have written any, there are none: the step uses in-batch negatives only. */
 static void s_fetch_negatives(s_run_t *r, uint64_t step)
 {
-    r->n_neg = 0;
+    r->n_uni = 0;
     kb_sample_result_t *sr = NULL;
     uint32_t M = (uint32_t)r->o.negatives;
     const char *table = r->o.negatives_from_inputs ? r->names.vecx : r->names.vec;
@@ -628,10 +676,84 @@ static void s_fetch_negatives(s_run_t *r, uint64_t step)
             r->neg_word[j] = w < 0 ? UINT32_MAX : (uint32_t)w;
         }
         r->neg_staleness = stale / M;
-        r->n_neg = (int)M;
+        r->n_uni = (int)M;
     }
     free(meta);
     kb_sample_result_destroy(&sr);
+}
+
+size_t tt_hard_select(const uint32_t *knn_words, size_t n_q, size_t k, const uint32_t *pos, size_t n_pos,
+                      uint32_t *out, size_t max_out)
+{
+    size_t n = 0;
+    for (size_t slot = 0; slot < k; slot++) /* slot order: every query's nearest first */
+        for (size_t q = 0; q < n_q && n < max_out; q++) {
+            uint32_t w = knn_words[q * k + slot];
+            bool skip = w == UINT32_MAX;
+            for (size_t i = 0; i < n_pos && !skip; i++)
+                skip = pos[i] == w;
+            for (size_t i = 0; i < n && !skip; i++)
+                skip = out[i] == w;
+            if (!skip)
+                out[n++] = w;
+        }
+    return n;
+}
+
+/* Hard negatives: the first --hard-queries queries of the batch (their current vectors, q) ask the bank's knn
+ * over NAME.vec (the makers' word vectors) for --hard-k headwords each; the distinct ones that are no positive
+ * of the batch get their pooled inputs from NAME.vecx, after the uniform negatives. */
+static void s_fetch_hard(s_run_t *r, int B, uint64_t step)
+{
+    r->n_hard = 0;
+    const size_t nq = (size_t)(r->o.hard_queries < B ? r->o.hard_queries : B), k = (size_t)r->o.hard_k;
+    kb_knn_result_t *res = NULL;
+    r->hard_fetches++;
+    int rc = kb_cluster_knn(r->kb, r->names.vec, r->q, nq, (uint32_t)r->o.D, (uint32_t)k, &res);
+    if (rc != 0) {
+        r->hard_unavailable++;
+        LOG_DEBUG("trainer: no hard negatives this step: %s", kb_cluster_last_error(r->kb));
+        return;
+    }
+    char word[DATA_GCIDE_MAX_WORD + 1];
+    for (size_t i = 0; i < nq * k; i++) {
+        const kb_key_t *key = i % k < res->k ? &res->keys[(i / k) * res->k + i % k] : NULL;
+        long w = -1;
+        if (key && key->len > 0 && key->len <= DATA_GCIDE_MAX_WORD) {
+            memcpy(word, key->data, key->len);
+            word[key->len] = '\0';
+            w = data_gcide_find(r->g, word);
+        }
+        r->hard_knn[i] = w < 0 ? UINT32_MAX : (uint32_t)w;
+    }
+    kb_knn_result_destroy(&res);
+    size_t n = tt_hard_select(r->hard_knn, nq, k, r->hw_word, (size_t)B, r->hard_sel, nq * k);
+    if (n == 0) {
+        r->hard_unavailable++;
+        return;
+    }
+    for (size_t j = 0; j < n; j++) {
+        const char *w = r->g->words[r->hard_sel[j]];
+        r->hard_keys[j] = (kb_key_t){w, strlen(w)};
+    }
+    const size_t at = (size_t)r->n_uni, E = (size_t)r->o.E;
+    kb_row_meta_t *meta = carls_xmalloc(n * sizeof *meta);
+    rc = kb_cluster_lookup_ex(r->kb, r->names.vecx, r->hard_keys, n, (uint32_t)E, true, r->negx + at * E, meta);
+    if (rc != 0) {
+        r->hard_unavailable++;
+        LOG_WARN("trainer: reading hard negatives failed: %s", kb_cluster_last_error(r->kb));
+    } else {
+        double stale = 0;
+        for (size_t j = 0; j < n; j++) {
+            stale += (double)step - (double)meta[j].version;
+            r->neg_word[at + j] = r->hard_sel[j];
+        }
+        r->hard_staleness = stale / (double)n;
+        r->hard_staleness_sum += r->hard_staleness;
+        r->hard_n_sum += (double)n;
+        r->n_hard = (int)n;
+    }
+    free(meta);
 }
 
 /* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
@@ -643,17 +765,20 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     if (s_lookup_map(r, r->names.word, &r->wmap, r->word_rows) != 0 ||
         s_lookup_map(r, r->names.gram, &r->gmap, r->gram_rows) != 0)
         return NAN;
-    if (r->o.negatives > 0 && (step % (uint64_t)r->o.negatives_every == 0 || r->n_neg == 0))
+    if (r->o.negatives > 0 && (step % (uint64_t)r->o.negatives_every == 0 || r->n_uni == 0))
         s_fetch_negatives(r, step);
-    if (r->n_neg > 0) {
+    if (r->n_uni > 0) {
         r->staleness_sum += r->neg_staleness;
         r->staleness_n++;
     }
-    const int N = B + r->n_neg;
     /* forward */
     nn_embedding_bag_forward_cpu(r->xq, r->word_rows, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                  (int)r->wmap.n, E);
     nn_tower_head_forward(r->q, r->preq, r->nq, r->xq, r->Wq, r->bq, B, E, D);
+    if (r->o.hard_queries > 0)
+        s_fetch_hard(r, B, step); /* near this step's queries */
+    r->n_neg = r->n_uni + r->n_hard;
+    const int N = B + r->n_neg;
     nn_tower_word_pool(r->xw, r->word_rows, r->hw_idx, r->gram_rows, r->gram_idx, r->gram_off, B, E);
     if (r->o.word_defs > 0) {
         nn_embedding_bag_forward_cpu(r->xd, r->word_rows, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, B,
@@ -790,12 +915,14 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 double sps = 50.0 / ((double)(now - tlast) / 1e6);
                 tlast = now;
                 double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
-                                 sps, (double)r->n_neg, r->n_neg ? r->neg_staleness : NAN};
+                                 sps, (double)r->n_neg,
+                                 r->n_neg ? (r->n_uni * r->neg_staleness + r->n_hard * r->hard_staleness) / r->n_neg
+                                          : NAN};
                 if (csv.f)
                     trainer_metrics_row(&csv, row);
-                LOG_INFO("trainer: step %llu epoch %d loss %.4f  %.1f steps/s  negatives %d (stale %.0f steps)",
-                               (unsigned long long)step, epoch, loss_sum / loss_n, sps, r->n_neg,
-                               r->n_neg ? r->neg_staleness : 0.0);
+                LOG_INFO("trainer: step %llu epoch %d loss %.4f  %.1f steps/s  negatives %d (stale %.0f steps), "
+                         "hard %d", (unsigned long long)step, epoch, loss_sum / loss_n, sps, r->n_uni,
+                         r->n_uni ? r->neg_staleness : 0.0, r->n_hard);
                 loss_sum = 0;
                 loss_n = 0;
             }
@@ -825,6 +952,19 @@ int trainer_twotower_main(int argc, char **argv)
     int status = 1;
     if (s_load_data(&r) != 0)
         goto out;
+    if (r.o.eval_vectors) {
+        tt_eval_in_t ev = {
+            .g = r.g,
+            .word = {.E = r.o.E, .D = r.o.D},
+            .fuse_tfidf = r.o.fuse_tfidf,
+            .lexical = r.o.lexical,
+            .fuse_sweep = r.o.fuse_sweep,
+            .n_sweep = r.o.n_sweep,
+            .summary = "eval_vectors=1",
+        };
+        status = tt_evaluate_saved(&ev, r.o.eval_vectors) == 0 ? 0 : 1;
+        goto out;
+    }
     if (r.n_train < (size_t)r.o.batch) {
         fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r.n_train, r.o.batch);
         goto out;
@@ -865,15 +1005,23 @@ int trainer_twotower_main(int argc, char **argv)
         .vectors_from_trainer = r.o.vectors_from_trainer,
         .wait_fresh_s = r.o.wait_fresh_s,
         .fuse_tfidf = r.o.fuse_tfidf,
+        .lexical = r.o.lexical,
+        .save_vectors = r.o.save_vectors,
         .fuse_sweep = r.o.fuse_sweep,
         .n_sweep = r.o.n_sweep,
         .knn_check = r.o.knn_check,
     };
-    char summary[256];
+    char summary[512];
     snprintf(summary, sizeof summary,
-             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu",
+             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
+             "hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
              (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
-             (unsigned long long)r.neg_unavailable);
+             (unsigned long long)r.neg_unavailable, r.o.hard_queries, r.o.hard_k,
+             r.hard_fetches ? r.hard_n_sum / (double)r.hard_fetches : 0.0,
+             r.hard_n_sum > 0 && r.hard_fetches > r.hard_unavailable
+                 ? r.hard_staleness_sum / (double)(r.hard_fetches - r.hard_unavailable)
+                 : 0.0,
+             (unsigned long long)r.hard_unavailable);
     ev.summary = summary;
     if (tt_evaluate(&ev) != 0)
         goto out;

@@ -703,14 +703,16 @@ static void test_rank_metrics(void **state)
 
 /* ---- TF-IDF ---- */
 
+/* A tiny dictionary for the lexical scores; sense 1 ("a purring feline") is held out. */
+static const char *const s_pets[] = {
+    "cat:small feline pet", "cat:a purring feline", "dog:loyal canine pet", "dog:canine that barks the",
+    "fish:aquatic animal the",
+};
+
 static void test_tfidf(void **state)
 {
     (void)state;
-    static const char *const entries[] = {
-        "cat:small feline pet", "cat:a purring feline", "dog:loyal canine pet", "dog:canine that barks the",
-        "fish:aquatic animal the",
-    };
-    data_gcide_t *g = s_make(entries, 5);
+    data_gcide_t *g = s_make(s_pets, 5);
     g->senses[1].held_out = true; /* cat: "a purring feline" */
     g->n_held_out = 1;
     tfidf_t *t = NULL;
@@ -747,6 +749,53 @@ static void test_tfidf(void **state)
     data_gcide_destroy(&g);
 }
 
+/* BM25 on the same tiny dictionary, against the formula worked out by hand. */
+static double s_bm25_term(double df, double tf, double dl, double k1, double b)
+{
+    const double N = 3, avgdl = 13.0 / 3; /* documents: cat 3 words, dog 7, fish 3 */
+    return log(1 + (N - df + 0.5) / (df + 0.5)) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl));
+}
+
+static void test_bm25(void **state)
+{
+    (void)state;
+    data_gcide_t *g = s_make(s_pets, 5);
+    g->senses[1].held_out = true;
+    g->n_held_out = 1;
+    const float k1s[] = {1.2f, 0.5f, 2.0f}, bs[] = {0.75f, 0.0f, 1.0f};
+    for (int c = 0; c < 3; c++) {
+        tfidf_t *t = NULL;
+        tfidf_opts_t o = {.scheme = TFIDF_BM25, .k1 = k1s[c], .b = bs[c]};
+        assert_int_equal(tfidf_build_ex(g, &o, &t), 0);
+        float scores[3];
+        /* "canine that barks the": dog holds canine (twice), that, barks, the; fish holds the (df 2). */
+        tfidf_scores(t, g, 3, scores);
+        double k1 = k1s[c], b = bs[c];
+        double dog = s_bm25_term(1, 2, 7, k1, b) + 2 * s_bm25_term(1, 1, 7, k1, b) + s_bm25_term(2, 1, 7, k1, b);
+        double fish = s_bm25_term(2, 1, 3, k1, b);
+        assert_float_equal(scores[1], 1.0, 1e-6); /* the best document scores 1 */
+        assert_float_equal(scores[2], fish / dog, 1e-5);
+        assert_float_equal(scores[0], 0, 0);
+        /* The held-out "a purring feline": only feline (df 1, cat's document) matches. */
+        tfidf_scores(t, g, 1, scores);
+        assert_float_equal(scores[0], 1.0, 1e-6);
+        assert_float_equal(scores[1], 0, 0);
+        tfidf_destroy(&t);
+    }
+    /* Length normalisation: with b = 1 the short fish document gains on the long dog one against b = 0. */
+    float s0[3], s1[3];
+    tfidf_t *t0 = NULL, *t1 = NULL;
+    tfidf_opts_t o0 = {.scheme = TFIDF_BM25, .k1 = 1.2f, .b = 0}, o1 = {.scheme = TFIDF_BM25, .k1 = 1.2f, .b = 1};
+    tfidf_build_ex(g, &o0, &t0);
+    tfidf_build_ex(g, &o1, &t1);
+    tfidf_scores(t0, g, 3, s0);
+    tfidf_scores(t1, g, 3, s1);
+    assert_true(s1[2] > s0[2]);
+    tfidf_destroy(&t0);
+    tfidf_destroy(&t1);
+    data_gcide_destroy(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -762,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_rank_of_truth),
         cmocka_unit_test(test_rank_metrics),
         cmocka_unit_test(test_tfidf),
+        cmocka_unit_test(test_bm25),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
