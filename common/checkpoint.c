@@ -25,6 +25,7 @@
  * Only the file itself (bounded by its real size) and the tensor table (bounded by the count cap) are
  * allocated before the checks that justify them. */
 #include "checkpoint.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -54,19 +55,6 @@ struct carls_ckpt {
     uint32_t crc;                       /* CRC of the file it was read from, else 0 */
     uint64_t file_bytes;                /* size of the file it was read from, else 0 */
 };
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 const char *carls_ckpt_strerror(int rc)
 {
@@ -361,18 +349,18 @@ static int s_atomic_write(const char *path, s_body_fn fn, const void *ctx, bool 
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "path too long: %s", path);
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "path too long: %s", path);
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "cannot create %s: %s", tmp, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create %s: %s", tmp, strerror(errno));
     }
     FILE *f = fdopen(fd, "wb");
     if (!f) {
         int e = errno;
         close(fd);
         unlink(tmp);
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "fdopen %s: %s", tmp, strerror(e));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fdopen %s: %s", tmp, strerror(e));
     }
     s_writer_t w = {.f = f, .crc = (uint32_t)crc32(0L, Z_NULL, 0)};
     fn(ctx, &w);
@@ -398,17 +386,17 @@ static int s_atomic_write(const char *path, s_body_fn fn, const void *ctx, bool 
     }
     if (w.failed || e != 0) {
         unlink(tmp);
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "%s %s: %s", step, tmp, strerror(e ? e : EIO));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s %s: %s", step, tmp, strerror(e ? e : EIO));
     }
     if (rename(tmp, path) != 0) {
         e = errno;
         unlink(tmp);
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "rename %s -> %s: %s", tmp, path, strerror(e));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "rename %s -> %s: %s", tmp, path, strerror(e));
     }
     char dir[4096];
     s_dirname(path, dir, sizeof dir);
     if (s_fsync_dir(dir) != 0) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "fsync directory %s: %s", dir, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fsync directory %s: %s", dir, strerror(errno));
     }
     return 0;
 }
@@ -456,7 +444,7 @@ static void s_write_body(const void *ctx, s_writer_t *w)
 int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size_t errlen)
 {
     if (!self || !path || !*path) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_write: no checkpoint or path");
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_write: no checkpoint or path");
     }
     return s_atomic_write(path, s_write_body, self, true, err, errlen);
 }
@@ -509,11 +497,11 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
     memcpy(kind, buf + S_HEADER_BYTES, kind_len);
     kind[kind_len] = '\0';
     if (strlen(kind) != kind_len) {
-        return s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: model kind contains a NUL byte", path);
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: model kind contains a NUL byte", path);
     }
     carls_ckpt_t *self = carls_ckpt_new(kind, s_get_u64(buf + 24));
     if (!self) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
     }
     self->crc = s_get_u32(buf + size - 4);
     self->file_bytes = size;
@@ -522,40 +510,40 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
     for (uint32_t i = 0; i < count && rc == 0; i++) {
         const unsigned char *p;
         if (!s_take(&c, 2, &p)) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
             break;
         }
         uint16_t name_len = s_get_u16(p);
         if (name_len == 0 || name_len > CARLS_CKPT_MAX_NAME) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor %u: name length %u outside 1..%u", path, i,
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor %u: name length %u outside 1..%u", path, i,
                         name_len, CARLS_CKPT_MAX_NAME);
             break;
         }
         const unsigned char *name_p, *meta;
         if (!s_take(&c, name_len, &name_p) || !s_take(&c, 2, &meta)) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
             break;
         }
         char name[CARLS_CKPT_MAX_NAME + 1];
         memcpy(name, name_p, name_len);
         name[name_len] = '\0';
         if (strlen(name) != name_len) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: name contains a NUL byte", path, i);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: name contains a NUL byte", path, i);
             break;
         }
         if (meta[0] != S_DTYPE_F32) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s': unknown dtype %u", path, name, meta[0]);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s': unknown dtype %u", path, name, meta[0]);
             break;
         }
         int ndim = meta[1];
         if (ndim < 1 || ndim > CARLS_CKPT_MAX_DIMS) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor '%s': %d dimensions (1..%d allowed)", path, name,
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor '%s': %d dimensions (1..%d allowed)", path, name,
                         ndim, CARLS_CKPT_MAX_DIMS);
             break;
         }
         const unsigned char *dims_p;
         if (!s_take(&c, 8 * (size_t)ndim, &dims_p)) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s': shape runs past the end", path, name);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s': shape runs past the end", path, name);
             break;
         }
         int64_t dims[CARLS_CKPT_MAX_DIMS];
@@ -564,7 +552,7 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
         for (int d = 0; d < ndim; d++) {
             uint64_t v = s_get_u64(dims_p + 8 * d);
             if (v < 1 || v > CARLS_CKPT_MAX_ELEMENTS || numel * v > CARLS_CKPT_MAX_ELEMENTS) {
-                rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT,
+                rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT,
                             "%s: tensor '%s': dimension %d is %llu (each >= 1, at most %llu elements in all)", path,
                             name, d, (unsigned long long)v, (unsigned long long)CARLS_CKPT_MAX_ELEMENTS);
                 ok = false;
@@ -578,13 +566,13 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
         }
         const unsigned char *data_p;
         if (!s_take(&c, 4 * (size_t)numel, &data_p)) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT,
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT,
                         "%s: tensor '%s': %llu floats declared but only %zu bytes remain", path, name,
                         (unsigned long long)numel, (size_t)(c.end - c.p));
             break;
         }
         if (carls_ckpt_find(self, name)) {
-            rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s' appears twice", path, name);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s' appears twice", path, name);
             break;
         }
         char *n = strdup(name);
@@ -592,18 +580,18 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
         if (!n || !data) {
             free(n);
             free(data);
-            rc = s_fail(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
             break;
         }
         memcpy(data, data_p, 4 * (size_t)numel);
         if (s_append(self, n, ndim, dims, numel, data) != 0) {
             free(n);
             free(data);
-            rc = s_fail(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
+            rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
         }
     }
     if (rc == 0 && c.p != c.end) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: %zu bytes left after the last of %u tensors", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: %zu bytes left after the last of %u tensors", path,
                     (size_t)(c.end - c.p), count);
     }
     if (rc) {
@@ -617,48 +605,48 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen)
 {
     if (!path || !out) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_read: no path or output");
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_read: no path or output");
     }
     *out = NULL;
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     unsigned char *buf = NULL;
     int rc = 0;
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EIO, "stat %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "stat %s: %s", path, strerror(errno));
         goto cleanup;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EIO, "%s is not a regular file", path);
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s is not a regular file", path);
         goto cleanup;
     }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char h[S_HEADER_BYTES + CARLS_CKPT_MAX_KIND];
     size_t hn = size < sizeof h ? (size_t)size : sizeof h;
     if (s_read_all(fd, h, hn) != 0) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
         goto cleanup;
     }
     if (memcmp(h, CARLS_CKPT_MAGIC, hn < 8 ? hn : 8) != 0) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EMAGIC, "%s is not a carls checkpoint (bad magic)", path);
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EMAGIC, "%s is not a carls checkpoint (bad magic)", path);
         goto cleanup;
     }
     if (hn < 12) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: only %llu bytes", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: only %llu bytes", path,
                     (unsigned long long)size);
         goto cleanup;
     }
     uint32_t version = s_get_u32(h + 8);
     if (version != CARLS_CKPT_VERSION) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u (this build reads %u)",
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u (this build reads %u)",
                     path, version, CARLS_CKPT_VERSION);
         goto cleanup;
     }
     if (hn < S_HEADER_BYTES + 4) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: only %llu bytes", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: only %llu bytes", path,
                     (unsigned long long)size);
         goto cleanup;
     }
@@ -666,48 +654,48 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
     uint64_t stated = s_get_u64(h + 16);
     uint16_t kind_len = s_get_u16(h + 32);
     if (count > CARLS_CKPT_MAX_TENSORS) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT, "%s: %u tensors (at most %u)", path, count, CARLS_CKPT_MAX_TENSORS);
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: %u tensors (at most %u)", path, count, CARLS_CKPT_MAX_TENSORS);
         goto cleanup;
     }
     if (kind_len == 0 || kind_len > CARLS_CKPT_MAX_KIND) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT, "%s: model kind length %u outside 1..%u", path, kind_len,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: model kind length %u outside 1..%u", path, kind_len,
                     CARLS_CKPT_MAX_KIND);
         goto cleanup;
     }
     if (stated > CARLS_CKPT_MAX_FILE_BYTES) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ELIMIT, "%s: header states %llu bytes (at most %llu)", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: header states %llu bytes (at most %llu)", path,
                     (unsigned long long)stated, (unsigned long long)CARLS_CKPT_MAX_FILE_BYTES);
         goto cleanup;
     }
     if (size < stated) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: %llu bytes, header says %llu", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: %llu bytes, header says %llu", path,
                     (unsigned long long)size, (unsigned long long)stated);
         goto cleanup;
     }
     if (size > stated) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s: %llu bytes, header says %llu (trailing bytes)", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: %llu bytes, header says %llu (trailing bytes)", path,
                     (unsigned long long)size, (unsigned long long)stated);
         goto cleanup;
     }
     if (size < (uint64_t)S_HEADER_BYTES + kind_len + 4) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: %llu bytes cannot hold the header", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ETRUNCATED, "%s: truncated: %llu bytes cannot hold the header", path,
                     (unsigned long long)size);
         goto cleanup;
     }
     buf = malloc((size_t)size);
     if (!buf) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EIO, "%s: cannot allocate %llu bytes", path, (unsigned long long)size);
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: cannot allocate %llu bytes", path, (unsigned long long)size);
         goto cleanup;
     }
     memcpy(buf, h, hn);
     if (s_read_all(fd, buf + hn, size - hn) != 0) {
-        rc = s_fail(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
         goto cleanup;
     }
     uint32_t want = s_get_u32(buf + size - 4);
     uint32_t got = s_crc((uint32_t)crc32(0L, Z_NULL, 0), buf, size - 4);
     if (want != got) {
-        rc = s_fail(err, errlen, CARLS_CKPT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x)", path,
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x)", path,
                     want, got);
         goto cleanup;
     }
@@ -752,16 +740,16 @@ int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path
                            size_t errlen)
 {
     if (!self || !dir || !*dir) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_save_to_dir: no checkpoint or directory");
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_save_to_dir: no checkpoint or directory");
     }
     if (s_mkdirs(dir) != 0) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create directory %s: %s", dir, strerror(errno));
     }
     char name[64], path[4096], latest[4096], line[80];
     snprintf(name, sizeof name, "ckpt-%012llu.ckpt", (unsigned long long)self->step);
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path ||
         snprintf(latest, sizeof latest, "%s/%s", dir, CARLS_CKPT_LATEST) >= (int)sizeof latest) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "directory name too long: %s", dir);
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "directory name too long: %s", dir);
     }
     int rc = carls_ckpt_write(self, path, err, errlen);
     if (rc) {
@@ -783,11 +771,11 @@ static int s_read_latest_name(const char *dir, char *name, size_t namelen, char 
 {
     char latest[4096];
     if (snprintf(latest, sizeof latest, "%s/%s", dir, CARLS_CKPT_LATEST) >= (int)sizeof latest) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "directory name too long: %s", dir);
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "directory name too long: %s", dir);
     }
     FILE *f = fopen(latest, "rb");
     if (!f) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", latest, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", latest, strerror(errno));
     }
     char buf[256];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -799,7 +787,7 @@ static int s_read_latest_name(const char *dir, char *name, size_t namelen, char 
     }
     if (more || n == 0 || strlen(buf) != n || strchr(buf, '/') || strchr(buf, '\n') || strcmp(buf, ".") == 0 ||
         strcmp(buf, "..") == 0 || n >= namelen) {
-        return s_fail(err, errlen, CARLS_CKPT_ECORRUPT, "%s does not name a checkpoint file in %s", latest, dir);
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s does not name a checkpoint file in %s", latest, dir);
     }
     memcpy(name, buf, n + 1);
     return 0;
@@ -808,7 +796,7 @@ static int s_read_latest_name(const char *dir, char *name, size_t namelen, char 
 int carls_ckpt_latest_path(const char *dir, char *path_out, size_t path_len, char *err, size_t errlen)
 {
     if (!dir || !path_out || !path_len) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_latest_path: bad arguments");
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_latest_path: bad arguments");
     }
     char name[256];
     int rc = s_read_latest_name(dir, name, sizeof name, err, errlen);
@@ -816,7 +804,7 @@ int carls_ckpt_latest_path(const char *dir, char *path_out, size_t path_len, cha
         return rc;
     }
     if (snprintf(path_out, path_len, "%s/%s", dir, name) >= (int)path_len) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "path buffer too small for %s/%s", dir, name);
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "path buffer too small for %s/%s", dir, name);
     }
     return 0;
 }
@@ -843,7 +831,7 @@ static int s_cmp_names(const void *a, const void *b)
 int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen)
 {
     if (!dir || keep < 1) {
-        return s_fail(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_prune: bad arguments");
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_prune: bad arguments");
     }
     char latest[256] = "";
     if (s_read_latest_name(dir, latest, sizeof latest, NULL, 0) != 0) {
@@ -851,7 +839,7 @@ int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen)
     }
     DIR *d = opendir(dir);
     if (!d) {
-        return s_fail(err, errlen, CARLS_CKPT_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open directory %s: %s", dir, strerror(errno));
     }
     char **names = NULL;
     int n = 0, cap = 0, rc = 0;
@@ -864,14 +852,14 @@ int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen)
             cap = cap ? cap * 2 : 16;
             char **grown = realloc(names, sizeof *names * (size_t)cap);
             if (!grown) {
-                rc = s_fail(err, errlen, CARLS_CKPT_EIO, "out of memory");
+                rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");
                 break;
             }
             names = grown;
         }
         names[n] = strdup(e->d_name);
         if (!names[n]) {
-            rc = s_fail(err, errlen, CARLS_CKPT_EIO, "out of memory");
+            rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");
             break;
         }
         n++;

@@ -53,23 +53,11 @@
 static const char s_z85_digits[] = "0123456789abcdefghijklmnopqrstuvwxyz"
                                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 
-/* Formats a message into err (when there is room) and returns code, so failures read `return s_fail(...)`. */
-__attribute__((format(printf, 4, 5))) static int s_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* KB_AUTH_EZMQ with a message unless this libzmq can do CURVE (it needs libsodium or its own tweetnacl). */
 static int s_require_curve(char *err, size_t errlen)
 {
     if (!zmq_has("curve"))
-        return s_fail(err, errlen, KB_AUTH_EZMQ, "this libzmq was built without CURVE support");
+        return carls_errorf(err, errlen, KB_AUTH_EZMQ, "this libzmq was built without CURVE support");
     return KB_AUTH_OK;
 }
 
@@ -88,7 +76,7 @@ int kb_auth_key_from_z85(const char *text, size_t len, kb_auth_key_t *out, char 
 {
     assert(text && out);
     if (len != KB_AUTH_Z85_LEN)
-        return s_fail(err, errlen, KB_AUTH_EFORMAT, "key is %zu characters long, expected %d (Z85 of 32 bytes)",
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "key is %zu characters long, expected %d (Z85 of 32 bytes)",
                       len, KB_AUTH_Z85_LEN);
     /* Checked here rather than left to zmq_z85_decode so the message can say what is wrong, and because
      * older libzmq versions decode an out-of-range group without complaint. */
@@ -97,12 +85,12 @@ int kb_auth_key_from_z85(const char *text, size_t len, kb_auth_key_t *out, char 
         for (size_t i = group; i < group + 5; i++) {
             int digit = s_z85_value(text[i]);
             if (digit < 0)
-                return s_fail(err, errlen, KB_AUTH_EFORMAT, "key is not Z85: character %zu ('%c') is not a Z85 digit",
+                return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "key is not Z85: character %zu ('%c') is not a Z85 digit",
                               i + 1, (text[i] >= 0x20 && text[i] < 0x7f) ? text[i] : '?');
             value = value * 85 + (uint64_t)digit;
         }
         if (value > UINT32_MAX)
-            return s_fail(err, errlen, KB_AUTH_EFORMAT, "key is not Z85: characters %zu-%zu encode more than 32 bits",
+            return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "key is not Z85: characters %zu-%zu encode more than 32 bits",
                           group + 1, group + 5);
     }
     char z85[KB_AUTH_Z85_LEN + 1];
@@ -111,7 +99,7 @@ int kb_auth_key_from_z85(const char *text, size_t len, kb_auth_key_t *out, char 
     uint8_t *decoded = zmq_z85_decode(out->bytes, z85);
     explicit_bzero(z85, sizeof z85); /* the text may be a secret key */
     if (!decoded)
-        return s_fail(err, errlen, KB_AUTH_EFORMAT, "key is not Z85 (libzmq refused to decode it)");
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "key is not Z85 (libzmq refused to decode it)");
     return KB_AUTH_OK;
 }
 
@@ -133,7 +121,7 @@ int kb_auth_keypair_generate(kb_auth_keypair_t *out, char *err, size_t errlen)
         return rc;
     char public_z85[KB_AUTH_Z85_LEN + 1], secret_z85[KB_AUTH_Z85_LEN + 1];
     if (zmq_curve_keypair(public_z85, secret_z85) != 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EZMQ, "zmq_curve_keypair failed: %s", zmq_strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EZMQ, "zmq_curve_keypair failed: %s", zmq_strerror(errno));
         goto cleanup;
     }
     rc = kb_auth_key_from_z85(public_z85, KB_AUTH_Z85_LEN, &out->public_key, err, errlen);
@@ -159,12 +147,12 @@ static int s_write_file(const char *path, const char *data, size_t len, mode_t m
 
     fd = mkstemp(tmp); /* created 0600, so a secret is never readable by others even for a moment */
     if (fd < 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot create a file beside %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot create a file beside %s: %s", path, strerror(errno));
         goto cleanup;
     }
     tmp_exists = true;
     if (fchmod(fd, mode) != 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot set the mode of %s: %s", tmp, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot set the mode of %s: %s", tmp, strerror(errno));
         goto cleanup;
     }
     for (size_t done = 0; done < len;) {
@@ -172,25 +160,25 @@ static int s_write_file(const char *path, const char *data, size_t len, mode_t m
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot write %s: %s", tmp, strerror(errno));
+            rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot write %s: %s", tmp, strerror(errno));
             goto cleanup;
         }
         done += (size_t)n;
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         fd = -1;
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot flush %s: %s", tmp, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot flush %s: %s", tmp, strerror(errno));
         goto cleanup;
     }
     fd = -1;
     if (overwrite) {
         if (rename(tmp, path) != 0) {
-            rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+            rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
             goto cleanup;
         }
         tmp_exists = false;
     } else if (link(tmp, path) != 0) { /* link, unlike rename, fails when path exists: no race with a check */
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot create %s: %s", path,
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot create %s: %s", path,
                     errno == EEXIST ? "it already exists (kb-keygen --force replaces it)" : strerror(errno));
         goto cleanup;
     }
@@ -231,7 +219,7 @@ int kb_auth_keypair_write(const kb_auth_keypair_t *pair, const char *secret_path
 {
     assert(pair && secret_path && public_path);
     if (strcmp(secret_path, public_path) == 0)
-        return s_fail(err, errlen, KB_AUTH_EINVAL, "secret and public key files must differ (%s)", secret_path);
+        return carls_errorf(err, errlen, KB_AUTH_EINVAL, "secret and public key files must differ (%s)", secret_path);
     /* Checked up front so that a refusal writes nothing at all; the link in s_write_file still guards
      * against a file appearing in between. */
     if (!overwrite) {
@@ -239,7 +227,7 @@ int kb_auth_keypair_write(const kb_auth_keypair_t *pair, const char *secret_path
         for (int i = 0; i < 2; i++) {
             struct stat st;
             if (lstat(paths[i], &st) == 0)
-                return s_fail(err, errlen, KB_AUTH_EIO, "%s already exists (kb-keygen --force replaces it)",
+                return carls_errorf(err, errlen, KB_AUTH_EIO, "%s already exists (kb-keygen --force replaces it)",
                               paths[i]);
         }
     }
@@ -331,7 +319,7 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     if (scan->list_mode && single_token) {
         /* A bare key. Tested before name = value because '=' is a Z85 digit. */
         if (kb_auth_key_from_z85(p, strlen(p), &key, reason, sizeof reason) != KB_AUTH_OK)
-            return s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: %s", path, line_no, reason);
+            return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: %s", path, line_no, reason);
         s_allow_append(scan->list, &key);
         return KB_AUTH_OK;
     }
@@ -344,7 +332,7 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     while (s_is_blank(*p))
         p++;
     if (name_len == 0 || *p != '=')
-        return s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: expected 'name = value'%s", path, line_no,
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: expected 'name = value'%s", path, line_no,
                       scan->list_mode ? " or a Z85 public key" : "");
     p++;
     while (s_is_blank(*p))
@@ -353,7 +341,7 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     size_t value_len = strlen(value);
     if (value_len > 0 && value[0] == '"') {
         if (value_len < 2 || value[value_len - 1] != '"')
-            return s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: unterminated quoted value", path, line_no);
+            return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: unterminated quoted value", path, line_no);
         value++;
         value_len -= 2;
     }
@@ -363,19 +351,19 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     if (!is_public && !is_secret) {
         if (scan->in_metadata)
             return KB_AUTH_OK; /* metadata from czmq or another tool */
-        return s_fail(err, errlen, KB_AUTH_EFORMAT,
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT,
                       "%s:%d: unknown name '%.*s' (expected public-key or secret-key%s)", path, line_no,
                       (int)(name_len > 40 ? 40 : name_len), name, scan->list_mode ? " or a Z85 public key" : "");
     }
     if (is_secret && scan->list_mode)
-        return s_fail(err, errlen, KB_AUTH_EFORMAT,
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT,
                       "%s:%d: an allow-list holds public keys only, this line is a secret key (a .key file given "
                       "where a .pub file belongs?)",
                       path, line_no);
     int rc = kb_auth_key_from_z85(value, value_len, &key, reason, sizeof reason);
     if (rc != KB_AUTH_OK) {
         explicit_bzero(&key, sizeof key);
-        return s_fail(err, errlen, rc, "%s:%d: %s %s", path, line_no, is_public ? "public-key:" : "secret-key:",
+        return carls_errorf(err, errlen, rc, "%s:%d: %s %s", path, line_no, is_public ? "public-key:" : "secret-key:",
                       reason);
     }
     if (scan->list_mode) {
@@ -384,7 +372,7 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     }
     bool *seen = is_public ? &scan->has_public : &scan->has_secret;
     if (*seen)
-        return s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: %s given twice", path, line_no,
+        return carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: %s given twice", path, line_no,
                       is_public ? "public-key" : "secret-key");
     *seen = true;
     if (is_public)
@@ -404,10 +392,10 @@ static int s_scan_file(const char *path, s_scan_t *scan, struct stat *st_out, ch
     size_t cap = 0;
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, KB_AUTH_EIO, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, KB_AUTH_EIO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "%s is not a regular file", path);
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "%s is not a regular file", path);
         goto cleanup;
     }
     if (st_out)
@@ -423,12 +411,12 @@ static int s_scan_file(const char *path, s_scan_t *scan, struct stat *st_out, ch
         if (len > 0 && line[len - 1] == '\n')
             line[--len] = '\0';
         if (len > S_MAX_LINE) {
-            rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: line longer than %d characters", path, line_no,
+            rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: line longer than %d characters", path, line_no,
                         S_MAX_LINE);
             goto cleanup;
         }
         if (strlen(line) != len) {
-            rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "%s:%d: NUL byte in a text file", path, line_no);
+            rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s:%d: NUL byte in a text file", path, line_no);
             goto cleanup;
         }
         rc = s_scan_line(scan, line, path, line_no, err, errlen);
@@ -436,7 +424,7 @@ static int s_scan_file(const char *path, s_scan_t *scan, struct stat *st_out, ch
             goto cleanup;
     }
     if (ferror(f))
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot read %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot read %s: %s", path, strerror(errno));
 cleanup:
     if (line) {
         explicit_bzero(line, cap); /* it may have held a secret key */
@@ -458,7 +446,7 @@ int kb_auth_load_secret(const char *path, kb_auth_keypair_t *out, char *err, siz
     if (rc != KB_AUTH_OK)
         goto cleanup;
     if (!scan.has_secret) {
-        rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "%s holds no secret-key (a public .pub file given where the "
+        rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s holds no secret-key (a public .pub file given where the "
                                                   "secret .key file belongs?)", path);
         goto cleanup;
     }
@@ -470,7 +458,7 @@ int kb_auth_load_secret(const char *path, kb_auth_keypair_t *out, char *err, siz
     int zrc = zmq_curve_public(derived_z85, secret_z85);
     explicit_bzero(secret_z85, sizeof secret_z85);
     if (zrc != 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EZMQ, "cannot derive the public key of %s: %s", path, zmq_strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EZMQ, "cannot derive the public key of %s: %s", path, zmq_strerror(errno));
         goto cleanup;
     }
     kb_auth_key_t derived;
@@ -478,7 +466,7 @@ int kb_auth_load_secret(const char *path, kb_auth_keypair_t *out, char *err, siz
     if (rc != KB_AUTH_OK)
         goto cleanup;
     if (scan.has_public && memcmp(derived.bytes, scan.public_key.bytes, KB_AUTH_KEY_BYTES) != 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "%s: public-key does not belong to secret-key", path);
+        rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s: public-key does not belong to secret-key", path);
         goto cleanup;
     }
     if ((st.st_mode & 077) != 0)
@@ -498,7 +486,7 @@ int kb_auth_load_public(const char *path, kb_auth_key_t *out, char *err, size_t 
     s_scan_t scan = {0};
     int rc = s_scan_file(path, &scan, NULL, err, errlen);
     if (rc == KB_AUTH_OK && !scan.has_public)
-        rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "%s holds no public-key", path);
+        rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "%s holds no public-key", path);
     if (rc == KB_AUTH_OK)
         *out = scan.public_key;
     explicit_bzero(&scan, sizeof scan);
@@ -573,7 +561,7 @@ static int s_load_dir(const char *dir, kb_auth_allow_t *list, char *err, size_t 
     int rc = KB_AUTH_OK;
     DIR *d = opendir(dir);
     if (!d)
-        return s_fail(err, errlen, KB_AUTH_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+        return carls_errorf(err, errlen, KB_AUTH_EIO, "cannot open directory %s: %s", dir, strerror(errno));
     struct dirent *entry;
     while ((entry = readdir(d)) != NULL) {
         size_t len = strlen(entry->d_name);
@@ -584,7 +572,7 @@ static int s_load_dir(const char *dir, kb_auth_allow_t *list, char *err, size_t 
         snprintf(path, path_len, "%s/%s", dir, entry->d_name);
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { /* a dangling link or a directory named x.pub */
-            rc = s_fail(err, errlen, KB_AUTH_EIO, "%s is not a readable regular file", path);
+            rc = carls_errorf(err, errlen, KB_AUTH_EIO, "%s is not a readable regular file", path);
             free(path);
             goto cleanup;
         }
@@ -607,7 +595,7 @@ int kb_auth_allow_load(const char *path, kb_auth_allow_t **out, char *err, size_
     int rc = KB_AUTH_OK;
     struct stat st;
     if (stat(path, &st) != 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EIO, "cannot open allow-list %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot open allow-list %s: %s", path, strerror(errno));
         goto cleanup;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -620,7 +608,7 @@ int kb_auth_allow_load(const char *path, kb_auth_allow_t **out, char *err, size_
         goto cleanup;
     s_allow_sort(list);
     if (list->count == 0) {
-        rc = s_fail(err, errlen, KB_AUTH_EFORMAT, "allow-list %s names no public key (%s); no client could connect",
+        rc = carls_errorf(err, errlen, KB_AUTH_EFORMAT, "allow-list %s names no public key (%s); no client could connect",
                     path, S_ISDIR(st.st_mode) ? "no *.pub file in it" : "no key line in it");
         goto cleanup;
     }
@@ -820,21 +808,21 @@ kb_auth_t *kb_auth_new(void *zmq_ctx, kb_auth_allow_t **allow_p, char *err, size
         goto fail;
     self->socket = zmq_socket(zmq_ctx, ZMQ_REP);
     if (!self->socket) {
-        s_fail(err, errlen, KB_AUTH_EZMQ, "cannot create the ZAP socket: %s", zmq_strerror(errno));
+        carls_errorf(err, errlen, KB_AUTH_EZMQ, "cannot create the ZAP socket: %s", zmq_strerror(errno));
         goto fail;
     }
     int linger = 0;
     zmq_setsockopt(self->socket, ZMQ_LINGER, &linger, sizeof linger);
     /* Bound here, before the thread exists, so the handler is in place when this function returns. */
     if (zmq_bind(self->socket, S_ZAP_ENDPOINT) != 0) {
-        s_fail(err, errlen, KB_AUTH_EZMQ, "cannot bind %s: %s%s", S_ZAP_ENDPOINT, zmq_strerror(errno),
+        carls_errorf(err, errlen, KB_AUTH_EZMQ, "cannot bind %s: %s%s", S_ZAP_ENDPOINT, zmq_strerror(errno),
                errno == EADDRINUSE ? " (another ZAP handler runs in this context)" : "");
         goto fail;
     }
     /* pthread_create is a full barrier, so handing the socket to the thread is safe. */
     int prc = pthread_create(&self->thread, NULL, s_thread, self);
     if (prc != 0) {
-        s_fail(err, errlen, KB_AUTH_EIO, "cannot start the ZAP thread: %s", strerror(prc));
+        carls_errorf(err, errlen, KB_AUTH_EIO, "cannot start the ZAP thread: %s", strerror(prc));
         goto fail;
     }
     LOG_INFO("ZAP handler: %zu client key(s) allowed", self->allow->count);
@@ -879,7 +867,7 @@ int kb_auth_setup_server(void *socket, const kb_auth_keypair_t *server, const kb
 {
     assert(socket && server);
     if (!auth)
-        return s_fail(err, errlen, KB_AUTH_EINVAL,
+        return carls_errorf(err, errlen, KB_AUTH_EINVAL,
                       "a CURVE server needs its ZAP handler running first (without one every client key would be "
                       "accepted)");
     int rc = s_require_curve(err, errlen);
@@ -889,7 +877,7 @@ int kb_auth_setup_server(void *socket, const kb_auth_keypair_t *server, const kb
     if (zmq_setsockopt(socket, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, server->secret_key.bytes, KB_AUTH_KEY_BYTES) != 0 ||
         zmq_setsockopt(socket, ZMQ_ZAP_DOMAIN, KB_AUTH_DOMAIN, strlen(KB_AUTH_DOMAIN)) != 0)
-        return s_fail(err, errlen, KB_AUTH_EZMQ, "cannot make the socket a CURVE server: %s", zmq_strerror(errno));
+        return carls_errorf(err, errlen, KB_AUTH_EZMQ, "cannot make the socket a CURVE server: %s", zmq_strerror(errno));
     /* Defence in depth: should the handler ever be gone, refuse clients rather than admit them all. */
     if (zmq_setsockopt(socket, S_ZAP_ENFORCE_DOMAIN, &one, sizeof one) != 0)
         LOG_DEBUG("libzmq has no ZMQ_ZAP_ENFORCE_DOMAIN (%s); relying on the running ZAP handler",
@@ -907,6 +895,6 @@ int kb_auth_setup_client(void *socket, const kb_auth_keypair_t *client, const kb
     if (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server_public->bytes, KB_AUTH_KEY_BYTES) != 0 ||
         zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, client->public_key.bytes, KB_AUTH_KEY_BYTES) != 0 ||
         zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, client->secret_key.bytes, KB_AUTH_KEY_BYTES) != 0)
-        return s_fail(err, errlen, KB_AUTH_EZMQ, "cannot make the socket a CURVE client: %s", zmq_strerror(errno));
+        return carls_errorf(err, errlen, KB_AUTH_EZMQ, "cannot make the socket a CURVE client: %s", zmq_strerror(errno));
     return KB_AUTH_OK;
 }

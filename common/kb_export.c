@@ -51,19 +51,6 @@
 #define S_TRAILER_BYTES 20u
 #define S_MIN_FILE_BYTES (8u + 4u + 4u + 1u + 4u + S_TRAILER_BYTES) /* header with a 1-byte name, no rows */
 
-static int s_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int s_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* zlib's crc32 over any length (its length argument is 32-bit). */
 static uint32_t s_crc(uint32_t crc, const void *buf, size_t len)
 {
@@ -116,7 +103,7 @@ static int s_write(kb_export_writer_t *w, const void *buf, size_t len, char *err
 {
     if (len > 0 && fwrite(buf, 1, len, w->f) != len) {
         w->failed = true;
-        return s_fail(err, errlen, KB_EXPORT_EIO, "write %s: %s", w->tmp, strerror(errno));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "write %s: %s", w->tmp, strerror(errno));
     }
     w->crc = s_crc(w->crc, buf, len);
     return 0;
@@ -134,21 +121,21 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
                           kb_export_writer_t **out, char *err, size_t errlen)
 {
     if (!out)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: no output pointer");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: no output pointer");
     *out = NULL;
     if (!path || !*path || !table || !cfg)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a path, a table name and a config are required");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a path, a table name and a config are required");
     if (carls_table_name_valid(table) != 0)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: invalid table name \"%s\"", table);
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: invalid table name \"%s\"", table);
     bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     if (!feature && cfg->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: unknown table kind %d", (int)cfg->kind);
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: unknown table kind %d", (int)cfg->kind);
     if (!feature && (cfg->dim == 0 || cfg->dim > CARLS_DEFAULT_MAX_DIM))
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: dim %u is outside 1..%u", cfg->dim,
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: dim %u is outside 1..%u", cfg->dim,
                       CARLS_DEFAULT_MAX_DIM);
     size_t cfg_len = carls__table_config__get_packed_size(cfg);
     if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the config packs to %zu bytes", cfg_len);
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the config packs to %zu bytes", cfg_len);
 
     kb_export_writer_t *w = carls_xcalloc(1, sizeof *w);
     w->feature = feature;
@@ -168,14 +155,14 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
         free(w->tmp);
         w->tmp = NULL;
         kb_export_writer_destroy(&w);
-        return s_fail(err, errlen, KB_EXPORT_EIO, "cannot create a temporary file beside %s: %s", path, strerror(e));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot create a temporary file beside %s: %s", path, strerror(e));
     }
     w->f = fdopen(fd, "wb");
     if (!w->f) {
         int e = errno;
         close(fd);
         kb_export_writer_destroy(&w);
-        return s_fail(err, errlen, KB_EXPORT_EIO, "fdopen %s: %s", path, strerror(e));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fdopen %s: %s", path, strerror(e));
     }
     uint8_t head[16];
     memcpy(head, KB_EXPORT_MAGIC, 8);
@@ -206,31 +193,31 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
 {
     assert(self);
     if (self->failed || !self->tmp)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     if (!key || key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: key of %zu bytes (1..%u allowed)",
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: key of %zu bytes (1..%u allowed)",
                       (unsigned long long)self->rows + 1, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
     size_t payload;
     if (self->feature) {
         if (!record || values)
-            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a feature row needs a record and no values");
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a feature row needs a record and no values");
         /* `found` only means something in replies; it is not part of the stored record. */
         Carls__FeatureRecord r = *record;
         r.found = false;
         payload = carls__feature_record__get_packed_size(&r);
         if (payload > KB_EXPORT_MAX_RECORD_BYTES)
-            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: a record of %zu bytes",
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: a record of %zu bytes",
                           (unsigned long long)self->rows + 1, payload);
         s_scratch(self, payload ? payload : 1);
         carls__feature_record__pack(&r, self->scratch);
     } else {
         if (!values || record)
-            return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: an embedding row needs values and no record");
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: an embedding row needs values and no record");
         payload = (size_t)self->dim * 4;
         s_scratch(self, payload);
         for (uint32_t j = 0; j < self->dim; j++) {
             if (!isfinite(values[j]))
-                return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: value %u is not finite",
+                return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: value %u is not finite",
                               (unsigned long long)self->rows + 1, j + 1);
             uint32_t bits;
             memcpy(&bits, &values[j], 4);
@@ -287,7 +274,7 @@ int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
 {
     assert(self);
     if (self->failed || !self->tmp)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     uint8_t trailer[S_TRAILER_BYTES];
     memcpy(trailer, KB_EXPORT_END_MAGIC, 8);
     s_le64(trailer + 8, self->rows);
@@ -311,13 +298,13 @@ int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
     }
     self->f = NULL;
     if (step)
-        return s_fail(err, errlen, KB_EXPORT_EIO, "%s %s: %s", step, self->tmp, strerror(e));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "%s %s: %s", step, self->tmp, strerror(e));
     if (rename(self->tmp, self->path) != 0)
-        return s_fail(err, errlen, KB_EXPORT_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(errno));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(errno));
     free(self->tmp);
     self->tmp = NULL;
     if (s_fsync_dir_of(self->path) != 0)
-        return s_fail(err, errlen, KB_EXPORT_EIO, "fsync the directory of %s: %s", self->path, strerror(errno));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fsync the directory of %s: %s", self->path, strerror(errno));
     return 0;
 }
 
@@ -372,8 +359,8 @@ static int s_read(kb_export_reader_t *r, void *buf, size_t len, char *err, size_
         size_t got = fread(p, 1, chunk, r->f);
         if (got != chunk) {
             if (ferror(r->f))
-                return s_fail(err, errlen, KB_EXPORT_EIO, "read %s: %s", r->path, strerror(errno));
-            return s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s: the file ended early (was it changed while being "
+                return carls_errorf(err, errlen, KB_EXPORT_EIO, "read %s: %s", r->path, strerror(errno));
+            return carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s: the file ended early (was it changed while being "
                           "read?)", r->path);
         }
         r->crc = s_crc(r->crc, p, got);
@@ -389,7 +376,7 @@ static int s_read(kb_export_reader_t *r, void *buf, size_t len, char *err, size_
 static int s_fits(const kb_export_reader_t *r, uint64_t len, const char *what, char *err, size_t errlen)
 {
     if (len > r->trailer_off - r->pos)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: %s of %llu bytes runs past the end of the rows (%llu bytes "
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: %s of %llu bytes runs past the end of the rows (%llu bytes "
                       "left)", r->path, what, (unsigned long long)len,
                       (unsigned long long)(r->trailer_off - r->pos));
     return 0;
@@ -410,7 +397,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         return rc;
     uint32_t key_len = s_get32(b);
     if (key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a key of %u bytes (1..%u allowed)", r->path,
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a key of %u bytes (1..%u allowed)", r->path,
                       (unsigned long long)n, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
     snprintf(what, sizeof what, "row %llu", (unsigned long long)n);
     rc = s_fits(r, (uint64_t)key_len + 20, what, err, errlen);
@@ -422,10 +409,10 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         return rc;
     uint32_t payload = s_get32(b + 16);
     if (!r->feature && payload != 4u * r->dim)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u value bytes; dim %u needs %u", r->path,
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u value bytes; dim %u needs %u", r->path,
                       (unsigned long long)n, payload, r->dim, 4u * r->dim);
     if (r->feature && payload > KB_EXPORT_MAX_RECORD_BYTES)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a record of %u bytes (at most %u)", r->path,
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a record of %u bytes (at most %u)", r->path,
                       (unsigned long long)n, payload, KB_EXPORT_MAX_RECORD_BYTES);
     snprintf(what, sizeof what, "row %llu's payload", (unsigned long long)n);
     rc = s_fits(r, payload, what, err, errlen);
@@ -446,7 +433,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
     if (r->feature) {
         Carls__FeatureRecord *rec = carls__feature_record__unpack(NULL, payload, r->payload);
         if (!rec)
-            return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu's feature record does not decode", r->path,
+            return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu's feature record does not decode", r->path,
                           (unsigned long long)n);
         carls__feature_record__free_unpacked(rec, NULL);
         row->record = r->payload;
@@ -456,7 +443,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
             uint32_t bits = s_get32(r->payload + 4 * j);
             memcpy(&r->values[j], &bits, 4);
             if (!isfinite(r->values[j]))
-                return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: value %u is not finite", r->path,
+                return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: value %u is not finite", r->path,
                               (unsigned long long)n, j + 1);
         }
         row->values = r->values;
@@ -479,13 +466,13 @@ static int s_check_trailer(kb_export_reader_t *r, char *err, size_t errlen)
         return rc;
     uint32_t stored = s_get32(t + 16);
     if (stored != computed_body)
-        return s_fail(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the "
+        return carls_errorf(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the "
                       "file is damaged", r->path, stored, computed_body);
     if (memcmp(t, KB_EXPORT_END_MAGIC, 8) != 0)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: no trailer at the end of the file", r->path);
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: no trailer at the end of the file", r->path);
     uint64_t count = s_get64(t + 8);
     if (count != r->rows_read)
-        return s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the trailer says %llu rows, the file holds %llu", r->path,
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the trailer says %llu rows, the file holds %llu", r->path,
                       (unsigned long long)count, (unsigned long long)r->rows_read);
     r->rows = count;
     return 0;
@@ -509,14 +496,14 @@ static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t 
         return code;
     char detail[256];
     snprintf(detail, sizeof detail, "%s", err ? err : "");
-    return s_fail(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the file is "
+    return carls_errorf(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the file is "
                   "damaged (%s)", r->path, stored, r->crc, detail);
 }
 
 int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err, size_t errlen)
 {
     if (!out || !path)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: no path or output pointer");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: no path or output pointer");
     *out = NULL;
     kb_export_reader_t *r = carls_xcalloc(1, sizeof *r);
     r->path = strdup(path);
@@ -526,12 +513,12 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     uint8_t *cfg_buf = NULL;
     r->f = fopen(path, "rb");
     if (!r->f) {
-        rc = s_fail(err, errlen, KB_EXPORT_EIO, "cannot open %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot open %s: %s", path, strerror(errno));
         goto fail;
     }
     struct stat st;
     if (fstat(fileno(r->f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = s_fail(err, errlen, KB_EXPORT_EIO, "%s is not a regular file", path);
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "%s is not a regular file", path);
         goto fail;
     }
     r->size = (uint64_t)st.st_size;
@@ -539,28 +526,28 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     uint8_t head[16];
     size_t got = fread(head, 1, sizeof head, r->f);
     if (got < 8 || memcmp(head, KB_EXPORT_MAGIC, 8) != 0) {
-        rc = s_fail(err, errlen, KB_EXPORT_EMAGIC, "%s is not a carls table export (no \"%s\" magic)", path,
+        rc = carls_errorf(err, errlen, KB_EXPORT_EMAGIC, "%s is not a carls table export (no \"%s\" magic)", path,
                     KB_EXPORT_MAGIC);
         goto fail;
     }
     if (got >= 12 && s_get32(head + 8) != KB_EXPORT_VERSION) {
-        rc = s_fail(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
+        rc = carls_errorf(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
                     path, s_get32(head + 8), KB_EXPORT_VERSION);
         goto fail;
     }
     if (r->size < S_MIN_FILE_BYTES) {
-        rc = s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s is %llu bytes, shorter than any export (%u): truncated",
+        rc = carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s is %llu bytes, shorter than any export (%u): truncated",
                     path, (unsigned long long)r->size, S_MIN_FILE_BYTES);
         goto fail;
     }
     /* The trailer's magic first: a file cut short is then called truncated rather than "row N runs past". */
     uint8_t end_magic[8];
     if (fseeko(r->f, (off_t)(r->size - S_TRAILER_BYTES), SEEK_SET) != 0 || fread(end_magic, 1, 8, r->f) != 8) {
-        rc = s_fail(err, errlen, KB_EXPORT_EIO, "read %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "read %s: %s", path, strerror(errno));
         goto fail;
     }
     if (memcmp(end_magic, KB_EXPORT_END_MAGIC, 8) != 0) {
-        rc = s_fail(err, errlen, KB_EXPORT_ETRUNCATED, "%s: no \"%s\" trailer at the end: the file is truncated or "
+        rc = carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s: no \"%s\" trailer at the end: the file is truncated or "
                     "was not completely written", path, KB_EXPORT_END_MAGIC);
         goto fail;
     }
@@ -574,7 +561,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto fail;
     uint32_t name_len = s_get32(head + 12);
     if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
                     CARLS_MAX_TABLE_NAME_BYTES);
         goto structural;
     }
@@ -585,7 +572,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto structural;
     r->name[name_len] = '\0';
     if (carls_table_name_valid(r->name) != 0) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
         goto structural;
     }
     uint8_t b4[4];
@@ -594,7 +581,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto structural;
     uint32_t cfg_len = s_get32(b4);
     if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
                     KB_EXPORT_MAX_CONFIG_BYTES);
         goto structural;
     }
@@ -607,16 +594,16 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto structural;
     r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
     if (!r->config) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
         goto structural;
     }
     r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
         goto structural;
     }
     if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM)) {
-        rc = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
+        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
                     CARLS_DEFAULT_MAX_DIM);
         goto structural;
     }
@@ -635,7 +622,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto fail;
     /* Ready for the rows pass. */
     if (fseeko(r->f, (off_t)r->rows_off, SEEK_SET) != 0) {
-        rc = s_fail(err, errlen, KB_EXPORT_EIO, "seek %s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "seek %s: %s", path, strerror(errno));
         goto fail;
     }
     r->pos = r->rows_off;
@@ -710,14 +697,14 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
     if (rows_out)
         *rows_out = 0;
     if (!bank || !table || !path)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "export: a bank, a table and a path are required");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a bank, a table and a path are required");
     if (page == 0)
         page = S_DEFAULT_PAGE;
     Carls__TableConfig *cfg = NULL;
     kb_export_writer_t *w = NULL;
     int rc = kb_cluster_table_config(bank, table, &cfg);
     if (rc != 0)
-        return s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
     rc = kb_export_writer_open(path, table, cfg, &w, err, errlen);
     if (rc != 0)
         goto cleanup;
@@ -728,15 +715,15 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
         while (!done) {
             Carls__Response *resp = NULL;
             if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0) {
-                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
                 goto cleanup;
             }
             const Carls__ScanResult *r = resp->scan;
             if (!feature && r->n_keys > 0 && r->dim != cfg->dim) {
-                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u", s,
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u", s,
                             r->dim, cfg->dim);
             } else if (feature && r->n_keys > 0 && r->n_records != r->n_keys) {
-                rc = s_fail(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
             }
             for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
                 rc = kb_export_writer_add(w, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
@@ -886,7 +873,7 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
     free(keys);
     s_batch_clear(b);
     if (rc != 0)
-        return s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
     return 0;
 }
 
@@ -896,9 +883,9 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     if (rows_out)
         *rows_out = 0;
     if (!bank || !table || !path)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "import: a bank, a table and a path are required");
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "import: a bank, a table and a path are required");
     if (carls_table_name_valid(table) != 0)
-        return s_fail(err, errlen, KB_EXPORT_EINVAL, "import: invalid table name \"%s\"", table);
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "import: invalid table name \"%s\"", table);
     if (batch == 0)
         batch = S_DEFAULT_BATCH;
     kb_export_reader_t *r = NULL;
@@ -913,17 +900,17 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     s_batch_init(&b, batch, feature ? 0 : cfg->dim);
     if (kb_cluster_create_table(bank, table, cfg, true) != 0) {
         if (strstr(kb_cluster_last_error(bank), "ALREADY_EXISTS"))
-            rc = s_fail(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
+            rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
                         table, kb_cluster_last_error(bank));
         else
-            rc = s_fail(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+            rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
         goto cleanup;
     }
     kb_export_row_t row;
     int got;
     while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
         if (s_batch_add(&b, &row) != 0) {
-            got = s_fail(err, errlen, KB_EXPORT_ECORRUPT, "%s: a feature record no longer decodes (was the file "
+            got = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a feature record no longer decodes (was the file "
                          "changed while being imported?)", path);
             break;
         }

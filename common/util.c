@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
@@ -138,4 +139,15 @@ int carls_random_bytes(void *buf, size_t n)
         n -= (size_t)got;
     }
     return 0;
+}
+
+int carls_errorf(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
 }

@@ -35,6 +35,10 @@ int carls_parse_u64(const char *text, uint64_t *out);
 int carls_parse_i64(const char *text, int64_t *out);
 int carls_parse_float(const char *text, float *out);
 
+/* The "error text + return code" idiom of functions that take (char *err, size_t errlen): formats the
+ * message into err (when err is not NULL and errlen > 0) and returns rc. */
+int carls_errorf(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 /* Fills buf with n random bytes from the OS. 0 on success. */
 int carls_random_bytes(void *buf, size_t n);
 

@@ -2,25 +2,13 @@
 #include "data_fmnist.h"
 
 #include "data_idx.h"
+#include "util.h"
 
 #include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 int carls_image_set_load(const char *images_path, const char *labels_path, int num_classes, carls_image_set_t *out,
                          char *err, size_t errlen)
@@ -37,13 +25,13 @@ int carls_image_set_load(const char *images_path, const char *labels_path, int n
         return rc == CARLS_IDX_ENOENT ? CARLS_FMNIST_EMISSING : CARLS_FMNIST_EBAD;
     }
     if (img.dims[0] != lab.dims[0]) {
-        rc = s_fail(err, errlen, CARLS_FMNIST_EBAD, "%s has %u images but %s has %u labels", images_path,
+        rc = carls_errorf(err, errlen, CARLS_FMNIST_EBAD, "%s has %u images but %s has %u labels", images_path,
                     img.dims[0], labels_path, lab.dims[0]);
         goto fail;
     }
     for (uint64_t i = 0; i < lab.count; i++) {
         if (lab.data[i] >= num_classes) {
-            rc = s_fail(err, errlen, CARLS_FMNIST_EBAD, "%s: label %u of example %llu is not below %d", labels_path,
+            rc = carls_errorf(err, errlen, CARLS_FMNIST_EBAD, "%s: label %u of example %llu is not below %d", labels_path,
                         lab.data[i], (unsigned long long)i, num_classes);
             goto fail;
         }
@@ -79,15 +67,15 @@ int carls_fmnist_load(const char *dir, carls_fmnist_t *out, char *err, size_t er
         rc = carls_image_set_load(paths[2], paths[3], CARLS_FMNIST_CLASSES, &out->test, inner, sizeof inner);
     }
     if (rc == CARLS_FMNIST_EMISSING) {
-        s_fail(err, errlen, rc,
+        carls_errorf(err, errlen, rc,
                "Fashion-MNIST not found (%s). Install the Debian package %s (apt-get install %s), or point "
                "--data-dir at a folder holding the four IDX files",
                inner, CARLS_FMNIST_PACKAGE, CARLS_FMNIST_PACKAGE);
     } else if (rc) {
-        s_fail(err, errlen, rc, "Fashion-MNIST: %s", inner);
+        carls_errorf(err, errlen, rc, "Fashion-MNIST: %s", inner);
     }
     if (rc == 0 && (out->train.dim != out->test.dim)) {
-        rc = s_fail(err, errlen, CARLS_FMNIST_EBAD, "Fashion-MNIST: train images are %dx%d, test images %dx%d",
+        rc = carls_errorf(err, errlen, CARLS_FMNIST_EBAD, "Fashion-MNIST: train images are %dx%d, test images %dx%d",
                     out->train.rows, out->train.cols, out->test.rows, out->test.cols);
     }
     if (rc) {

@@ -38,19 +38,6 @@
 
 #define PACKAGE "dict-gcide"
 
-static int s_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int s_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static inline bool s_is_letter(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
@@ -481,7 +468,7 @@ static size_t s_tokenize(const char *in, size_t len, char *out)
 
 static int s_missing(const char *path, char *err, size_t errlen)
 {
-    return s_fail(err, errlen, "cannot open %s: %s (install the Debian package %s: apt-get install %s)", path,
+    return carls_errorf(err, errlen, -1, "cannot open %s: %s (install the Debian package %s: apt-get install %s)", path,
                   strerror(errno), PACKAGE, PACKAGE);
 }
 
@@ -497,7 +484,7 @@ static int s_read_file(const char *path, s_buf_t *out, char *err, size_t errlen)
     int bad = ferror(f);
     fclose(f);
     if (bad)
-        return s_fail(err, errlen, "reading %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, -1, "reading %s: %s", path, strerror(errno));
     s_buf_reserve(out, 0);
     out->p[out->len] = '\0';
     return 0;
@@ -509,7 +496,7 @@ static int s_read_gz(const char *path, s_buf_t *out, char *err, size_t errlen)
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f)
-        return errno ? s_missing(path, err, errlen) : s_fail(err, errlen, "cannot open %s", path);
+        return errno ? s_missing(path, err, errlen) : carls_errorf(err, errlen, -1, "cannot open %s", path);
     gzbuffer(f, 1 << 18);
     for (;;) {
         s_buf_reserve(out, 1 << 22);
@@ -517,7 +504,7 @@ static int s_read_gz(const char *path, s_buf_t *out, char *err, size_t errlen)
         if (got < 0) {
             int zerr;
             const char *msg = gzerror(f, &zerr);
-            s_fail(err, errlen, "%s: corrupt compressed data (%s)", path, msg);
+            carls_errorf(err, errlen, -1, "%s: corrupt compressed data (%s)", path, msg);
             gzclose(f);
             return -1;
         }
@@ -580,7 +567,7 @@ static int s_parse_index(char *idx, size_t idx_len, size_t dict_len, const char 
         int64_t len = t2 ? data_gcide_b64(t2 + 1, (size_t)(eol - t2 - 1)) : -1;
         if (off < 0 || len < 0 || (uint64_t)off + (uint64_t)len > dict_len) {
             free(e);
-            return s_fail(err, errlen, "%s:%u: not \"headword<TAB>offset<TAB>length\" within the dictionary "
+            return carls_errorf(err, errlen, -1, "%s:%u: not \"headword<TAB>offset<TAB>length\" within the dictionary "
                           "(%zu bytes)", path, line + 1, dict_len);
         }
         st->index_lines++;
@@ -705,7 +692,7 @@ static int s_build(data_gcide_t *g, const s_entry_t *e, size_t n, const char *di
     free(c.masked.p);
     int rc = 0;
     if (g->n_senses == 0) {
-        rc = s_fail(err, errlen, "the dictionary holds no definitions");
+        rc = carls_errorf(err, errlen, -1, "the dictionary holds no definitions");
     } else {
         rc = data_text_from_buffer(c.text.p, c.text.len, &g->text, err, errlen);
         /* s_tokenize keeps only lines data_text also keeps: one text line per sense. */
@@ -808,7 +795,7 @@ int data_gcide_holdout_seed(data_gcide_t *g, uint64_t seed, size_t count, char *
             eligible[n++] = (uint32_t)w;
     if (n < count) {
         free(eligible);
-        return s_fail(err, errlen, "only %zu headwords have two or more senses; cannot hold out %zu", n, count);
+        return carls_errorf(err, errlen, -1, "only %zu headwords have two or more senses; cannot hold out %zu", n, count);
     }
     uint64_t state = seed;
     carls_shuffle_u32(eligible, n, &state);
@@ -827,20 +814,20 @@ static int s_holdout_line(data_gcide_t *g, char *line, char *err, size_t errlen)
 {
     char *tab = strchr(line, '\t');
     if (!tab)
-        return s_fail(err, errlen, "expected \"headword<TAB>sense number\"");
+        return carls_errorf(err, errlen, -1, "expected \"headword<TAB>sense number\"");
     *tab = '\0';
     uint64_t number;
     if (carls_parse_u64(tab + 1, &number) != 0 || number == 0)
-        return s_fail(err, errlen, "bad sense number \"%s\"", tab + 1);
+        return carls_errorf(err, errlen, -1, "bad sense number \"%s\"", tab + 1);
     long w = data_gcide_find(g, line);
     if (w < 0)
-        return s_fail(err, errlen, "unknown headword \"%s\"", line);
+        return carls_errorf(err, errlen, -1, "unknown headword \"%s\"", line);
     if (number > s_sense_count(g, (size_t)w))
-        return s_fail(err, errlen, "\"%s\" has %zu senses, not %llu", line, s_sense_count(g, (size_t)w),
+        return carls_errorf(err, errlen, -1, "\"%s\" has %zu senses, not %llu", line, s_sense_count(g, (size_t)w),
                       (unsigned long long)number);
     data_gcide_sense_t *s = &g->senses[g->word_first_sense[w] + number - 1];
     if (s->held_out)
-        return s_fail(err, errlen, "\"%s\" sense %llu is listed twice", line, (unsigned long long)number);
+        return carls_errorf(err, errlen, -1, "\"%s\" sense %llu is listed twice", line, (unsigned long long)number);
     s->held_out = true;
     g->n_held_out++;
     return 0;
@@ -864,13 +851,13 @@ int data_gcide_holdout_file(data_gcide_t *g, const char *path, char *err, size_t
     s_clear_holdout(g);
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, "%s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, -1, "%s: %s", path, strerror(errno));
     char line[512], why[256];
     int rc = 0;
     for (unsigned no = 1; rc == 0 && fgets(line, sizeof line, f); no++) {
         size_t len = strlen(line);
         if (len == sizeof line - 1 && line[len - 1] != '\n') {
-            rc = s_fail(err, errlen, "%s:%u: line too long", path, no);
+            rc = carls_errorf(err, errlen, -1, "%s:%u: line too long", path, no);
             break;
         }
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' '))
@@ -878,14 +865,14 @@ int data_gcide_holdout_file(data_gcide_t *g, const char *path, char *err, size_t
         if (len == 0 || line[0] == '#')
             continue;
         if (s_holdout_line(g, line, why, sizeof why) != 0)
-            rc = s_fail(err, errlen, "%s:%u: %s", path, no, why);
+            rc = carls_errorf(err, errlen, -1, "%s:%u: %s", path, no, why);
     }
     if (rc == 0 && ferror(f))
-        rc = s_fail(err, errlen, "%s: %s", path, strerror(errno));
+        rc = carls_errorf(err, errlen, -1, "%s: %s", path, strerror(errno));
     fclose(f);
     long w = rc == 0 ? s_word_without_training(g) : -1;
     if (w >= 0)
-        rc = s_fail(err, errlen, "%s: every sense of \"%s\" is held out; it needs one for training", path,
+        rc = carls_errorf(err, errlen, -1, "%s: every sense of \"%s\" is held out; it needs one for training", path,
                     g->words[w]);
     if (rc)
         s_clear_holdout(g);

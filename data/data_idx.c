@@ -1,5 +1,6 @@
 /* IDX reader (see data_idx.h). zlib's gzread also reads files that are not compressed. */
 #include "data_idx.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -8,19 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <zlib.h>
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int s_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 /* Reads up to n bytes; returns how many were read (< n only at the end of the stream), or -1 on error. */
 static int64_t s_gzread_full(gzFile f, void *buf, uint64_t n)
@@ -51,59 +39,59 @@ static const char *s_gzerr(gzFile f)
 int carls_idx_read_gz(const char *path, int expected_ndim, carls_idx_t *out, char *err, size_t errlen)
 {
     if (!path || !out) {
-        return s_fail(err, errlen, CARLS_IDX_EFORMAT, "carls_idx_read_gz: no path or output");
+        return carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "carls_idx_read_gz: no path or output");
     }
     memset(out, 0, sizeof *out);
     struct stat st;
     if (stat(path, &st) != 0) {
         int e = errno;
-        return s_fail(err, errlen, e == ENOENT ? CARLS_IDX_ENOENT : CARLS_IDX_EIO, "cannot open %s: %s", path,
+        return carls_errorf(err, errlen, e == ENOENT ? CARLS_IDX_ENOENT : CARLS_IDX_EIO, "cannot open %s: %s", path,
                       strerror(e));
     }
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        return s_fail(err, errlen, CARLS_IDX_EIO, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, CARLS_IDX_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     int rc = 0;
     uint8_t *data = NULL;
     unsigned char h[4 + 4 * CARLS_IDX_MAX_DIMS];
     int64_t got = s_gzread_full(f, h, 4);
     if (got < 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
+        rc = carls_errorf(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
         goto cleanup;
     }
     if (got < 4) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated IDX header (%lld bytes)", path, (long long)got);
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated IDX header (%lld bytes)", path, (long long)got);
         goto cleanup;
     }
     if (h[0] != 0 || h[1] != 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: bad IDX magic %02x %02x %02x %02x (must start with 00 00)",
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: bad IDX magic %02x %02x %02x %02x (must start with 00 00)",
                     path, h[0], h[1], h[2], h[3]);
         goto cleanup;
     }
     if (h[2] != 0x08) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX element type 0x%02x is not unsigned byte (0x08)", path,
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX element type 0x%02x is not unsigned byte (0x08)", path,
                     h[2]);
         goto cleanup;
     }
     int ndim = h[3];
     if (ndim < 1 || ndim > CARLS_IDX_MAX_DIMS || (expected_ndim > 0 && ndim != expected_ndim)) {
         if (expected_ndim > 0) {
-            rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX file has %d dimensions, expected %d", path, ndim,
+            rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX file has %d dimensions, expected %d", path, ndim,
                         expected_ndim);
         } else {
-            rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX file has %d dimensions (1..%d allowed)", path, ndim,
+            rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX file has %d dimensions (1..%d allowed)", path, ndim,
                         CARLS_IDX_MAX_DIMS);
         }
         goto cleanup;
     }
     got = s_gzread_full(f, h + 4, 4 * (uint64_t)ndim);
     if (got < 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
+        rc = carls_errorf(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
         goto cleanup;
     }
     if (got < 4 * ndim) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated IDX header (dimensions)", path);
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated IDX header (dimensions)", path);
         goto cleanup;
     }
     uint64_t count = 1;
@@ -111,13 +99,13 @@ int carls_idx_read_gz(const char *path, int expected_ndim, carls_idx_t *out, cha
         const unsigned char *p = h + 4 + 4 * d;
         uint32_t v = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
         if (v < 1 || v > CARLS_IDX_MAX_DIM) {
-            rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX dimension %d is %u (1..%u allowed)", path, d, v,
+            rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX dimension %d is %u (1..%u allowed)", path, d, v,
                         CARLS_IDX_MAX_DIM);
             goto cleanup;
         }
         count *= v;
         if (count > CARLS_IDX_MAX_BYTES) {
-            rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX data would exceed %llu bytes", path,
+            rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: IDX data would exceed %llu bytes", path,
                         (unsigned long long)CARLS_IDX_MAX_BYTES);
             goto cleanup;
         }
@@ -125,27 +113,27 @@ int carls_idx_read_gz(const char *path, int expected_ndim, carls_idx_t *out, cha
     }
     data = malloc((size_t)count);
     if (!data) {
-        rc = s_fail(err, errlen, CARLS_IDX_EIO, "%s: cannot allocate %llu bytes", path, (unsigned long long)count);
+        rc = carls_errorf(err, errlen, CARLS_IDX_EIO, "%s: cannot allocate %llu bytes", path, (unsigned long long)count);
         goto cleanup;
     }
     got = s_gzread_full(f, data, count);
     if (got < 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
+        rc = carls_errorf(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
         goto cleanup;
     }
     if ((uint64_t)got < count) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated: header says %llu data bytes, file has %lld",
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: truncated: header says %llu data bytes, file has %lld",
                     path, (unsigned long long)count, (long long)got);
         goto cleanup;
     }
     unsigned char extra;
     got = s_gzread_full(f, &extra, 1);
     if (got < 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
+        rc = carls_errorf(err, errlen, CARLS_IDX_EIO, "%s", s_gzerr(f));
         goto cleanup;
     }
     if (got > 0) {
-        rc = s_fail(err, errlen, CARLS_IDX_EFORMAT, "%s: trailing bytes after the %llu data bytes the header declares",
+        rc = carls_errorf(err, errlen, CARLS_IDX_EFORMAT, "%s: trailing bytes after the %llu data bytes the header declares",
                     path, (unsigned long long)count);
         goto cleanup;
     }

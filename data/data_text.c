@@ -11,19 +11,6 @@
 
 #include "util.h"
 
-static int s_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int s_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* A byte that belongs to words: letters, apostrophes and any non-ASCII byte. */
 static inline bool s_word_byte(unsigned char c)
 {
@@ -72,7 +59,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
 {
     *out = NULL;
     if (len >= UINT32_MAX)
-        return s_fail(err, errlen, "corpus of %zu bytes is over the 4 GiB limit", len);
+        return carls_errorf(err, errlen, -1, "corpus of %zu bytes is over the 4 GiB limit", len);
     data_text_t *t = carls_xcalloc(1, sizeof *t);
     /* Every token is followed by one separator; the separators of most tokens replace a non-word byte of the
      * input, except after the pieces a long run is cut into (one per DATA_TEXT_MAX_TOKEN bytes). */
@@ -125,7 +112,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
     t->text[o] = '\0';
     if (t->n_tokens == 0) {
         data_text_destroy(&t);
-        return s_fail(err, errlen, "the corpus holds no words");
+        return carls_errorf(err, errlen, -1, "the corpus holds no words");
     }
     t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
     t->line_start[t->n_lines] = t->n_tokens;
@@ -166,12 +153,12 @@ int data_text_load(const char *source, data_text_t **out, char *err, size_t errl
     if (strcmp(source, "kjv") == 0) {
         FILE *p = popen(DATA_TEXT_KJV_COMMAND " 2>/dev/null", "r");
         if (!p)
-            return s_fail(err, errlen, "cannot run '%s': %s", DATA_TEXT_KJV_COMMAND, strerror(errno));
+            return carls_errorf(err, errlen, -1, "cannot run '%s': %s", DATA_TEXT_KJV_COMMAND, strerror(errno));
         int rrc = s_read_all(p, &raw, &len);
         int status = pclose(p);
         if (rrc != 0 || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || len == 0) {
             free(raw);
-            return s_fail(err, errlen,
+            return carls_errorf(err, errlen, -1,
                           "'%s' failed (status %d); install Debian's bible-kjv and bible-kjv-text "
                           "(scripts/setup.sh)",
                           DATA_TEXT_KJV_COMMAND, status);
@@ -184,12 +171,12 @@ int data_text_load(const char *source, data_text_t **out, char *err, size_t errl
     } else {
         FILE *f = fopen(source, "rb");
         if (!f)
-            return s_fail(err, errlen, "cannot open %s: %s", source, strerror(errno));
+            return carls_errorf(err, errlen, -1, "cannot open %s: %s", source, strerror(errno));
         int rrc = s_read_all(f, &raw, &len);
         int saved = errno;
         fclose(f);
         if (rrc != 0)
-            return s_fail(err, errlen, "cannot read %s: %s", source, strerror(saved));
+            return carls_errorf(err, errlen, -1, "cannot read %s: %s", source, strerror(saved));
     }
     int rc = data_text_from_buffer(raw, len, out, err, errlen);
     free(raw);

@@ -15,38 +15,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int s_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int s_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 int nn_mlp_config_check(const nn_mlp_config_t *cfg, char *err, size_t errlen)
 {
     if (cfg->in_dim < 1 || cfg->in_dim > NN_MLP_MAX_WIDTH) {
-        return s_fail(err, errlen, "input width %d outside 1..%d", cfg->in_dim, NN_MLP_MAX_WIDTH);
+        return carls_errorf(err, errlen, -1, "input width %d outside 1..%d", cfg->in_dim, NN_MLP_MAX_WIDTH);
     }
     if (cfg->n_hidden < 1 || cfg->n_hidden > NN_MLP_MAX_HIDDEN) {
-        return s_fail(err, errlen, "%d hidden layers (1..%d allowed)", cfg->n_hidden, NN_MLP_MAX_HIDDEN);
+        return carls_errorf(err, errlen, -1, "%d hidden layers (1..%d allowed)", cfg->n_hidden, NN_MLP_MAX_HIDDEN);
     }
     for (int l = 0; l < cfg->n_hidden; l++) {
         if (cfg->hidden[l] < 1 || cfg->hidden[l] > NN_MLP_MAX_WIDTH) {
-            return s_fail(err, errlen, "hidden layer %d width %d outside 1..%d", l, cfg->hidden[l],
+            return carls_errorf(err, errlen, -1, "hidden layer %d width %d outside 1..%d", l, cfg->hidden[l],
                           NN_MLP_MAX_WIDTH);
         }
     }
     if (cfg->num_classes < 0 || cfg->num_classes > NN_MLP_MAX_WIDTH) {
-        return s_fail(err, errlen, "%d classes outside 0..%d", cfg->num_classes, NN_MLP_MAX_WIDTH);
+        return carls_errorf(err, errlen, -1, "%d classes outside 0..%d", cfg->num_classes, NN_MLP_MAX_WIDTH);
     }
     if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f)) {
-        return s_fail(err, errlen, "dropout %g outside [0, 1)", (double)cfg->dropout);
+        return carls_errorf(err, errlen, -1, "dropout %g outside [0, 1)", (double)cfg->dropout);
     }
     return 0;
 }
@@ -65,11 +52,11 @@ int nn_mlp_new(const nn_mlp_config_t *cfg, nn_device_t device, int max_batch, ui
         return -1;
     }
     if (max_batch < 1 || max_batch > (1 << 20)) {
-        return s_fail(err, errlen, "batch size %d outside 1..%d", max_batch, 1 << 20);
+        return carls_errorf(err, errlen, -1, "batch size %d outside 1..%d", max_batch, 1 << 20);
     }
     const nn_ops_t *ops = nn_ops_for(device);
     if (!ops) {
-        return s_fail(err, errlen, "device %s is not available in this build", nn_device_name(device));
+        return carls_errorf(err, errlen, -1, "device %s is not available in this build", nn_device_name(device));
     }
     nn_mlp_t *m = carls_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
@@ -87,7 +74,7 @@ int nn_mlp_new(const nn_mlp_config_t *cfg, nn_device_t device, int max_batch, ui
     }
     if (np > INT_MAX) {
         free(m);
-        return s_fail(err, errlen, "%zu parameters: more than this library handles (INT_MAX)", np);
+        return carls_errorf(err, errlen, -1, "%zu parameters: more than this library handles (INT_MAX)", np);
     }
     m->num_params = np;
 
@@ -399,7 +386,7 @@ int nn_mlp_to_ckpt(const nn_mlp_t *self, uint64_t step, carls_ckpt_t **out, char
     *out = NULL;
     carls_ckpt_t *c = carls_ckpt_new(self->cfg.num_classes > 0 ? NN_MLP_KIND_CLASSIFIER : NN_MLP_KIND_ENCODER, step);
     if (!c) {
-        return s_fail(err, errlen, "cannot create a checkpoint");
+        return carls_errorf(err, errlen, -1, "cannot create a checkpoint");
     }
     float *host = carls_xmalloc(sizeof(float) * self->num_params);
     nn_mlp_get_params(self, host);
@@ -417,7 +404,7 @@ int nn_mlp_to_ckpt(const nn_mlp_t *self, uint64_t step, carls_ckpt_t **out, char
         if (rc) {
             free(host);
             carls_ckpt_destroy(&c);
-            return s_fail(err, errlen, "cannot add %s to the checkpoint: %s", wname, carls_ckpt_strerror(rc));
+            return carls_errorf(err, errlen, -1, "cannot add %s to the checkpoint: %s", wname, carls_ckpt_strerror(rc));
         }
     }
     free(host);
@@ -431,11 +418,11 @@ static const carls_ckpt_tensor_t *s_expect(const carls_ckpt_t *c, const char *na
 {
     const carls_ckpt_tensor_t *t = carls_ckpt_find(c, name);
     if (!t) {
-        s_fail(err, errlen, "checkpoint has no tensor %s", name);
+        carls_errorf(err, errlen, -1, "checkpoint has no tensor %s", name);
         return NULL;
     }
     if (t->ndim != ndim || t->dims[0] != d0 || (ndim == 2 && t->dims[1] != d1)) {
-        s_fail(err, errlen, "checkpoint tensor %s has an unexpected shape", name);
+        carls_errorf(err, errlen, -1, "checkpoint tensor %s has an unexpected shape", name);
         return NULL;
     }
     return t;
@@ -448,12 +435,12 @@ int nn_mlp_from_ckpt(const carls_ckpt_t *ckpt, nn_device_t device, int max_batch
     const char *kind = carls_ckpt_kind(ckpt);
     bool has_cls = strcmp(kind, NN_MLP_KIND_CLASSIFIER) == 0;
     if (!has_cls && strcmp(kind, NN_MLP_KIND_ENCODER) != 0) {
-        return s_fail(err, errlen, "checkpoint holds a '%s', not an MLP", kind);
+        return carls_errorf(err, errlen, -1, "checkpoint holds a '%s', not an MLP", kind);
     }
     nn_mlp_config_t cfg = {0};
     const carls_ckpt_tensor_t *w0 = carls_ckpt_find(ckpt, "enc.0.weight");
     if (!w0 || w0->ndim != 2) {
-        return s_fail(err, errlen, "checkpoint has no 2-d tensor enc.0.weight");
+        return carls_errorf(err, errlen, -1, "checkpoint has no 2-d tensor enc.0.weight");
     }
     cfg.in_dim = (int)(w0->dims[1] <= NN_MLP_MAX_WIDTH ? w0->dims[1] : 0);
     for (int l = 0; l < NN_MLP_MAX_HIDDEN; l++) {
@@ -464,7 +451,7 @@ int nn_mlp_from_ckpt(const carls_ckpt_t *ckpt, nn_device_t device, int max_batch
             break;
         }
         if (w->ndim != 2 || w->dims[0] > NN_MLP_MAX_WIDTH) {
-            return s_fail(err, errlen, "checkpoint tensor %s has an unexpected shape", name);
+            return carls_errorf(err, errlen, -1, "checkpoint tensor %s has an unexpected shape", name);
         }
         cfg.hidden[l] = (int)w->dims[0];
         cfg.n_hidden = l + 1;
@@ -472,7 +459,7 @@ int nn_mlp_from_ckpt(const carls_ckpt_t *ckpt, nn_device_t device, int max_batch
     if (has_cls) {
         const carls_ckpt_tensor_t *cw = carls_ckpt_find(ckpt, "cls.weight");
         if (!cw || cw->ndim != 2 || cw->dims[0] > NN_MLP_MAX_WIDTH) {
-            return s_fail(err, errlen, "classifier checkpoint has no usable cls.weight");
+            return carls_errorf(err, errlen, -1, "classifier checkpoint has no usable cls.weight");
         }
         cfg.num_classes = (int)cw->dims[0];
     }

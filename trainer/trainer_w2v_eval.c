@@ -21,17 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static int s_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int s_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 void w2v_vectors_destroy(w2v_vectors_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -52,11 +41,11 @@ int w2v_vectors_read(const char *path, w2v_vectors_t **out, char *err, size_t er
     *out = NULL;
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, -1, "cannot open %s: %s", path, strerror(errno));
     unsigned long n = 0, dim = 0;
     if (fscanf(f, "%lu %lu", &n, &dim) != 2 || dim == 0 || dim > 4096 || n > 100000000UL) {
         fclose(f);
-        return s_fail(err, errlen, "%s: the first line is not 'COUNT DIM'", path);
+        return carls_errorf(err, errlen, -1, "%s: the first line is not 'COUNT DIM'", path);
     }
     w2v_vectors_t *v = carls_xcalloc(1, sizeof *v);
     v->dim = (uint32_t)dim;
@@ -68,13 +57,13 @@ int w2v_vectors_read(const char *path, w2v_vectors_t **out, char *err, size_t er
         if (fscanf(f, "%1023s", word) != 1) {
             fclose(f);
             w2v_vectors_destroy(&v);
-            return s_fail(err, errlen, "%s: %lu vectors announced, %lu found", path, n, i);
+            return carls_errorf(err, errlen, -1, "%s: %lu vectors announced, %lu found", path, n, i);
         }
         for (unsigned long d = 0; d < dim; d++) {
             if (fscanf(f, "%f", &v->vec[i * dim + d]) != 1) {
                 fclose(f);
                 w2v_vectors_destroy(&v);
-                return s_fail(err, errlen, "%s: vector %lu ('%s') is short", path, i, word);
+                return carls_errorf(err, errlen, -1, "%s: vector %lu ('%s') is short", path, i, word);
             }
         }
         v->words[v->n] = strdup(word);
@@ -123,10 +112,10 @@ int w2v_write_vectors(const char *path, uint32_t n, uint32_t dim, char *const *w
 {
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return s_fail(err, errlen, "path too long: %s", path);
+        return carls_errorf(err, errlen, -1, "path too long: %s", path);
     FILE *f = fopen(tmp, "w");
     if (!f)
-        return s_fail(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        return carls_errorf(err, errlen, -1, "cannot write %s: %s", tmp, strerror(errno));
     fprintf(f, "%u %u\n", n, dim);
     for (uint32_t i = 0; i < n; i++) {
         fputs(words[i], f);
@@ -139,7 +128,7 @@ int w2v_write_vectors(const char *path, uint32_t n, uint32_t dim, char *const *w
     if (bad || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return s_fail(err, errlen, "cannot write %s: %s", path, strerror(e));
+        return carls_errorf(err, errlen, -1, "cannot write %s: %s", path, strerror(e));
     }
     return 0;
 }
@@ -244,7 +233,7 @@ static int s_pairs(const w2v_vectors_t *v, const char *path, w2v_quality_t *q, c
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, -1, "cannot open %s: %s", path, strerror(errno));
     char line[512];
     double *human = NULL, *cosine = NULL, *ranks = NULL;
     uint32_t n = 0, cap = 0, nr = 0;
@@ -297,7 +286,7 @@ static int s_categories(const w2v_vectors_t *v, const char *path, w2v_quality_t 
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return carls_errorf(err, errlen, -1, "cannot open %s: %s", path, strerror(errno));
     uint32_t rows[1024], group[1024], n = 0, g = 0;
     char line[4096];
     while (fgets(line, sizeof line, f)) {
