@@ -140,7 +140,7 @@ typedef struct {
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
-    double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k;
+    double word_defs, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -233,6 +233,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"bm25_b", &c->bm25_b, 0.75},
         {"hard_queries", &c->hard_queries, 0},
         {"hard_k", &c->hard_k, 32},
+        {"hard_fresh", &c->hard_fresh, 0},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (carls_ini_get_double(ini, nums[i].key, nums[i].def, nums[i].out, err, errlen) != 0) {
@@ -685,7 +686,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         {"--fuse-tfidf", c->fuse_tfidf, 0},     {"--ckpt-every", c->ckpt_every, 1},
         {"--seed", c->seed, 1},                 {"--bm25-k1", c->bm25_k1, 0},
         {"--bm25-b", c->bm25_b, 0},             {"--hard-queries", c->hard_queries, 1},
-        {"--hard-k", c->hard_k, 1},
+        {"--hard-k", c->hard_k, 1},             {"--hard-fresh", c->hard_fresh, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
@@ -696,7 +697,8 @@ static int s_twotower_result(const carls_result_t *res, const char *out, const c
 {
     const char *show[] = {"r1", "r10", "r100", "median_rank", "mrr", "n", "fused_r1", "fused_r10", "fused_r100",
                           "fused_median_rank", "fused_mrr", "train_steps", "train_steps_per_s", "kb_negatives",
-                          "neg_staleness_steps", "neg_unavailable", "knn_agree", NULL};
+                          "neg_staleness_steps", "neg_unavailable", "hard_per_step", "hard_staleness_steps",
+                          "hard_unavailable", "knn_agree", NULL};
     if (!carls_result_get(res, "r10")) {
         LOG_ERROR("the trainer printed no r10 (see %s)", out);
         return 1;

@@ -36,6 +36,7 @@ typedef struct {
     tfidf_opts_t lexical;
     uint64_t holdout_seed, seed;
     int hard_queries, hard_k;
+    bool hard_fresh;        /* hard negatives pooled here from their current rows, not the makers' inputs */
     int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
@@ -84,6 +85,12 @@ static void s_usage(FILE *out)
             "  --negatives-from inputs|outputs   inputs (default): the makers' pooled word-tower inputs (NAME.vecx)\n"
             "                           through this trainer's current head; outputs: the makers' finished vectors\n"
             "                           (NAME.vec), as old as their checkpoint\n"
+            "  --hard-queries Q         hard bank negatives: Q of a step's queries ask the bank's knn over NAME.vec\n"
+            "                           (the makers' word vectors) for --hard-k K headwords each (default 0: none)\n"
+            "  --hard-k K               (default 32); the positives of the batch are left out\n"
+            "  --hard-fresh 0|1         1: the hard negatives' word towers are computed here from their current rows\n"
+            "                           (the bank only finds them; their rows get gradients); 0 (default): their\n"
+            "                           pooled inputs from NAME.vecx through the current head\n"
             "  --seed S                 (default 1)\n"
             "checkpoints and evaluation:\n"
             "  --ckpt-dir DIR           write checkpoints here (makers watch it)\n"
@@ -141,7 +148,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
         O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -183,6 +190,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"lexical", required_argument, NULL, O_LEXICAL},
         {"hard-queries", required_argument, NULL, O_HARDQ},
         {"hard-k", required_argument, NULL, O_HARDK},
+        {"hard-fresh", required_argument, NULL, O_HARDFRESH},
         {"bm25-k1", required_argument, NULL, O_BM25K1},
         {"bm25-b", required_argument, NULL, O_BM25B},
         {"save-vectors", required_argument, NULL, O_SAVEVEC},
@@ -297,6 +305,12 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_SAVEVEC: o->save_vectors = optarg; break;
         case O_HARDQ: bad = trainer_parse_int("hard-queries", optarg, 0, TT_MAX_BATCH, &o->hard_queries); break;
         case O_HARDK: bad = trainer_parse_int("hard-k", optarg, 1, 1024, &o->hard_k); break;
+        case O_HARDFRESH: {
+            int v = 0;
+            bad = trainer_parse_int("hard-fresh", optarg, 0, 1, &v);
+            o->hard_fresh = v == 1;
+            break;
+        }
         case O_EVALVEC: o->eval_vectors = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
@@ -312,7 +326,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer: --vectors makers needs --ckpt-dir (the makers read the final checkpoint there)\n");
         return -1;
     }
-    if (o->hard_queries > 0 && !o->negatives_from_inputs) {
+    if (o->hard_queries > 0 && !o->negatives_from_inputs && !o->hard_fresh) {
         fprintf(stderr, "trainer: --hard-queries needs --negatives-from inputs\n");
         return -1;
     }
@@ -423,6 +437,7 @@ typedef struct {
     uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
     int n_neg;              /* negatives held now: n_uni uniform, then n_hard hard ones (0 until the table has rows) */
     int n_uni, n_hard;
+    int n_fresh;            /* --hard-fresh: hard negatives held as extra word-tower items after the batch's B */
     uint32_t *hard_knn, *hard_sel; /* (hard_queries * hard_k) */
     kb_key_t *hard_keys;
     double hard_staleness, hard_staleness_sum, hard_n_sum; /* last, and sums over the fetches that had some */
@@ -462,7 +477,9 @@ static void s_alloc(s_run_t *r)
         r->Wq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
         r->Ww[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
     }
-    size_t L = B * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
+    const size_t Bq = B;
+    B += o->hard_fresh ? Hmax : 0; /* word-tower items: the batch's headwords, then fresh hard negatives */
+    size_t L = Bq * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
     r->gram_keys = carls_xmalloc(G * sizeof *r->gram_keys);
     r->bag_idx = carls_xmalloc(L * sizeof(int32_t));
     r->bag_w = carls_xmalloc(L * sizeof(float));
@@ -553,6 +570,25 @@ static size_t s_add_defs(s_run_t *r, size_t s, uint32_t word, size_t at)
     return count;
 }
 
+/* The word-tower side of item b, headword `word`: its row, trigrams and (--word-defs) definitions, never
+ * sense s (SIZE_MAX: none left out); the offsets go on from item b - 1's. */
+static void s_word_item(s_run_t *r, int b, size_t s, uint32_t word)
+{
+    const char *hw = r->g->words[word];
+    size_t hl = strlen(hw);
+    r->hw_word[b] = word;
+    r->hw_idx[b] = (int32_t)w2v_map_put(&r->wmap, hw, (uint8_t)hl);
+    size_t D_ = (size_t)r->dbag_off[b];
+    if (r->o.word_defs > 0)
+        D_ += s_add_defs(r, s, word, D_);
+    r->dbag_off[b + 1] = (int32_t)D_;
+    int G = r->gram_off[b];
+    int n = nn_tower_trigrams(hw, hl, r->gram_keys + G, NN_TOWER_MAX_GRAMS);
+    for (int i = 0; i < n; i++)
+        r->gram_idx[G + i] = (int32_t)w2v_map_put(&r->gmap, r->gram_keys[G + i], 3);
+    r->gram_off[b + 1] = G + n;
+}
+
 /* Builds the batch of pairs train[from .. from+B-1]: bags of (kept) definition words, headwords, trigrams.
  * Returns the number of distinct word rows; *n_grams gets the trigram rows. */
 static void s_build_batch(s_run_t *r, const uint32_t *senses, int B)
@@ -560,8 +596,7 @@ static void s_build_batch(s_run_t *r, const uint32_t *senses, int B)
     const data_text_t *t = r->g->text;
     w2v_map_clear(&r->wmap);
     w2v_map_clear(&r->gmap);
-    int L = 0, G = 0;
-    size_t D_ = 0;
+    int L = 0;
     r->bag_off[0] = 0;
     r->dbag_off[0] = 0;
     r->gram_off[0] = 0;
@@ -586,19 +621,7 @@ static void s_build_batch(s_run_t *r, const uint32_t *senses, int B)
             r->bag_w[L++] = data_idf_weight(&r->idf, w, t->tok_len[k]);
         }
         r->bag_off[b + 1] = L;
-        uint32_t word = r->g->senses[s].word;
-        const char *hw = r->g->words[word];
-        size_t hl = strlen(hw);
-        r->hw_word[b] = word;
-        r->hw_idx[b] = (int32_t)w2v_map_put(&r->wmap, hw, (uint8_t)hl);
-        if (r->o.word_defs > 0)
-            D_ += s_add_defs(r, s, word, D_);
-        r->dbag_off[b + 1] = (int32_t)D_;
-        int n = nn_tower_trigrams(hw, hl, r->gram_keys + G, NN_TOWER_MAX_GRAMS);
-        for (int i = 0; i < n; i++)
-            r->gram_idx[G + i] = (int32_t)w2v_map_put(&r->gmap, r->gram_keys[G + i], 3);
-        G += n;
-        r->gram_off[b + 1] = G;
+        s_word_item(r, b, s, r->g->senses[s].word);
     }
 }
 
@@ -611,12 +634,11 @@ static void s_reserve(s_run_t *r, size_t n)
         r->keys_cap = 2 * n;
         r->keys = carls_xmalloc(r->keys_cap * sizeof *r->keys);
     }
-    if (n > r->word_rows_cap) {
-        free(r->word_rows);
+    if (n > r->word_rows_cap) { /* the rows looked up so far are kept */
         free(r->d_word_rows);
         free(r->d_scratch);
         r->word_rows_cap = 2 * n;
-        r->word_rows = carls_xmalloc(r->word_rows_cap * E * sizeof(float));
+        r->word_rows = carls_xrealloc(r->word_rows, r->word_rows_cap * E * sizeof(float));
         r->d_word_rows = carls_xmalloc(r->word_rows_cap * E * sizeof(float));
         r->d_scratch = r->o.word_defs > 0 ? carls_xmalloc(r->word_rows_cap * E * sizeof(float)) : NULL;
     }
@@ -706,6 +728,7 @@ size_t tt_hard_select(const uint32_t *knn_words, size_t n_q, size_t k, const uin
 static void s_fetch_hard(s_run_t *r, int B, uint64_t step)
 {
     r->n_hard = 0;
+    r->n_fresh = 0;
     const size_t nq = (size_t)(r->o.hard_queries < B ? r->o.hard_queries : B), k = (size_t)r->o.hard_k;
     kb_knn_result_t *res = NULL;
     r->hard_fetches++;
@@ -730,6 +753,28 @@ static void s_fetch_hard(s_run_t *r, int B, uint64_t step)
     size_t n = tt_hard_select(r->hard_knn, nq, k, r->hw_word, (size_t)B, r->hard_sel, nq * k);
     if (n == 0) {
         r->hard_unavailable++;
+        return;
+    }
+    if (r->o.hard_fresh) { /* extra word-tower items after the batch's, from their current rows */
+        size_t w0 = r->wmap.n, g0 = r->gmap.n, E = (size_t)r->o.E;
+        for (size_t j = 0; j < n; j++)
+            s_word_item(r, B + (int)j, SIZE_MAX, r->hard_sel[j]);
+        s_reserve(r, r->wmap.n > r->gmap.n ? r->wmap.n : r->gmap.n);
+        w2v_map_keys(&r->wmap, r->keys);
+        rc = kb_cluster_lookup(r->kb, r->names.word, r->keys + w0, r->wmap.n - w0, (uint32_t)E, r->word_rows + w0 * E,
+                               NULL);
+        if (rc == 0) {
+            w2v_map_keys(&r->gmap, r->keys);
+            rc = kb_cluster_lookup(r->kb, r->names.gram, r->keys + g0, r->gmap.n - g0, (uint32_t)E,
+                                   r->gram_rows + g0 * E, NULL);
+        }
+        if (rc != 0) { /* the step goes on without them (their keys stay in the maps, unused but pushed 0) */
+            r->hard_unavailable++;
+            LOG_WARN("trainer: reading the hard negatives' rows failed: %s", kb_cluster_last_error(r->kb));
+            return;
+        }
+        r->n_fresh = (int)n;
+        r->hard_n_sum += (double)n;
         return;
     }
     for (size_t j = 0; j < n; j++) {
@@ -778,41 +823,42 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     if (r->o.hard_queries > 0)
         s_fetch_hard(r, B, step); /* near this step's queries */
     r->n_neg = r->n_uni + r->n_hard;
-    const int N = B + r->n_neg;
-    nn_tower_word_pool(r->xw, r->word_rows, r->hw_idx, r->gram_rows, r->gram_idx, r->gram_off, B, E);
+    const int Bw = B + r->n_fresh; /* word-tower items: the positives, then fresh hard negatives */
+    const int N = Bw + r->n_neg;
+    nn_tower_word_pool(r->xw, r->word_rows, r->hw_idx, r->gram_rows, r->gram_idx, r->gram_off, Bw, E);
     if (r->o.word_defs > 0) {
-        nn_embedding_bag_forward_cpu(r->xd, r->word_rows, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, B,
+        nn_embedding_bag_forward_cpu(r->xd, r->word_rows, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, Bw,
                                      (int)r->wmap.n, E);
-        nn_add_cpu(r->xw, r->xd, 1.0f, B * E);
+        nn_add_cpu(r->xw, r->xd, 1.0f, Bw * E);
     }
-    nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, B, E, D);
-    memcpy(r->cand, r->v, (size_t)B * D * sizeof(float));
+    nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, Bw, E, D);
+    memcpy(r->cand, r->v, (size_t)Bw * D * sizeof(float));
     /* Inputs: the makers gathered the rows (the expensive part); the head is this trainer's, as of now. */
     if (r->n_neg > 0 && r->o.negatives_from_inputs)
         nn_tower_head_forward(r->neg, r->neg_pre, r->neg_norm, r->negx, r->Ww, r->bw, r->n_neg, E, D);
     if (r->n_neg > 0)
-        memcpy(r->cand + (size_t)B * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
-    for (int b = 0; b < B; b++)
+        memcpy(r->cand + (size_t)Bw * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
+    for (int b = 0; b < Bw; b++)
         r->cand_word[b] = r->hw_word[b];
     for (int j = 0; j < r->n_neg; j++)
-        r->cand_word[B + j] = r->neg_word[j];
+        r->cand_word[Bw + j] = r->neg_word[j];
     double loss = nn_tower_infonce(r->dq, r->dcand, r->logits, r->probs, r->q, r->cand, r->cand_word,
                                    1.0f / r->o.temperature, B, N, D);
     memset(r->grads, 0, r->n_params * sizeof(float));
     nn_tower_head_backward(r->dxq, r->dWq, r->dbq, r->dpre, r->dq, r->q, r->nq, r->xq, r->Wq, B, E, D);
-    nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, B, E, D);
+    nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, Bw, E, D);
     if (r->n_neg > 0 && r->o.negatives_from_inputs) /* the negatives' inputs are constants; the head learns */
-        nn_tower_head_backward(NULL, r->dWw, r->dbw, r->neg_dpre, r->dcand + (size_t)B * D, r->neg, r->neg_norm,
+        nn_tower_head_backward(NULL, r->dWw, r->dbw, r->neg_dpre, r->dcand + (size_t)Bw * D, r->neg, r->neg_norm,
                                r->negx, r->Ww, r->n_neg, E, D);
     nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                   (int)r->wmap.n, E);
     if (r->o.word_defs > 0) {
-        nn_embedding_bag_backward_cpu(r->d_scratch, r->dxw, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, B,
+        nn_embedding_bag_backward_cpu(r->d_scratch, r->dxw, r->dbag_idx, r->dbag_off, r->dbag_w, NN_BAG_MEAN, Bw,
                                       (int)r->wmap.n, E);
         nn_add_cpu(r->d_word_rows, r->d_scratch, 1.0f, (int)r->wmap.n * E);
     }
     memset(r->d_gram_rows, 0, (size_t)r->gmap.n * E * sizeof(float));
-    nn_tower_word_pool_backward(r->d_word_rows, r->d_gram_rows, r->dxw, r->hw_idx, r->gram_idx, r->gram_off, B, E);
+    nn_tower_word_pool_backward(r->d_word_rows, r->d_gram_rows, r->dxw, r->hw_idx, r->gram_idx, r->gram_off, Bw, E);
     if (s_push_map(r, r->names.word, &r->wmap, r->d_word_rows) != 0 ||
         s_push_map(r, r->names.gram, &r->gmap, r->d_gram_rows) != 0)
         return NAN;
