@@ -3,6 +3,7 @@
 
 #include "log.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,36 @@ const double *carls_result_get(const carls_result_t *r, const char *key)
     return NULL;
 }
 
+/* Whether column col (1-based) of a metrics CSV holds a finite number on some data row. gnuplot refuses a
+ * plot whose points are all undefined (a twotower run without bank negatives writes "nan" staleness). */
+static bool s_column_has_number(const char *csv, int col)
+{
+    FILE *f = fopen(csv, "r");
+    if (!f) {
+        return false;
+    }
+    char line[4096];
+    bool header = true, found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (header) {
+            header = false;
+            continue;
+        }
+        const char *field = line;
+        for (int c = 1; c < col && field; c++) {
+            field = strchr(field, ',');
+            field = field ? field + 1 : NULL;
+        }
+        if (field) {
+            char *end = NULL;
+            double v = strtod(field, &end);
+            found = end != field && isfinite(v);
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 /* trainer twotower's metrics: 1 step, 3 loss, 4 steps/s, 5 bank negatives, 6 their staleness (steps). */
 static void s_twotower_plots(FILE *f, const char *dir, const char *metrics_csv)
 {
@@ -83,11 +114,20 @@ static void s_twotower_plots(FILE *f, const char *dir, const char *metrics_csv)
             "plot '%s' using 1:3 with lines lw 2, '' using 1:4 axes x1y2 with lines title 'steps/s'\n"
             "set output '%s/staleness.png'\n"
             "set ylabel 'steps'\n"
-            "set y2label 'bank negatives per step'\n"
-            "set title 'Staleness of the bank negatives (trainer step - checkpoint step of their vectors)'\n"
-            "plot '%s' using 1:6 with linespoints lw 2 title 'mean staleness', "
-            "'' using 1:5 axes x1y2 with lines title 'bank negatives'\n",
-            dir, metrics_csv, dir, metrics_csv);
+            "set y2label 'bank negatives per step'\n",
+            dir, metrics_csv, dir);
+    if (s_column_has_number(metrics_csv, 6)) {
+        fprintf(f,
+                "set title 'Staleness of the bank negatives (trainer step - checkpoint step of their vectors)'\n"
+                "plot '%s' using 1:6 with linespoints lw 2 title 'mean staleness', "
+                "'' using 1:5 axes x1y2 with lines title 'bank negatives'\n",
+                metrics_csv);
+    } else {
+        fprintf(f,
+                "set title 'No bank negatives were used in this run (no staleness to show)'\n"
+                "plot '%s' using 1:5 axes x1y2 with lines title 'bank negatives'\n",
+                metrics_csv);
+    }
 }
 
 int carls_report_plots(const char *dir, const char *metrics_csv, const char *experiment)

@@ -134,7 +134,7 @@ typedef struct {
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
     double augment_shift, augment_flip;
-    double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, steps, batch_labelled, batch_unlabelled;
+    double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, neighbor_refresh, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
@@ -203,6 +203,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"augment_flip", &c->augment_flip, 0},
         {"neighbors", &c->neighbors, 10},
         {"max_staleness", &c->max_staleness, 0},
+        {"neighbor_refresh", &c->neighbor_refresh, 20},
         {"steps", &c->steps, 3000},
         {"batch_labelled", &c->batch_labelled, 100},
         {"batch_unlabelled", &c->batch_unlabelled, 128},
@@ -638,6 +639,7 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         {"--alpha", c->alpha, 0},                       {"--beta", c->beta, 0},
         {"--conf-threshold", c->conf_threshold, 0},     {"--rampup", c->rampup, 1},
         {"--neighbors", c->neighbors, 1},               {"--max-staleness", c->max_staleness, 1},
+        {"--neighbor-refresh", c->neighbor_refresh, 1},
         {"--augment-shift", c->augment_shift, 1},       {"--augment-flip", c->augment_flip, 0},
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
