@@ -182,7 +182,12 @@ static void test_smoke_json(void **state)
 {
     (void)state;
     static run_t run; /* large */
-    s_run("--smoke --json", true, &run, NULL, 0);
+    static char out[1 << 18];
+    s_run("--smoke --json", true, &run, out, sizeof out);
+    if (run.status != 0) {
+        /* a failed case says why in its "note"; show every line so a failure in CI can be read */
+        fprintf(stderr, "kb-bench --smoke --json exited %d; its output:\n%s", run.status, out);
+    }
     assert_int_equal(run.status, 0);
     assert_true(run.n >= 20);
 
