@@ -4,7 +4,9 @@
  * up in the bank; the query tower embeds the definitions (tokens dropped at random), the word tower the
  * headwords; InfoNCE over the B in-batch candidates plus M random headwords from the bank, written there by
  * makers from an earlier checkpoint: their pooled word-tower inputs (NAME.vecx) put through this trainer's
- * current head (the default), or their finished vectors (NAME.vec, --negatives-from outputs); the rows'
+ * current head (the default), or their finished vectors (NAME.vec, --negatives-from outputs); plus
+ * (--hard-queries) hard negatives the bank's knn over NAME.vec finds near the step's queries, pooled from
+ * NAME.vecx or (--hard-fresh 1) by this trainer from their current rows like the batch's headwords; the rows'
  * gradients are pushed back to the bank, the dense heads take an Adam step here. */
 #include "trainer.h"
 #include "trainer_metrics.h"
@@ -961,14 +963,14 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 double sps = 50.0 / ((double)(now - tlast) / 1e6);
                 tlast = now;
                 double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
-                                 sps, (double)r->n_neg,
+                                 sps, (double)(r->n_neg + r->n_fresh),
                                  r->n_neg ? (r->n_uni * r->neg_staleness + r->n_hard * r->hard_staleness) / r->n_neg
                                           : NAN};
                 if (csv.f)
                     trainer_metrics_row(&csv, row);
                 LOG_INFO("trainer: step %llu epoch %d loss %.4f  %.1f steps/s  negatives %d (stale %.0f steps), "
                          "hard %d", (unsigned long long)step, epoch, loss_sum / loss_n, sps, r->n_uni,
-                         r->n_uni ? r->neg_staleness : 0.0, r->n_hard);
+                         r->n_uni ? r->neg_staleness : 0.0, r->n_hard + r->n_fresh);
                 loss_sum = 0;
                 loss_n = 0;
             }
