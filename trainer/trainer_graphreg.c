@@ -534,7 +534,7 @@ int trainer_graphreg_main(int argc, char **argv)
     h_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
     dh_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
     dh_dev = m->ops->alloc(sizeof(float) * (size_t)B * (size_t)E);
-    batch = carls_xmalloc(sizeof(uint32_t) * (size_t)B * 2);
+    batch = carls_xmalloc(sizeof(uint32_t) * (size_t)B * TRAINER_PREFETCH_DEPTH);
     if (o.nbr_mode == S_NBR_TRAINER) {
         nbr_items = carls_xmalloc(sizeof(uint32_t) * (size_t)B * (size_t)K);
         nbr_slot = carls_xmalloc(sizeof(int) * (size_t)B * (size_t)K);
@@ -545,11 +545,15 @@ int trainer_graphreg_main(int argc, char **argv)
     uint64_t rng = nn_hash_mix((uint64_t)o.seed, 0x67726567ULL); /* "greg" */
     uint64_t aug_rng = nn_hash_mix((uint64_t)o.seed, 0x6175676dULL); /* "augm" */
     int lab_cursor = n_lab, unl_cursor = n_unl;
-    uint32_t *cur_batch = batch, *next_batch = batch + B;
-    s_draw(labelled, n_lab, &lab_cursor, &rng, BL, cur_batch);
-    s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, cur_batch + BL);
-    if (pf) {
-        trainer_prefetch_submit(pf, cur_batch, B, 0);
+    /* Batch t lives in batch + (t % TRAINER_PREFETCH_DEPTH) * B; batches are drawn (and, with the bank, submitted
+     * to the prefetcher) TRAINER_PREFETCH_DEPTH - 1 steps before they train. */
+    for (int t = 0; t < TRAINER_PREFETCH_DEPTH - 1 && t < o.steps; t++) {
+        uint32_t *b = batch + (size_t)t * (size_t)B;
+        s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
+        s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
+        if (pf) {
+            trainer_prefetch_submit(pf, b, B, (uint64_t)t);
+        }
     }
     if (s_checkpoint(m, &o, 0) != 0) {
         goto cleanup;
@@ -575,11 +579,16 @@ int trainer_graphreg_main(int argc, char **argv)
                 win.bank_skipped++; /* the batch trains on its labels alone */
             }
         }
-        /* The batch after this one, fetched while this one trains. */
-        s_draw(labelled, n_lab, &lab_cursor, &rng, BL, next_batch);
-        s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, next_batch + BL);
-        if (pf && step + 1 < o.steps) {
-            trainer_prefetch_submit(pf, next_batch, B, (uint64_t)step + 1);
+        /* A later batch, fetched while this one trains. */
+        const uint32_t *cur_batch = batch + (size_t)(step % TRAINER_PREFETCH_DEPTH) * (size_t)B;
+        const int ahead = step + TRAINER_PREFETCH_DEPTH - 1;
+        if (ahead < o.steps) {
+            uint32_t *b = batch + (size_t)(ahead % TRAINER_PREFETCH_DEPTH) * (size_t)B;
+            s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
+            s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
+            if (pf) {
+                trainer_prefetch_submit(pf, b, B, (uint64_t)ahead);
+            }
         }
         const float ramp = o.rampup > 0 && step < o.rampup ? (float)(step + 1) / (float)o.rampup : 1.0f;
         const float alpha = o.alpha * ramp, beta = o.beta * ramp;
@@ -660,11 +669,6 @@ int trainer_graphreg_main(int argc, char **argv)
             opt.lr = o.opt.lr * 0.5f * (1.0f + cosf((float)M_PI * (float)step / (float)o.steps));
         }
         nn_mlp_step(m, &opt);
-        {
-            uint32_t *t = cur_batch;
-            cur_batch = next_batch;
-            next_batch = t;
-        }
         const int64_t dt = carls_monotonic_us() - t_step;
         win.train_us += dt;
         total_train_us += dt;

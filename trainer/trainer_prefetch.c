@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define S_SLOTS 2
+#define S_SLOTS TRAINER_PREFETCH_DEPTH
 #define S_KEY 11 /* bytes per decimal key buffer */
 
 struct trainer_prefetch {
@@ -512,7 +512,7 @@ int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int
     pthread_mutex_lock(&self->mutex);
     if (self->submitted - self->taken >= S_SLOTS) {
         pthread_mutex_unlock(&self->mutex);
-        assert(!"trainer_prefetch_submit: two batches already in flight");
+        assert(!"trainer_prefetch_submit: every result slot is queued or held");
         return -1;
     }
     trainer_fetch_t *f = &self->slot[self->submitted % S_SLOTS];

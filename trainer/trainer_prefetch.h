@@ -27,8 +27,11 @@
  * 2 (h_i - agg_mean_i). The neighbours used, skipped as stale or missing, and their ages are counted here.
  * Without aggregate the rows themselves are copied to nbr_emb (B, K, E).
  *
- * Two batches are in flight at most: submit(t+1) may be called while the caller still uses the result of
- * t; the result of t is overwritten by submit(t+2). Results come back in submission order.
+ * Up to TRAINER_PREFETCH_DEPTH - 1 batches are in flight beyond the one the caller uses: submit(t+1) and
+ * submit(t+2) may be called while the caller still uses the result of t, which submit(t+3) overwrites.
+ * Results come back in submission order. Two batches ahead rather than one absorb the fetches that take
+ * longer than a training step (their time varies with the other processes on the cores) as long as the
+ * fetches are faster than the steps on average.
  *
  * When the bank is unreachable (a request timed out after timeout_ms, the connection failed, or the server
  * answered UNAVAILABLE while shutting down), the batch comes back with rc = TRAINER_FETCH_SKIPPED and no
@@ -46,6 +49,7 @@
 #include <stdint.h>
 
 #define TRAINER_NO_ITEM UINT32_MAX
+#define TRAINER_PREFETCH_DEPTH 3 /* result slots: the one in use + the batches fetched ahead */
 
 typedef struct {
     const char *endpoint;     /* bank endpoint */
@@ -101,8 +105,8 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg);
 void trainer_prefetch_destroy(trainer_prefetch_t **self_p);
 
 /* Queues a batch (items (B), 1 <= B <= max_batch) that the trainer will use at `step` (staleness is measured
- * against it). Returns 0, or -1 when two batches are already queued or held (a caller bug, asserted in debug
- * builds). */
+ * against it). Returns 0, or -1 when TRAINER_PREFETCH_DEPTH batches are already queued or held (a caller bug,
+ * asserted in debug builds). */
 int trainer_prefetch_submit(trainer_prefetch_t *self, const uint32_t *items, int B, uint64_t step);
 /* Waits for the oldest submitted batch and returns its result (owned by the prefetcher, valid until the
  * submit after next). *wait_ms receives how long the caller waited. */
