@@ -74,8 +74,12 @@ void kb_rows_append(kb_rows_t *rows, const void *key, size_t key_len, const floa
 {
     assert(rows);
     s_reserve(rows, key_len);
-    if (rows->dim > 0)
-        memcpy(rows->values + rows->n * rows->dim, values, rows->dim * sizeof(float));
+    /* values is NULL for key-only rows (dim 0); gcc -O3 cannot see that and warns on memcpy(.., NULL, ..) */
+    float *dst = rows->values + rows->n * rows->dim;
+    if (rows->dim > 0 && values)
+        memcpy(dst, values, rows->dim * sizeof(float));
+    else if (rows->dim > 0)
+        memset(dst, 0, rows->dim * sizeof(float));
     s_commit_key(rows, key, key_len);
 }
 

@@ -46,7 +46,7 @@ kb_rows_t *kb_rows_new(uint32_t dim);
 /* Frees rows; accepts NULL and *rows_p == NULL; nulls *rows_p. */
 void kb_rows_destroy(kb_rows_t **rows_p);
 
-/* Appends one row (values: dim floats, ignored when dim == 0). Copies key and values. */
+/* Appends one row (values: dim floats, ignored when dim == 0; NULL appends zeros). Copies key and values. */
 void kb_rows_append(kb_rows_t *rows, const void *key, size_t key_len, const float *values);
 
 /* Forgets every row (keeps the memory for reuse). */
