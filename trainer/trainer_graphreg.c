@@ -367,16 +367,6 @@ typedef struct {
     int64_t train_us;             /* training-loop time */
 } s_window_t;
 
-/* In-trainer mode: the neighbours in the batch's lists. */
-static int64_t s_count_neighbors(const trainer_fetch_t *f, int n_slots)
-{
-    int64_t n = 0;
-    for (int s = 0; s < n_slots; s++) {
-        n += f->nbr[s] != TRAINER_NO_ITEM;
-    }
-    return n;
-}
-
 /* In-trainer mode's graph term from the neighbours' rows (emb row nbr_slot[s] for list slot s): adds the
  * gradient of coef * sum_j w~_ij ||h_i - h_j||^2 to dh and returns the term. */
 static double s_graph_term_rows(const trainer_fetch_t *f, const float *h, const float *emb, const int *nbr_slot, int B,
@@ -545,16 +535,7 @@ int trainer_graphreg_main(int argc, char **argv)
     uint64_t rng = nn_hash_mix((uint64_t)o.seed, 0x67726567ULL); /* "greg" */
     uint64_t aug_rng = nn_hash_mix((uint64_t)o.seed, 0x6175676dULL); /* "augm" */
     int lab_cursor = n_lab, unl_cursor = n_unl;
-    /* Batch t lives in batch + (t % TRAINER_PREFETCH_DEPTH) * B; batches are drawn (and, with the bank, submitted
-     * to the prefetcher) TRAINER_PREFETCH_DEPTH - 1 steps before they train. */
-    for (int t = 0; t < TRAINER_PREFETCH_DEPTH - 1 && t < o.steps; t++) {
-        uint32_t *b = batch + (size_t)t * (size_t)B;
-        s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
-        s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
-        if (pf) {
-            trainer_prefetch_submit(pf, b, B, (uint64_t)t);
-        }
-    }
+    int drawn = 0; /* batches drawn so far; batch t trains at step t from batch + (t % TRAINER_PREFETCH_DEPTH) * B */
     if (s_checkpoint(m, &o, 0) != 0) {
         goto cleanup;
     }
@@ -567,6 +548,17 @@ int trainer_graphreg_main(int argc, char **argv)
     double total_wait_ms = 0, last_acc = 0, last_loss = 0;
     for (int step = 0; step < o.steps; step++) {
         const int64_t t_step = carls_monotonic_us();
+        /* Batches are drawn (and, with the bank, submitted to the prefetcher) TRAINER_PREFETCH_DEPTH - 1 steps
+         * before they train, so their knowledge is fetched while earlier batches train. */
+        for (; drawn < o.steps && drawn < step + TRAINER_PREFETCH_DEPTH; drawn++) {
+            uint32_t *b = batch + (size_t)(drawn % TRAINER_PREFETCH_DEPTH) * (size_t)B;
+            s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
+            s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
+            if (pf) {
+                trainer_prefetch_submit(pf, b, B, (uint64_t)drawn);
+            }
+        }
+        const uint32_t *cur_batch = batch + (size_t)(step % TRAINER_PREFETCH_DEPTH) * (size_t)B;
         const trainer_fetch_t *f = NULL;
         double wait_ms = 0;
         if (pf) {
@@ -577,17 +569,6 @@ int trainer_graphreg_main(int argc, char **argv)
             }
             if (f->rc == TRAINER_FETCH_SKIPPED) {
                 win.bank_skipped++; /* the batch trains on its labels alone */
-            }
-        }
-        /* A later batch, fetched while this one trains. */
-        const uint32_t *cur_batch = batch + (size_t)(step % TRAINER_PREFETCH_DEPTH) * (size_t)B;
-        const int ahead = step + TRAINER_PREFETCH_DEPTH - 1;
-        if (ahead < o.steps) {
-            uint32_t *b = batch + (size_t)(ahead % TRAINER_PREFETCH_DEPTH) * (size_t)B;
-            s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
-            s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
-            if (pf) {
-                trainer_prefetch_submit(pf, b, B, (uint64_t)ahead);
             }
         }
         const float ramp = o.rampup > 0 && step < o.rampup ? (float)(step + 1) / (float)o.rampup : 1.0f;
@@ -614,9 +595,9 @@ int trainer_graphreg_main(int argc, char **argv)
             }
         }
         /* In-trainer mode: the neighbours' embeddings from the current weights, before the batch's forward
-         * pass (nn_mlp_encode reuses the activation buffers). */
+         * pass (nn_mlp_encode reuses the activation buffers). U: the neighbours in the batch's lists. */
+        int U = 0;
         if (use_graph && o.nbr_mode == S_NBR_TRAINER && f) {
-            int U = 0;
             for (int i = 0; i < B * K; i++) {
                 nbr_slot[i] = -1;
                 if (f->nbr[i] != TRAINER_NO_ITEM) {
@@ -657,7 +638,7 @@ int trainer_graphreg_main(int argc, char **argv)
                 win.staleness_sum += f->staleness_sum;
                 win.rows_read += f->fetched;
             } else {
-                win.nbr_used += s_count_neighbors(f, B * K);
+                win.nbr_used += U;
                 graph = s_graph_term_rows(f, h_host, nbr_emb_local, nbr_slot, B, K, E, alpha / (float)B, dh_host);
             }
             m->ops->to_device(dh_dev, dh_host, sizeof(float) * (size_t)B * (size_t)E);
