@@ -4,6 +4,8 @@
 
 #include "nn_ops.h"
 
+#include <cblas.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,18 +62,34 @@ void nn_tower_word_pool_backward(float *d_word_rows, float *d_gram_rows, const f
     }
 }
 
-void nn_tower_head_forward(float *out, float *pre, float *norms, const float *x, const float *W, const float *bias,
-                           int B, int E, int D)
+void nn_tower_head_forward(const nn_tower_head_t *h, float *out, float *pre, float *norms, float *hid,
+                           const float *x, int B)
 {
-    nn_linear_forward_cpu(pre, x, W, bias, B, E, D);
-    nn_l2norm_forward_cpu(out, norms, pre, NN_TOWER_L2_EPS, B, D);
+    nn_linear_forward_cpu(pre, x, h->W, h->bias, B, h->E, h->D);
+    if (h->H > 0) {
+        nn_linear_forward_cpu(hid, x, h->U, h->c, B, h->E, h->H);
+        nn_relu_forward_cpu(hid, hid, B * h->H);
+        /* pre (B, D) += hid (B, H) @ V^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, h->D, h->H, 1.0f, hid, h->H, h->V, h->H, 1.0f, pre,
+                    h->D);
+    }
+    nn_l2norm_forward_cpu(out, norms, pre, NN_TOWER_L2_EPS, B, h->D);
 }
 
-void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, const float *dout, const float *out,
-                            const float *norms, const float *x, const float *W, int B, int E, int D)
+void nn_tower_head_backward(const nn_tower_head_t *h, const nn_tower_head_grads_t *g, float *dx, float *dpre,
+                            float *dhid, const float *dout, const float *out, const float *norms, const float *hid,
+                            const float *x, int B)
 {
-    nn_l2norm_backward_cpu(dpre, dout, out, norms, B, D);
-    nn_linear_backward_cpu(dx, dW, dbias, dpre, x, W, B, E, D);
+    nn_l2norm_backward_cpu(dpre, dout, out, norms, B, h->D);
+    nn_linear_backward_cpu(dx, g->W, g->bias, dpre, x, h->W, B, h->E, h->D);
+    if (h->H <= 0)
+        return;
+    nn_linear_backward_cpu(dhid, g->V, NULL, dpre, hid, h->V, B, h->H, h->D);
+    nn_relu_backward_cpu(dhid, dhid, hid, B * h->H);
+    nn_linear_backward_cpu(NULL, g->U, g->c, dhid, x, h->U, B, h->E, h->H);
+    if (dx) /* dx (B, E) += dhid (B, H) @ U (H, E) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, h->E, h->H, 1.0f, dhid, h->H, h->U, h->E, 1.0f, dx,
+                    h->E);
 }
 
 #define NN_TOWER_MASKED_LOGIT -1e4f
@@ -112,30 +130,62 @@ double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, co
     return loss / B;
 }
 
+/* The tensor PREFIX.NAME if it has the shape (d0) or (d0, d1); NULL with the reason in err otherwise. */
+static const float *s_tensor(const carls_ckpt_t *ckpt, const char *prefix, const char *name, int ndim, int64_t d0,
+                             int64_t d1, char *err, size_t errlen)
+{
+    char full[64];
+    snprintf(full, sizeof full, "%s.%s", prefix, name);
+    const carls_ckpt_tensor_t *t = carls_ckpt_find(ckpt, full);
+    if (!t) {
+        snprintf(err, errlen, "checkpoint lacks tensor %s", full);
+        return NULL;
+    }
+    if (t->ndim != ndim || t->dims[0] != d0 || (ndim == 2 && t->dims[1] != d1)) {
+        snprintf(err, errlen, "checkpoint tensor %s has an inconsistent shape", full);
+        return NULL;
+    }
+    return t->data;
+}
+
 int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which, nn_tower_head_t *out, char *err, size_t errlen)
 {
     if (strcmp(carls_ckpt_kind(ckpt), NN_TOWER_KIND) != 0) {
         snprintf(err, errlen, "checkpoint kind is '%s', not '%s'", carls_ckpt_kind(ckpt), NN_TOWER_KIND);
         return -1;
     }
-    char wname[32], bname[32];
+    char wname[32];
     snprintf(wname, sizeof wname, "%s.weight", which);
-    snprintf(bname, sizeof bname, "%s.bias", which);
     const carls_ckpt_tensor_t *w = carls_ckpt_find(ckpt, wname);
-    const carls_ckpt_tensor_t *b = carls_ckpt_find(ckpt, bname);
-    if (!w || !b) {
-        snprintf(err, errlen, "checkpoint lacks tensor %s", !w ? wname : bname);
+    if (!w) {
+        snprintf(err, errlen, "checkpoint lacks tensor %s", wname);
         return -1;
     }
-    if (w->ndim != 2 || b->ndim != 1 || b->dims[0] != w->dims[0] || w->dims[0] > 65536 || w->dims[1] > 65536) {
-        snprintf(err, errlen, "checkpoint tensors %s/%s have inconsistent shapes", wname, bname);
+    if (w->ndim != 2 || w->dims[0] < 1 || w->dims[1] < 1 || w->dims[0] > 65536 || w->dims[1] > 65536) {
+        snprintf(err, errlen, "checkpoint tensor %s has an inconsistent shape", wname);
         return -1;
+    }
+    nn_tower_head_t h = {.D = (int)w->dims[0], .E = (int)w->dims[1], .W = w->data};
+    h.bias = s_tensor(ckpt, which, "bias", 1, h.D, 0, err, errlen);
+    if (!h.bias)
+        return -1;
+    char uname[48];
+    snprintf(uname, sizeof uname, "%s.hidden.weight", which);
+    const carls_ckpt_tensor_t *u = carls_ckpt_find(ckpt, uname);
+    if (u) { /* an MLP head: its hidden layer and output weights must match */
+        if (u->ndim != 2 || u->dims[0] < 1 || u->dims[0] > 65536 || u->dims[1] != h.E) {
+            snprintf(err, errlen, "checkpoint tensor %s has an inconsistent shape", uname);
+            return -1;
+        }
+        h.H = (int)u->dims[0];
+        h.U = u->data;
+        h.c = s_tensor(ckpt, which, "hidden.bias", 1, h.H, 0, err, errlen);
+        h.V = h.c ? s_tensor(ckpt, which, "out.weight", 2, h.D, h.H, err, errlen) : NULL;
+        if (!h.V)
+            return -1;
     }
     const carls_ckpt_tensor_t *defs = strcmp(which, "word") == 0 ? carls_ckpt_find(ckpt, "word.defs") : NULL;
-    out->defs = defs && defs->numel >= 1 && defs->data[0] > 0 ? (int)defs->data[0] : 0;
-    out->D = (int)w->dims[0];
-    out->E = (int)w->dims[1];
-    out->W = w->data;
-    out->bias = b->data;
+    h.defs = defs && defs->numel >= 1 && defs->data[0] > 0 ? (int)defs->data[0] : 0;
+    *out = h;
     return 0;
 }

@@ -11,12 +11,15 @@
  *   NAME.vecx  (E)  the word tower's pooled input for every headword (the makers' expensive part: hundreds of
  *                   rows gathered per word), so a trainer can apply its current head to bank negatives.
  *
- * Query tower: x = IDF-weighted mean of the definition's word rows;  q = l2norm(Wq x + bq).
- * Word tower:  x = row(headword) + mean of its trigram rows           v = l2norm(Ww x + bw).
+ * Query tower: x = IDF-weighted mean of the definition's word rows;  q = l2norm(head_q(x)).
+ * Word tower:  x = row(headword) + mean of its trigram rows           v = l2norm(head_w(x)).
  *                  [+ IDF-weighted mean of the word rows of the headword's other training definitions, when
  *                   the model was trained with --word-defs: the checkpoint's "word.defs" tensor says so]
- * Score: <q, v>. The checkpoint (kind NN_TOWER_KIND) holds "query.weight" (D, E), "query.bias" (D),
- * "word.weight" (D, E), "word.bias" (D); the shapes carry E and D. */
+ * A head is an MLP with a linear skip: head(x) = W x + b + V relu(U x + c), with H hidden units (H = 0: the
+ * linear part alone). V starts at zero, so training starts from the linear model and the hidden layer grows
+ * from there. Score: <q, v>. The checkpoint (kind NN_TOWER_KIND) holds "query.weight" (D, E), "query.bias"
+ * (D), "word.weight" (D, E), "word.bias" (D), and with H > 0 "query.hidden.weight" (H, E), "query.hidden.bias"
+ * (H), "query.out.weight" (D, H) and the same for "word."; the shapes carry E, D and H. */
 #ifndef NN_TOWER_H
 #define NN_TOWER_H
 
@@ -45,12 +48,31 @@ void nn_tower_word_pool(float *x, const float *word_rows, const int32_t *word_id
 void nn_tower_word_pool_backward(float *d_word_rows, float *d_gram_rows, const float *dx, const int32_t *word_idx,
                                  const int32_t *gram_idx, const int32_t *gram_off, int B, int E);
 
-/* Head: pre (B, D) = x W^T + bias; out (B, D) = pre / norms, norms (B) = sqrt(|pre|^2 + eps). */
-void nn_tower_head_forward(float *out, float *pre, float *norms, const float *x, const float *W, const float *bias,
-                           int B, int E, int D);
-/* dx (B, E) overwritten (NULL skips it); dW (D, E) and dbias (D) accumulate; dpre (B, D) is scratch. */
-void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, const float *dout, const float *out,
-                            const float *norms, const float *x, const float *W, int B, int E, int D);
+/* A tower's dense head (see above). Pointers into the trainer's parameters or a checkpoint. */
+typedef struct {
+    int E, D, H;        /* input, output and hidden sizes (H = 0: linear) */
+    const float *W;     /* (D, E) */
+    const float *bias;  /* (D) */
+    const float *U;     /* (H, E), H > 0 only */
+    const float *c;     /* (H) */
+    const float *V;     /* (D, H) */
+    int defs;           /* word tower only: > 0 when it pools the headword's definitions (tensor "word.defs") */
+} nn_tower_head_t;
+
+/* Gradients of a head's parameters, same shapes; they ACCUMULATE (+=). U, c, V are used only when H > 0. */
+typedef struct {
+    float *W, *bias, *U, *c, *V;
+} nn_tower_head_grads_t;
+
+/* Forward over B inputs x (B, E): pre (B, D) = head(x); out (B, D) = pre / norms, norms (B) = sqrt(|pre|^2 +
+ * eps); hid (B, H) keeps relu(U x + c) for the backward (NULL when H = 0). */
+void nn_tower_head_forward(const nn_tower_head_t *h, float *out, float *pre, float *norms, float *hid,
+                           const float *x, int B);
+/* Backward from dout (B, D): dx (B, E) overwritten (NULL skips it); g accumulates; dpre (B, D) and, when
+ * H > 0, dhid (B, H) are scratch. out, norms and hid are the forward's. */
+void nn_tower_head_backward(const nn_tower_head_t *h, const nn_tower_head_grads_t *g, float *dx, float *dpre,
+                            float *dhid, const float *dout, const float *out, const float *norms, const float *hid,
+                            const float *x, int B);
 
 /* InfoNCE over B queries q (B, D) and N >= B candidates cand (N, D): candidate b is query b's positive;
  * every other candidate is a negative, except one with the same word (cand_word (N), so two senses of one
@@ -60,14 +82,8 @@ void nn_tower_head_backward(float *dx, float *dW, float *dbias, float *dpre, con
 double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, const float *q, const float *cand,
                         const uint32_t *cand_word, float inv_temp, int B, int N, int D);
 
-/* The word tower's parameters read from a checkpoint: pointers into ckpt (valid while it lives). Returns 0, or
- * -1 with the reason in err (wrong kind, missing tensor, inconsistent shapes). */
-typedef struct {
-    int E, D;
-    const float *W;     /* (D, E) */
-    const float *bias;  /* (D) */
-    int defs;           /* word tower only: > 0 when it pools the headword's definitions (tensor "word.defs") */
-} nn_tower_head_t;
+/* A tower's head read from a checkpoint: pointers into ckpt (valid while it lives). Returns 0, or -1 with the
+ * reason in err (wrong kind, missing tensor, inconsistent shapes). */
 int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which /* "query" or "word" */, nn_tower_head_t *out,
                        char *err, size_t errlen);
 

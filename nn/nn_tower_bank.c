@@ -76,6 +76,7 @@ int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const c
     float *xb = carls_xmalloc((size_t)NN_TOWER_CHUNK * E * sizeof(float));
     float *pre = carls_xmalloc((size_t)NN_TOWER_CHUNK * D * sizeof(float));
     float *norms = carls_xmalloc(NN_TOWER_CHUNK * sizeof(float));
+    float *hid = head->H > 0 ? carls_xmalloc((size_t)NN_TOWER_CHUNK * head->H * sizeof(float)) : NULL;
     int32_t *bidx = NULL;
     float *bw = NULL, *wrows = NULL;
     size_t bidx_cap = 0, wrows_cap = 0;
@@ -132,11 +133,11 @@ int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const c
         }
         if (x_out)
             memcpy(x_out + at * (size_t)E, x, (size_t)B * E * sizeof(float));
-        nn_tower_head_forward(out + at * (size_t)D, pre, norms, x, head->W, head->bias, B, E, D);
+        nn_tower_head_forward(head, out + at * (size_t)D, pre, norms, hid, x, B);
     }
     s_keys_free(&wk);
     s_keys_free(&gk);
-    void *p[] = {grams, widx, gidx, goff, boff, grows, x, xb, pre, norms, bidx, bw, wrows};
+    void *p[] = {grams, widx, gidx, goff, boff, grows, x, xb, pre, norms, hid, bidx, bw, wrows};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     return rc;

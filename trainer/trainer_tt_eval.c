@@ -24,6 +24,7 @@
 
 #define TT_EVAL_CHUNK 512  /* words or queries per bank request */
 #define TT_EVAL_KNN_K 100
+#define TT_EVAL_MAKER_CHECK 256 /* headwords whose maker-written vector is recomputed here */
 
 /* Reads rows of keys (n) from table without creating any: rows (n, dim). */
 static int s_read_rows(kb_cluster_t *kb, const char *table, const kb_key_t *keys, size_t n, int dim, float *rows,
@@ -52,6 +53,7 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
     float *x = carls_xmalloc((size_t)TT_EVAL_CHUNK * E * sizeof(float));
     float *pre = carls_xmalloc((size_t)TT_EVAL_CHUNK * D * sizeof(float));
     float *norms = carls_xmalloc(TT_EVAL_CHUNK * sizeof(float));
+    float *hid = head->H > 0 ? carls_xmalloc((size_t)TT_EVAL_CHUNK * head->H * sizeof(float)) : NULL;
     w2v_map_t wmap;
     w2v_map_init(&wmap);
     int rc = 0;
@@ -74,10 +76,10 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
         if (rc != 0)
             break;
         nn_embedding_bag_forward_cpu(x, rows, idx, off, wts, NN_BAG_MEAN, B, (int)wmap.n, E);
-        nn_tower_head_forward(q_out + at * (size_t)D, pre, norms, x, head->W, head->bias, B, E, D);
+        nn_tower_head_forward(head, q_out + at * (size_t)D, pre, norms, hid, x, B);
     }
     w2v_map_free(&wmap);
-    void *p[] = {keys, idx, wts, off, rows, x, pre, norms};
+    void *p[] = {keys, idx, wts, off, rows, x, pre, norms, hid};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     return rc;
@@ -164,6 +166,44 @@ static int s_vectors_from_makers(const tt_eval_in_t *in, float *V)
     }
 }
 
+/* The makers' vectors (V) of TT_EVAL_MAKER_CHECK headwords spread over the list, recomputed here with this
+ * trainer's final word head from the same (final) rows: the largest difference of any component, or -1 when the
+ * rows cannot be read. A maker that read the checkpoint wrongly (an MLP head taken for a linear one, say)
+ * shows here rather than only as a lower score. */
+static double s_maker_check(const tt_eval_in_t *in, const float *V)
+{
+    const data_gcide_t *g = in->g;
+    const int D = in->word.D;
+    size_t n = g->n_words < TT_EVAL_MAKER_CHECK ? g->n_words : TT_EVAL_MAKER_CHECK;
+    uint32_t *idx = carls_xmalloc(n * sizeof(uint32_t));
+    const char **words = carls_xmalloc(n * sizeof(char *));
+    for (size_t i = 0; i < n; i++) {
+        idx[i] = (uint32_t)(i * g->n_words / n);
+        words[i] = g->words[idx[i]];
+    }
+    data_gcide_bags_t bags = {0};
+    if (in->word.defs > 0)
+        data_gcide_bags_build(&bags, g, in->idf, idx, n, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
+    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
+    float *mine = carls_xmalloc(n * (size_t)D * sizeof(float));
+    double worst = -1;
+    if (nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, words, n,
+                              in->word.defs > 0 ? &view : NULL, &in->word, mine, NULL) == 0) {
+        worst = 0;
+        for (size_t i = 0; i < n; i++)
+            for (int d = 0; d < D; d++)
+                worst = fmax(worst, fabs((double)mine[i * (size_t)D + (size_t)d] -
+                                         (double)V[(size_t)idx[i] * (size_t)D + (size_t)d]));
+    } else {
+        LOG_ERROR("trainer: reading rows to check the makers' vectors failed: %s", kb_cluster_last_error(in->kb));
+    }
+    data_gcide_bags_free(&bags);
+    free(idx);
+    free(words);
+    free(mine);
+    return worst;
+}
+
 /* Asks the bank's knn for the top 100 of the first n queries; counts the queries where it and the exact
  * ranking agree on whether the headword is in the top 100. */
 static int s_knn_check(const tt_eval_in_t *in, const float *Q, const size_t *senses, const uint32_t *ranks, size_t n,
@@ -231,7 +271,7 @@ static int s_save_vectors(const char *path, const size_t *held, size_t H, size_t
 /* Ranks the H held-out definitions (query vectors Q) against every headword (V), alone and fused with the
  * lexical score, and prints the results; the last line is the key=value result. */
 static int s_rank_and_report(const tt_eval_in_t *in, const float *Q, const float *V, const size_t *held, size_t H,
-                             int64_t t0)
+                             int64_t t0, double maker_diff)
 {
     const data_gcide_t *g = in->g;
     const size_t W = g->n_words;
@@ -303,6 +343,8 @@ static int s_rank_and_report(const tt_eval_in_t *in, const float *Q, const float
     printf("%s ", in->summary ? in->summary : "");
     if (n_check > 0)
         printf("knn_agree=%.4f ", (double)agree / (double)n_check);
+    if (!isnan(maker_diff))
+        printf("maker_max_diff=%.3g ", maker_diff);
     if (in->fuse_tfidf > 0) {
         rank_metrics_t fm;
         rank_metrics(fused, H, &fm);
@@ -343,11 +385,12 @@ int tt_evaluate(const tt_eval_in_t *in)
     int rc = in->vectors_from_trainer ? s_vectors_from_trainer(in, V) : s_vectors_from_makers(in, V);
     if (rc != 0)
         goto out;
+    double maker_diff = in->vectors_from_trainer ? NAN : s_maker_check(in, V);
     if (tt_query_vectors(in->kb, in->names, g, in->idf, &in->query, held, H, Q) != 0)
         goto out;
     if (in->save_vectors && s_save_vectors(in->save_vectors, held, H, W, D, in->step, Q, V) != 0)
         goto out;
-    status = s_rank_and_report(in, Q, V, held, H, t0);
+    status = s_rank_and_report(in, Q, V, held, H, t0, maker_diff);
 out:
     free(V);
     free(held);
@@ -390,7 +433,7 @@ int tt_evaluate_saved(const tt_eval_in_t *in, const char *path)
         fprintf(stderr, "trainer: %s is truncated\n", path);
         goto out;
     }
-    status = s_rank_and_report(in, Q, V, held, H, t0);
+    status = s_rank_and_report(in, Q, V, held, H, t0, NAN);
 out:
     if (f)
         fclose(f);

@@ -39,7 +39,7 @@ typedef struct {
     uint64_t holdout_seed, seed;
     int hard_queries, hard_k;
     bool hard_fresh;        /* hard negatives pooled here from their current rows, not the makers' inputs */
-    int holdout_count, E, D, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
+    int holdout_count, E, D, H, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
     float fuse_sweep[16];
@@ -70,6 +70,8 @@ static void s_usage(FILE *out)
             "  --table NAME             tables NAME.word, NAME.gram, NAME.vec (default tt)\n"
             "  --dim E                  word and trigram row size (default 128)\n"
             "  --out-dim D              tower output size (default 128)\n"
+            "  --hidden H               hidden units of each tower's MLP head: W x + b + V relu(U x + c), V starting\n"
+            "                           at zero (default 0: linear heads)\n"
             "  --batch B                pairs per step (default 512)\n"
             "  --epochs N               passes over the training pairs (default 10)\n"
             "  --max-steps N            stop after N steps (0: no limit)\n"
@@ -150,7 +152,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
         O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -164,6 +166,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"table", required_argument, NULL, O_TABLE},
         {"dim", required_argument, NULL, O_DIM},
         {"out-dim", required_argument, NULL, O_ODIM},
+        {"hidden", required_argument, NULL, O_HIDDEN},
         {"batch", required_argument, NULL, O_BATCH},
         {"epochs", required_argument, NULL, O_EPOCHS},
         {"max-steps", required_argument, NULL, O_MAXSTEPS},
@@ -226,6 +229,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_TABLE: o->table = optarg; break;
         case O_DIM: bad = trainer_parse_int("dim", optarg, 2, 4096, &o->E); break;
         case O_ODIM: bad = trainer_parse_int("out-dim", optarg, 2, 4096, &o->D); break;
+        case O_HIDDEN: bad = trainer_parse_int("hidden", optarg, 0, 4096, &o->H); break;
         case O_BATCH: bad = trainer_parse_int("batch", optarg, 2, TT_MAX_BATCH, &o->batch); break;
         case O_EPOCHS: bad = trainer_parse_int("epochs", optarg, 0, 100000, &o->epochs); break;
         case O_MAXSTEPS: bad = trainer_parse_int("max-steps", optarg, 0, 100000000, &o->max_steps); break;
@@ -408,10 +412,11 @@ typedef struct {
     kb_cluster_t *kb;
     uint64_t rng;
 
-    /* dense parameters: Wq (D, E), bq (D), Ww (D, E), bw (D) in one block, with gradients and Adam state */
+    /* dense parameters: both heads (query, word) in one block, with gradients and Adam state */
     float *params, *grads, *adam_m, *adam_v;
     size_t n_params;
-    float *Wq, *bq, *Ww, *bw, *dWq, *dbq, *dWw, *dbw;
+    nn_tower_head_t hq, hw;        /* views into params */
+    nn_tower_head_grads_t gq, gw;  /* views into grads */
     int adam_t;
 
     /* the batch */
@@ -431,6 +436,7 @@ typedef struct {
     float *word_rows, *gram_rows, *d_word_rows, *d_gram_rows;
     size_t word_rows_cap;   /* rows allocated in word_rows/d_word_rows (grown as batches need) */
     float *xq, *preq, *q, *nq, *xw, *prew, *v, *nw, *dq, *dxq, *dxw, *dpre;
+    float *hidq, *hidw, *neg_hid, *dhid; /* MLP heads (H > 0): hidden activations and their gradient */
     float *cand, *dcand, *logits, *probs;
     uint32_t *cand_word;    /* (B + M) headword of each candidate */
     /* bank negatives */
@@ -459,26 +465,37 @@ static void s_alloc(s_run_t *r)
     r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
     r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
     r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
-    r->n_params = 2 * (D * E + D);
+    size_t H = (size_t)o->H, per_head = D * E + D + H * E + H + D * H;
+    r->n_params = 2 * per_head;
     r->params = carls_xcalloc(r->n_params, sizeof(float));
     r->grads = carls_xcalloc(r->n_params, sizeof(float));
     r->adam_m = carls_xcalloc(r->n_params, sizeof(float));
     r->adam_v = carls_xcalloc(r->n_params, sizeof(float));
-    r->Wq = r->params;
-    r->bq = r->Wq + D * E;
-    r->Ww = r->bq + D;
-    r->bw = r->Ww + D * E;
-    r->dWq = r->grads;
-    r->dbq = r->dWq + D * E;
-    r->dWw = r->dbq + D;
-    r->dbw = r->dWw + D * E;
-    /* PyTorch's Linear default: uniform(+-1/sqrt(E)); biases zero. */
+    /* Each head: W (D, E), bias (D), U (H, E), c (H), V (D, H). PyTorch's Linear default for W and U:
+     * uniform(+-1/sqrt(E)); biases zero; V zero, so the MLP starts as the linear head. */
+    nn_tower_head_t *heads[2] = {&r->hq, &r->hw};
+    nn_tower_head_grads_t *grads[2] = {&r->gq, &r->gw};
     float a = 1.0f / sqrtf((float)E);
     uint64_t st = o->seed ^ 0x70707070ull;
-    for (size_t i = 0; i < D * E; i++) {
-        r->Wq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
-        r->Ww[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+    for (int t = 0; t < 2; t++) {
+        float *p = r->params + (size_t)t * per_head, *g = r->grads + (size_t)t * per_head;
+        const float *W = p, *U = p + D * E + D;
+        *heads[t] = (nn_tower_head_t){.E = (int)E, .D = (int)D, .H = (int)H, .W = W, .bias = W + D * E, .U = U,
+                                      .c = U + H * E, .V = U + H * E + H, .defs = t == 1 ? o->word_defs : 0};
+        *grads[t] = (nn_tower_head_grads_t){.W = g, .bias = g + D * E, .U = g + D * E + D,
+                                            .c = g + D * E + D + H * E, .V = g + D * E + D + H * E + H};
     }
+    /* Drawn in this order (the two W interleaved, then the two U) so a seed gives the linear model it gave
+     * before the MLP existed. */
+    float *Wq = (float *)r->hq.W, *Ww = (float *)r->hw.W, *Uq = (float *)r->hq.U, *Uw = (float *)r->hw.U;
+    for (size_t i = 0; i < D * E; i++) {
+        Wq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+        Ww[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+    }
+    for (size_t i = 0; i < H * E; i++)
+        Uq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+    for (size_t i = 0; i < H * E; i++)
+        Uw[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
     const size_t Bq = B;
     B += o->hard_fresh ? Hmax : 0; /* word-tower items: the batch's headwords, then fresh hard negatives */
     size_t L = Bq * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
@@ -501,6 +518,12 @@ static void s_alloc(s_run_t *r)
     for (size_t i = 0; i < sizeof bd / sizeof bd[0]; i++)
         *bd[i] = carls_xmalloc(B * D * sizeof(float));
     r->nq = carls_xmalloc(B * sizeof(float));
+    if (H > 0) {
+        r->hidq = carls_xmalloc(B * H * sizeof(float));
+        r->hidw = carls_xmalloc(B * H * sizeof(float));
+        r->neg_hid = carls_xmalloc((M + 1) * H * sizeof(float));
+        r->dhid = carls_xmalloc((B > M + 1 ? B : M + 1) * H * sizeof(float));
+    }
     r->nw = carls_xmalloc(B * sizeof(float));
     r->cand = carls_xmalloc((B + M) * D * sizeof(float));
     r->dcand = carls_xmalloc((B + M) * D * sizeof(float));
@@ -524,7 +547,7 @@ static void s_free(s_run_t *r)
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
                  r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
-                 r->hard_keys};
+                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -821,7 +844,7 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     /* forward */
     nn_embedding_bag_forward_cpu(r->xq, r->word_rows, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                  (int)r->wmap.n, E);
-    nn_tower_head_forward(r->q, r->preq, r->nq, r->xq, r->Wq, r->bq, B, E, D);
+    nn_tower_head_forward(&r->hq, r->q, r->preq, r->nq, r->hidq, r->xq, B);
     if (r->o.hard_queries > 0)
         s_fetch_hard(r, B, step); /* near this step's queries */
     r->n_neg = r->n_uni + r->n_hard;
@@ -833,11 +856,11 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
                                      (int)r->wmap.n, E);
         nn_add_cpu(r->xw, r->xd, 1.0f, Bw * E);
     }
-    nn_tower_head_forward(r->v, r->prew, r->nw, r->xw, r->Ww, r->bw, Bw, E, D);
+    nn_tower_head_forward(&r->hw, r->v, r->prew, r->nw, r->hidw, r->xw, Bw);
     memcpy(r->cand, r->v, (size_t)Bw * D * sizeof(float));
     /* Inputs: the makers gathered the rows (the expensive part); the head is this trainer's, as of now. */
     if (r->n_neg > 0 && r->o.negatives_from_inputs)
-        nn_tower_head_forward(r->neg, r->neg_pre, r->neg_norm, r->negx, r->Ww, r->bw, r->n_neg, E, D);
+        nn_tower_head_forward(&r->hw, r->neg, r->neg_pre, r->neg_norm, r->neg_hid, r->negx, r->n_neg);
     if (r->n_neg > 0)
         memcpy(r->cand + (size_t)Bw * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
     for (int b = 0; b < Bw; b++)
@@ -847,11 +870,11 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     double loss = nn_tower_infonce(r->dq, r->dcand, r->logits, r->probs, r->q, r->cand, r->cand_word,
                                    1.0f / r->o.temperature, B, N, D);
     memset(r->grads, 0, r->n_params * sizeof(float));
-    nn_tower_head_backward(r->dxq, r->dWq, r->dbq, r->dpre, r->dq, r->q, r->nq, r->xq, r->Wq, B, E, D);
-    nn_tower_head_backward(r->dxw, r->dWw, r->dbw, r->dpre, r->dcand, r->v, r->nw, r->xw, r->Ww, Bw, E, D);
+    nn_tower_head_backward(&r->hq, &r->gq, r->dxq, r->dpre, r->dhid, r->dq, r->q, r->nq, r->hidq, r->xq, B);
+    nn_tower_head_backward(&r->hw, &r->gw, r->dxw, r->dpre, r->dhid, r->dcand, r->v, r->nw, r->hidw, r->xw, Bw);
     if (r->n_neg > 0 && r->o.negatives_from_inputs) /* the negatives' inputs are constants; the head learns */
-        nn_tower_head_backward(NULL, r->dWw, r->dbw, r->neg_dpre, r->dcand + (size_t)Bw * D, r->neg, r->neg_norm,
-                               r->negx, r->Ww, r->n_neg, E, D);
+        nn_tower_head_backward(&r->hw, &r->gw, NULL, r->neg_dpre, r->dhid, r->dcand + (size_t)Bw * D, r->neg,
+                               r->neg_norm, r->neg_hid, r->negx, r->n_neg);
     nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                   (int)r->wmap.n, E);
     if (r->o.word_defs > 0) {
@@ -870,15 +893,29 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     return loss;
 }
 
+/* Adds one head's tensors as PREFIX.weight, PREFIX.bias [, PREFIX.hidden.weight, PREFIX.hidden.bias,
+ * PREFIX.out.weight]. */
+static int s_ckpt_add_head(carls_ckpt_t *ck, const char *prefix, const nn_tower_head_t *h)
+{
+    int64_t wd[2] = {h->D, h->E}, bd[1] = {h->D}, ud[2] = {h->H, h->E}, cd[1] = {h->H}, vd[2] = {h->D, h->H};
+    char n[5][48];
+    const char *suffix[5] = {"weight", "bias", "hidden.weight", "hidden.bias", "out.weight"};
+    for (int i = 0; i < 5; i++)
+        snprintf(n[i], sizeof n[i], "%s.%s", prefix, suffix[i]);
+    int rc = carls_ckpt_add(ck, n[0], 2, wd, h->W) || carls_ckpt_add(ck, n[1], 1, bd, h->bias);
+    if (rc == 0 && h->H > 0)
+        rc = carls_ckpt_add(ck, n[2], 2, ud, h->U) || carls_ckpt_add(ck, n[3], 1, cd, h->c) ||
+             carls_ckpt_add(ck, n[4], 2, vd, h->V);
+    return rc;
+}
+
 static int s_save_ckpt(s_run_t *r, uint64_t step)
 {
-    int64_t wd[2] = {r->o.D, r->o.E}, bd[1] = {r->o.D};
     carls_ckpt_t *ck = carls_ckpt_new(NN_TOWER_KIND, step);
     char err[256] = "";
     int rc = ck ? 0 : -1;
     if (rc == 0)
-        rc = carls_ckpt_add(ck, "query.weight", 2, wd, r->Wq) || carls_ckpt_add(ck, "query.bias", 1, bd, r->bq) ||
-             carls_ckpt_add(ck, "word.weight", 2, wd, r->Ww) || carls_ckpt_add(ck, "word.bias", 1, bd, r->bw);
+        rc = s_ckpt_add_head(ck, "query", &r->hq) || s_ckpt_add_head(ck, "word", &r->hw);
     if (rc == 0 && r->o.word_defs > 0) {
         /* Tells makers the word tower pools definitions (they read the hold-out from DIR/holdout.tsv). */
         float defs = (float)r->o.word_defs;
@@ -1047,8 +1084,8 @@ int trainer_twotower_main(int argc, char **argv)
         .names = &r.names,
         .g = r.g,
         .idf = &r.idf,
-        .query = {.E = r.o.E, .D = r.o.D, .W = r.Wq, .bias = r.bq},
-        .word = {.E = r.o.E, .D = r.o.D, .W = r.Ww, .bias = r.bw, .defs = r.o.word_defs},
+        .query = r.hq,
+        .word = r.hw,
         .step = steps,
         .vectors_from_trainer = r.o.vectors_from_trainer,
         .wait_fresh_s = r.o.wait_fresh_s,

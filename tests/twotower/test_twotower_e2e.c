@@ -9,7 +9,8 @@
  *   - test_makers: two kb-maker --task words processes (worker 0/2 and 1/2) watch the trainer's checkpoint
  *     directory and write NAME.vec; the trainer draws --kb-negatives from it while it trains and evaluates on
  *     the makers' vectors of its final checkpoint (--vectors makers). The word tower also pools the headword's
- *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out.
+ *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out. Both
+ *     heads are MLPs (--hidden 8); the makers' vectors must equal the trainer's own word tower.
  *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank, a
  *     fleet of two makers, the trainer), its result line, report and process table. */
 #include "server_harness.h"
@@ -223,7 +224,7 @@ static void test_makers(void **state)
                           "--batch", "16", "--epochs", "40", "--emb-lr", "0.05", "--lr", "0.01",
                           "--token-dropout", "0.2", "--kb-negatives", "16", "--ckpt-dir", e.ckpt,
                           "--ckpt-every", "20", "--vectors", "makers", "--word-defs", "2", "--wait-fresh-s", "60", "--knn-check", "20",
-                          "--hard-queries", "4", "--hard-k", "4", "--save-vectors", vectors,
+                          "--hard-queries", "4", "--hard-k", "4", "--save-vectors", vectors, "--hidden", "8",
                           "--kb-timeout-ms", "2000", NULL};
     int rc = s_wait(s_spawn(argv, e.out));
     for (int w = 0; w < 2; w++) {
@@ -232,6 +233,11 @@ static void test_makers(void **state)
     }
     assert_int_equal(rc, 0);
     s_check_quality(e.out);
+    /* The makers read the MLP heads from the checkpoints: their vectors are the trainer's own word tower. */
+    print_message("makers' vectors against the trainer's word tower: max difference %g\n",
+                  s_result(e.out, "maker_max_diff"));
+    assert_true(s_result(e.out, "maker_max_diff") >= 0);
+    assert_true(s_result(e.out, "maker_max_diff") < 1e-4);
     /* Bank negatives were used: the makers wrote vectors while the trainer trained, so most steps had them,
      * and they came from checkpoints a bounded number of steps old. */
     double unavailable = s_result(e.out, "neg_unavailable"), steps = s_result(e.out, "train_steps");
