@@ -140,7 +140,7 @@ typedef struct {
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
-    double word_defs, tower_hidden, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
+    double word_defs, tower_hidden, logq, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -227,6 +227,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"negatives_every", &c->negatives_every, 1},
         {"word_defs", &c->word_defs, 0},
         {"tower_hidden", &c->tower_hidden, 0},
+        {"logq", &c->logq, 0},
         {"temperature", &c->temperature, 0.05},
         {"emb_lr", &c->emb_lr, 0.01},
         {"token_dropout", &c->token_dropout, 0.3},
@@ -690,7 +691,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         {"--seed", c->seed, 1},                 {"--bm25-k1", c->bm25_k1, 0},
         {"--bm25-b", c->bm25_b, 0},             {"--hard-queries", c->hard_queries, 1},
         {"--hard-k", c->hard_k, 1},             {"--hard-fresh", c->hard_fresh, 1},
-        {"--hidden", c->tower_hidden, 1},
+        {"--hidden", c->tower_hidden, 1},       {"--logq", c->logq, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }

@@ -95,13 +95,14 @@ void nn_tower_head_backward(const nn_tower_head_t *h, const nn_tower_head_grads_
 #define NN_TOWER_MASKED_LOGIT -1e4f
 
 double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, const float *q, const float *cand,
-                        const uint32_t *cand_word, float inv_temp, int B, int N, int D)
+                        const uint32_t *cand_word, const float *logq, float inv_temp, int B, int N, int D)
 {
     nn_linear_forward_cpu(logits, q, cand, NULL, B, D, N);
     for (int b = 0; b < B; b++) {
         float *row = logits + (size_t)b * N;
         for (int j = 0; j < N; j++)
-            row[j] = (j != b && cand_word[j] == cand_word[b]) ? NN_TOWER_MASKED_LOGIT : row[j] * inv_temp;
+            row[j] = (j != b && cand_word[j] == cand_word[b]) ? NN_TOWER_MASKED_LOGIT
+                                                               : row[j] * inv_temp - (logq ? logq[j] : 0.0f);
     }
     /* targets[b] = b; dlosses = 1/B (the mean). Small batches: the arrays live on the stack in chunks. */
     double loss = 0;

@@ -77,10 +77,13 @@ void nn_tower_head_backward(const nn_tower_head_t *h, const nn_tower_head_grads_
 /* InfoNCE over B queries q (B, D) and N >= B candidates cand (N, D): candidate b is query b's positive;
  * every other candidate is a negative, except one with the same word (cand_word (N), so two senses of one
  * headword in a batch, or a bank negative equal to the positive, are not pushed apart): its logit is masked.
- * Logits are inv_temp * <q_b, cand_j>. Returns the mean loss over the batch; writes dq (B, D) and dcand (N, D)
- * (overwritten: the gradients of the mean loss), using logits and probs (B, N) as scratch. */
+ * Logits are inv_temp * <q_b, cand_j> - logq[j]: logq (N) or NULL is the sampled-softmax correction, the log
+ * of how many times candidate j is expected among the candidates, so that a sampled loss estimates the
+ * softmax over every word (popular words, drawn often into a batch, are not pushed down for it). Returns the
+ * mean loss over the batch; writes dq (B, D) and dcand (N, D) (overwritten: the gradients of the mean loss),
+ * using logits and probs (B, N) as scratch. */
 double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, const float *q, const float *cand,
-                        const uint32_t *cand_word, float inv_temp, int B, int N, int D);
+                        const uint32_t *cand_word, const float *logq, float inv_temp, int B, int N, int D);
 
 /* A tower's head read from a checkpoint: pointers into ckpt (valid while it lives). Returns 0, or -1 with the
  * reason in err (wrong kind, missing tensor, inconsistent shapes). */

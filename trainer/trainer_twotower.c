@@ -39,6 +39,7 @@ typedef struct {
     uint64_t holdout_seed, seed;
     int hard_queries, hard_k;
     bool hard_fresh;        /* hard negatives pooled here from their current rows, not the makers' inputs */
+    bool logq;              /* sampled-softmax correction of the logits by each candidate's sampling rate */
     int holdout_count, E, D, H, batch, epochs, negatives, negatives_every, ckpt_every, max_steps, knn_check, word_defs;
     float lr, emb_lr, temperature, token_dropout, fuse_tfidf, wait_fresh_s, init_scale;
     Carls__OptimizerKind emb_opt;
@@ -80,6 +81,9 @@ static void s_usage(FILE *out)
             "  --emb-optimizer KIND     adam|adagrad|sgd, server side (default adam)\n"
             "  --init-scale S           rows start uniform in [-S, S] (default 0.1)\n"
             "  --temperature T          softmax temperature over cosines (default 0.1)\n"
+            "  --logq 0|1               1: subtract from each candidate's logit the log of how often it is expected\n"
+            "                           among a step's candidates (B x its share of training pairs + M / headwords),\n"
+            "                           so the sampled loss estimates the softmax over all headwords (default 0)\n"
             "  --token-dropout P        drop each definition word with probability P in training (default 0.3)\n"
             "  --word-defs S            the word tower also pools the words of up to S of the headword's other\n"
             "                           training definitions (makers and the evaluation pool up to %d; default 8;\n"
@@ -152,7 +156,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
         O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -167,6 +171,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"dim", required_argument, NULL, O_DIM},
         {"out-dim", required_argument, NULL, O_ODIM},
         {"hidden", required_argument, NULL, O_HIDDEN},
+        {"logq", required_argument, NULL, O_LOGQ},
         {"batch", required_argument, NULL, O_BATCH},
         {"epochs", required_argument, NULL, O_EPOCHS},
         {"max-steps", required_argument, NULL, O_MAXSTEPS},
@@ -317,6 +322,12 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             o->hard_fresh = v == 1;
             break;
         }
+        case O_LOGQ: {
+            int v = 0;
+            bad = trainer_parse_int("logq", optarg, 0, 1, &v);
+            o->logq = v == 1;
+            break;
+        }
         case O_EVALVEC: o->eval_vectors = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
@@ -439,6 +450,8 @@ typedef struct {
     float *hidq, *hidw, *neg_hid, *dhid; /* MLP heads (H > 0): hidden activations and their gradient */
     float *cand, *dcand, *logits, *probs;
     uint32_t *cand_word;    /* (B + M) headword of each candidate */
+    float *cand_logq;       /* (B + M) --logq: log of each candidate's expected count among a step's */
+    float *pair_share;      /* --logq: (headwords) each headword's share of the training pairs */
     /* bank negatives */
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
@@ -530,6 +543,10 @@ static void s_alloc(s_run_t *r)
     r->logits = carls_xmalloc(B * (B + M) * sizeof(float));
     r->probs = carls_xmalloc(B * (B + M) * sizeof(float));
     r->cand_word = carls_xmalloc((B + M) * sizeof(uint32_t));
+    r->cand_logq = carls_xmalloc((B + M) * sizeof(float));
+    r->pair_share = carls_xcalloc(r->g->n_words, sizeof(float));
+    for (size_t i = 0; i < r->n_train; i++)
+        r->pair_share[r->g->senses[r->train[i]].word] += 1.0f / (float)r->n_train;
     r->neg = carls_xmalloc((M + 1) * D * sizeof(float));
     r->negx = carls_xmalloc((M + 1) * E * sizeof(float));
     r->neg_pre = carls_xmalloc((M + 1) * D * sizeof(float));
@@ -547,7 +564,7 @@ static void s_free(s_run_t *r)
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
                  r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
-                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid};
+                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -867,8 +884,18 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
         r->cand_word[b] = r->hw_word[b];
     for (int j = 0; j < r->n_neg; j++)
         r->cand_word[Bw + j] = r->neg_word[j];
+    if (r->o.logq) {
+        /* Expected count among this step's candidates: B draws of training pairs, n_uni uniform bank draws. Hard
+         * negatives are not drawn at random; they get the same rate as any candidate of their word. */
+        const double uniform = (double)r->n_uni / (double)r->g->n_words;
+        for (int j = 0; j < N; j++) {
+            uint32_t w = r->cand_word[j];
+            double expect = uniform + (w == UINT32_MAX ? 0.0 : (double)B * r->pair_share[w]);
+            r->cand_logq[j] = (float)log(expect > 1e-6 ? expect : 1e-6);
+        }
+    }
     double loss = nn_tower_infonce(r->dq, r->dcand, r->logits, r->probs, r->q, r->cand, r->cand_word,
-                                   1.0f / r->o.temperature, B, N, D);
+                                   r->o.logq ? r->cand_logq : NULL, 1.0f / r->o.temperature, B, N, D);
     memset(r->grads, 0, r->n_params * sizeof(float));
     nn_tower_head_backward(&r->hq, &r->gq, r->dxq, r->dpre, r->dhid, r->dq, r->q, r->nq, r->hidq, r->xq, B);
     nn_tower_head_backward(&r->hw, &r->gw, r->dxw, r->dpre, r->dhid, r->dcand, r->v, r->nw, r->hidw, r->xw, Bw);

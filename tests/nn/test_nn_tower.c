@@ -51,6 +51,7 @@ typedef struct {
 
 typedef struct {
     int H;
+    bool logq_on;    /* the sampled-softmax correction k_logq is applied */
     bool neg_inputs; /* the bank negatives are pooled inputs negx put through the word head */
     float word_rows[R1 * E], gram_rows[R2 * E], neg[M * D], negx[M * E];
     head_params_t pq, pw;
@@ -80,6 +81,7 @@ static const int32_t k_gram_idx[G] = {0, 1, 2, 3, 4, 1};
 static const int32_t k_gram_off[B + 1] = {0, 2, 4, 6};
 static const uint32_t k_cand_word[N] = {7, 8, 7, 9, 8};
 static const float k_inv_temp = 5.0f;
+static const float k_logq[N] = {-1.5f, -0.2f, -1.5f, 0.7f, -3.0f};
 
 static double s_forward(chain_t *c)
 {
@@ -92,7 +94,8 @@ static double s_forward(chain_t *c)
         nn_tower_head_forward(&hw, c->neg, c->neg_pre, c->neg_norm, c->hneg, c->negx, M);
     memcpy(c->cand, c->v, sizeof(float) * B * D);
     memcpy(c->cand + B * D, c->neg, sizeof(float) * M * D);
-    return nn_tower_infonce(c->dq, c->dcand, c->logits, c->probs, c->q, c->cand, k_cand_word, k_inv_temp, B, N, D);
+    return nn_tower_infonce(c->dq, c->dcand, c->logits, c->probs, c->q, c->cand, k_cand_word, c->logq_on ? k_logq : NULL,
+                            k_inv_temp, B, N, D);
 }
 
 static double s_loss(void *p)
@@ -169,13 +172,14 @@ static float s_hidden_margin(chain_t *c)
     return m;
 }
 
-static void s_check_chain(int H, bool neg_inputs)
+static void s_check_chain(int H, bool neg_inputs, bool logq_on)
 {
     int checked = 0;
     for (uint64_t seed = 1; checked < 3; seed++) {
         assert_true(seed < 1000);
         chain_t c;
         s_init(&c, seed, H, neg_inputs);
+        c.logq_on = logq_on;
         if (s_hidden_margin(&c) < 0.05f)
             continue;
         checked++;
@@ -208,21 +212,22 @@ static void s_check_chain(int H, bool neg_inputs)
 static void test_chain_gradients(void **state)
 {
     (void)state;
-    s_check_chain(0, false);
+    s_check_chain(0, false, false);
+    s_check_chain(0, false, true);
 }
 
 static void test_chain_gradients_mlp(void **state)
 {
     (void)state;
-    s_check_chain(HMAX, false);
+    s_check_chain(HMAX, false, false);
 }
 
 /* Bank negatives as pooled inputs through the current word head: the head's gradient includes theirs. */
 static void test_chain_gradients_negative_inputs(void **state)
 {
     (void)state;
-    s_check_chain(0, true);
-    s_check_chain(HMAX, true);
+    s_check_chain(0, true, false);
+    s_check_chain(HMAX, true, true);
 }
 
 /* With V = 0 the MLP head is the linear head: the same vectors from the same W and bias. */
@@ -295,11 +300,11 @@ static void test_head_from_ckpt(void **state)
 }
 
 /* The loss equals a direct computation: -log softmax over the unmasked logits, averaged. */
-static void test_infonce_value_and_mask(void **state)
+static double s_check_infonce_value(bool logq_on)
 {
-    (void)state;
     chain_t c;
     s_init(&c, 9, 0, false);
+    c.logq_on = logq_on;
     double loss = s_forward(&c);
     double want = 0;
     for (int b = 0; b < B; b++) {
@@ -309,7 +314,7 @@ static void test_infonce_value_and_mask(void **state)
             double dot = 0;
             for (int d = 0; d < D; d++)
                 dot += (double)c.q[b * D + d] * c.cand[j * D + d];
-            lg[j] = k_inv_temp * dot;
+            lg[j] = k_inv_temp * dot - (logq_on ? k_logq[j] : 0.0);
         }
         pos = lg[b];
         for (int j = 0; j < N; j++)
@@ -322,6 +327,17 @@ static void test_infonce_value_and_mask(void **state)
     }
     want /= B;
     assert_true(fabs(loss - want) < 1e-4);
+    return loss;
+}
+
+static void test_infonce_value_and_mask(void **state)
+{
+    (void)state;
+    double plain = s_check_infonce_value(false);
+    double corrected = s_check_infonce_value(true);
+    assert_true(fabs(plain - corrected) > 1e-3); /* the candidates' logq differ: the correction matters */
+    chain_t c;
+    s_init(&c, 9, 0, false);
     /* Masked candidates get no gradient from the query they are masked for: pair 0's same-word candidate is
      * pair 2, so perturbing a candidate that only pair 0 would see as a negative changes nothing through it.
      * Checked through the logits' gradient row: column 2 of row 0 must be exactly zero. */
