@@ -129,7 +129,7 @@ typedef struct {
     const char *kb_durability;
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
     const char *experiment;           /* graphreg | twotower */
-    const char *gcide_index, *gcide_dict, *negatives_from, *lexical;
+    const char *gcide_index, *gcide_dict, *negatives_from, *negatives_sampling, *lexical;
     char bin[4096];
     double items, labels_per_class, label_seed, validation, kb_threads, makers, graph_k, graph_refresh;
     double label_maker, label_model_weight, label_balance, spread_alpha, spread_iters;
@@ -160,6 +160,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
     c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
     c->negatives_from = carls_ini_get(ini, "negatives_from", "inputs");
+    c->negatives_sampling = carls_ini_get(ini, "negatives_sampling", "uniform");
     c->lexical = carls_ini_get(ini, "lexical", "tfidf");
     const char *bin = carls_ini_get(ini, "bin_dir", "");
     if (*bin) {
@@ -667,6 +668,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
     s_arg(a, "twotower");
     const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
+                                 "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
     for (int k = 0; fixed[k]; k++) {
         s_arg(a, "%s", fixed[k]);

@@ -47,6 +47,7 @@ typedef struct {
     int n_sweep;
     bool vectors_from_trainer;
     bool negatives_from_inputs; /* bank negatives: pooled inputs + this trainer's head, else stored outputs */
+    bool negatives_by_pairs;    /* bank negatives: headwords of random training pairs, not the bank's uniform draw */
     int timeout_ms, retries;
 } s_opts_t;
 
@@ -90,6 +91,9 @@ static void s_usage(FILE *out)
             "                           0: the headword's row and trigrams only)\n"
             "  --kb-negatives M         extra negatives from the bank's NAME.vec (default 0: in-batch only)\n"
             "  --negatives-every N      fetch new bank negatives every N steps (default 1)\n"
+            "  --negatives-sampling uniform|pairs   which headwords: uniform (default): drawn by the bank's sampler;\n"
+            "                           pairs: the headwords of M random training pairs, drawn as the batch's are\n"
+            "                           (so the bank's rows act as a larger batch); their rows are read by key\n"
             "  --negatives-from inputs|outputs   inputs (default): the makers' pooled word-tower inputs (NAME.vecx)\n"
             "                           through this trainer's current head; outputs: the makers' finished vectors\n"
             "                           (NAME.vec), as old as their checkpoint\n"
@@ -156,7 +160,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
         O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ, O_NEGSAMPLING
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -172,6 +176,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"out-dim", required_argument, NULL, O_ODIM},
         {"hidden", required_argument, NULL, O_HIDDEN},
         {"logq", required_argument, NULL, O_LOGQ},
+        {"negatives-sampling", required_argument, NULL, O_NEGSAMPLING},
         {"batch", required_argument, NULL, O_BATCH},
         {"epochs", required_argument, NULL, O_EPOCHS},
         {"max-steps", required_argument, NULL, O_MAXSTEPS},
@@ -322,6 +327,14 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             o->hard_fresh = v == 1;
             break;
         }
+        case O_NEGSAMPLING:
+            if (strcmp(optarg, "uniform") == 0 || strcmp(optarg, "pairs") == 0) {
+                o->negatives_by_pairs = strcmp(optarg, "pairs") == 0;
+            } else {
+                fprintf(stderr, "trainer: --negatives-sampling: '%s' is not uniform or pairs\n", optarg);
+                bad = -1;
+            }
+            break;
         case O_LOGQ: {
             int v = 0;
             bad = trainer_parse_int("logq", optarg, 0, 1, &v);
@@ -456,6 +469,7 @@ typedef struct {
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
     uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
+    kb_key_t *neg_keys;     /* (M) --negatives-sampling pairs: the drawn headwords' keys */
     int n_neg;              /* negatives held now: n_uni uniform, then n_hard hard ones (0 until the table has rows) */
     int n_uni, n_hard;
     int n_fresh;            /* --hard-fresh: hard negatives held as extra word-tower items after the batch's B */
@@ -553,6 +567,7 @@ static void s_alloc(s_run_t *r)
     r->neg_norm = carls_xmalloc((M + 1) * sizeof(float));
     r->neg_dpre = carls_xmalloc((M + 1) * D * sizeof(float));
     r->neg_word = carls_xmalloc((M + 1) * sizeof(uint32_t));
+    r->neg_keys = carls_xmalloc((M + 1) * sizeof(kb_key_t));
     w2v_map_init(&r->wmap);
     w2v_map_init(&r->gmap);
 }
@@ -564,7 +579,7 @@ static void s_free(s_run_t *r)
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
                  r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
-                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share};
+                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share, r->neg_keys};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -704,43 +719,68 @@ static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const f
     return rc;
 }
 
-/* Fetches M word-tower embeddings of random headwords from NAME.vec (the bank's uniform sampler over the
- * rows makers wrote). Until makers have written any, there are none: the step uses in-batch negatives only. */
+/* Fetches M bank negatives: the rows of M headwords in NAME.vecx (pooled inputs) or NAME.vec (outputs), as
+ * makers wrote them from an earlier checkpoint. The headwords are drawn by the bank's uniform sampler over the
+ * rows makers wrote, or (--negatives-sampling pairs) are those of M random training pairs, read by key; a
+ * headword no maker has written yet is left out. Until makers have written any, there are none: the step uses
+ * in-batch negatives only. */
 static void s_fetch_negatives(s_run_t *r, uint64_t step)
 {
     r->n_uni = 0;
     kb_sample_result_t *sr = NULL;
     uint32_t M = (uint32_t)r->o.negatives;
     const char *table = r->o.negatives_from_inputs ? r->names.vecx : r->names.vec;
-    int rc = kb_cluster_sample(r->kb, table, NULL, 0, M, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
-                               carls_splitmix64(&r->rng) | 1, &sr);
+    const kb_key_t *keys = r->neg_keys;
     r->neg_fetches++;
-    if (rc != 0 || sr->n < M) {
-        r->neg_unavailable++;
-        LOG_DEBUG("trainer: no bank negatives this step: %s", rc != 0 ? kb_cluster_last_error(r->kb) : "few");
-        kb_sample_result_destroy(&sr);
-        return;
+    if (r->o.negatives_by_pairs) {
+        for (uint32_t j = 0; j < M; j++) {
+            uint32_t w = r->g->senses[r->train[carls_splitmix64(&r->rng) % r->n_train]].word;
+            r->neg_keys[j] = (kb_key_t){r->g->words[w], strlen(r->g->words[w])};
+            r->neg_word[j] = w;
+        }
+    } else {
+        int rc = kb_cluster_sample(r->kb, table, NULL, 0, M, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
+                                   carls_splitmix64(&r->rng) | 1, &sr);
+        if (rc != 0 || sr->n < M) {
+            r->neg_unavailable++;
+            LOG_DEBUG("trainer: no bank negatives this step: %s", rc != 0 ? kb_cluster_last_error(r->kb) : "few");
+            kb_sample_result_destroy(&sr);
+            return;
+        }
+        keys = sr->keys;
+        char word[DATA_GCIDE_MAX_WORD + 1];
+        for (uint32_t j = 0; j < M; j++) {
+            size_t len = keys[j].len < DATA_GCIDE_MAX_WORD ? keys[j].len : DATA_GCIDE_MAX_WORD;
+            memcpy(word, keys[j].data, len);
+            word[len] = '\0';
+            long w = data_gcide_find(r->g, word);
+            r->neg_word[j] = w < 0 ? UINT32_MAX : (uint32_t)w;
+        }
     }
+    const size_t dim = r->o.negatives_from_inputs ? (size_t)r->o.E : (size_t)r->o.D;
+    float *rows = r->o.negatives_from_inputs ? r->negx : r->neg;
     kb_row_meta_t *meta = carls_xmalloc(M * sizeof *meta);
-    rc = r->o.negatives_from_inputs
-             ? kb_cluster_lookup_ex(r->kb, table, sr->keys, M, (uint32_t)r->o.E, true, r->negx, meta)
-             : kb_cluster_lookup_ex(r->kb, table, sr->keys, M, (uint32_t)r->o.D, true, r->neg, meta);
+    int rc = kb_cluster_lookup_ex(r->kb, table, keys, M, (uint32_t)dim, true, rows, meta);
     if (rc != 0) {
         r->neg_unavailable++;
         LOG_WARN("trainer: reading bank negatives failed: %s", kb_cluster_last_error(r->kb));
     } else {
         double stale = 0;
-        char word[DATA_GCIDE_MAX_WORD + 1];
+        uint32_t n = 0;
         for (uint32_t j = 0; j < M; j++) {
+            if (meta[j].version == 0) /* no maker has written it yet */
+                continue;
+            if (n != j) {
+                memmove(rows + n * dim, rows + j * dim, dim * sizeof(float));
+                r->neg_word[n] = r->neg_word[j];
+            }
             stale += (double)step - (double)meta[j].version;
-            size_t len = sr->keys[j].len < DATA_GCIDE_MAX_WORD ? sr->keys[j].len : DATA_GCIDE_MAX_WORD;
-            memcpy(word, sr->keys[j].data, len);
-            word[len] = '\0';
-            long w = data_gcide_find(r->g, word);
-            r->neg_word[j] = w < 0 ? UINT32_MAX : (uint32_t)w;
+            n++;
         }
-        r->neg_staleness = stale / M;
-        r->n_uni = (int)M;
+        if (n == 0)
+            r->neg_unavailable++;
+        r->neg_staleness = n ? stale / n : 0.0;
+        r->n_uni = (int)n;
     }
     free(meta);
     kb_sample_result_destroy(&sr);
@@ -885,12 +925,15 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     for (int j = 0; j < r->n_neg; j++)
         r->cand_word[Bw + j] = r->neg_word[j];
     if (r->o.logq) {
-        /* Expected count among this step's candidates: B draws of training pairs, n_uni uniform bank draws. Hard
-         * negatives are not drawn at random; they get the same rate as any candidate of their word. */
-        const double uniform = (double)r->n_uni / (double)r->g->n_words;
+        /* Expected count among this step's candidates: B draws of training pairs and n_uni bank negatives, drawn
+         * uniformly over headwords or as pairs. Hard negatives are not drawn at random; they get the same rate as
+         * any candidate of their word. */
+        const bool pairs = r->o.negatives_by_pairs;
+        const double uniform = pairs ? 0.0 : (double)r->n_uni / (double)r->g->n_words;
+        const double pair_draws = (double)B + (pairs ? (double)r->n_uni : 0.0);
         for (int j = 0; j < N; j++) {
             uint32_t w = r->cand_word[j];
-            double expect = uniform + (w == UINT32_MAX ? 0.0 : (double)B * r->pair_share[w]);
+            double expect = uniform + (w == UINT32_MAX ? 0.0 : pair_draws * r->pair_share[w]);
             r->cand_logq[j] = (float)log(expect > 1e-6 ? expect : 1e-6);
         }
     }

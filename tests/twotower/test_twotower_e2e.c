@@ -272,15 +272,16 @@ static void test_launcher(void **state)
     (void)state;
     s_env_t e;
     s_env(&e); /* its bank is not used: the launcher starts its own */
-    char set[19][320];
-    /* Uniform bank negatives, and hard ones computed by the trainer from their current rows (hard_fresh). */
+    char set[20][320];
+    /* Bank negatives drawn as training pairs are (negatives_sampling = pairs), and hard ones computed by the
+     * trainer from their current rows (hard_fresh). */
     const char *kv[] = {"gcide_index=%s/tiny.index", "gcide_dict=%s/tiny.dict", "runs_dir=%s", "name=run",
                         "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
                         "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
-                        "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1"};
+                        "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1", "negatives_sampling=pairs"};
     const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
     int n = 4;
-    for (int i = 0; i < 19; i++) {
+    for (int i = 0; i < 20; i++) {
         snprintf(set[i], sizeof set[i], kv[i], e.dir);
         argv[n++] = "--set";
         argv[n++] = set[i];
@@ -289,7 +290,11 @@ static void test_launcher(void **state)
     assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
     s_check_quality(e.out);
     assert_true(s_result(e.out, "bank_restarts") == 0);
-    print_message("launcher: hard negatives per step %.1f\n", s_result(e.out, "hard_per_step"));
+    print_message("launcher: hard negatives per step %.1f; bank negatives missing on %.0f of %.0f steps, %.1f steps "
+                  "old\n", s_result(e.out, "hard_per_step"), s_result(e.out, "neg_unavailable"),
+                  s_result(e.out, "train_steps"), s_result(e.out, "neg_staleness_steps"));
+    assert_true(s_result(e.out, "neg_unavailable") < s_result(e.out, "train_steps") / 2);
+    assert_true(s_result(e.out, "neg_staleness_steps") > 0);
     assert_true(s_result(e.out, "hard_per_step") > 1);
     char path[400];
     struct stat st;
