@@ -2,12 +2,14 @@
  *
  * One step: B training (definition, headword) pairs; the batch's distinct word and trigram rows are looked
  * up in the bank; the query tower embeds the definitions (tokens dropped at random), the word tower the
- * headwords; InfoNCE over the B in-batch candidates plus M random headwords from the bank, written there by
- * makers from an earlier checkpoint: their pooled word-tower inputs (NAME.vecx) put through this trainer's
- * current head (the default), or their finished vectors (NAME.vec, --negatives-from outputs); plus
- * (--hard-queries) hard negatives the bank's knn over NAME.vec finds near the step's queries, pooled from
- * NAME.vecx or (--hard-fresh 1) by this trainer from their current rows like the batch's headwords; the rows'
- * gradients are pushed back to the bank, the dense heads take an Adam step here. */
+ * headwords (each tower: pooled rows -> linear or MLP head -> L2); InfoNCE over the B in-batch candidates plus
+ * M headwords from the bank (drawn by the bank's uniform sampler, or as the headwords of random training pairs),
+ * written there by makers from an earlier checkpoint: their pooled word-tower inputs (NAME.vecx) put through
+ * this trainer's current head (the default), or their finished vectors (NAME.vec, --negatives-from outputs);
+ * plus (--hard-queries) hard negatives the bank's knn over NAME.vec finds near the step's queries, pooled from
+ * NAME.vecx or (--hard-fresh 1) by this trainer from their current rows like the batch's headwords. --logq
+ * corrects every logit by its candidate's sampling rate. The rows' gradients are pushed back to the bank, the
+ * dense heads take an Adam step here. */
 #include "trainer.h"
 #include "trainer_metrics.h"
 #include "trainer_tt.h"
@@ -83,8 +85,9 @@ static void s_usage(FILE *out)
             "  --init-scale S           rows start uniform in [-S, S] (default 0.1)\n"
             "  --temperature T          softmax temperature over cosines (default 0.1)\n"
             "  --logq 0|1               1: subtract from each candidate's logit the log of how often it is expected\n"
-            "                           among a step's candidates (B x its share of training pairs + M / headwords),\n"
-            "                           so the sampled loss estimates the softmax over all headwords (default 0)\n"
+            "                           among a step's candidates (B x its share of training pairs, plus M / headwords\n"
+            "                           or M x that share for bank negatives drawn uniformly or as pairs), so the\n"
+            "                           sampled loss estimates the softmax over all headwords (default 0)\n"
             "  --token-dropout P        drop each definition word with probability P in training (default 0.3)\n"
             "  --word-defs S            the word tower also pools the words of up to S of the headword's other\n"
             "                           training definitions (makers and the evaluation pool up to %d; default 8;\n"
