@@ -482,6 +482,9 @@ typedef struct {
     uint64_t hard_fetches, hard_unavailable;
     double neg_staleness;   /* mean (step - version) of the negatives held */
     uint64_t neg_fetches, neg_unavailable;
+    /* How stale the bank negatives are, measured: a few of them recomputed from current rows now and then */
+    double drift_x_cos, drift_x_norm, drift_v_cos;
+    uint64_t drift_n;
     double staleness_sum;
     uint64_t staleness_n;
 } s_run_t;
@@ -722,6 +725,62 @@ static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const f
     return rc;
 }
 
+#define TT_DRIFT_EVERY 50  /* bank fetches between two staleness measurements */
+#define TT_DRIFT_SAMPLE 32 /* negatives recomputed per measurement */
+
+/* Measures what the staleness of the negatives just fetched (pooled inputs, NAME.vecx) means: the first few are
+ * pooled again from the rows as they are now, exactly as makers pool them, and compared with the makers'
+ * (cosine and norm ratio of the inputs, cosine of the word vectors under the current head). Diagnostics only:
+ * a failure to read the rows skips the measurement. */
+static void s_measure_drift(s_run_t *r)
+{
+    size_t n = r->n_uni < TT_DRIFT_SAMPLE ? (size_t)r->n_uni : TT_DRIFT_SAMPLE;
+    uint32_t idx[TT_DRIFT_SAMPLE];
+    const char *words[TT_DRIFT_SAMPLE];
+    size_t m = 0;
+    for (size_t j = 0; j < n; j++)
+        if (r->neg_word[j] != UINT32_MAX) {
+            idx[m] = r->neg_word[j];
+            words[m++] = r->g->words[r->neg_word[j]];
+        }
+    if (m == 0)
+        return;
+    const size_t E = (size_t)r->o.E, D = (size_t)r->o.D;
+    data_gcide_bags_t bags = {0};
+    if (r->hw.defs > 0)
+        data_gcide_bags_build(&bags, r->g, &r->idf, idx, m, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
+    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
+    float *x_now = carls_xmalloc(m * E * sizeof(float)), *v_now = carls_xmalloc(m * D * sizeof(float));
+    float *x_old = carls_xmalloc(m * E * sizeof(float)), *v_old = carls_xmalloc(m * D * sizeof(float));
+    float *pre = carls_xmalloc(m * D * sizeof(float)), *norms = carls_xmalloc(m * sizeof(float));
+    float *hid = r->hw.H > 0 ? carls_xmalloc(m * (size_t)r->hw.H * sizeof(float)) : NULL;
+    for (size_t j = 0, k = 0; j < n; j++)
+        if (r->neg_word[j] != UINT32_MAX)
+            memcpy(x_old + (k++) * E, r->negx + j * E, E * sizeof(float));
+    if (nn_tower_word_vectors(r->kb, r->names.word, r->names.gram, words, m, r->hw.defs > 0 ? &view : NULL, &r->hw,
+                              v_now, x_now) == 0) {
+        nn_tower_head_forward(&r->hw, v_old, pre, norms, hid, x_old, (int)m);
+        for (size_t k = 0; k < m; k++) {
+            double dot = 0, n_old = 0, n_now = 0, vdot = 0;
+            for (size_t e = 0; e < E; e++) {
+                dot += (double)x_old[k * E + e] * x_now[k * E + e];
+                n_old += (double)x_old[k * E + e] * x_old[k * E + e];
+                n_now += (double)x_now[k * E + e] * x_now[k * E + e];
+            }
+            for (size_t d = 0; d < D; d++)
+                vdot += (double)v_old[k * D + d] * v_now[k * D + d];
+            r->drift_x_cos += dot / (sqrt(n_old * n_now) + 1e-12);
+            r->drift_x_norm += sqrt(n_old / (n_now + 1e-12));
+            r->drift_v_cos += vdot;
+            r->drift_n++;
+        }
+    }
+    data_gcide_bags_free(&bags);
+    void *p[] = {x_now, v_now, x_old, v_old, pre, norms, hid};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        free(p[i]);
+}
+
 /* Fetches M bank negatives: the rows of M headwords in NAME.vecx (pooled inputs) or NAME.vec (outputs), as
  * makers wrote them from an earlier checkpoint. The headwords are drawn by the bank's uniform sampler over the
  * rows makers wrote, or (--negatives-sampling pairs) are those of M random training pairs, read by key; a
@@ -784,6 +843,8 @@ static void s_fetch_negatives(s_run_t *r, uint64_t step)
             r->neg_unavailable++;
         r->neg_staleness = n ? stale / n : 0.0;
         r->n_uni = (int)n;
+        if (n > 0 && r->o.negatives_from_inputs && r->neg_fetches % TT_DRIFT_EVERY == 1)
+            s_measure_drift(r);
     }
     free(meta);
     kb_sample_result_destroy(&sr);
@@ -1169,12 +1230,15 @@ int trainer_twotower_main(int argc, char **argv)
         .n_sweep = r.o.n_sweep,
         .knn_check = r.o.knn_check,
     };
-    char summary[512];
+    char summary[1024];
     snprintf(summary, sizeof summary,
              "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
+             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f "
              "hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
              (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
-             (unsigned long long)r.neg_unavailable, r.o.hard_queries, r.o.hard_k,
+             (unsigned long long)r.neg_unavailable, r.drift_n ? r.drift_x_cos / (double)r.drift_n : NAN,
+             r.drift_n ? r.drift_x_norm / (double)r.drift_n : NAN, r.drift_n ? r.drift_v_cos / (double)r.drift_n : NAN,
+             r.o.hard_queries, r.o.hard_k,
              r.hard_fetches ? r.hard_n_sum / (double)r.hard_fetches : 0.0,
              r.hard_n_sum > 0 && r.hard_fetches > r.hard_unavailable
                  ? r.hard_staleness_sum / (double)(r.hard_fetches - r.hard_unavailable)

@@ -245,6 +245,14 @@ static void test_makers(void **state)
                   s_result(e.out, "neg_staleness_steps"));
     assert_true(unavailable < steps / 2);
     assert_true(s_result(e.out, "neg_staleness_steps") > 0);
+    /* What that staleness means, measured on a sample recomputed from current rows: the inputs have moved
+     * (they are older), but they are the same words' inputs, not unrelated vectors. */
+    double xcos = s_result(e.out, "neg_input_cos"), vcos = s_result(e.out, "neg_vector_cos");
+    print_message("bank negatives against their current towers: input cosine %.3f, norm ratio %.3f, vector cosine "
+                  "%.3f\n", xcos, s_result(e.out, "neg_input_norm_ratio"), vcos);
+    assert_true(xcos > 0.0 && xcos <= 1.0 + 1e-6);
+    assert_true(vcos > 0.0 && vcos <= 1.0 + 1e-6);
+    assert_true(s_result(e.out, "neg_input_norm_ratio") > 0);
     /* Hard negatives: most steps had some, near the queries, from the makers' inputs. */
     print_message("hard negatives per step %.1f, staleness %.1f steps, steps without %.0f\n",
                   s_result(e.out, "hard_per_step"), s_result(e.out, "hard_staleness_steps"),
