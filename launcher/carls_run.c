@@ -227,7 +227,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"kb_negatives", &c->kb_negatives, 0},
         {"negatives_every", &c->negatives_every, 1},
         {"word_defs", &c->word_defs, 0},
-        {"tower_hidden", &c->tower_hidden, 0},
+        {"tower_hidden", &c->tower_hidden, 256},
         {"logq", &c->logq, 0},
         {"temperature", &c->temperature, 0.05},
         {"emb_lr", &c->emb_lr, 0.01},

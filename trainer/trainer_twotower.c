@@ -75,7 +75,7 @@ static void s_usage(FILE *out)
             "  --dim E                  word and trigram row size (default 128)\n"
             "  --out-dim D              tower output size (default 128)\n"
             "  --hidden H               hidden units of each tower's MLP head: W x + b + V relu(U x + c), V starting\n"
-            "                           at zero (default 0: linear heads)\n"
+            "                           at zero (default 256; 0: linear heads)\n"
             "  --batch B                pairs per step (default 512)\n"
             "  --epochs N               passes over the training pairs (default 10)\n"
             "  --max-steps N            stop after N steps (0: no limit)\n"
@@ -138,6 +138,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .holdout_count = 2000,
         .E = 128,
         .D = 128,
+        .H = 256,
         .batch = 512,
         .epochs = 10,
         .negatives_every = 1,

@@ -5,7 +5,7 @@
  * of its two topic words (made up too, used by no other headword) among shared filler words. One sense of 20
  * headwords is held out. A model that learns anything maps a definition's topic words near its headword's
  * word-tower vector, so the held-out headwords must rank near the top (chance: R@1 = 0.025, R@10 = 0.25).
- *   - test_trainer_vectors: the trainer writes NAME.vec itself (--vectors trainer).
+ *   - test_trainer_vectors: the trainer writes NAME.vec itself (--vectors trainer), linear heads (--hidden 0).
  *   - test_makers: two kb-maker --task words processes (worker 0/2 and 1/2) watch the trainer's checkpoint
  *     directory and write NAME.vec; the trainer draws --kb-negatives from it while it trains and evaluates on
  *     the makers' vectors of its final checkpoint (--vectors makers). The word tower also pools the headword's
@@ -196,7 +196,8 @@ static void test_trainer_vectors(void **state)
     const char *argv[] = {TRAINER, "twotower", "--kb", e.srv.endpoint, "--index", e.index, "--dict", e.dict,
                           "--holdout-count", "20", "--holdout-seed", "3", "--dim", "16", "--out-dim", "16",
                           "--batch", "16", "--epochs", "40", "--emb-lr", "0.05", "--lr", "0.01",
-                          "--token-dropout", "0.2", "--knn-check", "20", "--kb-timeout-ms", "2000", NULL};
+                          "--token-dropout", "0.2", "--knn-check", "20", "--hidden", "0", "--kb-timeout-ms", "2000",
+                          NULL};
     assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
     s_check_quality(e.out);
     s_env_done(&e);
