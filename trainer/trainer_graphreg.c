@@ -59,7 +59,8 @@ typedef struct {
     int n_hidden, hidden[NN_MLP_MAX_HIDDEN];
     float dropout;
     nn_optim_config_t opt;
-    int cosine, seed;
+    bool cosine;  /* cosine learning-rate decay to 0 over the run, else constant */
+    int seed;
     float alpha, beta, conf_threshold;
     int rampup;
     int augment_shift;             /* random translations of training images by up to this many pixels */
@@ -122,7 +123,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .hidden = {256, 128},
         .dropout = 0.2f,
         .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = 1,
+        .cosine = true,
         .seed = 1,
         .K = 10,
         .nbr_refresh = 20,
@@ -200,24 +201,15 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             }
             break;
         case O_DROPOUT: bad = trainer_parse_float("dropout", optarg, 0.0, 0.95, &o->dropout); break;
-        case O_OPT:
-            if (strcmp(optarg, "adam") == 0 || strcmp(optarg, "sgd") == 0) {
-                o->opt.kind = strcmp(optarg, "adam") == 0 ? NN_OPT_ADAM : NN_OPT_SGD;
-            } else {
-                fprintf(stderr, "trainer: --optimizer: '%s' is not adam or sgd\n", optarg);
-                bad = -1;
-            }
+        case O_OPT: {
+            bool adam = true;
+            bad = trainer_parse_choice("optimizer", optarg, "adam", "sgd", &adam);
+            o->opt.kind = adam ? NN_OPT_ADAM : NN_OPT_SGD;
             break;
+        }
         case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->opt.lr); break;
         case O_WD: bad = trainer_parse_float("weight-decay", optarg, 0.0, 10.0, &o->opt.weight_decay); break;
-        case O_SCHED:
-            if (strcmp(optarg, "cosine") == 0 || strcmp(optarg, "constant") == 0) {
-                o->cosine = strcmp(optarg, "cosine") == 0;
-            } else {
-                fprintf(stderr, "trainer: --schedule: '%s' is not cosine or constant\n", optarg);
-                bad = -1;
-            }
-            break;
+        case O_SCHED: bad = trainer_parse_choice("schedule", optarg, "cosine", "constant", &o->cosine); break;
         case O_SEED: bad = trainer_parse_int("seed", optarg, 0, 2147483647, &o->seed); break;
         case O_ALPHA: bad = trainer_parse_float("alpha", optarg, 0.0, 1e6, &o->alpha); break;
         case O_BETA: bad = trainer_parse_float("beta", optarg, 0.0, 1e6, &o->beta); break;

@@ -37,7 +37,7 @@ typedef struct {
     int hidden[NN_MLP_MAX_HIDDEN]; /* their widths */
     float dropout;                 /* after each hidden ReLU */
     nn_optim_config_t opt;         /* optimiser */
-    int cosine;                    /* 1: cosine learning-rate decay to 0 over the run; 0: constant */
+    bool cosine;                   /* cosine learning-rate decay to 0 over the run, else constant */
     int seed;                      /* initialisation, shuffles, dropout */
     const char *ckpt_dir;          /* checkpoints (and metrics.csv unless --metrics) */
     const char *metrics;           /* CSV path, NULL: <ckpt_dir>/metrics.csv */
@@ -86,7 +86,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .hidden = {512, 256},
         .dropout = 0.2f,
         .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = 1,
+        .cosine = true,
         .seed = 1,
         .ckpt_dir = "runs/supervised",
         .device = "auto",
@@ -156,16 +156,12 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_DROPOUT:
             bad = trainer_parse_float("dropout", optarg, 0.0, 0.95, &o->dropout);
             break;
-        case O_OPT:
-            if (strcmp(optarg, "adam") == 0) {
-                o->opt.kind = NN_OPT_ADAM;
-            } else if (strcmp(optarg, "sgd") == 0) {
-                o->opt.kind = NN_OPT_SGD;
-            } else {
-                fprintf(stderr, "trainer: --optimizer: '%s' is not adam or sgd\n", optarg);
-                bad = -1;
-            }
+        case O_OPT: {
+            bool adam = true;
+            bad = trainer_parse_choice("optimizer", optarg, "adam", "sgd", &adam);
+            o->opt.kind = adam ? NN_OPT_ADAM : NN_OPT_SGD;
             break;
+        }
         case O_LR:
             bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->opt.lr);
             break;
@@ -176,12 +172,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             bad = trainer_parse_float("weight-decay", optarg, 0.0, 10.0, &o->opt.weight_decay);
             break;
         case O_SCHED:
-            if (strcmp(optarg, "cosine") == 0 || strcmp(optarg, "constant") == 0) {
-                o->cosine = strcmp(optarg, "cosine") == 0;
-            } else {
-                fprintf(stderr, "trainer: --schedule: '%s' is not cosine or constant\n", optarg);
-                bad = -1;
-            }
+            bad = trainer_parse_choice("schedule", optarg, "cosine", "constant", &o->cosine);
             break;
         case O_SEED:
             bad = trainer_parse_int("seed", optarg, 0, 2147483647, &o->seed);

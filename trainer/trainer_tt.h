@@ -31,6 +31,12 @@ typedef struct {
 /* Fills the names; -1 when base is not a valid table name or too long. */
 int tt_names(const char *base, tt_names_t *names);
 
+/* The word tower of the n headwords idx over the bank's current rows (none created), pooled exactly as the
+ * makers pool them (head->defs > 0: up to NN_TOWER_DEF_SENSES training definitions each): out (n, D), and the
+ * pooled inputs x_out (n, E) unless NULL. Returns 0 or a KB_CLIENT_E* code. */
+int tt_word_towers(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
+                   const nn_tower_head_t *head, const uint32_t *idx, size_t n, float *out, float *x_out);
+
 /* Computes the query tower of n senses without token dropout, reading word rows without creating any.
  * q_out (n, D). Returns 0 or a KB_CLIENT_E* code. */
 int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,

@@ -85,22 +85,32 @@ int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide
     return rc;
 }
 
+int tt_word_towers(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
+                   const nn_tower_head_t *head, const uint32_t *idx, size_t n, float *out, float *x_out)
+{
+    const char **words = carls_xmalloc((n + 1) * sizeof(char *));
+    for (size_t i = 0; i < n; i++)
+        words[i] = g->words[idx[i]];
+    data_gcide_bags_t bags = {0};
+    if (head->defs > 0)
+        data_gcide_bags_build(&bags, g, idf, idx, n, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
+    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
+    int rc = nn_tower_word_vectors(kb, names->word, names->gram, words, n, head->defs > 0 ? &view : NULL, head, out,
+                                   x_out);
+    data_gcide_bags_free(&bags);
+    free(words);
+    return rc;
+}
+
 /* The trainer writes NAME.vec itself from its final parameters. V (n_words, D) gets the vectors. */
 static int s_vectors_from_trainer(const tt_eval_in_t *in, float *V)
 {
     const data_gcide_t *g = in->g;
-    data_gcide_bags_t bags = {0};
-    if (in->word.defs > 0) {
-        uint32_t *all = carls_xmalloc(g->n_words * sizeof(uint32_t));
-        for (size_t w = 0; w < g->n_words; w++)
-            all[w] = (uint32_t)w;
-        data_gcide_bags_build(&bags, g, in->idf, all, g->n_words, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
-        free(all);
-    }
-    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
-    int rc = nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, (const char *const *)g->words,
-                                   g->n_words, in->word.defs > 0 ? &view : NULL, &in->word, V, NULL);
-    data_gcide_bags_free(&bags);
+    uint32_t *all = carls_xmalloc(g->n_words * sizeof(uint32_t));
+    for (size_t w = 0; w < g->n_words; w++)
+        all[w] = (uint32_t)w;
+    int rc = tt_word_towers(in->kb, in->names, g, in->idf, &in->word, all, g->n_words, V, NULL);
+    free(all);
     kb_key_t *keys = carls_xmalloc(TT_EVAL_CHUNK * sizeof *keys);
     for (size_t at = 0; at < g->n_words && rc == 0; at += TT_EVAL_CHUNK) {
         size_t n = g->n_words - at < TT_EVAL_CHUNK ? g->n_words - at : TT_EVAL_CHUNK;
@@ -176,19 +186,11 @@ static double s_maker_check(const tt_eval_in_t *in, const float *V)
     const int D = in->word.D;
     size_t n = g->n_words < TT_EVAL_MAKER_CHECK ? g->n_words : TT_EVAL_MAKER_CHECK;
     uint32_t *idx = carls_xmalloc(n * sizeof(uint32_t));
-    const char **words = carls_xmalloc(n * sizeof(char *));
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         idx[i] = (uint32_t)(i * g->n_words / n);
-        words[i] = g->words[idx[i]];
-    }
-    data_gcide_bags_t bags = {0};
-    if (in->word.defs > 0)
-        data_gcide_bags_build(&bags, g, in->idf, idx, n, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
-    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
     float *mine = carls_xmalloc(n * (size_t)D * sizeof(float));
     double worst = -1;
-    if (nn_tower_word_vectors(in->kb, in->names->word, in->names->gram, words, n,
-                              in->word.defs > 0 ? &view : NULL, &in->word, mine, NULL) == 0) {
+    if (tt_word_towers(in->kb, in->names, g, in->idf, &in->word, idx, n, mine, NULL) == 0) {
         worst = 0;
         for (size_t i = 0; i < n; i++)
             for (int d = 0; d < D; d++)
@@ -197,9 +199,7 @@ static double s_maker_check(const tt_eval_in_t *in, const float *V)
     } else {
         LOG_ERROR("trainer: reading rows to check the makers' vectors failed: %s", kb_cluster_last_error(in->kb));
     }
-    data_gcide_bags_free(&bags);
     free(idx);
-    free(words);
     free(mine);
     return worst;
 }

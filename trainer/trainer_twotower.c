@@ -275,12 +275,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_CKPT: o->ckpt_dir = optarg; break;
         case O_CKPTEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
         case O_VECTORS:
-            if (strcmp(optarg, "trainer") == 0 || strcmp(optarg, "makers") == 0) {
-                o->vectors_from_trainer = strcmp(optarg, "trainer") == 0;
-            } else {
-                fprintf(stderr, "trainer: --vectors: '%s' is not trainer or makers\n", optarg);
-                bad = -1;
-            }
+            bad = trainer_parse_choice("vectors", optarg, "trainer", "makers", &o->vectors_from_trainer);
             break;
         case O_SWEEP: {
             char *save = NULL, *copy = strdup(optarg);
@@ -297,12 +292,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             break;
         }
         case O_NEGFROM:
-            if (strcmp(optarg, "inputs") == 0 || strcmp(optarg, "outputs") == 0) {
-                o->negatives_from_inputs = strcmp(optarg, "inputs") == 0;
-            } else {
-                fprintf(stderr, "trainer: --negatives-from: '%s' is not inputs or outputs\n", optarg);
-                bad = -1;
-            }
+            bad = trainer_parse_choice("negatives-from", optarg, "inputs", "outputs", &o->negatives_from_inputs);
             break;
         case O_WDEFS: bad = trainer_parse_int("word-defs", optarg, 0, 1000, &o->word_defs); break;
         case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
@@ -312,39 +302,25 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 1, 3600000, &o->timeout_ms); break;
         case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 1000000, &o->retries); break;
         case O_LOG: bad = carls_log_level_option("trainer", optarg); break;
-        case O_LEXICAL:
-            if (strcmp(optarg, "tfidf") == 0 || strcmp(optarg, "bm25") == 0) {
-                o->lexical.scheme = strcmp(optarg, "bm25") == 0 ? TFIDF_BM25 : TFIDF_COSINE;
-            } else {
-                fprintf(stderr, "trainer: --lexical: '%s' is not tfidf or bm25\n", optarg);
-                bad = -1;
-            }
+        case O_LEXICAL: {
+            bool tfidf = true;
+            bad = trainer_parse_choice("lexical", optarg, "tfidf", "bm25", &tfidf);
+            o->lexical.scheme = tfidf ? TFIDF_COSINE : TFIDF_BM25;
             break;
+        }
         case O_BM25K1: bad = trainer_parse_float("bm25-k1", optarg, 0.0, 100.0, &o->lexical.k1); break;
         case O_BM25B: bad = trainer_parse_float("bm25-b", optarg, 0.0, 1.0, &o->lexical.b); break;
         case O_SAVEVEC: o->save_vectors = optarg; break;
         case O_HARDQ: bad = trainer_parse_int("hard-queries", optarg, 0, TT_MAX_BATCH, &o->hard_queries); break;
         case O_HARDK: bad = trainer_parse_int("hard-k", optarg, 1, 1024, &o->hard_k); break;
-        case O_HARDFRESH: {
-            int v = 0;
-            bad = trainer_parse_int("hard-fresh", optarg, 0, 1, &v);
-            o->hard_fresh = v == 1;
+        case O_HARDFRESH: bad = trainer_parse_flag("hard-fresh", optarg, &o->hard_fresh); break;
+        case O_NEGSAMPLING: {
+            bool uniform = true;
+            bad = trainer_parse_choice("negatives-sampling", optarg, "uniform", "pairs", &uniform);
+            o->negatives_by_pairs = !uniform;
             break;
         }
-        case O_NEGSAMPLING:
-            if (strcmp(optarg, "uniform") == 0 || strcmp(optarg, "pairs") == 0) {
-                o->negatives_by_pairs = strcmp(optarg, "pairs") == 0;
-            } else {
-                fprintf(stderr, "trainer: --negatives-sampling: '%s' is not uniform or pairs\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_LOGQ: {
-            int v = 0;
-            bad = trainer_parse_int("logq", optarg, 0, 1, &v);
-            o->logq = v == 1;
-            break;
-        }
+        case O_LOGQ: bad = trainer_parse_flag("logq", optarg, &o->logq); break;
         case O_EVALVEC: o->eval_vectors = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
@@ -468,7 +444,7 @@ typedef struct {
     float *cand, *dcand, *logits, *probs;
     uint32_t *cand_word;    /* (B + M) headword of each candidate */
     float *cand_logq;       /* (B + M) --logq: log of each candidate's expected count among a step's */
-    float *pair_share;      /* --logq: (headwords) each headword's share of the training pairs */
+    float *pair_share;      /* --logq only: (headwords) each headword's share of the training pairs */
     /* bank negatives */
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
@@ -565,9 +541,11 @@ static void s_alloc(s_run_t *r)
     r->probs = carls_xmalloc(B * (B + M) * sizeof(float));
     r->cand_word = carls_xmalloc((B + M) * sizeof(uint32_t));
     r->cand_logq = carls_xmalloc((B + M) * sizeof(float));
-    r->pair_share = carls_xcalloc(r->g->n_words, sizeof(float));
-    for (size_t i = 0; i < r->n_train; i++)
-        r->pair_share[r->g->senses[r->train[i]].word] += 1.0f / (float)r->n_train;
+    if (o->logq) {
+        r->pair_share = carls_xcalloc(r->g->n_words, sizeof(float));
+        for (size_t i = 0; i < r->n_train; i++)
+            r->pair_share[r->g->senses[r->train[i]].word] += 1.0f / (float)r->n_train;
+    }
     r->neg = carls_xmalloc((M + 1) * D * sizeof(float));
     r->negx = carls_xmalloc((M + 1) * E * sizeof(float));
     r->neg_pre = carls_xmalloc((M + 1) * D * sizeof(float));
@@ -735,31 +713,25 @@ static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const f
  * a failure to read the rows skips the measurement. */
 static void s_measure_drift(s_run_t *r)
 {
+    const size_t E = (size_t)r->o.E, D = (size_t)r->o.D;
     size_t n = r->n_uni < TT_DRIFT_SAMPLE ? (size_t)r->n_uni : TT_DRIFT_SAMPLE;
     uint32_t idx[TT_DRIFT_SAMPLE];
-    const char *words[TT_DRIFT_SAMPLE];
+    float *x_old = carls_xmalloc((n + 1) * E * sizeof(float));
     size_t m = 0;
     for (size_t j = 0; j < n; j++)
         if (r->neg_word[j] != UINT32_MAX) {
-            idx[m] = r->neg_word[j];
-            words[m++] = r->g->words[r->neg_word[j]];
+            memcpy(x_old + m * E, r->negx + j * E, E * sizeof(float));
+            idx[m++] = r->neg_word[j];
         }
-    if (m == 0)
+    if (m == 0) {
+        free(x_old);
         return;
-    const size_t E = (size_t)r->o.E, D = (size_t)r->o.D;
-    data_gcide_bags_t bags = {0};
-    if (r->hw.defs > 0)
-        data_gcide_bags_build(&bags, r->g, &r->idf, idx, m, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
-    nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
+    }
     float *x_now = carls_xmalloc(m * E * sizeof(float)), *v_now = carls_xmalloc(m * D * sizeof(float));
-    float *x_old = carls_xmalloc(m * E * sizeof(float)), *v_old = carls_xmalloc(m * D * sizeof(float));
+    float *v_old = carls_xmalloc(m * D * sizeof(float));
     float *pre = carls_xmalloc(m * D * sizeof(float)), *norms = carls_xmalloc(m * sizeof(float));
     float *hid = r->hw.H > 0 ? carls_xmalloc(m * (size_t)r->hw.H * sizeof(float)) : NULL;
-    for (size_t j = 0, k = 0; j < n; j++)
-        if (r->neg_word[j] != UINT32_MAX)
-            memcpy(x_old + (k++) * E, r->negx + j * E, E * sizeof(float));
-    if (nn_tower_word_vectors(r->kb, r->names.word, r->names.gram, words, m, r->hw.defs > 0 ? &view : NULL, &r->hw,
-                              v_now, x_now) == 0) {
+    if (tt_word_towers(r->kb, &r->names, r->g, &r->idf, &r->hw, idx, m, v_now, x_now) == 0) {
         nn_tower_head_forward(&r->hw, v_old, pre, norms, hid, x_old, (int)m);
         for (size_t k = 0; k < m; k++) {
             double dot = 0, n_old = 0, n_now = 0, vdot = 0;
@@ -776,7 +748,6 @@ static void s_measure_drift(s_run_t *r)
             r->drift_n++;
         }
     }
-    data_gcide_bags_free(&bags);
     void *p[] = {x_now, v_now, x_old, v_old, pre, norms, hid};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);

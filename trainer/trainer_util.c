@@ -61,6 +61,25 @@ int trainer_parse_float(const char *name, const char *text, double lo, double hi
     return 0;
 }
 
+int trainer_parse_flag(const char *name, const char *text, bool *out)
+{
+    int v = 0;
+    if (trainer_parse_int(name, text, 0, 1, &v) != 0)
+        return -1;
+    *out = v == 1;
+    return 0;
+}
+
+int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first)
+{
+    if (strcmp(text, first) != 0 && strcmp(text, second) != 0) {
+        fprintf(stderr, "trainer: --%s: '%s' is not %s or %s\n", name, text, first, second);
+        return -1;
+    }
+    *is_first = strcmp(text, first) == 0;
+    return 0;
+}
+
 int trainer_setup_threads(int requested)
 {
     int n = requested > 0 ? requested : TRAINER_DEFAULT_THREADS;

@@ -4,6 +4,8 @@
 
 #include "nn_device.h"
 
+#include <stdbool.h>
+
 /* Parses "256" or "512,256" into widths (at most max), returning how many, or -1 if malformed. */
 int trainer_parse_widths(const char *text, int *widths, int max);
 
@@ -11,6 +13,11 @@ int trainer_parse_widths(const char *text, int *widths, int max);
 int trainer_parse_int(const char *name, const char *text, long lo, long hi, int *out);
 /* Same for a float in [lo, hi]. */
 int trainer_parse_float(const char *name, const char *text, double lo, double hi, float *out);
+/* A 0|1 option: *out = the value; prints as trainer_parse_int and returns -1 for anything else. */
+int trainer_parse_flag(const char *name, const char *text, bool *out);
+/* An option with two values: *is_first = (text is first); prints "trainer: --name: 'text' is not first or
+ * second" and returns -1 (leaving *is_first) when it is neither. */
+int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first);
 
 /* Sets OpenBLAS threads: requested when > 0, else TRAINER_DEFAULT_THREADS. Logs and returns the number.
  *

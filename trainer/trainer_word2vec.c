@@ -315,31 +315,15 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             bad = trainer_parse_int("pool", optarg, 1, 90000, &v);
             o->pool = (uint32_t)v;
             break;
-        case O_OPT:
-            if (strcmp(optarg, "adagrad") == 0 || strcmp(optarg, "sgd") == 0) {
-                o->tables.adagrad = strcmp(optarg, "adagrad") == 0;
-            } else {
-                fprintf(stderr, "trainer: --optimizer: '%s' is not adagrad or sgd\n", optarg);
-                bad = -1;
-            }
-            break;
+        case O_OPT: bad = trainer_parse_choice("optimizer", optarg, "adagrad", "sgd", &o->tables.adagrad); break;
         case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->tables.lr); break;
-        case O_DECAY:
-            if (strcmp(optarg, "linear") == 0 || strcmp(optarg, "none") == 0) {
-                o->lr_decay = strcmp(optarg, "linear") == 0;
-            } else {
-                fprintf(stderr, "trainer: --lr-decay: '%s' is not linear or none\n", optarg);
-                bad = -1;
-            }
+        case O_DECAY: {
+            bool linear = false;
+            bad = trainer_parse_choice("lr-decay", optarg, "linear", "none", &linear);
+            o->lr_decay = linear ? 1 : 0;
             break;
-        case O_UPDATE:
-            if (strcmp(optarg, "lazy") == 0 || strcmp(optarg, "immediate") == 0) {
-                o->tables.lazy = strcmp(optarg, "lazy") == 0;
-            } else {
-                fprintf(stderr, "trainer: --update: '%s' is not lazy or immediate\n", optarg);
-                bad = -1;
-            }
-            break;
+        }
+        case O_UPDATE: bad = trainer_parse_choice("update", optarg, "lazy", "immediate", &o->tables.lazy); break;
         case O_AGE:
             bad = trainer_parse_int("max-age-ms", optarg, 1, 3600000, &v);
             o->tables.max_age_ms = (uint32_t)v;
