@@ -140,7 +140,7 @@ typedef struct {
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
-    double word_defs, tower_hidden, logq, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
+    double word_defs, tower_hidden, logq, negatives_shift, stale_positives, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
 } s_cfg_t;
 
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
@@ -229,6 +229,8 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"word_defs", &c->word_defs, 0},
         {"tower_hidden", &c->tower_hidden, 256},
         {"logq", &c->logq, 0},
+        {"negatives_shift", &c->negatives_shift, 0},
+        {"stale_positives", &c->stale_positives, 0},
         {"temperature", &c->temperature, 0.05},
         {"emb_lr", &c->emb_lr, 0.01},
         {"token_dropout", &c->token_dropout, 0.3},
@@ -694,6 +696,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
         {"--bm25-b", c->bm25_b, 0},             {"--hard-queries", c->hard_queries, 1},
         {"--hard-k", c->hard_k, 1},             {"--hard-fresh", c->hard_fresh, 1},
         {"--hidden", c->tower_hidden, 1},       {"--logq", c->logq, 1},
+        {"--negatives-shift", c->negatives_shift, 1}, {"--stale-positives", c->stale_positives, 0},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
@@ -705,7 +708,7 @@ static int s_twotower_result(const carls_result_t *res, const char *out, const c
     const char *show[] = {"r1", "r10", "r100", "median_rank", "mrr", "n", "fused_r1", "fused_r10", "fused_r100",
                           "fused_median_rank", "fused_mrr", "train_steps", "train_steps_per_s", "kb_negatives",
                           "neg_staleness_steps", "neg_unavailable", "hard_per_step", "hard_staleness_steps",
-                          "hard_unavailable", "knn_agree", NULL};
+                          "hard_unavailable", "neg_vector_cos", "neg_shifted_vector_cos", "neg_shift_ratio", "knn_agree", NULL};
     if (!carls_result_get(res, "r10")) {
         LOG_ERROR("the trainer printed no r10 (see %s)", out);
         return 1;

@@ -50,6 +50,8 @@ typedef struct {
     bool vectors_from_trainer;
     bool negatives_from_inputs; /* bank negatives: pooled inputs + this trainer's head, else stored outputs */
     bool negatives_by_pairs;    /* bank negatives: headwords of random training pairs, not the bank's uniform draw */
+    bool negatives_shift;       /* bank negatives' inputs moved by the drift the batch's own headwords show */
+    float stale_positives;      /* share of the batch's word-tower inputs replaced by the makers' (straight-through) */
     int timeout_ms, retries;
 } s_opts_t;
 
@@ -100,6 +102,14 @@ static void s_usage(FILE *out)
             "  --negatives-from inputs|outputs   inputs (default): the makers' pooled word-tower inputs (NAME.vecx)\n"
             "                           through this trainer's current head; outputs: the makers' finished vectors\n"
             "                           (NAME.vec), as old as their checkpoint\n"
+            "  --negatives-shift 0|1    1: before the head, move the makers' pooled inputs by how far all\n"
+            "                           rows have drifted since: the mean of the batch's headwords' inputs now minus\n"
+            "                           the mean of the same headwords' inputs in NAME.vecx (--negatives-from inputs;\n"
+            "                           default 0)\n"
+            "  --stale-positives P      each of the batch's headwords whose pooled input is in NAME.vecx has it, with\n"
+            "                           probability P, as the makers wrote it instead of as it is now (its gradient\n"
+            "                           still goes to the current rows), so an input's age does not tell the head\n"
+            "                           whether it is a positive or a bank negative (default 0)\n"
             "  --hard-queries Q         hard bank negatives: Q of a step's queries ask the bank's knn over NAME.vec\n"
             "                           (the makers' word vectors) for --hard-k K headwords each (default 0: none)\n"
             "  --hard-k K               (default 32); the positives of the batch are left out\n"
@@ -155,6 +165,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
         .vectors_from_trainer = true,
         .negatives_from_inputs = true,
+        .negatives_shift = false,
         .lexical = {.scheme = TFIDF_COSINE, .k1 = 1.2f, .b = 0.75f},
         .seed = 1,
         .timeout_ms = 10000,
@@ -164,7 +175,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
         O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
         O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ, O_NEGSAMPLING
+        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ, O_NEGSAMPLING,
+        O_NEGSHIFT, O_STALEPOS
     };
     static const struct option longopts[] = {
         {"data", required_argument, NULL, O_DATA},
@@ -181,6 +193,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"hidden", required_argument, NULL, O_HIDDEN},
         {"logq", required_argument, NULL, O_LOGQ},
         {"negatives-sampling", required_argument, NULL, O_NEGSAMPLING},
+        {"negatives-shift", required_argument, NULL, O_NEGSHIFT},
+        {"stale-positives", required_argument, NULL, O_STALEPOS},
         {"batch", required_argument, NULL, O_BATCH},
         {"epochs", required_argument, NULL, O_EPOCHS},
         {"max-steps", required_argument, NULL, O_MAXSTEPS},
@@ -321,6 +335,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             break;
         }
         case O_LOGQ: bad = trainer_parse_flag("logq", optarg, &o->logq); break;
+        case O_NEGSHIFT: bad = trainer_parse_flag("negatives-shift", optarg, &o->negatives_shift); break;
+        case O_STALEPOS: bad = trainer_parse_float("stale-positives", optarg, 0.0, 1.0, &o->stale_positives); break;
         case O_EVALVEC: o->eval_vectors = optarg; break;
         case O_HELP: s_usage(stdout); return 1;
         default: s_usage(stderr); return -1;
@@ -448,6 +464,14 @@ typedef struct {
     /* bank negatives */
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
+    float *negx_shifted;    /* --negatives-shift: (M, E) negx moved by the drift measured on the batch */
+    float *shift_rows;      /* (B, E) the batch's headwords' pooled inputs as makers wrote them */
+    kb_key_t *shift_keys;   /* (B) */
+    kb_row_meta_t *shift_meta; /* (B) */
+    double *shift;          /* (E) the drift */
+    double shift_ratio_sum; /* sums of |shift| / mean |input|, over the steps shifted */
+    uint64_t shift_n, shift_skipped;
+    uint64_t stale_pos_n, stale_pos_of; /* --stale-positives: inputs replaced, of the batch items seen */
     uint32_t *neg_word;     /* (M) headword index, or UINT32_MAX when unknown */
     kb_key_t *neg_keys;     /* (M) --negatives-sampling pairs: the drawn headwords' keys */
     int n_neg;              /* negatives held now: n_uni uniform, then n_hard hard ones (0 until the table has rows) */
@@ -461,6 +485,7 @@ typedef struct {
     uint64_t neg_fetches, neg_unavailable;
     /* How stale the bank negatives are, measured: a few of them recomputed from current rows now and then */
     double drift_x_cos, drift_x_norm, drift_v_cos;
+    double drift_xc_cos, drift_vs_cos; /* the same with each side centred on its own mean / shifted to today's */
     uint64_t drift_n;
     double staleness_sum;
     uint64_t staleness_n;
@@ -553,6 +578,13 @@ static void s_alloc(s_run_t *r)
     r->neg_dpre = carls_xmalloc((M + 1) * D * sizeof(float));
     r->neg_word = carls_xmalloc((M + 1) * sizeof(uint32_t));
     r->neg_keys = carls_xmalloc((M + 1) * sizeof(kb_key_t));
+    if ((o->negatives_shift || o->stale_positives > 0) && o->negatives_from_inputs) {
+        r->negx_shifted = carls_xmalloc((M + 1) * E * sizeof(float));
+        r->shift_rows = carls_xmalloc(Bq * E * sizeof(float));
+        r->shift_keys = carls_xmalloc(Bq * sizeof(kb_key_t));
+        r->shift_meta = carls_xmalloc(Bq * sizeof(kb_row_meta_t));
+        r->shift = carls_xmalloc(E * sizeof(double));
+    }
     w2v_map_init(&r->wmap);
     w2v_map_init(&r->gmap);
 }
@@ -564,7 +596,8 @@ static void s_free(s_run_t *r)
                  r->d_word_rows, r->gram_rows, r->d_gram_rows, r->xq, r->xw, r->dxq, r->dxw, r->preq, r->q,
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
                  r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
-                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share, r->neg_keys};
+                 r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share, r->neg_keys,
+                 r->negx_shifted, r->shift_rows, r->shift_keys, r->shift_meta, r->shift};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -705,12 +738,14 @@ static int s_push_map(s_run_t *r, const char *table, const w2v_map_t *m, const f
 }
 
 #define TT_DRIFT_EVERY 50  /* bank fetches between two staleness measurements */
-#define TT_DRIFT_SAMPLE 32 /* negatives recomputed per measurement */
+#define TT_DRIFT_SAMPLE 128 /* negatives recomputed per measurement */
 
 /* Measures what the staleness of the negatives just fetched (pooled inputs, NAME.vecx) means: the first few are
  * pooled again from the rows as they are now, exactly as makers pool them, and compared with the makers'
- * (cosine and norm ratio of the inputs, cosine of the word vectors under the current head). Diagnostics only:
- * a failure to read the rows skips the measurement. */
+ * (cosine and norm ratio of the inputs, cosine of the word vectors under the current head). Also whether the
+ * drift is shared by all words: the inputs' cosine once each side is centred on its own mean (the makers' over
+ * every negative held, today's over the sample), and the vectors' cosine once the makers' inputs are moved by
+ * the difference of the two means. Diagnostics only: a failure to read the rows skips the measurement. */
 static void s_measure_drift(s_run_t *r)
 {
     const size_t E = (size_t)r->o.E, D = (size_t)r->o.D;
@@ -728,27 +763,50 @@ static void s_measure_drift(s_run_t *r)
         return;
     }
     float *x_now = carls_xmalloc(m * E * sizeof(float)), *v_now = carls_xmalloc(m * D * sizeof(float));
-    float *v_old = carls_xmalloc(m * D * sizeof(float));
+    float *v_old = carls_xmalloc(m * D * sizeof(float)), *x_shift = carls_xmalloc(m * E * sizeof(float));
     float *pre = carls_xmalloc(m * D * sizeof(float)), *norms = carls_xmalloc(m * sizeof(float));
     float *hid = r->hw.H > 0 ? carls_xmalloc(m * (size_t)r->hw.H * sizeof(float)) : NULL;
+    double *mean_old = carls_xcalloc(E, sizeof(double)), *mean_now = carls_xcalloc(E, sizeof(double));
     if (tt_word_towers(r->kb, &r->names, r->g, &r->idf, &r->hw, idx, m, v_now, x_now) == 0) {
+        for (size_t j = 0; j < (size_t)r->n_uni; j++)
+            for (size_t e = 0; e < E; e++)
+                mean_old[e] += r->negx[j * E + e] / (double)r->n_uni;
+        for (size_t k = 0; k < m; k++)
+            for (size_t e = 0; e < E; e++)
+                mean_now[e] += x_now[k * E + e] / (double)m;
+        for (size_t k = 0; k < m; k++)
+            for (size_t e = 0; e < E; e++)
+                x_shift[k * E + e] = (float)(x_old[k * E + e] - mean_old[e] + mean_now[e]);
+        nn_tower_head_forward(&r->hw, v_old, pre, norms, hid, x_shift, (int)m);
+        for (size_t k = 0; k < m; k++) {
+            double vdot = 0;
+            for (size_t d = 0; d < D; d++)
+                vdot += (double)v_old[k * D + d] * v_now[k * D + d];
+            r->drift_vs_cos += vdot;
+        }
         nn_tower_head_forward(&r->hw, v_old, pre, norms, hid, x_old, (int)m);
         for (size_t k = 0; k < m; k++) {
-            double dot = 0, n_old = 0, n_now = 0, vdot = 0;
+            double dot = 0, n_old = 0, n_now = 0, vdot = 0, cdot = 0, c_old = 0, c_now = 0;
             for (size_t e = 0; e < E; e++) {
-                dot += (double)x_old[k * E + e] * x_now[k * E + e];
-                n_old += (double)x_old[k * E + e] * x_old[k * E + e];
-                n_now += (double)x_now[k * E + e] * x_now[k * E + e];
+                double a = x_old[k * E + e], b = x_now[k * E + e];
+                double ac = a - mean_old[e], bc = b - mean_now[e];
+                dot += a * b;
+                n_old += a * a;
+                n_now += b * b;
+                cdot += ac * bc;
+                c_old += ac * ac;
+                c_now += bc * bc;
             }
             for (size_t d = 0; d < D; d++)
                 vdot += (double)v_old[k * D + d] * v_now[k * D + d];
             r->drift_x_cos += dot / (sqrt(n_old * n_now) + 1e-12);
             r->drift_x_norm += sqrt(n_old / (n_now + 1e-12));
             r->drift_v_cos += vdot;
+            r->drift_xc_cos += cdot / (sqrt(c_old * c_now) + 1e-12);
             r->drift_n++;
         }
     }
-    void *p[] = {x_now, v_now, x_old, v_old, pre, norms, hid};
+    void *p[] = {x_now, v_now, x_old, v_old, x_shift, pre, norms, hid, mean_old, mean_now};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
 }
@@ -920,6 +978,86 @@ static void s_fetch_hard(s_run_t *r, int B, uint64_t step)
 }
 
 /* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
+/* --negatives-shift: the makers pooled the negatives' inputs from rows as they were some checkpoints ago, and
+ * every row has drifted since, most of it in a direction all rows share, which the head turns into large
+ * changes of the vectors (measured: neg_vector_cos against neg_shifted_vector_cos). The drift is measured on
+ * the batch's own headwords, whose current inputs (xw) were just pooled: it is the mean of those minus the mean
+ * of the same headwords' inputs in NAME.vecx; every negative's input is moved by it. Returns the inputs to use:
+ * negx itself when there is nothing to measure against (no row of the batch's headwords written yet). */
+static const float *s_shift_negatives(s_run_t *r, int B, bool have_rows)
+{
+    const size_t E = (size_t)r->o.E;
+    if (!r->o.negatives_shift || r->n_neg == 0)
+        return r->negx;
+    if (!have_rows) {
+        r->shift_skipped++;
+        return r->negx;
+    }
+    double *delta = r->shift, norm_sum = 0;
+    memset(delta, 0, E * sizeof(double));
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        if (r->shift_meta[b].version == 0) /* no maker has written it yet */
+            continue;
+        double sq = 0;
+        for (size_t e = 0; e < E; e++) {
+            delta[e] += (double)r->xw[(size_t)b * E + e] - (double)r->shift_rows[(size_t)b * E + e];
+            sq += (double)r->xw[(size_t)b * E + e] * r->xw[(size_t)b * E + e];
+        }
+        norm_sum += sqrt(sq);
+        n++;
+    }
+    if (n == 0) {
+        r->shift_skipped++;
+        return r->negx;
+    }
+    double dnorm = 0;
+    for (size_t e = 0; e < E; e++) {
+        delta[e] /= n;
+        dnorm += delta[e] * delta[e];
+    }
+    r->shift_ratio_sum += sqrt(dnorm) / (norm_sum / n + 1e-12);
+    r->shift_n++;
+    for (size_t j = 0; j < (size_t)r->n_neg; j++)
+        for (size_t e = 0; e < E; e++)
+            r->negx_shifted[j * E + e] = r->negx[j * E + e] + (float)delta[e];
+    return r->negx_shifted;
+}
+
+/* Reads the pooled inputs the makers wrote for the batch's B headwords (shift_rows, shift_meta: version 0 where
+ * none yet). Returns whether they could be read. */
+static bool s_read_batch_inputs(s_run_t *r, int B)
+{
+    for (int b = 0; b < B; b++) {
+        const char *w = r->g->words[r->hw_word[b]];
+        r->shift_keys[b] = (kb_key_t){w, strlen(w)};
+    }
+    if (kb_cluster_lookup_ex(r->kb, r->names.vecx, r->shift_keys, (uint32_t)B, (uint32_t)r->o.E, true,
+                             r->shift_rows, r->shift_meta) != 0) {
+        LOG_WARN("trainer: reading the batch's pooled inputs from %s failed: %s", r->names.vecx,
+                 kb_cluster_last_error(r->kb));
+        return false;
+    }
+    return true;
+}
+
+/* --stale-positives P: with probability P, a batch headword's word-tower input becomes the one the makers pooled
+ * (when they have). The bag backward does not read the input's values, so the gradient still reaches the rows
+ * the current input was pooled from: straight through. */
+static void s_stale_positives(s_run_t *r, int B)
+{
+    const size_t E = (size_t)r->o.E;
+    for (int b = 0; b < B; b++) {
+        if (r->shift_meta[b].version == 0)
+            continue;
+        r->stale_pos_of++;
+        if ((double)(carls_splitmix64(&r->rng) >> 11) * 0x1p-53 >= (double)r->o.stale_positives)
+            continue;
+        memcpy(r->xw + (size_t)b * E, r->shift_rows + (size_t)b * E, E * sizeof(float));
+        r->stale_pos_n++;
+    }
+}
+
 static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
 {
     const int E = r->o.E, D = r->o.D;
@@ -949,11 +1087,17 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
                                      (int)r->wmap.n, E);
         nn_add_cpu(r->xw, r->xd, 1.0f, Bw * E);
     }
+    const bool have_rows = r->shift_rows != NULL && r->n_neg > 0 && s_read_batch_inputs(r, B);
+    if (have_rows && r->o.stale_positives > 0)
+        s_stale_positives(r, B);
     nn_tower_head_forward(&r->hw, r->v, r->prew, r->nw, r->hidw, r->xw, Bw);
     memcpy(r->cand, r->v, (size_t)Bw * D * sizeof(float));
     /* Inputs: the makers gathered the rows (the expensive part); the head is this trainer's, as of now. */
-    if (r->n_neg > 0 && r->o.negatives_from_inputs)
-        nn_tower_head_forward(&r->hw, r->neg, r->neg_pre, r->neg_norm, r->neg_hid, r->negx, r->n_neg);
+    const float *negx = r->negx;
+    if (r->n_neg > 0 && r->o.negatives_from_inputs) {
+        negx = s_shift_negatives(r, B, have_rows);
+        nn_tower_head_forward(&r->hw, r->neg, r->neg_pre, r->neg_norm, r->neg_hid, negx, r->n_neg);
+    }
     if (r->n_neg > 0)
         memcpy(r->cand + (size_t)Bw * D, r->neg, (size_t)r->n_neg * D * sizeof(float));
     for (int b = 0; b < Bw; b++)
@@ -980,7 +1124,7 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
     nn_tower_head_backward(&r->hw, &r->gw, r->dxw, r->dpre, r->dhid, r->dcand, r->v, r->nw, r->hidw, r->xw, Bw);
     if (r->n_neg > 0 && r->o.negatives_from_inputs) /* the negatives' inputs are constants; the head learns */
         nn_tower_head_backward(&r->hw, &r->gw, NULL, r->neg_dpre, r->dhid, r->dcand + (size_t)Bw * D, r->neg,
-                               r->neg_norm, r->neg_hid, r->negx, r->n_neg);
+                               r->neg_norm, r->neg_hid, negx, r->n_neg);
     nn_embedding_bag_backward_cpu(r->d_word_rows, r->dxq, r->bag_idx, r->bag_off, r->bag_w, NN_BAG_MEAN, B,
                                   (int)r->wmap.n, E);
     if (r->o.word_defs > 0) {
@@ -1202,14 +1346,17 @@ int trainer_twotower_main(int argc, char **argv)
         .n_sweep = r.o.n_sweep,
         .knn_check = r.o.knn_check,
     };
-    char summary[1024];
+    char summary[2048];
     snprintf(summary, sizeof summary,
              "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
-             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f "
-             "hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
+             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
+             "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
              (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
              (unsigned long long)r.neg_unavailable, r.drift_n ? r.drift_x_cos / (double)r.drift_n : NAN,
              r.drift_n ? r.drift_x_norm / (double)r.drift_n : NAN, r.drift_n ? r.drift_v_cos / (double)r.drift_n : NAN,
+             r.drift_n ? r.drift_xc_cos / (double)r.drift_n : NAN, r.drift_n ? r.drift_vs_cos / (double)r.drift_n : NAN,
+             r.shift_n ? r.shift_ratio_sum / (double)r.shift_n : 0.0, (unsigned long long)r.shift_skipped,
+             r.stale_pos_of ? (double)r.stale_pos_n / (double)r.stale_pos_of : 0.0,
              r.o.hard_queries, r.o.hard_k,
              r.hard_fetches ? r.hard_n_sum / (double)r.hard_fetches : 0.0,
              r.hard_n_sum > 0 && r.hard_fetches > r.hard_unavailable

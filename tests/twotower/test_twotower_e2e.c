@@ -226,7 +226,7 @@ static void test_makers(void **state)
                           "--token-dropout", "0.2", "--kb-negatives", "16", "--ckpt-dir", e.ckpt,
                           "--ckpt-every", "20", "--vectors", "makers", "--word-defs", "2", "--wait-fresh-s", "60", "--knn-check", "20",
                           "--hard-queries", "4", "--hard-k", "4", "--save-vectors", vectors, "--hidden", "8",
-                          "--kb-timeout-ms", "2000", NULL};
+                          "--kb-timeout-ms", "2000", "--stale-positives", "0.5", "--negatives-shift", "1", NULL};
     int rc = s_wait(s_spawn(argv, e.out));
     for (int w = 0; w < 2; w++) {
         kill(makers[w], SIGTERM);
@@ -254,6 +254,17 @@ static void test_makers(void **state)
     assert_true(xcos > 0.0 && xcos <= 1.0 + 1e-6);
     assert_true(vcos > 0.0 && vcos <= 1.0 + 1e-6);
     assert_true(s_result(e.out, "neg_input_norm_ratio") > 0);
+    /* The same with the common drift taken out (centred inputs; inputs moved by the difference of means). */
+    double ccos = s_result(e.out, "neg_centred_input_cos"), scos = s_result(e.out, "neg_shifted_vector_cos");
+    print_message("centred input cosine %.3f, shifted vector cosine %.3f\n", ccos, scos);
+    assert_true(ccos > -1.0 - 1e-6 && ccos <= 1.0 + 1e-6);
+    assert_true(scos > -1.0 - 1e-6 && scos <= 1.0 + 1e-6);
+    /* --negatives-shift moved the negatives by a measured drift; --stale-positives 0.5 gave about half of the
+     * batch's headwords (those the makers had written) their makers' inputs. */
+    double shift = s_result(e.out, "neg_shift_ratio"), share = s_result(e.out, "stale_positives_share");
+    print_message("negatives shifted by %.3f of an input's norm; stale positives share %.3f\n", shift, share);
+    assert_true(shift > 0);
+    assert_true(share > 0.35 && share < 0.65);
     /* Hard negatives: most steps had some, near the queries, from the makers' inputs. */
     print_message("hard negatives per step %.1f, staleness %.1f steps, steps without %.0f\n",
                   s_result(e.out, "hard_per_step"), s_result(e.out, "hard_staleness_steps"),
