@@ -165,7 +165,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
         .vectors_from_trainer = true,
         .negatives_from_inputs = true,
-        .negatives_shift = false,
         .lexical = {.scheme = TFIDF_COSINE, .k1 = 1.2f, .b = 0.75f},
         .seed = 1,
         .timeout_ms = 10000,
@@ -356,6 +355,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer: --hard-queries needs --negatives-from inputs\n");
         return -1;
     }
+    if ((o->negatives_shift || o->stale_positives > 0) && !o->negatives_from_inputs) {
+        fprintf(stderr, "trainer: --negatives-shift and --stale-positives need --negatives-from inputs\n");
+        return -1;
+    }
     if (o->negatives > 0 && !o->ckpt_dir)
         fprintf(stderr, "trainer: warning: --kb-negatives without --ckpt-dir: no maker can refresh %s.vec\n",
                 o->table);
@@ -465,9 +468,10 @@ typedef struct {
     float *neg;             /* (M, D) */
     float *negx, *neg_pre, *neg_norm, *neg_dpre; /* --negatives-from inputs: (M, E), (M, D), (M), (M, D) */
     float *negx_shifted;    /* --negatives-shift: (M, E) negx moved by the drift measured on the batch */
-    float *shift_rows;      /* (B, E) the batch's headwords' pooled inputs as makers wrote them */
-    kb_key_t *shift_keys;   /* (B) */
-    kb_row_meta_t *shift_meta; /* (B) */
+    /* --stale-positives, --negatives-shift: the batch's headwords' pooled inputs as makers wrote them */
+    float *batch_vecx;      /* (B, E) */
+    kb_key_t *batch_keys;   /* (B) */
+    kb_row_meta_t *batch_meta; /* (B): version 0 where no maker has written one */
     double *shift;          /* (E) the drift */
     double shift_ratio_sum; /* sums of |shift| / mean |input|, over the steps shifted */
     uint64_t shift_n, shift_skipped;
@@ -578,12 +582,14 @@ static void s_alloc(s_run_t *r)
     r->neg_dpre = carls_xmalloc((M + 1) * D * sizeof(float));
     r->neg_word = carls_xmalloc((M + 1) * sizeof(uint32_t));
     r->neg_keys = carls_xmalloc((M + 1) * sizeof(kb_key_t));
-    if ((o->negatives_shift || o->stale_positives > 0) && o->negatives_from_inputs) {
+    if (o->negatives_shift) {
         r->negx_shifted = carls_xmalloc((M + 1) * E * sizeof(float));
-        r->shift_rows = carls_xmalloc(Bq * E * sizeof(float));
-        r->shift_keys = carls_xmalloc(Bq * sizeof(kb_key_t));
-        r->shift_meta = carls_xmalloc(Bq * sizeof(kb_row_meta_t));
         r->shift = carls_xmalloc(E * sizeof(double));
+    }
+    if (o->negatives_shift || o->stale_positives > 0) {
+        r->batch_vecx = carls_xmalloc(Bq * E * sizeof(float));
+        r->batch_keys = carls_xmalloc(Bq * sizeof(kb_key_t));
+        r->batch_meta = carls_xmalloc(Bq * sizeof(kb_row_meta_t));
     }
     w2v_map_init(&r->wmap);
     w2v_map_init(&r->gmap);
@@ -597,7 +603,7 @@ static void s_free(s_run_t *r)
                  r->prew, r->v, r->dq, r->dpre, r->nq, r->nw, r->cand, r->dcand, r->logits, r->probs, r->cand_word,
                  r->neg, r->neg_word, r->negx, r->neg_pre, r->neg_norm, r->neg_dpre, r->hard_knn, r->hard_sel,
                  r->hard_keys, r->hidq, r->hidw, r->neg_hid, r->dhid, r->cand_logq, r->pair_share, r->neg_keys,
-                 r->negx_shifted, r->shift_rows, r->shift_keys, r->shift_meta, r->shift};
+                 r->negx_shifted, r->batch_vecx, r->batch_keys, r->batch_meta, r->shift};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
     w2v_map_free(&r->wmap);
@@ -977,7 +983,6 @@ static void s_fetch_hard(s_run_t *r, int B, uint64_t step)
     free(meta);
 }
 
-/* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
 /* --negatives-shift: the makers pooled the negatives' inputs from rows as they were some checkpoints ago, and
  * every row has drifted since, most of it in a direction all rows share, which the head turns into large
  * changes of the vectors (measured: neg_vector_cos against neg_shifted_vector_cos). The drift is measured on
@@ -997,11 +1002,11 @@ static const float *s_shift_negatives(s_run_t *r, int B, bool have_rows)
     memset(delta, 0, E * sizeof(double));
     int n = 0;
     for (int b = 0; b < B; b++) {
-        if (r->shift_meta[b].version == 0) /* no maker has written it yet */
+        if (r->batch_meta[b].version == 0) /* no maker has written it yet */
             continue;
         double sq = 0;
         for (size_t e = 0; e < E; e++) {
-            delta[e] += (double)r->xw[(size_t)b * E + e] - (double)r->shift_rows[(size_t)b * E + e];
+            delta[e] += (double)r->xw[(size_t)b * E + e] - (double)r->batch_vecx[(size_t)b * E + e];
             sq += (double)r->xw[(size_t)b * E + e] * r->xw[(size_t)b * E + e];
         }
         norm_sum += sqrt(sq);
@@ -1024,16 +1029,16 @@ static const float *s_shift_negatives(s_run_t *r, int B, bool have_rows)
     return r->negx_shifted;
 }
 
-/* Reads the pooled inputs the makers wrote for the batch's B headwords (shift_rows, shift_meta: version 0 where
+/* Reads the pooled inputs the makers wrote for the batch's B headwords (batch_vecx, batch_meta: version 0 where
  * none yet). Returns whether they could be read. */
 static bool s_read_batch_inputs(s_run_t *r, int B)
 {
     for (int b = 0; b < B; b++) {
         const char *w = r->g->words[r->hw_word[b]];
-        r->shift_keys[b] = (kb_key_t){w, strlen(w)};
+        r->batch_keys[b] = (kb_key_t){w, strlen(w)};
     }
-    if (kb_cluster_lookup_ex(r->kb, r->names.vecx, r->shift_keys, (uint32_t)B, (uint32_t)r->o.E, true,
-                             r->shift_rows, r->shift_meta) != 0) {
+    if (kb_cluster_lookup_ex(r->kb, r->names.vecx, r->batch_keys, (uint32_t)B, (uint32_t)r->o.E, true,
+                             r->batch_vecx, r->batch_meta) != 0) {
         LOG_WARN("trainer: reading the batch's pooled inputs from %s failed: %s", r->names.vecx,
                  kb_cluster_last_error(r->kb));
         return false;
@@ -1048,16 +1053,17 @@ static void s_stale_positives(s_run_t *r, int B)
 {
     const size_t E = (size_t)r->o.E;
     for (int b = 0; b < B; b++) {
-        if (r->shift_meta[b].version == 0)
+        if (r->batch_meta[b].version == 0)
             continue;
         r->stale_pos_of++;
         if ((double)(carls_splitmix64(&r->rng) >> 11) * 0x1p-53 >= (double)r->o.stale_positives)
             continue;
-        memcpy(r->xw + (size_t)b * E, r->shift_rows + (size_t)b * E, E * sizeof(float));
+        memcpy(r->xw + (size_t)b * E, r->batch_vecx + (size_t)b * E, E * sizeof(float));
         r->stale_pos_n++;
     }
 }
 
+/* One training step over B pairs. Returns the mean loss, or NAN when the bank failed. */
 static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
 {
     const int E = r->o.E, D = r->o.D;
@@ -1087,7 +1093,7 @@ static double s_step(s_run_t *r, const uint32_t *senses, int B, uint64_t step)
                                      (int)r->wmap.n, E);
         nn_add_cpu(r->xw, r->xd, 1.0f, Bw * E);
     }
-    const bool have_rows = r->shift_rows != NULL && r->n_neg > 0 && s_read_batch_inputs(r, B);
+    const bool have_rows = r->batch_vecx != NULL && r->n_neg > 0 && s_read_batch_inputs(r, B);
     if (have_rows && r->o.stale_positives > 0)
         s_stale_positives(r, B);
     nn_tower_head_forward(&r->hw, r->v, r->prew, r->nw, r->hidw, r->xw, Bw);

@@ -287,6 +287,20 @@ static void test_makers(void **state)
     s_env_done(&e);
 }
 
+/* Options that act on the makers' pooled inputs are refused, with a usage error (exit 2), where the negatives
+ * are the makers' finished vectors: they would silently do nothing. */
+static void test_inputs_only_options(void **state)
+{
+    (void)state;
+    const char *const bad[][2] = {{"--stale-positives", "0.5"}, {"--negatives-shift", "1"}};
+    for (int i = 0; i < 2; i++) {
+        const char *argv[] = {TRAINER, "twotower", "--negatives-from", "outputs", bad[i][0], bad[i][1], NULL};
+        assert_int_equal(s_wait(s_spawn(argv, NULL)), 2);
+    }
+    const char *range[] = {TRAINER, "twotower", "--stale-positives", "1.5", NULL};
+    assert_int_equal(s_wait(s_spawn(range, NULL)), 2);
+}
+
 static void test_launcher(void **state)
 {
     (void)state;
@@ -334,6 +348,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trainer_vectors),
         cmocka_unit_test(test_makers),
+        cmocka_unit_test(test_inputs_only_options),
         cmocka_unit_test(test_launcher),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
