@@ -3,7 +3,7 @@
  * Stream: state = carls_hash64(key, key_len, seed); each value draws carls_splitmix64(&state). Changing any of
  * this (the hash, the order of draws, the bit slicing below) changes the initial value of every key that has
  * not been written yet, so a restarted server would hand out vectors that differ from the ones trainers saw;
- * tests/kb/test_kb_init.c pins a golden value to catch that. */
+ * tests/knowledge_bank/test_kb_init.c pins a golden value to catch that. */
 #include "kb_init.h"
 
 #include "util.h"

@@ -1,6 +1,6 @@
 #include "kb_server.h"
 
-#include "kb_auth.h"
+#include "kb_zap.h"
 #include "log.h"
 #include "util.h"
 

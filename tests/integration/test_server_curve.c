@@ -1,7 +1,7 @@
 /* Integration: kb-server with CURVE. A client with an allowed key is served; a client with another key, a
  * client without CURVE, and a client trusting the wrong server key get nothing, and the server keeps
  * serving the allowed one. */
-#include "kb_auth.h"
+#include "kb_zap.h"
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_harness.h"

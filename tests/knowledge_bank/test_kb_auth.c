@@ -28,7 +28,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "kb_auth.h"
+#include "kb_zap.h"
 #include "log.h"
 #include "util.h"
 

@@ -15,7 +15,7 @@
 #define KB_CLIENT_H
 
 #include "carls.pb-c.h"
-#include "kb_auth.h"
+#include "kb_keys.h"
 
 #include <stdbool.h>
 #include <stddef.h>

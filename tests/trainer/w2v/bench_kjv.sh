@@ -2,7 +2,7 @@
 # Word2vec on the KJV through the knowledge bank, side by side with Debian's fastText in the same run
 # (docs/BENCHMARKS.md "Word2vec", docs/EXPERIMENTS.md "Word2vec (DynamicEmbedding)").
 #
-# Usage: tests/w2v/bench_kjv.sh [BUILD_DIR] [OUT_DIR] [CONFIG...]
+# Usage: tests/trainer/w2v/bench_kjv.sh [BUILD_DIR] [OUT_DIR] [CONFIG...]
 #   CONFIG names one run each (default: all, in this order):
 #     fasttext2 fasttext1        fastText skipgram with 2 / 1 threads (compared with fasttext2: its own
 #                                run-to-run neighbour overlap)
@@ -30,8 +30,8 @@ tok="$out/kjv.tok"
 [ -s "$tok" ] || "$T" word2vec --corpus kjv --tokenize-only > "$tok"
 words=$(wc -w < "$tok")
 epochs=5
-pairs="$root/tests/w2v/kjv_similarity.txt"
-cats="$root/tests/w2v/kjv_categories.txt"
+pairs="$root/tests/trainer/w2v/kjv_similarity.txt"
+cats="$root/tests/trainer/w2v/kjv_categories.txt"
 results="$out/results.tsv"
 [ -s "$results" ] || printf 'config\tload\twall_s\twords_per_s\tbank_wait\tcpu_s\tquality\n' > "$results"
 export TIMEFORMAT='%U %S'

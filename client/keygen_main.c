@@ -1,6 +1,6 @@
 /* kb-keygen: makes CURVE key pairs for kb-server and its clients. See `kb-keygen --help` and
  * docs/SECURITY.md. The file format is described in kb_auth.h. */
-#include "kb_auth.h"
+#include "kb_keys.h"
 #include "log.h"
 
 #include <getopt.h>

@@ -37,7 +37,7 @@
  *
  * Recall
  *   Defaults aim at recall@10 >= 0.9 out of the box. Measured on 5000 clustered vectors of dim 32
- *   (tests/kb/test_kb_knn.c): IVF64,Flat with nprobe 8: 0.99 (l2), 0.98 (ip). HNSW32 with efSearch 256 and
+ *   (tests/knn/test_kb_knn.c): IVF64,Flat with nprobe 8: 0.99 (l2), 0.98 (ip). HNSW32 with efSearch 256 and
  *   efConstruction 80: 0.99 for l2 and cosine on isotropic Gaussian clusters, the hard case for graphs
  *   (FAISS's defaults, efSearch 16 / efConstruction 40, gave 0.64 / 0.51 there; efConstruction 40 with
  *   efSearch 256 gave 0.92-0.98 for cosine, varying run to run as the parallel build is not

@@ -1,6 +1,6 @@
 #include "raw_client.h"
 
-#include "kb_auth.h"
+#include "kb_keys.h"
 
 #include <stdio.h>
 

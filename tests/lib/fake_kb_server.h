@@ -6,7 +6,7 @@
 #define FAKE_KB_SERVER_H
 
 #include "carls.pb-c.h"
-#include "kb_auth.h"
+#include "kb_zap.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,13 +1,10 @@
-/* Optional ZeroMQ CURVE encryption and client authentication for kb-server (see docs/SECURITY.md).
+/* CURVE keys, key files and client allow-lists (see docs/SECURITY.md). The server's ZAP handler, which
+ * checks connecting clients against an allow-list, is knowledge_bank/kb_zap.h.
  *
- * Three parts:
+ * Two parts:
  *   - keys and key files: generate a key pair, write it as a secret file (0600) plus a public file, load
  *     them back, and load an allow-list of client public keys;
- *   - the ZAP handler (kb_auth_t): a thread answering ZeroMQ's authentication requests (ZAP 1.0, RFC 27) on
- *     "inproc://zeromq.zap.01" in the server's own ZeroMQ context. A CURVE client whose public key is on the
- *     allow-list is accepted (200); every other client is refused (400) and its connection never delivers
- *     a message to the server socket;
- *   - socket set-up: kb_auth_setup_server for the ROUTER, kb_auth_setup_client for a DEALER.
+ *   - client socket set-up: kb_auth_setup_client for a DEALER.
  *
  * Key file format (text, one item per line; the layout of czmq's zcert files, so czmq/pyzmq certificates
  * load here and ours load there):
@@ -36,8 +33,8 @@
  *
  * Return convention: 0 on success, a negative KB_AUTH_E* code on failure with a message in err (err may be
  * NULL when errlen is 0). */
-#ifndef KB_AUTH_H
-#define KB_AUTH_H
+#ifndef KB_KEYS_H
+#define KB_KEYS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -120,34 +117,10 @@ size_t kb_auth_allow_count(const kb_auth_allow_t *self);
  * found. */
 int kb_auth_allow_load(const char *path, kb_auth_allow_t **out, char *err, size_t errlen);
 
-/* ---- ZAP handler ------------------------------------------------------------------------------------- */
-
-typedef struct kb_auth kb_auth_t;
-
-/* Binds the ZAP endpoint "inproc://zeromq.zap.01" in zmq_ctx (the context of the socket to protect; a ZAP
- * handler serves only its own context) and starts the handler thread. Takes ownership of *allow_p (which
- * must hold a list) and nulls it, also on failure. Returns NULL with a message in err when the endpoint
- * cannot be bound (another handler already runs in this context) or CURVE is unavailable.
- * Start it before the protected socket binds, so no connection is ever accepted without it. */
-kb_auth_t *kb_auth_new(void *zmq_ctx, kb_auth_allow_t **allow_p, char *err, size_t errlen);
-
-/* Stops the thread (within ~100 ms) and closes its socket. Call it before zmq_ctx_term on the context, or
- * after: a terminating context also makes the thread close its socket and end. Accepts NULL and
- * *self_p == NULL; nulls *self_p. */
-void kb_auth_destroy(kb_auth_t **self_p);
-
-/* Handshakes accepted (status 200) and refused (anything else) so far; safe from any thread. */
-uint64_t kb_auth_allowed(const kb_auth_t *self);
-uint64_t kb_auth_denied(const kb_auth_t *self);
+/* KB_AUTH_EZMQ with a message unless this libzmq can do CURVE (it needs libsodium or its own tweetnacl). */
+int kb_auth_require_curve(char *err, size_t errlen);
 
 /* ---- socket set-up ----------------------------------------------------------------------------------- */
-
-/* Makes socket (the server's ROUTER, before zmq_bind) a CURVE server with the pair's secret key, in the
- * ZAP domain KB_AUTH_DOMAIN, and asks libzmq to refuse clients when no ZAP handler answers (where libzmq
- * supports that option). auth is the running handler: it must exist first, because a CURVE server with no
- * ZAP handler would accept every client key (KB_AUTH_EINVAL when NULL). */
-int kb_auth_setup_server(void *socket, const kb_auth_keypair_t *server, const kb_auth_t *auth, char *err,
-                         size_t errlen);
 
 /* Makes socket (a client DEALER, before zmq_connect) a CURVE client with its own key pair, trusting only a
  * server that holds the secret key of server_public. Apply it again to every new socket (a reconnecting
