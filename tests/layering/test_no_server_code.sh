@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Clients never link server code: the programs that talk to a bank (kbctl, kb-keygen, kb-bench, trainer,
+# kb-maker, carls) must define no symbol of the server's modules. kb-server itself is the positive control:
+# the same pattern must find its symbols, or the check could not fail.
+# Usage: test_no_server_code.sh BIN_DIR
+set -euo pipefail
+bin=$1
+server_symbols=' [TtDdBbRr] (kb_service_|kb_table_|kb_bank_|kb_store_|kb_server_|kb_lazy_|kb_dedup_|kb_sampler_|kb_metrics_|kb_optimizer_|kb_rowmap_|kb_bloom_|kb_init_|kb_auth_new|kb_auth_setup_server)'
+
+control=$(nm --defined-only "$bin/kb-server" | grep -cE "$server_symbols" || true)
+if [ "$control" -lt 20 ]; then
+  echo "FAIL: the pattern finds only $control server symbols in kb-server itself; the check is broken"
+  exit 1
+fi
+echo "kb-server: $control server symbols (control)"
+
+fail=0
+for prog in kbctl kb-keygen kb-bench trainer kb-maker carls; do
+  if [ ! -x "$bin/$prog" ]; then
+    echo "FAIL: $bin/$prog not built"
+    fail=1
+    continue
+  fi
+  found=$(nm --defined-only "$bin/$prog" | grep -E "$server_symbols" || true)
+  if [ -n "$found" ]; then
+    echo "FAIL: $prog links server code:"
+    echo "$found" | head -5
+    fail=1
+  else
+    echo "ok: $prog defines no server symbol"
+  fi
+done
+exit $fail
