@@ -147,9 +147,8 @@ static void s_walk(s_check_t *c, const char *top, const char *dir, s_visit_fn vi
         if (e->d_name[0] == '.')
             continue;
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct stat st;
-        if (stat(path, &st) != 0)
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path || stat(path, &st) != 0)
             continue;
         if (S_ISDIR(st.st_mode))
             s_walk(c, top, path, visit);
@@ -163,11 +162,12 @@ static void s_index_header(s_check_t *c, const char *top, const char *path, cons
 {
     (void)path;
     const char *dot = strrchr(name, '.');
-    if (strcmp(dot, ".h") != 0 || c->n_headers >= S_MAX_HEADERS)
+    if (strcmp(dot, ".h") != 0 || c->n_headers >= S_MAX_HEADERS || strlen(name) >= LAYER_NAME_LEN ||
+        strlen(top) >= LAYER_NAME_LEN)
         return;
     s_header_t *h = &c->headers[c->n_headers++];
-    snprintf(h->name, sizeof h->name, "%s", name);
-    snprintf(h->folder, sizeof h->folder, "%s", top);
+    memcpy(h->name, name, strlen(name) + 1);
+    memcpy(h->folder, top, strlen(top) + 1);
 }
 
 static const char *s_header_folder(const s_check_t *c, const char *name)
