@@ -116,7 +116,7 @@ typedef int (*nn_row_fetch_fn)(void *ctx, const char *table, const nn_key_t *key
  * compute the same vectors. bags: required when head->defs > 0 (NULL otherwise). x_out (n, E), or NULL: the
  * pooled input of the head (what makers store in NAME.vecx so that a trainer can apply its current head to
  * it). Fetches rows for up to 256 headwords at a time. Returns 0, the first non-zero return of fetch, or -1
- * (nothing fetched) when head->defs > 0 and bags is NULL. Defined in nn_tower_bank.c. */
+ * (nothing fetched) when head->defs > 0 and bags is NULL. Defined in nn_tower_words.c. */
 int nn_tower_word_vectors(nn_row_fetch_fn fetch, void *ctx, const char *word_table, const char *gram_table,
                           const char *const *words, size_t n, const nn_tower_bags_t *bags,
                           const nn_tower_head_t *head, float *out, float *x_out);
