@@ -7,7 +7,6 @@
 #include "nn_cuda_internal.h"
 
 #include "nn_hash.h"
-#include "nn_ops.h"
 
 /* ---- linear ---- */
 
@@ -259,7 +258,7 @@ extern "C" void nn_l2norm_backward_cuda(float *dinp, const float *dout, const fl
 
 static __device__ float d_bag_scale(const float *weights, const int32_t *offsets, int b, int mode)
 {
-    if (mode != NN_BAG_MEAN) {
+    if (mode != NN_CUDA_BAG_MEAN) {
         return 1.0f;
     }
     float total = 0.0f;

@@ -156,6 +156,9 @@ static const nn_ops_t s_cpu_ops = {
 };
 
 #ifdef CARLS_HAVE_CUDA
+/* cuda/ knows nothing above it, so its embedding-bag twins take the mode as a plain int of their own. */
+_Static_assert(NN_BAG_SUM == NN_CUDA_BAG_SUM && NN_BAG_MEAN == NN_CUDA_BAG_MEAN,
+               "nn_bag_mode_t and the CUDA twins' mode constants disagree");
 static const nn_ops_t s_cuda_ops = {
     .device = NN_DEVICE_CUDA,
     .name = "cuda",
