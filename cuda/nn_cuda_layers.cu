@@ -7,6 +7,7 @@
 #include "nn_cuda_internal.h"
 
 #include "nn_hash.h"
+#include "nn_host_device.h"
 
 /* ---- linear ---- */
 
@@ -256,25 +257,13 @@ extern "C" void nn_l2norm_backward_cuda(float *dinp, const float *dout, const fl
 
 /* ---- embedding bag: one thread per (bag, feature) ---- */
 
-static __device__ float d_bag_scale(const float *weights, const int32_t *offsets, int b, int mode)
-{
-    if (mode != NN_CUDA_BAG_MEAN) {
-        return 1.0f;
-    }
-    float total = 0.0f;
-    for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
-        total += weights ? weights[l] : 1.0f;
-    }
-    return 1.0f / (total != 0.0f ? total : 1.0f);
-}
-
 __global__ static void k_bag_forward(float *out, const float *rows, const int32_t *indices, const int32_t *offsets,
                                      const float *weights, int mode, int B, int D)
 {
     long long n = (long long)B * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         int b = (int)(i / D), d = (int)(i % D);
-        float inv = d_bag_scale(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_CUDA_BAG_MEAN);
         float s = 0.0f;
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             s += (weights ? weights[l] : 1.0f) * inv * rows[(size_t)indices[l] * D + d];
@@ -289,7 +278,7 @@ __global__ static void k_bag_backward(float *drows, const float *dout, const int
     long long n = (long long)B * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         int b = (int)(i / D), d = (int)(i % D);
-        float inv = d_bag_scale(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_CUDA_BAG_MEAN);
         float g = dout[i];
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             atomicAdd(&drows[(size_t)indices[l] * D + d], (weights ? weights[l] : 1.0f) * inv * g);
@@ -489,14 +478,7 @@ __global__ static void k_add(float *y, const float *x, float alpha, int N)
 __global__ static void k_argmax(int32_t *pred, const float *x, int B, int V)
 {
     for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < B; b += gridDim.x * blockDim.x) {
-        const float *row = x + (size_t)b * V;
-        int best = 0;
-        for (int v = 1; v < V; v++) {
-            if (row[v] > row[best]) {
-                best = v;
-            }
-        }
-        pred[b] = best;
+        pred[b] = nn_row_argmax(x + (size_t)b * V, V);
     }
 }
 
