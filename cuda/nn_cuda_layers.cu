@@ -210,12 +210,7 @@ __global__ static void k_l2norm_forward(float *out, float *norms, const float *i
     const int b = blockIdx.x;
     const float *x = inp + (size_t)b * D;
     float *y = out + (size_t)b * D;
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        ss += x[d] * x[d];
-    }
-    ss = nn_block_reduce(ss, false);
-    const float n = sqrtf(ss + eps);
+    const float n = sqrtf(nn_block_dot(x, x, D) + eps);
     const float inv = 1.0f / n;
     if (threadIdx.x == 0) {
         norms[b] = n;
@@ -231,11 +226,7 @@ __global__ static void k_l2norm_backward(float *dinp, const float *dout, const f
     const float *dy = dout + (size_t)b * D;
     const float *y = out + (size_t)b * D;
     float *dx = dinp + (size_t)b * D;
-    float dot = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        dot += dy[d] * y[d];
-    }
-    dot = nn_block_reduce(dot, false);
+    const float dot = nn_block_dot(dy, y, D);
     const float inv = 1.0f / norms[b];
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         dx[d] = (dy[d] - y[d] * dot) * inv;
@@ -384,12 +375,7 @@ __global__ static void k_infonce_rows(float *losses, float *probs, const float *
     float *row = probs + (size_t)b * W;
     const float *qb = q + (size_t)b * D;
     const float *pb = pos + (size_t)b * D;
-    float dot = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        dot += qb[d] * pb[d];
-    }
-    dot = nn_block_reduce(dot, false);
-    const float logit0 = inv_temp * dot - (pos_logq ? pos_logq[b] : 0.0f);
+    const float logit0 = inv_temp * nn_block_dot(qb, pb, D) - (pos_logq ? pos_logq[b] : 0.0f);
     if (threadIdx.x == 0) {
         row[0] = logit0;
     }
