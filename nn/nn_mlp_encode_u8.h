@@ -1,11 +1,10 @@
-/* Additions to the MLP (nn_mlp.h) for knowledge makers.
- *
- *   - nn_mlp_encode_u8 / nn_encode_u8_cpu: a maker's bulk forward pass over grey-level images (bytes, scaled
- *     by 1/255 on the device), writing the last hidden layer and, with a classifier, the class
- *     probabilities. The CPU version is the reference; the CUDA twin (cuda/nn_cuda_encode.h) pipelines the
- *     chunks through pinned host memory on two streams so copies overlap compute. */
-#ifndef NN_MLP_SEMI_H
-#define NN_MLP_SEMI_H
+/* The MLP's (nn_mlp.h) bulk encode for knowledge makers: nn_mlp_encode_u8 / nn_encode_u8_cpu, a maker's
+ * forward pass over grey-level images (bytes, scaled by 1/255 on the device), writing the last hidden layer
+ * and, with a classifier, the class probabilities. The CPU version is the reference; the CUDA twin
+ * (cuda/nn_cuda_encode.h) pipelines the chunks through pinned host memory on two streams so copies overlap
+ * compute. */
+#ifndef NN_MLP_ENCODE_U8_H
+#define NN_MLP_ENCODE_U8_H
 
 #include "nn_mlp.h"
 

@@ -1,5 +1,5 @@
-/* The makers' bulk encode of grey-level images (see nn_mlp_semi.h). */
-#include "nn_mlp_semi.h"
+/* The makers' bulk encode of grey-level images (see nn_mlp_encode_u8.h). */
+#include "nn_mlp_encode_u8.h"
 
 #include "nn_ops.h"
 
