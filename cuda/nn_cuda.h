@@ -40,6 +40,10 @@ void nn_softmax_ce_backward_cuda(float *dlogits, const float *dlosses, const flo
                                  int B, int V);
 void nn_l2norm_forward_cuda(float *out, float *norms, const float *inp, float eps, int B, int D);
 void nn_l2norm_backward_cuda(float *dinp, const float *dout, const float *out, const float *norms, int B, int D);
+/* The embedding-bag twins' `mode`: 0 sums the weighted rows, 1 divides by the bag's total weight (nn/nn_ops.h's
+ * NN_BAG_SUM and NN_BAG_MEAN, which nn/nn_device.c checks at compile time against these). */
+#define NN_CUDA_BAG_SUM 0
+#define NN_CUDA_BAG_MEAN 1
 void nn_embedding_bag_forward_cuda(float *out, const float *rows, const int32_t *indices, const int32_t *offsets,
                                    const float *weights, int mode, int B, int R, int D);
 void nn_embedding_bag_backward_cuda(float *drows, const float *dout, const int32_t *indices, const int32_t *offsets,

@@ -1,4 +1,4 @@
-/* CUDA twin of nn_encode_u8_cpu (nn/nn_mlp_semi.h): a knowledge maker's bulk eval-mode forward pass.
+/* CUDA twin of nn_encode_u8_cpu (nn/nn_mlp_encode_u8.h): a knowledge maker's bulk eval-mode forward pass.
  *
  * Same arguments as the CPU version, except that w[l] and b[l] are DEVICE pointers (the model's parameters
  * on the GPU); pixels, emb and probs are ordinary host memory. The rows go through in chunks of `chunk`

@@ -86,4 +86,15 @@ static __device__ __forceinline__ float nn_block_reduce(float v, bool is_max)
     return r;
 }
 
+/* <a, b> over D floats by the whole block (a strided share per thread, then nn_block_reduce), returned to every
+ * thread. */
+static __device__ __forceinline__ float nn_block_dot(const float *a, const float *b, int D)
+{
+    float s = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        s += a[d] * b[d];
+    }
+    return nn_block_reduce(s, false);
+}
+
 #endif

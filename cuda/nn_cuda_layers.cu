@@ -7,7 +7,7 @@
 #include "nn_cuda_internal.h"
 
 #include "nn_hash.h"
-#include "nn_ops.h"
+#include "nn_host_device.h"
 
 /* ---- linear ---- */
 
@@ -210,12 +210,7 @@ __global__ static void k_l2norm_forward(float *out, float *norms, const float *i
     const int b = blockIdx.x;
     const float *x = inp + (size_t)b * D;
     float *y = out + (size_t)b * D;
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        ss += x[d] * x[d];
-    }
-    ss = nn_block_reduce(ss, false);
-    const float n = sqrtf(ss + eps);
+    const float n = sqrtf(nn_block_dot(x, x, D) + eps);
     const float inv = 1.0f / n;
     if (threadIdx.x == 0) {
         norms[b] = n;
@@ -231,11 +226,7 @@ __global__ static void k_l2norm_backward(float *dinp, const float *dout, const f
     const float *dy = dout + (size_t)b * D;
     const float *y = out + (size_t)b * D;
     float *dx = dinp + (size_t)b * D;
-    float dot = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        dot += dy[d] * y[d];
-    }
-    dot = nn_block_reduce(dot, false);
+    const float dot = nn_block_dot(dy, y, D);
     const float inv = 1.0f / norms[b];
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         dx[d] = (dy[d] - y[d] * dot) * inv;
@@ -257,25 +248,13 @@ extern "C" void nn_l2norm_backward_cuda(float *dinp, const float *dout, const fl
 
 /* ---- embedding bag: one thread per (bag, feature) ---- */
 
-static __device__ float d_bag_scale(const float *weights, const int32_t *offsets, int b, int mode)
-{
-    if (mode != NN_BAG_MEAN) {
-        return 1.0f;
-    }
-    float total = 0.0f;
-    for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
-        total += weights ? weights[l] : 1.0f;
-    }
-    return 1.0f / (total != 0.0f ? total : 1.0f);
-}
-
 __global__ static void k_bag_forward(float *out, const float *rows, const int32_t *indices, const int32_t *offsets,
                                      const float *weights, int mode, int B, int D)
 {
     long long n = (long long)B * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         int b = (int)(i / D), d = (int)(i % D);
-        float inv = d_bag_scale(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_CUDA_BAG_MEAN);
         float s = 0.0f;
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             s += (weights ? weights[l] : 1.0f) * inv * rows[(size_t)indices[l] * D + d];
@@ -290,7 +269,7 @@ __global__ static void k_bag_backward(float *drows, const float *dout, const int
     long long n = (long long)B * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         int b = (int)(i / D), d = (int)(i % D);
-        float inv = d_bag_scale(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_CUDA_BAG_MEAN);
         float g = dout[i];
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             atomicAdd(&drows[(size_t)indices[l] * D + d], (weights ? weights[l] : 1.0f) * inv * g);
@@ -396,12 +375,7 @@ __global__ static void k_infonce_rows(float *losses, float *probs, const float *
     float *row = probs + (size_t)b * W;
     const float *qb = q + (size_t)b * D;
     const float *pb = pos + (size_t)b * D;
-    float dot = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        dot += qb[d] * pb[d];
-    }
-    dot = nn_block_reduce(dot, false);
-    const float logit0 = inv_temp * dot - (pos_logq ? pos_logq[b] : 0.0f);
+    const float logit0 = inv_temp * nn_block_dot(qb, pb, D) - (pos_logq ? pos_logq[b] : 0.0f);
     if (threadIdx.x == 0) {
         row[0] = logit0;
     }
@@ -490,14 +464,7 @@ __global__ static void k_add(float *y, const float *x, float alpha, int N)
 __global__ static void k_argmax(int32_t *pred, const float *x, int B, int V)
 {
     for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < B; b += gridDim.x * blockDim.x) {
-        const float *row = x + (size_t)b * V;
-        int best = 0;
-        for (int v = 1; v < V; v++) {
-            if (row[v] > row[best]) {
-                best = v;
-            }
-        }
-        pred[b] = best;
+        pred[b] = nn_row_argmax(x + (size_t)b * V, V);
     }
 }
 

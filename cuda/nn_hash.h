@@ -6,13 +6,9 @@
 #ifndef NN_HASH_H
 #define NN_HASH_H
 
-#include <stdint.h>
+#include "nn_host_device.h"
 
-#if defined(__CUDACC__)
-#define NN_HOST_DEVICE __host__ __device__
-#else
-#define NN_HOST_DEVICE
-#endif
+#include <stdint.h>
 
 static inline NN_HOST_DEVICE uint64_t nn_hash_mix(uint64_t seed, uint64_t i)
 {

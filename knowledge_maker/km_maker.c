@@ -10,7 +10,7 @@
 #include "data_sample.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
-#include "nn_mlp_semi.h"
+#include "nn_mlp_encode_u8.h"
 
 #include "checkpoint.h"
 #include "log.h"

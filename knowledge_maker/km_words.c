@@ -102,6 +102,17 @@ static int s_build_bags(s_words_t *w)
     return 0;
 }
 
+/* nn_tower_word_vectors' row fetcher over the bank (ctx: the kb_cluster_t). */
+static int s_fetch_rows(void *kb, const char *table, const nn_key_t *keys, size_t n, int dim, float *rows)
+{
+    kb_key_t *kb_keys = carls_xmalloc((n ? n : 1) * sizeof *kb_keys);
+    for (size_t i = 0; i < n; i++)
+        kb_keys[i] = (kb_key_t){keys[i].data, keys[i].len};
+    int rc = kb_cluster_lookup_ex(kb, table, kb_keys, n, (uint32_t)dim, true, rows, NULL);
+    free(kb_keys);
+    return rc;
+}
+
 /* Recomputes and puts the share's vectors from one checkpoint. 0, -1 when the bank failed, -2 when the
  * checkpoint is not a two-tower model's. */
 static int s_step(s_words_t *w, const carls_ckpt_t *ck, volatile sig_atomic_t *stop)
@@ -132,8 +143,8 @@ static int s_step(s_words_t *w, const carls_ckpt_t *ck, volatile sig_atomic_t *s
         nn_tower_bags_t view = {0};
         if (head.defs > 0)
             view = (nn_tower_bags_t){(const char *const *)w->bags.tok, w->bags.len, w->bags.weight, w->bags.off + at};
-        rc = nn_tower_word_vectors(w->kb, w->word, w->gram, w->share + at, n, head.defs > 0 ? &view : NULL, &head,
-                                   vec, vecx);
+        rc = nn_tower_word_vectors(s_fetch_rows, w->kb, w->word, w->gram, w->share + at, n,
+                                   head.defs > 0 ? &view : NULL, &head, vec, vecx);
         for (size_t i = 0; i < n && rc == 0; i++)
             keys[i] = (kb_key_t){w->share[at + i], strlen(w->share[at + i])};
         if (rc == 0)

@@ -13,32 +13,36 @@
 #include "nn_cuda.h"
 #endif
 
+/* The devices' names, for parsing and printing alike. */
+static const struct {
+    nn_device_t device;
+    const char *name;
+} s_device_names[] = {
+    {NN_DEVICE_AUTO, "auto"},
+    {NN_DEVICE_CPU, "cpu"},
+    {NN_DEVICE_CUDA, "cuda"},
+};
+
 int nn_device_parse(const char *text, nn_device_t *out)
 {
     if (!text || !out) {
         return -1;
     }
-    if (strcmp(text, "auto") == 0) {
-        *out = NN_DEVICE_AUTO;
-    } else if (strcmp(text, "cpu") == 0) {
-        *out = NN_DEVICE_CPU;
-    } else if (strcmp(text, "cuda") == 0) {
-        *out = NN_DEVICE_CUDA;
-    } else {
-        return -1;
+    for (size_t i = 0; i < sizeof s_device_names / sizeof s_device_names[0]; i++) {
+        if (strcmp(text, s_device_names[i].name) == 0) {
+            *out = s_device_names[i].device;
+            return 0;
+        }
     }
-    return 0;
+    return -1;
 }
 
 const char *nn_device_name(nn_device_t device)
 {
-    switch (device) {
-    case NN_DEVICE_AUTO:
-        return "auto";
-    case NN_DEVICE_CPU:
-        return "cpu";
-    case NN_DEVICE_CUDA:
-        return "cuda";
+    for (size_t i = 0; i < sizeof s_device_names / sizeof s_device_names[0]; i++) {
+        if (s_device_names[i].device == device) {
+            return s_device_names[i].name;
+        }
     }
     return "?";
 }
@@ -156,6 +160,9 @@ static const nn_ops_t s_cpu_ops = {
 };
 
 #ifdef CARLS_HAVE_CUDA
+/* cuda/ knows nothing above it, so its embedding-bag twins take the mode as a plain int of their own. */
+_Static_assert(NN_BAG_SUM == NN_CUDA_BAG_SUM && NN_BAG_MEAN == NN_CUDA_BAG_MEAN,
+               "nn_bag_mode_t and the CUDA twins' mode constants disagree");
 static const nn_ops_t s_cuda_ops = {
     .device = NN_DEVICE_CUDA,
     .name = "cuda",

@@ -3,6 +3,7 @@
 #include "nn_ops.h"
 
 #include "nn_hash.h"
+#include "nn_host_device.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -181,19 +182,6 @@ void nn_l2norm_backward_cpu(float *dinp, const float *dout, const float *out, co
 
 /* ---- embedding bag ---- */
 
-/* The factor each entry of bag b is scaled by: its weight, divided by the bag's total weight for MEAN. */
-static float s_bag_denominator(const float *weights, const int32_t *offsets, int b, int mode)
-{
-    if (mode != NN_BAG_MEAN) {
-        return 1.0f;
-    }
-    float total = 0.0f;
-    for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
-        total += weights ? weights[l] : 1.0f;
-    }
-    return total != 0.0f ? total : 1.0f;
-}
-
 void nn_embedding_bag_forward_cpu(float *out, const float *rows, const int32_t *indices, const int32_t *offsets,
                                   const float *weights, int mode, int B, int R, int D)
 {
@@ -203,7 +191,7 @@ void nn_embedding_bag_forward_cpu(float *out, const float *rows, const int32_t *
         float *o = out + (size_t)b * D;
         memset(o, 0, sizeof(float) * (size_t)D);
         assert(offsets[b] <= offsets[b + 1]);
-        float inv = 1.0f / s_bag_denominator(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_BAG_MEAN);
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             int32_t r = indices[l];
             assert(r >= 0 && r < R);
@@ -223,7 +211,7 @@ void nn_embedding_bag_backward_cpu(float *drows, const float *dout, const int32_
     memset(drows, 0, sizeof(float) * (size_t)R * (size_t)D);
     for (int b = 0; b < B; b++) {
         const float *g = dout + (size_t)b * D;
-        float inv = 1.0f / s_bag_denominator(weights, offsets, b, mode);
+        float inv = nn_bag_scale(weights, offsets, b, mode == NN_BAG_MEAN);
         for (int32_t l = offsets[b]; l < offsets[b + 1]; l++) {
             int32_t r = indices[l];
             assert(r >= 0 && r < R);
@@ -358,14 +346,7 @@ void nn_argmax_cpu(int32_t *pred, const float *x, int B, int V)
 {
     assert(pred && x && B > 0 && V > 0);
     for (int b = 0; b < B; b++) {
-        const float *row = x + (size_t)b * V;
-        int best = 0;
-        for (int v = 1; v < V; v++) {
-            if (row[v] > row[best]) {
-                best = v;
-            }
-        }
-        pred[b] = best;
+        pred[b] = nn_row_argmax(x + (size_t)b * V, V);
     }
 }
 

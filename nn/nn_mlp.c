@@ -238,22 +238,15 @@ void nn_mlp_zero_grad(nn_mlp_t *self)
     self->ops->zero(self->grads, sizeof(float) * self->num_params);
 }
 
-void nn_mlp_backward(nn_mlp_t *self, int B, const float *d_embedding)
+/* The backward pass from the per-row loss weights already in h_dlosses (B, host; read only with a classifier)
+ * and d_embedding: nn_mlp_backward and nn_mlp_backward_weighted differ only in those weights. */
+static void s_backward(nn_mlp_t *self, int B, const float *d_embedding)
 {
-    assert(self && B >= 1 && B <= self->max_batch);
     const nn_ops_t *ops = self->ops;
     const nn_mlp_config_t *cfg = &self->cfg;
-    assert(cfg->num_classes > 0 || d_embedding);
     float *cur = NULL; /* gradient of the current layer's output, (B, out[l]) */
     int which = 0;
     if (cfg->num_classes > 0) {
-        int n_lab = 0;
-        for (int i = 0; i < B; i++) {
-            n_lab += self->h_targets[i] >= 0;
-        }
-        for (int i = 0; i < B; i++) {
-            self->h_dlosses[i] = (self->h_targets[i] >= 0 && n_lab) ? 1.0f / (float)n_lab : 0.0f;
-        }
         ops->to_device(self->dlosses, self->h_dlosses, sizeof(float) * (size_t)B);
         ops->softmax_ce_backward(self->dbuf[0], self->dlosses, self->probs, self->targets, B, cfg->num_classes);
         cur = self->dbuf[0];
@@ -279,6 +272,32 @@ void nn_mlp_backward(nn_mlp_t *self, int B, const float *d_embedding)
         cur = dinp;
         which = 1 - which;
     }
+}
+
+void nn_mlp_backward(nn_mlp_t *self, int B, const float *d_embedding)
+{
+    assert(self && B >= 1 && B <= self->max_batch);
+    assert(self->cfg.num_classes > 0 || d_embedding);
+    if (self->cfg.num_classes > 0) {
+        int n_lab = 0;
+        for (int i = 0; i < B; i++) {
+            n_lab += self->h_targets[i] >= 0;
+        }
+        for (int i = 0; i < B; i++) {
+            self->h_dlosses[i] = (self->h_targets[i] >= 0 && n_lab) ? 1.0f / (float)n_lab : 0.0f;
+        }
+    }
+    s_backward(self, B, d_embedding);
+}
+
+void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding)
+{
+    assert(self && B >= 1 && B <= self->max_batch && row_weight);
+    assert(self->cfg.num_classes > 0);
+    for (int i = 0; i < B; i++) {
+        self->h_dlosses[i] = self->h_targets[i] >= 0 ? row_weight[i] : 0.0f;
+    }
+    s_backward(self, B, d_embedding);
 }
 
 void nn_mlp_step(nn_mlp_t *self, const nn_optim_config_t *opt)

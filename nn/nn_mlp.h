@@ -116,6 +116,14 @@ void nn_mlp_zero_grad(nn_mlp_t *self);
  * or NULL. A model without a classifier needs d_embedding. */
 void nn_mlp_backward(nn_mlp_t *self, int B, const float *d_embedding);
 
+/* nn_mlp_backward with a weight per labelled row instead of the plain mean over labelled rows, so a trainer
+ * can mix true labels with confidence-weighted pseudo-labels: adds to the parameter gradients the gradient of
+ *   sum_b row_weight[b] * CE_b  +  <d_embedding, embedding>
+ * where CE_b is row b's cross-entropy for its target (rows with target -1 contribute nothing whatever their
+ * weight). row_weight (B) is a host array; d_embedding is a device pointer (B, hidden[n_hidden-1]) or NULL.
+ * Needs a classifier. */
+void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding);
+
 /* One optimiser step with the accumulated gradients (state allocated on first use). */
 void nn_mlp_step(nn_mlp_t *self, const nn_optim_config_t *opt);
 

@@ -90,10 +90,6 @@ double nn_tower_infonce(float *dq, float *dcand, float *logits, float *probs, co
 int nn_tower_from_ckpt(const carls_ckpt_t *ckpt, const char *which /* "query" or "word" */, nn_tower_head_t *out,
                        char *err, size_t errlen);
 
-/* The word tower of n headwords over rows read from the bank (word_table, gram_table: NAME.word, NAME.gram)
- * without creating any: out (n, D). The trainer's evaluation and the word makers (kb-maker --task words) both
- * call this, so they compute the same vectors. Returns 0, or a KB_CLIENT_E* code (the bank's error in
- * kb_cluster_last_error). Defined in nn_tower_bank.c. */
 /* Definition bags of n headwords: the words of bag i are tok[off[i] .. off[i+1]-1] (len bytes each) with
  * their IDF weights. */
 typedef struct {
@@ -103,10 +99,25 @@ typedef struct {
     const size_t *off;   /* (n + 1) */
 } nn_tower_bags_t;
 
-struct kb_cluster;
-/* bags: required when head->defs > 0 (NULL otherwise). x_out (n, E), or NULL: the pooled input of the head
- * (what makers store in NAME.vecx so that a trainer can apply its current head to it). */
-int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
+/* A row's key: len bytes at data (a byte string, not NUL-terminated). */
+typedef struct {
+    const void *data;
+    size_t len;
+} nn_key_t;
+
+/* Fills rows (n, dim) with the rows of n distinct keys of table, creating none. Returns 0, or a negative code
+ * of the caller's own (nn/ knows no bank: the trainer and the word makers pass a function over their bank
+ * client, ctx being that client). */
+typedef int (*nn_row_fetch_fn)(void *ctx, const char *table, const nn_key_t *keys, size_t n, int dim,
+                               float *rows);
+
+/* The word tower of n headwords over rows of word_table and gram_table (NAME.word, NAME.gram) that fetch reads:
+ * out (n, D). The trainer's evaluation and the word makers (kb-maker --task words) both call this, so they
+ * compute the same vectors. bags: required when head->defs > 0 (NULL otherwise). x_out (n, E), or NULL: the
+ * pooled input of the head (what makers store in NAME.vecx so that a trainer can apply its current head to
+ * it). Fetches rows for up to 256 headwords at a time. Returns 0, the first non-zero return of fetch, or -1
+ * (nothing fetched) when head->defs > 0 and bags is NULL. Defined in nn_tower_words.c. */
+int nn_tower_word_vectors(nn_row_fetch_fn fetch, void *ctx, const char *word_table, const char *gram_table,
                           const char *const *words, size_t n, const nn_tower_bags_t *bags,
                           const nn_tower_head_t *head, float *out, float *x_out);
 

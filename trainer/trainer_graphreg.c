@@ -35,7 +35,6 @@
 #include "data_sample.h"
 #include "nn_hash.h"
 #include "nn_mlp.h"
-#include "nn_mlp_semi.h"
 
 #include "checkpoint.h"
 #include "log.h"

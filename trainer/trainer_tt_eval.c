@@ -36,6 +36,17 @@ static int s_read_rows(kb_cluster_t *kb, const char *table, const kb_key_t *keys
     return rc;
 }
 
+/* nn_tower_word_vectors' row fetcher over the bank (ctx: the kb_cluster_t). */
+static int s_fetch_rows(void *kb, const char *table, const nn_key_t *keys, size_t n, int dim, float *rows)
+{
+    kb_key_t *kb_keys = carls_xmalloc((n ? n : 1) * sizeof *kb_keys);
+    for (size_t i = 0; i < n; i++)
+        kb_keys[i] = (kb_key_t){keys[i].data, keys[i].len};
+    int rc = kb_cluster_lookup_ex(kb, table, kb_keys, n, (uint32_t)dim, true, rows, NULL);
+    free(kb_keys);
+    return rc;
+}
+
 int tt_query_vectors(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t *g, const data_idf_t *idf,
                      const nn_tower_head_t *head, const size_t *senses, size_t n, float *q_out)
 {
@@ -95,8 +106,8 @@ int tt_word_towers(kb_cluster_t *kb, const tt_names_t *names, const data_gcide_t
     if (head->defs > 0)
         data_gcide_bags_build(&bags, g, idf, idx, n, NN_TOWER_DEF_SENSES, NN_TOWER_DEF_TOKENS);
     nn_tower_bags_t view = {(const char *const *)bags.tok, bags.len, bags.weight, bags.off};
-    int rc = nn_tower_word_vectors(kb, names->word, names->gram, words, n, head->defs > 0 ? &view : NULL, head, out,
-                                   x_out);
+    int rc = nn_tower_word_vectors(s_fetch_rows, kb, names->word, names->gram, words, n,
+                                   head->defs > 0 ? &view : NULL, head, out, x_out);
     data_gcide_bags_free(&bags);
     free(words);
     return rc;

@@ -8,7 +8,7 @@
 #include "data_fmnist.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
-#include "nn_mlp_semi.h"
+#include "nn_mlp_encode_u8.h"
 
 #include "util.h"
 

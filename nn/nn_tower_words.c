@@ -1,20 +1,19 @@
-/* The two-tower model's word tower over rows read from the knowledge bank (see nn_tower.h). */
+/* The two-tower model's word tower over rows fetched by the caller (see nn_tower.h). */
 #include "nn_tower.h"
 
-#include "kb_cluster.h"
 #include "nn_ops.h"
 #include "util.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define NN_TOWER_CHUNK 256 /* headwords per bank request */
+#define NN_TOWER_CHUNK 256 /* headwords per fetch */
 
 /* A chunk's distinct keys: byte strings -> dense index (the keys point into the caller's memory). */
 typedef struct {
     uint32_t *slots;      /* (cap) index + 1, 0 = empty */
     size_t cap;
-    kb_key_t *keys;       /* (n) */
+    nn_key_t *keys;       /* (n) */
     size_t n, n_cap;
 } s_keys_t;
 
@@ -42,11 +41,11 @@ static int32_t s_keys_put(s_keys_t *m, const void *data, size_t len)
 {
     size_t mask = m->cap - 1, i = (size_t)carls_hash64(data, len, 7) & mask;
     for (; m->slots[i] != 0; i = (i + 1) & mask) {
-        const kb_key_t *k = &m->keys[m->slots[i] - 1];
+        const nn_key_t *k = &m->keys[m->slots[i] - 1];
         if (k->len == len && memcmp(k->data, data, len) == 0)
             return (int32_t)(m->slots[i] - 1);
     }
-    m->keys[m->n] = (kb_key_t){data, len};
+    m->keys[m->n] = (nn_key_t){data, len};
     m->slots[i] = (uint32_t)++m->n;
     return (int32_t)(m->n - 1);
 }
@@ -57,14 +56,14 @@ static void s_keys_free(s_keys_t *m)
     free(m->keys);
 }
 
-int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const char *gram_table,
+int nn_tower_word_vectors(nn_row_fetch_fn fetch, void *ctx, const char *word_table, const char *gram_table,
                           const char *const *words, size_t n, const nn_tower_bags_t *bags,
                           const nn_tower_head_t *head, float *out, float *x_out)
 {
     const int E = head->E, D = head->D;
     const bool use_bags = head->defs > 0 && bags;
     if (head->defs > 0 && !bags)
-        return KB_CLIENT_EINVAL;
+        return -1;
     const size_t G = (size_t)NN_TOWER_CHUNK * NN_TOWER_MAX_GRAMS;
     char (*grams)[3] = carls_xmalloc(G * sizeof *grams);
     int32_t *widx = carls_xmalloc(NN_TOWER_CHUNK * sizeof(int32_t));
@@ -121,9 +120,9 @@ int nn_tower_word_vectors(struct kb_cluster *kb, const char *word_table, const c
             wrows = carls_xmalloc(wk.n * E * sizeof(float));
             wrows_cap = wk.n;
         }
-        rc = kb_cluster_lookup_ex(kb, word_table, wk.keys, wk.n, (uint32_t)E, true, wrows, NULL);
+        rc = fetch(ctx, word_table, wk.keys, wk.n, E, wrows);
         if (rc == 0 && gk.n > 0)
-            rc = kb_cluster_lookup_ex(kb, gram_table, gk.keys, gk.n, (uint32_t)E, true, grows, NULL);
+            rc = fetch(ctx, gram_table, gk.keys, gk.n, E, grows);
         if (rc != 0)
             break;
         nn_tower_word_pool(x, wrows, widx, grows, gidx, goff, B, E);

@@ -1,24 +1,14 @@
-/* Additions to the MLP (nn_mlp.h) for semi-supervised training and for knowledge makers.
- *
- *   - nn_mlp_backward_weighted: the backward pass with a weight per labelled row instead of the plain mean
- *     over labelled rows, so a trainer can mix true labels with confidence-weighted pseudo-labels.
- *   - nn_mlp_encode_u8 / nn_encode_u8_cpu: a maker's bulk forward pass over grey-level images (bytes, scaled
- *     by 1/255 on the device), writing the last hidden layer and, with a classifier, the class
- *     probabilities. The CPU version is the reference; the CUDA twin (cuda/nn_cuda_encode.h) pipelines the
- *     chunks through pinned host memory on two streams so copies overlap compute. */
-#ifndef NN_MLP_SEMI_H
-#define NN_MLP_SEMI_H
+/* The MLP's (nn_mlp.h) bulk encode for knowledge makers: nn_mlp_encode_u8 / nn_encode_u8_cpu, a maker's
+ * forward pass over grey-level images (bytes, scaled by 1/255 on the device), writing the last hidden layer
+ * and, with a classifier, the class probabilities. The CPU version is the reference; the CUDA twin
+ * (cuda/nn_cuda_encode.h) pipelines the chunks through pinned host memory on two streams so copies overlap
+ * compute. */
+#ifndef NN_MLP_ENCODE_U8_H
+#define NN_MLP_ENCODE_U8_H
 
 #include "nn_mlp.h"
 
 #include <stdint.h>
-
-/* Backward pass for the last forward, adding to the parameter gradients the gradient of
- *   sum_b row_weight[b] * CE_b  +  <d_embedding, embedding>
- * where CE_b is row b's cross-entropy for its target (rows with target -1 contribute nothing whatever their
- * weight). row_weight (B) is a host array; d_embedding is a device pointer (B, hidden[n_hidden-1]) or NULL.
- * Needs a classifier. */
-void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding);
 
 /* Eval-mode forward pass of an MLP given by its layers, on the CPU (host pointers):
  *   x = pixels / 255  (n, in[0]);  h_l = relu(h_{l-1} @ w[l]^T + b[l]) for l < n_hidden;

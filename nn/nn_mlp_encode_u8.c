@@ -1,5 +1,5 @@
-/* Semi-supervised additions to the MLP (see nn_mlp_semi.h). */
-#include "nn_mlp_semi.h"
+/* The makers' bulk encode of grey-level images (see nn_mlp_encode_u8.h). */
+#include "nn_mlp_encode_u8.h"
 
 #include "nn_ops.h"
 
@@ -11,38 +11,6 @@
 #ifdef CARLS_HAVE_CUDA
 #include "nn_cuda_encode.h"
 #endif
-
-void nn_mlp_backward_weighted(nn_mlp_t *self, int B, const float *row_weight, const float *d_embedding)
-{
-    assert(self && B >= 1 && B <= self->max_batch && row_weight);
-    const nn_ops_t *ops = self->ops;
-    const nn_mlp_config_t *cfg = &self->cfg;
-    assert(cfg->num_classes > 0);
-    for (int i = 0; i < B; i++) {
-        self->h_dlosses[i] = self->h_targets[i] >= 0 ? row_weight[i] : 0.0f;
-    }
-    ops->to_device(self->dlosses, self->h_dlosses, sizeof(float) * (size_t)B);
-    ops->softmax_ce_backward(self->dbuf[0], self->dlosses, self->probs, self->targets, B, cfg->num_classes);
-    float *cur = self->dbuf[0]; /* gradient of layer l's output, (B, out[l]) */
-    int which = 0;
-    for (int l = self->n_layers - 1; l >= 0; l--) {
-        const int n = B * self->out[l];
-        if (l < cfg->n_hidden) {
-            if (l == cfg->n_hidden - 1 && d_embedding) {
-                ops->add(cur, d_embedding, 1.0f, n);
-            }
-            if (self->train_mode) {
-                ops->dropout_backward(cur, cur, self->mask[l], n);
-            }
-            ops->relu_backward(cur, cur, self->post[l], n);
-        }
-        const float *inp = l == 0 ? self->x : self->h[l - 1];
-        float *dinp = l == 0 ? NULL : self->dbuf[1 - which];
-        ops->linear_backward(dinp, self->dw[l], self->db[l], cur, inp, self->w[l], B, self->in[l], self->out[l]);
-        cur = dinp;
-        which = 1 - which;
-    }
-}
 
 void nn_encode_u8_cpu(const float *const *w, const float *const *b, const int *in, const int *out, int n_layers,
                       int n_hidden, const uint8_t *pixels, int n, float *emb, float *probs, int chunk)
