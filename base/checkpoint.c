@@ -25,6 +25,7 @@
  * Only the file itself (bounded by its real size) and the tensor table (bounded by the count cap) are
  * allocated before the checks that justify them. */
 #include "checkpoint.h"
+#include "files.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -37,7 +38,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint.c stores floats with memcpy and assumes a little-endian host"
@@ -50,7 +50,7 @@ struct carls_ckpt {
     char kind[CARLS_CKPT_MAX_KIND + 1]; /* model kind, NUL-terminated */
     uint64_t step;                      /* training step the tensors belong to */
     int count;                          /* tensors in use */
-    int cap;                            /* tensors allocated */
+    size_t cap;                         /* tensors allocated */
     carls_ckpt_tensor_t *tensors;       /* (cap), owned */
     uint32_t crc;                       /* CRC of the file it was read from, else 0 */
     uint64_t file_bytes;                /* size of the file it was read from, else 0 */
@@ -157,15 +157,7 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
 /* Appends a tensor, taking ownership of name and data. */
 static int s_append(carls_ckpt_t *self, char *name, int ndim, const int64_t *dims, uint64_t numel, float *data)
 {
-    if (self->count == self->cap) {
-        int cap = self->cap ? self->cap * 2 : 8;
-        carls_ckpt_tensor_t *t = realloc(self->tensors, sizeof *t * (size_t)cap);
-        if (!t) {
-            return CARLS_CKPT_EIO;
-        }
-        self->tensors = t;
-        self->cap = cap;
-    }
+    self->tensors = carls_grow(self->tensors, &self->cap, (size_t)self->count + 1, sizeof *self->tensors);
     carls_ckpt_tensor_t *t = &self->tensors[self->count++];
     memset(t, 0, sizeof *t);
     t->name = name;
@@ -285,24 +277,13 @@ static uint64_t s_get_u64(const unsigned char *p)
     return v;
 }
 
-/* zlib's crc32 over a buffer of any size (its length argument is 32-bit). */
-static uint32_t s_crc(uint32_t crc, const unsigned char *p, uint64_t n)
-{
-    while (n > 0) {
-        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        crc = (uint32_t)crc32(crc, p, chunk);
-        p += chunk;
-        n -= chunk;
-    }
-    return crc;
-}
-
 /* ---- writing ---- */
 
 typedef struct {
     FILE *f;      /* output */
     uint32_t crc; /* running CRC of everything written */
     bool failed;  /* a write failed */
+    int error;    /* errno of the failed write */
 } s_writer_t;
 
 static void s_emit(s_writer_t *w, const void *data, size_t len)
@@ -312,93 +293,10 @@ static void s_emit(s_writer_t *w, const void *data, size_t len)
     }
     if (fwrite(data, 1, len, w->f) != len) {
         w->failed = true;
+        w->error = errno ? errno : EIO;
         return;
     }
-    w->crc = s_crc(w->crc, data, len);
-}
-
-/* Directory part of path ("." when it has none) into out. */
-static void s_dirname(const char *path, char *out, size_t outlen)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        snprintf(out, outlen, ".");
-    } else if (slash == path) {
-        snprintf(out, outlen, "/");
-    } else {
-        snprintf(out, outlen, "%.*s", (int)(slash - path), path);
-    }
-}
-
-static int s_fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) {
-        return -1;
-    }
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-/* Writes what fn(ctx, writer) emits (plus its CRC-32 when with_crc) to path: temporary file, fsync, rename,
- * fsync of the directory. */
-typedef void (*s_body_fn)(const void *ctx, s_writer_t *w);
-
-static int s_atomic_write(const char *path, s_body_fn fn, const void *ctx, bool with_crc, char *err, size_t errlen)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "path too long: %s", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create %s: %s", tmp, strerror(errno));
-    }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fdopen %s: %s", tmp, strerror(e));
-    }
-    s_writer_t w = {.f = f, .crc = (uint32_t)crc32(0L, Z_NULL, 0)};
-    fn(ctx, &w);
-    if (with_crc) {
-        unsigned char c[4];
-        s_put_u32(c, w.crc); /* the CRC covers everything before it */
-        s_emit(&w, c, 4);
-    }
-    const char *step = "write";
-    int e = 0;
-    if (w.failed) {
-        e = errno;
-    } else if (fflush(f) != 0) {
-        e = errno;
-        step = "flush";
-    } else if (fsync(fileno(f)) != 0) {
-        e = errno;
-        step = "fsync";
-    }
-    if (fclose(f) != 0 && e == 0) {
-        e = errno;
-        step = "close";
-    }
-    if (w.failed || e != 0) {
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s %s: %s", step, tmp, strerror(e ? e : EIO));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    char dir[4096];
-    s_dirname(path, dir, sizeof dir);
-    if (s_fsync_dir(dir) != 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fsync directory %s: %s", dir, strerror(errno));
-    }
-    return 0;
+    w->crc = carls_crc32(w->crc, data, len);
 }
 
 static uint64_t s_file_bytes(const carls_ckpt_t *self)
@@ -411,9 +309,8 @@ static uint64_t s_file_bytes(const carls_ckpt_t *self)
     return n;
 }
 
-static void s_write_body(const void *ctx, s_writer_t *w)
+static void s_write_body(const carls_ckpt_t *self, s_writer_t *w)
 {
-    const carls_ckpt_t *self = ctx;
     unsigned char h[S_HEADER_BYTES];
     size_t kind_len = strlen(self->kind);
     memcpy(h, CARLS_CKPT_MAGIC, 8);
@@ -446,7 +343,23 @@ int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size
     if (!self || !path || !*path) {
         return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_write: no checkpoint or path");
     }
-    return s_atomic_write(path, s_write_body, self, true, err, errlen);
+    carls_atomic_file_t *file = NULL;
+    int rc = carls_atomic_open(path, 0644, 0, &file, err, errlen);
+    if (rc != 0) {
+        return CARLS_CKPT_EIO;
+    }
+    s_writer_t w = {.f = carls_atomic_stream(file), .crc = 0};
+    s_write_body(self, &w);
+    unsigned char crc[4];
+    s_put_u32(crc, w.crc); /* the CRC covers everything before it */
+    s_emit(&w, crc, 4);
+    if (w.failed) {
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "write %s: %s", carls_atomic_tmp_path(file),
+                          strerror(w.error));
+        carls_atomic_abort(&file);
+        return rc;
+    }
+    return carls_atomic_commit(&file, err, errlen) == 0 ? 0 : CARLS_CKPT_EIO;
 }
 
 /* ---- reading ---- */
@@ -693,7 +606,7 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
         goto cleanup;
     }
     uint32_t want = s_get_u32(buf + size - 4);
-    uint32_t got = s_crc((uint32_t)crc32(0L, Z_NULL, 0), buf, size - 4);
+    uint32_t got = carls_crc32(0, buf, size - 4);
     if (want != got) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x)", path,
                     want, got);
@@ -708,42 +621,14 @@ cleanup:
 
 /* ---- checkpoint directories ---- */
 
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    return 0;
-}
-
-static void s_write_text(const void *ctx, s_writer_t *w)
-{
-    const char *text = ctx;
-    s_emit(w, text, strlen(text));
-}
-
 int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path_out, size_t path_len, char *err,
                            size_t errlen)
 {
     if (!self || !dir || !*dir) {
         return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_save_to_dir: no checkpoint or directory");
     }
-    if (s_mkdirs(dir) != 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+    if (carls_mkdir_p(dir, 0755, err, errlen) != 0) {
+        return CARLS_CKPT_EIO;
     }
     char name[64], path[4096], latest[4096], line[80];
     snprintf(name, sizeof name, "ckpt-%012llu.ckpt", (unsigned long long)self->step);
@@ -756,9 +641,8 @@ int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path
         return rc;
     }
     snprintf(line, sizeof line, "%s\n", name);
-    rc = s_atomic_write(latest, s_write_text, line, false, err, errlen);
-    if (rc) {
-        return rc;
+    if (carls_write_file_atomic(latest, line, strlen(line), 0644, 0, err, errlen) != 0) {
+        return CARLS_CKPT_EIO;
     }
     if (path_out && path_len) {
         snprintf(path_out, path_len, "%s", path);
@@ -842,21 +726,14 @@ int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen)
         return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open directory %s: %s", dir, strerror(errno));
     }
     char **names = NULL;
-    int n = 0, cap = 0, rc = 0;
+    int n = 0, rc = 0;
+    size_t cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (!s_is_ckpt_name(e->d_name)) {
             continue;
         }
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **grown = realloc(names, sizeof *names * (size_t)cap);
-            if (!grown) {
-                rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");
-                break;
-            }
-            names = grown;
-        }
+        names = carls_grow(names, &cap, (size_t)n + 1, sizeof *names);
         names[n] = strdup(e->d_name);
         if (!names[n]) {
             rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");

@@ -69,8 +69,8 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
 uint32_t carls_ckpt_crc(const carls_ckpt_t *self);
 uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self);
 
-/* Writes the checkpoint to path: to "<path>.tmp.<pid>" first, fsync, rename over path, fsync the directory.
- * On failure the temporary file is removed and path is untouched. */
+/* Writes the checkpoint to path atomically (files.h: a temporary file beside it, fsync, rename over path,
+ * fsync the directory). On failure the temporary file is removed and path is untouched. */
 int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size_t errlen);
 
 /* Reads and verifies path. On success *out is a new checkpoint the caller owns. */

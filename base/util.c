@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/random.h>
 #include <time.h>
+#include <zlib.h>
 
 int64_t carls_monotonic_ms(void)
 {
@@ -84,6 +85,45 @@ void *carls_xrealloc_at(void *ptr, size_t size, const char *file, int line)
         abort();
     }
     return p;
+}
+
+size_t carls_grow_cap(size_t cap, size_t need, size_t elem)
+{
+    if (need <= cap) {
+        return cap;
+    }
+    if (elem == 0 || need > SIZE_MAX / elem) {
+        CARLS_FATAL("an array of %zu elements of %zu bytes does not fit in memory", need, elem);
+    }
+    size_t grown = cap ? cap : 16;
+    while (grown < need) {
+        /* Doubling stops short of overflow: then need itself, which fits. */
+        grown = grown > SIZE_MAX / elem / 2 ? need : grown * 2;
+    }
+    return grown;
+}
+
+void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char *file, int line)
+{
+    if (need <= *cap) {
+        return ptr;
+    }
+    size_t grown = carls_grow_cap(*cap, need, elem);
+    ptr = carls_xrealloc_at(ptr, grown * elem, file, line);
+    *cap = grown;
+    return ptr;
+}
+
+uint32_t carls_crc32(uint32_t crc, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    while (len > 0) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return crc;
 }
 
 int carls_parse_u64(const char *text, uint64_t *out)

@@ -32,13 +32,13 @@
  * not was written wrong and gets the structural reason. */
 #include "kb_export.h"
 
+#include "files.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -46,23 +46,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_TRAILER_BYTES 20u
 #define S_MIN_FILE_BYTES (8u + 4u + 4u + 1u + 4u + S_TRAILER_BYTES) /* header with a 1-byte name, no rows */
-
-/* zlib's crc32 over any length (its length argument is 32-bit). */
-static uint32_t s_crc(uint32_t crc, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        crc = (uint32_t)crc32(crc, p, chunk);
-        p += chunk;
-        len -= chunk;
-    }
-    return crc;
-}
 
 static void s_le32(uint8_t *b, uint32_t v)
 {
@@ -86,9 +72,8 @@ static uint64_t s_get64(const uint8_t *b) { return (uint64_t)s_get32(b) | (uint6
 /* ---- writer ------------------------------------------------------------------------------------------ */
 
 struct kb_export_writer {
-    FILE *f;           /* the temporary file */
-    char *path;        /* the target */
-    char *tmp;         /* the temporary file's name; NULL once renamed */
+    carls_atomic_file_t *file; /* the temporary file beside the target; NULL once finished */
+    FILE *f;           /* its stream */
     uint32_t crc;      /* of every byte written so far */
     bool feature;      /* a feature table (else embedding) */
     uint32_t dim;      /* embedding tables */
@@ -103,9 +88,10 @@ static int s_write(kb_export_writer_t *w, const void *buf, size_t len, char *err
 {
     if (len > 0 && fwrite(buf, 1, len, w->f) != len) {
         w->failed = true;
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "write %s: %s", w->tmp, strerror(errno));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "write %s: %s", carls_atomic_tmp_path(w->file),
+                            strerror(errno));
     }
-    w->crc = s_crc(w->crc, buf, len);
+    w->crc = carls_crc32(w->crc, buf, len);
     return 0;
 }
 
@@ -140,30 +126,13 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     kb_export_writer_t *w = carls_xcalloc(1, sizeof *w);
     w->feature = feature;
     w->dim = cfg->dim;
-    w->crc = (uint32_t)crc32(0L, Z_NULL, 0);
-    w->path = strdup(path);
-    size_t tmp_len = strlen(path) + 16;
-    w->tmp = carls_xmalloc(tmp_len);
-    if (!w->path)
-        CARLS_FATAL("out of memory");
-    /* mkstemp creates the file 0600 with a fresh name beside the target (same file system, so the rename
-     * is atomic). */
-    snprintf(w->tmp, tmp_len, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(w->tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(w->tmp);
-        w->tmp = NULL;
+    /* Created 0600 beside the target (the same file system, so the final rename is atomic). */
+    int rc = carls_atomic_open(path, 0600, 0, &w->file, err, errlen);
+    if (rc != 0) {
         kb_export_writer_destroy(&w);
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot create a temporary file beside %s: %s", path, strerror(e));
+        return KB_EXPORT_EIO;
     }
-    w->f = fdopen(fd, "wb");
-    if (!w->f) {
-        int e = errno;
-        close(fd);
-        kb_export_writer_destroy(&w);
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fdopen %s: %s", path, strerror(e));
-    }
+    w->f = carls_atomic_stream(w->file);
     uint8_t head[16];
     memcpy(head, KB_EXPORT_MAGIC, 8);
     s_le32(head + 8, KB_EXPORT_VERSION);
@@ -172,7 +141,7 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     s_le32(len4, (uint32_t)cfg_len);
     s_scratch(w, cfg_len ? cfg_len : 1);
     carls__table_config__pack(cfg, w->scratch);
-    int rc = s_write(w, head, sizeof head, err, errlen);
+    rc = s_write(w, head, sizeof head, err, errlen);
     if (rc == 0)
         rc = s_write(w, table, strlen(table), err, errlen);
     if (rc == 0)
@@ -192,7 +161,7 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
                          size_t errlen)
 {
     assert(self);
-    if (self->failed || !self->tmp)
+    if (self->failed || !self->file)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     if (!key || key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: key of %zu bytes (1..%u allowed)",
@@ -247,33 +216,10 @@ uint64_t kb_export_writer_rows(const kb_export_writer_t *self)
     return self->rows;
 }
 
-/* fsyncs the directory holding path, so the rename is durable. */
-static int s_fsync_dir_of(const char *path)
-{
-    char *dir = strdup(path);
-    if (!dir)
-        CARLS_FATAL("out of memory");
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    errno = e;
-    return rc;
-}
-
 int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
 {
     assert(self);
-    if (self->failed || !self->tmp)
+    if (self->failed || !self->file)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     uint8_t trailer[S_TRAILER_BYTES];
     memcpy(trailer, KB_EXPORT_END_MAGIC, 8);
@@ -286,26 +232,8 @@ int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
     if (rc != 0)
         return rc;
     self->failed = true; /* from here on, whatever happens, only destroy remains */
-    const char *step = NULL;
-    if (fflush(self->f) != 0)
-        step = "write";
-    else if (fsync(fileno(self->f)) != 0)
-        step = "fsync";
-    int e = errno;
-    if (fclose(self->f) != 0 && !step) {
-        step = "close";
-        e = errno;
-    }
     self->f = NULL;
-    if (step)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "%s %s: %s", step, self->tmp, strerror(e));
-    if (rename(self->tmp, self->path) != 0)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(errno));
-    free(self->tmp);
-    self->tmp = NULL;
-    if (s_fsync_dir_of(self->path) != 0)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fsync the directory of %s: %s", self->path, strerror(errno));
-    return 0;
+    return carls_atomic_commit(&self->file, err, errlen) == 0 ? 0 : KB_EXPORT_EIO;
 }
 
 void kb_export_writer_destroy(kb_export_writer_t **self_p)
@@ -313,12 +241,7 @@ void kb_export_writer_destroy(kb_export_writer_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_export_writer_t *w = *self_p;
-    if (w->f)
-        fclose(w->f);
-    if (w->tmp)
-        unlink(w->tmp);
-    free(w->tmp);
-    free(w->path);
+    carls_atomic_abort(&w->file);
     free(w->scratch);
     free(w);
     *self_p = NULL;
@@ -363,7 +286,7 @@ static int s_read(kb_export_reader_t *r, void *buf, size_t len, char *err, size_
             return carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s: the file ended early (was it changed while being "
                           "read?)", r->path);
         }
-        r->crc = s_crc(r->crc, p, got);
+        r->crc = carls_crc32(r->crc, p, got);
         r->pos += got;
         len -= got;
         if (dst)
@@ -522,7 +445,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto fail;
     }
     r->size = (uint64_t)st.st_size;
-    r->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    r->crc = 0; /* carls_crc32 starts from 0 */
     uint8_t head[16];
     size_t got = fread(head, 1, sizeof head, r->f);
     if (got < 8 || memcmp(head, KB_EXPORT_MAGIC, 8) != 0) {

@@ -1,6 +1,7 @@
 /* Checkpoint-directory watcher (see km_watch.h). */
 #include "km_watch.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -23,25 +24,6 @@ struct km_watch {
     uint64_t refused;    /* checkpoints that did not verify */
 };
 
-/* mkdir -p */
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
-}
-
 static void s_add_watch(km_watch_t *w)
 {
     if (w->ifd < 0 || w->wd >= 0) {
@@ -55,8 +37,9 @@ static void s_add_watch(km_watch_t *w)
 
 km_watch_t *km_watch_new(const char *dir, int poll_ms)
 {
-    if (s_mkdirs(dir) != 0) {
-        LOG_ERROR("cannot create checkpoint directory %s: %s", dir, strerror(errno));
+    char err[512];
+    if (carls_mkdir_p(dir, 0755, err, sizeof err) != 0) {
+        LOG_ERROR("checkpoint directory: %s", err);
         return NULL;
     }
     km_watch_t *w = carls_xcalloc(1, sizeof *w);

@@ -6,6 +6,7 @@
 #include "carls_ptab.h"
 #include "carls_report.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -105,22 +106,6 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
         }
     }
     fclose(f);
-}
-
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4200];
-    s_fmt(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
 /* The run's settings, read from the configuration. */
@@ -787,7 +772,7 @@ int carls_run_main(int argc, char **argv)
     /* A fresh run directory: the bank, checkpoints and logs of an earlier run with this name go. */
     char cmd[9000];
     s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", kbdir, ckpt, logs, epfile, metrics, out, ptab);
-    if (system(cmd) != 0 || s_mkdirs(logs) != 0) {
+    if (system(cmd) != 0 || carls_mkdir_p(logs, 0755, NULL, 0) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", dir);
         free(ini);
         return 1;

@@ -1,0 +1,96 @@
+/* base/util: growable arrays (capacities, contents kept, several arrays sharing one count) and CRC-32 (the
+ * standard check value, pieces fed in turn, agreement with zlib's crc32). */
+#include "util.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+static void test_grow_cap(void **state)
+{
+    (void)state;
+    assert_int_equal(carls_grow_cap(0, 0, 4), 0);    /* nothing needed, nothing grown */
+    assert_int_equal(carls_grow_cap(0, 1, 4), 16);   /* the first allocation */
+    assert_int_equal(carls_grow_cap(16, 16, 4), 16); /* enough already */
+    assert_int_equal(carls_grow_cap(16, 17, 4), 32); /* doubled */
+    assert_int_equal(carls_grow_cap(16, 1000, 4), 1024);
+    assert_int_equal(carls_grow_cap(3, 4, 8), 6); /* doubles whatever capacity it was given */
+    /* Near the top of size_t: need itself rather than a doubling that would overflow. */
+    size_t q = SIZE_MAX / 8; /* 4-byte elements: doubling past SIZE_MAX / 8 would overflow the byte count */
+    assert_int_equal(carls_grow_cap(q - 10, q - 5, 4), 2 * (q - 10));
+    assert_int_equal(carls_grow_cap(q + 10, q + 15, 4), q + 15);
+}
+
+static void test_grow_keeps_contents(void **state)
+{
+    (void)state;
+    int *a = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < 1000; i++) {
+        a = carls_grow(a, &cap, (size_t)i + 1, sizeof *a);
+        assert_true(cap >= (size_t)i + 1);
+        a[i] = i * 3;
+    }
+    assert_int_equal(cap, 1024);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(a[i], i * 3);
+    int *same = carls_grow(a, &cap, 10, sizeof *a); /* enough room: no reallocation */
+    assert_ptr_equal(same, a);
+    assert_int_equal(cap, 1024);
+    free(a);
+
+    /* Two arrays that share one count grow to the same capacity. */
+    size_t n = 0, shared = 0;
+    uint32_t *off = NULL;
+    double *w = NULL;
+    for (; n < 40; n++) {
+        if (n == shared) {
+            shared = carls_grow_cap(shared, n + 1, sizeof *w);
+            off = carls_xrealloc(off, shared * sizeof *off);
+            w = carls_xrealloc(w, shared * sizeof *w);
+        }
+        off[n] = (uint32_t)n;
+        w[n] = 0.5 * (double)n;
+    }
+    assert_int_equal(shared, 64);
+    assert_int_equal(off[39], 39);
+    assert_true(w[39] == 19.5);
+    free(off);
+    free(w);
+}
+
+static void test_crc32(void **state)
+{
+    (void)state;
+    /* The CRC-32/IEEE check value of "123456789". */
+    assert_int_equal(carls_crc32(0, "123456789", 9), 0xCBF43926u);
+    assert_int_equal(carls_crc32(0, "", 0), 0);
+    /* Pieces fed in turn give the CRC of the whole. */
+    uint32_t crc = carls_crc32(0, "1234", 4);
+    assert_int_equal(carls_crc32(crc, "56789", 5), 0xCBF43926u);
+    /* The same as zlib's crc32 on a larger buffer. */
+    size_t len = 1 << 20;
+    unsigned char *buf = malloc(len);
+    assert_non_null(buf);
+    uint64_t seed = 7;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (unsigned char)carls_splitmix64(&seed);
+    assert_int_equal(carls_crc32(0, buf, len), (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)len));
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grow_cap),
+        cmocka_unit_test(test_grow_keeps_contents),
+        cmocka_unit_test(test_crc32),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
