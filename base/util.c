@@ -92,13 +92,14 @@ size_t carls_grow_cap(size_t cap, size_t need, size_t elem)
     if (need <= cap) {
         return cap;
     }
-    if (elem == 0 || need > SIZE_MAX / elem) {
+    size_t max = elem ? SIZE_MAX / elem : SIZE_MAX; /* elements whose byte count fits in size_t */
+    if (need > max) {
         CARLS_FATAL("an array of %zu elements of %zu bytes does not fit in memory", need, elem);
     }
     size_t grown = cap ? cap : 16;
     while (grown < need) {
         /* Doubling stops short of overflow: then need itself, which fits. */
-        grown = grown > SIZE_MAX / elem / 2 ? need : grown * 2;
+        grown = grown > max / 2 ? need : grown * 2;
     }
     return grown;
 }

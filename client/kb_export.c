@@ -732,13 +732,7 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
     } else {
         memcpy(b->values + b->n * b->dim, row->values, b->dim * sizeof(float));
     }
-    if (b->key_bytes_cap - b->key_bytes_len < row->key_len) {
-        size_t cap = b->key_bytes_cap ? b->key_bytes_cap : 4096;
-        while (cap - b->key_bytes_len < row->key_len)
-            cap *= 2;
-        b->key_bytes = carls_xrealloc(b->key_bytes, cap);
-        b->key_bytes_cap = cap;
-    }
+    b->key_bytes = carls_grow(b->key_bytes, &b->key_bytes_cap, b->key_bytes_len + row->key_len, 1);
     memcpy(b->key_bytes + b->key_bytes_len, row->key, row->key_len);
     b->key_off[b->n] = b->key_bytes_len;
     b->key_len[b->n] = row->key_len;

@@ -61,13 +61,7 @@ typedef struct {
 
 static void s_buf_reserve(s_buf_t *b, size_t extra)
 {
-    if (b->len + extra + 1 <= b->cap)
-        return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra + 1)
-        cap *= 2;
-    b->p = carls_xrealloc(b->p, cap);
-    b->cap = cap;
+    b->p = carls_grow(b->p, &b->cap, b->len + extra + 1, 1); /* + 1: room for a terminator */
 }
 
 static void s_buf_add(s_buf_t *b, const char *s, size_t n)
@@ -578,8 +572,7 @@ static int s_parse_index(char *idx, size_t idx_len, size_t dict_len, const char 
             for (char *c = p; c < t1; c++)
                 *c = s_lower(*c);
             *t1 = '\0';
-            if (n == cap)
-                e = carls_xrealloc(e, (cap *= 2) * sizeof *e);
+            e = carls_grow(e, &cap, n + 1, sizeof *e);
             e[n++] = (s_entry_t){p, line, (uint64_t)off, (uint64_t)len};
         }
         p = eol + 1;
@@ -678,10 +671,8 @@ static int s_build(data_gcide_t *g, const s_entry_t *e, size_t n, const char *di
         for (; b < n && strcmp(e[b].word, e[a].word) == 0; b++)
             data_gcide_article_senses(dict + e[b].off, (size_t)e[b].len, s_collect_sense, &c);
         if (c.kept) {
-            if (g->n_words == words_cap)
-                g->words = carls_xrealloc(g->words, (words_cap *= 2) * sizeof *g->words);
-            while (g->n_senses + c.kept > senses_cap)
-                g->senses = carls_xrealloc(g->senses, (senses_cap *= 2) * sizeof *g->senses);
+            g->words = carls_grow(g->words, &words_cap, g->n_words + 1, sizeof *g->words);
+            g->senses = carls_grow(g->senses, &senses_cap, g->n_senses + c.kept, sizeof *g->senses);
             for (size_t k = 0; k < c.kept; k++)
                 g->senses[g->n_senses++] = (data_gcide_sense_t){(uint32_t)g->n_words, (uint32_t)k + 1, false};
             g->words[g->n_words++] = strdup(c.word);

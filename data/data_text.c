@@ -43,18 +43,6 @@ size_t data_text_strip_bible(const char *raw, size_t len, char *out)
     return o;
 }
 
-/* Appends to a growing array of elem bytes per entry. */
-static void *s_grow(void *arr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return arr;
-    size_t n = *cap ? *cap : 1024;
-    while (n < need)
-        n *= 2;
-    *cap = n;
-    return carls_xrealloc(arr, n * elem);
-}
-
 int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -71,7 +59,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
     while (i <= len) {
         if (i == len || raw[i] == '\n') {
             if (t->n_tokens > line_first) {
-                t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 2, sizeof *t->line_start);
+                t->line_start = carls_grow(t->line_start, &line_cap, t->n_lines + 2, sizeof *t->line_start);
                 t->line_start[t->n_lines++] = line_first;
                 t->text[o - 1] = '\n'; /* the separator after the line's last token */
                 line_first = t->n_tokens;
@@ -94,7 +82,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
         while (s < e) {
             size_t piece = e - s > DATA_TEXT_MAX_TOKEN ? DATA_TEXT_MAX_TOKEN : e - s;
             if (t->n_tokens + 1 > tok_cap) {
-                t->tok_off = s_grow(t->tok_off, &tok_cap, t->n_tokens + 1, sizeof *t->tok_off);
+                t->tok_off = carls_grow(t->tok_off, &tok_cap, t->n_tokens + 1, sizeof *t->tok_off);
                 t->tok_len = carls_xrealloc(t->tok_len, tok_cap);
             }
             t->tok_off[t->n_tokens] = (uint32_t)o;
@@ -114,7 +102,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
         data_text_destroy(&t);
         return carls_errorf(err, errlen, -1, "the corpus holds no words");
     }
-    t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
+    t->line_start = carls_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
     t->line_start[t->n_lines] = t->n_tokens;
     *out = t;
     return 0;

@@ -431,10 +431,7 @@ void kb_auth_allow_destroy(kb_auth_allow_t **self_p)
 /* Appends without keeping the order; s_allow_sort restores it. Loading appends many keys, then sorts once. */
 static void s_allow_append(kb_auth_allow_t *self, const kb_auth_key_t *key)
 {
-    if (self->count == self->capacity) {
-        self->capacity = self->capacity ? self->capacity * 2 : 16;
-        self->keys = carls_xrealloc(self->keys, self->capacity * sizeof *self->keys);
-    }
+    self->keys = carls_grow(self->keys, &self->capacity, self->count + 1, sizeof *self->keys);
     self->keys[self->count++] = *key;
 }
 

@@ -238,8 +238,8 @@ static int s_pairs(const w2v_vectors_t *v, const char *path, w2v_quality_t *q, c
         int64_t ra = w2v_vectors_find(v, a), rb = w2v_vectors_find(v, b);
         if (ra < 0 || rb < 0)
             continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 128;
+        if (n == cap) { /* human, cosine and ranks share the count */
+            cap = (uint32_t)carls_grow_cap(cap, (size_t)n + 1, sizeof *human);
             human = carls_xrealloc(human, cap * sizeof *human);
             cosine = carls_xrealloc(cosine, cap * sizeof *cosine);
             ranks = carls_xrealloc(ranks, cap * sizeof *ranks);
