@@ -25,6 +25,7 @@
  * Only the file itself (bounded by its real size) and the tensor table (bounded by the count cap) are
  * allocated before the checks that justify them. */
 #include "checkpoint.h"
+#include "bytes.h"
 #include "files.h"
 #include "util.h"
 
@@ -234,49 +235,6 @@ uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self)
 
 /* ---- little-endian helpers ---- */
 
-static void s_put_u16(unsigned char *p, uint16_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-}
-
-static void s_put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static void s_put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static uint16_t s_get_u16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t s_get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t s_get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
 /* ---- writing ---- */
 
 typedef struct {
@@ -314,24 +272,24 @@ static void s_write_body(const carls_ckpt_t *self, s_writer_t *w)
     unsigned char h[S_HEADER_BYTES];
     size_t kind_len = strlen(self->kind);
     memcpy(h, CARLS_CKPT_MAGIC, 8);
-    s_put_u32(h + 8, CARLS_CKPT_VERSION);
-    s_put_u32(h + 12, (uint32_t)self->count);
-    s_put_u64(h + 16, s_file_bytes(self));
-    s_put_u64(h + 24, self->step);
-    s_put_u16(h + 32, (uint16_t)kind_len);
+    carls_put_le32(h + 8, CARLS_CKPT_VERSION);
+    carls_put_le32(h + 12, (uint32_t)self->count);
+    carls_put_le64(h + 16, s_file_bytes(self));
+    carls_put_le64(h + 24, self->step);
+    carls_put_le16(h + 32, (uint16_t)kind_len);
     s_emit(w, h, sizeof h);
     s_emit(w, self->kind, kind_len);
     for (int i = 0; i < self->count; i++) {
         const carls_ckpt_tensor_t *t = &self->tensors[i];
         unsigned char th[4 + 8 * CARLS_CKPT_MAX_DIMS];
         size_t name_len = strlen(t->name);
-        s_put_u16(th, (uint16_t)name_len);
+        carls_put_le16(th, (uint16_t)name_len);
         s_emit(w, th, 2);
         s_emit(w, t->name, name_len);
         th[0] = S_DTYPE_F32;
         th[1] = (unsigned char)t->ndim;
         for (int d = 0; d < t->ndim; d++) {
-            s_put_u64(th + 2 + 8 * d, (uint64_t)t->dims[d]);
+            carls_put_le64(th + 2 + 8 * d, (uint64_t)t->dims[d]);
         }
         s_emit(w, th, 2 + 8 * (size_t)t->ndim);
         s_emit(w, t->data, sizeof(float) * (size_t)t->numel);
@@ -351,7 +309,7 @@ int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size
     s_writer_t w = {.f = carls_atomic_stream(file), .crc = 0};
     s_write_body(self, &w);
     unsigned char crc[4];
-    s_put_u32(crc, w.crc); /* the CRC covers everything before it */
+    carls_put_le32(crc, w.crc); /* the CRC covers everything before it */
     s_emit(&w, crc, 4);
     if (w.failed) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "write %s: %s", carls_atomic_tmp_path(file),
@@ -404,19 +362,19 @@ static int s_read_all(int fd, unsigned char *buf, uint64_t n)
 static int s_parse(const unsigned char *buf, uint64_t size, const char *path, carls_ckpt_t **out, char *err,
                    size_t errlen)
 {
-    uint32_t count = s_get_u32(buf + 12);
-    uint16_t kind_len = s_get_u16(buf + 32);
+    uint32_t count = carls_get_le32(buf + 12);
+    uint16_t kind_len = carls_get_le16(buf + 32);
     char kind[CARLS_CKPT_MAX_KIND + 1];
     memcpy(kind, buf + S_HEADER_BYTES, kind_len);
     kind[kind_len] = '\0';
     if (strlen(kind) != kind_len) {
         return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: model kind contains a NUL byte", path);
     }
-    carls_ckpt_t *self = carls_ckpt_new(kind, s_get_u64(buf + 24));
+    carls_ckpt_t *self = carls_ckpt_new(kind, carls_get_le64(buf + 24));
     if (!self) {
         return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
     }
-    self->crc = s_get_u32(buf + size - 4);
+    self->crc = carls_get_le32(buf + size - 4);
     self->file_bytes = size;
     s_cursor_t c = {.p = buf + S_HEADER_BYTES + kind_len, .end = buf + size - 4};
     int rc = 0;
@@ -426,7 +384,7 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
             rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
             break;
         }
-        uint16_t name_len = s_get_u16(p);
+        uint16_t name_len = carls_get_le16(p);
         if (name_len == 0 || name_len > CARLS_CKPT_MAX_NAME) {
             rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor %u: name length %u outside 1..%u", path, i,
                         name_len, CARLS_CKPT_MAX_NAME);
@@ -463,7 +421,7 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
         uint64_t numel = 1;
         bool ok = true;
         for (int d = 0; d < ndim; d++) {
-            uint64_t v = s_get_u64(dims_p + 8 * d);
+            uint64_t v = carls_get_le64(dims_p + 8 * d);
             if (v < 1 || v > CARLS_CKPT_MAX_ELEMENTS || numel * v > CARLS_CKPT_MAX_ELEMENTS) {
                 rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT,
                             "%s: tensor '%s': dimension %d is %llu (each >= 1, at most %llu elements in all)", path,
@@ -552,7 +510,7 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
                     (unsigned long long)size);
         goto cleanup;
     }
-    uint32_t version = s_get_u32(h + 8);
+    uint32_t version = carls_get_le32(h + 8);
     if (version != CARLS_CKPT_VERSION) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u (this build reads %u)",
                     path, version, CARLS_CKPT_VERSION);
@@ -563,9 +521,9 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
                     (unsigned long long)size);
         goto cleanup;
     }
-    uint32_t count = s_get_u32(h + 12);
-    uint64_t stated = s_get_u64(h + 16);
-    uint16_t kind_len = s_get_u16(h + 32);
+    uint32_t count = carls_get_le32(h + 12);
+    uint64_t stated = carls_get_le64(h + 16);
+    uint16_t kind_len = carls_get_le16(h + 32);
     if (count > CARLS_CKPT_MAX_TENSORS) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: %u tensors (at most %u)", path, count, CARLS_CKPT_MAX_TENSORS);
         goto cleanup;
@@ -605,7 +563,7 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
         rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
         goto cleanup;
     }
-    uint32_t want = s_get_u32(buf + size - 4);
+    uint32_t want = carls_get_le32(buf + size - 4);
     uint32_t got = carls_crc32(0, buf, size - 4);
     if (want != got) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x)", path,

@@ -32,6 +32,7 @@
  * not was written wrong and gets the structural reason. */
 #include "kb_export.h"
 
+#include "bytes.h"
 #include "files.h"
 #include "log.h"
 #include "protocol.h"
@@ -49,25 +50,6 @@
 
 #define S_TRAILER_BYTES 20u
 #define S_MIN_FILE_BYTES (8u + 4u + 4u + 1u + 4u + S_TRAILER_BYTES) /* header with a 1-byte name, no rows */
-
-static void s_le32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void s_le64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t s_get32(const uint8_t *b)
-{
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-static uint64_t s_get64(const uint8_t *b) { return (uint64_t)s_get32(b) | (uint64_t)s_get32(b + 4) << 32; }
 
 /* ---- writer ------------------------------------------------------------------------------------------ */
 
@@ -135,10 +117,10 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     w->f = carls_atomic_stream(w->file);
     uint8_t head[16];
     memcpy(head, KB_EXPORT_MAGIC, 8);
-    s_le32(head + 8, KB_EXPORT_VERSION);
-    s_le32(head + 12, (uint32_t)strlen(table));
+    carls_put_le32(head + 8, KB_EXPORT_VERSION);
+    carls_put_le32(head + 12, (uint32_t)strlen(table));
     uint8_t len4[4];
-    s_le32(len4, (uint32_t)cfg_len);
+    carls_put_le32(len4, (uint32_t)cfg_len);
     s_scratch(w, cfg_len ? cfg_len : 1);
     carls__table_config__pack(cfg, w->scratch);
     rc = s_write(w, head, sizeof head, err, errlen);
@@ -190,14 +172,14 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
                               (unsigned long long)self->rows + 1, j + 1);
             uint32_t bits;
             memcpy(&bits, &values[j], 4);
-            s_le32(self->scratch + 4 * j, bits);
+            carls_put_le32(self->scratch + 4 * j, bits);
         }
     }
     uint8_t klen[4], meta[20];
-    s_le32(klen, (uint32_t)key_len);
-    s_le64(meta, version);
-    s_le64(meta + 8, frequency);
-    s_le32(meta + 16, (uint32_t)payload);
+    carls_put_le32(klen, (uint32_t)key_len);
+    carls_put_le64(meta, version);
+    carls_put_le64(meta + 8, frequency);
+    carls_put_le32(meta + 16, (uint32_t)payload);
     int rc = s_write(self, klen, 4, err, errlen);
     if (rc == 0)
         rc = s_write(self, key, key_len, err, errlen);
@@ -223,11 +205,11 @@ int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     uint8_t trailer[S_TRAILER_BYTES];
     memcpy(trailer, KB_EXPORT_END_MAGIC, 8);
-    s_le64(trailer + 8, self->rows);
+    carls_put_le64(trailer + 8, self->rows);
     int rc = s_write(self, trailer, 16, err, errlen);
     if (rc != 0)
         return rc;
-    s_le32(trailer + 16, self->crc);
+    carls_put_le32(trailer + 16, self->crc);
     rc = s_write(self, trailer + 16, 4, err, errlen);
     if (rc != 0)
         return rc;
@@ -318,7 +300,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         rc = s_read(r, b, 4, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t key_len = s_get32(b);
+    uint32_t key_len = carls_get_le32(b);
     if (key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a key of %u bytes (1..%u allowed)", r->path,
                       (unsigned long long)n, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
@@ -330,7 +312,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         rc = s_read(r, b, 20, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t payload = s_get32(b + 16);
+    uint32_t payload = carls_get_le32(b + 16);
     if (!r->feature && payload != 4u * r->dim)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u value bytes; dim %u needs %u", r->path,
                       (unsigned long long)n, payload, r->dim, 4u * r->dim);
@@ -351,8 +333,8 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
     memset(row, 0, sizeof *row);
     row->key = r->key;
     row->key_len = key_len;
-    row->version = s_get64(b);
-    row->frequency = s_get64(b + 8);
+    row->version = carls_get_le64(b);
+    row->frequency = carls_get_le64(b + 8);
     if (r->feature) {
         Carls__FeatureRecord *rec = carls__feature_record__unpack(NULL, payload, r->payload);
         if (!rec)
@@ -363,7 +345,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         row->record_len = payload;
     } else {
         for (uint32_t j = 0; j < r->dim; j++) {
-            uint32_t bits = s_get32(r->payload + 4 * j);
+            uint32_t bits = carls_get_le32(r->payload + 4 * j);
             memcpy(&r->values[j], &bits, 4);
             if (!isfinite(r->values[j]))
                 return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: value %u is not finite", r->path,
@@ -387,13 +369,13 @@ static int s_check_trailer(kb_export_reader_t *r, char *err, size_t errlen)
     rc = s_read(r, t + 16, 4, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t stored = s_get32(t + 16);
+    uint32_t stored = carls_get_le32(t + 16);
     if (stored != computed_body)
         return carls_errorf(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the "
                       "file is damaged", r->path, stored, computed_body);
     if (memcmp(t, KB_EXPORT_END_MAGIC, 8) != 0)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: no trailer at the end of the file", r->path);
-    uint64_t count = s_get64(t + 8);
+    uint64_t count = carls_get_le64(t + 8);
     if (count != r->rows_read)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the trailer says %llu rows, the file holds %llu", r->path,
                       (unsigned long long)count, (unsigned long long)r->rows_read);
@@ -414,7 +396,7 @@ static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t 
     uint8_t c[4];
     if (fread(c, 1, 4, r->f) != 4)
         return code;
-    uint32_t stored = s_get32(c);
+    uint32_t stored = carls_get_le32(c);
     if (stored == r->crc)
         return code;
     char detail[256];
@@ -453,9 +435,9 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
                     KB_EXPORT_MAGIC);
         goto fail;
     }
-    if (got >= 12 && s_get32(head + 8) != KB_EXPORT_VERSION) {
+    if (got >= 12 && carls_get_le32(head + 8) != KB_EXPORT_VERSION) {
         rc = carls_errorf(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
-                    path, s_get32(head + 8), KB_EXPORT_VERSION);
+                    path, carls_get_le32(head + 8), KB_EXPORT_VERSION);
         goto fail;
     }
     if (r->size < S_MIN_FILE_BYTES) {
@@ -482,7 +464,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, head, sizeof head, err, errlen);
     if (rc != 0)
         goto fail;
-    uint32_t name_len = s_get32(head + 12);
+    uint32_t name_len = carls_get_le32(head + 12);
     if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
         rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
                     CARLS_MAX_TABLE_NAME_BYTES);
@@ -502,7 +484,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, b4, 4, err, errlen);
     if (rc != 0)
         goto structural;
-    uint32_t cfg_len = s_get32(b4);
+    uint32_t cfg_len = carls_get_le32(b4);
     if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
         rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
                     KB_EXPORT_MAX_CONFIG_BYTES);

@@ -1,5 +1,7 @@
-/* base/util: growable arrays (capacities, contents kept, several arrays sharing one count) and CRC-32 (the
- * standard check value, pieces fed in turn, agreement with zlib's crc32). */
+/* base/util and base/bytes: growable arrays (capacities, contents kept, several arrays sharing one count),
+ * CRC-32 (the standard check value, pieces fed in turn, agreement with zlib's crc32) and little-endian
+ * integers in byte buffers. */
+#include "bytes.h"
 #include "util.h"
 
 #include <setjmp.h>
@@ -85,12 +87,35 @@ static void test_crc32(void **state)
     free(buf);
 }
 
+static void test_little_endian(void **state)
+{
+    (void)state;
+    unsigned char b[8];
+    carls_put_le16(b, 0x0102);
+    assert_int_equal(b[0], 0x02);
+    assert_int_equal(b[1], 0x01);
+    assert_int_equal(carls_get_le16(b), 0x0102);
+    carls_put_le32(b, 0x01020304u);
+    const unsigned char want32[4] = {0x04, 0x03, 0x02, 0x01};
+    assert_memory_equal(b, want32, 4);
+    assert_int_equal(carls_get_le32(b), 0x01020304u);
+    carls_put_le64(b, 0x0102030405060708ull);
+    const unsigned char want64[8] = {0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
+    assert_memory_equal(b, want64, 8);
+    assert_true(carls_get_le64(b) == 0x0102030405060708ull);
+    carls_put_le64(b, UINT64_MAX); /* the top bits survive the round trip */
+    assert_true(carls_get_le64(b) == UINT64_MAX);
+    carls_put_le32(b, 0xfffffffeu);
+    assert_int_equal(carls_get_le32(b), 0xfffffffeu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grow_cap),
         cmocka_unit_test(test_grow_keeps_contents),
         cmocka_unit_test(test_crc32),
+        cmocka_unit_test(test_little_endian),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
