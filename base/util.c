@@ -2,6 +2,7 @@
 
 #include "log.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -129,7 +130,9 @@ uint32_t carls_crc32(uint32_t crc, const void *data, size_t len)
 
 int carls_parse_u64(const char *text, uint64_t *out)
 {
-    if (!text || !*text || *text == '-')
+    /* A digit first: strtoull would also take blanks, a '+' and a '-' (wrapping "-1" or " -1" around to
+     * 2^64 - 1). */
+    if (!text || !isdigit((unsigned char)*text))
         return -1;
     char *end;
     errno = 0;
@@ -142,14 +145,14 @@ int carls_parse_u64(const char *text, uint64_t *out)
 
 int carls_parse_i64(const char *text, int64_t *out)
 {
-    if (!text || !*text)
+    if (!text)
         return -1;
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || *end)
+    bool negative = *text == '-';
+    uint64_t magnitude;
+    if (carls_parse_u64(text + negative, &magnitude) != 0 || magnitude > (uint64_t)INT64_MAX + negative)
         return -1;
-    *out = v;
+    /* -(magnitude - 1) - 1 reaches INT64_MIN without overflowing. */
+    *out = !negative ? (int64_t)magnitude : magnitude == 0 ? 0 : -(int64_t)(magnitude - 1) - 1;
     return 0;
 }
 

@@ -45,7 +45,9 @@ void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char
  * feed the pieces in order. Any len (zlib's own takes 32-bit lengths). */
 uint32_t carls_crc32(uint32_t crc, const void *data, size_t len);
 
-/* Strict number parsing for command lines: the whole string must be a number in range. 0 on success. */
+/* Strict number parsing for command lines and text fields: the whole string must be a number in range,
+ * integers in decimal digits only (carls_parse_i64: after an optional '-'; no blanks, no '+'). 0 on
+ * success, -1 otherwise (*out untouched). */
 int carls_parse_u64(const char *text, uint64_t *out);
 int carls_parse_i64(const char *text, int64_t *out);
 int carls_parse_float(const char *text, float *out);

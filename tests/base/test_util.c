@@ -1,6 +1,6 @@
 /* base/util and base/bytes: growable arrays (capacities, contents kept, several arrays sharing one count),
  * CRC-32 (the standard check value, pieces fed in turn, agreement with zlib's crc32) and little-endian
- * integers in byte buffers. */
+ * integers in byte buffers, strict integer parsing. */
 #include "bytes.h"
 #include "util.h"
 
@@ -109,6 +109,42 @@ static void test_little_endian(void **state)
     assert_int_equal(carls_get_le32(b), 0xfffffffeu);
 }
 
+static void test_parse_integers(void **state)
+{
+    (void)state;
+    uint64_t u = 7;
+    assert_int_equal(carls_parse_u64("0", &u), 0);
+    assert_true(u == 0);
+    assert_int_equal(carls_parse_u64("18446744073709551615", &u), 0);
+    assert_true(u == UINT64_MAX);
+    const char *bad_u[] = {"", "-1", " -1", " 5", "+5", "5 ", "5x", "0x10", "18446744073709551616", NULL};
+    for (int i = 0; bad_u[i]; i++) {
+        u = 7;
+        assert_int_equal(carls_parse_u64(bad_u[i], &u), -1);
+        assert_true(u == 7); /* untouched */
+    }
+    assert_int_equal(carls_parse_u64(NULL, &u), -1);
+
+    int64_t s = 7;
+    assert_int_equal(carls_parse_i64("-42", &s), 0);
+    assert_true(s == -42);
+    assert_int_equal(carls_parse_i64("42", &s), 0);
+    assert_true(s == 42);
+    assert_int_equal(carls_parse_i64("-0", &s), 0);
+    assert_true(s == 0);
+    assert_int_equal(carls_parse_i64("9223372036854775807", &s), 0);
+    assert_true(s == INT64_MAX);
+    assert_int_equal(carls_parse_i64("-9223372036854775808", &s), 0);
+    assert_true(s == INT64_MIN);
+    const char *bad_s[] = {"", "-", "--1", "- 1", " 1", "+1", "1.5", "9223372036854775808",
+                           "-9223372036854775809", NULL};
+    for (int i = 0; bad_s[i]; i++) {
+        s = 7;
+        assert_int_equal(carls_parse_i64(bad_s[i], &s), -1);
+        assert_true(s == 7);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -116,6 +152,7 @@ int main(void)
         cmocka_unit_test(test_grow_keeps_contents),
         cmocka_unit_test(test_crc32),
         cmocka_unit_test(test_little_endian),
+        cmocka_unit_test(test_parse_integers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
