@@ -427,25 +427,17 @@ size_t data_gcide_mask(const char *headword, const char *def, char *out)
     return removed;
 }
 
-/* Tokenizes like data_text (letters, apostrophes and bytes >= 0x80 form words; ASCII lowercased; outer
- * apostrophes dropped) into space-separated words. out holds at least len + 1 bytes. */
+/* Tokenizes with data_text's word rule (data_text_word_at; ASCII lowercased) into space-separated words.
+ * out holds at least len + 1 bytes. */
 static size_t s_tokenize(const char *in, size_t len, char *out)
 {
     size_t o = 0, i = 0;
     while (i < len) {
-        unsigned char c = (unsigned char)in[i];
-        if (!(s_is_letter(c) || c == '\'' || c >= 0x80)) {
+        size_t s, e;
+        if (!data_text_word_at(in, len, &i, &s, &e)) {
             i++;
             continue;
         }
-        size_t s = i;
-        while (i < len && (s_is_letter((unsigned char)in[i]) || in[i] == '\'' || (unsigned char)in[i] >= 0x80))
-            i++;
-        size_t e = i;
-        while (s < e && in[s] == '\'')
-            s++;
-        while (e > s && in[e - 1] == '\'')
-            e--;
         if (s == e)
             continue;
         if (o)

@@ -17,6 +17,25 @@ static inline bool s_word_byte(unsigned char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '\'' || c >= 0x80;
 }
 
+int data_text_word_at(const char *text, size_t len, size_t *pos, size_t *start, size_t *end)
+{
+    size_t i = *pos;
+    if (!s_word_byte((unsigned char)text[i]))
+        return 0;
+    size_t s = i;
+    while (i < len && s_word_byte((unsigned char)text[i]))
+        i++;
+    size_t e = i;
+    while (s < e && text[s] == '\'')
+        s++;
+    while (e > s && text[e - 1] == '\'')
+        e--;
+    *pos = i;
+    *start = s;
+    *end = e;
+    return 1;
+}
+
 size_t data_text_strip_bible(const char *raw, size_t len, char *out)
 {
     size_t o = 0;
@@ -67,18 +86,11 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
             i++;
             continue;
         }
-        if (!s_word_byte((unsigned char)raw[i])) {
+        size_t s, e;
+        if (!data_text_word_at(raw, len, &i, &s, &e)) {
             i++;
             continue;
         }
-        size_t s = i;
-        while (i < len && s_word_byte((unsigned char)raw[i]))
-            i++;
-        size_t e = i;
-        while (s < e && raw[s] == '\'')
-            s++;
-        while (e > s && raw[e - 1] == '\'')
-            e--;
         while (s < e) {
             size_t piece = e - s > DATA_TEXT_MAX_TOKEN ? DATA_TEXT_MAX_TOKEN : e - s;
             if (t->n_tokens + 1 > tok_cap) {
