@@ -473,6 +473,33 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
     return 0;
 }
 
+int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t errlen)
+{
+    if (!path || !step) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_peek_step: no path or output");
+    }
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", path, strerror(errno));
+    }
+    unsigned char h[32]; /* magic, version, tensor count, file length, step */
+    int rc = s_read_all(fd, h, sizeof h);
+    int e = errno;
+    close(fd);
+    if (rc != 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(e));
+    }
+    if (memcmp(h, CARLS_CKPT_MAGIC, 8) != 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EMAGIC, "%s is not a carls checkpoint (bad magic)", path);
+    }
+    if (carls_get_le32(h + 8) != CARLS_CKPT_VERSION) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u", path,
+                            carls_get_le32(h + 8));
+    }
+    *step = carls_get_le64(h + 24);
+    return 0;
+}
+
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen)
 {
     if (!path || !out) {

@@ -76,6 +76,10 @@ int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size
 /* Reads and verifies path. On success *out is a new checkpoint the caller owns. */
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen);
 
+/* Reads only the header of path (magic, version, step) into *step, without verifying the rest: a cheap look
+ * for progress reports (how far behind a consumer is); carls_ckpt_read is what verifies a file. */
+int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t errlen);
+
 /* Writes DIR/ckpt-<step, 12 digits>.ckpt (creating DIR and its parents if needed), then replaces DIR/latest
  * (a one-line file naming it) atomically. path_out (path_len bytes, may be NULL) receives the file's path. */
 int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path_out, size_t path_len, char *err,

@@ -94,23 +94,10 @@ static int s_read_latest(const km_watch_t *w, char *text, size_t len)
 uint64_t km_watch_latest_step(const km_watch_t *self)
 {
     char path[4200], err[256];
-    if (carls_ckpt_latest_path(self->dir, path, sizeof path, err, sizeof err) != 0) {
-        return 0;
-    }
-    /* The header: magic (8), version (4), tensor count (4), file length (8), step (8). */
-    unsigned char h[32];
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return 0;
-    }
-    size_t n = fread(h, 1, sizeof h, f);
-    fclose(f);
-    if (n != sizeof h || memcmp(h, CARLS_CKPT_MAGIC, 8) != 0) {
-        return 0;
-    }
     uint64_t step = 0;
-    for (int i = 7; i >= 0; i--) {
-        step = step << 8 | h[24 + i];
+    if (carls_ckpt_latest_path(self->dir, path, sizeof path, err, sizeof err) != 0 ||
+        carls_ckpt_peek_step(path, &step, err, sizeof err) != 0) {
+        return 0;
     }
     return step;
 }

@@ -120,6 +120,10 @@ static void test_round_trip_and_latest(void **state)
     assert_int_equal(carls_ckpt_latest_path(dir, latest, sizeof latest, err, sizeof err), 0);
     assert_string_equal(latest, path);
     assert_non_null(strstr(latest, "ckpt-000000000300.ckpt"));
+    uint64_t peeked = 0;
+    assert_int_equal(carls_ckpt_peek_step(latest, &peeked, err, sizeof err), 0); /* the header alone */
+    assert_true(peeked == 300);
+    assert_int_equal(carls_ckpt_peek_step(dir, &peeked, err, sizeof err), CARLS_CKPT_EIO); /* a directory */
 
     carls_ckpt_t *r = NULL;
     assert_int_equal(carls_ckpt_read(latest, &r, err, sizeof err), 0);
@@ -224,6 +228,8 @@ static void test_refuses_bad_files(void **state)
     buf[0] = 'X';
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
+    uint64_t peeked;
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EMAGIC);
 
     s_spit(bad, (const unsigned char *)"hello world, not a checkpoint", 29);
     s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
@@ -232,6 +238,9 @@ static void test_refuses_bad_files(void **state)
     carls_put_le32(buf + 8, 2);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_EVERSION, "version 2");
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EVERSION);
+    s_spit(bad, ref, 20); /* cut inside the header */
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EIO);
 
     size_t cuts[] = {0, 5, 11, 20, 37, 60, len - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
