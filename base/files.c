@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -221,6 +222,23 @@ int carls_write_file_atomic(const char *path, const void *data, size_t len, mode
         done += (size_t)n;
     }
     return carls_atomic_commit(&file, err, errlen);
+}
+
+int carls_read_first_line(const char *path, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return -1;
+    }
+    bool got = fgets(out, (int)(outlen > INT_MAX ? INT_MAX : outlen), f) != NULL;
+    fclose(f);
+    if (!got) {
+        out[0] = '\0';
+        return -1;
+    }
+    out[strcspn(out, "\r\n")] = '\0';
+    return 0;
 }
 
 /* mkdir of one component; an existing directory counts as success. */

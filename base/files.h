@@ -57,6 +57,13 @@ void carls_atomic_abort(carls_atomic_file_t **self_p);
 int carls_write_file_atomic(const char *path, const void *data, size_t len, mode_t mode, int flags, char *err,
                             size_t errlen);
 
+/* ---- small text files --------------------------------------------------------------------------------- */
+
+/* Reads the first line of path into out (outlen bytes, at least 1), without its line end: how programs read
+ * the one-line files others write atomically (kb-server's endpoint file). 0, or -1 with out "" when the file
+ * is missing, unreadable or empty. A longer line is cut to outlen - 1 bytes. */
+int carls_read_first_line(const char *path, char *out, size_t outlen);
+
 /* ---- directories ------------------------------------------------------------------------------------------ */
 
 /* mkdir -p: creates path and its missing parents with mode (& ~umask). An existing directory is fine; an

@@ -349,15 +349,7 @@ static void s_event(s_run_t *r, const char *fmt, ...)
 /* Reads the endpoint a kb-server wrote to r->epfile into buf ("" when there is none yet). */
 static void s_read_endpoint(const s_run_t *r, char *buf, size_t len)
 {
-    buf[0] = '\0';
-    FILE *f = fopen(r->epfile, "r");
-    if (f) {
-        if (!fgets(buf, (int)len, f)) {
-            buf[0] = '\0';
-        }
-        buf[strcspn(buf, "\r\n")] = '\0';
-        fclose(f);
-    }
+    carls_read_first_line(r->epfile, buf, len); /* "" when there is none */
 }
 
 /* The bank died: restart it with the same flags, data directory and endpoint, unless max_bank_restarts are

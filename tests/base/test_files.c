@@ -1,6 +1,6 @@
 /* base/files: atomic writes (content after commit, the temporary file gone, the target untouched on abort and
  * on every kind of failure, the mode honoured, refusal to overwrite) and mkdir -p (nested, existing, a file
- * in the way). */
+ * in the way), and reading the first line of a small file. */
 #include "files.h"
 #include "maker_testlib.h"
 
@@ -242,6 +242,28 @@ static void test_failures_leave_target(void **state)
     assert_null(file);
 }
 
+static void test_read_first_line(void **state)
+{
+    (void)state;
+    char dir[512], path[600], line[16];
+    s_subdir("lines", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/endpoint", dir);
+    assert_int_equal(carls_read_first_line(path, line, sizeof line), -1); /* missing */
+    assert_string_equal(line, "");
+    s_spit(path, "");
+    assert_int_equal(carls_read_first_line(path, line, sizeof line), -1); /* empty */
+    assert_string_equal(line, "");
+    s_spit(path, "tcp://h:1\r\nsecond\n");
+    assert_int_equal(carls_read_first_line(path, line, sizeof line), 0);
+    assert_string_equal(line, "tcp://h:1");
+    s_spit(path, "no line end");
+    assert_int_equal(carls_read_first_line(path, line, sizeof line), 0);
+    assert_string_equal(line, "no line end");
+    s_spit(path, "a line longer than the buffer\n");
+    assert_int_equal(carls_read_first_line(path, line, sizeof line), 0);
+    assert_string_equal(line, "a line longer t"); /* cut to 15 bytes */
+}
+
 static void test_mkdir_p(void **state)
 {
     (void)state;
@@ -294,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_stream_commit),
         cmocka_unit_test(test_stream_abort),
         cmocka_unit_test(test_failures_leave_target),
+        cmocka_unit_test(test_read_first_line),
         cmocka_unit_test(test_mkdir_p),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
