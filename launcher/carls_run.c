@@ -346,12 +346,6 @@ static void s_event(s_run_t *r, const char *fmt, ...)
     }
 }
 
-/* Reads the endpoint a kb-server wrote to r->epfile into buf ("" when there is none yet). */
-static void s_read_endpoint(const s_run_t *r, char *buf, size_t len)
-{
-    carls_read_first_line(r->epfile, buf, len); /* "" when there is none */
-}
-
 /* The bank died: restart it with the same flags, data directory and endpoint, unless max_bank_restarts are
  * used up (then r->bank_lost). Returns 0, or -1 when the run must stop. */
 static int s_bank_died(s_run_t *r)
@@ -439,7 +433,7 @@ static int s_supervise(s_run_t *r)
     }
     if (r->bank_wait_deadline && r->server.running) {
         char ep[512];
-        s_read_endpoint(r, ep, sizeof ep);
+        carls_read_first_line(r->epfile, ep, sizeof ep); /* "" until the server has written it */
         if (*ep) {
             const double away = (double)(carls_monotonic_ms() - r->bank_down_ms) / 1000.0;
             if (strcmp(ep, r->endpoint) != 0) {
@@ -819,7 +813,7 @@ int carls_run_main(int argc, char **argv)
         }
         r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
         for (int i = 0; i < 600 && !s_interrupted; i++) {
-            s_read_endpoint(r, r->endpoint, sizeof r->endpoint);
+            carls_read_first_line(r->epfile, r->endpoint, sizeof r->endpoint);
             if (*r->endpoint || carls_proc_poll(&r->server)) {
                 break;
             }
