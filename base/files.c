@@ -88,9 +88,10 @@ int carls_atomic_open(const char *path, mode_t mode, int flags, carls_atomic_fil
     if (fd < 0) {
         int e = errno;
         s_free(self);
+        int rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create a temporary file beside %s: %s", path,
+                              strerror(e));
         errno = e;
-        return carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create a temporary file beside %s: %s", path,
-                            strerror(e));
+        return rc;
     }
     const char *failed = NULL;
     if ((flags & CARLS_FILE_EXACT_MODE) && fchmod(fd, mode & 07777) != 0) {
@@ -241,34 +242,36 @@ int carls_read_first_line(const char *path, char *out, size_t outlen)
     return 0;
 }
 
-/* mkdir of one component; an existing directory counts as success. */
+/* mkdir of one component (dir, a prefix of whole); an existing directory counts as success. */
 static int s_mkdir_one(const char *dir, mode_t mode, const char *whole, char *err, size_t errlen)
 {
     if (mkdir(dir, mode) == 0) {
         return 0;
     }
-    int e = errno;
+    int e = errno, rc;
     struct stat st;
     if (e == EEXIST && stat(dir, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {
             return 0;
         }
-        errno = ENOTDIR;
-        return carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s exists and is not a directory",
-                            whole, dir);
+        e = ENOTDIR;
+        rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s exists and is not a directory",
+                          whole, dir);
+    } else if (strcmp(dir, whole) == 0) {
+        rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s", whole, strerror(e));
+    } else {
+        rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s: %s", whole, dir, strerror(e));
     }
     errno = e;
-    if (strcmp(dir, whole) == 0) {
-        return carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s", whole, strerror(e));
-    }
-    return carls_errorf(err, errlen, CARLS_FILE_EIO, "cannot create directory %s: %s: %s", whole, dir, strerror(e));
+    return rc;
 }
 
 int carls_mkdir_p(const char *path, mode_t mode, char *err, size_t errlen)
 {
     if (!path || !*path) {
+        int rc = carls_errorf(err, errlen, CARLS_FILE_EINVAL, "carls_mkdir_p: no path");
         errno = EINVAL;
-        return carls_errorf(err, errlen, CARLS_FILE_EINVAL, "carls_mkdir_p: no path");
+        return rc;
     }
     char *dir = carls_xmalloc(strlen(path) + 1);
     strcpy(dir, path);
