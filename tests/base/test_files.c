@@ -34,11 +34,13 @@ static int s_teardown(void **state)
     return 0;
 }
 
-/* A fresh directory under the test's own for one test. */
-static void s_subdir(const char *name, char *out, size_t outlen)
+/* A fresh directory s_dir/name for one test (into dir, 512 bytes) and the path of `file` in it (into path,
+ * 600 bytes). */
+static void s_fresh(const char *name, const char *file, char *dir, char *path)
 {
-    snprintf(out, outlen, "%s/%s", s_dir, name);
-    assert_int_equal(mkdir(out, 0755), 0);
+    snprintf(dir, 512, "%s/%s", s_dir, name);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, 600, "%s/%s", dir, file);
 }
 
 /* The whole file as a NUL-terminated string (NULL when it cannot be opened). Caller frees. */
@@ -97,8 +99,7 @@ static mode_t s_mode(const char *path)
 static carls_atomic_file_t *s_open_over(const char *name, const char *old_text, char *dir, char *path)
 {
     char err[512];
-    s_subdir(name, dir, 512);
-    snprintf(path, 600, "%s/target", dir);
+    s_fresh(name, "target", dir, path);
     s_spit(path, old_text);
     carls_atomic_file_t *file = NULL;
     assert_int_equal(carls_atomic_open(path, 0644, 0, &file, err, sizeof err), 0);
@@ -110,8 +111,7 @@ static void test_write_creates_and_replaces(void **state)
 {
     (void)state;
     char dir[512], path[600], err[512];
-    s_subdir("whole", dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/f.txt", dir);
+    s_fresh("whole", "f.txt", dir, path);
     assert_int_equal(carls_write_file_atomic(path, "first\n", 6, 0666, 0, err, sizeof err), 0);
     s_assert_content(path, "first\n");
     assert_int_equal(s_mode(path), 0644); /* 0666 & ~umask 022 */
@@ -126,8 +126,7 @@ static void test_exact_mode(void **state)
 {
     (void)state;
     char dir[512], path[600], err[512];
-    s_subdir("mode", dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/secret", dir);
+    s_fresh("mode", "secret", dir, path);
     mode_t old = umask(0);
     assert_int_equal(carls_write_file_atomic(path, "s", 1, 0600, CARLS_FILE_EXACT_MODE, err, sizeof err), 0);
     assert_int_equal(s_mode(path), 0600);
@@ -145,8 +144,7 @@ static void test_no_overwrite(void **state)
 {
     (void)state;
     char dir[512], path[600], err[512];
-    s_subdir("keep", dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/key", dir);
+    s_fresh("keep", "key", dir, path);
     assert_int_equal(carls_write_file_atomic(path, "one", 3, 0600, CARLS_FILE_NO_OVERWRITE, err, sizeof err), 0);
     s_assert_content(path, "one");
     err[0] = '\0';
@@ -201,10 +199,9 @@ static void test_failures_leave_target(void **state)
 {
     (void)state;
     char dir[512], path[600], err[512];
-    s_subdir("fail", dir, sizeof dir);
+    s_fresh("fail", "missing/x", dir, path);
 
     /* No such directory: nothing can be created. */
-    snprintf(path, sizeof path, "%s/missing/x", dir);
     err[0] = '\0';
     assert_int_equal(carls_write_file_atomic(path, "x", 1, 0644, 0, err, sizeof err), CARLS_FILE_EIO);
     printf("  missing directory: %s\n", err);
@@ -246,8 +243,7 @@ static void test_read_first_line(void **state)
 {
     (void)state;
     char dir[512], path[600], line[16];
-    s_subdir("lines", dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/endpoint", dir);
+    s_fresh("lines", "endpoint", dir, path);
     assert_int_equal(carls_read_first_line(path, line, sizeof line), -1); /* missing */
     assert_string_equal(line, "");
     s_spit(path, "");
