@@ -25,6 +25,8 @@
  * Only the file itself (bounded by its real size) and the tensor table (bounded by the count cap) are
  * allocated before the checks that justify them. */
 #include "checkpoint.h"
+#include "bytes.h"
+#include "files.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -37,7 +39,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint.c stores floats with memcpy and assumes a little-endian host"
@@ -50,7 +51,7 @@ struct carls_ckpt {
     char kind[CARLS_CKPT_MAX_KIND + 1]; /* model kind, NUL-terminated */
     uint64_t step;                      /* training step the tensors belong to */
     int count;                          /* tensors in use */
-    int cap;                            /* tensors allocated */
+    size_t cap;                         /* tensors allocated */
     carls_ckpt_tensor_t *tensors;       /* (cap), owned */
     uint32_t crc;                       /* CRC of the file it was read from, else 0 */
     uint64_t file_bytes;                /* size of the file it was read from, else 0 */
@@ -157,15 +158,7 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
 /* Appends a tensor, taking ownership of name and data. */
 static int s_append(carls_ckpt_t *self, char *name, int ndim, const int64_t *dims, uint64_t numel, float *data)
 {
-    if (self->count == self->cap) {
-        int cap = self->cap ? self->cap * 2 : 8;
-        carls_ckpt_tensor_t *t = realloc(self->tensors, sizeof *t * (size_t)cap);
-        if (!t) {
-            return CARLS_CKPT_EIO;
-        }
-        self->tensors = t;
-        self->cap = cap;
-    }
+    self->tensors = carls_grow(self->tensors, &self->cap, (size_t)self->count + 1, sizeof *self->tensors);
     carls_ckpt_tensor_t *t = &self->tensors[self->count++];
     memset(t, 0, sizeof *t);
     t->name = name;
@@ -242,67 +235,13 @@ uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self)
 
 /* ---- little-endian helpers ---- */
 
-static void s_put_u16(unsigned char *p, uint16_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-}
-
-static void s_put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static void s_put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static uint16_t s_get_u16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t s_get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t s_get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-/* zlib's crc32 over a buffer of any size (its length argument is 32-bit). */
-static uint32_t s_crc(uint32_t crc, const unsigned char *p, uint64_t n)
-{
-    while (n > 0) {
-        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        crc = (uint32_t)crc32(crc, p, chunk);
-        p += chunk;
-        n -= chunk;
-    }
-    return crc;
-}
-
 /* ---- writing ---- */
 
 typedef struct {
     FILE *f;      /* output */
     uint32_t crc; /* running CRC of everything written */
     bool failed;  /* a write failed */
+    int error;    /* errno of the failed write */
 } s_writer_t;
 
 static void s_emit(s_writer_t *w, const void *data, size_t len)
@@ -312,93 +251,10 @@ static void s_emit(s_writer_t *w, const void *data, size_t len)
     }
     if (fwrite(data, 1, len, w->f) != len) {
         w->failed = true;
+        w->error = errno ? errno : EIO;
         return;
     }
-    w->crc = s_crc(w->crc, data, len);
-}
-
-/* Directory part of path ("." when it has none) into out. */
-static void s_dirname(const char *path, char *out, size_t outlen)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        snprintf(out, outlen, ".");
-    } else if (slash == path) {
-        snprintf(out, outlen, "/");
-    } else {
-        snprintf(out, outlen, "%.*s", (int)(slash - path), path);
-    }
-}
-
-static int s_fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) {
-        return -1;
-    }
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-/* Writes what fn(ctx, writer) emits (plus its CRC-32 when with_crc) to path: temporary file, fsync, rename,
- * fsync of the directory. */
-typedef void (*s_body_fn)(const void *ctx, s_writer_t *w);
-
-static int s_atomic_write(const char *path, s_body_fn fn, const void *ctx, bool with_crc, char *err, size_t errlen)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "path too long: %s", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create %s: %s", tmp, strerror(errno));
-    }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fdopen %s: %s", tmp, strerror(e));
-    }
-    s_writer_t w = {.f = f, .crc = (uint32_t)crc32(0L, Z_NULL, 0)};
-    fn(ctx, &w);
-    if (with_crc) {
-        unsigned char c[4];
-        s_put_u32(c, w.crc); /* the CRC covers everything before it */
-        s_emit(&w, c, 4);
-    }
-    const char *step = "write";
-    int e = 0;
-    if (w.failed) {
-        e = errno;
-    } else if (fflush(f) != 0) {
-        e = errno;
-        step = "flush";
-    } else if (fsync(fileno(f)) != 0) {
-        e = errno;
-        step = "fsync";
-    }
-    if (fclose(f) != 0 && e == 0) {
-        e = errno;
-        step = "close";
-    }
-    if (w.failed || e != 0) {
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s %s: %s", step, tmp, strerror(e ? e : EIO));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    char dir[4096];
-    s_dirname(path, dir, sizeof dir);
-    if (s_fsync_dir(dir) != 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "fsync directory %s: %s", dir, strerror(errno));
-    }
-    return 0;
+    w->crc = carls_crc32(w->crc, data, len);
 }
 
 static uint64_t s_file_bytes(const carls_ckpt_t *self)
@@ -411,30 +267,29 @@ static uint64_t s_file_bytes(const carls_ckpt_t *self)
     return n;
 }
 
-static void s_write_body(const void *ctx, s_writer_t *w)
+static void s_write_body(const carls_ckpt_t *self, s_writer_t *w)
 {
-    const carls_ckpt_t *self = ctx;
     unsigned char h[S_HEADER_BYTES];
     size_t kind_len = strlen(self->kind);
     memcpy(h, CARLS_CKPT_MAGIC, 8);
-    s_put_u32(h + 8, CARLS_CKPT_VERSION);
-    s_put_u32(h + 12, (uint32_t)self->count);
-    s_put_u64(h + 16, s_file_bytes(self));
-    s_put_u64(h + 24, self->step);
-    s_put_u16(h + 32, (uint16_t)kind_len);
+    carls_put_le32(h + 8, CARLS_CKPT_VERSION);
+    carls_put_le32(h + 12, (uint32_t)self->count);
+    carls_put_le64(h + 16, s_file_bytes(self));
+    carls_put_le64(h + 24, self->step);
+    carls_put_le16(h + 32, (uint16_t)kind_len);
     s_emit(w, h, sizeof h);
     s_emit(w, self->kind, kind_len);
     for (int i = 0; i < self->count; i++) {
         const carls_ckpt_tensor_t *t = &self->tensors[i];
         unsigned char th[4 + 8 * CARLS_CKPT_MAX_DIMS];
         size_t name_len = strlen(t->name);
-        s_put_u16(th, (uint16_t)name_len);
+        carls_put_le16(th, (uint16_t)name_len);
         s_emit(w, th, 2);
         s_emit(w, t->name, name_len);
         th[0] = S_DTYPE_F32;
         th[1] = (unsigned char)t->ndim;
         for (int d = 0; d < t->ndim; d++) {
-            s_put_u64(th + 2 + 8 * d, (uint64_t)t->dims[d]);
+            carls_put_le64(th + 2 + 8 * d, (uint64_t)t->dims[d]);
         }
         s_emit(w, th, 2 + 8 * (size_t)t->ndim);
         s_emit(w, t->data, sizeof(float) * (size_t)t->numel);
@@ -446,7 +301,23 @@ int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size
     if (!self || !path || !*path) {
         return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_write: no checkpoint or path");
     }
-    return s_atomic_write(path, s_write_body, self, true, err, errlen);
+    carls_atomic_file_t *file = NULL;
+    int rc = carls_atomic_open(path, 0644, 0, &file, err, errlen);
+    if (rc != 0) {
+        return CARLS_CKPT_EIO;
+    }
+    s_writer_t w = {.f = carls_atomic_stream(file), .crc = 0};
+    s_write_body(self, &w);
+    unsigned char crc[4];
+    carls_put_le32(crc, w.crc); /* the CRC covers everything before it */
+    s_emit(&w, crc, 4);
+    if (w.failed) {
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "write %s: %s", carls_atomic_tmp_path(file),
+                          strerror(w.error));
+        carls_atomic_abort(&file);
+        return rc;
+    }
+    return carls_atomic_commit(&file, err, errlen) == 0 ? 0 : CARLS_CKPT_EIO;
 }
 
 /* ---- reading ---- */
@@ -491,19 +362,19 @@ static int s_read_all(int fd, unsigned char *buf, uint64_t n)
 static int s_parse(const unsigned char *buf, uint64_t size, const char *path, carls_ckpt_t **out, char *err,
                    size_t errlen)
 {
-    uint32_t count = s_get_u32(buf + 12);
-    uint16_t kind_len = s_get_u16(buf + 32);
+    uint32_t count = carls_get_le32(buf + 12);
+    uint16_t kind_len = carls_get_le16(buf + 32);
     char kind[CARLS_CKPT_MAX_KIND + 1];
     memcpy(kind, buf + S_HEADER_BYTES, kind_len);
     kind[kind_len] = '\0';
     if (strlen(kind) != kind_len) {
         return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: model kind contains a NUL byte", path);
     }
-    carls_ckpt_t *self = carls_ckpt_new(kind, s_get_u64(buf + 24));
+    carls_ckpt_t *self = carls_ckpt_new(kind, carls_get_le64(buf + 24));
     if (!self) {
         return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
     }
-    self->crc = s_get_u32(buf + size - 4);
+    self->crc = carls_get_le32(buf + size - 4);
     self->file_bytes = size;
     s_cursor_t c = {.p = buf + S_HEADER_BYTES + kind_len, .end = buf + size - 4};
     int rc = 0;
@@ -513,7 +384,7 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
             rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: header runs past the end", path, i);
             break;
         }
-        uint16_t name_len = s_get_u16(p);
+        uint16_t name_len = carls_get_le16(p);
         if (name_len == 0 || name_len > CARLS_CKPT_MAX_NAME) {
             rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: tensor %u: name length %u outside 1..%u", path, i,
                         name_len, CARLS_CKPT_MAX_NAME);
@@ -550,7 +421,7 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
         uint64_t numel = 1;
         bool ok = true;
         for (int d = 0; d < ndim; d++) {
-            uint64_t v = s_get_u64(dims_p + 8 * d);
+            uint64_t v = carls_get_le64(dims_p + 8 * d);
             if (v < 1 || v > CARLS_CKPT_MAX_ELEMENTS || numel * v > CARLS_CKPT_MAX_ELEMENTS) {
                 rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT,
                             "%s: tensor '%s': dimension %d is %llu (each >= 1, at most %llu elements in all)", path,
@@ -602,6 +473,33 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
     return 0;
 }
 
+int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t errlen)
+{
+    if (!path || !step) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_peek_step: no path or output");
+    }
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open %s: %s", path, strerror(errno));
+    }
+    unsigned char h[32]; /* magic, version, tensor count, file length, step */
+    int rc = s_read_all(fd, h, sizeof h);
+    int e = errno;
+    close(fd);
+    if (rc != 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(e));
+    }
+    if (memcmp(h, CARLS_CKPT_MAGIC, 8) != 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EMAGIC, "%s is not a carls checkpoint (bad magic)", path);
+    }
+    if (carls_get_le32(h + 8) != CARLS_CKPT_VERSION) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u", path,
+                            carls_get_le32(h + 8));
+    }
+    *step = carls_get_le64(h + 24);
+    return 0;
+}
+
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen)
 {
     if (!path || !out) {
@@ -639,7 +537,7 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
                     (unsigned long long)size);
         goto cleanup;
     }
-    uint32_t version = s_get_u32(h + 8);
+    uint32_t version = carls_get_le32(h + 8);
     if (version != CARLS_CKPT_VERSION) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u (this build reads %u)",
                     path, version, CARLS_CKPT_VERSION);
@@ -650,9 +548,9 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
                     (unsigned long long)size);
         goto cleanup;
     }
-    uint32_t count = s_get_u32(h + 12);
-    uint64_t stated = s_get_u64(h + 16);
-    uint16_t kind_len = s_get_u16(h + 32);
+    uint32_t count = carls_get_le32(h + 12);
+    uint64_t stated = carls_get_le64(h + 16);
+    uint16_t kind_len = carls_get_le16(h + 32);
     if (count > CARLS_CKPT_MAX_TENSORS) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: %u tensors (at most %u)", path, count, CARLS_CKPT_MAX_TENSORS);
         goto cleanup;
@@ -692,8 +590,8 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
         rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "read %s: %s", path, strerror(errno));
         goto cleanup;
     }
-    uint32_t want = s_get_u32(buf + size - 4);
-    uint32_t got = s_crc((uint32_t)crc32(0L, Z_NULL, 0), buf, size - 4);
+    uint32_t want = carls_get_le32(buf + size - 4);
+    uint32_t got = carls_crc32(0, buf, size - 4);
     if (want != got) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x)", path,
                     want, got);
@@ -708,42 +606,14 @@ cleanup:
 
 /* ---- checkpoint directories ---- */
 
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    return 0;
-}
-
-static void s_write_text(const void *ctx, s_writer_t *w)
-{
-    const char *text = ctx;
-    s_emit(w, text, strlen(text));
-}
-
 int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path_out, size_t path_len, char *err,
                            size_t errlen)
 {
     if (!self || !dir || !*dir) {
         return carls_errorf(err, errlen, CARLS_CKPT_EINVAL, "carls_ckpt_save_to_dir: no checkpoint or directory");
     }
-    if (s_mkdirs(dir) != 0) {
-        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+    if (carls_mkdir_p(dir, 0755, err, errlen) != 0) {
+        return CARLS_CKPT_EIO;
     }
     char name[64], path[4096], latest[4096], line[80];
     snprintf(name, sizeof name, "ckpt-%012llu.ckpt", (unsigned long long)self->step);
@@ -756,9 +626,8 @@ int carls_ckpt_save_to_dir(const carls_ckpt_t *self, const char *dir, char *path
         return rc;
     }
     snprintf(line, sizeof line, "%s\n", name);
-    rc = s_atomic_write(latest, s_write_text, line, false, err, errlen);
-    if (rc) {
-        return rc;
+    if (carls_write_file_atomic(latest, line, strlen(line), 0644, 0, err, errlen) != 0) {
+        return CARLS_CKPT_EIO;
     }
     if (path_out && path_len) {
         snprintf(path_out, path_len, "%s", path);
@@ -842,21 +711,14 @@ int carls_ckpt_prune(const char *dir, int keep, char *err, size_t errlen)
         return carls_errorf(err, errlen, CARLS_CKPT_EIO, "cannot open directory %s: %s", dir, strerror(errno));
     }
     char **names = NULL;
-    int n = 0, cap = 0, rc = 0;
+    int n = 0, rc = 0;
+    size_t cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (!s_is_ckpt_name(e->d_name)) {
             continue;
         }
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **grown = realloc(names, sizeof *names * (size_t)cap);
-            if (!grown) {
-                rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");
-                break;
-            }
-            names = grown;
-        }
+        names = carls_grow(names, &cap, (size_t)n + 1, sizeof *names);
         names[n] = strdup(e->d_name);
         if (!names[n]) {
             rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "out of memory");

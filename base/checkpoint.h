@@ -69,12 +69,16 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
 uint32_t carls_ckpt_crc(const carls_ckpt_t *self);
 uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self);
 
-/* Writes the checkpoint to path: to "<path>.tmp.<pid>" first, fsync, rename over path, fsync the directory.
- * On failure the temporary file is removed and path is untouched. */
+/* Writes the checkpoint to path atomically (files.h: a temporary file beside it, fsync, rename over path,
+ * fsync the directory). On failure the temporary file is removed and path is untouched. */
 int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size_t errlen);
 
 /* Reads and verifies path. On success *out is a new checkpoint the caller owns. */
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen);
+
+/* Reads only the header of path (magic, version, step) into *step, without verifying the rest: a cheap look
+ * for progress reports (how far behind a consumer is); carls_ckpt_read is what verifies a file. */
+int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t errlen);
 
 /* Writes DIR/ckpt-<step, 12 digits>.ckpt (creating DIR and its parents if needed), then replaces DIR/latest
  * (a one-line file naming it) atomically. path_out (path_len bytes, may be NULL) receives the file's path. */

@@ -2,6 +2,7 @@
 
 #include "log.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/random.h>
 #include <time.h>
+#include <zlib.h>
 
 int64_t carls_monotonic_ms(void)
 {
@@ -86,9 +88,51 @@ void *carls_xrealloc_at(void *ptr, size_t size, const char *file, int line)
     return p;
 }
 
+size_t carls_grow_cap(size_t cap, size_t need, size_t elem)
+{
+    if (need <= cap) {
+        return cap;
+    }
+    size_t max = elem ? SIZE_MAX / elem : SIZE_MAX; /* elements whose byte count fits in size_t */
+    if (need > max) {
+        CARLS_FATAL("an array of %zu elements of %zu bytes does not fit in memory", need, elem);
+    }
+    size_t grown = cap ? cap : 16;
+    while (grown < need) {
+        /* Doubling stops short of overflow: then need itself, which fits. */
+        grown = grown > max / 2 ? need : grown * 2;
+    }
+    return grown;
+}
+
+void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char *file, int line)
+{
+    if (need <= *cap) {
+        return ptr;
+    }
+    size_t grown = carls_grow_cap(*cap, need, elem);
+    ptr = carls_xrealloc_at(ptr, grown * elem, file, line);
+    *cap = grown;
+    return ptr;
+}
+
+uint32_t carls_crc32(uint32_t crc, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    while (len > 0) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return crc;
+}
+
 int carls_parse_u64(const char *text, uint64_t *out)
 {
-    if (!text || !*text || *text == '-')
+    /* A digit first: strtoull would also take blanks, a '+' and a '-' (wrapping "-1" or " -1" around to
+     * 2^64 - 1). */
+    if (!text || !isdigit((unsigned char)*text))
         return -1;
     char *end;
     errno = 0;
@@ -101,14 +145,14 @@ int carls_parse_u64(const char *text, uint64_t *out)
 
 int carls_parse_i64(const char *text, int64_t *out)
 {
-    if (!text || !*text)
+    if (!text)
         return -1;
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || *end)
+    bool negative = *text == '-';
+    uint64_t magnitude;
+    if (carls_parse_u64(text + negative, &magnitude) != 0 || magnitude > (uint64_t)INT64_MAX + negative)
         return -1;
-    *out = v;
+    /* -(magnitude - 1) - 1 reaches INT64_MIN without overflowing. */
+    *out = !negative ? (int64_t)magnitude : magnitude == 0 ? 0 : -(int64_t)(magnitude - 1) - 1;
     return 0;
 }
 

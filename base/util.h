@@ -30,7 +30,24 @@ void *carls_xrealloc_at(void *ptr, size_t size, const char *file, int line);
 #define carls_xcalloc(n, size) carls_xcalloc_at((n), (size), __FILE__, __LINE__)
 #define carls_xrealloc(ptr, size) carls_xrealloc_at((ptr), (size), __FILE__, __LINE__)
 
-/* Strict number parsing for command lines: the whole string must be a number in range. 0 on success. */
+/* Growable arrays: the capacity an array of cap elements of elem bytes needs to hold need of them: cap
+ * itself when it is enough, else doubled (from 16) until it is, so that appending one at a time costs
+ * amortised O(1). Aborts when need elements of elem bytes overflow size_t. For arrays that share one count
+ * (grow each to the same capacity); carls_grow does it for one array. */
+size_t carls_grow_cap(size_t cap, size_t need, size_t elem);
+/* Makes ptr (an array of *cap elements of elem bytes) hold at least need elements: reallocates it to
+ * carls_grow_cap's capacity when it is too small, updates *cap and returns the (possibly moved) array.
+ * Aborts with file:line when out of memory. */
+void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char *file, int line);
+#define carls_grow(ptr, cap, need, elem) carls_grow_at((ptr), (cap), (need), (elem), __FILE__, __LINE__)
+
+/* CRC-32 (zlib's crc32: IEEE 802.3, the one in gzip and PNG) of len bytes, continuing crc: start with 0,
+ * feed the pieces in order. Any len (zlib's own takes 32-bit lengths). */
+uint32_t carls_crc32(uint32_t crc, const void *data, size_t len);
+
+/* Strict number parsing for command lines and text fields: the whole string must be a number in range,
+ * integers in decimal digits only (carls_parse_i64: after an optional '-'; no blanks, no '+'). 0 on
+ * success, -1 otherwise (*out untouched). */
 int carls_parse_u64(const char *text, uint64_t *out);
 int carls_parse_i64(const char *text, int64_t *out);
 int carls_parse_float(const char *text, float *out);

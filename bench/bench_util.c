@@ -1,6 +1,7 @@
 /* kb-bench: clocks, the timed runner, results and child processes (see bench.h). */
 #include "bench.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -439,15 +440,8 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
         return -1;
     }
     for (int i = 0; i < 3000; i++) { /* 30 s */
-        FILE *f = fopen(epfile, "r");
-        if (f) {
-            bool ok = fgets(out->endpoint, sizeof out->endpoint, f) != NULL;
-            fclose(f);
-            if (ok) {
-                out->endpoint[strcspn(out->endpoint, "\n")] = '\0';
-                return 0;
-            }
-        }
+        if (carls_read_first_line(epfile, out->endpoint, sizeof out->endpoint) == 0)
+            return 0;
         int status;
         if (waitpid(out->pid, &status, WNOHANG) == out->pid) {
             fprintf(stderr, "kb-bench: kb-server exited at start (status %d); log in %s\n", status, out->log);

@@ -32,13 +32,14 @@
  * not was written wrong and gets the structural reason. */
 #include "kb_export.h"
 
+#include "bytes.h"
+#include "files.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -46,49 +47,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_TRAILER_BYTES 20u
 #define S_MIN_FILE_BYTES (8u + 4u + 4u + 1u + 4u + S_TRAILER_BYTES) /* header with a 1-byte name, no rows */
 
-/* zlib's crc32 over any length (its length argument is 32-bit). */
-static uint32_t s_crc(uint32_t crc, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        crc = (uint32_t)crc32(crc, p, chunk);
-        p += chunk;
-        len -= chunk;
-    }
-    return crc;
-}
-
-static void s_le32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void s_le64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t s_get32(const uint8_t *b)
-{
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-static uint64_t s_get64(const uint8_t *b) { return (uint64_t)s_get32(b) | (uint64_t)s_get32(b + 4) << 32; }
-
 /* ---- writer ------------------------------------------------------------------------------------------ */
 
 struct kb_export_writer {
-    FILE *f;           /* the temporary file */
-    char *path;        /* the target */
-    char *tmp;         /* the temporary file's name; NULL once renamed */
+    carls_atomic_file_t *file; /* the temporary file beside the target; NULL once finished */
+    FILE *f;           /* its stream */
     uint32_t crc;      /* of every byte written so far */
     bool feature;      /* a feature table (else embedding) */
     uint32_t dim;      /* embedding tables */
@@ -103,9 +70,10 @@ static int s_write(kb_export_writer_t *w, const void *buf, size_t len, char *err
 {
     if (len > 0 && fwrite(buf, 1, len, w->f) != len) {
         w->failed = true;
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "write %s: %s", w->tmp, strerror(errno));
+        return carls_errorf(err, errlen, KB_EXPORT_EIO, "write %s: %s", carls_atomic_tmp_path(w->file),
+                            strerror(errno));
     }
-    w->crc = s_crc(w->crc, buf, len);
+    w->crc = carls_crc32(w->crc, buf, len);
     return 0;
 }
 
@@ -140,39 +108,22 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     kb_export_writer_t *w = carls_xcalloc(1, sizeof *w);
     w->feature = feature;
     w->dim = cfg->dim;
-    w->crc = (uint32_t)crc32(0L, Z_NULL, 0);
-    w->path = strdup(path);
-    size_t tmp_len = strlen(path) + 16;
-    w->tmp = carls_xmalloc(tmp_len);
-    if (!w->path)
-        CARLS_FATAL("out of memory");
-    /* mkstemp creates the file 0600 with a fresh name beside the target (same file system, so the rename
-     * is atomic). */
-    snprintf(w->tmp, tmp_len, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(w->tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(w->tmp);
-        w->tmp = NULL;
+    /* Created 0600 beside the target (the same file system, so the final rename is atomic). */
+    int rc = carls_atomic_open(path, 0600, 0, &w->file, err, errlen);
+    if (rc != 0) {
         kb_export_writer_destroy(&w);
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot create a temporary file beside %s: %s", path, strerror(e));
+        return KB_EXPORT_EIO;
     }
-    w->f = fdopen(fd, "wb");
-    if (!w->f) {
-        int e = errno;
-        close(fd);
-        kb_export_writer_destroy(&w);
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fdopen %s: %s", path, strerror(e));
-    }
+    w->f = carls_atomic_stream(w->file);
     uint8_t head[16];
     memcpy(head, KB_EXPORT_MAGIC, 8);
-    s_le32(head + 8, KB_EXPORT_VERSION);
-    s_le32(head + 12, (uint32_t)strlen(table));
+    carls_put_le32(head + 8, KB_EXPORT_VERSION);
+    carls_put_le32(head + 12, (uint32_t)strlen(table));
     uint8_t len4[4];
-    s_le32(len4, (uint32_t)cfg_len);
+    carls_put_le32(len4, (uint32_t)cfg_len);
     s_scratch(w, cfg_len ? cfg_len : 1);
     carls__table_config__pack(cfg, w->scratch);
-    int rc = s_write(w, head, sizeof head, err, errlen);
+    rc = s_write(w, head, sizeof head, err, errlen);
     if (rc == 0)
         rc = s_write(w, table, strlen(table), err, errlen);
     if (rc == 0)
@@ -192,7 +143,7 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
                          size_t errlen)
 {
     assert(self);
-    if (self->failed || !self->tmp)
+    if (self->failed || !self->file)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     if (!key || key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: key of %zu bytes (1..%u allowed)",
@@ -221,14 +172,14 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
                               (unsigned long long)self->rows + 1, j + 1);
             uint32_t bits;
             memcpy(&bits, &values[j], 4);
-            s_le32(self->scratch + 4 * j, bits);
+            carls_put_le32(self->scratch + 4 * j, bits);
         }
     }
     uint8_t klen[4], meta[20];
-    s_le32(klen, (uint32_t)key_len);
-    s_le64(meta, version);
-    s_le64(meta + 8, frequency);
-    s_le32(meta + 16, (uint32_t)payload);
+    carls_put_le32(klen, (uint32_t)key_len);
+    carls_put_le64(meta, version);
+    carls_put_le64(meta + 8, frequency);
+    carls_put_le32(meta + 16, (uint32_t)payload);
     int rc = s_write(self, klen, 4, err, errlen);
     if (rc == 0)
         rc = s_write(self, key, key_len, err, errlen);
@@ -247,65 +198,24 @@ uint64_t kb_export_writer_rows(const kb_export_writer_t *self)
     return self->rows;
 }
 
-/* fsyncs the directory holding path, so the rename is durable. */
-static int s_fsync_dir_of(const char *path)
-{
-    char *dir = strdup(path);
-    if (!dir)
-        CARLS_FATAL("out of memory");
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    errno = e;
-    return rc;
-}
-
 int kb_export_writer_finish(kb_export_writer_t *self, char *err, size_t errlen)
 {
     assert(self);
-    if (self->failed || !self->tmp)
+    if (self->failed || !self->file)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     uint8_t trailer[S_TRAILER_BYTES];
     memcpy(trailer, KB_EXPORT_END_MAGIC, 8);
-    s_le64(trailer + 8, self->rows);
+    carls_put_le64(trailer + 8, self->rows);
     int rc = s_write(self, trailer, 16, err, errlen);
     if (rc != 0)
         return rc;
-    s_le32(trailer + 16, self->crc);
+    carls_put_le32(trailer + 16, self->crc);
     rc = s_write(self, trailer + 16, 4, err, errlen);
     if (rc != 0)
         return rc;
     self->failed = true; /* from here on, whatever happens, only destroy remains */
-    const char *step = NULL;
-    if (fflush(self->f) != 0)
-        step = "write";
-    else if (fsync(fileno(self->f)) != 0)
-        step = "fsync";
-    int e = errno;
-    if (fclose(self->f) != 0 && !step) {
-        step = "close";
-        e = errno;
-    }
     self->f = NULL;
-    if (step)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "%s %s: %s", step, self->tmp, strerror(e));
-    if (rename(self->tmp, self->path) != 0)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(errno));
-    free(self->tmp);
-    self->tmp = NULL;
-    if (s_fsync_dir_of(self->path) != 0)
-        return carls_errorf(err, errlen, KB_EXPORT_EIO, "fsync the directory of %s: %s", self->path, strerror(errno));
-    return 0;
+    return carls_atomic_commit(&self->file, err, errlen) == 0 ? 0 : KB_EXPORT_EIO;
 }
 
 void kb_export_writer_destroy(kb_export_writer_t **self_p)
@@ -313,12 +223,7 @@ void kb_export_writer_destroy(kb_export_writer_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_export_writer_t *w = *self_p;
-    if (w->f)
-        fclose(w->f);
-    if (w->tmp)
-        unlink(w->tmp);
-    free(w->tmp);
-    free(w->path);
+    carls_atomic_abort(&w->file);
     free(w->scratch);
     free(w);
     *self_p = NULL;
@@ -363,7 +268,7 @@ static int s_read(kb_export_reader_t *r, void *buf, size_t len, char *err, size_
             return carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s: the file ended early (was it changed while being "
                           "read?)", r->path);
         }
-        r->crc = s_crc(r->crc, p, got);
+        r->crc = carls_crc32(r->crc, p, got);
         r->pos += got;
         len -= got;
         if (dst)
@@ -395,7 +300,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         rc = s_read(r, b, 4, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t key_len = s_get32(b);
+    uint32_t key_len = carls_get_le32(b);
     if (key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has a key of %u bytes (1..%u allowed)", r->path,
                       (unsigned long long)n, key_len, CARLS_DEFAULT_MAX_KEY_BYTES);
@@ -407,7 +312,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         rc = s_read(r, b, 20, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t payload = s_get32(b + 16);
+    uint32_t payload = carls_get_le32(b + 16);
     if (!r->feature && payload != 4u * r->dim)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u value bytes; dim %u needs %u", r->path,
                       (unsigned long long)n, payload, r->dim, 4u * r->dim);
@@ -428,8 +333,8 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
     memset(row, 0, sizeof *row);
     row->key = r->key;
     row->key_len = key_len;
-    row->version = s_get64(b);
-    row->frequency = s_get64(b + 8);
+    row->version = carls_get_le64(b);
+    row->frequency = carls_get_le64(b + 8);
     if (r->feature) {
         Carls__FeatureRecord *rec = carls__feature_record__unpack(NULL, payload, r->payload);
         if (!rec)
@@ -440,7 +345,7 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
         row->record_len = payload;
     } else {
         for (uint32_t j = 0; j < r->dim; j++) {
-            uint32_t bits = s_get32(r->payload + 4 * j);
+            uint32_t bits = carls_get_le32(r->payload + 4 * j);
             memcpy(&r->values[j], &bits, 4);
             if (!isfinite(r->values[j]))
                 return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: value %u is not finite", r->path,
@@ -464,13 +369,13 @@ static int s_check_trailer(kb_export_reader_t *r, char *err, size_t errlen)
     rc = s_read(r, t + 16, 4, err, errlen);
     if (rc != 0)
         return rc;
-    uint32_t stored = s_get32(t + 16);
+    uint32_t stored = carls_get_le32(t + 16);
     if (stored != computed_body)
         return carls_errorf(err, errlen, KB_EXPORT_ECHECKSUM, "%s: checksum mismatch (stored %08x, computed %08x): the "
                       "file is damaged", r->path, stored, computed_body);
     if (memcmp(t, KB_EXPORT_END_MAGIC, 8) != 0)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: no trailer at the end of the file", r->path);
-    uint64_t count = s_get64(t + 8);
+    uint64_t count = carls_get_le64(t + 8);
     if (count != r->rows_read)
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the trailer says %llu rows, the file holds %llu", r->path,
                       (unsigned long long)count, (unsigned long long)r->rows_read);
@@ -491,7 +396,7 @@ static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t 
     uint8_t c[4];
     if (fread(c, 1, 4, r->f) != 4)
         return code;
-    uint32_t stored = s_get32(c);
+    uint32_t stored = carls_get_le32(c);
     if (stored == r->crc)
         return code;
     char detail[256];
@@ -522,7 +427,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
         goto fail;
     }
     r->size = (uint64_t)st.st_size;
-    r->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    r->crc = 0; /* carls_crc32 starts from 0 */
     uint8_t head[16];
     size_t got = fread(head, 1, sizeof head, r->f);
     if (got < 8 || memcmp(head, KB_EXPORT_MAGIC, 8) != 0) {
@@ -530,9 +435,9 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
                     KB_EXPORT_MAGIC);
         goto fail;
     }
-    if (got >= 12 && s_get32(head + 8) != KB_EXPORT_VERSION) {
+    if (got >= 12 && carls_get_le32(head + 8) != KB_EXPORT_VERSION) {
         rc = carls_errorf(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
-                    path, s_get32(head + 8), KB_EXPORT_VERSION);
+                    path, carls_get_le32(head + 8), KB_EXPORT_VERSION);
         goto fail;
     }
     if (r->size < S_MIN_FILE_BYTES) {
@@ -559,7 +464,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, head, sizeof head, err, errlen);
     if (rc != 0)
         goto fail;
-    uint32_t name_len = s_get32(head + 12);
+    uint32_t name_len = carls_get_le32(head + 12);
     if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
         rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
                     CARLS_MAX_TABLE_NAME_BYTES);
@@ -579,7 +484,7 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, b4, 4, err, errlen);
     if (rc != 0)
         goto structural;
-    uint32_t cfg_len = s_get32(b4);
+    uint32_t cfg_len = carls_get_le32(b4);
     if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
         rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
                     KB_EXPORT_MAX_CONFIG_BYTES);
@@ -809,13 +714,7 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
     } else {
         memcpy(b->values + b->n * b->dim, row->values, b->dim * sizeof(float));
     }
-    if (b->key_bytes_cap - b->key_bytes_len < row->key_len) {
-        size_t cap = b->key_bytes_cap ? b->key_bytes_cap : 4096;
-        while (cap - b->key_bytes_len < row->key_len)
-            cap *= 2;
-        b->key_bytes = carls_xrealloc(b->key_bytes, cap);
-        b->key_bytes_cap = cap;
-    }
+    b->key_bytes = carls_grow(b->key_bytes, &b->key_bytes_cap, b->key_bytes_len + row->key_len, 1);
     memcpy(b->key_bytes + b->key_bytes_len, row->key, row->key_len);
     b->key_off[b->n] = b->key_bytes_len;
     b->key_len[b->n] = row->key_len;

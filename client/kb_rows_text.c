@@ -40,7 +40,7 @@ void kb_rows_destroy(kb_rows_t **rows_p)
 static void s_reserve(kb_rows_t *rows, size_t key_len)
 {
     if (rows->n == rows->cap) {
-        size_t cap = rows->cap ? rows->cap * 2 : 64;
+        size_t cap = carls_grow_cap(rows->cap, rows->n + 1, sizeof *rows->key_off); /* shared by three arrays */
         rows->key_off = carls_xrealloc(rows->key_off, cap * sizeof *rows->key_off);
         rows->key_len = carls_xrealloc(rows->key_len, cap * sizeof *rows->key_len);
         if (rows->dim > 0) {
@@ -50,13 +50,7 @@ static void s_reserve(kb_rows_t *rows, size_t key_len)
         }
         rows->cap = cap;
     }
-    if (rows->key_bytes_cap - rows->key_bytes_len < key_len) {
-        size_t cap = rows->key_bytes_cap ? rows->key_bytes_cap : 1024;
-        while (cap - rows->key_bytes_len < key_len)
-            cap *= 2;
-        rows->key_bytes = carls_xrealloc(rows->key_bytes, cap);
-        rows->key_bytes_cap = cap;
-    }
+    rows->key_bytes = carls_grow(rows->key_bytes, &rows->key_bytes_cap, rows->key_bytes_len + key_len, 1);
 }
 
 /* Commits row rows->n: copies its key (values are already in place). */
@@ -558,10 +552,7 @@ int kb_feature_parse_line(kb_feature_rows_t *rows, const char *line, size_t len,
         rows->skipped++;
         return 0;
     }
-    if (rows->keys->n == rows->cap) {
-        rows->cap = rows->cap ? rows->cap * 2 : 64;
-        rows->records = carls_xrealloc(rows->records, rows->cap * sizeof *rows->records);
-    }
+    rows->records = carls_grow(rows->records, &rows->cap, rows->keys->n + 1, sizeof *rows->records);
     rows->records[rows->keys->n] = r;
     kb_rows_append(rows->keys, key, key_len, NULL);
     return 0;

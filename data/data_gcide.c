@@ -61,13 +61,7 @@ typedef struct {
 
 static void s_buf_reserve(s_buf_t *b, size_t extra)
 {
-    if (b->len + extra + 1 <= b->cap)
-        return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra + 1)
-        cap *= 2;
-    b->p = carls_xrealloc(b->p, cap);
-    b->cap = cap;
+    b->p = carls_grow(b->p, &b->cap, b->len + extra + 1, 1); /* + 1: room for a terminator */
 }
 
 static void s_buf_add(s_buf_t *b, const char *s, size_t n)
@@ -433,25 +427,17 @@ size_t data_gcide_mask(const char *headword, const char *def, char *out)
     return removed;
 }
 
-/* Tokenizes like data_text (letters, apostrophes and bytes >= 0x80 form words; ASCII lowercased; outer
- * apostrophes dropped) into space-separated words. out holds at least len + 1 bytes. */
+/* Tokenizes with data_text's word rule (data_text_word_at; ASCII lowercased) into space-separated words.
+ * out holds at least len + 1 bytes. */
 static size_t s_tokenize(const char *in, size_t len, char *out)
 {
     size_t o = 0, i = 0;
     while (i < len) {
-        unsigned char c = (unsigned char)in[i];
-        if (!(s_is_letter(c) || c == '\'' || c >= 0x80)) {
+        size_t s, e;
+        if (!data_text_word_at(in, len, &i, &s, &e)) {
             i++;
             continue;
         }
-        size_t s = i;
-        while (i < len && (s_is_letter((unsigned char)in[i]) || in[i] == '\'' || (unsigned char)in[i] >= 0x80))
-            i++;
-        size_t e = i;
-        while (s < e && in[s] == '\'')
-            s++;
-        while (e > s && in[e - 1] == '\'')
-            e--;
         if (s == e)
             continue;
         if (o)
@@ -578,8 +564,7 @@ static int s_parse_index(char *idx, size_t idx_len, size_t dict_len, const char 
             for (char *c = p; c < t1; c++)
                 *c = s_lower(*c);
             *t1 = '\0';
-            if (n == cap)
-                e = carls_xrealloc(e, (cap *= 2) * sizeof *e);
+            e = carls_grow(e, &cap, n + 1, sizeof *e);
             e[n++] = (s_entry_t){p, line, (uint64_t)off, (uint64_t)len};
         }
         p = eol + 1;
@@ -678,10 +663,8 @@ static int s_build(data_gcide_t *g, const s_entry_t *e, size_t n, const char *di
         for (; b < n && strcmp(e[b].word, e[a].word) == 0; b++)
             data_gcide_article_senses(dict + e[b].off, (size_t)e[b].len, s_collect_sense, &c);
         if (c.kept) {
-            if (g->n_words == words_cap)
-                g->words = carls_xrealloc(g->words, (words_cap *= 2) * sizeof *g->words);
-            while (g->n_senses + c.kept > senses_cap)
-                g->senses = carls_xrealloc(g->senses, (senses_cap *= 2) * sizeof *g->senses);
+            g->words = carls_grow(g->words, &words_cap, g->n_words + 1, sizeof *g->words);
+            g->senses = carls_grow(g->senses, &senses_cap, g->n_senses + c.kept, sizeof *g->senses);
             for (size_t k = 0; k < c.kept; k++)
                 g->senses[g->n_senses++] = (data_gcide_sense_t){(uint32_t)g->n_words, (uint32_t)k + 1, false};
             g->words[g->n_words++] = strdup(c.word);

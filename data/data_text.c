@@ -17,6 +17,25 @@ static inline bool s_word_byte(unsigned char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '\'' || c >= 0x80;
 }
 
+int data_text_word_at(const char *text, size_t len, size_t *pos, size_t *start, size_t *end)
+{
+    size_t i = *pos;
+    if (!s_word_byte((unsigned char)text[i]))
+        return 0;
+    size_t s = i;
+    while (i < len && s_word_byte((unsigned char)text[i]))
+        i++;
+    size_t e = i;
+    while (s < e && text[s] == '\'')
+        s++;
+    while (e > s && text[e - 1] == '\'')
+        e--;
+    *pos = i;
+    *start = s;
+    *end = e;
+    return 1;
+}
+
 size_t data_text_strip_bible(const char *raw, size_t len, char *out)
 {
     size_t o = 0;
@@ -43,18 +62,6 @@ size_t data_text_strip_bible(const char *raw, size_t len, char *out)
     return o;
 }
 
-/* Appends to a growing array of elem bytes per entry. */
-static void *s_grow(void *arr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return arr;
-    size_t n = *cap ? *cap : 1024;
-    while (n < need)
-        n *= 2;
-    *cap = n;
-    return carls_xrealloc(arr, n * elem);
-}
-
 int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -71,7 +78,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
     while (i <= len) {
         if (i == len || raw[i] == '\n') {
             if (t->n_tokens > line_first) {
-                t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 2, sizeof *t->line_start);
+                t->line_start = carls_grow(t->line_start, &line_cap, t->n_lines + 2, sizeof *t->line_start);
                 t->line_start[t->n_lines++] = line_first;
                 t->text[o - 1] = '\n'; /* the separator after the line's last token */
                 line_first = t->n_tokens;
@@ -79,22 +86,15 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
             i++;
             continue;
         }
-        if (!s_word_byte((unsigned char)raw[i])) {
+        size_t s, e;
+        if (!data_text_word_at(raw, len, &i, &s, &e)) {
             i++;
             continue;
         }
-        size_t s = i;
-        while (i < len && s_word_byte((unsigned char)raw[i]))
-            i++;
-        size_t e = i;
-        while (s < e && raw[s] == '\'')
-            s++;
-        while (e > s && raw[e - 1] == '\'')
-            e--;
         while (s < e) {
             size_t piece = e - s > DATA_TEXT_MAX_TOKEN ? DATA_TEXT_MAX_TOKEN : e - s;
             if (t->n_tokens + 1 > tok_cap) {
-                t->tok_off = s_grow(t->tok_off, &tok_cap, t->n_tokens + 1, sizeof *t->tok_off);
+                t->tok_off = carls_grow(t->tok_off, &tok_cap, t->n_tokens + 1, sizeof *t->tok_off);
                 t->tok_len = carls_xrealloc(t->tok_len, tok_cap);
             }
             t->tok_off[t->n_tokens] = (uint32_t)o;
@@ -114,7 +114,7 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
         data_text_destroy(&t);
         return carls_errorf(err, errlen, -1, "the corpus holds no words");
     }
-    t->line_start = s_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
+    t->line_start = carls_grow(t->line_start, &line_cap, t->n_lines + 1, sizeof *t->line_start);
     t->line_start[t->n_lines] = t->n_tokens;
     *out = t;
     return 0;

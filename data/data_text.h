@@ -55,6 +55,12 @@ int data_text_load(const char *source, data_text_t **out, char *err, size_t errl
  * number of bytes written. Exposed for tests. */
 size_t data_text_strip_bible(const char *raw, size_t len, char *out);
 
+/* The word rule above, for other tokenizers that must split exactly like this one (data_gcide): when
+ * text[*pos] (*pos < len) belongs to words, finds the run of word bytes starting there, sets [*start, *end)
+ * to it without its outer apostrophes (empty for a run of apostrophes alone), moves *pos past the run and
+ * returns 1; otherwise returns 0 and leaves everything as it was. Case is left to the caller. */
+int data_text_word_at(const char *text, size_t len, size_t *pos, size_t *start, size_t *end);
+
 /* Frees the corpus; accepts NULL and *self_p == NULL; nulls *self_p. */
 void data_text_destroy(data_text_t **self_p);
 

@@ -1,4 +1,5 @@
 /* kb-server: the knowledge bank's server program. See `kb-server --help` and docs/PROTOCOL.md. */
+#include "files.h"
 #include "kb_bank.h"
 #include "kb_metrics.h"
 #include "kb_knn.h"
@@ -87,22 +88,15 @@ static uint32_t s_parse_u32(const char *opt, const char *text, uint32_t min)
     return (uint32_t)v;
 }
 
-/* Writes text to path atomically (temp + rename) so a reader never sees half of it. */
+/* Writes text and a newline to path atomically (files.h) so a reader never sees half of it. -1 with errno. */
 static int s_write_file(const char *path, const char *text)
 {
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp)
-        return -1;
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -1;
-    int ok = fprintf(f, "%s\n", text) > 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
+    char line[1024];
+    if ((size_t)snprintf(line, sizeof line, "%s\n", text) >= sizeof line) {
+        errno = ENAMETOOLONG;
         return -1;
     }
-    return 0;
+    return carls_write_file_atomic(path, line, strlen(line), 0666, 0, NULL, 0) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)

@@ -1,6 +1,7 @@
 /* Checkpoint-directory watcher (see km_watch.h). */
 #include "km_watch.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -23,25 +24,6 @@ struct km_watch {
     uint64_t refused;    /* checkpoints that did not verify */
 };
 
-/* mkdir -p */
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
-}
-
 static void s_add_watch(km_watch_t *w)
 {
     if (w->ifd < 0 || w->wd >= 0) {
@@ -55,8 +37,9 @@ static void s_add_watch(km_watch_t *w)
 
 km_watch_t *km_watch_new(const char *dir, int poll_ms)
 {
-    if (s_mkdirs(dir) != 0) {
-        LOG_ERROR("cannot create checkpoint directory %s: %s", dir, strerror(errno));
+    char err[512];
+    if (carls_mkdir_p(dir, 0755, err, sizeof err) != 0) {
+        LOG_ERROR("checkpoint directory: %s", err);
         return NULL;
     }
     km_watch_t *w = carls_xcalloc(1, sizeof *w);
@@ -111,23 +94,10 @@ static int s_read_latest(const km_watch_t *w, char *text, size_t len)
 uint64_t km_watch_latest_step(const km_watch_t *self)
 {
     char path[4200], err[256];
-    if (carls_ckpt_latest_path(self->dir, path, sizeof path, err, sizeof err) != 0) {
-        return 0;
-    }
-    /* The header: magic (8), version (4), tensor count (4), file length (8), step (8). */
-    unsigned char h[32];
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return 0;
-    }
-    size_t n = fread(h, 1, sizeof h, f);
-    fclose(f);
-    if (n != sizeof h || memcmp(h, CARLS_CKPT_MAGIC, 8) != 0) {
-        return 0;
-    }
     uint64_t step = 0;
-    for (int i = 7; i >= 0; i--) {
-        step = step << 8 | h[24 + i];
+    if (carls_ckpt_latest_path(self->dir, path, sizeof path, err, sizeof err) != 0 ||
+        carls_ckpt_peek_step(path, &step, err, sizeof err) != 0) {
+        return 0;
     }
     return step;
 }

@@ -1,10 +1,10 @@
 /* The launcher's process table and processes.tsv (see carls_ptab.h). */
 #include "carls_ptab.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -71,13 +71,13 @@ static void s_iso(int64_t ms, char *buf, size_t len)
 
 int carls_ptab_write(const carls_ptab_t *t)
 {
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", t->path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        LOG_WARN("cannot write %s: %s", tmp, strerror(errno));
+    char err[512];
+    carls_atomic_file_t *file = NULL;
+    if (carls_atomic_open(t->path, 0666, 0, &file, err, sizeof err) != 0) {
+        LOG_WARN("%s", err);
         return -1;
     }
+    FILE *f = carls_atomic_stream(file);
     fprintf(f, "role\tname\tpid\tstarted\tended\texit\tnote\n");
     for (int i = 0; i < t->n; i++) {
         const carls_ptab_row_t *r = &t->row[i];
@@ -93,11 +93,8 @@ int carls_ptab_write(const carls_ptab_t *t)
         }
         fprintf(f, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r->role, r->name, r->pid, started, ended, exit, r->note);
     }
-    int ok = fflush(f) == 0 && !ferror(f);
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, t->path) != 0) {
-        LOG_WARN("cannot write %s: %s", t->path, strerror(errno));
-        remove(tmp);
+    if (carls_atomic_commit(&file, err, sizeof err) != 0) { /* a failed write above fails the commit */
+        LOG_WARN("%s", err);
         return -1;
     }
     return 0;

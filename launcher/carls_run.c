@@ -6,6 +6,7 @@
 #include "carls_ptab.h"
 #include "carls_report.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -105,22 +106,6 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
         }
     }
     fclose(f);
-}
-
-static int s_mkdirs(const char *dir)
-{
-    char tmp[4200];
-    s_fmt(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
 /* The run's settings, read from the configuration. */
@@ -361,20 +346,6 @@ static void s_event(s_run_t *r, const char *fmt, ...)
     }
 }
 
-/* Reads the endpoint a kb-server wrote to r->epfile into buf ("" when there is none yet). */
-static void s_read_endpoint(const s_run_t *r, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    FILE *f = fopen(r->epfile, "r");
-    if (f) {
-        if (!fgets(buf, (int)len, f)) {
-            buf[0] = '\0';
-        }
-        buf[strcspn(buf, "\r\n")] = '\0';
-        fclose(f);
-    }
-}
-
 /* The bank died: restart it with the same flags, data directory and endpoint, unless max_bank_restarts are
  * used up (then r->bank_lost). Returns 0, or -1 when the run must stop. */
 static int s_bank_died(s_run_t *r)
@@ -462,7 +433,7 @@ static int s_supervise(s_run_t *r)
     }
     if (r->bank_wait_deadline && r->server.running) {
         char ep[512];
-        s_read_endpoint(r, ep, sizeof ep);
+        carls_read_first_line(r->epfile, ep, sizeof ep); /* "" until the server has written it */
         if (*ep) {
             const double away = (double)(carls_monotonic_ms() - r->bank_down_ms) / 1000.0;
             if (strcmp(ep, r->endpoint) != 0) {
@@ -787,7 +758,7 @@ int carls_run_main(int argc, char **argv)
     /* A fresh run directory: the bank, checkpoints and logs of an earlier run with this name go. */
     char cmd[9000];
     s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", kbdir, ckpt, logs, epfile, metrics, out, ptab);
-    if (system(cmd) != 0 || s_mkdirs(logs) != 0) {
+    if (system(cmd) != 0 || carls_mkdir_p(logs, 0755, NULL, 0) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", dir);
         free(ini);
         return 1;
@@ -842,7 +813,7 @@ int carls_run_main(int argc, char **argv)
         }
         r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
         for (int i = 0; i < 600 && !s_interrupted; i++) {
-            s_read_endpoint(r, r->endpoint, sizeof r->endpoint);
+            carls_read_first_line(r->epfile, r->endpoint, sizeof r->endpoint);
             if (*r->endpoint || carls_proc_poll(&r->server)) {
                 break;
             }

@@ -2,6 +2,7 @@
  * docs/SECURITY.md is the operator's guide. */
 #include "kb_keys.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -12,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -108,75 +108,18 @@ cleanup:
     return rc;
 }
 
-/* Writes len bytes of data to path with exactly `mode` (umask does not apply): a temporary file beside it
- * is written, fsynced and then linked to path (refusing an existing path) or renamed over it (overwrite),
- * and the directory is fsynced, so path is either absent/old or complete. */
+/* Writes len bytes of data to path with exactly `mode` (umask does not apply), atomically (files.h): the
+ * temporary file is never more readable than mode, and without overwrite an existing path is refused by
+ * the link that puts the file in place, so path is either absent/old or complete. */
 static int s_write_file(const char *path, const char *data, size_t len, mode_t mode, bool overwrite, char *err,
                         size_t errlen)
 {
-    int rc = KB_AUTH_OK;
-    int fd = -1;
-    size_t tmp_len = strlen(path) + sizeof ".tmp.XXXXXX";
-    char *tmp = carls_xmalloc(tmp_len);
-    snprintf(tmp, tmp_len, "%s.tmp.XXXXXX", path);
-    bool tmp_exists = false;
-
-    fd = mkstemp(tmp); /* created 0600, so a secret is never readable by others even for a moment */
-    if (fd < 0) {
-        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot create a file beside %s: %s", path, strerror(errno));
-        goto cleanup;
-    }
-    tmp_exists = true;
-    if (fchmod(fd, mode) != 0) {
-        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot set the mode of %s: %s", tmp, strerror(errno));
-        goto cleanup;
-    }
-    for (size_t done = 0; done < len;) {
-        ssize_t n = write(fd, data + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot write %s: %s", tmp, strerror(errno));
-            goto cleanup;
-        }
-        done += (size_t)n;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        fd = -1;
-        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot flush %s: %s", tmp, strerror(errno));
-        goto cleanup;
-    }
-    fd = -1;
-    if (overwrite) {
-        if (rename(tmp, path) != 0) {
-            rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-            goto cleanup;
-        }
-        tmp_exists = false;
-    } else if (link(tmp, path) != 0) { /* link, unlike rename, fails when path exists: no race with a check */
-        rc = carls_errorf(err, errlen, KB_AUTH_EIO, "cannot create %s: %s", path,
-                    errno == EEXIST ? "it already exists (kb-keygen --force replaces it)" : strerror(errno));
-        goto cleanup;
-    }
-
-    /* Make the new directory entry durable too. */
-    char *dir_copy = strdup(path);
-    if (!dir_copy)
-        CARLS_FATAL("out of memory");
-    int dir_fd = open(dirname(dir_copy), O_RDONLY | O_DIRECTORY);
-    free(dir_copy);
-    if (dir_fd >= 0) {
-        fsync(dir_fd);
-        close(dir_fd);
-    }
-
-cleanup:
-    if (fd >= 0)
-        close(fd);
-    if (tmp_exists)
-        unlink(tmp);
-    free(tmp);
-    return rc;
+    int flags = CARLS_FILE_EXACT_MODE | (overwrite ? 0 : CARLS_FILE_NO_OVERWRITE);
+    int rc = carls_write_file_atomic(path, data, len, mode, flags, err, errlen);
+    if (rc == CARLS_FILE_EEXIST)
+        return carls_errorf(err, errlen, KB_AUTH_EIO, "cannot create %s: it already exists (kb-keygen --force replaces it)",
+                            path);
+    return rc == 0 ? KB_AUTH_OK : KB_AUTH_EIO;
 }
 
 /* Current UTC time as "2026-11-22T21:48:00Z", for the comment at the top of key files. */
@@ -488,10 +431,7 @@ void kb_auth_allow_destroy(kb_auth_allow_t **self_p)
 /* Appends without keeping the order; s_allow_sort restores it. Loading appends many keys, then sorts once. */
 static void s_allow_append(kb_auth_allow_t *self, const kb_auth_key_t *key)
 {
-    if (self->count == self->capacity) {
-        self->capacity = self->capacity ? self->capacity * 2 : 16;
-        self->keys = carls_xrealloc(self->keys, self->capacity * sizeof *self->keys);
-    }
+    self->keys = carls_grow(self->keys, &self->capacity, self->count + 1, sizeof *self->keys);
     self->keys[self->count++] = *key;
 }
 

@@ -37,6 +37,7 @@
 #include "nn_mlp.h"
 
 #include "checkpoint.h"
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -462,7 +463,7 @@ int trainer_graphreg_main(int argc, char **argv)
         fprintf(stderr, "trainer: model: %s\n", err);
         goto cleanup;
     }
-    if (trainer_mkdirs(o.ckpt_dir) != 0) {
+    if (carls_mkdir_p(o.ckpt_dir, 0755, NULL, 0) != 0) {
         fprintf(stderr, "trainer: cannot create %s: %s\n", o.ckpt_dir, strerror(errno));
         goto cleanup;
     }

@@ -16,6 +16,7 @@
 #include "nn_mlp.h"
 
 #include "checkpoint.h"
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -333,7 +334,7 @@ int trainer_supervised_main(int argc, char **argv)
     } else {
         snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.ckpt_dir);
     }
-    if (trainer_mkdirs(o.ckpt_dir) != 0) {
+    if (carls_mkdir_p(o.ckpt_dir, 0755, NULL, 0) != 0) {
         fprintf(stderr, "trainer: cannot create %s: %s\n", o.ckpt_dir, strerror(errno));
         goto cleanup;
     }

@@ -63,15 +63,12 @@ static uint32_t s_intern(tfidf_t *t, const char *w, size_t len)
     size_t slot = s_slot(t, w, len);
     if (t->slots[slot])
         return t->slots[slot] - 1;
-    if (t->n_terms == t->terms_cap) {
-        t->terms_cap = t->terms_cap ? t->terms_cap * 2 : 4096;
+    if (t->n_terms == t->terms_cap) { /* term_off and term_len share the count */
+        t->terms_cap = carls_grow_cap(t->terms_cap, t->n_terms + 1, sizeof *t->term_off);
         t->term_off = carls_xrealloc(t->term_off, t->terms_cap * sizeof *t->term_off);
         t->term_len = carls_xrealloc(t->term_len, t->terms_cap * sizeof *t->term_len);
     }
-    if (t->bytes_len + len > t->bytes_cap) {
-        t->bytes_cap = t->bytes_cap ? t->bytes_cap * 2 : 1 << 16;
-        t->bytes = carls_xrealloc(t->bytes, t->bytes_cap);
-    }
+    t->bytes = carls_grow(t->bytes, &t->bytes_cap, t->bytes_len + len, 1);
     memcpy(t->bytes + t->bytes_len, w, len);
     t->term_off[t->n_terms] = (uint32_t)t->bytes_len;
     t->term_len[t->n_terms] = (uint8_t)len;
@@ -97,8 +94,8 @@ typedef struct {
 
 static void s_triple_add(s_triples_t *tr, uint32_t doc, uint32_t term, float tf)
 {
-    if (tr->n == tr->cap) {
-        tr->cap = tr->cap ? tr->cap * 2 : 1 << 16;
+    if (tr->n == tr->cap) { /* doc, term and w share the count */
+        tr->cap = carls_grow_cap(tr->cap, tr->n + 1, sizeof *tr->doc);
         tr->doc = carls_xrealloc(tr->doc, tr->cap * sizeof *tr->doc);
         tr->term = carls_xrealloc(tr->term, tr->cap * sizeof *tr->term);
         tr->w = carls_xrealloc(tr->w, tr->cap * sizeof *tr->w);
@@ -118,8 +115,7 @@ static void s_add_document(tfidf_t *t, const data_gcide_t *g, size_t w, s_triple
         if (g->senses[s].held_out)
             continue;
         for (size_t k = g->text->line_start[s]; k < g->text->line_start[s + 1]; k++) {
-            if (n == *ids_cap)
-                *ids = carls_xrealloc(*ids, (*ids_cap = *ids_cap ? *ids_cap * 2 : 1024) * sizeof **ids);
+            *ids = carls_grow(*ids, ids_cap, n + 1, sizeof **ids);
             (*ids)[n++] = s_intern(t, data_text_token(g->text, k), g->text->tok_len[k]);
         }
     }

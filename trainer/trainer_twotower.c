@@ -19,6 +19,7 @@
 #include "checkpoint.h"
 #include "data_gcide_bags.h"
 #include "data_sample.h"
+#include "files.h"
 #include "log.h"
 #include "nn_ops.h"
 #include "protocol.h"
@@ -1310,7 +1311,7 @@ int trainer_twotower_main(int argc, char **argv)
         fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r.n_train, r.o.batch);
         goto out;
     }
-    if (r.o.ckpt_dir && trainer_mkdirs(r.o.ckpt_dir) != 0) {
+    if (r.o.ckpt_dir && carls_mkdir_p(r.o.ckpt_dir, 0755, NULL, 0) != 0) {
         fprintf(stderr, "trainer: cannot create %s\n", r.o.ckpt_dir);
         goto out;
     }

@@ -32,7 +32,5 @@ int trainer_setup_threads(int requested);
 /* Resolves --device (logging the choice); returns 0 and *out, or prints the reason and returns -1. */
 int trainer_setup_device(const char *text, nn_device_t *out);
 
-/* mkdir -p: creates dir and its missing parents. Returns 0, or -1 with errno. */
-int trainer_mkdirs(const char *dir);
 
 #endif

@@ -8,6 +8,7 @@
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
+#include "files.h"
 #include "log.h"
 #include "util.h"
 
@@ -110,12 +111,10 @@ void w2v_vectors_normalize(w2v_vectors_t *v)
 int w2v_write_vectors(const char *path, uint32_t n, uint32_t dim, char *const *words, const float *vec, char *err,
                       size_t errlen)
 {
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return carls_errorf(err, errlen, -1, "path too long: %s", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return carls_errorf(err, errlen, -1, "cannot write %s: %s", tmp, strerror(errno));
+    carls_atomic_file_t *file = NULL;
+    if (carls_atomic_open(path, 0666, 0, &file, err, errlen) != 0)
+        return -1;
+    FILE *f = carls_atomic_stream(file);
     fprintf(f, "%u %u\n", n, dim);
     for (uint32_t i = 0; i < n; i++) {
         fputs(words[i], f);
@@ -123,14 +122,7 @@ int w2v_write_vectors(const char *path, uint32_t n, uint32_t dim, char *const *w
             fprintf(f, " %.6g", vec[(size_t)i * dim + d]);
         fputc('\n', f);
     }
-    int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return carls_errorf(err, errlen, -1, "cannot write %s: %s", path, strerror(e));
-    }
-    return 0;
+    return carls_atomic_commit(&file, err, errlen) == 0 ? 0 : -1; /* a failed write above fails the commit */
 }
 
 static float s_dot(const float *a, const float *b, uint32_t n)
@@ -246,8 +238,8 @@ static int s_pairs(const w2v_vectors_t *v, const char *path, w2v_quality_t *q, c
         int64_t ra = w2v_vectors_find(v, a), rb = w2v_vectors_find(v, b);
         if (ra < 0 || rb < 0)
             continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 128;
+        if (n == cap) { /* human, cosine and ranks share the count */
+            cap = (uint32_t)carls_grow_cap(cap, (size_t)n + 1, sizeof *human);
             human = carls_xrealloc(human, cap * sizeof *human);
             cosine = carls_xrealloc(cosine, cap * sizeof *cosine);
             ranks = carls_xrealloc(ranks, cap * sizeof *ranks);

@@ -4,6 +4,7 @@
  *
  * The corrupt files are made from a known good one whose layout the test spells out (see s_make_good), and,
  * where the point is to get past the checksum, the test recomputes the CRC itself. */
+#include "bytes.h"
 #include "checkpoint.h"
 
 #include <errno.h>
@@ -61,24 +62,10 @@ static void s_spit(const char *path, const unsigned char *buf, size_t len)
     fclose(f);
 }
 
-static void s_put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static void s_put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
 /* Recomputes the trailing CRC so that a crafted file gets past the checksum. */
 static void s_fix_crc(unsigned char *buf, size_t len)
 {
-    s_put_u32(buf + len - 4, (uint32_t)crc32(0L, buf, (uInt)(len - 4)));
+    carls_put_le32(buf + len - 4, (uint32_t)crc32(0L, buf, (uInt)(len - 4)));
 }
 
 /* Writes the reference checkpoint: kind "test", step 77, tensor "a" (2, 3) = 0..5 and "b" (4) = 10..13.
@@ -133,6 +120,10 @@ static void test_round_trip_and_latest(void **state)
     assert_int_equal(carls_ckpt_latest_path(dir, latest, sizeof latest, err, sizeof err), 0);
     assert_string_equal(latest, path);
     assert_non_null(strstr(latest, "ckpt-000000000300.ckpt"));
+    uint64_t peeked = 0;
+    assert_int_equal(carls_ckpt_peek_step(latest, &peeked, err, sizeof err), 0); /* the header alone */
+    assert_true(peeked == 300);
+    assert_int_equal(carls_ckpt_peek_step(dir, &peeked, err, sizeof err), CARLS_CKPT_EIO); /* a directory */
 
     carls_ckpt_t *r = NULL;
     assert_int_equal(carls_ckpt_read(latest, &r, err, sizeof err), 0);
@@ -237,14 +228,19 @@ static void test_refuses_bad_files(void **state)
     buf[0] = 'X';
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
+    uint64_t peeked;
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EMAGIC);
 
     s_spit(bad, (const unsigned char *)"hello world, not a checkpoint", 29);
     s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
 
     RESET();
-    s_put_u32(buf + 8, 2);
+    carls_put_le32(buf + 8, 2);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_EVERSION, "version 2");
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EVERSION);
+    s_spit(bad, ref, 20); /* cut inside the header */
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EIO);
 
     size_t cuts[] = {0, 5, 11, 20, 37, 60, len - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
@@ -268,30 +264,30 @@ static void test_refuses_bad_files(void **state)
     s_expect_refused(bad, CARLS_CKPT_ECHECKSUM, "checksum");
 
     RESET();
-    s_put_u32(buf + 12, 1000000000u); /* absurd count: refused before anything is allocated for it */
+    carls_put_le32(buf + 12, 1000000000u); /* absurd count: refused before anything is allocated for it */
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ELIMIT, "tensors");
 
     RESET();
-    s_put_u64(buf + 16, 1ull << 50); /* absurd stated length */
+    carls_put_le64(buf + 16, 1ull << 50); /* absurd stated length */
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ELIMIT, "states");
 
     /* From here the CRC is made valid, so the structural checks are what refuses. */
     RESET();
-    s_put_u64(buf + 43, 1ull << 40); /* "a" dim 0 */
+    carls_put_le64(buf + 43, 1ull << 40); /* "a" dim 0 */
     s_fix_crc(buf, len);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimension 0");
 
     RESET();
-    s_put_u64(buf + 43, 1ull << 20); /* 2^20 x 3 floats: within the caps, far beyond the file */
+    carls_put_le64(buf + 43, 1ull << 20); /* 2^20 x 3 floats: within the caps, far beyond the file */
     s_fix_crc(buf, len);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "remain");
 
     RESET();
-    s_put_u64(buf + 43, 0);
+    carls_put_le64(buf + 43, 0);
     s_fix_crc(buf, len);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimension 0");
@@ -315,13 +311,13 @@ static void test_refuses_bad_files(void **state)
     s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "twice");
 
     RESET();
-    s_put_u32(buf + 12, 3); /* says 3 tensors, holds 2 */
+    carls_put_le32(buf + 12, 3); /* says 3 tensors, holds 2 */
     s_fix_crc(buf, len);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "past the end");
 
     RESET();
-    s_put_u32(buf + 12, 1); /* says 1 tensor, holds 2 */
+    carls_put_le32(buf + 12, 1); /* says 1 tensor, holds 2 */
     s_fix_crc(buf, len);
     s_spit(bad, buf, len);
     s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "left after");

@@ -11,14 +11,15 @@
  * for byte, since a file the reader accepts has no slack. */
 #include "fuzz_common.h"
 
+#include "bytes.h"
 #include "checkpoint.h"
+#include "util.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_HEADER_BYTES 34u /* fixed part of a checkpoint header (see checkpoint.c) */
 
@@ -124,11 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t *fixed = malloc(size);
         FUZZ_CHECK(fixed != NULL);
         memcpy(fixed, data, size);
-        for (int i = 0; i < 8; i++) /* u64 file length at offset 16, little-endian */
-            fixed[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
-        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
-        for (int i = 0; i < 4; i++)
-            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
+        carls_put_le64(fixed + 16, (uint64_t)size); /* the file length at offset 16 */
+        carls_put_le32(fixed + size - 4, carls_crc32(0, fixed, size - 4));
         if (memcmp(fixed, data, size) != 0)
             s_read(fixed, size);
         free(fixed);

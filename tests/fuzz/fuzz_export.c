@@ -10,9 +10,11 @@
  * write for the same table) and read back: the copy must hold the same name, kind, dim and rows. */
 #include "fuzz_common.h"
 
+#include "bytes.h"
 #include "kb_export.h"
 #include "log.h"
 #include "protocol.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -20,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_TRAILER_BYTES 20u /* "CARLSEND", u64 rows, u32 CRC (see kb_export.c) */
 
@@ -217,9 +218,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t *fixed = malloc(size);
         FUZZ_CHECK(fixed != NULL);
         memcpy(fixed, data, size);
-        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
-        for (int i = 0; i < 4; i++)
-            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
+        carls_put_le32(fixed + size - 4, carls_crc32(0, fixed, size - 4));
         if (memcmp(fixed, data, size) != 0)
             s_read(fixed, size);
         free(fixed);

@@ -1,5 +1,7 @@
 #include "server_harness.h"
 
+#include "files.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,15 +54,8 @@ int test_server_start(test_server_t *srv, const char *const *extra_args)
     srv->pid = pid;
     /* Wait up to 20 s for the endpoint file (the server writes it once bound). */
     for (int i = 0; i < 2000; i++) {
-        FILE *f = fopen(srv->endpoint_file, "r");
-        if (f) {
-            int ok = fgets(srv->endpoint, sizeof srv->endpoint, f) != NULL;
-            fclose(f);
-            if (ok) {
-                srv->endpoint[strcspn(srv->endpoint, "\n")] = '\0';
-                return 0;
-            }
-        }
+        if (carls_read_first_line(srv->endpoint_file, srv->endpoint, sizeof srv->endpoint) == 0)
+            return 0;
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
             fprintf(stderr, "kb-server exited early (status %d); log in %s\n", status, srv->log_file);
