@@ -500,6 +500,71 @@ static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t 
                   "damaged (%s)", r->path, stored, r->crc, detail);
 }
 
+/* Reads the header after its first 16 bytes: the table name (name_len bytes, as the header says) and the
+ * table config, and checks them (a valid name, a config that decodes, a known kind, an embedding dim in
+ * range). Sets up the reader for that kind of rows. 0 or a negative code. */
+static int s_read_name_and_config(kb_export_reader_t *r, uint32_t name_len, char *err, size_t errlen)
+{
+    const char *path = r->path;
+    if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path,
+                            name_len, CARLS_MAX_TABLE_NAME_BYTES);
+    int rc = s_fits(r, (uint64_t)name_len + 4, "the table name", err, errlen);
+    if (rc == 0)
+        rc = s_read(r, r->name, name_len, err, errlen);
+    if (rc != 0)
+        return rc;
+    r->name[name_len] = '\0';
+    if (carls_table_name_valid(r->name) != 0)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
+    uint8_t b4[4];
+    rc = s_read(r, b4, 4, err, errlen);
+    if (rc != 0)
+        return rc;
+    uint32_t cfg_len = s_get32(b4);
+    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path,
+                            cfg_len, KB_EXPORT_MAX_CONFIG_BYTES);
+    rc = s_fits(r, cfg_len, "the table config", err, errlen);
+    if (rc != 0)
+        return rc;
+    uint8_t *cfg_buf = carls_xmalloc(cfg_len ? cfg_len : 1);
+    rc = s_read(r, cfg_buf, cfg_len, err, errlen);
+    if (rc == 0) {
+        r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
+        if (!r->config)
+            rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
+    }
+    free(cfg_buf);
+    if (rc != 0)
+        return rc;
+    r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
+    if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM))
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
+                            CARLS_DEFAULT_MAX_DIM);
+    r->dim = r->feature ? 0 : r->config->dim;
+    r->values = carls_xmalloc((r->dim ? r->dim : 1) * sizeof *r->values);
+    return 0;
+}
+
+/* The verifying pass over the rows (from the end of the header to the trailer): remembers where they start
+ * and the CRC there, for the caller's pass, and reads every row as s_read_row checks it. 0 or a negative
+ * code. */
+static int s_check_rows(kb_export_reader_t *r, char *err, size_t errlen)
+{
+    r->rows_off = r->pos;
+    r->crc_at_rows = r->crc;
+    kb_export_row_t row;
+    while (r->pos < r->trailer_off) {
+        int rc = s_read_row(r, &row, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err, size_t errlen)
 {
     if (!out || !path)
@@ -510,7 +575,6 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     if (!r->path)
         CARLS_FATAL("out of memory");
     int rc = 0;
-    uint8_t *cfg_buf = NULL;
     r->f = fopen(path, "rb");
     if (!r->f) {
         rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -559,64 +623,11 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, head, sizeof head, err, errlen);
     if (rc != 0)
         goto fail;
-    uint32_t name_len = s_get32(head + 12);
-    if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
-                    CARLS_MAX_TABLE_NAME_BYTES);
-        goto structural;
-    }
-    rc = s_fits(r, (uint64_t)name_len + 4, "the table name", err, errlen);
+    rc = s_read_name_and_config(r, s_get32(head + 12), err, errlen);
     if (rc == 0)
-        rc = s_read(r, r->name, name_len, err, errlen);
+        rc = s_check_rows(r, err, errlen);
     if (rc != 0)
         goto structural;
-    r->name[name_len] = '\0';
-    if (carls_table_name_valid(r->name) != 0) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
-        goto structural;
-    }
-    uint8_t b4[4];
-    rc = s_read(r, b4, 4, err, errlen);
-    if (rc != 0)
-        goto structural;
-    uint32_t cfg_len = s_get32(b4);
-    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
-                    KB_EXPORT_MAX_CONFIG_BYTES);
-        goto structural;
-    }
-    rc = s_fits(r, cfg_len, "the table config", err, errlen);
-    if (rc != 0)
-        goto structural;
-    cfg_buf = carls_xmalloc(cfg_len ? cfg_len : 1);
-    rc = s_read(r, cfg_buf, cfg_len, err, errlen);
-    if (rc != 0)
-        goto structural;
-    r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
-    if (!r->config) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
-        goto structural;
-    }
-    r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
-        goto structural;
-    }
-    if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM)) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
-                    CARLS_DEFAULT_MAX_DIM);
-        goto structural;
-    }
-    r->dim = r->feature ? 0 : r->config->dim;
-    r->values = carls_xmalloc((r->dim ? r->dim : 1) * sizeof *r->values);
-    r->rows_off = r->pos;
-    r->crc_at_rows = r->crc;
-    kb_export_row_t row;
-    while (r->pos < r->trailer_off) {
-        rc = s_read_row(r, &row, err, errlen);
-        if (rc != 0)
-            goto structural;
-    }
     rc = s_check_trailer(r, err, errlen);
     if (rc != 0)
         goto fail;
@@ -628,13 +639,11 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     r->pos = r->rows_off;
     r->crc = r->crc_at_rows;
     r->rows_read = 0;
-    free(cfg_buf);
     *out = r;
     return 0;
 structural:
     rc = s_prefer_checksum(r, rc, err, errlen);
 fail:
-    free(cfg_buf);
     kb_export_reader_destroy(&r);
     return rc;
 }
