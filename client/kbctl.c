@@ -19,6 +19,7 @@
 #include "util.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -87,83 +88,57 @@ struct s_verb {
     int (*run)(s_call_t *call); /* returns the exit status */
 };
 
-/* ---- enum names (what the proto enums are called on the command line and in listings) ---------------- */
+/* ---- enum names --------------------------------------------------------------------------------------
+ * On the command line and in listings a proto enum value goes by its name in carls.proto without the
+ * prefix, in lower case with '-' for '_': OPT_SGD is "sgd", OUTLIER_NORM_MEDIAN "norm-median",
+ * SAMPLE_LOG_UNIFORM "log-uniform". So a value added to the proto gets its name here without an edit. */
 
+typedef ProtobufCEnumDescriptor s_enum_t;
+
+static const s_enum_t *const s_optimizers = &carls__optimizer_kind__descriptor;
+static const s_enum_t *const s_updates = &carls__update_policy__descriptor;
+static const s_enum_t *const s_inits = &carls__init_kind__descriptor;
+static const s_enum_t *const s_outlier_rules = &carls__outlier_rule__descriptor;
+static const s_enum_t *const s_kinds = &carls__table_kind__descriptor;
+static const s_enum_t *const s_metrics = &carls__knn_metric__descriptor;
+static const s_enum_t *const s_admissions = &carls__admission_kind__descriptor;
+static const s_enum_t *const s_evictions = &carls__eviction_kind__descriptor;
+static const s_enum_t *const s_strategies = &carls__sample_strategy__descriptor;
+
+/* A value's command-line name (returned by value, so it can be printed straight from the call). */
 typedef struct {
-    const char *name;
-    int value;
-} s_name_t;
+    char text[64];
+} s_enum_name_t;
 
-static const s_name_t s_optimizers[] = {
-    {"sgd", CARLS__OPTIMIZER_KIND__OPT_SGD},
-    {"momentum", CARLS__OPTIMIZER_KIND__OPT_MOMENTUM},
-    {"adagrad", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD},
-    {"adam", CARLS__OPTIMIZER_KIND__OPT_ADAM},
-    {NULL, 0},
-};
-static const s_name_t s_updates[] = {
-    {"lazy", CARLS__UPDATE_POLICY__UPDATE_LAZY},
-    {"immediate", CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE},
-    {NULL, 0},
-};
-static const s_name_t s_inits[] = {
-    {"zeros", CARLS__INIT_KIND__INIT_ZEROS},
-    {"uniform", CARLS__INIT_KIND__INIT_UNIFORM},
-    {"normal", CARLS__INIT_KIND__INIT_NORMAL},
-    {NULL, 0},
-};
-static const s_name_t s_outlier_rules[] = {
-    {"norm-median", CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN},
-    {"none", CARLS__OUTLIER_RULE__OUTLIER_NONE},
-    {NULL, 0},
-};
-static const s_name_t s_kinds[] = {
-    {"embedding", CARLS__TABLE_KIND__TABLE_EMBEDDING},
-    {"feature", CARLS__TABLE_KIND__TABLE_FEATURE},
-    {NULL, 0},
-};
-static const s_name_t s_metrics[] = {
-    {"ip", CARLS__KNN_METRIC__METRIC_IP},
-    {"l2", CARLS__KNN_METRIC__METRIC_L2},
-    {"cosine", CARLS__KNN_METRIC__METRIC_COSINE},
-    {NULL, 0},
-};
-static const s_name_t s_admissions[] = {
-    {"all", CARLS__ADMISSION_KIND__ADMIT_ALL},
-    {"frequency", CARLS__ADMISSION_KIND__ADMIT_FREQUENCY},
-    {"bloom", CARLS__ADMISSION_KIND__ADMIT_BLOOM},
-    {NULL, 0},
-};
-static const s_name_t s_evictions[] = {
-    {"none", CARLS__EVICTION_KIND__EVICT_NONE},
-    {"lru", CARLS__EVICTION_KIND__EVICT_LRU},
-    {"oldest", CARLS__EVICTION_KIND__EVICT_OLDEST},
-    {NULL, 0},
-};
-static const s_name_t s_strategies[] = {
-    {"uniform", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM},
-    {"log-uniform", CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM},
-    {"unigram", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM},
-    {NULL, 0},
-};
-
-static int s_name_parse(const s_name_t *names, const char *text, int *out)
+static s_enum_name_t s_cli_name(const ProtobufCEnumValue *v)
 {
-    for (const s_name_t *n = names; n->name; n++) {
-        if (strcmp(n->name, text) == 0) {
-            *out = n->value;
+    s_enum_name_t out;
+    const char *p = strchr(v->name, '_');
+    p = p ? p + 1 : v->name;
+    size_t i = 0;
+    for (; p[i] && i + 1 < sizeof out.text; i++)
+        out.text[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
+    out.text[i] = '\0';
+    return out;
+}
+
+/* The value named `text` on the command line into *out. 0, or -1 when no value has that name. */
+static int s_name_parse(const s_enum_t *names, const char *text, int *out)
+{
+    for (unsigned i = 0; i < names->n_values; i++) {
+        if (strcmp(s_cli_name(&names->values[i]).text, text) == 0) {
+            *out = names->values[i].value;
             return 0;
         }
     }
     return -1;
 }
 
-static const char *s_name_of(const s_name_t *names, int value)
+/* The command-line name of `value`, or "unknown". */
+static s_enum_name_t s_name_of(const s_enum_t *names, int value)
 {
-    for (const s_name_t *n = names; n->name; n++)
-        if (n->value == value)
-            return n->name;
-    return "unknown";
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(names, value);
+    return v ? s_cli_name(v) : (s_enum_name_t){"unknown"};
 }
 
 /* ---- command-line parsing ---------------------------------------------------------------------------- */
@@ -274,13 +249,13 @@ static int s_opt_positive_float(const char *verb, const char *opt, const char *t
     return 0;
 }
 
-static int s_opt_name(const char *verb, const char *opt, const s_name_t *names, const char *text, int *out)
+static int s_opt_name(const char *verb, const char *opt, const s_enum_t *names, const char *text, int *out)
 {
     if (s_name_parse(names, text, out) == 0)
         return 0;
     fprintf(stderr, "kbctl %s: --%s: unknown value \"%s\"; one of:", verb, opt, text);
-    for (const s_name_t *n = names; n->name; n++)
-        fprintf(stderr, " %s", n->name);
+    for (unsigned i = 0; i < names->n_values; i++)
+        fprintf(stderr, " %s", s_cli_name(&names->values[i]).text);
     fputc('\n', stderr);
     return -1;
 }
@@ -310,7 +285,7 @@ static int s_opt_batch(const s_call_t *call, int i, uint64_t *out)
 
 /* Parses the call's option i, one of names, into *out, which keeps its default when the option is absent. 0,
  * or -1 after printing why. */
-static int s_opt_choice(const s_call_t *call, int i, const s_name_t *names, int *out)
+static int s_opt_choice(const s_call_t *call, int i, const s_enum_t *names, int *out)
 {
     const char *text = call->opt[i];
     return text ? s_opt_name(call->name, call->verb->opts[i].name, names, text, out) : 0;
@@ -781,7 +756,7 @@ static int s_create_table(s_call_t *call)
         fprintf(stderr, "%s feature table %s\n", done, name);
     else
         fprintf(stderr, "%s table %s (dim %u, %s, %s%s%s)\n", done, name, t.cfg.dim,
-                s_name_of(s_optimizers, t.opt.kind), s_name_of(s_updates, t.lazy.policy),
+                s_name_of(s_optimizers, t.opt.kind).text, s_name_of(s_updates, t.lazy.policy).text,
                 t.cfg.knn ? ", knn " : "", t.cfg.knn ? t.knn.spec : "");
     return S_EXIT_OK;
 }
@@ -804,8 +779,8 @@ static int s_list_tables(s_call_t *call)
         const Carls__TableInfo *t = resp->table_list->tables[i];
         const Carls__TableConfig *cfg = t->config;
         printf("%s\t%u\t%llu\t%s\t%s\n", t->name ? t->name : "", cfg ? cfg->dim : 0, (unsigned long long)t->rows,
-               s_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0),
-               s_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0));
+               s_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0).text,
+               s_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0).text);
     }
     carls__response__free_unpacked(resp, NULL);
     return S_EXIT_OK;
@@ -988,7 +963,7 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("applied_on_lookup: %llu\n", (unsigned long long)t->applied_on_lookup);
         printf("applied_on_age: %llu\n", (unsigned long long)t->applied_on_age);
         printf("applied_on_count: %llu\n", (unsigned long long)t->applied_on_count);
-        printf("kind: %s\n", s_name_of(s_kinds, (int)t->kind));
+        printf("kind: %s\n", s_name_of(s_kinds, (int)t->kind).text);
         printf("not_admitted: %llu\n", (unsigned long long)t->not_admitted);
         printf("not_persisted: %llu\n", (unsigned long long)t->not_persisted);
         printf("evictions: %llu\n", (unsigned long long)t->evictions);
