@@ -871,11 +871,12 @@ static const char s_get_usage[] =
     "  --meta       adds TAB-separated columns: version, updated_at_ms, frequency\n"
     "  --no-create  do not insert unseen keys (they still show their initial value)\n";
 
-enum { GET_META, GET_NO_CREATE, GET_BATCH, GET_N };
+/* get's options; get-feature takes the first two (a feature lookup creates nothing). */
+enum { GET_META, GET_BATCH, GET_NO_CREATE, GET_N };
 static const s_opt_t s_get_opts[GET_N] = {
     [GET_META] = {"meta", false},
-    [GET_NO_CREATE] = {"no-create", false},
     [GET_BATCH] = {"batch", true},
+    [GET_NO_CREATE] = {"no-create", false},
 };
 
 /* get's lookups: the keys in batches of `batch`, one output line per key. Exit status. */
@@ -906,7 +907,88 @@ static int s_get_rows(s_call_t *call, const kb_rows_t *keyset, uint64_t batch, u
     return st;
 }
 
-static int s_get(s_call_t *call)
+/* ---- feature records: put-feature, get-feature (and the lookup it shares with get) --------------------- */
+
+static const char s_put_feature_usage[] =
+    "usage: kbctl put-feature TABLE [--batch N] < lines\n"
+    "Replaces feature records read from stdin, one per line:\n"
+    "  KEY<TAB>label=3 confidence=0.9 version=2 neighbors=a:0.5,b:0.25 data=00ff\n"
+    "Fields (any order, each optional): label=INT or flabel=FLOAT, confidence=X, version=N,\n"
+    "neighbors=KEY:WEIGHT,... and data=HEX. Keys (the line's and the neighbours') are percent-encoded:\n"
+    "bytes outside ! .. ~ and each of % , : = are written %XX. updated_at_ms= is accepted and ignored;\n"
+    "found=false lines (from get-feature) are skipped. Every line is checked first; with any invalid line\n"
+    "nothing is sent. So `kbctl get-feature T ... | kbctl put-feature T2` copies records.\n";
+
+enum { PF_BATCH, PF_N };
+static const s_opt_t s_put_feature_opts[PF_N] = {[PF_BATCH] = {"batch", true}};
+
+static int s_put_feature(s_call_t *call)
+{
+    const char *table = call->pos[0];
+    uint64_t batch = S_DEFAULT_BATCH;
+    if (s_opt_batch(call, PF_BATCH, &batch) != 0)
+        return S_EXIT_USAGE;
+    int st = s_open_feature_table(call, table);
+    if (st != S_EXIT_OK)
+        return st;
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    size_t bad = 0;
+    if (kb_feature_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
+        kb_feature_rows_destroy(&rows);
+        return s_refuse_stdin(call, bad, "");
+    }
+    s_batch_t b = s_batch_start(rows->keys, batch);
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        int rc = kb_cluster_feature_put(call->c, table, b.keys, b.n,
+                                        (const Carls__FeatureRecord *const *)rows->records + b.first);
+        if (rc != 0)
+            st = s_batch_failed(call, rc, &b, "records");
+    }
+    if (st == S_EXIT_OK) {
+        size_t n = rows->keys->n;
+        fprintf(stderr, "put %zu record%s into %s", n, n == 1 ? "" : "s", table);
+        if (rows->skipped)
+            fprintf(stderr, " (skipped %zu found=false line%s)", rows->skipped, rows->skipped == 1 ? "" : "s");
+        fputc('\n', stderr);
+    }
+    s_batch_end(&b);
+    kb_feature_rows_destroy(&rows);
+    return st;
+}
+
+static const char s_get_feature_usage[] =
+    "usage: kbctl get-feature TABLE [--meta] [--batch N] [KEY...]\n"
+    "Prints the records of the keys given (as they are, not encoded), or of one key per line on stdin, in the\n"
+    "put-feature line format; a key without a record prints KEY<TAB>found=false. --meta adds\n"
+    "updated_at_ms=N (the server's time of the last put).\n";
+
+static const s_opt_t s_get_feature_opts[GET_NO_CREATE] = {[GET_META] = {"meta", false}, [GET_BATCH] = {"batch", true}};
+
+/* get-feature's requests: the keys in batches of `batch`, one output line per key. Exit status. */
+static int s_get_records(s_call_t *call, const kb_rows_t *keyset, uint64_t batch)
+{
+    s_batch_t b = s_batch_start(keyset, batch);
+    int st = S_EXIT_OK;
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        kb_feature_result_t *res = NULL;
+        int rc = kb_cluster_feature_get(call->c, call->pos[0], b.keys, b.n, &res);
+        if (rc != 0) {
+            st = s_fail(call, rc);
+            break;
+        }
+        for (size_t i = 0; i < b.n; i++) {
+            kb_feature_write_line(stdout, b.keys[i].data, b.keys[i].len, res->records[i], call->opt[GET_META] != NULL);
+            putchar('\n');
+        }
+        kb_feature_result_destroy(&res);
+    }
+    s_batch_end(&b);
+    return st;
+}
+
+/* get and get-feature: checks every key (the arguments, else stdin) before it looks them up in batches of
+ * --batch and prints one line per key. */
+static int s_look_up(s_call_t *call, bool feature)
 {
     uint64_t batch = S_DEFAULT_BATCH;
     if (s_opt_batch(call, GET_BATCH, &batch) != 0)
@@ -914,13 +996,18 @@ static int s_get(s_call_t *call)
     kb_rows_t *keyset = s_read_keys(call, 1);
     if (!keyset)
         return S_EXIT_USAGE;
+    const char *table = call->pos[0];
     uint32_t dim = 0;
-    int st = s_open_embedding_table(call, call->pos[0], &dim);
+    int st = feature ? s_open_feature_table(call, table) : s_open_embedding_table(call, table, &dim);
     if (st == S_EXIT_OK)
-        st = s_get_rows(call, keyset, batch, dim);
+        st = feature ? s_get_records(call, keyset, batch) : s_get_rows(call, keyset, batch, dim);
     kb_rows_destroy(&keyset);
     return st;
 }
+
+static int s_get(s_call_t *call) { return s_look_up(call, false); }
+
+static int s_get_feature(s_call_t *call) { return s_look_up(call, true); }
 
 /* ---- stats, checkpoint ------------------------------------------------------------------------------- */
 
@@ -1179,101 +1266,6 @@ static int s_sample(s_call_t *call)
     kb_sample_result_destroy(&res);
     free(keys);
     kb_rows_destroy(&positives);
-    return st;
-}
-
-/* ---- feature records: put-feature, get-feature ------------------------------------------------------- */
-
-static const char s_put_feature_usage[] =
-    "usage: kbctl put-feature TABLE [--batch N] < lines\n"
-    "Replaces feature records read from stdin, one per line:\n"
-    "  KEY<TAB>label=3 confidence=0.9 version=2 neighbors=a:0.5,b:0.25 data=00ff\n"
-    "Fields (any order, each optional): label=INT or flabel=FLOAT, confidence=X, version=N,\n"
-    "neighbors=KEY:WEIGHT,... and data=HEX. Keys (the line's and the neighbours') are percent-encoded:\n"
-    "bytes outside ! .. ~ and each of % , : = are written %XX. updated_at_ms= is accepted and ignored;\n"
-    "found=false lines (from get-feature) are skipped. Every line is checked first; with any invalid line\n"
-    "nothing is sent. So `kbctl get-feature T ... | kbctl put-feature T2` copies records.\n";
-
-enum { PF_BATCH, PF_N };
-static const s_opt_t s_put_feature_opts[PF_N] = {[PF_BATCH] = {"batch", true}};
-
-static int s_put_feature(s_call_t *call)
-{
-    const char *table = call->pos[0];
-    uint64_t batch = S_DEFAULT_BATCH;
-    if (s_opt_batch(call, PF_BATCH, &batch) != 0)
-        return S_EXIT_USAGE;
-    int st = s_open_feature_table(call, table);
-    if (st != S_EXIT_OK)
-        return st;
-    kb_feature_rows_t *rows = kb_feature_rows_new();
-    size_t bad = 0;
-    if (kb_feature_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
-        kb_feature_rows_destroy(&rows);
-        return s_refuse_stdin(call, bad, "");
-    }
-    s_batch_t b = s_batch_start(rows->keys, batch);
-    while (st == S_EXIT_OK && s_batch_next(&b)) {
-        int rc = kb_cluster_feature_put(call->c, table, b.keys, b.n,
-                                        (const Carls__FeatureRecord *const *)rows->records + b.first);
-        if (rc != 0)
-            st = s_batch_failed(call, rc, &b, "records");
-    }
-    if (st == S_EXIT_OK) {
-        size_t n = rows->keys->n;
-        fprintf(stderr, "put %zu record%s into %s", n, n == 1 ? "" : "s", table);
-        if (rows->skipped)
-            fprintf(stderr, " (skipped %zu found=false line%s)", rows->skipped, rows->skipped == 1 ? "" : "s");
-        fputc('\n', stderr);
-    }
-    s_batch_end(&b);
-    kb_feature_rows_destroy(&rows);
-    return st;
-}
-
-static const char s_get_feature_usage[] =
-    "usage: kbctl get-feature TABLE [--meta] [--batch N] [KEY...]\n"
-    "Prints the records of the keys given (as they are, not encoded), or of one key per line on stdin, in the\n"
-    "put-feature line format; a key without a record prints KEY<TAB>found=false. --meta adds\n"
-    "updated_at_ms=N (the server's time of the last put).\n";
-
-enum { GF_META, GF_BATCH, GF_N };
-static const s_opt_t s_get_feature_opts[GF_N] = {[GF_META] = {"meta", false}, [GF_BATCH] = {"batch", true}};
-
-/* get-feature's requests: the keys in batches of `batch`, one output line per key. Exit status. */
-static int s_get_records(s_call_t *call, const kb_rows_t *keyset, uint64_t batch)
-{
-    s_batch_t b = s_batch_start(keyset, batch);
-    int st = S_EXIT_OK;
-    while (st == S_EXIT_OK && s_batch_next(&b)) {
-        kb_feature_result_t *res = NULL;
-        int rc = kb_cluster_feature_get(call->c, call->pos[0], b.keys, b.n, &res);
-        if (rc != 0) {
-            st = s_fail(call, rc);
-            break;
-        }
-        for (size_t i = 0; i < b.n; i++) {
-            kb_feature_write_line(stdout, b.keys[i].data, b.keys[i].len, res->records[i], call->opt[GF_META] != NULL);
-            putchar('\n');
-        }
-        kb_feature_result_destroy(&res);
-    }
-    s_batch_end(&b);
-    return st;
-}
-
-static int s_get_feature(s_call_t *call)
-{
-    uint64_t batch = S_DEFAULT_BATCH;
-    if (s_opt_batch(call, GF_BATCH, &batch) != 0)
-        return S_EXIT_USAGE;
-    kb_rows_t *keyset = s_read_keys(call, 1);
-    if (!keyset)
-        return S_EXIT_USAGE;
-    int st = s_open_feature_table(call, call->pos[0]);
-    if (st == S_EXIT_OK)
-        st = s_get_records(call, keyset, batch);
-    kb_rows_destroy(&keyset);
     return st;
 }
 
