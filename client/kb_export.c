@@ -32,6 +32,7 @@
  * not was written wrong and gets the structural reason. */
 #include "kb_export.h"
 
+#include "kb_rows_text.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -760,48 +761,37 @@ cleanup:
     return rc;
 }
 
-/* Rows read from a file and not yet written. */
+/* Rows read from a file and not yet written: keys and values (embedding tables) in a kb_rows_t, with each
+ * row's version and (feature tables) its decoded record. */
 typedef struct {
-    size_t n, cap;                   /* rows held / room */
-    uint32_t dim;                    /* embedding tables; 0 for feature tables */
-    uint8_t *key_bytes;              /* keys back to back */
-    size_t key_bytes_len, key_bytes_cap;
-    size_t *key_off, *key_len;       /* (cap) */
-    float *values;                   /* (cap, dim) */
+    size_t cap;                      /* rows per flush */
+    kb_rows_t *rows;                 /* dim 0 for feature tables */
     uint64_t *versions;              /* (cap) */
-    Carls__FeatureRecord **records;  /* (cap) decoded, owned */
+    Carls__FeatureRecord **records;  /* (cap) decoded, owned; NULL for embedding tables */
 } s_batch_t;
 
 static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim)
 {
-    memset(b, 0, sizeof *b);
     b->cap = cap;
-    b->dim = dim;
-    b->key_off = carls_xmalloc(cap * sizeof *b->key_off);
-    b->key_len = carls_xmalloc(cap * sizeof *b->key_len);
+    b->rows = kb_rows_new(dim);
     b->versions = carls_xmalloc(cap * sizeof *b->versions);
-    b->values = dim ? carls_xmalloc(cap * dim * sizeof *b->values) : NULL;
     b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
 }
 
 /* Forgets the rows (freeing their records). */
 static void s_batch_clear(s_batch_t *b)
 {
-    for (size_t i = 0; b->records && i < b->n; i++) {
+    for (size_t i = 0; b->records && i < b->rows->n; i++) {
         carls__feature_record__free_unpacked(b->records[i], NULL);
         b->records[i] = NULL;
     }
-    b->n = 0;
-    b->key_bytes_len = 0;
+    kb_rows_clear(b->rows);
 }
 
 static void s_batch_free(s_batch_t *b)
 {
     s_batch_clear(b);
-    free(b->key_bytes);
-    free(b->key_off);
-    free(b->key_len);
-    free(b->values);
+    kb_rows_destroy(&b->rows);
     free(b->versions);
     free(b->records);
 }
@@ -810,27 +800,15 @@ static void s_batch_free(s_batch_t *b)
  * (the file changed after it was verified). */
 static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
 {
-    assert(b->n < b->cap);
-    if (!b->dim) {
-        b->records[b->n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
-        if (!b->records[b->n])
+    size_t n = b->rows->n;
+    assert(n < b->cap);
+    if (b->records) {
+        b->records[n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
+        if (!b->records[n])
             return KB_EXPORT_ECORRUPT;
-    } else {
-        memcpy(b->values + b->n * b->dim, row->values, b->dim * sizeof(float));
     }
-    if (b->key_bytes_cap - b->key_bytes_len < row->key_len) {
-        size_t cap = b->key_bytes_cap ? b->key_bytes_cap : 4096;
-        while (cap - b->key_bytes_len < row->key_len)
-            cap *= 2;
-        b->key_bytes = carls_xrealloc(b->key_bytes, cap);
-        b->key_bytes_cap = cap;
-    }
-    memcpy(b->key_bytes + b->key_bytes_len, row->key, row->key_len);
-    b->key_off[b->n] = b->key_bytes_len;
-    b->key_len[b->n] = row->key_len;
-    b->key_bytes_len += row->key_len;
-    b->versions[b->n] = row->version;
-    b->n++;
+    b->versions[n] = row->version;
+    kb_rows_append(b->rows, row->key, row->key_len, row->values);
     return 0;
 }
 
@@ -848,31 +826,32 @@ static int s_by_version(const void *a, const void *b, void *ctx)
 /* Writes the batch to the bank and clears it. 0 or KB_EXPORT_EBANK (message set). */
 static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, char *err, size_t errlen)
 {
-    size_t n = b->n;
+    const kb_rows_t *rows = b->rows;
+    size_t n = rows->n, dim = rows->dim;
     if (n == 0)
         return 0;
     int rc = 0;
     kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
-    if (!b->dim) {
+    if (!dim) {
         for (size_t i = 0; i < n; i++)
-            keys[i] = (kb_key_t){b->key_bytes + b->key_off[i], b->key_len[i]};
+            keys[i] = kb_rows_key(rows, i);
         rc = kb_cluster_feature_put(bank, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
     } else {
         /* One put per version: the protocol's put tags all its rows with one version. */
         size_t *order = carls_xmalloc(n * sizeof *order);
-        float *vals = carls_xmalloc(n * b->dim * sizeof *vals);
+        float *vals = carls_xmalloc(n * dim * sizeof *vals);
         for (size_t i = 0; i < n; i++)
             order[i] = i;
         qsort_r(order, n, sizeof *order, s_by_version, b->versions);
         for (size_t i = 0; i < n; i++) {
-            keys[i] = (kb_key_t){b->key_bytes + b->key_off[order[i]], b->key_len[order[i]]};
-            memcpy(vals + i * b->dim, b->values + order[i] * b->dim, b->dim * sizeof *vals);
+            keys[i] = kb_rows_key(rows, order[i]);
+            memcpy(vals + i * dim, rows->values + order[i] * dim, dim * sizeof *vals);
         }
         for (size_t start = 0; start < n && rc == 0;) {
             size_t end = start + 1;
             while (end < n && b->versions[order[end]] == b->versions[order[start]])
                 end++;
-            rc = kb_cluster_put(bank, table, keys + start, end - start, b->dim, vals + start * b->dim,
+            rc = kb_cluster_put(bank, table, keys + start, end - start, (uint32_t)dim, vals + start * dim,
                                 b->versions[order[start]]);
             start = end;
         }
@@ -923,8 +902,8 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
                          "changed while being imported?)", path);
             break;
         }
-        if (b.n == b.cap) {
-            size_t k = b.n;
+        if (b.rows->n == b.cap) {
+            size_t k = b.rows->n;
             rc = s_batch_flush(bank, table, &b, err, errlen);
             if (rc != 0)
                 goto cleanup;
@@ -935,7 +914,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
         rc = got;
         goto cleanup;
     }
-    size_t k = b.n;
+    size_t k = b.rows->n;
     rc = s_batch_flush(bank, table, &b, err, errlen);
     if (rc == 0)
         written += k;
