@@ -20,8 +20,6 @@
 
 #include <assert.h>
 #include <ctype.h>
-#include <errno.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
