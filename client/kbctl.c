@@ -1009,6 +1009,16 @@ static int s_get_feature(s_call_t *call) { return s_look_up(call, true); }
 
 /* ---- stats, checkpoint ------------------------------------------------------------------------------- */
 
+/* Prints one "LABEL OP: count N, p50 X us, p99 Y us, max Z us" line per operation. */
+static void s_print_latencies(const char *label, Carls__LatencySummary *const *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Carls__LatencySummary *l = ops[i];
+        printf("%s %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", label, l->op ? l->op : "",
+               (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
+    }
+}
+
 /* Prints one server's stats block (what `kbctl stats` shows for one shard). */
 static void s_print_stats(const Carls__StatsResult *s)
 {
@@ -1027,11 +1037,7 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("memory_refusals: %llu\n", (unsigned long long)s->memory_refusals);
     printf("memory_refused_rows: %llu\n", (unsigned long long)s->memory_refused_rows);
     printf("rss_bytes: %llu\n", (unsigned long long)s->rss_bytes);
-    for (size_t i = 0; i < s->n_latency; i++) {
-        const Carls__LatencySummary *l = s->latency[i];
-        printf("latency %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
-               (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
-    }
+    s_print_latencies("latency", s->latency, s->n_latency);
     for (size_t i = 0; i < s->n_tables; i++) {
         const Carls__TableStats *t = s->tables[i];
         printf("\ntable %s\n", t->name ? t->name : "");
@@ -1061,11 +1067,7 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("request_errors: %llu\n", (unsigned long long)t->request_errors);
         printf("memory_refusals: %llu\n", (unsigned long long)t->memory_refusals);
         printf("memory_refused_rows: %llu\n", (unsigned long long)t->memory_refused_rows);
-        for (size_t j = 0; j < t->n_requests; j++) {
-            const Carls__LatencySummary *l = t->requests[j];
-            printf("requests %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
-                   (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
-        }
+        s_print_latencies("requests", t->requests, t->n_requests);
     }
 }
 
