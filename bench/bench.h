@@ -137,6 +137,10 @@ typedef struct {
 /* A fresh directory under opts->data_dir (or /tmp) for one server; 0 or -1. */
 int bench_make_dir(const bench_opts_t *opts, const char *tag, char *out, size_t outlen);
 
+/* Forks and execs argv (argv[0] a path) with stdout and stderr appended to the file log; the child dies
+ * with the benchmark. Returns the pid, or -1. */
+pid_t bench_spawn(const char *const *argv, const char *log);
+
 /* Starts kb-server with its data in a fresh directory, on a free loopback port, with extra arguments
  * (NULL-terminated), and waits until it answers. 0 or -1 (logged). */
 int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const *extra, bench_proc_t *out);

@@ -101,45 +101,38 @@ static int s_list(const char *opt, const char *text, uint32_t *out, int cap)
     return n > 0 ? 0 : -1;
 }
 
-static void s_mode(bench_opts_t *o, const char *mode)
+/* What a mode sets: its sizes and durations (every other default is the same in all modes). */
+typedef struct {
+    const char *name;
+    uint32_t keys, batch;
+    double seconds, warmup, mixed_seconds;
+    uint32_t knn_rows[4], shard_counts[4], row_counts[5]; /* 0-terminated */
+} s_mode_t;
+
+static const s_mode_t s_modes[] = {
+    {"quick", 20000, 256, 1.0, 0.3, 2.0, {10000}, {1, 2, 4}, {10000, 50000}},
+    {"full", 100000, 256, 5.0, 1.0, 10.0, {100000, 1000000}, {1, 2, 4}, {10000, 100000, 1000000}},
+    {"smoke", 2000, 64, 0.3, 0.1, 0.5, {2000}, {1, 2}, {1000, 3000}},
+};
+
+/* Sets every size option to mode m's. */
+static void s_mode(bench_opts_t *o, const s_mode_t *m)
 {
-    static const uint32_t quick_knn[4] = {10000}, full_knn[4] = {100000, 1000000}, smoke_knn[4] = {2000};
-    static const uint32_t shards[4] = {1, 2, 4}, smoke_shards[4] = {1, 2};
-    static const uint32_t quick_rows[5] = {10000, 50000}, full_rows[5] = {10000, 100000, 1000000},
-                          smoke_rows[5] = {1000, 3000};
-    o->mode = mode;
+    o->mode = m->name;
     o->dim = 64;
-    o->batch = 256;
+    o->batch = m->batch;
+    o->keys = m->keys;
     o->clients = 2;
+    o->seconds = m->seconds;
+    o->warmup = m->warmup;
+    o->mixed_seconds = m->mixed_seconds;
     o->knn_batch = 16;
     o->knn_k = 10;
     o->server_threads = 2;
     o->knn_threads = 1;
-    memcpy(o->shard_counts, shards, sizeof shards);
-    if (strcmp(mode, "full") == 0) {
-        o->keys = 100000;
-        o->seconds = 5.0;
-        o->warmup = 1.0;
-        o->mixed_seconds = 10.0;
-        memcpy(o->knn_rows, full_knn, sizeof full_knn);
-        memcpy(o->row_counts, full_rows, sizeof full_rows);
-    } else if (strcmp(mode, "smoke") == 0) {
-        o->keys = 2000;
-        o->batch = 64;
-        o->seconds = 0.3;
-        o->warmup = 0.1;
-        o->mixed_seconds = 0.5;
-        memcpy(o->knn_rows, smoke_knn, sizeof smoke_knn);
-        memcpy(o->shard_counts, smoke_shards, sizeof smoke_shards);
-        memcpy(o->row_counts, smoke_rows, sizeof smoke_rows);
-    } else {
-        o->keys = 20000;
-        o->seconds = 1.0;
-        o->warmup = 0.3;
-        o->mixed_seconds = 2.0;
-        memcpy(o->knn_rows, quick_knn, sizeof quick_knn);
-        memcpy(o->row_counts, quick_rows, sizeof quick_rows);
-    }
+    memcpy(o->knn_rows, m->knn_rows, sizeof o->knn_rows);
+    memcpy(o->shard_counts, m->shard_counts, sizeof o->shard_counts);
+    memcpy(o->row_counts, m->row_counts, sizeof o->row_counts);
 }
 
 /* kb-server beside this program (both are built into build/bin). */
@@ -159,25 +152,26 @@ static void s_default_server(char *out, size_t len)
     snprintf(out, len, "kb-server");
 }
 
-int main(int argc, char **argv)
+/* Storage for the strings bench_opts_t points to that main makes up. */
+typedef struct {
+    char kb_server[PATH_MAX + 16];
+    char interval[32];
+} s_strings_t;
+
+/* Sets *o from the command line, over the sizes of its mode and the defaults. Returns -1 to go on, or the
+ * exit status to return now (after printing why or the help). */
+static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *strings)
 {
-    carls_log_init_from_env();
-    if (!getenv("CARLS_LOG_LEVEL"))
-        carls_log_set_level(CARLS_LOG_WARN);
-    bench_opts_t o;
-    memset(&o, 0, sizeof o);
-    /* The mode first, so that other options override its sizes wherever they stand. */
-    s_mode(&o, "quick");
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--full") == 0)
-            s_mode(&o, "full");
-        else if (strcmp(argv[i], "--smoke") == 0)
-            s_mode(&o, "smoke");
-    }
-    char server_path[PATH_MAX + 16];
-    s_default_server(server_path, sizeof server_path);
-    o.kb_server = server_path;
-    o.redis_server = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server" : "";
+    /* The mode first, so that other options override its sizes wherever they stand; --quick, s_modes[0],
+     * is the default. */
+    s_mode(o, &s_modes[0]);
+    for (int i = 1; i < argc; i++)
+        for (size_t m = 1; m < sizeof s_modes / sizeof s_modes[0]; m++)
+            if (strncmp(argv[i], "--", 2) == 0 && strcmp(argv[i] + 2, s_modes[m].name) == 0)
+                s_mode(o, &s_modes[m]);
+    s_default_server(strings->kb_server, sizeof strings->kb_server);
+    o->kb_server = strings->kb_server;
+    o->redis_server = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server" : "";
     uint32_t interval_ms = 1000;
     bool custom = false;
 
@@ -219,30 +213,30 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
         case O_QUICK: case O_FULL: case O_SMOKE: break; /* applied above */
-        case O_DIM: bad |= s_u32("--dim", optarg, 1, &o.dim); custom = true; break;
-        case O_BATCH: bad |= s_u32("--batch", optarg, 1, &o.batch); custom = true; break;
-        case O_KEYS: bad |= s_u32("--keys", optarg, 1, &o.keys); custom = true; break;
-        case O_CLIENTS: bad |= s_u32("--clients", optarg, 1, &o.clients); custom = true; break;
-        case O_SECONDS: bad |= s_seconds("--seconds", optarg, 0.05, &o.seconds); custom = true; break;
-        case O_WARMUP: bad |= s_seconds("--warmup", optarg, 0, &o.warmup); custom = true; break;
-        case O_MIXED: bad |= s_seconds("--mixed-seconds", optarg, 0.05, &o.mixed_seconds); custom = true; break;
-        case O_KNN_BATCH: bad |= s_u32("--knn-batch", optarg, 1, &o.knn_batch); custom = true; break;
-        case O_KNN_K: bad |= s_u32("--knn-k", optarg, 1, &o.knn_k); custom = true; break;
-        case O_KNN_ROWS: bad |= s_list("--knn-rows", optarg, o.knn_rows, 4); custom = true; break;
-        case O_SHARDS: bad |= s_list("--shards", optarg, o.shard_counts, 4); custom = true; break;
-        case O_ROWS: bad |= s_list("--rows", optarg, o.row_counts, 5); custom = true; break;
-        case O_SERVER_THREADS: bad |= s_u32("--server-threads", optarg, 1, &o.server_threads); custom = true; break;
-        case O_KNN_THREADS: bad |= s_u32("--knn-threads", optarg, 1, &o.knn_threads); custom = true; break;
+        case O_DIM: bad |= s_u32("--dim", optarg, 1, &o->dim); custom = true; break;
+        case O_BATCH: bad |= s_u32("--batch", optarg, 1, &o->batch); custom = true; break;
+        case O_KEYS: bad |= s_u32("--keys", optarg, 1, &o->keys); custom = true; break;
+        case O_CLIENTS: bad |= s_u32("--clients", optarg, 1, &o->clients); custom = true; break;
+        case O_SECONDS: bad |= s_seconds("--seconds", optarg, 0.05, &o->seconds); custom = true; break;
+        case O_WARMUP: bad |= s_seconds("--warmup", optarg, 0, &o->warmup); custom = true; break;
+        case O_MIXED: bad |= s_seconds("--mixed-seconds", optarg, 0.05, &o->mixed_seconds); custom = true; break;
+        case O_KNN_BATCH: bad |= s_u32("--knn-batch", optarg, 1, &o->knn_batch); custom = true; break;
+        case O_KNN_K: bad |= s_u32("--knn-k", optarg, 1, &o->knn_k); custom = true; break;
+        case O_KNN_ROWS: bad |= s_list("--knn-rows", optarg, o->knn_rows, 4); custom = true; break;
+        case O_SHARDS: bad |= s_list("--shards", optarg, o->shard_counts, 4); custom = true; break;
+        case O_ROWS: bad |= s_list("--rows", optarg, o->row_counts, 5); custom = true; break;
+        case O_SERVER_THREADS: bad |= s_u32("--server-threads", optarg, 1, &o->server_threads); custom = true; break;
+        case O_KNN_THREADS: bad |= s_u32("--knn-threads", optarg, 1, &o->knn_threads); custom = true; break;
         case O_INTERVAL: bad |= s_u32("--interval", optarg, 1, &interval_ms); custom = true; break;
-        case O_CASES: o.cases = optarg; break;
-        case O_KNN_SPECS: o.knn_specs = optarg; custom = true; break;
-        case O_KB_SERVER: o.kb_server = optarg; break;
-        case O_REDIS: o.redis_server = strcmp(optarg, "none") == 0 ? "" : optarg; break;
-        case O_CONNECT: o.connect = optarg; break;
-        case O_DATA: o.data_dir = optarg; break;
-        case O_KEEP: o.keep_data = true; break;
-        case O_JSON: o.json = true; break;
-        case O_VERBOSE: o.verbose = true; break;
+        case O_CASES: o->cases = optarg; break;
+        case O_KNN_SPECS: o->knn_specs = optarg; custom = true; break;
+        case O_KB_SERVER: o->kb_server = optarg; break;
+        case O_REDIS: o->redis_server = strcmp(optarg, "none") == 0 ? "" : optarg; break;
+        case O_CONNECT: o->connect = optarg; break;
+        case O_DATA: o->data_dir = optarg; break;
+        case O_KEEP: o->keep_data = true; break;
+        case O_JSON: o->json = true; break;
+        case O_VERBOSE: o->verbose = true; break;
         case 'h': s_usage(stdout); return 0;
         default: s_usage(stderr); return 2;
         }
@@ -252,58 +246,86 @@ int main(int argc, char **argv)
             fprintf(stderr, "kb-bench: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    for (int i = 0; i < 4 && o.shard_counts[i]; i++)
-        if (o.shard_counts[i] > 8) {
+    if (custom)
+        o->mode = strcmp(o->mode, "quick") == 0 ? "custom" : o->mode;
+    snprintf(strings->interval, sizeof strings->interval, "interval:%u", interval_ms);
+    o->interval = strings->interval;
+    return -1;
+}
+
+/* Refuses option values that fit no case. 0, or 2 (usage) after printing why. */
+static int s_check_options(const bench_opts_t *o)
+{
+    for (int i = 0; i < 4 && o->shard_counts[i]; i++)
+        if (o->shard_counts[i] > 8) {
             fprintf(stderr, "kb-bench: at most 8 shards\n");
             return 2;
         }
-    if (o.batch > 100000 || o.knn_batch * o.dim > 16u << 20 || o.knn_k > 4096) {
+    if (o->batch > 100000 || o->knn_batch * o->dim > 16u << 20 || o->knn_k > 4096) {
         fprintf(stderr, "kb-bench: --batch at most 100000, --knn-k at most 4096\n");
         return 2;
     }
-    if (o.connect && strchr(o.connect, ',')) {
+    if (o->connect && strchr(o->connect, ',')) {
         fprintf(stderr, "kb-bench: --connect takes one endpoint (shard scaling starts its own servers)\n");
         return 2;
     }
-    if (custom)
-        o.mode = strcmp(o.mode, "quick") == 0 ? "custom" : o.mode;
-    char interval[32];
-    snprintf(interval, sizeof interval, "interval:%u", interval_ms);
-    o.interval = interval;
-    if (!o.connect && access(o.kb_server, X_OK) != 0) {
-        fprintf(stderr, "kb-bench: no kb-server at %s (use --kb-server)\n", o.kb_server);
+    if (!o->connect && access(o->kb_server, X_OK) != 0) {
+        fprintf(stderr, "kb-bench: no kb-server at %s (use --kb-server)\n", o->kb_server);
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
 
+/* Runs the selected cases and reports them, in a fresh data directory unless --data-dir names one. Exit
+ * status: 0 when every case ran and every server stopped cleanly, 1 otherwise. */
+static int s_run(bench_opts_t *o)
+{
     char tmpdir[64] = "/tmp/kb-bench-XXXXXX";
     bool own_dir = false;
-    if (!o.data_dir) {
+    if (!o->data_dir) {
         if (!mkdtemp(tmpdir)) {
             fprintf(stderr, "kb-bench: mkdtemp: %s\n", strerror(errno));
             return 1;
         }
-        o.data_dir = tmpdir;
+        o->data_dir = tmpdir;
         own_dir = true;
     }
 
     double t0 = bench_now();
-    if (!o.json) {
+    if (!o->json) {
         printf("kb-bench (%s): dim %u, batch %u, %u keys, %u clients, %.1f s per case, server threads %u, knn "
                "threads %u; %ld cores, load average %.2f at start\n\n",
-               o.mode, o.dim, o.batch, o.keys, o.clients, o.seconds, o.server_threads, o.knn_threads,
+               o->mode, o->dim, o->batch, o->keys, o->clients, o->seconds, o->server_threads, o->knn_threads,
                sysconf(_SC_NPROCESSORS_ONLN), bench_load1());
     }
-    bench_report_begin(&o);
-    int rc = bench_kb_all(&o);
-    bench_report_end(&o, bench_now() - t0);
-    if (own_dir && !o.keep_data)
+    bench_report_begin(o);
+    int rc = bench_kb_all(o);
+    bench_report_end(o, bench_now() - t0);
+    if (own_dir && !o->keep_data)
         rmdir(tmpdir); /* the servers' directories are gone already */
-    else if (o.keep_data)
-        bench_progress(&o, "data kept in %s", o.data_dir);
+    else if (o->keep_data)
+        bench_progress(o, "data kept in %s", o->data_dir);
     if (bench_bad_exits() > 0) {
         fprintf(stderr, "kb-bench: %d server(s) did not exit cleanly\n", bench_bad_exits());
         rc = -1;
     }
     return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    carls_log_init_from_env();
+    if (!getenv("CARLS_LOG_LEVEL"))
+        carls_log_set_level(CARLS_LOG_WARN);
+    bench_opts_t o;
+    memset(&o, 0, sizeof o);
+    s_strings_t strings;
+    int st = s_parse_options(argc, argv, &o, &strings);
+    if (st >= 0)
+        return st;
+    st = s_check_options(&o);
+    if (st != 0)
+        return st;
+    signal(SIGPIPE, SIG_IGN);
+    return s_run(&o);
 }

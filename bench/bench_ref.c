@@ -7,7 +7,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -15,9 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -201,21 +198,11 @@ int bench_redis_start(const bench_opts_t *opts, bench_proc_t *out)
         const char *argv[] = {opts->redis_server, "--port", port, "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes", "--dir",
                               out->dir, "--logfile", "", NULL};
-        fflush(stdout); /* nothing buffered may reach the child */
-        fflush(stderr);
-        pid_t pid = fork();
-        if (pid < 0)
+        out->pid = bench_spawn(argv, out->log);
+        if (out->pid < 0) {
+            out->pid = 0;
             return -1;
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGTERM); /* die with the benchmark */
-            int fd = open(out->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-            if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
-                _exit(127);
-            close(fd);
-            execv(argv[0], (char *const *)argv);
-            _exit(127);
         }
-        out->pid = pid;
         for (int i = 0; i < 500; i++) { /* 5 s */
             redisContext *c = s_redis_connect(out->port);
             if (c) {

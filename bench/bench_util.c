@@ -380,8 +380,7 @@ int bench_make_dir(const bench_opts_t *opts, const char *tag, char *out, size_t 
     return 0;
 }
 
-/* Forks and execs argv with stderr (and stdout) to log. Returns the pid or -1. */
-static pid_t s_spawn(const char *const *argv, const char *log)
+pid_t bench_spawn(const char *const *argv, const char *log)
 {
     /* Nothing buffered may reach the child (it would be written twice). */
     fflush(stdout);
@@ -434,7 +433,7 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
     for (int i = 0; extra && extra[i] && argc < 46; i++)
         argv[argc++] = extra[i];
     argv[argc] = NULL;
-    out->pid = s_spawn(argv, out->log);
+    out->pid = bench_spawn(argv, out->log);
     if (out->pid < 0) {
         out->pid = 0;
         return -1;

@@ -34,6 +34,7 @@
 
 #include "bytes.h"
 #include "files.h"
+#include "kb_rows_text.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -405,6 +406,71 @@ static int s_prefer_checksum(kb_export_reader_t *r, int code, char *err, size_t 
                   "damaged (%s)", r->path, stored, r->crc, detail);
 }
 
+/* Reads the header after its first 16 bytes: the table name (name_len bytes, as the header says) and the
+ * table config, and checks them (a valid name, a config that decodes, a known kind, an embedding dim in
+ * range). Sets up the reader for that kind of rows. 0 or a negative code. */
+static int s_read_name_and_config(kb_export_reader_t *r, uint32_t name_len, char *err, size_t errlen)
+{
+    const char *path = r->path;
+    if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path,
+                            name_len, CARLS_MAX_TABLE_NAME_BYTES);
+    int rc = s_fits(r, (uint64_t)name_len + 4, "the table name", err, errlen);
+    if (rc == 0)
+        rc = s_read(r, r->name, name_len, err, errlen);
+    if (rc != 0)
+        return rc;
+    r->name[name_len] = '\0';
+    if (carls_table_name_valid(r->name) != 0)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
+    uint8_t b4[4];
+    rc = s_read(r, b4, 4, err, errlen);
+    if (rc != 0)
+        return rc;
+    uint32_t cfg_len = carls_get_le32(b4);
+    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path,
+                            cfg_len, KB_EXPORT_MAX_CONFIG_BYTES);
+    rc = s_fits(r, cfg_len, "the table config", err, errlen);
+    if (rc != 0)
+        return rc;
+    uint8_t *cfg_buf = carls_xmalloc(cfg_len ? cfg_len : 1);
+    rc = s_read(r, cfg_buf, cfg_len, err, errlen);
+    if (rc == 0) {
+        r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
+        if (!r->config)
+            rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
+    }
+    free(cfg_buf);
+    if (rc != 0)
+        return rc;
+    r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
+    if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM))
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
+                            CARLS_DEFAULT_MAX_DIM);
+    r->dim = r->feature ? 0 : r->config->dim;
+    r->values = carls_xmalloc((r->dim ? r->dim : 1) * sizeof *r->values);
+    return 0;
+}
+
+/* The verifying pass over the rows (from the end of the header to the trailer): remembers where they start
+ * and the CRC there, for the caller's pass, and reads every row as s_read_row checks it. 0 or a negative
+ * code. */
+static int s_check_rows(kb_export_reader_t *r, char *err, size_t errlen)
+{
+    r->rows_off = r->pos;
+    r->crc_at_rows = r->crc;
+    kb_export_row_t row;
+    while (r->pos < r->trailer_off) {
+        int rc = s_read_row(r, &row, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err, size_t errlen)
 {
     if (!out || !path)
@@ -415,7 +481,6 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     if (!r->path)
         CARLS_FATAL("out of memory");
     int rc = 0;
-    uint8_t *cfg_buf = NULL;
     r->f = fopen(path, "rb");
     if (!r->f) {
         rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -464,64 +529,11 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     rc = s_read(r, head, sizeof head, err, errlen);
     if (rc != 0)
         goto fail;
-    uint32_t name_len = carls_get_le32(head + 12);
-    if (name_len == 0 || name_len > CARLS_MAX_TABLE_NAME_BYTES) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: table name of %u bytes (1..%u allowed)", path, name_len,
-                    CARLS_MAX_TABLE_NAME_BYTES);
-        goto structural;
-    }
-    rc = s_fits(r, (uint64_t)name_len + 4, "the table name", err, errlen);
+    rc = s_read_name_and_config(r, carls_get_le32(head + 12), err, errlen);
     if (rc == 0)
-        rc = s_read(r, r->name, name_len, err, errlen);
+        rc = s_check_rows(r, err, errlen);
     if (rc != 0)
         goto structural;
-    r->name[name_len] = '\0';
-    if (carls_table_name_valid(r->name) != 0) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
-        goto structural;
-    }
-    uint8_t b4[4];
-    rc = s_read(r, b4, 4, err, errlen);
-    if (rc != 0)
-        goto structural;
-    uint32_t cfg_len = carls_get_le32(b4);
-    if (cfg_len > KB_EXPORT_MAX_CONFIG_BYTES) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a table config of %u bytes (at most %u)", path, cfg_len,
-                    KB_EXPORT_MAX_CONFIG_BYTES);
-        goto structural;
-    }
-    rc = s_fits(r, cfg_len, "the table config", err, errlen);
-    if (rc != 0)
-        goto structural;
-    cfg_buf = carls_xmalloc(cfg_len ? cfg_len : 1);
-    rc = s_read(r, cfg_buf, cfg_len, err, errlen);
-    if (rc != 0)
-        goto structural;
-    r->config = carls__table_config__unpack(NULL, cfg_len, cfg_buf);
-    if (!r->config) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table config does not decode", path);
-        goto structural;
-    }
-    r->feature = r->config->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    if (!r->feature && r->config->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: unknown table kind %d", path, (int)r->config->kind);
-        goto structural;
-    }
-    if (!r->feature && (r->config->dim == 0 || r->config->dim > CARLS_DEFAULT_MAX_DIM)) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: dim %u is outside 1..%u", path, r->config->dim,
-                    CARLS_DEFAULT_MAX_DIM);
-        goto structural;
-    }
-    r->dim = r->feature ? 0 : r->config->dim;
-    r->values = carls_xmalloc((r->dim ? r->dim : 1) * sizeof *r->values);
-    r->rows_off = r->pos;
-    r->crc_at_rows = r->crc;
-    kb_export_row_t row;
-    while (r->pos < r->trailer_off) {
-        rc = s_read_row(r, &row, err, errlen);
-        if (rc != 0)
-            goto structural;
-    }
     rc = s_check_trailer(r, err, errlen);
     if (rc != 0)
         goto fail;
@@ -533,13 +545,11 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
     r->pos = r->rows_off;
     r->crc = r->crc_at_rows;
     r->rows_read = 0;
-    free(cfg_buf);
     *out = r;
     return 0;
 structural:
     rc = s_prefer_checksum(r, rc, err, errlen);
 fail:
-    free(cfg_buf);
     kb_export_reader_destroy(&r);
     return rc;
 }
@@ -656,48 +666,37 @@ cleanup:
     return rc;
 }
 
-/* Rows read from a file and not yet written. */
+/* Rows read from a file and not yet written: keys and values (embedding tables) in a kb_rows_t, with each
+ * row's version and (feature tables) its decoded record. */
 typedef struct {
-    size_t n, cap;                   /* rows held / room */
-    uint32_t dim;                    /* embedding tables; 0 for feature tables */
-    uint8_t *key_bytes;              /* keys back to back */
-    size_t key_bytes_len, key_bytes_cap;
-    size_t *key_off, *key_len;       /* (cap) */
-    float *values;                   /* (cap, dim) */
+    size_t cap;                      /* rows per flush */
+    kb_rows_t *rows;                 /* dim 0 for feature tables */
     uint64_t *versions;              /* (cap) */
-    Carls__FeatureRecord **records;  /* (cap) decoded, owned */
+    Carls__FeatureRecord **records;  /* (cap) decoded, owned; NULL for embedding tables */
 } s_batch_t;
 
 static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim)
 {
-    memset(b, 0, sizeof *b);
     b->cap = cap;
-    b->dim = dim;
-    b->key_off = carls_xmalloc(cap * sizeof *b->key_off);
-    b->key_len = carls_xmalloc(cap * sizeof *b->key_len);
+    b->rows = kb_rows_new(dim);
     b->versions = carls_xmalloc(cap * sizeof *b->versions);
-    b->values = dim ? carls_xmalloc(cap * dim * sizeof *b->values) : NULL;
     b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
 }
 
 /* Forgets the rows (freeing their records). */
 static void s_batch_clear(s_batch_t *b)
 {
-    for (size_t i = 0; b->records && i < b->n; i++) {
+    for (size_t i = 0; b->records && i < b->rows->n; i++) {
         carls__feature_record__free_unpacked(b->records[i], NULL);
         b->records[i] = NULL;
     }
-    b->n = 0;
-    b->key_bytes_len = 0;
+    kb_rows_clear(b->rows);
 }
 
 static void s_batch_free(s_batch_t *b)
 {
     s_batch_clear(b);
-    free(b->key_bytes);
-    free(b->key_off);
-    free(b->key_len);
-    free(b->values);
+    kb_rows_destroy(&b->rows);
     free(b->versions);
     free(b->records);
 }
@@ -706,21 +705,15 @@ static void s_batch_free(s_batch_t *b)
  * (the file changed after it was verified). */
 static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
 {
-    assert(b->n < b->cap);
-    if (!b->dim) {
-        b->records[b->n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
-        if (!b->records[b->n])
+    size_t n = b->rows->n;
+    assert(n < b->cap);
+    if (b->records) {
+        b->records[n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
+        if (!b->records[n])
             return KB_EXPORT_ECORRUPT;
-    } else {
-        memcpy(b->values + b->n * b->dim, row->values, b->dim * sizeof(float));
     }
-    b->key_bytes = carls_grow(b->key_bytes, &b->key_bytes_cap, b->key_bytes_len + row->key_len, 1);
-    memcpy(b->key_bytes + b->key_bytes_len, row->key, row->key_len);
-    b->key_off[b->n] = b->key_bytes_len;
-    b->key_len[b->n] = row->key_len;
-    b->key_bytes_len += row->key_len;
-    b->versions[b->n] = row->version;
-    b->n++;
+    b->versions[n] = row->version;
+    kb_rows_append(b->rows, row->key, row->key_len, row->values);
     return 0;
 }
 
@@ -738,31 +731,32 @@ static int s_by_version(const void *a, const void *b, void *ctx)
 /* Writes the batch to the bank and clears it. 0 or KB_EXPORT_EBANK (message set). */
 static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, char *err, size_t errlen)
 {
-    size_t n = b->n;
+    const kb_rows_t *rows = b->rows;
+    size_t n = rows->n, dim = rows->dim;
     if (n == 0)
         return 0;
     int rc = 0;
     kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
-    if (!b->dim) {
+    if (!dim) {
         for (size_t i = 0; i < n; i++)
-            keys[i] = (kb_key_t){b->key_bytes + b->key_off[i], b->key_len[i]};
+            keys[i] = kb_rows_key(rows, i);
         rc = kb_cluster_feature_put(bank, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
     } else {
         /* One put per version: the protocol's put tags all its rows with one version. */
         size_t *order = carls_xmalloc(n * sizeof *order);
-        float *vals = carls_xmalloc(n * b->dim * sizeof *vals);
+        float *vals = carls_xmalloc(n * dim * sizeof *vals);
         for (size_t i = 0; i < n; i++)
             order[i] = i;
         qsort_r(order, n, sizeof *order, s_by_version, b->versions);
         for (size_t i = 0; i < n; i++) {
-            keys[i] = (kb_key_t){b->key_bytes + b->key_off[order[i]], b->key_len[order[i]]};
-            memcpy(vals + i * b->dim, b->values + order[i] * b->dim, b->dim * sizeof *vals);
+            keys[i] = kb_rows_key(rows, order[i]);
+            memcpy(vals + i * dim, rows->values + order[i] * dim, dim * sizeof *vals);
         }
         for (size_t start = 0; start < n && rc == 0;) {
             size_t end = start + 1;
             while (end < n && b->versions[order[end]] == b->versions[order[start]])
                 end++;
-            rc = kb_cluster_put(bank, table, keys + start, end - start, b->dim, vals + start * b->dim,
+            rc = kb_cluster_put(bank, table, keys + start, end - start, (uint32_t)dim, vals + start * dim,
                                 b->versions[order[start]]);
             start = end;
         }
@@ -813,8 +807,8 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
                          "changed while being imported?)", path);
             break;
         }
-        if (b.n == b.cap) {
-            size_t k = b.n;
+        if (b.rows->n == b.cap) {
+            size_t k = b.rows->n;
             rc = s_batch_flush(bank, table, &b, err, errlen);
             if (rc != 0)
                 goto cleanup;
@@ -825,7 +819,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
         rc = got;
         goto cleanup;
     }
-    size_t k = b.n;
+    size_t k = b.rows->n;
     rc = s_batch_flush(bank, table, &b, err, errlen);
     if (rc == 0)
         written += k;

@@ -138,6 +138,21 @@ static int s_parse_number(const char *tok, size_t len, size_t index, float *out,
     return 0;
 }
 
+/* Finds the next token in [*p, end): tokens are separated by spaces and TABs. Sets *tok and *tok_len to it
+ * and moves *p past it; false when only blanks are left. */
+static bool s_next_token(const char **p, const char *end, const char **tok, size_t *tok_len)
+{
+    const char *q = *p;
+    while (q < end && (*q == ' ' || *q == '\t'))
+        q++;
+    *tok = q;
+    while (q < end && *q != ' ' && *q != '\t')
+        q++;
+    *tok_len = (size_t)(q - *tok);
+    *p = q;
+    return *tok_len > 0;
+}
+
 int kb_rows_parse_line(kb_rows_t *rows, const char *line, size_t len, char *err, size_t errlen)
 {
     assert(rows && rows->dim > 0 && (line || len == 0));
@@ -155,17 +170,11 @@ int kb_rows_parse_line(kb_rows_t *rows, const char *line, size_t len, char *err,
     /* Numbers go straight into the next row's slot; it only counts once the whole line is valid. */
     float *dst = rows->values + rows->n * rows->dim;
     size_t count = 0;
-    const char *p = tab + 1, *end = line + len;
-    while (p < end) {
-        while (p < end && (*p == ' ' || *p == '\t'))
-            p++;
-        if (p == end)
-            break;
-        const char *tok = p;
-        while (p < end && *p != ' ' && *p != '\t')
-            p++;
+    const char *p = tab + 1, *tok;
+    size_t tok_len;
+    while (s_next_token(&p, line + len, &tok, &tok_len)) {
         /* Past dim we only count, so the error can say how many there were. */
-        if (count < rows->dim && s_parse_number(tok, (size_t)(p - tok), count, &dst[count], err, errlen) != 0)
+        if (count < rows->dim && s_parse_number(tok, tok_len, count, &dst[count], err, errlen) != 0)
             return -1;
         count++;
     }
@@ -528,16 +537,10 @@ int kb_feature_parse_line(kb_feature_rows_t *rows, const char *line, size_t len,
     bool seen[8] = {false};
     bool found_false = false;
     size_t fields = 0;
-    const char *p = tab + 1, *end = line + len;
-    while (p < end) {
-        while (p < end && (*p == ' ' || *p == '\t'))
-            p++;
-        if (p == end)
-            break;
-        const char *tok = p;
-        while (p < end && *p != ' ' && *p != '\t')
-            p++;
-        if (s_field(r, tok, (size_t)(p - tok), seen, &found_false, err, errlen) != 0) {
+    const char *p = tab + 1, *tok;
+    size_t tok_len;
+    while (s_next_token(&p, line + len, &tok, &tok_len)) {
+        if (s_field(r, tok, tok_len, seen, &found_false, err, errlen) != 0) {
             s_record_free(r);
             return -1;
         }

@@ -17,7 +17,8 @@
  * float. So writing then reading gives the same bits. Keys are written as they are: a key holding a TAB or
  * newline cannot be read back as a row line.
  *
- * kb_rows_t holds parsed rows: the keys back to back in one buffer and the values row-major. */
+ * kb_rows_t holds parsed rows: the keys back to back in one buffer and the values row-major. It is also the
+ * client's plain in-memory row set (kb_export's import batches keep their rows in one). */
 #ifndef KB_ROWS_TEXT_H
 #define KB_ROWS_TEXT_H
 

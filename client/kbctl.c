@@ -3,7 +3,7 @@
  *   kbctl [--kb ENDPOINT[,ENDPOINT...]] [--timeout-ms N] [--retries N] [--log-level L]
  *         [--curve-key FILE --curve-server-key FILE] VERB [ARGS...]
  *
- * Every verb goes through kb_cluster (common/kb_cluster.h): with one endpoint it talks to that server, with
+ * Every verb goes through kb_cluster (client/kb_cluster.h): with one endpoint it talks to that server, with
  * a list "tcp://a:1,tcp://b:2" the i-th endpoint is shard i and keys are routed by carls_shard_of.
  *
  * Text in, text out: rows are "KEY<TAB>v1 v2 ..." lines and feature records "KEY<TAB>label=... ..." lines
@@ -18,8 +18,8 @@
 #include "protocol.h"
 #include "util.h"
 
-#include <errno.h>
-#include <math.h>
+#include <assert.h>
+#include <ctype.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +39,12 @@ enum {
 #define S_DEFAULT_SCAN_PAGE 1000
 #define S_MAX_K 4096
 
-/* Options that come before the verb. */
+/* The global options (before the verb), in the order of their G_* index. */
+enum { G_KB, G_TIMEOUT_MS, G_RETRIES, G_LOG_LEVEL, G_CURVE_KEY, G_CURVE_SERVER_KEY, G_N };
+static const char *const s_global_options[G_N] = {"kb", "timeout-ms", "retries", "log-level", "curve-key",
+                                                  "curve-server-key"};
+
+/* What the global options say. */
 typedef struct {
     const char *endpoint;         /* --kb, else $CARLS_KB; NULL if neither. One endpoint or a list */
     int timeout_ms;               /* per attempt */
@@ -48,124 +53,125 @@ typedef struct {
     const char *curve_server_key; /* --curve-server-key: the servers' public key file, or NULL */
 } s_global_t;
 
+/* One option a verb accepts. */
+typedef struct {
+    const char *name; /* without the leading "--" */
+    bool takes_value;
+} s_opt_t;
+
+#define S_MAX_VERB_OPTS 32 /* options one verb may declare (create-table has the most) */
+
 typedef struct s_verb s_verb_t;
+
+/* One run of a verb: its command line once parsed, and the connection it opened. */
+typedef struct {
+    const s_verb_t *verb;
+    const char *name;                 /* the verb's name, for messages */
+    const s_global_t *g;
+    const char *opt[S_MAX_VERB_OPTS]; /* opt[i]: the value of the verb's option i, "" for a flag that was
+                                       * given, NULL when absent */
+    char **pos;                       /* the positional arguments, n_pos of them */
+    int n_pos;
+    kb_cluster_t *c;                  /* opened by s_open; s_run_verb closes it after the verb */
+} s_call_t;
+
+/* A verb: what its command line looks like (s_run_verb parses and checks it), its help, and what it does. */
 struct s_verb {
     const char *name;
-    const char *usage; /* shown by `kbctl VERB --help`: synopsis, then what it does */
-    int (*run)(const s_verb_t *verb, const s_global_t *g, int argc, char **argv); /* argv[0] is the verb */
+    const char *usage;          /* shown by `kbctl VERB --help`: synopsis, then what it does */
+    const s_opt_t *opts;        /* the options it accepts, n_opts of them; option i's value is opt[i] */
+    size_t n_opts;
+    int min_pos, max_pos;       /* how many positional arguments it takes; max_pos -1: any number */
+    bool table_arg;             /* its first positional argument, when given, is a table name */
+    int (*run)(s_call_t *call); /* returns the exit status */
 };
 
-/* ---- enum names (what the proto enums are called on the command line and in listings) ---------------- */
+/* ---- enum names --------------------------------------------------------------------------------------
+ * On the command line and in listings a proto enum value goes by its name in carls.proto without the
+ * prefix, in lower case with '-' for '_': OPT_SGD is "sgd", OUTLIER_NORM_MEDIAN "norm-median",
+ * SAMPLE_LOG_UNIFORM "log-uniform". So a value added to the proto gets its name here without an edit. */
 
+typedef ProtobufCEnumDescriptor s_enum_t;
+
+static const s_enum_t *const s_optimizers = &carls__optimizer_kind__descriptor;
+static const s_enum_t *const s_updates = &carls__update_policy__descriptor;
+static const s_enum_t *const s_inits = &carls__init_kind__descriptor;
+static const s_enum_t *const s_outlier_rules = &carls__outlier_rule__descriptor;
+static const s_enum_t *const s_kinds = &carls__table_kind__descriptor;
+static const s_enum_t *const s_metrics = &carls__knn_metric__descriptor;
+static const s_enum_t *const s_admissions = &carls__admission_kind__descriptor;
+static const s_enum_t *const s_evictions = &carls__eviction_kind__descriptor;
+static const s_enum_t *const s_strategies = &carls__sample_strategy__descriptor;
+
+/* A value's command-line name (returned by value, so it can be printed straight from the call). */
 typedef struct {
-    const char *name;
-    int value;
-} s_name_t;
+    char text[64];
+} s_enum_name_t;
 
-static const s_name_t s_optimizers[] = {
-    {"sgd", CARLS__OPTIMIZER_KIND__OPT_SGD},
-    {"momentum", CARLS__OPTIMIZER_KIND__OPT_MOMENTUM},
-    {"adagrad", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD},
-    {"adam", CARLS__OPTIMIZER_KIND__OPT_ADAM},
-    {NULL, 0},
-};
-static const s_name_t s_updates[] = {
-    {"lazy", CARLS__UPDATE_POLICY__UPDATE_LAZY},
-    {"immediate", CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE},
-    {NULL, 0},
-};
-static const s_name_t s_inits[] = {
-    {"zeros", CARLS__INIT_KIND__INIT_ZEROS},
-    {"uniform", CARLS__INIT_KIND__INIT_UNIFORM},
-    {"normal", CARLS__INIT_KIND__INIT_NORMAL},
-    {NULL, 0},
-};
-static const s_name_t s_outlier_rules[] = {
-    {"norm-median", CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN},
-    {"none", CARLS__OUTLIER_RULE__OUTLIER_NONE},
-    {NULL, 0},
-};
-static const s_name_t s_kinds[] = {
-    {"embedding", CARLS__TABLE_KIND__TABLE_EMBEDDING},
-    {"feature", CARLS__TABLE_KIND__TABLE_FEATURE},
-    {NULL, 0},
-};
-static const s_name_t s_metrics[] = {
-    {"ip", CARLS__KNN_METRIC__METRIC_IP},
-    {"l2", CARLS__KNN_METRIC__METRIC_L2},
-    {"cosine", CARLS__KNN_METRIC__METRIC_COSINE},
-    {NULL, 0},
-};
-static const s_name_t s_admissions[] = {
-    {"all", CARLS__ADMISSION_KIND__ADMIT_ALL},
-    {"frequency", CARLS__ADMISSION_KIND__ADMIT_FREQUENCY},
-    {"bloom", CARLS__ADMISSION_KIND__ADMIT_BLOOM},
-    {NULL, 0},
-};
-static const s_name_t s_evictions[] = {
-    {"none", CARLS__EVICTION_KIND__EVICT_NONE},
-    {"lru", CARLS__EVICTION_KIND__EVICT_LRU},
-    {"oldest", CARLS__EVICTION_KIND__EVICT_OLDEST},
-    {NULL, 0},
-};
-static const s_name_t s_strategies[] = {
-    {"uniform", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM},
-    {"log-uniform", CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM},
-    {"unigram", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM},
-    {NULL, 0},
-};
-
-static int s_name_parse(const s_name_t *names, const char *text, int *out)
+static s_enum_name_t s_cli_name(const ProtobufCEnumValue *v)
 {
-    for (const s_name_t *n = names; n->name; n++) {
-        if (strcmp(n->name, text) == 0) {
-            *out = n->value;
+    s_enum_name_t out;
+    const char *p = strchr(v->name, '_');
+    p = p ? p + 1 : v->name;
+    size_t i = 0;
+    for (; p[i] && i + 1 < sizeof out.text; i++)
+        out.text[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
+    out.text[i] = '\0';
+    return out;
+}
+
+/* The value named `text` on the command line into *out. 0, or -1 when no value has that name. */
+static int s_name_parse(const s_enum_t *names, const char *text, int *out)
+{
+    for (unsigned i = 0; i < names->n_values; i++) {
+        if (strcmp(s_cli_name(&names->values[i]).text, text) == 0) {
+            *out = names->values[i].value;
             return 0;
         }
     }
     return -1;
 }
 
-static const char *s_name_of(const s_name_t *names, int value)
+/* The command-line name of `value`, or "unknown". */
+static s_enum_name_t s_name_of(const s_enum_t *names, int value)
 {
-    for (const s_name_t *n = names; n->name; n++)
-        if (n->value == value)
-            return n->name;
-    return "unknown";
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(names, value);
+    return v ? s_cli_name(v) : (s_enum_name_t){"unknown"};
 }
 
 /* ---- command-line parsing ---------------------------------------------------------------------------- */
 
-/* One option a verb accepts. */
-typedef struct {
-    const char *name;  /* without the leading "--" */
-    bool takes_value;
-    const char *value; /* set by s_parse_args: the value, or "" for a flag that was given; NULL if absent */
-} s_opt_t;
-
-enum { S_PARSE_OK = 0, S_PARSE_HELP = 1, S_PARSE_ERROR = -1 };
-
 static bool s_is_global_option(const char *name)
 {
-    static const char *globals[] = {"kb", "timeout-ms", "retries", "log-level", "curve-key", "curve-server-key"};
-    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
-        if (strcmp(name, globals[i]) == 0)
+    for (size_t i = 0; i < G_N; i++)
+        if (strcmp(name, s_global_options[i]) == 0)
             return true;
     return false;
 }
 
-/* Parses a verb's arguments (argv[0] is the verb): "--name value", "--name=value", flags, "--help", and
- * "--" ending the options. Positional arguments are collected in pos (room for argc entries). Returns
- * S_PARSE_OK, S_PARSE_HELP, or S_PARSE_ERROR after printing why. */
-static int s_parse_args(const char *verb, int argc, char **argv, s_opt_t *opts, size_t n_opts, char **pos,
-                        int *n_pos)
+/* The option of opts (n of them) named by the name_len bytes at name, or -1. */
+static int s_find_option(const s_opt_t *opts, size_t n, const char *name, size_t name_len)
 {
-    *n_pos = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strlen(opts[i].name) == name_len && strncmp(opts[i].name, name, name_len) == 0)
+            return (int)i;
+    return -1;
+}
+
+enum { S_PARSE_OK = 0, S_PARSE_HELP = 1, S_PARSE_ERROR = -1 };
+
+/* Parses a verb's arguments (argv[0] is the verb) into call->opt and call->pos (room for argc entries):
+ * "--name value", "--name=value", flags, "--help", and "--" ending the options. Returns S_PARSE_OK,
+ * S_PARSE_HELP, or S_PARSE_ERROR after printing why. */
+static int s_parse_args(s_call_t *call, int argc, char **argv)
+{
+    const char *verb = call->name;
+    const s_opt_t *opts = call->verb->opts;
     bool options_done = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (options_done || arg[0] != '-' || arg[1] == '\0') {
-            pos[(*n_pos)++] = argv[i];
+            call->pos[call->n_pos++] = argv[i];
             continue;
         }
         if (strcmp(arg, "--") == 0) {
@@ -181,11 +187,8 @@ static int s_parse_args(const char *verb, int argc, char **argv, s_opt_t *opts, 
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
         size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
-        s_opt_t *opt = NULL;
-        for (size_t j = 0; j < n_opts; j++)
-            if (strlen(opts[j].name) == name_len && strncmp(opts[j].name, name, name_len) == 0)
-                opt = &opts[j];
-        if (!opt) {
+        int o = s_find_option(opts, call->verb->n_opts, name, name_len);
+        if (o < 0) {
             char bare[64];
             snprintf(bare, sizeof bare, "%.*s", (int)(name_len < 63 ? name_len : 63), name);
             if (s_is_global_option(bare))
@@ -194,18 +197,18 @@ static int s_parse_args(const char *verb, int argc, char **argv, s_opt_t *opts, 
                 fprintf(stderr, "kbctl %s: unknown option --%s (see kbctl %s --help)\n", verb, bare, verb);
             return S_PARSE_ERROR;
         }
-        if (!opt->takes_value) {
+        if (!opts[o].takes_value) {
             if (eq) {
-                fprintf(stderr, "kbctl %s: --%s takes no value\n", verb, opt->name);
+                fprintf(stderr, "kbctl %s: --%s takes no value\n", verb, opts[o].name);
                 return S_PARSE_ERROR;
             }
-            opt->value = "";
+            call->opt[o] = "";
         } else if (eq) {
-            opt->value = eq + 1;
+            call->opt[o] = eq + 1;
         } else if (i + 1 < argc) {
-            opt->value = argv[++i];
+            call->opt[o] = argv[++i];
         } else {
-            fprintf(stderr, "kbctl %s: --%s needs a value\n", verb, opt->name);
+            fprintf(stderr, "kbctl %s: --%s needs a value\n", verb, opts[o].name);
             return S_PARSE_ERROR;
         }
     }
@@ -244,13 +247,13 @@ static int s_opt_positive_float(const char *verb, const char *opt, const char *t
     return 0;
 }
 
-static int s_opt_name(const char *verb, const char *opt, const s_name_t *names, const char *text, int *out)
+static int s_opt_name(const char *verb, const char *opt, const s_enum_t *names, const char *text, int *out)
 {
     if (s_name_parse(names, text, out) == 0)
         return 0;
     fprintf(stderr, "kbctl %s: --%s: unknown value \"%s\"; one of:", verb, opt, text);
-    for (const s_name_t *n = names; n->name; n++)
-        fprintf(stderr, " %s", n->name);
+    for (unsigned i = 0; i < names->n_values; i++)
+        fprintf(stderr, " %s", s_cli_name(&names->values[i]).text);
     fputc('\n', stderr);
     return -1;
 }
@@ -262,6 +265,28 @@ static int s_check_table_name(const char *verb, const char *name)
     fprintf(stderr, "kbctl %s: invalid table name \"%s\" (1..%u characters of A-Z a-z 0-9 _ . -)\n", verb, name,
             CARLS_MAX_TABLE_NAME_BYTES);
     return -1;
+}
+
+/* Parses the call's whole-number option i into *out, which keeps its default when the option is absent. 0,
+ * or -1 after printing why. */
+static int s_opt_count(const s_call_t *call, int i, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    const char *text = call->opt[i];
+    return text ? s_opt_u64(call->name, call->verb->opts[i].name, text, lo, hi, out) : 0;
+}
+
+/* --batch and --page: rows per request, at most what one request may carry. */
+static int s_opt_batch(const s_call_t *call, int i, uint64_t *out)
+{
+    return s_opt_count(call, i, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, out);
+}
+
+/* Parses the call's option i, one of names, into *out, which keeps its default when the option is absent. 0,
+ * or -1 after printing why. */
+static int s_opt_choice(const s_call_t *call, int i, const s_enum_t *names, int *out)
+{
+    const char *text = call->opt[i];
+    return text ? s_opt_name(call->name, call->verb->opts[i].name, names, text, out) : 0;
 }
 
 /* ---- talking to the server --------------------------------------------------------------------------- */
@@ -277,528 +302,721 @@ static int s_load_curve(const s_global_t *g, kb_client_curve_t *keys)
     return 0;
 }
 
-/* Opens the cluster (one or more endpoints). NULL after printing why; *status_out then holds the exit
- * status (usage for unreadable key files or a malformed endpoint list, server otherwise). */
-static kb_cluster_t *s_connect_st(const s_global_t *g, int *status_out)
+/* Opens the connection to the bank (one endpoint or the list of shards) into call->c. Exit status: usage for
+ * no endpoint or unreadable key files, server when no connection could be opened. */
+static int s_open(s_call_t *call)
 {
+    const s_global_t *g = call->g;
+    if (!g->endpoint || !*g->endpoint) {
+        fprintf(stderr, "kbctl: no server given: use --kb ENDPOINT (e.g. tcp://127.0.0.1:7000, or a comma-separated "
+                        "list of shards) or set CARLS_KB\n");
+        return S_EXIT_USAGE;
+    }
     kb_client_curve_t keys;
     kb_client_options_t opts = {.timeout_ms = g->timeout_ms, .retries = g->retries};
-    *status_out = S_EXIT_USAGE;
     if (g->curve_key) {
         if (s_load_curve(g, &keys) != 0)
-            return NULL;
+            return S_EXIT_USAGE;
         opts.curve = &keys;
     }
-    kb_cluster_t *c = kb_cluster_new(g->endpoint, &opts);
+    call->c = kb_cluster_new(g->endpoint, &opts);
     explicit_bzero(&keys, sizeof keys);
-    if (!c) {
+    if (!call->c) {
         fprintf(stderr, "kbctl: cannot open a connection to %s\n", g->endpoint);
-        *status_out = S_EXIT_SERVER;
+        return S_EXIT_SERVER;
     }
-    return c;
+    return S_EXIT_OK;
 }
 
 /* Prints a failed call's error and returns the exit status for it. */
-static int s_fail(const char *verb, const kb_cluster_t *c, int rc)
+static int s_fail(const s_call_t *call, int rc)
 {
-    fprintf(stderr, "kbctl %s: %s\n", verb, kb_cluster_last_error(c));
+    fprintf(stderr, "kbctl %s: %s\n", call->name, kb_cluster_last_error(call->c));
     return rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
 }
 
 /* Looks table `name` up (kind, dim, index) into *info. Exit status (a missing table is a server error). */
-static int s_table_info(const char *verb, kb_cluster_t *c, const char *name, kb_cluster_table_t *info)
+static int s_table_info(const s_call_t *call, const char *name, kb_cluster_table_t *info)
 {
-    int rc = kb_cluster_table(c, name, info);
+    int rc = kb_cluster_table(call->c, name, info);
     if (rc == 0)
         return S_EXIT_OK;
-    if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(c), "no table named")) {
-        fprintf(stderr, "kbctl %s: no table named \"%s\" on the server\n", verb, name);
+    if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(call->c), "no table named")) {
+        fprintf(stderr, "kbctl %s: no table named \"%s\" on the server\n", call->name, name);
         return S_EXIT_SERVER;
     }
-    return s_fail(verb, c, rc);
+    return s_fail(call, rc);
 }
 
 /* Finds table `name` and returns its dimension in *dim; a feature table is a usage error. Exit status. */
-static int s_table_dim(const char *verb, kb_cluster_t *c, const char *name, uint32_t *dim)
+static int s_table_dim(const s_call_t *call, const char *name, uint32_t *dim)
 {
     kb_cluster_table_t info;
-    int st = s_table_info(verb, c, name, &info);
+    int st = s_table_info(call, name, &info);
     if (st != S_EXIT_OK)
         return st;
     *dim = info.dim;
     if (info.kind != CARLS__TABLE_KIND__TABLE_EMBEDDING || info.dim == 0) {
-        fprintf(stderr, "kbctl %s: table \"%s\" has no dimension (not an embedding table)\n", verb, name);
+        fprintf(stderr, "kbctl %s: table \"%s\" has no dimension (not an embedding table)\n", call->name, name);
         return S_EXIT_USAGE;
     }
     return S_EXIT_OK;
 }
 
-static void s_print_usage(const s_verb_t *verb) { fputs(verb->usage, stdout); }
-
-/* Common start of a verb: parse its options; handles --help and usage errors. Returns -1 to go on, or the
- * exit status to return now. */
-static int s_begin(const s_verb_t *verb, int argc, char **argv, s_opt_t *opts, size_t n_opts, char **pos,
-                   int *n_pos, int min_pos, int max_pos)
+/* Checks that table is a feature table. Exit status. */
+static int s_need_feature_table(const s_call_t *call, const char *table)
 {
-    int p = s_parse_args(verb->name, argc, argv, opts, n_opts, pos, n_pos);
-    if (p == S_PARSE_HELP) {
-        s_print_usage(verb);
-        return S_EXIT_OK;
+    kb_cluster_table_t info;
+    int st = s_table_info(call, table, &info);
+    if (st == S_EXIT_OK && info.kind != CARLS__TABLE_KIND__TABLE_FEATURE) {
+        fprintf(stderr, "kbctl %s: table \"%s\" is not a feature table (use get/put for embeddings)\n", call->name,
+                table);
+        st = S_EXIT_USAGE;
     }
-    if (p == S_PARSE_ERROR)
-        return S_EXIT_USAGE;
-    if (*n_pos < min_pos || (max_pos >= 0 && *n_pos > max_pos)) {
-        fprintf(stderr, "kbctl %s: wrong number of arguments\n", verb->name);
-        fputs(verb->usage, stderr);
-        return S_EXIT_USAGE;
-    }
-    return -1;
+    return st;
 }
 
-static int s_need_endpoint(const s_global_t *g)
+/* Opens the connection and finds embedding table `table`'s dimension. Exit status. */
+static int s_open_embedding_table(s_call_t *call, const char *table, uint32_t *dim)
 {
-    if (g->endpoint && *g->endpoint)
+    int st = s_open(call);
+    return st != S_EXIT_OK ? st : s_table_dim(call, table, dim);
+}
+
+/* Opens the connection and checks that `table` is a feature table. Exit status. */
+static int s_open_feature_table(s_call_t *call, const char *table)
+{
+    int st = s_open(call);
+    return st != S_EXIT_OK ? st : s_need_feature_table(call, table);
+}
+
+/* ---- keys and rows in, results out ------------------------------------------------------------------- */
+
+/* Adds the key in `text` to keyset; on a bad key prints "WHAT NUMBER: why" (just "WHAT: why" for number 0)
+ * and returns -1. */
+static int s_add_key_arg(const s_call_t *call, kb_rows_t *keyset, const char *text, const char *what, int number)
+{
+    char err[256];
+    if (kb_rows_parse_key_line(keyset, text, strlen(text), err, sizeof err) == 0)
         return 0;
-    fprintf(stderr, "kbctl: no server given: use --kb ENDPOINT (e.g. tcp://127.0.0.1:7000, or a comma-separated "
-                    "list of shards) or set CARLS_KB\n");
+    if (number > 0)
+        fprintf(stderr, "kbctl %s: %s %d: %s\n", call->name, what, number, err);
+    else
+        fprintf(stderr, "kbctl %s: %s: %s\n", call->name, what, err);
     return -1;
 }
 
-/* Reads the keys to act on: from the positional arguments from index `first` on, else one per line from
- * stdin. Every key is checked before anything is sent. Returns the set, or NULL after printing why. */
-static kb_rows_t *s_read_keys(const char *verb, char **pos, int n_pos, int first)
+/* The keys in texts[0..n) as a new key set; NULL after printing why (keys are numbered from 1 as `what`). */
+static kb_rows_t *s_key_args(const s_call_t *call, char **texts, int n, const char *what)
 {
     kb_rows_t *keyset = kb_rows_new(0);
-    char err[256];
-    if (n_pos > first) {
-        for (int i = first; i < n_pos; i++) {
-            if (kb_rows_parse_key_line(keyset, pos[i], strlen(pos[i]), err, sizeof err) != 0) {
-                fprintf(stderr, "kbctl %s: key argument %d: %s\n", verb, i - first + 1, err);
-                kb_rows_destroy(&keyset);
-                return NULL;
-            }
+    for (int i = 0; i < n; i++) {
+        if (s_add_key_arg(call, keyset, texts[i], what, i + 1) != 0) {
+            kb_rows_destroy(&keyset);
+            return NULL;
         }
-    } else if (kb_rows_read(keyset, stdin, stderr, S_MAX_REPORTED_LINES, NULL) != 0) {
-        fprintf(stderr, "kbctl %s: invalid keys on stdin; nothing was sent\n", verb);
+    }
+    return keyset;
+}
+
+/* Reads the keys to act on: the positional arguments from index `first` on, else one per line from stdin.
+ * Every key is checked before anything is sent. Returns the set, or NULL after printing why. */
+static kb_rows_t *s_read_keys(const s_call_t *call, int first)
+{
+    if (call->n_pos > first)
+        return s_key_args(call, call->pos + first, call->n_pos - first, "key argument");
+    kb_rows_t *keyset = kb_rows_new(0);
+    if (kb_rows_read(keyset, stdin, stderr, S_MAX_REPORTED_LINES, NULL) != 0) {
+        fprintf(stderr, "kbctl %s: invalid keys on stdin; nothing was sent\n", call->name);
         kb_rows_destroy(&keyset);
         return NULL;
     }
     return keyset;
 }
 
-/* ---- verbs ------------------------------------------------------------------------------------------- */
-
-static int s_create_table(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+/* Reports input on stdin that was refused before anything was sent: `bad` invalid lines (detail, "" or
+ * " (...)", says more), or a read error when bad is 0. Returns S_EXIT_USAGE. */
+static int s_refuse_stdin(const s_call_t *call, size_t bad, const char *detail)
 {
-    enum {
-        O_DIM, O_OPT, O_LR, O_MOMENTUM, O_BETA1, O_BETA2, O_EPS, O_ACC, O_UPDATE, O_MAX_AGE, O_MAX_PENDING,
-        O_OUT_THR, O_OUT_RULE, O_OUT_MIN, O_INIT, O_INIT_SCALE, O_SEED, O_IF_NOT_EXISTS, O_KIND, O_KNN, O_METRIC,
-        O_NPROBE, O_EF, O_ADMISSION, O_MIN_FREQ, O_BLOOM_BITS, O_BLOOM_HASHES, O_EVICTION, O_MAX_ROWS, O_N
-    };
-    s_opt_t opts[O_N] = {
-        [O_DIM] = {"dim", true, NULL},
-        [O_OPT] = {"optimizer", true, NULL},
-        [O_LR] = {"lr", true, NULL},
-        [O_MOMENTUM] = {"momentum", true, NULL},
-        [O_BETA1] = {"beta1", true, NULL},
-        [O_BETA2] = {"beta2", true, NULL},
-        [O_EPS] = {"epsilon", true, NULL},
-        [O_ACC] = {"initial-accumulator", true, NULL},
-        [O_UPDATE] = {"update", true, NULL},
-        [O_MAX_AGE] = {"max-age-ms", true, NULL},
-        [O_MAX_PENDING] = {"max-pending", true, NULL},
-        [O_OUT_THR] = {"outlier-threshold", true, NULL},
-        [O_OUT_RULE] = {"outlier-rule", true, NULL},
-        [O_OUT_MIN] = {"outlier-min-count", true, NULL},
-        [O_INIT] = {"init", true, NULL},
-        [O_INIT_SCALE] = {"init-scale", true, NULL},
-        [O_SEED] = {"seed", true, NULL},
-        [O_IF_NOT_EXISTS] = {"if-not-exists", false, NULL},
-        [O_KIND] = {"kind", true, NULL},
-        [O_KNN] = {"knn", true, NULL},
-        [O_METRIC] = {"metric", true, NULL},
-        [O_NPROBE] = {"nprobe", true, NULL},
-        [O_EF] = {"ef-search", true, NULL},
-        [O_ADMISSION] = {"admission", true, NULL},
-        [O_MIN_FREQ] = {"min-frequency", true, NULL},
-        [O_BLOOM_BITS] = {"bloom-bits-log2", true, NULL},
-        [O_BLOOM_HASHES] = {"bloom-hashes", true, NULL},
-        [O_EVICTION] = {"eviction", true, NULL},
-        [O_MAX_ROWS] = {"max-rows", true, NULL},
-    };
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, O_N, pos, &n_pos, 1, 1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name;
-    const char *name = pos[0];
-    if (s_check_table_name(v, name) != 0)
-        return S_EXIT_USAGE;
-    int e;
-    bool feature = false;
-    if (opts[O_KIND].value) {
-        if (s_opt_name(v, "kind", s_kinds, opts[O_KIND].value, &e) != 0)
-            return S_EXIT_USAGE;
-        feature = e == CARLS__TABLE_KIND__TABLE_FEATURE;
-    }
-    if (feature) {
-        /* Feature tables hold records, not vectors: the vector options cannot apply (the server would
-         * refuse dim and knn; the optimizer ones would be silently meaningless). */
-        static const int vector_only[] = {O_DIM,     O_OPT,         O_LR,       O_MOMENTUM, O_BETA1,   O_BETA2,
-                                          O_EPS,     O_ACC,         O_UPDATE,   O_MAX_AGE,  O_MAX_PENDING,
-                                          O_OUT_THR, O_OUT_RULE,    O_OUT_MIN,  O_INIT,     O_INIT_SCALE,
-                                          O_SEED,    O_KNN,         O_METRIC,   O_NPROBE,   O_EF};
-        for (size_t i = 0; i < sizeof vector_only / sizeof vector_only[0]; i++) {
-            if (opts[vector_only[i]].value) {
-                fprintf(stderr, "kbctl %s: --%s does not apply to a feature table\n", v, opts[vector_only[i]].name);
-                return S_EXIT_USAGE;
-            }
-        }
-    } else if (!opts[O_DIM].value) {
-        fprintf(stderr, "kbctl %s: --dim is required\n", v);
-        return S_EXIT_USAGE;
-    }
+    if (bad > 0)
+        fprintf(stderr, "kbctl %s: %zu invalid line%s on stdin%s; nothing was sent\n", call->name, bad,
+                bad == 1 ? "" : "s", detail);
+    else
+        fprintf(stderr, "kbctl %s: cannot read stdin; nothing was sent\n", call->name);
+    return S_EXIT_USAGE;
+}
 
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
-    Carls__AdmissionConfig adm = CARLS__ADMISSION_CONFIG__INIT;
-    Carls__EvictionConfig ev = CARLS__EVICTION_CONFIG__INIT;
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.kind = feature ? CARLS__TABLE_KIND__TABLE_FEATURE : CARLS__TABLE_KIND__TABLE_EMBEDDING;
-    if (!feature) {
-        cfg.optimizer = &opt;
-        cfg.lazy = &lazy;
+/* Walks a key set in requests of at most `size` keys: after each s_batch_next, keys[0..n) are the set's keys
+ * first..first+n-1. */
+typedef struct {
+    const kb_rows_t *set;
+    size_t size;    /* keys per request */
+    kb_key_t *keys; /* room for size keys */
+    size_t first, n;
+} s_batch_t;
+
+static s_batch_t s_batch_start(const kb_rows_t *set, uint64_t size)
+{
+    return (s_batch_t){.set = set, .size = (size_t)size, .keys = carls_xmalloc((size_t)size * sizeof(kb_key_t))};
+}
+
+/* Moves on to the next batch; false when the set is done. */
+static bool s_batch_next(s_batch_t *b)
+{
+    b->first += b->n;
+    size_t left = b->set->n - b->first;
+    b->n = left < b->size ? left : b->size;
+    for (size_t i = 0; i < b->n; i++)
+        b->keys[i] = kb_rows_key(b->set, b->first + i);
+    return b->n > 0;
+}
+
+static void s_batch_end(s_batch_t *b)
+{
+    free(b->keys);
+    b->keys = NULL;
+}
+
+/* Reports that writing batch b of `what` ("rows", "records") failed after the batches before it went
+ * through. Exit status. */
+static int s_batch_failed(const s_call_t *call, int rc, const s_batch_t *b, const char *what)
+{
+    fprintf(stderr, "kbctl %s: %s %zu..%zu: %s (%zu of %zu %s were sent before)\n", call->name, what, b->first + 1,
+            b->first + b->n, kb_cluster_last_error(call->c), b->first, b->set->n, what);
+    return rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
+}
+
+/* Prints KEY<TAB>NUMBER, the number formatted as get formats values; the caller ends the line. */
+static void s_print_key_number(const kb_key_t *key, float value)
+{
+    char num[KB_ROWS_FLOAT_CHARS];
+    fwrite(key->data, 1, key->len, stdout);
+    kb_rows_format_float(value, num, sizeof num);
+    printf("\t%s", num);
+}
+
+/* Heads shard s's block of output when there are several shards. */
+static void s_print_shard_header(const kb_cluster_t *c, uint32_t s)
+{
+    if (kb_cluster_shards(c) > 1)
+        printf("%sshard %u %s\n", s ? "\n" : "", s, kb_cluster_endpoint(c, s));
+}
+
+/* Each verb below comes as its help text (what `kbctl VERB --help` prints), the options it accepts (an enum
+ * naming their indices in s_call_t.opt) and the function that runs it; s_verbs at the end lists them. */
+
+/* ---- create-table, list-tables, drop-table ----------------------------------------------------------- */
+
+static const char s_create_table_usage[] =
+    "usage: kbctl create-table NAME --dim D [options] | NAME --kind feature [options]\n"
+    "Creates a table on every shard. Options left out take the server's defaults.\n"
+    "  --kind embedding|feature     vectors (default) or feature records (neighbours, labels, bytes)\n"
+    "  --dim D                      values per row (required for embedding tables)\n"
+    "  --optimizer sgd|momentum|adagrad|adam\n"
+    "  --lr X  --momentum X  --beta1 X  --beta2 X  --epsilon X  --initial-accumulator X\n"
+    "  --update lazy|immediate      apply pushed gradients lazily (averaged) or one by one\n"
+    "  --max-age-ms N  --max-pending N (1..1024)\n"
+    "  --outlier-rule norm-median|none  --outlier-threshold X  --outlier-min-count N\n"
+    "  --init zeros|uniform|normal  --init-scale X  --seed N\n"
+    "  --knn SPEC                   nearest-neighbour index: a FAISS factory string (Flat, IVF256,Flat, HNSW32)\n"
+    "  --metric ip|l2|cosine  --nprobe N (IVF)  --ef-search N (HNSW)\n"
+    "  --admission all|frequency|bloom  --min-frequency N  --bloom-bits-log2 N  --bloom-hashes N\n"
+    "  --eviction none|lru|oldest  --max-rows N\n"
+    "  --if-not-exists              succeed without change when the table exists with the same config\n"
+    "Only --admission, --eviction and their options apply to feature tables.\n";
+
+enum {
+    CT_DIM, CT_OPTIMIZER, CT_LR, CT_MOMENTUM, CT_BETA1, CT_BETA2, CT_EPSILON, CT_ACCUMULATOR, CT_UPDATE,
+    CT_MAX_AGE, CT_MAX_PENDING, CT_OUTLIER_THRESHOLD, CT_OUTLIER_RULE, CT_OUTLIER_MIN, CT_INIT, CT_INIT_SCALE,
+    CT_SEED, CT_IF_NOT_EXISTS, CT_KIND, CT_KNN, CT_METRIC, CT_NPROBE, CT_EF_SEARCH, CT_ADMISSION, CT_MIN_FREQ,
+    CT_BLOOM_BITS, CT_BLOOM_HASHES, CT_EVICTION, CT_MAX_ROWS, CT_N
+};
+static const s_opt_t s_create_table_opts[CT_N] = {
+    [CT_DIM] = {"dim", true},
+    [CT_OPTIMIZER] = {"optimizer", true},
+    [CT_LR] = {"lr", true},
+    [CT_MOMENTUM] = {"momentum", true},
+    [CT_BETA1] = {"beta1", true},
+    [CT_BETA2] = {"beta2", true},
+    [CT_EPSILON] = {"epsilon", true},
+    [CT_ACCUMULATOR] = {"initial-accumulator", true},
+    [CT_UPDATE] = {"update", true},
+    [CT_MAX_AGE] = {"max-age-ms", true},
+    [CT_MAX_PENDING] = {"max-pending", true},
+    [CT_OUTLIER_THRESHOLD] = {"outlier-threshold", true},
+    [CT_OUTLIER_RULE] = {"outlier-rule", true},
+    [CT_OUTLIER_MIN] = {"outlier-min-count", true},
+    [CT_INIT] = {"init", true},
+    [CT_INIT_SCALE] = {"init-scale", true},
+    [CT_SEED] = {"seed", true},
+    [CT_IF_NOT_EXISTS] = {"if-not-exists", false},
+    [CT_KIND] = {"kind", true},
+    [CT_KNN] = {"knn", true},
+    [CT_METRIC] = {"metric", true},
+    [CT_NPROBE] = {"nprobe", true},
+    [CT_EF_SEARCH] = {"ef-search", true},
+    [CT_ADMISSION] = {"admission", true},
+    [CT_MIN_FREQ] = {"min-frequency", true},
+    [CT_BLOOM_BITS] = {"bloom-bits-log2", true},
+    [CT_BLOOM_HASHES] = {"bloom-hashes", true},
+    [CT_EVICTION] = {"eviction", true},
+    [CT_MAX_ROWS] = {"max-rows", true},
+};
+
+/* The config create-table sends: cfg points into the parts it uses. */
+typedef struct {
+    Carls__TableConfig cfg;
+    Carls__OptimizerConfig opt;
+    Carls__LazyUpdateConfig lazy;
+    Carls__KnnConfig knn;
+    Carls__AdmissionConfig adm;
+    Carls__EvictionConfig ev;
+} s_new_table_t;
+
+/* --kind, and which options it rules out: feature tables hold records, not vectors, so the vector options
+ * cannot apply (the server would refuse dim and knn; the optimizer ones would be silently meaningless),
+ * and an embedding table needs --dim. 0, or -1 after printing why. */
+static int s_create_kind(const s_call_t *call, s_new_table_t *t)
+{
+    int kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+    if (s_opt_choice(call, CT_KIND, s_kinds, &kind) != 0)
+        return -1;
+    t->cfg.kind = (Carls__TableKind)kind;
+    if (kind == CARLS__TABLE_KIND__TABLE_EMBEDDING) {
+        if (!call->opt[CT_DIM]) {
+            fprintf(stderr, "kbctl %s: --dim is required\n", call->name);
+            return -1;
+        }
+        t->cfg.optimizer = &t->opt;
+        t->cfg.lazy = &t->lazy;
+        return 0;
     }
-    uint64_t u;
-    if (!feature) {
-        if (s_opt_u64(v, "dim", opts[O_DIM].value, 1, UINT32_MAX, &u) != 0)
-            return S_EXIT_USAGE;
-        cfg.dim = (uint32_t)u;
+    static const int vector_only[] = {CT_DIM,        CT_OPTIMIZER,         CT_LR,           CT_MOMENTUM,
+                                      CT_BETA1,      CT_BETA2,             CT_EPSILON,      CT_ACCUMULATOR,
+                                      CT_UPDATE,     CT_MAX_AGE,           CT_MAX_PENDING,  CT_OUTLIER_THRESHOLD,
+                                      CT_OUTLIER_RULE, CT_OUTLIER_MIN,     CT_INIT,         CT_INIT_SCALE,
+                                      CT_SEED,       CT_KNN,               CT_METRIC,       CT_NPROBE,
+                                      CT_EF_SEARCH};
+    for (size_t i = 0; i < sizeof vector_only / sizeof vector_only[0]; i++) {
+        if (call->opt[vector_only[i]]) {
+            fprintf(stderr, "kbctl %s: --%s does not apply to a feature table\n", call->name,
+                    s_create_table_opts[vector_only[i]].name);
+            return -1;
+        }
     }
-    if (opts[O_OPT].value) {
-        if (s_opt_name(v, "optimizer", s_optimizers, opts[O_OPT].value, &e) != 0)
-            return S_EXIT_USAGE;
-        opt.kind = (Carls__OptimizerKind)e;
-    }
-    if (opts[O_UPDATE].value) {
-        if (s_opt_name(v, "update", s_updates, opts[O_UPDATE].value, &e) != 0)
-            return S_EXIT_USAGE;
-        lazy.policy = (Carls__UpdatePolicy)e;
-    }
-    if (opts[O_OUT_RULE].value) {
-        if (s_opt_name(v, "outlier-rule", s_outlier_rules, opts[O_OUT_RULE].value, &e) != 0)
-            return S_EXIT_USAGE;
-        lazy.outlier_rule = (Carls__OutlierRule)e;
-    }
-    if (opts[O_INIT].value) {
-        if (s_opt_name(v, "init", s_inits, opts[O_INIT].value, &e) != 0)
-            return S_EXIT_USAGE;
-        cfg.init = (Carls__InitKind)e;
-    }
-    /* Floats: (option, destination, must be below one). */
-    struct {
+    return 0;
+}
+
+/* --dim and the named choices of an embedding table (optimizer, update policy, outlier rule, init). 0, or
+ * -1 after printing why. */
+static int s_create_choices(const s_call_t *call, s_new_table_t *t)
+{
+    uint64_t dim = 0;
+    if (s_opt_count(call, CT_DIM, 1, UINT32_MAX, &dim) != 0)
+        return -1;
+    t->cfg.dim = (uint32_t)dim;
+    int optimizer = t->opt.kind, update = t->lazy.policy, outlier_rule = t->lazy.outlier_rule, init = t->cfg.init;
+    if (s_opt_choice(call, CT_OPTIMIZER, s_optimizers, &optimizer) != 0 ||
+        s_opt_choice(call, CT_UPDATE, s_updates, &update) != 0 ||
+        s_opt_choice(call, CT_OUTLIER_RULE, s_outlier_rules, &outlier_rule) != 0 ||
+        s_opt_choice(call, CT_INIT, s_inits, &init) != 0)
+        return -1;
+    t->opt.kind = (Carls__OptimizerKind)optimizer;
+    t->lazy.policy = (Carls__UpdatePolicy)update;
+    t->lazy.outlier_rule = (Carls__OutlierRule)outlier_rule;
+    t->cfg.init = (Carls__InitKind)init;
+    return 0;
+}
+
+/* The numeric options: floats > 0 (some also < 1) and whole numbers in a range. 0, or -1 after printing
+ * why. */
+static int s_create_numbers(const s_call_t *call, s_new_table_t *t)
+{
+    const struct {
         int o;
         float *dst;
         bool below_one;
     } floats[] = {
-        {O_LR, &opt.learning_rate, false},     {O_MOMENTUM, &opt.momentum, true},
-        {O_BETA1, &opt.beta1, true},           {O_BETA2, &opt.beta2, true},
-        {O_EPS, &opt.epsilon, false},          {O_ACC, &opt.initial_accumulator, false},
-        {O_OUT_THR, &lazy.outlier_threshold, false}, {O_INIT_SCALE, &cfg.init_scale, false},
+        {CT_LR, &t->opt.learning_rate, false},     {CT_MOMENTUM, &t->opt.momentum, true},
+        {CT_BETA1, &t->opt.beta1, true},           {CT_BETA2, &t->opt.beta2, true},
+        {CT_EPSILON, &t->opt.epsilon, false},      {CT_ACCUMULATOR, &t->opt.initial_accumulator, false},
+        {CT_OUTLIER_THRESHOLD, &t->lazy.outlier_threshold, false}, {CT_INIT_SCALE, &t->cfg.init_scale, false},
     };
     for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
-        const s_opt_t *o = &opts[floats[i].o];
-        if (o->value && s_opt_positive_float(v, o->name, o->value, floats[i].below_one, floats[i].dst) != 0)
-            return S_EXIT_USAGE;
+        const char *text = call->opt[floats[i].o];
+        if (text && s_opt_positive_float(call->name, s_create_table_opts[floats[i].o].name, text,
+                                         floats[i].below_one, floats[i].dst) != 0)
+            return -1;
     }
-    /* Whole numbers: (option, lowest, highest, destination as u32 or u64). */
-    struct {
+    /* The destination is a u32 or a u64 field. */
+    const struct {
         int o;
         uint64_t lo, hi;
         uint32_t *dst32;
         uint64_t *dst64;
     } ints[] = {
-        {O_MAX_AGE, 1, UINT32_MAX, &lazy.max_age_ms, NULL},
-        {O_MAX_PENDING, 1, CARLS_MAX_PENDING_LIMIT, &lazy.max_pending, NULL},
-        {O_OUT_MIN, 1, UINT32_MAX, &lazy.outlier_min_count, NULL},
-        {O_SEED, 0, UINT64_MAX, NULL, &cfg.init_seed},
-        {O_NPROBE, 1, UINT32_MAX, &knn.nprobe, NULL},
-        {O_EF, 1, UINT32_MAX, &knn.ef_search, NULL},
-        {O_MIN_FREQ, 1, UINT32_MAX, &adm.min_frequency, NULL},
-        {O_BLOOM_BITS, 1, 30, &adm.bloom_bits_log2, NULL},
-        {O_BLOOM_HASHES, 1, 64, &adm.bloom_hashes, NULL},
-        {O_MAX_ROWS, 1, UINT64_MAX, NULL, &ev.max_rows},
+        {CT_MAX_AGE, 1, UINT32_MAX, &t->lazy.max_age_ms, NULL},
+        {CT_MAX_PENDING, 1, CARLS_MAX_PENDING_LIMIT, &t->lazy.max_pending, NULL},
+        {CT_OUTLIER_MIN, 1, UINT32_MAX, &t->lazy.outlier_min_count, NULL},
+        {CT_SEED, 0, UINT64_MAX, NULL, &t->cfg.init_seed},
+        {CT_NPROBE, 1, UINT32_MAX, &t->knn.nprobe, NULL},
+        {CT_EF_SEARCH, 1, UINT32_MAX, &t->knn.ef_search, NULL},
+        {CT_MIN_FREQ, 1, UINT32_MAX, &t->adm.min_frequency, NULL},
+        {CT_BLOOM_BITS, 1, 30, &t->adm.bloom_bits_log2, NULL},
+        {CT_BLOOM_HASHES, 1, 64, &t->adm.bloom_hashes, NULL},
+        {CT_MAX_ROWS, 1, UINT64_MAX, NULL, &t->ev.max_rows},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        const s_opt_t *o = &opts[ints[i].o];
-        if (!o->value)
+        uint64_t u;
+        if (!call->opt[ints[i].o])
             continue;
-        if (s_opt_u64(v, o->name, o->value, ints[i].lo, ints[i].hi, &u) != 0)
-            return S_EXIT_USAGE;
+        if (s_opt_count(call, ints[i].o, ints[i].lo, ints[i].hi, &u) != 0)
+            return -1;
         if (ints[i].dst32)
             *ints[i].dst32 = (uint32_t)u;
         else
             *ints[i].dst64 = u;
     }
+    return 0;
+}
 
-    /* Nearest-neighbour index: --knn names it; the other index options only make sense with it. */
-    if (opts[O_KNN].value) {
-        if (!*opts[O_KNN].value) {
-            fprintf(stderr, "kbctl %s: --knn wants a FAISS index spec such as Flat, IVF256,Flat or HNSW32\n", v);
-            return S_EXIT_USAGE;
+/* The nearest-neighbour index: --knn names it; the other index options only make sense with it. 0, or -1
+ * after printing why. */
+static int s_create_index(const s_call_t *call, s_new_table_t *t)
+{
+    const char *spec = call->opt[CT_KNN];
+    if (!spec) {
+        if (call->opt[CT_METRIC] || call->opt[CT_NPROBE] || call->opt[CT_EF_SEARCH]) {
+            fprintf(stderr, "kbctl %s: --metric, --nprobe and --ef-search need --knn SPEC\n", call->name);
+            return -1;
         }
-        knn.spec = (char *)opts[O_KNN].value;
-        if (opts[O_METRIC].value) {
-            if (s_opt_name(v, "metric", s_metrics, opts[O_METRIC].value, &e) != 0)
-                return S_EXIT_USAGE;
-            knn.metric = (Carls__KnnMetric)e;
-        }
-        cfg.knn = &knn;
-    } else if (opts[O_METRIC].value || opts[O_NPROBE].value || opts[O_EF].value) {
-        fprintf(stderr, "kbctl %s: --metric, --nprobe and --ef-search need --knn SPEC\n", v);
-        return S_EXIT_USAGE;
+        return 0;
     }
-    if (opts[O_ADMISSION].value) {
-        if (s_opt_name(v, "admission", s_admissions, opts[O_ADMISSION].value, &e) != 0)
-            return S_EXIT_USAGE;
-        adm.kind = (Carls__AdmissionKind)e;
+    if (!*spec) {
+        fprintf(stderr, "kbctl %s: --knn wants a FAISS index spec such as Flat, IVF256,Flat or HNSW32\n",
+                call->name);
+        return -1;
     }
-    if ((opts[O_MIN_FREQ].value && adm.kind == CARLS__ADMISSION_KIND__ADMIT_ALL) ||
-        ((opts[O_BLOOM_BITS].value || opts[O_BLOOM_HASHES].value) && adm.kind != CARLS__ADMISSION_KIND__ADMIT_BLOOM)) {
+    t->knn.spec = (char *)spec;
+    int metric = t->knn.metric;
+    if (s_opt_choice(call, CT_METRIC, s_metrics, &metric) != 0)
+        return -1;
+    t->knn.metric = (Carls__KnnMetric)metric;
+    t->cfg.knn = &t->knn;
+    return 0;
+}
+
+/* Admission and eviction, each with the options that go with it. 0, or -1 after printing why. */
+static int s_create_admission_eviction(const s_call_t *call, s_new_table_t *t)
+{
+    int admission = t->adm.kind, eviction = t->ev.kind;
+    if (s_opt_choice(call, CT_ADMISSION, s_admissions, &admission) != 0)
+        return -1;
+    t->adm.kind = (Carls__AdmissionKind)admission;
+    if ((call->opt[CT_MIN_FREQ] && admission == CARLS__ADMISSION_KIND__ADMIT_ALL) ||
+        ((call->opt[CT_BLOOM_BITS] || call->opt[CT_BLOOM_HASHES]) &&
+         admission != CARLS__ADMISSION_KIND__ADMIT_BLOOM)) {
         fprintf(stderr, "kbctl %s: --min-frequency needs --admission frequency|bloom; --bloom-bits-log2 and "
-                        "--bloom-hashes need --admission bloom\n", v);
-        return S_EXIT_USAGE;
+                        "--bloom-hashes need --admission bloom\n", call->name);
+        return -1;
     }
-    if (opts[O_ADMISSION].value)
-        cfg.admission = &adm;
-    if (opts[O_EVICTION].value) {
-        if (s_opt_name(v, "eviction", s_evictions, opts[O_EVICTION].value, &e) != 0)
-            return S_EXIT_USAGE;
-        ev.kind = (Carls__EvictionKind)e;
+    if (call->opt[CT_ADMISSION])
+        t->cfg.admission = &t->adm;
+    if (s_opt_choice(call, CT_EVICTION, s_evictions, &eviction) != 0)
+        return -1;
+    t->ev.kind = (Carls__EvictionKind)eviction;
+    if ((eviction != CARLS__EVICTION_KIND__EVICT_NONE) != (call->opt[CT_MAX_ROWS] != NULL)) {
+        fprintf(stderr, "kbctl %s: --eviction lru|oldest and --max-rows N go together\n", call->name);
+        return -1;
     }
-    if ((ev.kind != CARLS__EVICTION_KIND__EVICT_NONE) != (opts[O_MAX_ROWS].value != NULL)) {
-        fprintf(stderr, "kbctl %s: --eviction lru|oldest and --max-rows N go together\n", v);
-        return S_EXIT_USAGE;
-    }
-    if (opts[O_EVICTION].value)
-        cfg.eviction = &ev;
-    if (s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        return st;
-    bool if_not_exists = opts[O_IF_NOT_EXISTS].value != NULL;
-    int rc = kb_cluster_create_table(c, name, &cfg, if_not_exists);
-    if (rc == 0 && feature)
-        fprintf(stderr, "%s feature table %s\n", if_not_exists ? "created or found" : "created", name);
-    else if (rc == 0)
-        fprintf(stderr, "%s table %s (dim %u, %s, %s%s%s)\n", if_not_exists ? "created or found" : "created", name,
-                cfg.dim, s_name_of(s_optimizers, opt.kind), s_name_of(s_updates, lazy.policy),
-                cfg.knn ? ", knn " : "", cfg.knn ? knn.spec : "");
-    st = rc == 0 ? S_EXIT_OK : s_fail(v, c, rc);
-    kb_cluster_destroy(&c);
-    return st;
+    if (call->opt[CT_EVICTION])
+        t->cfg.eviction = &t->ev;
+    return 0;
 }
 
-static int s_drop_table(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static int s_create_table(s_call_t *call)
 {
-    s_opt_t opts[] = {{"if-exists", false, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 1, pos, &n_pos, 1, 1);
-    if (st >= 0)
-        return st;
-    if (s_check_table_name(verb->name, pos[0]) != 0 || s_need_endpoint(g) != 0)
+    const char *name = call->pos[0];
+    s_new_table_t t = {CARLS__TABLE_CONFIG__INIT,  CARLS__OPTIMIZER_CONFIG__INIT, CARLS__LAZY_UPDATE_CONFIG__INIT,
+                       CARLS__KNN_CONFIG__INIT,    CARLS__ADMISSION_CONFIG__INIT, CARLS__EVICTION_CONFIG__INIT};
+    if (s_create_kind(call, &t) != 0 || s_create_choices(call, &t) != 0 || s_create_numbers(call, &t) != 0 ||
+        s_create_index(call, &t) != 0 || s_create_admission_eviction(call, &t) != 0)
         return S_EXIT_USAGE;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
-    int rc = kb_cluster_drop_table(c, pos[0], opts[0].value != NULL);
-    if (rc == 0)
-        fprintf(stderr, "dropped table %s\n", pos[0]);
-    st = rc == 0 ? S_EXIT_OK : s_fail(verb->name, c, rc);
-    kb_cluster_destroy(&c);
-    return st;
+    bool if_not_exists = call->opt[CT_IF_NOT_EXISTS] != NULL;
+    int rc = kb_cluster_create_table(call->c, name, &t.cfg, if_not_exists);
+    if (rc != 0)
+        return s_fail(call, rc);
+    const char *done = if_not_exists ? "created or found" : "created";
+    if (t.cfg.kind == CARLS__TABLE_KIND__TABLE_FEATURE)
+        fprintf(stderr, "%s feature table %s\n", done, name);
+    else
+        fprintf(stderr, "%s table %s (dim %u, %s, %s%s%s)\n", done, name, t.cfg.dim,
+                s_name_of(s_optimizers, t.opt.kind).text, s_name_of(s_updates, t.lazy.policy).text,
+                t.cfg.knn ? ", knn " : "", t.cfg.knn ? t.knn.spec : "");
+    return S_EXIT_OK;
 }
 
-static int s_list_tables(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_list_tables_usage[] =
+    "usage: kbctl list-tables\n"
+    "One line per table, tab-separated: name, dim, rows, optimizer, update policy. With several shards the\n"
+    "tables are shard 0's and rows are summed over the shards.\n";
+
+static int s_list_tables(s_call_t *call)
 {
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, NULL, 0, pos, &n_pos, 0, 0);
-    if (st >= 0)
-        return st;
-    if (s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
     Carls__Response *resp = NULL;
-    int rc = kb_cluster_list_tables(c, &resp);
-    if (rc != 0) {
-        st = s_fail(verb->name, c, rc);
-        goto cleanup;
-    }
+    int rc = kb_cluster_list_tables(call->c, &resp);
+    if (rc != 0)
+        return s_fail(call, rc);
     for (size_t i = 0; i < resp->table_list->n_tables; i++) {
         const Carls__TableInfo *t = resp->table_list->tables[i];
         const Carls__TableConfig *cfg = t->config;
         printf("%s\t%u\t%llu\t%s\t%s\n", t->name ? t->name : "", cfg ? cfg->dim : 0, (unsigned long long)t->rows,
-               s_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0),
-               s_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0));
+               s_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0).text,
+               s_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0).text);
     }
-    st = S_EXIT_OK;
-cleanup:
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
-    kb_cluster_destroy(&c);
-    return st;
+    carls__response__free_unpacked(resp, NULL);
+    return S_EXIT_OK;
 }
+
+static const char s_drop_table_usage[] =
+    "usage: kbctl drop-table NAME [--if-exists]\n"
+    "Deletes a table and its rows. --if-exists: succeed when there is no such table.\n";
+
+enum { DT_IF_EXISTS, DT_N };
+static const s_opt_t s_drop_table_opts[DT_N] = {[DT_IF_EXISTS] = {"if-exists", false}};
+
+static int s_drop_table(s_call_t *call)
+{
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
+        return st;
+    int rc = kb_cluster_drop_table(call->c, call->pos[0], call->opt[DT_IF_EXISTS] != NULL);
+    if (rc != 0)
+        return s_fail(call, rc);
+    fprintf(stderr, "dropped table %s\n", call->pos[0]);
+    return S_EXIT_OK;
+}
+
+/* ---- rows: put, push-grad, get ----------------------------------------------------------------------- */
+
+static const char s_put_usage[] =
+    "usage: kbctl put TABLE [--version N] [--batch N] < rows\n"
+    "Writes rows read from stdin, one per line: KEY, a TAB, then dim numbers separated by spaces or TABs.\n"
+    "Every line is checked first (dim numbers, all finite, non-empty key); with any invalid line nothing\n"
+    "is sent and the exit status is 1. Rows go in batches of --batch (default 1000) rows per request,\n"
+    "tagged with --version (default 0). Prints \"put N rows into TABLE\" to stderr.\n";
+
+static const char s_push_grad_usage[] =
+    "usage: kbctl push-grad TABLE [--batch N] < gradients\n"
+    "Pushes gradient rows read from stdin (same format and checks as put); each row is one gradient.\n";
+
+enum { W_BATCH, W_VERSION, W_N };
+static const s_opt_t s_put_opts[W_N] = {[W_BATCH] = {"batch", true}, [W_VERSION] = {"version", true}};
+static const s_opt_t s_push_grad_opts[W_N - 1] = {[W_BATCH] = {"batch", true}}; /* a gradient has no version */
 
 /* put and push-grad: read and check every row on stdin, then send them in batches. */
-static int s_write_rows(const s_verb_t *verb, const s_global_t *g, int argc, char **argv, bool gradients)
+static int s_write_rows(s_call_t *call, bool gradients)
 {
-    s_opt_t opts[] = {{"batch", true, NULL}, {"version", true, NULL}};
-    size_t n_opts = gradients ? 1 : 2; /* push-grad has no --version */
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, n_opts, pos, &n_pos, 1, 1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
+    const char *table = call->pos[0];
     uint64_t batch = S_DEFAULT_BATCH, version = 0;
-    if (opts[0].value && s_opt_u64(v, "batch", opts[0].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &batch) != 0)
+    if (s_opt_batch(call, W_BATCH, &batch) != 0 || s_opt_count(call, W_VERSION, 0, UINT64_MAX, &version) != 0)
         return S_EXIT_USAGE;
-    if (!gradients && opts[1].value && s_opt_u64(v, "version", opts[1].value, 0, UINT64_MAX, &version) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-
-    kb_rows_t *rows = NULL;
-    kb_key_t *keys = NULL;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        return st;
     uint32_t dim = 0;
-    st = s_table_dim(v, c, table, &dim);
+    int st = s_open_embedding_table(call, table, &dim);
     if (st != S_EXIT_OK)
-        goto cleanup;
-    rows = kb_rows_new(dim);
+        return st;
+    kb_rows_t *rows = kb_rows_new(dim);
     size_t bad = 0;
     if (kb_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
-        if (bad > 0)
-            fprintf(stderr, "kbctl %s: %zu invalid line%s on stdin (table %s has dim %u); nothing was sent\n", v,
-                    bad, bad == 1 ? "" : "s", table, dim);
-        else
-            fprintf(stderr, "kbctl %s: cannot read stdin; nothing was sent\n", v);
-        st = S_EXIT_USAGE;
-        goto cleanup;
+        char detail[CARLS_MAX_TABLE_NAME_BYTES + 48];
+        snprintf(detail, sizeof detail, " (table %s has dim %u)", table, dim);
+        kb_rows_destroy(&rows);
+        return s_refuse_stdin(call, bad, detail);
     }
-    keys = carls_xmalloc((size_t)batch * sizeof *keys);
-    size_t done = 0;
-    while (done < rows->n) {
-        size_t k = rows->n - done < batch ? rows->n - done : (size_t)batch;
-        for (size_t i = 0; i < k; i++)
-            keys[i] = kb_rows_key(rows, done + i);
-        const float *vals = rows->values + done * dim;
-        int rc = gradients ? kb_cluster_push_gradients(c, table, keys, k, dim, vals)
-                           : kb_cluster_put(c, table, keys, k, dim, vals, version);
-        if (rc != 0) {
-            fprintf(stderr, "kbctl %s: rows %zu..%zu: %s (%zu of %zu rows were sent before)\n", v, done + 1,
-                    done + k, kb_cluster_last_error(c), done, rows->n);
-            st = rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
-            goto cleanup;
-        }
-        done += k;
+    s_batch_t b = s_batch_start(rows, batch);
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        const float *values = rows->values + b.first * dim;
+        int rc = gradients ? kb_cluster_push_gradients(call->c, table, b.keys, b.n, dim, values)
+                           : kb_cluster_put(call->c, table, b.keys, b.n, dim, values, version);
+        if (rc != 0)
+            st = s_batch_failed(call, rc, &b, "rows");
     }
-    if (gradients)
-        fprintf(stderr, "pushed %zu gradient row%s to %s\n", done, done == 1 ? "" : "s", table);
-    else
-        fprintf(stderr, "put %zu row%s into %s\n", done, done == 1 ? "" : "s", table);
-    st = S_EXIT_OK;
-cleanup:
-    free(keys);
+    size_t n = rows->n;
+    if (st == S_EXIT_OK && gradients)
+        fprintf(stderr, "pushed %zu gradient row%s to %s\n", n, n == 1 ? "" : "s", table);
+    else if (st == S_EXIT_OK)
+        fprintf(stderr, "put %zu row%s into %s\n", n, n == 1 ? "" : "s", table);
+    s_batch_end(&b);
     kb_rows_destroy(&rows);
-    kb_cluster_destroy(&c);
     return st;
 }
 
-static int s_put(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
-{
-    return s_write_rows(verb, g, argc, argv, false);
-}
+static int s_put(s_call_t *call) { return s_write_rows(call, false); }
 
-static int s_push_grad(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
-{
-    return s_write_rows(verb, g, argc, argv, true);
-}
+static int s_push_grad(s_call_t *call) { return s_write_rows(call, true); }
 
-static int s_get(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
-{
-    s_opt_t opts[] = {{"meta", false, NULL}, {"no-create", false, NULL}, {"batch", true, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 3, pos, &n_pos, 1, -1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
-    bool meta = opts[0].value != NULL, no_create = opts[1].value != NULL;
-    uint64_t batch = S_DEFAULT_BATCH;
-    if (opts[2].value && s_opt_u64(v, "batch", opts[2].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &batch) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0)
-        return S_EXIT_USAGE;
+static const char s_get_usage[] =
+    "usage: kbctl get TABLE [--meta] [--no-create] [--batch N] [KEY...]\n"
+    "Looks up the keys given (or one key per line on stdin when none are given) and prints one line per\n"
+    "key: KEY, a TAB, the values separated by single spaces, each as \"%g\" when that reads back to the\n"
+    "same float and as \"%.9g\" otherwise, so the printed values read back exactly.\n"
+    "  --meta       adds TAB-separated columns: version, updated_at_ms, frequency\n"
+    "  --no-create  do not insert unseen keys (they still show their initial value)\n";
 
-    /* Keys from the arguments, else one per line from stdin; all checked before anything is sent. */
-    kb_rows_t *keyset = s_read_keys(v, pos, n_pos, 1);
-    kb_key_t *keys = NULL;
-    float *values = NULL;
-    kb_row_meta_t *metas = NULL;
-    kb_cluster_t *c = NULL;
-    if (!keyset)
-        return S_EXIT_USAGE;
-    if (s_need_endpoint(g) != 0) {
-        st = S_EXIT_USAGE;
-        goto cleanup;
-    }
-    c = s_connect_st(g, &st);
-    if (!c)
-        goto cleanup;
-    uint32_t dim = 0;
-    st = s_table_dim(v, c, table, &dim);
-    if (st != S_EXIT_OK)
-        goto cleanup;
-    keys = carls_xmalloc((size_t)batch * sizeof *keys);
-    values = carls_xmalloc((size_t)batch * dim * sizeof *values);
-    metas = meta ? carls_xmalloc((size_t)batch * sizeof *metas) : NULL;
-    for (size_t done = 0; done < keyset->n;) {
-        size_t k = keyset->n - done < batch ? keyset->n - done : (size_t)batch;
-        for (size_t i = 0; i < k; i++)
-            keys[i] = kb_rows_key(keyset, done + i);
-        int rc = kb_cluster_lookup_ex(c, table, keys, k, dim, no_create, values, metas);
+/* get's options; get-feature takes the first two (a feature lookup creates nothing). */
+enum { GET_META, GET_BATCH, GET_NO_CREATE, GET_N };
+static const s_opt_t s_get_opts[GET_N] = {
+    [GET_META] = {"meta", false},
+    [GET_BATCH] = {"batch", true},
+    [GET_NO_CREATE] = {"no-create", false},
+};
+
+/* get's lookups: the keys in batches of `batch`, one output line per key. Exit status. */
+static int s_get_rows(s_call_t *call, const kb_rows_t *keyset, uint64_t batch, uint32_t dim)
+{
+    bool meta = call->opt[GET_META] != NULL, no_create = call->opt[GET_NO_CREATE] != NULL;
+    float *values = carls_xmalloc((size_t)batch * dim * sizeof *values);
+    kb_row_meta_t *metas = meta ? carls_xmalloc((size_t)batch * sizeof *metas) : NULL;
+    s_batch_t b = s_batch_start(keyset, batch);
+    int st = S_EXIT_OK;
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        int rc = kb_cluster_lookup_ex(call->c, call->pos[0], b.keys, b.n, dim, no_create, values, metas);
         if (rc != 0) {
-            st = s_fail(v, c, rc);
-            goto cleanup;
+            st = s_fail(call, rc);
+            break;
         }
-        for (size_t i = 0; i < k; i++) {
-            kb_rows_write_row(stdout, keys[i].data, keys[i].len, values + i * dim, dim);
+        for (size_t i = 0; i < b.n; i++) {
+            kb_rows_write_row(stdout, b.keys[i].data, b.keys[i].len, values + i * dim, dim);
             if (meta)
                 printf("\t%llu\t%lld\t%llu", (unsigned long long)metas[i].version,
                        (long long)metas[i].updated_at_ms, (unsigned long long)metas[i].frequency);
             putchar('\n');
         }
-        done += k;
     }
-    st = S_EXIT_OK;
-cleanup:
-    free(keys);
+    s_batch_end(&b);
     free(values);
     free(metas);
-    kb_rows_destroy(&keyset);
-    kb_cluster_destroy(&c);
     return st;
+}
+
+/* ---- feature records: put-feature, get-feature (and the lookup it shares with get) --------------------- */
+
+static const char s_put_feature_usage[] =
+    "usage: kbctl put-feature TABLE [--batch N] < lines\n"
+    "Replaces feature records read from stdin, one per line:\n"
+    "  KEY<TAB>label=3 confidence=0.9 version=2 neighbors=a:0.5,b:0.25 data=00ff\n"
+    "Fields (any order, each optional): label=INT or flabel=FLOAT, confidence=X, version=N,\n"
+    "neighbors=KEY:WEIGHT,... and data=HEX. Keys (the line's and the neighbours') are percent-encoded:\n"
+    "bytes outside ! .. ~ and each of % , : = are written %XX. updated_at_ms= is accepted and ignored;\n"
+    "found=false lines (from get-feature) are skipped. Every line is checked first; with any invalid line\n"
+    "nothing is sent. So `kbctl get-feature T ... | kbctl put-feature T2` copies records.\n";
+
+enum { PF_BATCH, PF_N };
+static const s_opt_t s_put_feature_opts[PF_N] = {[PF_BATCH] = {"batch", true}};
+
+static int s_put_feature(s_call_t *call)
+{
+    const char *table = call->pos[0];
+    uint64_t batch = S_DEFAULT_BATCH;
+    if (s_opt_batch(call, PF_BATCH, &batch) != 0)
+        return S_EXIT_USAGE;
+    int st = s_open_feature_table(call, table);
+    if (st != S_EXIT_OK)
+        return st;
+    kb_feature_rows_t *rows = kb_feature_rows_new();
+    size_t bad = 0;
+    if (kb_feature_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
+        kb_feature_rows_destroy(&rows);
+        return s_refuse_stdin(call, bad, "");
+    }
+    s_batch_t b = s_batch_start(rows->keys, batch);
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        int rc = kb_cluster_feature_put(call->c, table, b.keys, b.n,
+                                        (const Carls__FeatureRecord *const *)rows->records + b.first);
+        if (rc != 0)
+            st = s_batch_failed(call, rc, &b, "records");
+    }
+    if (st == S_EXIT_OK) {
+        size_t n = rows->keys->n;
+        fprintf(stderr, "put %zu record%s into %s", n, n == 1 ? "" : "s", table);
+        if (rows->skipped)
+            fprintf(stderr, " (skipped %zu found=false line%s)", rows->skipped, rows->skipped == 1 ? "" : "s");
+        fputc('\n', stderr);
+    }
+    s_batch_end(&b);
+    kb_feature_rows_destroy(&rows);
+    return st;
+}
+
+static const char s_get_feature_usage[] =
+    "usage: kbctl get-feature TABLE [--meta] [--batch N] [KEY...]\n"
+    "Prints the records of the keys given (as they are, not encoded), or of one key per line on stdin, in the\n"
+    "put-feature line format; a key without a record prints KEY<TAB>found=false. --meta adds\n"
+    "updated_at_ms=N (the server's time of the last put).\n";
+
+static const s_opt_t s_get_feature_opts[GET_NO_CREATE] = {[GET_META] = {"meta", false}, [GET_BATCH] = {"batch", true}};
+
+/* get-feature's requests: the keys in batches of `batch`, one output line per key. Exit status. */
+static int s_get_records(s_call_t *call, const kb_rows_t *keyset, uint64_t batch)
+{
+    s_batch_t b = s_batch_start(keyset, batch);
+    int st = S_EXIT_OK;
+    while (st == S_EXIT_OK && s_batch_next(&b)) {
+        kb_feature_result_t *res = NULL;
+        int rc = kb_cluster_feature_get(call->c, call->pos[0], b.keys, b.n, &res);
+        if (rc != 0) {
+            st = s_fail(call, rc);
+            break;
+        }
+        for (size_t i = 0; i < b.n; i++) {
+            kb_feature_write_line(stdout, b.keys[i].data, b.keys[i].len, res->records[i], call->opt[GET_META] != NULL);
+            putchar('\n');
+        }
+        kb_feature_result_destroy(&res);
+    }
+    s_batch_end(&b);
+    return st;
+}
+
+/* get and get-feature: checks every key (the arguments, else stdin) before it looks them up in batches of
+ * --batch and prints one line per key. */
+static int s_look_up(s_call_t *call, bool feature)
+{
+    uint64_t batch = S_DEFAULT_BATCH;
+    if (s_opt_batch(call, GET_BATCH, &batch) != 0)
+        return S_EXIT_USAGE;
+    kb_rows_t *keyset = s_read_keys(call, 1);
+    if (!keyset)
+        return S_EXIT_USAGE;
+    const char *table = call->pos[0];
+    uint32_t dim = 0;
+    int st = feature ? s_open_feature_table(call, table) : s_open_embedding_table(call, table, &dim);
+    if (st == S_EXIT_OK)
+        st = feature ? s_get_records(call, keyset, batch) : s_get_rows(call, keyset, batch, dim);
+    kb_rows_destroy(&keyset);
+    return st;
+}
+
+static int s_get(s_call_t *call) { return s_look_up(call, false); }
+
+static int s_get_feature(s_call_t *call) { return s_look_up(call, true); }
+
+/* ---- stats, checkpoint ------------------------------------------------------------------------------- */
+
+/* Prints one "LABEL OP: count N, p50 X us, p99 Y us, max Z us" line per operation. */
+static void s_print_latencies(const char *label, Carls__LatencySummary *const *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Carls__LatencySummary *l = ops[i];
+        printf("%s %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", label, l->op ? l->op : "",
+               (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
+    }
 }
 
 /* Prints one server's stats block (what `kbctl stats` shows for one shard). */
@@ -819,11 +1037,7 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("memory_refusals: %llu\n", (unsigned long long)s->memory_refusals);
     printf("memory_refused_rows: %llu\n", (unsigned long long)s->memory_refused_rows);
     printf("rss_bytes: %llu\n", (unsigned long long)s->rss_bytes);
-    for (size_t i = 0; i < s->n_latency; i++) {
-        const Carls__LatencySummary *l = s->latency[i];
-        printf("latency %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
-               (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
-    }
+    s_print_latencies("latency", s->latency, s->n_latency);
     for (size_t i = 0; i < s->n_tables; i++) {
         const Carls__TableStats *t = s->tables[i];
         printf("\ntable %s\n", t->name ? t->name : "");
@@ -840,7 +1054,7 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("applied_on_lookup: %llu\n", (unsigned long long)t->applied_on_lookup);
         printf("applied_on_age: %llu\n", (unsigned long long)t->applied_on_age);
         printf("applied_on_count: %llu\n", (unsigned long long)t->applied_on_count);
-        printf("kind: %s\n", s_name_of(s_kinds, (int)t->kind));
+        printf("kind: %s\n", s_name_of(s_kinds, (int)t->kind).text);
         printf("not_admitted: %llu\n", (unsigned long long)t->not_admitted);
         printf("not_persisted: %llu\n", (unsigned long long)t->not_persisted);
         printf("evictions: %llu\n", (unsigned long long)t->evictions);
@@ -853,76 +1067,61 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("request_errors: %llu\n", (unsigned long long)t->request_errors);
         printf("memory_refusals: %llu\n", (unsigned long long)t->memory_refusals);
         printf("memory_refused_rows: %llu\n", (unsigned long long)t->memory_refused_rows);
-        for (size_t j = 0; j < t->n_requests; j++) {
-            const Carls__LatencySummary *l = t->requests[j];
-            printf("requests %s: count %llu, p50 %.1f us, p99 %.1f us, max %.1f us\n", l->op ? l->op : "",
-                   (unsigned long long)l->count, l->p50_us, l->p99_us, l->max_us);
-        }
+        s_print_latencies("requests", t->requests, t->n_requests);
     }
 }
 
-static int s_stats(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_stats_usage[] =
+    "usage: kbctl stats [TABLE]\n"
+    "Prints server-wide counters, latency percentiles per operation, then one block per table (or only\n"
+    "TABLE): \"key: value\" lines, blocks separated by a blank line. With several shards, each shard's\n"
+    "output follows a line \"shard I ENDPOINT\".\n";
+
+static int s_stats(s_call_t *call)
 {
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, NULL, 0, pos, &n_pos, 0, 1);
-    if (st >= 0)
+    const char *table = call->n_pos ? call->pos[0] : NULL;
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
-    const char *table = n_pos ? pos[0] : NULL;
-    if ((table && s_check_table_name(verb->name, table) != 0) || s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        return st;
-    uint32_t shards = kb_cluster_shards(c);
-    st = S_EXIT_OK;
-    for (uint32_t s = 0; s < shards && st == S_EXIT_OK; s++) {
+    for (uint32_t s = 0; s < kb_cluster_shards(call->c); s++) {
         Carls__Response *resp = NULL;
-        int rc = kb_cluster_stats(c, s, table, &resp);
-        if (rc != 0) {
-            st = s_fail(verb->name, c, rc);
-            break;
-        }
-        /* Several shards: one block per shard, each headed by its index and endpoint. */
-        if (shards > 1)
-            printf("%sshard %u %s\n", s ? "\n" : "", s, kb_cluster_endpoint(c, s));
+        int rc = kb_cluster_stats(call->c, s, table, &resp);
+        if (rc != 0)
+            return s_fail(call, rc);
+        s_print_shard_header(call->c, s);
         s_print_stats(resp->stats);
         carls__response__free_unpacked(resp, NULL);
     }
-    kb_cluster_destroy(&c);
-    return st;
+    return S_EXIT_OK;
 }
 
-static int s_checkpoint(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_checkpoint_usage[] =
+    "usage: kbctl checkpoint\n"
+    "Asks every server to commit everything and checkpoint its database; prints committed_epoch and rows\n"
+    "(per shard, after a \"shard I ENDPOINT\" line, when there are several).\n";
+
+static int s_checkpoint(s_call_t *call)
 {
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, NULL, 0, pos, &n_pos, 0, 0);
-    if (st >= 0)
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
-    if (s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        return st;
-    uint32_t shards = kb_cluster_shards(c);
+    uint32_t shards = kb_cluster_shards(call->c);
     Carls__CheckpointResult *res = carls_xcalloc(shards, sizeof *res);
-    int rc = kb_cluster_checkpoint(c, res);
+    int rc = kb_cluster_checkpoint(call->c, res);
     if (rc != 0) {
-        st = s_fail(verb->name, c, rc);
+        st = s_fail(call, rc);
     } else {
         for (uint32_t s = 0; s < shards; s++) {
-            if (shards > 1)
-                printf("%sshard %u %s\n", s ? "\n" : "", s, kb_cluster_endpoint(c, s));
+            s_print_shard_header(call->c, s);
             printf("committed_epoch: %llu\nrows: %llu\n", (unsigned long long)res[s].committed_epoch,
                    (unsigned long long)res[s].rows);
         }
-        st = S_EXIT_OK;
     }
     free(res);
-    kb_cluster_destroy(&c);
     return st;
 }
+
+/* ---- knn, sample ------------------------------------------------------------------------------------- */
 
 /* Parses "v1 v2 ..." (blank-separated finite floats) into a new array of exactly dim values. NULL after
  * printing why. */
@@ -948,278 +1147,129 @@ static float *s_parse_vector(const char *verb, const char *text, uint32_t dim)
     return out;
 }
 
-static int s_knn(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_knn_usage[] =
+    "usage: kbctl knn TABLE --k K (--key KEY [--exclude-self] | --vector \"v1 v2 ...\")\n"
+    "Nearest neighbours (K, default 10, at most 4096) of a key's current value or of a vector of the table's\n"
+    "dim, through the table's index: one line per row found, best first, KEY<TAB>SCORE (score formatted as\n"
+    "get formats numbers; L2 scores are squared distances, lower is nearer; ip and cosine, higher is nearer).\n"
+    "--exclude-self leaves the query key out. With several shards every shard is asked and the answers merged.\n";
+
+enum { KNN_K, KNN_KEY, KNN_EXCLUDE_SELF, KNN_VECTOR, KNN_N };
+static const s_opt_t s_knn_opts[KNN_N] = {
+    [KNN_K] = {"k", true},
+    [KNN_KEY] = {"key", true},
+    [KNN_EXCLUDE_SELF] = {"exclude-self", false},
+    [KNN_VECTOR] = {"vector", true},
+};
+
+/* Asks for the k nearest rows of table to the query: the key in keyset, or the vector in --vector. Exit
+ * status. */
+static int s_knn_query(s_call_t *call, const kb_rows_t *keyset, uint32_t k, kb_knn_result_t **res)
 {
-    enum { O_K, O_KEY, O_EXCLUDE, O_VECTOR, O_N };
-    s_opt_t opts[O_N] = {
-        [O_K] = {"k", true, NULL},
-        [O_KEY] = {"key", true, NULL},
-        [O_EXCLUDE] = {"exclude-self", false, NULL},
-        [O_VECTOR] = {"vector", true, NULL},
-    };
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, O_N, pos, &n_pos, 1, 1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
-    uint64_t k = 10;
-    if (opts[O_K].value && s_opt_u64(v, "k", opts[O_K].value, 1, S_MAX_K, &k) != 0)
-        return S_EXIT_USAGE;
-    if (!opts[O_KEY].value == !opts[O_VECTOR].value) {
-        fprintf(stderr, "kbctl %s: give exactly one of --key KEY and --vector \"v1 v2 ...\"\n", v);
-        return S_EXIT_USAGE;
-    }
-    if (opts[O_EXCLUDE].value && !opts[O_KEY].value) {
-        fprintf(stderr, "kbctl %s: --exclude-self goes with --key\n", v);
-        return S_EXIT_USAGE;
-    }
-    char err[256];
-    kb_rows_t *keyset = kb_rows_new(0);
-    if (opts[O_KEY].value &&
-        kb_rows_parse_key_line(keyset, opts[O_KEY].value, strlen(opts[O_KEY].value), err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl %s: --key: %s\n", v, err);
-        kb_rows_destroy(&keyset);
-        return S_EXIT_USAGE;
-    }
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0) {
-        kb_rows_destroy(&keyset);
-        return S_EXIT_USAGE;
-    }
-    float *query = NULL;
-    kb_knn_result_t *res = NULL;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        goto cleanup;
+    const char *table = call->pos[0], *vector_text = call->opt[KNN_VECTOR];
     int rc;
-    if (opts[O_VECTOR].value) {
+    if (vector_text) {
         uint32_t dim;
-        st = s_table_dim(v, c, table, &dim);
+        int st = s_table_dim(call, table, &dim);
         if (st != S_EXIT_OK)
-            goto cleanup;
-        query = s_parse_vector(v, opts[O_VECTOR].value, dim);
-        if (!query) {
-            st = S_EXIT_USAGE;
-            goto cleanup;
-        }
-        rc = kb_cluster_knn(c, table, query, 1, dim, (uint32_t)k, &res);
+            return st;
+        float *query = s_parse_vector(call->name, vector_text, dim);
+        if (!query)
+            return S_EXIT_USAGE;
+        rc = kb_cluster_knn(call->c, table, query, 1, dim, k, res);
+        free(query);
     } else {
         kb_key_t key = kb_rows_key(keyset, 0);
-        rc = kb_cluster_knn_by_key(c, table, &key, 1, (uint32_t)k, opts[O_EXCLUDE].value != NULL, &res);
+        rc = kb_cluster_knn_by_key(call->c, table, &key, 1, k, call->opt[KNN_EXCLUDE_SELF] != NULL, res);
     }
-    if (rc != 0) {
-        st = s_fail(v, c, rc);
-        goto cleanup;
+    return rc == 0 ? S_EXIT_OK : s_fail(call, rc);
+}
+
+static int s_knn(s_call_t *call)
+{
+    const char *key_text = call->opt[KNN_KEY];
+    uint64_t k = 10;
+    if (s_opt_count(call, KNN_K, 1, S_MAX_K, &k) != 0)
+        return S_EXIT_USAGE;
+    if (!key_text == !call->opt[KNN_VECTOR]) {
+        fprintf(stderr, "kbctl %s: give exactly one of --key KEY and --vector \"v1 v2 ...\"\n", call->name);
+        return S_EXIT_USAGE;
     }
-    char num[KB_ROWS_FLOAT_CHARS];
-    for (uint32_t r = 0; r < res->k; r++) {
-        if (res->keys[r].len == 0)
-            break; /* fewer rows than k */
-        fwrite(res->keys[r].data, 1, res->keys[r].len, stdout);
-        kb_rows_format_float(res->scores[r], num, sizeof num);
-        printf("\t%s\n", num);
+    if (call->opt[KNN_EXCLUDE_SELF] && !key_text) {
+        fprintf(stderr, "kbctl %s: --exclude-self goes with --key\n", call->name);
+        return S_EXIT_USAGE;
     }
-    st = S_EXIT_OK;
-cleanup:
+    kb_rows_t *keyset = kb_rows_new(0);
+    kb_knn_result_t *res = NULL;
+    int st = S_EXIT_USAGE;
+    if (!key_text || s_add_key_arg(call, keyset, key_text, "--key", 0) == 0)
+        st = s_open(call);
+    if (st == S_EXIT_OK)
+        st = s_knn_query(call, keyset, (uint32_t)k, &res);
+    /* Slots past the last row found (fewer rows than k) have empty keys. */
+    for (uint32_t r = 0; st == S_EXIT_OK && r < res->k && res->keys[r].len > 0; r++) {
+        s_print_key_number(&res->keys[r], res->scores[r]);
+        putchar('\n');
+    }
     kb_knn_result_destroy(&res);
-    free(query);
     kb_rows_destroy(&keyset);
-    kb_cluster_destroy(&c);
     return st;
 }
 
-static int s_sample(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_sample_usage[] =
+    "usage: kbctl sample TABLE --n N [--strategy uniform|log-uniform|unigram] [--seed S] [POSITIVE...]\n"
+    "Draws N candidates (with replacement; default strategy uniform) and prints the positives first, then the\n"
+    "candidates: KEY<TAB>PROBABILITY<TAB>positive|sampled, where PROBABILITY is the chance that one draw picks\n"
+    "the key. A seed (not 0) makes the draw repeatable. With several shards the draws are split over the\n"
+    "shards by their mass: exact for uniform and unigram, an approximation for log-uniform (ranks are\n"
+    "per shard).\n";
+
+enum { SAMPLE_N, SAMPLE_STRATEGY, SAMPLE_SEED, SAMPLE_N_OPTS };
+static const s_opt_t s_sample_opts[SAMPLE_N_OPTS] = {
+    [SAMPLE_N] = {"n", true},
+    [SAMPLE_STRATEGY] = {"strategy", true},
+    [SAMPLE_SEED] = {"seed", true},
+};
+
+static int s_sample(s_call_t *call)
 {
-    enum { O_NN, O_STRATEGY, O_SEED, O_N };
-    s_opt_t opts[O_N] = {
-        [O_NN] = {"n", true, NULL},
-        [O_STRATEGY] = {"strategy", true, NULL},
-        [O_SEED] = {"seed", true, NULL},
-    };
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, O_N, pos, &n_pos, 1, -1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
+    const char *table = call->pos[0];
     uint64_t n = 0, seed = 0;
     int strategy = CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM;
-    if (!opts[O_NN].value) {
-        fprintf(stderr, "kbctl %s: --n is required (candidates to draw; 0 for the positives' probabilities only)\n", v);
+    if (!call->opt[SAMPLE_N]) {
+        fprintf(stderr, "kbctl %s: --n is required (candidates to draw; 0 for the positives' probabilities only)\n",
+                call->name);
         return S_EXIT_USAGE;
     }
-    if (s_opt_u64(v, "n", opts[O_NN].value, 0, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &n) != 0)
-        return S_EXIT_USAGE;
-    if (opts[O_STRATEGY].value && s_opt_name(v, "strategy", s_strategies, opts[O_STRATEGY].value, &strategy) != 0)
-        return S_EXIT_USAGE;
-    if (opts[O_SEED].value && s_opt_u64(v, "seed", opts[O_SEED].value, 0, UINT64_MAX, &seed) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
+    if (s_opt_count(call, SAMPLE_N, 0, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &n) != 0 ||
+        s_opt_choice(call, SAMPLE_STRATEGY, s_strategies, &strategy) != 0 ||
+        s_opt_count(call, SAMPLE_SEED, 0, UINT64_MAX, &seed) != 0)
         return S_EXIT_USAGE;
     /* Positives come from the arguments only (stdin is not read: a sample needs no input). */
-    kb_rows_t *positives = kb_rows_new(0);
-    char err[256];
-    for (int i = 1; i < n_pos; i++) {
-        if (kb_rows_parse_key_line(positives, pos[i], strlen(pos[i]), err, sizeof err) != 0) {
-            fprintf(stderr, "kbctl %s: positive %d: %s\n", v, i, err);
-            kb_rows_destroy(&positives);
-            return S_EXIT_USAGE;
-        }
-    }
+    kb_rows_t *positives = s_key_args(call, call->pos + 1, call->n_pos - 1, "positive");
+    if (!positives)
+        return S_EXIT_USAGE;
     kb_key_t *keys = carls_xcalloc(positives->n ? positives->n : 1, sizeof *keys);
     for (size_t i = 0; i < positives->n; i++)
         keys[i] = kb_rows_key(positives, i);
     kb_sample_result_t *res = NULL;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        goto cleanup;
-    int rc = kb_cluster_sample(c, table, keys, positives->n, (uint32_t)n, (Carls__SampleStrategy)strategy, seed,
-                               &res);
-    if (rc != 0) {
-        st = s_fail(v, c, rc);
-        goto cleanup;
+    int st = s_open(call);
+    if (st == S_EXIT_OK) {
+        int rc = kb_cluster_sample(call->c, table, keys, positives->n, (uint32_t)n, (Carls__SampleStrategy)strategy,
+                                   seed, &res);
+        st = rc == 0 ? S_EXIT_OK : s_fail(call, rc);
     }
-    char num[KB_ROWS_FLOAT_CHARS];
-    for (size_t i = 0; i < res->n; i++) {
-        fwrite(res->keys[i].data, 1, res->keys[i].len, stdout);
-        kb_rows_format_float(res->probabilities[i], num, sizeof num);
-        printf("\t%s\t%s\n", num, res->is_positive[i] ? "positive" : "sampled");
+    for (size_t i = 0; st == S_EXIT_OK && i < res->n; i++) {
+        s_print_key_number(&res->keys[i], res->probabilities[i]);
+        printf("\t%s\n", res->is_positive[i] ? "positive" : "sampled");
     }
-    st = S_EXIT_OK;
-cleanup:
     kb_sample_result_destroy(&res);
     free(keys);
     kb_rows_destroy(&positives);
-    kb_cluster_destroy(&c);
     return st;
 }
 
-/* Checks that table is a feature table. Exit status. */
-static int s_need_feature_table(const char *verb, kb_cluster_t *c, const char *table)
-{
-    kb_cluster_table_t info;
-    int st = s_table_info(verb, c, table, &info);
-    if (st == S_EXIT_OK && info.kind != CARLS__TABLE_KIND__TABLE_FEATURE) {
-        fprintf(stderr, "kbctl %s: table \"%s\" is not a feature table (use get/put for embeddings)\n", verb, table);
-        st = S_EXIT_USAGE;
-    }
-    return st;
-}
-
-static int s_put_feature(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
-{
-    s_opt_t opts[] = {{"batch", true, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 1, pos, &n_pos, 1, 1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
-    uint64_t batch = S_DEFAULT_BATCH;
-    if (opts[0].value && s_opt_u64(v, "batch", opts[0].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &batch) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
-        return S_EXIT_USAGE;
-    kb_feature_rows_t *rows = NULL;
-    kb_key_t *keys = NULL;
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
-        return st;
-    st = s_need_feature_table(v, c, table);
-    if (st != S_EXIT_OK)
-        goto cleanup;
-    rows = kb_feature_rows_new();
-    size_t bad = 0;
-    if (kb_feature_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
-        if (bad > 0)
-            fprintf(stderr, "kbctl %s: %zu invalid line%s on stdin; nothing was sent\n", v, bad, bad == 1 ? "" : "s");
-        else
-            fprintf(stderr, "kbctl %s: cannot read stdin; nothing was sent\n", v);
-        st = S_EXIT_USAGE;
-        goto cleanup;
-    }
-    size_t n = rows->keys->n;
-    keys = carls_xmalloc((size_t)batch * sizeof *keys);
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < batch ? n - done : (size_t)batch;
-        for (size_t i = 0; i < k; i++)
-            keys[i] = kb_rows_key(rows->keys, done + i);
-        int rc = kb_cluster_feature_put(c, table, keys, k, (const Carls__FeatureRecord *const *)rows->records + done);
-        if (rc != 0) {
-            fprintf(stderr, "kbctl %s: records %zu..%zu: %s (%zu of %zu records were sent before)\n", v, done + 1,
-                    done + k, kb_cluster_last_error(c), done, n);
-            st = rc == KB_CLIENT_EINVAL ? S_EXIT_USAGE : S_EXIT_SERVER;
-            goto cleanup;
-        }
-        done += k;
-    }
-    fprintf(stderr, "put %zu record%s into %s", n, n == 1 ? "" : "s", table);
-    if (rows->skipped)
-        fprintf(stderr, " (skipped %zu found=false line%s)", rows->skipped, rows->skipped == 1 ? "" : "s");
-    fputc('\n', stderr);
-    st = S_EXIT_OK;
-cleanup:
-    free(keys);
-    kb_feature_rows_destroy(&rows);
-    kb_cluster_destroy(&c);
-    return st;
-}
-
-static int s_get_feature(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
-{
-    s_opt_t opts[] = {{"meta", false, NULL}, {"batch", true, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 2, pos, &n_pos, 1, -1);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0];
-    bool meta = opts[0].value != NULL;
-    uint64_t batch = S_DEFAULT_BATCH;
-    if (opts[1].value && s_opt_u64(v, "batch", opts[1].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &batch) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0)
-        return S_EXIT_USAGE;
-    kb_rows_t *keyset = s_read_keys(v, pos, n_pos, 1);
-    if (!keyset)
-        return S_EXIT_USAGE;
-    kb_key_t *keys = NULL;
-    kb_cluster_t *c = NULL;
-    if (s_need_endpoint(g) != 0) {
-        st = S_EXIT_USAGE;
-        goto cleanup;
-    }
-    c = s_connect_st(g, &st);
-    if (!c)
-        goto cleanup;
-    st = s_need_feature_table(v, c, table);
-    if (st != S_EXIT_OK)
-        goto cleanup;
-    keys = carls_xmalloc((size_t)batch * sizeof *keys);
-    for (size_t done = 0; done < keyset->n;) {
-        size_t k = keyset->n - done < batch ? keyset->n - done : (size_t)batch;
-        for (size_t i = 0; i < k; i++)
-            keys[i] = kb_rows_key(keyset, done + i);
-        kb_feature_result_t *res = NULL;
-        int rc = kb_cluster_feature_get(c, table, keys, k, &res);
-        if (rc != 0) {
-            st = s_fail(v, c, rc);
-            goto cleanup;
-        }
-        for (size_t i = 0; i < k; i++) {
-            kb_feature_write_line(stdout, keys[i].data, keys[i].len, res->records[i], meta);
-            putchar('\n');
-        }
-        kb_feature_result_destroy(&res);
-        done += k;
-    }
-    st = S_EXIT_OK;
-cleanup:
-    free(keys);
-    kb_rows_destroy(&keyset);
-    kb_cluster_destroy(&c);
-    return st;
-}
+/* ---- export, import ---------------------------------------------------------------------------------- */
 
 /* Exit status for a kb_export_* / kb_import_table failure: the bank's fault or the file's. */
 static int s_export_status(int rc)
@@ -1227,192 +1277,107 @@ static int s_export_status(int rc)
     return rc == KB_EXPORT_EBANK ? S_EXIT_SERVER : S_EXIT_USAGE;
 }
 
-static int s_export(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_export_usage[] =
+    "usage: kbctl export TABLE FILE [--force] [--page N]\n"
+    "Writes the table (config and every row of every shard, read with scan pages of N rows, default 1000)\n"
+    "to FILE: a self-checking snapshot (magic, version, CRC-32) written to a temporary name, fsynced and\n"
+    "renamed, mode 0600. It carries keys, values or feature records, versions and frequencies; not optimizer\n"
+    "state or pending gradients. An existing FILE is replaced only with --force. A table that is written\n"
+    "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n";
+
+enum { EX_FORCE, EX_PAGE, EX_N };
+static const s_opt_t s_export_opts[EX_N] = {[EX_FORCE] = {"force", false}, [EX_PAGE] = {"page", true}};
+
+static int s_export(s_call_t *call)
 {
-    s_opt_t opts[] = {{"force", false, NULL}, {"page", true, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 2, pos, &n_pos, 2, 2);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0], *path = pos[1];
+    const char *table = call->pos[0], *path = call->pos[1];
     uint64_t page = S_DEFAULT_SCAN_PAGE;
-    if (opts[1].value && s_opt_u64(v, "page", opts[1].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &page) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
+    if (s_opt_batch(call, EX_PAGE, &page) != 0)
         return S_EXIT_USAGE;
     struct stat sb;
-    if (!opts[0].value && stat(path, &sb) == 0) {
-        fprintf(stderr, "kbctl %s: %s exists; --force replaces it\n", v, path);
+    if (!call->opt[EX_FORCE] && stat(path, &sb) == 0) {
+        fprintf(stderr, "kbctl %s: %s exists; --force replaces it\n", call->name, path);
         return S_EXIT_USAGE;
     }
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
     char err[768];
     uint64_t rows = 0;
-    int rc = kb_export_table(c, table, path, (uint32_t)page, &rows, err, sizeof err);
+    int rc = kb_export_table(call->c, table, path, (uint32_t)page, &rows, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "kbctl %s: %s\n", v, err);
-        st = s_export_status(rc);
-    } else {
-        fprintf(stderr, "exported %llu row%s of %s to %s\n", (unsigned long long)rows, rows == 1 ? "" : "s", table,
-                path);
-        st = S_EXIT_OK;
+        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
+        return s_export_status(rc);
     }
-    kb_cluster_destroy(&c);
-    return st;
+    fprintf(stderr, "exported %llu row%s of %s to %s\n", (unsigned long long)rows, rows == 1 ? "" : "s", table, path);
+    return S_EXIT_OK;
 }
 
-static int s_import(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+static const char s_import_usage[] =
+    "usage: kbctl import TABLE FILE [--batch N]\n"
+    "Verifies FILE completely (format, sizes, checksum) and refuses it, importing nothing, when anything is\n"
+    "wrong; then creates TABLE with the file's config unless it exists with that config, and writes the rows\n"
+    "(values with their versions, or feature records) in batches of N routed by the current shard count, so\n"
+    "a file exported from one shard imports into three. Frequencies are not restored (the protocol cannot\n"
+    "set them): imported rows count as written by put. Existing rows with other keys stay.\n";
+
+enum { IM_BATCH, IM_N };
+static const s_opt_t s_import_opts[IM_N] = {[IM_BATCH] = {"batch", true}};
+
+static int s_import(s_call_t *call)
 {
-    s_opt_t opts[] = {{"batch", true, NULL}};
-    char *pos[argc];
-    int n_pos;
-    int st = s_begin(verb, argc, argv, opts, 1, pos, &n_pos, 2, 2);
-    if (st >= 0)
-        return st;
-    const char *v = verb->name, *table = pos[0], *path = pos[1];
+    const char *table = call->pos[0], *path = call->pos[1];
     uint64_t batch = S_DEFAULT_BATCH;
-    if (opts[0].value && s_opt_u64(v, "batch", opts[0].value, 1, CARLS_DEFAULT_MAX_KEYS_PER_REQUEST, &batch) != 0)
-        return S_EXIT_USAGE;
-    if (s_check_table_name(v, table) != 0 || s_need_endpoint(g) != 0)
+    if (s_opt_batch(call, IM_BATCH, &batch) != 0)
         return S_EXIT_USAGE;
     char err[768];
     /* Verified here first as well, so a bad file is refused before any connection is opened. */
     kb_export_reader_t *r = NULL;
     int rc = kb_export_reader_open(path, &r, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "kbctl %s: refusing %s: %s; nothing was imported\n", v, path, err);
+        fprintf(stderr, "kbctl %s: refusing %s: %s; nothing was imported\n", call->name, path, err);
         return S_EXIT_USAGE;
     }
     char from[CARLS_MAX_TABLE_NAME_BYTES + 1];
     snprintf(from, sizeof from, "%s", kb_export_reader_table(r));
     uint64_t in_file = kb_export_reader_rows(r);
     kb_export_reader_destroy(&r);
-    kb_cluster_t *c = s_connect_st(g, &st);
-    if (!c)
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
         return st;
     uint64_t rows = 0;
-    rc = kb_import_table(c, table, path, (size_t)batch, &rows, err, sizeof err);
+    rc = kb_import_table(call->c, table, path, (size_t)batch, &rows, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported)\n", v, err, (unsigned long long)rows,
+        fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported)\n", call->name, err, (unsigned long long)rows,
                 (unsigned long long)in_file);
-        st = s_export_status(rc);
-    } else {
-        fprintf(stderr, "imported %llu row%s into %s (exported from table %s)\n", (unsigned long long)rows,
-                rows == 1 ? "" : "s", table, from);
-        st = S_EXIT_OK;
+        return s_export_status(rc);
     }
-    kb_cluster_destroy(&c);
-    return st;
+    fprintf(stderr, "imported %llu row%s into %s (exported from table %s)\n", (unsigned long long)rows,
+            rows == 1 ? "" : "s", table, from);
+    return S_EXIT_OK;
 }
 
+/* ---- the verbs, and main ----------------------------------------------------------------------------- */
+
+#define S_COUNT(array) (sizeof array / sizeof array[0])
+
 static const s_verb_t s_verbs[] = {
-    {"create-table",
-     "usage: kbctl create-table NAME --dim D [options] | NAME --kind feature [options]\n"
-     "Creates a table on every shard. Options left out take the server's defaults.\n"
-     "  --kind embedding|feature     vectors (default) or feature records (neighbours, labels, bytes)\n"
-     "  --dim D                      values per row (required for embedding tables)\n"
-     "  --optimizer sgd|momentum|adagrad|adam\n"
-     "  --lr X  --momentum X  --beta1 X  --beta2 X  --epsilon X  --initial-accumulator X\n"
-     "  --update lazy|immediate      apply pushed gradients lazily (averaged) or one by one\n"
-     "  --max-age-ms N  --max-pending N (1..1024)\n"
-     "  --outlier-rule norm-median|none  --outlier-threshold X  --outlier-min-count N\n"
-     "  --init zeros|uniform|normal  --init-scale X  --seed N\n"
-     "  --knn SPEC                   nearest-neighbour index: a FAISS factory string (Flat, IVF256,Flat, HNSW32)\n"
-     "  --metric ip|l2|cosine  --nprobe N (IVF)  --ef-search N (HNSW)\n"
-     "  --admission all|frequency|bloom  --min-frequency N  --bloom-bits-log2 N  --bloom-hashes N\n"
-     "  --eviction none|lru|oldest  --max-rows N\n"
-     "  --if-not-exists              succeed without change when the table exists with the same config\n"
-     "Only --admission, --eviction and their options apply to feature tables.\n",
+    /* name, usage, options, positional arguments (min, max), TABLE first, run */
+    {"create-table", s_create_table_usage, s_create_table_opts, S_COUNT(s_create_table_opts), 1, 1, true,
      s_create_table},
-    {"list-tables",
-     "usage: kbctl list-tables\n"
-     "One line per table, tab-separated: name, dim, rows, optimizer, update policy. With several shards the\n"
-     "tables are shard 0's and rows are summed over the shards.\n",
-     s_list_tables},
-    {"drop-table",
-     "usage: kbctl drop-table NAME [--if-exists]\n"
-     "Deletes a table and its rows. --if-exists: succeed when there is no such table.\n",
-     s_drop_table},
-    {"put",
-     "usage: kbctl put TABLE [--version N] [--batch N] < rows\n"
-     "Writes rows read from stdin, one per line: KEY, a TAB, then dim numbers separated by spaces or TABs.\n"
-     "Every line is checked first (dim numbers, all finite, non-empty key); with any invalid line nothing\n"
-     "is sent and the exit status is 1. Rows go in batches of --batch (default 1000) rows per request,\n"
-     "tagged with --version (default 0). Prints \"put N rows into TABLE\" to stderr.\n",
-     s_put},
-    {"push-grad",
-     "usage: kbctl push-grad TABLE [--batch N] < gradients\n"
-     "Pushes gradient rows read from stdin (same format and checks as put); each row is one gradient.\n",
-     s_push_grad},
-    {"get",
-     "usage: kbctl get TABLE [--meta] [--no-create] [--batch N] [KEY...]\n"
-     "Looks up the keys given (or one key per line on stdin when none are given) and prints one line per\n"
-     "key: KEY, a TAB, the values separated by single spaces, each as \"%g\" when that reads back to the\n"
-     "same float and as \"%.9g\" otherwise, so the printed values read back exactly.\n"
-     "  --meta       adds TAB-separated columns: version, updated_at_ms, frequency\n"
-     "  --no-create  do not insert unseen keys (they still show their initial value)\n",
-     s_get},
-    {"knn",
-     "usage: kbctl knn TABLE --k K (--key KEY [--exclude-self] | --vector \"v1 v2 ...\")\n"
-     "Nearest neighbours (K, default 10, at most 4096) of a key's current value or of a vector of the table's\n"
-     "dim, through the table's index: one line per row found, best first, KEY<TAB>SCORE (score formatted as\n"
-     "get formats numbers; L2 scores are squared distances, lower is nearer; ip and cosine, higher is nearer).\n"
-     "--exclude-self leaves the query key out. With several shards every shard is asked and the answers merged.\n",
-     s_knn},
-    {"sample",
-     "usage: kbctl sample TABLE --n N [--strategy uniform|log-uniform|unigram] [--seed S] [POSITIVE...]\n"
-     "Draws N candidates (with replacement; default strategy uniform) and prints the positives first, then the\n"
-     "candidates: KEY<TAB>PROBABILITY<TAB>positive|sampled, where PROBABILITY is the chance that one draw picks\n"
-     "the key. A seed (not 0) makes the draw repeatable. With several shards the draws are split over the\n"
-     "shards by their mass: exact for uniform and unigram, an approximation for log-uniform (ranks are\n"
-     "per shard).\n",
-     s_sample},
-    {"put-feature",
-     "usage: kbctl put-feature TABLE [--batch N] < lines\n"
-     "Replaces feature records read from stdin, one per line:\n"
-     "  KEY<TAB>label=3 confidence=0.9 version=2 neighbors=a:0.5,b:0.25 data=00ff\n"
-     "Fields (any order, each optional): label=INT or flabel=FLOAT, confidence=X, version=N,\n"
-     "neighbors=KEY:WEIGHT,... and data=HEX. Keys (the line's and the neighbours') are percent-encoded:\n"
-     "bytes outside ! .. ~ and each of % , : = are written %XX. updated_at_ms= is accepted and ignored;\n"
-     "found=false lines (from get-feature) are skipped. Every line is checked first; with any invalid line\n"
-     "nothing is sent. So `kbctl get-feature T ... | kbctl put-feature T2` copies records.\n",
-     s_put_feature},
-    {"get-feature",
-     "usage: kbctl get-feature TABLE [--meta] [--batch N] [KEY...]\n"
-     "Prints the records of the keys given (as they are, not encoded), or of one key per line on stdin, in the\n"
-     "put-feature line format; a key without a record prints KEY<TAB>found=false. --meta adds\n"
-     "updated_at_ms=N (the server's time of the last put).\n",
-     s_get_feature},
-    {"export",
-     "usage: kbctl export TABLE FILE [--force] [--page N]\n"
-     "Writes the table (config and every row of every shard, read with scan pages of N rows, default 1000)\n"
-     "to FILE: a self-checking snapshot (magic, version, CRC-32) written to a temporary name, fsynced and\n"
-     "renamed, mode 0600. It carries keys, values or feature records, versions and frequencies; not optimizer\n"
-     "state or pending gradients. An existing FILE is replaced only with --force. A table that is written\n"
-     "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n",
-     s_export},
-    {"import",
-     "usage: kbctl import TABLE FILE [--batch N]\n"
-     "Verifies FILE completely (format, sizes, checksum) and refuses it, importing nothing, when anything is\n"
-     "wrong; then creates TABLE with the file's config unless it exists with that config, and writes the rows\n"
-     "(values with their versions, or feature records) in batches of N routed by the current shard count, so\n"
-     "a file exported from one shard imports into three. Frequencies are not restored (the protocol cannot\n"
-     "set them): imported rows count as written by put. Existing rows with other keys stay.\n",
-     s_import},
-    {"stats",
-     "usage: kbctl stats [TABLE]\n"
-     "Prints server-wide counters, latency percentiles per operation, then one block per table (or only\n"
-     "TABLE): \"key: value\" lines, blocks separated by a blank line. With several shards, each shard's\n"
-     "output follows a line \"shard I ENDPOINT\".\n",
-     s_stats},
-    {"checkpoint",
-     "usage: kbctl checkpoint\n"
-     "Asks every server to commit everything and checkpoint its database; prints committed_epoch and rows\n"
-     "(per shard, after a \"shard I ENDPOINT\" line, when there are several).\n",
-     s_checkpoint},
+    {"list-tables", s_list_tables_usage, NULL, 0, 0, 0, false, s_list_tables},
+    {"drop-table", s_drop_table_usage, s_drop_table_opts, S_COUNT(s_drop_table_opts), 1, 1, true, s_drop_table},
+    {"put", s_put_usage, s_put_opts, S_COUNT(s_put_opts), 1, 1, true, s_put},
+    {"push-grad", s_push_grad_usage, s_push_grad_opts, S_COUNT(s_push_grad_opts), 1, 1, true, s_push_grad},
+    {"get", s_get_usage, s_get_opts, S_COUNT(s_get_opts), 1, -1, true, s_get},
+    {"knn", s_knn_usage, s_knn_opts, S_COUNT(s_knn_opts), 1, 1, true, s_knn},
+    {"sample", s_sample_usage, s_sample_opts, S_COUNT(s_sample_opts), 1, -1, true, s_sample},
+    {"put-feature", s_put_feature_usage, s_put_feature_opts, S_COUNT(s_put_feature_opts), 1, 1, true, s_put_feature},
+    {"get-feature", s_get_feature_usage, s_get_feature_opts, S_COUNT(s_get_feature_opts), 1, -1, true, s_get_feature},
+    {"export", s_export_usage, s_export_opts, S_COUNT(s_export_opts), 2, 2, true, s_export},
+    {"import", s_import_usage, s_import_opts, S_COUNT(s_import_opts), 2, 2, true, s_import},
+    {"stats", s_stats_usage, NULL, 0, 0, 1, true, s_stats},
+    {"checkpoint", s_checkpoint_usage, NULL, 0, 0, 0, false, s_checkpoint},
 };
 #define S_N_VERBS (sizeof s_verbs / sizeof s_verbs[0])
 
@@ -1443,12 +1408,81 @@ static void s_usage(FILE *out)
     fprintf(out, "\nExit status: 0 success, 1 usage or input error (nothing sent), 2 server or connection error.\n");
 }
 
-int main(int argc, char **argv)
+/* Parses the call's command line as its verb declares it: options, --help, the number of positional
+ * arguments and a table name. Returns -1 to go on, or the exit status to return now. */
+static int s_parse_call(s_call_t *call, int argc, char **argv)
 {
-    carls_log_set_level(CARLS_LOG_WARN);
-    carls_log_init_from_env();
-    s_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, NULL, NULL};
+    const s_verb_t *verb = call->verb;
+    int p = s_parse_args(call, argc, argv);
+    if (p == S_PARSE_HELP) {
+        fputs(verb->usage, stdout);
+        return S_EXIT_OK;
+    }
+    if (p == S_PARSE_ERROR)
+        return S_EXIT_USAGE;
+    if (call->n_pos < verb->min_pos || (verb->max_pos >= 0 && call->n_pos > verb->max_pos)) {
+        fprintf(stderr, "kbctl %s: wrong number of arguments\n", verb->name);
+        fputs(verb->usage, stderr);
+        return S_EXIT_USAGE;
+    }
+    if (verb->table_arg && call->n_pos > 0 && s_check_table_name(verb->name, call->pos[0]) != 0)
+        return S_EXIT_USAGE;
+    return -1;
+}
 
+/* Runs a verb (argv[0] is its name): parses its command line, runs it, and closes the connection it opened.
+ * Returns the exit status. */
+static int s_run_verb(const s_verb_t *verb, const s_global_t *g, int argc, char **argv)
+{
+    assert(verb->n_opts <= S_MAX_VERB_OPTS);
+    s_call_t call = {.verb = verb, .name = verb->name, .g = g, .pos = carls_xcalloc((size_t)argc, sizeof(char *))};
+    int st = s_parse_call(&call, argc, argv);
+    if (st < 0)
+        st = verb->run(&call);
+    kb_cluster_destroy(&call.c);
+    free(call.pos);
+    return st;
+}
+
+/* Sets global option `which` to value. 0, or -1 after printing why. */
+static int s_set_global(s_global_t *g, int which, const char *value)
+{
+    uint64_t u;
+    carls_log_level_t level;
+    switch (which) {
+    case G_KB:
+        g->endpoint = value;
+        return 0;
+    case G_TIMEOUT_MS:
+        if (s_opt_u64("", "timeout-ms", value, 1, 24u * 3600 * 1000, &u) != 0)
+            return -1;
+        g->timeout_ms = (int)u;
+        return 0;
+    case G_RETRIES:
+        if (s_opt_u64("", "retries", value, 0, 1000, &u) != 0)
+            return -1;
+        g->retries = (int)u;
+        return 0;
+    case G_CURVE_KEY:
+        g->curve_key = value;
+        return 0;
+    case G_CURVE_SERVER_KEY:
+        g->curve_server_key = value;
+        return 0;
+    default:
+        if (carls_log_parse_level(value, &level) != 0) {
+            fprintf(stderr, "kbctl: --log-level: unknown level \"%s\" (debug, info, warn, error, off)\n", value);
+            return -1;
+        }
+        carls_log_set_level(level);
+        return 0;
+    }
+}
+
+/* Parses the global options, argv[1] up to the verb, whose index goes to *verb_at. Returns -1 to go on, or
+ * the exit status to return now. */
+static int s_parse_globals(int argc, char **argv, s_global_t *g, int *verb_at)
+{
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         const char *arg = argv[i];
@@ -1458,11 +1492,9 @@ int main(int argc, char **argv)
         }
         const char *eq = strchr(arg, '=');
         size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-        const char *names[] = {"--kb", "--timeout-ms", "--retries", "--log-level", "--curve-key",
-                               "--curve-server-key"};
         int which = -1;
-        for (int j = 0; j < 6; j++)
-            if (strlen(names[j]) == name_len && strncmp(arg, names[j], name_len) == 0)
+        for (int j = 0; j < G_N && arg[1] == '-'; j++)
+            if (strlen(s_global_options[j]) == name_len - 2 && strncmp(arg + 2, s_global_options[j], name_len - 2) == 0)
                 which = j;
         if (which < 0) {
             fprintf(stderr, "kbctl: unknown option %s (see kbctl --help)\n", arg);
@@ -1470,48 +1502,33 @@ int main(int argc, char **argv)
         }
         const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!value) {
-            fprintf(stderr, "kbctl: %s needs a value\n", names[which]);
+            fprintf(stderr, "kbctl: --%s needs a value\n", s_global_options[which]);
             return S_EXIT_USAGE;
         }
-        uint64_t u;
-        carls_log_level_t level;
-        switch (which) {
-        case 0:
-            g.endpoint = value;
-            break;
-        case 1:
-            if (s_opt_u64("", "timeout-ms", value, 1, 24u * 3600 * 1000, &u) != 0)
-                return S_EXIT_USAGE;
-            g.timeout_ms = (int)u;
-            break;
-        case 2:
-            if (s_opt_u64("", "retries", value, 0, 1000, &u) != 0)
-                return S_EXIT_USAGE;
-            g.retries = (int)u;
-            break;
-        case 4:
-            g.curve_key = value;
-            break;
-        case 5:
-            g.curve_server_key = value;
-            break;
-        default:
-            if (carls_log_parse_level(value, &level) != 0) {
-                fprintf(stderr, "kbctl: --log-level: unknown level \"%s\" (debug, info, warn, error, off)\n", value);
-                return S_EXIT_USAGE;
-            }
-            carls_log_set_level(level);
-            break;
-        }
+        if (s_set_global(g, which, value) != 0)
+            return S_EXIT_USAGE;
     }
     if (i == argc) {
         s_usage(stderr);
         return S_EXIT_USAGE;
     }
-    if (!g.curve_key != !g.curve_server_key) {
+    if (!g->curve_key != !g->curve_server_key) {
         fprintf(stderr, "kbctl: --curve-key and --curve-server-key go together\n");
         return S_EXIT_USAGE;
     }
+    *verb_at = i;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    carls_log_set_level(CARLS_LOG_WARN);
+    carls_log_init_from_env();
+    s_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, NULL, NULL};
+    int i;
+    int st = s_parse_globals(argc, argv, &g, &i);
+    if (st >= 0)
+        return st;
     const s_verb_t *verb = NULL;
     for (size_t j = 0; j < S_N_VERBS; j++)
         if (strcmp(argv[i], s_verbs[j].name) == 0)
@@ -1520,7 +1537,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kbctl: unknown verb \"%s\" (see kbctl --help)\n", argv[i]);
         return S_EXIT_USAGE;
     }
-    int st = verb->run(verb, &g, argc - i, argv + i);
+    st = s_run_verb(verb, &g, argc - i, argv + i);
     /* A result that did not reach stdout (full disk, closed pipe) is a failure too. */
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "kbctl %s: cannot write the output\n", verb->name);
