@@ -1,5 +1,5 @@
 /* kb-keygen: makes CURVE key pairs for kb-server and its clients. See `kb-keygen --help` and
- * docs/SECURITY.md. The file format is described in kb_auth.h. */
+ * docs/SECURITY.md. The file format is described in proto/kb_keys.h. */
 #include "kb_keys.h"
 #include "log.h"
 

@@ -1,5 +1,5 @@
 /* Seeded, reproducible orderings and subsets of a data set: the same seed gives the same result on every
- * machine and every run (splitmix64 from common/util.h, nothing from the C library's rand). */
+ * machine and every run (splitmix64 from base/util.h, nothing from the C library's rand). */
 #ifndef CARLS_DATA_SAMPLE_H
 #define CARLS_DATA_SAMPLE_H
 

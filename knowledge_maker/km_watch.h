@@ -1,4 +1,4 @@
-/* Watches a trainer's checkpoint directory for a new `latest` (common/checkpoint.h) and hands the maker the
+/* Watches a trainer's checkpoint directory for a new `latest` (base/checkpoint.h) and hands the maker the
  * newest checkpoint that verifies.
  *
  * Change detection: inotify on the directory (the trainer renames `latest` into place, which is an
