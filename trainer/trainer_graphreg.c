@@ -37,12 +37,12 @@
 #include "nn_mlp.h"
 #include "nn_mlp_semi.h"
 
+#include "carls_args.h"
 #include "checkpoint.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +56,7 @@ typedef struct {
     int train_items;               /* 0: all training images are items */
     int validation;                /* held-out validation images (0: evaluate on the test set) */
     int steps, batch_labelled, batch_unlabelled;
-    int n_hidden, hidden[NN_MLP_MAX_HIDDEN];
-    float dropout;
+    nn_mlp_config_t model;         /* --hidden widths and --dropout (the data gives in_dim and classes) */
     nn_optim_config_t opt;
     bool cosine;  /* cosine learning-rate decay to 0 over the run, else constant */
     int seed;
@@ -66,7 +65,7 @@ typedef struct {
     int augment_shift;             /* random translations of training images by up to this many pixels */
     float augment_flip;            /* probability of a horizontal flip of a training image */
     int K;                         /* neighbours used per item */
-    s_nbr_mode_t nbr_mode;
+    int nbr_mode;                  /* s_nbr_mode_t */
     int max_staleness;             /* 0: no limit */
     int nbr_refresh;               /* bank mode: re-read a cached neighbour row after this many batches */
     const char *kb, *tables;
@@ -112,6 +111,7 @@ static void s_usage(FILE *out)
             "  --device auto|cpu|cuda --threads N --log-level LEVEL\n");
 }
 
+/* Parses the options into *o. Returns 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     *o = (s_opts_t){
@@ -119,9 +119,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .steps = 3000,
         .batch_labelled = 100,
         .batch_unlabelled = 128,
-        .n_hidden = 2,
-        .hidden = {256, 128},
-        .dropout = 0.2f,
+        .model = {.n_hidden = 2, .hidden = {256, 128}, .dropout = 0.2f},
         .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
         .cosine = true,
         .seed = 1,
@@ -134,124 +132,49 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .keep = 3,
         .device = "auto",
     };
-    enum {
-        O_DATA = 256, O_DATA_DIR, O_LPC, O_LSEED, O_TITEMS, O_VAL, O_STEPS, O_BL, O_BU, O_HIDDEN, O_DROPOUT, O_OPT,
-        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_AUGSHIFT, O_AUGFLIP, O_K, O_FROM, O_STALE, O_REFRESH, O_KB, O_TABLES, O_CKPT,
-        O_METRICS, O_CKEVERY, O_EVAL, O_KEEP, O_DEVICE, O_THREADS, O_LOG, O_HELP
+    const carls_arg_t args[] = {
+        carls_arg_string("data", &o->data),
+        carls_arg_string("data-dir", &o->data_dir),
+        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
+        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_int("train-items", &o->train_items, 0, 100000000),
+        carls_arg_int("validation", &o->validation, 0, 100000000),
+        carls_arg_int("steps", &o->steps, 1, 100000000),
+        carls_arg_int("batch-labelled", &o->batch_labelled, 1, 65536),
+        carls_arg_int("batch-unlabelled", &o->batch_unlabelled, 0, 65536),
+        carls_arg_custom("hidden", &o->model, trainer_arg_hidden),
+        carls_arg_float("dropout", &o->model.dropout, 0.0, 0.95),
+        carls_arg_custom("optimizer", &o->opt.kind, trainer_arg_optimizer),
+        carls_arg_float("lr", &o->opt.lr, 1e-9, 100.0),
+        carls_arg_float("weight-decay", &o->opt.weight_decay, 0.0, 10.0),
+        carls_arg_custom("schedule", &o->cosine, trainer_arg_schedule),
+        carls_arg_int("seed", &o->seed, 0, 2147483647),
+        carls_arg_float("alpha", &o->alpha, 0.0, 1e6),
+        carls_arg_float("beta", &o->beta, 0.0, 1e6),
+        carls_arg_float("conf-threshold", &o->conf_threshold, 0.0, 1.0),
+        carls_arg_int("rampup", &o->rampup, 0, 100000000),
+        carls_arg_int("augment-shift", &o->augment_shift, 0, 8),
+        carls_arg_float("augment-flip", &o->augment_flip, 0.0, 1.0),
+        carls_arg_int("neighbors", &o->K, 1, 1024),
+        carls_arg_choice("neighbors-from", &o->nbr_mode,
+                         (const char *const[]){"bank", "trainer", "none", NULL}), /* s_nbr_mode_t's order */
+        carls_arg_int("max-staleness", &o->max_staleness, 0, 2147483647),
+        carls_arg_int("neighbor-refresh", &o->nbr_refresh, 1, 100000000),
+        carls_arg_string("kb", &o->kb),
+        carls_arg_string("tables", &o->tables),
+        carls_arg_string("ckpt-dir", &o->ckpt_dir),
+        carls_arg_string("metrics", &o->metrics),
+        carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
+        carls_arg_int("eval-every", &o->eval_every, 1, 100000000),
+        carls_arg_int("keep", &o->keep, 1, 1000000),
+        carls_arg_string("device", &o->device),
+        carls_arg_int("threads", &o->threads, 1, 1024),
+        carls_arg_log_level(),
+        {0},
     };
-    static const struct option longopts[] = {
-        {"data", required_argument, NULL, O_DATA},
-        {"data-dir", required_argument, NULL, O_DATA_DIR},
-        {"labels-per-class", required_argument, NULL, O_LPC},
-        {"label-seed", required_argument, NULL, O_LSEED},
-        {"train-items", required_argument, NULL, O_TITEMS},
-        {"validation", required_argument, NULL, O_VAL},
-        {"steps", required_argument, NULL, O_STEPS},
-        {"batch-labelled", required_argument, NULL, O_BL},
-        {"batch-unlabelled", required_argument, NULL, O_BU},
-        {"hidden", required_argument, NULL, O_HIDDEN},
-        {"dropout", required_argument, NULL, O_DROPOUT},
-        {"optimizer", required_argument, NULL, O_OPT},
-        {"lr", required_argument, NULL, O_LR},
-        {"weight-decay", required_argument, NULL, O_WD},
-        {"schedule", required_argument, NULL, O_SCHED},
-        {"seed", required_argument, NULL, O_SEED},
-        {"alpha", required_argument, NULL, O_ALPHA},
-        {"beta", required_argument, NULL, O_BETA},
-        {"conf-threshold", required_argument, NULL, O_THR},
-        {"rampup", required_argument, NULL, O_RAMP},
-        {"augment-shift", required_argument, NULL, O_AUGSHIFT},
-        {"augment-flip", required_argument, NULL, O_AUGFLIP},
-        {"neighbors", required_argument, NULL, O_K},
-        {"neighbors-from", required_argument, NULL, O_FROM},
-        {"max-staleness", required_argument, NULL, O_STALE},
-        {"neighbor-refresh", required_argument, NULL, O_REFRESH},
-        {"kb", required_argument, NULL, O_KB},
-        {"tables", required_argument, NULL, O_TABLES},
-        {"ckpt-dir", required_argument, NULL, O_CKPT},
-        {"metrics", required_argument, NULL, O_METRICS},
-        {"ckpt-every", required_argument, NULL, O_CKEVERY},
-        {"eval-every", required_argument, NULL, O_EVAL},
-        {"keep", required_argument, NULL, O_KEEP},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_DATA: o->data = optarg; break;
-        case O_DATA_DIR: o->data_dir = optarg; break;
-        case O_LPC: bad = trainer_parse_int("labels-per-class", optarg, 1, 6000, &o->labels_per_class); break;
-        case O_LSEED: bad = trainer_parse_int("label-seed", optarg, 0, 2147483647, &o->label_seed); break;
-        case O_TITEMS: bad = trainer_parse_int("train-items", optarg, 0, 100000000, &o->train_items); break;
-        case O_VAL: bad = trainer_parse_int("validation", optarg, 0, 100000000, &o->validation); break;
-        case O_STEPS: bad = trainer_parse_int("steps", optarg, 1, 100000000, &o->steps); break;
-        case O_BL: bad = trainer_parse_int("batch-labelled", optarg, 1, 65536, &o->batch_labelled); break;
-        case O_BU: bad = trainer_parse_int("batch-unlabelled", optarg, 0, 65536, &o->batch_unlabelled); break;
-        case O_HIDDEN:
-            o->n_hidden = trainer_parse_widths(optarg, o->hidden, NN_MLP_MAX_HIDDEN);
-            if (o->n_hidden < 1) {
-                fprintf(stderr, "trainer: --hidden: '%s' is not a list of widths like 256,128\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_DROPOUT: bad = trainer_parse_float("dropout", optarg, 0.0, 0.95, &o->dropout); break;
-        case O_OPT: {
-            bool adam = true;
-            bad = trainer_parse_choice("optimizer", optarg, "adam", "sgd", &adam);
-            o->opt.kind = adam ? NN_OPT_ADAM : NN_OPT_SGD;
-            break;
-        }
-        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->opt.lr); break;
-        case O_WD: bad = trainer_parse_float("weight-decay", optarg, 0.0, 10.0, &o->opt.weight_decay); break;
-        case O_SCHED: bad = trainer_parse_choice("schedule", optarg, "cosine", "constant", &o->cosine); break;
-        case O_SEED: bad = trainer_parse_int("seed", optarg, 0, 2147483647, &o->seed); break;
-        case O_ALPHA: bad = trainer_parse_float("alpha", optarg, 0.0, 1e6, &o->alpha); break;
-        case O_BETA: bad = trainer_parse_float("beta", optarg, 0.0, 1e6, &o->beta); break;
-        case O_THR: bad = trainer_parse_float("conf-threshold", optarg, 0.0, 1.0, &o->conf_threshold); break;
-        case O_RAMP: bad = trainer_parse_int("rampup", optarg, 0, 100000000, &o->rampup); break;
-        case O_AUGSHIFT: bad = trainer_parse_int("augment-shift", optarg, 0, 8, &o->augment_shift); break;
-        case O_AUGFLIP: bad = trainer_parse_float("augment-flip", optarg, 0.0, 1.0, &o->augment_flip); break;
-        case O_K: bad = trainer_parse_int("neighbors", optarg, 1, 1024, &o->K); break;
-        case O_FROM:
-            if (strcmp(optarg, "bank") == 0) {
-                o->nbr_mode = S_NBR_BANK;
-            } else if (strcmp(optarg, "trainer") == 0) {
-                o->nbr_mode = S_NBR_TRAINER;
-            } else if (strcmp(optarg, "none") == 0) {
-                o->nbr_mode = S_NBR_NONE;
-            } else {
-                fprintf(stderr, "trainer: --neighbors-from: '%s' is not bank, trainer or none\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_STALE: bad = trainer_parse_int("max-staleness", optarg, 0, 2147483647, &o->max_staleness); break;
-        case O_REFRESH: bad = trainer_parse_int("neighbor-refresh", optarg, 1, 100000000, &o->nbr_refresh); break;
-        case O_KB: o->kb = optarg; break;
-        case O_TABLES: o->tables = optarg; break;
-        case O_CKPT: o->ckpt_dir = optarg; break;
-        case O_METRICS: o->metrics = optarg; break;
-        case O_CKEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
-        case O_EVAL: bad = trainer_parse_int("eval-every", optarg, 1, 100000000, &o->eval_every); break;
-        case O_KEEP: bad = trainer_parse_int("keep", optarg, 1, 1000000, &o->keep); break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_THREADS: bad = trainer_parse_int("threads", optarg, 1, 1024, &o->threads); break;
-        case O_LOG: bad = carls_log_level_option("trainer graphreg", optarg); break;
-        case O_HELP: s_usage(stdout); return 1;
-        default: s_usage(stderr); return -1;
-        }
-        if (bad) {
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "trainer graphreg: unexpected argument '%s'\n", argv[optind]);
-        return -1;
+    const int rc = carls_args_parse("trainer graphreg", argc, argv, args, s_usage);
+    if (rc != 0) {
+        return rc;
     }
     if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
         fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
@@ -266,39 +189,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if (o->opt.lr < 0.0f) {
         o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
-    return 0;
-}
-
-static void s_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
-                       int32_t *ybuf, double *loss, double *acc)
-{
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-    for (int off = 0; off < n; off += m->max_batch) {
-        int b = n - off < m->max_batch ? n - off : m->max_batch;
-        carls_image_set_batch(set, which + off, b, xbuf, ybuf);
-        nn_mlp_set_batch(m, xbuf, ybuf, b);
-        loss_sum += (double)nn_mlp_forward(m, b, false, 0) * b;
-        correct += nn_mlp_correct(m, b, NULL);
-    }
-    *loss = loss_sum / n;
-    *acc = (double)correct / n;
-}
-
-static int s_checkpoint(nn_mlp_t *m, const s_opts_t *o, uint64_t step)
-{
-    carls_ckpt_t *c = NULL;
-    char err[1024], path[4096];
-    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0 ||
-        carls_ckpt_save_to_dir(c, o->ckpt_dir, path, sizeof path, err, sizeof err) != 0) {
-        LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
-        carls_ckpt_destroy(&c);
-        return -1;
-    }
-    carls_ckpt_destroy(&c);
-    if (carls_ckpt_prune(o->ckpt_dir, o->keep, err, sizeof err) < 0) {
-        LOG_WARN("pruning %s: %s", o->ckpt_dir, err);
     }
     return 0;
 }
@@ -483,31 +373,23 @@ static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     char err[2048];
-    nn_mlp_config_t cfg = {.in_dim = r->ds.train.dim, .n_hidden = o->n_hidden, .num_classes = CARLS_FMNIST_CLASSES,
-                           .dropout = o->dropout};
-    memcpy(cfg.hidden, o->hidden, sizeof cfg.hidden);
+    nn_mlp_config_t cfg = o->model;
+    cfg.in_dim = r->ds.train.dim;
+    cfg.num_classes = CARLS_FMNIST_CLASSES;
     r->E = cfg.hidden[cfg.n_hidden - 1];
     r->max_batch = r->B > 500 ? r->B : 500;
     if (nn_mlp_new(&cfg, r->device, r->max_batch, (uint64_t)o->seed, &r->m, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: model: %s\n", err);
         return -1;
     }
-    if (trainer_mkdirs(o->ckpt_dir) != 0) {
-        fprintf(stderr, "trainer: cannot create %s: %s\n", o->ckpt_dir, strerror(errno));
-        return -1;
-    }
-    snprintf(r->metrics_path, sizeof r->metrics_path, "%s", o->metrics ? o->metrics : "");
-    if (!o->metrics) {
-        snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.csv", o->ckpt_dir);
-    }
-    if (trainer_metrics_open(&r->metrics, r->metrics_path,
-                             r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
-                                        "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                        "elapsed_s,bank_skipped"
-                                      : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
-                                        "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                        "elapsed_s,bank_skipped") != 0) {
-        fprintf(stderr, "trainer: cannot write metrics to %s\n", r->metrics_path);
+    const char *header = r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
+                                    "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                    "elapsed_s,bank_skipped"
+                                  : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
+                                    "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                    "elapsed_s,bank_skipped";
+    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path,
+                             &r->metrics) != 0) {
         return -1;
     }
     r->use_graph = o->nbr_mode != S_NBR_NONE;
@@ -735,10 +617,10 @@ static void s_end_window(s_run_t *r, int done)
     const s_opts_t *o = r->o;
     r->m->ops->synchronize();
     if (r->n_val) {
-        s_evaluate(r->m, &r->ds.train, r->val, r->n_val, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
+        trainer_mlp_evaluate(r->m, &r->ds.train, r->val, r->n_val, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
     } else {
         carls_iota_u32(r->eval_idx, (size_t)r->ds.test.n);
-        s_evaluate(r->m, &r->ds.test, r->eval_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
+        trainer_mlp_evaluate(r->m, &r->ds.test, r->eval_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
     }
     s_window_t *w = &r->win;
     const double ws = (double)w->steps;
@@ -787,7 +669,7 @@ static void s_end_window(s_run_t *r, int done)
 static int s_train(s_run_t *r)
 {
     const s_opts_t *o = r->o;
-    if (s_checkpoint(r->m, o, 0) != 0) {
+    if (trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, 0) != 0) {
         return -1;
     }
     r->t_start = carls_monotonic_us();
@@ -796,7 +678,7 @@ static int s_train(s_run_t *r)
             return -1;
         }
         const int done = step + 1;
-        if ((done % o->ckpt_every == 0 || done == o->steps) && s_checkpoint(r->m, o, (uint64_t)done) != 0) {
+        if ((done % o->ckpt_every == 0 || done == o->steps) && trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
             return -1;
         }
         if (done % o->eval_every == 0 || done == o->steps) {
