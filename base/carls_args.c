@@ -83,6 +83,14 @@ static int s_store(const char *prog, const carls_arg_t *a, const char *text)
         return 0;
     case CARLS_ARG_CHOICE:
         return carls_args_choice_value(prog, a->name, text, a->choices, a->out);
+    case CARLS_ARG_EITHER: {
+        int which = 0;
+        if (carls_args_choice_value(prog, a->name, text, a->choices, &which) != 0) {
+            return -1;
+        }
+        *(bool *)a->out = which == 0;
+        return 0;
+    }
     case CARLS_ARG_LOG_LEVEL:
         return carls_log_level_option(prog, text);
     case CARLS_ARG_CUSTOM:

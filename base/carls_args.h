@@ -12,6 +12,7 @@
  *       carls_arg_int("steps", &o->steps, 1, 100000000),
  *       carls_arg_string("ckpt-dir", &o->ckpt_dir),
  *       carls_arg_choice("neighbors-from", &o->nbr_mode, (const char *const[]){"bank", "trainer", NULL}),
+ *       carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
  *       carls_arg_log_level(),
  *       {0},
  *   };
@@ -32,6 +33,7 @@ typedef enum {
     CARLS_ARG_BOOL01,    /* bool *out: 0 or 1 */
     CARLS_ARG_SET,       /* no value: bool *out set to true */
     CARLS_ARG_CHOICE,    /* int *out: the index of the text in choices */
+    CARLS_ARG_EITHER,    /* bool *out: true for the first of the two choices, false for the second */
     CARLS_ARG_LOG_LEVEL, /* no out: sets the log level (log.h: debug, info, warn, error or off) */
     CARLS_ARG_CUSTOM,    /* parse(prog, name, text, out) checks and stores the value */
 } carls_arg_kind_t;
@@ -87,6 +89,10 @@ static inline carls_arg_t carls_arg_set(const char *name, bool *out)
 static inline carls_arg_t carls_arg_choice(const char *name, int *out, const char *const *choices)
 {
     return (carls_arg_t){.name = name, .kind = CARLS_ARG_CHOICE, .out = out, .choices = choices};
+}
+static inline carls_arg_t carls_arg_either(const char *name, bool *out, const char *const *two_choices)
+{
+    return (carls_arg_t){.name = name, .kind = CARLS_ARG_EITHER, .out = out, .choices = two_choices};
 }
 static inline carls_arg_t carls_arg_log_level(void)
 {

@@ -715,6 +715,20 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
 
+/* The rest of the result line: each of the trainer's values named in show (NULL-terminated) that it printed,
+ * then the run's fault counts and wall time. */
+static void s_print_result_line(const s_run_t *r, const carls_result_t *res, const char *const *show, double wall)
+{
+    for (int i = 0; show[i]; i++) {
+        const double *x = carls_result_get(res, show[i]);
+        if (x) {
+            printf("%s=%.6g ", show[i], *x);
+        }
+    }
+    printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
+           r->maker_restarts, wall);
+}
+
 /* Prints the two-tower run's result line; returns the launcher's status. */
 static int s_twotower_result(const s_run_t *r, const carls_result_t *res, int plotted, double wall)
 {
@@ -728,14 +742,7 @@ static int s_twotower_result(const s_run_t *r, const carls_result_t *res, int pl
     }
     printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", r->dir, r->metrics,
            plotted ? ", plots: loss.png staleness.png" : "", r->ptab_path);
-    for (int i = 0; show[i]; i++) {
-        const double *x = carls_result_get(res, show[i]);
-        if (x) {
-            printf("%s=%.6g ", show[i], *x);
-        }
-    }
-    printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
-           r->maker_restarts, wall);
+    s_print_result_line(r, res, show, wall);
     return 0;
 }
 
@@ -1122,15 +1129,8 @@ static int s_graphreg_result(const s_run_t *r, const carls_result_t *res, int pl
            plotted ? ", plots: accuracy.png staleness.png" : "", r->ptab_path);
     const char *show[] = {"steps_per_s", "wait_ms_per_step", "neighbors_used", "neighbors_stale",
                           "neighbors_missing", "bank_fetches_skipped", NULL};
-    printf("%s=%.4f", acc, *v);
-    for (int i = 0; show[i]; i++) {
-        const double *x = carls_result_get(res, show[i]);
-        if (x) {
-            printf(" %s=%.6g", show[i], *x);
-        }
-    }
-    printf(" bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
-           r->maker_restarts, wall);
+    printf("%s=%.4f ", acc, *v);
+    s_print_result_line(r, res, show, wall);
     return 0;
 }
 

@@ -147,7 +147,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_custom("optimizer", &o->opt.kind, trainer_arg_optimizer),
         carls_arg_float("lr", &o->opt.lr, 1e-9, 100.0),
         carls_arg_float("weight-decay", &o->opt.weight_decay, 0.0, 10.0),
-        carls_arg_custom("schedule", &o->cosine, trainer_arg_schedule),
+        carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
         carls_arg_int("seed", &o->seed, 0, 2147483647),
         carls_arg_float("alpha", &o->alpha, 0.0, 1e6),
         carls_arg_float("beta", &o->beta, 0.0, 1e6),
@@ -620,7 +620,8 @@ static void s_end_window(s_run_t *r, int done)
         trainer_mlp_evaluate(r->m, &r->ds.train, r->val, r->n_val, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
     } else {
         carls_iota_u32(r->eval_idx, (size_t)r->ds.test.n);
-        trainer_mlp_evaluate(r->m, &r->ds.test, r->eval_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
+        trainer_mlp_evaluate(r->m, &r->ds.test, r->eval_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->last_loss,
+                             &r->last_acc);
     }
     s_window_t *w = &r->win;
     const double ws = (double)w->steps;
@@ -678,7 +679,8 @@ static int s_train(s_run_t *r)
             return -1;
         }
         const int done = step + 1;
-        if ((done % o->ckpt_every == 0 || done == o->steps) && trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
+        if ((done % o->ckpt_every == 0 || done == o->steps) &&
+            trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
             return -1;
         }
         if (done % o->eval_every == 0 || done == o->steps) {

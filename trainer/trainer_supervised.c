@@ -102,7 +102,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_float("lr", &o->opt.lr, 1e-9, 100.0),
         carls_arg_float("momentum", &o->opt.momentum, 0.0, 0.999),
         carls_arg_float("weight-decay", &o->opt.weight_decay, 0.0, 10.0),
-        carls_arg_custom("schedule", &o->cosine, trainer_arg_schedule),
+        carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
         carls_arg_int("seed", &o->seed, 0, 2147483647),
         carls_arg_int("eval-every", &o->eval_every, 1, 1000000),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),

@@ -91,16 +91,6 @@ int trainer_arg_optimizer(const char *prog, const char *name, const char *text, 
     return 0;
 }
 
-int trainer_arg_schedule(const char *prog, const char *name, const char *text, void *out)
-{
-    int which = 0;
-    if (carls_args_choice_value(prog, name, text, (const char *const[]){"cosine", "constant", NULL}, &which) != 0) {
-        return -1;
-    }
-    *(bool *)out = which == 0;
-    return 0;
-}
-
 int trainer_setup_threads(int requested)
 {
     int n = requested > 0 ? requested : TRAINER_DEFAULT_THREADS;

@@ -28,12 +28,10 @@ int trainer_parse_flag(const char *name, const char *text, bool *out);
 int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first);
 
 /* Custom values for carls_args_t option tables (carls_args.h), shared by the subcommands:
- * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set; */
+ * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set. */
 int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out);
-/* --optimizer adam|sgd: out is an nn_opt_kind_t; */
+/* --optimizer adam|sgd: out is an nn_opt_kind_t. */
 int trainer_arg_optimizer(const char *prog, const char *name, const char *text, void *out);
-/* --schedule cosine|constant: out is a bool, true for cosine. */
-int trainer_arg_schedule(const char *prog, const char *name, const char *text, void *out);
 
 /* Sets OpenBLAS threads: requested when > 0, else TRAINER_DEFAULT_THREADS. Logs and returns the number.
  *
