@@ -62,6 +62,23 @@ static void s_arg(s_argv_t *a, const char *fmt, ...)
     a->ptr[a->n] = NULL;
 }
 
+/* Appends every string of the NULL-terminated list. */
+static void s_arg_list(s_argv_t *a, const char *const *list)
+{
+    for (int k = 0; list[k]; k++) {
+        s_arg(a, "%s", list[k]);
+    }
+}
+
+/* Appends flag and value when value is not empty (an optional setting left out of the configuration). */
+static void s_arg_if_set(s_argv_t *a, const char *flag, const char *value)
+{
+    if (*value) {
+        s_arg(a, "%s", flag);
+        s_arg(a, "%s", value);
+    }
+}
+
 /* Follows a log file and prints its new lines that contain one of the needles. */
 typedef struct {
     char path[4200];
@@ -288,23 +305,13 @@ static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
 static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *task, int worker,
                          int workers)
 {
+    char worker_text[32], items[32];
+    s_fmt(worker_text, sizeof worker_text, "%d/%d", worker, workers);
+    s_fmt(items, sizeof items, "%d", (int)c->items);
     s_arg(a, "%s/kb-maker", c->bin);
-    s_arg(a, "--kb");
-    s_arg(a, "%s", endpoint);
-    s_arg(a, "--task");
-    s_arg(a, "%s", task);
-    s_arg(a, "--worker");
-    s_arg(a, "%d/%d", worker, workers);
-    s_arg(a, "--tables");
-    s_arg(a, "%s", c->tables);
-    s_arg(a, "--items");
-    s_arg(a, "%d", (int)c->items);
-    s_arg(a, "--device");
-    s_arg(a, "%s", c->maker_device);
-    if (*c->data_dir) {
-        s_arg(a, "--data-dir");
-        s_arg(a, "%s", c->data_dir);
-    }
+    s_arg_list(a, (const char *const[]){"--kb", endpoint, "--task", task, "--worker", worker_text, "--tables",
+                                        c->tables, "--items", items, "--device", c->maker_device, NULL});
+    s_arg_if_set(a, "--data-dir", c->data_dir);
     s_maker_timeout_arg(a, c);
 }
 
@@ -638,13 +645,8 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
                             const char *metrics)
 {
-    s_arg(a, "graphreg");
-    s_arg(a, "--data");
-    s_arg(a, "fashion-mnist");
-    if (*c->data_dir) {
-        s_arg(a, "--data-dir");
-        s_arg(a, "%s", c->data_dir);
-    }
+    s_arg_list(a, (const char *const[]){"graphreg", "--data", "fashion-mnist", NULL});
+    s_arg_if_set(a, "--data-dir", c->data_dir);
     if (graph_needed) {
         s_arg(a, "--kb");
         s_arg(a, "%s", endpoint);
@@ -663,18 +665,9 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
-    s_arg(a, "--hidden");
-    s_arg(a, "%s", c->hidden);
-    s_arg(a, "--neighbors-from");
-    s_arg(a, "%s", c->neighbors_from);
-    s_arg(a, "--tables");
-    s_arg(a, "%s", c->tables);
-    s_arg(a, "--ckpt-dir");
-    s_arg(a, "%s", ckpt);
-    s_arg(a, "--metrics");
-    s_arg(a, "%s", metrics);
-    s_arg(a, "--device");
-    s_arg(a, "%s", c->trainer_device);
+    s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--neighbors-from", c->neighbors_from, "--tables",
+                                        c->tables, "--ckpt-dir", ckpt, "--metrics", metrics, "--device",
+                                        c->trainer_device, NULL});
 }
 
 /* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
@@ -686,17 +679,9 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
-    for (int k = 0; fixed[k]; k++) {
-        s_arg(a, "%s", fixed[k]);
-    }
-    if (*c->gcide_index) {
-        s_arg(a, "--index");
-        s_arg(a, "%s", c->gcide_index);
-    }
-    if (*c->gcide_dict) {
-        s_arg(a, "--dict");
-        s_arg(a, "%s", c->gcide_dict);
-    }
+    s_arg_list(a, fixed);
+    s_arg_if_set(a, "--index", c->gcide_index);
+    s_arg_if_set(a, "--dict", c->gcide_dict);
     const s_num_arg_t nums[] = {
         {"--holdout-seed", c->holdout_seed, 1}, {"--holdout-count", c->holdout_count, 1},
         {"--dim", c->dim, 1},                   {"--out-dim", c->out_dim, 1},
@@ -843,9 +828,7 @@ static int s_start_bank(s_run_t *r)
     s_arg(a, "tcp://127.0.0.1:*");
     const char *const flags[] = {"--endpoint-file", r->epfile, "--data", r->kbdir, "--durability", c->kb_durability,
                                  NULL};
-    for (int k = 0; flags[k]; k++) {
-        s_arg(a, "%s", flags[k]);
-    }
+    s_arg_list(a, flags);
     s_arg(a, "--threads");
     s_arg(a, "%d", (int)c->kb_threads);
     s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", r->logs);
@@ -927,20 +910,12 @@ static int s_start_words_maker(s_run_t *r, int i, int n)
     s_arg(&a, "%s/kb-maker", c->bin);
     const char *const fixed[] = {"--kb", r->endpoint, "--task", "words", "--tables", c->tables, "--ckpt-dir", r->ckpt,
                                  NULL};
-    for (int k = 0; fixed[k]; k++) {
-        s_arg(&a, "%s", fixed[k]);
-    }
+    s_arg_list(&a, fixed);
     s_arg(&a, "--worker");
     s_arg(&a, "%d/%d", i, n);
     s_maker_timeout_arg(&a, c);
-    if (*c->gcide_index) {
-        s_arg(&a, "--gcide-index");
-        s_arg(&a, "%s", c->gcide_index);
-    }
-    if (*c->gcide_dict) {
-        s_arg(&a, "--gcide-dict");
-        s_arg(&a, "%s", c->gcide_dict);
-    }
+    s_arg_if_set(&a, "--gcide-index", c->gcide_index);
+    s_arg_if_set(&a, "--gcide-dict", c->gcide_dict);
     return s_fleet_start_worker(r, "words", i, n, &a);
 }
 
@@ -980,12 +955,9 @@ static int s_start_fleet(s_run_t *r)
     for (int i = 0; c->graph_refresh > 0 && r->bank_emb && i < n; i++) {
         s_argv_t a = {0};
         s_maker_args(&a, c, r->endpoint, "graph", i, n);
-        s_arg(&a, "--source");
-        s_arg(&a, "emb");
-        s_arg(&a, "--k");
-        s_arg(&a, "%d", (int)c->graph_k);
-        s_arg(&a, "--ckpt-dir");
-        s_arg(&a, "%s", r->ckpt);
+        char k[32];
+        s_fmt(k, sizeof k, "%d", (int)c->graph_k);
+        s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
         if (s_fleet_start_worker(r, "graph", i, n, &a) != 0) {
             return -1;
         }
