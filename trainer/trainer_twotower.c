@@ -412,15 +412,11 @@ typedef struct {
     uint64_t staleness_n;
 } s_run_t;
 
-static void s_alloc(s_run_t *r)
+/* The two heads' parameters, gradients and Adam moments in one allocation each, initialised. */
+static void s_init_heads(s_run_t *r)
 {
     const s_opts_t *o = &r->o;
-    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch;
-    size_t Hmax = (size_t)o->hard_queries * (size_t)o->hard_k;
-    size_t M = (size_t)o->negatives + Hmax; /* uniform then hard negatives */
-    r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
-    r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
-    r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
+    const size_t E = (size_t)o->E, D = (size_t)o->D;
     size_t H = (size_t)o->H, per_head = D * E + D + H * E + H + D * H;
     r->n_params = 2 * per_head;
     r->params = carls_xcalloc(r->n_params, sizeof(float));
@@ -452,6 +448,18 @@ static void s_alloc(s_run_t *r)
         Uq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
     for (size_t i = 0; i < H * E; i++)
         Uw[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+}
+
+static void s_alloc(s_run_t *r)
+{
+    const s_opts_t *o = &r->o;
+    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch, H = (size_t)o->H;
+    size_t Hmax = (size_t)o->hard_queries * (size_t)o->hard_k;
+    size_t M = (size_t)o->negatives + Hmax; /* uniform then hard negatives */
+    r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
+    s_init_heads(r);
     const size_t Bq = B;
     B += o->hard_fresh ? Hmax : 0; /* word-tower items: the batch's headwords, then fresh hard negatives */
     size_t L = Bq * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
@@ -1195,6 +1203,118 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     return rc;
 }
 
+/* --eval-vectors FILE: scores saved vectors on this hold-out, no training. Returns the exit status. */
+static int s_eval_saved(const s_run_t *r)
+{
+    tt_eval_in_t ev = {
+        .g = r->g,
+        .word = {.E = r->o.E, .D = r->o.D},
+        .fuse_tfidf = r->o.fuse_tfidf,
+        .lexical = r->o.lexical,
+        .fuse_sweep = r->o.fuse_sweep,
+        .n_sweep = r->o.n_sweep,
+        .summary = "eval_vectors=1",
+    };
+    return tt_evaluate_saved(&ev, r->o.eval_vectors) == 0 ? 0 : 1;
+}
+
+/* With --ckpt-dir: creates it and writes the hold-out there, since word makers pooling definitions must
+ * leave out exactly the senses this trainer holds out. Returns 0 or -1 (reported). */
+static int s_prepare_ckpt_dir(const s_run_t *r)
+{
+    if (!r->o.ckpt_dir) {
+        return 0;
+    }
+    if (trainer_mkdirs(r->o.ckpt_dir) != 0) {
+        fprintf(stderr, "trainer: cannot create %s\n", r->o.ckpt_dir);
+        return -1;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", r->o.ckpt_dir, TT_HOLDOUT_FILE);
+    if (data_gcide_holdout_write(r->g, path) != 0) {
+        fprintf(stderr, "trainer: cannot write %s\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* The training half of the result line: steps, bank negatives (staleness, drift, shift), hard negatives. */
+static void s_train_summary(const s_run_t *r, uint64_t steps, double sps, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
+             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
+             "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f "
+             "hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
+             (unsigned long long)steps, sps, r->o.negatives, r->staleness_n ? r->staleness_sum / r->staleness_n : 0.0,
+             (unsigned long long)r->neg_unavailable, r->drift_n ? r->drift_x_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_x_norm / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_v_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_xc_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_vs_cos / (double)r->drift_n : NAN,
+             r->shift_n ? r->shift_ratio_sum / (double)r->shift_n : 0.0, (unsigned long long)r->shift_skipped,
+             r->stale_pos_of ? (double)r->stale_pos_n / (double)r->stale_pos_of : 0.0, r->o.hard_queries,
+             r->o.hard_k, r->hard_fetches ? r->hard_n_sum / (double)r->hard_fetches : 0.0,
+             r->hard_n_sum > 0 && r->hard_fetches > r->hard_unavailable
+                 ? r->hard_staleness_sum / (double)(r->hard_fetches - r->hard_unavailable)
+                 : 0.0,
+             (unsigned long long)r->hard_unavailable);
+}
+
+/* Evaluates the trained towers on the hold-out (tt_evaluate) and prints the result line. Returns 0 or -1. */
+static int s_evaluate_trained(s_run_t *r, uint64_t steps, double sps)
+{
+    char summary[2048];
+    s_train_summary(r, steps, sps, summary, sizeof summary);
+    tt_eval_in_t ev = {
+        .kb = r->kb,
+        .names = &r->names,
+        .g = r->g,
+        .idf = &r->idf,
+        .query = r->hq,
+        .word = r->hw,
+        .step = steps,
+        .vectors_from_trainer = r->o.vectors_from_trainer,
+        .wait_fresh_s = r->o.wait_fresh_s,
+        .fuse_tfidf = r->o.fuse_tfidf,
+        .lexical = r->o.lexical,
+        .save_vectors = r->o.save_vectors,
+        .fuse_sweep = r->o.fuse_sweep,
+        .n_sweep = r->o.n_sweep,
+        .knn_check = r->o.knn_check,
+        .summary = summary,
+    };
+    return tt_evaluate(&ev) == 0 ? 0 : -1;
+}
+
+/* Load, (evaluate saved vectors and stop, or) set up the bank's tables, train, checkpoint, evaluate. */
+static int s_run(s_run_t *r)
+{
+    if (s_load_data(r) != 0)
+        return 1;
+    if (r->o.eval_vectors)
+        return s_eval_saved(r);
+    if (r->n_train < (size_t)r->o.batch) {
+        fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r->n_train, r->o.batch);
+        return 1;
+    }
+    if (s_prepare_ckpt_dir(r) != 0)
+        return 1;
+    kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
+    r->kb = kb_cluster_new(r->o.kb, &copts);
+    if (!r->kb || s_create_tables(r->kb, &r->names, &r->o) != 0)
+        return 1;
+    s_alloc(r);
+    uint64_t steps = 0;
+    double sps = 0;
+    if (s_train(r, &steps, &sps) != 0)
+        return 1;
+    LOG_INFO("trainer: trained %llu steps, %.2f steps/s", (unsigned long long)steps, sps);
+    if (r->o.ckpt_dir && s_save_ckpt(r, steps) != 0)
+        return 1;
+    return s_evaluate_trained(r, steps, sps) == 0 ? 0 : 1;
+}
+
 int trainer_twotower_main(int argc, char **argv)
 {
     s_run_t r = {0};
@@ -1207,90 +1327,7 @@ int trainer_twotower_main(int argc, char **argv)
     }
     trainer_setup_threads(0);
     r.rng = r.o.seed * 0x9E3779B97F4A7C15ull + 7;
-    int status = 1;
-    if (s_load_data(&r) != 0)
-        goto out;
-    if (r.o.eval_vectors) {
-        tt_eval_in_t ev = {
-            .g = r.g,
-            .word = {.E = r.o.E, .D = r.o.D},
-            .fuse_tfidf = r.o.fuse_tfidf,
-            .lexical = r.o.lexical,
-            .fuse_sweep = r.o.fuse_sweep,
-            .n_sweep = r.o.n_sweep,
-            .summary = "eval_vectors=1",
-        };
-        status = tt_evaluate_saved(&ev, r.o.eval_vectors) == 0 ? 0 : 1;
-        goto out;
-    }
-    if (r.n_train < (size_t)r.o.batch) {
-        fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r.n_train, r.o.batch);
-        goto out;
-    }
-    if (r.o.ckpt_dir && trainer_mkdirs(r.o.ckpt_dir) != 0) {
-        fprintf(stderr, "trainer: cannot create %s\n", r.o.ckpt_dir);
-        goto out;
-    }
-    if (r.o.ckpt_dir) {
-        /* Word makers pooling definitions must leave out exactly the senses this trainer holds out. */
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", r.o.ckpt_dir, TT_HOLDOUT_FILE);
-        if (data_gcide_holdout_write(r.g, path) != 0) {
-            fprintf(stderr, "trainer: cannot write %s\n", path);
-            goto out;
-        }
-    }
-    kb_client_options_t copts = {.timeout_ms = r.o.timeout_ms, .retries = r.o.retries};
-    r.kb = kb_cluster_new(r.o.kb, &copts);
-    if (!r.kb || s_create_tables(r.kb, &r.names, &r.o) != 0)
-        goto out;
-    s_alloc(&r);
-    uint64_t steps = 0;
-    double sps = 0;
-    if (s_train(&r, &steps, &sps) != 0)
-        goto out;
-    LOG_INFO("trainer: trained %llu steps, %.2f steps/s", (unsigned long long)steps, sps);
-    if (r.o.ckpt_dir && s_save_ckpt(&r, steps) != 0)
-        goto out;
-    tt_eval_in_t ev = {
-        .kb = r.kb,
-        .names = &r.names,
-        .g = r.g,
-        .idf = &r.idf,
-        .query = r.hq,
-        .word = r.hw,
-        .step = steps,
-        .vectors_from_trainer = r.o.vectors_from_trainer,
-        .wait_fresh_s = r.o.wait_fresh_s,
-        .fuse_tfidf = r.o.fuse_tfidf,
-        .lexical = r.o.lexical,
-        .save_vectors = r.o.save_vectors,
-        .fuse_sweep = r.o.fuse_sweep,
-        .n_sweep = r.o.n_sweep,
-        .knn_check = r.o.knn_check,
-    };
-    char summary[2048];
-    snprintf(summary, sizeof summary,
-             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
-             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
-             "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
-             (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
-             (unsigned long long)r.neg_unavailable, r.drift_n ? r.drift_x_cos / (double)r.drift_n : NAN,
-             r.drift_n ? r.drift_x_norm / (double)r.drift_n : NAN, r.drift_n ? r.drift_v_cos / (double)r.drift_n : NAN,
-             r.drift_n ? r.drift_xc_cos / (double)r.drift_n : NAN, r.drift_n ? r.drift_vs_cos / (double)r.drift_n : NAN,
-             r.shift_n ? r.shift_ratio_sum / (double)r.shift_n : 0.0, (unsigned long long)r.shift_skipped,
-             r.stale_pos_of ? (double)r.stale_pos_n / (double)r.stale_pos_of : 0.0,
-             r.o.hard_queries, r.o.hard_k,
-             r.hard_fetches ? r.hard_n_sum / (double)r.hard_fetches : 0.0,
-             r.hard_n_sum > 0 && r.hard_fetches > r.hard_unavailable
-                 ? r.hard_staleness_sum / (double)(r.hard_fetches - r.hard_unavailable)
-                 : 0.0,
-             (unsigned long long)r.hard_unavailable);
-    ev.summary = summary;
-    if (tt_evaluate(&ev) != 0)
-        goto out;
-    status = 0;
-out:
+    int status = s_run(&r);
     s_free(&r);
     return status;
 }
