@@ -511,6 +511,49 @@ static int s_supervise(s_run_t *r)
     return 0;
 }
 
+/* One-shot maker p (processes.tsv row *row, argv a, log file log) has ended: finished, restarted when a
+ * signal killed it (within max_maker_restarts, while the phase has not failed: *rc == 0), else failed
+ * (*rc = -1). Returns whether it runs again. */
+static bool s_once_ended(s_run_t *r, carls_proc_t *p, int *row, const s_argv_t *a, const char *log, int *rc)
+{
+    const int max = (int)r->c->max_maker_restarts;
+    char how[96];
+    carls_proc_describe(p, how, sizeof how);
+    if (p->status == 0) {
+        carls_ptab_ended(&r->ptab, *row, p, "finished");
+        return false;
+    }
+    if (p->signal && !s_interrupted && *rc == 0 && r->maker_restarts < max) {
+        r->maker_deaths++;
+        r->maker_restarts++;
+        LOG_WARN("%s %s; restarting it (%d/%d)", p->name, how, r->maker_restarts, max);
+        const carls_proc_t dead = *p;
+        char name[64], note[128];
+        s_fmt(name, sizeof name, "%s", dead.name);
+        if (carls_proc_start(p, name, a->ptr, log, log) != 0) {
+            *p = dead;
+            carls_ptab_ended(&r->ptab, *row, &dead, "died: the restart failed");
+            *rc = -1;
+            return false;
+        }
+        s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p->started_pid, r->maker_restarts, max);
+        carls_ptab_ended(&r->ptab, *row, &dead, note);
+        *row = carls_ptab_started(&r->ptab, "maker", p, "one-shot, restarted");
+        s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how,
+                (int)p->started_pid, r->maker_restarts, max);
+        return true;
+    }
+    if (p->signal && !s_interrupted) {
+        r->maker_deaths++;
+    }
+    if (!s_interrupted) {
+        LOG_ERROR("%s %s (see %s)", p->name, how, log);
+    }
+    carls_ptab_ended(&r->ptab, *row, p, s_interrupted ? "stopped by the launcher" : "failed");
+    *rc = -1;
+    return false;
+}
+
 /* Runs a fleet of `n` one-shot makers to completion, supervising the bank meanwhile. A maker killed by a
  * signal is started again (within max_maker_restarts); one that fails on its own fails the phase. Returns 0,
  * or -1 when one failed, the bank is gone or we were stopped. */
@@ -547,40 +590,7 @@ static int s_fleet_once(s_run_t *r, const char *label, const char *task, int n, 
                 running = running || p[i].running;
                 continue;
             }
-            char how[96];
-            carls_proc_describe(&p[i], how, sizeof how);
-            if (p[i].status == 0) {
-                carls_ptab_ended(&r->ptab, row[i], &p[i], "finished");
-            } else if (p[i].signal && !s_interrupted && rc == 0 && r->maker_restarts < (int)c->max_maker_restarts) {
-                r->maker_deaths++;
-                r->maker_restarts++;
-                LOG_WARN("%s %s; restarting it (%d/%d)", p[i].name, how, r->maker_restarts, (int)c->max_maker_restarts);
-                const carls_proc_t dead = p[i];
-                char name[64], note[128];
-                s_fmt(name, sizeof name, "%s", dead.name);
-                if (carls_proc_start(&p[i], name, a[i].ptr, log[i], log[i]) != 0) {
-                    p[i] = dead;
-                    carls_ptab_ended(&r->ptab, row[i], &dead, "died: the restart failed");
-                    rc = -1;
-                    continue;
-                }
-                s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p[i].started_pid, r->maker_restarts,
-                      (int)c->max_maker_restarts);
-                carls_ptab_ended(&r->ptab, row[i], &dead, note);
-                row[i] = carls_ptab_started(&r->ptab, "maker", &p[i], "one-shot, restarted");
-                s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how,
-                        (int)p[i].started_pid, r->maker_restarts, (int)c->max_maker_restarts);
-                running = true;
-            } else {
-                if (p[i].signal && !s_interrupted) {
-                    r->maker_deaths++;
-                }
-                if (!s_interrupted) {
-                    LOG_ERROR("%s %s (see %s)", p[i].name, how, log[i]);
-                }
-                carls_ptab_ended(&r->ptab, row[i], &p[i], s_interrupted ? "stopped by the launcher" : "failed");
-                rc = -1;
-            }
+            running = s_once_ended(r, &p[i], &row[i], &a[i], log[i], &rc) || running;
         }
         if (!running) {
             break;
