@@ -95,22 +95,38 @@ static int s_store(const char *prog, const carls_arg_t *a, const char *text)
         return carls_log_level_option(prog, text);
     case CARLS_ARG_CUSTOM:
         return a->parse(prog, a->name, text, a->out);
+    case CARLS_ARG_GROUP:
+        break; /* opened by s_flatten, never stored */
     }
     return -1;
 }
 
-int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t *args, void (*usage)(FILE *out))
+/* Adds table's rows (groups opened) to rows[*n]. */
+static void s_flatten(const char *prog, const carls_arg_t *table, const carls_arg_t **rows, int *n)
 {
-    /* getopt_long's table: option i returns S_FIRST + i, --help S_FIRST + n (above '?' and every short option). */
-    struct option longopts[S_MAX_OPTIONS + 2];
-    int n = 0;
-    for (; args[n].name; n++) {
-        if (n == S_MAX_OPTIONS) {
+    for (const carls_arg_t *a = table; a->name; a++) {
+        if (a->kind == CARLS_ARG_GROUP) {
+            s_flatten(prog, a->out, rows, n);
+            continue;
+        }
+        if (*n == S_MAX_OPTIONS) {
             CARLS_FATAL("%s: more than %d options", prog, S_MAX_OPTIONS);
         }
-        const bool takes_value = args[n].kind != CARLS_ARG_SET;
-        longopts[n] = (struct option){args[n].name, takes_value ? required_argument : no_argument, NULL,
-                                      S_FIRST + n};
+        rows[(*n)++] = a;
+    }
+}
+
+int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t *args, void (*usage)(FILE *out))
+{
+    const carls_arg_t *rows[S_MAX_OPTIONS];
+    int n = 0;
+    s_flatten(prog, args, rows, &n);
+    /* getopt_long's table: row i returns S_FIRST + i, --help S_FIRST + n (above '?' and every short option). */
+    struct option longopts[S_MAX_OPTIONS + 2];
+    for (int i = 0; i < n; i++) {
+        const bool takes_value = rows[i]->kind != CARLS_ARG_SET;
+        longopts[i] = (struct option){rows[i]->name, takes_value ? required_argument : no_argument, NULL,
+                                      S_FIRST + i};
     }
     longopts[n] = (struct option){"help", no_argument, NULL, S_FIRST + n};
     longopts[n + 1] = (struct option){NULL, 0, NULL, 0};
@@ -125,7 +141,7 @@ int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t 
             usage(stderr);
             return -1;
         }
-        if (s_store(prog, &args[c - S_FIRST], optarg) != 0) {
+        if (s_store(prog, rows[c - S_FIRST], optarg) != 0) {
             return -1;
         }
     }

@@ -14,6 +14,7 @@
  *       carls_arg_choice("neighbors-from", &o->nbr_mode, (const char *const[]){"bank", "trainer", NULL}),
  *       carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
  *       carls_arg_log_level(),
+ *       carls_arg_group(shared_rows), // a table of options several programs take
  *       {0},
  *   };
  *   int rc = carls_args_parse("trainer graphreg", argc, argv, args, s_usage);
@@ -36,6 +37,7 @@ typedef enum {
     CARLS_ARG_EITHER,    /* bool *out: true for the first of the two choices, false for the second */
     CARLS_ARG_LOG_LEVEL, /* no out: sets the log level (log.h: debug, info, warn, error or off) */
     CARLS_ARG_CUSTOM,    /* parse(prog, name, text, out) checks and stores the value */
+    CARLS_ARG_GROUP,     /* no option itself: out is another table ({0}-terminated) whose rows are added here */
 } carls_arg_kind_t;
 
 /* One option. A table of them ends with a row whose name is NULL ({0}); --help is always accepted. */
@@ -97,6 +99,10 @@ static inline carls_arg_t carls_arg_either(const char *name, bool *out, const ch
 static inline carls_arg_t carls_arg_log_level(void)
 {
     return (carls_arg_t){.name = "log-level", .kind = CARLS_ARG_LOG_LEVEL};
+}
+static inline carls_arg_t carls_arg_group(const carls_arg_t *rows)
+{
+    return (carls_arg_t){.name = "", .kind = CARLS_ARG_GROUP, .out = (void *)rows};
 }
 static inline carls_arg_t carls_arg_custom(const char *name, void *out,
                                            int (*parse)(const char *prog, const char *name, const char *text,

@@ -132,7 +132,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .keep = 3,
         .device = "auto",
     };
+    trainer_mlp_args_t mlp;
+    trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
     const carls_arg_t args[] = {
+        carls_arg_group(mlp.rows),
         carls_arg_string("data", &o->data),
         carls_arg_string("data-dir", &o->data_dir),
         carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
@@ -142,13 +145,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("steps", &o->steps, 1, 100000000),
         carls_arg_int("batch-labelled", &o->batch_labelled, 1, 65536),
         carls_arg_int("batch-unlabelled", &o->batch_unlabelled, 0, 65536),
-        carls_arg_custom("hidden", &o->model, trainer_arg_hidden),
-        carls_arg_float("dropout", &o->model.dropout, 0.0, 0.95),
-        carls_arg_custom("optimizer", &o->opt.kind, trainer_arg_optimizer),
-        carls_arg_float("lr", &o->opt.lr, 1e-9, 100.0),
-        carls_arg_float("weight-decay", &o->opt.weight_decay, 0.0, 10.0),
-        carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
-        carls_arg_int("seed", &o->seed, 0, 2147483647),
         carls_arg_float("alpha", &o->alpha, 0.0, 1e6),
         carls_arg_float("beta", &o->beta, 0.0, 1e6),
         carls_arg_float("conf-threshold", &o->conf_threshold, 0.0, 1.0),

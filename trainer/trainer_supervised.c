@@ -89,21 +89,17 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .eval_every = 1,
         .keep = 3,
     };
+    trainer_mlp_args_t mlp;
+    trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
     const carls_arg_t args[] = {
+        carls_arg_group(mlp.rows),
         carls_arg_string("data", &o->data),
         carls_arg_string("data-dir", &o->data_dir),
         carls_arg_int("labels-per-class", &o->labels_per_class, 0, 6000),
         carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
         carls_arg_int("epochs", &o->epochs, 1, 1000000),
         carls_arg_int("batch", &o->batch, 1, 65536),
-        carls_arg_custom("hidden", &o->model, trainer_arg_hidden),
-        carls_arg_float("dropout", &o->model.dropout, 0.0, 0.95),
-        carls_arg_custom("optimizer", &o->opt.kind, trainer_arg_optimizer),
-        carls_arg_float("lr", &o->opt.lr, 1e-9, 100.0),
         carls_arg_float("momentum", &o->opt.momentum, 0.0, 0.999),
-        carls_arg_float("weight-decay", &o->opt.weight_decay, 0.0, 10.0),
-        carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
-        carls_arg_int("seed", &o->seed, 0, 2147483647),
         carls_arg_int("eval-every", &o->eval_every, 1, 1000000),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_int("keep", &o->keep, 1, 1000000),

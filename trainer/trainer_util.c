@@ -66,6 +66,24 @@ int trainer_parse_choice(const char *name, const char *text, const char *first, 
     return 0;
 }
 
+void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
+                      int *seed)
+{
+    static const char *const schedules[] = {"cosine", "constant", NULL}; /* outlives this call, as the rows do */
+    const carls_arg_t rows[] = {
+        carls_arg_custom("hidden", model, trainer_arg_hidden),
+        carls_arg_float("dropout", &model->dropout, 0.0, 0.95),
+        carls_arg_custom("optimizer", &opt->kind, trainer_arg_optimizer),
+        carls_arg_float("lr", &opt->lr, 1e-9, 100.0),
+        carls_arg_float("weight-decay", &opt->weight_decay, 0.0, 10.0),
+        carls_arg_either("schedule", cosine, schedules),
+        carls_arg_int("seed", seed, 0, 2147483647),
+        {0},
+    };
+    _Static_assert(sizeof rows == sizeof g->rows, "trainer_mlp_args_t holds the rows");
+    memcpy(g->rows, rows, sizeof rows);
+}
+
 int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out)
 {
     nn_mlp_config_t *cfg = out;

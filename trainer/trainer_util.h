@@ -2,6 +2,7 @@
 #ifndef TRAINER_UTIL_H
 #define TRAINER_UTIL_H
 
+#include "carls_args.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
 #include "trainer_metrics.h"
@@ -26,6 +27,15 @@ int trainer_parse_flag(const char *name, const char *text, bool *out);
 /* An option with two values: *is_first = (text is first); prints "trainer: --name: 'text' is not first or
  * second" and returns -1 (leaving *is_first) when it is neither. */
 int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first);
+
+/* The model and optimiser options the Fashion-MNIST trainers (graphreg, supervised) share, as a carls_args
+ * group (carls_arg_group(g->rows)): --hidden, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
+ * stored into model, opt, *cosine and *seed. */
+typedef struct {
+    carls_arg_t rows[8];
+} trainer_mlp_args_t;
+void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
+                      int *seed);
 
 /* Custom values for carls_args_t option tables (carls_args.h), shared by the subcommands:
  * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set. */

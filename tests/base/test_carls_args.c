@@ -1,5 +1,5 @@
 /* base/carls_args: every kind of row stores its value, defaults survive when an option is absent, --help and
- * bad usage give 1 and -1, and each bad value is refused with the documented message (stderr is captured). */
+ * bad usage give 1 and -1, a group's rows count as the table's, and each bad value is refused with the documented message (stderr is captured). */
 #include "carls_args.h"
 
 #include <setjmp.h>
@@ -20,6 +20,7 @@ typedef struct {
     bool fast, verbose, cosine;
     int mode;
     int custom_calls;
+    int level; /* from a group */
 } s_opts_t;
 
 static int s_usage_calls;
@@ -58,8 +59,13 @@ static int s_parse(s_opts_t *o, char *err, size_t errlen, ...)
         argv[argc++] = (char *)w;
     }
     va_end(ap);
+    const carls_arg_t group[] = {
+        carls_arg_int("level", &o->level, 0, 9),
+        {0},
+    };
     const carls_arg_t args[] = {
         carls_arg_string("name", &o->name),
+        carls_arg_group(group),
         carls_arg_int("count", &o->count, 1, 10),
         carls_arg_float("rate", &o->rate, 0.0, 1.0),
         carls_arg_u64("seed", &o->seed),
@@ -113,6 +119,9 @@ static void test_values_and_defaults(void **state)
     assert_int_equal(o.mode, 2);
     assert_int_equal(s_usage_calls, 0);
 
+    /* an option from a group */
+    assert_int_equal(s_parse(&o, err, sizeof err, "--level", "4", NULL), 0);
+    assert_int_equal(o.level, 4);
     /* the last of a repeated option wins; a custom value goes through its parser */
     assert_int_equal(s_parse(&o, err, sizeof err, "--mode", "b", "--mode", "a", "--even", "42", NULL), 0);
     assert_int_equal(o.mode, 0);
@@ -153,6 +162,7 @@ static void test_refusals(void **state)
     s_refused("prog sub: --count: '11' is not an integer in 1..10\n", false, "--count", "11");
     s_refused("prog sub: --count: '3x' is not an integer in 1..10\n", false, "--count", "3x");
     s_refused("prog sub: --count: '' is not an integer in 1..10\n", false, "--count", "");
+    s_refused("prog sub: --level: '10' is not an integer in 0..9\n", false, "--level", "10");
     s_refused("prog sub: --rate: '1.5' is not a number in [0, 1]\n", false, "--rate", "1.5");
     s_refused("prog sub: --rate: 'nan' is not a number in [0, 1]\n", false, "--rate", "nan");
     s_refused("prog sub: --seed: '-1x' is not a number\n", false, "--seed", "-1x");
