@@ -368,14 +368,9 @@ static int s_load_data(s_run_t *r)
 static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
-    char err[2048];
-    nn_mlp_config_t cfg = o->model;
-    cfg.in_dim = r->ds.train.dim;
-    cfg.num_classes = CARLS_FMNIST_CLASSES;
-    r->E = cfg.hidden[cfg.n_hidden - 1];
+    r->E = o->model.hidden[o->model.n_hidden - 1];
     r->max_batch = r->B > 500 ? r->B : 500;
-    if (nn_mlp_new(&cfg, r->device, r->max_batch, (uint64_t)o->seed, &r->m, err, sizeof err) != 0) {
-        fprintf(stderr, "trainer: model: %s\n", err);
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
         return -1;
     }
     const char *header = r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"

@@ -183,15 +183,11 @@ static int s_load(s_run_t *r)
 static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
-    char err[2048];
-    nn_mlp_config_t cfg = o->model;
-    cfg.in_dim = r->ds.train.dim;
-    cfg.num_classes = CARLS_FMNIST_CLASSES;
     r->max_batch = o->batch > 500 ? o->batch : 500; /* evaluation runs in chunks of max_batch */
-    if (nn_mlp_new(&cfg, r->device, r->max_batch, (uint64_t)o->seed, &r->m, err, sizeof err) != 0) {
-        fprintf(stderr, "trainer: model: %s\n", err);
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
         return -1;
     }
+    const nn_mlp_config_t cfg = r->m->cfg;
     char arch[256];
     int len = snprintf(arch, sizeof arch, "%d", cfg.in_dim);
     for (int l = 0; l < cfg.n_hidden && len < (int)sizeof arch; l++) {

@@ -158,23 +158,32 @@ static void s_refused(const char *want, bool usage, const char *a1, const char *
 static void test_refusals(void **state)
 {
     (void)state;
-    s_refused("prog sub: --count: '0' is not an integer in 1..10\n", false, "--count", "0");
-    s_refused("prog sub: --count: '11' is not an integer in 1..10\n", false, "--count", "11");
-    s_refused("prog sub: --count: '3x' is not an integer in 1..10\n", false, "--count", "3x");
-    s_refused("prog sub: --count: '' is not an integer in 1..10\n", false, "--count", "");
-    s_refused("prog sub: --level: '10' is not an integer in 0..9\n", false, "--level", "10");
-    s_refused("prog sub: --rate: '1.5' is not a number in [0, 1]\n", false, "--rate", "1.5");
-    s_refused("prog sub: --rate: 'nan' is not a number in [0, 1]\n", false, "--rate", "nan");
-    s_refused("prog sub: --seed: '-1x' is not a number\n", false, "--seed", "-1x");
-    s_refused("prog sub: --fast: '2' is not an integer in 0..1\n", false, "--fast", "2");
-    s_refused("prog sub: --schedule: 'x' is not cosine or constant\n", false, "--schedule", "x");
-    s_refused("prog sub: --mode: 'd' is not a, b or c\n", false, "--mode", "d");
-    s_refused("prog sub: --even: '3' is not even\n", false, "--even", "3");
-    s_refused("prog sub: --log-level: 'loud' is not debug, info, warn, error or off\n", false, "--log-level", "loud");
-    s_refused("prog sub: unexpected argument 'stray'\n", false, "stray", NULL);
-    s_refused("unrecognized option '--nope'", true, "--nope", NULL);
-    s_refused("requires an argument", true, "--count", NULL);
-    s_refused("doesn't allow an argument", true, "--verbose=1", NULL);
+    static const struct {
+        const char *want; /* in the message */
+        bool usage;       /* usage printed (to stderr) */
+        const char *a1, *a2;
+    } cases[] = {
+        {"prog sub: --count: '0' is not an integer in 1..10\n", false, "--count", "0"},
+        {"prog sub: --count: '11' is not an integer in 1..10\n", false, "--count", "11"},
+        {"prog sub: --count: '3x' is not an integer in 1..10\n", false, "--count", "3x"},
+        {"prog sub: --count: '' is not an integer in 1..10\n", false, "--count", ""},
+        {"prog sub: --level: '10' is not an integer in 0..9\n", false, "--level", "10"},
+        {"prog sub: --rate: '1.5' is not a number in [0, 1]\n", false, "--rate", "1.5"},
+        {"prog sub: --rate: 'nan' is not a number in [0, 1]\n", false, "--rate", "nan"},
+        {"prog sub: --seed: '-1x' is not a number\n", false, "--seed", "-1x"},
+        {"prog sub: --fast: '2' is not an integer in 0..1\n", false, "--fast", "2"},
+        {"prog sub: --schedule: 'x' is not cosine or constant\n", false, "--schedule", "x"},
+        {"prog sub: --mode: 'd' is not a, b or c\n", false, "--mode", "d"},
+        {"prog sub: --even: '3' is not even\n", false, "--even", "3"},
+        {"prog sub: --log-level: 'loud' is not debug, info, warn, error or off\n", false, "--log-level", "loud"},
+        {"prog sub: unexpected argument 'stray'\n", false, "stray", NULL},
+        {"unrecognized option '--nope'", true, "--nope", NULL},
+        {"requires an argument", true, "--count", NULL},
+        {"doesn't allow an argument", true, "--verbose=1", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        s_refused(cases[i].want, cases[i].usage, cases[i].a1, cases[i].a2);
+    }
 }
 
 int main(void)
