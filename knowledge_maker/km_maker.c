@@ -378,6 +378,43 @@ static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atom
 
 /* Label spreading over the whole graph (with the checkpoint's predictions when ck is not NULL); writes the
  * share's unlabelled items. */
+/* Label spreading's prior (n_items, C): model_weight times the checkpoint's class probabilities when it has a
+ * usable classifier (else 0), with the n_lab labelled items clamped to their labels. Returns whether the model
+ * took part. */
+static bool s_label_prior(s_maker_t *mk, const carls_ckpt_t *ck, const uint32_t *labelled, size_t n_lab,
+                          float *prior)
+{
+    const km_opts_t *o = mk->o;
+    const size_t n = (size_t)mk->n_items;
+    const int C = CARLS_FMNIST_CLASSES;
+    bool with_model = false;
+    if (ck && o->model_weight > 0.0f) {
+        char err[1024];
+        nn_mlp_t *m = NULL;
+        if (nn_mlp_from_ckpt(ck, mk->device, o->batch, &m, err, sizeof err) != 0 || m->cfg.num_classes != C) {
+            LOG_WARN("checkpoint step %" PRIu64 " has no usable classifier (%s): labels only", carls_ckpt_step(ck),
+                     m ? "wrong class count" : err);
+        } else {
+            float *probs = carls_xmalloc(sizeof *probs * n * (size_t)C);
+            nn_mlp_encode_u8(m, mk->ds.train.pixels, (int)n, NULL, probs, o->batch);
+            for (size_t i = 0; i < n * (size_t)C; i++) {
+                prior[i] = o->model_weight * probs[i];
+            }
+            free(probs);
+            with_model = true;
+        }
+        nn_mlp_destroy(&m);
+    }
+    for (size_t i = 0; i < n_lab; i++) {
+        float *row = prior + (size_t)labelled[i] * C;
+        for (int c = 0; c < C; c++) {
+            row[c] = 0.0f;
+        }
+        row[mk->ds.train.labels[labelled[i]]] = 1.0f;
+    }
+    return with_model;
+}
+
 static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
 {
     const km_opts_t *o = mk->o;
@@ -388,10 +425,9 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     int64_t t0 = carls_monotonic_us();
     int rc = -1;
     uint32_t *all = carls_xmalloc(sizeof *all * n), *labelled = NULL, *nbr = NULL, *items = NULL;
-    float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL, *probs = NULL;
+    float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL;
     int32_t *lab = NULL;
     uint8_t *is_lab = NULL;
-    nn_mlp_t *m = NULL;
     carls_iota_u32(all, n);
     const size_t n_lab = (size_t)o->labels_per_class * C;
     labelled = carls_xmalloc(sizeof *labelled * n_lab);
@@ -416,26 +452,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
         }
     }
     prior = carls_xcalloc(n * (size_t)C, sizeof *prior);
-    if (ck && o->model_weight > 0.0f) {
-        char err[1024];
-        if (nn_mlp_from_ckpt(ck, mk->device, o->batch, &m, err, sizeof err) != 0 || m->cfg.num_classes != C) {
-            LOG_WARN("checkpoint step %" PRIu64 " has no usable classifier (%s): labels only", step,
-                     m ? "wrong class count" : err);
-        } else {
-            probs = carls_xmalloc(sizeof *probs * n * (size_t)C);
-            nn_mlp_encode_u8(m, mk->ds.train.pixels, (int)n, NULL, probs, o->batch);
-            for (size_t i = 0; i < n * (size_t)C; i++) {
-                prior[i] = o->model_weight * probs[i];
-            }
-        }
-    }
-    for (size_t i = 0; i < n_lab; i++) {
-        float *row = prior + (size_t)labelled[i] * C;
-        for (int c = 0; c < C; c++) {
-            row[c] = 0.0f;
-        }
-        row[mk->ds.train.labels[labelled[i]]] = 1.0f;
-    }
+    const bool with_model = s_label_prior(mk, ck, labelled, n_lab, prior);
     F = carls_xmalloc(sizeof *F * n * (size_t)C);
     if (km_spread(nbr, w, n, k, prior, C, o->spread_alpha, o->spread_iters, o->balance, F) != 0) {
         LOG_ERROR("label spreading: bad graph");
@@ -470,12 +487,11 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     LOG_INFO("label step %" PRIu64 " (%s): %zu unlabelled items in %.2f s (%.0f items/s); pseudo-label accuracy "
              "%.4f, %.4f on the %.1f%% with confidence >= 0.5 (diagnostics from the true labels, which are never "
              "written); trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
-             step, probs ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
+             step, with_model ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
              m_out ? (double)right / (double)m_out : 0.0, n_conf ? (double)right_conf / (double)n_conf : 0.0,
              m_out ? 100.0 * (double)n_conf / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
     rc = 0;
 cleanup:
-    nn_mlp_destroy(&m);
     free(all);
     free(labelled);
     free(is_lab);
@@ -483,7 +499,6 @@ cleanup:
     free(w);
     free(prior);
     free(F);
-    free(probs);
     free(items);
     free(lab);
     free(conf);
