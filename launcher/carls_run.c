@@ -160,6 +160,10 @@ typedef struct {
     double word_defs, tower_hidden, logq, negatives_shift, stale_positives, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
 } s_cfg_t;
 
+static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen);
+
+/* Reads the run's settings (defaults for the keys the configuration leaves out) and checks them. Returns 0, or
+ * -1 with the reason in err. */
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
@@ -263,6 +267,12 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
             return -1;
         }
     }
+    return s_cfg_check(c, err, errlen);
+}
+
+/* The settings a run cannot start with. Returns 0, or -1 with the reason in err. */
+static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
+{
     if (c->shards != 1) {
         s_fmt(err, errlen, "shards = %g: this build's makers and trainer use the single-endpoint client; "
                  "only shards = 1 is supported until the sharded client lands", c->shards);
