@@ -53,6 +53,20 @@ int carls_args_choice_value(const char *prog, const char *name, const char *text
     return -1;
 }
 
+int carls_args_part_value(const char *prog, const char *name, const char *text, uint32_t max_n, uint32_t *i,
+                          uint32_t *n)
+{
+    unsigned part, parts;
+    char tail;
+    if (sscanf(text, "%u/%u%c", &part, &parts, &tail) != 2 || parts < 1 || parts > max_n || part >= parts) {
+        fprintf(stderr, "%s: --%s: '%s' is not I/N with 0 <= I < N <= %u\n", prog, name, text, (unsigned)max_n);
+        return -1;
+    }
+    *i = part;
+    *n = parts;
+    return 0;
+}
+
 /* Checks and stores one option's value. Returns 0 or -1 (reported). */
 static int s_store(const char *prog, const carls_arg_t *a, const char *text)
 {

@@ -62,6 +62,10 @@ int carls_args_int_value(const char *prog, const char *name, const char *text, l
 int carls_args_float_value(const char *prog, const char *name, const char *text, double lo, double hi, float *out);
 int carls_args_choice_value(const char *prog, const char *name, const char *text, const char *const *choices,
                             int *out);
+/* "I/N": part I of N (a worker of a fleet, a shard of a bank), 0 <= I < N <= max_n, into *i and *n; or
+ * "PROG: --NAME: 'TEXT' is not I/N with 0 <= I < N <= MAX" and -1. */
+int carls_args_part_value(const char *prog, const char *name, const char *text, uint32_t max_n, uint32_t *i,
+                          uint32_t *n);
 
 /* The rows. */
 static inline carls_arg_t carls_arg_string(const char *name, const char **out)

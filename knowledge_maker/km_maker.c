@@ -89,15 +89,7 @@ static void s_usage(FILE *out)
 static int s_arg_worker(const char *prog, const char *name, const char *text, void *out)
 {
     km_opts_t *o = out;
-    unsigned i, n;
-    char tail;
-    if (sscanf(text, "%u/%u%c", &i, &n, &tail) != 2 || n < 1 || n > 4096 || i >= n) {
-        fprintf(stderr, "%s: --%s: '%s' is not I/N with 0 <= I < N <= 4096\n", prog, name, text);
-        return -1;
-    }
-    o->worker = i;
-    o->workers = n;
-    return 0;
+    return carls_args_part_value(prog, name, text, 4096, &o->worker, &o->workers);
 }
 
 int km_opts_parse(int argc, char **argv, km_opts_t *o)

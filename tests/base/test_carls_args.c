@@ -2,6 +2,7 @@
  * bad usage give 1 and -1, a group's rows count as the table's, and each bad value is refused with the documented message (stderr is captured). */
 #include "carls_args.h"
 
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -129,6 +130,31 @@ static void test_values_and_defaults(void **state)
     assert_int_equal(o.custom_calls, 1);
 }
 
+static void test_part_value(void **state)
+{
+    (void)state;
+    uint32_t i = 9, n = 9;
+    assert_int_equal(carls_args_part_value("p", "worker", "0/1", 4, &i, &n), 0);
+    assert_true(i == 0 && n == 1);
+    assert_int_equal(carls_args_part_value("p", "worker", "3/4", 4, &i, &n), 0);
+    assert_true(i == 3 && n == 4);
+    const char *bad[] = {"4/4", "0/5", "0/0", "1", "1/2x", "-1/2", "a/b", ""};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        fflush(stderr); /* the messages to /dev/null: their wording is tested through kb-maker */
+        int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY);
+        dup2(null, STDERR_FILENO);
+        close(null);
+        int rc = carls_args_part_value("p", "worker", bad[k], 4, &i, &n);
+        fflush(stderr);
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+        if (rc != -1) {
+            fail_msg("'%s' was accepted as a part of at most 4", bad[k]);
+        }
+    }
+    assert_true(i == 3 && n == 4); /* untouched by the refusals */
+}
+
 static void test_help(void **state)
 {
     (void)state;
@@ -191,6 +217,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_and_defaults),
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_part_value),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
