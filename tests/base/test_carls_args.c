@@ -140,7 +140,7 @@ static void test_part_value(void **state)
     assert_true(i == 3 && n == 4);
     const char *bad[] = {"4/4", "0/5", "0/0", "1", "1/2x", "-1/2", "a/b", ""};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        fflush(stderr); /* the messages to /dev/null: their wording is tested through kb-maker */
+        fflush(stderr); /* the messages go to /dev/null: only the refusal is checked here */
         int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY);
         dup2(null, STDERR_FILENO);
         close(null);
