@@ -47,6 +47,22 @@ static int s_even(const char *prog, const char *name, const char *text, void *ou
     return 0;
 }
 
+/* Sends stderr to fd until s_stderr_back(the returned descriptor). */
+static int s_stderr_to(int fd)
+{
+    fflush(stderr);
+    const int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    return saved;
+}
+
+static void s_stderr_back(int saved)
+{
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+}
+
 /* Parses the NULL-terminated words (after a program name) into *o, starting from the defaults; what the parser
  * wrote to stderr goes to err. Returns carls_args_parse's result. */
 static int s_parse(s_opts_t *o, char *err, size_t errlen, ...)
@@ -78,18 +94,13 @@ static int s_parse(s_opts_t *o, char *err, size_t errlen, ...)
         carls_arg_log_level(),
         {0},
     };
-    /* stderr to a temporary file for the duration of the call */
-    fflush(stderr);
     FILE *tmp = tmpfile();
     assert_non_null(tmp);
-    int saved = dup(fileno(stderr));
-    dup2(fileno(tmp), fileno(stderr));
+    const int saved = s_stderr_to(fileno(tmp));
     s_usage_calls = 0;
     s_usage_out = NULL;
     int rc = carls_args_parse("prog sub", argc, argv, args, s_usage);
-    fflush(stderr);
-    dup2(saved, fileno(stderr));
-    close(saved);
+    s_stderr_back(saved);
     rewind(tmp);
     size_t n = fread(err, 1, errlen - 1, tmp);
     err[n] = '\0';
@@ -140,14 +151,11 @@ static void test_part_value(void **state)
     assert_true(i == 3 && n == 4);
     const char *bad[] = {"4/4", "0/5", "0/0", "1", "1/2x", "-1/2", "a/b", ""};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        fflush(stderr); /* the messages go to /dev/null: only the refusal is checked here */
-        int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY);
-        dup2(null, STDERR_FILENO);
+        const int null = open("/dev/null", O_WRONLY); /* only the refusal is checked here, not the message */
+        const int saved = s_stderr_to(null);
         close(null);
         int rc = carls_args_part_value("p", "worker", bad[k], 4, &i, &n);
-        fflush(stderr);
-        dup2(saved, STDERR_FILENO);
-        close(saved);
+        s_stderr_back(saved);
         if (rc != -1) {
             fail_msg("'%s' was accepted as a part of at most 4", bad[k]);
         }
