@@ -42,7 +42,6 @@
 #include "log.h"
 #include "util.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
