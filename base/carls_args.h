@@ -46,7 +46,7 @@ typedef struct {
     carls_arg_kind_t kind;
     void *out;                  /* where the value goes (its type: see the kind) */
     double lo, hi;              /* CARLS_ARG_INT and CARLS_ARG_FLOAT: the accepted range */
-    const char *const *choices; /* CARLS_ARG_CHOICE: the accepted values, NULL-terminated */
+    const char *const *choices; /* CHOICE, EITHER: the accepted values, NULL-terminated (alive while parsing) */
     /* CARLS_ARG_CUSTOM: stores text's value through out, or prints "PROG: --NAME: ..." and returns -1. */
     int (*parse)(const char *prog, const char *name, const char *text, void *out);
 } carls_arg_t;
