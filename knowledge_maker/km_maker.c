@@ -12,11 +12,11 @@
 #include "nn_mlp.h"
 #include "nn_mlp_encode_u8.h"
 
+#include "carls_args.h"
 #include "checkpoint.h"
 #include "log.h"
 #include "util.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -85,32 +85,16 @@ static void s_usage(FILE *out)
             CARLS_FMNIST_DIR);
 }
 
-static int s_int(const char *name, const char *text, long lo, long hi, int *out)
+/* --worker I/N into the km_opts_t out. */
+static int s_arg_worker(const char *prog, const char *name, const char *text, void *out)
 {
-    int64_t v;
-    if (carls_parse_i64(text, &v) != 0 || v < lo || v > hi) {
-        fprintf(stderr, "kb-maker: --%s: '%s' is not an integer in %ld..%ld\n", name, text, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int s_float(const char *name, const char *text, double lo, double hi, float *out)
-{
-    float v;
-    if (carls_parse_float(text, &v) != 0 || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kb-maker: --%s: '%s' is not a number in [%g, %g]\n", name, text, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    km_opts_t *o = out;
+    return carls_args_part_value(prog, name, text, 4096, &o->worker, &o->workers);
 }
 
 int km_opts_parse(int argc, char **argv, km_opts_t *o)
 {
     *o = (km_opts_t){
-        .task = -1,
         .workers = 1,
         .device = "auto",
         .data = "fashion-mnist",
@@ -126,150 +110,56 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         .threads = 1,
         .bank_wait_s = 600,
     };
-    enum {
-        O_KB = 256, O_CKPT, O_TASK, O_WORKER, O_DEVICE, O_DATA, O_DATA_DIR, O_ITEMS, O_TABLES, O_ONCE, O_POLL,
-        O_THREADS, O_ENCODER, O_BATCH, O_SOURCE, O_K, O_WAIT, O_LPC, O_LSEED, O_SALPHA, O_SITERS, O_MW, O_BAL, O_PXF,
-        O_LOG, O_BTIMEOUT, O_BWAIT, O_GINDEX, O_GDICT, O_HELP
+    int task = -1, encoder = 0, source = 0; /* indices in the choices below */
+    const carls_arg_t args[] = {
+        carls_arg_string("kb", &o->kb),
+        carls_arg_string("ckpt-dir", &o->ckpt_dir),
+        carls_arg_choice("task", &task,
+                         (const char *const[]){"embed", "graph", "label", "words", NULL}), /* km_task_t's order */
+        carls_arg_custom("worker", o, s_arg_worker),
+        carls_arg_string("device", &o->device),
+        carls_arg_string("data", &o->data),
+        carls_arg_string("data-dir", &o->data_dir),
+        carls_arg_int("items", &o->items, 0, 100000000),
+        carls_arg_string("tables", &o->prefix),
+        carls_arg_set("once", &o->once),
+        carls_arg_int("poll-ms", &o->poll_ms, 10, 3600000),
+        carls_arg_int("threads", &o->threads, 1, 1024),
+        carls_arg_choice("encoder", &encoder, (const char *const[]){"model", "pixels", NULL}),
+        carls_arg_int("batch", &o->batch, 1, 1 << 20),
+        carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", NULL}),
+        carls_arg_int("k", &o->k, 1, 4096),
+        carls_arg_int("wait-embed-ms", &o->wait_embed_ms, 0, 86400000),
+        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
+        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_float("spread-alpha", &o->spread_alpha, 0.0, 0.9999),
+        carls_arg_int("spread-iters", &o->spread_iters, 1, 10000),
+        carls_arg_float("model-weight", &o->model_weight, 0.0, 1000.0),
+        carls_arg_choice("pixel-features", &o->pixel_features,
+                         (const char *const[]){"raw", "sqrt", "centered", "sqrt-centered", "root4-centered", NULL}),
+        carls_arg_int("balance", &o->balance, 0, 1),
+        carls_arg_log_level(),
+        carls_arg_int("bank-timeout-ms", &o->bank_timeout_ms, 10, 3600000),
+        carls_arg_int("bank-wait-s", &o->bank_wait_s, 0, 86400 * 30),
+        carls_arg_string("gcide-index", &o->gcide_index),
+        carls_arg_string("gcide-dict", &o->gcide_dict),
+        {0},
     };
-    static const struct option longopts[] = {
-        {"kb", required_argument, NULL, O_KB},
-        {"ckpt-dir", required_argument, NULL, O_CKPT},
-        {"task", required_argument, NULL, O_TASK},
-        {"worker", required_argument, NULL, O_WORKER},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"data", required_argument, NULL, O_DATA},
-        {"data-dir", required_argument, NULL, O_DATA_DIR},
-        {"items", required_argument, NULL, O_ITEMS},
-        {"tables", required_argument, NULL, O_TABLES},
-        {"once", no_argument, NULL, O_ONCE},
-        {"poll-ms", required_argument, NULL, O_POLL},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"encoder", required_argument, NULL, O_ENCODER},
-        {"batch", required_argument, NULL, O_BATCH},
-        {"source", required_argument, NULL, O_SOURCE},
-        {"k", required_argument, NULL, O_K},
-        {"wait-embed-ms", required_argument, NULL, O_WAIT},
-        {"labels-per-class", required_argument, NULL, O_LPC},
-        {"label-seed", required_argument, NULL, O_LSEED},
-        {"spread-alpha", required_argument, NULL, O_SALPHA},
-        {"spread-iters", required_argument, NULL, O_SITERS},
-        {"model-weight", required_argument, NULL, O_MW},
-        {"pixel-features", required_argument, NULL, O_PXF},
-        {"balance", required_argument, NULL, O_BAL},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"bank-timeout-ms", required_argument, NULL, O_BTIMEOUT},
-        {"bank-wait-s", required_argument, NULL, O_BWAIT},
-        {"gcide-index", required_argument, NULL, O_GINDEX},
-        {"gcide-dict", required_argument, NULL, O_GDICT},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_KB: o->kb = optarg; break;
-        case O_CKPT: o->ckpt_dir = optarg; break;
-        case O_TASK:
-            if (strcmp(optarg, "embed") == 0) {
-                o->task = KM_TASK_EMBED;
-            } else if (strcmp(optarg, "graph") == 0) {
-                o->task = KM_TASK_GRAPH;
-            } else if (strcmp(optarg, "label") == 0) {
-                o->task = KM_TASK_LABEL;
-            } else if (strcmp(optarg, "words") == 0) {
-                o->task = KM_TASK_WORDS;
-            } else {
-                fprintf(stderr, "kb-maker: --task: '%s' is not embed, graph or label\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_WORKER: {
-            unsigned i, n;
-            char tail;
-            if (sscanf(optarg, "%u/%u%c", &i, &n, &tail) != 2 || n < 1 || n > 4096 || i >= n) {
-                fprintf(stderr, "kb-maker: --worker: '%s' is not I/N with 0 <= I < N <= 4096\n", optarg);
-                bad = -1;
-            } else {
-                o->worker = i;
-                o->workers = n;
-            }
-            break;
-        }
-        case O_DEVICE: o->device = optarg; break;
-        case O_DATA: o->data = optarg; break;
-        case O_DATA_DIR: o->data_dir = optarg; break;
-        case O_ITEMS: bad = s_int("items", optarg, 0, 100000000, &o->items); break;
-        case O_TABLES: o->prefix = optarg; break;
-        case O_ONCE: o->once = 1; break;
-        case O_POLL: bad = s_int("poll-ms", optarg, 10, 3600000, &o->poll_ms); break;
-        case O_THREADS: bad = s_int("threads", optarg, 1, 1024, &o->threads); break;
-        case O_ENCODER:
-            if (strcmp(optarg, "model") == 0 || strcmp(optarg, "pixels") == 0) {
-                o->pixels = strcmp(optarg, "pixels") == 0;
-            } else {
-                fprintf(stderr, "kb-maker: --encoder: '%s' is not model or pixels\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_BATCH: bad = s_int("batch", optarg, 1, 1 << 20, &o->batch); break;
-        case O_SOURCE:
-            if (strcmp(optarg, "pixels") == 0 || strcmp(optarg, "emb") == 0) {
-                o->source_emb = strcmp(optarg, "emb") == 0;
-            } else {
-                fprintf(stderr, "kb-maker: --source: '%s' is not pixels or emb\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_K: bad = s_int("k", optarg, 1, 4096, &o->k); break;
-        case O_WAIT: bad = s_int("wait-embed-ms", optarg, 0, 86400000, &o->wait_embed_ms); break;
-        case O_LPC: bad = s_int("labels-per-class", optarg, 1, 6000, &o->labels_per_class); break;
-        case O_LSEED: bad = s_int("label-seed", optarg, 0, 2147483647, &o->label_seed); break;
-        case O_SALPHA: bad = s_float("spread-alpha", optarg, 0.0, 0.9999, &o->spread_alpha); break;
-        case O_SITERS: bad = s_int("spread-iters", optarg, 1, 10000, &o->spread_iters); break;
-        case O_MW: bad = s_float("model-weight", optarg, 0.0, 1000.0, &o->model_weight); break;
-        case O_PXF: {
-            static const char *const names[] = {"raw", "sqrt", "centered", "sqrt-centered", "root4-centered"};
-            o->pixel_features = -1;
-            for (int f = 0; f < 5; f++) {
-                if (strcmp(optarg, names[f]) == 0) {
-                    o->pixel_features = f;
-                }
-            }
-            if (o->pixel_features < 0) {
-                fprintf(stderr, "kb-maker: --pixel-features: '%s' is not raw, sqrt, centered, sqrt-centered or "
-                        "root4-centered\n",
-                        optarg);
-                bad = -1;
-            }
-            break;
-        }
-        case O_BAL: bad = s_int("balance", optarg, 0, 1, &o->balance); break;
-        case O_LOG: bad = carls_log_level_option("kb-maker", optarg); break;
-        case O_BTIMEOUT: bad = s_int("bank-timeout-ms", optarg, 10, 3600000, &o->bank_timeout_ms); break;
-        case O_BWAIT: bad = s_int("bank-wait-s", optarg, 0, 86400 * 30, &o->bank_wait_s); break;
-        case O_GINDEX: o->gcide_index = optarg; break;
-        case O_GDICT: o->gcide_dict = optarg; break;
-        case O_HELP: s_usage(stdout); return 1;
-        default: s_usage(stderr); return -1;
-        }
-        if (bad) {
-            return -1;
-        }
+    const int rc = carls_args_parse("kb-maker", argc, argv, args, s_usage);
+    if (rc != 0) {
+        return rc;
     }
-    if (optind < argc) {
-        fprintf(stderr, "kb-maker: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
+    o->pixels = encoder == 1;
+    o->source_emb = source == 1;
     if (!o->kb) {
         fprintf(stderr, "kb-maker: --kb is required\n");
         return -1;
     }
-    if ((int)o->task < 0) {
+    if (task < 0) {
         fprintf(stderr, "kb-maker: --task is required (embed, graph, label or words)\n");
         return -1;
     }
+    o->task = (km_task_t)task;
     if (strcmp(o->data, "fashion-mnist") != 0) {
         fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist)\n", o->data);
         return -1;
@@ -480,6 +370,43 @@ static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atom
 
 /* Label spreading over the whole graph (with the checkpoint's predictions when ck is not NULL); writes the
  * share's unlabelled items. */
+/* Label spreading's prior (n_items, C): model_weight times the checkpoint's class probabilities when it has a
+ * usable classifier (else 0), with the n_lab labelled items clamped to their labels. Returns whether the model
+ * took part. */
+static bool s_label_prior(s_maker_t *mk, const carls_ckpt_t *ck, const uint32_t *labelled, size_t n_lab,
+                          float *prior)
+{
+    const km_opts_t *o = mk->o;
+    const size_t n = (size_t)mk->n_items;
+    const int C = CARLS_FMNIST_CLASSES;
+    bool with_model = false;
+    if (ck && o->model_weight > 0.0f) {
+        char err[1024];
+        nn_mlp_t *m = NULL;
+        if (nn_mlp_from_ckpt(ck, mk->device, o->batch, &m, err, sizeof err) != 0 || m->cfg.num_classes != C) {
+            LOG_WARN("checkpoint step %" PRIu64 " has no usable classifier (%s): labels only", carls_ckpt_step(ck),
+                     m ? "wrong class count" : err);
+        } else {
+            float *probs = carls_xmalloc(sizeof *probs * n * (size_t)C);
+            nn_mlp_encode_u8(m, mk->ds.train.pixels, (int)n, NULL, probs, o->batch);
+            for (size_t i = 0; i < n * (size_t)C; i++) {
+                prior[i] = o->model_weight * probs[i];
+            }
+            free(probs);
+            with_model = true;
+        }
+        nn_mlp_destroy(&m);
+    }
+    for (size_t i = 0; i < n_lab; i++) {
+        float *row = prior + (size_t)labelled[i] * C;
+        for (int c = 0; c < C; c++) {
+            row[c] = 0.0f;
+        }
+        row[mk->ds.train.labels[labelled[i]]] = 1.0f;
+    }
+    return with_model;
+}
+
 static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
 {
     const km_opts_t *o = mk->o;
@@ -490,10 +417,9 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     int64_t t0 = carls_monotonic_us();
     int rc = -1;
     uint32_t *all = carls_xmalloc(sizeof *all * n), *labelled = NULL, *nbr = NULL, *items = NULL;
-    float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL, *probs = NULL;
+    float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL;
     int32_t *lab = NULL;
     uint8_t *is_lab = NULL;
-    nn_mlp_t *m = NULL;
     carls_iota_u32(all, n);
     const size_t n_lab = (size_t)o->labels_per_class * C;
     labelled = carls_xmalloc(sizeof *labelled * n_lab);
@@ -518,26 +444,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
         }
     }
     prior = carls_xcalloc(n * (size_t)C, sizeof *prior);
-    if (ck && o->model_weight > 0.0f) {
-        char err[1024];
-        if (nn_mlp_from_ckpt(ck, mk->device, o->batch, &m, err, sizeof err) != 0 || m->cfg.num_classes != C) {
-            LOG_WARN("checkpoint step %" PRIu64 " has no usable classifier (%s): labels only", step,
-                     m ? "wrong class count" : err);
-        } else {
-            probs = carls_xmalloc(sizeof *probs * n * (size_t)C);
-            nn_mlp_encode_u8(m, mk->ds.train.pixels, (int)n, NULL, probs, o->batch);
-            for (size_t i = 0; i < n * (size_t)C; i++) {
-                prior[i] = o->model_weight * probs[i];
-            }
-        }
-    }
-    for (size_t i = 0; i < n_lab; i++) {
-        float *row = prior + (size_t)labelled[i] * C;
-        for (int c = 0; c < C; c++) {
-            row[c] = 0.0f;
-        }
-        row[mk->ds.train.labels[labelled[i]]] = 1.0f;
-    }
+    const bool with_model = s_label_prior(mk, ck, labelled, n_lab, prior);
     F = carls_xmalloc(sizeof *F * n * (size_t)C);
     if (km_spread(nbr, w, n, k, prior, C, o->spread_alpha, o->spread_iters, o->balance, F) != 0) {
         LOG_ERROR("label spreading: bad graph");
@@ -572,12 +479,11 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     LOG_INFO("label step %" PRIu64 " (%s): %zu unlabelled items in %.2f s (%.0f items/s); pseudo-label accuracy "
              "%.4f, %.4f on the %.1f%% with confidence >= 0.5 (diagnostics from the true labels, which are never "
              "written); trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
-             step, probs ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
+             step, with_model ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
              m_out ? (double)right / (double)m_out : 0.0, n_conf ? (double)right_conf / (double)n_conf : 0.0,
              m_out ? 100.0 * (double)n_conf / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
     rc = 0;
 cleanup:
-    nn_mlp_destroy(&m);
     free(all);
     free(labelled);
     free(is_lab);
@@ -585,7 +491,6 @@ cleanup:
     free(w);
     free(prior);
     free(F);
-    free(probs);
     free(items);
     free(lab);
     free(conf);

@@ -33,6 +33,7 @@
 #define KM_MAKER_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef enum {
@@ -52,11 +53,11 @@ typedef struct {
     const char *data_dir;      /* NULL: the Debian package's folder */
     int items;                 /* 0: every training image */
     const char *prefix;        /* table-name prefix */
-    int pixels;                /* embed: 1 = --encoder pixels */
+    bool pixels;               /* embed: --encoder pixels */
     int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered */
-    int source_emb;            /* graph: 1 = --source emb, 0 = pixels */
+    bool source_emb;           /* graph: --source emb, else pixels */
     int k;                     /* graph: neighbours per item */
-    int once;                  /* do the task once and exit */
+    bool once;                 /* do the task once and exit */
     int poll_ms;               /* checkpoint polling period (fallback to inotify) */
     int labels_per_class;      /* label: the trainer's labelled subset */
     int label_seed;

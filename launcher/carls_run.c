@@ -63,6 +63,23 @@ static void s_arg(s_argv_t *a, const char *fmt, ...)
     a->ptr[a->n] = NULL;
 }
 
+/* Appends every string of the NULL-terminated list. */
+static void s_arg_list(s_argv_t *a, const char *const *list)
+{
+    for (int k = 0; list[k]; k++) {
+        s_arg(a, "%s", list[k]);
+    }
+}
+
+/* Appends flag and value when value is not empty (an optional setting left out of the configuration). */
+static void s_arg_if_set(s_argv_t *a, const char *flag, const char *value)
+{
+    if (*value) {
+        s_arg(a, "%s", flag);
+        s_arg(a, "%s", value);
+    }
+}
+
 /* Follows a log file and prints its new lines that contain one of the needles. */
 typedef struct {
     char path[4200];
@@ -128,6 +145,10 @@ typedef struct {
     double word_defs, tower_hidden, logq, negatives_shift, stale_positives, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
 } s_cfg_t;
 
+static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen);
+
+/* Reads the run's settings (defaults for the keys the configuration leaves out) and checks them. Returns 0, or
+ * -1 with the reason in err. */
 static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
@@ -231,6 +252,12 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
             return -1;
         }
     }
+    return s_cfg_check(c, err, errlen);
+}
+
+/* The settings a run cannot start with. Returns 0, or -1 with the reason in err. */
+static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
+{
     if (c->shards != 1) {
         s_fmt(err, errlen, "shards = %g: this build's makers and trainer use the single-endpoint client; "
                  "only shards = 1 is supported until the sharded client lands", c->shards);
@@ -273,30 +300,28 @@ static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
 static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *task, int worker,
                          int workers)
 {
+    char worker_text[32], items[32];
+    s_fmt(worker_text, sizeof worker_text, "%d/%d", worker, workers);
+    s_fmt(items, sizeof items, "%d", (int)c->items);
     s_arg(a, "%s/kb-maker", c->bin);
-    s_arg(a, "--kb");
-    s_arg(a, "%s", endpoint);
-    s_arg(a, "--task");
-    s_arg(a, "%s", task);
-    s_arg(a, "--worker");
-    s_arg(a, "%d/%d", worker, workers);
-    s_arg(a, "--tables");
-    s_arg(a, "%s", c->tables);
-    s_arg(a, "--items");
-    s_arg(a, "%d", (int)c->items);
-    s_arg(a, "--device");
-    s_arg(a, "%s", c->maker_device);
-    if (*c->data_dir) {
-        s_arg(a, "--data-dir");
-        s_arg(a, "%s", c->data_dir);
-    }
+    s_arg_list(a, (const char *const[]){"--kb", endpoint, "--task", task, "--worker", worker_text, "--tables",
+                                        c->tables, "--items", items, "--device", c->maker_device, NULL});
+    s_arg_if_set(a, "--data-dir", c->data_dir);
     s_maker_timeout_arg(a, c);
 }
 
-/* A run in progress: its processes, their supervision and what happened to them. */
+/* A run in progress: its configuration and files, its processes, their supervision and what happened to them. */
 typedef struct {
     const s_cfg_t *c;
-    const char *logs, *kbdir, *epfile;
+    const char *config;               /* the configuration file's path */
+    const carls_ini_t *ini;           /* its settings (with --set applied), for report.md */
+    bool quiet;                       /* --quiet: show no child's lines */
+    bool tt;                          /* experiment = twotower */
+    bool graph_needed;                /* graphreg with alpha or beta > 0: the bank's graph is built first */
+    bool bank_emb;                    /* graphreg: neighbour embeddings come from the embed makers */
+    bool label_loop;                  /* graphreg: a resident label maker */
+    /* Files: runs/<name>/ and what it holds. */
+    char dir[4200], logs[4300], kbdir[4300], ckpt[4300], epfile[4300], metrics[4300], out[4300], ptab_path[4300];
     int64_t t0;                       /* monotonic start of the run */
     carls_ptab_t ptab;                /* processes.tsv */
     /* The bank. */
@@ -317,6 +342,12 @@ typedef struct {
     s_argv_t *fleet_argv;             /* (n_fleet) their arguments, for restarts */
     char fleet_log[CARLS_PROC_MAX][4400];
     int maker_deaths, maker_restarts; /* every maker (one-shot fleets included) */
+    /* The trainer. */
+    carls_proc_t trainer;
+    int trainer_row;
+    /* How long each phase took, as rows of a markdown table for report.md. */
+    char phases[4096];
+    size_t plen;
     /* What happened, as rows of a markdown table for report.md. */
     char events[8192];
     size_t elen;
@@ -461,6 +492,49 @@ static int s_supervise(s_run_t *r)
     return 0;
 }
 
+/* One-shot maker p (processes.tsv row *row, argv a, log file log) has ended: finished, restarted when a
+ * signal killed it (within max_maker_restarts, while the phase has not failed: *rc == 0), else failed
+ * (*rc = -1). Returns whether it runs again. */
+static bool s_once_ended(s_run_t *r, carls_proc_t *p, int *row, const s_argv_t *a, const char *log, int *rc)
+{
+    const int max = (int)r->c->max_maker_restarts;
+    char how[96];
+    carls_proc_describe(p, how, sizeof how);
+    if (p->status == 0) {
+        carls_ptab_ended(&r->ptab, *row, p, "finished");
+        return false;
+    }
+    if (p->signal && !s_interrupted && *rc == 0 && r->maker_restarts < max) {
+        r->maker_deaths++;
+        r->maker_restarts++;
+        LOG_WARN("%s %s; restarting it (%d/%d)", p->name, how, r->maker_restarts, max);
+        const carls_proc_t dead = *p;
+        char name[64], note[128];
+        s_fmt(name, sizeof name, "%s", dead.name);
+        if (carls_proc_start(p, name, a->ptr, log, log) != 0) {
+            *p = dead;
+            carls_ptab_ended(&r->ptab, *row, &dead, "died: the restart failed");
+            *rc = -1;
+            return false;
+        }
+        s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p->started_pid, r->maker_restarts, max);
+        carls_ptab_ended(&r->ptab, *row, &dead, note);
+        *row = carls_ptab_started(&r->ptab, "maker", p, "one-shot, restarted");
+        s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how,
+                (int)p->started_pid, r->maker_restarts, max);
+        return true;
+    }
+    if (p->signal && !s_interrupted) {
+        r->maker_deaths++;
+    }
+    if (!s_interrupted) {
+        LOG_ERROR("%s %s (see %s)", p->name, how, log);
+    }
+    carls_ptab_ended(&r->ptab, *row, p, s_interrupted ? "stopped by the launcher" : "failed");
+    *rc = -1;
+    return false;
+}
+
 /* Runs a fleet of `n` one-shot makers to completion, supervising the bank meanwhile. A maker killed by a
  * signal is started again (within max_maker_restarts); one that fails on its own fails the phase. Returns 0,
  * or -1 when one failed, the bank is gone or we were stopped. */
@@ -497,40 +571,7 @@ static int s_fleet_once(s_run_t *r, const char *label, const char *task, int n, 
                 running = running || p[i].running;
                 continue;
             }
-            char how[96];
-            carls_proc_describe(&p[i], how, sizeof how);
-            if (p[i].status == 0) {
-                carls_ptab_ended(&r->ptab, row[i], &p[i], "finished");
-            } else if (p[i].signal && !s_interrupted && rc == 0 && r->maker_restarts < (int)c->max_maker_restarts) {
-                r->maker_deaths++;
-                r->maker_restarts++;
-                LOG_WARN("%s %s; restarting it (%d/%d)", p[i].name, how, r->maker_restarts, (int)c->max_maker_restarts);
-                const carls_proc_t dead = p[i];
-                char name[64], note[128];
-                s_fmt(name, sizeof name, "%s", dead.name);
-                if (carls_proc_start(&p[i], name, a[i].ptr, log[i], log[i]) != 0) {
-                    p[i] = dead;
-                    carls_ptab_ended(&r->ptab, row[i], &dead, "died: the restart failed");
-                    rc = -1;
-                    continue;
-                }
-                s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)p[i].started_pid, r->maker_restarts,
-                      (int)c->max_maker_restarts);
-                carls_ptab_ended(&r->ptab, row[i], &dead, note);
-                row[i] = carls_ptab_started(&r->ptab, "maker", &p[i], "one-shot, restarted");
-                s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", name, (int)dead.started_pid, how,
-                        (int)p[i].started_pid, r->maker_restarts, (int)c->max_maker_restarts);
-                running = true;
-            } else {
-                if (p[i].signal && !s_interrupted) {
-                    r->maker_deaths++;
-                }
-                if (!s_interrupted) {
-                    LOG_ERROR("%s %s (see %s)", p[i].name, how, log[i]);
-                }
-                carls_ptab_ended(&r->ptab, row[i], &p[i], s_interrupted ? "stopped by the launcher" : "failed");
-                rc = -1;
-            }
+            running = s_once_ended(r, &p[i], &row[i], &a[i], log[i], &rc) || running;
         }
         if (!running) {
             break;
@@ -595,13 +636,8 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
                             const char *metrics)
 {
-    s_arg(a, "graphreg");
-    s_arg(a, "--data");
-    s_arg(a, "fashion-mnist");
-    if (*c->data_dir) {
-        s_arg(a, "--data-dir");
-        s_arg(a, "%s", c->data_dir);
-    }
+    s_arg_list(a, (const char *const[]){"graphreg", "--data", "fashion-mnist", NULL});
+    s_arg_if_set(a, "--data-dir", c->data_dir);
     if (graph_needed) {
         s_arg(a, "--kb");
         s_arg(a, "%s", endpoint);
@@ -620,18 +656,9 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
-    s_arg(a, "--hidden");
-    s_arg(a, "%s", c->hidden);
-    s_arg(a, "--neighbors-from");
-    s_arg(a, "%s", c->neighbors_from);
-    s_arg(a, "--tables");
-    s_arg(a, "%s", c->tables);
-    s_arg(a, "--ckpt-dir");
-    s_arg(a, "%s", ckpt);
-    s_arg(a, "--metrics");
-    s_arg(a, "%s", metrics);
-    s_arg(a, "--device");
-    s_arg(a, "%s", c->trainer_device);
+    s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--neighbors-from", c->neighbors_from, "--tables",
+                                        c->tables, "--ckpt-dir", ckpt, "--metrics", metrics, "--device",
+                                        c->trainer_device, NULL});
 }
 
 /* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
@@ -643,17 +670,9 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
-    for (int k = 0; fixed[k]; k++) {
-        s_arg(a, "%s", fixed[k]);
-    }
-    if (*c->gcide_index) {
-        s_arg(a, "--index");
-        s_arg(a, "%s", c->gcide_index);
-    }
-    if (*c->gcide_dict) {
-        s_arg(a, "--dict");
-        s_arg(a, "%s", c->gcide_dict);
-    }
+    s_arg_list(a, fixed);
+    s_arg_if_set(a, "--index", c->gcide_index);
+    s_arg_if_set(a, "--dict", c->gcide_dict);
     const s_num_arg_t nums[] = {
         {"--holdout-seed", c->holdout_seed, 1}, {"--holdout-count", c->holdout_count, 1},
         {"--dim", c->dim, 1},                   {"--out-dim", c->out_dim, 1},
@@ -672,20 +691,10 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
 }
 
-/* Prints the two-tower run's result line; returns the launcher's status. */
-static int s_twotower_result(const carls_result_t *res, const char *out, const char *dir, const char *metrics,
-                             const char *ptab, int plotted, const s_run_t *r, double wall)
+/* The rest of the result line: each of the trainer's values named in show (NULL-terminated) that it printed,
+ * then the run's fault counts and wall time. */
+static void s_print_result_line(const s_run_t *r, const carls_result_t *res, const char *const *show, double wall)
 {
-    const char *show[] = {"r1", "r10", "r100", "median_rank", "mrr", "n", "fused_r1", "fused_r10", "fused_r100",
-                          "fused_median_rank", "fused_mrr", "train_steps", "train_steps_per_s", "kb_negatives",
-                          "neg_staleness_steps", "neg_unavailable", "hard_per_step", "hard_staleness_steps",
-                          "hard_unavailable", "neg_vector_cos", "neg_shifted_vector_cos", "neg_shift_ratio", "knn_agree", NULL};
-    if (!carls_result_get(res, "r10")) {
-        LOG_ERROR("the trainer printed no r10 (see %s)", out);
-        return 1;
-    }
-    printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", dir, metrics,
-           plotted ? ", plots: loss.png staleness.png" : "", ptab);
     for (int i = 0; show[i]; i++) {
         const double *x = carls_result_get(res, show[i]);
         if (x) {
@@ -694,330 +703,341 @@ static int s_twotower_result(const carls_result_t *res, const char *out, const c
     }
     printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
            r->maker_restarts, wall);
+}
+
+/* Prints the two-tower run's result line; returns the launcher's status. */
+static int s_twotower_result(const s_run_t *r, const carls_result_t *res, int plotted, double wall)
+{
+    const char *show[] = {"r1", "r10", "r100", "median_rank", "mrr", "n", "fused_r1", "fused_r10", "fused_r100",
+                          "fused_median_rank", "fused_mrr", "train_steps", "train_steps_per_s", "kb_negatives",
+                          "neg_staleness_steps", "neg_unavailable", "hard_per_step", "hard_staleness_steps",
+                          "hard_unavailable", "neg_vector_cos", "neg_shifted_vector_cos", "neg_shift_ratio", "knn_agree", NULL};
+    if (!carls_result_get(res, "r10")) {
+        LOG_ERROR("the trainer printed no r10 (see %s)", r->out);
+        return 1;
+    }
+    printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", r->dir, r->metrics,
+           plotted ? ", plots: loss.png staleness.png" : "", r->ptab_path);
+    s_print_result_line(r, res, show, wall);
     return 0;
 }
 
-int carls_run_main(int argc, char **argv)
+/* Reads CONFIG (argv[1]) into ini, applies --set key=value (or --set=key=value) and --quiet, and checks the
+ * settings into *c. Returns 0, or the exit status (2) after reporting the problem. */
+static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bool *quiet)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n");
-        return argc < 2 ? 2 : 0;
-    }
     const char *config = argv[1];
     char err[2048];
-    carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
-    bool quiet = false;
-    int status = 2;
     if (carls_ini_load(ini, config, err, sizeof err) != 0) {
         fprintf(stderr, "carls: %s\n", err);
-        free(ini);
         return 2;
     }
     for (int i = 2; i < argc; i++) {
+        const char *assignment = NULL;
         if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-            if (carls_ini_set(ini, argv[++i], err, sizeof err) != 0) {
-                fprintf(stderr, "carls: %s\n", err);
-                free(ini);
-                return 2;
-            }
+            assignment = argv[++i];
         } else if (strncmp(argv[i], "--set=", 6) == 0) {
-            if (carls_ini_set(ini, argv[i] + 6, err, sizeof err) != 0) {
-                fprintf(stderr, "carls: %s\n", err);
-                free(ini);
-                return 2;
-            }
+            assignment = argv[i] + 6;
         } else if (strcmp(argv[i], "--quiet") == 0) {
-            quiet = true;
+            *quiet = true;
+            continue;
         } else {
             fprintf(stderr, "carls: unexpected argument '%s'\n", argv[i]);
-            free(ini);
+            return 2;
+        }
+        if (carls_ini_set(ini, assignment, err, sizeof err) != 0) {
+            fprintf(stderr, "carls: %s\n", err);
             return 2;
         }
     }
-    s_cfg_t c;
-    if (s_cfg(ini, &c, err, sizeof err) != 0) {
+    if (s_cfg(ini, c, err, sizeof err) != 0) {
         fprintf(stderr, "carls: %s: %s\n", config, err);
-        free(ini);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    return 0;
+}
 
-    char dir[4200], logs[4300], kbdir[4300], ckpt[4300], epfile[4300], metrics[4300], out[4300], ptab[4300];
-    s_fmt(dir, sizeof dir, "%s/%s", c.runs_dir, c.name);
-    s_fmt(logs, sizeof logs, "%s/logs", dir);
-    s_fmt(kbdir, sizeof kbdir, "%s/kb", dir);
-    s_fmt(ckpt, sizeof ckpt, "%s/ckpt", dir);
-    s_fmt(epfile, sizeof epfile, "%s/kb.endpoint", dir);
-    s_fmt(metrics, sizeof metrics, "%s/metrics.csv", dir);
-    s_fmt(out, sizeof out, "%s/trainer.out", dir);
-    s_fmt(ptab, sizeof ptab, "%s/processes.tsv", dir);
-    /* A fresh run directory: the bank, checkpoints and logs of an earlier run with this name go. */
+/* Names the run's files and gives it a fresh directory: the bank, checkpoints and logs of an earlier run with
+ * this name go. Returns 0, or -1 after reporting. */
+static int s_prepare_dir(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    s_fmt(r->dir, sizeof r->dir, "%s/%s", c->runs_dir, c->name);
+    s_fmt(r->logs, sizeof r->logs, "%s/logs", r->dir);
+    s_fmt(r->kbdir, sizeof r->kbdir, "%s/kb", r->dir);
+    s_fmt(r->ckpt, sizeof r->ckpt, "%s/ckpt", r->dir);
+    s_fmt(r->epfile, sizeof r->epfile, "%s/kb.endpoint", r->dir);
+    s_fmt(r->metrics, sizeof r->metrics, "%s/metrics.csv", r->dir);
+    s_fmt(r->out, sizeof r->out, "%s/trainer.out", r->dir);
+    s_fmt(r->ptab_path, sizeof r->ptab_path, "%s/processes.tsv", r->dir);
     char cmd[9000];
-    s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", kbdir, ckpt, logs, epfile, metrics, out, ptab);
-    if (system(cmd) != 0 || carls_mkdir_p(logs, 0755, NULL, 0) != 0) {
-        fprintf(stderr, "carls: cannot prepare %s\n", dir);
-        free(ini);
-        return 1;
+    s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", r->kbdir, r->ckpt, r->logs, r->epfile,
+          r->metrics, r->out, r->ptab_path);
+    if (system(cmd) != 0 || carls_mkdir_p(r->logs, 0755, NULL, 0) != 0) {
+        fprintf(stderr, "carls: cannot prepare %s\n", r->dir);
+        return -1;
     }
-    status = 1;
-    s_run_t *r = carls_xcalloc(1, sizeof *r);
-    r->c = &c;
-    r->logs = logs;
-    r->kbdir = kbdir;
-    r->epfile = epfile;
-    r->t0 = carls_monotonic_ms();
-    r->server_row = -1;
-    r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
-    carls_ptab_init(&r->ptab, ptab);
-    carls_proc_t trainer = {0};
-    int trainer_row = -1;
-    char phases[4096] = "";
-    size_t plen = 0;
-    const bool tt = strcmp(c.experiment, "twotower") == 0;
-    const bool graph_needed = !tt && (c.alpha > 0 || c.beta > 0);
-    const bool bank_emb = !tt && c.alpha > 0 && strcmp(c.neighbors_from, "bank") == 0;
-    const bool label_loop = !tt && c.beta > 0 && c.label_maker > 0 && c.label_model_weight > 0;
-    if (tt) {
+    return 0;
+}
+
+/* What this run will do, in one line. */
+static void s_print_plan(const s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    if (r->tt) {
         printf("[carls] run %s: %s, two-tower reverse dictionary on GCIDE, hold-out seed %g, %g bank negatives, "
                "%d word-tower makers, results in %s\n",
-               c.name, config, c.holdout_seed, c.kb_negatives, (int)c.makers, dir);
+               c->name, r->config, c->holdout_seed, c->kb_negatives, (int)c->makers, r->dir);
     } else {
-        printf("[carls] run %s: %s, label seed %g, %s%s, results in %s\n", c.name, config, c.label_seed,
-               graph_needed ? "graph from the bank" : "supervised only (alpha = beta = 0)",
-               bank_emb ? ", neighbour embeddings from the maker fleet" : "", dir);
+        printf("[carls] run %s: %s, label seed %g, %s%s, results in %s\n", c->name, r->config, c->label_seed,
+               r->graph_needed ? "graph from the bank" : "supervised only (alpha = beta = 0)",
+               r->bank_emb ? ", neighbour embeddings from the maker fleet" : "", r->dir);
     }
     fflush(stdout);
+}
 
-    /* 1. The bank. A restart (s_bank_died) reuses these arguments with --listen set to the bound endpoint. */
-    {
-        s_argv_t *a = &r->server_argv;
-        s_arg(a, "%s/kb-server", c.bin);
-        s_arg(a, "--listen");
-        r->listen_arg = a->n;
-        s_arg(a, "tcp://127.0.0.1:*");
-        s_arg(a, "--endpoint-file");
-        s_arg(a, "%s", epfile);
-        s_arg(a, "--data");
-        s_arg(a, "%s", kbdir);
-        s_arg(a, "--durability");
-        s_arg(a, "%s", c.kb_durability);
-        s_arg(a, "--threads");
-        s_arg(a, "%d", (int)c.kb_threads);
-        s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", logs);
-        if (carls_proc_start(&r->server, "kb-server 0/1", a->ptr, r->server_log, r->server_log) != 0) {
-            goto stop;
-        }
-        r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
-        for (int i = 0; i < 600 && !s_interrupted; i++) {
-            carls_read_first_line(r->epfile, r->endpoint, sizeof r->endpoint);
-            if (*r->endpoint || carls_proc_poll(&r->server)) {
-                break;
-            }
-            usleep(50 * 1000);
-        }
-        if (!*r->endpoint) {
-            LOG_ERROR("kb-server did not start (see %s)", r->server_log);
-            goto stop;
-        }
-        if (strlen(r->endpoint) >= sizeof a->arg[0]) {
-            LOG_ERROR("kb-server endpoint '%s' is too long", r->endpoint);
-            goto stop;
-        }
-        memcpy(a->arg[r->listen_arg], r->endpoint, strlen(r->endpoint) + 1);
-        printf("[carls] kb-server listening on %s (restarted on the same endpoint and data if it dies, up to %d "
-               "times)\n",
-               r->endpoint, (int)c.max_bank_restarts);
+/* Appends a row to the report's phase table. */
+static void s_phase(s_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void s_phase(s_run_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->phases + r->plen, sizeof r->phases - r->plen, fmt, ap);
+    va_end(ap);
+    r->plen += (size_t)n;
+}
+
+/* 1. The bank, on a free loopback port; waits until it listens. A restart (s_bank_died) reuses these
+ * arguments with --listen set to the bound endpoint. Returns 0 or -1. */
+static int s_start_bank(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    s_argv_t *a = &r->server_argv;
+    s_arg(a, "%s/kb-server", c->bin);
+    s_arg(a, "--listen");
+    r->listen_arg = a->n;
+    s_arg(a, "tcp://127.0.0.1:*");
+    const char *const flags[] = {"--endpoint-file", r->epfile, "--data", r->kbdir, "--durability", c->kb_durability,
+                                 NULL};
+    s_arg_list(a, flags);
+    s_arg(a, "--threads");
+    s_arg(a, "%d", (int)c->kb_threads);
+    s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", r->logs);
+    if (carls_proc_start(&r->server, "kb-server 0/1", a->ptr, r->server_log, r->server_log) != 0) {
+        return -1;
     }
-    /* 2. The initial graph over pixels (and a first label pass). */
-    if (graph_needed) {
-        double s = 0;
-        const int n = (int)c.makers;
-        const char *px[] = {"--encoder", "pixels", "--pixel-features", c.pixel_features, NULL};
-        if (s_fleet_once(r, "pixels", "embed", n, px, &s) != 0) {
-            goto stop;
+    r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
+    for (int i = 0; i < 600 && !s_interrupted; i++) {
+        carls_read_first_line(r->epfile, r->endpoint, sizeof r->endpoint);
+        if (*r->endpoint || carls_proc_poll(&r->server)) {
+            break;
         }
-        plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| pixel embeddings (%d makers) | %.1f |\n", n, s);
-        char kbuf[32];
-        s_fmt(kbuf, sizeof kbuf, "%d", (int)c.graph_k);
-        const char *gr[] = {"--source", "pixels", "--k", kbuf, NULL};
-        if (s_fleet_once(r, "graph", "graph", n, gr, &s) != 0) {
-            goto stop;
-        }
-        plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| initial k=%d graph (%d makers) | %.1f |\n",
-                                 (int)c.graph_k, n, s);
-        if (c.beta > 0 && c.label_maker > 0) {
-            char lpc[32], lseed[32], sa_[32], si[32], bal[32];
-            s_fmt(lpc, sizeof lpc, "%d", (int)c.labels_per_class);
-            s_fmt(lseed, sizeof lseed, "%d", (int)c.label_seed);
-            s_fmt(sa_, sizeof sa_, "%g", c.spread_alpha);
-            s_fmt(si, sizeof si, "%d", (int)c.spread_iters);
-            s_fmt(bal, sizeof bal, "%d", (int)c.label_balance);
-            const char *lb[] = {"--labels-per-class", lpc, "--label-seed", lseed, "--k", kbuf, "--spread-alpha", sa_,
-                                "--spread-iters", si, "--balance", bal, NULL};
-            if (s_fleet_once(r, "labels0", "label", 1, lb, &s) != 0) {
-                goto stop;
-            }
-            plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| first label spreading | %.1f |\n", s);
-        }
+        usleep(50 * 1000);
     }
-    /* 3. The maker fleet on the checkpoint directory. */
-    {
-        const int n = (int)c.makers;
-        for (int i = 0; bank_emb && i < n; i++) {
-            s_argv_t a = {0};
-            s_maker_args(&a, &c, r->endpoint, "embed", i, n);
-            s_arg(&a, "--ckpt-dir");
-            s_arg(&a, "%s", ckpt);
-            char name[64], log[4400];
-            s_fmt(name, sizeof name, "maker embed %d/%d", i, n);
-            s_fmt(log, sizeof log, "%s/maker-embed-%d.log", logs, i);
-            if (s_fleet_start(r, name, &a, log) != 0) {
-                goto stop;
-            }
-        }
-        for (int i = 0; c.graph_refresh > 0 && bank_emb && i < n; i++) {
-            s_argv_t a = {0};
-            s_maker_args(&a, &c, r->endpoint, "graph", i, n);
-            s_arg(&a, "--source");
-            s_arg(&a, "emb");
-            s_arg(&a, "--k");
-            s_arg(&a, "%d", (int)c.graph_k);
-            s_arg(&a, "--ckpt-dir");
-            s_arg(&a, "%s", ckpt);
-            char name[64], log[4400];
-            s_fmt(name, sizeof name, "maker graph %d/%d", i, n);
-            s_fmt(log, sizeof log, "%s/maker-graph-%d.log", logs, i);
-            if (s_fleet_start(r, name, &a, log) != 0) {
-                goto stop;
-            }
-        }
-        for (int i = 0; tt && i < n; i++) {
-            s_argv_t a = {0};
-            s_arg(&a, "%s/kb-maker", c.bin);
-            const char *const fixed[] = {"--kb", r->endpoint, "--task", "words", "--tables", c.tables, "--ckpt-dir",
-                                         ckpt, NULL};
-            for (int k = 0; fixed[k]; k++) {
-                s_arg(&a, "%s", fixed[k]);
-            }
-            s_arg(&a, "--worker");
-            s_arg(&a, "%d/%d", i, n);
-            s_maker_timeout_arg(&a, &c);
-            if (*c.gcide_index) {
-                s_arg(&a, "--gcide-index");
-                s_arg(&a, "%s", c.gcide_index);
-            }
-            if (*c.gcide_dict) {
-                s_arg(&a, "--gcide-dict");
-                s_arg(&a, "%s", c.gcide_dict);
-            }
-            char name[64], log[4400];
-            s_fmt(name, sizeof name, "maker words %d/%d", i, n);
-            s_fmt(log, sizeof log, "%s/maker-words-%d.log", logs, i);
-            if (s_fleet_start(r, name, &a, log) != 0) {
-                goto stop;
-            }
-        }
-        if (label_loop) {
-            s_argv_t a = {0};
-            s_maker_args(&a, &c, r->endpoint, "label", 0, 1);
-            s_arg(&a, "--ckpt-dir");
-            s_arg(&a, "%s", ckpt);
-            s_arg(&a, "--labels-per-class");
-            s_arg(&a, "%d", (int)c.labels_per_class);
-            s_arg(&a, "--label-seed");
-            s_arg(&a, "%d", (int)c.label_seed);
-            s_arg(&a, "--k");
-            s_arg(&a, "%d", (int)c.graph_k);
-            s_arg(&a, "--spread-alpha");
-            s_arg(&a, "%g", c.spread_alpha);
-            s_arg(&a, "--spread-iters");
-            s_arg(&a, "%d", (int)c.spread_iters);
-            s_arg(&a, "--balance");
-            s_arg(&a, "%d", (int)c.label_balance);
-            s_arg(&a, "--model-weight");
-            s_arg(&a, "%g", c.label_model_weight);
-            char log[4400];
-            s_fmt(log, sizeof log, "%s/maker-label-0.log", logs);
-            if (s_fleet_start(r, "maker label 0/1", &a, log) != 0) {
-                goto stop;
-            }
-        }
-        if (r->n_fleet) {
-            printf("[carls] maker fleet: %d process%s watching %s\n", r->n_fleet, r->n_fleet == 1 ? "" : "es", ckpt);
-        }
+    if (!*r->endpoint) {
+        LOG_ERROR("kb-server did not start (see %s)", r->server_log);
+        return -1;
     }
-    /* 4. The trainer. */
-    const int64_t t_train = carls_monotonic_ms();
-    {
+    if (strlen(r->endpoint) >= sizeof a->arg[0]) {
+        LOG_ERROR("kb-server endpoint '%s' is too long", r->endpoint);
+        return -1;
+    }
+    memcpy(a->arg[r->listen_arg], r->endpoint, strlen(r->endpoint) + 1);
+    printf("[carls] kb-server listening on %s (restarted on the same endpoint and data if it dies, up to %d "
+           "times)\n",
+           r->endpoint, (int)c->max_bank_restarts);
+    return 0;
+}
+
+/* 2. The initial graph over pixels, and with a label maker a first label-spreading pass. Returns 0 or -1. */
+static int s_initial_graph(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    double s = 0;
+    const int n = (int)c->makers;
+    const char *px[] = {"--encoder", "pixels", "--pixel-features", c->pixel_features, NULL};
+    if (s_fleet_once(r, "pixels", "embed", n, px, &s) != 0) {
+        return -1;
+    }
+    s_phase(r, "| pixel embeddings (%d makers) | %.1f |\n", n, s);
+    char kbuf[32];
+    s_fmt(kbuf, sizeof kbuf, "%d", (int)c->graph_k);
+    const char *gr[] = {"--source", "pixels", "--k", kbuf, NULL};
+    if (s_fleet_once(r, "graph", "graph", n, gr, &s) != 0) {
+        return -1;
+    }
+    s_phase(r, "| initial k=%d graph (%d makers) | %.1f |\n", (int)c->graph_k, n, s);
+    if (c->beta > 0 && c->label_maker > 0) {
+        char lpc[32], lseed[32], sa_[32], si[32], bal[32];
+        s_fmt(lpc, sizeof lpc, "%d", (int)c->labels_per_class);
+        s_fmt(lseed, sizeof lseed, "%d", (int)c->label_seed);
+        s_fmt(sa_, sizeof sa_, "%g", c->spread_alpha);
+        s_fmt(si, sizeof si, "%d", (int)c->spread_iters);
+        s_fmt(bal, sizeof bal, "%d", (int)c->label_balance);
+        const char *lb[] = {"--labels-per-class", lpc, "--label-seed", lseed, "--k", kbuf, "--spread-alpha", sa_,
+                            "--spread-iters", si, "--balance", bal, NULL};
+        if (s_fleet_once(r, "labels0", "label", 1, lb, &s) != 0) {
+            return -1;
+        }
+        s_phase(r, "| first label spreading | %.1f |\n", s);
+    }
+    return 0;
+}
+
+/* Starts resident maker `task` i/n ("maker TASK I/N", logging to logs/maker-TASK-I.log) with argv a. */
+static int s_fleet_start_worker(s_run_t *r, const char *task, int i, int n, const s_argv_t *a)
+{
+    char name[64], log[4400];
+    s_fmt(name, sizeof name, "maker %s %d/%d", task, i, n);
+    s_fmt(log, sizeof log, "%s/maker-%s-%d.log", r->logs, task, i);
+    return s_fleet_start(r, name, a, log);
+}
+
+/* The word-tower maker i/n (experiment = twotower). */
+static int s_start_words_maker(s_run_t *r, int i, int n)
+{
+    const s_cfg_t *c = r->c;
+    s_argv_t a = {0};
+    s_arg(&a, "%s/kb-maker", c->bin);
+    const char *const fixed[] = {"--kb", r->endpoint, "--task", "words", "--tables", c->tables, "--ckpt-dir", r->ckpt,
+                                 NULL};
+    s_arg_list(&a, fixed);
+    s_arg(&a, "--worker");
+    s_arg(&a, "%d/%d", i, n);
+    s_maker_timeout_arg(&a, c);
+    s_arg_if_set(&a, "--gcide-index", c->gcide_index);
+    s_arg_if_set(&a, "--gcide-dict", c->gcide_dict);
+    return s_fleet_start_worker(r, "words", i, n, &a);
+}
+
+/* The resident label maker (graph + model predictions). */
+static int s_start_label_maker(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    s_argv_t a = {0};
+    s_maker_args(&a, c, r->endpoint, "label", 0, 1);
+    s_arg(&a, "--ckpt-dir");
+    s_arg(&a, "%s", r->ckpt);
+    const s_num_arg_t nums[] = {
+        {"--labels-per-class", c->labels_per_class, 1}, {"--label-seed", c->label_seed, 1},
+        {"--k", c->graph_k, 1},                         {"--spread-alpha", c->spread_alpha, 0},
+        {"--spread-iters", c->spread_iters, 1},         {"--balance", c->label_balance, 1},
+        {"--model-weight", c->label_model_weight, 0},
+    };
+    s_num_args(&a, nums, sizeof nums / sizeof nums[0]);
+    return s_fleet_start_worker(r, "label", 0, 1, &a);
+}
+
+/* 3. The maker fleet on the checkpoint directory: embed makers, graph makers (graph_refresh), word-tower
+ * makers (twotower), a label maker. Returns 0 or -1. */
+static int s_start_fleet(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    const int n = (int)c->makers;
+    for (int i = 0; r->bank_emb && i < n; i++) {
         s_argv_t a = {0};
-        s_arg(&a, "%s/trainer", c.bin);
-        if (tt) {
-            char vectors[4400];
-            s_fmt(vectors, sizeof vectors, "%s/vectors.bin", dir);
-            s_twotower_args(&a, &c, r->endpoint, ckpt, metrics, vectors);
-        } else {
-            s_graphreg_args(&a, &c, graph_needed, r->endpoint, ckpt, metrics);
-        }
-        char log[4400];
-        s_fmt(log, sizeof log, "%s/trainer.log", logs);
-        if (carls_proc_start(&trainer, "trainer", a.ptr, out, log) != 0) {
-            goto stop;
-        }
-        trainer_row = carls_ptab_started(&r->ptab, "trainer", &trainer, NULL);
-        s_tail_t tails[CARLS_PROC_MAX + 1];
-        int n_tails = 0;
-        s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", log);
-        s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "trainer");
-        tails[n_tails++].offset = 0;
-        for (int i = 0; i < r->n_fleet; i++) {
-            s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", r->fleet_log[i]);
-            s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "%s", r->fleet[i].name);
-            tails[n_tails++].offset = 0;
-        }
-        const char *const trainer_needles[] = {"step ", "ERROR", "WARN", "bank reachable", NULL};
-        const char *const maker_needles[] = {"embed step", "label step", "graph from", "headwords in", "ERROR",
-                                             "WARN", "bank reachable", NULL};
-        const int64_t deadline = carls_monotonic_ms() + (int64_t)(c.timeout_s * 1000.0);
-        int64_t last_maker_print = 0;
-        while (!carls_proc_wait(&trainer, 500)) {
-            s_tail(&tails[0], trainer_needles, quiet);
-            /* Makers: at most one batch of their lines every 10 s, so the trainer's lines stay readable. */
-            if (carls_monotonic_ms() - last_maker_print > 10000) {
-                for (int i = 1; i < n_tails; i++) {
-                    s_tail(&tails[i], maker_needles, quiet);
-                }
-                last_maker_print = carls_monotonic_ms();
-            }
-            if (s_supervise(r) != 0) {
-                break;
-            }
-            if (s_interrupted || carls_monotonic_ms() > deadline) {
-                if (!s_interrupted) {
-                    LOG_ERROR("the run took more than timeout_s = %g s: stopping it", c.timeout_s);
-                }
-                break;
-            }
-        }
-        s_tail(&tails[0], trainer_needles, quiet);
-        for (int i = 1; i < n_tails; i++) {
-            s_tail(&tails[i], maker_needles, quiet);
-        }
-        if (!trainer.running) {
-            carls_ptab_ended(&r->ptab, trainer_row, &trainer, trainer.status == 0 ? "finished" : "failed");
+        s_maker_args(&a, c, r->endpoint, "embed", i, n);
+        s_arg(&a, "--ckpt-dir");
+        s_arg(&a, "%s", r->ckpt);
+        if (s_fleet_start_worker(r, "embed", i, n, &a) != 0) {
+            return -1;
         }
     }
-    plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| trainer (makers running beside it) | %.1f |\n",
-                             (double)(carls_monotonic_ms() - t_train) / 1000.0);
+    for (int i = 0; c->graph_refresh > 0 && r->bank_emb && i < n; i++) {
+        s_argv_t a = {0};
+        s_maker_args(&a, c, r->endpoint, "graph", i, n);
+        char k[32];
+        s_fmt(k, sizeof k, "%d", (int)c->graph_k);
+        s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
+        if (s_fleet_start_worker(r, "graph", i, n, &a) != 0) {
+            return -1;
+        }
+    }
+    for (int i = 0; r->tt && i < n; i++) {
+        if (s_start_words_maker(r, i, n) != 0) {
+            return -1;
+        }
+    }
+    if (r->label_loop && s_start_label_maker(r) != 0) {
+        return -1;
+    }
+    if (r->n_fleet) {
+        printf("[carls] maker fleet: %d process%s watching %s\n", r->n_fleet, r->n_fleet == 1 ? "" : "es", r->ckpt);
+    }
+    return 0;
+}
 
-stop:
-    /* 5. Stop everything: trainer, makers, then the bank. */
-    if (trainer.running) {
-        carls_proc_stop(&trainer, 10000);
-        carls_ptab_ended(&r->ptab, trainer_row, &trainer, "stopped by the launcher");
+/* 4. The trainer: started, then followed (its evaluation lines at once, the makers' lines at most every 10 s)
+ * while the bank and the makers are supervised, until it exits, the bank is lost, timeout_s passes or we are
+ * interrupted. Returns 0, or -1 when it could not be started. */
+static int s_run_trainer(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    s_argv_t a = {0};
+    s_arg(&a, "%s/trainer", c->bin);
+    if (r->tt) {
+        char vectors[4400];
+        s_fmt(vectors, sizeof vectors, "%s/vectors.bin", r->dir);
+        s_twotower_args(&a, c, r->endpoint, r->ckpt, r->metrics, vectors);
+    } else {
+        s_graphreg_args(&a, c, r->graph_needed, r->endpoint, r->ckpt, r->metrics);
+    }
+    char log[4400];
+    s_fmt(log, sizeof log, "%s/trainer.log", r->logs);
+    if (carls_proc_start(&r->trainer, "trainer", a.ptr, r->out, log) != 0) {
+        return -1;
+    }
+    r->trainer_row = carls_ptab_started(&r->ptab, "trainer", &r->trainer, NULL);
+    s_tail_t tails[CARLS_PROC_MAX + 1];
+    int n_tails = 0;
+    s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", log);
+    s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "trainer");
+    tails[n_tails++].offset = 0;
+    for (int i = 0; i < r->n_fleet; i++) {
+        s_fmt(tails[n_tails].path, sizeof tails[0].path, "%s", r->fleet_log[i]);
+        s_fmt(tails[n_tails].tag, sizeof tails[0].tag, "%s", r->fleet[i].name);
+        tails[n_tails++].offset = 0;
+    }
+    const char *const trainer_needles[] = {"step ", "ERROR", "WARN", "bank reachable", NULL};
+    const char *const maker_needles[] = {"embed step", "label step", "graph from", "headwords in", "ERROR",
+                                         "WARN", "bank reachable", NULL};
+    const int64_t deadline = carls_monotonic_ms() + (int64_t)(c->timeout_s * 1000.0);
+    int64_t last_maker_print = 0;
+    while (!carls_proc_wait(&r->trainer, 500)) {
+        s_tail(&tails[0], trainer_needles, r->quiet);
+        /* Makers: at most one batch of their lines every 10 s, so the trainer's lines stay readable. */
+        if (carls_monotonic_ms() - last_maker_print > 10000) {
+            for (int i = 1; i < n_tails; i++) {
+                s_tail(&tails[i], maker_needles, r->quiet);
+            }
+            last_maker_print = carls_monotonic_ms();
+        }
+        if (s_supervise(r) != 0) {
+            break;
+        }
+        if (s_interrupted || carls_monotonic_ms() > deadline) {
+            if (!s_interrupted) {
+                LOG_ERROR("the run took more than timeout_s = %g s: stopping it", c->timeout_s);
+            }
+            break;
+        }
+    }
+    s_tail(&tails[0], trainer_needles, r->quiet);
+    for (int i = 1; i < n_tails; i++) {
+        s_tail(&tails[i], maker_needles, r->quiet);
+    }
+    if (!r->trainer.running) {
+        carls_ptab_ended(&r->ptab, r->trainer_row, &r->trainer, r->trainer.status == 0 ? "finished" : "failed");
+    }
+    return 0;
+}
+
+/* 5. Stops everything: the trainer, the makers (SIGTERM to all, then each waited for), then the bank. */
+static void s_stop_all(s_run_t *r)
+{
+    if (r->trainer.running) {
+        carls_proc_stop(&r->trainer, 10000);
+        carls_ptab_ended(&r->ptab, r->trainer_row, &r->trainer, "stopped by the launcher");
     }
     for (int i = 0; i < r->n_fleet; i++) {
         if (r->fleet[i].running && carls_proc_poll(&r->fleet[i])) {
@@ -1057,61 +1077,111 @@ stop:
             }
         }
     }
+}
+
+/* Prints the graphreg run's result line (accuracy first); returns the launcher's status. */
+static int s_graphreg_result(const s_run_t *r, const carls_result_t *res, int plotted, double wall)
+{
+    const char *acc = carls_result_get(res, "test_accuracy") ? "test_accuracy" : "val_accuracy";
+    const double *v = carls_result_get(res, acc);
+    if (!v) {
+        LOG_ERROR("the trainer printed no %s (see %s)", acc, r->out);
+        return 1;
+    }
+    printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", r->dir, r->metrics,
+           plotted ? ", plots: accuracy.png staleness.png" : "", r->ptab_path);
+    const char *show[] = {"steps_per_s", "wait_ms_per_step", "neighbors_used", "neighbors_stale",
+                          "neighbors_missing", "bank_fetches_skipped", NULL};
+    printf("%s=%.4f ", acc, *v);
+    s_print_result_line(r, res, show, wall);
+    return 0;
+}
+
+/* The trainer finished: plots, report.md (phases, faults) and the result line. Returns the launcher's status. */
+static int s_report(s_run_t *r, double wall)
+{
+    const s_cfg_t *c = r->c;
+    carls_result_t res;
+    carls_result_read(&res, r->out);
+    s_phase(r, "| whole run | %.1f |\n", wall);
+    int plotted = carls_report_plots(r->dir, r->metrics, c->experiment) == 0;
+    const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
+    char faults[10240];
+    snprintf(faults, sizeof faults,
+             "kb-server restarts: %d (max_bank_restarts = %d), maker deaths: %d, maker restarts: %d "
+             "(max_maker_restarts = %d), trainer batches without the bank: %.0f. Every process: "
+             "`processes.tsv`.\n\n%s%s",
+             r->bank_restarts, (int)c->max_bank_restarts, r->maker_deaths, r->maker_restarts,
+             (int)c->max_maker_restarts, skipped ? *skipped : 0.0,
+             r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
+    carls_report_write(r->dir, r->config, r->ini, &res, r->phases, faults, plotted);
+    return r->tt ? s_twotower_result(r, &res, plotted, wall) : s_graphreg_result(r, &res, plotted, wall);
+}
+
+/* Phases 1-4, then 5 whatever happened; returns the launcher's status. */
+static int s_run(s_run_t *r)
+{
+    const s_cfg_t *c = r->c;
+    r->tt = strcmp(c->experiment, "twotower") == 0;
+    r->graph_needed = !r->tt && (c->alpha > 0 || c->beta > 0);
+    r->bank_emb = !r->tt && c->alpha > 0 && strcmp(c->neighbors_from, "bank") == 0;
+    r->label_loop = !r->tt && c->beta > 0 && c->label_maker > 0 && c->label_model_weight > 0;
+    r->t0 = carls_monotonic_ms();
+    r->server_row = -1;
+    r->trainer_row = -1;
+    r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
+    carls_ptab_init(&r->ptab, r->ptab_path);
+    s_print_plan(r);
+    if (s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
+        const int64_t t_train = carls_monotonic_ms();
+        if (s_run_trainer(r) == 0) {
+            s_phase(r, "| trainer (makers running beside it) | %.1f |\n",
+                    (double)(carls_monotonic_ms() - t_train) / 1000.0);
+        }
+    }
+    s_stop_all(r);
     const double wall = (double)(carls_monotonic_ms() - r->t0) / 1000.0;
+    int status = 1;
     if (s_interrupted) {
         printf("[carls] interrupted: every process stopped (%.1f s)\n", wall);
         status = 130;
-        goto done;
-    }
-    if (r->bank_lost) {
+    } else if (r->bank_lost) {
         LOG_ERROR("the run failed: kb-server died %d time%s (max_bank_restarts = %d); see %s/processes.tsv",
-                  r->bank_restarts + 1, r->bank_restarts ? "s" : "", (int)c.max_bank_restarts, dir);
-    } else if (!trainer.pid && trainer.status == 0 && trainer.name[0]) {
-        carls_result_t res;
-        carls_result_read(&res, out);
-        plen += (size_t)snprintf(phases + plen, sizeof phases - plen, "| whole run | %.1f |\n", wall);
-        int plotted = carls_report_plots(dir, metrics, c.experiment) == 0;
-        const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
-        char faults[10240];
-        snprintf(faults, sizeof faults,
-                 "kb-server restarts: %d (max_bank_restarts = %d), maker deaths: %d, maker restarts: %d "
-                 "(max_maker_restarts = %d), trainer batches without the bank: %.0f. Every process: "
-                 "`processes.tsv`.\n\n%s%s",
-                 r->bank_restarts, (int)c.max_bank_restarts, r->maker_deaths, r->maker_restarts,
-                 (int)c.max_maker_restarts, skipped ? *skipped : 0.0,
-                 r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
-        carls_report_write(dir, config, ini, &res, phases, faults, plotted);
-        if (tt) {
-            status = s_twotower_result(&res, out, dir, metrics, ptab, plotted, r, wall);
-            goto done;
-        }
-        const char *acc = carls_result_get(&res, "test_accuracy") ? "test_accuracy" : "val_accuracy";
-        const double *v = carls_result_get(&res, acc);
-        if (!v) {
-            LOG_ERROR("the trainer printed no %s (see %s)", acc, out);
-            goto done;
-        }
-        printf("[carls] report: %s/report.md, metrics: %s%s, processes: %s\n", dir, metrics,
-               plotted ? ", plots: accuracy.png staleness.png" : "", ptab);
-        const char *show[] = {"steps_per_s", "wait_ms_per_step", "neighbors_used", "neighbors_stale",
-                              "neighbors_missing", "bank_fetches_skipped", NULL};
-        printf("%s=%.4f", acc, *v);
-        for (int i = 0; show[i]; i++) {
-            const double *x = carls_result_get(&res, show[i]);
-            if (x) {
-                printf(" %s=%.6g", show[i], *x);
-            }
-        }
-        printf(" bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts,
-               r->maker_deaths, r->maker_restarts, wall);
-        status = 0;
-    } else if (trainer.name[0]) {
-        LOG_ERROR("trainer failed with status %d (see %s/trainer.log)", trainer.status, logs);
+                  r->bank_restarts + 1, r->bank_restarts ? "s" : "", (int)c->max_bank_restarts, r->dir);
+    } else if (!r->trainer.pid && r->trainer.status == 0 && r->trainer.name[0]) {
+        status = s_report(r, wall);
+    } else if (r->trainer.name[0]) {
+        LOG_ERROR("trainer failed with status %d (see %s/trainer.log)", r->trainer.status, r->logs);
     }
-done:
     fflush(stdout);
     free(r->fleet_argv);
-    free(r);
+    return status;
+}
+
+int carls_run_main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
+        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n");
+        return argc < 2 ? 2 : 0;
+    }
+    carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
+    s_cfg_t c;
+    bool quiet = false;
+    int status = s_load_config(argc, argv, ini, &c, &quiet);
+    if (status == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = s_on_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        s_run_t *r = carls_xcalloc(1, sizeof *r);
+        r->c = &c;
+        r->config = argv[1];
+        r->ini = ini;
+        r->quiet = quiet;
+        status = s_prepare_dir(r) == 0 ? s_run(r) : 1;
+        free(r);
+    }
     free(ini);
     return status;
 }

@@ -6,9 +6,9 @@
 
 #include "nn_device.h"
 
+#include "carls_args.h"
 #include "util.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,35 +41,25 @@ static double s_time_shape(const nn_ops_t *ops, int B, int C, int OC, double min
     return (double)(t - t0) / 1e6 / (double)calls;
 }
 
+static void s_usage(FILE *out)
+{
+    fprintf(out, "usage: trainer bench-sgemm [--device cpu|cuda|auto] [--threads N] [--seconds S]\n");
+}
+
 int trainer_bench_main(int argc, char **argv)
 {
     const char *device_text = "cpu";
     int threads = 0;
     float seconds = 1.0f;
-    static const struct option longopts[] = {
-        {"device", required_argument, NULL, 'd'},
-        {"threads", required_argument, NULL, 't'},
-        {"seconds", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+    const carls_arg_t args[] = {
+        carls_arg_string("device", &device_text),
+        carls_arg_int("threads", &threads, 1, 1024),
+        carls_arg_float("seconds", &seconds, 0.01, 600),
+        {0},
     };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (c == 'd') {
-            device_text = optarg;
-        } else if (c == 't') {
-            if (trainer_parse_int("threads", optarg, 1, 1024, &threads) != 0) {
-                return 2;
-            }
-        } else if (c == 's') {
-            if (trainer_parse_float("seconds", optarg, 0.01, 600, &seconds) != 0) {
-                return 2;
-            }
-        } else {
-            printf("usage: trainer bench-sgemm [--device cpu|cuda|auto] [--threads N] [--seconds S]\n");
-            return c == 'h' ? 0 : 2;
-        }
+    const int parsed = carls_args_parse("trainer bench-sgemm", argc, argv, args, s_usage);
+    if (parsed != 0) {
+        return parsed > 0 ? 0 : 2;
     }
     nn_device_t device;
     if (trainer_setup_device(device_text, &device) != 0) {

@@ -5,12 +5,12 @@
 #include "trainer_rank.h"
 #include "trainer_tfidf.h"
 
+#include "carls_args.h"
 #include "data_gcide.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +18,9 @@
 typedef struct {
     const char *index, *dict;     /* NULL: the Debian paths */
     uint64_t seed;
+    bool seeded;                  /* --holdout-seed was given */
     const char *holdout_file;     /* instead of the seed */
-    size_t count;
+    int count;                    /* headwords to hold a definition out for */
     const char *write_holdout;
     bool stats;
 } s_opts_t;
@@ -40,50 +41,38 @@ static void s_usage(FILE *out)
             "  --stats              more parse statistics (articles, dropped senses, senses per headword)\n");
 }
 
+/* --holdout-seed S: the s_opts_t out's seed, and it was given (it excludes --holdout-file). */
+static int s_arg_seed(const char *prog, const char *name, const char *text, void *out)
+{
+    s_opts_t *o = out;
+    if (carls_parse_u64(text, &o->seed) != 0) {
+        fprintf(stderr, "%s: --%s: '%s' is not a number\n", prog, name, text);
+        return -1;
+    }
+    o->seeded = true;
+    return 0;
+}
+
 /* Parses the options; returns 0, 1 after --help, or 2 on bad usage. */
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     *o = (s_opts_t){.count = 2000};
-    enum { O_INDEX = 256, O_DICT, O_SEED, O_FILE, O_COUNT, O_WRITE, O_STATS, O_HELP };
-    static const struct option longopts[] = {
-        {"index", required_argument, NULL, O_INDEX},        {"dict", required_argument, NULL, O_DICT},
-        {"holdout-seed", required_argument, NULL, O_SEED},  {"holdout-file", required_argument, NULL, O_FILE},
-        {"holdout-count", required_argument, NULL, O_COUNT}, {"write-holdout", required_argument, NULL, O_WRITE},
-        {"stats", no_argument, NULL, O_STATS},               {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
+    const carls_arg_t args[] = {
+        carls_arg_string("index", &o->index),
+        carls_arg_string("dict", &o->dict),
+        carls_arg_custom("holdout-seed", o, s_arg_seed),
+        carls_arg_string("holdout-file", &o->holdout_file),
+        carls_arg_int("holdout-count", &o->count, 1, 1000000),
+        carls_arg_string("write-holdout", &o->write_holdout),
+        carls_arg_set("stats", &o->stats),
+        {0},
     };
-    bool seeded = false;
-    uint64_t count = o->count;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (c) {
-        case O_INDEX: o->index = optarg; break;
-        case O_DICT: o->dict = optarg; break;
-        case O_FILE: o->holdout_file = optarg; break;
-        case O_WRITE: o->write_holdout = optarg; break;
-        case O_STATS: o->stats = true; break;
-        case O_HELP: s_usage(stdout); return 1;
-        case O_SEED:
-            seeded = true;
-            if (carls_parse_u64(optarg, &o->seed) != 0) {
-                fprintf(stderr, "trainer: --holdout-seed: not a number: %s\n", optarg);
-                return 2;
-            }
-            break;
-        case O_COUNT:
-            if (carls_parse_u64(optarg, &count) != 0 || count == 0 || count > 1000000) {
-                fprintf(stderr, "trainer: --holdout-count: not a number in 1..1000000: %s\n", optarg);
-                return 2;
-            }
-            o->count = (size_t)count;
-            break;
-        default: s_usage(stderr); return 2;
-        }
+    const int rc = carls_args_parse("trainer gcide-tfidf", argc, argv, args, s_usage);
+    if (rc != 0) {
+        return rc > 0 ? 1 : 2;
     }
-    if (optind < argc || (seeded && o->holdout_file)) {
-        if (seeded && o->holdout_file)
-            fprintf(stderr, "trainer: --holdout-seed and --holdout-file exclude each other\n");
+    if (o->seeded && o->holdout_file) {
+        fprintf(stderr, "trainer: --holdout-seed and --holdout-file exclude each other\n");
         s_usage(stderr);
         return 2;
     }
@@ -151,7 +140,7 @@ int trainer_gcide_tfidf_main(int argc, char **argv)
     }
     int rc = 1;
     int hrc = o.holdout_file ? data_gcide_holdout_file(g, o.holdout_file, err, sizeof err)
-                             : data_gcide_holdout_seed(g, o.seed, o.count, err, sizeof err);
+                             : data_gcide_holdout_seed(g, o.seed, (size_t)o.count, err, sizeof err);
     if (hrc != 0) {
         LOG_ERROR("gcide-tfidf: %s", err);
         goto cleanup;

@@ -36,13 +36,12 @@
 #include "nn_hash.h"
 #include "nn_mlp.h"
 
+#include "carls_args.h"
 #include "checkpoint.h"
 #include "files.h"
 #include "log.h"
 #include "util.h"
 
-#include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +55,7 @@ typedef struct {
     int train_items;               /* 0: all training images are items */
     int validation;                /* held-out validation images (0: evaluate on the test set) */
     int steps, batch_labelled, batch_unlabelled;
-    int n_hidden, hidden[NN_MLP_MAX_HIDDEN];
-    float dropout;
+    nn_mlp_config_t model;         /* --hidden widths and --dropout (the data gives in_dim and classes) */
     nn_optim_config_t opt;
     bool cosine;  /* cosine learning-rate decay to 0 over the run, else constant */
     int seed;
@@ -66,7 +64,7 @@ typedef struct {
     int augment_shift;             /* random translations of training images by up to this many pixels */
     float augment_flip;            /* probability of a horizontal flip of a training image */
     int K;                         /* neighbours used per item */
-    s_nbr_mode_t nbr_mode;
+    int nbr_mode;                  /* s_nbr_mode_t */
     int max_staleness;             /* 0: no limit */
     int nbr_refresh;               /* bank mode: re-read a cached neighbour row after this many batches */
     const char *kb, *tables;
@@ -112,6 +110,7 @@ static void s_usage(FILE *out)
             "  --device auto|cpu|cuda --threads N --log-level LEVEL\n");
 }
 
+/* Parses the options into *o. Returns 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     *o = (s_opts_t){
@@ -119,9 +118,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .steps = 3000,
         .batch_labelled = 100,
         .batch_unlabelled = 128,
-        .n_hidden = 2,
-        .hidden = {256, 128},
-        .dropout = 0.2f,
+        .model = {.n_hidden = 2, .hidden = {256, 128}, .dropout = 0.2f},
         .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
         .cosine = true,
         .seed = 1,
@@ -134,124 +131,45 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .keep = 3,
         .device = "auto",
     };
-    enum {
-        O_DATA = 256, O_DATA_DIR, O_LPC, O_LSEED, O_TITEMS, O_VAL, O_STEPS, O_BL, O_BU, O_HIDDEN, O_DROPOUT, O_OPT,
-        O_LR, O_WD, O_SCHED, O_SEED, O_ALPHA, O_BETA, O_THR, O_RAMP, O_AUGSHIFT, O_AUGFLIP, O_K, O_FROM, O_STALE, O_REFRESH, O_KB, O_TABLES, O_CKPT,
-        O_METRICS, O_CKEVERY, O_EVAL, O_KEEP, O_DEVICE, O_THREADS, O_LOG, O_HELP
+    trainer_mlp_args_t mlp;
+    trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
+    const carls_arg_t args[] = {
+        carls_arg_group(mlp.rows),
+        carls_arg_string("data", &o->data),
+        carls_arg_string("data-dir", &o->data_dir),
+        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
+        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_int("train-items", &o->train_items, 0, 100000000),
+        carls_arg_int("validation", &o->validation, 0, 100000000),
+        carls_arg_int("steps", &o->steps, 1, 100000000),
+        carls_arg_int("batch-labelled", &o->batch_labelled, 1, 65536),
+        carls_arg_int("batch-unlabelled", &o->batch_unlabelled, 0, 65536),
+        carls_arg_float("alpha", &o->alpha, 0.0, 1e6),
+        carls_arg_float("beta", &o->beta, 0.0, 1e6),
+        carls_arg_float("conf-threshold", &o->conf_threshold, 0.0, 1.0),
+        carls_arg_int("rampup", &o->rampup, 0, 100000000),
+        carls_arg_int("augment-shift", &o->augment_shift, 0, 8),
+        carls_arg_float("augment-flip", &o->augment_flip, 0.0, 1.0),
+        carls_arg_int("neighbors", &o->K, 1, 1024),
+        carls_arg_choice("neighbors-from", &o->nbr_mode,
+                         (const char *const[]){"bank", "trainer", "none", NULL}), /* s_nbr_mode_t's order */
+        carls_arg_int("max-staleness", &o->max_staleness, 0, 2147483647),
+        carls_arg_int("neighbor-refresh", &o->nbr_refresh, 1, 100000000),
+        carls_arg_string("kb", &o->kb),
+        carls_arg_string("tables", &o->tables),
+        carls_arg_string("ckpt-dir", &o->ckpt_dir),
+        carls_arg_string("metrics", &o->metrics),
+        carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
+        carls_arg_int("eval-every", &o->eval_every, 1, 100000000),
+        carls_arg_int("keep", &o->keep, 1, 1000000),
+        carls_arg_string("device", &o->device),
+        carls_arg_int("threads", &o->threads, 1, 1024),
+        carls_arg_log_level(),
+        {0},
     };
-    static const struct option longopts[] = {
-        {"data", required_argument, NULL, O_DATA},
-        {"data-dir", required_argument, NULL, O_DATA_DIR},
-        {"labels-per-class", required_argument, NULL, O_LPC},
-        {"label-seed", required_argument, NULL, O_LSEED},
-        {"train-items", required_argument, NULL, O_TITEMS},
-        {"validation", required_argument, NULL, O_VAL},
-        {"steps", required_argument, NULL, O_STEPS},
-        {"batch-labelled", required_argument, NULL, O_BL},
-        {"batch-unlabelled", required_argument, NULL, O_BU},
-        {"hidden", required_argument, NULL, O_HIDDEN},
-        {"dropout", required_argument, NULL, O_DROPOUT},
-        {"optimizer", required_argument, NULL, O_OPT},
-        {"lr", required_argument, NULL, O_LR},
-        {"weight-decay", required_argument, NULL, O_WD},
-        {"schedule", required_argument, NULL, O_SCHED},
-        {"seed", required_argument, NULL, O_SEED},
-        {"alpha", required_argument, NULL, O_ALPHA},
-        {"beta", required_argument, NULL, O_BETA},
-        {"conf-threshold", required_argument, NULL, O_THR},
-        {"rampup", required_argument, NULL, O_RAMP},
-        {"augment-shift", required_argument, NULL, O_AUGSHIFT},
-        {"augment-flip", required_argument, NULL, O_AUGFLIP},
-        {"neighbors", required_argument, NULL, O_K},
-        {"neighbors-from", required_argument, NULL, O_FROM},
-        {"max-staleness", required_argument, NULL, O_STALE},
-        {"neighbor-refresh", required_argument, NULL, O_REFRESH},
-        {"kb", required_argument, NULL, O_KB},
-        {"tables", required_argument, NULL, O_TABLES},
-        {"ckpt-dir", required_argument, NULL, O_CKPT},
-        {"metrics", required_argument, NULL, O_METRICS},
-        {"ckpt-every", required_argument, NULL, O_CKEVERY},
-        {"eval-every", required_argument, NULL, O_EVAL},
-        {"keep", required_argument, NULL, O_KEEP},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_DATA: o->data = optarg; break;
-        case O_DATA_DIR: o->data_dir = optarg; break;
-        case O_LPC: bad = trainer_parse_int("labels-per-class", optarg, 1, 6000, &o->labels_per_class); break;
-        case O_LSEED: bad = trainer_parse_int("label-seed", optarg, 0, 2147483647, &o->label_seed); break;
-        case O_TITEMS: bad = trainer_parse_int("train-items", optarg, 0, 100000000, &o->train_items); break;
-        case O_VAL: bad = trainer_parse_int("validation", optarg, 0, 100000000, &o->validation); break;
-        case O_STEPS: bad = trainer_parse_int("steps", optarg, 1, 100000000, &o->steps); break;
-        case O_BL: bad = trainer_parse_int("batch-labelled", optarg, 1, 65536, &o->batch_labelled); break;
-        case O_BU: bad = trainer_parse_int("batch-unlabelled", optarg, 0, 65536, &o->batch_unlabelled); break;
-        case O_HIDDEN:
-            o->n_hidden = trainer_parse_widths(optarg, o->hidden, NN_MLP_MAX_HIDDEN);
-            if (o->n_hidden < 1) {
-                fprintf(stderr, "trainer: --hidden: '%s' is not a list of widths like 256,128\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_DROPOUT: bad = trainer_parse_float("dropout", optarg, 0.0, 0.95, &o->dropout); break;
-        case O_OPT: {
-            bool adam = true;
-            bad = trainer_parse_choice("optimizer", optarg, "adam", "sgd", &adam);
-            o->opt.kind = adam ? NN_OPT_ADAM : NN_OPT_SGD;
-            break;
-        }
-        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->opt.lr); break;
-        case O_WD: bad = trainer_parse_float("weight-decay", optarg, 0.0, 10.0, &o->opt.weight_decay); break;
-        case O_SCHED: bad = trainer_parse_choice("schedule", optarg, "cosine", "constant", &o->cosine); break;
-        case O_SEED: bad = trainer_parse_int("seed", optarg, 0, 2147483647, &o->seed); break;
-        case O_ALPHA: bad = trainer_parse_float("alpha", optarg, 0.0, 1e6, &o->alpha); break;
-        case O_BETA: bad = trainer_parse_float("beta", optarg, 0.0, 1e6, &o->beta); break;
-        case O_THR: bad = trainer_parse_float("conf-threshold", optarg, 0.0, 1.0, &o->conf_threshold); break;
-        case O_RAMP: bad = trainer_parse_int("rampup", optarg, 0, 100000000, &o->rampup); break;
-        case O_AUGSHIFT: bad = trainer_parse_int("augment-shift", optarg, 0, 8, &o->augment_shift); break;
-        case O_AUGFLIP: bad = trainer_parse_float("augment-flip", optarg, 0.0, 1.0, &o->augment_flip); break;
-        case O_K: bad = trainer_parse_int("neighbors", optarg, 1, 1024, &o->K); break;
-        case O_FROM:
-            if (strcmp(optarg, "bank") == 0) {
-                o->nbr_mode = S_NBR_BANK;
-            } else if (strcmp(optarg, "trainer") == 0) {
-                o->nbr_mode = S_NBR_TRAINER;
-            } else if (strcmp(optarg, "none") == 0) {
-                o->nbr_mode = S_NBR_NONE;
-            } else {
-                fprintf(stderr, "trainer: --neighbors-from: '%s' is not bank, trainer or none\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_STALE: bad = trainer_parse_int("max-staleness", optarg, 0, 2147483647, &o->max_staleness); break;
-        case O_REFRESH: bad = trainer_parse_int("neighbor-refresh", optarg, 1, 100000000, &o->nbr_refresh); break;
-        case O_KB: o->kb = optarg; break;
-        case O_TABLES: o->tables = optarg; break;
-        case O_CKPT: o->ckpt_dir = optarg; break;
-        case O_METRICS: o->metrics = optarg; break;
-        case O_CKEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
-        case O_EVAL: bad = trainer_parse_int("eval-every", optarg, 1, 100000000, &o->eval_every); break;
-        case O_KEEP: bad = trainer_parse_int("keep", optarg, 1, 1000000, &o->keep); break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_THREADS: bad = trainer_parse_int("threads", optarg, 1, 1024, &o->threads); break;
-        case O_LOG: bad = carls_log_level_option("trainer graphreg", optarg); break;
-        case O_HELP: s_usage(stdout); return 1;
-        default: s_usage(stderr); return -1;
-        }
-        if (bad) {
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "trainer graphreg: unexpected argument '%s'\n", argv[optind]);
-        return -1;
+    const int rc = carls_args_parse("trainer graphreg", argc, argv, args, s_usage);
+    if (rc != 0) {
+        return rc;
     }
     if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
         fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
@@ -266,39 +184,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if (o->opt.lr < 0.0f) {
         o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
-    return 0;
-}
-
-static void s_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
-                       int32_t *ybuf, double *loss, double *acc)
-{
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-    for (int off = 0; off < n; off += m->max_batch) {
-        int b = n - off < m->max_batch ? n - off : m->max_batch;
-        carls_image_set_batch(set, which + off, b, xbuf, ybuf);
-        nn_mlp_set_batch(m, xbuf, ybuf, b);
-        loss_sum += (double)nn_mlp_forward(m, b, false, 0) * b;
-        correct += nn_mlp_correct(m, b, NULL);
-    }
-    *loss = loss_sum / n;
-    *acc = (double)correct / n;
-}
-
-static int s_checkpoint(nn_mlp_t *m, const s_opts_t *o, uint64_t step)
-{
-    carls_ckpt_t *c = NULL;
-    char err[1024], path[4096];
-    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0 ||
-        carls_ckpt_save_to_dir(c, o->ckpt_dir, path, sizeof path, err, sizeof err) != 0) {
-        LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
-        carls_ckpt_destroy(&c);
-        return -1;
-    }
-    carls_ckpt_destroy(&c);
-    if (carls_ckpt_prune(o->ckpt_dir, o->keep, err, sizeof err) < 0) {
-        LOG_WARN("pruning %s: %s", o->ckpt_dir, err);
     }
     return 0;
 }
@@ -397,6 +282,430 @@ static double s_graph_term_rows(const trainer_fetch_t *f, const float *h, const 
     return graph;
 }
 
+/* A run: its data split, model, knowledge fetcher and buffers (s_setup and s_alloc fill it, s_teardown frees
+ * it), the training loop's state and the window and whole-run counters. */
+typedef struct {
+    const s_opts_t *o;
+    nn_device_t device;
+    carls_fmnist_t ds;
+    int N, n_lab, n_unl, n_val;    /* items, labelled, unlabelled (training), held-out validation images */
+    int BL, BU, B, K, E;           /* batch: labelled + unlabelled rows; neighbours per item; embedding width */
+    int max_batch;                 /* model batch (training or evaluation) */
+    uint32_t *labelled, *unlabelled, *val; /* (n_lab), (N: the first n_unl train), (n_val) image indices */
+    nn_mlp_t *m;
+    trainer_prefetch_t *pf;        /* NULL when neither the graph nor the pseudo-labels are used */
+    trainer_metrics_t metrics;
+    char metrics_path[4200];
+    char t_graph[200], t_labels[200], t_emb[200]; /* the bank's tables */
+    bool use_graph, use_pl;
+    uint32_t *batch;               /* (TRAINER_PREFETCH_DEPTH, B) drawn batches */
+    uint32_t *eval_idx;            /* (max(test, n_val)) */
+    float *xbuf;                   /* (max_batch, dim) */
+    int32_t *ybuf;                 /* (max_batch) targets; -1: no loss on the row */
+    float *aug_tmp;                /* (dim) */
+    float *row_w;                  /* (B) loss weight per row */
+    float *h_host, *dh_host;       /* (B, E) the last hidden layer and the graph term's gradient */
+    float *dh_dev;                 /* (B, E) the gradient on the model's device */
+    uint32_t *nbr_items;           /* trainer mode: (B * K) neighbours to encode */
+    int *nbr_slot;                 /* trainer mode: (B * K) row of each list slot in nbr_emb_local, -1: none */
+    float *nbr_x, *nbr_emb_local;  /* trainer mode: (B * K, dim) their images, (B * K, E) their embeddings */
+    uint64_t rng, aug_rng;         /* batch draws, augmentation */
+    int lab_cursor, unl_cursor;    /* positions in the shuffled labelled and unlabelled orders */
+    int drawn;                     /* batches drawn; batch t trains at step t from batch + (t % DEPTH) * B */
+    nn_optim_config_t opt;         /* o->opt with the scheduled learning rate */
+    int64_t t_start;
+    s_window_t win, total;         /* since the last evaluation; the whole run */
+    double last_loss, last_acc;    /* the latest evaluation */
+} s_run_t;
+
+static const char *s_nbr_mode_name(s_nbr_mode_t mode, const char *none)
+{
+    return mode == S_NBR_BANK ? "bank" : mode == S_NBR_TRAINER ? "trainer" : none;
+}
+
+/* Loads Fashion-MNIST and splits the training images into labelled, unlabelled and validation images. */
+static int s_load_data(s_run_t *r)
+{
+    const s_opts_t *o = r->o;
+    char err[2048];
+    if (carls_fmnist_load(o->data_dir, &r->ds, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: %s\n", err);
+        return -1;
+    }
+    const int C = CARLS_FMNIST_CLASSES;
+    r->N = o->train_items > 0 && o->train_items < r->ds.train.n ? o->train_items : r->ds.train.n;
+    r->n_lab = o->labels_per_class * C;
+    r->labelled = carls_xmalloc(sizeof *r->labelled * (size_t)r->n_lab);
+    r->unlabelled = carls_xmalloc(sizeof *r->unlabelled * (size_t)r->N);
+    if (carls_label_subset(r->ds.train.labels, (size_t)r->N, C, o->labels_per_class, (uint64_t)o->label_seed,
+                           r->labelled, r->unlabelled) != 0) {
+        fprintf(stderr, "trainer: cannot pick %d labelled images per class among %d\n", o->labels_per_class, r->N);
+        return -1;
+    }
+    r->n_unl = r->N - r->n_lab;
+    /* Validation: a seeded draw from the unlabelled images, held out of training. */
+    uint64_t vrng = nn_hash_mix((uint64_t)o->label_seed, 0x76616c69ULL); /* "vali" */
+    r->n_val = o->validation < r->n_unl ? o->validation : 0;
+    if (r->n_val > 0) {
+        carls_shuffle_u32(r->unlabelled, (size_t)r->n_unl, &vrng);
+        r->val = carls_xmalloc(sizeof *r->val * (size_t)r->n_val);
+        memcpy(r->val, r->unlabelled + r->n_unl - r->n_val, sizeof *r->val * (size_t)r->n_val);
+        r->n_unl -= r->n_val;
+    }
+    r->BL = o->batch_labelled < r->n_lab ? o->batch_labelled : r->n_lab;
+    r->BU = o->batch_unlabelled < r->n_unl ? o->batch_unlabelled : r->n_unl;
+    r->B = r->BL + r->BU;
+    r->K = o->K;
+    LOG_INFO("graphreg: %d items, %d labelled (%d per class, seed %d), %d unlabelled, %d validation; batch %d+%d; "
+             "alpha %g beta %g K %d neighbours from %s",
+             r->N, r->n_lab, o->labels_per_class, o->label_seed, r->n_unl, r->n_val, r->BL, r->BU, (double)o->alpha,
+             (double)o->beta, r->K, s_nbr_mode_name(o->nbr_mode, "nowhere"));
+    return 0;
+}
+
+/* The model, the checkpoint directory, metrics.csv and (when the bank is used) the prefetcher. */
+static int s_setup(s_run_t *r)
+{
+    const s_opts_t *o = r->o;
+    r->E = o->model.hidden[o->model.n_hidden - 1];
+    r->max_batch = r->B > 500 ? r->B : 500;
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
+        return -1;
+    }
+    const char *header = r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
+                                    "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                    "elapsed_s,bank_skipped"
+                                  : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
+                                    "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
+                                    "elapsed_s,bank_skipped";
+    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path,
+                             &r->metrics) != 0) {
+        return -1;
+    }
+    r->use_graph = o->nbr_mode != S_NBR_NONE;
+    r->use_pl = o->beta > 0.0f;
+    snprintf(r->t_graph, sizeof r->t_graph, "%s.graph", o->tables);
+    snprintf(r->t_labels, sizeof r->t_labels, "%s.labels", o->tables);
+    snprintf(r->t_emb, sizeof r->t_emb, "%s.emb", o->tables);
+    if (r->use_graph || r->use_pl) {
+        trainer_prefetch_config_t pc = {
+            .endpoint = o->kb,
+            .graph_table = r->use_graph ? r->t_graph : NULL,
+            .labels_table = r->use_pl ? r->t_labels : NULL,
+            .emb_table = o->nbr_mode == S_NBR_BANK ? r->t_emb : NULL,
+            .K = r->K,
+            .E = r->E,
+            .max_batch = r->B,
+            .n_items = r->N,
+            .refresh_batches = o->nbr_refresh,
+            .aggregate = o->nbr_mode == S_NBR_BANK,
+            .max_staleness = o->max_staleness,
+        };
+        r->pf = trainer_prefetch_new(&pc);
+        if (!r->pf) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The training loop's buffers and state. */
+static void s_alloc(s_run_t *r)
+{
+    const size_t B = (size_t)r->B, K = (size_t)r->K, E = (size_t)r->E, dim = (size_t)r->ds.train.dim;
+    r->xbuf = carls_xmalloc(sizeof(float) * (size_t)r->max_batch * dim);
+    r->ybuf = carls_xmalloc(sizeof(int32_t) * (size_t)r->max_batch);
+    r->aug_tmp = carls_xmalloc(sizeof(float) * dim);
+    r->eval_idx = carls_xmalloc(sizeof(uint32_t) * (size_t)(r->ds.test.n > r->n_val ? r->ds.test.n : r->n_val));
+    r->row_w = carls_xmalloc(sizeof(float) * B);
+    r->h_host = carls_xmalloc(sizeof(float) * B * E);
+    r->dh_host = carls_xmalloc(sizeof(float) * B * E);
+    r->dh_dev = r->m->ops->alloc(sizeof(float) * B * E);
+    r->batch = carls_xmalloc(sizeof(uint32_t) * B * TRAINER_PREFETCH_DEPTH);
+    if (r->o->nbr_mode == S_NBR_TRAINER) {
+        r->nbr_items = carls_xmalloc(sizeof(uint32_t) * B * K);
+        r->nbr_slot = carls_xmalloc(sizeof(int) * B * K);
+        r->nbr_x = carls_xmalloc(sizeof(float) * B * K * dim);
+        r->nbr_emb_local = carls_xmalloc(sizeof(float) * B * K * E);
+    }
+    r->rng = nn_hash_mix((uint64_t)r->o->seed, 0x67726567ULL);     /* "greg" */
+    r->aug_rng = nn_hash_mix((uint64_t)r->o->seed, 0x6175676dULL); /* "augm" */
+    r->lab_cursor = r->n_lab;
+    r->unl_cursor = r->n_unl;
+    r->opt = r->o->opt;
+}
+
+static void s_teardown(s_run_t *r)
+{
+    trainer_prefetch_destroy(&r->pf);
+    trainer_metrics_close(&r->metrics);
+    if (r->m && r->dh_dev) {
+        r->m->ops->free(r->dh_dev);
+    }
+    nn_mlp_destroy(&r->m);
+    carls_fmnist_free(&r->ds);
+    void *buffers[] = {r->labelled, r->unlabelled, r->val, r->batch, r->eval_idx, r->nbr_items, r->xbuf,
+                       r->aug_tmp, r->row_w, r->h_host, r->dh_host, r->nbr_x, r->nbr_emb_local, r->ybuf,
+                       r->nbr_slot};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
+        free(buffers[i]);
+    }
+}
+
+/* Draws batches (and, with the bank, submits them to the prefetcher) TRAINER_PREFETCH_DEPTH - 1 steps before
+ * they train, so their knowledge is fetched while earlier batches train. */
+static void s_draw_ahead(s_run_t *r, int step)
+{
+    for (; r->drawn < r->o->steps && r->drawn < step + TRAINER_PREFETCH_DEPTH; r->drawn++) {
+        uint32_t *b = r->batch + (size_t)(r->drawn % TRAINER_PREFETCH_DEPTH) * (size_t)r->B;
+        s_draw(r->labelled, r->n_lab, &r->lab_cursor, &r->rng, r->BL, b);
+        s_draw(r->unlabelled, r->n_unl, &r->unl_cursor, &r->rng, r->BU, b + r->BL);
+        if (r->pf) {
+            trainer_prefetch_submit(r->pf, b, r->B, (uint64_t)r->drawn);
+        }
+    }
+}
+
+/* The batch's images (augmented), targets and row weights: labelled rows weigh 1/BL, unlabelled rows
+ * beta * confidence / BU with an accepted pseudo-label, else 0. */
+static void s_targets(s_run_t *r, const uint32_t *cur_batch, const trainer_fetch_t *f, float beta)
+{
+    const s_opts_t *o = r->o;
+    carls_image_set_batch(&r->ds.train, cur_batch, r->B, r->xbuf, r->ybuf);
+    if (o->augment_shift > 0 || o->augment_flip > 0.0f) {
+        s_augment(r->xbuf, r->B, r->ds.train.rows, r->ds.train.cols, o->augment_shift, o->augment_flip, &r->aug_rng,
+                  r->aug_tmp);
+    }
+    for (int i = 0; i < r->B; i++) {
+        if (i < r->BL) {
+            r->row_w[i] = 1.0f / (float)r->BL;
+            continue;
+        }
+        r->win.pl_rows++;
+        if (r->use_pl && f && f->plabel[i] >= 0 && f->pconf[i] >= o->conf_threshold &&
+            f->plabel[i] < CARLS_FMNIST_CLASSES) {
+            r->ybuf[i] = f->plabel[i];
+            r->row_w[i] = beta * f->pconf[i] / (float)r->BU;
+            r->win.pl_used++;
+        } else {
+            r->ybuf[i] = -1;
+            r->row_w[i] = 0.0f;
+        }
+    }
+}
+
+/* In-trainer mode: the neighbours' embeddings from the current weights, before the batch's forward pass
+ * (nn_mlp_encode reuses the activation buffers). Returns U, the neighbours in the batch's lists. */
+static int s_encode_neighbours(s_run_t *r, const trainer_fetch_t *f)
+{
+    int U = 0;
+    for (int i = 0; i < r->B * r->K; i++) {
+        r->nbr_slot[i] = -1;
+        if (f->nbr[i] != TRAINER_NO_ITEM) {
+            r->nbr_slot[i] = U;
+            r->nbr_items[U++] = f->nbr[i];
+        }
+    }
+    if (U > 0) {
+        carls_image_set_batch(&r->ds.train, r->nbr_items, U, r->nbr_x, NULL);
+        nn_mlp_encode(r->m, r->nbr_x, U, r->nbr_emb_local);
+    }
+    return U;
+}
+
+/* The graph term: d/dh_i of alpha/B sum_j w~_ij ||h_i - h_j||^2, neighbours as constants, into dh_dev.
+ * Returns the term. */
+static double s_graph_term(s_run_t *r, const trainer_fetch_t *f, int U, float alpha)
+{
+    nn_mlp_t *m = r->m;
+    const size_t bytes = sizeof(float) * (size_t)r->B * (size_t)r->E;
+    double graph;
+    m->ops->to_host(r->h_host, m->h[m->cfg.n_hidden - 1], bytes);
+    memset(r->dh_host, 0, bytes);
+    if (r->o->nbr_mode == S_NBR_BANK) {
+        graph = trainer_fetch_graph_term(f, r->h_host, r->E, alpha / (float)r->B, r->dh_host);
+        r->win.nbr_used += f->nbr_used;
+        r->win.nbr_stale += f->nbr_stale;
+        r->win.nbr_missing += f->nbr_missing;
+        r->win.staleness_sum += f->staleness_sum;
+        r->win.rows_read += f->fetched;
+    } else {
+        r->win.nbr_used += U;
+        graph = s_graph_term_rows(f, r->h_host, r->nbr_emb_local, r->nbr_slot, r->B, r->K, r->E, alpha / (float)r->B,
+                                  r->dh_host);
+    }
+    m->ops->to_device(r->dh_dev, r->dh_host, bytes);
+    return graph;
+}
+
+/* One training step on batch `step`. Returns 0, or -1 when the bank failed for good. */
+static int s_train_step(s_run_t *r, int step)
+{
+    const s_opts_t *o = r->o;
+    nn_mlp_t *m = r->m;
+    const int64_t t_step = carls_monotonic_us();
+    s_draw_ahead(r, step);
+    const uint32_t *cur_batch = r->batch + (size_t)(step % TRAINER_PREFETCH_DEPTH) * (size_t)r->B;
+    const trainer_fetch_t *f = NULL;
+    double wait_ms = 0;
+    if (r->pf) {
+        f = trainer_prefetch_wait(r->pf, &wait_ms);
+        if (f->rc < 0) {
+            fprintf(stderr, "trainer: bank: %s\n", f->err);
+            return -1;
+        }
+        if (f->rc == TRAINER_FETCH_SKIPPED) {
+            r->win.bank_skipped++; /* the batch trains on its labels alone */
+        }
+    }
+    const float ramp = o->rampup > 0 && step < o->rampup ? (float)(step + 1) / (float)o->rampup : 1.0f;
+    const float alpha = o->alpha * ramp, beta = o->beta * ramp;
+    s_targets(r, cur_batch, f, beta);
+    const int U = r->use_graph && o->nbr_mode == S_NBR_TRAINER && f ? s_encode_neighbours(r, f) : 0;
+    nn_mlp_set_batch(m, r->xbuf, r->ybuf, r->B);
+    nn_mlp_forward(m, r->B, true, nn_hash_mix((uint64_t)o->seed, (uint64_t)step));
+    /* Per-row CE for the loss report. */
+    m->ops->to_host(m->h_losses, m->losses, sizeof(float) * (size_t)r->B);
+    double ce = 0.0, pl = 0.0;
+    for (int i = 0; i < r->B; i++) {
+        if (r->ybuf[i] >= 0) {
+            if (i < r->BL) {
+                ce += m->h_losses[i] * r->row_w[i];
+            } else {
+                pl += m->h_losses[i] * r->row_w[i];
+            }
+        }
+    }
+    double graph = 0.0;
+    const float *d_emb = NULL;
+    if (r->use_graph && f && alpha > 0.0f) {
+        graph = s_graph_term(r, f, U, alpha);
+        d_emb = r->dh_dev;
+    }
+    nn_mlp_zero_grad(m);
+    nn_mlp_backward_weighted(m, r->B, r->row_w, d_emb);
+    if (o->cosine) {
+        r->opt.lr = o->opt.lr * 0.5f * (1.0f + cosf((float)M_PI * (float)step / (float)o->steps));
+    }
+    nn_mlp_step(m, &r->opt);
+    s_window_t *w = &r->win;
+    w->train_us += carls_monotonic_us() - t_step;
+    w->loss += ce + pl + graph;
+    w->ce += ce;
+    w->pl += pl;
+    w->graph += graph;
+    w->steps++;
+    w->wait_ms += wait_ms;
+    w->fetch_ms += f ? f->fetch_ms : 0.0;
+    return 0;
+}
+
+/* Evaluates on the validation or test images, writes the window's metrics row and log line, and adds the
+ * window to the run's totals. */
+static void s_end_window(s_run_t *r, int done)
+{
+    const s_opts_t *o = r->o;
+    r->m->ops->synchronize();
+    if (r->n_val) {
+        trainer_mlp_evaluate(r->m, &r->ds.train, r->val, r->n_val, r->xbuf, r->ybuf, &r->last_loss, &r->last_acc);
+    } else {
+        carls_iota_u32(r->eval_idx, (size_t)r->ds.test.n);
+        trainer_mlp_evaluate(r->m, &r->ds.test, r->eval_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->last_loss,
+                             &r->last_acc);
+    }
+    s_window_t *w = &r->win;
+    const double ws = (double)w->steps;
+    const double sps = w->train_us > 0 ? ws / ((double)w->train_us / 1e6) : 0.0;
+    double row[17] = {done,
+                      w->loss / ws,
+                      w->ce / ws,
+                      w->pl / ws,
+                      w->graph / ws,
+                      r->last_loss,
+                      r->last_acc,
+                      w->pl_rows ? (double)w->pl_used / (double)w->pl_rows : 0.0,
+                      (double)w->nbr_used / ws,
+                      (double)w->nbr_stale,
+                      (double)w->nbr_missing,
+                      w->nbr_used ? w->staleness_sum / (double)w->nbr_used : 0.0,
+                      w->wait_ms / ws,
+                      w->fetch_ms / ws,
+                      sps,
+                      (double)(carls_monotonic_us() - r->t_start) / 1e6,
+                      (double)w->bank_skipped};
+    trainer_metrics_row(&r->metrics, row);
+    char skipped_text[96] = "";
+    if (w->bank_skipped) {
+        snprintf(skipped_text, sizeof skipped_text, "; %lld batches without the bank (unreachable)",
+                 (long long)w->bank_skipped);
+    }
+    LOG_INFO("step %d/%d: loss %.4f (ce %.4f pl %.4f graph %.4f), %s accuracy %.4f, pseudo-labels on %.0f%% "
+             "of unlabelled rows, %.1f neighbours/step (stale %lld, missing %lld, mean age %.0f steps), "
+             "wait %.2f ms/step, %.1f steps/s%s",
+             done, o->steps, w->loss / ws, w->ce / ws, w->pl / ws, w->graph / ws, r->n_val ? "val" : "test",
+             r->last_acc, 100.0 * row[7], row[8], (long long)w->nbr_stale, (long long)w->nbr_missing, row[11], row[12],
+             sps, skipped_text);
+    s_window_t *t = &r->total;
+    t->train_us += w->train_us;
+    t->wait_ms += w->wait_ms;
+    t->nbr_used += w->nbr_used;
+    t->nbr_stale += w->nbr_stale;
+    t->nbr_missing += w->nbr_missing;
+    t->bank_skipped += w->bank_skipped;
+    t->rows_read += w->rows_read;
+    memset(w, 0, sizeof *w);
+}
+
+/* Checkpoint at step 0, then train, checkpointing and evaluating on schedule. Returns 0 or -1. */
+static int s_train(s_run_t *r)
+{
+    const s_opts_t *o = r->o;
+    if (trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, 0) != 0) {
+        return -1;
+    }
+    r->t_start = carls_monotonic_us();
+    for (int step = 0; step < o->steps; step++) {
+        if (s_train_step(r, step) != 0) {
+            return -1;
+        }
+        const int done = step + 1;
+        if ((done % o->ckpt_every == 0 || done == o->steps) &&
+            trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
+            return -1;
+        }
+        if (done % o->eval_every == 0 || done == o->steps) {
+            s_end_window(r, done);
+        }
+    }
+    return 0;
+}
+
+/* The summary on stdout; its last line is test_accuracy=X (or val_accuracy=X). */
+static void s_print_summary(const s_run_t *r)
+{
+    const s_opts_t *o = r->o;
+    const s_window_t *t = &r->total;
+    const double train_s = (double)t->train_us / 1e6;
+    printf("graphreg: %d labelled, %d unlabelled, %d steps of %d+%d, alpha %g, beta %g, K %d from %s, device %s\n",
+           r->n_lab, r->n_unl, o->steps, r->BL, r->BU, (double)o->alpha, (double)o->beta, r->K,
+           s_nbr_mode_name(o->nbr_mode, "none"), nn_device_name(r->device));
+    printf("checkpoints: %s, metrics: %s\n", o->ckpt_dir, r->metrics_path);
+    printf("train_seconds=%.2f\n", train_s);
+    printf("steps_per_s=%.2f\n", train_s > 0 ? o->steps / train_s : 0.0);
+    printf("wait_ms_per_step=%.3f\n", t->wait_ms / o->steps);
+    printf("neighbors_used=%lld\nneighbors_stale=%lld\nneighbors_missing=%lld\n", (long long)t->nbr_used,
+           (long long)t->nbr_stale, (long long)t->nbr_missing);
+    if (r->pf) {
+        printf("bank_fetches_skipped=%lld\n", (long long)t->bank_skipped);
+    }
+    if (r->pf && o->nbr_mode == S_NBR_BANK) {
+        printf("neighbor_rows_read_per_step=%.1f\n", (double)t->rows_read / o->steps);
+    }
+    printf("%s_loss=%.4f\n", r->n_val ? "val" : "test", r->last_loss);
+    printf("%s_accuracy=%.4f\n", r->n_val ? "val" : "test", r->last_acc);
+    fflush(stdout);
+}
+
 int trainer_graphreg_main(int argc, char **argv)
 {
     s_opts_t o;
@@ -404,353 +713,19 @@ int trainer_graphreg_main(int argc, char **argv)
     if (parsed != 0) {
         return parsed > 0 ? 0 : 2;
     }
-    nn_device_t device;
-    if (trainer_setup_device(o.device, &device) != 0) {
+    s_run_t r = {.o = &o};
+    if (trainer_setup_device(o.device, &r.device) != 0) {
         return 2;
     }
     trainer_setup_threads(o.threads);
-
     int rc = 1;
-    char err[2048];
-    carls_fmnist_t ds = {0};
-    nn_mlp_t *m = NULL;
-    trainer_prefetch_t *pf = NULL;
-    trainer_metrics_t metrics = {0};
-    uint32_t *labelled = NULL, *unlabelled = NULL, *val = NULL, *batch = NULL, *eval_idx = NULL, *nbr_items = NULL;
-    float *xbuf = NULL, *aug_tmp = NULL, *row_w = NULL, *h_host = NULL, *dh_host = NULL, *dh_dev = NULL, *nbr_x = NULL,
-          *nbr_emb_local = NULL;
-    int32_t *ybuf = NULL;
-    int *nbr_slot = NULL;
-
-    if (carls_fmnist_load(o.data_dir, &ds, err, sizeof err) != 0) {
-        fprintf(stderr, "trainer: %s\n", err);
-        goto cleanup;
-    }
-    const int C = CARLS_FMNIST_CLASSES;
-    const int N = o.train_items > 0 && o.train_items < ds.train.n ? o.train_items : ds.train.n;
-    const int n_lab = o.labels_per_class * C;
-    labelled = carls_xmalloc(sizeof *labelled * (size_t)n_lab);
-    unlabelled = carls_xmalloc(sizeof *unlabelled * (size_t)N);
-    if (carls_label_subset(ds.train.labels, (size_t)N, C, o.labels_per_class, (uint64_t)o.label_seed, labelled,
-                           unlabelled) != 0) {
-        fprintf(stderr, "trainer: cannot pick %d labelled images per class among %d\n", o.labels_per_class, N);
-        goto cleanup;
-    }
-    int n_unl = N - n_lab;
-    /* Validation: a seeded draw from the unlabelled images, held out of training. */
-    uint64_t vrng = nn_hash_mix((uint64_t)o.label_seed, 0x76616c69ULL); /* "vali" */
-    int n_val = o.validation < n_unl ? o.validation : 0;
-    if (n_val > 0) {
-        carls_shuffle_u32(unlabelled, (size_t)n_unl, &vrng);
-        val = carls_xmalloc(sizeof *val * (size_t)n_val);
-        memcpy(val, unlabelled + n_unl - n_val, sizeof *val * (size_t)n_val);
-        n_unl -= n_val;
-    }
-    const int BL = o.batch_labelled < n_lab ? o.batch_labelled : n_lab;
-    const int BU = o.batch_unlabelled < n_unl ? o.batch_unlabelled : n_unl;
-    const int B = BL + BU;
-    const int K = o.K;
-    LOG_INFO("graphreg: %d items, %d labelled (%d per class, seed %d), %d unlabelled, %d validation; batch %d+%d; "
-             "alpha %g beta %g K %d neighbours from %s",
-             N, n_lab, o.labels_per_class, o.label_seed, n_unl, n_val, BL, BU, (double)o.alpha, (double)o.beta, K,
-             o.nbr_mode == S_NBR_BANK ? "bank" : o.nbr_mode == S_NBR_TRAINER ? "trainer" : "nowhere");
-
-    nn_mlp_config_t cfg = {.in_dim = ds.train.dim, .n_hidden = o.n_hidden, .num_classes = C, .dropout = o.dropout};
-    memcpy(cfg.hidden, o.hidden, sizeof cfg.hidden);
-    const int E = cfg.hidden[cfg.n_hidden - 1];
-    int max_batch = B > 500 ? B : 500;
-    if (nn_mlp_new(&cfg, device, max_batch, (uint64_t)o.seed, &m, err, sizeof err) != 0) {
-        fprintf(stderr, "trainer: model: %s\n", err);
-        goto cleanup;
-    }
-    if (carls_mkdir_p(o.ckpt_dir, 0755, NULL, 0) != 0) {
-        fprintf(stderr, "trainer: cannot create %s: %s\n", o.ckpt_dir, strerror(errno));
-        goto cleanup;
-    }
-    char metrics_path[4200];
-    snprintf(metrics_path, sizeof metrics_path, "%s", o.metrics ? o.metrics : "");
-    if (!o.metrics) {
-        snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.ckpt_dir);
-    }
-    if (trainer_metrics_open(&metrics, metrics_path,
-                             n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
-                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                     "elapsed_s,bank_skipped"
-                                   : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
-                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
-                                     "elapsed_s,bank_skipped") != 0) {
-        fprintf(stderr, "trainer: cannot write metrics to %s\n", metrics_path);
-        goto cleanup;
-    }
-    const bool use_graph = o.nbr_mode != S_NBR_NONE;
-    const bool use_pl = o.beta > 0.0f;
-    char t_graph[200], t_labels[200], t_emb[200];
-    snprintf(t_graph, sizeof t_graph, "%s.graph", o.tables);
-    snprintf(t_labels, sizeof t_labels, "%s.labels", o.tables);
-    snprintf(t_emb, sizeof t_emb, "%s.emb", o.tables);
-    if (use_graph || use_pl) {
-        trainer_prefetch_config_t pc = {
-            .endpoint = o.kb,
-            .graph_table = use_graph ? t_graph : NULL,
-            .labels_table = use_pl ? t_labels : NULL,
-            .emb_table = o.nbr_mode == S_NBR_BANK ? t_emb : NULL,
-            .K = K,
-            .E = E,
-            .max_batch = B,
-            .n_items = N,
-            .refresh_batches = o.nbr_refresh,
-            .aggregate = o.nbr_mode == S_NBR_BANK,
-            .max_staleness = o.max_staleness,
-        };
-        pf = trainer_prefetch_new(&pc);
-        if (!pf) {
-            goto cleanup;
+    if (s_load_data(&r) == 0 && s_setup(&r) == 0) {
+        s_alloc(&r);
+        if (s_train(&r) == 0) {
+            s_print_summary(&r);
+            rc = 0;
         }
     }
-
-    xbuf = carls_xmalloc(sizeof(float) * (size_t)max_batch * (size_t)ds.train.dim);
-    ybuf = carls_xmalloc(sizeof(int32_t) * (size_t)max_batch);
-    aug_tmp = carls_xmalloc(sizeof(float) * (size_t)ds.train.dim);
-    eval_idx = carls_xmalloc(sizeof(uint32_t) * (size_t)(ds.test.n > n_val ? ds.test.n : n_val));
-    row_w = carls_xmalloc(sizeof(float) * (size_t)B);
-    h_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
-    dh_host = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)E);
-    dh_dev = m->ops->alloc(sizeof(float) * (size_t)B * (size_t)E);
-    batch = carls_xmalloc(sizeof(uint32_t) * (size_t)B * TRAINER_PREFETCH_DEPTH);
-    if (o.nbr_mode == S_NBR_TRAINER) {
-        nbr_items = carls_xmalloc(sizeof(uint32_t) * (size_t)B * (size_t)K);
-        nbr_slot = carls_xmalloc(sizeof(int) * (size_t)B * (size_t)K);
-        nbr_x = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)K * (size_t)ds.train.dim);
-        nbr_emb_local = carls_xmalloc(sizeof(float) * (size_t)B * (size_t)K * (size_t)E);
-    }
-
-    uint64_t rng = nn_hash_mix((uint64_t)o.seed, 0x67726567ULL); /* "greg" */
-    uint64_t aug_rng = nn_hash_mix((uint64_t)o.seed, 0x6175676dULL); /* "augm" */
-    int lab_cursor = n_lab, unl_cursor = n_unl;
-    int drawn = 0; /* batches drawn so far; batch t trains at step t from batch + (t % TRAINER_PREFETCH_DEPTH) * B */
-    if (s_checkpoint(m, &o, 0) != 0) {
-        goto cleanup;
-    }
-    s_window_t win;
-    memset(&win, 0, sizeof win);
-    nn_optim_config_t opt = o.opt;
-    const int64_t t_start = carls_monotonic_us();
-    int64_t total_train_us = 0, total_nbr_used = 0, total_stale = 0, total_missing = 0, total_skipped = 0;
-    int64_t total_rows_read = 0;
-    double total_wait_ms = 0, last_acc = 0, last_loss = 0;
-    for (int step = 0; step < o.steps; step++) {
-        const int64_t t_step = carls_monotonic_us();
-        /* Batches are drawn (and, with the bank, submitted to the prefetcher) TRAINER_PREFETCH_DEPTH - 1 steps
-         * before they train, so their knowledge is fetched while earlier batches train. */
-        for (; drawn < o.steps && drawn < step + TRAINER_PREFETCH_DEPTH; drawn++) {
-            uint32_t *b = batch + (size_t)(drawn % TRAINER_PREFETCH_DEPTH) * (size_t)B;
-            s_draw(labelled, n_lab, &lab_cursor, &rng, BL, b);
-            s_draw(unlabelled, n_unl, &unl_cursor, &rng, BU, b + BL);
-            if (pf) {
-                trainer_prefetch_submit(pf, b, B, (uint64_t)drawn);
-            }
-        }
-        const uint32_t *cur_batch = batch + (size_t)(step % TRAINER_PREFETCH_DEPTH) * (size_t)B;
-        const trainer_fetch_t *f = NULL;
-        double wait_ms = 0;
-        if (pf) {
-            f = trainer_prefetch_wait(pf, &wait_ms);
-            if (f->rc < 0) {
-                fprintf(stderr, "trainer: bank: %s\n", f->err);
-                goto cleanup;
-            }
-            if (f->rc == TRAINER_FETCH_SKIPPED) {
-                win.bank_skipped++; /* the batch trains on its labels alone */
-            }
-        }
-        const float ramp = o.rampup > 0 && step < o.rampup ? (float)(step + 1) / (float)o.rampup : 1.0f;
-        const float alpha = o.alpha * ramp, beta = o.beta * ramp;
-
-        /* Targets and row weights. */
-        carls_image_set_batch(&ds.train, cur_batch, B, xbuf, ybuf);
-        if (o.augment_shift > 0 || o.augment_flip > 0.0f) {
-            s_augment(xbuf, B, ds.train.rows, ds.train.cols, o.augment_shift, o.augment_flip, &aug_rng, aug_tmp);
-        }
-        for (int i = 0; i < B; i++) {
-            if (i < BL) {
-                row_w[i] = 1.0f / (float)BL;
-                continue;
-            }
-            win.pl_rows++;
-            if (use_pl && f && f->plabel[i] >= 0 && f->pconf[i] >= o.conf_threshold && f->plabel[i] < C) {
-                ybuf[i] = f->plabel[i];
-                row_w[i] = beta * f->pconf[i] / (float)BU;
-                win.pl_used++;
-            } else {
-                ybuf[i] = -1;
-                row_w[i] = 0.0f;
-            }
-        }
-        /* In-trainer mode: the neighbours' embeddings from the current weights, before the batch's forward
-         * pass (nn_mlp_encode reuses the activation buffers). U: the neighbours in the batch's lists. */
-        int U = 0;
-        if (use_graph && o.nbr_mode == S_NBR_TRAINER && f) {
-            for (int i = 0; i < B * K; i++) {
-                nbr_slot[i] = -1;
-                if (f->nbr[i] != TRAINER_NO_ITEM) {
-                    nbr_slot[i] = U;
-                    nbr_items[U++] = f->nbr[i];
-                }
-            }
-            if (U > 0) {
-                carls_image_set_batch(&ds.train, nbr_items, U, nbr_x, NULL);
-                nn_mlp_encode(m, nbr_x, U, nbr_emb_local);
-            }
-        }
-        nn_mlp_set_batch(m, xbuf, ybuf, B);
-        nn_mlp_forward(m, B, true, nn_hash_mix((uint64_t)o.seed, (uint64_t)step));
-        /* Per-row CE for the loss report. */
-        m->ops->to_host(m->h_losses, m->losses, sizeof(float) * (size_t)B);
-        double ce = 0.0, pl = 0.0;
-        for (int i = 0; i < B; i++) {
-            if (ybuf[i] >= 0) {
-                if (i < BL) {
-                    ce += m->h_losses[i] * row_w[i];
-                } else {
-                    pl += m->h_losses[i] * row_w[i];
-                }
-            }
-        }
-        /* The graph term: d/dh_i of alpha/B sum_j w~_ij ||h_i - h_j||^2, neighbours as constants. */
-        double graph = 0.0;
-        const float *d_emb = NULL;
-        if (use_graph && f && alpha > 0.0f) {
-            m->ops->to_host(h_host, m->h[cfg.n_hidden - 1], sizeof(float) * (size_t)B * (size_t)E);
-            memset(dh_host, 0, sizeof(float) * (size_t)B * (size_t)E);
-            if (o.nbr_mode == S_NBR_BANK) {
-                graph = trainer_fetch_graph_term(f, h_host, E, alpha / (float)B, dh_host);
-                win.nbr_used += f->nbr_used;
-                win.nbr_stale += f->nbr_stale;
-                win.nbr_missing += f->nbr_missing;
-                win.staleness_sum += f->staleness_sum;
-                win.rows_read += f->fetched;
-            } else {
-                win.nbr_used += U;
-                graph = s_graph_term_rows(f, h_host, nbr_emb_local, nbr_slot, B, K, E, alpha / (float)B, dh_host);
-            }
-            m->ops->to_device(dh_dev, dh_host, sizeof(float) * (size_t)B * (size_t)E);
-            d_emb = dh_dev;
-        }
-        nn_mlp_zero_grad(m);
-        nn_mlp_backward_weighted(m, B, row_w, d_emb);
-        if (o.cosine) {
-            opt.lr = o.opt.lr * 0.5f * (1.0f + cosf((float)M_PI * (float)step / (float)o.steps));
-        }
-        nn_mlp_step(m, &opt);
-        const int64_t dt = carls_monotonic_us() - t_step;
-        win.train_us += dt;
-        total_train_us += dt;
-        win.loss += ce + pl + graph;
-        win.ce += ce;
-        win.pl += pl;
-        win.graph += graph;
-        win.steps++;
-        win.wait_ms += wait_ms;
-        total_wait_ms += wait_ms;
-        win.fetch_ms += f ? f->fetch_ms : 0.0;
-
-        const int done = step + 1;
-        if (done % o.ckpt_every == 0 || done == o.steps) {
-            if (s_checkpoint(m, &o, (uint64_t)done) != 0) {
-                goto cleanup;
-            }
-        }
-        if (done % o.eval_every == 0 || done == o.steps) {
-            m->ops->synchronize();
-            int n_eval = n_val ? n_val : ds.test.n;
-            if (n_val) {
-                s_evaluate(m, &ds.train, val, n_val, xbuf, ybuf, &last_loss, &last_acc);
-            } else {
-                carls_iota_u32(eval_idx, (size_t)n_eval);
-                s_evaluate(m, &ds.test, eval_idx, n_eval, xbuf, ybuf, &last_loss, &last_acc);
-            }
-            const double ws = (double)win.steps;
-            const double sps = win.train_us > 0 ? ws / ((double)win.train_us / 1e6) : 0.0;
-            double row[17] = {done,
-                              win.loss / ws,
-                              win.ce / ws,
-                              win.pl / ws,
-                              win.graph / ws,
-                              last_loss,
-                              last_acc,
-                              win.pl_rows ? (double)win.pl_used / (double)win.pl_rows : 0.0,
-                              (double)win.nbr_used / ws,
-                              (double)win.nbr_stale,
-                              (double)win.nbr_missing,
-                              win.nbr_used ? win.staleness_sum / (double)win.nbr_used : 0.0,
-                              win.wait_ms / ws,
-                              win.fetch_ms / ws,
-                              sps,
-                              (double)(carls_monotonic_us() - t_start) / 1e6,
-                              (double)win.bank_skipped};
-            trainer_metrics_row(&metrics, row);
-            char skipped_text[96] = "";
-            if (win.bank_skipped) {
-                snprintf(skipped_text, sizeof skipped_text, "; %lld batches without the bank (unreachable)",
-                         (long long)win.bank_skipped);
-            }
-            LOG_INFO("step %d/%d: loss %.4f (ce %.4f pl %.4f graph %.4f), %s accuracy %.4f, pseudo-labels on %.0f%% "
-                     "of unlabelled rows, %.1f neighbours/step (stale %lld, missing %lld, mean age %.0f steps), "
-                     "wait %.2f ms/step, %.1f steps/s%s",
-                     done, o.steps, win.loss / ws, win.ce / ws, win.pl / ws, win.graph / ws, n_val ? "val" : "test",
-                     last_acc, 100.0 * row[7], row[8], (long long)win.nbr_stale, (long long)win.nbr_missing, row[11],
-                     row[12], sps, skipped_text);
-            total_nbr_used += win.nbr_used;
-            total_stale += win.nbr_stale;
-            total_missing += win.nbr_missing;
-            total_skipped += win.bank_skipped;
-            total_rows_read += win.rows_read;
-            memset(&win, 0, sizeof win);
-        }
-    }
-    const double train_s = (double)total_train_us / 1e6;
-    printf("graphreg: %d labelled, %d unlabelled, %d steps of %d+%d, alpha %g, beta %g, K %d from %s, device %s\n",
-           n_lab, n_unl, o.steps, BL, BU, (double)o.alpha, (double)o.beta, K,
-           o.nbr_mode == S_NBR_BANK ? "bank" : o.nbr_mode == S_NBR_TRAINER ? "trainer" : "none",
-           nn_device_name(device));
-    printf("checkpoints: %s, metrics: %s\n", o.ckpt_dir, metrics_path);
-    printf("train_seconds=%.2f\n", train_s);
-    printf("steps_per_s=%.2f\n", train_s > 0 ? o.steps / train_s : 0.0);
-    printf("wait_ms_per_step=%.3f\n", total_wait_ms / o.steps);
-    printf("neighbors_used=%lld\nneighbors_stale=%lld\nneighbors_missing=%lld\n", (long long)total_nbr_used,
-           (long long)total_stale, (long long)total_missing);
-    if (pf) {
-        printf("bank_fetches_skipped=%lld\n", (long long)total_skipped);
-    }
-    if (pf && o.nbr_mode == S_NBR_BANK) {
-        printf("neighbor_rows_read_per_step=%.1f\n", (double)total_rows_read / o.steps);
-    }
-    printf("%s_loss=%.4f\n", n_val ? "val" : "test", last_loss);
-    printf("%s_accuracy=%.4f\n", n_val ? "val" : "test", last_acc);
-    fflush(stdout);
-    rc = 0;
-cleanup:
-    trainer_prefetch_destroy(&pf);
-    trainer_metrics_close(&metrics);
-    if (m && dh_dev) {
-        m->ops->free(dh_dev);
-    }
-    nn_mlp_destroy(&m);
-    carls_fmnist_free(&ds);
-    free(labelled);
-    free(unlabelled);
-    free(val);
-    free(batch);
-    free(eval_idx);
-    free(nbr_items);
-    free(xbuf);
-    free(aug_tmp);
-    free(row_w);
-    free(h_host);
-    free(dh_host);
-    free(nbr_x);
-    free(nbr_emb_local);
-    free(ybuf);
-    free(nbr_slot);
+    s_teardown(&r);
     return rc;
 }

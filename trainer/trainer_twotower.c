@@ -16,6 +16,7 @@
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
+#include "carls_args.h"
 #include "checkpoint.h"
 #include "data_gcide_bags.h"
 #include "data_sample.h"
@@ -25,7 +26,6 @@
 #include "protocol.h"
 #include "util.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +141,37 @@ static void s_usage(FILE *out)
 }
 
 /* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
+/* --data: gcide is the only data set. */
+static int s_arg_data(const char *prog, const char *name, const char *text, void *out)
+{
+    (void)out;
+    if (strcmp(text, "gcide") != 0) {
+        fprintf(stderr, "%s: --%s: '%s' is not a data set this command knows (gcide)\n", prog, name, text);
+        return -1;
+    }
+    return 0;
+}
+
+/* --fuse-sweep W[,W..]: up to 16 fusion weights into the s_opts_t out. */
+static int s_arg_fuse_sweep(const char *prog, const char *name, const char *text, void *out)
+{
+    s_opts_t *o = out;
+    char *save = NULL, *copy = strdup(text);
+    int bad = 0;
+    o->n_sweep = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok && !bad; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_sweep == 16)
+            bad = -1;
+        else
+            bad = carls_args_float_value(prog, name, tok, 0.0, 1000.0, &o->fuse_sweep[o->n_sweep++]);
+    }
+    free(copy);
+    if (bad)
+        fprintf(stderr, "%s: --%s: at most 16 weights in [0, 1000]\n", prog, name);
+    return bad;
+}
+
+/* Parses the options into *o. Returns 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     *o = (s_opts_t){
@@ -163,7 +194,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .token_dropout = 0.3f,
         .wait_fresh_s = 600,
         .init_scale = 0.1f,
-        .emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM,
         .vectors_from_trainer = true,
         .negatives_from_inputs = true,
         .lexical = {.scheme = TFIDF_COSINE, .k1 = 1.2f, .b = 0.75f},
@@ -171,183 +201,70 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .timeout_ms = 10000,
         .retries = 60,
     };
-    enum {
-        O_DATA = 256, O_INDEX, O_DICT, O_HSEED, O_HCOUNT, O_HFILE, O_WHOLD, O_KB, O_TABLE, O_DIM, O_ODIM, O_BATCH,
-        O_EPOCHS, O_MAXSTEPS, O_LR, O_ELR, O_EOPT, O_INIT, O_TEMP, O_TDROP, O_NEG, O_NEGEVERY, O_SEED, O_CKPT,
-        O_CKPTEVERY, O_VECTORS, O_WDEFS, O_SWEEP, O_NEGFROM, O_WAIT, O_FUSE, O_KNNCHECK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP,
-        O_LEXICAL, O_BM25K1, O_BM25B, O_SAVEVEC, O_EVALVEC, O_HARDQ, O_HARDK, O_HARDFRESH, O_HIDDEN, O_LOGQ, O_NEGSAMPLING,
-        O_NEGSHIFT, O_STALEPOS
+    int emb_opt = 0, lexical = 0, sampling = 0; /* indices in the choices below */
+    const char *const emb_opts[] = {"adam", "adagrad", "sgd", NULL};
+    const Carls__OptimizerKind emb_opt_kinds[] = {CARLS__OPTIMIZER_KIND__OPT_ADAM, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD,
+                                                  CARLS__OPTIMIZER_KIND__OPT_SGD};
+    const carls_arg_t args[] = {
+        carls_arg_custom("data", NULL, s_arg_data),
+        carls_arg_string("index", &o->index_path),
+        carls_arg_string("dict", &o->dict_path),
+        carls_arg_u64("holdout-seed", &o->holdout_seed),
+        carls_arg_int("holdout-count", &o->holdout_count, 1, 1000000),
+        carls_arg_string("holdout-file", &o->holdout_file),
+        carls_arg_string("write-holdout", &o->write_holdout),
+        carls_arg_string("kb", &o->kb),
+        carls_arg_string("table", &o->table),
+        carls_arg_int("dim", &o->E, 2, 4096),
+        carls_arg_int("out-dim", &o->D, 2, 4096),
+        carls_arg_int("hidden", &o->H, 0, 4096),
+        carls_arg_bool01("logq", &o->logq),
+        carls_arg_choice("negatives-sampling", &sampling, (const char *const[]){"uniform", "pairs", NULL}),
+        carls_arg_bool01("negatives-shift", &o->negatives_shift),
+        carls_arg_float("stale-positives", &o->stale_positives, 0.0, 1.0),
+        carls_arg_int("batch", &o->batch, 2, TT_MAX_BATCH),
+        carls_arg_int("epochs", &o->epochs, 0, 100000),
+        carls_arg_int("max-steps", &o->max_steps, 0, 100000000),
+        carls_arg_float("lr", &o->lr, 1e-9, 10.0),
+        carls_arg_float("emb-lr", &o->emb_lr, 1e-9, 100.0),
+        carls_arg_choice("emb-optimizer", &emb_opt, emb_opts),
+        carls_arg_float("init-scale", &o->init_scale, 1e-6, 10.0),
+        carls_arg_float("temperature", &o->temperature, 1e-3, 10.0),
+        carls_arg_float("token-dropout", &o->token_dropout, 0.0, 0.95),
+        carls_arg_int("kb-negatives", &o->negatives, 0, TT_MAX_NEGATIVES),
+        carls_arg_int("negatives-every", &o->negatives_every, 1, 1000000),
+        carls_arg_u64("seed", &o->seed),
+        carls_arg_string("ckpt-dir", &o->ckpt_dir),
+        carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
+        carls_arg_either("vectors", &o->vectors_from_trainer, (const char *const[]){"trainer", "makers", NULL}),
+        carls_arg_int("word-defs", &o->word_defs, 0, 1000),
+        carls_arg_custom("fuse-sweep", o, s_arg_fuse_sweep),
+        carls_arg_either("negatives-from", &o->negatives_from_inputs,
+                         (const char *const[]){"inputs", "outputs", NULL}),
+        carls_arg_float("wait-fresh-s", &o->wait_fresh_s, 0.0, 1e6),
+        carls_arg_float("fuse-tfidf", &o->fuse_tfidf, 0.0, 1000.0),
+        carls_arg_int("knn-check", &o->knn_check, 0, 1000000),
+        carls_arg_string("metrics", &o->metrics),
+        carls_arg_int("kb-timeout-ms", &o->timeout_ms, 1, 3600000),
+        carls_arg_int("kb-retries", &o->retries, 0, 1000000),
+        carls_arg_log_level(),
+        carls_arg_choice("lexical", &lexical, (const char *const[]){"tfidf", "bm25", NULL}),
+        carls_arg_int("hard-queries", &o->hard_queries, 0, TT_MAX_BATCH),
+        carls_arg_int("hard-k", &o->hard_k, 1, 1024),
+        carls_arg_bool01("hard-fresh", &o->hard_fresh),
+        carls_arg_float("bm25-k1", &o->lexical.k1, 0.0, 100.0),
+        carls_arg_float("bm25-b", &o->lexical.b, 0.0, 1.0),
+        carls_arg_string("save-vectors", &o->save_vectors),
+        carls_arg_string("eval-vectors", &o->eval_vectors),
+        {0},
     };
-    static const struct option longopts[] = {
-        {"data", required_argument, NULL, O_DATA},
-        {"index", required_argument, NULL, O_INDEX},
-        {"dict", required_argument, NULL, O_DICT},
-        {"holdout-seed", required_argument, NULL, O_HSEED},
-        {"holdout-count", required_argument, NULL, O_HCOUNT},
-        {"holdout-file", required_argument, NULL, O_HFILE},
-        {"write-holdout", required_argument, NULL, O_WHOLD},
-        {"kb", required_argument, NULL, O_KB},
-        {"table", required_argument, NULL, O_TABLE},
-        {"dim", required_argument, NULL, O_DIM},
-        {"out-dim", required_argument, NULL, O_ODIM},
-        {"hidden", required_argument, NULL, O_HIDDEN},
-        {"logq", required_argument, NULL, O_LOGQ},
-        {"negatives-sampling", required_argument, NULL, O_NEGSAMPLING},
-        {"negatives-shift", required_argument, NULL, O_NEGSHIFT},
-        {"stale-positives", required_argument, NULL, O_STALEPOS},
-        {"batch", required_argument, NULL, O_BATCH},
-        {"epochs", required_argument, NULL, O_EPOCHS},
-        {"max-steps", required_argument, NULL, O_MAXSTEPS},
-        {"lr", required_argument, NULL, O_LR},
-        {"emb-lr", required_argument, NULL, O_ELR},
-        {"emb-optimizer", required_argument, NULL, O_EOPT},
-        {"init-scale", required_argument, NULL, O_INIT},
-        {"temperature", required_argument, NULL, O_TEMP},
-        {"token-dropout", required_argument, NULL, O_TDROP},
-        {"kb-negatives", required_argument, NULL, O_NEG},
-        {"negatives-every", required_argument, NULL, O_NEGEVERY},
-        {"seed", required_argument, NULL, O_SEED},
-        {"ckpt-dir", required_argument, NULL, O_CKPT},
-        {"ckpt-every", required_argument, NULL, O_CKPTEVERY},
-        {"vectors", required_argument, NULL, O_VECTORS},
-        {"word-defs", required_argument, NULL, O_WDEFS},
-        {"fuse-sweep", required_argument, NULL, O_SWEEP},
-        {"negatives-from", required_argument, NULL, O_NEGFROM},
-        {"wait-fresh-s", required_argument, NULL, O_WAIT},
-        {"fuse-tfidf", required_argument, NULL, O_FUSE},
-        {"knn-check", required_argument, NULL, O_KNNCHECK},
-        {"metrics", required_argument, NULL, O_METRICS},
-        {"kb-timeout-ms", required_argument, NULL, O_TIMEOUT},
-        {"kb-retries", required_argument, NULL, O_RETRIES},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"lexical", required_argument, NULL, O_LEXICAL},
-        {"hard-queries", required_argument, NULL, O_HARDQ},
-        {"hard-k", required_argument, NULL, O_HARDK},
-        {"hard-fresh", required_argument, NULL, O_HARDFRESH},
-        {"bm25-k1", required_argument, NULL, O_BM25K1},
-        {"bm25-b", required_argument, NULL, O_BM25B},
-        {"save-vectors", required_argument, NULL, O_SAVEVEC},
-        {"eval-vectors", required_argument, NULL, O_EVALVEC},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_DATA:
-            if (strcmp(optarg, "gcide") != 0) {
-                fprintf(stderr, "trainer: --data: '%s' is not a data set this command knows (gcide)\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_INDEX: o->index_path = optarg; break;
-        case O_DICT: o->dict_path = optarg; break;
-        case O_HSEED:
-            if (carls_parse_u64(optarg, &o->holdout_seed) != 0) {
-                fprintf(stderr, "trainer: --holdout-seed: '%s' is not a number\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_HCOUNT: bad = trainer_parse_int("holdout-count", optarg, 1, 1000000, &o->holdout_count); break;
-        case O_HFILE: o->holdout_file = optarg; break;
-        case O_WHOLD: o->write_holdout = optarg; break;
-        case O_KB: o->kb = optarg; break;
-        case O_TABLE: o->table = optarg; break;
-        case O_DIM: bad = trainer_parse_int("dim", optarg, 2, 4096, &o->E); break;
-        case O_ODIM: bad = trainer_parse_int("out-dim", optarg, 2, 4096, &o->D); break;
-        case O_HIDDEN: bad = trainer_parse_int("hidden", optarg, 0, 4096, &o->H); break;
-        case O_BATCH: bad = trainer_parse_int("batch", optarg, 2, TT_MAX_BATCH, &o->batch); break;
-        case O_EPOCHS: bad = trainer_parse_int("epochs", optarg, 0, 100000, &o->epochs); break;
-        case O_MAXSTEPS: bad = trainer_parse_int("max-steps", optarg, 0, 100000000, &o->max_steps); break;
-        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 10.0, &o->lr); break;
-        case O_ELR: bad = trainer_parse_float("emb-lr", optarg, 1e-9, 100.0, &o->emb_lr); break;
-        case O_EOPT:
-            if (strcmp(optarg, "adam") == 0) {
-                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAM;
-            } else if (strcmp(optarg, "adagrad") == 0) {
-                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_ADAGRAD;
-            } else if (strcmp(optarg, "sgd") == 0) {
-                o->emb_opt = CARLS__OPTIMIZER_KIND__OPT_SGD;
-            } else {
-                fprintf(stderr, "trainer: --emb-optimizer: '%s' is not adam, adagrad or sgd\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_INIT: bad = trainer_parse_float("init-scale", optarg, 1e-6, 10.0, &o->init_scale); break;
-        case O_TEMP: bad = trainer_parse_float("temperature", optarg, 1e-3, 10.0, &o->temperature); break;
-        case O_TDROP: bad = trainer_parse_float("token-dropout", optarg, 0.0, 0.95, &o->token_dropout); break;
-        case O_NEG: bad = trainer_parse_int("kb-negatives", optarg, 0, TT_MAX_NEGATIVES, &o->negatives); break;
-        case O_NEGEVERY: bad = trainer_parse_int("negatives-every", optarg, 1, 1000000, &o->negatives_every); break;
-        case O_SEED:
-            if (carls_parse_u64(optarg, &o->seed) != 0) {
-                fprintf(stderr, "trainer: --seed: '%s' is not a number\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_CKPT: o->ckpt_dir = optarg; break;
-        case O_CKPTEVERY: bad = trainer_parse_int("ckpt-every", optarg, 1, 100000000, &o->ckpt_every); break;
-        case O_VECTORS:
-            bad = trainer_parse_choice("vectors", optarg, "trainer", "makers", &o->vectors_from_trainer);
-            break;
-        case O_SWEEP: {
-            char *save = NULL, *copy = strdup(optarg);
-            o->n_sweep = 0;
-            for (char *tok = strtok_r(copy, ",", &save); tok && !bad; tok = strtok_r(NULL, ",", &save)) {
-                if (o->n_sweep == 16)
-                    bad = -1;
-                else
-                    bad = trainer_parse_float("fuse-sweep", tok, 0.0, 1000.0, &o->fuse_sweep[o->n_sweep++]);
-            }
-            free(copy);
-            if (bad)
-                fprintf(stderr, "trainer: --fuse-sweep: at most 16 weights in [0, 1000]\n");
-            break;
-        }
-        case O_NEGFROM:
-            bad = trainer_parse_choice("negatives-from", optarg, "inputs", "outputs", &o->negatives_from_inputs);
-            break;
-        case O_WDEFS: bad = trainer_parse_int("word-defs", optarg, 0, 1000, &o->word_defs); break;
-        case O_WAIT: bad = trainer_parse_float("wait-fresh-s", optarg, 0.0, 1e6, &o->wait_fresh_s); break;
-        case O_FUSE: bad = trainer_parse_float("fuse-tfidf", optarg, 0.0, 1000.0, &o->fuse_tfidf); break;
-        case O_KNNCHECK: bad = trainer_parse_int("knn-check", optarg, 0, 1000000, &o->knn_check); break;
-        case O_METRICS: o->metrics = optarg; break;
-        case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 1, 3600000, &o->timeout_ms); break;
-        case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 1000000, &o->retries); break;
-        case O_LOG: bad = carls_log_level_option("trainer", optarg); break;
-        case O_LEXICAL: {
-            bool tfidf = true;
-            bad = trainer_parse_choice("lexical", optarg, "tfidf", "bm25", &tfidf);
-            o->lexical.scheme = tfidf ? TFIDF_COSINE : TFIDF_BM25;
-            break;
-        }
-        case O_BM25K1: bad = trainer_parse_float("bm25-k1", optarg, 0.0, 100.0, &o->lexical.k1); break;
-        case O_BM25B: bad = trainer_parse_float("bm25-b", optarg, 0.0, 1.0, &o->lexical.b); break;
-        case O_SAVEVEC: o->save_vectors = optarg; break;
-        case O_HARDQ: bad = trainer_parse_int("hard-queries", optarg, 0, TT_MAX_BATCH, &o->hard_queries); break;
-        case O_HARDK: bad = trainer_parse_int("hard-k", optarg, 1, 1024, &o->hard_k); break;
-        case O_HARDFRESH: bad = trainer_parse_flag("hard-fresh", optarg, &o->hard_fresh); break;
-        case O_NEGSAMPLING: {
-            bool uniform = true;
-            bad = trainer_parse_choice("negatives-sampling", optarg, "uniform", "pairs", &uniform);
-            o->negatives_by_pairs = !uniform;
-            break;
-        }
-        case O_LOGQ: bad = trainer_parse_flag("logq", optarg, &o->logq); break;
-        case O_NEGSHIFT: bad = trainer_parse_flag("negatives-shift", optarg, &o->negatives_shift); break;
-        case O_STALEPOS: bad = trainer_parse_float("stale-positives", optarg, 0.0, 1.0, &o->stale_positives); break;
-        case O_EVALVEC: o->eval_vectors = optarg; break;
-        case O_HELP: s_usage(stdout); return 1;
-        default: s_usage(stderr); return -1;
-        }
-        if (bad != 0)
-            return -1;
+    const int rc = carls_args_parse("trainer twotower", argc, argv, args, s_usage);
+    if (rc != 0) {
+        return rc;
     }
-    if (optind < argc) {
-        fprintf(stderr, "trainer: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
+    o->emb_opt = emb_opt_kinds[emb_opt];
+    o->lexical.scheme = lexical == 0 ? TFIDF_COSINE : TFIDF_BM25;
+    o->negatives_by_pairs = sampling == 1;
     if (!o->vectors_from_trainer && !o->ckpt_dir) {
         fprintf(stderr, "trainer: --vectors makers needs --ckpt-dir (the makers read the final checkpoint there)\n");
         return -1;
@@ -496,15 +413,11 @@ typedef struct {
     uint64_t staleness_n;
 } s_run_t;
 
-static void s_alloc(s_run_t *r)
+/* The two heads' parameters, gradients and Adam moments in one allocation each, initialised. */
+static void s_init_heads(s_run_t *r)
 {
     const s_opts_t *o = &r->o;
-    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch;
-    size_t Hmax = (size_t)o->hard_queries * (size_t)o->hard_k;
-    size_t M = (size_t)o->negatives + Hmax; /* uniform then hard negatives */
-    r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
-    r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
-    r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
+    const size_t E = (size_t)o->E, D = (size_t)o->D;
     size_t H = (size_t)o->H, per_head = D * E + D + H * E + H + D * H;
     r->n_params = 2 * per_head;
     r->params = carls_xcalloc(r->n_params, sizeof(float));
@@ -536,6 +449,18 @@ static void s_alloc(s_run_t *r)
         Uq[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
     for (size_t i = 0; i < H * E; i++)
         Uw[i] = a * (2.0f * (float)((carls_splitmix64(&st) >> 40) * 0x1p-24) - 1.0f);
+}
+
+static void s_alloc(s_run_t *r)
+{
+    const s_opts_t *o = &r->o;
+    size_t E = (size_t)o->E, D = (size_t)o->D, B = (size_t)o->batch, H = (size_t)o->H;
+    size_t Hmax = (size_t)o->hard_queries * (size_t)o->hard_k;
+    size_t M = (size_t)o->negatives + Hmax; /* uniform then hard negatives */
+    r->hard_knn = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_sel = carls_xmalloc((Hmax + 1) * sizeof(uint32_t));
+    r->hard_keys = carls_xmalloc((Hmax + 1) * sizeof(kb_key_t));
+    s_init_heads(r);
     const size_t Bq = B;
     B += o->hard_fresh ? Hmax : 0; /* word-tower items: the batch's headwords, then fresh hard negatives */
     size_t L = Bq * TT_MAX_TOKENS, G = B * NN_TOWER_MAX_GRAMS;
@@ -1279,6 +1204,118 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     return rc;
 }
 
+/* --eval-vectors FILE: scores saved vectors on this hold-out, no training. Returns the exit status. */
+static int s_eval_saved(const s_run_t *r)
+{
+    tt_eval_in_t ev = {
+        .g = r->g,
+        .word = {.E = r->o.E, .D = r->o.D},
+        .fuse_tfidf = r->o.fuse_tfidf,
+        .lexical = r->o.lexical,
+        .fuse_sweep = r->o.fuse_sweep,
+        .n_sweep = r->o.n_sweep,
+        .summary = "eval_vectors=1",
+    };
+    return tt_evaluate_saved(&ev, r->o.eval_vectors) == 0 ? 0 : 1;
+}
+
+/* With --ckpt-dir: creates it and writes the hold-out there, since word makers pooling definitions must
+ * leave out exactly the senses this trainer holds out. Returns 0 or -1 (reported). */
+static int s_prepare_ckpt_dir(const s_run_t *r)
+{
+    if (!r->o.ckpt_dir) {
+        return 0;
+    }
+    if (carls_mkdir_p(r->o.ckpt_dir, 0755, NULL, 0) != 0) {
+        fprintf(stderr, "trainer: cannot create %s\n", r->o.ckpt_dir);
+        return -1;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", r->o.ckpt_dir, TT_HOLDOUT_FILE);
+    if (data_gcide_holdout_write(r->g, path) != 0) {
+        fprintf(stderr, "trainer: cannot write %s\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* The training half of the result line: steps, bank negatives (staleness, drift, shift), hard negatives. */
+static void s_train_summary(const s_run_t *r, uint64_t steps, double sps, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
+             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
+             "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f "
+             "hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
+             (unsigned long long)steps, sps, r->o.negatives, r->staleness_n ? r->staleness_sum / r->staleness_n : 0.0,
+             (unsigned long long)r->neg_unavailable, r->drift_n ? r->drift_x_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_x_norm / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_v_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_xc_cos / (double)r->drift_n : NAN,
+             r->drift_n ? r->drift_vs_cos / (double)r->drift_n : NAN,
+             r->shift_n ? r->shift_ratio_sum / (double)r->shift_n : 0.0, (unsigned long long)r->shift_skipped,
+             r->stale_pos_of ? (double)r->stale_pos_n / (double)r->stale_pos_of : 0.0, r->o.hard_queries,
+             r->o.hard_k, r->hard_fetches ? r->hard_n_sum / (double)r->hard_fetches : 0.0,
+             r->hard_n_sum > 0 && r->hard_fetches > r->hard_unavailable
+                 ? r->hard_staleness_sum / (double)(r->hard_fetches - r->hard_unavailable)
+                 : 0.0,
+             (unsigned long long)r->hard_unavailable);
+}
+
+/* Evaluates the trained towers on the hold-out (tt_evaluate) and prints the result line. Returns 0 or -1. */
+static int s_evaluate_trained(s_run_t *r, uint64_t steps, double sps)
+{
+    char summary[2048];
+    s_train_summary(r, steps, sps, summary, sizeof summary);
+    tt_eval_in_t ev = {
+        .kb = r->kb,
+        .names = &r->names,
+        .g = r->g,
+        .idf = &r->idf,
+        .query = r->hq,
+        .word = r->hw,
+        .step = steps,
+        .vectors_from_trainer = r->o.vectors_from_trainer,
+        .wait_fresh_s = r->o.wait_fresh_s,
+        .fuse_tfidf = r->o.fuse_tfidf,
+        .lexical = r->o.lexical,
+        .save_vectors = r->o.save_vectors,
+        .fuse_sweep = r->o.fuse_sweep,
+        .n_sweep = r->o.n_sweep,
+        .knn_check = r->o.knn_check,
+        .summary = summary,
+    };
+    return tt_evaluate(&ev) == 0 ? 0 : -1;
+}
+
+/* Load, (evaluate saved vectors and stop, or) set up the bank's tables, train, checkpoint, evaluate. */
+static int s_run(s_run_t *r)
+{
+    if (s_load_data(r) != 0)
+        return 1;
+    if (r->o.eval_vectors)
+        return s_eval_saved(r);
+    if (r->n_train < (size_t)r->o.batch) {
+        fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r->n_train, r->o.batch);
+        return 1;
+    }
+    if (s_prepare_ckpt_dir(r) != 0)
+        return 1;
+    kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
+    r->kb = kb_cluster_new(r->o.kb, &copts);
+    if (!r->kb || s_create_tables(r->kb, &r->names, &r->o) != 0)
+        return 1;
+    s_alloc(r);
+    uint64_t steps = 0;
+    double sps = 0;
+    if (s_train(r, &steps, &sps) != 0)
+        return 1;
+    LOG_INFO("trainer: trained %llu steps, %.2f steps/s", (unsigned long long)steps, sps);
+    if (r->o.ckpt_dir && s_save_ckpt(r, steps) != 0)
+        return 1;
+    return s_evaluate_trained(r, steps, sps) == 0 ? 0 : 1;
+}
+
 int trainer_twotower_main(int argc, char **argv)
 {
     s_run_t r = {0};
@@ -1291,90 +1328,7 @@ int trainer_twotower_main(int argc, char **argv)
     }
     trainer_setup_threads(0);
     r.rng = r.o.seed * 0x9E3779B97F4A7C15ull + 7;
-    int status = 1;
-    if (s_load_data(&r) != 0)
-        goto out;
-    if (r.o.eval_vectors) {
-        tt_eval_in_t ev = {
-            .g = r.g,
-            .word = {.E = r.o.E, .D = r.o.D},
-            .fuse_tfidf = r.o.fuse_tfidf,
-            .lexical = r.o.lexical,
-            .fuse_sweep = r.o.fuse_sweep,
-            .n_sweep = r.o.n_sweep,
-            .summary = "eval_vectors=1",
-        };
-        status = tt_evaluate_saved(&ev, r.o.eval_vectors) == 0 ? 0 : 1;
-        goto out;
-    }
-    if (r.n_train < (size_t)r.o.batch) {
-        fprintf(stderr, "trainer: %zu training pairs, fewer than one batch of %d\n", r.n_train, r.o.batch);
-        goto out;
-    }
-    if (r.o.ckpt_dir && carls_mkdir_p(r.o.ckpt_dir, 0755, NULL, 0) != 0) {
-        fprintf(stderr, "trainer: cannot create %s\n", r.o.ckpt_dir);
-        goto out;
-    }
-    if (r.o.ckpt_dir) {
-        /* Word makers pooling definitions must leave out exactly the senses this trainer holds out. */
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", r.o.ckpt_dir, TT_HOLDOUT_FILE);
-        if (data_gcide_holdout_write(r.g, path) != 0) {
-            fprintf(stderr, "trainer: cannot write %s\n", path);
-            goto out;
-        }
-    }
-    kb_client_options_t copts = {.timeout_ms = r.o.timeout_ms, .retries = r.o.retries};
-    r.kb = kb_cluster_new(r.o.kb, &copts);
-    if (!r.kb || s_create_tables(r.kb, &r.names, &r.o) != 0)
-        goto out;
-    s_alloc(&r);
-    uint64_t steps = 0;
-    double sps = 0;
-    if (s_train(&r, &steps, &sps) != 0)
-        goto out;
-    LOG_INFO("trainer: trained %llu steps, %.2f steps/s", (unsigned long long)steps, sps);
-    if (r.o.ckpt_dir && s_save_ckpt(&r, steps) != 0)
-        goto out;
-    tt_eval_in_t ev = {
-        .kb = r.kb,
-        .names = &r.names,
-        .g = r.g,
-        .idf = &r.idf,
-        .query = r.hq,
-        .word = r.hw,
-        .step = steps,
-        .vectors_from_trainer = r.o.vectors_from_trainer,
-        .wait_fresh_s = r.o.wait_fresh_s,
-        .fuse_tfidf = r.o.fuse_tfidf,
-        .lexical = r.o.lexical,
-        .save_vectors = r.o.save_vectors,
-        .fuse_sweep = r.o.fuse_sweep,
-        .n_sweep = r.o.n_sweep,
-        .knn_check = r.o.knn_check,
-    };
-    char summary[2048];
-    snprintf(summary, sizeof summary,
-             "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
-             "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
-             "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f hard_queries=%d hard_k=%d hard_per_step=%.1f hard_staleness_steps=%.1f hard_unavailable=%llu",
-             (unsigned long long)steps, sps, r.o.negatives, r.staleness_n ? r.staleness_sum / r.staleness_n : 0.0,
-             (unsigned long long)r.neg_unavailable, r.drift_n ? r.drift_x_cos / (double)r.drift_n : NAN,
-             r.drift_n ? r.drift_x_norm / (double)r.drift_n : NAN, r.drift_n ? r.drift_v_cos / (double)r.drift_n : NAN,
-             r.drift_n ? r.drift_xc_cos / (double)r.drift_n : NAN, r.drift_n ? r.drift_vs_cos / (double)r.drift_n : NAN,
-             r.shift_n ? r.shift_ratio_sum / (double)r.shift_n : 0.0, (unsigned long long)r.shift_skipped,
-             r.stale_pos_of ? (double)r.stale_pos_n / (double)r.stale_pos_of : 0.0,
-             r.o.hard_queries, r.o.hard_k,
-             r.hard_fetches ? r.hard_n_sum / (double)r.hard_fetches : 0.0,
-             r.hard_n_sum > 0 && r.hard_fetches > r.hard_unavailable
-                 ? r.hard_staleness_sum / (double)(r.hard_fetches - r.hard_unavailable)
-                 : 0.0,
-             (unsigned long long)r.hard_unavailable);
-    ev.summary = summary;
-    if (tt_evaluate(&ev) != 0)
-        goto out;
-    status = 0;
-out:
+    int status = s_run(&r);
     s_free(&r);
     return status;
 }

@@ -1,6 +1,9 @@
 /* Shared helpers of the trainer's subcommands (see trainer_util.h). */
 #include "trainer_util.h"
 
+#include "carls_args.h"
+#include "checkpoint.h"
+#include "files.h"
 #include "log.h"
 
 #include <errno.h>
@@ -36,34 +39,18 @@ int trainer_parse_widths(const char *text, int *widths, int max)
 
 int trainer_parse_int(const char *name, const char *text, long lo, long hi, int *out)
 {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "trainer: --%s: '%s' is not an integer in %ld..%ld\n", name, text, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return carls_args_int_value("trainer", name, text, lo, hi, out);
 }
 
 int trainer_parse_float(const char *name, const char *text, double lo, double hi, float *out)
 {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || *end || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "trainer: --%s: '%s' is not a number in [%g, %g]\n", name, text, lo, hi);
-        return -1;
-    }
-    *out = (float)v;
-    return 0;
+    return carls_args_float_value("trainer", name, text, lo, hi, out);
 }
 
 int trainer_parse_flag(const char *name, const char *text, bool *out)
 {
     int v = 0;
-    if (trainer_parse_int(name, text, 0, 1, &v) != 0)
+    if (carls_args_int_value("trainer", name, text, 0, 1, &v) != 0)
         return -1;
     *out = v == 1;
     return 0;
@@ -71,11 +58,54 @@ int trainer_parse_flag(const char *name, const char *text, bool *out)
 
 int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first)
 {
-    if (strcmp(text, first) != 0 && strcmp(text, second) != 0) {
-        fprintf(stderr, "trainer: --%s: '%s' is not %s or %s\n", name, text, first, second);
+    int which = 0;
+    if (carls_args_choice_value("trainer", name, text, (const char *const[]){first, second, NULL}, &which) != 0) {
         return -1;
     }
-    *is_first = strcmp(text, first) == 0;
+    *is_first = which == 0;
+    return 0;
+}
+
+void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
+                      int *seed)
+{
+    static const char *const schedules[] = {"cosine", "constant", NULL}; /* outlives this call, as the rows do */
+    const carls_arg_t rows[] = {
+        carls_arg_custom("hidden", model, trainer_arg_hidden),
+        carls_arg_float("dropout", &model->dropout, 0.0, 0.95),
+        carls_arg_custom("optimizer", &opt->kind, trainer_arg_optimizer),
+        carls_arg_float("lr", &opt->lr, 1e-9, 100.0),
+        carls_arg_float("weight-decay", &opt->weight_decay, 0.0, 10.0),
+        carls_arg_either("schedule", cosine, schedules),
+        carls_arg_int("seed", seed, 0, 2147483647),
+        {0},
+    };
+    _Static_assert(sizeof rows == sizeof g->rows, "trainer_mlp_args_t holds the rows");
+    memcpy(g->rows, rows, sizeof rows);
+}
+
+int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out)
+{
+    nn_mlp_config_t *cfg = out;
+    int widths[NN_MLP_MAX_HIDDEN];
+    const int n = trainer_parse_widths(text, widths, NN_MLP_MAX_HIDDEN);
+    if (n < 1) {
+        fprintf(stderr, "%s: --%s: '%s' is not a list of 1..%d widths like 512,256\n", prog, name, text,
+                NN_MLP_MAX_HIDDEN);
+        return -1;
+    }
+    cfg->n_hidden = n;
+    memcpy(cfg->hidden, widths, sizeof widths[0] * (size_t)n);
+    return 0;
+}
+
+int trainer_arg_optimizer(const char *prog, const char *name, const char *text, void *out)
+{
+    int which = 0;
+    if (carls_args_choice_value(prog, name, text, (const char *const[]){"adam", "sgd", NULL}, &which) != 0) {
+        return -1;
+    }
+    *(nn_opt_kind_t *)out = which == 0 ? NN_OPT_ADAM : NN_OPT_SGD;
     return 0;
 }
 
@@ -103,3 +133,69 @@ int trainer_setup_device(const char *text, nn_device_t *out)
     return 0;
 }
 
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, nn_device_t device, int max_batch, int seed,
+                           nn_mlp_t **out)
+{
+    nn_mlp_config_t cfg = *model;
+    cfg.in_dim = in_dim;
+    cfg.num_classes = CARLS_FMNIST_CLASSES;
+    char err[2048];
+    if (nn_mlp_new(&cfg, device, max_batch, (uint64_t)seed, out, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: model: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
+                          int32_t *ybuf, double *loss, double *acc)
+{
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    for (int off = 0; off < n; off += m->max_batch) {
+        int b = n - off < m->max_batch ? n - off : m->max_batch;
+        carls_image_set_batch(set, which + off, b, xbuf, ybuf);
+        nn_mlp_set_batch(m, xbuf, ybuf, b);
+        loss_sum += (double)nn_mlp_forward(m, b, false, 0) * b;
+        correct += nn_mlp_correct(m, b, NULL);
+    }
+    *loss = loss_sum / n;
+    *acc = (double)correct / n;
+}
+
+int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step)
+{
+    carls_ckpt_t *c = NULL;
+    char err[1024], path[4096];
+    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0 ||
+        carls_ckpt_save_to_dir(c, dir, path, sizeof path, err, sizeof err) != 0) {
+        LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
+        carls_ckpt_destroy(&c);
+        return -1;
+    }
+    carls_ckpt_destroy(&c);
+    LOG_DEBUG("checkpoint %s", path);
+    if (carls_ckpt_prune(dir, keep, err, sizeof err) < 0) {
+        LOG_WARN("pruning %s: %s", dir, err);
+    }
+    return 0;
+}
+
+int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
+                         trainer_metrics_t *out)
+{
+    if (metrics) {
+        snprintf(path, pathlen, "%s", metrics);
+    } else {
+        snprintf(path, pathlen, "%s/metrics.csv", ckpt_dir);
+    }
+    if (carls_mkdir_p(ckpt_dir, 0755, NULL, 0) != 0) {
+        fprintf(stderr, "trainer: cannot create %s: %s\n", ckpt_dir, strerror(errno));
+        return -1;
+    }
+    if (trainer_metrics_open(out, path, header) != 0) {
+        fprintf(stderr, "trainer: cannot write metrics to %s\n", path);
+        return -1;
+    }
+    return 0;
+}

@@ -2,13 +2,22 @@
 #ifndef TRAINER_UTIL_H
 #define TRAINER_UTIL_H
 
+#include "carls_args.h"
 #include "nn_device.h"
+#include "nn_mlp.h"
+#include "trainer_metrics.h"
+
+#include "data_fmnist.h"
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 /* Parses "256" or "512,256" into widths (at most max), returning how many, or -1 if malformed. */
 int trainer_parse_widths(const char *text, int *widths, int max);
 
+/* Option values for the subcommands that parse their options by hand (carls_args.h's checks with the prefix
+ * "trainer"); a subcommand with a carls_args_t table needs none of these. */
 /* Parses an int option in [lo, hi]; prints "trainer: --name: ..." and returns -1 when it is not one. */
 int trainer_parse_int(const char *name, const char *text, long lo, long hi, int *out);
 /* Same for a float in [lo, hi]. */
@@ -18,6 +27,21 @@ int trainer_parse_flag(const char *name, const char *text, bool *out);
 /* An option with two values: *is_first = (text is first); prints "trainer: --name: 'text' is not first or
  * second" and returns -1 (leaving *is_first) when it is neither. */
 int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first);
+
+/* The model and optimiser options the Fashion-MNIST trainers (graphreg, supervised) share, as a carls_args
+ * group (carls_arg_group(g->rows)): --hidden, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
+ * stored into model, opt, *cosine and *seed. */
+typedef struct {
+    carls_arg_t rows[8];
+} trainer_mlp_args_t;
+void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
+                      int *seed);
+
+/* Custom values for carls_args_t option tables (carls_args.h), shared by the subcommands:
+ * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set. */
+int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out);
+/* --optimizer adam|sgd: out is an nn_opt_kind_t. */
+int trainer_arg_optimizer(const char *prog, const char *name, const char *text, void *out);
 
 /* Sets OpenBLAS threads: requested when > 0, else TRAINER_DEFAULT_THREADS. Logs and returns the number.
  *
@@ -31,6 +55,25 @@ int trainer_setup_threads(int requested);
 
 /* Resolves --device (logging the choice); returns 0 and *out, or prints the reason and returns -1. */
 int trainer_setup_device(const char *text, nn_device_t *out);
+
+/* A Fashion-MNIST classifier: in_dim inputs, model's hidden layers and dropout, CARLS_FMNIST_CLASSES outputs,
+ * batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, nn_device_t device, int max_batch, int seed,
+                           nn_mlp_t **out);
+
+/* Loss and accuracy of model m (in eval mode) on images which[0..n) of set, in chunks of m->max_batch through
+ * xbuf (max_batch * dim) and ybuf (max_batch). */
+void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
+                          int32_t *ybuf, double *loss, double *acc);
+
+/* Saves m as the checkpoint of `step` in dir (the latest pointer updated) and prunes dir to the newest `keep`.
+ * A failed save is logged and returns -1; a failed prune is only logged. */
+int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step);
+
+/* A run's outputs: creates ckpt_dir, names the metrics file (metrics, or NULL: ckpt_dir/metrics.csv) into
+ * path and opens it with header. Returns 0, or -1 after printing "trainer: cannot ...". */
+int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
+                         trainer_metrics_t *out);
 
 
 #endif
