@@ -16,6 +16,7 @@
 #include "raw_client.h"
 #include "server_harness.h"
 #include "util.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,14 +35,6 @@
 
 #include <cmocka.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define S_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define S_SANITIZED 1
-#endif
-#endif
-
 #define LIMIT_MIB 64
 #define MAX_MESSAGE (4u << 20)
 #define DIM 4
@@ -57,7 +50,7 @@
  * AddressSanitizer the estimate (malloc's sizes) undercounts: every block carries ASan's header and redzone (a
  * 208-byte row block takes about 256 and 32 of shadow), so the data counts twice, and its quarantine of
  * freed blocks (capped here at 32 MiB for the server) comes on top. docs/RELIABILITY.md has the figures. */
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
 #define S_LIMIT_FACTOR 2
 #define S_OVERHEAD_MIB 160
 #else
@@ -77,12 +70,9 @@ static int s_setup(void **state)
         rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
     /* Keep ASan's quarantine of freed blocks (default 256 MiB) from dwarfing the limit under test. */
-    const char *old = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=32", old ? old : "", old && old[0] ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    test_asan_options_append("quarantine_size_mb=32");
 #endif
     fixture_t *f = calloc(1, sizeof *f);
     test_server_init(&f->srv);

@@ -16,6 +16,7 @@
 #include "kb_client.h"
 #include "server_harness.h"
 #include "util.h"
+#include "test_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,14 +34,6 @@
 
 #include <cmocka.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define S_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define S_SANITIZED 1
-#endif
-#endif
-
 #define MAX_SAMPLES 100000
 
 typedef struct {
@@ -49,15 +42,12 @@ typedef struct {
 
 static int s_setup(void **state)
 {
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
     /* ASan keeps up to 256 MiB of freed blocks in quarantine by default, filling it over minutes: that would
      * read as growth. 8 MiB fills within the warm-up. And its allocator keeps every size class's free blocks
      * resident, so its resident size creeps up with the running maximum of each class's use; returning free
      * pages to the system every 500 ms lets the resident size follow what is in use. */
-    const char *old = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8:allocator_release_to_os_interval_ms=500", old ? old : "", old && old[0] ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    test_asan_options_append("quarantine_size_mb=8:allocator_release_to_os_interval_ms=500");
 #endif
     fixture_t *f = calloc(1, sizeof *f);
     test_server_init(&f->srv);

@@ -14,19 +14,10 @@
 #include <string.h>
 
 #include "kb_latency.h"
+#include "test_util.h"
 
 /* 2^(1/4): the documented bucket ratio. */
 static const double s_ratio = 1.189207115002721;
-
-static uint64_t s_rand(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
 
 static int s_cmp_u64(const void *a, const void *b)
 {
@@ -132,7 +123,7 @@ static void test_log_uniform(void **st)
     assert_non_null(v);
     uint64_t rng = 42;
     for (size_t i = 0; i < N; i++) {
-        double u = (double)(s_rand(&rng) >> 11) / 9007199254740992.0; /* [0, 1) */
+        double u = (double)(test_xorshift64(&rng) >> 11) / 9007199254740992.0; /* [0, 1) */
         v[i] = (uint64_t)exp2(u * 30.0);
         if (v[i] == 0)
             v[i] = 1;
@@ -150,7 +141,7 @@ static void test_bimodal(void **st)
     assert_non_null(v);
     uint64_t rng = 7;
     for (size_t i = 0; i < N; i++)
-        v[i] = (i % 100 < 97) ? 200 + s_rand(&rng) % 100 : 50000 + s_rand(&rng) % 50000;
+        v[i] = (i % 100 < 97) ? 200 + test_xorshift64(&rng) % 100 : 50000 + test_xorshift64(&rng) % 50000;
     s_check_distribution(v, N);
     free(v);
 }
@@ -163,7 +154,7 @@ static void test_max_exact(void **st)
     kb_latency_init(&h);
     uint64_t rng = 3, max = 0;
     for (int i = 0; i < 10000; i++) {
-        uint64_t us = s_rand(&rng) % 10000000;
+        uint64_t us = test_xorshift64(&rng) % 10000000;
         kb_latency_record(&h, us);
         if (us > max)
             max = us;
@@ -191,7 +182,7 @@ static void *s_worker(void *arg)
     s_worker_t *w = arg;
     uint64_t rng = w->seed;
     for (int i = 0; i < PER_THREAD; i++) {
-        uint64_t us = 1 + s_rand(&rng) % 5000;
+        uint64_t us = 1 + test_xorshift64(&rng) % 5000;
         if (i == PER_THREAD / 2)
             us = 1000000 + w->seed; /* one distinct spike per thread */
         if (us > w->max)

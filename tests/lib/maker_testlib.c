@@ -1,5 +1,6 @@
 /* Helpers shared by the maker tests (see maker_testlib.h). */
 #include "maker_testlib.h"
+#include "test_util.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -17,20 +18,21 @@ int mt_have_fmnist(void)
 
 void mt_tempdir(char *path, const char *tag)
 {
-    snprintf(path, 64, "/tmp/carls-%s-XXXXXX", tag);
-    if (!mkdtemp(path)) {
-        perror("mkdtemp");
+    if (test_tmpdir(path, 64, tag) != 0)
         abort();
-    }
 }
 
-void mt_rmrf(const char *path)
+int mt_finish(const char *name, const char *dir)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "warning: %s failed\n", cmd);
+    if (mt_failures) {
+        if (dir)
+            fprintf(stderr, "%s: %d check(s) failed; files kept in %s\n", name, mt_failures, dir);
+        return 1;
     }
+    if (dir)
+        test_rmrf(dir);
+    printf("%s: OK\n", name);
+    return 0;
 }
 
 pid_t mt_spawn(const char *prog, char *const argv[], const char *log)

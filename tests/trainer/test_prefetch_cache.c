@@ -220,9 +220,5 @@ int main(void)
     trainer_prefetch_destroy(&rows);
     trainer_prefetch_destroy(&agg);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
-    if (mt_failures) {
-        return 1;
-    }
-    printf("test_prefetch_cache: OK\n");
-    return 0;
+    return mt_finish("test_prefetch_cache", NULL);
 }
