@@ -12,54 +12,18 @@
 #include "fuzz_common.h"
 
 #include "checkpoint.h"
+#include "test_util.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_HEADER_BYTES 34u /* fixed part of a checkpoint header (see checkpoint.c) */
 
-static struct {
-    bool ready;
-    char dir[256];  /* for the write-back */
-    char path[300]; /* dir/rewrite.ckpt */
-} s;
-
-static void s_cleanup(void)
-{
-    unlink(s.path);
-    rmdir(s.dir);
-}
-
-static void s_setup(void)
-{
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-ckpt-XXXXXX", base);
-    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
-    snprintf(s.path, sizeof s.path, "%s/rewrite.ckpt", s.dir);
-    atexit(s_cleanup);
-    s.ready = true;
-}
-
-/* Reads the whole of path into a new buffer. */
-static uint8_t *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    FUZZ_CHECK(f != NULL);
-    FUZZ_CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    FUZZ_CHECK(n >= 0);
-    rewind(f);
-    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
-    FUZZ_CHECK(buf != NULL);
-    FUZZ_CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
+/* Where the write-back goes (fuzz_scratch_file, made on the first input). */
+static const char *s_rewrite_path;
 
 /* Checks a checkpoint that was read from data (size bytes). */
 static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t size)
@@ -83,12 +47,13 @@ static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t s
         FUZZ_CHECK(carls_ckpt_find(ck, t->name) == t);
     }
     char err[512];
-    if (carls_ckpt_write(ck, s.path, err, sizeof err) != 0) {
+    if (carls_ckpt_write(ck, s_rewrite_path, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_checkpoint: write-back failed: %s\n", err);
         abort();
     }
     size_t len;
-    uint8_t *again = s_slurp(s.path, &len);
+    uint8_t *again = test_read_file(s_rewrite_path, 0, &len);
+    FUZZ_CHECK(again != NULL);
     FUZZ_CHECK(len == size && memcmp(again, data, size) == 0);
     free(again);
 }
@@ -115,23 +80,17 @@ static void s_read(const uint8_t *data, size_t size)
     }
 }
 
+/* Sets the header's u64 file length (offset 16, little-endian) to the input's real size. */
+static void s_fix_length(uint8_t *buf, size_t size)
+{
+    for (int i = 0; i < 8; i++)
+        buf[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!s.ready)
-        s_setup();
-    s_read(data, size);
-    if (size >= S_HEADER_BYTES + 4) {
-        uint8_t *fixed = malloc(size);
-        FUZZ_CHECK(fixed != NULL);
-        memcpy(fixed, data, size);
-        for (int i = 0; i < 8; i++) /* u64 file length at offset 16, little-endian */
-            fixed[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
-        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
-        for (int i = 0; i < 4; i++)
-            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
-        if (memcmp(fixed, data, size) != 0)
-            s_read(fixed, size);
-        free(fixed);
-    }
+    if (!s_rewrite_path)
+        s_rewrite_path = fuzz_scratch_file("ckpt", "rewrite.ckpt");
+    fuzz_read_with_crc_fixup(data, size, S_HEADER_BYTES + 4, s_fix_length, s_read);
     return 0;
 }

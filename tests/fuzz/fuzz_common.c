@@ -3,11 +3,13 @@
 
 #include "protocol.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <zlib.h>
 
 _Noreturn void fuzz_fail(const char *file, int line, const char *what)
 {
@@ -115,4 +117,65 @@ int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len)
     }
     snprintf(path, path_len, "/proc/self/fd/%d", fd);
     return fd;
+}
+
+void fuzz_scratch_dir(const char *tag, char *dir, size_t dir_len)
+{
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(dir, dir_len, "%s/carls-fuzz-%s-XXXXXX", base, tag);
+    FUZZ_CHECK(mkdtemp(dir) != NULL);
+}
+
+void fuzz_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static char s_scratch_dir[256];
+static char s_scratch_path[512];
+
+static void s_scratch_remove(void)
+{
+    fuzz_remove_dir(s_scratch_dir);
+}
+
+const char *fuzz_scratch_file(const char *tag, const char *name)
+{
+    if (!s_scratch_dir[0]) {
+        fuzz_scratch_dir(tag, s_scratch_dir, sizeof s_scratch_dir);
+        snprintf(s_scratch_path, sizeof s_scratch_path, "%s/%s", s_scratch_dir, name);
+        atexit(s_scratch_remove);
+    }
+    return s_scratch_path;
+}
+
+void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
+                              void (*read)(const uint8_t *, size_t))
+{
+    read(data, size);
+    if (size < min_size || size < 4)
+        return;
+    uint8_t *fixed = malloc(size);
+    FUZZ_CHECK(fixed != NULL);
+    memcpy(fixed, data, size);
+    if (prepare)
+        prepare(fixed, size);
+    uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
+    for (int i = 0; i < 4; i++)
+        fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
+    if (memcmp(fixed, data, size) != 0)
+        read(fixed, size);
+    free(fixed);
 }

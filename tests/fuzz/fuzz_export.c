@@ -20,32 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define S_TRAILER_BYTES 20u /* "CARLSEND", u64 rows, u32 CRC (see kb_export.c) */
 
-static struct {
-    bool ready;
-    char dir[256];  /* for the write-back */
-    char path[300]; /* dir/rewrite.kbx */
-} s;
-
-static void s_cleanup(void)
-{
-    unlink(s.path);
-    rmdir(s.dir);
-}
-
-static void s_setup(void)
-{
-    carls_log_set_level(CARLS_LOG_OFF);
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-export-XXXXXX", base);
-    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
-    snprintf(s.path, sizeof s.path, "%s/rewrite.kbx", s.dir);
-    atexit(s_cleanup);
-    s.ready = true;
-}
+/* Where the write-back goes (fuzz_scratch_file, made on the first input). */
+static const char *s_rewrite_path;
 
 /* One row, copied out of the reader. */
 typedef struct {
@@ -134,7 +113,7 @@ static void s_write_back(const char *name, const Carls__TableConfig *cfg, const 
     uint32_t dim = feature ? 0 : cfg->dim;
     char err[512];
     kb_export_writer_t *w = NULL;
-    int rc = kb_export_writer_open(s.path, name, cfg, &w, err, sizeof err);
+    int rc = kb_export_writer_open(s_rewrite_path, name, cfg, &w, err, sizeof err);
     for (size_t i = 0; rc == 0 && i < n; i++)
         rc = kb_export_writer_add(w, rows[i].key, rows[i].key_len, rows[i].version, rows[i].frequency,
                                   rows[i].values, rows[i].record, err, sizeof err);
@@ -146,7 +125,7 @@ static void s_write_back(const char *name, const Carls__TableConfig *cfg, const 
         abort();
     }
     kb_export_reader_t *r = NULL;
-    rc = kb_export_reader_open(s.path, &r, err, sizeof err);
+    rc = kb_export_reader_open(s_rewrite_path, &r, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "fuzz_export: reading back a written export failed: %s\n", err);
         abort();
@@ -173,7 +152,7 @@ static void s_write_back(const char *name, const Carls__TableConfig *cfg, const 
     }
     s_rows_free(rows2, n2);
     kb_export_reader_destroy(&r);
-    unlink(s.path);
+    unlink(s_rewrite_path);
 }
 
 static void s_read(const uint8_t *data, size_t size)
@@ -210,19 +189,10 @@ static void s_read(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!s.ready)
-        s_setup();
-    s_read(data, size);
-    if (size >= S_TRAILER_BYTES + 8) {
-        uint8_t *fixed = malloc(size);
-        FUZZ_CHECK(fixed != NULL);
-        memcpy(fixed, data, size);
-        uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), fixed, (uInt)(size - 4));
-        for (int i = 0; i < 4; i++)
-            fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
-        if (memcmp(fixed, data, size) != 0)
-            s_read(fixed, size);
-        free(fixed);
+    if (!s_rewrite_path) {
+        carls_log_set_level(CARLS_LOG_OFF);
+        s_rewrite_path = fuzz_scratch_file("export", "rewrite.kbx");
     }
+    fuzz_read_with_crc_fixup(data, size, S_TRAILER_BYTES + 8, NULL, s_read);
     return 0;
 }
