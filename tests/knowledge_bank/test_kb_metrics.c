@@ -4,7 +4,7 @@
  * every line must be valid exposition format and the numbers must match what was done. */
 #include "kb_client.h"
 #include "kb_metrics.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -231,33 +231,9 @@ static uint16_t s_logged_port(const test_server_t *srv)
     return (uint16_t)port;
 }
 
-/* Each server test owns one server and one client, cleaned up by the teardown even when an assertion
- * fails (a server left running would keep the test's output pipe open). */
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
-
-static int s_setup(void **state)
-{
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
 static void test_scrape_real_server(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     const char *args[] = {"--metrics-port", "0", "--durability", "interval:50", NULL};
     assert_int_equal(test_server_start(&f->srv, args), 0);
     uint16_t port = s_logged_port(&f->srv);
@@ -378,7 +354,7 @@ static void test_scrape_real_server(void **state)
 
 static void test_metrics_port_in_use_fails(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     /* Hold a port, then ask a server for it: it must refuse to start rather than run without metrics. */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -400,8 +376,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_escapes_and_groups),
-        cmocka_unit_test_setup_teardown(test_scrape_real_server, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_scrape_real_server, server_fixture_setup, server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, server_fixture_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
