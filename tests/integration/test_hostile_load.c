@@ -14,7 +14,7 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
 #include "test_util.h"
 
@@ -58,10 +58,6 @@
 #define S_OVERHEAD_MIB 48
 #endif
 
-typedef struct {
-    test_server_t srv;
-} fixture_t;
-
 static int s_setup(void **state)
 {
     /* Hundreds of sockets here and in the server: raise the descriptor limit to the hard limit. */
@@ -74,41 +70,16 @@ static int s_setup(void **state)
     /* Keep ASan's quarantine of freed blocks (default 256 MiB) from dwarfing the limit under test. */
     test_asan_options_append("quarantine_size_mb=32");
 #endif
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
+    if (server_fixture_setup(state) != 0)
+        return -1;
+    server_fixture_t *f = *state;
     char limit[32], msg[32];
     snprintf(limit, sizeof limit, "%dM", LIMIT_MIB);
     snprintf(msg, sizeof msg, "%u", MAX_MESSAGE);
     const char *args[] = {"--max-memory", limit, "--max-message-bytes", msg, "--threads", "2", NULL};
     if (test_server_start(&f->srv, args) != 0)
         return -1;
-    *state = f;
     return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-/* A field of /proc/PID/status in kB ("VmRSS", "VmHWM"), 0 if unreadable. */
-static uint64_t s_proc_kb(pid_t pid, const char *field)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    size_t flen = strlen(field);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
-            kb = strtoull(line + flen + 1, NULL, 10);
-    fclose(f);
-    return kb;
 }
 
 typedef struct {
@@ -471,7 +442,7 @@ static void *s_rss_main(void *arg)
 {
     s_shared_t *sh = arg;
     while (!atomic_load(&sh->stop)) {
-        uint64_t kb = s_proc_kb(sh->server, "VmRSS");
+        uint64_t kb = test_proc_status_kb(sh->server, "VmRSS");
         if (kb > sh->rss_max_kb)
             sh->rss_max_kb = kb;
         sh->rss_samples++;
@@ -482,7 +453,7 @@ static void *s_rss_main(void *arg)
 
 static void test_hostile_load(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     kb_client_options_t opts = {.timeout_ms = 30000, .retries = 0};
     kb_client_t *admin = kb_client_new(f->srv.endpoint, &opts);
     assert_non_null(admin);
@@ -501,7 +472,7 @@ static void test_hostile_load(void **state)
     assert_int_equal(kb_client_put(admin, "good", keys, GOOD_KEYS, DIM, vals, 1), 0);
     free(vals);
     /* The idle server's resident size: libraries, threads, SQLite. */
-    uint64_t base_kb = s_proc_kb(f->srv.pid, "VmRSS");
+    uint64_t base_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
     assert_true(base_kb > 0);
 
     s_shared_t sh;
@@ -537,8 +508,8 @@ static void test_hostile_load(void **state)
             flood_refusals = st->tables[i]->memory_refusals;
             flood_rows = st->tables[i]->rows;
         }
-    uint64_t hwm_kb = s_proc_kb(f->srv.pid, "VmHWM");
-    uint64_t end_kb = s_proc_kb(f->srv.pid, "VmRSS");
+    uint64_t hwm_kb = test_proc_status_kb(f->srv.pid, "VmHWM");
+    uint64_t end_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
     uint64_t allowed_kb = ((uint64_t)S_LIMIT_FACTOR * LIMIT_MIB + S_OVERHEAD_MIB) * 1024 + base_kb;
     print_message("hostile load: %.1f s; flood: %llu keys sent in %llu ok + %llu refused requests (%llu rows "
                   "held); %llu connections opened, %llu answered; %llu hostile frames sent, %llu of %llu "
@@ -599,7 +570,7 @@ static void test_hostile_load(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

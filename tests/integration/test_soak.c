@@ -14,7 +14,7 @@
  * Prints the figures: requests and rows served, resident size at the start and end of the mixed phase, the
  * estimate. For longer runs (docs/RELIABILITY.md), run the binary directly: CARLS_SOAK_SECONDS=600. */
 #include "kb_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
 #include "test_util.h"
 
@@ -36,10 +36,6 @@
 
 #define MAX_SAMPLES 100000
 
-typedef struct {
-    test_server_t srv;
-} fixture_t;
-
 static int s_setup(void **state)
 {
 #ifdef TEST_SANITIZED
@@ -49,36 +45,13 @@ static int s_setup(void **state)
      * pages to the system every 500 ms lets the resident size follow what is in use. */
     test_asan_options_append("quarantine_size_mb=8:allocator_release_to_os_interval_ms=500");
 #endif
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
+    if (server_fixture_setup(state) != 0)
+        return -1;
+    server_fixture_t *f = *state;
     const char *args[] = {"--max-memory", "1G", "--threads", "2", "--durability", "interval:100", NULL};
     if (test_server_start(&f->srv, args) != 0)
         return -1;
-    *state = f;
     return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-static uint64_t s_rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            kb = strtoull(line + 6, NULL, 10);
-    fclose(f);
-    return kb;
 }
 
 static uint64_t s_max(const uint64_t *v, size_t from, size_t to)
@@ -92,7 +65,7 @@ static uint64_t s_max(const uint64_t *v, size_t from, size_t to)
 
 static void test_soak(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     const char *env = getenv("CARLS_SOAK_SECONDS");
     long seconds = env && atol(env) > 0 ? atol(env) : 30;
     char secs[32], json_path[320];
@@ -155,7 +128,7 @@ static void test_soak(void **state)
         if (carls_monotonic_ms() >= next_sample) {
             next_sample += 1000;
             if (n < MAX_SAMPLES)
-                rss[n++] = s_rss_kb(f->srv.pid);
+                rss[n++] = test_proc_status_kb(f->srv.pid, "VmRSS");
         }
         if (waitpid(bench, &status, WNOHANG) == bench)
             break;
@@ -218,7 +191,7 @@ static void test_soak(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_soak, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_soak, s_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
