@@ -104,15 +104,11 @@ void fuzz_pack_create_base(int i, uint64_t client_id, uint64_t sequence, uint8_t
 int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len)
 {
     int fd = memfd_create("carls-fuzz", MFD_CLOEXEC);
-    if (fd < 0)
-        return -1;
+    FUZZ_CHECK(fd >= 0);
     size_t done = 0;
     while (done < size) {
         ssize_t n = write(fd, data + done, size - done);
-        if (n <= 0) {
-            close(fd);
-            return -1;
-        }
+        FUZZ_CHECK(n > 0);
         done += (size_t)n;
     }
     snprintf(path, path_len, "/proc/self/fd/%d", fd);

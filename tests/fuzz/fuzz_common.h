@@ -68,7 +68,7 @@ void fuzz_pack_create_base(int i, uint64_t client_id, uint64_t sequence, uint8_t
 /* ---- files for the readers ---------------------------------------------------------------------------- */
 
 /* An anonymous in-memory file (memfd) holding data, and a path that opens it ("/proc/self/fd/N"); the
- * readers under test take a path. Returns the descriptor (close it when done), or -1 with path untouched. */
+ * readers under test take a path. Returns the descriptor (close it when done); aborts when it cannot. */
 int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len);
 
 /* A fresh directory <base>/carls-fuzz-<tag>-XXXXXX into dir, base being /dev/shm when writable (else $TMPDIR
