@@ -21,6 +21,7 @@
 #include "kb_export.h"
 #include "protocol.h"
 #include "test_util.h"
+#include "test_proto.h"
 
 static void s_path(const char *name, char *out, size_t cap) { snprintf(out, cap, "%s/%s", test_scratch_dir, name); }
 
@@ -210,10 +211,7 @@ static void test_feature_round_trip(void **state)
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {3, (uint8_t *)"n,2"}};
     float weights[2] = {0.5f, -0.25f};
-    rec.neighbor_keys = nbrs;
-    rec.n_neighbor_keys = 2;
-    rec.neighbor_weights = weights;
-    rec.n_neighbor_weights = 2;
+    test_record_neighbors(&rec, nbrs, weights, 2);
     rec.label_case = CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL;
     rec.float_label = 1.5f;
     rec.version = 9;

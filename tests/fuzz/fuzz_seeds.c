@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "kb_export.h"
 #include "protocol.h"
+#include "test_proto.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -244,9 +245,7 @@ static void s_requests(void)
         ProtobufCBinaryData nk[2] = {{4, n1}, {5, n2}};
         float nw[2] = {0.75f, 0.25f};
         Carls__FeatureRecord r1 = CARLS__FEATURE_RECORD__INIT, r2 = CARLS__FEATURE_RECORD__INIT;
-        r1.n_neighbor_keys = r1.n_neighbor_weights = 2;
-        r1.neighbor_keys = nk;
-        r1.neighbor_weights = nw;
+        test_record_neighbors(&r1, nk, nw, 2);
         r1.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
         r1.int_label = 7;
         r1.label_confidence = 0.9f;
@@ -381,9 +380,7 @@ static void s_export(const char *name, bool feature, uint32_t dim, int rows)
         ProtobufCBinaryData nk = {5, nb};
         float nw = 0.5f;
         Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
-        rec.n_neighbor_keys = rec.n_neighbor_weights = (size_t)(i % 2);
-        rec.neighbor_keys = &nk;
-        rec.neighbor_weights = &nw;
+        test_record_neighbors(&rec, &nk, &nw, (size_t)(i % 2));
         rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
         rec.int_label = i;
         rec.version = (uint64_t)i;

@@ -6,6 +6,7 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -168,10 +169,7 @@ static void test_feature_records_round_trip(void **state)
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {2, (uint8_t *)"n2"}};
     float weights[2] = {0.75f, 0.25f};
-    rec.neighbor_keys = nbrs;
-    rec.n_neighbor_keys = 2;
-    rec.neighbor_weights = weights;
-    rec.n_neighbor_weights = 2;
+    test_record_neighbors(&rec, nbrs, weights, 2);
     rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
     rec.int_label = 7;
     rec.label_confidence = 0.9f;
