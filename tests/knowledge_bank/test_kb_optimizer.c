@@ -234,68 +234,60 @@ static void s_expect_reject(kb_optimizer_config_t cfg)
     assert_true(strlen(err) > 0);
 }
 
+/* A config that must be refused: kind's defaults with one float field (at offset field) set to value. */
+typedef struct {
+    kb_optimizer_kind_t kind;
+    size_t field;
+    float value;
+} s_bad_field_t;
+
+#define S_FIELD(name) offsetof(kb_optimizer_config_t, name)
+
+static const s_bad_field_t s_bad_fields[] = {
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), 1.0f},
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), -0.1f},
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), NAN},
+    {KB_OPT_ADAM, S_FIELD(beta1), 1.0f},
+    {KB_OPT_ADAM, S_FIELD(beta2), 1.5f},
+    {KB_OPT_ADAM, S_FIELD(beta2), -0.5f},
+    {KB_OPT_ADAM, S_FIELD(epsilon), 0.0f},
+    {KB_OPT_ADAM, S_FIELD(epsilon), -1e-8f},
+    {KB_OPT_ADAGRAD, S_FIELD(epsilon), 0.0f},
+    {KB_OPT_ADAGRAD, S_FIELD(initial_accumulator), -1.0f},
+};
+
+/* kind's documented defaults (valid). */
+static kb_optimizer_config_t s_defaults(kb_optimizer_kind_t kind)
+{
+    kb_optimizer_config_t cfg = {.kind = kind};
+    kb_optimizer_config_defaults(&cfg);
+    assert_int_equal(kb_optimizer_config_validate(&cfg, NULL, 0), 0);
+    return cfg;
+}
+
 static void test_validate_rejects_bad_ranges(void **st)
 {
     (void)st;
-    kb_optimizer_config_t base;
+    static const float bad_lr[] = {-0.1f, NAN, INFINITY};
     for (int k = KB_OPT_SGD; k <= KB_OPT_ADAM; k++) {
-        base = (kb_optimizer_config_t){.kind = (kb_optimizer_kind_t)k};
-        kb_optimizer_config_defaults(&base);
-        assert_int_equal(kb_optimizer_config_validate(&base, NULL, 0), 0);
-
-        kb_optimizer_config_t c = base;
-        c.learning_rate = -0.1f;
-        s_expect_reject(c);
-        c = base;
-        c.learning_rate = NAN;
-        s_expect_reject(c);
-        c = base;
-        c.learning_rate = INFINITY;
+        for (size_t i = 0; i < sizeof bad_lr / sizeof bad_lr[0]; i++) {
+            kb_optimizer_config_t c = s_defaults((kb_optimizer_kind_t)k);
+            c.learning_rate = bad_lr[i];
+            s_expect_reject(c);
+        }
+    }
+    for (size_t i = 0; i < sizeof s_bad_fields / sizeof s_bad_fields[0]; i++) {
+        kb_optimizer_config_t c = s_defaults(s_bad_fields[i].kind);
+        memcpy((char *)&c + s_bad_fields[i].field, &s_bad_fields[i].value, sizeof(float));
         s_expect_reject(c);
     }
 
-    base = (kb_optimizer_config_t){.kind = KB_OPT_MOMENTUM};
-    kb_optimizer_config_defaults(&base);
-    kb_optimizer_config_t c = base;
-    c.momentum = 1.0f;
-    s_expect_reject(c);
-    c.momentum = -0.1f;
-    s_expect_reject(c);
-    c.momentum = NAN;
-    s_expect_reject(c);
-
-    base = (kb_optimizer_config_t){.kind = KB_OPT_ADAM};
-    kb_optimizer_config_defaults(&base);
-    c = base;
-    c.beta1 = 1.0f;
-    s_expect_reject(c);
-    c = base;
-    c.beta2 = 1.5f;
-    s_expect_reject(c);
-    c = base;
-    c.beta2 = -0.5f;
-    s_expect_reject(c);
-    c = base;
-    c.epsilon = 0.0f;
-    s_expect_reject(c);
-    c.epsilon = -1e-8f;
-    s_expect_reject(c);
-
-    base = (kb_optimizer_config_t){.kind = KB_OPT_ADAGRAD};
-    kb_optimizer_config_defaults(&base);
-    c = base;
-    c.epsilon = 0.0f;
-    s_expect_reject(c);
-    c = base;
-    c.initial_accumulator = -1.0f;
-    s_expect_reject(c);
-
     /* Boundaries that are allowed: lr 0 (frozen table), momentum and betas 0. */
-    c = (kb_optimizer_config_t){.kind = KB_OPT_ADAM, .learning_rate = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f,
-                                .epsilon = 1e-8f};
+    kb_optimizer_config_t c = {.kind = KB_OPT_ADAM, .learning_rate = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f,
+                               .epsilon = 1e-8f};
     assert_int_equal(kb_optimizer_config_validate(&c, NULL, 0), 0);
 
-    c = base;
+    c = s_defaults(KB_OPT_ADAGRAD);
     c.kind = (kb_optimizer_kind_t)17;
     s_expect_reject(c);
 }
