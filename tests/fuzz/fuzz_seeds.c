@@ -160,14 +160,9 @@ static void s_requests(void)
         s_request(name, &req);
 
         Carls__Put put = CARLS__PUT__INIT;
-        put.n_keys = 3;
-        put.keys = keys;
-        put.n_values = 3 * dim;
-        put.values = values;
         put.version = 9;
         req = s_envelope(table, seq++);
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        test_put_request(&req, &put, keys, 3, values, 3 * dim);
         snprintf(name, sizeof name, "put-%s", table);
         s_request(name, &req);
 
@@ -310,14 +305,9 @@ static void s_requests(void)
         req.protocol_version = 2;
         s_request("bad-version", &req);
         Carls__Put put = CARLS__PUT__INIT;
-        put.n_keys = 1;
-        put.keys = keys;
-        put.n_values = FUZZ_EMB_DIM;
-        put.values = emb_values;
         req = s_envelope(FUZZ_TABLE_EMB, 0);
         req.client_id = 0;
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        test_put_request(&req, &put, keys, 1, emb_values, FUZZ_EMB_DIM);
         s_request("put-no-client", &req);
     }
 }

@@ -17,6 +17,7 @@
 #include "server_fixture.h"
 #include "util.h"
 #include "test_util.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -335,13 +336,8 @@ static void *s_garbage_main(void *arg)
         Carls__Request req = CARLS__REQUEST__INIT;
         Carls__Put put = CARLS__PUT__INIT;
         float vals[DIM] = {1, 2, 3, 4};
-        put.n_keys = 1;
-        put.keys = &key;
-        put.n_values = DIM;
-        put.values = vals;
         req.table = "good";
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        test_put_request(&req, &put, &key, 1, vals, DIM);
         size_t len;
         uint8_t *p = s_pack(&req, 1000000 + (uint64_t)round * 8, &len);
         s_hostile_send(sh, &rc, p, 1 + s_rng(&rng) % (len - 1), true);

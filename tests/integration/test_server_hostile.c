@@ -6,6 +6,7 @@
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_harness.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -164,14 +165,9 @@ static void test_envelope_errors(void **state)
     /* A write without client id / sequence cannot be de-duplicated: refused. */
     Carls__Put put = CARLS__PUT__INIT;
     float vals[4] = {0};
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = 4;
-    put.values = vals;
     s_request(&req, 13);
     req.client_id = 0;
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_put_request(&req, &put, &key, 1, vals, 4);
     s_expect(f, &req, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "client_id");
     s_assert_healthy(f);
 }

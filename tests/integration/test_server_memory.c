@@ -8,6 +8,7 @@
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -262,13 +263,8 @@ static void test_refused_write_is_not_remembered(void **state)
     Carls__Put put = CARLS__PUT__INIT;
     ProtobufCBinaryData key = {.len = 5, .data = (uint8_t *)"later"};
     float v[DIM] = {1, 2, 3, 4};
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = DIM;
-    put.values = v;
     req.table = "emb";
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_put_request(&req, &put, &key, 1, v, DIM);
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_call(f->client, &req, &resp), KB_CLIENT_ESTATUS);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED);
@@ -278,17 +274,9 @@ static void test_refused_write_is_not_remembered(void **state)
     /* The very same bytes again (a retry): applied now, and not as a duplicate. */
     raw_client_t raw;
     assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
-    resp = raw_call(&raw, &req, 10000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_false(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_false(raw_write_is_duplicate(&raw, &req, 10000));
     /* And once more: now it is a duplicate. */
-    resp = raw_call(&raw, &req, 10000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_true(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_true(raw_write_is_duplicate(&raw, &req, 10000));
     raw_close(&raw);
     float out[DIM];
     kb_key_t k = {.data = "later", .len = 5};

@@ -1,6 +1,17 @@
 /* Builders of protocol messages for the tests (see test_proto.h). */
 #include "test_proto.h"
 
+void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
+                      size_t n_values)
+{
+    put->keys = keys;
+    put->n_keys = n_keys;
+    put->values = values;
+    put->n_values = n_values;
+    req->op_case = CARLS__REQUEST__OP_PUT;
+    req->put = put;
+}
+
 void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n)
 {
     rec->neighbor_keys = keys;
