@@ -45,11 +45,7 @@ int main(void)
     char *argv[] = {"carls", "run", ini, "--set", set_runs, NULL};
     int64_t t0 = carls_monotonic_ms();
     int st = mt_wait(mt_spawn("carls", argv, log), 300000);
-    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
-    test_last_line(log, line, sizeof line);
-    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
-    double acc = atof(line + 14);
-    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
+    mt_check_run_result(st, log, line, sizeof line);
     MT_CHECK(strstr(line, "steps_per_s=") != NULL, "no steps_per_s in the result line: %s", line);
     snprintf(path, sizeof path, "%s/e2e/report.md", runs);
     MT_CHECK(mt_file_contains(path, "test_accuracy"), "report.md lacks the result");

@@ -68,6 +68,15 @@ int mt_wait(pid_t pid, int timeout_ms)
     return -1;
 }
 
+void mt_check_run_result(int st, const char *log, char *line, size_t len)
+{
+    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
+    test_last_line(log, line, len);
+    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
+    double acc = atof(line + 14);
+    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
+}
+
 int mt_file_contains(const char *path, const char *text)
 {
     FILE *f = fopen(path, "r");

@@ -33,6 +33,10 @@ int mt_wait(pid_t pid, int timeout_ms);
  * named: the logs are there), else 0 after removing dir (if given) and printing "<name>: OK". */
 int mt_finish(const char *name, const char *dir);
 
+/* Checks how a `carls run` ended: exit status st 0 and, as the last line of its log, the result line
+ * "test_accuracy=A ..." with A in (0.4, 1]. line (len bytes) receives that line. */
+void mt_check_run_result(int st, const char *log, char *line, size_t len);
+
 /* 1 when file contains text. */
 int mt_file_contains(const char *path, const char *text);
 
