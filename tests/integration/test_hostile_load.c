@@ -71,16 +71,11 @@ static int s_setup(void **state)
     /* Keep ASan's quarantine of freed blocks (default 256 MiB) from dwarfing the limit under test. */
     test_asan_options_append("quarantine_size_mb=32");
 #endif
-    if (server_fixture_setup(state) != 0)
-        return -1;
-    server_fixture_t *f = *state;
     char limit[32], msg[32];
     snprintf(limit, sizeof limit, "%dM", LIMIT_MIB);
     snprintf(msg, sizeof msg, "%u", MAX_MESSAGE);
     const char *args[] = {"--max-memory", limit, "--max-message-bytes", msg, "--threads", "2", NULL};
-    if (test_server_start(&f->srv, args) != 0)
-        return -1;
-    return 0;
+    return server_fixture_setup_server(state, args);
 }
 
 typedef struct {

@@ -45,13 +45,8 @@ static int s_setup(void **state)
      * pages to the system every 500 ms lets the resident size follow what is in use. */
     test_asan_options_append("quarantine_size_mb=8:allocator_release_to_os_interval_ms=500");
 #endif
-    if (server_fixture_setup(state) != 0)
-        return -1;
-    server_fixture_t *f = *state;
     const char *args[] = {"--max-memory", "1G", "--threads", "2", "--durability", "interval:100", NULL};
-    if (test_server_start(&f->srv, args) != 0)
-        return -1;
-    return 0;
+    return server_fixture_setup_server(state, args);
 }
 
 static uint64_t s_max(const uint64_t *v, size_t from, size_t to)

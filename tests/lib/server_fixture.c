@@ -21,13 +21,19 @@ int server_fixture_setup(void **state)
     return 0;
 }
 
-int server_fixture_setup_started(void **state)
+int server_fixture_setup_server(void **state, const char *const *args)
 {
     if (server_fixture_setup(state) != 0)
         return -1;
     server_fixture_t *f = *state;
-    if (test_server_start(&f->srv, NULL) != 0)
+    return test_server_start(&f->srv, args) == 0 ? 0 : -1;
+}
+
+int server_fixture_setup_started(void **state)
+{
+    if (server_fixture_setup_server(state, NULL) != 0)
         return -1;
+    server_fixture_t *f = *state;
     f->client = kb_client_new(f->srv.endpoint, &f->client_options);
     return f->client ? 0 : -1;
 }

@@ -17,6 +17,10 @@ typedef struct {
  * one, a 5 s timeout and 2 retries. */
 int server_fixture_setup(void **state);
 
+/* For a cmocka setup of tests that bring their own clients: server_fixture_setup, then a server started with
+ * extra args (or NULL) and no client. Returns 0, or -1 when the server did not start. */
+int server_fixture_setup_server(void **state, const char *const *args);
+
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
