@@ -157,10 +157,19 @@ const char *fuzz_scratch_file(const char *tag, const char *name)
     return s_scratch_path;
 }
 
-void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
-                              void (*read)(const uint8_t *, size_t))
+/* read() on the bytes through an in-memory file. */
+static void s_read_memfile(const uint8_t *data, size_t size, void (*read)(const char *, const uint8_t *, size_t))
 {
-    read(data, size);
+    char path[64];
+    int fd = fuzz_memfile(data, size, path, sizeof path);
+    read(path, data, size);
+    close(fd);
+}
+
+void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
+                              void (*read)(const char *path, const uint8_t *data, size_t size))
+{
+    s_read_memfile(data, size, read);
     if (size < min_size || size < 4)
         return;
     uint8_t *fixed = malloc(size);
@@ -172,6 +181,6 @@ void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size,
     for (int i = 0; i < 4; i++)
         fixed[size - 4 + i] = (uint8_t)(crc >> (8 * i));
     if (memcmp(fixed, data, size) != 0)
-        read(fixed, size);
+        s_read_memfile(fixed, size, read);
     free(fixed);
 }

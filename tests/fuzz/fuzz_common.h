@@ -83,10 +83,11 @@ void fuzz_remove_dir(const char *dir);
 const char *fuzz_scratch_file(const char *tag, const char *name);
 
 /* Whole-file readers guard their files with a trailing CRC-32 that random mutations almost never match. So
- * read(data, size) runs on the input as it is, and then, when size >= min_size, on a copy "fixed up":
+ * read(path, data, size) runs on the input as it is, and then, when size >= min_size, on a copy "fixed up":
  * prepare(copy, size) first (when given: e.g. a length field set to the real size), then the last 4 bytes
- * set to the little-endian CRC-32 of the bytes before them; skipped when the copy equals the input. */
+ * set to the little-endian CRC-32 of the bytes before them; skipped when the copy equals the input. path
+ * opens an in-memory file (fuzz_memfile) holding the bytes, valid until read returns. */
 void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
-                              void (*read)(const uint8_t *, size_t));
+                              void (*read)(const char *path, const uint8_t *data, size_t size));
 
 #endif
