@@ -28,33 +28,6 @@ static float s_uniform(void)
     return (float)((s_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-static Carls__Response *s_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals,
-                              const kb_key_t *keys, size_t nkeys, uint32_t k, bool exclude)
-{
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Knn q = CARLS__KNN__INIT;
-    ProtobufCBinaryData *bk = calloc(nkeys ? nkeys : 1, sizeof *bk);
-    for (size_t i = 0; i < nkeys; i++) {
-        bk[i].data = (uint8_t *)keys[i].data;
-        bk[i].len = keys[i].len;
-    }
-    q.vectors = (float *)vecs;
-    q.n_vectors = nvals;
-    q.keys = bk;
-    q.n_keys = nkeys;
-    q.k = k;
-    q.exclude_query = exclude;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &q;
-    Carls__Response *resp = NULL;
-    int rc = kb_client_call(c, &req, &resp);
-    free(bk);
-    if (rc != 0)
-        fail_msg("knn: %s", kb_client_last_error(c));
-    return resp;
-}
-
 static void s_key_name(char *buf, size_t n, int i) { snprintf(buf, n, "item%04d", i); }
 
 /* Flat kNN through the server equals brute force, for ip, l2 and cosine; it follows a moved vector. */
@@ -88,7 +61,7 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
         float queries[NQ * DIM];
         for (int i = 0; i < NQ * DIM; i++)
             queries[i] = s_uniform();
-        Carls__Response *resp = s_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
+        Carls__Response *resp = test_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
         assert_int_equal(resp->knn->n_keys, NQ * K);
         for (int q = 0; q < NQ; q++) {
             /* Reference: score every row. */
@@ -134,26 +107,26 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     for (int j = 0; j < DIM; j++)
         far[j] = 50.0f + (float)j;
     assert_int_equal(kb_client_put(f->client, "knn_l2", &keys[7], 1, DIM, far, 2), 0);
-    Carls__Response *resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    Carls__Response *resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
     carls__response__free_unpacked(resp, NULL);
-    resp = s_knn(f->client, "knn_l2", old, DIM, NULL, 0, 1, false);
+    resp = test_knn(f->client, "knn_l2", old, DIM, NULL, 0, 1, false);
     assert_false(resp->knn->keys[0].len == 8 && memcmp(resp->knn->keys[0].data, "item0007", 8) == 0);
     carls__response__free_unpacked(resp, NULL);
 
     /* By key, excluding the key itself. */
-    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 3, true);
+    resp = test_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 3, true);
     for (int r = 0; r < 3; r++)
         assert_false(resp->knn->keys[r].len == 8 && memcmp(resp->knn->keys[r].data, "item0003", 8) == 0);
     carls__response__free_unpacked(resp, NULL);
-    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 1, false);
+    resp = test_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0003", 8);
     assert_true(resp->knn->scores[0] < 1e-6f);
     carls__response__free_unpacked(resp, NULL);
 
     /* After a restart the index is rebuilt from the stored rows. */
     server_fixture_restart(f, SIGKILL, NULL);
-    resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
     carls__response__free_unpacked(resp, NULL);
 }

@@ -263,18 +263,7 @@ static void test_scrape_real_server(void **state)
     /* a request naming a table that does not exist is not counted per table */
     assert_int_equal(kb_client_lookup(c, "nosuch", keys, 1, 4, out, NULL), KB_CLIENT_ESTATUS);
     /* a knn request brings the index up to date with every put */
-    Carls__Knn kq = CARLS__KNN__INIT;
-    ProtobufCBinaryData qkey = {1, (uint8_t *)"a"};
-    kq.keys = &qkey;
-    kq.n_keys = 1;
-    kq.k = 2;
-    Carls__Request kreq = CARLS__REQUEST__INIT;
-    kreq.table = "emb";
-    kreq.op_case = CARLS__REQUEST__OP_KNN;
-    kreq.knn = &kq;
-    Carls__Response *kresp = NULL;
-    assert_int_equal(kb_client_call(c, &kreq, &kresp), 0);
-    carls__response__free_unpacked(kresp, NULL);
+    carls__response__free_unpacked(test_knn(c, "emb", NULL, 0, &keys[0], 1, 2, false), NULL);
 
     /* stats over the protocol carries the new per-table fields */
     Carls__Response *resp = NULL;

@@ -73,6 +73,33 @@ kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t
     return c;
 }
 
+Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
+                          size_t nkeys, uint32_t k, bool exclude)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Knn q = CARLS__KNN__INIT;
+    ProtobufCBinaryData *bk = calloc(nkeys ? nkeys : 1, sizeof *bk);
+    for (size_t i = 0; i < nkeys; i++) {
+        bk[i].data = (uint8_t *)keys[i].data;
+        bk[i].len = keys[i].len;
+    }
+    q.vectors = (float *)vecs;
+    q.n_vectors = nvals;
+    q.keys = bk;
+    q.n_keys = nkeys;
+    q.k = k;
+    q.exclude_query = exclude;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_KNN;
+    req.knn = &q;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(c, &req, &resp);
+    free(bk);
+    if (rc != 0)
+        fail_msg("knn: %s", kb_client_last_error(c));
+    return resp;
+}
+
 void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg)
 {
     if (kb_client_create_table(c, name, cfg, false) != 0)

@@ -40,6 +40,11 @@ int server_fixture_restart(server_fixture_t *f, int sig, const char *const *args
 /* A client of endpoint (asserted non-NULL). */
 kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t *opts);
 
+/* Asks c for the k nearest neighbours in table of nvals/dim query vectors vecs, or of the rows of nkeys
+ * keys (excluding each key itself when exclude); fails the test when the call fails. Caller frees the reply. */
+Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
+                          size_t nkeys, uint32_t k, bool exclude);
+
 /* Creates table name with cfg through c, failing the test with the client's error otherwise. */
 void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg);
 
