@@ -91,6 +91,18 @@ static void s_row(s_buf_t *s, const char *key, uint64_t version, uint32_t dim, f
         s_f32(s, v0 + (float)j);
 }
 
+/* From scratch: a feature table "g"'s header and its one row up to the record's length (key "k", version and
+ * frequency 0). */
+static void s_feature_row_start(s_buf_t *s)
+{
+    s->len = 0;
+    s_header(s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
+    s_u32(s, 1);
+    s_put(s, "k", 1);
+    s_u64(s, 0);
+    s_u64(s, 0);
+}
+
 /* Trailer with the row count and the CRC of everything before it (plus crc_delta, to damage it). */
 static void s_trailer(s_buf_t *s, uint64_t rows, uint32_t crc_delta)
 {
@@ -437,24 +449,14 @@ static void test_crafted_files(void **state)
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECHECKSUM);
 
     /* A feature record that does not decode. */
-    s.len = 0;
-    s_header(&s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
-    s_u32(&s, 1);
-    s_put(&s, "k", 1);
-    s_u64(&s, 0);
-    s_u64(&s, 0);
+    s_feature_row_start(&s);
     s_u32(&s, 2);
     s_put(&s, "\x0a\xff", 2); /* field 1 (bytes) claiming 127+ bytes */
     s_trailer(&s, 1, 0);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECORRUPT);
     assert_non_null(strstr(err, "record does not decode"));
     /* A record length over the cap. */
-    s.len = 0;
-    s_header(&s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
-    s_u32(&s, 1);
-    s_put(&s, "k", 1);
-    s_u64(&s, 0);
-    s_u64(&s, 0);
+    s_feature_row_start(&s);
     s_u32(&s, KB_EXPORT_MAX_RECORD_BYTES + 1);
     s_trailer(&s, 1, 0);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECORRUPT);
