@@ -286,6 +286,19 @@ typedef struct {
     bool present;
 } s_ref_t;
 
+/* The map's structure holds (s_check_invariants) and it finds exactly the n reference rows marked present. */
+static void s_check_against_ref(const kb_rowmap_t *map, const s_ref_t *ref, size_t n)
+{
+    s_check_invariants(map);
+    for (size_t i = 0; i < n; i++) {
+        kb_row_t *f = kb_rowmap_find(map, ref[i].hash, ref[i].bytes, ref[i].len);
+        if (ref[i].present)
+            assert_ptr_equal(f, ref[i].row);
+        else
+            assert_null(f);
+    }
+}
+
 static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
 {
     enum { K = 700, OPS = 30000 };
@@ -345,14 +358,7 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
         }
         assert_int_equal(map.count, present);
         if (op % 1000 == 999) {
-            s_check_invariants(&map);
-            for (size_t i = 0; i < K; i++) {
-                kb_row_t *f = kb_rowmap_find(&map, ref[i].hash, ref[i].bytes, ref[i].len);
-                if (ref[i].present)
-                    assert_ptr_equal(f, ref[i].row);
-                else
-                    assert_null(f);
-            }
+            s_check_against_ref(&map, ref, K);
         }
     }
     /* Drain: remove everything that is left, checking the others after each removal batch. */
@@ -362,14 +368,7 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
         assert_ptr_equal(kb_rowmap_remove(&map, ref[i].hash, ref[i].bytes, ref[i].len), ref[i].row);
         ref[i].present = false;
         if (i % 50 == 0) {
-            s_check_invariants(&map);
-            for (size_t j = 0; j < K; j++) {
-                kb_row_t *f = kb_rowmap_find(&map, ref[j].hash, ref[j].bytes, ref[j].len);
-                if (ref[j].present)
-                    assert_ptr_equal(f, ref[j].row);
-                else
-                    assert_null(f);
-            }
+            s_check_against_ref(&map, ref, K);
         }
     }
     assert_int_equal(map.count, 0);
