@@ -129,6 +129,21 @@ static double s_value(const char *text, const char *prefix)
     return NAN;
 }
 
+/* A sample the exposition must hold, with exactly this value. */
+typedef struct {
+    const char *sample;
+    double value;
+} s_sample_t;
+
+static void s_expect_samples(const char *text, const s_sample_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double got = s_value(text, want[i].sample);
+        if (got != want[i].value)
+            fail_msg("%s is %g, want %g", want[i].sample, got, want[i].value);
+    }
+}
+
 /* ---- rendering ---- */
 
 static void test_render_escapes_and_groups(void **state)
@@ -167,13 +182,16 @@ static void test_render_escapes_and_groups(void **state)
     assert_int_equal(strlen(text), len);
     s_check_exposition(text);
     assert_non_null(strstr(text, "carls_kb_info{durability=\"we\\\"ird\\\\mode\\n\",threads=\"3\"} 1\n"));
-    assert_true(s_value(text, "carls_kb_requests_total") == 42);
-    assert_true(s_value(text, "carls_kb_uptime_seconds") == 1.5);
-    assert_true(s_value(text, "carls_kb_table_rows{table=\"alpha\"}") == 7);
-    assert_true(s_value(text, "carls_kb_table_rows{table=\"beta.v2\"}") == 9);
-    assert_true(s_value(text, "carls_kb_table_pending_gradients{table=\"beta.v2\"}") == 4);
-    assert_true(s_value(text, "carls_kb_table_index_ready{table=\"alpha\"}") == 1);
-    assert_true(s_value(text, "carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}") == 5);
+    static const s_sample_t rendered[] = {
+        {"carls_kb_requests_total", 42},
+        {"carls_kb_uptime_seconds", 1.5},
+        {"carls_kb_table_rows{table=\"alpha\"}", 7},
+        {"carls_kb_table_rows{table=\"beta.v2\"}", 9},
+        {"carls_kb_table_pending_gradients{table=\"beta.v2\"}", 4},
+        {"carls_kb_table_index_ready{table=\"alpha\"}", 1},
+        {"carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}", 5},
+    };
+    s_expect_samples(text, rendered, sizeof rendered / sizeof rendered[0]);
     assert_true(fabs(s_value(text, "carls_kb_table_latency_seconds{table=\"alpha\",op=\"lookup\",quantile=\"0.5\"}") -
                      120e-6) < 1e-12);
     assert_true(s_value(text, "carls_kb_op_requests_total{op=\"lookup\"}") == 5);
@@ -302,21 +320,27 @@ static void test_scrape_real_server(void **state)
     assert_non_null(body);
     body += 4;
     s_check_exposition(body);
-    assert_true(s_value(body, "carls_kb_table_rows{table=\"emb\"}") == 3);
-    assert_true(s_value(body, "carls_kb_table_dim{table=\"emb\"}") == 4);
+    static const s_sample_t scraped[] = {
+        {"carls_kb_table_rows{table=\"emb\"}", 3},
+        {"carls_kb_table_dim{table=\"emb\"}", 4},
+        {"carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}", 2},
+        {"carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}", 2},
+        {"carls_kb_table_request_errors_total{table=\"emb\"}", 1},
+        {"carls_kb_table_keys_looked_up_total{table=\"emb\"}", 5},
+        {"carls_kb_table_rows_put_total{table=\"emb\"}", 5},
+        {"carls_kb_table_gradients_received_total{table=\"emb\"}", 2},
+        {"carls_kb_table_index_vectors{table=\"emb\"}", 3},
+    };
+    s_expect_samples(body, scraped, sizeof scraped / sizeof scraped[0]);
     assert_true(s_value(body, "carls_kb_table_bytes{table=\"emb\"}") >= 96);
-    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_request_errors_total{table=\"emb\"}") == 1);
-    assert_true(s_value(body, "carls_kb_table_keys_looked_up_total{table=\"emb\"}") == 5);
-    assert_true(s_value(body, "carls_kb_table_rows_put_total{table=\"emb\"}") == 5);
-    assert_true(s_value(body, "carls_kb_table_gradients_received_total{table=\"emb\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_index_vectors{table=\"emb\"}") == 3);
-    assert_false(isnan(s_value(body, "carls_kb_table_pending_gradients{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_outliers_dropped_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_evictions_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_not_admitted_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_index_pending{table=\"emb\"}")));
+    static const char *const present[] = {
+        "carls_kb_table_pending_gradients{table=\"emb\"}", "carls_kb_table_outliers_dropped_total{table=\"emb\"}",
+        "carls_kb_table_evictions_total{table=\"emb\"}",   "carls_kb_table_not_admitted_total{table=\"emb\"}",
+        "carls_kb_table_index_pending{table=\"emb\"}",
+    };
+    for (size_t i = 0; i < sizeof present / sizeof present[0]; i++)
+        if (isnan(s_value(body, present[i])))
+            fail_msg("no sample %s", present[i]);
     assert_true(s_value(body, "carls_kb_table_latency_seconds{table=\"emb\",op=\"lookup\",quantile=\"0.99\"}") > 0);
     assert_true(s_value(body, "carls_kb_op_requests_total{op=\"stats\"}") == 1);
     assert_true(s_value(body, "carls_kb_request_errors_total") == 2);
