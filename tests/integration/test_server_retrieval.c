@@ -34,7 +34,6 @@ static void s_key_name(char *buf, size_t n, int i) { snprintf(buf, n, "item%04d"
 static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     enum { N = 300, DIM = 8, K = 5, NQ = 10 };
     static float data[N * DIM];
     for (int i = 0; i < N * DIM; i++)
@@ -134,7 +133,6 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
 static void test_feature_records_round_trip(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
     test_create_table(f->client, "graph", &cfg);
@@ -208,7 +206,6 @@ static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Resp
 static void test_admission_keeps_rare_keys_out(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__AdmissionConfig adm = CARLS__ADMISSION_CONFIG__INIT;
     cfg.dim = 2;
@@ -259,7 +256,6 @@ static void test_admission_keeps_rare_keys_out(void **state)
 static void test_eviction_lru_and_oldest(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     enum { CAP = 200, TOTAL = 1000 };
     const Carls__EvictionKind kinds[2] = {CARLS__EVICTION_KIND__EVICT_LRU, CARLS__EVICTION_KIND__EVICT_OLDEST};
     const char *names[2] = {"lru", "oldest"};
@@ -316,7 +312,6 @@ static void test_eviction_lru_and_oldest(void **state)
 static void test_scan_pages_cover_every_row_once(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 2;
     test_create_table(f->client, "scan", &cfg);
@@ -369,7 +364,6 @@ static void test_scan_pages_cover_every_row_once(void **state)
 static void test_read_only_and_shard_refusals(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
     test_create_table(f->client, "t", &cfg);
@@ -435,7 +429,6 @@ static Carls__Response *s_sample(kb_client_t *c, const char *table, Carls__Sampl
 static void test_sampling_probabilities_and_frequencies(void **state)
 {
     server_fixture_t *f = *state;
-    server_fixture_start(f, NULL);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
     test_create_table(f->client, "words", &cfg);
@@ -506,19 +499,21 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates,
-                                                 server_fixture_setup, server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_feature_records_round_trip, server_fixture_setup,
+                                                 server_fixture_setup_started, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_feature_records_round_trip, server_fixture_setup_started,
                                                  server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_admission_keeps_rare_keys_out, server_fixture_setup,
+        cmocka_unit_test_prestate_setup_teardown(test_admission_keeps_rare_keys_out, server_fixture_setup_started,
                                                  server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_eviction_lru_and_oldest, server_fixture_setup,
+        cmocka_unit_test_prestate_setup_teardown(test_eviction_lru_and_oldest, server_fixture_setup_started,
                                                  server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_scan_pages_cover_every_row_once, server_fixture_setup,
+        cmocka_unit_test_prestate_setup_teardown(test_scan_pages_cover_every_row_once, server_fixture_setup_started,
                                                  server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_read_only_and_shard_refusals, server_fixture_setup,
+        cmocka_unit_test_prestate_setup_teardown(test_read_only_and_shard_refusals, server_fixture_setup_started,
                                                  server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_sampling_probabilities_and_frequencies, server_fixture_setup,
-                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_sampling_probabilities_and_frequencies,
+                                                 server_fixture_setup_started, server_fixture_teardown,
+                                                 &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
