@@ -7,6 +7,7 @@
 #include "protocol.h"
 #include "server_fixture.h"
 #include "test_proto.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -19,14 +20,7 @@
 
 #include <cmocka.h>
 
-static uint64_t s_rng = 88172645463325252ULL;
-static float s_uniform(void)
-{
-    s_rng ^= s_rng << 13;
-    s_rng ^= s_rng >> 7;
-    s_rng ^= s_rng << 17;
-    return (float)((s_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
+static uint64_t s_rng = 88172645463325252ULL; /* test_uniform_pm1's stream for the test data */
 
 static void s_key_name(char *buf, size_t n, int i) { snprintf(buf, n, "item%04d", i); }
 
@@ -37,7 +31,7 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     enum { N = 300, DIM = 8, K = 5, NQ = 10 };
     static float data[N * DIM];
     for (int i = 0; i < N * DIM; i++)
-        data[i] = s_uniform();
+        data[i] = test_uniform_pm1(&s_rng);
     const Carls__KnnMetric metrics[3] = {CARLS__KNN_METRIC__METRIC_IP, CARLS__KNN_METRIC__METRIC_L2,
                                          CARLS__KNN_METRIC__METRIC_COSINE};
     const char *names[3] = {"knn_ip", "knn_l2", "knn_cos"};
@@ -59,7 +53,7 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
 
         float queries[NQ * DIM];
         for (int i = 0; i < NQ * DIM; i++)
-            queries[i] = s_uniform();
+            queries[i] = test_uniform_pm1(&s_rng);
         Carls__Response *resp = test_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
         assert_int_equal(resp->knn->n_keys, NQ * K);
         for (int q = 0; q < NQ; q++) {

@@ -71,6 +71,16 @@ uint64_t test_xorshift64(uint64_t *state)
     return x * 0x2545F4914F6CDD1DULL;
 }
 
+float test_uniform_pm1(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
 void test_last_line(const char *path, char *line, size_t len)
 {
     FILE *f = fopen(path, "r");

@@ -38,6 +38,9 @@ unsigned char *test_read_file(const char *path, size_t spare, size_t *len);
 /* xorshift64* (Vigna): a fast seeded stream for test data; *state must not be 0. */
 uint64_t test_xorshift64(uint64_t *state);
 
+/* Uniform in [-1, 1), 24 bits of Marsaglia's xorshift64 (13, 7, 17) stream *state (*state != 0). */
+float test_uniform_pm1(uint64_t *state);
+
 /* The last non-empty line of path (with its newline) into line (len bytes); "" when there is none. */
 void test_last_line(const char *path, char *line, size_t len);
 
