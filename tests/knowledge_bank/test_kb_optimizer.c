@@ -291,33 +291,27 @@ static void test_state_floats_and_init(void **st)
     assert_int_equal(kb_optimizer_state_floats(KB_OPT_ADAGRAD, 7), 7);
     assert_int_equal(kb_optimizer_state_floats(KB_OPT_ADAM, 7), 14);
 
-    float s[9];
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t ada = {.kind = KB_OPT_ADAGRAD, .initial_accumulator = 0.25f};
-    kb_optimizer_config_defaults(&ada);
-    kb_optimizer_state_init(&ada, s, 4);
-    for (int i = 0; i < 4; i++)
-        assert_float_equal(s[i], 0.25f, 0);
-    assert_float_equal(s[4], 42.0f, 0); /* nothing written past the state */
-
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t adam = {.kind = KB_OPT_ADAM};
-    kb_optimizer_config_defaults(&adam);
-    kb_optimizer_state_init(&adam, s, 4);
-    for (int i = 0; i < 8; i++)
-        assert_float_equal(s[i], 0.0f, 0);
-    assert_float_equal(s[8], 42.0f, 0);
-
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t mom = {.kind = KB_OPT_MOMENTUM};
-    kb_optimizer_config_defaults(&mom);
-    kb_optimizer_state_init(&mom, s, 3);
-    for (int i = 0; i < 3; i++)
-        assert_float_equal(s[i], 0.0f, 0);
-    assert_float_equal(s[3], 42.0f, 0);
+    /* Each kind's state of a dim-4 or dim-3 row: n_state floats set to `initial`, nothing written past them. */
+    static const struct {
+        kb_optimizer_config_t cfg;
+        size_t dim, n_state;
+        float initial;
+    } inits[] = {
+        {{.kind = KB_OPT_ADAGRAD, .initial_accumulator = 0.25f}, 4, 4, 0.25f},
+        {{.kind = KB_OPT_ADAM}, 4, 8, 0.0f},
+        {{.kind = KB_OPT_MOMENTUM}, 3, 3, 0.0f},
+    };
+    for (size_t k = 0; k < sizeof inits / sizeof inits[0]; k++) {
+        float s[9];
+        for (int i = 0; i < 9; i++)
+            s[i] = 42.0f;
+        kb_optimizer_config_t cfg = inits[k].cfg;
+        kb_optimizer_config_defaults(&cfg);
+        kb_optimizer_state_init(&cfg, s, (uint32_t)inits[k].dim);
+        for (size_t i = 0; i < inits[k].n_state; i++)
+            assert_float_equal(s[i], inits[k].initial, 0);
+        assert_float_equal(s[inits[k].n_state], 42.0f, 0);
+    }
 
     /* SGD has no state: a NULL pointer is fine. */
     kb_optimizer_config_t sgd = {.kind = KB_OPT_SGD};
