@@ -42,12 +42,8 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
         keys[i] = (kb_key_t){keybuf[i], strlen(keybuf[i])};
     }
     for (int m = 0; m < 3; m++) {
-        Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-        Carls__KnnConfig kc = CARLS__KNN_CONFIG__INIT;
-        cfg.dim = DIM;
-        kc.spec = "Flat";
-        kc.metric = metrics[m];
-        cfg.knn = &kc;
+        Carls__KnnConfig kc;
+        Carls__TableConfig cfg = test_knn_table_config(&kc, DIM, "Flat", metrics[m]);
         test_create_table(f->client, names[m], &cfg);
         assert_int_equal(kb_client_put(f->client, names[m], keys, N, DIM, data, 1), 0);
 

@@ -5,6 +5,7 @@
 #include "kb_client.h"
 #include "kb_metrics.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -260,11 +261,8 @@ static void test_scrape_real_server(void **state)
     f->client = kb_client_new(f->srv.endpoint, &opts);
     kb_client_t *c = f->client;
     assert_non_null(c);
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = 4;
-    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
-    knn.spec = "Flat";
-    cfg.knn = &knn;
+    Carls__KnnConfig knn;
+    Carls__TableConfig cfg = test_knn_table_config(&knn, 4, "Flat", CARLS__KNN_METRIC__METRIC_IP);
     assert_int_equal(kb_client_create_table(c, "emb", &cfg, false), 0);
     kb_key_t keys[3] = {{"a", 1}, {"b", 1}, {"c", 1}};
     float vals[12] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};

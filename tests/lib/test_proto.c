@@ -1,6 +1,18 @@
 /* Builders of protocol messages for the tests (see test_proto.h). */
 #include "test_proto.h"
 
+Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
+                                         Carls__KnnMetric metric)
+{
+    carls__knn_config__init(knn);
+    knn->spec = (char *)spec;
+    knn->metric = metric;
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = dim;
+    cfg.knn = knn;
+    return cfg;
+}
+
 void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
                       size_t n_values)
 {

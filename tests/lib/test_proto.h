@@ -5,6 +5,12 @@
 #include "carls.pb-c.h"
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* An embedding table's config of width dim with a knn index (spec, metric); knn is the caller's storage for
+ * the index part, which the config points to. */
+Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
+                                         Carls__KnnMetric metric);
 
 /* Points rec's neighbour keys and weights at keys and weights, n of each (the caller keeps them alive). */
 void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n);
