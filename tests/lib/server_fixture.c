@@ -41,6 +41,7 @@ int server_fixture_setup_started(void **state)
 int server_fixture_teardown(void **state)
 {
     server_fixture_t *f = *state;
+    raw_close(&f->raw);
     kb_client_destroy(&f->client);
     int status = test_server_cleanup(&f->srv);
     free(f);

@@ -4,12 +4,14 @@
 #define CARLS_SERVER_FIXTURE_H
 
 #include "kb_client.h"
+#include "raw_client.h"
 #include "server_harness.h"
 
 typedef struct {
     test_server_t srv;
     kb_client_t *client;                /* connected by server_fixture_start; NULL while stopped */
     kb_client_options_t client_options; /* how server_fixture_start connects */
+    raw_client_t raw;                   /* for the test to open when it sends raw frames; closed by the teardown */
 } server_fixture_t;
 
 /* cmocka setup: a fixture (*state) with a fresh data directory and no server yet. The client options are
@@ -24,7 +26,7 @@ int server_fixture_setup_server(void **state, const char *const *args);
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
-/* cmocka teardown: destroys the client, stops the server with SIGTERM and removes the data directory;
+/* cmocka teardown: closes the raw client and destroys the client, stops the server with SIGTERM and removes the data directory;
  * fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
 int server_fixture_teardown(void **state);
 
