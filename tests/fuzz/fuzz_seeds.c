@@ -61,6 +61,14 @@ static Carls__Request s_envelope(const char *table, uint64_t sequence)
     return req;
 }
 
+/* The envelope of a request that writes nothing: no client id, no sequence. */
+static Carls__Request s_read_envelope(const char *table)
+{
+    Carls__Request req = s_envelope(table, 0);
+    req.client_id = 0;
+    return req;
+}
+
 static void s_requests(void)
 {
     static uint8_t k1[] = "alpha", k2[] = "beta", k3[] = "gamma";
@@ -134,8 +142,7 @@ static void s_requests(void)
     }
     {
         Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
-        Carls__Request req = s_envelope("", 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
         req.list_tables = &lt;
         s_request("list-tables", &req);
@@ -149,8 +156,7 @@ static void s_requests(void)
         Carls__Lookup lk = CARLS__LOOKUP__INIT;
         lk.n_keys = 3;
         lk.keys = keys;
-        Carls__Request req = s_envelope(table, 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_LOOKUP;
         req.lookup = &lk;
         snprintf(name, sizeof name, "lookup-%s", table);
@@ -192,8 +198,7 @@ static void s_requests(void)
         sm.seed = 3;
         for (int st = 0; st < 3; st++) {
             sm.strategy = (Carls__SampleStrategy)st;
-            req = s_envelope(table, 0);
-            req.client_id = 0;
+            req = s_read_envelope(table);
             req.op_case = CARLS__REQUEST__OP_SAMPLE;
             req.sample = &sm;
             snprintf(name, sizeof name, "sample-%d-%s", st, table);
@@ -202,16 +207,14 @@ static void s_requests(void)
 
         Carls__Scan sc = CARLS__SCAN__INIT;
         sc.limit = 2;
-        req = s_envelope(table, 0);
-        req.client_id = 0;
+        req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
         snprintf(name, sizeof name, "scan-%s", table);
         s_request(name, &req);
 
         Carls__Stats stq = CARLS__STATS__INIT;
-        req = s_envelope(table, 0);
-        req.client_id = 0;
+        req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
         snprintf(name, sizeof name, "stats-%s", table);
@@ -222,8 +225,7 @@ static void s_requests(void)
         kq.k = 2;
         kq.n_vectors = 2 * FUZZ_EMB_DIM;
         kq.vectors = emb_values;
-        Carls__Request req = s_envelope(FUZZ_TABLE_EMB, 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope(FUZZ_TABLE_EMB);
         req.op_case = CARLS__REQUEST__OP_KNN;
         req.knn = &kq;
         s_request("knn-vectors", &req);
@@ -262,31 +264,27 @@ static void s_requests(void)
         Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
         fg.n_keys = 3;
         fg.keys = keys;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
         req.feature_get = &fg;
         s_request("feature-get", &req);
 
         Carls__Scan sc = CARLS__SCAN__INIT;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
         s_request("scan-feat", &req);
 
         Carls__Sample sm = CARLS__SAMPLE__INIT;
         sm.n = 4;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SAMPLE;
         req.sample = &sm;
         s_request("sample-feat", &req);
     }
     {
         Carls__Stats stq = CARLS__STATS__INIT;
-        Carls__Request req = s_envelope("", 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
         s_request("stats-all", &req);
@@ -305,8 +303,7 @@ static void s_requests(void)
         req.protocol_version = 2;
         s_request("bad-version", &req);
         Carls__Put put = CARLS__PUT__INIT;
-        req = s_envelope(FUZZ_TABLE_EMB, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_EMB);
         test_put_request(&req, &put, keys, 1, emb_values, FUZZ_EMB_DIM);
         s_request("put-no-client", &req);
     }
