@@ -15,7 +15,7 @@ typedef struct {
 } server_fixture_t;
 
 /* cmocka setup: a fixture (*state) with a fresh data directory and no server yet. The client options are
- * the test's prestate (a const kb_client_options_t *, cmocka_unit_test_prestate_setup_teardown) or, without
+ * the test's prestate (a kb_client_options_t *, cmocka_unit_test_prestate_setup_teardown) or, without
  * one, a 5 s timeout and 2 retries. */
 int server_fixture_setup(void **state);
 
@@ -26,8 +26,8 @@ int server_fixture_setup_server(void **state, const char *const *args);
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
-/* cmocka teardown: closes the raw client and destroys the client, stops the server with SIGTERM and removes the data directory;
- * fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
+/* cmocka teardown: closes the raw client, destroys the client, stops the server with SIGTERM and removes the
+ * data directory; fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
 int server_fixture_teardown(void **state);
 
 /* Starts the server with extra args (NULL-terminated, or NULL) and connects f->client; asserts both. */
