@@ -6,6 +6,7 @@
  * where the point is to get past the checksum, the test recomputes the CRC itself. */
 #include "bytes.h"
 #include "checkpoint.h"
+#include "test_util.h"
 
 #include <errno.h>
 #include <setjmp.h>
@@ -19,38 +20,6 @@
 #include <zlib.h>
 
 #include <cmocka.h>
-
-static char s_dir[256];
-
-static int s_setup(void **state)
-{
-    (void)state;
-    snprintf(s_dir, sizeof s_dir, "/tmp/carls_ckpt_test_XXXXXX");
-    return mkdtemp(s_dir) ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static unsigned char *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 16);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
 
 static void s_spit(const char *path, const unsigned char *buf, size_t len)
 {
@@ -101,7 +70,7 @@ static void test_round_trip_and_latest(void **state)
 {
     (void)state;
     char dir[512], path[1024], latest[1024], err[512];
-    snprintf(dir, sizeof dir, "%s/run/ckpts", s_dir); /* parents created on demand */
+    snprintf(dir, sizeof dir, "%s/run/ckpts", test_scratch_dir); /* parents created on demand */
     float big[3 * 4 * 5];
     for (int i = 0; i < 60; i++) {
         big[i] = (float)i * 0.25f - 3.0f;
@@ -195,7 +164,7 @@ static void test_write_failure_leaves_nothing(void **state)
     int64_t d[1] = {1};
     assert_int_equal(carls_ckpt_add(c, "w", 1, d, v), 0);
     char path[512], err[512];
-    snprintf(path, sizeof path, "%s/no/such/dir/x.ckpt", s_dir);
+    snprintf(path, sizeof path, "%s/no/such/dir/x.ckpt", test_scratch_dir);
     assert_int_equal(carls_ckpt_write(c, path, err, sizeof err), CARLS_CKPT_EIO);
     printf("  write to a missing directory: %s\n", err);
     assert_int_equal(access(path, F_OK), -1);
@@ -206,11 +175,12 @@ static void test_refuses_bad_files(void **state)
 {
     (void)state;
     char good[512], bad[512];
-    snprintf(good, sizeof good, "%s/good.ckpt", s_dir);
-    snprintf(bad, sizeof bad, "%s/bad.ckpt", s_dir);
+    snprintf(good, sizeof good, "%s/good.ckpt", test_scratch_dir);
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", test_scratch_dir);
     s_make_good(good);
     size_t len;
-    unsigned char *ref = s_slurp(good, &len);
+    unsigned char *ref = test_read_file(good, 16, &len);
+    assert_non_null(ref);
     assert_int_equal(len, 116); /* the layout described at s_make_good */
     assert_int_equal(ref[41], 1); /* "a": dtype f32 */
     assert_int_equal(ref[42], 2); /* "a": ndim */
@@ -336,7 +306,7 @@ static void test_refuses_bad_files(void **state)
 
     c = (carls_ckpt_t *)0x1;
     char missing[512];
-    snprintf(missing, sizeof missing, "%s/missing.ckpt", s_dir);
+    snprintf(missing, sizeof missing, "%s/missing.ckpt", test_scratch_dir);
     assert_int_equal(carls_ckpt_read(missing, &c, err, sizeof err), CARLS_CKPT_EIO);
     assert_null(c);
     free(buf);
@@ -347,7 +317,7 @@ static void test_hostile_latest_pointer(void **state)
 {
     (void)state;
     char dir[512], latest[600], out[1024], err[512];
-    snprintf(dir, sizeof dir, "%s/hostile", s_dir);
+    snprintf(dir, sizeof dir, "%s/hostile", test_scratch_dir);
     mkdir(dir, 0755);
     snprintf(latest, sizeof latest, "%s/latest", dir);
     const char *bad[] = {"../../etc/passwd\n", "/etc/passwd\n", "..\n", "\n", ""};
@@ -369,5 +339,5 @@ int main(void)
         cmocka_unit_test(test_write_failure_leaves_nothing), cmocka_unit_test(test_refuses_bad_files),
         cmocka_unit_test(test_hostile_latest_pointer),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
 }

@@ -2,7 +2,7 @@
  * on every kind of failure, the mode honoured, refusal to overwrite) and mkdir -p (nested, existing, a file
  * in the way), and reading the first line of a small file. */
 #include "files.h"
-#include "maker_testlib.h"
+#include "test_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,15 +23,13 @@ static int s_setup(void **state)
 {
     (void)state;
     umask(022); /* the mode tests count on it */
-    mt_tempdir(s_dir, "files-test");
-    return 0;
+    return test_tmpdir(s_dir, sizeof s_dir, "files-test");
 }
 
 static int s_teardown(void **state)
 {
     (void)state;
-    mt_rmrf(s_dir);
-    return 0;
+    return test_rmrf(s_dir);
 }
 
 /* A fresh directory s_dir/name for one test (into dir, 512 bytes) and the path of `file` in it (into path,

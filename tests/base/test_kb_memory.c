@@ -19,14 +19,7 @@
 #include "kb_memory.h"
 #include "kb_table.h"
 #include "protocol.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define S_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define S_SANITIZED 1
-#endif
-#endif
+#include "test_util.h"
 
 /* ---- kb_memory ---- */
 
@@ -382,7 +375,7 @@ static void test_records_and_index(void **state)
 static void test_estimate_against_malloc(void **state)
 {
     (void)state;
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
     skip();
 #else
     s_spec_t spec = {.dim = 4, .lazy_push = true};

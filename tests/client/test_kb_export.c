@@ -20,25 +20,10 @@
 
 #include "kb_export.h"
 #include "protocol.h"
+#include "test_util.h"
+#include "test_proto.h"
 
-static char s_dir[64];
-
-static int s_setup(void **state)
-{
-    (void)state;
-    snprintf(s_dir, sizeof s_dir, "/tmp/test_kb_export_XXXXXX");
-    return mkdtemp(s_dir) ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void s_path(const char *name, char *out, size_t cap) { snprintf(out, cap, "%s/%s", s_dir, name); }
+static void s_path(const char *name, char *out, size_t cap) { snprintf(out, cap, "%s/%s", test_scratch_dir, name); }
 
 /* ---- a byte builder for crafted files ---- */
 
@@ -106,6 +91,18 @@ static void s_row(s_buf_t *s, const char *key, uint64_t version, uint32_t dim, f
         s_f32(s, v0 + (float)j);
 }
 
+/* From scratch: a feature table "g"'s header and its one row up to the record's length (key "k", version and
+ * frequency 0). */
+static void s_feature_row_start(s_buf_t *s)
+{
+    s->len = 0;
+    s_header(s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
+    s_u32(s, 1);
+    s_put(s, "k", 1);
+    s_u64(s, 0);
+    s_u64(s, 0);
+}
+
 /* Trailer with the row count and the CRC of everything before it (plus crc_delta, to damage it). */
 static void s_trailer(s_buf_t *s, uint64_t rows, uint32_t crc_delta)
 {
@@ -126,7 +123,7 @@ static void s_write_file(const char *path, const s_buf_t *s)
 /* Writes s to a file and opens it: returns the reader's code; err gets its message. */
 static int s_open(const s_buf_t *s, char *err, size_t errlen)
 {
-    char path[128];
+    char path[320];
     s_path("crafted.kbx", path, sizeof path);
     s_write_file(path, s);
     kb_export_reader_t *r = NULL;
@@ -147,7 +144,7 @@ static int s_open(const s_buf_t *s, char *err, size_t errlen)
 static void test_writer_round_trip(void **state)
 {
     (void)state;
-    char path[128], err[256];
+    char path[320], err[256];
     s_path("emb.kbx", path, sizeof path);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
@@ -183,7 +180,7 @@ static void test_writer_round_trip(void **state)
     assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0600);
     /* No temporary file left beside it. */
-    DIR *d = opendir(s_dir);
+    DIR *d = opendir(test_scratch_dir);
     struct dirent *e;
     while ((e = readdir(d)))
         assert_null(strstr(e->d_name, ".tmp"));
@@ -217,7 +214,7 @@ static void test_writer_round_trip(void **state)
 static void test_feature_round_trip(void **state)
 {
     (void)state;
-    char path[128], err[256];
+    char path[320], err[256];
     s_path("feat.kbx", path, sizeof path);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
@@ -226,10 +223,7 @@ static void test_feature_round_trip(void **state)
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {3, (uint8_t *)"n,2"}};
     float weights[2] = {0.5f, -0.25f};
-    rec.neighbor_keys = nbrs;
-    rec.n_neighbor_keys = 2;
-    rec.neighbor_weights = weights;
-    rec.n_neighbor_weights = 2;
+    test_record_neighbors(&rec, nbrs, weights, 2);
     rec.label_case = CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL;
     rec.float_label = 1.5f;
     rec.version = 9;
@@ -270,7 +264,7 @@ static void test_feature_round_trip(void **state)
 static void test_abandoned_writer_keeps_target(void **state)
 {
     (void)state;
-    char path[128], err[256];
+    char path[320], err[256];
     s_path("keep.kbx", path, sizeof path);
     s_buf_t old = {0};
     s_put(&old, "previous contents", 17);
@@ -287,7 +281,7 @@ static void test_abandoned_writer_keeps_target(void **state)
     assert_int_equal(fread(buf, 1, sizeof buf, f), 17);
     fclose(f);
     assert_string_equal(buf, "previous contents");
-    DIR *d = opendir(s_dir);
+    DIR *d = opendir(test_scratch_dir);
     struct dirent *e;
     while ((e = readdir(d)))
         assert_null(strstr(e->d_name, ".tmp"));
@@ -455,24 +449,14 @@ static void test_crafted_files(void **state)
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECHECKSUM);
 
     /* A feature record that does not decode. */
-    s.len = 0;
-    s_header(&s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
-    s_u32(&s, 1);
-    s_put(&s, "k", 1);
-    s_u64(&s, 0);
-    s_u64(&s, 0);
+    s_feature_row_start(&s);
     s_u32(&s, 2);
     s_put(&s, "\x0a\xff", 2); /* field 1 (bytes) claiming 127+ bytes */
     s_trailer(&s, 1, 0);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECORRUPT);
     assert_non_null(strstr(err, "record does not decode"));
     /* A record length over the cap. */
-    s.len = 0;
-    s_header(&s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
-    s_u32(&s, 1);
-    s_put(&s, "k", 1);
-    s_u64(&s, 0);
-    s_u64(&s, 0);
+    s_feature_row_start(&s);
     s_u32(&s, KB_EXPORT_MAX_RECORD_BYTES + 1);
     s_trailer(&s, 1, 0);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECORRUPT);
@@ -480,7 +464,7 @@ static void test_crafted_files(void **state)
     /* A file that is not there, and a directory. */
     kb_export_reader_t *r = NULL;
     assert_int_equal(kb_export_reader_open("/nonexistent/x.kbx", &r, err, sizeof err), KB_EXPORT_EIO);
-    assert_int_equal(kb_export_reader_open(s_dir, &r, err, sizeof err), KB_EXPORT_EIO);
+    assert_int_equal(kb_export_reader_open(test_scratch_dir, &r, err, sizeof err), KB_EXPORT_EIO);
     free(s.b);
 }
 
@@ -488,7 +472,7 @@ static void test_crafted_files(void **state)
 static void test_every_byte_matters(void **state)
 {
     (void)state;
-    char path[128], err[512];
+    char path[320], err[512];
     s_path("small.kbx", path, sizeof path);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 2;
@@ -539,5 +523,5 @@ int main(void)
         cmocka_unit_test(test_crafted_files),
         cmocka_unit_test(test_every_byte_matters),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
 }

@@ -16,6 +16,7 @@
 #include "kb_rows_text.h"
 #include "protocol.h"
 #include "util.h"
+#include "test_proto.h"
 
 /* Parses a NUL-terminated line; returns the parser's result and leaves the reason in err. */
 static int s_parse(kb_rows_t *rows, const char *line, char *err, size_t errlen)
@@ -451,10 +452,7 @@ static void test_feature_lines_round_trip(void **state)
     float w[3] = {0.1f, -3.40282347e+38f, 1e-45f};
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     rec.found = true;
-    rec.neighbor_keys = nbrs;
-    rec.n_neighbor_keys = 3;
-    rec.neighbor_weights = w;
-    rec.n_neighbor_weights = 3;
+    test_record_neighbors(&rec, nbrs, w, 3);
     rec.label_case = CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL;
     rec.float_label = 0.3f;
     rec.label_confidence = -0.0f;

@@ -3,6 +3,7 @@
 #include "data_fmnist.h"
 #include "data_idx.h"
 #include "data_sample.h"
+#include "test_util.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,28 +17,11 @@
 
 #include <cmocka.h>
 
-static char s_dir[256];
-
-static int s_setup(void **state)
-{
-    (void)state;
-    snprintf(s_dir, sizeof s_dir, "/tmp/carls_idx_test_XXXXXX");
-    return mkdtemp(s_dir) ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-/* Writes bytes to s_dir/name, gzipped when gz, and returns the path in a static buffer. */
+/* Writes bytes to test_scratch_dir/name, gzipped when gz, and returns the path in a static buffer. */
 static const char *s_write(const char *name, const void *bytes, size_t len, bool gz)
 {
     static char path[512];
-    snprintf(path, sizeof path, "%s/%s", s_dir, name);
+    snprintf(path, sizeof path, "%s/%s", test_scratch_dir, name);
     if (gz) {
         gzFile f = gzopen(path, "wb");
         assert_non_null(f);
@@ -120,7 +104,7 @@ static void test_idx_bad_files(void **state)
     size_t len = s_make_idx(buf, 3, dims, 36);
 
     char missing[512];
-    snprintf(missing, sizeof missing, "%s/none.gz", s_dir);
+    snprintf(missing, sizeof missing, "%s/none.gz", test_scratch_dir);
     s_expect_bad(missing, 3, CARLS_IDX_ENOENT, "No such file");
 
     unsigned char b2[4096];
@@ -206,8 +190,8 @@ static void test_image_sets(void **state)
 {
     (void)state;
     char img[512], lab[512], err[1024];
-    snprintf(img, sizeof img, "%s/i.gz", s_dir);
-    snprintf(lab, sizeof lab, "%s/l.gz", s_dir);
+    snprintf(img, sizeof img, "%s/i.gz", test_scratch_dir);
+    snprintf(lab, sizeof lab, "%s/l.gz", test_scratch_dir);
     carls_image_set_t set;
 
     s_write_set("i.gz", "l.gz", 20, 20, -1);
@@ -240,7 +224,7 @@ static void test_image_sets(void **state)
 
     /* A folder without the files: the message names the package. */
     carls_fmnist_t ds;
-    assert_int_equal(carls_fmnist_load(s_dir, &ds, err, sizeof err), CARLS_FMNIST_EMISSING);
+    assert_int_equal(carls_fmnist_load(test_scratch_dir, &ds, err, sizeof err), CARLS_FMNIST_EMISSING);
     printf("  missing: %s\n", err);
     assert_non_null(strstr(err, "dataset-fashion-mnist"));
     assert_null(ds.train.pixels);
@@ -248,7 +232,7 @@ static void test_image_sets(void **state)
     /* A folder with all four files (tiny): loads. */
     s_write_set("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 30, 30, -1);
     s_write_set("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 10, 10, -1);
-    assert_int_equal(carls_fmnist_load(s_dir, &ds, err, sizeof err), 0);
+    assert_int_equal(carls_fmnist_load(test_scratch_dir, &ds, err, sizeof err), 0);
     assert_int_equal(ds.train.n, 30);
     assert_int_equal(ds.test.n, 10);
     carls_fmnist_free(&ds);
@@ -316,5 +300,5 @@ int main(void)
         cmocka_unit_test(test_image_sets),
         cmocka_unit_test(test_shuffle_and_subsets),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
 }

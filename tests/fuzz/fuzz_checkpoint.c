@@ -13,6 +13,7 @@
 
 #include "bytes.h"
 #include "checkpoint.h"
+#include "test_util.h"
 #include "util.h"
 
 #include <stdbool.h>
@@ -23,44 +24,8 @@
 
 #define S_HEADER_BYTES 34u /* fixed part of a checkpoint header (see checkpoint.c) */
 
-static struct {
-    bool ready;
-    char dir[256];  /* for the write-back */
-    char path[300]; /* dir/rewrite.ckpt */
-} s;
-
-static void s_cleanup(void)
-{
-    unlink(s.path);
-    rmdir(s.dir);
-}
-
-static void s_setup(void)
-{
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-ckpt-XXXXXX", base);
-    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
-    snprintf(s.path, sizeof s.path, "%s/rewrite.ckpt", s.dir);
-    atexit(s_cleanup);
-    s.ready = true;
-}
-
-/* Reads the whole of path into a new buffer. */
-static uint8_t *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    FUZZ_CHECK(f != NULL);
-    FUZZ_CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    FUZZ_CHECK(n >= 0);
-    rewind(f);
-    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
-    FUZZ_CHECK(buf != NULL);
-    FUZZ_CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
+/* Where the write-back goes (fuzz_scratch_file, made on the first input). */
+static const char *s_rewrite_path;
 
 /* Checks a checkpoint that was read from data (size bytes). */
 static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t size)
@@ -84,25 +49,23 @@ static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t s
         FUZZ_CHECK(carls_ckpt_find(ck, t->name) == t);
     }
     char err[512];
-    if (carls_ckpt_write(ck, s.path, err, sizeof err) != 0) {
+    if (carls_ckpt_write(ck, s_rewrite_path, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_checkpoint: write-back failed: %s\n", err);
         abort();
     }
     size_t len;
-    uint8_t *again = s_slurp(s.path, &len);
+    uint8_t *again = test_read_file(s_rewrite_path, 0, &len);
+    FUZZ_CHECK(again != NULL);
     FUZZ_CHECK(len == size && memcmp(again, data, size) == 0);
     free(again);
 }
 
-static void s_read(const uint8_t *data, size_t size)
+/* Reads the checkpoint at path (holding data) and checks the outcome. */
+static void s_read(const char *path, const uint8_t *data, size_t size)
 {
-    char path[64];
-    int fd = fuzz_memfile(data, size, path, sizeof path);
-    FUZZ_CHECK(fd >= 0);
     carls_ckpt_t *ck = NULL;
     char err[512] = "";
     int rc = carls_ckpt_read(path, &ck, err, sizeof err);
-    close(fd);
     if (rc == CARLS_CKPT_OK) {
         FUZZ_CHECK(ck != NULL);
         s_check_loaded(ck, data, size);
@@ -116,20 +79,16 @@ static void s_read(const uint8_t *data, size_t size)
     }
 }
 
+/* Sets the header's u64 file length (offset 16, little-endian) to the input's real size. */
+static void s_fix_length(uint8_t *buf, size_t size)
+{
+    carls_put_le64(buf + 16, (uint64_t)size); /* the file length at offset 16 */
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!s.ready)
-        s_setup();
-    s_read(data, size);
-    if (size >= S_HEADER_BYTES + 4) {
-        uint8_t *fixed = malloc(size);
-        FUZZ_CHECK(fixed != NULL);
-        memcpy(fixed, data, size);
-        carls_put_le64(fixed + 16, (uint64_t)size); /* the file length at offset 16 */
-        carls_put_le32(fixed + size - 4, carls_crc32(0, fixed, size - 4));
-        if (memcmp(fixed, data, size) != 0)
-            s_read(fixed, size);
-        free(fixed);
-    }
+    if (!s_rewrite_path)
+        s_rewrite_path = fuzz_scratch_file("ckpt", "rewrite.ckpt");
+    fuzz_read_with_crc_fixup(data, size, S_HEADER_BYTES + 4, s_fix_length, s_read);
     return 0;
 }

@@ -1,8 +1,11 @@
 /* Helpers shared by the fuzz harnesses and the seed generator (see fuzz_common.h). */
 #include "fuzz_common.h"
 
+#include "bytes.h"
 #include "protocol.h"
+#include "util.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,17 +105,81 @@ void fuzz_pack_create_base(int i, uint64_t client_id, uint64_t sequence, uint8_t
 int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len)
 {
     int fd = memfd_create("carls-fuzz", MFD_CLOEXEC);
-    if (fd < 0)
-        return -1;
+    FUZZ_CHECK(fd >= 0);
     size_t done = 0;
     while (done < size) {
         ssize_t n = write(fd, data + done, size - done);
-        if (n <= 0) {
-            close(fd);
-            return -1;
-        }
+        FUZZ_CHECK(n > 0);
         done += (size_t)n;
     }
     snprintf(path, path_len, "/proc/self/fd/%d", fd);
     return fd;
+}
+
+void fuzz_scratch_dir(const char *tag, char *dir, size_t dir_len)
+{
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(dir, dir_len, "%s/carls-fuzz-%s-XXXXXX", base, tag);
+    FUZZ_CHECK(mkdtemp(dir) != NULL);
+}
+
+void fuzz_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static char s_scratch_dir[256];
+static char s_scratch_path[512];
+
+static void s_scratch_remove(void)
+{
+    fuzz_remove_dir(s_scratch_dir);
+}
+
+const char *fuzz_scratch_file(const char *tag, const char *name)
+{
+    if (!s_scratch_dir[0]) {
+        fuzz_scratch_dir(tag, s_scratch_dir, sizeof s_scratch_dir);
+        snprintf(s_scratch_path, sizeof s_scratch_path, "%s/%s", s_scratch_dir, name);
+        atexit(s_scratch_remove);
+    }
+    return s_scratch_path;
+}
+
+/* read() on the bytes through an in-memory file. */
+static void s_read_memfile(const uint8_t *data, size_t size, void (*read)(const char *, const uint8_t *, size_t))
+{
+    char path[64];
+    int fd = fuzz_memfile(data, size, path, sizeof path);
+    read(path, data, size);
+    close(fd);
+}
+
+void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
+                              void (*read)(const char *path, const uint8_t *data, size_t size))
+{
+    s_read_memfile(data, size, read);
+    if (size < min_size || size < 4)
+        return;
+    uint8_t *fixed = malloc(size);
+    FUZZ_CHECK(fixed != NULL);
+    memcpy(fixed, data, size);
+    if (prepare)
+        prepare(fixed, size);
+    carls_put_le32(fixed + size - 4, carls_crc32(0, fixed, size - 4));
+    if (memcmp(fixed, data, size) != 0)
+        s_read_memfile(fixed, size, read);
+    free(fixed);
 }

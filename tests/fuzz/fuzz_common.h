@@ -68,7 +68,26 @@ void fuzz_pack_create_base(int i, uint64_t client_id, uint64_t sequence, uint8_t
 /* ---- files for the readers ---------------------------------------------------------------------------- */
 
 /* An anonymous in-memory file (memfd) holding data, and a path that opens it ("/proc/self/fd/N"); the
- * readers under test take a path. Returns the descriptor (close it when done), or -1 with path untouched. */
+ * readers under test take a path. Returns the descriptor (close it when done); aborts when it cannot. */
 int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len);
+
+/* A fresh directory <base>/carls-fuzz-<tag>-XXXXXX into dir, base being /dev/shm when writable (else $TMPDIR
+ * or /tmp). Aborts when it cannot be made. */
+void fuzz_scratch_dir(const char *tag, char *dir, size_t dir_len);
+
+/* Removes the files in dir, then dir (the harnesses make no subdirectories). */
+void fuzz_remove_dir(const char *dir);
+
+/* The path of a file `name` in a scratch directory of its own (fuzz_scratch_dir(tag)), for a harness's
+ * write-back: made on the first call; the file and the directory are removed at exit. One per program. */
+const char *fuzz_scratch_file(const char *tag, const char *name);
+
+/* Whole-file readers guard their files with a trailing CRC-32 that random mutations almost never match. So
+ * read(path, data, size) runs on the input as it is, and then, when size >= min_size, on a copy "fixed up":
+ * prepare(copy, size) first (when given: e.g. a length field set to the real size), then the last 4 bytes
+ * set to the little-endian CRC-32 of the bytes before them; skipped when the copy equals the input. path
+ * opens an in-memory file (fuzz_memfile) holding the bytes, valid until read returns. */
+void fuzz_read_with_crc_fixup(const uint8_t *data, size_t size, size_t min_size, void (*prepare)(uint8_t *, size_t),
+                              void (*read)(const char *path, const uint8_t *data, size_t size));
 
 #endif

@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "kb_export.h"
 #include "protocol.h"
+#include "test_proto.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -57,6 +58,14 @@ static Carls__Request s_envelope(const char *table, uint64_t sequence)
     req.client_id = 42;
     req.sequence = sequence;
     req.table = (char *)table;
+    return req;
+}
+
+/* The envelope of a request that writes nothing: no client id, no sequence. */
+static Carls__Request s_read_envelope(const char *table)
+{
+    Carls__Request req = s_envelope(table, 0);
+    req.client_id = 0;
     return req;
 }
 
@@ -133,8 +142,7 @@ static void s_requests(void)
     }
     {
         Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
-        Carls__Request req = s_envelope("", 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
         req.list_tables = &lt;
         s_request("list-tables", &req);
@@ -148,8 +156,7 @@ static void s_requests(void)
         Carls__Lookup lk = CARLS__LOOKUP__INIT;
         lk.n_keys = 3;
         lk.keys = keys;
-        Carls__Request req = s_envelope(table, 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_LOOKUP;
         req.lookup = &lk;
         snprintf(name, sizeof name, "lookup-%s", table);
@@ -159,14 +166,9 @@ static void s_requests(void)
         s_request(name, &req);
 
         Carls__Put put = CARLS__PUT__INIT;
-        put.n_keys = 3;
-        put.keys = keys;
-        put.n_values = 3 * dim;
-        put.values = values;
         put.version = 9;
         req = s_envelope(table, seq++);
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        test_put_request(&req, &put, keys, 3, values, 3 * dim);
         snprintf(name, sizeof name, "put-%s", table);
         s_request(name, &req);
 
@@ -196,8 +198,7 @@ static void s_requests(void)
         sm.seed = 3;
         for (int st = 0; st < 3; st++) {
             sm.strategy = (Carls__SampleStrategy)st;
-            req = s_envelope(table, 0);
-            req.client_id = 0;
+            req = s_read_envelope(table);
             req.op_case = CARLS__REQUEST__OP_SAMPLE;
             req.sample = &sm;
             snprintf(name, sizeof name, "sample-%d-%s", st, table);
@@ -206,16 +207,14 @@ static void s_requests(void)
 
         Carls__Scan sc = CARLS__SCAN__INIT;
         sc.limit = 2;
-        req = s_envelope(table, 0);
-        req.client_id = 0;
+        req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
         snprintf(name, sizeof name, "scan-%s", table);
         s_request(name, &req);
 
         Carls__Stats stq = CARLS__STATS__INIT;
-        req = s_envelope(table, 0);
-        req.client_id = 0;
+        req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
         snprintf(name, sizeof name, "stats-%s", table);
@@ -226,8 +225,7 @@ static void s_requests(void)
         kq.k = 2;
         kq.n_vectors = 2 * FUZZ_EMB_DIM;
         kq.vectors = emb_values;
-        Carls__Request req = s_envelope(FUZZ_TABLE_EMB, 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope(FUZZ_TABLE_EMB);
         req.op_case = CARLS__REQUEST__OP_KNN;
         req.knn = &kq;
         s_request("knn-vectors", &req);
@@ -244,9 +242,7 @@ static void s_requests(void)
         ProtobufCBinaryData nk[2] = {{4, n1}, {5, n2}};
         float nw[2] = {0.75f, 0.25f};
         Carls__FeatureRecord r1 = CARLS__FEATURE_RECORD__INIT, r2 = CARLS__FEATURE_RECORD__INIT;
-        r1.n_neighbor_keys = r1.n_neighbor_weights = 2;
-        r1.neighbor_keys = nk;
-        r1.neighbor_weights = nw;
+        test_record_neighbors(&r1, nk, nw, 2);
         r1.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
         r1.int_label = 7;
         r1.label_confidence = 0.9f;
@@ -268,31 +264,27 @@ static void s_requests(void)
         Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
         fg.n_keys = 3;
         fg.keys = keys;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
         req.feature_get = &fg;
         s_request("feature-get", &req);
 
         Carls__Scan sc = CARLS__SCAN__INIT;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
         s_request("scan-feat", &req);
 
         Carls__Sample sm = CARLS__SAMPLE__INIT;
         sm.n = 4;
-        req = s_envelope(FUZZ_TABLE_FEAT, 0);
-        req.client_id = 0;
+        req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SAMPLE;
         req.sample = &sm;
         s_request("sample-feat", &req);
     }
     {
         Carls__Stats stq = CARLS__STATS__INIT;
-        Carls__Request req = s_envelope("", 0);
-        req.client_id = 0;
+        Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
         s_request("stats-all", &req);
@@ -311,14 +303,8 @@ static void s_requests(void)
         req.protocol_version = 2;
         s_request("bad-version", &req);
         Carls__Put put = CARLS__PUT__INIT;
-        put.n_keys = 1;
-        put.keys = keys;
-        put.n_values = FUZZ_EMB_DIM;
-        put.values = emb_values;
-        req = s_envelope(FUZZ_TABLE_EMB, 0);
-        req.client_id = 0;
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        req = s_read_envelope(FUZZ_TABLE_EMB);
+        test_put_request(&req, &put, keys, 1, emb_values, FUZZ_EMB_DIM);
         s_request("put-no-client", &req);
     }
 }
@@ -381,9 +367,7 @@ static void s_export(const char *name, bool feature, uint32_t dim, int rows)
         ProtobufCBinaryData nk = {5, nb};
         float nw = 0.5f;
         Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
-        rec.n_neighbor_keys = rec.n_neighbor_weights = (size_t)(i % 2);
-        rec.neighbor_keys = &nk;
-        rec.neighbor_weights = &nw;
+        test_record_neighbors(&rec, &nk, &nw, (size_t)(i % 2));
         rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
         rec.int_label = i;
         rec.version = (uint64_t)i;

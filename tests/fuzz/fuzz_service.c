@@ -28,7 +28,6 @@
 #include "log.h"
 #include "protocol.h"
 
-#include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,23 +50,6 @@ static struct {
 } s;
 
 /* Removes the bank's directory (flat: the SQLite files). */
-static void s_remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* Sends one frame the harness built and checks it succeeded. */
 static void s_handle_ok(const uint8_t *frame, size_t len)
 {
@@ -98,15 +80,13 @@ static void s_close(void)
         return;
     kb_service_destroy(&s.service);
     kb_bank_close(&s.bank);
-    s_remove_dir(s.dir);
+    fuzz_remove_dir(s.dir);
     s.ready = false;
 }
 
 static void s_open(void)
 {
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    snprintf(s.dir, sizeof s.dir, "%s/carls-fuzz-service-XXXXXX", base);
-    FUZZ_CHECK(mkdtemp(s.dir) != NULL);
+    fuzz_scratch_dir("service", s.dir, sizeof s.dir);
     kb_bank_options_t opts = {.data_dir = s.dir, .sync = false, .interval_ms = 1000};
     char err[512];
     if (kb_bank_open(&opts, &s.bank, err, sizeof err) != 0) {

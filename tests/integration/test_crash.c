@@ -12,7 +12,7 @@
  * every write acknowledged longer ago than the interval (plus commit time) must be there. */
 #include "kb_client.h"
 #include "log.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
 
 #include <math.h>
@@ -41,11 +41,12 @@ typedef struct {
     int failed;           /* a push that was never acknowledged (should not happen) */
 } grad_writer_t;
 
+/* Short attempts, many of them: a restart takes well under the 20 s this allows. */
+static kb_client_options_t s_patient = {.timeout_ms = 250, .retries = 80};
+
 static kb_client_t *s_patient_client(const char *endpoint)
 {
-    /* Short attempts, many of them: a restart takes well under the 20 s this allows. */
-    kb_client_options_t opts = {.timeout_ms = 250, .retries = 80};
-    return kb_client_new(endpoint, &opts);
+    return kb_client_new(endpoint, &s_patient);
 }
 
 static void *s_grad_writer(void *p)
@@ -96,37 +97,34 @@ static unsigned s_rand(unsigned *state)
 
 static void test_sync_kill9_twenty_times(void **state)
 {
-    (void)state;
-    test_server_t srv;
-    test_server_init(&srv);
+    server_fixture_t *f = *state;
     const char *args[] = {"--durability", "sync", NULL};
-    assert_int_equal(test_server_start(&srv, args), 0);
-    kb_client_t *admin = s_patient_client(srv.endpoint);
-    s_create(admin, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
-    s_create(admin, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
-    kb_client_destroy(&admin);
+    server_fixture_start(f, args);
+    s_create(f->client, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
+    s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
+    kb_client_destroy(&f->client);
 
     /* The server's port changes on every restart unless we keep it: restart on the same endpoint. */
-    const char *fixed[] = {"--durability", "sync", "--listen", srv.endpoint, NULL};
+    const char *fixed[] = {"--durability", "sync", "--listen", f->srv.endpoint, NULL};
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
     for (int i = 0; i < WRITERS; i++) {
-        w[i] = (grad_writer_t){.endpoint = srv.endpoint, .id = i, .stop = &stop};
+        w[i] = (grad_writer_t){.endpoint = f->srv.endpoint, .id = i, .stop = &stop};
         assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
     }
     unsigned rng = 20261122u;
     for (int kill_no = 0; kill_no < KILLS; kill_no++) {
         usleep((useconds_t)(50 + s_rand(&rng) % 250) * 1000);
-        assert_int_equal(test_server_stop(&srv, SIGKILL), 128 + SIGKILL);
-        assert_int_equal(test_server_start(&srv, fixed), 0);
+        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
+        assert_int_equal(test_server_start(&f->srv, fixed), 0);
     }
     usleep(300 * 1000);
     atomic_store(&stop, 1);
     for (int i = 0; i < WRITERS; i++)
         pthread_join(th[i], NULL);
 
-    kb_client_t *c = s_patient_client(srv.endpoint);
+    kb_client_t *c = f->client = s_patient_client(f->srv.endpoint);
     int total = 0;
     for (int i = 0; i < WRITERS; i++) {
         assert_int_equal(w[i].failed, 0);
@@ -148,8 +146,6 @@ static void test_sync_kill9_twenty_times(void **state)
     }
     print_message("%d kills, %d acknowledged pushes, all present exactly once\n", KILLS, total);
     assert_true(total > KILLS);
-    kb_client_destroy(&c);
-    assert_int_equal(test_server_cleanup(&srv), 0);
 }
 
 typedef struct {
@@ -164,8 +160,7 @@ typedef struct {
 static void *s_put_writer(void *p)
 {
     put_writer_t *w = p;
-    kb_client_options_t opts = {.timeout_ms = 250, .retries = 80};
-    kb_client_t *c = kb_client_new(w->endpoint, &opts);
+    kb_client_t *c = s_patient_client(w->endpoint);
     char name[32];
     while (!atomic_load(w->stop) && atomic_load(&w->acked) < w->capacity) {
         int n = atomic_load(&w->acked);
@@ -183,25 +178,22 @@ static void *s_put_writer(void *p)
 
 static void test_interval_kill9_loses_at_most_the_window(void **state)
 {
-    (void)state;
     enum { INTERVAL_MS = 100, GRACE_MS = 1100, CAP = 200000, ROUNDS = 5 };
-    test_server_t srv;
-    test_server_init(&srv);
+    server_fixture_t *f = *state;
     const char *args[] = {"--durability", "interval:100", NULL};
-    assert_int_equal(test_server_start(&srv, args), 0);
-    kb_client_t *admin = s_patient_client(srv.endpoint);
+    server_fixture_start(f, args);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    assert_int_equal(kb_client_create_table(admin, "puts", &cfg, false), 0);
-    assert_int_equal(kb_client_checkpoint(admin), 0);
-    kb_client_destroy(&admin);
-    const char *fixed[] = {"--durability", "interval:100", "--listen", srv.endpoint, NULL};
+    assert_int_equal(kb_client_create_table(f->client, "puts", &cfg, false), 0);
+    assert_int_equal(kb_client_checkpoint(f->client), 0);
+    kb_client_destroy(&f->client);
+    const char *fixed[] = {"--durability", "interval:100", "--listen", f->srv.endpoint, NULL};
 
     atomic_int stop = 0;
     put_writer_t w[WRITERS];
     pthread_t th[WRITERS];
     for (int i = 0; i < WRITERS; i++) {
-        w[i].endpoint = srv.endpoint;
+        w[i].endpoint = f->srv.endpoint;
         w[i].id = i;
         w[i].stop = &stop;
         atomic_init(&w[i].acked, 0);
@@ -222,14 +214,14 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
     for (int round = 0; round < ROUNDS; round++) {
         usleep((useconds_t)(300 + s_rand(&rng) % 400) * 1000);
         int64_t killed_at = carls_monotonic_ms();
-        assert_int_equal(test_server_stop(&srv, SIGKILL), 128 + SIGKILL);
+        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
         for (int i = 0; i < WRITERS; i++) {
             int n = atomic_load(&w[i].acked);
             for (int j = counted[i]; j < n; j++)
                 required[i][j] = w[i].acked_at_ms[j] <= killed_at - (INTERVAL_MS + GRACE_MS);
             counted[i] = n;
         }
-        assert_int_equal(test_server_start(&srv, fixed), 0);
+        assert_int_equal(test_server_start(&f->srv, fixed), 0);
     }
     usleep(300 * 1000);
     atomic_store(&stop, 1);
@@ -241,7 +233,7 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
         counted[i] = n;
     }
 
-    kb_client_t *c = s_patient_client(srv.endpoint);
+    kb_client_t *c = f->client = s_patient_client(f->srv.endpoint);
     int checked = 0, missing = 0;
     char name[32];
     for (int i = 0; i < WRITERS; i++) {
@@ -267,8 +259,6 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
                   checked, missing);
     assert_true(checked > 0);
     assert_int_equal(missing, 0);
-    kb_client_destroy(&c);
-    assert_int_equal(test_server_cleanup(&srv), 0);
 }
 
 int main(void)
@@ -276,8 +266,10 @@ int main(void)
     /* Every kill makes the clients log a reconnect; only errors are worth reading here. */
     carls_log_set_level(CARLS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sync_kill9_twenty_times),
-        cmocka_unit_test(test_interval_kill9_loses_at_most_the_window),
+        cmocka_unit_test_prestate_setup_teardown(test_sync_kill9_twenty_times, server_fixture_setup,
+                                                 server_fixture_teardown, &s_patient),
+        cmocka_unit_test_prestate_setup_teardown(test_interval_kill9_loses_at_most_the_window, server_fixture_setup,
+                                                 server_fixture_teardown, &s_patient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

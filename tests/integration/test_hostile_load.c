@@ -14,8 +14,10 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
+#include "test_util.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,14 +36,6 @@
 
 #include <cmocka.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define S_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define S_SANITIZED 1
-#endif
-#endif
-
 #define LIMIT_MIB 64
 #define MAX_MESSAGE (4u << 20)
 #define DIM 4
@@ -57,17 +51,13 @@
  * AddressSanitizer the estimate (malloc's sizes) undercounts: every block carries ASan's header and redzone (a
  * 208-byte row block takes about 256 and 32 of shadow), so the data counts twice, and its quarantine of
  * freed blocks (capped here at 32 MiB for the server) comes on top. docs/RELIABILITY.md has the figures. */
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
 #define S_LIMIT_FACTOR 2
 #define S_OVERHEAD_MIB 160
 #else
 #define S_LIMIT_FACTOR 1
 #define S_OVERHEAD_MIB 48
 #endif
-
-typedef struct {
-    test_server_t srv;
-} fixture_t;
 
 static int s_setup(void **state)
 {
@@ -77,48 +67,15 @@ static int s_setup(void **state)
         rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
     /* Keep ASan's quarantine of freed blocks (default 256 MiB) from dwarfing the limit under test. */
-    const char *old = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=32", old ? old : "", old && old[0] ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    test_asan_options_append("quarantine_size_mb=32");
 #endif
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
     char limit[32], msg[32];
     snprintf(limit, sizeof limit, "%dM", LIMIT_MIB);
     snprintf(msg, sizeof msg, "%u", MAX_MESSAGE);
     const char *args[] = {"--max-memory", limit, "--max-message-bytes", msg, "--threads", "2", NULL};
-    if (test_server_start(&f->srv, args) != 0)
-        return -1;
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-/* A field of /proc/PID/status in kB ("VmRSS", "VmHWM"), 0 if unreadable. */
-static uint64_t s_proc_kb(pid_t pid, const char *field)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    size_t flen = strlen(field);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
-            kb = strtoull(line + flen + 1, NULL, 10);
-    fclose(f);
-    return kb;
+    return server_fixture_setup_server(state, args);
 }
 
 typedef struct {
@@ -374,13 +331,8 @@ static void *s_garbage_main(void *arg)
         Carls__Request req = CARLS__REQUEST__INIT;
         Carls__Put put = CARLS__PUT__INIT;
         float vals[DIM] = {1, 2, 3, 4};
-        put.n_keys = 1;
-        put.keys = &key;
-        put.n_values = DIM;
-        put.values = vals;
         req.table = "good";
-        req.op_case = CARLS__REQUEST__OP_PUT;
-        req.put = &put;
+        test_put_request(&req, &put, &key, 1, vals, DIM);
         size_t len;
         uint8_t *p = s_pack(&req, 1000000 + (uint64_t)round * 8, &len);
         s_hostile_send(sh, &rc, p, 1 + s_rng(&rng) % (len - 1), true);
@@ -481,7 +433,7 @@ static void *s_rss_main(void *arg)
 {
     s_shared_t *sh = arg;
     while (!atomic_load(&sh->stop)) {
-        uint64_t kb = s_proc_kb(sh->server, "VmRSS");
+        uint64_t kb = test_proc_status_kb(sh->server, "VmRSS");
         if (kb > sh->rss_max_kb)
             sh->rss_max_kb = kb;
         sh->rss_samples++;
@@ -492,7 +444,7 @@ static void *s_rss_main(void *arg)
 
 static void test_hostile_load(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     kb_client_options_t opts = {.timeout_ms = 30000, .retries = 0};
     kb_client_t *admin = kb_client_new(f->srv.endpoint, &opts);
     assert_non_null(admin);
@@ -511,7 +463,7 @@ static void test_hostile_load(void **state)
     assert_int_equal(kb_client_put(admin, "good", keys, GOOD_KEYS, DIM, vals, 1), 0);
     free(vals);
     /* The idle server's resident size: libraries, threads, SQLite. */
-    uint64_t base_kb = s_proc_kb(f->srv.pid, "VmRSS");
+    uint64_t base_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
     assert_true(base_kb > 0);
 
     s_shared_t sh;
@@ -547,8 +499,8 @@ static void test_hostile_load(void **state)
             flood_refusals = st->tables[i]->memory_refusals;
             flood_rows = st->tables[i]->rows;
         }
-    uint64_t hwm_kb = s_proc_kb(f->srv.pid, "VmHWM");
-    uint64_t end_kb = s_proc_kb(f->srv.pid, "VmRSS");
+    uint64_t hwm_kb = test_proc_status_kb(f->srv.pid, "VmHWM");
+    uint64_t end_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
     uint64_t allowed_kb = ((uint64_t)S_LIMIT_FACTOR * LIMIT_MIB + S_OVERHEAD_MIB) * 1024 + base_kb;
     print_message("hostile load: %.1f s; flood: %llu keys sent in %llu ok + %llu refused requests (%llu rows "
                   "held); %llu connections opened, %llu answered; %llu hostile frames sent, %llu of %llu "
@@ -609,7 +561,7 @@ static void test_hostile_load(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

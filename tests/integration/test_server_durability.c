@@ -6,7 +6,7 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -22,48 +22,16 @@
 
 #include <cmocka.h>
 
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
-
-static kb_client_t *s_connect(const char *endpoint)
-{
-    kb_client_options_t opts = {.timeout_ms = 5000, .retries = 2};
-    kb_client_t *c = kb_client_new(endpoint, &opts);
-    assert_non_null(c);
-    return c;
-}
-
-static int s_setup(void **state)
-{
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-static void s_start(fixture_t *f, const char *durability)
+static void s_start(server_fixture_t *f, const char *durability)
 {
     const char *args[] = {"--durability", durability, NULL};
-    assert_int_equal(test_server_start(&f->srv, args), 0);
-    f->client = s_connect(f->srv.endpoint);
+    server_fixture_start(f, args);
 }
 
-static void s_kill_and_restart(fixture_t *f, const char *durability)
+static void s_kill_and_restart(server_fixture_t *f, const char *durability)
 {
-    kb_client_destroy(&f->client);
-    assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
-    s_start(f, durability);
+    const char *args[] = {"--durability", durability, NULL};
+    assert_int_equal(server_fixture_restart(f, SIGKILL, args), 128 + SIGKILL);
 }
 
 static void s_create(kb_client_t *c, const char *name, uint32_t dim)
@@ -78,14 +46,14 @@ static void s_create(kb_client_t *c, const char *name, uint32_t dim)
     lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    assert_int_equal(kb_client_create_table(c, name, &cfg, false), 0);
+    test_create_table(c, name, &cfg);
 }
 
 static void s_key_name(char *buf, size_t n, const char *prefix, int i) { snprintf(buf, n, "%s-%d", prefix, i); }
 
 static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     s_start(f, "sync");
     s_create(f->client, "t", 3);
     enum { PUTS = 200, PUSHED = 50 };
@@ -126,7 +94,7 @@ static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void *
 /* A write replayed byte for byte after a crash (a client that never saw the answer) is applied once. */
 static void test_replayed_write_after_crash_applies_once(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     s_start(f, "sync");
     s_create(f->client, "t", 1);
     Carls__Request req = CARLS__REQUEST__INIT;
@@ -147,27 +115,16 @@ static void test_replayed_write_after_crash_applies_once(void **state)
 
     raw_client_t raw;
     assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
-    Carls__Response *resp = raw_call(&raw, &req, 5000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_false(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_false(raw_write_is_duplicate(&raw, &req, 5000));
     raw_close(&raw);
 
     s_kill_and_restart(f, "sync");
     assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
-    resp = raw_call(&raw, &req, 5000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_true(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_true(raw_write_is_duplicate(&raw, &req, 5000));
     /* A new sequence number is a new write. */
     req.sequence = 2;
     g = 2.0f;
-    resp = raw_call(&raw, &req, 5000);
-    assert_non_null(resp);
-    assert_false(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_false(raw_write_is_duplicate(&raw, &req, 5000));
     raw_close(&raw);
 
     float v;
@@ -206,7 +163,7 @@ static void *s_writer_main(void *p)
 
 /* Runs writers for run_ms, kills the server with SIGKILL, restarts it and returns how many acknowledged
  * writes are missing among those acknowledged before (kill time - grace_ms). */
-static int s_crash_round(fixture_t *f, const char *durability, int run_ms, int grace_ms, int *total_acked)
+static int s_crash_round(server_fixture_t *f, const char *durability, int run_ms, int grace_ms, int *total_acked)
 {
     enum { WRITERS = 3, CAP = 100000 };
     atomic_int stop = 0;
@@ -249,7 +206,7 @@ static int s_crash_round(fixture_t *f, const char *durability, int run_ms, int g
 
 static void test_sync_kill9_under_concurrent_writers(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     s_start(f, "sync");
     s_create(f->client, "t", 1);
     for (int round = 0; round < 3; round++) {
@@ -263,7 +220,7 @@ static void test_sync_kill9_under_concurrent_writers(void **state)
 
 static void test_interval_loses_at_most_the_window(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     s_start(f, "interval:100");
     s_create(f->client, "t", 1);
     int acked = 0;
@@ -277,11 +234,14 @@ static void test_interval_loses_at_most_the_window(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, s_setup,
-                                        s_teardown),
-        cmocka_unit_test_setup_teardown(test_replayed_write_after_crash_applies_once, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_sync_kill9_under_concurrent_writers, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_interval_loses_at_most_the_window, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients,
+                                        server_fixture_setup, server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_replayed_write_after_crash_applies_once, server_fixture_setup,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_sync_kill9_under_concurrent_writers, server_fixture_setup,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_interval_loses_at_most_the_window, server_fixture_setup,
+                                        server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -22,44 +23,26 @@
 #define MAX_KEY 16
 #define MAX_KEYS 100
 
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-    raw_client_t raw;
-} fixture_t;
+static kb_client_options_t s_client_options = {.timeout_ms = 5000, .retries = 1};
 
+/* Every test: a server with small limits, a client, a table "emb" of dim 4, and a raw client. */
 static int s_setup(void **state)
 {
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
     const char *args[] = {"--max-message-bytes", "65536", "--max-key-bytes", "16", "--max-keys-per-request", "100",
                           "--max-dim", "64", NULL};
-    if (test_server_start(&f->srv, args) != 0)
+    if (server_fixture_setup_server(state, args) != 0)
         return -1;
-    kb_client_options_t opts = {.timeout_ms = 5000, .retries = 1};
-    f->client = kb_client_new(f->srv.endpoint, &opts);
+    server_fixture_t *f = *state;
+    f->client = kb_client_new(f->srv.endpoint, &f->client_options);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 4;
     if (!f->client || kb_client_create_table(f->client, "emb", &cfg, false) != 0)
         return -1;
-    if (raw_open(&f->raw, f->srv.endpoint) != 0)
-        return -1;
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    raw_close(&f->raw);
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
+    return raw_open(&f->raw, f->srv.endpoint) == 0 ? 0 : -1;
 }
 
 /* The well-behaved client still gets right answers. */
-static void s_assert_healthy(fixture_t *f)
+static void s_assert_healthy(server_fixture_t *f)
 {
     float v[4] = {1, 2, 3, 4}, out[4];
     kb_key_t k = {.data = "healthy", .len = 7};
@@ -69,7 +52,7 @@ static void s_assert_healthy(fixture_t *f)
 }
 
 /* Sends req raw and checks the reply's status and that the error text mentions `needle`. */
-static void s_expect(fixture_t *f, Carls__Request *req, Carls__StatusCode status, const char *needle)
+static void s_expect(server_fixture_t *f, Carls__Request *req, Carls__StatusCode status, const char *needle)
 {
     Carls__Response *resp = raw_call(&f->raw, req, 5000);
     assert_non_null(resp);
@@ -92,7 +75,7 @@ static void s_request(Carls__Request *req, uint64_t id)
 
 static void test_garbage_truncated_and_multipart(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     /* Bytes that are no protobuf at all: wire type 7 does not exist. */
     const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x07, 0x42};
     assert_int_equal(raw_send(&f->raw, garbage, sizeof garbage), 0);
@@ -136,7 +119,7 @@ static void test_garbage_truncated_and_multipart(void **state)
 
 static void test_envelope_errors(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     Carls__Request req;
     Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
 
@@ -164,21 +147,16 @@ static void test_envelope_errors(void **state)
     /* A write without client id / sequence cannot be de-duplicated: refused. */
     Carls__Put put = CARLS__PUT__INIT;
     float vals[4] = {0};
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = 4;
-    put.values = vals;
     s_request(&req, 13);
     req.client_id = 0;
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_put_request(&req, &put, &key, 1, vals, 4);
     s_expect(f, &req, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "client_id");
     s_assert_healthy(f);
 }
 
 static void test_payload_errors(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     Carls__Request req;
     ProtobufCBinaryData key = {.len = 1, .data = (uint8_t *)"k"};
     float vals[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -269,7 +247,7 @@ static void test_payload_errors(void **state)
 
 static void test_oversized_frames(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     /* Above the limit but under twice it: answered TOO_LARGE. */
     size_t len = MAX_MESSAGE + 100;
     uint8_t *big = calloc(1, len);
@@ -296,7 +274,7 @@ static void test_oversized_frames(void **state)
  * never dies, and the well-behaved client keeps working. */
 static void test_random_mutations(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     Carls__Request req;
     s_request(&req, 40);
     ProtobufCBinaryData keys[3] = {{1, (uint8_t *)"a"}, {2, (uint8_t *)"bb"}, {3, (uint8_t *)"ccc"}};
@@ -349,11 +327,16 @@ static void test_random_mutations(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_garbage_truncated_and_multipart, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_envelope_errors, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_payload_errors, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_oversized_frames, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_random_mutations, s_setup, s_teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_garbage_truncated_and_multipart, s_setup, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_envelope_errors, s_setup, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_payload_errors, s_setup, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_oversized_frames, s_setup, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_random_mutations, s_setup, server_fixture_teardown,
+                                                 &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

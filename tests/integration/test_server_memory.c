@@ -7,7 +7,8 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
+#include "test_proto.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,31 +24,13 @@
 #define LIMIT_BYTES (8u << 20)
 #define DIM 4
 
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
+static kb_client_options_t s_client_options = {.timeout_ms = 10000, .retries = 1};
 
-static int s_setup(void **state)
+/* Every test runs one server limited to 8 MiB. */
+static void s_start(server_fixture_t *f)
 {
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
     const char *args[] = {"--max-memory", "8M", NULL};
-    if (test_server_start(&f->srv, args) != 0)
-        return -1;
-    kb_client_options_t opts = {.timeout_ms = 10000, .retries = 1};
-    f->client = kb_client_new(f->srv.endpoint, &opts);
-    *state = f;
-    return f->client ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
+    server_fixture_start(f, args);
 }
 
 /* Keys "<prefix><first + i>" for i < n (static storage, valid until the next call with the same slot). */
@@ -65,22 +48,22 @@ static kb_key_t *s_keys(int slot, const char *prefix, size_t first, size_t n)
 
 static float s_values[1000 * DIM];
 
-static void s_create(fixture_t *f, const char *name, Carls__EvictionConfig *eviction)
+static void s_create(server_fixture_t *f, const char *name, Carls__EvictionConfig *eviction)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = DIM;
     cfg.eviction = eviction;
-    assert_int_equal(kb_client_create_table(f->client, name, &cfg, false), 0);
+    test_create_table(f->client, name, &cfg);
 }
 
-static Carls__Response *s_stats(fixture_t *f, const char *table)
+static Carls__Response *s_stats(server_fixture_t *f, const char *table)
 {
     Carls__Response *r = NULL;
     assert_int_equal(kb_client_stats(f->client, table, &r), 0);
     return r;
 }
 
-static uint64_t s_rows(fixture_t *f, const char *table)
+static uint64_t s_rows(server_fixture_t *f, const char *table)
 {
     Carls__Response *r = s_stats(f, table);
     uint64_t rows = r->stats->tables[0]->rows;
@@ -89,7 +72,7 @@ static uint64_t s_rows(fixture_t *f, const char *table)
 }
 
 /* Asserts the client's last call was refused for memory. */
-static void s_assert_exhausted(fixture_t *f, int rc)
+static void s_assert_exhausted(server_fixture_t *f, int rc)
 {
     if (rc != KB_CLIENT_ESTATUS || kb_client_last_status(f->client) != CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED)
         fail_msg("expected RESOURCE_EXHAUSTED, got rc %d: %s", rc, kb_client_last_error(f->client));
@@ -99,7 +82,7 @@ static void s_assert_exhausted(fixture_t *f, int rc)
 /* Puts new rows into "emb" in batches of 1000, then 100, 10 and 1, until even one row is refused. Returns
  * the number of rows put; checks that each refused batch left the table as it was. A refusal is believed
  * only after a checkpoint: the rows being committed are in the estimate until their commit ends. */
-static size_t s_fill(fixture_t *f)
+static size_t s_fill(server_fixture_t *f)
 {
     size_t next = 0;
     for (size_t batch = 1000; batch >= 1; batch /= 10) {
@@ -126,7 +109,7 @@ static size_t s_fill(fixture_t *f)
 }
 
 /* A feature_put of one key through the low-level call. */
-static int s_feature_put(fixture_t *f, const char *key)
+static int s_feature_put(server_fixture_t *f, const char *key)
 {
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
@@ -151,7 +134,7 @@ static int s_feature_put(fixture_t *f, const char *key)
 }
 
 /* kbctl stats' output for the server. Caller frees. */
-static char *s_kbctl_stats(fixture_t *f)
+static char *s_kbctl_stats(server_fixture_t *f)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "'%s/kbctl' --kb '%s' stats 2>&1", CARLS_BIN_DIR, f->srv.endpoint);
@@ -168,7 +151,8 @@ static char *s_kbctl_stats(fixture_t *f)
 
 static void test_refuse_new_rows_keep_existing(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
+    s_start(f);
     for (size_t i = 0; i < 1000 * DIM; i++)
         s_values[i] = (float)(i % DIM) + 0.5f;
     s_create(f, "emb", NULL);
@@ -267,7 +251,8 @@ static void test_refuse_new_rows_keep_existing(void **state)
  * sequence) is applied once there is room, and a retry after that is a duplicate. */
 static void test_refused_write_is_not_remembered(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
+    s_start(f);
     s_create(f, "emb", NULL);
     s_create(f, "spare", NULL);
     for (size_t i = 0; i < 5000; i += 1000)
@@ -278,13 +263,8 @@ static void test_refused_write_is_not_remembered(void **state)
     Carls__Put put = CARLS__PUT__INIT;
     ProtobufCBinaryData key = {.len = 5, .data = (uint8_t *)"later"};
     float v[DIM] = {1, 2, 3, 4};
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = DIM;
-    put.values = v;
     req.table = "emb";
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_put_request(&req, &put, &key, 1, v, DIM);
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_call(f->client, &req, &resp), KB_CLIENT_ESTATUS);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED);
@@ -294,17 +274,9 @@ static void test_refused_write_is_not_remembered(void **state)
     /* The very same bytes again (a retry): applied now, and not as a duplicate. */
     raw_client_t raw;
     assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
-    resp = raw_call(&raw, &req, 10000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_false(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_false(raw_write_is_duplicate(&raw, &req, 10000));
     /* And once more: now it is a duplicate. */
-    resp = raw_call(&raw, &req, 10000);
-    assert_non_null(resp);
-    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_true(resp->write->duplicate);
-    carls__response__free_unpacked(resp, NULL);
+    assert_true(raw_write_is_duplicate(&raw, &req, 10000));
     raw_close(&raw);
     float out[DIM];
     kb_key_t k = {.data = "later", .len = 5};
@@ -315,8 +287,10 @@ static void test_refused_write_is_not_remembered(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_refuse_new_rows_keep_existing, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_refused_write_is_not_remembered, s_setup, s_teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_refuse_new_rows_keep_existing, server_fixture_setup,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_refused_write_is_not_remembered, server_fixture_setup,
+                                                 server_fixture_teardown, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

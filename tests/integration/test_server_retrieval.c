@@ -5,7 +5,9 @@
  * must. */
 #include "kb_client.h"
 #include "protocol.h"
-#include "server_harness.h"
+#include "server_fixture.h"
+#include "test_proto.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -18,102 +20,18 @@
 
 #include <cmocka.h>
 
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
-
-static kb_client_t *s_connect(const char *endpoint)
-{
-    kb_client_options_t opts = {.timeout_ms = 10000, .retries = 1};
-    kb_client_t *c = kb_client_new(endpoint, &opts);
-    assert_non_null(c);
-    return c;
-}
-
-static int s_setup(void **state)
-{
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-static void s_start(fixture_t *f, const char *const *args)
-{
-    assert_int_equal(test_server_start(&f->srv, args), 0);
-    f->client = s_connect(f->srv.endpoint);
-}
-
-static void s_restart(fixture_t *f, int sig, const char *const *args)
-{
-    kb_client_destroy(&f->client);
-    test_server_stop(&f->srv, sig);
-    s_start(f, args);
-}
-
-static void s_create(kb_client_t *c, const char *name, Carls__TableConfig *cfg)
-{
-    if (kb_client_create_table(c, name, cfg, false) != 0)
-        fail_msg("create %s: %s", name, kb_client_last_error(c));
-}
-
-static uint64_t s_rng = 88172645463325252ULL;
-static float s_uniform(void)
-{
-    s_rng ^= s_rng << 13;
-    s_rng ^= s_rng >> 7;
-    s_rng ^= s_rng << 17;
-    return (float)((s_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-static Carls__Response *s_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals,
-                              const kb_key_t *keys, size_t nkeys, uint32_t k, bool exclude)
-{
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Knn q = CARLS__KNN__INIT;
-    ProtobufCBinaryData *bk = calloc(nkeys ? nkeys : 1, sizeof *bk);
-    for (size_t i = 0; i < nkeys; i++) {
-        bk[i].data = (uint8_t *)keys[i].data;
-        bk[i].len = keys[i].len;
-    }
-    q.vectors = (float *)vecs;
-    q.n_vectors = nvals;
-    q.keys = bk;
-    q.n_keys = nkeys;
-    q.k = k;
-    q.exclude_query = exclude;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &q;
-    Carls__Response *resp = NULL;
-    int rc = kb_client_call(c, &req, &resp);
-    free(bk);
-    if (rc != 0)
-        fail_msg("knn: %s", kb_client_last_error(c));
-    return resp;
-}
+static uint64_t s_rng = 88172645463325252ULL; /* test_uniform_pm1's stream for the test data */
 
 static void s_key_name(char *buf, size_t n, int i) { snprintf(buf, n, "item%04d", i); }
 
 /* Flat kNN through the server equals brute force, for ip, l2 and cosine; it follows a moved vector. */
 static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     enum { N = 300, DIM = 8, K = 5, NQ = 10 };
     static float data[N * DIM];
     for (int i = 0; i < N * DIM; i++)
-        data[i] = s_uniform();
+        data[i] = test_uniform_pm1(&s_rng);
     const Carls__KnnMetric metrics[3] = {CARLS__KNN_METRIC__METRIC_IP, CARLS__KNN_METRIC__METRIC_L2,
                                          CARLS__KNN_METRIC__METRIC_COSINE};
     const char *names[3] = {"knn_ip", "knn_l2", "knn_cos"};
@@ -124,19 +42,15 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
         keys[i] = (kb_key_t){keybuf[i], strlen(keybuf[i])};
     }
     for (int m = 0; m < 3; m++) {
-        Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-        Carls__KnnConfig kc = CARLS__KNN_CONFIG__INIT;
-        cfg.dim = DIM;
-        kc.spec = "Flat";
-        kc.metric = metrics[m];
-        cfg.knn = &kc;
-        s_create(f->client, names[m], &cfg);
+        Carls__KnnConfig kc;
+        Carls__TableConfig cfg = test_knn_table_config(&kc, DIM, "Flat", metrics[m]);
+        test_create_table(f->client, names[m], &cfg);
         assert_int_equal(kb_client_put(f->client, names[m], keys, N, DIM, data, 1), 0);
 
         float queries[NQ * DIM];
         for (int i = 0; i < NQ * DIM; i++)
-            queries[i] = s_uniform();
-        Carls__Response *resp = s_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
+            queries[i] = test_uniform_pm1(&s_rng);
+        Carls__Response *resp = test_knn(f->client, names[m], queries, NQ * DIM, NULL, 0, K, false);
         assert_int_equal(resp->knn->n_keys, NQ * K);
         for (int q = 0; q < NQ; q++) {
             /* Reference: score every row. */
@@ -182,45 +96,41 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     for (int j = 0; j < DIM; j++)
         far[j] = 50.0f + (float)j;
     assert_int_equal(kb_client_put(f->client, "knn_l2", &keys[7], 1, DIM, far, 2), 0);
-    Carls__Response *resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    Carls__Response *resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
     carls__response__free_unpacked(resp, NULL);
-    resp = s_knn(f->client, "knn_l2", old, DIM, NULL, 0, 1, false);
+    resp = test_knn(f->client, "knn_l2", old, DIM, NULL, 0, 1, false);
     assert_false(resp->knn->keys[0].len == 8 && memcmp(resp->knn->keys[0].data, "item0007", 8) == 0);
     carls__response__free_unpacked(resp, NULL);
 
     /* By key, excluding the key itself. */
-    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 3, true);
+    resp = test_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 3, true);
     for (int r = 0; r < 3; r++)
         assert_false(resp->knn->keys[r].len == 8 && memcmp(resp->knn->keys[r].data, "item0003", 8) == 0);
     carls__response__free_unpacked(resp, NULL);
-    resp = s_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 1, false);
+    resp = test_knn(f->client, "knn_l2", NULL, 0, &keys[3], 1, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0003", 8);
     assert_true(resp->knn->scores[0] < 1e-6f);
     carls__response__free_unpacked(resp, NULL);
 
     /* After a restart the index is rebuilt from the stored rows. */
-    s_restart(f, SIGKILL, NULL);
-    resp = s_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
+    server_fixture_restart(f, SIGKILL, NULL);
+    resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
     carls__response__free_unpacked(resp, NULL);
 }
 
 static void test_feature_records_round_trip(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    s_create(f->client, "graph", &cfg);
+    test_create_table(f->client, "graph", &cfg);
 
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {2, (uint8_t *)"n2"}};
     float weights[2] = {0.75f, 0.25f};
-    rec.neighbor_keys = nbrs;
-    rec.n_neighbor_keys = 2;
-    rec.neighbor_weights = weights;
-    rec.n_neighbor_weights = 2;
+    test_record_neighbors(&rec, nbrs, weights, 2);
     rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
     rec.int_label = 7;
     rec.label_confidence = 0.9f;
@@ -251,7 +161,7 @@ static void test_feature_records_round_trip(void **state)
     float v;
     assert_int_equal(kb_client_lookup(f->client, "graph", &k, 1, 1, &v, NULL), KB_CLIENT_ESTATUS);
 
-    s_restart(f, SIGKILL, NULL);
+    server_fixture_restart(f, SIGKILL, NULL);
     ProtobufCBinaryData keys[2] = {{4, (uint8_t *)"node"}, {7, (uint8_t *)"missing"}};
     Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
     fg.keys = keys;
@@ -285,17 +195,16 @@ static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Resp
 
 static void test_admission_keeps_rare_keys_out(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__AdmissionConfig adm = CARLS__ADMISSION_CONFIG__INIT;
     cfg.dim = 2;
     cfg.admission = &adm;
     adm.kind = CARLS__ADMISSION_KIND__ADMIT_FREQUENCY;
     adm.min_frequency = 3;
-    s_create(f->client, "freq", &cfg);
+    test_create_table(f->client, "freq", &cfg);
     adm.kind = CARLS__ADMISSION_KIND__ADMIT_BLOOM;
-    s_create(f->client, "bloom", &cfg);
+    test_create_table(f->client, "bloom", &cfg);
 
     kb_key_t rare = {"rare", 4}, common = {"common", 6};
     float v[2];
@@ -323,7 +232,7 @@ static void test_admission_keeps_rare_keys_out(void **state)
 
     /* Checkpoint, crash: the frequent key was persisted, the rare one was not. */
     assert_int_equal(kb_client_checkpoint(f->client), 0);
-    s_restart(f, SIGKILL, NULL);
+    server_fixture_restart(f, SIGKILL, NULL);
     ts = s_stats(f->client, "freq", &resp);
     assert_int_equal(ts->rows, 1);
     carls__response__free_unpacked(resp, NULL);
@@ -336,8 +245,7 @@ static void test_admission_keeps_rare_keys_out(void **state)
 
 static void test_eviction_lru_and_oldest(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     enum { CAP = 200, TOTAL = 1000 };
     const Carls__EvictionKind kinds[2] = {CARLS__EVICTION_KIND__EVICT_LRU, CARLS__EVICTION_KIND__EVICT_OLDEST};
     const char *names[2] = {"lru", "oldest"};
@@ -348,7 +256,7 @@ static void test_eviction_lru_and_oldest(void **state)
         cfg.eviction = &ev;
         ev.kind = kinds[m];
         ev.max_rows = CAP;
-        s_create(f->client, names[m], &cfg);
+        test_create_table(f->client, names[m], &cfg);
         kb_key_t hot = {"hot", 3};
         float v = 5.0f;
         assert_int_equal(kb_client_put(f->client, names[m], &hot, 1, 1, &v, 1), 0);
@@ -386,18 +294,17 @@ static void test_eviction_lru_and_oldest(void **state)
     assert_int_equal(kb_client_checkpoint(f->client), 0);
     uint64_t rows_before = s_stats(f->client, "lru", &resp)->rows;
     carls__response__free_unpacked(resp, NULL);
-    s_restart(f, SIGKILL, NULL);
+    server_fixture_restart(f, SIGKILL, NULL);
     assert_int_equal(s_stats(f->client, "lru", &resp)->rows, rows_before);
     carls__response__free_unpacked(resp, NULL);
 }
 
 static void test_scan_pages_cover_every_row_once(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 2;
-    s_create(f->client, "scan", &cfg);
+    test_create_table(f->client, "scan", &cfg);
     enum { N = 537 };
     char name[16];
     for (int i = 0; i < N; i++) {
@@ -446,17 +353,16 @@ static void test_scan_pages_cover_every_row_once(void **state)
 
 static void test_read_only_and_shard_refusals(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    s_create(f->client, "t", &cfg);
+    test_create_table(f->client, "t", &cfg);
     kb_key_t k = {"a", 1};
     float v = 1.0f;
     assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 1), 0);
 
     const char *ro[] = {"--read-only", NULL};
-    s_restart(f, SIGTERM, ro);
+    server_fixture_restart(f, SIGTERM, ro);
     assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 2), KB_CLIENT_ESTATUS);
     assert_non_null(strstr(kb_client_last_error(f->client), "READ_ONLY"));
     assert_int_equal(kb_client_push_gradients(f->client, "t", &k, 1, 1, &v), KB_CLIENT_ESTATUS);
@@ -468,7 +374,7 @@ static void test_read_only_and_shard_refusals(void **state)
 
     /* Shard 0 of 2 refuses keys of shard 1. */
     const char *sh[] = {"--shard", "0/2", NULL};
-    s_restart(f, SIGTERM, sh);
+    server_fixture_restart(f, SIGTERM, sh);
     char name[16];
     int refused = 0, accepted = 0;
     for (int i = 0; i < 40; i++) {
@@ -512,11 +418,10 @@ static Carls__Response *s_sample(kb_client_t *c, const char *table, Carls__Sampl
  * positive comes first with its probability, and a seed makes the draw repeatable. */
 static void test_sampling_probabilities_and_frequencies(void **state)
 {
-    fixture_t *f = *state;
-    s_start(f, NULL);
+    server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    s_create(f->client, "words", &cfg);
+    test_create_table(f->client, "words", &cfg);
     Carls__Response *resp = s_sample(f->client, "words", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM, 5, NULL, 1,
                                      KB_CLIENT_ESTATUS);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_NOT_FOUND);
@@ -577,16 +482,28 @@ static void test_sampling_probabilities_and_frequencies(void **state)
     carls__response__free_unpacked(b, NULL);
 }
 
+/* Patient clients: some scans and knn queries run long under the sanitizers. */
+static kb_client_options_t s_client_options = {.timeout_ms = 10000, .retries = 1};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_feature_records_round_trip, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_admission_keeps_rare_keys_out, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_eviction_lru_and_oldest, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_scan_pages_cover_every_row_once, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_read_only_and_shard_refusals, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_sampling_probabilities_and_frequencies, s_setup, s_teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates,
+                                                 server_fixture_setup_started, server_fixture_teardown,
+                                                 &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_feature_records_round_trip, server_fixture_setup_started,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_admission_keeps_rare_keys_out, server_fixture_setup_started,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_eviction_lru_and_oldest, server_fixture_setup_started,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_scan_pages_cover_every_row_once, server_fixture_setup_started,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_read_only_and_shard_refusals, server_fixture_setup_started,
+                                                 server_fixture_teardown, &s_client_options),
+        cmocka_unit_test_prestate_setup_teardown(test_sampling_probabilities_and_frequencies,
+                                                 server_fixture_setup_started, server_fixture_teardown,
+                                                 &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * optimizer against a reference computed here (including across a restart), deterministic initial values
  * across restarts, and concurrent writers. */
 #include "kb_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -17,49 +17,6 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
-
-static kb_client_t *s_connect(const char *endpoint)
-{
-    kb_client_options_t opts = {.timeout_ms = 5000, .retries = 2};
-    kb_client_t *c = kb_client_new(endpoint, &opts);
-    assert_non_null(c);
-    return c;
-}
-
-static int s_setup(void **state)
-{
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
-    if (test_server_start(&f->srv, NULL) != 0)
-        return -1;
-    f->client = s_connect(f->srv.endpoint);
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-static void s_restart(fixture_t *f, int sig)
-{
-    kb_client_destroy(&f->client);
-    int status = test_server_stop(&f->srv, sig);
-    if (sig == SIGTERM)
-        assert_int_equal(status, 0);
-    assert_int_equal(test_server_start(&f->srv, NULL), 0);
-    f->client = s_connect(f->srv.endpoint);
-}
 
 typedef struct {
     uint32_t dim;
@@ -86,9 +43,7 @@ static void s_create(kb_client_t *c, const char *name, const table_spec_t *spec)
     lazy.outlier_threshold = spec->outlier_threshold;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    int rc = kb_client_create_table(c, name, &cfg, false);
-    if (rc != 0)
-        fail_msg("create %s: %s", name, kb_client_last_error(c));
+    test_create_table(c, name, &cfg);
 }
 
 static kb_key_t s_key(const char *k) { return (kb_key_t){.data = k, .len = strlen(k)}; }
@@ -122,7 +77,7 @@ static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Resp
  * request for the same key twice or in two requests. */
 static void test_lazy_average_arithmetic(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t spec = {.dim = 1, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 0.5f};
     s_create(f->client, "lazy", &spec);
 
@@ -158,7 +113,7 @@ static void test_lazy_average_arithmetic(void **state)
 
 static void test_outlier_rejected_and_counted(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t spec = {.dim = 2, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 1.0f, .outlier_threshold = 3.0f};
     s_create(f->client, "outl", &spec);
     const float g[4][2] = {{1.0f, 0.0f}, {0.0f, 1.0f}, {1.0f, 1.0f}, {100.0f, 0.0f}};
@@ -178,7 +133,7 @@ static void test_outlier_rejected_and_counted(void **state)
 
 static void test_max_pending_and_max_age(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t count_spec = {.dim = 1, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 1.0f, .max_pending = 3};
     s_create(f->client, "bycount", &count_spec);
     float g = 1.0f;
@@ -209,7 +164,7 @@ static void test_max_pending_and_max_age(void **state)
 
 static void test_immediate_policy(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t spec = {.dim = 1, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 0.5f,
                          .policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE};
     s_create(f->client, "imm", &spec);
@@ -253,7 +208,7 @@ static void s_ref_step(Carls__OptimizerKind kind, double lr, ref_state_t *s, dou
  * against the reference; a clean restart and a kill -9 in the middle must not lose optimizer state. */
 static void test_optimizers_against_reference_across_restarts(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     const Carls__OptimizerKind kinds[4] = {CARLS__OPTIMIZER_KIND__OPT_SGD, CARLS__OPTIMIZER_KIND__OPT_MOMENTUM,
                                            CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, CARLS__OPTIMIZER_KIND__OPT_ADAM};
     const char *names[4] = {"o_sgd", "o_mom", "o_adagrad", "o_adam"};
@@ -267,9 +222,9 @@ static void test_optimizers_against_reference_across_restarts(void **state)
     const double grads[6][2] = {{0.5, 1.5}, {-2.0, 1.0}, {0.25, 0.75}, {3.0, 1.0}, {-1.0, -0.5}, {0.1, 0.3}};
     for (int step = 0; step < 6; step++) {
         if (step == 2)
-            s_restart(f, SIGTERM);
+            assert_int_equal(server_fixture_restart(f, SIGTERM, NULL), 0);
         if (step == 4)
-            s_restart(f, SIGKILL);
+            server_fixture_restart(f, SIGKILL, NULL);
         for (int i = 0; i < 4; i++) {
             float g0 = (float)grads[step][0], g1 = (float)grads[step][1];
             s_push1(f->client, names[i], "w", 1, &g0);
@@ -286,7 +241,7 @@ static void test_optimizers_against_reference_across_restarts(void **state)
 /* Unseen keys get the same initial value before and after restarts, and from no_create lookups. */
 static void test_deterministic_init_across_restarts(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t spec = {.dim = 8, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 0.1f,
                          .init = CARLS__INIT_KIND__INIT_UNIFORM};
     s_create(f->client, "init", &spec);
@@ -301,7 +256,7 @@ static void test_deterministic_init_across_restarts(void **state)
     float tmp[8];
     assert_int_equal(kb_client_lookup(f->client, "init", &keys[1], 1, 8, tmp, NULL), 0);
     assert_memory_equal(tmp, before + 8, sizeof tmp);
-    s_restart(f, SIGKILL);
+    server_fixture_restart(f, SIGKILL, NULL);
     assert_int_equal(kb_client_lookup_ex(f->client, "init", keys, 3, 8, true, after, NULL), 0);
     assert_memory_equal(before, after, sizeof before);
 }
@@ -340,7 +295,7 @@ static void *s_writer(void *p)
  * and SGD each gradient is one step, so the final value is exactly -lr * (number of gradients). */
 static void test_concurrent_writers(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     table_spec_t spec = {.dim = 1, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 0.5f,
                          .policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE, .init = CARLS__INIT_KIND__INIT_ZEROS};
     s_create(f->client, "conc", &spec);
@@ -372,13 +327,18 @@ static void test_concurrent_writers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lazy_average_arithmetic, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_outlier_rejected_and_counted, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_max_pending_and_max_age, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_immediate_policy, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_optimizers_against_reference_across_restarts, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_deterministic_init_across_restarts, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_writers, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_lazy_average_arithmetic, server_fixture_setup_started,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_outlier_rejected_and_counted, server_fixture_setup_started,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_max_pending_and_max_age, server_fixture_setup_started,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_immediate_policy, server_fixture_setup_started, server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_optimizers_against_reference_across_restarts, server_fixture_setup_started,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_deterministic_init_across_restarts, server_fixture_setup_started,
+                                        server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_writers, server_fixture_setup_started, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,8 +14,9 @@
  * Prints the figures: requests and rows served, resident size at the start and end of the mixed phase, the
  * estimate. For longer runs (docs/RELIABILITY.md), run the binary directly: CARLS_SOAK_SECONDS=600. */
 #include "kb_client.h"
-#include "server_harness.h"
+#include "server_fixture.h"
 #include "util.h"
+#include "test_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,62 +34,19 @@
 
 #include <cmocka.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define S_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define S_SANITIZED 1
-#endif
-#endif
-
 #define MAX_SAMPLES 100000
-
-typedef struct {
-    test_server_t srv;
-} fixture_t;
 
 static int s_setup(void **state)
 {
-#ifdef S_SANITIZED
+#ifdef TEST_SANITIZED
     /* ASan keeps up to 256 MiB of freed blocks in quarantine by default, filling it over minutes: that would
      * read as growth. 8 MiB fills within the warm-up. And its allocator keeps every size class's free blocks
      * resident, so its resident size creeps up with the running maximum of each class's use; returning free
      * pages to the system every 500 ms lets the resident size follow what is in use. */
-    const char *old = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8:allocator_release_to_os_interval_ms=500", old ? old : "", old && old[0] ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    test_asan_options_append("quarantine_size_mb=8:allocator_release_to_os_interval_ms=500");
 #endif
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
     const char *args[] = {"--max-memory", "1G", "--threads", "2", "--durability", "interval:100", NULL};
-    if (test_server_start(&f->srv, args) != 0)
-        return -1;
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
-static uint64_t s_rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            kb = strtoull(line + 6, NULL, 10);
-    fclose(f);
-    return kb;
+    return server_fixture_setup_server(state, args);
 }
 
 static uint64_t s_max(const uint64_t *v, size_t from, size_t to)
@@ -102,7 +60,7 @@ static uint64_t s_max(const uint64_t *v, size_t from, size_t to)
 
 static void test_soak(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     const char *env = getenv("CARLS_SOAK_SECONDS");
     long seconds = env && atol(env) > 0 ? atol(env) : 30;
     char secs[32], json_path[320];
@@ -165,7 +123,7 @@ static void test_soak(void **state)
         if (carls_monotonic_ms() >= next_sample) {
             next_sample += 1000;
             if (n < MAX_SAMPLES)
-                rss[n++] = s_rss_kb(f->srv.pid);
+                rss[n++] = test_proc_status_kb(f->srv.pid, "VmRSS");
         }
         if (waitpid(bench, &status, WNOHANG) == bench)
             break;
@@ -228,7 +186,7 @@ static void test_soak(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_soak, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_soak, s_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

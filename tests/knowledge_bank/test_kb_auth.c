@@ -558,18 +558,27 @@ static void s_zap_exchange(void *req, const void *const *data, const size_t *len
     assert_int_equal(sizes[5], 0);
 }
 
+/* A ZAP handler in ctx whose allow list holds only client's public key (the handler takes the list). */
+static kb_auth_t *s_auth_allowing(void *ctx, const kb_auth_keypair_t *client)
+{
+    kb_auth_allow_t *allow = kb_auth_allow_new();
+    kb_auth_allow_add(allow, &client->public_key);
+    char err[256];
+    kb_auth_t *auth = kb_auth_new(ctx, &allow, err, sizeof err);
+    if (!auth)
+        fail_msg("kb_auth_new: %s", err);
+    assert_null(allow);
+    return auth;
+}
+
 static void test_zap_handler_answers(void **state)
 {
     (void)state;
     void *ctx = zmq_ctx_new();
     assert_non_null(ctx);
     kb_auth_keypair_t a = s_pair(), b = s_pair();
-    kb_auth_allow_t *allow = kb_auth_allow_new();
-    kb_auth_allow_add(allow, &a.public_key);
+    kb_auth_t *auth = s_auth_allowing(ctx, &a);
     char err[256];
-    kb_auth_t *auth = kb_auth_new(ctx, &allow, err, sizeof err);
-    assert_non_null(auth);
-    assert_null(allow);
 
     /* A second handler in the same context cannot bind; it still takes (and frees) its list. */
     kb_auth_allow_t *again = kb_auth_allow_new();
@@ -655,11 +664,7 @@ static void test_zap_handler_context_terminated_first(void **state)
     (void)state;
     void *ctx = zmq_ctx_new();
     kb_auth_keypair_t a = s_pair();
-    kb_auth_allow_t *allow = kb_auth_allow_new();
-    kb_auth_allow_add(allow, &a.public_key);
-    char err[256];
-    kb_auth_t *auth = kb_auth_new(ctx, &allow, err, sizeof err);
-    assert_non_null(auth);
+    kb_auth_t *auth = s_auth_allowing(ctx, &a);
     assert_int_equal(zmq_ctx_term(ctx), 0); /* returns once the handler has closed its socket */
     kb_auth_destroy(&auth);
 }
@@ -683,11 +688,8 @@ static void test_curve_allow_list_enforced(void **state)
     (void)state;
     void *ctx = zmq_ctx_new();
     kb_auth_keypair_t server = s_pair(), a = s_pair(), b = s_pair();
-    kb_auth_allow_t *allow = kb_auth_allow_new();
-    kb_auth_allow_add(allow, &a.public_key);
-    char err[256], endpoint[256];
-    kb_auth_t *auth = kb_auth_new(ctx, &allow, err, sizeof err);
-    assert_non_null(auth);
+    char endpoint[256];
+    kb_auth_t *auth = s_auth_allowing(ctx, &a);
     void *router = s_router(ctx, &server, auth, endpoint, sizeof endpoint);
     int mechanism = -1;
     size_t mechanism_len = sizeof mechanism;
@@ -754,11 +756,8 @@ static void test_no_handler_no_entry(void **state)
     (void)state;
     void *ctx = zmq_ctx_new();
     kb_auth_keypair_t server = s_pair(), a = s_pair();
-    kb_auth_allow_t *allow = kb_auth_allow_new();
-    kb_auth_allow_add(allow, &a.public_key);
-    char err[256], endpoint[256];
-    kb_auth_t *auth = kb_auth_new(ctx, &allow, err, sizeof err);
-    assert_non_null(auth);
+    char endpoint[256];
+    kb_auth_t *auth = s_auth_allowing(ctx, &a);
     void *router = s_router(ctx, &server, auth, endpoint, sizeof endpoint);
     int enforce = 0;
     size_t enforce_len = sizeof enforce;
@@ -897,13 +896,9 @@ static s_relay_t *s_exchange_through_relay(bool curve)
     void *ctx = zmq_ctx_new();
     kb_auth_keypair_t server = s_pair(), a = s_pair();
     kb_auth_t *auth = NULL;
-    char err[256], endpoint[256], relay_endpoint[64];
-    if (curve) {
-        kb_auth_allow_t *allow = kb_auth_allow_new();
-        kb_auth_allow_add(allow, &a.public_key);
-        auth = kb_auth_new(ctx, &allow, err, sizeof err);
-        assert_non_null(auth);
-    }
+    char endpoint[256], relay_endpoint[64];
+    if (curve)
+        auth = s_auth_allowing(ctx, &a);
     void *router = s_router(ctx, curve ? &server : NULL, auth, endpoint, sizeof endpoint);
     s_relay_t *relay = s_relay_start(endpoint);
     snprintf(relay_endpoint, sizeof relay_endpoint, "tcp://127.0.0.1:%d", relay->listen_port);

@@ -13,21 +13,12 @@
 #include <string.h>
 
 #include "kb_dedup.h"
-
-static uint64_t s_rand(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
+#include "test_util.h"
 
 static void s_shuffle(uint64_t *v, size_t n, uint64_t *rng)
 {
     for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)(s_rand(rng) % i);
+        size_t j = (size_t)(test_xorshift64(rng) % i);
         uint64_t t = v[i - 1];
         v[i - 1] = v[j];
         v[j] = t;
@@ -164,7 +155,7 @@ static void test_many_clients(void **st)
     uint64_t *ids = calloc(C, sizeof *ids);
     assert_non_null(ids);
     for (size_t i = 0; i < C; i++) {
-        ids[i] = s_rand(&rng) | 1u; /* random 64-bit ids, nonzero */
+        ids[i] = test_xorshift64(&rng) | 1u; /* random 64-bit ids, nonzero */
         assert_int_equal(kb_dedup_check_and_record(d, ids[i], i + 1), 0);
     }
     assert_int_equal(kb_dedup_client_count(d), C);
@@ -259,16 +250,16 @@ static void test_restore_round_trip(void **st)
     uint64_t rng = 99;
     uint64_t max[C + 1] = {0};
     for (int op = 0; op < 20000; op++) {
-        uint64_t c = 1 + s_rand(&rng) % C;
+        uint64_t c = 1 + test_xorshift64(&rng) % C;
         /* Mostly near the current maximum, sometimes ahead of it, sometimes out of the window. */
         uint64_t base = max[c] + 1;
-        uint64_t seq = base + s_rand(&rng) % 8;
-        if (s_rand(&rng) % 3 == 0 && base > 2)
-            seq = 1 + s_rand(&rng) % (base - 1);
+        uint64_t seq = base + test_xorshift64(&rng) % 8;
+        if (test_xorshift64(&rng) % 3 == 0 && base > 2)
+            seq = 1 + test_xorshift64(&rng) % (base - 1);
         (void)kb_dedup_check_and_record(a, c, seq);
         if (seq > max[c])
             max[c] = seq;
-        if (s_rand(&rng) % 50 == 0)
+        if (test_xorshift64(&rng) % 50 == 0)
             kb_dedup_forget(a, c, seq);
     }
     kb_dedup_record_t *recs = NULL;
@@ -286,9 +277,9 @@ static void test_restore_round_trip(void **st)
     assert_int_equal(kb_dedup_client_count(b), C);
     /* Query both with the same stream: every answer agrees (including the records each query makes). */
     for (int op = 0; op < 20000; op++) {
-        uint64_t c = 1 + s_rand(&rng) % C;
+        uint64_t c = 1 + test_xorshift64(&rng) % C;
         uint64_t lo = max[c] > 2 * KB_DEDUP_WINDOW ? max[c] - 2 * KB_DEDUP_WINDOW : 1;
-        uint64_t seq = lo + s_rand(&rng) % (max[c] + 10 - lo);
+        uint64_t seq = lo + test_xorshift64(&rng) % (max[c] + 10 - lo);
         assert_int_equal(kb_dedup_check_and_record(b, c, seq), kb_dedup_check_and_record(a, c, seq));
     }
     free(recs);

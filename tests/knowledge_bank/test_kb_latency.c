@@ -14,19 +14,10 @@
 #include <string.h>
 
 #include "kb_latency.h"
+#include "test_util.h"
 
 /* 2^(1/4): the documented bucket ratio. */
 static const double s_ratio = 1.189207115002721;
-
-static uint64_t s_rand(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
 
 static int s_cmp_u64(const void *a, const void *b)
 {
@@ -110,49 +101,61 @@ static void test_single_values(void **st)
     assert_int_equal(kb_latency_max(&h), 0);
 }
 
-/* Every value 1..100000 once. */
+/* Value i of n of a distribution under test, drawing from *rng where it needs randomness. */
+typedef uint64_t (*s_draw_fn)(size_t i, size_t n, uint64_t *rng);
+
+/* Records n values drawn by draw (seeded with seed) and checks the quantiles (s_check_distribution). */
+static void s_check_drawn(size_t n, uint64_t seed, s_draw_fn draw)
+{
+    uint64_t *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    uint64_t rng = seed;
+    for (size_t i = 0; i < n; i++)
+        v[i] = draw(i, n, &rng);
+    s_check_distribution(v, n);
+    free(v);
+}
+
+/* Every value 1..n once, recorded in descending order. */
+static uint64_t s_draw_uniform(size_t i, size_t n, uint64_t *rng)
+{
+    (void)rng;
+    return n - i;
+}
+
 static void test_uniform(void **st)
 {
     (void)st;
-    enum { N = 100000 };
-    uint64_t *v = malloc(N * sizeof *v);
-    assert_non_null(v);
-    for (size_t i = 0; i < N; i++)
-        v[i] = N - i; /* recorded in descending order */
-    s_check_distribution(v, N);
-    free(v);
+    s_check_drawn(100000, 0, s_draw_uniform);
 }
 
 /* Log-uniform between 1 µs and ~17 minutes: every bucket range is exercised. */
+static uint64_t s_draw_log_uniform(size_t i, size_t n, uint64_t *rng)
+{
+    (void)i;
+    (void)n;
+    double u = (double)(test_xorshift64(rng) >> 11) / 9007199254740992.0; /* [0, 1) */
+    uint64_t v = (uint64_t)exp2(u * 30.0);
+    return v == 0 ? 1 : v;
+}
+
 static void test_log_uniform(void **st)
 {
     (void)st;
-    enum { N = 200000 };
-    uint64_t *v = malloc(N * sizeof *v);
-    assert_non_null(v);
-    uint64_t rng = 42;
-    for (size_t i = 0; i < N; i++) {
-        double u = (double)(s_rand(&rng) >> 11) / 9007199254740992.0; /* [0, 1) */
-        v[i] = (uint64_t)exp2(u * 30.0);
-        if (v[i] == 0)
-            v[i] = 1;
-    }
-    s_check_distribution(v, N);
-    free(v);
+    s_check_drawn(200000, 42, s_draw_log_uniform);
 }
 
 /* A latency-like mixture: most requests fast, a long tail of slow ones; checks the tail quantiles. */
+static uint64_t s_draw_bimodal(size_t i, size_t n, uint64_t *rng)
+{
+    (void)n;
+    return (i % 100 < 97) ? 200 + test_xorshift64(rng) % 100 : 50000 + test_xorshift64(rng) % 50000;
+}
+
 static void test_bimodal(void **st)
 {
     (void)st;
-    enum { N = 100000 };
-    uint64_t *v = malloc(N * sizeof *v);
-    assert_non_null(v);
-    uint64_t rng = 7;
-    for (size_t i = 0; i < N; i++)
-        v[i] = (i % 100 < 97) ? 200 + s_rand(&rng) % 100 : 50000 + s_rand(&rng) % 50000;
-    s_check_distribution(v, N);
-    free(v);
+    s_check_drawn(100000, 7, s_draw_bimodal);
 }
 
 /* The maximum is exact, not bucketed, and never goes down. */
@@ -163,7 +166,7 @@ static void test_max_exact(void **st)
     kb_latency_init(&h);
     uint64_t rng = 3, max = 0;
     for (int i = 0; i < 10000; i++) {
-        uint64_t us = s_rand(&rng) % 10000000;
+        uint64_t us = test_xorshift64(&rng) % 10000000;
         kb_latency_record(&h, us);
         if (us > max)
             max = us;
@@ -191,7 +194,7 @@ static void *s_worker(void *arg)
     s_worker_t *w = arg;
     uint64_t rng = w->seed;
     for (int i = 0; i < PER_THREAD; i++) {
-        uint64_t us = 1 + s_rand(&rng) % 5000;
+        uint64_t us = 1 + test_xorshift64(&rng) % 5000;
         if (i == PER_THREAD / 2)
             us = 1000000 + w->seed; /* one distinct spike per thread */
         if (us > w->max)

@@ -4,7 +4,8 @@
  * every line must be valid exposition format and the numbers must match what was done. */
 #include "kb_client.h"
 #include "kb_metrics.h"
-#include "server_harness.h"
+#include "server_fixture.h"
+#include "test_proto.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -129,6 +130,21 @@ static double s_value(const char *text, const char *prefix)
     return NAN;
 }
 
+/* A sample the exposition must hold, with exactly this value. */
+typedef struct {
+    const char *sample;
+    double value;
+} s_sample_t;
+
+static void s_expect_samples(const char *text, const s_sample_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double got = s_value(text, want[i].sample);
+        if (got != want[i].value)
+            fail_msg("%s is %g, want %g", want[i].sample, got, want[i].value);
+    }
+}
+
 /* ---- rendering ---- */
 
 static void test_render_escapes_and_groups(void **state)
@@ -167,13 +183,16 @@ static void test_render_escapes_and_groups(void **state)
     assert_int_equal(strlen(text), len);
     s_check_exposition(text);
     assert_non_null(strstr(text, "carls_kb_info{durability=\"we\\\"ird\\\\mode\\n\",threads=\"3\"} 1\n"));
-    assert_true(s_value(text, "carls_kb_requests_total") == 42);
-    assert_true(s_value(text, "carls_kb_uptime_seconds") == 1.5);
-    assert_true(s_value(text, "carls_kb_table_rows{table=\"alpha\"}") == 7);
-    assert_true(s_value(text, "carls_kb_table_rows{table=\"beta.v2\"}") == 9);
-    assert_true(s_value(text, "carls_kb_table_pending_gradients{table=\"beta.v2\"}") == 4);
-    assert_true(s_value(text, "carls_kb_table_index_ready{table=\"alpha\"}") == 1);
-    assert_true(s_value(text, "carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}") == 5);
+    static const s_sample_t rendered[] = {
+        {"carls_kb_requests_total", 42},
+        {"carls_kb_uptime_seconds", 1.5},
+        {"carls_kb_table_rows{table=\"alpha\"}", 7},
+        {"carls_kb_table_rows{table=\"beta.v2\"}", 9},
+        {"carls_kb_table_pending_gradients{table=\"beta.v2\"}", 4},
+        {"carls_kb_table_index_ready{table=\"alpha\"}", 1},
+        {"carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}", 5},
+    };
+    s_expect_samples(text, rendered, sizeof rendered / sizeof rendered[0]);
     assert_true(fabs(s_value(text, "carls_kb_table_latency_seconds{table=\"alpha\",op=\"lookup\",quantile=\"0.5\"}") -
                      120e-6) < 1e-12);
     assert_true(s_value(text, "carls_kb_op_requests_total{op=\"lookup\"}") == 5);
@@ -231,33 +250,9 @@ static uint16_t s_logged_port(const test_server_t *srv)
     return (uint16_t)port;
 }
 
-/* Each server test owns one server and one client, cleaned up by the teardown even when an assertion
- * fails (a server left running would keep the test's output pipe open). */
-typedef struct {
-    test_server_t srv;
-    kb_client_t *client;
-} fixture_t;
-
-static int s_setup(void **state)
-{
-    fixture_t *f = calloc(1, sizeof *f);
-    test_server_init(&f->srv);
-    *state = f;
-    return 0;
-}
-
-static int s_teardown(void **state)
-{
-    fixture_t *f = *state;
-    kb_client_destroy(&f->client);
-    int status = test_server_cleanup(&f->srv);
-    free(f);
-    return status == 0 ? 0 : -1;
-}
-
 static void test_scrape_real_server(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     const char *args[] = {"--metrics-port", "0", "--durability", "interval:50", NULL};
     assert_int_equal(test_server_start(&f->srv, args), 0);
     uint16_t port = s_logged_port(&f->srv);
@@ -266,11 +261,8 @@ static void test_scrape_real_server(void **state)
     f->client = kb_client_new(f->srv.endpoint, &opts);
     kb_client_t *c = f->client;
     assert_non_null(c);
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = 4;
-    Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
-    knn.spec = "Flat";
-    cfg.knn = &knn;
+    Carls__KnnConfig knn;
+    Carls__TableConfig cfg = test_knn_table_config(&knn, 4, "Flat", CARLS__KNN_METRIC__METRIC_IP);
     assert_int_equal(kb_client_create_table(c, "emb", &cfg, false), 0);
     kb_key_t keys[3] = {{"a", 1}, {"b", 1}, {"c", 1}};
     float vals[12] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};
@@ -287,18 +279,7 @@ static void test_scrape_real_server(void **state)
     /* a request naming a table that does not exist is not counted per table */
     assert_int_equal(kb_client_lookup(c, "nosuch", keys, 1, 4, out, NULL), KB_CLIENT_ESTATUS);
     /* a knn request brings the index up to date with every put */
-    Carls__Knn kq = CARLS__KNN__INIT;
-    ProtobufCBinaryData qkey = {1, (uint8_t *)"a"};
-    kq.keys = &qkey;
-    kq.n_keys = 1;
-    kq.k = 2;
-    Carls__Request kreq = CARLS__REQUEST__INIT;
-    kreq.table = "emb";
-    kreq.op_case = CARLS__REQUEST__OP_KNN;
-    kreq.knn = &kq;
-    Carls__Response *kresp = NULL;
-    assert_int_equal(kb_client_call(c, &kreq, &kresp), 0);
-    carls__response__free_unpacked(kresp, NULL);
+    carls__response__free_unpacked(test_knn(c, "emb", NULL, 0, &keys[0], 1, 2, false), NULL);
 
     /* stats over the protocol carries the new per-table fields */
     Carls__Response *resp = NULL;
@@ -337,21 +318,27 @@ static void test_scrape_real_server(void **state)
     assert_non_null(body);
     body += 4;
     s_check_exposition(body);
-    assert_true(s_value(body, "carls_kb_table_rows{table=\"emb\"}") == 3);
-    assert_true(s_value(body, "carls_kb_table_dim{table=\"emb\"}") == 4);
+    static const s_sample_t scraped[] = {
+        {"carls_kb_table_rows{table=\"emb\"}", 3},
+        {"carls_kb_table_dim{table=\"emb\"}", 4},
+        {"carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}", 2},
+        {"carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}", 2},
+        {"carls_kb_table_request_errors_total{table=\"emb\"}", 1},
+        {"carls_kb_table_keys_looked_up_total{table=\"emb\"}", 5},
+        {"carls_kb_table_rows_put_total{table=\"emb\"}", 5},
+        {"carls_kb_table_gradients_received_total{table=\"emb\"}", 2},
+        {"carls_kb_table_index_vectors{table=\"emb\"}", 3},
+    };
+    s_expect_samples(body, scraped, sizeof scraped / sizeof scraped[0]);
     assert_true(s_value(body, "carls_kb_table_bytes{table=\"emb\"}") >= 96);
-    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_request_errors_total{table=\"emb\"}") == 1);
-    assert_true(s_value(body, "carls_kb_table_keys_looked_up_total{table=\"emb\"}") == 5);
-    assert_true(s_value(body, "carls_kb_table_rows_put_total{table=\"emb\"}") == 5);
-    assert_true(s_value(body, "carls_kb_table_gradients_received_total{table=\"emb\"}") == 2);
-    assert_true(s_value(body, "carls_kb_table_index_vectors{table=\"emb\"}") == 3);
-    assert_false(isnan(s_value(body, "carls_kb_table_pending_gradients{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_outliers_dropped_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_evictions_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_not_admitted_total{table=\"emb\"}")));
-    assert_false(isnan(s_value(body, "carls_kb_table_index_pending{table=\"emb\"}")));
+    static const char *const present[] = {
+        "carls_kb_table_pending_gradients{table=\"emb\"}", "carls_kb_table_outliers_dropped_total{table=\"emb\"}",
+        "carls_kb_table_evictions_total{table=\"emb\"}",   "carls_kb_table_not_admitted_total{table=\"emb\"}",
+        "carls_kb_table_index_pending{table=\"emb\"}",
+    };
+    for (size_t i = 0; i < sizeof present / sizeof present[0]; i++)
+        if (isnan(s_value(body, present[i])))
+            fail_msg("no sample %s", present[i]);
     assert_true(s_value(body, "carls_kb_table_latency_seconds{table=\"emb\",op=\"lookup\",quantile=\"0.99\"}") > 0);
     assert_true(s_value(body, "carls_kb_op_requests_total{op=\"stats\"}") == 1);
     assert_true(s_value(body, "carls_kb_request_errors_total") == 2);
@@ -378,7 +365,7 @@ static void test_scrape_real_server(void **state)
 
 static void test_metrics_port_in_use_fails(void **state)
 {
-    fixture_t *f = *state;
+    server_fixture_t *f = *state;
     /* Hold a port, then ask a server for it: it must refuse to start rather than run without metrics. */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -400,8 +387,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_escapes_and_groups),
-        cmocka_unit_test_setup_teardown(test_scrape_real_server, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_scrape_real_server, server_fixture_setup, server_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, server_fixture_setup, server_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

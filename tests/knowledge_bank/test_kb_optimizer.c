@@ -74,10 +74,12 @@ static void s_ref_step(const kb_optimizer_config_t *cfg, s_ref_t *ref, const flo
     }
 }
 
-/* Runs STEPS steps of the real optimizer and of the reference side by side, comparing weights and state after
- * each step; also checks the weights really moved away from the start (so a no-op cannot pass). */
+/* With the defaults filled into cfg's zero fields: runs STEPS steps of the real optimizer and of the
+ * reference side by side, comparing weights and state after each step; also checks the weights really moved
+ * away from the start (so a no-op cannot pass). */
 static void s_check_against_reference(kb_optimizer_config_t cfg)
 {
+    kb_optimizer_config_defaults(&cfg);
     char err[128];
     assert_int_equal(kb_optimizer_config_validate(&cfg, err, sizeof err), 0);
 
@@ -126,43 +128,32 @@ static void s_check_against_reference(kb_optimizer_config_t cfg)
 static void test_sgd_matches_reference(void **st)
 {
     (void)st;
-    kb_optimizer_config_t cfg = {.kind = KB_OPT_SGD, .learning_rate = 0.1f};
-    kb_optimizer_config_defaults(&cfg);
-    s_check_against_reference(cfg);
+    s_check_against_reference((kb_optimizer_config_t){.kind = KB_OPT_SGD, .learning_rate = 0.1f});
 }
 
 static void test_momentum_matches_reference(void **st)
 {
     (void)st;
-    kb_optimizer_config_t cfg = {.kind = KB_OPT_MOMENTUM, .learning_rate = 0.05f, .momentum = 0.8f};
-    kb_optimizer_config_defaults(&cfg);
-    s_check_against_reference(cfg);
+    s_check_against_reference(
+        (kb_optimizer_config_t){.kind = KB_OPT_MOMENTUM, .learning_rate = 0.05f, .momentum = 0.8f});
 }
 
 static void test_adagrad_matches_reference(void **st)
 {
     (void)st;
-    kb_optimizer_config_t cfg = {.kind = KB_OPT_ADAGRAD, .learning_rate = 0.2f};
-    kb_optimizer_config_defaults(&cfg);
-    s_check_against_reference(cfg);
+    s_check_against_reference((kb_optimizer_config_t){.kind = KB_OPT_ADAGRAD, .learning_rate = 0.2f});
     /* And with a non-default accumulator and epsilon, so both really reach the formula. */
-    kb_optimizer_config_t cfg2 = {
-        .kind = KB_OPT_ADAGRAD, .learning_rate = 0.2f, .initial_accumulator = 0.5f, .epsilon = 0.01f};
-    kb_optimizer_config_defaults(&cfg2);
-    s_check_against_reference(cfg2);
+    s_check_against_reference((kb_optimizer_config_t){
+        .kind = KB_OPT_ADAGRAD, .learning_rate = 0.2f, .initial_accumulator = 0.5f, .epsilon = 0.01f});
 }
 
 static void test_adam_matches_reference(void **st)
 {
     (void)st;
-    kb_optimizer_config_t cfg = {.kind = KB_OPT_ADAM, .learning_rate = 0.1f};
-    kb_optimizer_config_defaults(&cfg);
-    s_check_against_reference(cfg);
+    s_check_against_reference((kb_optimizer_config_t){.kind = KB_OPT_ADAM, .learning_rate = 0.1f});
     /* Non-default betas and a large epsilon make a wrong epsilon placement or bias correction visible. */
-    kb_optimizer_config_t cfg2 = {
-        .kind = KB_OPT_ADAM, .learning_rate = 0.1f, .beta1 = 0.5f, .beta2 = 0.7f, .epsilon = 0.1f};
-    kb_optimizer_config_defaults(&cfg2);
-    s_check_against_reference(cfg2);
+    s_check_against_reference((kb_optimizer_config_t){
+        .kind = KB_OPT_ADAM, .learning_rate = 0.1f, .beta1 = 0.5f, .beta2 = 0.7f, .epsilon = 0.1f});
 }
 
 /* Adam's first step, bias-corrected, is lr * g / (|g| + eps): about lr in the direction of -g whatever |g|. */
@@ -234,68 +225,60 @@ static void s_expect_reject(kb_optimizer_config_t cfg)
     assert_true(strlen(err) > 0);
 }
 
+/* A config that must be refused: kind's defaults with one float field (at offset field) set to value. */
+typedef struct {
+    kb_optimizer_kind_t kind;
+    size_t field;
+    float value;
+} s_bad_field_t;
+
+#define S_FIELD(name) offsetof(kb_optimizer_config_t, name)
+
+static const s_bad_field_t s_bad_fields[] = {
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), 1.0f},
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), -0.1f},
+    {KB_OPT_MOMENTUM, S_FIELD(momentum), NAN},
+    {KB_OPT_ADAM, S_FIELD(beta1), 1.0f},
+    {KB_OPT_ADAM, S_FIELD(beta2), 1.5f},
+    {KB_OPT_ADAM, S_FIELD(beta2), -0.5f},
+    {KB_OPT_ADAM, S_FIELD(epsilon), 0.0f},
+    {KB_OPT_ADAM, S_FIELD(epsilon), -1e-8f},
+    {KB_OPT_ADAGRAD, S_FIELD(epsilon), 0.0f},
+    {KB_OPT_ADAGRAD, S_FIELD(initial_accumulator), -1.0f},
+};
+
+/* kind's documented defaults (valid). */
+static kb_optimizer_config_t s_defaults(kb_optimizer_kind_t kind)
+{
+    kb_optimizer_config_t cfg = {.kind = kind};
+    kb_optimizer_config_defaults(&cfg);
+    assert_int_equal(kb_optimizer_config_validate(&cfg, NULL, 0), 0);
+    return cfg;
+}
+
 static void test_validate_rejects_bad_ranges(void **st)
 {
     (void)st;
-    kb_optimizer_config_t base;
+    static const float bad_lr[] = {-0.1f, NAN, INFINITY};
     for (int k = KB_OPT_SGD; k <= KB_OPT_ADAM; k++) {
-        base = (kb_optimizer_config_t){.kind = (kb_optimizer_kind_t)k};
-        kb_optimizer_config_defaults(&base);
-        assert_int_equal(kb_optimizer_config_validate(&base, NULL, 0), 0);
-
-        kb_optimizer_config_t c = base;
-        c.learning_rate = -0.1f;
-        s_expect_reject(c);
-        c = base;
-        c.learning_rate = NAN;
-        s_expect_reject(c);
-        c = base;
-        c.learning_rate = INFINITY;
+        for (size_t i = 0; i < sizeof bad_lr / sizeof bad_lr[0]; i++) {
+            kb_optimizer_config_t c = s_defaults((kb_optimizer_kind_t)k);
+            c.learning_rate = bad_lr[i];
+            s_expect_reject(c);
+        }
+    }
+    for (size_t i = 0; i < sizeof s_bad_fields / sizeof s_bad_fields[0]; i++) {
+        kb_optimizer_config_t c = s_defaults(s_bad_fields[i].kind);
+        memcpy((char *)&c + s_bad_fields[i].field, &s_bad_fields[i].value, sizeof(float));
         s_expect_reject(c);
     }
 
-    base = (kb_optimizer_config_t){.kind = KB_OPT_MOMENTUM};
-    kb_optimizer_config_defaults(&base);
-    kb_optimizer_config_t c = base;
-    c.momentum = 1.0f;
-    s_expect_reject(c);
-    c.momentum = -0.1f;
-    s_expect_reject(c);
-    c.momentum = NAN;
-    s_expect_reject(c);
-
-    base = (kb_optimizer_config_t){.kind = KB_OPT_ADAM};
-    kb_optimizer_config_defaults(&base);
-    c = base;
-    c.beta1 = 1.0f;
-    s_expect_reject(c);
-    c = base;
-    c.beta2 = 1.5f;
-    s_expect_reject(c);
-    c = base;
-    c.beta2 = -0.5f;
-    s_expect_reject(c);
-    c = base;
-    c.epsilon = 0.0f;
-    s_expect_reject(c);
-    c.epsilon = -1e-8f;
-    s_expect_reject(c);
-
-    base = (kb_optimizer_config_t){.kind = KB_OPT_ADAGRAD};
-    kb_optimizer_config_defaults(&base);
-    c = base;
-    c.epsilon = 0.0f;
-    s_expect_reject(c);
-    c = base;
-    c.initial_accumulator = -1.0f;
-    s_expect_reject(c);
-
     /* Boundaries that are allowed: lr 0 (frozen table), momentum and betas 0. */
-    c = (kb_optimizer_config_t){.kind = KB_OPT_ADAM, .learning_rate = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f,
-                                .epsilon = 1e-8f};
+    kb_optimizer_config_t c = {.kind = KB_OPT_ADAM, .learning_rate = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f,
+                               .epsilon = 1e-8f};
     assert_int_equal(kb_optimizer_config_validate(&c, NULL, 0), 0);
 
-    c = base;
+    c = s_defaults(KB_OPT_ADAGRAD);
     c.kind = (kb_optimizer_kind_t)17;
     s_expect_reject(c);
 }
@@ -308,33 +291,27 @@ static void test_state_floats_and_init(void **st)
     assert_int_equal(kb_optimizer_state_floats(KB_OPT_ADAGRAD, 7), 7);
     assert_int_equal(kb_optimizer_state_floats(KB_OPT_ADAM, 7), 14);
 
-    float s[9];
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t ada = {.kind = KB_OPT_ADAGRAD, .initial_accumulator = 0.25f};
-    kb_optimizer_config_defaults(&ada);
-    kb_optimizer_state_init(&ada, s, 4);
-    for (int i = 0; i < 4; i++)
-        assert_float_equal(s[i], 0.25f, 0);
-    assert_float_equal(s[4], 42.0f, 0); /* nothing written past the state */
-
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t adam = {.kind = KB_OPT_ADAM};
-    kb_optimizer_config_defaults(&adam);
-    kb_optimizer_state_init(&adam, s, 4);
-    for (int i = 0; i < 8; i++)
-        assert_float_equal(s[i], 0.0f, 0);
-    assert_float_equal(s[8], 42.0f, 0);
-
-    for (int i = 0; i < 9; i++)
-        s[i] = 42.0f;
-    kb_optimizer_config_t mom = {.kind = KB_OPT_MOMENTUM};
-    kb_optimizer_config_defaults(&mom);
-    kb_optimizer_state_init(&mom, s, 3);
-    for (int i = 0; i < 3; i++)
-        assert_float_equal(s[i], 0.0f, 0);
-    assert_float_equal(s[3], 42.0f, 0);
+    /* Each kind's state of a dim-4 or dim-3 row: n_state floats set to `initial`, nothing written past them. */
+    static const struct {
+        kb_optimizer_config_t cfg;
+        size_t dim, n_state;
+        float initial;
+    } inits[] = {
+        {{.kind = KB_OPT_ADAGRAD, .initial_accumulator = 0.25f}, 4, 4, 0.25f},
+        {{.kind = KB_OPT_ADAM}, 4, 8, 0.0f},
+        {{.kind = KB_OPT_MOMENTUM}, 3, 3, 0.0f},
+    };
+    for (size_t k = 0; k < sizeof inits / sizeof inits[0]; k++) {
+        float s[9];
+        for (int i = 0; i < 9; i++)
+            s[i] = 42.0f;
+        kb_optimizer_config_t cfg = inits[k].cfg;
+        kb_optimizer_config_defaults(&cfg);
+        kb_optimizer_state_init(&cfg, s, (uint32_t)inits[k].dim);
+        for (size_t i = 0; i < inits[k].n_state; i++)
+            assert_float_equal(s[i], inits[k].initial, 0);
+        assert_float_equal(s[inits[k].n_state], 42.0f, 0);
+    }
 
     /* SGD has no state: a NULL pointer is fine. */
     kb_optimizer_config_t sgd = {.kind = KB_OPT_SGD};

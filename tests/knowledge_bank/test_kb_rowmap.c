@@ -16,6 +16,7 @@
 
 #include "kb_rowmap.h"
 #include "kb_table.h"
+#include "test_util.h"
 
 /* A row as the map sees it: only key and key_len matter. The key gets its own allocation (at least one
  * byte, so an empty key still has a valid pointer). */
@@ -37,17 +38,6 @@ static void s_row_free(kb_row_t *row)
         return;
     free(row->key);
     free(row);
-}
-
-/* Deterministic PRNG for the tests (xorshift64*). */
-static uint64_t s_rand(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1DULL;
 }
 
 /* Structural check of a linear-probing table, through the public fields: the capacity is a power of two,
@@ -244,7 +234,7 @@ static void test_wraparound_removal_orders(void **st)
         for (int i = 0; i < K; i++)
             order[i] = i;
         for (int i = K - 1; i > 0; i--) {
-            int j = (int)(s_rand(&rng) % (uint64_t)(i + 1));
+            int j = (int)(test_xorshift64(&rng) % (uint64_t)(i + 1));
             int t = order[i];
             order[i] = order[j];
             order[j] = t;
@@ -257,7 +247,7 @@ static void test_wraparound_removal_orders(void **st)
         assert_true(map.hashes[0] != 0);
 
         for (int i = K - 1; i > 0; i--) {
-            int j = (int)(s_rand(&rng) % (uint64_t)(i + 1));
+            int j = (int)(test_xorshift64(&rng) % (uint64_t)(i + 1));
             int t = order[i];
             order[i] = order[j];
             order[j] = t;
@@ -296,6 +286,19 @@ typedef struct {
     bool present;
 } s_ref_t;
 
+/* The map's structure holds (s_check_invariants) and it finds exactly the n reference rows marked present. */
+static void s_check_against_ref(const kb_rowmap_t *map, const s_ref_t *ref, size_t n)
+{
+    s_check_invariants(map);
+    for (size_t i = 0; i < n; i++) {
+        kb_row_t *f = kb_rowmap_find(map, ref[i].hash, ref[i].bytes, ref[i].len);
+        if (ref[i].present)
+            assert_ptr_equal(f, ref[i].row);
+        else
+            assert_null(f);
+    }
+}
+
 static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
 {
     enum { K = 700, OPS = 30000 };
@@ -306,9 +309,9 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
     /* Distinct random keys. */
     for (size_t i = 0; i < K;) {
         s_ref_t *r = &ref[i];
-        r->len = (size_t)(s_rand(&rng) % 9);
+        r->len = (size_t)(test_xorshift64(&rng) % 9);
         for (size_t b = 0; b < r->len; b++)
-            r->bytes[b] = alphabet[s_rand(&rng) % sizeof alphabet];
+            r->bytes[b] = alphabet[test_xorshift64(&rng) % sizeof alphabet];
         bool dup = false;
         for (size_t j = 0; j < i && !dup; j++)
             dup = ref[j].len == r->len && memcmp(ref[j].bytes, r->bytes, r->len) == 0;
@@ -317,11 +320,11 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
         if (mode == HASH_REAL) {
             r->hash = kb_rowmap_hash(r->bytes, r->len);
         } else {
-            uint64_t pick = s_rand(&rng) % 8;
+            uint64_t pick = test_xorshift64(&rng) % 8;
             if (pick < 3)
-                r->hash = s_end_hash((unsigned)(s_rand(&rng) % 3), (unsigned)(s_rand(&rng) % 4));
+                r->hash = s_end_hash((unsigned)(test_xorshift64(&rng) % 3), (unsigned)(test_xorshift64(&rng) % 4));
             else if (pick < 5)
-                r->hash = s_start_hash((unsigned)(s_rand(&rng) % 3), (unsigned)(s_rand(&rng) % 4));
+                r->hash = s_start_hash((unsigned)(test_xorshift64(&rng) % 3), (unsigned)(test_xorshift64(&rng) % 4));
             else
                 r->hash = kb_rowmap_hash(r->bytes, r->len);
         }
@@ -333,8 +336,8 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
     kb_rowmap_init(&map);
     size_t present = 0;
     for (int op = 0; op < OPS; op++) {
-        s_ref_t *r = &ref[s_rand(&rng) % K];
-        uint64_t what = s_rand(&rng) % 4;
+        s_ref_t *r = &ref[test_xorshift64(&rng) % K];
+        uint64_t what = test_xorshift64(&rng) % 4;
         if (r->present) {
             if (what < 2) {
                 assert_ptr_equal(kb_rowmap_remove(&map, r->hash, r->bytes, r->len), r->row);
@@ -355,14 +358,7 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
         }
         assert_int_equal(map.count, present);
         if (op % 1000 == 999) {
-            s_check_invariants(&map);
-            for (size_t i = 0; i < K; i++) {
-                kb_row_t *f = kb_rowmap_find(&map, ref[i].hash, ref[i].bytes, ref[i].len);
-                if (ref[i].present)
-                    assert_ptr_equal(f, ref[i].row);
-                else
-                    assert_null(f);
-            }
+            s_check_against_ref(&map, ref, K);
         }
     }
     /* Drain: remove everything that is left, checking the others after each removal batch. */
@@ -372,14 +368,7 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
         assert_ptr_equal(kb_rowmap_remove(&map, ref[i].hash, ref[i].bytes, ref[i].len), ref[i].row);
         ref[i].present = false;
         if (i % 50 == 0) {
-            s_check_invariants(&map);
-            for (size_t j = 0; j < K; j++) {
-                kb_row_t *f = kb_rowmap_find(&map, ref[j].hash, ref[j].bytes, ref[j].len);
-                if (ref[j].present)
-                    assert_ptr_equal(f, ref[j].row);
-                else
-                    assert_null(f);
-            }
+            s_check_against_ref(&map, ref, K);
         }
     }
     assert_int_equal(map.count, 0);

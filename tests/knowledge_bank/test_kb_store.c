@@ -290,6 +290,31 @@ static void s_check_fixture(const s_loaded_t *l)
     assert_memory_equal(c2->window, w2, sizeof w2);
 }
 
+/* A new store in a new scratch directory d, holding the fixture (s_put_fixture). */
+static kb_store_t *s_new_with_fixture(s_dirs_t *d)
+{
+    s_dirs_make(d);
+    kb_store_t *s = s_open(d->data, false);
+    s_put_fixture(s);
+    return s;
+}
+
+/* Loads s and checks that it holds exactly the fixture. */
+static void s_assert_holds_fixture(kb_store_t *s)
+{
+    s_loaded_t l;
+    s_load(s, &l);
+    s_check_fixture(&l);
+    s_loaded_free(&l);
+}
+
+/* Closes *s and removes its scratch directory d. */
+static void s_close_and_remove(kb_store_t **s, const s_dirs_t *d)
+{
+    kb_store_close(s);
+    s_dirs_remove(d);
+}
+
 static void s_assert_private(const char *path)
 {
     struct stat sb;
@@ -331,12 +356,8 @@ static void test_permissions(void **st)
 
     /* An existing directory is used as it is. */
     s = s_open(d.data, true);
-    s_loaded_t l;
-    s_load(s, &l);
-    s_check_fixture(&l);
-    s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_assert_holds_fixture(s);
+    s_close_and_remove(&s, &d);
 }
 
 /* A path that is a file, or under one, is refused with a message. */
@@ -377,9 +398,7 @@ static void test_commit_reopen_load(void **st)
     kb_store_close(&s);
 
     s = s_open(d.data, false);
-    s_load(s, &l);
-    s_check_fixture(&l);
-    s_loaded_free(&l);
+    s_assert_holds_fixture(s);
 
     /* Overwrite row 2 and client 5; rename table 2. */
     float v[3] = {9, 8, 7};
@@ -414,8 +433,7 @@ static void test_commit_reopen_load(void **st)
     assert_int_equal(kb_store_load(s, s_on_table, s_on_row, s_on_client, &l), 7);
     assert_int_equal(l.n_clients, 0);
     s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_close_and_remove(&s, &d);
 }
 
 /* A rolled-back transaction leaves no trace, in this connection or after reopening. */
@@ -423,9 +441,7 @@ static void test_rollback(void **st)
 {
     (void)st;
     s_dirs_t d;
-    s_dirs_make(&d);
-    kb_store_t *s = s_open(d.data, false);
-    s_put_fixture(s);
+    kb_store_t *s = s_new_with_fixture(&d);
 
     uint8_t w[128] = {0};
     float v[1] = {1};
@@ -442,25 +458,20 @@ static void test_rollback(void **st)
     kb_store_rollback(s);
     kb_store_rollback(s); /* no transaction open: harmless */
 
-    s_loaded_t l;
-    s_load(s, &l);
-    s_check_fixture(&l);
-    s_loaded_free(&l);
+    s_assert_holds_fixture(s);
     kb_store_close(&s);
     s = s_open(d.data, false);
-    s_load(s, &l);
-    s_check_fixture(&l);
-    s_loaded_free(&l);
+    s_assert_holds_fixture(s);
 
     /* The store is usable after a rollback. */
     assert_int_equal(kb_store_begin(s), 0);
     assert_int_equal(kb_store_put_client(s, 9, 9, w, sizeof w), 0);
     assert_int_equal(kb_store_commit(s), 0);
+    s_loaded_t l;
     s_load(s, &l);
     assert_int_equal(l.n_clients, 3);
     s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_close_and_remove(&s, &d);
 }
 
 /* drop_table removes the table and its rows and nothing else. */
@@ -468,9 +479,7 @@ static void test_drop_table(void **st)
 {
     (void)st;
     s_dirs_t d;
-    s_dirs_make(&d);
-    kb_store_t *s = s_open(d.data, false);
-    s_put_fixture(s);
+    kb_store_t *s = s_new_with_fixture(&d);
     assert_int_equal(kb_store_begin(s), 0);
     assert_int_equal(kb_store_drop_table(s, 1), 0);
     assert_int_equal(kb_store_drop_table(s, 42), 0); /* unknown id: nothing to do */
@@ -498,8 +507,7 @@ static void test_drop_table(void **st)
     assert_string_equal(s_find_table(&l, 1)->name, "fresh");
     assert_int_equal(l.n_rows, 1);
     s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_close_and_remove(&s, &d);
 }
 
 /* Rows whose table does not exist (any more) are skipped by the load. */
@@ -507,9 +515,7 @@ static void test_rows_of_missing_table_skipped(void **st)
 {
     (void)st;
     s_dirs_t d;
-    s_dirs_make(&d);
-    kb_store_t *s = s_open(d.data, false);
-    s_put_fixture(s);
+    kb_store_t *s = s_new_with_fixture(&d);
     float v[1] = {1};
     kb_store_row_t orphan = {.table_id = 77, .key = (uint8_t *)"o", .key_len = 1, .row_id = 1, .value = v,
                              .dim = 1};
@@ -521,8 +527,7 @@ static void test_rows_of_missing_table_skipped(void **st)
     s_check_fixture(&l);
     assert_null(s_find_row(&l, 77, "o", 1));
     s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_close_and_remove(&s, &d);
 }
 
 /* Rows written with malformed blobs are skipped; the load still succeeds and keeps the good rows. */
@@ -530,9 +535,7 @@ static void test_malformed_rows_skipped(void **st)
 {
     (void)st;
     s_dirs_t d;
-    s_dirs_make(&d);
-    kb_store_t *s = s_open(d.data, false);
-    s_put_fixture(s);
+    kb_store_t *s = s_new_with_fixture(&d);
     kb_store_close(&s);
 
     sqlite3 *db = NULL;
@@ -587,8 +590,7 @@ static void test_malformed_rows_skipped(void **st)
     assert_int_equal(g->updated_at_ms, 5);
     assert_int_equal(g->frequency, 6);
     s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_close_and_remove(&s, &d);
 }
 
 /* A database written with another schema version is refused, with a message that says so. */
@@ -596,9 +598,7 @@ static void test_schema_version_refused(void **st)
 {
     (void)st;
     s_dirs_t d;
-    s_dirs_make(&d);
-    kb_store_t *s = s_open(d.data, false);
-    s_put_fixture(s);
+    kb_store_t *s = s_new_with_fixture(&d);
     kb_store_close(&s);
 
     sqlite3 *db = NULL;
@@ -621,12 +621,8 @@ static void test_schema_version_refused(void **st)
                      SQLITE_OK);
     sqlite3_close(db);
     s = s_open(d.data, false);
-    s_loaded_t l;
-    s_load(s, &l);
-    s_check_fixture(&l);
-    s_loaded_free(&l);
-    kb_store_close(&s);
-    s_dirs_remove(&d);
+    s_assert_holds_fixture(s);
+    s_close_and_remove(&s, &d);
 }
 
 int main(void)

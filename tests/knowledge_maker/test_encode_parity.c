@@ -106,9 +106,5 @@ int main(int argc, char **argv)
         free(px);
     }
     carls_fmnist_free(&ds);
-    if (mt_failures) {
-        return 1;
-    }
-    printf("test_encode_parity: OK\n");
-    return 0;
+    return mt_finish("test_encode_parity", NULL);
 }

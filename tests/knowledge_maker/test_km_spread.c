@@ -48,9 +48,5 @@ int main(void)
              "bad keys accepted");
     km_tables_t t;
     MT_CHECK(km_tables_init(&t, "x") == 0 && strcmp(t.graph, "x.graph") == 0 && strcmp(t.emb, "x.emb") == 0, "tables");
-    if (mt_failures) {
-        return 1;
-    }
-    printf("test_km_spread: OK\n");
-    return 0;
+    return mt_finish("test_km_spread", NULL);
 }

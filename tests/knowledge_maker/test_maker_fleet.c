@@ -180,11 +180,5 @@ int main(void)
     kb_client_destroy(&client);
     km_bank_destroy(&bank);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
-    if (mt_failures) {
-        fprintf(stderr, "logs in %s\n", dir);
-        return 1;
-    }
-    mt_rmrf(dir);
-    printf("test_maker_fleet: OK\n");
-    return 0;
+    return mt_finish("test_maker_fleet", dir);
 }

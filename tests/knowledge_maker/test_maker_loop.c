@@ -206,11 +206,5 @@ int main(void)
     nn_mlp_destroy(&c15);
     carls_fmnist_free(&ds);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
-    if (mt_failures) {
-        fprintf(stderr, "maker log: %s\n", log);
-        return 1;
-    }
-    mt_rmrf(dir);
-    printf("test_maker_loop: OK\n");
-    return 0;
+    return mt_finish("test_maker_loop", dir);
 }

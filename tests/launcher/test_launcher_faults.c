@@ -16,6 +16,7 @@
 #include "maker_testlib.h"
 
 #include "util.h"
+#include "test_util.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -23,22 +24,6 @@
 #include <unistd.h>
 
 #define S_STEPS 3000
-
-/* The last non-empty line of path into line. */
-static void s_last_line(const char *path, char *line, size_t len)
-{
-    FILE *f = fopen(path, "r");
-    char buf[8192];
-    line[0] = '\0';
-    while (f && fgets(buf, sizeof buf, f)) {
-        if (buf[0] != '\n') {
-            snprintf(line, len, "%s", buf);
-        }
-    }
-    if (f) {
-        fclose(f);
-    }
-}
 
 /* The trainer's newest checkpoint step (from ckpt/latest), 0 when there is none. */
 static long s_latest_step(const char *run)
@@ -185,11 +170,7 @@ int main(void)
     /* 3. The run finishes with a result. */
     int st = mt_wait(launcher, 450000);
     const double secs = (double)(carls_monotonic_ms() - t0) / 1000.0;
-    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
-    s_last_line(log, line, sizeof line);
-    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
-    double acc = atof(line + 14);
-    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
+    mt_check_run_result(st, log, line, sizeof line);
     MT_CHECK(strstr(line, " bank_restarts=1 ") != NULL, "bank_restarts is not 1: %s", line);
     MT_CHECK(strstr(line, " maker_deaths=1 ") != NULL, "maker_deaths is not 1: %s", line);
     MT_CHECK(strstr(line, " maker_restarts=1 ") != NULL, "maker_restarts is not 1: %s", line);
@@ -234,7 +215,7 @@ int main(void)
 
     /* 5. The trainer reconnected: neighbours from the bank in the last evaluation window. */
     snprintf(path, sizeof path, "%s/metrics.csv", run);
-    s_last_line(path, line, sizeof line);
+    test_last_line(path, line, sizeof line);
     double col[20] = {0};
     char *save = NULL, *tok = strtok_r(line, ",", &save);
     for (int k = 0; k < 20 && tok; k++, tok = strtok_r(NULL, ",", &save)) {
@@ -267,7 +248,7 @@ int main(void)
         fprintf(stderr, "files in %s\n", dir);
         return 1;
     }
-    mt_rmrf(dir);
+    test_rmrf(dir);
     printf("test_launcher_faults: OK (%.1f s)\n", secs);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "util.h"
+#include "test_util.h"
 
 static void s_write_ini(const char *path)
 {
@@ -21,22 +22,6 @@ static void s_write_ini(const char *path)
                "batch_unlabelled = 64\nalpha = 0.1\nneighbors = 5\nneighbors_from = bank\nbeta = 1\n"
                "ckpt_every = 25\neval_every = 50\ntrainer_device = cpu\ntimeout_s = 300\n");
     fclose(f);
-}
-
-/* The last non-empty line of path into line. */
-static void s_last_line(const char *path, char *line, size_t len)
-{
-    FILE *f = fopen(path, "r");
-    char buf[4096];
-    line[0] = '\0';
-    while (f && fgets(buf, sizeof buf, f)) {
-        if (buf[0] != '\n') {
-            snprintf(line, len, "%s", buf);
-        }
-    }
-    if (f) {
-        fclose(f);
-    }
 }
 
 int main(void)
@@ -60,11 +45,7 @@ int main(void)
     char *argv[] = {"carls", "run", ini, "--set", set_runs, NULL};
     int64_t t0 = carls_monotonic_ms();
     int st = mt_wait(mt_spawn("carls", argv, log), 300000);
-    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
-    s_last_line(log, line, sizeof line);
-    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
-    double acc = atof(line + 14);
-    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
+    mt_check_run_result(st, log, line, sizeof line);
     MT_CHECK(strstr(line, "steps_per_s=") != NULL, "no steps_per_s in the result line: %s", line);
     snprintf(path, sizeof path, "%s/e2e/report.md", runs);
     MT_CHECK(mt_file_contains(path, "test_accuracy"), "report.md lacks the result");
@@ -88,11 +69,5 @@ int main(void)
     MT_CHECK(st == 130, "interrupted run exited with %d (see %s)", st, log2);
     MT_CHECK(mt_file_contains(log2, "every process stopped"), "no clean stop reported (see %s)", log2);
     MT_CHECK(!mt_file_contains(log2, "SIGKILL"), "a process needed SIGKILL (see %s)", log2);
-    if (mt_failures) {
-        fprintf(stderr, "files in %s\n", dir);
-        return 1;
-    }
-    mt_rmrf(dir);
-    printf("test_launcher_short: OK\n");
-    return 0;
+    return mt_finish("test_launcher_short", dir);
 }

@@ -4,6 +4,7 @@
 #include "maker_testlib.h"
 
 #include "carls_report.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,7 @@ static void s_case(const char *tag, const char *experiment, const char *header, 
     MT_CHECK(s_size(dir, first_png) > 0 && s_size(dir, "staleness.png") > 0, "%s: %s %ld bytes, staleness.png %ld",
              tag, first_png, s_size(dir, first_png), s_size(dir, "staleness.png"));
     if (rc == 0) {
-        mt_rmrf(dir);
+        test_rmrf(dir);
     }
 }
 
@@ -71,9 +72,5 @@ int main(void)
     static const char *const without[] = {"50,0.1,6.1,16.3,0,nan", "100,0.3,5.6,15.1,0,nan"};
     s_case("plots-tt-none", "twotower", "step,epoch,loss,steps_per_s,negatives,neg_staleness_steps", without, 2,
            "loss.png");
-    if (mt_failures) {
-        return 1;
-    }
-    printf("test_report_plots: OK\n");
-    return 0;
+    return mt_finish("test_report_plots", NULL);
 }

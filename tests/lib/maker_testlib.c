@@ -1,5 +1,6 @@
 /* Helpers shared by the maker tests (see maker_testlib.h). */
 #include "maker_testlib.h"
+#include "test_util.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -17,20 +18,21 @@ int mt_have_fmnist(void)
 
 void mt_tempdir(char *path, const char *tag)
 {
-    snprintf(path, 64, "/tmp/carls-%s-XXXXXX", tag);
-    if (!mkdtemp(path)) {
-        perror("mkdtemp");
+    if (test_tmpdir(path, 64, tag) != 0)
         abort();
-    }
 }
 
-void mt_rmrf(const char *path)
+int mt_finish(const char *name, const char *dir)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "warning: %s failed\n", cmd);
+    if (mt_failures) {
+        if (dir)
+            fprintf(stderr, "%s: %d check(s) failed; files kept in %s\n", name, mt_failures, dir);
+        return 1;
     }
+    if (dir)
+        test_rmrf(dir);
+    printf("%s: OK\n", name);
+    return 0;
 }
 
 pid_t mt_spawn(const char *prog, char *const argv[], const char *log)
@@ -64,6 +66,15 @@ int mt_wait(pid_t pid, int timeout_ms)
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     return -1;
+}
+
+void mt_check_run_result(int st, const char *log, char *line, size_t len)
+{
+    MT_CHECK(st == 0, "carls run exited with %d (see %s)", st, log);
+    test_last_line(log, line, len);
+    MT_CHECK(strncmp(line, "test_accuracy=", 14) == 0, "last line is not the result: %s", line);
+    double acc = atof(line + 14);
+    MT_CHECK(acc > 0.4 && acc <= 1.0, "test accuracy %g", acc);
 }
 
 int mt_file_contains(const char *path, const char *text)

@@ -2,11 +2,17 @@
 
 #include "kb_keys.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+
+#include <cmocka.h>
 
 int raw_open(raw_client_t *rc, const char *endpoint)
 {
@@ -81,4 +87,15 @@ Carls__Response *raw_call(raw_client_t *rc, const Carls__Request *req, int timeo
     int rc_send = raw_send(rc, buf, len);
     free(buf);
     return rc_send == 0 ? raw_recv(rc, timeout_ms) : NULL;
+}
+
+bool raw_write_is_duplicate(raw_client_t *rc, const Carls__Request *req, int timeout_ms)
+{
+    Carls__Response *resp = raw_call(rc, req, timeout_ms);
+    assert_non_null(resp);
+    assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_OK);
+    assert_non_null(resp->write);
+    bool duplicate = resp->write->duplicate;
+    carls__response__free_unpacked(resp, NULL);
+    return duplicate;
 }

@@ -5,6 +5,7 @@
 
 #include "carls.pb-c.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,5 +29,9 @@ Carls__Response *raw_recv(raw_client_t *rc, int timeout_ms);
 
 /* Packs req, sends it, waits for the reply. */
 Carls__Response *raw_call(raw_client_t *rc, const Carls__Request *req, int timeout_ms);
+
+/* Sends write request req, asserts an OK reply (cmocka), and returns whether the server answered it as a
+ * duplicate: a replay of a (client_id, sequence) it had applied already. */
+bool raw_write_is_duplicate(raw_client_t *rc, const Carls__Request *req, int timeout_ms);
 
 #endif

@@ -34,6 +34,26 @@ static double s_mlp_loss(void *p)
     return loss + t_dot(c->r, c->emb, c->B * c->E);
 }
 
+/* The gradient-check context of m on its current batch (B rows, embedding width E): a copy of the parameters,
+ * and a random projection r of the embedding drawn uniformly from [lo, hi). Free with s_mlp_ctx_free. */
+static mlp_ctx_t s_mlp_ctx(nn_mlp_t *m, int B, int E, float lo, float hi, uint64_t *rng)
+{
+    mlp_ctx_t c = {.m = m, .B = B, .E = E};
+    c.params = malloc(sizeof(float) * m->num_params);
+    c.r = malloc(sizeof(float) * (size_t)(B * E));
+    c.emb = malloc(sizeof(float) * (size_t)(B * E));
+    nn_mlp_get_params(m, c.params);
+    t_fill_uniform(c.r, B * E, lo, hi, rng);
+    return c;
+}
+
+static void s_mlp_ctx_free(mlp_ctx_t *c)
+{
+    free(c->params);
+    free(c->r);
+    free(c->emb);
+}
+
 static void test_mlp_gradcheck(void **state)
 {
     (void)state;
@@ -47,12 +67,7 @@ static void test_mlp_gradcheck(void **state)
     int32_t y[5] = {0, 2, -1, 1, 2}; /* row 2 unlabelled */
     t_fill_uniform(x, B * 6, -1, 1, &rng);
     nn_mlp_set_batch(m, x, y, B);
-    mlp_ctx_t c = {.m = m, .B = B, .E = E};
-    c.params = malloc(sizeof(float) * m->num_params);
-    c.r = malloc(sizeof(float) * (size_t)(B * E));
-    c.emb = malloc(sizeof(float) * (size_t)(B * E));
-    nn_mlp_get_params(m, c.params);
-    t_fill_uniform(c.r, B * E, -0.5f, 0.5f, &rng);
+    mlp_ctx_t c = s_mlp_ctx(m, B, E, -0.5f, 0.5f, &rng);
 
     s_mlp_loss(&c);
     nn_mlp_zero_grad(m);
@@ -70,9 +85,7 @@ static void test_mlp_gradcheck(void **state)
         assert_float_equal(m->grads[i], 2.0f * analytic[i], 1e-5);
     }
     free(analytic);
-    free(c.params);
-    free(c.r);
-    free(c.emb);
+    s_mlp_ctx_free(&c);
     nn_mlp_destroy(&m);
     assert_null(m);
 }
@@ -208,12 +221,7 @@ static void test_mlp_encoder_only(void **state)
     float x[4 * 4];
     t_fill_uniform(x, B * 4, -1, 1, &rng);
     nn_mlp_set_batch(m, x, NULL, B);
-    mlp_ctx_t c = {.m = m, .B = B, .E = E};
-    c.params = malloc(sizeof(float) * m->num_params);
-    c.r = malloc(sizeof(float) * (size_t)(B * E));
-    c.emb = malloc(sizeof(float) * (size_t)(B * E));
-    nn_mlp_get_params(m, c.params);
-    t_fill_uniform(c.r, B * E, -1, 1, &rng);
+    mlp_ctx_t c = s_mlp_ctx(m, B, E, -1, 1, &rng);
     assert_float_equal(nn_mlp_forward(m, B, true, 1234), 0.0f, 0.0); /* no classifier: no cross-entropy */
     s_mlp_loss(&c);
     nn_mlp_zero_grad(m);
@@ -235,9 +243,7 @@ static void test_mlp_encoder_only(void **state)
     assert_memory_equal(e1, e2, sizeof e1);
     carls_ckpt_destroy(&ck);
     free(analytic);
-    free(c.params);
-    free(c.r);
-    free(c.emb);
+    s_mlp_ctx_free(&c);
     nn_mlp_destroy(&m);
     nn_mlp_destroy(&back);
 }

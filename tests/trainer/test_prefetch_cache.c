@@ -9,7 +9,7 @@
 #include "maker_testlib.h"
 #include "server_harness.h"
 
-#include "km_bank.h"
+#include "prefetch_bank.h"
 #include "trainer_prefetch.h"
 
 #include <math.h>
@@ -102,32 +102,33 @@ static int s_check_aggregates(const trainer_fetch_t *f, const s_expect_t *x, con
     return bad;
 }
 
+/* The bank: several items share neighbours, some of which (S_WRITTEN and above) have no row. */
+static uint32_t s_neighbor(uint32_t item, uint32_t j)
+{
+    return (item * 7 + j * 13 + 1) % S_N;
+}
+
+static float s_weight(uint32_t item, uint32_t j)
+{
+    if (item == 3 && j == 5)
+        return 0.0f; /* a zero-weight edge counts as used but adds nothing */
+    return 0.5f + 0.25f * (float)j;
+}
+
+static float s_value0(uint32_t item, uint32_t c)
+{
+    return s_value(item, (int)c, 0);
+}
+
 int main(void)
 {
     test_server_t srv;
-    test_server_init(&srv);
-    if (test_server_start(&srv, NULL) != 0) {
+    const pt_bank_spec_t spec = {.n = S_N, .k = S_K, .e = S_E, .n_emb = S_WRITTEN,
+                                 .neighbor = s_neighbor, .weight = s_weight, .value = s_value0};
+    km_bank_t *bank = pt_start_bank(&srv, &spec);
+    if (!bank) {
         return 1;
     }
-    km_bank_t *bank = km_bank_new(srv.endpoint, 5000);
-    static uint32_t items[S_N], nbr[S_N * S_K];
-    static float w[S_N * S_K], emb[S_N * S_E];
-    for (uint32_t i = 0; i < S_N; i++) {
-        items[i] = i;
-        for (uint32_t j = 0; j < S_K; j++) {
-            nbr[i * S_K + j] = (i * 7 + j * 13 + 1) % S_N; /* several items share neighbours; some are missing */
-            w[i * S_K + j] = 0.5f + 0.25f * (float)j;
-        }
-        for (int e = 0; e < S_E; e++) {
-            emb[i * S_E + (uint32_t)e] = s_value(i, e, 0);
-        }
-    }
-    w[3 * S_K + 5] = 0.0f; /* a zero-weight edge counts as used but adds nothing */
-    MT_CHECK(km_bank_create_feature(bank, "t.graph") == 0 &&
-                 km_bank_put_neighbors(bank, "t.graph", items, S_N, S_K, nbr, w, 0) == 0 &&
-                 km_bank_create_embedding(bank, "t.emb", S_E) == 0 &&
-                 km_bank_put(bank, "t.emb", items, S_WRITTEN, S_E, emb, 7) == 0,
-             "fill the bank: %s", km_bank_error(bank));
 
     trainer_prefetch_config_t rows_cfg = {
         .endpoint = srv.endpoint, .graph_table = "t.graph", .emb_table = "t.emb", .K = S_K, .E = S_E,
@@ -185,7 +186,10 @@ int main(void)
     MT_CHECK(bad_dh == 0, "%d gradient values differ", bad_dh);
 
     /* A maker writes a new generation; the cached rows stay in use until refresh_batches batches passed. */
+    static uint32_t items[S_N];
+    static float emb[S_N * S_E];
     for (uint32_t i = 0; i < S_N; i++) {
+        items[i] = i;
         for (int e = 0; e < S_E; e++) {
             emb[i * S_E + (uint32_t)e] = s_value(i, e, 1);
         }
@@ -220,9 +224,5 @@ int main(void)
     trainer_prefetch_destroy(&rows);
     trainer_prefetch_destroy(&agg);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
-    if (mt_failures) {
-        return 1;
-    }
-    printf("test_prefetch_cache: OK\n");
-    return 0;
+    return mt_finish("test_prefetch_cache", NULL);
 }

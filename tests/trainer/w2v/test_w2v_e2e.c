@@ -205,43 +205,58 @@ static pid_t s_start(s_fixture_t *f, const char *endpoint, const char *corpus, c
     return pid;
 }
 
-static void s_paths(const test_server_t *srv, char *corpus, char *vec, char *out0, char *out1, size_t len)
+/* The files of a test, in the first server's data directory. */
+typedef struct {
+    char corpus[400]; /* written by s_write_files */
+    char vec[400];    /* an export */
+    char out0[400];   /* trainer 0's output */
+    char out1[400];   /* trainer 1's output */
+} s_files_t;
+
+/* Names the files of a test in srv's data directory and writes the corpus. */
+static void s_write_files(const test_server_t *srv, s_files_t *files)
 {
-    snprintf(corpus, len, "%s/corpus.txt", srv->data_dir);
-    snprintf(vec, len, "%s/w2vt.vec", srv->data_dir);
-    snprintf(out0, len, "%s/trainer0.out", srv->data_dir);
-    snprintf(out1, len, "%s/trainer1.out", srv->data_dir);
+    snprintf(files->corpus, sizeof files->corpus, "%s/corpus.txt", srv->data_dir);
+    snprintf(files->vec, sizeof files->vec, "%s/w2vt.vec", srv->data_dir);
+    snprintf(files->out0, sizeof files->out0, "%s/trainer0.out", srv->data_dir);
+    snprintf(files->out1, sizeof files->out1, "%s/trainer1.out", srv->data_dir);
+    s_write_corpus(files->corpus);
+}
+
+/* Starts the fixture's (first) server with the given durability and writes the test's files. */
+static test_server_t *s_start_bank(s_fixture_t *fx, const char *durability, s_files_t *files)
+{
+    const char *args[] = {"--durability", durability, NULL};
+    assert_int_equal(test_server_start(&fx->srv, args), 0);
+    s_write_files(&fx->srv, files);
+    return &fx->srv;
 }
 
 static void test_two_trainers_learn_planted_pairs(void **state)
 {
     s_fixture_t *fx = *state;
-    test_server_t *srv = &fx->srv;
-    const char *args[] = {"--durability", "interval:200", NULL};
-    assert_int_equal(test_server_start(srv, args), 0);
-    char corpus[400], vec[400], out0[400], out1[400];
-    s_paths(srv, corpus, vec, out0, out1, sizeof corpus);
-    s_write_corpus(corpus);
+    s_files_t files;
+    test_server_t *srv = s_start_bank(fx, "interval:200", &files);
 
     int64_t t0 = carls_monotonic_ms();
     const char *w0[] = {"--worker", "0/2", NULL};
     const char *w1[] = {"--worker", "1/2", NULL};
-    pid_t p0 = s_start(fx, srv->endpoint, corpus, out0, w0);
-    pid_t p1 = s_start(fx, srv->endpoint, corpus, out1, w1);
+    pid_t p0 = s_start(fx, srv->endpoint, files.corpus, files.out0, w0);
+    pid_t p1 = s_start(fx, srv->endpoint, files.corpus, files.out1, w1);
     assert_int_equal(s_join(fx, p0), 0);
     assert_int_equal(s_join(fx, p1), 0);
     printf("  two trainers: %lld ms\n", (long long)(carls_monotonic_ms() - t0));
 
     /* Export and top-k prediction without training (--epochs 0), as a user would after the workers end. */
-    const char *ex[] = {"--epochs", "0", "--export", vec, "--predict", "alpha,beta", "--predict-k", "6",
+    const char *ex[] = {"--epochs", "0", "--export", files.vec, "--predict", "alpha,beta", "--predict-k", "6",
                         "--predict-eval", "400", NULL};
-    pid_t pe = s_start(fx, srv->endpoint, corpus, out0, ex);
+    pid_t pe = s_start(fx, srv->endpoint, files.corpus, files.out0, ex);
     assert_int_equal(s_join(fx, pe), 0);
-    s_check_learned(srv->endpoint, vec);
+    s_check_learned(srv->endpoint, files.vec);
 
     /* Top-k output (the bank's knn over the output table, then re-ranked with the counts' prior): k words
      * per query, and the context-prediction score line. */
-    FILE *f = fopen(out0, "r");
+    FILE *f = fopen(files.out0, "r");
     assert_non_null(f);
     char line[2048];
     int seen_predict = 0, seen_eval = 0;
@@ -268,18 +283,14 @@ static void test_two_trainers_learn_planted_pairs(void **state)
 static void test_bank_restart_mid_training(void **state)
 {
     s_fixture_t *fx = *state;
-    test_server_t *srv = &fx->srv;
-    const char *args[] = {"--durability", "interval:100", NULL};
-    assert_int_equal(test_server_start(srv, args), 0);
-    char corpus[400], vec[400], out0[400], out1[400];
-    s_paths(srv, corpus, vec, out0, out1, sizeof corpus);
-    s_write_corpus(corpus);
+    s_files_t files;
+    test_server_t *srv = s_start_bank(fx, "interval:100", &files);
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s", srv->endpoint);
 
     /* Long enough (about 3 s without sanitizers) that the kill lands mid-training. */
     const char *more[] = {"--epochs", "60", NULL};
-    pid_t p = s_start(fx, endpoint, corpus, out0, more);
+    pid_t p = s_start(fx, endpoint, files.corpus, files.out0, more);
     /* Once the trainer has pushed gradients, kill the bank without warning and bring it back on the same
      * address. */
     kb_client_options_t quick = {.timeout_ms = 500};
@@ -311,9 +322,9 @@ static void test_bank_restart_mid_training(void **state)
     assert_string_equal(srv->endpoint, endpoint);
     assert_int_equal(s_join(fx, p), 0);
 
-    const char *ex[] = {"--epochs", "0", "--export", vec, NULL};
-    assert_int_equal(s_join(fx, s_start(fx, endpoint, corpus, out1, ex)), 0);
-    s_check_learned(endpoint, vec);
+    const char *ex[] = {"--epochs", "0", "--export", files.vec, NULL};
+    assert_int_equal(s_join(fx, s_start(fx, endpoint, files.corpus, files.out1, ex)), 0);
+    s_check_learned(endpoint, files.vec);
 }
 
 /* A bank of two shards (--shard 0/2, 1/2): --kb takes both endpoints, keys are routed by their hash,
@@ -325,20 +336,19 @@ static void test_sharded_bank(void **state)
     const char *a1[] = {"--durability", "interval:200", "--shard", "1/2", NULL};
     assert_int_equal(test_server_start(&fx->srv, a0), 0);
     assert_int_equal(test_server_start(&fx->srv2, a1), 0);
-    char corpus[400], vec[400], out0[400], out1[400];
-    s_paths(&fx->srv, corpus, vec, out0, out1, sizeof corpus);
-    s_write_corpus(corpus);
+    s_files_t files;
+    s_write_files(&fx->srv, &files);
     char endpoints[600];
     snprintf(endpoints, sizeof endpoints, "%s,%s", fx->srv.endpoint, fx->srv2.endpoint);
     const char *w0[] = {"--worker", "0/2", NULL};
     const char *w1[] = {"--worker", "1/2", NULL};
-    pid_t p0 = s_start(fx, endpoints, corpus, out0, w0);
-    pid_t p1 = s_start(fx, endpoints, corpus, out1, w1);
+    pid_t p0 = s_start(fx, endpoints, files.corpus, files.out0, w0);
+    pid_t p1 = s_start(fx, endpoints, files.corpus, files.out1, w1);
     assert_int_equal(s_join(fx, p0), 0);
     assert_int_equal(s_join(fx, p1), 0);
-    const char *ex[] = {"--epochs", "0", "--export", vec, NULL};
-    assert_int_equal(s_join(fx, s_start(fx, endpoints, corpus, out0, ex)), 0);
-    s_check_learned(endpoints, vec);
+    const char *ex[] = {"--epochs", "0", "--export", files.vec, NULL};
+    assert_int_equal(s_join(fx, s_start(fx, endpoints, files.corpus, files.out0, ex)), 0);
+    s_check_learned(endpoints, files.vec);
     /* Both shards hold part of the vocabulary. */
     for (int i = 0; i < 2; i++) {
         kb_client_t *kb = kb_client_new(i ? fx->srv2.endpoint : fx->srv.endpoint, NULL);

@@ -1,0 +1,108 @@
+/* cmocka fixtures over server_harness (see server_fixture.h). */
+#include "server_fixture.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+int server_fixture_setup(void **state)
+{
+    const kb_client_options_t *prestate = *state;
+    server_fixture_t *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    test_server_init(&f->srv);
+    f->client_options = prestate ? *prestate : (kb_client_options_t){.timeout_ms = 5000, .retries = 2};
+    *state = f;
+    return 0;
+}
+
+int server_fixture_setup_server(void **state, const char *const *args)
+{
+    if (server_fixture_setup(state) != 0)
+        return -1;
+    server_fixture_t *f = *state;
+    return test_server_start(&f->srv, args) == 0 ? 0 : -1;
+}
+
+int server_fixture_setup_started(void **state)
+{
+    if (server_fixture_setup_server(state, NULL) != 0)
+        return -1;
+    server_fixture_t *f = *state;
+    f->client = kb_client_new(f->srv.endpoint, &f->client_options);
+    return f->client ? 0 : -1;
+}
+
+int server_fixture_teardown(void **state)
+{
+    server_fixture_t *f = *state;
+    raw_close(&f->raw);
+    kb_client_destroy(&f->client);
+    int status = test_server_cleanup(&f->srv);
+    free(f);
+    return status == 0 ? 0 : -1;
+}
+
+void server_fixture_start(server_fixture_t *f, const char *const *args)
+{
+    assert_int_equal(test_server_start(&f->srv, args), 0);
+    f->client = test_client_connect(f->srv.endpoint, &f->client_options);
+}
+
+int server_fixture_stop(server_fixture_t *f, int sig)
+{
+    kb_client_destroy(&f->client);
+    return test_server_stop(&f->srv, sig);
+}
+
+int server_fixture_restart(server_fixture_t *f, int sig, const char *const *args)
+{
+    int status = server_fixture_stop(f, sig);
+    server_fixture_start(f, args);
+    return status;
+}
+
+kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t *opts)
+{
+    kb_client_t *c = kb_client_new(endpoint, opts);
+    assert_non_null(c);
+    return c;
+}
+
+Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
+                          size_t nkeys, uint32_t k, bool exclude)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Knn q = CARLS__KNN__INIT;
+    ProtobufCBinaryData *bk = calloc(nkeys ? nkeys : 1, sizeof *bk);
+    for (size_t i = 0; i < nkeys; i++) {
+        bk[i].data = (uint8_t *)keys[i].data;
+        bk[i].len = keys[i].len;
+    }
+    q.vectors = (float *)vecs;
+    q.n_vectors = nvals;
+    q.keys = bk;
+    q.n_keys = nkeys;
+    q.k = k;
+    q.exclude_query = exclude;
+    req.table = (char *)table;
+    req.op_case = CARLS__REQUEST__OP_KNN;
+    req.knn = &q;
+    Carls__Response *resp = NULL;
+    int rc = kb_client_call(c, &req, &resp);
+    free(bk);
+    if (rc != 0)
+        fail_msg("knn: %s", kb_client_last_error(c));
+    return resp;
+}
+
+void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg)
+{
+    if (kb_client_create_table(c, name, cfg, false) != 0)
+        fail_msg("create %s: %s", name, kb_client_last_error(c));
+}

@@ -1,0 +1,53 @@
+/* cmocka fixtures over server_harness: one real kb-server and one client of it per test, cleaned up by the
+ * teardown even when an assertion failed (a server left running would keep the test's output pipe open). */
+#ifndef CARLS_SERVER_FIXTURE_H
+#define CARLS_SERVER_FIXTURE_H
+
+#include "kb_client.h"
+#include "raw_client.h"
+#include "server_harness.h"
+
+typedef struct {
+    test_server_t srv;
+    kb_client_t *client;                /* connected by server_fixture_start; NULL while stopped */
+    kb_client_options_t client_options; /* how server_fixture_start connects */
+    raw_client_t raw;                   /* for the test to open when it sends raw frames; closed by the teardown */
+} server_fixture_t;
+
+/* cmocka setup: a fixture (*state) with a fresh data directory and no server yet. The client options are
+ * the test's prestate (a kb_client_options_t *, cmocka_unit_test_prestate_setup_teardown) or, without
+ * one, a 5 s timeout and 2 retries. */
+int server_fixture_setup(void **state);
+
+/* For a cmocka setup of tests that bring their own clients: server_fixture_setup, then a server started with
+ * extra args (or NULL) and no client. Returns 0, or -1 when the server did not start. */
+int server_fixture_setup_server(void **state, const char *const *args);
+
+/* server_fixture_setup, then a server started with no extra arguments and a client connected. */
+int server_fixture_setup_started(void **state);
+
+/* cmocka teardown: closes the raw client, destroys the client, stops the server with SIGTERM and removes the
+ * data directory; fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
+int server_fixture_teardown(void **state);
+
+/* Starts the server with extra args (NULL-terminated, or NULL) and connects f->client; asserts both. */
+void server_fixture_start(server_fixture_t *f, const char *const *args);
+
+/* Destroys the client and stops the server with sig; returns the server's exit status (128+signal). */
+int server_fixture_stop(server_fixture_t *f, int sig);
+
+/* server_fixture_stop, then server_fixture_start with args; returns the stopped server's exit status. */
+int server_fixture_restart(server_fixture_t *f, int sig, const char *const *args);
+
+/* A client of endpoint (asserted non-NULL). */
+kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t *opts);
+
+/* Asks c for the k nearest neighbours in table of nvals/dim query vectors vecs, or of the rows of nkeys
+ * keys (excluding each key itself when exclude); fails the test when the call fails. Caller frees the reply. */
+Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
+                          size_t nkeys, uint32_t k, bool exclude);
+
+/* Creates table name with cfg through c, failing the test with the client's error otherwise. */
+void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg);
+
+#endif

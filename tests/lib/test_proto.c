@@ -1,0 +1,33 @@
+/* Builders of protocol messages for the tests (see test_proto.h). */
+#include "test_proto.h"
+
+Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
+                                         Carls__KnnMetric metric)
+{
+    carls__knn_config__init(knn);
+    knn->spec = (char *)spec;
+    knn->metric = metric;
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = dim;
+    cfg.knn = knn;
+    return cfg;
+}
+
+void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
+                      size_t n_values)
+{
+    put->keys = keys;
+    put->n_keys = n_keys;
+    put->values = values;
+    put->n_values = n_values;
+    req->op_case = CARLS__REQUEST__OP_PUT;
+    req->put = put;
+}
+
+void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n)
+{
+    rec->neighbor_keys = keys;
+    rec->n_neighbor_keys = n;
+    rec->neighbor_weights = weights;
+    rec->n_neighbor_weights = n;
+}

@@ -1,0 +1,23 @@
+/* Builders of protocol messages that several test programs fill the same way. */
+#ifndef CARLS_TEST_PROTO_H
+#define CARLS_TEST_PROTO_H
+
+#include "carls.pb-c.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* An embedding table's config of width dim with a knn index (spec, metric); knn is the caller's storage for
+ * the index part, which the config points to. */
+Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
+                                         Carls__KnnMetric metric);
+
+/* Points rec's neighbour keys and weights at keys and weights, n of each (the caller keeps them alive). */
+void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n);
+
+/* Makes req a put of n_keys keys with their values (n_values floats, all rows); put is the caller's storage
+ * for the payload. The envelope (table, ids) is left as it is. */
+void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
+                      size_t n_values);
+
+#endif

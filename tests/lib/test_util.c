@@ -1,0 +1,119 @@
+/* Small helpers every kind of test program needs (see test_util.h). */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int test_tmpdir(char *dir, size_t size, const char *tag)
+{
+    snprintf(dir, size, "/tmp/carls-%s-XXXXXX", tag);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return -1;
+    }
+    return 0;
+}
+
+int test_rmrf(const char *path)
+{
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "warning: %s failed\n", cmd);
+        return -1;
+    }
+    return 0;
+}
+
+char test_scratch_dir[256];
+
+int test_scratch_setup(void **state)
+{
+    (void)state;
+    return test_tmpdir(test_scratch_dir, sizeof test_scratch_dir, "test");
+}
+
+int test_scratch_teardown(void **state)
+{
+    (void)state;
+    return test_rmrf(test_scratch_dir);
+}
+
+unsigned char *test_read_file(const char *path, size_t spare, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    unsigned char *buf = NULL;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)n + spare + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf)
+        *len = (size_t)n;
+    return buf;
+}
+
+uint64_t test_xorshift64(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+float test_uniform_pm1(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+void test_last_line(const char *path, char *line, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    char buf[8192];
+    line[0] = '\0';
+    while (f && fgets(buf, sizeof buf, f)) {
+        if (buf[0] != '\n')
+            snprintf(line, len, "%s", buf);
+    }
+    if (f)
+        fclose(f);
+}
+
+uint64_t test_proc_status_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    uint64_t kb = 0;
+    size_t flen = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
+            kb = strtoull(line + flen + 1, NULL, 10);
+    fclose(f);
+    return kb;
+}
+
+void test_asan_options_append(const char *options)
+{
+    const char *old = getenv("ASAN_OPTIONS");
+    char joined[1024];
+    snprintf(joined, sizeof joined, "%s%s%s", old ? old : "", old && old[0] ? ":" : "", options);
+    setenv("ASAN_OPTIONS", joined, 1);
+}
