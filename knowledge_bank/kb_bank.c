@@ -3,6 +3,7 @@
 #include "kb_dedup.h"
 #include "kb_memory.h"
 #include "kb_store.h"
+#include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"

@@ -1,6 +1,7 @@
 #include "kb_service.h"
 
 #include "kb_latency.h"
+#include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"

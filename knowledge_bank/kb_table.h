@@ -13,7 +13,6 @@
 #ifndef KB_TABLE_H
 #define KB_TABLE_H
 
-#include "carls.pb-c.h"
 #include "kb_init.h"
 #include "kb_knn.h"
 #include "kb_lazy.h"
@@ -22,6 +21,7 @@
 #include "kb_sampler.h"
 #include "kb_store.h"
 
+#include <protobuf-c/protobuf-c.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -59,23 +59,8 @@ typedef struct {
     uint64_t max_rows;                  /* eviction: rows kept at most (approximately: per stripe) */
 } kb_table_config_t;
 
-/* Validates a wire config and fills defaults into *out. Returns 0, or -1 with a message in err. */
-int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
-                               size_t errlen);
-
-/* A config in wire form with storage for its nested messages; `config` points into the rest (and its knn
- * spec into the kb_table_config_t it was made from, which must outlive it). */
-typedef struct {
-    Carls__TableConfig config;
-    Carls__OptimizerConfig optimizer;
-    Carls__LazyUpdateConfig lazy;
-    Carls__KnnConfig knn;
-    Carls__AdmissionConfig admission;
-    Carls__EvictionConfig eviction;
-} kb_table_config_wire_t;
-
-/* Writes a config to wire form. */
-void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *out);
+/* The kb_knn config (spec, metric, dim, search settings) of a table config; kc->spec points into cfg. */
+void kb_table_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc);
 
 /* Links of a row in one of its stripe's intrusive doubly-linked lists. */
 typedef struct {

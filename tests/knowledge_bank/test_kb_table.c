@@ -18,6 +18,7 @@
 #include "kb_init.h"
 #include "kb_rowmap.h"
 #include "kb_table.h"
+#include "kb_table_config.h"
 #include "protocol.h"
 #include "util.h"
 
