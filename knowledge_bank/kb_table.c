@@ -14,6 +14,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Defaults of fields left zero (kb_table_config_finish; documented for the wire in proto/carls.proto and
+ * docs/PROTOCOL.md). */
+#define DEFAULT_INIT_SCALE 0.05f
+#define DEFAULT_MAX_AGE_MS 1000u
+#define DEFAULT_MAX_PENDING 16u
+#define DEFAULT_OUTLIER_THRESHOLD 3.0f
+#define DEFAULT_OUTLIER_MIN_COUNT 3u
+#define DEFAULT_MIN_FREQUENCY 2u
+#define DEFAULT_BLOOM_BITS_LOG2 20u
+#define DEFAULT_BLOOM_HASHES 4u
+/* A pending set holds max_pending * dim floats per key: keep it bounded (16 MiB). */
+#define MAX_PENDING_FLOATS (4u << 20)
+
 /* An intrusive list of rows, linked through the kb_row_link_t at a given offset in each row. */
 typedef struct {
     kb_row_t *head, *tail;
@@ -93,6 +106,125 @@ void kb_table_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
     kc->dim = cfg->dim;
     kc->nprobe = cfg->knn_nprobe;
     kc->ef_search = cfg->knn_ef_search;
+}
+
+/* Admission and eviction, shared by both table kinds: defaults, ranges, and the fields of a policy not in
+ * use cleared. */
+static int s_config_memory_policies(kb_table_config_t *cfg, char *err, size_t errlen)
+{
+    if (cfg->admission == KB_ADMIT_ALL) {
+        cfg->min_frequency = 0;
+    } else {
+        if (!cfg->min_frequency)
+            cfg->min_frequency = DEFAULT_MIN_FREQUENCY;
+        if (cfg->min_frequency > 255) {
+            snprintf(err, errlen, "admission min_frequency must be at most 255");
+            return -1;
+        }
+    }
+    if (cfg->admission == KB_ADMIT_BLOOM) {
+        if (!cfg->bloom_bits_log2)
+            cfg->bloom_bits_log2 = DEFAULT_BLOOM_BITS_LOG2;
+        if (!cfg->bloom_hashes)
+            cfg->bloom_hashes = DEFAULT_BLOOM_HASHES;
+        if (cfg->bloom_bits_log2 < 4 || cfg->bloom_bits_log2 > 30 || cfg->bloom_hashes > 16) {
+            snprintf(err, errlen, "bloom_bits_log2 must be in 4..30 and bloom_hashes in 1..16");
+            return -1;
+        }
+    } else {
+        cfg->bloom_bits_log2 = cfg->bloom_hashes = 0;
+    }
+    if (cfg->eviction == KB_EVICT_NONE) {
+        cfg->max_rows = 0;
+    } else if (cfg->max_rows == 0) {
+        snprintf(err, errlen, "eviction needs max_rows > 0");
+        return -1;
+    }
+    return 0;
+}
+
+/* A feature table keeps its memory policies; every embedding field takes its fixed value. */
+static int s_config_finish_feature(kb_table_config_t *cfg, char *err, size_t errlen)
+{
+    if (cfg->dim != 0 || cfg->knn) {
+        snprintf(err, errlen, "feature tables take no dim and no knn index");
+        return -1;
+    }
+    kb_table_config_t f;
+    memset(&f, 0, sizeof f); /* padding too: configs are compared with memcmp */
+    f.kind = KB_TABLE_FEATURE;
+    f.max_pending = 1;
+    f.max_age_ms = DEFAULT_MAX_AGE_MS;
+    kb_optimizer_config_defaults(&f.optimizer);
+    f.admission = cfg->admission;
+    f.min_frequency = cfg->min_frequency;
+    f.bloom_bits_log2 = cfg->bloom_bits_log2;
+    f.bloom_hashes = cfg->bloom_hashes;
+    f.eviction = cfg->eviction;
+    f.max_rows = cfg->max_rows;
+    *cfg = f;
+    return s_config_memory_policies(cfg, err, errlen);
+}
+
+int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, size_t errlen)
+{
+    if (cfg->kind == KB_TABLE_FEATURE)
+        return s_config_finish_feature(cfg, err, errlen);
+    if (cfg->dim == 0 || cfg->dim > max_dim) {
+        snprintf(err, errlen, "dim must be in 1..%u, got %u", max_dim, cfg->dim);
+        return -1;
+    }
+    if (cfg->init_scale == 0.0f)
+        cfg->init_scale = DEFAULT_INIT_SCALE;
+    if (!isfinite(cfg->init_scale) || cfg->init_scale < 0.0f) {
+        snprintf(err, errlen, "init_scale must be finite and >= 0");
+        return -1;
+    }
+    kb_optimizer_config_defaults(&cfg->optimizer);
+    if (kb_optimizer_config_validate(&cfg->optimizer, err, (int)errlen) != 0)
+        return -1;
+    if (!cfg->max_age_ms)
+        cfg->max_age_ms = DEFAULT_MAX_AGE_MS;
+    if (!cfg->max_pending)
+        cfg->max_pending = DEFAULT_MAX_PENDING;
+    if (cfg->max_pending > KB_TABLE_MAX_PENDING) {
+        snprintf(err, errlen, "max_pending must be in 1..%u, got %u", KB_TABLE_MAX_PENDING, cfg->max_pending);
+        return -1;
+    }
+    if (cfg->outlier.threshold == 0.0f)
+        cfg->outlier.threshold = DEFAULT_OUTLIER_THRESHOLD;
+    if (!isfinite(cfg->outlier.threshold) || cfg->outlier.threshold < 1.0f) {
+        snprintf(err, errlen, "outlier_threshold must be finite and >= 1");
+        return -1;
+    }
+    if (!cfg->outlier.min_count)
+        cfg->outlier.min_count = DEFAULT_OUTLIER_MIN_COUNT;
+    if ((uint64_t)cfg->max_pending * cfg->dim > MAX_PENDING_FLOATS) {
+        snprintf(err, errlen, "max_pending * dim must be at most %u floats", MAX_PENDING_FLOATS);
+        return -1;
+    }
+    if (!cfg->knn) {
+        memset(cfg->knn_spec, 0, sizeof cfg->knn_spec);
+        cfg->knn_metric = KB_KNN_METRIC_IP;
+        cfg->knn_nprobe = cfg->knn_ef_search = 0;
+    } else {
+        if (!memchr(cfg->knn_spec, '\0', sizeof cfg->knn_spec)) {
+            snprintf(err, errlen, "knn spec longer than %d characters", KB_KNN_SPEC_MAX - 1);
+            return -1;
+        }
+        /* Let FAISS judge the spec now, so a bad one is refused at create time with its reason. */
+        kb_knn_t *probe = NULL;
+        kb_knn_config_t kc;
+        kb_table_knn_config(cfg, &kc);
+        kc.background = false;
+        char why[200] = "";
+        if (kb_knn_new(&kc, &probe, why, sizeof why) != 0) {
+            snprintf(err, errlen, "knn spec '%s': %s", cfg->knn_spec, why);
+            return -1;
+        }
+        kb_knn_destroy(&probe);
+    }
+    return s_config_memory_policies(cfg, err, errlen);
 }
 
 /* A sampling snapshot: the sampler and the keys of its entries (index order). */

@@ -1,29 +1,19 @@
 #include "kb_table_config.h"
 
-#include "kb_knn.h"
 #include "protocol.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-/* Defaults for fields left zero on the wire (documented in proto/carls.proto and docs/PROTOCOL.md). */
-#define DEFAULT_INIT_SCALE 0.05f
-#define DEFAULT_MAX_AGE_MS 1000u
-#define DEFAULT_MAX_PENDING 16u
-#define DEFAULT_OUTLIER_THRESHOLD 3.0f
-#define DEFAULT_OUTLIER_MIN_COUNT 3u
-#define DEFAULT_MIN_FREQUENCY 2u
-#define DEFAULT_BLOOM_BITS_LOG2 20u
-#define DEFAULT_BLOOM_HASHES 4u
-/* A pending set holds max_pending * dim floats per key: keep it bounded (16 MiB). */
-#define MAX_PENDING_FLOATS (4u << 20)
+/* The two names of one limit: the wire's (clients check it) and the table's (kb_table_config_finish does). */
+_Static_assert(CARLS_MAX_PENDING_LIMIT == KB_TABLE_MAX_PENDING, "max_pending limits differ");
 
-/* Admission and eviction, shared by both table kinds. */
-static int s_config_memory_policies(const Carls__TableConfig *in, kb_table_config_t *out, char *err, size_t errlen)
+/* Admission and eviction, shared by both table kinds. Values are copied only for a policy other than the
+ * default, so an unused field of the wire never reaches the config (which is compared with memcmp). */
+static int s_memory_policies_from_proto(const Carls__TableConfig *in, kb_table_config_t *out, char *err,
+                                        size_t errlen)
 {
     const Carls__AdmissionConfig *a = in->admission;
-    out->admission = KB_ADMIT_ALL;
     if (a && a->kind != CARLS__ADMISSION_KIND__ADMIT_ALL) {
         if (a->kind == CARLS__ADMISSION_KIND__ADMIT_FREQUENCY)
             out->admission = KB_ADMIT_FREQUENCY;
@@ -33,22 +23,11 @@ static int s_config_memory_policies(const Carls__TableConfig *in, kb_table_confi
             snprintf(err, errlen, "unknown admission kind %d", (int)a->kind);
             return -1;
         }
-        out->min_frequency = a->min_frequency ? a->min_frequency : DEFAULT_MIN_FREQUENCY;
-        if (out->min_frequency > 255) {
-            snprintf(err, errlen, "admission min_frequency must be at most 255");
-            return -1;
-        }
-        if (out->admission == KB_ADMIT_BLOOM) {
-            out->bloom_bits_log2 = a->bloom_bits_log2 ? a->bloom_bits_log2 : DEFAULT_BLOOM_BITS_LOG2;
-            out->bloom_hashes = a->bloom_hashes ? a->bloom_hashes : DEFAULT_BLOOM_HASHES;
-            if (out->bloom_bits_log2 < 4 || out->bloom_bits_log2 > 30 || out->bloom_hashes > 16) {
-                snprintf(err, errlen, "bloom_bits_log2 must be in 4..30 and bloom_hashes in 1..16");
-                return -1;
-            }
-        }
+        out->min_frequency = a->min_frequency;
+        out->bloom_bits_log2 = a->bloom_bits_log2;
+        out->bloom_hashes = a->bloom_hashes;
     }
     const Carls__EvictionConfig *e = in->eviction;
-    out->eviction = KB_EVICT_NONE;
     if (e && e->kind != CARLS__EVICTION_KIND__EVICT_NONE) {
         if (e->kind == CARLS__EVICTION_KIND__EVICT_LRU)
             out->eviction = KB_EVICT_LRU;
@@ -58,111 +37,63 @@ static int s_config_memory_policies(const Carls__TableConfig *in, kb_table_confi
             snprintf(err, errlen, "unknown eviction kind %d", (int)e->kind);
             return -1;
         }
-        if (e->max_rows == 0) {
-            snprintf(err, errlen, "eviction needs max_rows > 0");
-            return -1;
-        }
         out->max_rows = e->max_rows;
     }
     return 0;
 }
 
-int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
-                               size_t errlen)
+/* The fields only embedding tables have: initializer, optimizer, lazy update and knn index. An absent
+ * nested message reads as all zeros (the defaults; OPT_SGD, UPDATE_LAZY, OUTLIER_NORM_MEDIAN are 0). */
+static int s_embedding_from_proto(const Carls__TableConfig *in, kb_table_config_t *out, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
-    if (!in) {
-        snprintf(err, errlen, "missing table config");
-        return -1;
-    }
-    if (in->kind == CARLS__TABLE_KIND__TABLE_FEATURE) {
-        if (in->dim != 0 || in->knn) {
-            snprintf(err, errlen, "feature tables take no dim and no knn index");
-            return -1;
-        }
-        out->kind = KB_TABLE_FEATURE;
-        out->max_pending = 1;
-        out->max_age_ms = DEFAULT_MAX_AGE_MS;
-        kb_optimizer_config_defaults(&out->optimizer);
-        return s_config_memory_policies(in, out, err, errlen);
-    }
-    if (in->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        snprintf(err, errlen, "unknown table kind %d", (int)in->kind);
-        return -1;
-    }
-    if (in->dim == 0 || in->dim > max_dim) {
-        snprintf(err, errlen, "dim must be in 1..%u, got %u", max_dim, in->dim);
-        return -1;
-    }
-    out->dim = in->dim;
     switch (in->init) {
     case CARLS__INIT_KIND__INIT_ZEROS: out->init = KB_INIT_ZEROS; break;
     case CARLS__INIT_KIND__INIT_UNIFORM: out->init = KB_INIT_UNIFORM; break;
     case CARLS__INIT_KIND__INIT_NORMAL: out->init = KB_INIT_NORMAL; break;
     default: snprintf(err, errlen, "unknown initializer %d", (int)in->init); return -1;
     }
-    out->init_scale = in->init_scale != 0.0f ? in->init_scale : DEFAULT_INIT_SCALE;
-    if (!isfinite(out->init_scale) || out->init_scale < 0.0f) {
-        snprintf(err, errlen, "init_scale must be finite and >= 0");
-        return -1;
-    }
+    out->init_scale = in->init_scale;
     out->init_seed = in->init_seed;
 
     const Carls__OptimizerConfig *opt = in->optimizer;
-    kb_optimizer_config_t oc = {0};
     if (opt) {
         switch (opt->kind) {
-        case CARLS__OPTIMIZER_KIND__OPT_SGD: oc.kind = KB_OPT_SGD; break;
-        case CARLS__OPTIMIZER_KIND__OPT_MOMENTUM: oc.kind = KB_OPT_MOMENTUM; break;
-        case CARLS__OPTIMIZER_KIND__OPT_ADAGRAD: oc.kind = KB_OPT_ADAGRAD; break;
-        case CARLS__OPTIMIZER_KIND__OPT_ADAM: oc.kind = KB_OPT_ADAM; break;
+        case CARLS__OPTIMIZER_KIND__OPT_SGD: out->optimizer.kind = KB_OPT_SGD; break;
+        case CARLS__OPTIMIZER_KIND__OPT_MOMENTUM: out->optimizer.kind = KB_OPT_MOMENTUM; break;
+        case CARLS__OPTIMIZER_KIND__OPT_ADAGRAD: out->optimizer.kind = KB_OPT_ADAGRAD; break;
+        case CARLS__OPTIMIZER_KIND__OPT_ADAM: out->optimizer.kind = KB_OPT_ADAM; break;
         default: snprintf(err, errlen, "unknown optimizer %d", (int)opt->kind); return -1;
         }
-        oc.learning_rate = opt->learning_rate;
-        oc.momentum = opt->momentum;
-        oc.beta1 = opt->beta1;
-        oc.beta2 = opt->beta2;
-        oc.epsilon = opt->epsilon;
-        oc.initial_accumulator = opt->initial_accumulator;
+        out->optimizer.learning_rate = opt->learning_rate;
+        out->optimizer.momentum = opt->momentum;
+        out->optimizer.beta1 = opt->beta1;
+        out->optimizer.beta2 = opt->beta2;
+        out->optimizer.epsilon = opt->epsilon;
+        out->optimizer.initial_accumulator = opt->initial_accumulator;
     }
-    kb_optimizer_config_defaults(&oc);
-    if (kb_optimizer_config_validate(&oc, err, (int)errlen) != 0)
-        return -1;
-    out->optimizer = oc;
 
     const Carls__LazyUpdateConfig *lazy = in->lazy;
-    out->immediate = lazy && lazy->policy == CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
-    if (lazy && lazy->policy != CARLS__UPDATE_POLICY__UPDATE_LAZY && !out->immediate) {
-        snprintf(err, errlen, "unknown update policy %d", (int)lazy->policy);
-        return -1;
+    if (lazy) {
+        if (lazy->policy == CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE)
+            out->immediate = true;
+        else if (lazy->policy != CARLS__UPDATE_POLICY__UPDATE_LAZY) {
+            snprintf(err, errlen, "unknown update policy %d", (int)lazy->policy);
+            return -1;
+        }
+        if (lazy->outlier_rule == CARLS__OUTLIER_RULE__OUTLIER_NONE)
+            out->outlier.rule = KB_OUTLIER_NONE;
+        else if (lazy->outlier_rule != CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN) {
+            snprintf(err, errlen, "unknown outlier rule %d", (int)lazy->outlier_rule);
+            return -1;
+        }
+        out->max_age_ms = lazy->max_age_ms;
+        out->max_pending = lazy->max_pending;
+        out->outlier.threshold = lazy->outlier_threshold;
+        out->outlier.min_count = lazy->outlier_min_count;
     }
-    out->max_age_ms = lazy && lazy->max_age_ms ? lazy->max_age_ms : DEFAULT_MAX_AGE_MS;
-    out->max_pending = lazy && lazy->max_pending ? lazy->max_pending : DEFAULT_MAX_PENDING;
-    if (out->max_pending > CARLS_MAX_PENDING_LIMIT) {
-        snprintf(err, errlen, "max_pending must be in 1..%u, got %u", CARLS_MAX_PENDING_LIMIT, out->max_pending);
-        return -1;
-    }
-    if (lazy && lazy->outlier_rule == CARLS__OUTLIER_RULE__OUTLIER_NONE)
-        out->outlier.rule = KB_OUTLIER_NONE;
-    else if (!lazy || lazy->outlier_rule == CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN)
-        out->outlier.rule = KB_OUTLIER_NORM_MEDIAN;
-    else {
-        snprintf(err, errlen, "unknown outlier rule %d", (int)lazy->outlier_rule);
-        return -1;
-    }
-    out->outlier.threshold = lazy && lazy->outlier_threshold != 0.0f ? lazy->outlier_threshold
-                                                                     : DEFAULT_OUTLIER_THRESHOLD;
-    if (!isfinite(out->outlier.threshold) || out->outlier.threshold < 1.0f) {
-        snprintf(err, errlen, "outlier_threshold must be finite and >= 1");
-        return -1;
-    }
-    out->outlier.min_count = lazy && lazy->outlier_min_count ? lazy->outlier_min_count : DEFAULT_OUTLIER_MIN_COUNT;
-    if ((uint64_t)out->max_pending * out->dim > MAX_PENDING_FLOATS) {
-        snprintf(err, errlen, "max_pending * dim must be at most %u floats", MAX_PENDING_FLOATS);
-        return -1;
-    }
-    if (in->knn && in->knn->spec && in->knn->spec[0]) {
-        const Carls__KnnConfig *k = in->knn;
+
+    const Carls__KnnConfig *k = in->knn;
+    if (k && k->spec && k->spec[0]) { /* an empty spec: no index */
         if (strlen(k->spec) >= KB_KNN_SPEC_MAX) {
             snprintf(err, errlen, "knn spec longer than %d characters", KB_KNN_SPEC_MAX - 1);
             return -1;
@@ -177,20 +108,49 @@ int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, k
         snprintf(out->knn_spec, sizeof out->knn_spec, "%s", k->spec);
         out->knn_nprobe = k->nprobe;
         out->knn_ef_search = k->ef_search;
-        /* Let FAISS judge the spec now, so a bad one is refused at create time with its reason. */
-        kb_knn_t *probe = NULL;
-        kb_knn_config_t kc;
-        kb_table_knn_config(out, &kc);
-        kc.background = false;
-        char why[200] = "";
-        if (kb_knn_new(&kc, &probe, why, sizeof why) != 0) {
-            snprintf(err, errlen, "knn spec '%s': %s", k->spec, why);
-            return -1;
-        }
-        kb_knn_destroy(&probe);
     }
-    return s_config_memory_policies(in, out, err, errlen);
+    return 0;
 }
+
+int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
+                               size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (!in) {
+        snprintf(err, errlen, "missing table config");
+        return -1;
+    }
+    out->dim = in->dim;
+    if (in->kind == CARLS__TABLE_KIND__TABLE_FEATURE) {
+        out->kind = KB_TABLE_FEATURE;
+        out->knn = in->knn != NULL; /* any knn message, even empty: refused by kb_table_config_finish */
+    } else if (in->kind == CARLS__TABLE_KIND__TABLE_EMBEDDING) {
+        out->kind = KB_TABLE_EMBEDDING;
+        if (s_embedding_from_proto(in, out, err, errlen) != 0)
+            return -1;
+    } else {
+        snprintf(err, errlen, "unknown table kind %d", (int)in->kind);
+        return -1;
+    }
+    if (s_memory_policies_from_proto(in, out, err, errlen) != 0)
+        return -1;
+    return kb_table_config_finish(out, max_dim, err, errlen);
+}
+
+/* kb_table_config_to_proto casts these enums: the table's values are the wire's. */
+_Static_assert((int)KB_INIT_ZEROS == CARLS__INIT_KIND__INIT_ZEROS &&
+                   (int)KB_INIT_UNIFORM == CARLS__INIT_KIND__INIT_UNIFORM &&
+                   (int)KB_INIT_NORMAL == CARLS__INIT_KIND__INIT_NORMAL,
+               "init kinds differ");
+_Static_assert((int)KB_OPT_SGD == CARLS__OPTIMIZER_KIND__OPT_SGD &&
+                   (int)KB_OPT_MOMENTUM == CARLS__OPTIMIZER_KIND__OPT_MOMENTUM &&
+                   (int)KB_OPT_ADAGRAD == CARLS__OPTIMIZER_KIND__OPT_ADAGRAD &&
+                   (int)KB_OPT_ADAM == CARLS__OPTIMIZER_KIND__OPT_ADAM,
+               "optimizer kinds differ");
+_Static_assert((int)KB_KNN_METRIC_IP == CARLS__KNN_METRIC__METRIC_IP &&
+                   (int)KB_KNN_METRIC_L2 == CARLS__KNN_METRIC__METRIC_L2 &&
+                   (int)KB_KNN_METRIC_COSINE == CARLS__KNN_METRIC__METRIC_COSINE,
+               "knn metrics differ");
 
 void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *w)
 {
@@ -247,4 +207,27 @@ void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_
         w->knn.ef_search = in->knn_ef_search;
         out->knn = &w->knn;
     }
+}
+
+uint8_t *kb_table_config_pack(const kb_table_config_t *cfg, size_t *len)
+{
+    kb_table_config_wire_t wire;
+    kb_table_config_to_proto(cfg, &wire);
+    *len = carls__table_config__get_packed_size(&wire.config);
+    uint8_t *buf = carls_xmalloc(*len ? *len : 1);
+    carls__table_config__pack(&wire.config, buf);
+    return buf;
+}
+
+int kb_table_config_unpack(const uint8_t *bytes, size_t len, kb_table_config_t *out, char *err, size_t errlen)
+{
+    Carls__TableConfig *pc = carls__table_config__unpack(NULL, len, bytes);
+    if (!pc) {
+        memset(out, 0, sizeof *out);
+        snprintf(err, errlen, "undecodable table config");
+        return -1;
+    }
+    int rc = kb_table_config_from_proto(pc, CARLS_DEFAULT_MAX_DIM, out, err, errlen);
+    carls__table_config__free_unpacked(pc, NULL);
+    return rc;
 }
