@@ -50,7 +50,8 @@ static int s_exec(kb_store_t *self, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(self->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(self->error, sizeof self->error, "%s: %s", sql, msg ? msg : "?");
+        /* The statement's start names it (the schema alone is longer than the buffer). */
+        snprintf(self->error, sizeof self->error, "%.120s: %s", sql, msg ? msg : "?");
         LOG_ERROR("sqlite: %s", self->error);
         sqlite3_free(msg);
         return -1;
