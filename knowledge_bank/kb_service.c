@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Latency is kept per operation; index = Carls__Request__OpCase mapped by s_op_index. */
+/* The operations, in the order of s_ops (further down); latency is kept per operation at these indexes. */
 enum {
     OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT,
     OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN, OP_COUNT
@@ -47,9 +47,7 @@ struct kb_service {
     atomic_bool table_counters_full_logged;
 };
 
-static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup", "put",
-                                           "push_gradients", "stats", "checkpoint", "knn", "sample",
-                                           "feature_get", "feature_put", "scan"};
+static const char *s_op_name(int index);
 
 void kb_limits_defaults(kb_limits_t *limits)
 {
@@ -153,6 +151,8 @@ typedef struct {
     size_t owned_count, owned_capacity;
     Carls__FeatureRecord **records; /* unpacked records the response points to */
     size_t record_count;
+    kb_table_t **held; /* tables whose names the response points to: released once it is packed */
+    size_t held_count;
 } s_reply_t;
 
 /* Records a buffer to free once the reply is packed; returns it. */
@@ -166,8 +166,12 @@ static void *s_own(s_reply_t *rp, void *ptr)
     return ptr;
 }
 
-static void s_reply_free(s_reply_t *rp)
+/* Releases the tables the reply held and frees it. */
+static void s_reply_free(kb_service_t *self, s_reply_t *rp)
 {
+    for (size_t i = 0; i < rp->held_count; i++)
+        kb_bank_release(self->bank, rp->held[i]);
+    free(rp->held);
     for (size_t i = 0; i < rp->owned_count; i++)
         free(rp->owned[i]);
     free(rp->owned);
@@ -192,13 +196,6 @@ static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
 }
 
 /* ---- validation ---- */
-
-static bool s_is_write(Carls__Request__OpCase op)
-{
-    return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
-           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
-           op == CARLS__REQUEST__OP_FEATURE_PUT;
-}
 
 static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
 {
@@ -489,14 +486,15 @@ static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_rep
     return rc;
 }
 
-/* Lists every table; the references stay held (*held) until the reply is packed, since the reply points at
+/* Lists every table; the references stay held (rp->held) until the reply is packed, since the reply points at
  * the tables' names. */
-static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, size_t *held_n)
+static int s_op_list(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
+    (void)req;
     kb_table_t **tables;
     size_t n = kb_bank_acquire_all(self->bank, &tables);
-    *held = tables;
-    *held_n = n;
+    rp->held = tables;
+    rp->held_count = n;
     Carls__TableList *list = &rp->r.list;
     carls__table_list__init(list);
     Carls__TableInfo *infos = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *infos));
@@ -514,10 +512,10 @@ static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, siz
     }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_TABLE_LIST;
     rp->resp.table_list = list;
+    return 0;
 }
 
-static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
-                      size_t *held_n)
+static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     kb_table_t **tables;
     size_t n;
@@ -531,8 +529,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     } else {
         n = kb_bank_acquire_all(self->bank, &tables);
     }
-    *held = tables;
-    *held_n = n;
+    rp->held = tables;
+    rp->held_count = n;
     Carls__StatsResult *st = &rp->r.stats;
     carls__stats_result__init(st);
     Carls__TableStats *ts = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *ts));
@@ -582,7 +580,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
                     continue;
                 Carls__LatencySummary *l = &tl[ts[i].n_requests];
                 carls__latency_summary__init(l);
-                l->op = (char *)s_op_names[op];
+                l->op = (char *)s_op_name(op);
                 l->count = kb_latency_count(&tc->latency[op]);
                 s_fill_latency(l, &tc->latency[op]);
                 ts[i].requests[ts[i].n_requests++] = l;
@@ -597,7 +595,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
             continue;
         Carls__LatencySummary *l = &lat[st->n_latency];
         carls__latency_summary__init(l);
-        l->op = (char *)s_op_names[i];
+        l->op = (char *)s_op_name(i);
         l->count = kb_latency_count(&self->latency[i]);
         s_fill_latency(l, &self->latency[i]);
         st->latency[st->n_latency++] = l;
@@ -626,8 +624,9 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     return 0;
 }
 
-static int s_op_checkpoint(kb_service_t *self, s_reply_t *rp)
+static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
+    (void)req;
     uint64_t epoch = 0;
     char err[512];
     if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
@@ -949,9 +948,43 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     return 0;
 }
 
+static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    return s_run_write(self, req, NULL, rp, s_apply_create);
+}
+
+static int s_op_drop(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    return s_run_write(self, req, NULL, rp, s_apply_drop);
+}
+
+/* Every operation: its request case, its handler (0, or -1 with the status in rp), and what the envelope
+ * must satisfy before it runs. */
+static const struct {
+    Carls__Request__OpCase op;
+    int (*run)(kb_service_t *self, const Carls__Request *req, s_reply_t *rp);
+    bool names_table; /* the table name is checked */
+    bool write;       /* refused by a read-only server; needs client_id and sequence */
+} s_ops[OP_COUNT] = {
+    [OP_CREATE] = {CARLS__REQUEST__OP_CREATE_TABLE, s_op_create, true, true},
+    [OP_DROP] = {CARLS__REQUEST__OP_DROP_TABLE, s_op_drop, true, true},
+    [OP_LIST] = {CARLS__REQUEST__OP_LIST_TABLES, s_op_list, false, false},
+    [OP_LOOKUP] = {CARLS__REQUEST__OP_LOOKUP, s_op_lookup, true, false},
+    [OP_PUT] = {CARLS__REQUEST__OP_PUT, s_op_table_write, true, true},
+    [OP_PUSH] = {CARLS__REQUEST__OP_PUSH_GRADIENTS, s_op_table_write, true, true},
+    [OP_STATS] = {CARLS__REQUEST__OP_STATS, s_op_stats, false, false},
+    [OP_CHECKPOINT] = {CARLS__REQUEST__OP_CHECKPOINT, s_op_checkpoint, false, false},
+    [OP_KNN] = {CARLS__REQUEST__OP_KNN, s_op_knn, true, false},
+    [OP_SAMPLE] = {CARLS__REQUEST__OP_SAMPLE, s_op_sample, true, false},
+    [OP_FEATURE_GET] = {CARLS__REQUEST__OP_FEATURE_GET, s_op_feature_get, true, false},
+    [OP_FEATURE_PUT] = {CARLS__REQUEST__OP_FEATURE_PUT, s_op_feature_put, true, true},
+    [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, s_op_scan, true, false},
+};
+
+static const char *s_op_name(int index) { return carls_op_name(s_ops[index].op); }
+
 /* Validates the envelope and runs the operation. Returns the op index for latency, or -1. */
-static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
-                      size_t *held_n)
+static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     if (req->protocol_version != CARLS_PROTOCOL_VERSION) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION,
@@ -959,18 +992,22 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
                CARLS_PROTOCOL_VERSION);
         return -1;
     }
-    Carls__Request__OpCase op = req->op_case;
-    bool needs_table = op != CARLS__REQUEST__OP_LIST_TABLES && op != CARLS__REQUEST__OP_STATS &&
-                       op != CARLS__REQUEST__OP_CHECKPOINT && op != CARLS__REQUEST__OP__NOT_SET;
-    if (needs_table && carls_table_name_valid(req->table) != 0) {
+    int index = 0;
+    while (index < OP_COUNT && s_ops[index].op != req->op_case)
+        index++;
+    if (index == OP_COUNT) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
+        return -1;
+    }
+    if (s_ops[index].names_table && carls_table_name_valid(req->table) != 0) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
         return -1;
     }
-    if (s_is_write(op)) {
+    if (s_ops[index].write) {
         if (self->limits.read_only) {
             s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
-                   carls_op_name(op));
+                   s_op_name(index));
             return -1;
         }
         if (req->client_id == 0 || req->sequence == 0) {
@@ -979,50 +1016,8 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
             return -1;
         }
     }
-    switch (op) {
-    case CARLS__REQUEST__OP_CREATE_TABLE:
-        s_run_write(self, req, NULL, rp, s_apply_create);
-        return OP_CREATE;
-    case CARLS__REQUEST__OP_DROP_TABLE:
-        s_run_write(self, req, NULL, rp, s_apply_drop);
-        return OP_DROP;
-    case CARLS__REQUEST__OP_LIST_TABLES:
-        s_op_list(self, rp, held, held_n);
-        return OP_LIST;
-    case CARLS__REQUEST__OP_LOOKUP:
-        s_op_lookup(self, req, rp);
-        return OP_LOOKUP;
-    case CARLS__REQUEST__OP_PUT:
-        s_op_table_write(self, req, rp);
-        return OP_PUT;
-    case CARLS__REQUEST__OP_PUSH_GRADIENTS:
-        s_op_table_write(self, req, rp);
-        return OP_PUSH;
-    case CARLS__REQUEST__OP_STATS:
-        s_op_stats(self, req, rp, held, held_n);
-        return OP_STATS;
-    case CARLS__REQUEST__OP_CHECKPOINT:
-        s_op_checkpoint(self, rp);
-        return OP_CHECKPOINT;
-    case CARLS__REQUEST__OP_KNN:
-        s_op_knn(self, req, rp);
-        return OP_KNN;
-    case CARLS__REQUEST__OP_SAMPLE:
-        s_op_sample(self, req, rp);
-        return OP_SAMPLE;
-    case CARLS__REQUEST__OP_FEATURE_GET:
-        s_op_feature_get(self, req, rp);
-        return OP_FEATURE_GET;
-    case CARLS__REQUEST__OP_FEATURE_PUT:
-        s_op_feature_put(self, req, rp);
-        return OP_FEATURE_PUT;
-    case CARLS__REQUEST__OP_SCAN:
-        s_op_scan(self, req, rp);
-        return OP_SCAN;
-    default:
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
-        return -1;
-    }
+    s_ops[index].run(self, req, rp);
+    return index;
 }
 
 void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len)
@@ -1031,8 +1026,6 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
-    kb_table_t **held = NULL;
-    size_t held_n = 0;
     int op_index = -1;
     Carls__Request *req = NULL;
 
@@ -1045,7 +1038,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         s_fail(rp, CARLS__STATUS_CODE__STATUS_MALFORMED, "request could not be decoded (%zu bytes)", len);
     } else {
         rp->resp.request_id = req->request_id;
-        op_index = s_dispatch(self, req, rp, &held, &held_n);
+        op_index = s_dispatch(self, req, rp);
     }
     if (rp->resp.status != CARLS__STATUS_CODE__STATUS_OK) {
         atomic_fetch_add(&self->errors, 1);
@@ -1057,9 +1050,6 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     *reply = carls_xmalloc(*reply_len);
     carls__response__pack(&rp->resp, *reply);
 
-    for (size_t i = 0; i < held_n; i++)
-        kb_bank_release(self->bank, held[i]);
-    free(held);
     s_table_counters_t *tc = NULL;
     bool ok = rp->resp.status == CARLS__STATUS_CODE__STATUS_OK;
     /* Per table: requests that named an existing table, or created one. The name was validated by
@@ -1070,7 +1060,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         tc = s_table_counters(self, req->table, true);
     if (tc && !ok)
         atomic_fetch_add(&tc->errors, 1);
-    s_reply_free(rp);
+    s_reply_free(self, rp);
     if (req)
         carls__request__free_unpacked(req, NULL);
     if (op_index >= 0) {
@@ -1089,9 +1079,7 @@ int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
     carls__response__init(&rp->resp);
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = "";
-    kb_table_t **held = NULL;
-    size_t held_n = 0;
-    int rc = s_op_stats(self, &req, rp, &held, &held_n);
+    int rc = s_op_stats(self, &req, rp);
     if (rc == 0) {
         /* Packed and unpacked again: the copy owns everything it points to, so the caller frees it with
          * protobuf-c's free_unpacked and no table is held past this call. */
@@ -1102,9 +1090,6 @@ int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
         free(buf);
         rc = *out ? 0 : -1;
     }
-    for (size_t i = 0; i < held_n; i++)
-        kb_bank_release(self->bank, held[i]);
-    free(held);
-    s_reply_free(rp);
+    s_reply_free(self, rp);
     return rc;
 }

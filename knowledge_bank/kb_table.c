@@ -646,6 +646,14 @@ static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, con
     return s_row_create(self, st, hash, key->data, (uint32_t)key->len);
 }
 
+/* The row of a key an explicit write (put, feature put) replaces: found and touched, or created. Admission
+ * filters do not apply to explicit writes. */
+static kb_row_t *s_row_for_write(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
+{
+    kb_row_t *row = s_row_get(self, st, hash, key, false);
+    return row ? row : s_row_create(self, st, hash, key->data, (uint32_t)key->len);
+}
+
 /* One optimizer step with gradient g; updates version and timestamp. */
 static void s_row_step(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const float *g)
 {
@@ -755,12 +763,7 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
         uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
         kb_stripe_t *st = s_stripe(self, hash);
         pthread_mutex_lock(&st->mutex);
-        /* A put is an explicit write: admission filters do not apply to it. */
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (row)
-            s_lru_touch(self, st, row);
-        else
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         memcpy(row->value, values + i * dim, dim * sizeof(float));
         row->version = version;
         row->updated_at_ms = now;
@@ -1159,11 +1162,7 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
         uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
         kb_stripe_t *st = s_stripe(self, hash);
         pthread_mutex_lock(&st->mutex);
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (row)
-            s_lru_touch(self, st, row);
-        else
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         if (row->record)
             s_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
         free(row->record);
