@@ -340,6 +340,22 @@ static void s_normalize(float *v, uint32_t dim)
     }
 }
 
+/* The n vectors as the index takes them: vecs itself, or under the cosine metric a normalized copy in
+ * *normed (which the caller frees; NULL otherwise). */
+static const float *s_metric_input(const kb_knn_t *self, const float *vecs, size_t n, float **normed)
+{
+    *normed = NULL;
+    if (self->metric != KB_KNN_METRIC_COSINE) {
+        return vecs;
+    }
+    *normed = carls_xmalloc(n * self->dim * sizeof(float));
+    memcpy(*normed, vecs, n * self->dim * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        s_normalize(*normed + i * self->dim, self->dim);
+    }
+    return *normed;
+}
+
 /* The score FAISS would give: inner product, or squared L2 distance. */
 static float s_score(const kb_knn_t *self, const float *a, const float *b)
 {
@@ -1189,16 +1205,8 @@ int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const floa
     if (!s_finite(vecs, n * self->dim)) {
         return -EINVAL;
     }
-    const float *use = vecs;
-    float *normed = NULL;
-    if (self->metric == KB_KNN_METRIC_COSINE) {
-        normed = carls_xmalloc(n * self->dim * sizeof(float));
-        memcpy(normed, vecs, n * self->dim * sizeof(float));
-        for (size_t i = 0; i < n; i++) {
-            s_normalize(normed + i * self->dim, self->dim);
-        }
-        use = normed;
-    }
+    float *normed;
+    const float *use = s_metric_input(self, vecs, n, &normed);
     s_apply_threads();
     pthread_rwlock_wrlock(&self->lock);
     int rc = s_apply_locked(self, n, ids, use, NULL);
@@ -1380,16 +1388,8 @@ int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, c
     if (!s_finite(queries, nq * self->dim)) {
         return -EINVAL;
     }
-    const float *use = queries;
-    float *normed = NULL;
-    if (self->metric == KB_KNN_METRIC_COSINE) {
-        normed = carls_xmalloc(nq * self->dim * sizeof(float));
-        memcpy(normed, queries, nq * self->dim * sizeof(float));
-        for (size_t q = 0; q < nq; q++) {
-            s_normalize(normed + q * self->dim, self->dim);
-        }
-        use = normed;
-    }
+    float *normed;
+    const float *use = s_metric_input(self, queries, nq, &normed);
     s_apply_threads();
     int rc = 0;
     pthread_rwlock_rdlock(&self->lock);
