@@ -230,7 +230,7 @@ uint64_t kb_bank_write_end(kb_bank_t *self)
     return ticket;
 }
 
-int kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
 {
     return kb_dedup_check_and_record(self->dedup, client_id, seq);
 }

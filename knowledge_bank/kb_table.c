@@ -181,7 +181,7 @@ int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, 
         return -1;
     }
     kb_optimizer_config_defaults(&cfg->optimizer);
-    if (kb_optimizer_config_validate(&cfg->optimizer, err, (int)errlen) != 0)
+    if (kb_optimizer_config_validate(&cfg->optimizer, err, errlen) != 0)
         return -1;
     if (!cfg->max_age_ms)
         cfg->max_age_ms = DEFAULT_MAX_AGE_MS;
