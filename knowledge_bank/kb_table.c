@@ -98,7 +98,8 @@ static int64_t s_map_bytes(size_t capacity)
 
 /* ---- config ---- */
 
-void kb_table_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
+/* The kb_knn config (spec, metric, dim, search settings) of a table config; kc->spec points into cfg. */
+static void s_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
 {
     kb_knn_config_default(kc);
     kc->spec = cfg->knn_spec;
@@ -215,7 +216,7 @@ int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, 
         /* Let FAISS judge the spec now, so a bad one is refused at create time with its reason. */
         kb_knn_t *probe = NULL;
         kb_knn_config_t kc;
-        kb_table_knn_config(cfg, &kc);
+        s_knn_config(cfg, &kc);
         kc.background = false;
         char why[200] = "";
         if (kb_knn_new(&kc, &probe, why, sizeof why) != 0) {
@@ -268,7 +269,7 @@ kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *
     pthread_mutex_init(&self->sample_mutex, NULL);
     if (cfg->knn) {
         kb_knn_config_t kc;
-        kb_table_knn_config(cfg, &kc);
+        s_knn_config(cfg, &kc);
         char err[200] = "";
         /* The spec was accepted when the config was validated; a failure now leaves the table without an
          * index (knn answers ENOTSUP) rather than losing its rows. */

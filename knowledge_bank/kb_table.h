@@ -21,7 +21,7 @@
 #include "kb_sampler.h"
 #include "kb_store.h"
 
-#include <protobuf-c/protobuf-c.h>
+#include <protobuf-c/protobuf-c.h> /* ProtobufCBinaryData, the key type: request keys are used in place */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -68,9 +68,6 @@ typedef struct {
  * limits and max_dim; a knn spec by building an index from it. The enums are taken as given. Returns 0, or -1
  * with a message in err. */
 int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, size_t errlen);
-
-/* The kb_knn config (spec, metric, dim, search settings) of a table config; kc->spec points into cfg. */
-void kb_table_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc);
 
 /* Links of a row in one of its stripe's intrusive doubly-linked lists. */
 typedef struct {
