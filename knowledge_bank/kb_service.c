@@ -392,27 +392,37 @@ static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_
     return 0;
 }
 
-static int s_apply_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+/* The keys and float rows (values or gradients) of a put or push_gradients request. */
+typedef struct {
+    bool put;
+    size_t n;
+    const ProtobufCBinaryData *keys;
+    size_t n_values;
+    const float *values;
+} s_rows_t;
+
+static s_rows_t s_rows_of(const Carls__Request *req)
 {
-    const Carls__Put *put = req->put;
-    uint64_t reserved;
-    if (s_reserve_rows(self, rp, table, KB_GROW_PUT, put->keys, put->n_keys, NULL, &reserved) != 0)
-        return -1;
-    kb_table_put(table, put->keys, put->n_keys, put->values, put->version);
-    kb_memory_release(kb_bank_memory(self->bank), reserved);
-    s_write_ok(rp, (uint32_t)put->n_keys, false, 0);
-    return 0;
+    if (req->op_case == CARLS__REQUEST__OP_PUT)
+        return (s_rows_t){true, req->put->n_keys, req->put->keys, req->put->n_values, req->put->values};
+    const Carls__PushGradients *push = req->push_gradients;
+    return (s_rows_t){false, push->n_keys, push->keys, push->n_gradients, push->gradients};
 }
 
-static int s_apply_push(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
 {
-    const Carls__PushGradients *push = req->push_gradients;
+    s_rows_t rows = s_rows_of(req);
     uint64_t reserved;
-    if (s_reserve_rows(self, rp, table, KB_GROW_PUSH, push->keys, push->n_keys, NULL, &reserved) != 0)
+    if (s_reserve_rows(self, rp, table, rows.put ? KB_GROW_PUT : KB_GROW_PUSH, rows.keys, rows.n, NULL,
+                       &reserved) != 0)
         return -1;
-    uint64_t steps = kb_table_push(table, push->keys, push->n_keys, push->gradients);
+    uint64_t steps = 0;
+    if (rows.put)
+        kb_table_put(table, rows.keys, rows.n, rows.values, req->put->version);
+    else
+        steps = kb_table_push(table, rows.keys, rows.n, rows.values);
     kb_memory_release(kb_bank_memory(self->bank), reserved);
-    s_write_ok(rp, (uint32_t)push->n_keys, false, steps);
+    s_write_ok(rp, (uint32_t)rows.n, false, steps);
     return 0;
 }
 
@@ -460,28 +470,16 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
 
 static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
-    size_t n;
-    const ProtobufCBinaryData *keys;
-    size_t n_values;
-    const float *values;
-    s_apply_fn apply;
-    const char *what;
-    if (req->op_case == CARLS__REQUEST__OP_PUT) {
-        n = req->put->n_keys, keys = req->put->keys, n_values = req->put->n_values, values = req->put->values;
-        apply = s_apply_put, what = "values";
-    } else {
-        n = req->push_gradients->n_keys, keys = req->push_gradients->keys;
-        n_values = req->push_gradients->n_gradients, values = req->push_gradients->gradients;
-        apply = s_apply_push, what = "gradients";
-    }
-    if (s_check_keys(self, rp, n, keys) != 0)
+    s_rows_t rows = s_rows_of(req);
+    if (s_check_keys(self, rp, rows.n, rows.keys) != 0)
         return -1;
     kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, carls_op_name(req->op_case));
     if (!t)
         return -1;
-    int rc = s_check_rows(rp, what, n, kb_table_config(t)->dim, n_values, values);
+    int rc = s_check_rows(rp, rows.put ? "values" : "gradients", rows.n, kb_table_config(t)->dim, rows.n_values,
+                          rows.values);
     if (rc == 0)
-        rc = s_run_write(self, req, t, rp, apply);
+        rc = s_run_write(self, req, t, rp, s_apply_rows);
     kb_bank_release(self->bank, t);
     return rc;
 }
