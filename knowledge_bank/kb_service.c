@@ -247,19 +247,27 @@ static kb_table_t *s_table(kb_service_t *self, s_reply_t *rp, const char *name)
     return t;
 }
 
-/* Acquires the request's table and checks its kind, or fails. */
-static kb_table_t *s_table_of_kind(kb_service_t *self, s_reply_t *rp, const char *name, kb_table_kind_t kind,
-                                   const char *op)
+/* Acquires the request's table and checks it is of the kind its operation needs, or fails. */
+static kb_table_t *s_table_of_kind(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_kind_t kind)
 {
-    kb_table_t *t = s_table(self, rp, name);
+    kb_table_t *t = s_table(self, rp, req->table);
     if (t && kb_table_config(t)->kind != kind) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s", op,
-               kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", name,
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s",
+               carls_op_name(req->op_case), kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", req->table,
                kind == KB_TABLE_EMBEDDING ? "a feature table" : "an embedding table");
         kb_bank_release(self->bank, t);
         return NULL;
     }
     return t;
+}
+
+/* For an operation on n keys: checks them, then acquires the table as s_table_of_kind does, or fails. */
+static kb_table_t *s_keyed_table(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, size_t n,
+                                 const ProtobufCBinaryData *keys, kb_table_kind_t kind)
+{
+    if (s_check_keys(self, rp, n, keys) != 0)
+        return NULL;
+    return s_table_of_kind(self, req, rp, kind);
 }
 
 static void s_write_ok(s_reply_t *rp, uint32_t rows, bool duplicate, uint64_t updates)
@@ -429,9 +437,7 @@ static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_
 static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Lookup *lk = req->lookup;
-    if (s_check_keys(self, rp, lk->n_keys, lk->keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "lookup");
+    kb_table_t *t = s_keyed_table(self, req, rp, lk->n_keys, lk->keys, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
@@ -471,9 +477,7 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
 static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     s_rows_t rows = s_rows_of(req);
-    if (s_check_keys(self, rp, rows.n, rows.keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, carls_op_name(req->op_case));
+    kb_table_t *t = s_keyed_table(self, req, rp, rows.n, rows.keys, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
     int rc = s_check_rows(rp, rows.put ? "values" : "gradients", rows.n, kb_table_config(t)->dim, rows.n_values,
@@ -660,7 +664,7 @@ static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "exclude_query needs query keys");
     if (q->n_keys > 0 && s_check_keys(self, rp, q->n_keys, q->keys) != 0)
         return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "knn");
+    kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
@@ -839,7 +843,7 @@ static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, s_rep
     for (size_t i = 0; i < fp->n_records; i++)
         if (s_check_record(self, rp, i, fp->records[i]) != 0)
             return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_put");
+    kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_FEATURE);
     if (!t)
         return -1;
     int rc = s_run_write(self, req, t, rp, s_apply_feature_put);
@@ -869,9 +873,7 @@ static Carls__FeatureRecord *s_reply_record(s_reply_t *rp, const uint8_t *buf, s
 static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__FeatureGet *fg = req->feature_get;
-    if (s_check_keys(self, rp, fg->n_keys, fg->keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_get");
+    kb_table_t *t = s_keyed_table(self, req, rp, fg->n_keys, fg->keys, KB_TABLE_FEATURE);
     if (!t)
         return -1;
     size_t n = fg->n_keys;
