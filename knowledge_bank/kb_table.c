@@ -397,6 +397,16 @@ static kb_stripe_t *s_stripe(kb_table_t *self, uint64_t hash)
     return &self->stripes[(hash >> 58) % KB_TABLE_STRIPES];
 }
 
+/* Locks the stripe that holds key (batch operations lock one key's stripe at a time) and returns it, with
+ * the key's hash in *hash. */
+static kb_stripe_t *s_lock_key(kb_table_t *self, const ProtobufCBinaryData *key, uint64_t *hash)
+{
+    *hash = kb_rowmap_hash(key->data, key->len);
+    kb_stripe_t *st = s_stripe(self, *hash);
+    pthread_mutex_lock(&st->mutex);
+    return st;
+}
+
 /* Inserts a row into its stripe's map, counting the map's growth. */
 static void s_map_insert(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
 {
@@ -702,9 +712,8 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     uint32_t dim = self->cfg.dim;
     uint64_t steps = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], !no_create);
         if (!row) {
             pthread_mutex_unlock(&st->mutex);
@@ -737,9 +746,8 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
 {
     uint32_t dim = self->cfg.dim;
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
         if (row) {
             if (row->pending_count > 0)
@@ -761,9 +769,8 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
     uint32_t dim = self->cfg.dim;
     int64_t now = carls_wall_ms();
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         memcpy(row->value, values + i * dim, dim * sizeof(float));
         row->version = version;
@@ -780,9 +787,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
     uint64_t steps = 0;
     for (size_t i = 0; i < n; i++) {
         const float *g = gradients + i * dim;
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], true);
         if (!row) { /* not admitted yet: the gradient of a key without a row is dropped (counted) */
             pthread_mutex_unlock(&st->mutex);
@@ -849,9 +855,8 @@ uint64_t kb_table_growth(kb_table_t *self, kb_table_growth_op_t op, const Protob
         extra += (int64_t)kb_knn_vector_bytes(self->knn);
     bool filtered = self->bloom && (op == KB_GROW_LOOKUP || op == KB_GROW_PUSH);
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         bool found = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len) != NULL;
         pthread_mutex_unlock(&st->mutex);
         /* Bloom admission: a key gets a row only at its min_frequency-th sighting. */
@@ -1088,9 +1093,8 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
         out_positive[i] = true;
         int64_t id = -1;
         uint64_t freq = 0;
-        uint64_t hash = kb_rowmap_hash(positives[i].data, positives[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &positives[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, positives[i].data, positives[i].len);
         if (row) {
             id = row->id;
@@ -1135,9 +1139,8 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
                           size_t *lens, bool *found)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], false);
         records[i] = NULL;
         lens[i] = 0;
@@ -1160,9 +1163,8 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
 {
     int64_t now = carls_wall_ms();
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         if (row->record)
             s_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
