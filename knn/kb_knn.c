@@ -340,6 +340,22 @@ static void s_normalize(float *v, uint32_t dim)
     }
 }
 
+/* The n vectors as the index takes them: vecs itself, or under the cosine metric a normalized copy in
+ * *normed (which the caller frees; NULL otherwise). */
+static const float *s_metric_input(const kb_knn_t *self, const float *vecs, size_t n, float **normed)
+{
+    *normed = NULL;
+    if (self->metric != KB_KNN_METRIC_COSINE) {
+        return vecs;
+    }
+    *normed = carls_xmalloc(n * self->dim * sizeof(float));
+    memcpy(*normed, vecs, n * self->dim * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        s_normalize(*normed + i * self->dim, self->dim);
+    }
+    return *normed;
+}
+
 /* The score FAISS would give: inner product, or squared L2 distance. */
 static float s_score(const kb_knn_t *self, const float *a, const float *b)
 {
@@ -618,50 +634,60 @@ static float *s_gather(const kb_knn_t *self, size_t n, const int64_t *ids)
     return out;
 }
 
-/* Replays the changes made during a build onto the new index and computes its pending set. Caller holds
- * lock exclusively. On failure the new index must be discarded. */
-static int s_replay_locked(kb_knn_t *self, FaissIndex *fresh, knn_map_t *pending)
+/* Brings index up to date with the copy for every id in changes, a map id -> flags where indexed_bit says
+ * the index held a value for the id before. A removable index drops that value and takes the copy's (none
+ * for an id no longer in the copy); a graph (HNSW, not removable) keeps it, so the id goes to pending
+ * (searched exactly until the next build), and only ids it never held are added. Caller holds lock
+ * exclusively. 0, or -EIO when FAISS failed (the index no longer matches the copy). */
+static int s_index_sync(kb_knn_t *self, FaissIndex *index, const knn_map_t *changes, int64_t indexed_bit,
+                        knn_map_t *pending)
 {
-    size_t nc = self->changed.count;
-    int64_t *del = carls_xmalloc((nc + 1) * sizeof(int64_t));
-    int64_t *add = carls_xmalloc((nc + 1) * sizeof(int64_t));
+    int64_t *del = carls_xmalloc((changes->count + 1) * sizeof(int64_t));
+    int64_t *add = carls_xmalloc((changes->count + 1) * sizeof(int64_t));
     size_t ndel = 0, nadd = 0;
     float *vecs = NULL;
     int rc = 0;
-    for (size_t s = 0; s < self->changed.cap; s++) {
-        int64_t id = self->changed.keys[s];
+    for (size_t s = 0; s < changes->cap; s++) {
+        int64_t id = changes->keys[s];
         if (id == -1) {
             continue;
         }
-        bool in_snapshot = self->changed.vals[s] != 0;
+        bool was_indexed = (changes->vals[s] & indexed_bit) != 0;
         bool in_copy = s_map_get(&self->slot, id, NULL);
         if (self->removable) {
-            if (in_snapshot) {
+            if (was_indexed) {
                 del[ndel++] = id;
             }
             if (in_copy) {
                 add[nadd++] = id;
             }
-        } else if (in_snapshot) {
-            s_map_put(pending, id, 1); /* the new graph holds its snapshot value */
+        } else if (was_indexed) {
+            s_map_put(pending, id, 1);
         } else if (in_copy) {
             add[nadd++] = id;
         }
     }
-    if (s_index_remove(fresh, ndel, del) != 0) {
+    if (s_index_remove(index, ndel, del) != 0) {
         rc = -EIO;
         goto cleanup;
     }
     vecs = s_gather(self, nadd, add);
-    if (nadd > 0 && faiss_Index_add_with_ids(fresh, (idx_t)nadd, vecs, add) != 0) {
+    if (nadd > 0 && faiss_Index_add_with_ids(index, (idx_t)nadd, vecs, add) != 0) {
         rc = -EIO;
-        goto cleanup;
     }
 cleanup:
     free(del);
     free(add);
     free(vecs);
     return rc;
+}
+
+/* Replays the changes made during a build (self->changed: id -> 1 when the build's snapshot held it) onto
+ * the new index and computes its pending set. Caller holds lock exclusively. On failure the new index must
+ * be discarded. */
+static int s_replay_locked(kb_knn_t *self, FaissIndex *fresh, knn_map_t *pending)
+{
+    return s_index_sync(self, fresh, &self->changed, 1, pending);
 }
 
 /* Builds a new index from a snapshot of the copy and swaps it in. force: build even when not due.
@@ -1096,9 +1122,7 @@ static int s_apply_locked(kb_knn_t *self, size_t n, const int64_t *ids, const fl
 {
     /* id -> bit 0: was in the copy before this batch, bit 1: was in the index before this batch. */
     knn_map_t touched = {0};
-    int64_t *del = NULL, *add = NULL;
-    float *add_vecs = NULL;
-    size_t ndel = 0, nadd = 0, nremoved = 0;
+    size_t nremoved = 0;
     int rc = 0;
 
     for (size_t i = 0; i < n; i++) {
@@ -1120,45 +1144,12 @@ static int s_apply_locked(kb_knn_t *self, size_t n, const int64_t *ids, const fl
     if (removed) {
         *removed = nremoved;
     }
-    if (!self->index) {
-        goto cleanup; /* not ready: the copy is all there is; the first build takes everything */
+    /* Without an index (not ready) the copy is all there is; the first build takes everything. */
+    if (self->index) {
+        rc = s_index_sync(self, self->index, &touched, 2, &self->pending);
     }
-
-    del = carls_xmalloc(touched.count * sizeof(int64_t));
-    add = carls_xmalloc(touched.count * sizeof(int64_t));
-    for (size_t s = 0; s < touched.cap; s++) {
-        int64_t id = touched.keys[s];
-        if (id == -1) {
-            continue;
-        }
-        bool was_indexed = (touched.vals[s] & 2) != 0;
-        bool in_copy = s_map_get(&self->slot, id, NULL);
-        if (self->removable) {
-            if (was_indexed) {
-                del[ndel++] = id;
-            }
-            if (in_copy) {
-                add[nadd++] = id;
-            }
-        } else if (was_indexed) {
-            s_map_put(&self->pending, id, 1); /* the graph keeps the old value until the next rebuild */
-        } else if (in_copy) {
-            add[nadd++] = id;
-        }
-    }
-    if (s_index_remove(self->index, ndel, del) != 0) {
-        LOG_ERROR("kb_knn: removing %zu ids from '%s' failed: %s", ndel, self->spec, s_faiss_error());
-        rc = -EIO;
-        goto cleanup;
-    }
-    add_vecs = s_gather(self, nadd, add);
-    if (nadd > 0 && faiss_Index_add_with_ids(self->index, (idx_t)nadd, add_vecs, add) != 0) {
-        LOG_ERROR("kb_knn: adding %zu vectors to '%s' failed: %s", nadd, self->spec, s_faiss_error());
-        rc = -EIO;
-        goto cleanup;
-    }
-cleanup:
-    if (rc != 0 && self->index) {
+    if (rc != 0) {
+        LOG_ERROR("kb_knn: updating %zu ids of '%s' failed: %s", touched.count, self->spec, s_faiss_error());
         /* The index no longer matches the copy: drop it, serve exact brute force, and let a build
          * bring a fresh one. */
         faiss_Index_free(self->index);
@@ -1166,9 +1157,6 @@ cleanup:
         s_map_clear(&self->pending);
     }
     s_map_free(&touched);
-    free(del);
-    free(add);
-    free(add_vecs);
     return rc;
 }
 
@@ -1189,16 +1177,8 @@ int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const floa
     if (!s_finite(vecs, n * self->dim)) {
         return -EINVAL;
     }
-    const float *use = vecs;
-    float *normed = NULL;
-    if (self->metric == KB_KNN_METRIC_COSINE) {
-        normed = carls_xmalloc(n * self->dim * sizeof(float));
-        memcpy(normed, vecs, n * self->dim * sizeof(float));
-        for (size_t i = 0; i < n; i++) {
-            s_normalize(normed + i * self->dim, self->dim);
-        }
-        use = normed;
-    }
+    float *normed;
+    const float *use = s_metric_input(self, vecs, n, &normed);
     s_apply_threads();
     pthread_rwlock_wrlock(&self->lock);
     int rc = s_apply_locked(self, n, ids, use, NULL);
@@ -1380,16 +1360,8 @@ int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, c
     if (!s_finite(queries, nq * self->dim)) {
         return -EINVAL;
     }
-    const float *use = queries;
-    float *normed = NULL;
-    if (self->metric == KB_KNN_METRIC_COSINE) {
-        normed = carls_xmalloc(nq * self->dim * sizeof(float));
-        memcpy(normed, queries, nq * self->dim * sizeof(float));
-        for (size_t q = 0; q < nq; q++) {
-            s_normalize(normed + q * self->dim, self->dim);
-        }
-        use = normed;
-    }
+    float *normed;
+    const float *use = s_metric_input(self, queries, nq, &normed);
     s_apply_threads();
     int rc = 0;
     pthread_rwlock_rdlock(&self->lock);

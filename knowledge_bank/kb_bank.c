@@ -3,8 +3,8 @@
 #include "kb_dedup.h"
 #include "kb_memory.h"
 #include "kb_store.h"
+#include "kb_table_config.h"
 #include "log.h"
-#include "protocol.h"
 #include "util.h"
 
 #include <errno.h>
@@ -174,17 +174,6 @@ static void s_free_ops(s_table_op_t *ops, size_t n)
     }
 }
 
-/* Packs a table config for the store. Caller frees. */
-static uint8_t *s_pack_config(const kb_table_config_t *cfg, size_t *len)
-{
-    kb_table_config_wire_t wire;
-    kb_table_config_to_proto(cfg, &wire);
-    *len = carls__table_config__get_packed_size(&wire.config);
-    uint8_t *buf = carls_xmalloc(*len);
-    carls__table_config__pack(&wire.config, buf);
-    return buf;
-}
-
 int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists)
 {
     pthread_mutex_lock(&self->registry_mutex);
@@ -203,7 +192,7 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
     s_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
     if (!op.name)
         CARLS_FATAL("out of memory");
-    op.config = s_pack_config(cfg, &op.config_len);
+    op.config = kb_table_config_pack(cfg, &op.config_len);
     s_queue_op(self, op);
     pthread_mutex_unlock(&self->registry_mutex);
     LOG_INFO("created table %s (dim %u)", name, cfg->dim);
@@ -241,7 +230,7 @@ uint64_t kb_bank_write_end(kb_bank_t *self)
     return ticket;
 }
 
-int kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
 {
     return kb_dedup_check_and_record(self->dedup, client_id, seq);
 }
@@ -532,16 +521,12 @@ static void *s_sweeper_main(void *arg)
 static int s_load_table(void *ctx, int64_t id, const char *name, const uint8_t *config, size_t len)
 {
     kb_bank_t *self = ctx;
-    Carls__TableConfig *pc = carls__table_config__unpack(NULL, len, config);
     kb_table_config_t cfg;
     char err[256];
-    if (!pc || kb_table_config_from_proto(pc, CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err) != 0) {
-        LOG_ERROR("table %s in the database has an unreadable config; refusing to start", name);
-        if (pc)
-            carls__table_config__free_unpacked(pc, NULL);
+    if (kb_table_config_unpack(config, len, &cfg, err, sizeof err) != 0) {
+        LOG_ERROR("table %s in the database has an unreadable config (%s); refusing to start", name, err);
         return -1;
     }
-    carls__table_config__free_unpacked(pc, NULL);
     kb_table_t *table = kb_table_new(id, name, &cfg);
     kb_table_set_memory(table, self->mem);
     s_add_entry(self, table);

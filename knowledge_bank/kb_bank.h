@@ -62,8 +62,8 @@ int kb_bank_drop_table(kb_bank_t *self, const char *name);
 void kb_bank_write_begin(kb_bank_t *self);
 uint64_t kb_bank_write_end(kb_bank_t *self);
 
-/* Inside the write bracket: 1 if (client_id, seq) was applied before, else records it and returns 0. */
-int kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
+/* Inside the write bracket: true if (client_id, seq) was applied before, else records it and returns false. */
+bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
 
 /* Inside the write bracket: forgets a record made by kb_bank_seen_write for a write that failed. */
 void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);

@@ -92,11 +92,11 @@ static void s_shift_window(uint8_t *w, uint64_t shift)
             s_set_bit(w, i + shift);
 }
 
-int kb_dedup_check_and_record(kb_dedup_t *self, uint64_t client_id, uint64_t seq)
+bool kb_dedup_check_and_record(kb_dedup_t *self, uint64_t client_id, uint64_t seq)
 {
     pthread_mutex_lock(&self->mutex);
     s_client_t *c = s_client(self, client_id);
-    int duplicate = 0;
+    bool duplicate = false;
     if (seq > c->max_seq) {
         s_shift_window(c->window, seq - c->max_seq);
         c->max_seq = seq;
@@ -105,7 +105,7 @@ int kb_dedup_check_and_record(kb_dedup_t *self, uint64_t client_id, uint64_t seq
     } else {
         uint64_t age = c->max_seq - seq;
         if (age >= KB_DEDUP_WINDOW || s_bit(c->window, age)) {
-            duplicate = 1;
+            duplicate = true;
         } else {
             s_set_bit(c->window, age);
             c->dirty = true;

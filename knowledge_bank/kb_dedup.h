@@ -8,6 +8,7 @@
 #ifndef KB_DEDUP_H
 #define KB_DEDUP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,9 +20,9 @@ typedef struct kb_dedup kb_dedup_t;
 kb_dedup_t *kb_dedup_new(void);
 void kb_dedup_destroy(kb_dedup_t **self_p);
 
-/* Returns 1 if (client_id, seq) was recorded before (a duplicate), else records it and returns 0.
+/* true if (client_id, seq) was recorded before (a duplicate), else records it and returns false.
  * client_id and seq must be nonzero. */
-int kb_dedup_check_and_record(kb_dedup_t *self, uint64_t client_id, uint64_t seq);
+bool kb_dedup_check_and_record(kb_dedup_t *self, uint64_t client_id, uint64_t seq);
 
 /* Takes back a record made by kb_dedup_check_and_record for a write that then failed, so that its retry is
  * applied rather than answered as a duplicate. */

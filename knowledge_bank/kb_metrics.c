@@ -331,17 +331,18 @@ static enum MHD_Result s_handle(void *cls, struct MHD_Connection *conn, const ch
     return rc;
 }
 
-kb_metrics_server_t *kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, char *err,
-                                             size_t errlen)
+int kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, kb_metrics_server_t **out,
+                            char *err, size_t errlen)
 {
-    assert(service && address);
+    assert(service && address && out);
+    *out = NULL;
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     if (inet_pton(AF_INET, address, &addr.sin_addr) != 1) {
         snprintf(err, errlen, "metrics address '%s' is not an IPv4 address", address);
-        return NULL;
+        return -1;
     }
     kb_metrics_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
@@ -354,11 +355,12 @@ kb_metrics_server_t *kb_metrics_server_start(kb_service_t *service, const char *
     if (!self->daemon) {
         snprintf(err, errlen, "cannot serve metrics on %s:%u (port in use, or not allowed)", address, port);
         free(self);
-        return NULL;
+        return -1;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->daemon, MHD_DAEMON_INFO_BIND_PORT);
     self->port = info ? info->port : port;
-    return self;
+    *out = self;
+    return 0;
 }
 
 uint16_t kb_metrics_server_port(const kb_metrics_server_t *self) { return self->port; }

@@ -30,10 +30,10 @@ int kb_metrics_render(const Carls__StatsResult *stats, char **text_out, size_t *
 typedef struct kb_metrics_server kb_metrics_server_t;
 
 /* Starts serving /metrics for service (borrowed; it must outlive the server) on address:port. address is an
- * IPv4 address ("127.0.0.1", "0.0.0.0"); port 0 picks a free port (see kb_metrics_server_port). Returns the
- * server, or NULL with a one-line reason in err. Caller owns the result. */
-kb_metrics_server_t *kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, char *err,
-                                             size_t errlen);
+ * IPv4 address ("127.0.0.1", "0.0.0.0"); port 0 picks a free port (see kb_metrics_server_port). Returns 0 and
+ * *out (caller owns it), or -1 with *out NULL and a one-line reason in err. */
+int kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t port, kb_metrics_server_t **out,
+                            char *err, size_t errlen);
 
 /* The port actually bound. */
 uint16_t kb_metrics_server_port(const kb_metrics_server_t *self);

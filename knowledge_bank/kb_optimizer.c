@@ -11,6 +11,7 @@
 #include "kb_optimizer.h"
 
 #include <assert.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,7 +25,7 @@ static const char *s_names[] = {
 };
 #define S_KIND_COUNT ((int)(sizeof(s_names) / sizeof(s_names[0])))
 
-static int s_kind_valid(kb_optimizer_kind_t kind)
+static bool s_kind_valid(kb_optimizer_kind_t kind)
 {
     return (int)kind >= 0 && (int)kind < S_KIND_COUNT;
 }
@@ -49,16 +50,16 @@ void kb_optimizer_config_defaults(kb_optimizer_config_t *cfg)
 }
 
 /* Writes a message into err when the caller gave room for one; always returns -1. */
-static int s_reject(char *err, int errlen, const char *what, float value)
+static int s_reject(char *err, size_t errlen, const char *what, float value)
 {
     if (err && errlen > 0)
-        snprintf(err, (size_t)errlen, "optimizer: %s (got %g)", what, (double)value);
+        snprintf(err, errlen, "optimizer: %s (got %g)", what, (double)value);
     return -1;
 }
 
 /* Only the fields the kind uses are checked, so a SGD table need not carry valid Adam parameters. The
  * comparisons are written so that NaN fails them (NaN compares false with everything). */
-int kb_optimizer_config_validate(const kb_optimizer_config_t *cfg, char *err, int errlen)
+int kb_optimizer_config_validate(const kb_optimizer_config_t *cfg, char *err, size_t errlen)
 {
     assert(cfg);
     if (!s_kind_valid(cfg->kind))

@@ -8,6 +8,7 @@
 #ifndef KB_OPTIMIZER_H
 #define KB_OPTIMIZER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -32,7 +33,7 @@ void kb_optimizer_config_defaults(kb_optimizer_config_t *cfg);
 
 /* Checks ranges (lr >= 0 and finite, 0 <= momentum < 1, 0 <= beta < 1, eps > 0, accumulator >= 0).
  * Returns 0 when valid, otherwise -1 and a message in err (size errlen). */
-int kb_optimizer_config_validate(const kb_optimizer_config_t *cfg, char *err, int errlen);
+int kb_optimizer_config_validate(const kb_optimizer_config_t *cfg, char *err, size_t errlen);
 
 /* Floats of state per row: SGD 0, momentum dim, AdaGrad dim, Adam 2*dim (m then v). */
 uint32_t kb_optimizer_state_floats(kb_optimizer_kind_t kind, uint32_t dim);

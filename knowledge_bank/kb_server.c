@@ -90,8 +90,10 @@ static void *s_worker_main(void *arg)
     return NULL;
 }
 
-kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opts, char *err, size_t errlen)
+int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_server_t **out, char *err,
+                  size_t errlen)
 {
+    *out = NULL;
     kb_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
     self->opts = *opts;
@@ -149,10 +151,11 @@ kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opt
             CARLS_FATAL("cannot start worker thread");
         self->worker_count++;
     }
-    return self;
+    *out = self;
+    return 0;
 fail:
     kb_server_destroy(&self);
-    return NULL;
+    return -1;
 }
 
 void kb_server_auth_counts(const kb_server_t *self, uint64_t *allowed, uint64_t *denied)

@@ -28,8 +28,10 @@ typedef struct {
 
 typedef struct kb_server kb_server_t;
 
-/* Binds the endpoint and starts the workers. The service is borrowed. NULL with a message on failure. */
-kb_server_t *kb_server_new(kb_service_t *service, const kb_server_options_t *opts, char *err, size_t errlen);
+/* Binds the endpoint and starts the workers. The service is borrowed. Returns 0 and *out (caller owns it), or
+ * -1 with *out NULL and a message in err. */
+int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_server_t **out, char *err,
+                  size_t errlen);
 
 /* The endpoint actually bound (with the real port when '*' was asked for). */
 const char *kb_server_endpoint(const kb_server_t *self);

@@ -1,6 +1,7 @@
 #include "kb_service.h"
 
 #include "kb_latency.h"
+#include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -13,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Latency is kept per operation; index = Carls__Request__OpCase mapped by s_op_index. */
+/* The operations, in the order of s_ops (further down); latency is kept per operation at these indexes. */
 enum {
     OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT,
     OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN, OP_COUNT
@@ -46,9 +47,7 @@ struct kb_service {
     atomic_bool table_counters_full_logged;
 };
 
-static const char *s_op_names[OP_COUNT] = {"create_table", "drop_table", "list_tables", "lookup", "put",
-                                           "push_gradients", "stats", "checkpoint", "knn", "sample",
-                                           "feature_get", "feature_put", "scan"};
+static const char *s_op_name(int index);
 
 void kb_limits_defaults(kb_limits_t *limits)
 {
@@ -152,6 +151,8 @@ typedef struct {
     size_t owned_count, owned_capacity;
     Carls__FeatureRecord **records; /* unpacked records the response points to */
     size_t record_count;
+    kb_table_t **held; /* tables whose names the response points to: released once it is packed */
+    size_t held_count;
 } s_reply_t;
 
 /* Records a buffer to free once the reply is packed; returns it. */
@@ -165,8 +166,12 @@ static void *s_own(s_reply_t *rp, void *ptr)
     return ptr;
 }
 
-static void s_reply_free(s_reply_t *rp)
+/* Releases the tables the reply held and frees it. */
+static void s_reply_free(kb_service_t *self, s_reply_t *rp)
 {
+    for (size_t i = 0; i < rp->held_count; i++)
+        kb_bank_release(self->bank, rp->held[i]);
+    free(rp->held);
     for (size_t i = 0; i < rp->owned_count; i++)
         free(rp->owned[i]);
     free(rp->owned);
@@ -191,13 +196,6 @@ static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
 }
 
 /* ---- validation ---- */
-
-static bool s_is_write(Carls__Request__OpCase op)
-{
-    return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
-           op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
-           op == CARLS__REQUEST__OP_FEATURE_PUT;
-}
 
 static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
 {
@@ -249,19 +247,27 @@ static kb_table_t *s_table(kb_service_t *self, s_reply_t *rp, const char *name)
     return t;
 }
 
-/* Acquires the request's table and checks its kind, or fails. */
-static kb_table_t *s_table_of_kind(kb_service_t *self, s_reply_t *rp, const char *name, kb_table_kind_t kind,
-                                   const char *op)
+/* Acquires the request's table and checks it is of the kind its operation needs, or fails. */
+static kb_table_t *s_table_of_kind(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_kind_t kind)
 {
-    kb_table_t *t = s_table(self, rp, name);
+    kb_table_t *t = s_table(self, rp, req->table);
     if (t && kb_table_config(t)->kind != kind) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s", op,
-               kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", name,
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s",
+               carls_op_name(req->op_case), kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", req->table,
                kind == KB_TABLE_EMBEDDING ? "a feature table" : "an embedding table");
         kb_bank_release(self->bank, t);
         return NULL;
     }
     return t;
+}
+
+/* For an operation on n keys: checks them, then acquires the table as s_table_of_kind does, or fails. */
+static kb_table_t *s_keyed_table(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, size_t n,
+                                 const ProtobufCBinaryData *keys, kb_table_kind_t kind)
+{
+    if (s_check_keys(self, rp, n, keys) != 0)
+        return NULL;
+    return s_table_of_kind(self, req, rp, kind);
 }
 
 static void s_write_ok(s_reply_t *rp, uint32_t rows, bool duplicate, uint64_t updates)
@@ -394,36 +400,44 @@ static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_
     return 0;
 }
 
-static int s_apply_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+/* The keys and float rows (values or gradients) of a put or push_gradients request. */
+typedef struct {
+    bool put;
+    size_t n;
+    const ProtobufCBinaryData *keys;
+    size_t n_values;
+    const float *values;
+} s_rows_t;
+
+static s_rows_t s_rows_of(const Carls__Request *req)
 {
-    const Carls__Put *put = req->put;
-    uint64_t reserved;
-    if (s_reserve_rows(self, rp, table, KB_GROW_PUT, put->keys, put->n_keys, NULL, &reserved) != 0)
-        return -1;
-    kb_table_put(table, put->keys, put->n_keys, put->values, put->version);
-    kb_memory_release(kb_bank_memory(self->bank), reserved);
-    s_write_ok(rp, (uint32_t)put->n_keys, false, 0);
-    return 0;
+    if (req->op_case == CARLS__REQUEST__OP_PUT)
+        return (s_rows_t){true, req->put->n_keys, req->put->keys, req->put->n_values, req->put->values};
+    const Carls__PushGradients *push = req->push_gradients;
+    return (s_rows_t){false, push->n_keys, push->keys, push->n_gradients, push->gradients};
 }
 
-static int s_apply_push(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
 {
-    const Carls__PushGradients *push = req->push_gradients;
+    s_rows_t rows = s_rows_of(req);
     uint64_t reserved;
-    if (s_reserve_rows(self, rp, table, KB_GROW_PUSH, push->keys, push->n_keys, NULL, &reserved) != 0)
+    if (s_reserve_rows(self, rp, table, rows.put ? KB_GROW_PUT : KB_GROW_PUSH, rows.keys, rows.n, NULL,
+                       &reserved) != 0)
         return -1;
-    uint64_t steps = kb_table_push(table, push->keys, push->n_keys, push->gradients);
+    uint64_t steps = 0;
+    if (rows.put)
+        kb_table_put(table, rows.keys, rows.n, rows.values, req->put->version);
+    else
+        steps = kb_table_push(table, rows.keys, rows.n, rows.values);
     kb_memory_release(kb_bank_memory(self->bank), reserved);
-    s_write_ok(rp, (uint32_t)push->n_keys, false, steps);
+    s_write_ok(rp, (uint32_t)rows.n, false, steps);
     return 0;
 }
 
 static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Lookup *lk = req->lookup;
-    if (s_check_keys(self, rp, lk->n_keys, lk->keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "lookup");
+    kb_table_t *t = s_keyed_table(self, req, rp, lk->n_keys, lk->keys, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
@@ -462,40 +476,27 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
 
 static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
-    size_t n;
-    const ProtobufCBinaryData *keys;
-    size_t n_values;
-    const float *values;
-    s_apply_fn apply;
-    const char *what;
-    if (req->op_case == CARLS__REQUEST__OP_PUT) {
-        n = req->put->n_keys, keys = req->put->keys, n_values = req->put->n_values, values = req->put->values;
-        apply = s_apply_put, what = "values";
-    } else {
-        n = req->push_gradients->n_keys, keys = req->push_gradients->keys;
-        n_values = req->push_gradients->n_gradients, values = req->push_gradients->gradients;
-        apply = s_apply_push, what = "gradients";
-    }
-    if (s_check_keys(self, rp, n, keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, carls_op_name(req->op_case));
+    s_rows_t rows = s_rows_of(req);
+    kb_table_t *t = s_keyed_table(self, req, rp, rows.n, rows.keys, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
-    int rc = s_check_rows(rp, what, n, kb_table_config(t)->dim, n_values, values);
+    int rc = s_check_rows(rp, rows.put ? "values" : "gradients", rows.n, kb_table_config(t)->dim, rows.n_values,
+                          rows.values);
     if (rc == 0)
-        rc = s_run_write(self, req, t, rp, apply);
+        rc = s_run_write(self, req, t, rp, s_apply_rows);
     kb_bank_release(self->bank, t);
     return rc;
 }
 
-/* Lists every table; the references stay held (*held) until the reply is packed, since the reply points at
+/* Lists every table; the references stay held (rp->held) until the reply is packed, since the reply points at
  * the tables' names. */
-static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, size_t *held_n)
+static int s_op_list(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
+    (void)req;
     kb_table_t **tables;
     size_t n = kb_bank_acquire_all(self->bank, &tables);
-    *held = tables;
-    *held_n = n;
+    rp->held = tables;
+    rp->held_count = n;
     Carls__TableList *list = &rp->r.list;
     carls__table_list__init(list);
     Carls__TableInfo *infos = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *infos));
@@ -513,10 +514,10 @@ static void s_op_list(kb_service_t *self, s_reply_t *rp, kb_table_t ***held, siz
     }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_TABLE_LIST;
     rp->resp.table_list = list;
+    return 0;
 }
 
-static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
-                      size_t *held_n)
+static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     kb_table_t **tables;
     size_t n;
@@ -530,8 +531,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     } else {
         n = kb_bank_acquire_all(self->bank, &tables);
     }
-    *held = tables;
-    *held_n = n;
+    rp->held = tables;
+    rp->held_count = n;
     Carls__StatsResult *st = &rp->r.stats;
     carls__stats_result__init(st);
     Carls__TableStats *ts = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *ts));
@@ -581,7 +582,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
                     continue;
                 Carls__LatencySummary *l = &tl[ts[i].n_requests];
                 carls__latency_summary__init(l);
-                l->op = (char *)s_op_names[op];
+                l->op = (char *)s_op_name(op);
                 l->count = kb_latency_count(&tc->latency[op]);
                 s_fill_latency(l, &tc->latency[op]);
                 ts[i].requests[ts[i].n_requests++] = l;
@@ -596,7 +597,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
             continue;
         Carls__LatencySummary *l = &lat[st->n_latency];
         carls__latency_summary__init(l);
-        l->op = (char *)s_op_names[i];
+        l->op = (char *)s_op_name(i);
         l->count = kb_latency_count(&self->latency[i]);
         s_fill_latency(l, &self->latency[i]);
         st->latency[st->n_latency++] = l;
@@ -625,8 +626,9 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     return 0;
 }
 
-static int s_op_checkpoint(kb_service_t *self, s_reply_t *rp)
+static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
+    (void)req;
     uint64_t epoch = 0;
     char err[512];
     if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
@@ -662,7 +664,7 @@ static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "exclude_query needs query keys");
     if (q->n_keys > 0 && s_check_keys(self, rp, q->n_keys, q->keys) != 0)
         return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_EMBEDDING, "knn");
+    kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_EMBEDDING);
     if (!t)
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
@@ -841,7 +843,7 @@ static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, s_rep
     for (size_t i = 0; i < fp->n_records; i++)
         if (s_check_record(self, rp, i, fp->records[i]) != 0)
             return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_put");
+    kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_FEATURE);
     if (!t)
         return -1;
     int rc = s_run_write(self, req, t, rp, s_apply_feature_put);
@@ -871,9 +873,7 @@ static Carls__FeatureRecord *s_reply_record(s_reply_t *rp, const uint8_t *buf, s
 static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__FeatureGet *fg = req->feature_get;
-    if (s_check_keys(self, rp, fg->n_keys, fg->keys) != 0)
-        return -1;
-    kb_table_t *t = s_table_of_kind(self, rp, req->table, KB_TABLE_FEATURE, "feature_get");
+    kb_table_t *t = s_keyed_table(self, req, rp, fg->n_keys, fg->keys, KB_TABLE_FEATURE);
     if (!t)
         return -1;
     size_t n = fg->n_keys;
@@ -948,9 +948,43 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     return 0;
 }
 
+static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    return s_run_write(self, req, NULL, rp, s_apply_create);
+}
+
+static int s_op_drop(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    return s_run_write(self, req, NULL, rp, s_apply_drop);
+}
+
+/* Every operation: its request case, its handler (0, or -1 with the status in rp), and what the envelope
+ * must satisfy before it runs. */
+static const struct {
+    Carls__Request__OpCase op;
+    int (*run)(kb_service_t *self, const Carls__Request *req, s_reply_t *rp);
+    bool names_table; /* the table name is checked */
+    bool write;       /* refused by a read-only server; needs client_id and sequence */
+} s_ops[OP_COUNT] = {
+    [OP_CREATE] = {CARLS__REQUEST__OP_CREATE_TABLE, s_op_create, true, true},
+    [OP_DROP] = {CARLS__REQUEST__OP_DROP_TABLE, s_op_drop, true, true},
+    [OP_LIST] = {CARLS__REQUEST__OP_LIST_TABLES, s_op_list, false, false},
+    [OP_LOOKUP] = {CARLS__REQUEST__OP_LOOKUP, s_op_lookup, true, false},
+    [OP_PUT] = {CARLS__REQUEST__OP_PUT, s_op_table_write, true, true},
+    [OP_PUSH] = {CARLS__REQUEST__OP_PUSH_GRADIENTS, s_op_table_write, true, true},
+    [OP_STATS] = {CARLS__REQUEST__OP_STATS, s_op_stats, false, false},
+    [OP_CHECKPOINT] = {CARLS__REQUEST__OP_CHECKPOINT, s_op_checkpoint, false, false},
+    [OP_KNN] = {CARLS__REQUEST__OP_KNN, s_op_knn, true, false},
+    [OP_SAMPLE] = {CARLS__REQUEST__OP_SAMPLE, s_op_sample, true, false},
+    [OP_FEATURE_GET] = {CARLS__REQUEST__OP_FEATURE_GET, s_op_feature_get, true, false},
+    [OP_FEATURE_PUT] = {CARLS__REQUEST__OP_FEATURE_PUT, s_op_feature_put, true, true},
+    [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, s_op_scan, true, false},
+};
+
+static const char *s_op_name(int index) { return carls_op_name(s_ops[index].op); }
+
 /* Validates the envelope and runs the operation. Returns the op index for latency, or -1. */
-static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_t ***held,
-                      size_t *held_n)
+static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     if (req->protocol_version != CARLS_PROTOCOL_VERSION) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION,
@@ -958,18 +992,22 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
                CARLS_PROTOCOL_VERSION);
         return -1;
     }
-    Carls__Request__OpCase op = req->op_case;
-    bool needs_table = op != CARLS__REQUEST__OP_LIST_TABLES && op != CARLS__REQUEST__OP_STATS &&
-                       op != CARLS__REQUEST__OP_CHECKPOINT && op != CARLS__REQUEST__OP__NOT_SET;
-    if (needs_table && carls_table_name_valid(req->table) != 0) {
+    int index = 0;
+    while (index < OP_COUNT && s_ops[index].op != req->op_case)
+        index++;
+    if (index == OP_COUNT) {
+        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
+        return -1;
+    }
+    if (s_ops[index].names_table && carls_table_name_valid(req->table) != 0) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
         return -1;
     }
-    if (s_is_write(op)) {
+    if (s_ops[index].write) {
         if (self->limits.read_only) {
             s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
-                   carls_op_name(op));
+                   s_op_name(index));
             return -1;
         }
         if (req->client_id == 0 || req->sequence == 0) {
@@ -978,50 +1016,8 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
             return -1;
         }
     }
-    switch (op) {
-    case CARLS__REQUEST__OP_CREATE_TABLE:
-        s_run_write(self, req, NULL, rp, s_apply_create);
-        return OP_CREATE;
-    case CARLS__REQUEST__OP_DROP_TABLE:
-        s_run_write(self, req, NULL, rp, s_apply_drop);
-        return OP_DROP;
-    case CARLS__REQUEST__OP_LIST_TABLES:
-        s_op_list(self, rp, held, held_n);
-        return OP_LIST;
-    case CARLS__REQUEST__OP_LOOKUP:
-        s_op_lookup(self, req, rp);
-        return OP_LOOKUP;
-    case CARLS__REQUEST__OP_PUT:
-        s_op_table_write(self, req, rp);
-        return OP_PUT;
-    case CARLS__REQUEST__OP_PUSH_GRADIENTS:
-        s_op_table_write(self, req, rp);
-        return OP_PUSH;
-    case CARLS__REQUEST__OP_STATS:
-        s_op_stats(self, req, rp, held, held_n);
-        return OP_STATS;
-    case CARLS__REQUEST__OP_CHECKPOINT:
-        s_op_checkpoint(self, rp);
-        return OP_CHECKPOINT;
-    case CARLS__REQUEST__OP_KNN:
-        s_op_knn(self, req, rp);
-        return OP_KNN;
-    case CARLS__REQUEST__OP_SAMPLE:
-        s_op_sample(self, req, rp);
-        return OP_SAMPLE;
-    case CARLS__REQUEST__OP_FEATURE_GET:
-        s_op_feature_get(self, req, rp);
-        return OP_FEATURE_GET;
-    case CARLS__REQUEST__OP_FEATURE_PUT:
-        s_op_feature_put(self, req, rp);
-        return OP_FEATURE_PUT;
-    case CARLS__REQUEST__OP_SCAN:
-        s_op_scan(self, req, rp);
-        return OP_SCAN;
-    default:
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
-        return -1;
-    }
+    s_ops[index].run(self, req, rp);
+    return index;
 }
 
 void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len)
@@ -1030,8 +1026,6 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
-    kb_table_t **held = NULL;
-    size_t held_n = 0;
     int op_index = -1;
     Carls__Request *req = NULL;
 
@@ -1044,7 +1038,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         s_fail(rp, CARLS__STATUS_CODE__STATUS_MALFORMED, "request could not be decoded (%zu bytes)", len);
     } else {
         rp->resp.request_id = req->request_id;
-        op_index = s_dispatch(self, req, rp, &held, &held_n);
+        op_index = s_dispatch(self, req, rp);
     }
     if (rp->resp.status != CARLS__STATUS_CODE__STATUS_OK) {
         atomic_fetch_add(&self->errors, 1);
@@ -1056,9 +1050,6 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
     *reply = carls_xmalloc(*reply_len);
     carls__response__pack(&rp->resp, *reply);
 
-    for (size_t i = 0; i < held_n; i++)
-        kb_bank_release(self->bank, held[i]);
-    free(held);
     s_table_counters_t *tc = NULL;
     bool ok = rp->resp.status == CARLS__STATUS_CODE__STATUS_OK;
     /* Per table: requests that named an existing table, or created one. The name was validated by
@@ -1069,7 +1060,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         tc = s_table_counters(self, req->table, true);
     if (tc && !ok)
         atomic_fetch_add(&tc->errors, 1);
-    s_reply_free(rp);
+    s_reply_free(self, rp);
     if (req)
         carls__request__free_unpacked(req, NULL);
     if (op_index >= 0) {
@@ -1088,9 +1079,7 @@ int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
     carls__response__init(&rp->resp);
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = "";
-    kb_table_t **held = NULL;
-    size_t held_n = 0;
-    int rc = s_op_stats(self, &req, rp, &held, &held_n);
+    int rc = s_op_stats(self, &req, rp);
     if (rc == 0) {
         /* Packed and unpacked again: the copy owns everything it points to, so the caller frees it with
          * protobuf-c's free_unpacked and no table is held past this call. */
@@ -1101,9 +1090,6 @@ int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
         free(buf);
         rc = *out ? 0 : -1;
     }
-    for (size_t i = 0; i < held_n; i++)
-        kb_bank_release(self->bank, held[i]);
-    free(held);
-    s_reply_free(rp);
+    s_reply_free(self, rp);
     return rc;
 }

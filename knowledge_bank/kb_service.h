@@ -10,13 +10,14 @@
 #ifndef KB_SERVICE_H
 #define KB_SERVICE_H
 
+#include "carls.pb-c.h"
 #include "kb_bank.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Limits on what one request may ask; each is a kb-server flag (defaults in common/protocol.h). */
+/* Limits on what one request may ask; each is a kb-server flag (defaults in proto/protocol.h). */
 typedef struct {
     uint32_t max_message_bytes;
     uint32_t max_key_bytes;

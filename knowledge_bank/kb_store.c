@@ -50,7 +50,8 @@ static int s_exec(kb_store_t *self, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(self->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(self->error, sizeof self->error, "%s: %s", sql, msg ? msg : "?");
+        /* The statement's start names it (the schema alone is longer than the buffer). */
+        snprintf(self->error, sizeof self->error, "%.120s: %s", sql, msg ? msg : "?");
         LOG_ERROR("sqlite: %s", self->error);
         sqlite3_free(msg);
         return -1;
@@ -165,87 +166,101 @@ static int s_column_floats(sqlite3_stmt *stmt, int col, uint64_t count, const fl
     return 0;
 }
 
+/* What kb_store_load passes to the per-row readers below. */
+typedef struct {
+    kb_store_table_fn on_table;
+    kb_store_row_fn on_row;
+    kb_store_client_fn on_client;
+    void *ctx;
+    uint64_t malformed_rows;
+} s_load_t;
+
+/* Runs a query and hands each result row to read; stops at the first non-zero answer and returns it. */
+static int s_each_result(kb_store_t *self, const char *sql, const char *what,
+                         int (*read)(sqlite3_stmt *stmt, s_load_t *load), s_load_t *load)
+{
+    sqlite3_stmt *stmt = NULL;
+    if (s_prepare(self, sql, &stmt) != 0)
+        return -1;
+    int rc;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        int r = read(stmt, load);
+        if (r != 0) {
+            sqlite3_finalize(stmt);
+            return r;
+        }
+    }
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE)
+        return s_fail(self, what);
+    return 0;
+}
+
+static int s_read_table(sqlite3_stmt *stmt, s_load_t *load)
+{
+    return load->on_table(load->ctx, sqlite3_column_int64(stmt, 0), (const char *)sqlite3_column_text(stmt, 1),
+                          sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
+}
+
+/* A malformed row is counted and skipped. */
+static int s_read_row(sqlite3_stmt *stmt, s_load_t *load)
+{
+    kb_store_row_t rec = {0};
+    rec.table_id = sqlite3_column_int64(stmt, 0);
+    rec.key = (uint8_t *)sqlite3_column_blob(stmt, 1);
+    rec.key_len = (uint32_t)sqlite3_column_bytes(stmt, 1);
+    rec.row_id = sqlite3_column_int64(stmt, 2);
+    int value_bytes = sqlite3_column_bytes(stmt, 3);
+    rec.value = (float *)sqlite3_column_blob(stmt, 3);
+    rec.dim = (uint32_t)(value_bytes / (int)sizeof(float));
+    int opt_bytes = sqlite3_column_bytes(stmt, 4);
+    rec.opt_state = (float *)sqlite3_column_blob(stmt, 4);
+    rec.opt_floats = (uint32_t)(opt_bytes / (int)sizeof(float));
+    rec.opt_steps = (uint64_t)sqlite3_column_int64(stmt, 5);
+    rec.pending_count = (uint32_t)sqlite3_column_int64(stmt, 7);
+    const float *pending = NULL;
+    rec.record = (uint8_t *)sqlite3_column_blob(stmt, 11);
+    rec.record_len = (uint32_t)sqlite3_column_bytes(stmt, 11);
+    /* Feature rows have no value (dim 0) and a record (possibly of zero bytes); embedding rows have a
+     * value and no record. */
+    bool has_record = sqlite3_column_type(stmt, 11) != SQLITE_NULL;
+    if (value_bytes % (int)sizeof(float) != 0 || opt_bytes % (int)sizeof(float) != 0 ||
+        (rec.dim == 0) != has_record ||
+        s_column_floats(stmt, 6, (uint64_t)rec.pending_count * rec.dim, &pending) != 0) {
+        load->malformed_rows++;
+        return 0;
+    }
+    rec.pending = (float *)pending;
+    rec.version = (uint64_t)sqlite3_column_int64(stmt, 8);
+    rec.updated_at_ms = sqlite3_column_int64(stmt, 9);
+    rec.frequency = (uint64_t)sqlite3_column_int64(stmt, 10);
+    return load->on_row(load->ctx, &rec);
+}
+
+static int s_read_client(sqlite3_stmt *stmt, s_load_t *load)
+{
+    return load->on_client(load->ctx, (uint64_t)sqlite3_column_int64(stmt, 0), (uint64_t)sqlite3_column_int64(stmt, 1),
+                           sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
+}
+
 int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn on_row,
                   kb_store_client_fn on_client, void *ctx)
 {
-    sqlite3_stmt *stmt = NULL;
-    int rc = 0;
-    if (s_prepare(self, "SELECT id, name, config FROM tables ORDER BY id", &stmt) != 0)
-        return -1;
-    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-        int r = on_table(ctx, sqlite3_column_int64(stmt, 0), (const char *)sqlite3_column_text(stmt, 1),
-                         sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
-        if (r != 0) {
-            sqlite3_finalize(stmt);
-            return r;
-        }
-    }
-    sqlite3_finalize(stmt);
-    if (rc != SQLITE_DONE)
-        return s_fail(self, "loading tables");
-
-    if (s_prepare(self,
-                  "SELECT table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,"
-                  " updated_at, frequency, record FROM rows WHERE table_id IN (SELECT id FROM tables)",
-                  &stmt) != 0)
-        return -1;
-    uint64_t bad = 0;
-    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-        kb_store_row_t rec = {0};
-        rec.table_id = sqlite3_column_int64(stmt, 0);
-        rec.key = (uint8_t *)sqlite3_column_blob(stmt, 1);
-        rec.key_len = (uint32_t)sqlite3_column_bytes(stmt, 1);
-        rec.row_id = sqlite3_column_int64(stmt, 2);
-        int value_bytes = sqlite3_column_bytes(stmt, 3);
-        rec.value = (float *)sqlite3_column_blob(stmt, 3);
-        rec.dim = (uint32_t)(value_bytes / (int)sizeof(float));
-        int opt_bytes = sqlite3_column_bytes(stmt, 4);
-        rec.opt_state = (float *)sqlite3_column_blob(stmt, 4);
-        rec.opt_floats = (uint32_t)(opt_bytes / (int)sizeof(float));
-        rec.opt_steps = (uint64_t)sqlite3_column_int64(stmt, 5);
-        rec.pending_count = (uint32_t)sqlite3_column_int64(stmt, 7);
-        const float *pending = NULL;
-        rec.record = (uint8_t *)sqlite3_column_blob(stmt, 11);
-        rec.record_len = (uint32_t)sqlite3_column_bytes(stmt, 11);
-        /* Feature rows have no value (dim 0) and a record (possibly of zero bytes); embedding rows have a
-         * value and no record. */
-        bool has_record = sqlite3_column_type(stmt, 11) != SQLITE_NULL;
-        if (value_bytes % (int)sizeof(float) != 0 || opt_bytes % (int)sizeof(float) != 0 ||
-            (rec.dim == 0) != has_record ||
-            s_column_floats(stmt, 6, (uint64_t)rec.pending_count * rec.dim, &pending) != 0) {
-            bad++;
-            continue;
-        }
-        rec.pending = (float *)pending;
-        rec.version = (uint64_t)sqlite3_column_int64(stmt, 8);
-        rec.updated_at_ms = sqlite3_column_int64(stmt, 9);
-        rec.frequency = (uint64_t)sqlite3_column_int64(stmt, 10);
-        int r = on_row(ctx, &rec);
-        if (r != 0) {
-            sqlite3_finalize(stmt);
-            return r;
-        }
-    }
-    sqlite3_finalize(stmt);
-    if (rc != SQLITE_DONE)
-        return s_fail(self, "loading rows");
-    if (bad)
-        LOG_WARN("skipped %llu malformed rows in the database", (unsigned long long)bad);
-
-    if (s_prepare(self, "SELECT client_id, max_seq, window FROM clients", &stmt) != 0)
-        return -1;
-    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-        int r = on_client(ctx, (uint64_t)sqlite3_column_int64(stmt, 0), (uint64_t)sqlite3_column_int64(stmt, 1),
-                          sqlite3_column_blob(stmt, 2), (size_t)sqlite3_column_bytes(stmt, 2));
-        if (r != 0) {
-            sqlite3_finalize(stmt);
-            return r;
-        }
-    }
-    sqlite3_finalize(stmt);
-    if (rc != SQLITE_DONE)
-        return s_fail(self, "loading clients");
-    return 0;
+    s_load_t load = {.on_table = on_table, .on_row = on_row, .on_client = on_client, .ctx = ctx};
+    int rc = s_each_result(self, "SELECT id, name, config FROM tables ORDER BY id", "loading tables", s_read_table,
+                           &load);
+    if (rc != 0)
+        return rc;
+    rc = s_each_result(self,
+                       "SELECT table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,"
+                       " updated_at, frequency, record FROM rows WHERE table_id IN (SELECT id FROM tables)",
+                       "loading rows", s_read_row, &load);
+    if (rc != 0)
+        return rc;
+    if (load.malformed_rows)
+        LOG_WARN("skipped %llu malformed rows in the database", (unsigned long long)load.malformed_rows);
+    return s_each_result(self, "SELECT client_id, max_seq, window FROM clients", "loading clients", s_read_client,
+                         &load);
 }
 
 int kb_store_begin(kb_store_t *self) { return s_exec(self, "BEGIN IMMEDIATE;"); }

@@ -4,7 +4,6 @@
 #include "kb_memory.h"
 #include "kb_rowmap.h"
 #include "log.h"
-#include "protocol.h"
 #include "util.h"
 
 #include <errno.h>
@@ -15,7 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Defaults for fields left zero on the wire (documented in proto/carls.proto and docs/PROTOCOL.md). */
+/* Defaults of fields left zero (kb_table_config_finish; documented for the wire in proto/carls.proto and
+ * docs/PROTOCOL.md). */
 #define DEFAULT_INIT_SCALE 0.05f
 #define DEFAULT_MAX_AGE_MS 1000u
 #define DEFAULT_MAX_PENDING 16u
@@ -98,7 +98,7 @@ static int64_t s_map_bytes(size_t capacity)
 
 /* ---- config ---- */
 
-/* The kb_knn config of a table config. */
+/* The kb_knn config (spec, metric, dim, search settings) of a table config; kc->spec points into cfg. */
 static void s_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
 {
     kb_knn_config_default(kc);
@@ -109,234 +109,123 @@ static void s_knn_config(const kb_table_config_t *cfg, kb_knn_config_t *kc)
     kc->ef_search = cfg->knn_ef_search;
 }
 
-/* Admission and eviction, shared by both table kinds. */
-static int s_config_memory_policies(const Carls__TableConfig *in, kb_table_config_t *out, char *err, size_t errlen)
+/* Admission and eviction, shared by both table kinds: defaults, ranges, and the fields of a policy not in
+ * use cleared. */
+static int s_config_memory_policies(kb_table_config_t *cfg, char *err, size_t errlen)
 {
-    const Carls__AdmissionConfig *a = in->admission;
-    out->admission = KB_ADMIT_ALL;
-    if (a && a->kind != CARLS__ADMISSION_KIND__ADMIT_ALL) {
-        if (a->kind == CARLS__ADMISSION_KIND__ADMIT_FREQUENCY)
-            out->admission = KB_ADMIT_FREQUENCY;
-        else if (a->kind == CARLS__ADMISSION_KIND__ADMIT_BLOOM)
-            out->admission = KB_ADMIT_BLOOM;
-        else {
-            snprintf(err, errlen, "unknown admission kind %d", (int)a->kind);
-            return -1;
-        }
-        out->min_frequency = a->min_frequency ? a->min_frequency : DEFAULT_MIN_FREQUENCY;
-        if (out->min_frequency > 255) {
+    if (cfg->admission == KB_ADMIT_ALL) {
+        cfg->min_frequency = 0;
+    } else {
+        if (!cfg->min_frequency)
+            cfg->min_frequency = DEFAULT_MIN_FREQUENCY;
+        if (cfg->min_frequency > 255) {
             snprintf(err, errlen, "admission min_frequency must be at most 255");
             return -1;
         }
-        if (out->admission == KB_ADMIT_BLOOM) {
-            out->bloom_bits_log2 = a->bloom_bits_log2 ? a->bloom_bits_log2 : DEFAULT_BLOOM_BITS_LOG2;
-            out->bloom_hashes = a->bloom_hashes ? a->bloom_hashes : DEFAULT_BLOOM_HASHES;
-            if (out->bloom_bits_log2 < 4 || out->bloom_bits_log2 > 30 || out->bloom_hashes > 16) {
-                snprintf(err, errlen, "bloom_bits_log2 must be in 4..30 and bloom_hashes in 1..16");
-                return -1;
-            }
-        }
     }
-    const Carls__EvictionConfig *e = in->eviction;
-    out->eviction = KB_EVICT_NONE;
-    if (e && e->kind != CARLS__EVICTION_KIND__EVICT_NONE) {
-        if (e->kind == CARLS__EVICTION_KIND__EVICT_LRU)
-            out->eviction = KB_EVICT_LRU;
-        else if (e->kind == CARLS__EVICTION_KIND__EVICT_OLDEST)
-            out->eviction = KB_EVICT_OLDEST;
-        else {
-            snprintf(err, errlen, "unknown eviction kind %d", (int)e->kind);
+    if (cfg->admission == KB_ADMIT_BLOOM) {
+        if (!cfg->bloom_bits_log2)
+            cfg->bloom_bits_log2 = DEFAULT_BLOOM_BITS_LOG2;
+        if (!cfg->bloom_hashes)
+            cfg->bloom_hashes = DEFAULT_BLOOM_HASHES;
+        if (cfg->bloom_bits_log2 < 4 || cfg->bloom_bits_log2 > 30 || cfg->bloom_hashes > 16) {
+            snprintf(err, errlen, "bloom_bits_log2 must be in 4..30 and bloom_hashes in 1..16");
             return -1;
         }
-        if (e->max_rows == 0) {
-            snprintf(err, errlen, "eviction needs max_rows > 0");
-            return -1;
-        }
-        out->max_rows = e->max_rows;
+    } else {
+        cfg->bloom_bits_log2 = cfg->bloom_hashes = 0;
+    }
+    if (cfg->eviction == KB_EVICT_NONE) {
+        cfg->max_rows = 0;
+    } else if (cfg->max_rows == 0) {
+        snprintf(err, errlen, "eviction needs max_rows > 0");
+        return -1;
     }
     return 0;
 }
 
-int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
-                               size_t errlen)
+/* A feature table keeps its memory policies; every embedding field takes its fixed value. */
+static int s_config_finish_feature(kb_table_config_t *cfg, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
-    if (!in) {
-        snprintf(err, errlen, "missing table config");
+    if (cfg->dim != 0 || cfg->knn) {
+        snprintf(err, errlen, "feature tables take no dim and no knn index");
         return -1;
     }
-    if (in->kind == CARLS__TABLE_KIND__TABLE_FEATURE) {
-        if (in->dim != 0 || in->knn) {
-            snprintf(err, errlen, "feature tables take no dim and no knn index");
-            return -1;
-        }
-        out->kind = KB_TABLE_FEATURE;
-        out->max_pending = 1;
-        out->max_age_ms = DEFAULT_MAX_AGE_MS;
-        kb_optimizer_config_defaults(&out->optimizer);
-        return s_config_memory_policies(in, out, err, errlen);
-    }
-    if (in->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING) {
-        snprintf(err, errlen, "unknown table kind %d", (int)in->kind);
+    kb_table_config_t f;
+    memset(&f, 0, sizeof f); /* padding too: configs are compared with memcmp */
+    f.kind = KB_TABLE_FEATURE;
+    f.max_pending = 1;
+    f.max_age_ms = DEFAULT_MAX_AGE_MS;
+    kb_optimizer_config_defaults(&f.optimizer);
+    f.admission = cfg->admission;
+    f.min_frequency = cfg->min_frequency;
+    f.bloom_bits_log2 = cfg->bloom_bits_log2;
+    f.bloom_hashes = cfg->bloom_hashes;
+    f.eviction = cfg->eviction;
+    f.max_rows = cfg->max_rows;
+    *cfg = f;
+    return s_config_memory_policies(cfg, err, errlen);
+}
+
+int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, size_t errlen)
+{
+    if (cfg->kind == KB_TABLE_FEATURE)
+        return s_config_finish_feature(cfg, err, errlen);
+    if (cfg->dim == 0 || cfg->dim > max_dim) {
+        snprintf(err, errlen, "dim must be in 1..%u, got %u", max_dim, cfg->dim);
         return -1;
     }
-    if (in->dim == 0 || in->dim > max_dim) {
-        snprintf(err, errlen, "dim must be in 1..%u, got %u", max_dim, in->dim);
-        return -1;
-    }
-    out->dim = in->dim;
-    switch (in->init) {
-    case CARLS__INIT_KIND__INIT_ZEROS: out->init = KB_INIT_ZEROS; break;
-    case CARLS__INIT_KIND__INIT_UNIFORM: out->init = KB_INIT_UNIFORM; break;
-    case CARLS__INIT_KIND__INIT_NORMAL: out->init = KB_INIT_NORMAL; break;
-    default: snprintf(err, errlen, "unknown initializer %d", (int)in->init); return -1;
-    }
-    out->init_scale = in->init_scale != 0.0f ? in->init_scale : DEFAULT_INIT_SCALE;
-    if (!isfinite(out->init_scale) || out->init_scale < 0.0f) {
+    if (cfg->init_scale == 0.0f)
+        cfg->init_scale = DEFAULT_INIT_SCALE;
+    if (!isfinite(cfg->init_scale) || cfg->init_scale < 0.0f) {
         snprintf(err, errlen, "init_scale must be finite and >= 0");
         return -1;
     }
-    out->init_seed = in->init_seed;
-
-    const Carls__OptimizerConfig *opt = in->optimizer;
-    kb_optimizer_config_t oc = {0};
-    if (opt) {
-        switch (opt->kind) {
-        case CARLS__OPTIMIZER_KIND__OPT_SGD: oc.kind = KB_OPT_SGD; break;
-        case CARLS__OPTIMIZER_KIND__OPT_MOMENTUM: oc.kind = KB_OPT_MOMENTUM; break;
-        case CARLS__OPTIMIZER_KIND__OPT_ADAGRAD: oc.kind = KB_OPT_ADAGRAD; break;
-        case CARLS__OPTIMIZER_KIND__OPT_ADAM: oc.kind = KB_OPT_ADAM; break;
-        default: snprintf(err, errlen, "unknown optimizer %d", (int)opt->kind); return -1;
-        }
-        oc.learning_rate = opt->learning_rate;
-        oc.momentum = opt->momentum;
-        oc.beta1 = opt->beta1;
-        oc.beta2 = opt->beta2;
-        oc.epsilon = opt->epsilon;
-        oc.initial_accumulator = opt->initial_accumulator;
-    }
-    kb_optimizer_config_defaults(&oc);
-    if (kb_optimizer_config_validate(&oc, err, (int)errlen) != 0)
+    kb_optimizer_config_defaults(&cfg->optimizer);
+    if (kb_optimizer_config_validate(&cfg->optimizer, err, errlen) != 0)
         return -1;
-    out->optimizer = oc;
-
-    const Carls__LazyUpdateConfig *lazy = in->lazy;
-    out->immediate = lazy && lazy->policy == CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
-    if (lazy && lazy->policy != CARLS__UPDATE_POLICY__UPDATE_LAZY && !out->immediate) {
-        snprintf(err, errlen, "unknown update policy %d", (int)lazy->policy);
+    if (!cfg->max_age_ms)
+        cfg->max_age_ms = DEFAULT_MAX_AGE_MS;
+    if (!cfg->max_pending)
+        cfg->max_pending = DEFAULT_MAX_PENDING;
+    if (cfg->max_pending > KB_TABLE_MAX_PENDING) {
+        snprintf(err, errlen, "max_pending must be in 1..%u, got %u", KB_TABLE_MAX_PENDING, cfg->max_pending);
         return -1;
     }
-    out->max_age_ms = lazy && lazy->max_age_ms ? lazy->max_age_ms : DEFAULT_MAX_AGE_MS;
-    out->max_pending = lazy && lazy->max_pending ? lazy->max_pending : DEFAULT_MAX_PENDING;
-    if (out->max_pending > CARLS_MAX_PENDING_LIMIT) {
-        snprintf(err, errlen, "max_pending must be in 1..%u, got %u", CARLS_MAX_PENDING_LIMIT, out->max_pending);
-        return -1;
-    }
-    if (lazy && lazy->outlier_rule == CARLS__OUTLIER_RULE__OUTLIER_NONE)
-        out->outlier.rule = KB_OUTLIER_NONE;
-    else if (!lazy || lazy->outlier_rule == CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN)
-        out->outlier.rule = KB_OUTLIER_NORM_MEDIAN;
-    else {
-        snprintf(err, errlen, "unknown outlier rule %d", (int)lazy->outlier_rule);
-        return -1;
-    }
-    out->outlier.threshold = lazy && lazy->outlier_threshold != 0.0f ? lazy->outlier_threshold
-                                                                     : DEFAULT_OUTLIER_THRESHOLD;
-    if (!isfinite(out->outlier.threshold) || out->outlier.threshold < 1.0f) {
+    if (cfg->outlier.threshold == 0.0f)
+        cfg->outlier.threshold = DEFAULT_OUTLIER_THRESHOLD;
+    if (!isfinite(cfg->outlier.threshold) || cfg->outlier.threshold < 1.0f) {
         snprintf(err, errlen, "outlier_threshold must be finite and >= 1");
         return -1;
     }
-    out->outlier.min_count = lazy && lazy->outlier_min_count ? lazy->outlier_min_count : DEFAULT_OUTLIER_MIN_COUNT;
-    if ((uint64_t)out->max_pending * out->dim > MAX_PENDING_FLOATS) {
+    if (!cfg->outlier.min_count)
+        cfg->outlier.min_count = DEFAULT_OUTLIER_MIN_COUNT;
+    if ((uint64_t)cfg->max_pending * cfg->dim > MAX_PENDING_FLOATS) {
         snprintf(err, errlen, "max_pending * dim must be at most %u floats", MAX_PENDING_FLOATS);
         return -1;
     }
-    if (in->knn && in->knn->spec && in->knn->spec[0]) {
-        const Carls__KnnConfig *k = in->knn;
-        if (strlen(k->spec) >= KB_KNN_SPEC_MAX) {
+    if (!cfg->knn) {
+        memset(cfg->knn_spec, 0, sizeof cfg->knn_spec);
+        cfg->knn_metric = KB_KNN_METRIC_IP;
+        cfg->knn_nprobe = cfg->knn_ef_search = 0;
+    } else {
+        if (!memchr(cfg->knn_spec, '\0', sizeof cfg->knn_spec)) {
             snprintf(err, errlen, "knn spec longer than %d characters", KB_KNN_SPEC_MAX - 1);
             return -1;
         }
-        switch (k->metric) {
-        case CARLS__KNN_METRIC__METRIC_IP: out->knn_metric = KB_KNN_METRIC_IP; break;
-        case CARLS__KNN_METRIC__METRIC_L2: out->knn_metric = KB_KNN_METRIC_L2; break;
-        case CARLS__KNN_METRIC__METRIC_COSINE: out->knn_metric = KB_KNN_METRIC_COSINE; break;
-        default: snprintf(err, errlen, "unknown knn metric %d", (int)k->metric); return -1;
-        }
-        out->knn = true;
-        snprintf(out->knn_spec, sizeof out->knn_spec, "%s", k->spec);
-        out->knn_nprobe = k->nprobe;
-        out->knn_ef_search = k->ef_search;
         /* Let FAISS judge the spec now, so a bad one is refused at create time with its reason. */
         kb_knn_t *probe = NULL;
         kb_knn_config_t kc;
-        s_knn_config(out, &kc);
+        s_knn_config(cfg, &kc);
         kc.background = false;
         char why[200] = "";
         if (kb_knn_new(&kc, &probe, why, sizeof why) != 0) {
-            snprintf(err, errlen, "knn spec '%s': %s", k->spec, why);
+            snprintf(err, errlen, "knn spec '%s': %s", cfg->knn_spec, why);
             return -1;
         }
         kb_knn_destroy(&probe);
     }
-    return s_config_memory_policies(in, out, err, errlen);
-}
-
-void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *w)
-{
-    Carls__TableConfig *out = &w->config;
-    carls__table_config__init(out);
-    carls__optimizer_config__init(&w->optimizer);
-    carls__lazy_update_config__init(&w->lazy);
-    carls__knn_config__init(&w->knn);
-    carls__admission_config__init(&w->admission);
-    carls__eviction_config__init(&w->eviction);
-    out->kind = in->kind == KB_TABLE_FEATURE ? CARLS__TABLE_KIND__TABLE_FEATURE : CARLS__TABLE_KIND__TABLE_EMBEDDING;
-    out->dim = in->dim;
-    if (in->admission != KB_ADMIT_ALL) {
-        w->admission.kind = in->admission == KB_ADMIT_BLOOM ? CARLS__ADMISSION_KIND__ADMIT_BLOOM
-                                                            : CARLS__ADMISSION_KIND__ADMIT_FREQUENCY;
-        w->admission.min_frequency = in->min_frequency;
-        w->admission.bloom_bits_log2 = in->bloom_bits_log2;
-        w->admission.bloom_hashes = in->bloom_hashes;
-        out->admission = &w->admission;
-    }
-    if (in->eviction != KB_EVICT_NONE) {
-        w->eviction.kind = in->eviction == KB_EVICT_LRU ? CARLS__EVICTION_KIND__EVICT_LRU
-                                                        : CARLS__EVICTION_KIND__EVICT_OLDEST;
-        w->eviction.max_rows = in->max_rows;
-        out->eviction = &w->eviction;
-    }
-    if (in->kind == KB_TABLE_FEATURE)
-        return;
-    out->init = (Carls__InitKind)in->init;
-    out->init_scale = in->init_scale;
-    out->init_seed = in->init_seed;
-    Carls__OptimizerConfig *opt = &w->optimizer;
-    opt->kind = (Carls__OptimizerKind)in->optimizer.kind;
-    opt->learning_rate = in->optimizer.learning_rate;
-    opt->momentum = in->optimizer.momentum;
-    opt->beta1 = in->optimizer.beta1;
-    opt->beta2 = in->optimizer.beta2;
-    opt->epsilon = in->optimizer.epsilon;
-    opt->initial_accumulator = in->optimizer.initial_accumulator;
-    Carls__LazyUpdateConfig *lazy = &w->lazy;
-    lazy->policy = in->immediate ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY;
-    lazy->max_age_ms = in->max_age_ms;
-    lazy->max_pending = in->max_pending;
-    lazy->outlier_rule = in->outlier.rule == KB_OUTLIER_NONE ? CARLS__OUTLIER_RULE__OUTLIER_NONE
-                                                             : CARLS__OUTLIER_RULE__OUTLIER_NORM_MEDIAN;
-    lazy->outlier_threshold = in->outlier.threshold;
-    lazy->outlier_min_count = in->outlier.min_count;
-    out->optimizer = opt;
-    out->lazy = lazy;
-    if (in->knn) {
-        w->knn.spec = (char *)in->knn_spec;
-        w->knn.metric = (Carls__KnnMetric)in->knn_metric;
-        w->knn.nprobe = in->knn_nprobe;
-        w->knn.ef_search = in->knn_ef_search;
-        out->knn = &w->knn;
-    }
+    return s_config_memory_policies(cfg, err, errlen);
 }
 
 /* A sampling snapshot: the sampler and the keys of its entries (index order). */
@@ -506,6 +395,16 @@ static kb_stripe_t *s_stripe(kb_table_t *self, uint64_t hash)
 {
     /* The row map uses the low bits of the hash; pick the stripe from the high bits so both stay uniform. */
     return &self->stripes[(hash >> 58) % KB_TABLE_STRIPES];
+}
+
+/* Locks the stripe that holds key (batch operations lock one key's stripe at a time) and returns it, with
+ * the key's hash in *hash. */
+static kb_stripe_t *s_lock_key(kb_table_t *self, const ProtobufCBinaryData *key, uint64_t *hash)
+{
+    *hash = kb_rowmap_hash(key->data, key->len);
+    kb_stripe_t *st = s_stripe(self, *hash);
+    pthread_mutex_lock(&st->mutex);
+    return st;
 }
 
 /* Inserts a row into its stripe's map, counting the map's growth. */
@@ -758,6 +657,14 @@ static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, con
     return s_row_create(self, st, hash, key->data, (uint32_t)key->len);
 }
 
+/* The row of a key an explicit write (put, feature put) replaces: found and touched, or created. Admission
+ * filters do not apply to explicit writes. */
+static kb_row_t *s_row_for_write(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
+{
+    kb_row_t *row = s_row_get(self, st, hash, key, false);
+    return row ? row : s_row_create(self, st, hash, key->data, (uint32_t)key->len);
+}
+
 /* One optimizer step with gradient g; updates version and timestamp. */
 static void s_row_step(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const float *g)
 {
@@ -805,9 +712,8 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     uint32_t dim = self->cfg.dim;
     uint64_t steps = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], !no_create);
         if (!row) {
             pthread_mutex_unlock(&st->mutex);
@@ -840,9 +746,8 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
 {
     uint32_t dim = self->cfg.dim;
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
         if (row) {
             if (row->pending_count > 0)
@@ -864,15 +769,9 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
     uint32_t dim = self->cfg.dim;
     int64_t now = carls_wall_ms();
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
-        /* A put is an explicit write: admission filters do not apply to it. */
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (row)
-            s_lru_touch(self, st, row);
-        else
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
+        kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         memcpy(row->value, values + i * dim, dim * sizeof(float));
         row->version = version;
         row->updated_at_ms = now;
@@ -888,9 +787,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
     uint64_t steps = 0;
     for (size_t i = 0; i < n; i++) {
         const float *g = gradients + i * dim;
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], true);
         if (!row) { /* not admitted yet: the gradient of a key without a row is dropped (counted) */
             pthread_mutex_unlock(&st->mutex);
@@ -957,9 +855,8 @@ uint64_t kb_table_growth(kb_table_t *self, kb_table_growth_op_t op, const Protob
         extra += (int64_t)kb_knn_vector_bytes(self->knn);
     bool filtered = self->bloom && (op == KB_GROW_LOOKUP || op == KB_GROW_PUSH);
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         bool found = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len) != NULL;
         pthread_mutex_unlock(&st->mutex);
         /* Bloom admission: a key gets a row only at its min_frequency-th sighting. */
@@ -1196,9 +1093,8 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
         out_positive[i] = true;
         int64_t id = -1;
         uint64_t freq = 0;
-        uint64_t hash = kb_rowmap_hash(positives[i].data, positives[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &positives[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, positives[i].data, positives[i].len);
         if (row) {
             id = row->id;
@@ -1243,9 +1139,8 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
                           size_t *lens, bool *found)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = s_row_get(self, st, hash, &keys[i], false);
         records[i] = NULL;
         lens[i] = 0;
@@ -1268,14 +1163,9 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
 {
     int64_t now = carls_wall_ms();
     for (size_t i = 0; i < n; i++) {
-        uint64_t hash = kb_rowmap_hash(keys[i].data, keys[i].len);
-        kb_stripe_t *st = s_stripe(self, hash);
-        pthread_mutex_lock(&st->mutex);
-        kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
-        if (row)
-            s_lru_touch(self, st, row);
-        else
-            row = s_row_create(self, st, hash, keys[i].data, (uint32_t)keys[i].len);
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
+        kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
         if (row->record)
             s_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
         free(row->record);

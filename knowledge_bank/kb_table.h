@@ -13,7 +13,6 @@
 #ifndef KB_TABLE_H
 #define KB_TABLE_H
 
-#include "carls.pb-c.h"
 #include "kb_init.h"
 #include "kb_knn.h"
 #include "kb_lazy.h"
@@ -22,6 +21,7 @@
 #include "kb_sampler.h"
 #include "kb_store.h"
 
+#include <protobuf-c/protobuf-c.h> /* ProtobufCBinaryData, the key type: request keys are used in place */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -34,6 +34,8 @@ typedef enum { KB_ADMIT_ALL = 0, KB_ADMIT_FREQUENCY = 1, KB_ADMIT_BLOOM = 2 } kb
 typedef enum { KB_EVICT_NONE = 0, KB_EVICT_LRU = 1, KB_EVICT_OLDEST = 2 } kb_eviction_kind_t;
 
 #define KB_KNN_SPEC_MAX 64
+/* Gradients a lazy table gathers per key at most (the wire calls it CARLS_MAX_PENDING_LIMIT). */
+#define KB_TABLE_MAX_PENDING 1024u
 
 /* A table's configuration with every default filled in. Zero-initialized as a whole (it is compared with
  * memcmp for create_table's if_not_exists). */
@@ -46,7 +48,7 @@ typedef struct {
     kb_optimizer_config_t optimizer;
     bool immediate;        /* UPDATE_IMMEDIATE: no pending set */
     uint32_t max_age_ms;
-    uint32_t max_pending;  /* 1..CARLS_MAX_PENDING_LIMIT */
+    uint32_t max_pending;  /* 1..KB_TABLE_MAX_PENDING */
     kb_outlier_config_t outlier;
     bool knn;                           /* keep a nearest-neighbour index */
     char knn_spec[KB_KNN_SPEC_MAX];     /* FAISS index-factory string */
@@ -59,23 +61,13 @@ typedef struct {
     uint64_t max_rows;                  /* eviction: rows kept at most (approximately: per stripe) */
 } kb_table_config_t;
 
-/* Validates a wire config and fills defaults into *out. Returns 0, or -1 with a message in err. */
-int kb_table_config_from_proto(const Carls__TableConfig *in, uint32_t max_dim, kb_table_config_t *out, char *err,
-                               size_t errlen);
-
-/* A config in wire form with storage for its nested messages; `config` points into the rest (and its knn
- * spec into the kb_table_config_t it was made from, which must outlive it). */
-typedef struct {
-    Carls__TableConfig config;
-    Carls__OptimizerConfig optimizer;
-    Carls__LazyUpdateConfig lazy;
-    Carls__KnnConfig knn;
-    Carls__AdmissionConfig admission;
-    Carls__EvictionConfig eviction;
-} kb_table_config_wire_t;
-
-/* Writes a config to wire form. */
-void kb_table_config_to_proto(const kb_table_config_t *in, kb_table_config_wire_t *out);
+/* Completes a config made field by field (zeroed as a whole first): fields left 0 take their defaults
+ * (init_scale 0.05, the optimizer's, max_age_ms 1000, max_pending 16, outlier threshold 3 and min_count 3,
+ * min_frequency 2, bloom_bits_log2 20, bloom_hashes 4), the fields of a policy not in use are cleared (a
+ * feature table keeps only its admission and eviction), and every value is checked against the table's
+ * limits and max_dim; a knn spec by building an index from it. The enums are taken as given. Returns 0, or -1
+ * with a message in err. */
+int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, size_t errlen);
 
 /* Links of a row in one of its stripe's intrusive doubly-linked lists. */
 typedef struct {

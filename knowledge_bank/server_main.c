@@ -240,18 +240,18 @@ int main(int argc, char **argv)
         .curve_secret_file = curve_secret,
         .curve_allow_path = curve_allow,
     };
-    kb_server_t *server = kb_server_new(service, &server_opts, err, sizeof err);
+    kb_server_t *server = NULL;
     kb_metrics_server_t *metrics = NULL;
     int rc = 0;
-    if (!server) {
+    if (kb_server_new(service, &server_opts, &server, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
         rc = 1;
         goto done;
     }
     /* Before the endpoint file is written, so whoever waits for that file finds the metrics up too. */
     if (metrics_port >= 0) {
-        metrics = kb_metrics_server_start(service, metrics_address, (uint16_t)metrics_port, err, sizeof err);
-        if (!metrics) {
+        if (kb_metrics_server_start(service, metrics_address, (uint16_t)metrics_port, &metrics, err, sizeof err) !=
+            0) {
             LOG_ERROR("%s", err);
             rc = 1;
             goto done;

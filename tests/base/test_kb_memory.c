@@ -18,6 +18,7 @@
 
 #include "kb_memory.h"
 #include "kb_table.h"
+#include "kb_table_config.h"
 #include "protocol.h"
 #include "test_util.h"
 

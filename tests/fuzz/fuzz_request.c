@@ -13,6 +13,7 @@
 #include "fuzz_common.h"
 
 #include "kb_table.h"
+#include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
 

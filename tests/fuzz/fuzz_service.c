@@ -25,6 +25,7 @@
 #include "kb_bank.h"
 #include "kb_service.h"
 #include "kb_table.h"
+#include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
 

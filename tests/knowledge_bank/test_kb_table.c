@@ -18,6 +18,7 @@
 #include "kb_init.h"
 #include "kb_rowmap.h"
 #include "kb_table.h"
+#include "kb_table_config.h"
 #include "protocol.h"
 #include "util.h"
 
@@ -312,6 +313,56 @@ static void test_config_round_trip(void **st)
     assert_int_equal(kb_table_config_from_proto(&wire.config, CARLS_DEFAULT_MAX_DIM, &b, err, sizeof err), 0);
     assert_false(b.immediate);
     assert_int_equal(b.outlier.rule, KB_OUTLIER_NORM_MEDIAN);
+}
+
+/* The table's own config, made without the wire: kb_table_config_finish fills the same defaults, clears what
+ * a policy does not use, refuses what the wire conversion refuses, and finishing twice changes nothing (the
+ * bank compares configs with memcmp). */
+static void test_config_plain(void **st)
+{
+    (void)st;
+    kb_table_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.dim = 8;
+    cfg.bloom_hashes = 9; /* unused under ADMIT_ALL: cleared */
+    char err[256] = "";
+    assert_int_equal(kb_table_config_finish(&cfg, 100, err, sizeof err), 0);
+    assert_float_equal(cfg.init_scale, 0.05f, 1e-9);
+    assert_float_equal(cfg.optimizer.learning_rate, 0.01f, 1e-9);
+    assert_int_equal(cfg.max_age_ms, 1000);
+    assert_int_equal(cfg.max_pending, 16);
+    assert_float_equal(cfg.outlier.threshold, 3.0f, 1e-9);
+    assert_int_equal(cfg.outlier.min_count, 3);
+    assert_int_equal(cfg.bloom_hashes, 0);
+
+    /* Equal to the wire's config of the same table, and unchanged by a second finish. */
+    Carls__TableConfig tc;
+    carls__table_config__init(&tc);
+    tc.dim = 8;
+    kb_table_config_t wire;
+    assert_int_equal(kb_table_config_from_proto(&tc, 100, &wire, err, sizeof err), 0);
+    assert_memory_equal(&cfg, &wire, sizeof cfg);
+    assert_int_equal(kb_table_config_finish(&wire, 100, err, sizeof err), 0);
+    assert_memory_equal(&cfg, &wire, sizeof cfg);
+
+    cfg.max_pending = KB_TABLE_MAX_PENDING + 1;
+    assert_int_equal(kb_table_config_finish(&cfg, 100, err, sizeof err), -1);
+    assert_non_null(strstr(err, "max_pending"));
+
+    kb_table_config_t feat;
+    memset(&feat, 0, sizeof feat);
+    feat.kind = KB_TABLE_FEATURE;
+    feat.dim = 4;
+    assert_int_equal(kb_table_config_finish(&feat, 100, err, sizeof err), -1);
+    feat.dim = 0;
+    feat.init_scale = 0.5f; /* an embedding field: cleared */
+    feat.admission = KB_ADMIT_BLOOM;
+    assert_int_equal(kb_table_config_finish(&feat, 100, err, sizeof err), 0);
+    assert_true(feat.init_scale == 0.0f);
+    assert_int_equal(feat.max_pending, 1);
+    assert_int_equal(feat.min_frequency, 2);
+    assert_int_equal(feat.bloom_bits_log2, 20);
+    assert_int_equal(feat.bloom_hashes, 4);
 }
 
 /* ---- lookup / put ---- */
@@ -1006,6 +1057,7 @@ int main(void)
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_config_rejections),
         cmocka_unit_test(test_config_round_trip),
+        cmocka_unit_test(test_config_plain),
         cmocka_unit_test(test_lookup_creates_with_initializer),
         cmocka_unit_test(test_put_then_lookup),
         cmocka_unit_test(test_lazy_push_applies_on_lookup),
