@@ -449,6 +449,16 @@ done:
     return rc;
 }
 
+int kb_client_cancel(kb_client_t *self, uint64_t request_id)
+{
+    assert(self);
+    long idx = s_inflight_find(self, request_id);
+    if (idx < 0)
+        return KB_CLIENT_EINVAL;
+    s_inflight_remove(self, (size_t)idx);
+    return 0;
+}
+
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out)
 {
     assert(self && response_out);
@@ -614,23 +624,9 @@ int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *ke
 
     /* The server's sizes are checked before anything is copied into the caller's n*dim buffer. */
     const Carls__LookupResult *res = resp->lookup;
-    if (res->dim != dim) {
-        s_set_error(self, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim, dim);
-        rc = KB_CLIENT_EINVAL;
+    rc = kb_client_check_lookup(res, table, n, dim, meta_out != NULL, self->last_error, sizeof self->last_error);
+    if (rc != 0)
         goto cleanup;
-    }
-    if (res->n_values != n * dim) {
-        s_set_error(self, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
-                    res->n_values, n, dim);
-        rc = KB_CLIENT_EIO;
-        goto cleanup;
-    }
-    if (meta_out && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
-        s_set_error(self, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
-                    res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
-        rc = KB_CLIENT_EIO;
-        goto cleanup;
-    }
     memcpy(values_out, res->values, n * dim * sizeof(float));
     if (meta_out) {
         for (size_t i = 0; i < n; i++) {
@@ -644,6 +640,26 @@ cleanup:
         carls__response__free_unpacked(resp, NULL);
     free(wire);
     return rc;
+}
+
+int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
+                           bool with_meta, char *err, size_t errlen)
+{
+    if (res->dim != dim) {
+        snprintf(err, errlen, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim, dim);
+        return KB_CLIENT_EINVAL;
+    }
+    if (res->n_values != n * dim) {
+        snprintf(err, errlen, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
+                 res->n_values, n, dim);
+        return KB_CLIENT_EIO;
+    }
+    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
+        snprintf(err, errlen, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
+                 res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
+        return KB_CLIENT_EIO;
+    }
+    return 0;
 }
 
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,

@@ -97,6 +97,10 @@ int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_
  * flight afterwards, and a late answer to it is dropped. */
 int kb_client_wait(kb_client_t *self, uint64_t request_id, Carls__Response **response_out);
 
+/* Ends request_id without waiting for it: an answer that comes later is dropped. For a caller that gives up
+ * on requests it sent (an error elsewhere). KB_CLIENT_EINVAL when request_id is not in flight. */
+int kb_client_cancel(kb_client_t *self, uint64_t request_id);
+
 /* kb_client_send + kb_client_wait. */
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out);
 
@@ -118,6 +122,12 @@ int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys,
  * initial value without inserting them (kbctl get --no-create). */
 int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                         bool no_create, float *values_out, kb_row_meta_t *meta_out);
+
+/* Checks a lookup answer for n keys of table (dim dim) before anything is copied out of it: KB_CLIENT_EINVAL
+ * when the table's dim differs, KB_CLIENT_EIO when it holds another number of values than n * dim or (when
+ * with_meta) of metadata records than n; the reason in err. 0 when it fits. Shared with kb_cluster. */
+int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
+                           bool with_meta, char *err, size_t errlen);
 
 /* Writes n rows (n*dim floats) tagged with version. */
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,

@@ -67,6 +67,9 @@ const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard);
 /* The shard's client, for low-level calls (kb_client_send / kb_client_wait). Owned by the cluster. */
 kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard);
 
+/* Requests sent so far by this cluster, over all shards (resends after a timeout not counted). */
+uint64_t kb_cluster_requests(const kb_cluster_t *self);
+
 /* The shard owning key: carls_shard_of(key, len, shards). */
 uint32_t kb_cluster_shard_of(const kb_cluster_t *self, const void *key, size_t len);
 
@@ -184,6 +187,52 @@ void kb_sample_result_destroy(kb_sample_result_t **result_p);
  * (probability 0) and refuses n > 0 with KB_CLIENT_ESTATUS ("NOT_FOUND: ..."), as a single server does. */
 int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
                       uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out);
+
+/* ---- requests in flight ----------------------------------------------------------------------------- */
+
+/* A lookup, gradient push or sample whose requests are out on the shards and whose answers are collected
+ * later, so that a caller can compute while the shards work: the word2vec trainer keeps the lookups of the
+ * next batches and the pushes of the last one in flight while it computes. A *_send call sends one request
+ * per shard holding keys (exactly what the blocking call sends) and returns at once; the matching *_wait
+ * collects the answers, and the blocking calls above are send + wait. Any number of pendings may be in
+ * flight, and they may be waited for in any order. The caller's keys and rows are packed into the requests
+ * when sent: they may be reused as soon as *_send returns.
+ *
+ * A *_send failure has already ended what it sent (*pending_out stays NULL). A *_wait always ends and frees
+ * *pending_p (and nulls it), whatever it returns; the error is reported as by the blocking call. A pending
+ * given up on is freed with kb_cluster_pending_destroy. */
+typedef struct kb_cluster_pending kb_cluster_pending_t;
+
+/* kb_cluster_lookup_ex's requests, sent. Caller owns *pending_out (end it with kb_cluster_lookup_wait). */
+int kb_cluster_lookup_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                           bool no_create, kb_cluster_pending_t **pending_out);
+
+/* Collects a lookup_send's answers into the caller's key order, as kb_cluster_lookup_ex: values_out (n * dim
+ * floats; may be NULL here when only meta_out is wanted) and meta_out (n records, or NULL). */
+int kb_cluster_lookup_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, float *values_out,
+                           kb_row_meta_t *meta_out);
+
+/* kb_cluster_push_gradients' requests, sent. Caller owns *pending_out (end it with
+ * kb_cluster_push_gradients_wait). */
+int kb_cluster_push_gradients_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                                   uint32_t dim, const float *gradients, kb_cluster_pending_t **pending_out);
+
+/* Collects a push_gradients_send's acknowledgements. */
+int kb_cluster_push_gradients_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p);
+
+/* kb_cluster_sample, sent. With one shard its one request is in flight until kb_cluster_sample_wait; with
+ * several, the draws are made here (the second round depends on the first round's answers) and the wait
+ * only hands the result over. A failure may thus show at either call. Caller owns *pending_out. */
+int kb_cluster_sample_send(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                           uint32_t n, Carls__SampleStrategy strategy, uint64_t seed,
+                           kb_cluster_pending_t **pending_out);
+
+/* Collects a sample_send's result, as kb_cluster_sample. Caller owns *out. */
+int kb_cluster_sample_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_sample_result_t **out);
+
+/* Gives up on a pending without waiting: its requests are cancelled (answers that still come are dropped).
+ * Accepts NULL and *pending_p == NULL; nulls *pending_p. self must be the cluster that sent it. */
+void kb_cluster_pending_destroy(kb_cluster_t *self, kb_cluster_pending_t **pending_p);
 
 /* ---- feature records --------------------------------------------------------------------------------- */
 

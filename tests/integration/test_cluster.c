@@ -206,8 +206,10 @@ static void test_rows_split_and_equal(void **state)
     for (size_t i = 0; i < N; i++) {
         if (kb_cluster_shard_of(f->cluster, k.keys[i].data, k.keys[i].len) == 1) {
             float v[DIM];
-            kb_client_t *c0 = kb_cluster_client(f->cluster, 0);
+            kb_client_t *c0 = kb_client_new(kb_cluster_endpoint(f->cluster, 0), NULL);
+            assert_non_null(c0);
             assert_int_equal(kb_client_lookup(c0, "rows", &k.keys[i], 1, DIM, v, NULL), KB_CLIENT_ESTATUS);
+            kb_client_destroy(&c0);
             break;
         }
     }
