@@ -195,12 +195,6 @@ const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard)
     return self->endpoints[shard];
 }
 
-kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard)
-{
-    assert(self && shard < self->n);
-    return self->clients[shard];
-}
-
 uint64_t kb_cluster_requests(const kb_cluster_t *self)
 {
     assert(self);

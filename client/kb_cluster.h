@@ -64,9 +64,6 @@ uint32_t kb_cluster_shards(const kb_cluster_t *self);
 /* The shard's endpoint as given (trimmed). shard < kb_cluster_shards(). */
 const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard);
 
-/* The shard's client, for low-level calls (kb_client_send / kb_client_wait). Owned by the cluster. */
-kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard);
-
 /* Requests sent so far by this cluster, over all shards (resends after a timeout not counted). */
 uint64_t kb_cluster_requests(const kb_cluster_t *self);
 
