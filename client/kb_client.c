@@ -7,7 +7,7 @@
  *
  * Answers are matched by request_id only. An answer whose id is not in flight (a late duplicate after a
  * resend, or an answer to a request whose wait already gave up) is dropped. A frame that does not decode
- * cannot be attributed to any request, so it fails the wait that received it with KB_CLIENT_EIO.
+ * cannot be attributed to any request, so it fails the wait that received it with KB_CLIENT_EMALFORMED.
  *
  * A kb_client_wait call always ends its request: whatever it returns (except KB_CLIENT_EINVAL for an id
  * that is not in flight), the id is no longer in flight afterwards. */
@@ -325,7 +325,7 @@ static int s_reconnect_and_resend(kb_client_t *self)
 }
 
 /* Receives every frame waiting on the socket and files each answer with its request. Returns 0, or
- * KB_CLIENT_EIO for a socket error or a frame that is not a Response (error set). */
+ * KB_CLIENT_EIO for a socket error or KB_CLIENT_EMALFORMED for a frame that is not a Response (error set). */
 static int s_drain(kb_client_t *self)
 {
     for (;;) {
@@ -357,12 +357,12 @@ static int s_drain(kb_client_t *self)
                 zmq_msg_close(&msg);
             }
             s_set_error(self, "malformed answer from %s: a multi-frame message", self->endpoint);
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
         if (!resp) {
             s_set_error(self, "malformed answer from %s: a %zu-byte frame that does not decode as a Response",
                         self->endpoint, size);
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
         long i = s_inflight_find(self, resp->request_id);
         if (i < 0 || self->inflight[i].answer) {
@@ -471,7 +471,7 @@ int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **res
 }
 
 /* kb_client_call for helpers that only need the status: frees the answer. When `want` is not
- * CARLS__RESPONSE__RESULT__NOT_SET, an OK answer must carry that result (else KB_CLIENT_EIO). */
+ * CARLS__RESPONSE__RESULT__NOT_SET, an OK answer must carry that result (else KB_CLIENT_EMALFORMED). */
 static int s_call_status(kb_client_t *self, Carls__Request *req, Carls__Response__ResultCase want)
 {
     Carls__Response *resp = NULL;
@@ -479,7 +479,7 @@ static int s_call_status(kb_client_t *self, Carls__Request *req, Carls__Response
     if (rc == 0 && want != CARLS__RESPONSE__RESULT__NOT_SET && resp->result_case != want) {
         s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
                     (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     }
     if (resp)
         carls__response__free_unpacked(resp, NULL);
@@ -497,7 +497,7 @@ static int s_call_result(kb_client_t *self, Carls__Request *req, Carls__Response
     if (rc == 0 && resp->result_case != want) {
         s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
                     (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     }
     if (rc == 0)
         *out = resp;
@@ -652,12 +652,12 @@ int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, si
     if (res->n_values != n * dim) {
         snprintf(err, errlen, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
                  res->n_values, n, dim);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
         snprintf(err, errlen, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
                  res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     return 0;
 }

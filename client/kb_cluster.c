@@ -38,6 +38,7 @@ struct kb_cluster {
     s_cached_table_t *tables;  /* cache filled by list_tables */
     size_t n_tables;
     int failed_shard;          /* shard the last error is about, or -1 */
+    Carls__StatusCode last_status; /* the status of the last KB_CLIENT_ESTATUS failure; OK otherwise */
     uint64_t requests;         /* requests sent so far (kb_cluster_requests) */
     char last_error[768];      /* "" after success */
 };
@@ -51,12 +52,31 @@ static void s_set_error(kb_cluster_t *self, const char *fmt, ...)
     vsnprintf(self->last_error, sizeof self->last_error, fmt, ap);
     va_end(ap);
     self->failed_shard = -1;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
 }
 
 static void s_clear_error(kb_cluster_t *self)
 {
     self->last_error[0] = '\0';
     self->failed_shard = -1;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
+}
+
+/* An error the cluster answers itself with the status a single server would give (the text starts with
+ * the status's name, as a server's does). Returns KB_CLIENT_ESTATUS. */
+static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    s_set_error(self, "%s: %s", carls_status_name(status), what);
+    self->last_status = status;
+    return KB_CLIENT_ESTATUS;
 }
 
 /* Records that shard s failed, with the shard's client error as the text (replacing any earlier text: the
@@ -69,6 +89,14 @@ static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
     else
         snprintf(self->last_error, sizeof self->last_error, "shard %u (%s): %s", s, self->endpoints[s], what);
     self->failed_shard = (int)s;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
+}
+
+/* Shard s's client failed: its error text and its status (for KB_CLIENT_ESTATUS) become the cluster's. */
+static void s_client_error(kb_cluster_t *self, uint32_t s)
+{
+    s_shard_error(self, s, kb_client_last_error(self->clients[s]));
+    self->last_status = kb_client_last_status(self->clients[s]);
 }
 
 /* s_shard_error with a formatted reason (for answers that fail our checks). */
@@ -217,6 +245,12 @@ int kb_cluster_failed_shard(const kb_cluster_t *self)
 {
     assert(self);
     return self->failed_shard;
+}
+
+Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self)
+{
+    assert(self);
+    return self->last_status;
 }
 
 /* ---- splitting keys by shard ------------------------------------------------------------------------- */
@@ -498,7 +532,7 @@ static int s_fan_send(kb_cluster_t *self, s_fan_t *fan)
         int rc = kb_client_send(self->clients[s], &fan->reqs[s], &fan->ids[s]);
         if (rc != 0) {
             if (s_fan_failed(fan, s, rc))
-                s_shard_error(self, s, kb_client_last_error(self->clients[s]));
+                s_client_error(self, s);
             return rc;
         }
         fan->in_flight[s] = true;
@@ -520,12 +554,12 @@ static int s_fan_wait(kb_cluster_t *self, s_fan_t *fan)
         int rc = kb_client_wait(self->clients[s], fan->ids[s], &resp);
         fan->in_flight[s] = false;
         if (rc == 0 && resp->result_case != fan->want) {
-            rc = KB_CLIENT_EIO;
+            rc = KB_CLIENT_EMALFORMED;
             if (s_fan_failed(fan, s, rc))
                 s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
                                carls_op_name(fan->reqs[s].op_case), (int)resp->result_case);
         } else if (rc != 0 && s_fan_failed(fan, s, rc)) {
-            s_shard_error(self, s, kb_client_last_error(self->clients[s]));
+            s_client_error(self, s);
         }
         if (rc != 0) {
             if (resp)
@@ -760,8 +794,7 @@ int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *
             return rc;
         carls__response__free_unpacked(list, NULL);
     }
-    s_set_error(self, "NOT_FOUND: no table named \"%s\"", table);
-    return KB_CLIENT_ESTATUS;
+    return s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
 }
 
 int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableConfig **cfg_out)
@@ -772,8 +805,7 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
     int rc = kb_cluster_list_tables(self, &list);
     if (rc != 0)
         return rc;
-    rc = KB_CLIENT_ESTATUS;
-    s_set_error(self, "NOT_FOUND: no table named \"%s\"", table);
+    rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
     for (size_t i = 0; i < list->table_list->n_tables; i++) {
         const Carls__TableInfo *t = list->table_list->tables[i];
         if (!t || !t->name || strcmp(t->name, table) != 0 || !t->config)
@@ -1000,13 +1032,13 @@ static int s_hit_lower_first(const void *a, const void *b)
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* Checks a knn answer of shard s: nq * k keys and scores, k as asked. 0 or KB_CLIENT_EIO (error set). */
+/* Checks a knn answer of shard s: nq * k keys and scores, k as asked. 0 or KB_CLIENT_EMALFORMED (error set). */
 static int s_check_knn(kb_cluster_t *self, uint32_t s, const Carls__KnnResult *res, size_t nq, uint32_t k)
 {
     if (res->k != k || res->n_keys != nq * k || res->n_scores != nq * k) {
         s_shard_errorf(self, s, "knn: the server sent k %u with %zu keys and %zu scores for %zu queries of k %u",
                        res->k, res->n_keys, res->n_scores, nq, k);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     return 0;
 }
@@ -1157,9 +1189,8 @@ static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t
         return rc;
     if (info->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING || !info->has_knn) {
         /* What every shard would answer, so it reads the same as the single-server error. */
-        s_set_error(self, "INVALID_ARGUMENT: table '%s' has no nearest-neighbour index (create it with a knn spec)",
-                    table);
-        return KB_CLIENT_ESTATUS;
+        return s_status_error(self, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                              "table '%s' has no nearest-neighbour index (create it with a knn spec)", table);
     }
     return 0;
 }
@@ -1248,18 +1279,18 @@ static int s_check_sample(kb_cluster_t *self, uint32_t s, const Carls__SampleRes
         s_shard_errorf(self, s, "sample: the server sent %zu keys, %zu probabilities and %zu flags for %zu "
                        "positives and %u candidates", res->n_keys, res->n_probabilities, res->n_is_positive,
                        n_pos, n);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     if (!isfinite(res->mass) || res->mass < 0) {
         s_shard_errorf(self, s, "sample: the server sent mass %g", res->mass);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     for (size_t i = 0; i < res->n_keys; i++) {
         float p = res->probabilities[i];
         if (res->is_positive[i] != (i < n_pos) || !(p >= 0.0f && p <= 1.0f) || (i >= n_pos && res->keys[i].len == 0)) {
             s_shard_errorf(self, s, "sample: entry %zu of the answer is malformed (probability %g, %s)", i,
                            (double)p, res->is_positive[i] ? "positive" : "candidate");
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
     }
     return 0;
@@ -1414,8 +1445,8 @@ static int s_sample_sharded(kb_cluster_t *self, const char *table, const kb_key_
     }
     if (n > 0 && !(total > 0)) {
         /* What a single server answers when it has nothing to draw from. */
-        s_set_error(self, "NOT_FOUND: table '%s' has no rows that strategy can draw", table);
-        rc = KB_CLIENT_ESTATUS;
+        rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "table '%s' has no rows that strategy can draw",
+                            table);
         goto cleanup;
     }
     /* The multinomial split of n by mass (shards with no mass get no draws). */
@@ -1607,7 +1638,7 @@ int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t
         if (!ok) {
             s_shard_errorf(self, s, "feature_get: the server sent %zu records for %zu keys", res->n_records,
                            sp->count[s]);
-            rc = KB_CLIENT_EIO;
+            rc = KB_CLIENT_EMALFORMED;
             goto cleanup;
         }
     }
@@ -1678,7 +1709,7 @@ int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carl
     self->requests++;
     int rc = kb_client_stats(self->clients[shard], table, stats_out);
     if (rc != 0)
-        s_shard_error(self, shard, kb_client_last_error(self->clients[shard]));
+        s_client_error(self, shard);
     return rc;
 }
 
@@ -1725,9 +1756,9 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
     int rc = kb_client_call(self->clients[shard], &req, &resp);
     if (rc == 0 && resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
         s_shard_errorf(self, shard, "the answer to scan carries the wrong result (case %d)", (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     } else if (rc != 0) {
-        s_shard_error(self, shard, kb_client_last_error(self->clients[shard]));
+        s_client_error(self, shard);
     }
     if (rc != 0)
         goto fail;
@@ -1749,7 +1780,7 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
         s_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, %zu "
                        "frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids, r->n_versions,
                        r->n_frequencies, r->dim, r->n_values, r->n_records);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
         goto fail;
     }
     *page_out = resp;

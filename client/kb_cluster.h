@@ -33,8 +33,9 @@
  * Threading: like kb_client_t, one cluster is used from one thread at a time.
  *
  * Return convention: as kb_client: 0 on success, a negative KB_CLIENT_E* code on failure, with
- * kb_cluster_last_error() describing it. With more than one shard the text starts with
- * "shard I (ENDPOINT): ", naming the first shard that failed. */
+ * kb_cluster_last_error() describing it and, for KB_CLIENT_ESTATUS, kb_cluster_last_status() giving the
+ * status as the protobuf enum (test the enum, never the text). With more than one shard the text starts
+ * with "shard I (ENDPOINT): ", naming the first shard that failed. */
 #ifndef KB_CLUSTER_H
 #define KB_CLUSTER_H
 
@@ -76,6 +77,11 @@ const char *kb_cluster_last_error(const kb_cluster_t *self);
 /* The shard whose failure the last error describes, or -1 (success, or an error not tied to one shard,
  * such as bad arguments). */
 int kb_cluster_failed_shard(const kb_cluster_t *self);
+
+/* After KB_CLIENT_ESTATUS: the status, as the failed shard's server answered it or as the cluster answers
+ * for the whole bank (NOT_FOUND for a table it does not have or a sample with nothing to draw,
+ * INVALID_ARGUMENT for knn on a table without an index). STATUS_OK after a success or another failure. */
+Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self);
 
 /* ---- tables ---------------------------------------------------------------------------------------- */
 

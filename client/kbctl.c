@@ -311,7 +311,7 @@ static int s_table_info(const char *verb, kb_cluster_t *c, const char *name, kb_
     int rc = kb_cluster_table(c, name, info);
     if (rc == 0)
         return S_EXIT_OK;
-    if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(c), "no table named")) {
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(c) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
         fprintf(stderr, "kbctl %s: no table named \"%s\" on the server\n", verb, name);
         return S_EXIT_SERVER;
     }

@@ -86,8 +86,9 @@ static int s_fail(km_bank_t *self, int rc, const char *what, const char *table)
 {
     const char *err = kb_cluster_last_error(self->bank);
     snprintf(self->error, sizeof self->error, "%s %s: %s", what, table, err);
-    self->unreachable = rc == KB_CLIENT_ETIMEOUT || (rc == KB_CLIENT_EIO && strstr(err, "malformed") == NULL) ||
-                        (rc == KB_CLIENT_ESTATUS && strncmp(err, "UNAVAILABLE", 11) == 0);
+    self->unreachable = rc == KB_CLIENT_ETIMEOUT || rc == KB_CLIENT_EIO ||
+                        (rc == KB_CLIENT_ESTATUS &&
+                         kb_cluster_last_status(self->bank) == CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
     return rc;
 }
 

@@ -394,7 +394,7 @@ static int s_lookup_send(s_run_t *r, kb_cluster_pending_t **req, const char *tab
 /* Logs a failed wait; a table the bank does not have (any more) gets its own explanation. */
 static int s_fail_wait(s_run_t *r, int rc, const char *what)
 {
-    if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(r->bank), "NOT_FOUND"))
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(r->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND)
         LOG_ERROR("word2vec: a table is missing from the bank: dropped, or lost in a crash within its "
                   "durability interval; run the trainer again (it re-creates the tables)");
     return s_fail_kb(r, what);
@@ -438,7 +438,7 @@ static int s_wait_push(s_run_t *r, kb_cluster_pending_t **req, const char *what)
  * first batch): the batch's own tokens stand in (see s_lookup_stage). */
 static bool s_nothing_to_draw(s_run_t *r, int rc)
 {
-    return rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(r->bank), "NOT_FOUND");
+    return rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(r->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND;
 }
 
 /* ---- the pipeline ---- */

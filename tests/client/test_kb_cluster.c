@@ -139,6 +139,7 @@ static void test_list_tables_sums_rows(void **state)
     assert_int_equal(kb_cluster_table(f->cluster, "emb", &info), 0);
     assert_int_equal(info.dim, DIM);
     assert_int_equal(kb_cluster_table(f->cluster, "nope", &info), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "no table named \"nope\""));
 }
 
@@ -183,8 +184,9 @@ static void test_bad_answers_named(void **state)
     for (int i = 0; i < N * DIM; i++)
         v[i] = -1.0f;
     fake_kb_server_set_mode(f->fake[2], FAKE_LOOKUP_SHORT);
-    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_EIO);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_EMALFORMED);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 2);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_OK);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "shard 2 ("));
     for (int i = 0; i < N * DIM; i++)
         assert_true(v[i] == -1.0f);
@@ -196,11 +198,15 @@ static void test_bad_answers_named(void **state)
     fake_kb_server_set_status(f->fake[1], CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only");
     assert_int_equal(kb_cluster_put(f->cluster, "emb", f->keys, N, DIM, v, 1), KB_CLIENT_ESTATUS);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 1);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "READ_ONLY: this server is read-only"));
     assert_int_equal(kb_cluster_create_table(f->cluster, "t2", &(Carls__TableConfig)CARLS__TABLE_CONFIG__INIT, true),
                      KB_CLIENT_ESTATUS);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 1);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     fake_kb_server_set_mode(f->fake[1], FAKE_ANSWER);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", f->keys, N, DIM, v, 1), 0);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_OK);
     /* Bad arguments are nobody's shard. */
     kb_key_t empty = {"", 0};
     assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &empty, 1, DIM, v, NULL), KB_CLIENT_EINVAL);
@@ -224,6 +230,7 @@ static void test_single_endpoint_pass_through(void **state)
     assert_int_equal(kb_cluster_lookup(one, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_ESTATUS);
     assert_string_equal(kb_cluster_last_error(one), "INTERNAL: disk full");
     assert_int_equal(kb_cluster_failed_shard(one), 0);
+    assert_int_equal(kb_cluster_last_status(one), CARLS__STATUS_CODE__STATUS_INTERNAL);
     fake_kb_server_set_mode(f->fake[0], FAKE_ANSWER);
     kb_cluster_destroy(&one);
     assert_null(one);
