@@ -512,7 +512,7 @@ static void test_refused_before_sending(void **state)
     fake_kb_server_destroy(&srv);
 }
 
-/* Unknown ids, and NULL handling of the lifecycle. */
+/* Unknown ids, cancelled requests, and NULL handling of the lifecycle. */
 static void test_misc(void **state)
 {
     (void)state;
@@ -529,8 +529,19 @@ static void test_misc(void **state)
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_wait(c, 12345, &resp), KB_CLIENT_EINVAL);
     assert_null(resp);
-    /* A request sent and never waited for is freed by destroy (ASan checks for the leak). */
+    /* A cancelled request is no longer in flight; its answer, when it comes, is dropped, and the next
+     * request gets its own. */
     fake_kb_server_add_table(srv, "emb", 1, 0);
+    uint64_t gone = s_send_lookup(c, "emb", "cancelled");
+    assert_int_equal(kb_client_cancel(c, gone), KB_CLIENT_OK);
+    assert_int_equal(kb_client_cancel(c, gone), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_wait(c, gone, &resp), KB_CLIENT_EINVAL);
+    assert_int_equal(fake_kb_server_wait_count(srv, 1, 2000), 1);
+    uint64_t next = s_send_lookup(c, "emb", "next");
+    assert_int_equal(kb_client_wait(c, next, &resp), KB_CLIENT_OK);
+    assert_int_equal(resp->request_id, next);
+    carls__response__free_unpacked(resp, NULL);
+    /* A request sent and never waited for is freed by destroy (ASan checks for the leak). */
     s_send_lookup(c, "emb", "orphan");
     kb_client_destroy(&c);
     fake_kb_server_destroy(&srv);
