@@ -329,7 +329,7 @@ typedef union {
 /* One operation spread over the shards: at most one request per shard, all sent before any answer is
  * awaited, then the answers. Every operation of this file goes through it:
  *   s_fan_init                       one fan-out of a table, answers must carry result `want`
- *   s_fan_keys / s_fan_request / s_fan_all   build the requests (keys split by shard, or one per shard)
+ *   s_fan_keys / s_fan_request / s_to_all    build the requests (keys split by shard, or one per shard)
  *   s_fan_send, s_fan_wait (or s_fan_run)    send them all, then collect every answer
  *   s_fan_free                       frees it, cancelling requests still in flight (an abandoned fan-out)
  * A failure is reported for the first shard in shard order that failed (kb_cluster_failed_shard). */
@@ -386,58 +386,38 @@ static void s_fan_free(kb_cluster_t *self, s_fan_t *fan)
     memset(fan, 0, sizeof *fan);
 }
 
-/* Builds shard s's request for operation op (initialised, the request's oneof pointing at it) and returns
- * the operation for the caller to fill in. */
-static s_op_t *s_fan_request(s_fan_t *fan, uint32_t s, Carls__Request__OpCase op)
+/* Makes req (initialised, of fan's table) carry operation op, its oneof member pointing at msg, and returns
+ * the descriptor of op's message. Every operation is set the same way, so this reads protobuf-c's descriptors
+ * instead of naming each generated member: a oneof's case number is its member's field number in Request. */
+static const ProtobufCMessageDescriptor *s_request_op(const s_fan_t *fan, Carls__Request *req,
+                                                      Carls__Request__OpCase op, void *msg)
 {
-    Carls__Request *req = &fan->reqs[s];
-    s_op_t *o = &fan->ops[s];
+    const ProtobufCFieldDescriptor *member =
+        protobuf_c_message_descriptor_get_field(&carls__request__descriptor, (unsigned)op);
+    assert(member && member->type == PROTOBUF_C_TYPE_MESSAGE);
     carls__request__init(req);
     req->table = fan->table;
     req->op_case = op;
-    switch (op) {
-    case CARLS__REQUEST__OP_LOOKUP:
-        carls__lookup__init(&o->lookup);
-        req->lookup = &o->lookup;
-        break;
-    case CARLS__REQUEST__OP_PUT:
-        carls__put__init(&o->put);
-        req->put = &o->put;
-        break;
-    case CARLS__REQUEST__OP_PUSH_GRADIENTS:
-        carls__push_gradients__init(&o->push_gradients);
-        req->push_gradients = &o->push_gradients;
-        break;
-    case CARLS__REQUEST__OP_FEATURE_GET:
-        carls__feature_get__init(&o->feature_get);
-        req->feature_get = &o->feature_get;
-        break;
-    case CARLS__REQUEST__OP_FEATURE_PUT:
-        carls__feature_put__init(&o->feature_put);
-        req->feature_put = &o->feature_put;
-        break;
-    case CARLS__REQUEST__OP_SAMPLE:
-        carls__sample__init(&o->sample);
-        req->sample = &o->sample;
-        break;
-    case CARLS__REQUEST__OP_KNN:
-        carls__knn__init(&o->knn);
-        req->knn = &o->knn;
-        break;
-    default:
-        assert(!"an operation the fan-out does not build per shard");
-    }
-    return o;
+    *(void **)((char *)req + member->offset) = msg;
+    return member->descriptor;
 }
 
-/* The same request to every shard: each gets its own copy (its client fills in its own ids), all pointing
- * at req's operation. */
-static void s_fan_all(kb_cluster_t *self, s_fan_t *fan, const Carls__Request *req)
+/* Builds shard s's request for operation op (initialised, in fan->ops[s]) carrying the n_keys keys (a
+ * sample's positives; none: NULL, 0): the operation's repeated bytes field "keys" ("positives" in Sample).
+ * Returns the operation for the caller to fill in. */
+static s_op_t *s_fan_request(s_fan_t *fan, uint32_t s, Carls__Request__OpCase op, ProtobufCBinaryData *keys,
+                             size_t n_keys)
 {
-    for (uint32_t s = 0; s < self->n; s++) {
-        fan->reqs[s] = *req;
-        fan->reqs[s].table = fan->table;
-    }
+    s_op_t *o = &fan->ops[s];
+    const ProtobufCMessageDescriptor *desc = s_request_op(fan, &fan->reqs[s], op, o);
+    assert(desc->sizeof_message <= sizeof *o); /* s_op_t lists every operation built here */
+    protobuf_c_message_init(desc, o);
+    const ProtobufCFieldDescriptor *key_field =
+        protobuf_c_message_descriptor_get_field_by_name(desc, op == CARLS__REQUEST__OP_SAMPLE ? "positives" : "keys");
+    assert(key_field && key_field->type == PROTOBUF_C_TYPE_BYTES && key_field->label == PROTOBUF_C_LABEL_REPEATED);
+    *(size_t *)((char *)o + key_field->quantifier_offset) = n_keys;
+    *(ProtobufCBinaryData **)((char *)o + key_field->offset) = keys;
+    return o;
 }
 
 /* Splits keys by shard (fan->sp) and builds operation op for every shard holding keys, with its keys.
@@ -448,37 +428,9 @@ static int s_fan_keys(kb_cluster_t *self, s_fan_t *fan, const char *what, Carls_
     int rc = s_split(self, what, keys, n, &fan->sp);
     if (rc != 0)
         return rc;
-    for (uint32_t s = 0; s < self->n; s++) {
-        size_t c = fan->sp.count[s];
-        if (c == 0)
-            continue;
-        ProtobufCBinaryData *k = fan->sp.wire + fan->sp.start[s];
-        s_op_t *o = s_fan_request(fan, s, op);
-        switch (op) {
-        case CARLS__REQUEST__OP_LOOKUP:
-            o->lookup.n_keys = c;
-            o->lookup.keys = k;
-            break;
-        case CARLS__REQUEST__OP_PUT:
-            o->put.n_keys = c;
-            o->put.keys = k;
-            break;
-        case CARLS__REQUEST__OP_PUSH_GRADIENTS:
-            o->push_gradients.n_keys = c;
-            o->push_gradients.keys = k;
-            break;
-        case CARLS__REQUEST__OP_FEATURE_GET:
-            o->feature_get.n_keys = c;
-            o->feature_get.keys = k;
-            break;
-        case CARLS__REQUEST__OP_FEATURE_PUT:
-            o->feature_put.n_keys = c;
-            o->feature_put.keys = k;
-            break;
-        default:
-            assert(!"an operation without keys");
-        }
-    }
+    for (uint32_t s = 0; s < self->n; s++)
+        if (fan->sp.count[s] > 0)
+            s_fan_request(fan, s, op, fan->sp.wire + fan->sp.start[s], fan->sp.count[s]);
     return 0;
 }
 
@@ -647,12 +599,15 @@ static kb_cluster_pending_t *s_pending_new(kb_cluster_t *self, const char *table
 
 /* ---- tables ----------------------------------------------------------------------------------------- */
 
-/* Sends req (a one-op request) to every shard and waits for every answer: fan (the caller frees it with
- * s_fan_free) holds them on success. */
-static int s_to_all(kb_cluster_t *self, s_fan_t *fan, const Carls__Request *req, Carls__Response__ResultCase want)
+/* Sends operation op (its message msg, shared by every shard's request; each shard's client fills in its
+ * own ids) on table (NULL: none) to every shard and waits for every answer, which must carry result want:
+ * fan (the caller frees it with s_fan_free) holds them on success. */
+static int s_to_all(kb_cluster_t *self, s_fan_t *fan, const char *table, Carls__Request__OpCase op, void *msg,
+                    Carls__Response__ResultCase want)
 {
-    s_fan_init(self, fan, req->table, want);
-    s_fan_all(self, fan, req);
+    s_fan_init(self, fan, table, want);
+    for (uint32_t s = 0; s < self->n; s++)
+        s_request_op(fan, &fan->reqs[s], op, msg);
     return s_fan_run(self, fan);
 }
 
@@ -681,12 +636,8 @@ int kb_cluster_create_table(kb_cluster_t *self, const char *table, const Carls__
     Carls__CreateTable op = CARLS__CREATE_TABLE__INIT;
     op.config = (Carls__TableConfig *)cfg; /* packing only reads it */
     op.if_not_exists = if_not_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
-    req.create_table = &op;
     s_fan_t fan;
-    int rc = s_to_all(self, &fan, &req, CARLS__RESPONSE__RESULT_WRITE);
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_CREATE_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
     s_fan_free(self, &fan);
     return rc;
 }
@@ -702,12 +653,8 @@ int kb_cluster_drop_table(kb_cluster_t *self, const char *table, bool if_exists)
     s_forget_table(self, table);
     Carls__DropTable op = CARLS__DROP_TABLE__INIT;
     op.if_exists = if_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
-    req.drop_table = &op;
     s_fan_t fan;
-    int rc = s_to_all(self, &fan, &req, CARLS__RESPONSE__RESULT_WRITE);
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_DROP_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
     s_fan_free(self, &fan);
     return rc;
 }
@@ -739,11 +686,8 @@ int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out)
     s_clear_error(self);
     *list_out = NULL;
     Carls__ListTables op = CARLS__LIST_TABLES__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
-    req.list_tables = &op;
     s_fan_t fan;
-    int rc = s_to_all(self, &fan, &req, CARLS__RESPONSE__RESULT_TABLE_LIST);
+    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_LIST_TABLES, &op, CARLS__RESPONSE__RESULT_TABLE_LIST);
     Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
@@ -1079,13 +1023,9 @@ static int s_knn_merge(kb_cluster_t *self, const char *table, const float *queri
     op.vectors = (float *)queries;
     op.n_vectors = nq * dim;
     op.k = k_ask;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
     s_fan_t fan;
     s_hit_t *cand = NULL, *chosen = NULL;
-    int rc = s_to_all(self, &fan, &req, CARLS__RESPONSE__RESULT_KNN);
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_KNN, &op, CARLS__RESPONSE__RESULT_KNN);
     Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
@@ -1127,7 +1067,6 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
 {
     s_fan_t fan;
     s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_KNN);
-    Carls__Knn *op = &s_fan_request(&fan, 0, CARLS__REQUEST__OP_KNN)->knn;
     ProtobufCBinaryData *wire = NULL;
     if (keys) {
         wire = carls_xmalloc(nq * sizeof *wire);
@@ -1135,8 +1074,9 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
             wire[i].data = (uint8_t *)keys[i].data;
             wire[i].len = keys[i].len;
         }
-        op->keys = wire;
-        op->n_keys = nq;
+    }
+    Carls__Knn *op = &s_fan_request(&fan, 0, CARLS__REQUEST__OP_KNN, wire, keys ? nq : 0)->knn;
+    if (keys) {
         op->exclude_query = exclude;
     } else {
         op->vectors = (float *)queries;
@@ -1316,9 +1256,8 @@ static void s_sample_build(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp
         uint32_t nc = counts ? counts[s] : 0;
         if (!ask_all && np == 0 && nc == 0)
             continue;
-        Carls__Sample *op = &s_fan_request(fan, s, CARLS__REQUEST__OP_SAMPLE)->sample;
-        op->n_positives = np;
-        op->positives = np ? sp->wire + sp->start[s] : NULL;
+        Carls__Sample *op =
+            &s_fan_request(fan, s, CARLS__REQUEST__OP_SAMPLE, np ? sp->wire + sp->start[s] : NULL, np)->sample;
         op->n = nc;
         op->strategy = strategy;
         op->seed = raw_seed ? seed : s_shard_seed(seed, s);
@@ -1718,11 +1657,8 @@ int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard
     assert(self);
     s_clear_error(self);
     Carls__Checkpoint op = CARLS__CHECKPOINT__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_CHECKPOINT;
-    req.checkpoint = &op;
     s_fan_t fan;
-    int rc = s_to_all(self, &fan, &req, CARLS__RESPONSE__RESULT_CHECKPOINT);
+    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_CHECKPOINT, &op, CARLS__RESPONSE__RESULT_CHECKPOINT);
     if (rc == 0 && per_shard_out) {
         for (uint32_t s = 0; s < self->n; s++) {
             carls__checkpoint_result__init(&per_shard_out[s]);
