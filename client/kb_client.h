@@ -120,7 +120,8 @@ int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
 
 /* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
  * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with
- * KB_CLIENT_EMALFORMED if the answer holds another number of values or metadata records than n*dim / n (nothing is copied). */
+ * KB_CLIENT_EMALFORMED if the answer holds another number of values or metadata records than n*dim / n
+ * (nothing is copied). */
 int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                      float *values_out, kb_row_meta_t *meta_out);
 

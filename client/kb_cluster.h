@@ -3,7 +3,8 @@
  * A kb_cluster_t holds one kb_client_t per shard. The endpoint list "tcp://a:1,tcp://b:2,..." is in shard
  * order: the i-th endpoint serves shard i of N. A key belongs to shard carls_shard_of(key, len, N) and to no
  * other (a sharded server refuses keys of other shards, so a list in the wrong order fails loudly instead of
- * scattering data). With a single endpoint every call is a thin pass-through to the kb_client_t.
+ * scattering data). With a single endpoint every call sends the one request (keys in the caller's order)
+ * that the matching kb_client call would.
  *
  * How each operation spreads over the shards:
  *   - create_table, drop_table, checkpoint: sent to every shard (in parallel). Not atomic across shards: when
