@@ -328,17 +328,18 @@ typedef union {
 
 /* One operation spread over the shards: at most one request per shard, all sent before any answer is
  * awaited, then the answers. Every operation of this file goes through it:
- *   s_fan_init                       one fan-out of a table, answers must carry result `want`
- *   s_fan_keys / s_fan_request / s_to_all    build the requests (keys split by shard, or one per shard)
- *   s_fan_send, s_fan_wait (or s_fan_run)    send them all, then collect every answer
- *   s_fan_free                       frees it, cancelling requests still in flight (an abandoned fan-out)
+ *   s_fan_init                             one fan-out on a table, whose answers must carry result `want`
+ *   s_fan_keys, s_fan_request, s_to_all    build the requests (keys split by shard, or one per shard)
+ *   s_fan_send, s_fan_wait (or s_fan_run)  send them all, then collect every answer
+ *   s_fan_free                             frees it, cancelling requests still in flight (abandoned)
  * A failure is reported for the first shard in shard order that failed (kb_cluster_failed_shard). */
 typedef struct {
     char *table;                      /* a copy of the table name the requests point at */
     Carls__Response__ResultCase want; /* the result every answer must carry */
     s_split_t sp;                     /* the keys by shard (s_fan_keys); empty for operations without keys */
     Carls__Request *reqs;             /* (shards) shard s's request; op_case NOT_SET: nothing for shard s */
-    s_op_t *ops;                      /* (shards) the operation reqs[s] points at */
+    s_op_t *ops;                      /* (shards) shard s's own operation (s_fan_request; s_to_all's requests
+                                       * share the caller's instead) */
     float *rows;                      /* put, push_gradients: the caller's rows in shard order (several shards) */
     Carls__FeatureRecord **records;   /* feature_put: the caller's records in shard order */
     uint64_t *ids;                    /* (shards) request id of each request sent */
