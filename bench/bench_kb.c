@@ -2,7 +2,7 @@
  * docs/BENCHMARKS.md, "Knowledge bank"). */
 #include "bench.h"
 
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "log.h"
 #include "util.h"
@@ -20,7 +20,7 @@
 #define S_LOAD_BATCH 5000u /* rows per put while loading a table */
 #define S_TABLE "emb"
 
-/* ---- connections: one kb_client per shard ---- */
+/* ---- connections: the sharded client (kb_cluster) over the bench's servers ---- */
 
 /* Copies an endpoint into a 256-byte slot (kb-server endpoints are far shorter). */
 static void s_ep(char *dst, const char *src)
@@ -30,181 +30,21 @@ static void s_ep(char *dst, const char *src)
     dst[n] = '\0';
 }
 
-typedef struct {
-    uint32_t shards;
-    kb_client_t *c[S_MAX_SHARDS];
-} s_conn_t;
-
-static int s_conn_open(s_conn_t *conn, char endpoints[][256], uint32_t shards)
+/* A client of the bank served by `shards` servers (endpoints in shard order); with one endpoint every call
+ * is one request to it, with several kb_cluster splits the keys and asks the shards in parallel. NULL on
+ * failure (logged). */
+static kb_cluster_t *s_bank_open(char endpoints[][256], uint32_t shards)
 {
-    memset(conn, 0, sizeof *conn);
-    conn->shards = shards;
+    char list[S_MAX_SHARDS * 257] = "";
+    for (uint32_t s = 0; s < shards; s++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", s ? "," : "", endpoints[s]);
     kb_client_options_t o = {.timeout_ms = 120000, .retries = 0};
-    for (uint32_t s = 0; s < shards; s++) {
-        conn->c[s] = kb_client_new(endpoints[s], &o);
-        if (!conn->c[s])
-            return -1;
-    }
-    return 0;
-}
-
-static void s_conn_close(s_conn_t *conn)
-{
-    for (uint32_t s = 0; s < conn->shards; s++)
-        kb_client_destroy(&conn->c[s]);
-}
-
-/* Sends one request per shard holding keys (idx[s][0..n[s]) of keys) and waits for every answer. build fills
- * the request's operation for shard s. Answers are handed to `take` in shard order. */
-typedef void (*s_build_fn)(void *ctx, uint32_t shard, Carls__Request *req);
-typedef int (*s_take_fn)(void *ctx, uint32_t shard, const Carls__Response *resp, char *err, size_t errlen);
-
-static int s_fanout(s_conn_t *conn, const bool *active, s_build_fn build, s_take_fn take, void *ctx, char *err,
-                    size_t errlen)
-{
-    uint64_t ids[S_MAX_SHARDS];
-    int rc = 0;
-    bool sent[S_MAX_SHARDS] = {false};
-    for (uint32_t s = 0; s < conn->shards; s++) {
-        if (!active[s])
-            continue;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = S_TABLE;
-        build(ctx, s, &req);
-        if (kb_client_send(conn->c[s], &req, &ids[s]) != 0) {
-            snprintf(err, errlen, "shard %u: %s", s, kb_client_last_error(conn->c[s]));
-            rc = -1;
-            break;
-        }
-        sent[s] = true;
-    }
-    for (uint32_t s = 0; s < conn->shards; s++) {
-        if (!sent[s])
-            continue;
-        Carls__Response *resp = NULL;
-        int w = kb_client_wait(conn->c[s], ids[s], &resp);
-        if (w != 0) {
-            if (rc == 0)
-                snprintf(err, errlen, "shard %u: %s", s, kb_client_last_error(conn->c[s]));
-            rc = -1;
-        } else if (rc == 0 && take && take(ctx, s, resp, err, errlen) != 0) {
-            rc = -1;
-        }
-        if (resp)
-            carls__response__free_unpacked(resp, NULL);
-    }
-    return rc;
-}
-
-/* Per-call scratch for routed batches. */
-typedef struct {
-    uint32_t dim;
-    size_t n;
-    const ProtobufCBinaryData *keys; /* n */
-    const float *values;             /* n * dim (put) */
-    float *out;                      /* n * dim (lookup) */
-    uint64_t version;
-    /* routing */
-    uint32_t *shard_of;              /* n */
-    ProtobufCBinaryData *skeys[S_MAX_SHARDS];
-    float *svalues[S_MAX_SHARDS];
-    size_t *spos[S_MAX_SHARDS];      /* caller positions */
-    size_t sn[S_MAX_SHARDS];
-    Carls__Lookup lookup[S_MAX_SHARDS];
-    Carls__Put put[S_MAX_SHARDS];
-} s_route_t;
-
-static void s_route_init(s_route_t *r, uint32_t shards, size_t cap, uint32_t dim)
-{
-    memset(r, 0, sizeof *r);
-    r->dim = dim;
-    r->shard_of = carls_xmalloc(cap * sizeof *r->shard_of);
-    for (uint32_t s = 0; s < shards; s++) {
-        r->skeys[s] = carls_xmalloc(cap * sizeof **r->skeys);
-        r->svalues[s] = carls_xmalloc(cap * dim * sizeof(float));
-        r->spos[s] = carls_xmalloc(cap * sizeof **r->spos);
-    }
-}
-
-static void s_route_free(s_route_t *r)
-{
-    free(r->shard_of);
-    for (uint32_t s = 0; s < S_MAX_SHARDS; s++) {
-        free(r->skeys[s]);
-        free(r->svalues[s]);
-        free(r->spos[s]);
-    }
-}
-
-static void s_route_split(s_route_t *r, uint32_t shards, bool with_values, bool *active)
-{
-    for (uint32_t s = 0; s < shards; s++)
-        r->sn[s] = 0;
-    for (size_t i = 0; i < r->n; i++) {
-        uint32_t s = shards > 1 ? carls_shard_of(r->keys[i].data, r->keys[i].len, shards) : 0;
-        size_t j = r->sn[s]++;
-        r->skeys[s][j] = r->keys[i];
-        r->spos[s][j] = i;
-        if (with_values)
-            memcpy(r->svalues[s] + j * r->dim, r->values + i * r->dim, r->dim * sizeof(float));
-    }
-    for (uint32_t s = 0; s < shards; s++)
-        active[s] = r->sn[s] > 0;
-}
-
-static void s_build_lookup(void *ctx, uint32_t s, Carls__Request *req)
-{
-    s_route_t *r = ctx;
-    carls__lookup__init(&r->lookup[s]);
-    r->lookup[s].keys = r->skeys[s];
-    r->lookup[s].n_keys = r->sn[s];
-    req->op_case = CARLS__REQUEST__OP_LOOKUP;
-    req->lookup = &r->lookup[s];
-}
-
-static int s_take_lookup(void *ctx, uint32_t s, const Carls__Response *resp, char *err, size_t errlen)
-{
-    s_route_t *r = ctx;
-    if (resp->result_case != CARLS__RESPONSE__RESULT_LOOKUP || resp->lookup->n_values != r->sn[s] * r->dim) {
-        snprintf(err, errlen, "shard %u: bad lookup answer", s);
-        return -1;
-    }
-    for (size_t j = 0; j < r->sn[s]; j++)
-        memcpy(r->out + r->spos[s][j] * r->dim, resp->lookup->values + j * r->dim, r->dim * sizeof(float));
-    return 0;
-}
-
-static void s_build_put(void *ctx, uint32_t s, Carls__Request *req)
-{
-    s_route_t *r = ctx;
-    carls__put__init(&r->put[s]);
-    r->put[s].keys = r->skeys[s];
-    r->put[s].n_keys = r->sn[s];
-    r->put[s].values = r->svalues[s];
-    r->put[s].n_values = r->sn[s] * r->dim;
-    r->put[s].version = r->version;
-    req->op_case = CARLS__REQUEST__OP_PUT;
-    req->put = &r->put[s];
-}
-
-/* Routed lookup / put of r->n keys. */
-static int s_lookup(s_conn_t *conn, s_route_t *r, char *err, size_t errlen)
-{
-    bool active[S_MAX_SHARDS];
-    s_route_split(r, conn->shards, false, active);
-    return s_fanout(conn, active, s_build_lookup, s_take_lookup, r, err, errlen);
-}
-
-static int s_put(s_conn_t *conn, s_route_t *r, char *err, size_t errlen)
-{
-    bool active[S_MAX_SHARDS];
-    s_route_split(r, conn->shards, true, active);
-    return s_fanout(conn, active, s_build_put, NULL, r, err, errlen);
+    return kb_cluster_new(list, &o);
 }
 
 /* ---- tables ---- */
 
-static int s_create(s_conn_t *conn, uint32_t dim, const char *knn_spec)
+static int s_create(kb_cluster_t *bank, uint32_t dim, const char *knn_spec)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = dim;
@@ -214,22 +54,18 @@ static int s_create(s_conn_t *conn, uint32_t dim, const char *knn_spec)
         knn.metric = CARLS__KNN_METRIC__METRIC_L2;
         cfg.knn = &knn;
     }
-    for (uint32_t s = 0; s < conn->shards; s++) {
-        if (kb_client_create_table(conn->c[s], S_TABLE, &cfg, true) != 0) {
-            fprintf(stderr, "kb-bench: create table: %s\n", kb_client_last_error(conn->c[s]));
-            return -1;
-        }
+    if (kb_cluster_create_table(bank, S_TABLE, &cfg, true) != 0) {
+        fprintf(stderr, "kb-bench: create table: %s\n", kb_cluster_last_error(bank));
+        return -1;
     }
     return 0;
 }
 
 /* Puts rows [from, to) with their bench_value (or rows[] when given) in batches, then checkpoints every
  * shard (commits everything). */
-static int s_load(s_conn_t *conn, uint32_t dim, uint32_t from, uint32_t to, const float *rows)
+static int s_load(kb_cluster_t *bank, uint32_t dim, uint32_t from, uint32_t to, const float *rows)
 {
-    s_route_t r;
-    s_route_init(&r, conn->shards, S_LOAD_BATCH, dim);
-    ProtobufCBinaryData *keys = carls_xmalloc(S_LOAD_BATCH * sizeof *keys);
+    kb_key_t *keys = carls_xmalloc(S_LOAD_BATCH * sizeof *keys);
     char *kbuf = carls_xmalloc((size_t)S_LOAD_BATCH * 16);
     float *vals = carls_xmalloc((size_t)S_LOAD_BATCH * dim * sizeof(float));
     char err[512] = "";
@@ -238,52 +74,49 @@ static int s_load(s_conn_t *conn, uint32_t dim, uint32_t from, uint32_t to, cons
         uint32_t m = to - s < S_LOAD_BATCH ? to - s : S_LOAD_BATCH;
         for (uint32_t i = 0; i < m; i++) {
             keys[i].len = bench_key(s + i, kbuf + (size_t)i * 16);
-            keys[i].data = (uint8_t *)kbuf + (size_t)i * 16;
+            keys[i].data = kbuf + (size_t)i * 16;
             if (rows)
                 memcpy(vals + (size_t)i * dim, rows + (size_t)(s + i) * dim, dim * sizeof(float));
             else
                 bench_value(s + i, dim, vals + (size_t)i * dim);
         }
-        r.n = m;
-        r.keys = keys;
-        r.values = vals;
-        r.version = 1;
-        rc = s_put(conn, &r, err, sizeof err);
+        rc = kb_cluster_put(bank, S_TABLE, keys, m, dim, vals, 1);
+        if (rc != 0)
+            snprintf(err, sizeof err, "put: %s", kb_cluster_last_error(bank));
     }
     /* Everything committed before anything is measured: in interval durability the persister would
      * otherwise still be writing the load to SQLite during the measurement (and a 1M-row backlog makes the
-     * server's shutdown slow). */
-    for (uint32_t sh = 0; sh < conn->shards && rc == 0; sh++) {
-        /* The server gives up waiting for one commit after --commit-timeout-ms (30 s); a large load (1M rows,
-         * with an index being built on the same cores) can take longer to persist, so ask again. */
-        for (int attempt = 0; attempt < 40; attempt++) {
-            rc = kb_client_checkpoint(conn->c[sh]);
-            if (rc == 0)
-                break;
-            snprintf(err, sizeof err, "checkpoint: %s", kb_client_last_error(conn->c[sh]));
-        }
+     * server's shutdown slow). The server gives up waiting for one commit after --commit-timeout-ms (30 s);
+     * a large load (1M rows, with an index being built on the same cores) can take longer to persist, so
+     * ask again. */
+    for (int attempt = 0; attempt < 40 && rc == 0; attempt++) {
+        int ck = kb_cluster_checkpoint(bank, NULL);
+        if (ck == 0)
+            break;
+        snprintf(err, sizeof err, "checkpoint: %s", kb_cluster_last_error(bank));
+        if (attempt == 39)
+            rc = ck;
     }
     if (rc != 0)
         fprintf(stderr, "kb-bench: loading rows: %s\n", err);
     free(keys);
     free(kbuf);
     free(vals);
-    s_route_free(&r);
     return rc;
 }
 
-/* The table's stats on shard s (a copy of the fields used here). */
+/* The table's stats on the first (in these cases the only) server (a copy of the fields used here). */
 typedef struct {
     uint64_t rows, pending_gradients, gradients_received, gradients_applied, outliers_dropped;
     uint64_t knn_count, knn_indexed, knn_pending;
     bool knn_ready, knn_building;
 } s_tstats_t;
 
-static int s_stats(kb_client_t *c, s_tstats_t *out)
+static int s_stats(kb_cluster_t *bank, s_tstats_t *out)
 {
     Carls__Response *resp = NULL;
-    if (kb_client_stats(c, S_TABLE, &resp) != 0) {
-        fprintf(stderr, "kb-bench: stats: %s\n", kb_client_last_error(c));
+    if (kb_cluster_stats(bank, 0, S_TABLE, &resp) != 0) {
+        fprintf(stderr, "kb-bench: stats: %s\n", kb_cluster_last_error(bank));
         if (resp)
             carls__response__free_unpacked(resp, NULL);
         return -1;
@@ -370,9 +203,7 @@ typedef struct {
 
 typedef struct {
     s_kb_arg_t *a;
-    s_conn_t conn;
-    s_route_t route;
-    ProtobufCBinaryData *keys;
+    kb_cluster_t *bank;
     char *kbuf;
     float *vals, *out;
     kb_key_t *ckeys;
@@ -383,9 +214,7 @@ typedef struct {
 static void s_kb_thread_free(void *state)
 {
     s_kb_thread_t *t = state;
-    s_conn_close(&t->conn);
-    s_route_free(&t->route);
-    free(t->keys);
+    kb_cluster_destroy(&t->bank);
     free(t->kbuf);
     free(t->vals);
     free(t->out);
@@ -401,13 +230,12 @@ static void *s_kb_thread_new(void *arg, uint32_t index)
     t->a = a;
     uint32_t dim = a->opts->dim;
     size_t cap = a->batch > a->opts->knn_batch ? a->batch : a->opts->knn_batch;
-    s_route_init(&t->route, a->shards, cap, dim);
-    t->keys = carls_xmalloc(cap * sizeof *t->keys);
     t->ckeys = carls_xmalloc(cap * sizeof *t->ckeys);
     t->kbuf = carls_xmalloc(cap * 16);
     t->vals = carls_xmalloc(cap * dim * sizeof(float));
     t->out = carls_xmalloc(cap * dim * sizeof(float));
-    if (s_conn_open(&t->conn, a->endpoints, a->shards) != 0) {
+    t->bank = s_bank_open(a->endpoints, a->shards);
+    if (!t->bank) {
         s_kb_thread_free(t);
         return NULL;
     }
@@ -419,31 +247,21 @@ static void s_draw_keys(s_kb_thread_t *t, uint64_t *rng, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         char *k = t->kbuf + (size_t)i * 16;
         size_t len = bench_key(bench_rand_below(rng, t->a->keys), k);
-        t->keys[i].data = (uint8_t *)k;
-        t->keys[i].len = len;
         t->ckeys[i].data = k;
         t->ckeys[i].len = len;
     }
 }
 
-/* A trainer's read: lookup of batch random keys (kb_client_lookup when unsharded, as an application
- * would call it; routed to every shard in parallel otherwise). */
+/* A trainer's read: lookup of batch random keys (one request when unsharded, routed to every shard in
+ * parallel otherwise). */
 static int s_op_lookup(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
 {
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (t->conn.shards == 1) {
-        if (kb_client_lookup(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
-            snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
-            return -1;
-        }
-    } else {
-        t->route.n = b;
-        t->route.keys = t->keys;
-        t->route.out = t->out;
-        if (s_lookup(&t->conn, &t->route, err, errlen) != 0)
-            return -1;
+    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
+        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
+        return -1;
     }
     *units = b;
     return 0;
@@ -456,8 +274,8 @@ static int s_op_lookup_no_create(void *state, uint64_t *rng, uint64_t *units, ch
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_client_lookup_ex(t->conn.c[0], S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0) {
-        snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
+    if (kb_cluster_lookup_ex(t->bank, S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0) {
+        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
         return -1;
     }
     *units = b;
@@ -472,8 +290,8 @@ static int s_op_push(void *state, uint64_t *rng, uint64_t *units, char *err, siz
     s_draw_keys(t, rng, b);
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.01f * bench_normal(rng);
-    if (kb_client_push_gradients(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
-        snprintf(err, errlen, "push: %s", kb_client_last_error(t->conn.c[0]));
+    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
+        snprintf(err, errlen, "push: %s", kb_cluster_last_error(t->bank));
         return -1;
     }
     *units = b;
@@ -489,18 +307,9 @@ static int s_op_put(void *state, uint64_t *rng, uint64_t *units, char *err, size
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.1f * bench_normal(rng);
     t->version++;
-    if (t->conn.shards == 1) {
-        if (kb_client_put(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals, t->version) != 0) {
-            snprintf(err, errlen, "put: %s", kb_client_last_error(t->conn.c[0]));
-            return -1;
-        }
-    } else {
-        t->route.n = b;
-        t->route.keys = t->keys;
-        t->route.values = t->vals;
-        t->route.version = t->version;
-        if (s_put(&t->conn, &t->route, err, errlen) != 0)
-            return -1;
+    if (kb_cluster_put(t->bank, S_TABLE, t->ckeys, b, dim, t->vals, t->version) != 0) {
+        snprintf(err, errlen, "put: %s", kb_cluster_last_error(t->bank));
+        return -1;
     }
     *units = b;
     return 0;
@@ -512,14 +321,14 @@ static int s_op_trainer(void *state, uint64_t *rng, uint64_t *units, char *err, 
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_client_lookup(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
-        snprintf(err, errlen, "lookup: %s", kb_client_last_error(t->conn.c[0]));
+    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
+        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
         return -1;
     }
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.01f * bench_normal(rng);
-    if (kb_client_push_gradients(t->conn.c[0], S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
-        snprintf(err, errlen, "push: %s", kb_client_last_error(t->conn.c[0]));
+    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
+        snprintf(err, errlen, "push: %s", kb_cluster_last_error(t->bank));
         return -1;
     }
     *units = b;
@@ -532,24 +341,12 @@ static int s_op_knn(void *state, uint64_t *rng, uint64_t *units, char *err, size
     s_kb_thread_t *t = state;
     const bench_opts_t *o = t->a->opts;
     bench_knn_queries(t->a->rows, t->a->n_rows, o->dim, o->knn_batch, rng, t->vals);
-    Carls__Knn op = CARLS__KNN__INIT;
-    op.vectors = t->vals;
-    op.n_vectors = (size_t)o->knn_batch * o->dim;
-    op.k = o->knn_k;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = S_TABLE;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
-    Carls__Response *resp = NULL;
-    int rc = kb_client_call(t->conn.c[0], &req, &resp);
-    if (rc != 0 || resp->result_case != CARLS__RESPONSE__RESULT_KNN ||
-        resp->knn->n_keys != (size_t)o->knn_batch * o->knn_k) {
-        snprintf(err, errlen, "knn: %s", rc != 0 ? kb_client_last_error(t->conn.c[0]) : "bad answer");
-        if (resp)
-            carls__response__free_unpacked(resp, NULL);
+    kb_knn_result_t *res = NULL;
+    if (kb_cluster_knn(t->bank, S_TABLE, t->vals, o->knn_batch, o->dim, o->knn_k, &res) != 0) {
+        snprintf(err, errlen, "knn: %s", kb_cluster_last_error(t->bank));
         return -1;
     }
-    carls__response__free_unpacked(resp, NULL);
+    kb_knn_result_destroy(&res);
     *units = o->knn_batch;
     return 0;
 }
@@ -742,20 +539,21 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
 static int s_measure_push(const bench_opts_t *opts, bench_proc_t *srv, bench_measure_t *kb, double *applied_rate,
                           double *received_rate)
 {
-    kb_client_options_t o = {.timeout_ms = 60000};
-    kb_client_t *c = kb_client_new(srv->endpoint, &o);
+    char ep[1][256];
+    s_ep(ep[0], srv->endpoint);
+    kb_cluster_t *bank = s_bank_open(ep, 1);
     s_tstats_t before, after;
     memset(kb, 0, sizeof *kb);
     memset(&after, 0, sizeof after);
     *applied_rate = *received_rate = NAN;
-    int rc = c ? s_stats(c, &before) : -1;
+    int rc = bank ? s_stats(bank, &before) : -1;
     double t0 = bench_now();
     if (rc == 0)
         rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_push, opts->clients, opts->seconds, kb);
     double pushed_s = bench_now() - t0;
     if (rc == 0) {
         for (int i = 0; i < 1000; i++) { /* 10 s; max_age_ms is 1000 */
-            if (s_stats(c, &after) != 0) {
+            if (s_stats(bank, &after) != 0) {
                 rc = -1;
                 break;
             }
@@ -771,7 +569,7 @@ static int s_measure_push(const bench_opts_t *opts, bench_proc_t *srv, bench_mea
         }
         *received_rate = (double)(after.gradients_received - before.gradients_received) / pushed_s;
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&bank);
     if (rc != 0 && !kb->error[0])
         snprintf(kb->error, sizeof kb->error, "stats failed");
     return rc;
@@ -937,12 +735,12 @@ static uint32_t s_nlist(uint32_t n)
 }
 
 /* Waits until the server's index holds all n rows and is up to date. */
-static int s_wait_index(kb_client_t *c, uint64_t n, double timeout_s)
+static int s_wait_index(kb_cluster_t *bank, uint64_t n, double timeout_s)
 {
     double deadline = bench_now() + timeout_s;
     while (bench_now() < deadline) {
         s_tstats_t s;
-        if (s_stats(c, &s) != 0)
+        if (s_stats(bank, &s) != 0)
             return -1;
         if (s.knn_count == n && s.knn_pending == 0 && s.knn_ready && !s.knn_building && s.knn_indexed >= n)
             return 0;
@@ -984,19 +782,17 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
             char why[300] = "";
             int rc = bench_kb_start(opts, "kb-knn", extra, &srv);
             if (rc == 0) {
-                s_conn_t conn;
                 char ep[1][256];
                 s_ep(ep[0], srv.endpoint);
-                rc = s_conn_open(&conn, ep, 1);
-                if (rc == 0)
-                    rc = s_create(&conn, opts->dim, specs[si]);
+                kb_cluster_t *bank = s_bank_open(ep, 1);
+                rc = bank ? s_create(bank, opts->dim, specs[si]) : -1;
                 double t0 = bench_now();
                 if (rc == 0)
-                    rc = s_load(&conn, opts->dim, 0, n, rows);
+                    rc = s_load(bank, opts->dim, 0, n, rows);
                 if (rc == 0)
-                    rc = s_wait_index(conn.c[0], n, 1800.0);
+                    rc = s_wait_index(bank, n, 1800.0);
                 load_s = bench_now() - t0;
-                s_conn_close(&conn);
+                kb_cluster_destroy(&bank);
                 if (rc != 0)
                     snprintf(why, sizeof why, "loading the server's table or index failed");
                 if (rc == 0) {
@@ -1129,16 +925,14 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
         }
         bench_measure_t lk, pt;
         if (rc == 0) {
-            s_conn_t conn;
             char eps[S_MAX_SHARDS][256];
             for (uint32_t s = 0; s < shards; s++)
                 s_ep(eps[s], srv[s].endpoint);
-            rc = s_conn_open(&conn, eps, shards);
+            kb_cluster_t *bank = s_bank_open(eps, shards);
+            rc = bank ? s_create(bank, opts->dim, NULL) : -1;
             if (rc == 0)
-                rc = s_create(&conn, opts->dim, NULL);
-            if (rc == 0)
-                rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
-            s_conn_close(&conn);
+                rc = s_load(bank, opts->dim, 0, opts->keys, NULL);
+            kb_cluster_destroy(&bank);
         }
         if (rc == 0)
             rc = s_run_kb(opts, srv, shards, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &lk);
@@ -1191,12 +985,10 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
         (*failures)++;
         return;
     }
-    s_conn_t conn;
     char ep[1][256];
     s_ep(ep[0], srv.endpoint);
-    int rc = s_conn_open(&conn, ep, 1);
-    if (rc == 0)
-        rc = s_create(&conn, opts->dim, NULL);
+    kb_cluster_t *bank = s_bank_open(ep, 1);
+    int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
     uint64_t rss0 = s_rss_bytes(srv.pid);
     uint32_t loaded = 0;
     double base = NAN, base_mem = NAN;
@@ -1204,7 +996,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
     for (int i = 0; i < 5 && opts->row_counts[i] && rc == 0; i++) {
         uint32_t n = opts->row_counts[i];
         bench_progress(opts, "rows: lookups over %u rows", n);
-        rc = s_load(&conn, opts->dim, loaded, n, NULL);
+        rc = s_load(bank, opts->dim, loaded, n, NULL);
         if (rc != 0)
             break;
         loaded = n;
@@ -1238,7 +1030,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
         r.note = "server RSS growth / rows (dim floats + optimizer state + key + SQLite cache)";
         bench_report(opts, &r);
     }
-    s_conn_close(&conn);
+    kb_cluster_destroy(&bank);
     bench_proc_stop(opts, &srv);
     if (rc != 0) {
         s_report_failed(opts, "rows.lookup", "emb/s", "loading or lookups failed");
@@ -1249,18 +1041,15 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
 /* Creates the table and loads opts->keys rows. */
 static int s_prepare(const bench_opts_t *opts, bench_proc_t *srv)
 {
-    s_conn_t conn;
     char ep[1][256];
     s_ep(ep[0], srv->endpoint);
-    int rc = s_conn_open(&conn, ep, 1);
+    kb_cluster_t *bank = s_bank_open(ep, 1);
+    int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
     if (rc == 0) {
-        rc = s_create(&conn, opts->dim, NULL);
-        if (rc == 0) {
-            bench_progress(opts, "loading %u rows of dim %u into %s", opts->keys, opts->dim, srv->endpoint);
-            rc = s_load(&conn, opts->dim, 0, opts->keys, NULL);
-        }
+        bench_progress(opts, "loading %u rows of dim %u into %s", opts->keys, opts->dim, srv->endpoint);
+        rc = s_load(bank, opts->dim, 0, opts->keys, NULL);
     }
-    s_conn_close(&conn);
+    kb_cluster_destroy(&bank);
     return rc;
 }
 

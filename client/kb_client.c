@@ -7,7 +7,7 @@
  *
  * Answers are matched by request_id only. An answer whose id is not in flight (a late duplicate after a
  * resend, or an answer to a request whose wait already gave up) is dropped. A frame that does not decode
- * cannot be attributed to any request, so it fails the wait that received it with KB_CLIENT_EIO.
+ * cannot be attributed to any request, so it fails the wait that received it with KB_CLIENT_EMALFORMED.
  *
  * A kb_client_wait call always ends its request: whatever it returns (except KB_CLIENT_EINVAL for an id
  * that is not in flight), the id is no longer in flight afterwards. */
@@ -325,7 +325,7 @@ static int s_reconnect_and_resend(kb_client_t *self)
 }
 
 /* Receives every frame waiting on the socket and files each answer with its request. Returns 0, or
- * KB_CLIENT_EIO for a socket error or a frame that is not a Response (error set). */
+ * KB_CLIENT_EIO for a socket error or KB_CLIENT_EMALFORMED for a frame that is not a Response (error set). */
 static int s_drain(kb_client_t *self)
 {
     for (;;) {
@@ -357,12 +357,12 @@ static int s_drain(kb_client_t *self)
                 zmq_msg_close(&msg);
             }
             s_set_error(self, "malformed answer from %s: a multi-frame message", self->endpoint);
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
         if (!resp) {
             s_set_error(self, "malformed answer from %s: a %zu-byte frame that does not decode as a Response",
                         self->endpoint, size);
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
         long i = s_inflight_find(self, resp->request_id);
         if (i < 0 || self->inflight[i].answer) {
@@ -449,6 +449,16 @@ done:
     return rc;
 }
 
+int kb_client_cancel(kb_client_t *self, uint64_t request_id)
+{
+    assert(self);
+    long idx = s_inflight_find(self, request_id);
+    if (idx < 0)
+        return KB_CLIENT_EINVAL;
+    s_inflight_remove(self, (size_t)idx);
+    return 0;
+}
+
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out)
 {
     assert(self && response_out);
@@ -461,7 +471,7 @@ int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **res
 }
 
 /* kb_client_call for helpers that only need the status: frees the answer. When `want` is not
- * CARLS__RESPONSE__RESULT__NOT_SET, an OK answer must carry that result (else KB_CLIENT_EIO). */
+ * CARLS__RESPONSE__RESULT__NOT_SET, an OK answer must carry that result (else KB_CLIENT_EMALFORMED). */
 static int s_call_status(kb_client_t *self, Carls__Request *req, Carls__Response__ResultCase want)
 {
     Carls__Response *resp = NULL;
@@ -469,7 +479,7 @@ static int s_call_status(kb_client_t *self, Carls__Request *req, Carls__Response
     if (rc == 0 && want != CARLS__RESPONSE__RESULT__NOT_SET && resp->result_case != want) {
         s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
                     (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     }
     if (resp)
         carls__response__free_unpacked(resp, NULL);
@@ -487,7 +497,7 @@ static int s_call_result(kb_client_t *self, Carls__Request *req, Carls__Response
     if (rc == 0 && resp->result_case != want) {
         s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
                     (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     }
     if (rc == 0)
         *out = resp;
@@ -614,23 +624,9 @@ int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *ke
 
     /* The server's sizes are checked before anything is copied into the caller's n*dim buffer. */
     const Carls__LookupResult *res = resp->lookup;
-    if (res->dim != dim) {
-        s_set_error(self, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim, dim);
-        rc = KB_CLIENT_EINVAL;
+    rc = kb_client_check_lookup(res, table, n, dim, meta_out != NULL, self->last_error, sizeof self->last_error);
+    if (rc != 0)
         goto cleanup;
-    }
-    if (res->n_values != n * dim) {
-        s_set_error(self, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
-                    res->n_values, n, dim);
-        rc = KB_CLIENT_EIO;
-        goto cleanup;
-    }
-    if (meta_out && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
-        s_set_error(self, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
-                    res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
-        rc = KB_CLIENT_EIO;
-        goto cleanup;
-    }
     memcpy(values_out, res->values, n * dim * sizeof(float));
     if (meta_out) {
         for (size_t i = 0; i < n; i++) {
@@ -644,6 +640,26 @@ cleanup:
         carls__response__free_unpacked(resp, NULL);
     free(wire);
     return rc;
+}
+
+int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
+                           bool with_meta, char *err, size_t errlen)
+{
+    if (res->dim != dim) {
+        snprintf(err, errlen, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim, dim);
+        return KB_CLIENT_EINVAL;
+    }
+    if (res->n_values != n * dim) {
+        snprintf(err, errlen, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
+                 res->n_values, n, dim);
+        return KB_CLIENT_EMALFORMED;
+    }
+    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
+        snprintf(err, errlen, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
+                 res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
+        return KB_CLIENT_EMALFORMED;
+    }
+    return 0;
 }
 
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,

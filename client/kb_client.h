@@ -10,7 +10,9 @@
  * (client_id, sequence) once, so a retried write never applies twice.
  *
  * Return convention: 0 on success, a negative KB_CLIENT_E* code on failure; kb_client_last_error() then
- * describes it (for KB_CLIENT_ESTATUS: the server's status name and error text). */
+ * describes it (for KB_CLIENT_ESTATUS: the server's status name and error text) and, for KB_CLIENT_ESTATUS,
+ * kb_client_last_status() is the server's status as the protobuf enum: callers test the enum, never the
+ * text. */
 #ifndef KB_CLIENT_H
 #define KB_CLIENT_H
 
@@ -28,7 +30,9 @@ enum {
     KB_CLIENT_ETIMEOUT = -1, /* no answer after every retry */
     KB_CLIENT_ESTATUS = -2,  /* the server answered with a non-OK status */
     KB_CLIENT_EINVAL = -3,   /* the call's arguments are wrong (caught before sending) */
-    KB_CLIENT_EIO = -4,      /* ZeroMQ or decoding failure */
+    KB_CLIENT_EIO = -4,      /* ZeroMQ failure, or an answer in another protocol version */
+    KB_CLIENT_EMALFORMED = -5, /* an answer that does not decode, or whose contents do not fit the request
+                              * (another result kind, wrong counts): a broken or hostile server */
 };
 
 /* CURVE keys for an encrypted, authenticated connection (docs/SECURITY.md): this client's key pair and the
@@ -79,7 +83,8 @@ const char *kb_client_last_error(const kb_client_t *self);
 
 /* The status of the server's last non-OK answer to this client (after KB_CLIENT_ESTATUS), e.g.
  * CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED when the server is at its --max-memory and refused a request
- * that would create rows; STATUS_OK after a success or a failure without an answer. */
+ * that would create rows; STATUS_OK after a success or a failure without an answer. Valid until the next
+ * call on the client. */
 Carls__StatusCode kb_client_last_status(const kb_client_t *self);
 
 uint64_t kb_client_id(const kb_client_t *self);
@@ -92,10 +97,15 @@ int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_
  * *response_out is the decoded answer; caller owns it and frees it with carls__response__free_unpacked(r,
  * NULL). On KB_CLIENT_ESTATUS *response_out is also set (caller frees) so the status can be inspected.
  * Answers to other requests in flight that arrive meanwhile are kept for their own wait; answers to ids not
- * in flight (late duplicates) are dropped. A frame that does not decode fails this wait with KB_CLIENT_EIO.
+ * in flight (late duplicates) are dropped. A frame that does not decode fails this wait with
+ * KB_CLIENT_EMALFORMED.
  * Every return except KB_CLIENT_EINVAL (request_id not in flight) ends the request: it is no longer in
  * flight afterwards, and a late answer to it is dropped. */
 int kb_client_wait(kb_client_t *self, uint64_t request_id, Carls__Response **response_out);
+
+/* Ends request_id without waiting for it: an answer that comes later is dropped. For a caller that gives up
+ * on requests it sent (an error elsewhere). KB_CLIENT_EINVAL when request_id is not in flight. */
+int kb_client_cancel(kb_client_t *self, uint64_t request_id);
 
 /* kb_client_send + kb_client_wait. */
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out);
@@ -109,8 +119,9 @@ int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists);
 int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
 
 /* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
- * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with KB_CLIENT_EIO
- * if the answer holds another number of values or metadata records than n*dim / n (nothing is copied). */
+ * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with
+ * KB_CLIENT_EMALFORMED if the answer holds another number of values or metadata records than n*dim / n
+ * (nothing is copied). */
 int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                      float *values_out, kb_row_meta_t *meta_out);
 
@@ -118,6 +129,12 @@ int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys,
  * initial value without inserting them (kbctl get --no-create). */
 int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                         bool no_create, float *values_out, kb_row_meta_t *meta_out);
+
+/* Checks a lookup answer for n keys of table (dim dim) before anything is copied out of it: KB_CLIENT_EINVAL
+ * when the table's dim differs, KB_CLIENT_EMALFORMED when it holds another number of values than n * dim or (when
+ * with_meta) of metadata records than n; the reason in err. 0 when it fits. Shared with kb_cluster. */
+int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
+                           bool with_meta, char *err, size_t errlen);
 
 /* Writes n rows (n*dim floats) tagged with version. */
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,

@@ -1,10 +1,12 @@
 /* Sharded client (contract in kb_cluster.h).
  *
- * Every multi-shard operation follows one pattern: build at most one request per shard, send them all
- * (kb_client_send never blocks), then wait for each in shard order (s_fanout). While we wait for shard 0 the
- * other shards work and their answers queue on their own sockets, so a fan-out costs about one round trip
- * to the slowest shard, not the sum. Keys are split with s_split (a counting sort by shard that remembers
- * each key's position in the caller's arrays) and answers are scattered back through the same map.
+ * Every operation that talks to more than one shard, and every row operation even with one shard, goes
+ * through one fan-out engine (s_fan_t): build at most one request per shard, send them all (kb_client_send
+ * never blocks), then wait for each in shard order. While we wait for shard 0 the other shards work and
+ * their answers queue on their own sockets, so a fan-out costs about one round trip to the slowest shard,
+ * not the sum. Keys are split with s_split (a counting sort by shard that remembers each key's position in
+ * the caller's arrays) and answers are scattered back through the same map. A kb_cluster_pending_t is a
+ * fan-out whose answers are collected later (the *_send / *_wait calls); the blocking calls are send + wait.
  *
  * Every answer is checked against what was asked (counts per key, dims) before anything is copied into
  * the caller's buffers: a shard is another process and may be broken or hostile. */
@@ -36,6 +38,8 @@ struct kb_cluster {
     s_cached_table_t *tables;  /* cache filled by list_tables */
     size_t n_tables;
     int failed_shard;          /* shard the last error is about, or -1 */
+    Carls__StatusCode last_status; /* the status of the last KB_CLIENT_ESTATUS failure; OK otherwise */
+    uint64_t requests;         /* requests sent so far (kb_cluster_requests) */
     char last_error[768];      /* "" after success */
 };
 
@@ -48,16 +52,35 @@ static void s_set_error(kb_cluster_t *self, const char *fmt, ...)
     vsnprintf(self->last_error, sizeof self->last_error, fmt, ap);
     va_end(ap);
     self->failed_shard = -1;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
 }
 
 static void s_clear_error(kb_cluster_t *self)
 {
     self->last_error[0] = '\0';
     self->failed_shard = -1;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
+}
+
+/* An error the cluster answers itself with the status a single server would give (the text starts with
+ * the status's name, as a server's does). Returns KB_CLIENT_ESTATUS. */
+static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    s_set_error(self, "%s: %s", carls_status_name(status), what);
+    self->last_status = status;
+    return KB_CLIENT_ESTATUS;
 }
 
 /* Records that shard s failed, with the shard's client error as the text (replacing any earlier text: the
- * callers decide which failure of a call is reported, see s_fanout). With one shard the text is the client's
+ * callers decide which failure of a call is reported, see s_fan_failed). With one shard the text is the client's
  * own (a single server needs no name). */
 static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
 {
@@ -66,6 +89,14 @@ static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
     else
         snprintf(self->last_error, sizeof self->last_error, "shard %u (%s): %s", s, self->endpoints[s], what);
     self->failed_shard = (int)s;
+    self->last_status = CARLS__STATUS_CODE__STATUS_OK;
+}
+
+/* Shard s's client failed: its error text and its status (for KB_CLIENT_ESTATUS) become the cluster's. */
+static void s_client_error(kb_cluster_t *self, uint32_t s)
+{
+    s_shard_error(self, s, kb_client_last_error(self->clients[s]));
+    self->last_status = kb_client_last_status(self->clients[s]);
 }
 
 /* s_shard_error with a formatted reason (for answers that fail our checks). */
@@ -192,10 +223,10 @@ const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard)
     return self->endpoints[shard];
 }
 
-kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard)
+uint64_t kb_cluster_requests(const kb_cluster_t *self)
 {
-    assert(self && shard < self->n);
-    return self->clients[shard];
+    assert(self);
+    return self->requests;
 }
 
 uint32_t kb_cluster_shard_of(const kb_cluster_t *self, const void *key, size_t len)
@@ -216,80 +247,10 @@ int kb_cluster_failed_shard(const kb_cluster_t *self)
     return self->failed_shard;
 }
 
-/* ---- fan-out ------------------------------------------------------------------------------------------ */
-
-/* Sends reqs[s] to shard s for every s with reqs[s] != NULL, then waits for each answer in shard order.
- * On success resps[s] holds shard s's answer (NULL where nothing was sent), each carrying result `want`;
- * the caller frees them (s_free_responses). On failure every answer is freed, resps is all NULL, the error
- * names the first shard (in shard order) that failed, and its code is returned. After a failed send
- * nothing more is sent, but everything already sent is still waited for, so no request is left in flight
- * and no late answer is mistaken for a later request's. */
-static int s_fanout(kb_cluster_t *self, Carls__Request **reqs, Carls__Response__ResultCase want,
-                    Carls__Response **resps)
+Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self)
 {
-    uint64_t *ids = carls_xcalloc(self->n, sizeof *ids);
-    bool *sent = carls_xcalloc(self->n, sizeof *sent);
-    int rc = 0;
-    int first_failed = -1; /* the shard whose failure the error text describes */
-    for (uint32_t s = 0; s < self->n; s++) {
-        resps[s] = NULL;
-        if (!reqs[s] || rc != 0)
-            continue;
-        int r = kb_client_send(self->clients[s], reqs[s], &ids[s]);
-        if (r != 0) {
-            s_shard_error(self, s, kb_client_last_error(self->clients[s]));
-            first_failed = (int)s;
-            rc = r;
-            continue;
-        }
-        sent[s] = true;
-    }
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (!sent[s])
-            continue;
-        Carls__Response *resp = NULL;
-        int r = kb_client_wait(self->clients[s], ids[s], &resp);
-        /* Shards are waited for in order and a failed send stops further sends, so a failure here is on a
-         * lower shard than any recorded send failure: it becomes the one reported. */
-        bool first = first_failed < 0 || (int)s < first_failed;
-        if (r == 0 && resp->result_case != want) {
-            r = KB_CLIENT_EIO;
-            if (first)
-                s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
-                               carls_op_name(reqs[s]->op_case), (int)resp->result_case);
-        } else if (r != 0 && first) {
-            s_shard_error(self, s, kb_client_last_error(self->clients[s]));
-        }
-        if (r != 0) {
-            if (first) {
-                first_failed = (int)s;
-                rc = r;
-            }
-            if (resp)
-                carls__response__free_unpacked(resp, NULL);
-            continue;
-        }
-        resps[s] = resp;
-    }
-    if (rc != 0) {
-        for (uint32_t s = 0; s < self->n; s++) {
-            if (resps[s])
-                carls__response__free_unpacked(resps[s], NULL);
-            resps[s] = NULL;
-        }
-    }
-    free(ids);
-    free(sent);
-    return rc;
-}
-
-static void s_free_responses(kb_cluster_t *self, Carls__Response **resps)
-{
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (resps[s])
-            carls__response__free_unpacked(resps[s], NULL);
-        resps[s] = NULL;
-    }
+    assert(self);
+    return self->last_status;
 }
 
 /* ---- splitting keys by shard ------------------------------------------------------------------------- */
@@ -300,7 +261,7 @@ typedef struct {
     size_t *count;              /* (shards) */
     size_t *start;              /* (shards) */
     size_t *order;              /* (n) */
-    ProtobufCBinaryData *wire;  /* (n) pointing at the caller's key bytes */
+    ProtobufCBinaryData *wire;  /* (n) pointing at the caller's key bytes (valid until the requests are sent) */
 } s_split_t;
 
 static void s_split_free(s_split_t *sp)
@@ -352,9 +313,233 @@ static int s_split(kb_cluster_t *self, const char *what, const kb_key_t *keys, s
     return 0;
 }
 
+/* ---- the fan-out engine ------------------------------------------------------------------------------ */
+
+/* The operation one shard's request carries (the request's oneof points at it). */
+typedef union {
+    Carls__Lookup lookup;
+    Carls__Put put;
+    Carls__PushGradients push_gradients;
+    Carls__FeatureGet feature_get;
+    Carls__FeaturePut feature_put;
+    Carls__Sample sample;
+    Carls__Knn knn;
+} s_op_t;
+
+/* One operation spread over the shards: at most one request per shard, all sent before any answer is
+ * awaited, then the answers. Every operation of this file goes through it:
+ *   s_fan_init                             one fan-out on a table, whose answers must carry result `want`
+ *   s_fan_keys, s_fan_request, s_to_all    build the requests (keys split by shard, or one per shard)
+ *   s_fan_send, s_fan_wait (or s_fan_run)  send them all, then collect every answer
+ *   s_fan_free                             frees it, cancelling requests still in flight (abandoned)
+ * A failure is reported for the first shard in shard order that failed (kb_cluster_failed_shard). */
+typedef struct {
+    char *table;                      /* a copy of the table name the requests point at */
+    Carls__Response__ResultCase want; /* the result every answer must carry */
+    s_split_t sp;                     /* the keys by shard (s_fan_keys); empty for operations without keys */
+    Carls__Request *reqs;             /* (shards) shard s's request; op_case NOT_SET: nothing for shard s */
+    s_op_t *ops;                      /* (shards) shard s's own operation (s_fan_request; s_to_all's requests
+                                       * share the caller's instead) */
+    float *rows;                      /* put, push_gradients: the caller's rows in shard order (several shards) */
+    Carls__FeatureRecord **records;   /* feature_put: the caller's records in shard order */
+    uint64_t *ids;                    /* (shards) request id of each request sent */
+    bool *in_flight;                  /* (shards) sent and not waited for yet */
+    Carls__Response **resps;          /* (shards) the answers after a successful s_fan_wait; NULL where none */
+    int rc;                           /* the failure reported (0: none yet) */
+    int failed;                       /* the shard it is about, or -1 */
+} s_fan_t;
+
+static void s_fan_init(kb_cluster_t *self, s_fan_t *fan, const char *table, Carls__Response__ResultCase want)
+{
+    memset(fan, 0, sizeof *fan);
+    if (table) {
+        fan->table = carls_xmalloc(strlen(table) + 1);
+        strcpy(fan->table, table);
+    }
+    fan->want = want;
+    fan->reqs = carls_xcalloc(self->n, sizeof *fan->reqs);
+    fan->ops = carls_xcalloc(self->n, sizeof *fan->ops);
+    fan->ids = carls_xcalloc(self->n, sizeof *fan->ids);
+    fan->in_flight = carls_xcalloc(self->n, sizeof *fan->in_flight);
+    fan->resps = carls_xcalloc(self->n, sizeof *fan->resps);
+    fan->failed = -1;
+}
+
+/* Frees everything; requests still in flight are cancelled (their answers, if they come, are dropped).
+ * Accepts a fan that was never initialised (all zero). */
+static void s_fan_free(kb_cluster_t *self, s_fan_t *fan)
+{
+    for (uint32_t s = 0; fan->reqs && s < self->n; s++) {
+        if (fan->in_flight[s])
+            kb_client_cancel(self->clients[s], fan->ids[s]);
+        if (fan->resps[s])
+            carls__response__free_unpacked(fan->resps[s], NULL);
+    }
+    s_split_free(&fan->sp);
+    free(fan->table);
+    free(fan->reqs);
+    free(fan->ops);
+    free(fan->rows);
+    free(fan->records);
+    free(fan->ids);
+    free(fan->in_flight);
+    free(fan->resps);
+    memset(fan, 0, sizeof *fan);
+}
+
+/* Makes req (initialised, of fan's table) carry operation op, its oneof member pointing at msg, and returns
+ * the descriptor of op's message. Every operation is set the same way, so this reads protobuf-c's descriptors
+ * instead of naming each generated member: a oneof's case number is its member's field number in Request. */
+static const ProtobufCMessageDescriptor *s_request_op(const s_fan_t *fan, Carls__Request *req,
+                                                      Carls__Request__OpCase op, void *msg)
+{
+    const ProtobufCFieldDescriptor *member =
+        protobuf_c_message_descriptor_get_field(&carls__request__descriptor, (unsigned)op);
+    assert(member && member->type == PROTOBUF_C_TYPE_MESSAGE);
+    carls__request__init(req);
+    req->table = fan->table;
+    req->op_case = op;
+    *(void **)((char *)req + member->offset) = msg;
+    return member->descriptor;
+}
+
+/* Builds shard s's request for operation op (initialised, in fan->ops[s]) carrying the n_keys keys (a
+ * sample's positives; none: NULL, 0): the operation's repeated bytes field "keys" ("positives" in Sample).
+ * Returns the operation for the caller to fill in. */
+static s_op_t *s_fan_request(s_fan_t *fan, uint32_t s, Carls__Request__OpCase op, ProtobufCBinaryData *keys,
+                             size_t n_keys)
+{
+    s_op_t *o = &fan->ops[s];
+    const ProtobufCMessageDescriptor *desc = s_request_op(fan, &fan->reqs[s], op, o);
+    assert(desc->sizeof_message <= sizeof *o); /* s_op_t lists every operation built here */
+    protobuf_c_message_init(desc, o);
+    const ProtobufCFieldDescriptor *key_field =
+        protobuf_c_message_descriptor_get_field_by_name(desc, op == CARLS__REQUEST__OP_SAMPLE ? "positives" : "keys");
+    assert(key_field && key_field->type == PROTOBUF_C_TYPE_BYTES && key_field->label == PROTOBUF_C_LABEL_REPEATED);
+    *(size_t *)((char *)o + key_field->quantifier_offset) = n_keys;
+    *(ProtobufCBinaryData **)((char *)o + key_field->offset) = keys;
+    return o;
+}
+
+/* Splits keys by shard (fan->sp) and builds operation op for every shard holding keys, with its keys.
+ * 0, or KB_CLIENT_EINVAL (error set). */
+static int s_fan_keys(kb_cluster_t *self, s_fan_t *fan, const char *what, Carls__Request__OpCase op,
+                      const kb_key_t *keys, size_t n)
+{
+    int rc = s_split(self, what, keys, n, &fan->sp);
+    if (rc != 0)
+        return rc;
+    for (uint32_t s = 0; s < self->n; s++)
+        if (fan->sp.count[s] > 0)
+            s_fan_request(fan, s, op, fan->sp.wire + fan->sp.start[s], fan->sp.count[s]);
+    return 0;
+}
+
+/* put and push_gradients: gives each shard's operation its rows (n * dim floats in the caller's key order).
+ * With several shards the rows are copied into shard order so each request points at one block; with one,
+ * the order is the caller's and the rows are used as they are. */
+static void s_fan_rows(kb_cluster_t *self, s_fan_t *fan, const float *rows, uint32_t dim)
+{
+    const s_split_t *sp = &fan->sp;
+    const float *ordered = rows;
+    if (self->n > 1) {
+        size_t n = sp->start[self->n - 1] + sp->count[self->n - 1];
+        fan->rows = carls_xmalloc(n * dim * sizeof *fan->rows);
+        for (size_t j = 0; j < n; j++)
+            memcpy(fan->rows + j * dim, rows + sp->order[j] * dim, dim * sizeof(float));
+        ordered = fan->rows;
+    }
+    for (uint32_t s = 0; s < self->n; s++) {
+        size_t c = sp->count[s];
+        if (c == 0)
+            continue;
+        float *block = (float *)ordered + sp->start[s] * dim; /* packing only reads it */
+        if (fan->reqs[s].op_case == CARLS__REQUEST__OP_PUT) {
+            fan->ops[s].put.n_values = c * dim;
+            fan->ops[s].put.values = block;
+        } else {
+            fan->ops[s].push_gradients.n_gradients = c * dim;
+            fan->ops[s].push_gradients.gradients = block;
+        }
+    }
+}
+
+/* Records rc as the failure of shard s if it is the first in shard order so far. True when it is (the
+ * caller then sets the error text). */
+static bool s_fan_failed(s_fan_t *fan, uint32_t s, int rc)
+{
+    if (fan->failed >= 0 && (int)s > fan->failed)
+        return false;
+    fan->failed = (int)s;
+    fan->rc = rc;
+    return true;
+}
+
+/* Sends every shard's request without waiting (kb_client_send never blocks). After a failed send nothing
+ * more is sent; the failure is returned and kept for s_fan_wait, which still collects what was sent. */
+static int s_fan_send(kb_cluster_t *self, s_fan_t *fan)
+{
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (fan->reqs[s].op_case == CARLS__REQUEST__OP__NOT_SET)
+            continue;
+        int rc = kb_client_send(self->clients[s], &fan->reqs[s], &fan->ids[s]);
+        if (rc != 0) {
+            if (s_fan_failed(fan, s, rc))
+                s_client_error(self, s);
+            return rc;
+        }
+        fan->in_flight[s] = true;
+        self->requests++;
+    }
+    return 0;
+}
+
+/* Waits for every request in flight, in shard order: while we wait for one shard the others work and their
+ * answers queue on their own sockets. 0 with every answer in fan->resps (each carrying fan->want), or the
+ * code of the first failure in shard order (a failed send included), the error naming that shard; the
+ * answers are then freed. Everything sent is waited for even after a failure, so nothing stays in flight. */
+static int s_fan_wait(kb_cluster_t *self, s_fan_t *fan)
+{
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (!fan->in_flight[s])
+            continue;
+        Carls__Response *resp = NULL;
+        int rc = kb_client_wait(self->clients[s], fan->ids[s], &resp);
+        fan->in_flight[s] = false;
+        if (rc == 0 && resp->result_case != fan->want) {
+            rc = KB_CLIENT_EMALFORMED;
+            if (s_fan_failed(fan, s, rc))
+                s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
+                               carls_op_name(fan->reqs[s].op_case), (int)resp->result_case);
+        } else if (rc != 0 && s_fan_failed(fan, s, rc)) {
+            s_client_error(self, s);
+        }
+        if (rc != 0) {
+            if (resp)
+                carls__response__free_unpacked(resp, NULL);
+            continue;
+        }
+        fan->resps[s] = resp;
+    }
+    if (fan->rc != 0) {
+        for (uint32_t s = 0; s < self->n; s++) {
+            if (fan->resps[s])
+                carls__response__free_unpacked(fan->resps[s], NULL);
+            fan->resps[s] = NULL;
+        }
+    }
+    return fan->rc;
+}
+
+/* s_fan_send, then s_fan_wait. */
+static int s_fan_run(kb_cluster_t *self, s_fan_t *fan)
+{
+    s_fan_send(self, fan);
+    return s_fan_wait(self, fan);
+}
+
 /* Common argument checks of the row operations. 0 or KB_CLIENT_EINVAL (error set). */
-static int s_row_args(kb_cluster_t *self, const char *what, const char *table, size_t n, uint32_t dim,
-                      const void *values)
+static int s_row_args(kb_cluster_t *self, const char *what, const char *table, size_t n, uint32_t dim)
 {
     if (!table || !*table) {
         s_set_error(self, "%s: no table name", what);
@@ -368,38 +553,63 @@ static int s_row_args(kb_cluster_t *self, const char *what, const char *table, s
         s_set_error(self, "%s: %zu rows of dim %u overflow", what, n, dim);
         return KB_CLIENT_EINVAL;
     }
-    if (!values) {
-        s_set_error(self, "%s: no values", what);
-        return KB_CLIENT_EINVAL;
-    }
     return 0;
 }
 
-/* After a pass-through call on the single shard: copies its error. */
-static int s_passed(kb_cluster_t *self, int rc)
+/* ---- requests in flight (kb_cluster_pending_t) ------------------------------------------------------- */
+
+struct kb_cluster_pending {
+    s_fan_t fan;                 /* the requests; their answers once waited for */
+    uint32_t dim;                /* lookup: the rows' dim */
+    kb_sample_result_t *sample;  /* sample with several shards: the draws, made when it was sent */
+};
+
+void kb_cluster_pending_destroy(kb_cluster_t *self, kb_cluster_pending_t **pending_p)
 {
-    if (rc != 0)
-        s_shard_error(self, 0, kb_client_last_error(self->clients[0]));
-    return rc;
+    assert(self);
+    if (!pending_p || !*pending_p)
+        return;
+    kb_cluster_pending_t *p = *pending_p;
+    s_fan_free(self, &p->fan);
+    kb_sample_result_destroy(&p->sample);
+    free(p);
+    *pending_p = NULL;
+}
+
+/* Sends p's requests. 0 with *out = p (the caller's now), or the failure: what was sent is collected, the
+ * error names the first shard that failed, and p is freed. */
+static int s_pending_send(kb_cluster_t *self, kb_cluster_pending_t *p, kb_cluster_pending_t **out)
+{
+    int rc = s_fan_send(self, &p->fan);
+    if (rc != 0) {
+        rc = s_fan_wait(self, &p->fan);
+        kb_cluster_pending_destroy(self, &p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+/* A new pending of table whose answers carry `want`. */
+static kb_cluster_pending_t *s_pending_new(kb_cluster_t *self, const char *table, Carls__Response__ResultCase want)
+{
+    kb_cluster_pending_t *p = carls_xcalloc(1, sizeof *p);
+    s_fan_init(self, &p->fan, table, want);
+    return p;
 }
 
 /* ---- tables ----------------------------------------------------------------------------------------- */
 
-/* Builds a one-op request for every shard (all pointing at the same op) and fans it out. */
-static int s_to_all(kb_cluster_t *self, Carls__Request *req, Carls__Response__ResultCase want,
-                    Carls__Response **resps)
+/* Sends operation op (its message msg, shared by every shard's request; each shard's client fills in its
+ * own ids) on table (NULL: none) to every shard and waits for every answer, which must carry result want:
+ * fan (the caller frees it with s_fan_free) holds them on success. */
+static int s_to_all(kb_cluster_t *self, s_fan_t *fan, const char *table, Carls__Request__OpCase op, void *msg,
+                    Carls__Response__ResultCase want)
 {
-    /* Each shard's client fills in its own ids when sending, so every shard gets its own copy. */
-    Carls__Request *copies = carls_xmalloc(self->n * sizeof *copies);
-    Carls__Request **reqs = carls_xmalloc(self->n * sizeof *reqs);
-    for (uint32_t s = 0; s < self->n; s++) {
-        copies[s] = *req;
-        reqs[s] = &copies[s];
-    }
-    int rc = s_fanout(self, reqs, want, resps);
-    free(reqs);
-    free(copies);
-    return rc;
+    s_fan_init(self, fan, table, want);
+    for (uint32_t s = 0; s < self->n; s++)
+        s_request_op(fan, &fan->reqs[s], op, msg);
+    return s_fan_run(self, fan);
 }
 
 /* Drops table from the cache. */
@@ -427,14 +637,9 @@ int kb_cluster_create_table(kb_cluster_t *self, const char *table, const Carls__
     Carls__CreateTable op = CARLS__CREATE_TABLE__INIT;
     op.config = (Carls__TableConfig *)cfg; /* packing only reads it */
     op.if_not_exists = if_not_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
-    req.create_table = &op;
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_to_all(self, &req, CARLS__RESPONSE__RESULT_WRITE, resps);
-    s_free_responses(self, resps);
-    free(resps);
+    s_fan_t fan;
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_CREATE_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -449,14 +654,9 @@ int kb_cluster_drop_table(kb_cluster_t *self, const char *table, bool if_exists)
     s_forget_table(self, table);
     Carls__DropTable op = CARLS__DROP_TABLE__INIT;
     op.if_exists = if_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
-    req.drop_table = &op;
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_to_all(self, &req, CARLS__RESPONSE__RESULT_WRITE, resps);
-    s_free_responses(self, resps);
-    free(resps);
+    s_fan_t fan;
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_DROP_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -487,11 +687,9 @@ int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out)
     s_clear_error(self);
     *list_out = NULL;
     Carls__ListTables op = CARLS__LIST_TABLES__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
-    req.list_tables = &op;
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_to_all(self, &req, CARLS__RESPONSE__RESULT_TABLE_LIST, resps);
+    s_fan_t fan;
+    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_LIST_TABLES, &op, CARLS__RESPONSE__RESULT_TABLE_LIST);
+    Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
     Carls__TableList *list = resps[0]->table_list;
@@ -514,8 +712,7 @@ int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out)
     *list_out = resps[0];
     resps[0] = NULL;
 cleanup:
-    s_free_responses(self, resps);
-    free(resps);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -542,8 +739,7 @@ int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *
             return rc;
         carls__response__free_unpacked(list, NULL);
     }
-    s_set_error(self, "NOT_FOUND: no table named \"%s\"", table);
-    return KB_CLIENT_ESTATUS;
+    return s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
 }
 
 int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableConfig **cfg_out)
@@ -554,8 +750,7 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
     int rc = kb_cluster_list_tables(self, &list);
     if (rc != 0)
         return rc;
-    rc = KB_CLIENT_ESTATUS;
-    s_set_error(self, "NOT_FOUND: no table named \"%s\"", table);
+    rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
     for (size_t i = 0; i < list->table_list->n_tables; i++) {
         const Carls__TableInfo *t = list->table_list->tables[i];
         if (!t || !t->name || strcmp(t->name, table) != 0 || !t->config)
@@ -578,6 +773,75 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
 
 /* ---- rows ------------------------------------------------------------------------------------------- */
 
+int kb_cluster_lookup_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                           bool no_create, kb_cluster_pending_t **pending_out)
+{
+    assert(self && pending_out);
+    s_clear_error(self);
+    *pending_out = NULL;
+    int rc = s_row_args(self, "lookup", table, n, dim);
+    if (rc != 0)
+        return rc;
+    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_LOOKUP);
+    p->dim = dim;
+    rc = s_fan_keys(self, &p->fan, "lookup", CARLS__REQUEST__OP_LOOKUP, keys, n);
+    if (rc != 0) {
+        kb_cluster_pending_destroy(self, &p);
+        return rc;
+    }
+    for (uint32_t s = 0; s < self->n; s++)
+        p->fan.ops[s].lookup.no_create = no_create; /* (unused where nothing is sent) */
+    return s_pending_send(self, p, pending_out);
+}
+
+/* Checks every shard's lookup answer, then copies the rows (when values_out is not NULL) and the metadata
+ * (when meta_out is not NULL) to the caller's key order. Nothing is copied when any answer fails its check. */
+static int s_lookup_scatter(kb_cluster_t *self, const s_fan_t *fan, uint32_t dim, float *values_out,
+                            kb_row_meta_t *meta_out)
+{
+    const s_split_t *sp = &fan->sp;
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (!fan->resps[s])
+            continue;
+        char what[512];
+        int rc = kb_client_check_lookup(fan->resps[s]->lookup, fan->table, sp->count[s], dim, meta_out != NULL,
+                                        what, sizeof what);
+        if (rc != 0) {
+            s_shard_error(self, s, what);
+            return rc;
+        }
+    }
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (!fan->resps[s])
+            continue;
+        const Carls__LookupResult *res = fan->resps[s]->lookup;
+        for (size_t j = 0; j < sp->count[s]; j++) {
+            size_t i = sp->order[sp->start[s] + j];
+            if (values_out)
+                memcpy(values_out + i * dim, res->values + j * dim, dim * sizeof(float));
+            if (meta_out) {
+                meta_out[i].version = res->versions[j];
+                meta_out[i].updated_at_ms = res->updated_at_ms[j];
+                meta_out[i].frequency = res->frequencies[j];
+            }
+        }
+    }
+    return 0;
+}
+
+int kb_cluster_lookup_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, float *values_out,
+                           kb_row_meta_t *meta_out)
+{
+    assert(self && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_LOOKUP);
+    s_clear_error(self);
+    kb_cluster_pending_t *p = *pending_p;
+    int rc = s_fan_wait(self, &p->fan);
+    if (rc == 0)
+        rc = s_lookup_scatter(self, &p->fan, p->dim, values_out, meta_out);
+    kb_cluster_pending_destroy(self, pending_p);
+    return rc;
+}
+
 int kb_cluster_lookup(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                       float *values_out, kb_row_meta_t *meta_out)
 {
@@ -589,144 +853,68 @@ int kb_cluster_lookup_ex(kb_cluster_t *self, const char *table, const kb_key_t *
 {
     assert(self);
     s_clear_error(self);
-    if (self->n == 1)
-        return s_passed(self, kb_client_lookup_ex(self->clients[0], table, keys, n, dim, no_create, values_out,
-                                                  meta_out));
-    int rc = s_row_args(self, "lookup", table, n, dim, values_out);
+    if (!values_out) {
+        s_set_error(self, "lookup: no values");
+        return KB_CLIENT_EINVAL;
+    }
+    kb_cluster_pending_t *p = NULL;
+    int rc = kb_cluster_lookup_send(self, table, keys, n, dim, no_create, &p);
+    return rc != 0 ? rc : kb_cluster_lookup_wait(self, &p, values_out, meta_out);
+}
+
+/* put and push_gradients: rows (n * dim floats) split by shard, sent without waiting. */
+static int s_write_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                        const float *rows, Carls__Request__OpCase op, uint64_t version,
+                        kb_cluster_pending_t **pending_out)
+{
+    const char *what = op == CARLS__REQUEST__OP_PUT ? "put" : "push_gradients";
+    *pending_out = NULL;
+    int rc = s_row_args(self, what, table, n, dim);
+    if (rc == 0 && !rows) {
+        s_set_error(self, "%s: no values", what);
+        rc = KB_CLIENT_EINVAL;
+    }
     if (rc != 0)
         return rc;
-    s_split_t sp;
-    Carls__Lookup *ops = carls_xcalloc(self->n, sizeof *ops);
-    Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
-    Carls__Request **req_p = carls_xcalloc(self->n, sizeof *req_p);
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    rc = s_split(self, "lookup", keys, n, &sp);
-    if (rc != 0)
-        goto cleanup;
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (sp.count[s] == 0)
-            continue;
-        carls__lookup__init(&ops[s]);
-        ops[s].n_keys = sp.count[s];
-        ops[s].keys = sp.wire + sp.start[s];
-        ops[s].no_create = no_create;
-        carls__request__init(&reqs[s]);
-        reqs[s].table = (char *)table;
-        reqs[s].op_case = CARLS__REQUEST__OP_LOOKUP;
-        reqs[s].lookup = &ops[s];
-        req_p[s] = &reqs[s];
+    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_WRITE);
+    rc = s_fan_keys(self, &p->fan, what, op, keys, n);
+    if (rc != 0) {
+        kb_cluster_pending_destroy(self, &p);
+        return rc;
     }
-    rc = s_fanout(self, req_p, CARLS__RESPONSE__RESULT_LOOKUP, resps);
-    if (rc != 0)
-        goto cleanup;
-    /* Check every answer before copying any, so a failure leaves the caller's buffers untouched. */
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (!resps[s])
-            continue;
-        const Carls__LookupResult *res = resps[s]->lookup;
-        size_t c = sp.count[s];
-        if (res->dim != dim) {
-            s_shard_errorf(self, s, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim,
-                           dim);
-            rc = KB_CLIENT_EINVAL;
-            goto cleanup;
-        }
-        if (res->n_values != c * dim) {
-            s_shard_errorf(self, s, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
-                           res->n_values, c, dim);
-            rc = KB_CLIENT_EIO;
-            goto cleanup;
-        }
-        if (meta_out && (res->n_versions != c || res->n_updated_at_ms != c || res->n_frequencies != c)) {
-            s_shard_errorf(self, s, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
-                           res->n_versions, res->n_updated_at_ms, res->n_frequencies, c);
-            rc = KB_CLIENT_EIO;
-            goto cleanup;
-        }
+    s_fan_rows(self, &p->fan, rows, dim);
+    for (uint32_t s = 0; op == CARLS__REQUEST__OP_PUT && s < self->n; s++)
+        p->fan.ops[s].put.version = version;
+    rc = s_pending_send(self, p, pending_out);
+    /* The requests are packed: the rows in shard order are not needed any more. */
+    if (rc == 0) {
+        free((*pending_out)->fan.rows);
+        (*pending_out)->fan.rows = NULL;
     }
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (!resps[s])
-            continue;
-        const Carls__LookupResult *res = resps[s]->lookup;
-        for (size_t j = 0; j < sp.count[s]; j++) {
-            size_t i = sp.order[sp.start[s] + j];
-            memcpy(values_out + i * dim, res->values + j * dim, dim * sizeof(float));
-            if (meta_out) {
-                meta_out[i].version = res->versions[j];
-                meta_out[i].updated_at_ms = res->updated_at_ms[j];
-                meta_out[i].frequency = res->frequencies[j];
-            }
-        }
-    }
-cleanup:
-    s_free_responses(self, resps);
-    free(resps);
-    free(req_p);
-    free(reqs);
-    free(ops);
-    s_split_free(&sp);
     return rc;
 }
 
-/* put and push_gradients: rows (n * dim floats) split by shard. */
-static int s_write_rows(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                        const float *rows, bool gradients, uint64_t version)
+int kb_cluster_push_gradients_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                                   uint32_t dim, const float *gradients, kb_cluster_pending_t **pending_out)
 {
-    const char *what = gradients ? "push_gradients" : "put";
-    int rc = s_row_args(self, what, table, n, dim, rows);
-    if (rc != 0)
-        return rc;
-    s_split_t sp;
-    float *grouped = NULL;
-    Carls__Put *puts = carls_xcalloc(self->n, sizeof *puts);
-    Carls__PushGradients *pushes = carls_xcalloc(self->n, sizeof *pushes);
-    Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
-    Carls__Request **req_p = carls_xcalloc(self->n, sizeof *req_p);
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    rc = s_split(self, what, keys, n, &sp);
-    if (rc != 0)
-        goto cleanup;
-    /* The rows in shard order, so each shard's request points at one contiguous block. */
-    grouped = carls_xmalloc(n * dim * sizeof *grouped);
-    for (size_t j = 0; j < n; j++)
-        memcpy(grouped + j * dim, rows + sp.order[j] * dim, dim * sizeof(float));
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (sp.count[s] == 0)
-            continue;
-        carls__request__init(&reqs[s]);
-        reqs[s].table = (char *)table;
-        float *block = grouped + sp.start[s] * dim;
-        if (gradients) {
-            carls__push_gradients__init(&pushes[s]);
-            pushes[s].n_keys = sp.count[s];
-            pushes[s].keys = sp.wire + sp.start[s];
-            pushes[s].n_gradients = sp.count[s] * dim;
-            pushes[s].gradients = block;
-            reqs[s].op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
-            reqs[s].push_gradients = &pushes[s];
-        } else {
-            carls__put__init(&puts[s]);
-            puts[s].n_keys = sp.count[s];
-            puts[s].keys = sp.wire + sp.start[s];
-            puts[s].n_values = sp.count[s] * dim;
-            puts[s].values = block;
-            puts[s].version = version;
-            reqs[s].op_case = CARLS__REQUEST__OP_PUT;
-            reqs[s].put = &puts[s];
-        }
-        req_p[s] = &reqs[s];
-    }
-    rc = s_fanout(self, req_p, CARLS__RESPONSE__RESULT_WRITE, resps);
-cleanup:
-    s_free_responses(self, resps);
-    free(resps);
-    free(req_p);
-    free(reqs);
-    free(pushes);
-    free(puts);
-    free(grouped);
-    s_split_free(&sp);
+    assert(self && pending_out);
+    s_clear_error(self);
+    return s_write_send(self, table, keys, n, dim, gradients, CARLS__REQUEST__OP_PUSH_GRADIENTS, 0, pending_out);
+}
+
+/* Collects the acknowledgements of a put or push_gradients sent by s_write_send; frees *pending_p. */
+static int s_write_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p)
+{
+    assert(self && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_WRITE);
+    s_clear_error(self);
+    int rc = s_fan_wait(self, &(*pending_p)->fan);
+    kb_cluster_pending_destroy(self, pending_p);
     return rc;
+}
+
+int kb_cluster_push_gradients_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p)
+{
+    return s_write_wait(self, pending_p);
 }
 
 int kb_cluster_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
@@ -734,19 +922,17 @@ int kb_cluster_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, 
 {
     assert(self);
     s_clear_error(self);
-    if (self->n == 1)
-        return s_passed(self, kb_client_put(self->clients[0], table, keys, n, dim, values, version));
-    return s_write_rows(self, table, keys, n, dim, values, false, version);
+    kb_cluster_pending_t *p = NULL;
+    int rc = s_write_send(self, table, keys, n, dim, values, CARLS__REQUEST__OP_PUT, version, &p);
+    return rc != 0 ? rc : s_write_wait(self, &p);
 }
 
 int kb_cluster_push_gradients(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
                               uint32_t dim, const float *gradients)
 {
-    assert(self);
-    s_clear_error(self);
-    if (self->n == 1)
-        return s_passed(self, kb_client_push_gradients(self->clients[0], table, keys, n, dim, gradients));
-    return s_write_rows(self, table, keys, n, dim, gradients, true, 0);
+    kb_cluster_pending_t *p = NULL;
+    int rc = kb_cluster_push_gradients_send(self, table, keys, n, dim, gradients, &p);
+    return rc != 0 ? rc : kb_cluster_push_gradients_wait(self, &p);
 }
 
 /* ---- nearest neighbours ------------------------------------------------------------------------------ */
@@ -791,13 +977,13 @@ static int s_hit_lower_first(const void *a, const void *b)
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* Checks a knn answer of shard s: nq * k keys and scores, k as asked. 0 or KB_CLIENT_EIO (error set). */
+/* Checks a knn answer of shard s: nq * k keys and scores, k as asked. 0 or KB_CLIENT_EMALFORMED (error set). */
 static int s_check_knn(kb_cluster_t *self, uint32_t s, const Carls__KnnResult *res, size_t nq, uint32_t k)
 {
     if (res->k != k || res->n_keys != nq * k || res->n_scores != nq * k) {
         s_shard_errorf(self, s, "knn: the server sent k %u with %zu keys and %zu scores for %zu queries of k %u",
                        res->k, res->n_keys, res->n_scores, nq, k);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     return 0;
 }
@@ -838,13 +1024,10 @@ static int s_knn_merge(kb_cluster_t *self, const char *table, const float *queri
     op.vectors = (float *)queries;
     op.n_vectors = nq * dim;
     op.k = k_ask;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
+    s_fan_t fan;
     s_hit_t *cand = NULL, *chosen = NULL;
-    int rc = s_to_all(self, &req, CARLS__RESPONSE__RESULT_KNN, resps);
+    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_KNN, &op, CARLS__RESPONSE__RESULT_KNN);
+    Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
     for (uint32_t s = 0; s < self->n; s++) {
@@ -875,8 +1058,7 @@ static int s_knn_merge(kb_cluster_t *self, const char *table, const float *queri
 cleanup:
     free(cand);
     free(chosen);
-    s_free_responses(self, resps);
-    free(resps);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -884,7 +1066,8 @@ cleanup:
 static int s_knn_single(kb_cluster_t *self, const char *table, const float *queries, size_t nq, uint32_t dim,
                         const kb_key_t *keys, uint32_t k, bool exclude, kb_knn_result_t **out)
 {
-    Carls__Knn op = CARLS__KNN__INIT;
+    s_fan_t fan;
+    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_KNN);
     ProtobufCBinaryData *wire = NULL;
     if (keys) {
         wire = carls_xmalloc(nq * sizeof *wire);
@@ -892,36 +1075,31 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
             wire[i].data = (uint8_t *)keys[i].data;
             wire[i].len = keys[i].len;
         }
-        op.keys = wire;
-        op.n_keys = nq;
-        op.exclude_query = exclude;
-    } else {
-        op.vectors = (float *)queries;
-        op.n_vectors = nq * dim;
     }
-    op.k = k;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_KNN;
-    req.knn = &op;
-    Carls__Response *resp = NULL;
-    Carls__Request *req_p = &req;
+    Carls__Knn *op = &s_fan_request(&fan, 0, CARLS__REQUEST__OP_KNN, wire, keys ? nq : 0)->knn;
+    if (keys) {
+        op->exclude_query = exclude;
+    } else {
+        op->vectors = (float *)queries;
+        op->n_vectors = nq * dim;
+    }
+    op->k = k;
     s_hit_t *hits = NULL;
-    int rc = s_fanout(self, &req_p, CARLS__RESPONSE__RESULT_KNN, &resp);
+    int rc = s_fan_run(self, &fan);
     if (rc != 0)
         goto cleanup;
-    rc = s_check_knn(self, 0, resp->knn, nq, k);
+    const Carls__KnnResult *res = fan.resps[0]->knn;
+    rc = s_check_knn(self, 0, res, nq, k);
     if (rc != 0)
         goto cleanup;
     hits = carls_xcalloc(nq * k, sizeof *hits);
     for (size_t i = 0; i < nq * k; i++)
-        if (resp->knn->keys[i].len > 0)
-            hits[i] = (s_hit_t){&resp->knn->keys[i], resp->knn->scores[i], 0, 0};
+        if (res->keys[i].len > 0)
+            hits[i] = (s_hit_t){&res->keys[i], res->scores[i], 0, 0};
     *out = s_knn_result(nq, k, hits);
 cleanup:
     free(hits);
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
+    s_fan_free(self, &fan);
     free(wire);
     return rc;
 }
@@ -952,9 +1130,8 @@ static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t
         return rc;
     if (info->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING || !info->has_knn) {
         /* What every shard would answer, so it reads the same as the single-server error. */
-        s_set_error(self, "INVALID_ARGUMENT: table '%s' has no nearest-neighbour index (create it with a knn spec)",
-                    table);
-        return KB_CLIENT_ESTATUS;
+        return s_status_error(self, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                              "table '%s' has no nearest-neighbour index (create it with a knn spec)", table);
     }
     return 0;
 }
@@ -1043,18 +1220,18 @@ static int s_check_sample(kb_cluster_t *self, uint32_t s, const Carls__SampleRes
         s_shard_errorf(self, s, "sample: the server sent %zu keys, %zu probabilities and %zu flags for %zu "
                        "positives and %u candidates", res->n_keys, res->n_probabilities, res->n_is_positive,
                        n_pos, n);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     if (!isfinite(res->mass) || res->mass < 0) {
         s_shard_errorf(self, s, "sample: the server sent mass %g", res->mass);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     for (size_t i = 0; i < res->n_keys; i++) {
         float p = res->probabilities[i];
         if (res->is_positive[i] != (i < n_pos) || !(p >= 0.0f && p <= 1.0f) || (i >= n_pos && res->keys[i].len == 0)) {
             s_shard_errorf(self, s, "sample: entry %zu of the answer is malformed (probability %g, %s)", i,
                            (double)p, res->is_positive[i] ? "positive" : "candidate");
-            return KB_CLIENT_EIO;
+            return KB_CLIENT_EMALFORMED;
         }
     }
     return 0;
@@ -1069,43 +1246,46 @@ static uint64_t s_shard_seed(uint64_t seed, uint32_t s)
     return v ? v : 1;
 }
 
-/* Sends one Sample request per shard: positives of that shard (grouped per sp; sp may be NULL for none),
- * counts[s] candidates (NULL: 0 each), shards with nothing to do skipped unless ask_all. Shard s draws with
- * s_shard_seed(seed, s), or with seed itself when raw_seed (the single-shard pass-through). */
-static int s_sample_round(kb_cluster_t *self, const char *table, const s_split_t *sp, const uint32_t *counts,
-                          bool ask_all, Carls__SampleStrategy strategy, uint64_t seed, bool raw_seed,
-                          Carls__Response **resps)
+/* Builds one Sample request per shard in fan: positives of that shard (grouped per sp; sp may be NULL for
+ * none), counts[s] candidates (NULL: 0 each), shards with nothing to do skipped unless ask_all. Shard s
+ * draws with s_shard_seed(seed, s), or with seed itself when raw_seed (the single-shard pass-through). */
+static void s_sample_build(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp, const uint32_t *counts,
+                           bool ask_all, Carls__SampleStrategy strategy, uint64_t seed, bool raw_seed)
 {
-    Carls__Sample *ops = carls_xcalloc(self->n, sizeof *ops);
-    Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
-    Carls__Request **req_p = carls_xcalloc(self->n, sizeof *req_p);
     for (uint32_t s = 0; s < self->n; s++) {
         size_t np = sp ? sp->count[s] : 0;
         uint32_t nc = counts ? counts[s] : 0;
         if (!ask_all && np == 0 && nc == 0)
             continue;
-        carls__sample__init(&ops[s]);
-        ops[s].n_positives = np;
-        ops[s].positives = np ? sp->wire + sp->start[s] : NULL;
-        ops[s].n = nc;
-        ops[s].strategy = strategy;
-        ops[s].seed = raw_seed ? seed : s_shard_seed(seed, s);
-        carls__request__init(&reqs[s]);
-        reqs[s].table = (char *)table;
-        reqs[s].op_case = CARLS__REQUEST__OP_SAMPLE;
-        reqs[s].sample = &ops[s];
-        req_p[s] = &reqs[s];
+        Carls__Sample *op =
+            &s_fan_request(fan, s, CARLS__REQUEST__OP_SAMPLE, np ? sp->wire + sp->start[s] : NULL, np)->sample;
+        op->n = nc;
+        op->strategy = strategy;
+        op->seed = raw_seed ? seed : s_shard_seed(seed, s);
     }
-    int rc = s_fanout(self, req_p, CARLS__RESPONSE__RESULT_SAMPLE, resps);
-    for (uint32_t s = 0; rc == 0 && s < self->n; s++)
-        if (resps[s])
-            rc = s_check_sample(self, s, resps[s]->sample, ops[s].n_positives, ops[s].n);
-    if (rc != 0)
-        s_free_responses(self, resps);
-    free(req_p);
-    free(reqs);
-    free(ops);
-    return rc;
+}
+
+/* Checks every answer of a sample fan-out against its request (s_check_sample). */
+static int s_sample_check(kb_cluster_t *self, const s_fan_t *fan)
+{
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (!fan->resps[s])
+            continue;
+        const Carls__Sample *op = &fan->ops[s].sample;
+        int rc = s_check_sample(self, s, fan->resps[s]->sample, op->n_positives, op->n);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* One round of the sharded sample on an initialised fan: s_sample_build, then every answer, checked. */
+static int s_sample_round(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp, const uint32_t *counts,
+                          bool ask_all, Carls__SampleStrategy strategy, uint64_t seed)
+{
+    s_sample_build(self, fan, sp, counts, ask_all, strategy, seed, false);
+    int rc = s_fan_run(self, fan);
+    return rc != 0 ? rc : s_sample_check(self, fan);
 }
 
 /* Room for a result of n entries whose keys total key_total bytes. */
@@ -1131,12 +1311,10 @@ static void s_sample_add(kb_sample_result_t *r, size_t *off, const void *key, si
     *off += len;
 }
 
-int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
-                      uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out)
+/* Checks sample's arguments. 0 or KB_CLIENT_EINVAL (error set). */
+static int s_sample_args(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                         Carls__SampleStrategy strategy)
 {
-    assert(self && out);
-    s_clear_error(self);
-    *out = NULL;
     if (!table || !*table) {
         s_set_error(self, "sample: no table name");
         return KB_CLIENT_EINVAL;
@@ -1150,17 +1328,41 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
         s_set_error(self, "sample: no positive keys");
         return KB_CLIENT_EINVAL;
     }
-    /* One shard: the server picks a seed for 0 itself. Several: the split needs one here. */
-    while (seed == 0 && self->n > 1) {
+    return 0;
+}
+
+/* The single shard's answer as a result: the entries as they are (scale 1). */
+static kb_sample_result_t *s_sample_single_result(const Carls__SampleResult *res, size_t n_positives)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < res->n_keys; i++)
+        total += res->keys[i].len;
+    kb_sample_result_t *r = s_sample_alloc(res->n_keys, total);
+    size_t off = 0;
+    for (size_t i = 0; i < res->n_keys; i++)
+        s_sample_add(r, &off, res->keys[i].data, res->keys[i].len, res->probabilities[i], res->is_positive[i]);
+    r->n_positives = n_positives;
+    r->mass = res->mass;
+    r->rows = res->rows;
+    return r;
+}
+
+/* The sample over several shards (see kb_cluster_sample in kb_cluster.h): two rounds, then the merge. */
+static int s_sample_sharded(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                            uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out)
+{
+    /* The split needs a seed here (one shard would pick its own for 0). */
+    while (seed == 0) {
         if (carls_random_bytes(&seed, sizeof seed) != 0) {
             s_set_error(self, "sample: cannot read random bytes for a seed");
             return KB_CLIENT_EIO;
         }
     }
     s_split_t sp;
+    s_fan_t round1, round2; /* every shard's mass (and its positives'), then its draws */
     memset(&sp, 0, sizeof sp);
-    Carls__Response **round1 = carls_xcalloc(self->n, sizeof *round1);
-    Carls__Response **round2 = carls_xcalloc(self->n, sizeof *round2);
+    s_fan_init(self, &round1, table, CARLS__RESPONSE__RESULT_SAMPLE);
+    s_fan_init(self, &round2, table, CARLS__RESPONSE__RESULT_SAMPLE);
     uint32_t *counts = carls_xcalloc(self->n, sizeof *counts);
     size_t *next_pos = carls_xcalloc(self->n, sizeof *next_pos);
     kb_sample_result_t *r = NULL;
@@ -1171,41 +1373,20 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
             goto cleanup;
     }
 
-    if (self->n == 1) {
-        /* Pass-through: one request with everything, the answer as it is (scale 1). */
-        counts[0] = n;
-        rc = s_sample_round(self, table, n_positives ? &sp : NULL, counts, true, strategy, seed, true, round1);
-        if (rc != 0)
-            goto cleanup;
-        const Carls__SampleResult *res = round1[0]->sample;
-        size_t total = 0;
-        for (size_t i = 0; i < res->n_keys; i++)
-            total += res->keys[i].len;
-        r = s_sample_alloc(res->n_keys, total);
-        size_t off = 0;
-        for (size_t i = 0; i < res->n_keys; i++)
-            s_sample_add(r, &off, res->keys[i].data, res->keys[i].len, res->probabilities[i], res->is_positive[i]);
-        r->n_positives = n_positives;
-        r->mass = res->mass;
-        r->rows = res->rows;
-        *out = r;
-        goto cleanup;
-    }
-
     /* Round 1: every shard's mass, and the probabilities of the positives it owns. */
-    rc = s_sample_round(self, table, n_positives ? &sp : NULL, NULL, true, strategy, seed, false, round1);
+    rc = s_sample_round(self, &round1, n_positives ? &sp : NULL, NULL, true, strategy, seed);
     if (rc != 0)
         goto cleanup;
     double total = 0;
     uint64_t rows = 0;
     for (uint32_t s = 0; s < self->n; s++) {
-        total += round1[s]->sample->mass;
-        rows += round1[s]->sample->rows;
+        total += round1.resps[s]->sample->mass;
+        rows += round1.resps[s]->sample->rows;
     }
     if (n > 0 && !(total > 0)) {
         /* What a single server answers when it has nothing to draw from. */
-        s_set_error(self, "NOT_FOUND: table '%s' has no rows that strategy can draw", table);
-        rc = KB_CLIENT_ESTATUS;
+        rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "table '%s' has no rows that strategy can draw",
+                            table);
         goto cleanup;
     }
     /* The multinomial split of n by mass (shards with no mass get no draws). */
@@ -1215,20 +1396,20 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
             double u = carls_unit_double(&st) * total, acc = 0;
             uint32_t pick = self->n; /* rounding may leave u >= the last sum: the last shard with mass */
             for (uint32_t s = 0; s < self->n; s++) {
-                acc += round1[s]->sample->mass;
-                if (round1[s]->sample->mass > 0 && u < acc) {
+                acc += round1.resps[s]->sample->mass;
+                if (round1.resps[s]->sample->mass > 0 && u < acc) {
                     pick = s;
                     break;
                 }
             }
             if (pick == self->n)
                 for (uint32_t s = 0; s < self->n; s++)
-                    if (round1[s]->sample->mass > 0)
+                    if (round1.resps[s]->sample->mass > 0)
                         pick = s;
             counts[pick]++;
         }
         /* Round 2: each shard draws its share. */
-        rc = s_sample_round(self, table, NULL, counts, false, strategy, seed, false, round2);
+        rc = s_sample_round(self, &round2, NULL, counts, false, strategy, seed);
         if (rc != 0)
             goto cleanup;
     }
@@ -1237,9 +1418,9 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     for (size_t i = 0; i < n_positives; i++)
         key_total += positives[i].len;
     for (uint32_t s = 0; s < self->n; s++) {
-        if (!round2[s])
+        if (!round2.resps[s])
             continue;
-        const Carls__SampleResult *res = round2[s]->sample;
+        const Carls__SampleResult *res = round2.resps[s]->sample;
         entries += res->n_keys;
         for (size_t i = 0; i < res->n_keys; i++)
             key_total += res->keys[i].len;
@@ -1252,15 +1433,15 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     /* Positives in the caller's order, each scaled by its owner's share of the total mass. */
     for (size_t i = 0; i < n_positives; i++) {
         uint32_t s = carls_shard_of(positives[i].data, positives[i].len, self->n);
-        const Carls__SampleResult *res = round1[s]->sample;
+        const Carls__SampleResult *res = round1.resps[s]->sample;
         double p = total > 0 ? res->probabilities[next_pos[s]++] * (res->mass / total) : 0.0;
         s_sample_add(r, &off, positives[i].data, positives[i].len, p, true);
     }
     for (uint32_t s = 0; s < self->n; s++) {
-        if (!round2[s])
+        if (!round2.resps[s])
             continue;
         /* The shard's own mass in this answer: its probabilities are relative to it. */
-        const Carls__SampleResult *res = round2[s]->sample;
+        const Carls__SampleResult *res = round2.resps[s]->sample;
         for (size_t i = 0; i < res->n_keys; i++)
             s_sample_add(r, &off, res->keys[i].data, res->keys[i].len,
                          res->probabilities[i] * (res->mass / total), false);
@@ -1281,14 +1462,76 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
     }
     *out = r;
 cleanup:
-    s_free_responses(self, round1);
-    s_free_responses(self, round2);
-    free(round1);
-    free(round2);
+    s_fan_free(self, &round1);
+    s_fan_free(self, &round2);
     free(counts);
     free(next_pos);
     s_split_free(&sp);
     return rc;
+}
+
+int kb_cluster_sample_send(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                           uint32_t n, Carls__SampleStrategy strategy, uint64_t seed,
+                           kb_cluster_pending_t **pending_out)
+{
+    assert(self && pending_out);
+    s_clear_error(self);
+    *pending_out = NULL;
+    int rc = s_sample_args(self, table, positives, n_positives, strategy);
+    if (rc != 0)
+        return rc;
+    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_SAMPLE);
+    if (self->n > 1) {
+        /* Round 2 depends on round 1's answers: the draws are made now. */
+        rc = s_sample_sharded(self, table, positives, n_positives, n, strategy, seed, &p->sample);
+        if (rc != 0) {
+            kb_cluster_pending_destroy(self, &p);
+            return rc;
+        }
+        *pending_out = p;
+        return 0;
+    }
+    /* One shard: one request with everything, as given (the server picks a seed for 0). */
+    if (n_positives > 0) {
+        rc = s_split(self, "sample", positives, n_positives, &p->fan.sp);
+        if (rc != 0) {
+            kb_cluster_pending_destroy(self, &p);
+            return rc;
+        }
+    }
+    s_sample_build(self, &p->fan, n_positives ? &p->fan.sp : NULL, &n, true, strategy, seed, true);
+    return s_pending_send(self, p, pending_out);
+}
+
+int kb_cluster_sample_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_sample_result_t **out)
+{
+    assert(self && out && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_SAMPLE);
+    s_clear_error(self);
+    *out = NULL;
+    kb_cluster_pending_t *p = *pending_p;
+    int rc = 0;
+    if (self->n > 1) {
+        *out = p->sample;
+        p->sample = NULL;
+    } else {
+        rc = s_fan_wait(self, &p->fan);
+        if (rc == 0)
+            rc = s_sample_check(self, &p->fan);
+        if (rc == 0)
+            *out = s_sample_single_result(p->fan.resps[0]->sample, p->fan.ops[0].sample.n_positives);
+    }
+    kb_cluster_pending_destroy(self, pending_p);
+    return rc;
+}
+
+int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                      uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out)
+{
+    assert(self && out);
+    *out = NULL;
+    kb_cluster_pending_t *p = NULL;
+    int rc = kb_cluster_sample_send(self, table, positives, n_positives, n, strategy, seed, &p);
+    return rc != 0 ? rc : kb_cluster_sample_wait(self, &p, out);
 }
 
 /* ---- feature records -------------------------------------------------------------------------------- */
@@ -1317,40 +1560,25 @@ int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t
         s_set_error(self, "feature_get: no table name");
         return KB_CLIENT_EINVAL;
     }
-    s_split_t sp;
-    Carls__FeatureGet *ops = carls_xcalloc(self->n, sizeof *ops);
-    Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
-    Carls__Request **req_p = carls_xcalloc(self->n, sizeof *req_p);
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_split(self, "feature_get", keys, n, &sp);
+    s_fan_t fan;
+    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_FEATURES);
+    int rc = s_fan_keys(self, &fan, "feature_get", CARLS__REQUEST__OP_FEATURE_GET, keys, n);
+    if (rc == 0)
+        rc = s_fan_run(self, &fan);
     if (rc != 0)
         goto cleanup;
+    const s_split_t *sp = &fan.sp;
     for (uint32_t s = 0; s < self->n; s++) {
-        if (sp.count[s] == 0)
+        if (!fan.resps[s])
             continue;
-        carls__feature_get__init(&ops[s]);
-        ops[s].n_keys = sp.count[s];
-        ops[s].keys = sp.wire + sp.start[s];
-        carls__request__init(&reqs[s]);
-        reqs[s].table = (char *)table;
-        reqs[s].op_case = CARLS__REQUEST__OP_FEATURE_GET;
-        reqs[s].feature_get = &ops[s];
-        req_p[s] = &reqs[s];
-    }
-    rc = s_fanout(self, req_p, CARLS__RESPONSE__RESULT_FEATURES, resps);
-    if (rc != 0)
-        goto cleanup;
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (!resps[s])
-            continue;
-        const Carls__FeatureResult *res = resps[s]->features;
-        bool ok = res->n_records == sp.count[s];
+        const Carls__FeatureResult *res = fan.resps[s]->features;
+        bool ok = res->n_records == sp->count[s];
         for (size_t j = 0; ok && j < res->n_records; j++)
             ok = res->records[j] != NULL;
         if (!ok) {
             s_shard_errorf(self, s, "feature_get: the server sent %zu records for %zu keys", res->n_records,
-                           sp.count[s]);
-            rc = KB_CLIENT_EIO;
+                           sp->count[s]);
+            rc = KB_CLIENT_EMALFORMED;
             goto cleanup;
         }
     }
@@ -1360,21 +1588,16 @@ int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t
     r->responses = carls_xcalloc(self->n, sizeof *r->responses);
     r->n_responses = self->n;
     for (uint32_t s = 0; s < self->n; s++) {
-        if (!resps[s])
+        if (!fan.resps[s])
             continue;
-        for (size_t j = 0; j < sp.count[s]; j++)
-            r->records[sp.order[sp.start[s] + j]] = resps[s]->features->records[j];
-        r->responses[s] = resps[s];
-        resps[s] = NULL;
+        for (size_t j = 0; j < sp->count[s]; j++)
+            r->records[sp->order[sp->start[s] + j]] = fan.resps[s]->features->records[j];
+        r->responses[s] = fan.resps[s];
+        fan.resps[s] = NULL;
     }
     *out = r;
 cleanup:
-    s_free_responses(self, resps);
-    free(resps);
-    free(req_p);
-    free(reqs);
-    free(ops);
-    s_split_free(&sp);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -1397,41 +1620,23 @@ int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t
             return KB_CLIENT_EINVAL;
         }
     }
-    s_split_t sp;
-    Carls__FeatureRecord **grouped = NULL;
-    Carls__FeaturePut *ops = carls_xcalloc(self->n, sizeof *ops);
-    Carls__Request *reqs = carls_xcalloc(self->n, sizeof *reqs);
-    Carls__Request **req_p = carls_xcalloc(self->n, sizeof *req_p);
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_split(self, "feature_put", keys, n, &sp);
-    if (rc != 0)
-        goto cleanup;
-    grouped = carls_xmalloc(n * sizeof *grouped);
-    for (size_t j = 0; j < n; j++)
-        grouped[j] = (Carls__FeatureRecord *)records[sp.order[j]]; /* packing only reads them */
-    for (uint32_t s = 0; s < self->n; s++) {
-        if (sp.count[s] == 0)
-            continue;
-        carls__feature_put__init(&ops[s]);
-        ops[s].n_keys = sp.count[s];
-        ops[s].keys = sp.wire + sp.start[s];
-        ops[s].n_records = sp.count[s];
-        ops[s].records = grouped + sp.start[s];
-        carls__request__init(&reqs[s]);
-        reqs[s].table = (char *)table;
-        reqs[s].op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-        reqs[s].feature_put = &ops[s];
-        req_p[s] = &reqs[s];
+    s_fan_t fan;
+    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
+    int rc = s_fan_keys(self, &fan, "feature_put", CARLS__REQUEST__OP_FEATURE_PUT, keys, n);
+    if (rc == 0) {
+        const s_split_t *sp = &fan.sp;
+        fan.records = carls_xmalloc(n * sizeof *fan.records);
+        for (size_t j = 0; j < n; j++)
+            fan.records[j] = (Carls__FeatureRecord *)records[sp->order[j]]; /* packing only reads them */
+        for (uint32_t s = 0; s < self->n; s++) {
+            if (sp->count[s] == 0)
+                continue;
+            fan.ops[s].feature_put.n_records = sp->count[s];
+            fan.ops[s].feature_put.records = fan.records + sp->start[s];
+        }
+        rc = s_fan_run(self, &fan);
     }
-    rc = s_fanout(self, req_p, CARLS__RESPONSE__RESULT_WRITE, resps);
-cleanup:
-    s_free_responses(self, resps);
-    free(resps);
-    free(req_p);
-    free(reqs);
-    free(ops);
-    free(grouped);
-    s_split_free(&sp);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -1441,9 +1646,10 @@ int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carl
 {
     assert(self && stats_out && shard < self->n);
     s_clear_error(self);
+    self->requests++;
     int rc = kb_client_stats(self->clients[shard], table, stats_out);
     if (rc != 0)
-        s_shard_error(self, shard, kb_client_last_error(self->clients[shard]));
+        s_client_error(self, shard);
     return rc;
 }
 
@@ -1452,20 +1658,16 @@ int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard
     assert(self);
     s_clear_error(self);
     Carls__Checkpoint op = CARLS__CHECKPOINT__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_CHECKPOINT;
-    req.checkpoint = &op;
-    Carls__Response **resps = carls_xcalloc(self->n, sizeof *resps);
-    int rc = s_to_all(self, &req, CARLS__RESPONSE__RESULT_CHECKPOINT, resps);
+    s_fan_t fan;
+    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_CHECKPOINT, &op, CARLS__RESPONSE__RESULT_CHECKPOINT);
     if (rc == 0 && per_shard_out) {
         for (uint32_t s = 0; s < self->n; s++) {
             carls__checkpoint_result__init(&per_shard_out[s]);
-            per_shard_out[s].committed_epoch = resps[s]->checkpoint->committed_epoch;
-            per_shard_out[s].rows = resps[s]->checkpoint->rows;
+            per_shard_out[s].committed_epoch = fan.resps[s]->checkpoint->committed_epoch;
+            per_shard_out[s].rows = fan.resps[s]->checkpoint->rows;
         }
     }
-    s_free_responses(self, resps);
-    free(resps);
+    s_fan_free(self, &fan);
     return rc;
 }
 
@@ -1487,12 +1689,13 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
     req.op_case = CARLS__REQUEST__OP_SCAN;
     req.scan = &op;
     Carls__Response *resp = NULL;
+    self->requests++;
     int rc = kb_client_call(self->clients[shard], &req, &resp);
     if (rc == 0 && resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
         s_shard_errorf(self, shard, "the answer to scan carries the wrong result (case %d)", (int)resp->result_case);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
     } else if (rc != 0) {
-        s_shard_error(self, shard, kb_client_last_error(self->clients[shard]));
+        s_client_error(self, shard);
     }
     if (rc != 0)
         goto fail;
@@ -1514,7 +1717,7 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
         s_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, %zu "
                        "frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids, r->n_versions,
                        r->n_frequencies, r->dim, r->n_values, r->n_records);
-        rc = KB_CLIENT_EIO;
+        rc = KB_CLIENT_EMALFORMED;
         goto fail;
     }
     *page_out = resp;

@@ -3,7 +3,8 @@
  * A kb_cluster_t holds one kb_client_t per shard. The endpoint list "tcp://a:1,tcp://b:2,..." is in shard
  * order: the i-th endpoint serves shard i of N. A key belongs to shard carls_shard_of(key, len, N) and to no
  * other (a sharded server refuses keys of other shards, so a list in the wrong order fails loudly instead of
- * scattering data). With a single endpoint every call is a thin pass-through to the kb_client_t.
+ * scattering data). With a single endpoint every call sends the one request (keys in the caller's order)
+ * that the matching kb_client call would.
  *
  * How each operation spreads over the shards:
  *   - create_table, drop_table, checkpoint: sent to every shard (in parallel). Not atomic across shards: when
@@ -33,8 +34,9 @@
  * Threading: like kb_client_t, one cluster is used from one thread at a time.
  *
  * Return convention: as kb_client: 0 on success, a negative KB_CLIENT_E* code on failure, with
- * kb_cluster_last_error() describing it. With more than one shard the text starts with
- * "shard I (ENDPOINT): ", naming the first shard that failed. */
+ * kb_cluster_last_error() describing it and, for KB_CLIENT_ESTATUS, kb_cluster_last_status() giving the
+ * status as the protobuf enum (test the enum, never the text). With more than one shard the text starts
+ * with "shard I (ENDPOINT): ", naming the first shard that failed. */
 #ifndef KB_CLUSTER_H
 #define KB_CLUSTER_H
 
@@ -64,8 +66,8 @@ uint32_t kb_cluster_shards(const kb_cluster_t *self);
 /* The shard's endpoint as given (trimmed). shard < kb_cluster_shards(). */
 const char *kb_cluster_endpoint(const kb_cluster_t *self, uint32_t shard);
 
-/* The shard's client, for low-level calls (kb_client_send / kb_client_wait). Owned by the cluster. */
-kb_client_t *kb_cluster_client(kb_cluster_t *self, uint32_t shard);
+/* Requests sent so far by this cluster, over all shards (resends after a timeout not counted). */
+uint64_t kb_cluster_requests(const kb_cluster_t *self);
 
 /* The shard owning key: carls_shard_of(key, len, shards). */
 uint32_t kb_cluster_shard_of(const kb_cluster_t *self, const void *key, size_t len);
@@ -76,6 +78,11 @@ const char *kb_cluster_last_error(const kb_cluster_t *self);
 /* The shard whose failure the last error describes, or -1 (success, or an error not tied to one shard,
  * such as bad arguments). */
 int kb_cluster_failed_shard(const kb_cluster_t *self);
+
+/* After KB_CLIENT_ESTATUS: the status, as the failed shard's server answered it or as the cluster answers
+ * for the whole bank (NOT_FOUND for a table it does not have or a sample with nothing to draw,
+ * INVALID_ARGUMENT for knn on a table without an index). STATUS_OK after a success or another failure. */
+Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self);
 
 /* ---- tables ---------------------------------------------------------------------------------------- */
 
@@ -184,6 +191,52 @@ void kb_sample_result_destroy(kb_sample_result_t **result_p);
  * (probability 0) and refuses n > 0 with KB_CLIENT_ESTATUS ("NOT_FOUND: ..."), as a single server does. */
 int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
                       uint32_t n, Carls__SampleStrategy strategy, uint64_t seed, kb_sample_result_t **out);
+
+/* ---- requests in flight ----------------------------------------------------------------------------- */
+
+/* A lookup, gradient push or sample whose requests are out on the shards and whose answers are collected
+ * later, so that a caller can compute while the shards work: the word2vec trainer keeps the lookups of the
+ * next batches and the pushes of the last one in flight while it computes. A *_send call sends one request
+ * per shard holding keys (exactly what the blocking call sends) and returns at once; the matching *_wait
+ * collects the answers, and the blocking calls above are send + wait. Any number of pendings may be in
+ * flight, and they may be waited for in any order. The caller's keys and rows are packed into the requests
+ * when sent: they may be reused as soon as *_send returns.
+ *
+ * A *_send failure has already ended what it sent (*pending_out stays NULL). A *_wait always ends and frees
+ * *pending_p (and nulls it), whatever it returns; the error is reported as by the blocking call. A pending
+ * given up on is freed with kb_cluster_pending_destroy. */
+typedef struct kb_cluster_pending kb_cluster_pending_t;
+
+/* kb_cluster_lookup_ex's requests, sent. Caller owns *pending_out (end it with kb_cluster_lookup_wait). */
+int kb_cluster_lookup_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
+                           bool no_create, kb_cluster_pending_t **pending_out);
+
+/* Collects a lookup_send's answers into the caller's key order, as kb_cluster_lookup_ex: values_out (n * dim
+ * floats; may be NULL here when only meta_out is wanted) and meta_out (n records, or NULL). */
+int kb_cluster_lookup_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, float *values_out,
+                           kb_row_meta_t *meta_out);
+
+/* kb_cluster_push_gradients' requests, sent. Caller owns *pending_out (end it with
+ * kb_cluster_push_gradients_wait). */
+int kb_cluster_push_gradients_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                                   uint32_t dim, const float *gradients, kb_cluster_pending_t **pending_out);
+
+/* Collects a push_gradients_send's acknowledgements. */
+int kb_cluster_push_gradients_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p);
+
+/* kb_cluster_sample, sent. With one shard its one request is in flight until kb_cluster_sample_wait; with
+ * several, the draws are made here (the second round depends on the first round's answers) and the wait
+ * only hands the result over. A failure may thus show at either call. Caller owns *pending_out. */
+int kb_cluster_sample_send(kb_cluster_t *self, const char *table, const kb_key_t *positives, size_t n_positives,
+                           uint32_t n, Carls__SampleStrategy strategy, uint64_t seed,
+                           kb_cluster_pending_t **pending_out);
+
+/* Collects a sample_send's result, as kb_cluster_sample. Caller owns *out. */
+int kb_cluster_sample_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_sample_result_t **out);
+
+/* Gives up on a pending without waiting: its requests are cancelled (answers that still come are dropped).
+ * Accepts NULL and *pending_p == NULL; nulls *pending_p. self must be the cluster that sent it. */
+void kb_cluster_pending_destroy(kb_cluster_t *self, kb_cluster_pending_t **pending_p);
 
 /* ---- feature records --------------------------------------------------------------------------------- */
 

@@ -792,7 +792,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     s_batch_t b;
     s_batch_init(&b, batch, feature ? 0 : cfg->dim);
     if (kb_cluster_create_table(bank, table, cfg, true) != 0) {
-        if (strstr(kb_cluster_last_error(bank), "ALREADY_EXISTS"))
+        if (kb_cluster_last_status(bank) == CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS)
             rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
                         table, kb_cluster_last_error(bank));
         else

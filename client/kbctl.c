@@ -341,7 +341,7 @@ static int s_table_info(const s_call_t *call, const char *name, kb_cluster_table
     int rc = kb_cluster_table(call->c, name, info);
     if (rc == 0)
         return S_EXIT_OK;
-    if (rc == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(call->c), "no table named")) {
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(call->c) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
         fprintf(stderr, "kbctl %s: no table named \"%s\" on the server\n", call->name, name);
         return S_EXIT_SERVER;
     }

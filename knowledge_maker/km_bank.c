@@ -1,7 +1,7 @@
 /* Item-indexed calls to the knowledge bank (see km_bank.h). */
 #include "km_bank.h"
 
-#include "kb_client.h"
+#include "kb_cluster.h"
 
 #include "log.h"
 #include "util.h"
@@ -12,7 +12,7 @@
 #include <string.h>
 
 struct km_bank {
-    kb_client_t *client; /* one DEALER connection */
+    kb_cluster_t *bank;  /* one endpoint, or a sharded bank's endpoints */
     char error[1024];    /* last error */
     bool unreachable;    /* the last failure was the bank's absence (see km_bank_unreachable) */
 };
@@ -56,19 +56,13 @@ km_bank_t *km_bank_new(const char *endpoints, int timeout_ms)
         LOG_ERROR("no knowledge-bank endpoint");
         return NULL;
     }
-    if (strchr(endpoints, ',')) {
-        LOG_ERROR("--kb '%s': several shards need the sharded client, which this build does not have yet; "
-                  "give one endpoint",
-                  endpoints);
-        return NULL;
-    }
     kb_client_options_t opts = {.timeout_ms = timeout_ms > 0 ? timeout_ms : 60000, .retries = 2};
-    kb_client_t *c = kb_client_new(endpoints, &opts);
+    kb_cluster_t *c = kb_cluster_new(endpoints, &opts);
     if (!c) {
         return NULL;
     }
     km_bank_t *b = carls_xcalloc(1, sizeof *b);
-    b->client = c;
+    b->bank = c;
     return b;
 }
 
@@ -77,7 +71,7 @@ void km_bank_destroy(km_bank_t **self_p)
     if (!self_p || !*self_p) {
         return;
     }
-    kb_client_destroy(&(*self_p)->client);
+    kb_cluster_destroy(&(*self_p)->bank);
     free(*self_p);
     *self_p = NULL;
 }
@@ -90,10 +84,11 @@ const char *km_bank_error(const km_bank_t *self)
 /* Records the client's error after a failed call and returns rc. */
 static int s_fail(km_bank_t *self, int rc, const char *what, const char *table)
 {
-    const char *err = kb_client_last_error(self->client);
+    const char *err = kb_cluster_last_error(self->bank);
     snprintf(self->error, sizeof self->error, "%s %s: %s", what, table, err);
-    self->unreachable = rc == KB_CLIENT_ETIMEOUT || (rc == KB_CLIENT_EIO && strstr(err, "malformed") == NULL) ||
-                        (rc == KB_CLIENT_ESTATUS && strncmp(err, "UNAVAILABLE", 11) == 0);
+    self->unreachable = rc == KB_CLIENT_ETIMEOUT || rc == KB_CLIENT_EIO ||
+                        (rc == KB_CLIENT_ESTATUS &&
+                         kb_cluster_last_status(self->bank) == CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
     return rc;
 }
 
@@ -112,15 +107,6 @@ static void s_keys(const uint32_t *items, size_t n, kb_key_t *keys, char *text)
     }
 }
 
-static void s_wire_keys(const uint32_t *items, size_t n, ProtobufCBinaryData *wire, char *text)
-{
-    for (size_t i = 0; i < n; i++) {
-        char *k = text + i * 11;
-        wire[i].len = km_item_key(items[i], k);
-        wire[i].data = (uint8_t *)k;
-    }
-}
-
 int km_bank_create_embedding(km_bank_t *self, const char *table, uint32_t dim)
 {
     Carls__KnnConfig knn = CARLS__KNN_CONFIG__INIT;
@@ -130,7 +116,7 @@ int km_bank_create_embedding(km_bank_t *self, const char *table, uint32_t dim)
     cfg.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
     cfg.dim = dim;
     cfg.knn = &knn;
-    int rc = kb_client_create_table(self->client, table, &cfg, true);
+    int rc = kb_cluster_create_table(self->bank, table, &cfg, true);
     return rc ? s_fail(self, rc, "create_table", table) : 0;
 }
 
@@ -138,7 +124,7 @@ int km_bank_create_feature(km_bank_t *self, const char *table)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    int rc = kb_client_create_table(self->client, table, &cfg, true);
+    int rc = kb_cluster_create_table(self->bank, table, &cfg, true);
     return rc ? s_fail(self, rc, "create_table", table) : 0;
 }
 
@@ -151,7 +137,7 @@ int km_bank_put(km_bank_t *self, const char *table, const uint32_t *items, size_
     for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
         size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
         s_keys(items + off, m, keys, text);
-        rc = kb_client_put(self->client, table, keys, m, dim, values + off * dim, version);
+        rc = kb_cluster_put(self->bank, table, keys, m, dim, values + off * dim, version);
         if (rc) {
             s_fail(self, rc, "put", table);
         }
@@ -172,8 +158,8 @@ int km_bank_lookup(km_bank_t *self, const char *table, const uint32_t *items, si
     for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
         size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
         s_keys(items + off, m, keys, text);
-        rc = kb_client_lookup_ex(self->client, table, keys, m, dim, true, values ? values + off * dim : scratch,
-                                 meta);
+        rc = kb_cluster_lookup_ex(self->bank, table, keys, m, dim, true, values ? values + off * dim : scratch,
+                                  meta);
         if (rc) {
             s_fail(self, rc, "lookup", table);
             break;
@@ -198,50 +184,27 @@ int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_
                 float *score)
 {
     const size_t chunk = 1024; /* queries per request: keeps each answer (chunk * k keys) small */
-    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * chunk);
+    kb_key_t *keys = carls_xmalloc(sizeof *keys * chunk);
     char *text = carls_xmalloc(11 * chunk);
     int rc = 0;
     for (size_t off = 0; off < n && rc == 0; off += chunk) {
         size_t m = n - off < chunk ? n - off : chunk;
-        s_wire_keys(items + off, m, wire, text);
-        Carls__Knn op = CARLS__KNN__INIT;
-        op.n_keys = m;
-        op.keys = wire;
-        op.k = k;
-        op.exclude_query = true;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = (char *)table;
-        req.op_case = CARLS__REQUEST__OP_KNN;
-        req.knn = &op;
-        Carls__Response *resp = NULL;
-        rc = kb_client_call(self->client, &req, &resp);
+        s_keys(items + off, m, keys, text);
+        kb_knn_result_t *res = NULL;
+        rc = kb_cluster_knn_by_key(self->bank, table, keys, m, k, true, &res);
         if (rc) {
             s_fail(self, rc, "knn", table);
-        } else if (resp->result_case != CARLS__RESPONSE__RESULT_KNN || resp->knn->n_keys != m * resp->knn->k ||
-                   resp->knn->n_scores != resp->knn->n_keys || resp->knn->k > k) {
-            snprintf(self->error, sizeof self->error, "knn %s: malformed answer", table);
-            self->unreachable = false;
-            rc = KB_CLIENT_EIO;
-        } else {
-            const uint32_t rk = resp->knn->k;
-            for (size_t i = 0; i < m; i++) {
-                for (uint32_t j = 0; j < k; j++) {
-                    uint32_t item = KM_NO_ITEM;
-                    float s = 0.0f;
-                    if (j < rk) {
-                        item = km_key_item(resp->knn->keys[i * rk + j].data, resp->knn->keys[i * rk + j].len);
-                        s = resp->knn->scores[i * rk + j];
-                    }
-                    nbr[(off + i) * k + j] = item;
-                    score[(off + i) * k + j] = item == KM_NO_ITEM ? 0.0f : s;
-                }
-            }
+            break;
         }
-        if (resp) {
-            carls__response__free_unpacked(resp, NULL);
+        /* k slots per query, best first; an empty slot (fewer rows) has no key and reads as KM_NO_ITEM. */
+        for (size_t i = 0; i < m * k; i++) {
+            uint32_t item = km_key_item(res->keys[i].data, res->keys[i].len);
+            nbr[off * k + i] = item;
+            score[off * k + i] = item == KM_NO_ITEM ? 0.0f : res->scores[i];
         }
+        kb_knn_result_destroy(&res);
     }
-    free(wire);
+    free(keys);
     free(text);
     return rc;
 }
@@ -250,35 +213,22 @@ int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_
 static int s_feature_put(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
                          Carls__FeatureRecord *records)
 {
-    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * KM_BANK_CHUNK);
-    Carls__FeatureRecord **ptrs = carls_xmalloc(sizeof *ptrs * KM_BANK_CHUNK);
+    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
+    const Carls__FeatureRecord **ptrs = carls_xmalloc(sizeof *ptrs * KM_BANK_CHUNK);
     char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
     int rc = 0;
     for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
         size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_wire_keys(items + off, m, wire, text);
+        s_keys(items + off, m, keys, text);
         for (size_t i = 0; i < m; i++) {
             ptrs[i] = &records[off + i];
         }
-        Carls__FeaturePut op = CARLS__FEATURE_PUT__INIT;
-        op.n_keys = m;
-        op.keys = wire;
-        op.n_records = m;
-        op.records = ptrs;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = (char *)table;
-        req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-        req.feature_put = &op;
-        Carls__Response *resp = NULL;
-        rc = kb_client_call(self->client, &req, &resp);
+        rc = kb_cluster_feature_put(self->bank, table, keys, m, ptrs);
         if (rc) {
             s_fail(self, rc, "feature_put", table);
         }
-        if (resp) {
-            carls__response__free_unpacked(resp, NULL);
-        }
     }
-    free(wire);
+    free(keys);
     free(ptrs);
     free(text);
     return rc;
@@ -339,37 +289,24 @@ int km_bank_put_labels(km_bank_t *self, const char *table, const uint32_t *items
 static int s_feature_get(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
                          void (*fn)(void *ctx, size_t i, const Carls__FeatureRecord *r), void *ctx)
 {
-    ProtobufCBinaryData *wire = carls_xmalloc(sizeof *wire * KM_BANK_CHUNK);
+    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
     char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
     int rc = 0;
     for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
         size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_wire_keys(items + off, m, wire, text);
-        Carls__FeatureGet op = CARLS__FEATURE_GET__INIT;
-        op.n_keys = m;
-        op.keys = wire;
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = (char *)table;
-        req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-        req.feature_get = &op;
-        Carls__Response *resp = NULL;
-        rc = kb_client_call(self->client, &req, &resp);
+        s_keys(items + off, m, keys, text);
+        kb_feature_result_t *res = NULL;
+        rc = kb_cluster_feature_get(self->bank, table, keys, m, &res);
         if (rc) {
             s_fail(self, rc, "feature_get", table);
-        } else if (resp->result_case != CARLS__RESPONSE__RESULT_FEATURES || resp->features->n_records != m) {
-            snprintf(self->error, sizeof self->error, "feature_get %s: malformed answer", table);
-            self->unreachable = false;
-            rc = KB_CLIENT_EIO;
-        } else {
-            for (size_t i = 0; i < m; i++) {
-                fn(ctx, off + i, resp->features->records[i]);
-            }
+            break;
         }
-        if (resp) {
-            carls__response__free_unpacked(resp, NULL);
+        for (size_t i = 0; i < m; i++) {
+            fn(ctx, off + i, res->records[i]);
         }
+        kb_feature_result_destroy(&res);
     }
-    free(wire);
+    free(keys);
     free(text);
     return rc;
 }

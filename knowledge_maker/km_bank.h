@@ -8,8 +8,9 @@
  *                    the embeddings it was built from (0 for pixels)
  *   <prefix>.labels  feature: pseudo-label + confidence of unlabelled items, version = checkpoint step
  *
- * One km_bank_t wraps one kb_client_t (one endpoint) and is used from one thread. Large calls are split into
- * requests of at most KM_BANK_CHUNK rows. Return convention: 0, or a negative KB_CLIENT_E* code with the
+ * One km_bank_t wraps one kb_cluster_t (one endpoint, or a sharded bank's endpoints in shard order) and is
+ * used from one thread. Large calls are split into requests of at most KM_BANK_CHUNK rows (per call; the
+ * cluster splits each over the shards). Return convention: 0, or a negative KB_CLIENT_E* code with the
  * reason in km_bank_error(). */
 #ifndef KM_BANK_H
 #define KM_BANK_H
@@ -39,8 +40,8 @@ size_t km_item_key(uint32_t item, char *buf);
 /* Parses a key written by km_item_key; KM_NO_ITEM for anything else (including an empty slot). */
 uint32_t km_key_item(const void *data, size_t len);
 
-/* Connects to the bank. endpoints: one endpoint (a comma-separated list is refused for now: the sharded
- * client is not in this build). timeout_ms per attempt (0: 60000), retries 2. NULL on failure (logged). */
+/* Connects to the bank. endpoints: one endpoint, or the comma-separated endpoints of a sharded bank in shard
+ * order (kb_cluster.h). timeout_ms per attempt (0: 60000), retries 2. NULL on failure (logged). */
 km_bank_t *km_bank_new(const char *endpoints, int timeout_ms);
 void km_bank_destroy(km_bank_t **self_p);
 const char *km_bank_error(const km_bank_t *self);

@@ -92,7 +92,7 @@ static int s_wait_features(trainer_prefetch_t *p, uint64_t id, int B, Carls__Res
     }
     if ((*resp)->result_case != CARLS__RESPONSE__RESULT_FEATURES || (*resp)->features->n_records != (size_t)B) {
         snprintf(f->err, sizeof f->err, "feature_get %s: malformed answer", table);
-        return KB_CLIENT_EIO;
+        return KB_CLIENT_EMALFORMED;
     }
     return 0;
 }
@@ -105,11 +105,12 @@ static kb_client_t *s_connect(const trainer_prefetch_t *p, int timeout_ms)
     return kb_client_new(p->cfg.endpoint, &opts);
 }
 
-/* Whether a failed request means the bank is unreachable (rather than a request it refuses). */
-static bool s_unreachable(int rc, const char *err)
+/* Whether the request that just failed with rc on p->client means the bank is unreachable (no answer, a
+ * broken connection, a server shutting down), rather than a request it refuses or a broken answer. */
+static bool s_unreachable(const trainer_prefetch_t *p, int rc)
 {
-    return rc == KB_CLIENT_ETIMEOUT || (rc == KB_CLIENT_EIO && strstr(err, "malformed") == NULL) ||
-           (rc == KB_CLIENT_ESTATUS && strstr(err, "UNAVAILABLE") != NULL);
+    return rc == KB_CLIENT_ETIMEOUT || rc == KB_CLIENT_EIO ||
+           (rc == KB_CLIENT_ESTATUS && kb_client_last_status(p->client) == CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
 }
 
 /* While the bank is away: true when it answers a probe now (it is then connected again). */
@@ -169,7 +170,7 @@ static int s_read_rows(trainer_prefetch_t *p, trainer_fetch_t *f)
     }
     int rc = kb_client_lookup_ex(p->client, p->cfg.emb_table, p->ukeys, (size_t)R, (uint32_t)E, true, p->uvals,
                                  p->umeta);
-    if (rc == KB_CLIENT_ESTATUS && strstr(kb_client_last_error(p->client), "NOT_FOUND")) {
+    if (rc == KB_CLIENT_ESTATUS && kb_client_last_status(p->client) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
         rc = 0; /* no maker wrote embeddings yet: every neighbour is missing */
         for (int r = 0; r < R; r++) {
             p->umeta[r].updated_at_ms = 0;
@@ -351,7 +352,7 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
             s_copy_rows(p, f);
         }
     }
-    if (rc != 0 && s_unreachable(rc, f->err)) {
+    if (rc != 0 && s_unreachable(p, rc)) {
         /* Requests may still be in flight on this connection: dropping it forgets them. */
         kb_client_destroy(&p->client);
         p->away = true;

@@ -16,9 +16,10 @@
  *   4. finish:  the pushes' acknowledgements are collected.
  * Batches are pipelined with several requests in flight on each shard's client: while batch b is computed,
  * the lookups of b+1 and the count of b+2 are being served, and the pushes of b-1 acknowledged. Batch b+1 thus
- * reads rows that include the pushes of b-1 but not of b (one batch of staleness). With a sharded bank
- * (--kb a,b,...) lookups and pushes are split by key over the shards (kb_cluster routing) and the negatives are
- * drawn by kb_cluster_sample (by each shard's mass; a blocking call made when the batch is prepared).
+ * reads rows that include the pushes of b-1 but not of b (one batch of staleness). Every request goes through
+ * kb_cluster's send / wait calls: with a sharded bank (--kb a,b,...) lookups and pushes are split by key over
+ * the shards, and the negatives are drawn by each shard's mass (a blocking call made when the batch is
+ * prepared; with one shard the sample request is in flight like the others).
  *
  * Several trainers (--worker i/n, separate processes) train on separate slices of the corpus and push to the
  * same tables at the same time. */
@@ -30,7 +31,6 @@
 #include "data_text.h"
 #include "nn_sgns.h"
 
-#include "kb_client.h"
 #include "kb_cluster.h"
 #include "log.h"
 #include "protocol.h"
@@ -69,20 +69,10 @@ typedef struct {
 
 /* Timings of the whole run. */
 typedef struct {
-    int64_t wait_us;    /* blocked in kb_client_wait */
+    int64_t wait_us;    /* blocked waiting for the bank's answers */
     int64_t compute_us; /* nn_sgns_cpu */
-    int64_t requests;
+    int64_t requests;   /* requests sent to the bank's shards */
 } s_io_t;
-
-/* A lookup or push split over the bank's shards: keys are routed by carls_shard_of (one sub-request per
- * shard holding keys), answers are put back in the caller's key order. With one shard it is one request. */
-typedef struct {
-    uint64_t *id;    /* (shards) request id of each shard's part, 0 when nothing went there */
-    uint32_t *pos;   /* (n) the caller's positions, grouped by shard */
-    uint32_t *start; /* (shards + 1) where each shard's positions begin in pos */
-    size_t n, cap;   /* keys; positions allocated */
-    bool sent;       /* something is in flight */
-} s_req_t;
 
 /* One batch in the pipeline. */
 typedef struct {
@@ -96,7 +86,7 @@ typedef struct {
     uint32_t *tok_word;      /* (tok1-tok0) map index of each token */
     uint64_t *freq;          /* (map.n) bank count of each distinct word */
     uint32_t *row;           /* (map.n) output row of each word, NONE when not in the batch's rows */
-    ProtobufCBinaryData *keys;       /* request keys (count lookup; then output rows' keys) */
+    kb_key_t *keys;                  /* request keys (count lookup; then output rows' keys) */
     size_t keys_cap;
     uint32_t *tokens, *sent_end;     /* kept tokens (as rows) and sentence ends */
     uint32_t n_tokens, n_sents, n_words, n_out;
@@ -104,11 +94,11 @@ typedef struct {
     uint32_t n_pool;
     float *in_vec, *out_vec, *g_in, *g_out;
     size_t cap_in, cap_g_in, cap_out, cap_g_out; /* floats allocated in each */
-    s_req_t count_req, in_req, out_req, push_in_req, push_out_req;
-    uint64_t sample_id;              /* one shard: the async sample request */
-    bool sample_sent, vectors_sent, pushed;
-    Carls__Response *sample_resp;    /* one shard: owns the negative keys' bytes until the batch is finished */
-    kb_sample_result_t *sample_multi;/* several shards: the merged sample (drawn when the batch is prepared) */
+    /* Requests in flight on the bank's shards (NULL: none); kb_cluster splits each by key over the shards. */
+    kb_cluster_pending_t *count_req, *sample_req, *in_req, *out_req, *push_in_req, *push_out_req;
+    bool sample_sent, vectors_sent;
+    kb_sample_result_t *sample;      /* the negatives drawn; the map points into its keys until the slot's next
+                                      * batch */
     double loss;
     uint64_t pairs;
 } s_batch_t;
@@ -118,7 +108,6 @@ typedef struct {
     w2v_names_t names;
     data_text_t *text;
     kb_cluster_t *bank;
-    kb_client_t *kb;             /* shard 0's client (the only one with a single endpoint) */
     uint32_t shards;
     s_io_t io;
     size_t line_first, line_end; /* this worker's slice */
@@ -390,208 +379,66 @@ static int s_fail_kb(s_run_t *r, const char *what)
     return -1;
 }
 
-static void s_req_free(s_req_t *q)
+/* Sends a lookup of n keys of a table of dim (nothing for none: *req stays NULL). */
+static int s_lookup_send(s_run_t *r, kb_cluster_pending_t **req, const char *table, const kb_key_t *keys, size_t n,
+                         uint32_t dim, bool no_create)
 {
-    free(q->id);
-    free(q->pos);
-    free(q->start);
-    memset(q, 0, sizeof *q);
-}
-
-/* Groups n keys by shard into q (positions and shard boundaries). */
-static void s_req_route(s_run_t *r, s_req_t *q, const ProtobufCBinaryData *keys, size_t n)
-{
-    uint32_t S = r->shards;
-    if (!q->id) {
-        q->id = carls_xcalloc(S, sizeof *q->id);
-        q->start = carls_xcalloc(S + 1, sizeof *q->start);
-    }
-    if (n > q->cap) {
-        q->cap = n;
-        q->pos = carls_xrealloc(q->pos, n * sizeof *q->pos);
-    }
-    q->n = n;
-    memset(q->id, 0, S * sizeof *q->id);
-    if (S == 1) {
-        for (size_t i = 0; i < n; i++)
-            q->pos[i] = (uint32_t)i;
-        q->start[0] = 0;
-        q->start[1] = (uint32_t)n;
-        return;
-    }
-    uint32_t *shard = carls_xmalloc((n ? n : 1) * sizeof *shard);
-    memset(q->start, 0, (S + 1) * sizeof *q->start);
-    for (size_t i = 0; i < n; i++) {
-        shard[i] = kb_cluster_shard_of(r->bank, keys[i].data, keys[i].len);
-        q->start[shard[i] + 1]++;
-    }
-    for (uint32_t s = 0; s < S; s++)
-        q->start[s + 1] += q->start[s];
-    uint32_t *fill = carls_xmalloc(S * sizeof *fill);
-    memcpy(fill, q->start, S * sizeof *fill);
-    for (size_t i = 0; i < n; i++)
-        q->pos[fill[shard[i]]++] = (uint32_t)i;
-    free(fill);
-    free(shard);
-}
-
-/* Sends a lookup (grads NULL) or a push of n keys, split by shard. */
-static int s_send_split(s_run_t *r, s_req_t *q, const char *table, ProtobufCBinaryData *keys, size_t n,
-                        bool no_create, const float *grads)
-{
-    uint32_t dim = r->o.tables.dim;
-    s_req_route(r, q, keys, n);
-    q->sent = true;
-    ProtobufCBinaryData *sk = NULL;
-    float *sg = NULL;
-    for (uint32_t s = 0; s < r->shards; s++) {
-        size_t m = q->start[s + 1] - q->start[s];
-        if (m == 0)
-            continue;
-        ProtobufCBinaryData *k = keys;
-        const float *g = grads;
-        if (r->shards > 1) {
-            sk = carls_xrealloc(sk, m * sizeof *sk);
-            for (size_t j = 0; j < m; j++)
-                sk[j] = keys[q->pos[q->start[s] + j]];
-            k = sk;
-            if (grads) {
-                sg = carls_xrealloc(sg, m * dim * sizeof *sg);
-                for (size_t j = 0; j < m; j++)
-                    memcpy(sg + j * dim, grads + (size_t)q->pos[q->start[s] + j] * dim, dim * sizeof(float));
-                g = sg;
-            }
-        }
-        Carls__Request req = CARLS__REQUEST__INIT;
-        req.table = (char *)table;
-        Carls__Lookup lk = CARLS__LOOKUP__INIT;
-        Carls__PushGradients pg = CARLS__PUSH_GRADIENTS__INIT;
-        if (grads) {
-            pg.keys = k;
-            pg.n_keys = m;
-            pg.gradients = (float *)g;
-            pg.n_gradients = m * dim;
-            req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
-            req.push_gradients = &pg;
-        } else {
-            lk.keys = k;
-            lk.n_keys = m;
-            lk.no_create = no_create;
-            req.op_case = CARLS__REQUEST__OP_LOOKUP;
-            req.lookup = &lk;
-        }
-        r->io.requests++;
-        kb_client_t *c = kb_cluster_client(r->bank, s);
-        if (kb_client_send(c, &req, &q->id[s]) != 0) {
-            LOG_ERROR("word2vec: sending to shard %u (%s): %s", s, kb_cluster_endpoint(r->bank, s),
-                      kb_client_last_error(c));
-            free(sk);
-            free(sg);
-            return -1;
-        }
-    }
-    free(sk);
-    free(sg);
+    *req = NULL;
+    if (n == 0)
+        return 0;
+    if (kb_cluster_lookup_send(r->bank, table, keys, n, dim, no_create, req) != 0)
+        return s_fail_kb(r, "sending a lookup");
     return 0;
 }
 
-static int s_send_sample(s_run_t *r, uint32_t n, uint64_t seed, uint64_t *id)
+/* Logs a failed wait; a table the bank does not have (any more) gets its own explanation. */
+static int s_fail_wait(s_run_t *r, int rc, const char *what)
 {
-    Carls__Sample op = CARLS__SAMPLE__INIT;
-    op.n = n;
-    op.strategy = CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM;
-    op.seed = seed ? seed : 1;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = r->names.count;
-    req.op_case = CARLS__REQUEST__OP_SAMPLE;
-    req.sample = &op;
-    r->io.requests++;
-    return kb_client_send(r->kb, &req, id) == 0 ? 0 : s_fail_kb(r, "sending a sample request");
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(r->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND)
+        LOG_ERROR("word2vec: a table is missing from the bank: dropped, or lost in a crash within its "
+                  "durability interval; run the trainer again (it re-creates the tables)");
+    return s_fail_kb(r, what);
 }
 
-/* Waits for one answer of the expected kind from client c. Returns 0 (caller frees *resp), 1 for a NOT_FOUND
- * status when allow_not_found (resp freed), or -1 (logged). */
-static int s_wait_on(s_run_t *r, kb_client_t *c, uint64_t id, Carls__Response__ResultCase expect,
-                     bool allow_not_found, const char *what, Carls__Response **resp)
+/* Waits for a lookup: values (may be NULL) and metadata (may be NULL) in the caller's key order. */
+static int s_wait_lookup(s_run_t *r, kb_cluster_pending_t **req, float *values, kb_row_meta_t *meta,
+                         const char *what)
 {
-    *resp = NULL;
+    if (!*req)
+        return 0;
     int64_t t0 = carls_monotonic_us();
-    int rc = kb_client_wait(c, id, resp);
+    int rc = kb_cluster_lookup_wait(r->bank, req, values, meta);
     r->io.wait_us += carls_monotonic_us() - t0;
-    if (rc == KB_CLIENT_ESTATUS && allow_not_found && *resp &&
-        (*resp)->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
-        carls__response__free_unpacked(*resp, NULL);
-        *resp = NULL;
-        return 1;
-    }
-    if (rc == KB_CLIENT_ESTATUS && *resp && (*resp)->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND)
-        LOG_ERROR("word2vec: the bank has no table %s any more: dropped, or lost in a crash within its "
-                  "durability interval; run the trainer again (it re-creates the tables)",
-                  strstr(kb_client_last_error(c), "'") ? strstr(kb_client_last_error(c), "'") : "");
-    if (rc != 0 || (*resp)->result_case != expect) {
-        LOG_ERROR("word2vec: %s: %s", what, rc != 0 ? kb_client_last_error(c) : "unexpected answer");
-        if (*resp)
-            carls__response__free_unpacked(*resp, NULL);
-        *resp = NULL;
-        return -1;
-    }
-    return 0;
+    return rc == 0 ? 0 : s_fail_wait(r, rc, what);
 }
 
-/* Waits for every part of a split lookup of dim and puts the values (and frequencies, when freq is not NULL)
- * in the caller's key order. */
-static int s_wait_lookup(s_run_t *r, s_req_t *q, uint32_t dim, float *values, uint64_t *freq, const char *what)
+/* Waits for a count lookup of n keys and writes each key's count (its row's frequency) to freq. */
+static int s_wait_counts(s_run_t *r, kb_cluster_pending_t **req, size_t n, uint64_t *freq, const char *what)
 {
-    int rc = 0;
-    for (uint32_t s = 0; s < r->shards; s++) {
-        if (!q->id[s])
-            continue;
-        size_t m = q->start[s + 1] - q->start[s];
-        const uint32_t *pos = q->pos + q->start[s];
-        Carls__Response *resp;
-        if (s_wait_on(r, kb_cluster_client(r->bank, s), q->id[s], CARLS__RESPONSE__RESULT_LOOKUP, false, what,
-                      &resp) != 0) {
-            rc = -1;
-            continue;
-        }
-        q->id[s] = 0;
-        const Carls__LookupResult *lr = resp->lookup;
-        if (lr->dim != dim || lr->n_values != m * dim || lr->n_frequencies != m) {
-            LOG_ERROR("word2vec: %s: %zu values of dim %u and %zu counts for %zu keys of dim %u", what,
-                      lr->n_values, lr->dim, lr->n_frequencies, m, dim);
-            rc = -1;
-        } else {
-            for (size_t j = 0; j < m; j++) {
-                if (values)
-                    memcpy(values + (size_t)pos[j] * dim, lr->values + j * dim, dim * sizeof(float));
-                if (freq)
-                    freq[pos[j]] = lr->frequencies[j];
-            }
-        }
-        carls__response__free_unpacked(resp, NULL);
-    }
-    q->sent = false;
+    kb_row_meta_t *meta = carls_xmalloc((n ? n : 1) * sizeof *meta);
+    int rc = s_wait_lookup(r, req, NULL, meta, what);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        freq[i] = meta[i].frequency;
+    free(meta);
     return rc;
 }
 
-/* Waits for every part of a split push. */
-static int s_wait_write(s_run_t *r, s_req_t *q, const char *what)
+/* Waits for a push's acknowledgements (nothing when none was sent). */
+static int s_wait_push(s_run_t *r, kb_cluster_pending_t **req, const char *what)
 {
-    int rc = 0;
-    for (uint32_t s = 0; q->sent && s < r->shards; s++) {
-        if (!q->id[s])
-            continue;
-        Carls__Response *resp;
-        if (s_wait_on(r, kb_cluster_client(r->bank, s), q->id[s], CARLS__RESPONSE__RESULT_WRITE, false, what,
-                      &resp) != 0) {
-            rc = -1;
-            continue;
-        }
-        q->id[s] = 0;
-        carls__response__free_unpacked(resp, NULL);
-    }
-    q->sent = false;
-    return rc;
+    if (!*req)
+        return 0;
+    int64_t t0 = carls_monotonic_us();
+    int rc = kb_cluster_push_gradients_wait(r->bank, req);
+    r->io.wait_us += carls_monotonic_us() - t0;
+    return rc == 0 ? 0 : s_fail_wait(r, rc, what);
+}
+
+/* Whether a failed sample only means that the count table has nothing to draw from yet (a fresh bank's
+ * first batch): the batch's own tokens stand in (see s_lookup_stage). */
+static bool s_nothing_to_draw(s_run_t *r, int rc)
+{
+    return rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(r->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND;
 }
 
 /* ---- the pipeline ---- */
@@ -648,36 +495,27 @@ static int s_prepare(s_run_t *r, s_batch_t *b)
     s_keys_reserve(b, nk);
     for (size_t i = 0; i < nk; i++) {
         uint32_t w = b->counting ? b->tok_word[i] : (uint32_t)i;
-        b->keys[i].data = (uint8_t *)b->map.key[w];
+        b->keys[i].data = b->map.key[w];
         b->keys[i].len = b->map.len[w];
     }
-    if (s_send_split(r, &b->count_req, r->names.count, b->keys, nk, !b->counting, NULL) != 0)
+    if (s_lookup_send(r, &b->count_req, r->names.count, b->keys, nk, 1, !b->counting) != 0)
         return -1;
     b->sample_sent = false;
+    kb_sample_result_destroy(&b->sample); /* the last batch of this slot is done with it (the map is cleared) */
     if (r->o.negatives > 0) {
         uint64_t st = r->o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)r->o.worker * 1000003ULL + b->index;
         uint64_t seed = carls_splitmix64(&st);
-        if (r->shards == 1) {
-            if (s_send_sample(r, r->o.pool, seed, &b->sample_id) != 0)
-                return -1;
-        } else {
-            /* Several shards: the cluster splits the draws by each shard's mass (a blocking call). */
-            kb_sample_result_destroy(&b->sample_multi);
-            int64_t t0 = carls_monotonic_us();
-            int src = kb_cluster_sample(r->bank, r->names.count, NULL, 0, r->o.pool,
-                                        CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM, seed ? seed : 1, &b->sample_multi);
-            r->io.wait_us += carls_monotonic_us() - t0;
-            r->io.requests += 2 * r->shards;
-            /* NOT_FOUND: nothing to draw from yet (a fresh bank's first batch); see s_lookup_stage. */
-            if (src == KB_CLIENT_ESTATUS && strstr(kb_cluster_last_error(r->bank), "NOT_FOUND"))
-                kb_sample_result_destroy(&b->sample_multi);
-            else if (src != 0)
-                return s_fail_kb(r, "sampling negatives");
-        }
+        /* With one shard the request is in flight until s_lookup_stage; with several the cluster splits the
+         * draws by each shard's mass here (a blocking call). */
+        int64_t t0 = carls_monotonic_us();
+        int src = kb_cluster_sample_send(r->bank, r->names.count, NULL, 0, r->o.pool,
+                                         CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM, seed ? seed : 1, &b->sample_req);
+        r->io.wait_us += carls_monotonic_us() - t0;
+        if (src != 0 && !s_nothing_to_draw(r, src))
+            return s_fail_kb(r, "sampling negatives");
         b->sample_sent = true;
     }
     b->vectors_sent = false;
-    b->pushed = false;
     return 0;
 }
 
@@ -686,7 +524,7 @@ static uint32_t s_out_row(s_batch_t *b, uint32_t w)
 {
     if (b->row[w] == NONE) {
         b->row[w] = b->n_out++;
-        b->keys[b->row[w]].data = (uint8_t *)b->map.key[w];
+        b->keys[b->row[w]].data = b->map.key[w];
         b->keys[b->row[w]].len = b->map.len[w];
     }
     return b->row[w];
@@ -700,7 +538,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     b->freq = carls_xrealloc(b->freq, (nw ? nw : 1) * sizeof *b->freq);
     if (b->counting) {
         uint64_t *occ = carls_xmalloc((n ? n : 1) * sizeof *occ);
-        if (s_wait_lookup(r, &b->count_req, 1, NULL, occ, "counting words") != 0) {
+        if (s_wait_counts(r, &b->count_req, n, occ, "counting words") != 0) {
             free(occ);
             return -1;
         }
@@ -712,7 +550,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
         r->tokens_counted += n;
         r->total_tokens = r->tokens_counted * r->o.workers;
     } else {
-        if (s_wait_lookup(r, &b->count_req, 1, NULL, b->freq, "reading word counts") != 0)
+        if (s_wait_counts(r, &b->count_req, nw, b->freq, "reading word counts") != 0)
             return -1;
         if (r->total_tokens == 0)
             r->total_tokens = (uint64_t)r->slice_tokens * r->o.workers;
@@ -756,46 +594,32 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     /* Negatives: the bank's unigram^0.75 draws, as output rows. */
     b->n_pool = 0;
     if (b->sample_sent) {
-        Carls__Response *resp = NULL;
-        int src = 0;
-        if (r->shards == 1) {
-            src = s_wait_on(r, r->kb, b->sample_id, CARLS__RESPONSE__RESULT_SAMPLE, true, "sampling negatives",
-                            &resp);
-            if (src < 0)
-                return -1;
-        } else if (!b->sample_multi || b->sample_multi->n == 0) {
-            src = 1;
+        if (b->sample_req) {
+            int64_t t0 = carls_monotonic_us();
+            int src = kb_cluster_sample_wait(r->bank, &b->sample_req, &b->sample);
+            r->io.wait_us += carls_monotonic_us() - t0;
+            if (src != 0 && !s_nothing_to_draw(r, src))
+                return s_fail_kb(r, "sampling negatives");
         }
         b->pool = carls_xrealloc(b->pool, (r->o.pool + n + 1) * sizeof *b->pool);
-        if (src == 0) {
-            /* One shard's answer or the cluster's merged one: keys, per-draw probabilities, total mass. */
-            const Carls__SampleResult *sr = resp ? resp->sample : NULL;
-            size_t nk = sr ? sr->n_keys : b->sample_multi->n;
-            double mass = sr ? sr->mass : b->sample_multi->mass;
-            for (size_t i = 0; i < nk; i++) {
-                const void *kd = sr ? (const void *)sr->keys[i].data : b->sample_multi->keys[i].data;
-                size_t kl = sr ? sr->keys[i].len : b->sample_multi->keys[i].len;
-                bool positive = sr ? (sr->is_positive && i < sr->n_is_positive && sr->is_positive[i])
-                                   : b->sample_multi->is_positive[i];
-                double prob = sr ? (i < sr->n_probabilities ? sr->probabilities[i] : 0)
-                                 : b->sample_multi->probabilities[i];
-                if (positive || kl == 0 || kl > DATA_TEXT_MAX_TOKEN)
+        if (b->sample) {
+            /* The draws: keys, per-draw probabilities, total mass. */
+            const kb_sample_result_t *sr = b->sample;
+            for (size_t i = 0; i < sr->n; i++) {
+                size_t kl = sr->keys[i].len;
+                if (sr->is_positive[i] || kl == 0 || kl > DATA_TEXT_MAX_TOKEN)
                     continue;
                 /* With frequency admission rows below the cutoff exist (in memory): not negatives. The
                  * count is recovered from the draw probability: p = f^0.75 / mass. */
-                if (min_freq > 1 && pow(prob * mass, 4.0 / 3.0) < (double)min_freq - 0.5)
+                if (min_freq > 1 && pow((double)sr->probabilities[i] * sr->mass, 4.0 / 3.0) < (double)min_freq - 0.5)
                     continue;
-                uint32_t w = w2v_map_put(&b->map, (const char *)kd, (uint8_t)kl);
+                uint32_t w = w2v_map_put(&b->map, (const char *)sr->keys[i].data, (uint8_t)kl);
                 if (w >= nw) {
                     b->row = carls_xrealloc(b->row, b->map.n * sizeof *b->row);
                     b->row[w] = NONE;
                     nw = b->map.n;
                 }
                 b->pool[b->n_pool++] = s_out_row(b, w);
-            }
-            if (resp) {
-                carls__response__free_unpacked(b->sample_resp, NULL);
-                b->sample_resp = resp; /* the map points into its keys (sample_multi's stay until the next) */
             }
         } else {
             /* The count table has nothing to draw yet (the very first batch): the batch's own kept tokens,
@@ -812,8 +636,8 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
     s_vec_reserve(&b->out_vec, &b->cap_out, (size_t)b->n_out * dim + 1);
     s_vec_reserve(&b->g_out, &b->cap_g_out, (size_t)b->n_out * dim + 1);
     if (b->n_tokens > 0) {
-        if (s_send_split(r, &b->in_req, r->names.in, b->keys, b->n_words, false, NULL) != 0 ||
-            s_send_split(r, &b->out_req, r->names.out, b->keys, b->n_out, false, NULL) != 0)
+        if (s_lookup_send(r, &b->in_req, r->names.in, b->keys, b->n_words, r->o.tables.dim, false) != 0 ||
+            s_lookup_send(r, &b->out_req, r->names.out, b->keys, b->n_out, r->o.tables.dim, false) != 0)
             return -1;
         b->vectors_sent = true;
     }
@@ -821,7 +645,7 @@ static int s_lookup_stage(s_run_t *r, s_batch_t *b)
 }
 
 /* Moves the nonzero gradient rows (and their keys) to the front; returns how many there are. */
-static size_t s_compact(ProtobufCBinaryData *keys, float *g, size_t n, size_t dim)
+static size_t s_compact(kb_key_t *keys, float *g, size_t n, size_t dim)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -847,8 +671,8 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
     b->loss = 0;
     b->pairs = 0;
     if (b->vectors_sent) {
-        if (s_wait_lookup(r, &b->in_req, dim, b->in_vec, NULL, "looking up input vectors") != 0 ||
-            s_wait_lookup(r, &b->out_req, dim, b->out_vec, NULL, "looking up output vectors") != 0)
+        if (s_wait_lookup(r, &b->in_req, b->in_vec, NULL, "looking up input vectors") != 0 ||
+            s_wait_lookup(r, &b->out_req, b->out_vec, NULL, "looking up output vectors") != 0)
             return -1;
         nn_sgns_batch_t nb = {
             .tokens = b->tokens, .sent_end = b->sent_end, .n_sents = b->n_sents, .n_in = b->n_words,
@@ -874,21 +698,22 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
         }
         /* Rows never used (pool words no pair drew) carry no gradient: pushing zeros would dilute the
          * lazy average of the rows' real gradients. The input push goes out before the keys are compacted
-         * for the output push (kb_client_send packs the request at once). */
+         * for the output push (a request is packed when it is sent). */
         size_t n_in = s_compact(b->keys, b->g_in, b->n_words, dim);
-        if (n_in > 0 && s_send_split(r, &b->push_in_req, r->names.in, b->keys, n_in, false, b->g_in) != 0)
-            return -1;
+        if (n_in > 0 && kb_cluster_push_gradients_send(r->bank, r->names.in, b->keys, n_in, dim, b->g_in,
+                                                       &b->push_in_req) != 0)
+            return s_fail_kb(r, "pushing input gradients");
         /* s_compact may have moved input keys; rebuild the output keys from the map's rows. */
         for (uint32_t w = 0; w < b->map.n; w++) {
             if (b->row[w] != NONE) {
-                b->keys[b->row[w]].data = (uint8_t *)b->map.key[w];
+                b->keys[b->row[w]].data = b->map.key[w];
                 b->keys[b->row[w]].len = b->map.len[w];
             }
         }
         size_t n_out = s_compact(b->keys, b->g_out, b->n_out, dim);
-        if (n_out > 0 && s_send_split(r, &b->push_out_req, r->names.out, b->keys, n_out, false, b->g_out) != 0)
-            return -1;
-        b->pushed = true;
+        if (n_out > 0 && kb_cluster_push_gradients_send(r->bank, r->names.out, b->keys, n_out, dim, b->g_out,
+                                                         &b->push_out_req) != 0)
+            return s_fail_kb(r, "pushing output gradients");
     }
     r->tokens_done += b->tok1 - b->tok0;
     return 0;
@@ -897,11 +722,8 @@ static int s_compute_stage(s_run_t *r, s_batch_t *b)
 /* Stage 4: the pushes' acknowledgements. */
 static int s_finish_stage(s_run_t *r, s_batch_t *b)
 {
-    if (!b->pushed)
-        return 0;
-    b->pushed = false;
-    int rc = s_wait_write(r, &b->push_in_req, "pushing input gradients");
-    if (s_wait_write(r, &b->push_out_req, "pushing output gradients") != 0)
+    int rc = s_wait_push(r, &b->push_in_req, "pushing input gradients");
+    if (s_wait_push(r, &b->push_out_req, "pushing output gradients") != 0)
         rc = -1;
     return rc;
 }
@@ -921,7 +743,8 @@ static void s_epoch_end(s_run_t *r)
     r->epoch_pairs = 0;
 }
 
-static void s_batch_free(s_batch_t *b)
+/* Frees a slot; requests it still has in flight (after an error) are given up. */
+static void s_batch_free(s_run_t *r, s_batch_t *b)
 {
     w2v_map_free(&b->map);
     free(b->tok_word);
@@ -935,14 +758,13 @@ static void s_batch_free(s_batch_t *b)
     free(b->out_vec);
     free(b->g_in);
     free(b->g_out);
-    if (b->sample_resp)
-        carls__response__free_unpacked(b->sample_resp, NULL);
-    kb_sample_result_destroy(&b->sample_multi);
-    s_req_free(&b->count_req);
-    s_req_free(&b->in_req);
-    s_req_free(&b->out_req);
-    s_req_free(&b->push_in_req);
-    s_req_free(&b->push_out_req);
+    kb_sample_result_destroy(&b->sample);
+    kb_cluster_pending_destroy(r->bank, &b->count_req);
+    kb_cluster_pending_destroy(r->bank, &b->sample_req);
+    kb_cluster_pending_destroy(r->bank, &b->in_req);
+    kb_cluster_pending_destroy(r->bank, &b->out_req);
+    kb_cluster_pending_destroy(r->bank, &b->push_in_req);
+    kb_cluster_pending_destroy(r->bank, &b->push_out_req);
     memset(b, 0, sizeof *b);
 }
 
@@ -954,6 +776,7 @@ static int s_train(s_run_t *r)
     r->next_epoch = 0;
     r->next_line = r->line_first;
     r->tokens_target = (uint64_t)r->slice_tokens * r->o.epochs;
+    uint64_t requests_before = kb_cluster_requests(r->bank);
     int rc = -1;
     char label[64];
     snprintf(label, sizeof label, "epoch 1/%u", r->o.epochs);
@@ -997,7 +820,8 @@ static int s_train(s_run_t *r)
     rc = 0;
 cleanup:
     for (int i = 0; i < SLOTS; i++)
-        s_batch_free(&r->slot[i]);
+        s_batch_free(r, &r->slot[i]);
+    r->io.requests = (int64_t)(kb_cluster_requests(r->bank) - requests_before);
     return rc;
 }
 
@@ -1432,10 +1256,8 @@ int trainer_word2vec_main(int argc, char **argv)
     }
     kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
     r->bank = kb_cluster_new(r->o.kb, &copts);
-    if (r->bank) {
+    if (r->bank)
         r->shards = kb_cluster_shards(r->bank);
-        r->kb = kb_cluster_client(r->bank, 0);
-    }
     if (!r->bank) {
         LOG_ERROR("word2vec: cannot open a client for %s", r->o.kb);
         goto cleanup;

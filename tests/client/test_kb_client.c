@@ -342,7 +342,7 @@ static void test_stale_duplicates_ignored(void **state)
     fake_kb_server_destroy(&srv);
 }
 
-/* A frame that does not decode fails the call with KB_CLIENT_EIO; the client stays usable. */
+/* A frame that does not decode fails the call with KB_CLIENT_EMALFORMED; the client stays usable. */
 static void test_garbage_answer(void **state)
 {
     (void)state;
@@ -350,9 +350,10 @@ static void test_garbage_answer(void **state)
     fake_kb_server_set_mode(srv, FAKE_GARBAGE);
     kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_EIO);
+    assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_EMALFORMED);
     assert_null(resp);
     assert_non_null(strstr(kb_client_last_error(c), "does not decode"));
+    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_OK); /* no status: no answer */
     fake_kb_server_set_mode(srv, FAKE_ANSWER);
     assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_OK);
     assert_int_equal(resp->request_id, 2);
@@ -391,9 +392,9 @@ static void test_lookup_bad_sizes(void **state)
         bool meta;
     } cases[] = {
         {FAKE_LOOKUP_BAD_DIM, KB_CLIENT_EINVAL, false},
-        {FAKE_LOOKUP_EXTRA, KB_CLIENT_EIO, false},
-        {FAKE_LOOKUP_SHORT, KB_CLIENT_EIO, false},
-        {FAKE_LOOKUP_BAD_META, KB_CLIENT_EIO, true},
+        {FAKE_LOOKUP_EXTRA, KB_CLIENT_EMALFORMED, false},
+        {FAKE_LOOKUP_SHORT, KB_CLIENT_EMALFORMED, false},
+        {FAKE_LOOKUP_BAD_META, KB_CLIENT_EMALFORMED, true},
     };
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         fake_kb_server_set_mode(srv, cases[t].mode);
@@ -422,8 +423,8 @@ static void test_lookup_bad_sizes(void **state)
     fake_kb_server_destroy(&srv);
 }
 
-/* A non-OK status: KB_CLIENT_ESTATUS, "STATUS_NAME: server text" in last_error, and from the low-level call
- * the response itself. */
+/* A non-OK status: KB_CLIENT_ESTATUS, the status as the enum (kb_client_last_status), "STATUS_NAME: server
+ * text" in last_error, and from the low-level call the response itself. The next success clears it. */
 static void test_status_error(void **state)
 {
     (void)state;
@@ -433,6 +434,7 @@ static void test_status_error(void **state)
     kb_key_t k = s_key("k");
     float v = 1;
     assert_int_equal(kb_client_put(c, "ghost", &k, 1, 1, &v, 0), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     assert_string_equal(kb_client_last_error(c), "NOT_FOUND: no table named 'ghost'");
 
     Carls__Stats op = CARLS__STATS__INIT;
@@ -451,7 +453,14 @@ static void test_status_error(void **state)
     Carls__Response *stats = NULL;
     assert_int_equal(kb_client_stats(c, NULL, &stats), KB_CLIENT_ESTATUS);
     assert_null(stats); /* the blocking helpers hand back only OK answers */
+    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_TOO_LARGE);
     assert_string_equal(kb_client_last_error(c), "TOO_LARGE: batch above 10 keys");
+    fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "shutting down");
+    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
+    fake_kb_server_set_mode(srv, FAKE_ANSWER);
+    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_OK);
+    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_OK);
     kb_client_destroy(&c);
     fake_kb_server_destroy(&srv);
 }
@@ -503,7 +512,7 @@ static void test_refused_before_sending(void **state)
     fake_kb_server_destroy(&srv);
 }
 
-/* Unknown ids, and NULL handling of the lifecycle. */
+/* Unknown ids, cancelled requests, and NULL handling of the lifecycle. */
 static void test_misc(void **state)
 {
     (void)state;
@@ -520,8 +529,19 @@ static void test_misc(void **state)
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_wait(c, 12345, &resp), KB_CLIENT_EINVAL);
     assert_null(resp);
-    /* A request sent and never waited for is freed by destroy (ASan checks for the leak). */
+    /* A cancelled request is no longer in flight; its answer, when it comes, is dropped, and the next
+     * request gets its own. */
     fake_kb_server_add_table(srv, "emb", 1, 0);
+    uint64_t gone = s_send_lookup(c, "emb", "cancelled");
+    assert_int_equal(kb_client_cancel(c, gone), KB_CLIENT_OK);
+    assert_int_equal(kb_client_cancel(c, gone), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_wait(c, gone, &resp), KB_CLIENT_EINVAL);
+    assert_int_equal(fake_kb_server_wait_count(srv, 1, 2000), 1);
+    uint64_t next = s_send_lookup(c, "emb", "next");
+    assert_int_equal(kb_client_wait(c, next, &resp), KB_CLIENT_OK);
+    assert_int_equal(resp->request_id, next);
+    carls__response__free_unpacked(resp, NULL);
+    /* A request sent and never waited for is freed by destroy (ASan checks for the leak). */
     s_send_lookup(c, "emb", "orphan");
     kb_client_destroy(&c);
     fake_kb_server_destroy(&srv);

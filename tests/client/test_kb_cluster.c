@@ -139,6 +139,7 @@ static void test_list_tables_sums_rows(void **state)
     assert_int_equal(kb_cluster_table(f->cluster, "emb", &info), 0);
     assert_int_equal(info.dim, DIM);
     assert_int_equal(kb_cluster_table(f->cluster, "nope", &info), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "no table named \"nope\""));
 }
 
@@ -183,8 +184,9 @@ static void test_bad_answers_named(void **state)
     for (int i = 0; i < N * DIM; i++)
         v[i] = -1.0f;
     fake_kb_server_set_mode(f->fake[2], FAKE_LOOKUP_SHORT);
-    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_EIO);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_EMALFORMED);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 2);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_OK);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "shard 2 ("));
     for (int i = 0; i < N * DIM; i++)
         assert_true(v[i] == -1.0f);
@@ -196,11 +198,15 @@ static void test_bad_answers_named(void **state)
     fake_kb_server_set_status(f->fake[1], CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only");
     assert_int_equal(kb_cluster_put(f->cluster, "emb", f->keys, N, DIM, v, 1), KB_CLIENT_ESTATUS);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 1);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     assert_non_null(strstr(kb_cluster_last_error(f->cluster), "READ_ONLY: this server is read-only"));
     assert_int_equal(kb_cluster_create_table(f->cluster, "t2", &(Carls__TableConfig)CARLS__TABLE_CONFIG__INIT, true),
                      KB_CLIENT_ESTATUS);
     assert_int_equal(kb_cluster_failed_shard(f->cluster), 1);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     fake_kb_server_set_mode(f->fake[1], FAKE_ANSWER);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", f->keys, N, DIM, v, 1), 0);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_OK);
     /* Bad arguments are nobody's shard. */
     kb_key_t empty = {"", 0};
     assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &empty, 1, DIM, v, NULL), KB_CLIENT_EINVAL);
@@ -224,11 +230,66 @@ static void test_single_endpoint_pass_through(void **state)
     assert_int_equal(kb_cluster_lookup(one, "emb", f->keys, N, DIM, v, NULL), KB_CLIENT_ESTATUS);
     assert_string_equal(kb_cluster_last_error(one), "INTERNAL: disk full");
     assert_int_equal(kb_cluster_failed_shard(one), 0);
+    assert_int_equal(kb_cluster_last_status(one), CARLS__STATUS_CODE__STATUS_INTERNAL);
     fake_kb_server_set_mode(f->fake[0], FAKE_ANSWER);
     kb_cluster_destroy(&one);
     assert_null(one);
     kb_cluster_destroy(&one);
     kb_cluster_destroy(NULL);
+}
+
+/* Requests in flight: two lookups and a push sent before any answer is awaited reach every shard at once;
+ * their answers are collected in any order (the later lookup first), each in its caller's key order. */
+static void test_requests_in_flight(void **state)
+{
+    fixture_t *f = *state;
+    enum { HALF = N / 2 };
+    static float a[HALF * DIM], b[HALF * DIM], g[N * DIM];
+    size_t before[SHARDS];
+    for (int s = 0; s < SHARDS; s++)
+        before[s] = fake_kb_server_count(f->fake[s]);
+    uint64_t sent0 = kb_cluster_requests(f->cluster);
+    kb_cluster_pending_t *first = NULL, *second = NULL, *push = NULL;
+    assert_int_equal(kb_cluster_lookup_send(f->cluster, "emb", f->keys, HALF, DIM, false, &first), 0);
+    assert_int_equal(kb_cluster_lookup_send(f->cluster, "emb", f->keys + HALF, HALF, DIM, true, &second), 0);
+    assert_int_equal(kb_cluster_push_gradients_send(f->cluster, "emb", f->keys, N, DIM, g, &push), 0);
+    assert_int_equal(kb_cluster_requests(f->cluster) - sent0, 3 * SHARDS); /* each batch has keys on each shard */
+    for (int s = 0; s < SHARDS; s++)
+        assert_int_equal(fake_kb_server_wait_count(f->fake[s], before[s] + 3, 2000), before[s] + 3);
+    assert_int_equal(kb_cluster_lookup_wait(f->cluster, &second, b, NULL), 0);
+    assert_null(second);
+    assert_int_equal(kb_cluster_lookup_wait(f->cluster, &first, a, NULL), 0);
+    assert_int_equal(kb_cluster_push_gradients_wait(f->cluster, &push), 0);
+    for (int i = 0; i < HALF; i++) {
+        for (int j = 0; j < DIM; j++) {
+            assert_true(a[i * DIM + j] == fake_kb_value(f->keys[i].data, f->keys[i].len, (uint32_t)j));
+            assert_true(b[i * DIM + j] == fake_kb_value(f->keys[HALF + i].data, f->keys[HALF + i].len, (uint32_t)j));
+        }
+    }
+    /* The second lookup's no_create reached the shards. */
+    Carls__Request *q = fake_kb_server_request(f->fake[0], before[0] + 1);
+    assert_non_null(q);
+    assert_int_equal(q->op_case, CARLS__REQUEST__OP_LOOKUP);
+    assert_true(q->lookup->no_create);
+    carls__request__free_unpacked(q, NULL);
+}
+
+/* A pending given up on is cancelled: its answer, arriving late (shard 0 holds it back until the next request
+ * and then sends it after that request's answer), is dropped, and the next call gets its own answers. */
+static void test_abandoned_pending(void **state)
+{
+    fixture_t *f = *state;
+    fake_kb_server_set_mode(f->fake[0], FAKE_REVERSE_PAIRS);
+    kb_cluster_pending_t *p = NULL;
+    assert_int_equal(kb_cluster_lookup_send(f->cluster, "emb", f->keys, N, DIM, false, &p), 0);
+    kb_cluster_pending_destroy(f->cluster, &p);
+    assert_null(p);
+    kb_cluster_pending_destroy(f->cluster, &p);
+    static float v[N * DIM];
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", f->keys + 1, N - 1, DIM, v, NULL), 0);
+    for (int i = 0; i < N - 1; i++)
+        assert_true(v[i * DIM] == fake_kb_value(f->keys[i + 1].data, f->keys[i + 1].len, 0));
+    fake_kb_server_set_mode(f->fake[0], FAKE_ANSWER);
 }
 
 int main(void)
@@ -240,6 +301,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_silent_shard_named_and_others_sent, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bad_answers_named, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_single_endpoint_pass_through, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_requests_in_flight, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_abandoned_pending, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -115,6 +115,8 @@ check "truncated message" 1 "$(echo "$err" | grep -c 'truncated')"
 check "not an export" 1 "$(echo hello > "$work/txt"; status_of $k import bad "$work/txt")"
 check "no table created" "" "$($k list-tables | grep '^bad')"
 check "import over another config" 2 "$(status_of $k import emb "$work/graph.kbx")"
+# ALREADY_EXISTS is read as the status enum (kb_cluster_last_status), not from the error text.
+check "another config message" 1 "$($k import emb "$work/graph.kbx" 2>&1 | grep -c 'exists with another config')"
 
 # ---- per-shard stats and checkpoint ----
 check "stats per shard" 2 "$($k stats emb | grep -c '^shard [01] tcp://')"
