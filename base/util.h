@@ -6,6 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A byte string (not NUL-terminated): a key of the bank (kb_key_t) and of the models that read bank rows
+ * (nn_key_t) are both this, so a list of them passes between the two without a copy. */
+typedef struct {
+    const void *data;
+    size_t len;
+} carls_bytes_t;
+
 /* Monotonic clock in milliseconds / microseconds, for timeouts and latencies. */
 int64_t carls_monotonic_ms(void);
 int64_t carls_monotonic_us(void);

@@ -18,6 +18,7 @@
 
 #include "carls.pb-c.h"
 #include "kb_keys.h"
+#include "util.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -54,10 +55,7 @@ typedef struct {
 } kb_client_options_t;
 
 /* A key: any byte string (not NUL-terminated). */
-typedef struct {
-    const void *data;
-    size_t len;
-} kb_key_t;
+typedef carls_bytes_t kb_key_t;
 
 /* Per-row metadata returned by lookups. */
 typedef struct {

@@ -105,12 +105,7 @@ static int s_build_bags(s_words_t *w)
 /* nn_tower_word_vectors' row fetcher over the bank (ctx: the kb_cluster_t). */
 static int s_fetch_rows(void *kb, const char *table, const nn_key_t *keys, size_t n, int dim, float *rows)
 {
-    kb_key_t *kb_keys = carls_xmalloc((n ? n : 1) * sizeof *kb_keys);
-    for (size_t i = 0; i < n; i++)
-        kb_keys[i] = (kb_key_t){keys[i].data, keys[i].len};
-    int rc = kb_cluster_lookup_ex(kb, table, kb_keys, n, (uint32_t)dim, true, rows, NULL);
-    free(kb_keys);
-    return rc;
+    return kb_cluster_lookup_ex(kb, table, keys, n, (uint32_t)dim, true, rows, NULL);
 }
 
 /* Recomputes and puts the share's vectors from one checkpoint. 0, -1 when the bank failed, -2 when the

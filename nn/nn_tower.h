@@ -24,6 +24,7 @@
 #define NN_TOWER_H
 
 #include "checkpoint.h"
+#include "util.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -99,11 +100,8 @@ typedef struct {
     const size_t *off;   /* (n + 1) */
 } nn_tower_bags_t;
 
-/* A row's key: len bytes at data (a byte string, not NUL-terminated). */
-typedef struct {
-    const void *data;
-    size_t len;
-} nn_key_t;
+/* A row's key: len bytes at data (base/util.h; the bank's kb_key_t is the same type). */
+typedef carls_bytes_t nn_key_t;
 
 /* Fills rows (n, dim) with the rows of n distinct keys of table, creating none. Returns 0, or a negative code
  * of the caller's own (nn/ knows no bank: the trainer and the word makers pass a function over their bank
