@@ -119,9 +119,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .batch_labelled = 100,
         .batch_unlabelled = 128,
         .model = {.n_hidden = 2, .hidden = {256, 128}, .dropout = 0.2f},
-        .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = true,
-        .seed = 1,
         .K = 10,
         .nbr_refresh = 20,
         .tables = "fmnist",
@@ -182,9 +179,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer graphreg: --kb is required when alpha or beta is above 0\n");
         return -1;
     }
-    if (o->opt.lr < 0.0f) {
-        o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
+    trainer_mlp_default_lr(&o->opt);
     return 0;
 }
 

@@ -81,9 +81,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .epochs = 15,
         .batch = 128,
         .model = {.n_hidden = 2, .hidden = {512, 256}, .dropout = 0.2f},
-        .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = true,
-        .seed = 1,
         .ckpt_dir = "runs/supervised",
         .device = "auto",
         .eval_every = 1,
@@ -121,9 +118,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer supervised: --data '%s' is not supported (fashion-mnist)\n", o->data);
         return -1;
     }
-    if (o->opt.lr < 0.0f) {
-        o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
+    trainer_mlp_default_lr(&o->opt);
     return 0;
 }
 
