@@ -130,12 +130,11 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     };
     trainer_mlp_args_t mlp;
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
+    carls_fmnist_args_t data;
+    carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
-        carls_arg_string("data", &o->data),
-        carls_arg_string("data-dir", &o->data_dir),
-        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
-        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_group(data.rows),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
         carls_arg_int("steps", &o->steps, 1, 100000000),
