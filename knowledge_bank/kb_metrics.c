@@ -37,8 +37,12 @@ static void s_family(FILE *f, const char *name, const char *type, const char *he
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* One sample of a metric without labels. */
-static void s_sample(FILE *f, const char *name, double value) { fprintf(f, "%s %.15g\n", name, value); }
+/* A metric without labels: its family and its one sample. */
+static void s_metric(FILE *f, const char *name, const char *type, double value, const char *help)
+{
+    s_family(f, name, type, help);
+    fprintf(f, "%s %.15g\n", name, value);
+}
 
 /* The per-table metrics that are one number per table, each with the Carls__TableStats field it reads: a
  * uint64_t, or one of 4 bytes (the uint32_t dim, the protobuf_c_boolean flags, which hold 0 or 1). */
@@ -152,42 +156,33 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     if (!f)
         return -1;
 
-    s_family(f, "carls_kb_uptime_seconds", "gauge", "Seconds since the server started.");
-    s_sample(f, "carls_kb_uptime_seconds", (double)st->uptime_ms / 1000.0);
+    s_metric(f, "carls_kb_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
+             "Seconds since the server started.");
     s_family(f, "carls_kb_info", "gauge", "Server settings as labels (value 1).");
     fputs("carls_kb_info{durability=\"", f);
     s_label(f, st->durability);
     fprintf(f, "\",threads=\"%u\"} 1\n", st->threads);
-    s_family(f, "carls_kb_tables", "gauge", "Tables held.");
-    s_sample(f, "carls_kb_tables", (double)st->n_tables);
-    s_family(f, "carls_kb_requests_total", "counter", "Requests handled (every table and operation).");
-    s_sample(f, "carls_kb_requests_total", (double)st->requests);
-    s_family(f, "carls_kb_request_errors_total", "counter", "Requests answered with a non-OK status.");
-    s_sample(f, "carls_kb_request_errors_total", (double)st->errors);
-    s_family(f, "carls_kb_malformed_frames_total", "counter",
+    s_metric(f, "carls_kb_tables", "gauge", (double)st->n_tables, "Tables held.");
+    s_metric(f, "carls_kb_requests_total", "counter", (double)st->requests,
+             "Requests handled (every table and operation).");
+    s_metric(f, "carls_kb_request_errors_total", "counter", (double)st->errors,
+             "Requests answered with a non-OK status.");
+    s_metric(f, "carls_kb_malformed_frames_total", "counter", (double)st->malformed_frames,
              "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
-    s_sample(f, "carls_kb_malformed_frames_total", (double)st->malformed_frames);
-    s_family(f, "carls_kb_duplicate_writes_total", "counter",
+    s_metric(f, "carls_kb_duplicate_writes_total", "counter", (double)st->duplicate_writes,
              "Retried writes recognised by (client id, sequence) and not applied again.");
-    s_sample(f, "carls_kb_duplicate_writes_total", (double)st->duplicate_writes);
-    s_family(f, "carls_kb_commits_total", "counter", "SQLite transactions committed.");
-    s_sample(f, "carls_kb_commits_total", (double)st->commits);
-    s_family(f, "carls_kb_commit_failures_total", "counter", "SQLite commits that failed.");
-    s_sample(f, "carls_kb_commit_failures_total", (double)st->commit_failures);
-    s_family(f, "carls_kb_rows_written_total", "counter", "Row records written to SQLite.");
-    s_sample(f, "carls_kb_rows_written_total", (double)st->rows_written);
-    s_family(f, "carls_kb_committed_epoch", "gauge", "Last committed epoch (group commit number).");
-    s_sample(f, "carls_kb_committed_epoch", (double)st->committed_epoch);
-    s_family(f, "carls_kb_memory_bytes", "gauge",
+    s_metric(f, "carls_kb_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
+    s_metric(f, "carls_kb_commit_failures_total", "counter", (double)st->commit_failures,
+             "SQLite commits that failed.");
+    s_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written, "Row records written to SQLite.");
+    s_metric(f, "carls_kb_committed_epoch", "gauge", (double)st->committed_epoch,
+             "Last committed epoch (group commit number).");
+    s_metric(f, "carls_kb_memory_bytes", "gauge", (double)st->memory_bytes,
              "The server's estimate of the memory its data takes (what --max-memory limits).");
-    s_sample(f, "carls_kb_memory_bytes", (double)st->memory_bytes);
-    s_family(f, "carls_kb_memory_limit_bytes", "gauge", "--max-memory (0: unlimited).");
-    s_sample(f, "carls_kb_memory_limit_bytes", (double)st->memory_limit);
-    s_family(f, "carls_kb_memory_refusals_total", "counter",
+    s_metric(f, "carls_kb_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
+    s_metric(f, "carls_kb_memory_refusals_total", "counter", (double)st->memory_refusals,
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
-    s_sample(f, "carls_kb_memory_refusals_total", (double)st->memory_refusals);
-    s_family(f, "carls_kb_resident_bytes", "gauge", "The process's resident set size.");
-    s_sample(f, "carls_kb_resident_bytes", (double)st->rss_bytes);
+    s_metric(f, "carls_kb_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
 
     s_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
     s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);
