@@ -23,13 +23,37 @@ int carls_args_int_value(const char *prog, const char *name, const char *text, l
     return 0;
 }
 
-int carls_args_float_value(const char *prog, const char *name, const char *text, double lo, double hi, float *out)
+int carls_args_u32_value(const char *prog, const char *name, const char *text, uint32_t lo, uint32_t hi,
+                         uint32_t *out)
+{
+    uint64_t v;
+    if (carls_parse_u64(text, &v) != 0 || v < lo || v > hi) {
+        fprintf(stderr, "%s: --%s: '%s' is not an integer in %u..%u\n", prog, name, text, (unsigned)lo,
+                (unsigned)hi);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+int carls_args_double_value(const char *prog, const char *name, const char *text, double lo, double hi,
+                            double *out)
 {
     char *end = NULL;
     errno = 0;
     double v = strtod(text, &end);
     if (end == text || *end || errno || !(v >= lo && v <= hi)) {
         fprintf(stderr, "%s: --%s: '%s' is not a number in [%g, %g]\n", prog, name, text, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int carls_args_float_value(const char *prog, const char *name, const char *text, double lo, double hi, float *out)
+{
+    double v;
+    if (carls_args_double_value(prog, name, text, lo, hi, &v) != 0) {
         return -1;
     }
     *out = (float)v;
@@ -78,6 +102,10 @@ static int s_store(const char *prog, const carls_arg_t *a, const char *text)
         return carls_args_int_value(prog, a->name, text, (long)a->lo, (long)a->hi, a->out);
     case CARLS_ARG_FLOAT:
         return carls_args_float_value(prog, a->name, text, a->lo, a->hi, a->out);
+    case CARLS_ARG_U32:
+        return carls_args_u32_value(prog, a->name, text, (uint32_t)a->lo, (uint32_t)a->hi, a->out);
+    case CARLS_ARG_DOUBLE:
+        return carls_args_double_value(prog, a->name, text, a->lo, a->hi, a->out);
     case CARLS_ARG_U64:
         if (carls_parse_u64(text, a->out) != 0) {
             fprintf(stderr, "%s: --%s: '%s' is not a number\n", prog, a->name, text);
@@ -135,7 +163,8 @@ int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t 
     const carls_arg_t *rows[S_MAX_OPTIONS];
     int n = 0;
     s_flatten(prog, args, rows, &n);
-    /* getopt_long's table: row i returns S_FIRST + i, --help S_FIRST + n (above '?' and every short option). */
+    /* getopt_long's table: row i returns S_FIRST + i, --help S_FIRST + n (above '?' and every short option);
+     * -h is the one short option. */
     struct option longopts[S_MAX_OPTIONS + 2];
     for (int i = 0; i < n; i++) {
         const bool takes_value = rows[i]->kind != CARLS_ARG_SET;
@@ -146,8 +175,8 @@ int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t 
     longopts[n + 1] = (struct option){NULL, 0, NULL, 0};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (c == S_FIRST + n) {
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c == S_FIRST + n || c == 'h') {
             usage(stdout);
             return 1;
         }

@@ -31,6 +31,8 @@ typedef enum {
     CARLS_ARG_INT,       /* int *out: an integer in [lo, hi] */
     CARLS_ARG_FLOAT,     /* float *out: a number in [lo, hi] */
     CARLS_ARG_U64,       /* uint64_t *out: an unsigned 64-bit integer */
+    CARLS_ARG_U32,       /* uint32_t *out: an integer in [lo, hi] (for counts and sizes up to UINT32_MAX) */
+    CARLS_ARG_DOUBLE,    /* double *out: a number in [lo, hi] */
     CARLS_ARG_BOOL01,    /* bool *out: 0 or 1 */
     CARLS_ARG_SET,       /* no value: bool *out set to true */
     CARLS_ARG_CHOICE,    /* int *out: the index of the text in choices */
@@ -45,7 +47,7 @@ typedef struct {
     const char *name;           /* the long option without its "--" */
     carls_arg_kind_t kind;
     void *out;                  /* where the value goes (its type: see the kind) */
-    double lo, hi;              /* CARLS_ARG_INT and CARLS_ARG_FLOAT: the accepted range */
+    double lo, hi;              /* INT, U32, FLOAT, DOUBLE: the accepted range */
     const char *const *choices; /* CHOICE, EITHER: the accepted values, NULL-terminated (alive while parsing) */
     /* CARLS_ARG_CUSTOM: stores text's value through out, or prints "PROG: --NAME: ..." and returns -1. */
     int (*parse)(const char *prog, const char *name, const char *text, void *out);
@@ -60,6 +62,10 @@ int carls_args_parse(const char *prog, int argc, char **argv, const carls_arg_t 
 /* The value checks on their own, for values inside a custom option ("PROG: --NAME: ..." on failure, -1). */
 int carls_args_int_value(const char *prog, const char *name, const char *text, long lo, long hi, int *out);
 int carls_args_float_value(const char *prog, const char *name, const char *text, double lo, double hi, float *out);
+int carls_args_u32_value(const char *prog, const char *name, const char *text, uint32_t lo, uint32_t hi,
+                         uint32_t *out);
+int carls_args_double_value(const char *prog, const char *name, const char *text, double lo, double hi,
+                            double *out);
 int carls_args_choice_value(const char *prog, const char *name, const char *text, const char *const *choices,
                             int *out);
 /* "I/N": part I of N (a worker of a fleet, a shard of a bank), 0 <= I < N <= max_n, into *i and *n; or
@@ -79,6 +85,14 @@ static inline carls_arg_t carls_arg_int(const char *name, int *out, long lo, lon
 static inline carls_arg_t carls_arg_float(const char *name, float *out, double lo, double hi)
 {
     return (carls_arg_t){.name = name, .kind = CARLS_ARG_FLOAT, .out = out, .lo = lo, .hi = hi};
+}
+static inline carls_arg_t carls_arg_u32(const char *name, uint32_t *out, uint32_t lo, uint32_t hi)
+{
+    return (carls_arg_t){.name = name, .kind = CARLS_ARG_U32, .out = out, .lo = lo, .hi = hi};
+}
+static inline carls_arg_t carls_arg_double(const char *name, double *out, double lo, double hi)
+{
+    return (carls_arg_t){.name = name, .kind = CARLS_ARG_DOUBLE, .out = out, .lo = lo, .hi = hi};
 }
 static inline carls_arg_t carls_arg_u64(const char *name, uint64_t *out)
 {

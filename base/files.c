@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 struct carls_atomic_file {
@@ -240,6 +242,21 @@ int carls_read_first_line(const char *path, char *out, size_t outlen)
     }
     out[strcspn(out, "\r\n")] = '\0';
     return 0;
+}
+
+int carls_wait_first_line(const char *path, pid_t child, int timeout_ms, char *out, size_t outlen, int *status)
+{
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        if (carls_read_first_line(path, out, outlen) == 0) {
+            return 0;
+        }
+        if (waitpid(child, status, WNOHANG) == child) {
+            return -1;
+        }
+        nanosleep(&tick, NULL);
+    }
+    return -2;
 }
 
 /* mkdir of one component (dir, a prefix of whole); an existing directory counts as success. */

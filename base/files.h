@@ -64,6 +64,12 @@ int carls_write_file_atomic(const char *path, const void *data, size_t len, mode
  * is missing, unreadable or empty. A longer line is cut to outlen - 1 bytes. */
 int carls_read_first_line(const char *path, char *out, size_t outlen);
 
+/* Waits for a child process to write path (kb-server its endpoint file once it listens): polls every 10 ms
+ * for up to timeout_ms until carls_read_first_line(path) gives a line, as long as the child lives. Returns 0
+ * with the line in out; -1 when the child exited first (reaped, its wait status in *status); -2 when the time
+ * ran out (the child left running). */
+int carls_wait_first_line(const char *path, pid_t child, int timeout_ms, char *out, size_t outlen, int *status);
+
 /* ---- directories ------------------------------------------------------------------------------------------ */
 
 /* mkdir -p: creates path and its missing parents with mode (& ~umask). An existing directory is fine; an

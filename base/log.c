@@ -1,11 +1,12 @@
 #include "log.h"
 
+#include "util.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 static atomic_int s_level = CARLS_LOG_INFO;
@@ -18,14 +19,12 @@ carls_log_level_t carls_log_get_level(void) { return (carls_log_level_t)atomic_l
 
 int carls_log_parse_level(const char *name, carls_log_level_t *out)
 {
-    static const char *names[] = {"debug", "info", "warn", "error", "off"};
-    for (int i = 0; i < 5; i++) {
-        if (strcasecmp(name, names[i]) == 0) {
-            *out = (carls_log_level_t)i;
-            return 0;
-        }
-    }
-    return -1;
+    static const char *const names[] = {"debug", "info", "warn", "error", "off"}; /* in carls_log_level_t order */
+    const int i = carls_name_index(name, names, (int)(sizeof names / sizeof names[0]));
+    if (i < 0)
+        return -1;
+    *out = (carls_log_level_t)i;
+    return 0;
 }
 
 int carls_log_level_option(const char *program, const char *text)

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <zlib.h>
@@ -167,6 +168,15 @@ int carls_parse_float(const char *text, float *out)
         return -1;
     *out = v;
     return 0;
+}
+
+int carls_name_index(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; name && i < n; i++) {
+        if (strcasecmp(name, names[i]) == 0)
+            return i;
+    }
+    return -1;
 }
 
 int carls_random_bytes(void *buf, size_t n)

@@ -59,6 +59,10 @@ int carls_parse_u64(const char *text, uint64_t *out);
 int carls_parse_i64(const char *text, int64_t *out);
 int carls_parse_float(const char *text, float *out);
 
+/* The index of name among names[0..n-1], compared without regard to case (so config files and command lines
+ * may write "Adam" or "INFO"), or -1 when it is none of them or NULL. For enums named by a table. */
+int carls_name_index(const char *name, const char *const *names, int n);
+
 /* The "error text + return code" idiom of functions that take (char *err, size_t errlen): formats the
  * message into err (when err is not NULL and errlen > 0) and returns rc. */
 int carls_errorf(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -2,11 +2,11 @@
  * See `kb-bench --help` and docs/BENCHMARKS.md ("Knowledge bank"). */
 #include "bench.h"
 
+#include "carls_args.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -60,45 +60,35 @@ static void s_usage(FILE *out)
             "cleanly, 1 otherwise, 2 usage.\n");
 }
 
-static int s_u32(const char *opt, const char *text, uint32_t min, uint32_t *out)
-{
-    uint64_t v;
-    if (carls_parse_u64(text, &v) != 0 || v < min || v > UINT32_MAX) {
-        fprintf(stderr, "kb-bench: %s needs an integer >= %u, got '%s'\n", opt, min, text);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
-}
+/* A comma list option's destination: at most cap - 1 values, then 0. */
+typedef struct {
+    uint32_t *values;
+    int cap;
+} s_list_t;
 
-static int s_seconds(const char *opt, const char *text, double min, double *out)
+/* "a,b,c": 1 to cap - 1 integers >= 1 into the list (the rest zero). */
+static int s_arg_list(const char *prog, const char *name, const char *text, void *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || *end || !(v >= min) || v > 86400) {
-        fprintf(stderr, "kb-bench: %s needs seconds >= %g, got '%s'\n", opt, min, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* "a,b,c" into at most cap values (the rest zero). */
-static int s_list(const char *opt, const char *text, uint32_t *out, int cap)
-{
-    memset(out, 0, (size_t)cap * sizeof *out);
+    const s_list_t *list = out;
+    uint32_t values[8] = {0};
     int n = 0;
     char buf[256];
-    snprintf(buf, sizeof buf, "%s", text);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == cap - 1 || s_u32(opt, tok, 1, &out[n]) != 0) {
-            fprintf(stderr, "kb-bench: %s takes at most %d values >= 1\n", opt, cap - 1);
-            return -1;
+    bool ok = list->cap <= (int)(sizeof values / sizeof values[0]) &&
+              (size_t)snprintf(buf, sizeof buf, "%s", text) < sizeof buf;
+    for (char *save = NULL, *tok = ok ? strtok_r(buf, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (n == list->cap - 1 || carls_parse_u64(tok, &v) != 0 || v < 1 || v > UINT32_MAX) {
+            ok = false;
+            break;
         }
-        n++;
+        values[n++] = (uint32_t)v;
     }
-    return n > 0 ? 0 : -1;
+    if (!ok || n == 0) {
+        fprintf(stderr, "%s: --%s: '%s' is not a list of 1 to %d integers >= 1\n", prog, name, text, list->cap - 1);
+        return -1;
+    }
+    memcpy(list->values, values, (size_t)list->cap * sizeof *values);
+    return 0;
 }
 
 /* What a mode sets: its sizes and durations (every other default is the same in all modes). */
@@ -133,6 +123,18 @@ static void s_mode(bench_opts_t *o, const s_mode_t *m)
     memcpy(o->knn_rows, m->knn_rows, sizeof o->knn_rows);
     memcpy(o->shard_counts, m->shard_counts, sizeof o->shard_counts);
     memcpy(o->row_counts, m->row_counts, sizeof o->row_counts);
+}
+
+/* Whether a and b have the same sizes and durations (what a mode sets, and --knn-specs). */
+static bool s_same_sizes(const bench_opts_t *a, const bench_opts_t *b)
+{
+    return a->dim == b->dim && a->batch == b->batch && a->keys == b->keys && a->clients == b->clients &&
+           a->seconds == b->seconds && a->warmup == b->warmup && a->mixed_seconds == b->mixed_seconds &&
+           a->knn_batch == b->knn_batch && a->knn_k == b->knn_k && a->server_threads == b->server_threads &&
+           a->knn_threads == b->knn_threads && a->knn_specs == b->knn_specs &&
+           memcmp(a->knn_rows, b->knn_rows, sizeof a->knn_rows) == 0 &&
+           memcmp(a->shard_counts, b->shard_counts, sizeof a->shard_counts) == 0 &&
+           memcmp(a->row_counts, b->row_counts, sizeof a->row_counts) == 0;
 }
 
 /* kb-server beside this program (both are built into build/bin). */
@@ -173,81 +175,49 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
     o->kb_server = strings->kb_server;
     o->redis_server = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server" : "";
     uint32_t interval_ms = 1000;
-    bool custom = false;
+    const bench_opts_t mode_sizes = *o;
+    bool mode_flag = false; /* --quick, --full, --smoke: applied above */
+    s_list_t knn_rows = {o->knn_rows, 4}, shard_counts = {o->shard_counts, 4}, row_counts = {o->row_counts, 5};
 
-    enum { O_QUICK = 256, O_FULL, O_SMOKE, O_DIM, O_BATCH, O_KEYS, O_CLIENTS, O_SECONDS, O_WARMUP, O_MIXED,
-           O_KNN_BATCH, O_KNN_K, O_KNN_ROWS, O_SHARDS, O_ROWS, O_SERVER_THREADS, O_KNN_THREADS, O_INTERVAL,
-           O_CASES, O_KB_SERVER, O_REDIS, O_CONNECT, O_DATA, O_KEEP, O_JSON, O_VERBOSE, O_KNN_SPECS };
-    static const struct option options[] = {
-        {"quick", no_argument, NULL, O_QUICK},
-        {"full", no_argument, NULL, O_FULL},
-        {"smoke", no_argument, NULL, O_SMOKE},
-        {"dim", required_argument, NULL, O_DIM},
-        {"batch", required_argument, NULL, O_BATCH},
-        {"keys", required_argument, NULL, O_KEYS},
-        {"clients", required_argument, NULL, O_CLIENTS},
-        {"seconds", required_argument, NULL, O_SECONDS},
-        {"warmup", required_argument, NULL, O_WARMUP},
-        {"mixed-seconds", required_argument, NULL, O_MIXED},
-        {"knn-batch", required_argument, NULL, O_KNN_BATCH},
-        {"knn-k", required_argument, NULL, O_KNN_K},
-        {"knn-rows", required_argument, NULL, O_KNN_ROWS},
-        {"knn-specs", required_argument, NULL, O_KNN_SPECS},
-        {"shards", required_argument, NULL, O_SHARDS},
-        {"rows", required_argument, NULL, O_ROWS},
-        {"server-threads", required_argument, NULL, O_SERVER_THREADS},
-        {"knn-threads", required_argument, NULL, O_KNN_THREADS},
-        {"interval", required_argument, NULL, O_INTERVAL},
-        {"cases", required_argument, NULL, O_CASES},
-        {"kb-server", required_argument, NULL, O_KB_SERVER},
-        {"redis-server", required_argument, NULL, O_REDIS},
-        {"connect", required_argument, NULL, O_CONNECT},
-        {"data-dir", required_argument, NULL, O_DATA},
-        {"keep-data", no_argument, NULL, O_KEEP},
-        {"json", no_argument, NULL, O_JSON},
-        {"verbose", no_argument, NULL, O_VERBOSE},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+    const carls_arg_t args[] = {
+        carls_arg_set("quick", &mode_flag),
+        carls_arg_set("full", &mode_flag),
+        carls_arg_set("smoke", &mode_flag),
+        carls_arg_u32("dim", &o->dim, 1, UINT32_MAX),
+        carls_arg_u32("batch", &o->batch, 1, UINT32_MAX),
+        carls_arg_u32("keys", &o->keys, 1, UINT32_MAX),
+        carls_arg_u32("clients", &o->clients, 1, UINT32_MAX),
+        carls_arg_double("seconds", &o->seconds, 0.05, 86400),
+        carls_arg_double("warmup", &o->warmup, 0, 86400),
+        carls_arg_double("mixed-seconds", &o->mixed_seconds, 0.05, 86400),
+        carls_arg_u32("knn-batch", &o->knn_batch, 1, UINT32_MAX),
+        carls_arg_u32("knn-k", &o->knn_k, 1, UINT32_MAX),
+        carls_arg_custom("knn-rows", &knn_rows, s_arg_list),
+        carls_arg_string("knn-specs", &o->knn_specs),
+        carls_arg_custom("shards", &shard_counts, s_arg_list),
+        carls_arg_custom("rows", &row_counts, s_arg_list),
+        carls_arg_u32("server-threads", &o->server_threads, 1, UINT32_MAX),
+        carls_arg_u32("knn-threads", &o->knn_threads, 1, UINT32_MAX),
+        carls_arg_u32("interval", &interval_ms, 1, UINT32_MAX),
+        carls_arg_string("cases", &o->cases),
+        carls_arg_string("kb-server", &o->kb_server),
+        carls_arg_string("redis-server", &o->redis_server),
+        carls_arg_string("connect", &o->connect),
+        carls_arg_string("data-dir", &o->data_dir),
+        carls_arg_set("keep-data", &o->keep_data),
+        carls_arg_set("json", &o->json),
+        carls_arg_set("verbose", &o->verbose),
+        {0},
     };
-    int c, bad = 0;
-    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-        switch (c) {
-        case O_QUICK: case O_FULL: case O_SMOKE: break; /* applied above */
-        case O_DIM: bad |= s_u32("--dim", optarg, 1, &o->dim); custom = true; break;
-        case O_BATCH: bad |= s_u32("--batch", optarg, 1, &o->batch); custom = true; break;
-        case O_KEYS: bad |= s_u32("--keys", optarg, 1, &o->keys); custom = true; break;
-        case O_CLIENTS: bad |= s_u32("--clients", optarg, 1, &o->clients); custom = true; break;
-        case O_SECONDS: bad |= s_seconds("--seconds", optarg, 0.05, &o->seconds); custom = true; break;
-        case O_WARMUP: bad |= s_seconds("--warmup", optarg, 0, &o->warmup); custom = true; break;
-        case O_MIXED: bad |= s_seconds("--mixed-seconds", optarg, 0.05, &o->mixed_seconds); custom = true; break;
-        case O_KNN_BATCH: bad |= s_u32("--knn-batch", optarg, 1, &o->knn_batch); custom = true; break;
-        case O_KNN_K: bad |= s_u32("--knn-k", optarg, 1, &o->knn_k); custom = true; break;
-        case O_KNN_ROWS: bad |= s_list("--knn-rows", optarg, o->knn_rows, 4); custom = true; break;
-        case O_SHARDS: bad |= s_list("--shards", optarg, o->shard_counts, 4); custom = true; break;
-        case O_ROWS: bad |= s_list("--rows", optarg, o->row_counts, 5); custom = true; break;
-        case O_SERVER_THREADS: bad |= s_u32("--server-threads", optarg, 1, &o->server_threads); custom = true; break;
-        case O_KNN_THREADS: bad |= s_u32("--knn-threads", optarg, 1, &o->knn_threads); custom = true; break;
-        case O_INTERVAL: bad |= s_u32("--interval", optarg, 1, &interval_ms); custom = true; break;
-        case O_CASES: o->cases = optarg; break;
-        case O_KNN_SPECS: o->knn_specs = optarg; custom = true; break;
-        case O_KB_SERVER: o->kb_server = optarg; break;
-        case O_REDIS: o->redis_server = strcmp(optarg, "none") == 0 ? "" : optarg; break;
-        case O_CONNECT: o->connect = optarg; break;
-        case O_DATA: o->data_dir = optarg; break;
-        case O_KEEP: o->keep_data = true; break;
-        case O_JSON: o->json = true; break;
-        case O_VERBOSE: o->verbose = true; break;
-        case 'h': s_usage(stdout); return 0;
-        default: s_usage(stderr); return 2;
-        }
+    int parsed = carls_args_parse("kb-bench", argc, argv, args, s_usage);
+    if (parsed != 0) {
+        return parsed > 0 ? 0 : 2; /* --help, or bad usage (reported) */
     }
-    if (bad || optind < argc) {
-        if (optind < argc)
-            fprintf(stderr, "kb-bench: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (custom)
-        o->mode = strcmp(o->mode, "quick") == 0 ? "custom" : o->mode;
+    if (strcmp(o->redis_server, "none") == 0)
+        o->redis_server = "";
+    /* Sizes other than the mode's make the quick mode "custom" in the results. */
+    if (strcmp(o->mode, "quick") == 0 && (!s_same_sizes(o, &mode_sizes) || interval_ms != 1000))
+        o->mode = "custom";
     snprintf(strings->interval, sizeof strings->interval, "interval:%u", interval_ms);
     o->interval = strings->interval;
     return -1;

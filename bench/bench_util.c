@@ -438,17 +438,14 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
         out->pid = 0;
         return -1;
     }
-    for (int i = 0; i < 3000; i++) { /* 30 s */
-        if (carls_read_first_line(epfile, out->endpoint, sizeof out->endpoint) == 0)
-            return 0;
-        int status;
-        if (waitpid(out->pid, &status, WNOHANG) == out->pid) {
-            fprintf(stderr, "kb-bench: kb-server exited at start (status %d); log in %s\n", status, out->log);
-            out->pid = 0;
-            return -1;
-        }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+    int status = 0;
+    int waited = carls_wait_first_line(epfile, out->pid, 30000, out->endpoint, sizeof out->endpoint, &status);
+    if (waited == 0)
+        return 0;
+    if (waited == -1) {
+        fprintf(stderr, "kb-bench: kb-server exited at start (status %d); log in %s\n", status, out->log);
+        out->pid = 0;
+        return -1;
     }
     fprintf(stderr, "kb-bench: kb-server did not start in 30 s; log in %s\n", out->log);
     bench_proc_stop(opts, out);

@@ -118,3 +118,17 @@ void carls_image_set_batch(const carls_image_set_t *set, const uint32_t *idx, in
         }
     }
 }
+
+void carls_fmnist_args(carls_fmnist_args_t *g, const char **data, const char **data_dir, int *labels_per_class,
+                       int min_labels, int *label_seed)
+{
+    const carls_arg_t rows[] = {
+        carls_arg_string("data", data),
+        carls_arg_string("data-dir", data_dir),
+        carls_arg_int("labels-per-class", labels_per_class, min_labels, 6000),
+        carls_arg_int("label-seed", label_seed, 0, 2147483647),
+        {0},
+    };
+    _Static_assert(sizeof rows == sizeof g->rows, "carls_fmnist_args_t holds the rows");
+    memcpy(g->rows, rows, sizeof rows);
+}

@@ -3,6 +3,8 @@
 #ifndef CARLS_DATA_FMNIST_H
 #define CARLS_DATA_FMNIST_H
 
+#include "carls_args.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +40,16 @@ int carls_image_set_load(const char *images_path, const char *labels_path, int n
 /* Loads both splits from dir (NULL: CARLS_FMNIST_DIR). A missing file gives CARLS_FMNIST_EMISSING with a
  * message naming the package to install. */
 int carls_fmnist_load(const char *dir, carls_fmnist_t *out, char *err, size_t errlen);
+
+/* The options that pick the Fashion-MNIST data and a labelled subset of its training images, shared by the
+ * trainers and kb-maker, as a carls_args group (carls_arg_group(g->rows)): --data NAME, --data-dir DIR,
+ * --labels-per-class N (min_labels..6000, the images of a class in the training set), --label-seed S, stored
+ * into *data, *data_dir, *labels_per_class and *label_seed. The callers check NAME. */
+typedef struct {
+    carls_arg_t rows[5];
+} carls_fmnist_args_t;
+void carls_fmnist_args(carls_fmnist_args_t *g, const char **data, const char **data_dir, int *labels_per_class,
+                       int min_labels, int *label_seed);
 
 void carls_image_set_free(carls_image_set_t *set);
 void carls_fmnist_free(carls_fmnist_t *ds);

@@ -11,7 +11,6 @@
 #include <assert.h>
 #include <math.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *s_names[] = {
     [KB_INIT_ZEROS] = "zeros",
@@ -78,14 +77,10 @@ const char *kb_init_name(kb_init_kind_t kind)
 
 int kb_init_parse(const char *name, kb_init_kind_t *out)
 {
-    if (!name)
+    const int k = carls_name_index(name, s_names, S_KIND_COUNT);
+    if (k < 0)
         return -1;
-    for (int k = 0; k < S_KIND_COUNT; k++) {
-        if (strcasecmp(name, s_names[k]) == 0) {
-            if (out)
-                *out = (kb_init_kind_t)k;
-            return 0;
-        }
-    }
-    return -1;
+    if (out)
+        *out = (kb_init_kind_t)k;
+    return 0;
 }

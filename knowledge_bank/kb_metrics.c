@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,87 +37,75 @@ static void s_family(FILE *f, const char *name, const char *type, const char *he
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* One sample of a metric without labels. */
-static void s_sample(FILE *f, const char *name, double value) { fprintf(f, "%s %.15g\n", name, value); }
+/* A metric without labels: its family and its one sample. */
+static void s_metric(FILE *f, const char *name, const char *type, double value, const char *help)
+{
+    s_family(f, name, type, help);
+    fprintf(f, "%s %.15g\n", name, value);
+}
 
-/* The per-table metrics that are one number per table. */
-typedef enum {
-    T_ROWS, T_DIM, T_BYTES, T_ERRORS, T_PENDING_KEYS, T_PENDING_GRADIENTS, T_GRAD_RECEIVED, T_GRAD_APPLIED,
-    T_OUTLIERS, T_UPDATES, T_LOOKUPS, T_PUTS, T_NOT_ADMITTED, T_NOT_PERSISTED, T_EVICTIONS, T_KNN_COUNT,
-    T_KNN_INDEXED, T_KNN_PENDING, T_KNN_REBUILDS, T_KNN_FAILED, T_KNN_READY, T_KNN_BUILDING, T_MEM_REFUSALS,
-    T_MEM_REFUSED_ROWS, T_COUNT
+/* The per-table metrics that are one number per table, each with the Carls__TableStats field it reads: a
+ * uint64_t, or one of 4 bytes (the uint32_t dim, the protobuf_c_boolean flags, which hold 0 or 1). */
+typedef struct {
+    const char *name, *type, *help;
+    size_t offset, size; /* of the field in Carls__TableStats */
 } s_table_metric_t;
 
-static const struct {
-    const char *name, *type, *help;
-} s_table_metrics[T_COUNT] = {
-    [T_ROWS] = {"carls_kb_table_rows", "gauge", "Rows held by the table."},
-    [T_DIM] = {"carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."},
-    [T_BYTES] = {"carls_kb_table_bytes", "gauge",
-                 "Estimated memory held (what --max-memory counts): rows with keys, values, optimizer state, "
-                 "pending gradients and feature records, row maps, the nearest-neighbour copy and index."},
-    [T_ERRORS] = {"carls_kb_table_request_errors_total", "counter",
-                  "Requests on the table answered with a non-OK status."},
-    [T_PENDING_KEYS] = {"carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."},
-    [T_PENDING_GRADIENTS] = {"carls_kb_table_pending_gradients", "gauge", "Gradients waiting to be applied."},
-    [T_GRAD_RECEIVED] = {"carls_kb_table_gradients_received_total", "counter", "Gradient rows pushed."},
-    [T_GRAD_APPLIED] = {"carls_kb_table_gradients_applied_total", "counter",
-                        "Gradient rows that went into an applied average."},
-    [T_OUTLIERS] = {"carls_kb_table_outliers_dropped_total", "counter",
-                    "Gradient rows dropped as outliers by the lazy update."},
-    [T_UPDATES] = {"carls_kb_table_updates_applied_total", "counter", "Optimizer steps taken."},
-    [T_LOOKUPS] = {"carls_kb_table_keys_looked_up_total", "counter", "Keys looked up."},
-    [T_PUTS] = {"carls_kb_table_rows_put_total", "counter", "Rows written by put."},
-    [T_NOT_ADMITTED] = {"carls_kb_table_not_admitted_total", "counter",
-                        "Lookups and pushes of keys the admission policy kept out."},
-    [T_NOT_PERSISTED] = {"carls_kb_table_not_persisted", "gauge",
-                         "Rows held in memory only, below the admission frequency."},
-    [T_EVICTIONS] = {"carls_kb_table_evictions_total", "counter", "Rows dropped by the eviction policy."},
-    [T_KNN_COUNT] = {"carls_kb_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."},
-    [T_KNN_INDEXED] = {"carls_kb_table_index_indexed", "gauge", "Vectors in the FAISS index."},
-    [T_KNN_PENDING] = {"carls_kb_table_index_pending", "gauge",
-                       "Changes the nearest-neighbour index does not reflect yet (staleness)."},
-    [T_KNN_REBUILDS] = {"carls_kb_table_index_builds_total", "counter", "Index builds completed."},
-    [T_KNN_FAILED] = {"carls_kb_table_index_failed_builds_total", "counter", "Index builds that failed."},
-    [T_KNN_READY] = {"carls_kb_table_index_ready", "gauge", "1 when a usable index exists (0: brute force)."},
-    [T_KNN_BUILDING] = {"carls_kb_table_index_building", "gauge", "1 while an index build runs."},
-    [T_MEM_REFUSALS] = {"carls_kb_table_memory_refusals_total", "counter",
-                        "Requests on the table refused with RESOURCE_EXHAUSTED (over --max-memory)."},
-    [T_MEM_REFUSED_ROWS] = {"carls_kb_table_memory_refused_rows_total", "counter",
-                            "New rows asked for by the requests refused over --max-memory."},
+#define S_TABLE_METRIC(field, name, type, help) \
+    {name, type, help, offsetof(Carls__TableStats, field), sizeof(((Carls__TableStats *)0)->field)}
+
+static const s_table_metric_t s_table_metrics[] = {
+    S_TABLE_METRIC(rows, "carls_kb_table_rows", "gauge", "Rows held by the table."),
+    S_TABLE_METRIC(dim, "carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."),
+    S_TABLE_METRIC(bytes, "carls_kb_table_bytes", "gauge",
+                   "Estimated memory held (what --max-memory counts): rows with keys, values, optimizer state, "
+                   "pending gradients and feature records, row maps, the nearest-neighbour copy and index."),
+    S_TABLE_METRIC(request_errors, "carls_kb_table_request_errors_total", "counter",
+                   "Requests on the table answered with a non-OK status."),
+    S_TABLE_METRIC(pending_keys, "carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."),
+    S_TABLE_METRIC(pending_gradients, "carls_kb_table_pending_gradients", "gauge",
+                   "Gradients waiting to be applied."),
+    S_TABLE_METRIC(gradients_received, "carls_kb_table_gradients_received_total", "counter", "Gradient rows pushed."),
+    S_TABLE_METRIC(gradients_applied, "carls_kb_table_gradients_applied_total", "counter",
+                   "Gradient rows that went into an applied average."),
+    S_TABLE_METRIC(outliers_dropped, "carls_kb_table_outliers_dropped_total", "counter",
+                   "Gradient rows dropped as outliers by the lazy update."),
+    S_TABLE_METRIC(updates_applied, "carls_kb_table_updates_applied_total", "counter", "Optimizer steps taken."),
+    S_TABLE_METRIC(lookups, "carls_kb_table_keys_looked_up_total", "counter", "Keys looked up."),
+    S_TABLE_METRIC(puts, "carls_kb_table_rows_put_total", "counter", "Rows written by put."),
+    S_TABLE_METRIC(not_admitted, "carls_kb_table_not_admitted_total", "counter",
+                   "Lookups and pushes of keys the admission policy kept out."),
+    S_TABLE_METRIC(not_persisted, "carls_kb_table_not_persisted", "gauge",
+                   "Rows held in memory only, below the admission frequency."),
+    S_TABLE_METRIC(evictions, "carls_kb_table_evictions_total", "counter", "Rows dropped by the eviction policy."),
+    S_TABLE_METRIC(knn_count, "carls_kb_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."),
+    S_TABLE_METRIC(knn_indexed, "carls_kb_table_index_indexed", "gauge", "Vectors in the FAISS index."),
+    S_TABLE_METRIC(knn_pending, "carls_kb_table_index_pending", "gauge",
+                   "Changes the nearest-neighbour index does not reflect yet (staleness)."),
+    S_TABLE_METRIC(knn_rebuilds, "carls_kb_table_index_builds_total", "counter", "Index builds completed."),
+    S_TABLE_METRIC(knn_failed_builds, "carls_kb_table_index_failed_builds_total", "counter",
+                   "Index builds that failed."),
+    S_TABLE_METRIC(knn_ready, "carls_kb_table_index_ready", "gauge",
+                   "1 when a usable index exists (0: brute force)."),
+    S_TABLE_METRIC(knn_building, "carls_kb_table_index_building", "gauge", "1 while an index build runs."),
+    S_TABLE_METRIC(memory_refusals, "carls_kb_table_memory_refusals_total", "counter",
+                   "Requests on the table refused with RESOURCE_EXHAUSTED (over --max-memory)."),
+    S_TABLE_METRIC(memory_refused_rows, "carls_kb_table_memory_refused_rows_total", "counter",
+                   "New rows asked for by the requests refused over --max-memory."),
 };
 
-static double s_table_value(const Carls__TableStats *t, s_table_metric_t m)
+static double s_table_value(const Carls__TableStats *t, const s_table_metric_t *m)
 {
-    switch (m) {
-    case T_ROWS: return (double)t->rows;
-    case T_DIM: return (double)t->dim;
-    case T_BYTES: return (double)t->bytes;
-    case T_ERRORS: return (double)t->request_errors;
-    case T_PENDING_KEYS: return (double)t->pending_keys;
-    case T_PENDING_GRADIENTS: return (double)t->pending_gradients;
-    case T_GRAD_RECEIVED: return (double)t->gradients_received;
-    case T_GRAD_APPLIED: return (double)t->gradients_applied;
-    case T_OUTLIERS: return (double)t->outliers_dropped;
-    case T_UPDATES: return (double)t->updates_applied;
-    case T_LOOKUPS: return (double)t->lookups;
-    case T_PUTS: return (double)t->puts;
-    case T_NOT_ADMITTED: return (double)t->not_admitted;
-    case T_NOT_PERSISTED: return (double)t->not_persisted;
-    case T_EVICTIONS: return (double)t->evictions;
-    case T_KNN_COUNT: return (double)t->knn_count;
-    case T_KNN_INDEXED: return (double)t->knn_indexed;
-    case T_KNN_PENDING: return (double)t->knn_pending;
-    case T_KNN_REBUILDS: return (double)t->knn_rebuilds;
-    case T_KNN_FAILED: return (double)t->knn_failed_builds;
-    case T_KNN_READY: return t->knn_ready ? 1.0 : 0.0;
-    case T_KNN_BUILDING: return t->knn_building ? 1.0 : 0.0;
-    case T_MEM_REFUSALS: return (double)t->memory_refusals;
-    case T_MEM_REFUSED_ROWS: return (double)t->memory_refused_rows;
-    case T_COUNT: break;
+    const char *field = (const char *)t + m->offset;
+    if (m->size == sizeof(uint64_t)) {
+        uint64_t v;
+        memcpy(&v, field, sizeof v);
+        return (double)v;
     }
-    assert(0 && "unknown table metric");
-    return 0.0;
+    uint32_t v;
+    assert(m->size == sizeof v);
+    memcpy(&v, field, sizeof v);
+    return (double)v;
 }
 
 /* Latency quantiles of a list of summaries as name{[table="...",]op="...",quantile="q"} in seconds; table is
@@ -167,42 +156,33 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     if (!f)
         return -1;
 
-    s_family(f, "carls_kb_uptime_seconds", "gauge", "Seconds since the server started.");
-    s_sample(f, "carls_kb_uptime_seconds", (double)st->uptime_ms / 1000.0);
+    s_metric(f, "carls_kb_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
+             "Seconds since the server started.");
     s_family(f, "carls_kb_info", "gauge", "Server settings as labels (value 1).");
     fputs("carls_kb_info{durability=\"", f);
     s_label(f, st->durability);
     fprintf(f, "\",threads=\"%u\"} 1\n", st->threads);
-    s_family(f, "carls_kb_tables", "gauge", "Tables held.");
-    s_sample(f, "carls_kb_tables", (double)st->n_tables);
-    s_family(f, "carls_kb_requests_total", "counter", "Requests handled (every table and operation).");
-    s_sample(f, "carls_kb_requests_total", (double)st->requests);
-    s_family(f, "carls_kb_request_errors_total", "counter", "Requests answered with a non-OK status.");
-    s_sample(f, "carls_kb_request_errors_total", (double)st->errors);
-    s_family(f, "carls_kb_malformed_frames_total", "counter",
+    s_metric(f, "carls_kb_tables", "gauge", (double)st->n_tables, "Tables held.");
+    s_metric(f, "carls_kb_requests_total", "counter", (double)st->requests,
+             "Requests handled (every table and operation).");
+    s_metric(f, "carls_kb_request_errors_total", "counter", (double)st->errors,
+             "Requests answered with a non-OK status.");
+    s_metric(f, "carls_kb_malformed_frames_total", "counter", (double)st->malformed_frames,
              "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
-    s_sample(f, "carls_kb_malformed_frames_total", (double)st->malformed_frames);
-    s_family(f, "carls_kb_duplicate_writes_total", "counter",
+    s_metric(f, "carls_kb_duplicate_writes_total", "counter", (double)st->duplicate_writes,
              "Retried writes recognised by (client id, sequence) and not applied again.");
-    s_sample(f, "carls_kb_duplicate_writes_total", (double)st->duplicate_writes);
-    s_family(f, "carls_kb_commits_total", "counter", "SQLite transactions committed.");
-    s_sample(f, "carls_kb_commits_total", (double)st->commits);
-    s_family(f, "carls_kb_commit_failures_total", "counter", "SQLite commits that failed.");
-    s_sample(f, "carls_kb_commit_failures_total", (double)st->commit_failures);
-    s_family(f, "carls_kb_rows_written_total", "counter", "Row records written to SQLite.");
-    s_sample(f, "carls_kb_rows_written_total", (double)st->rows_written);
-    s_family(f, "carls_kb_committed_epoch", "gauge", "Last committed epoch (group commit number).");
-    s_sample(f, "carls_kb_committed_epoch", (double)st->committed_epoch);
-    s_family(f, "carls_kb_memory_bytes", "gauge",
+    s_metric(f, "carls_kb_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
+    s_metric(f, "carls_kb_commit_failures_total", "counter", (double)st->commit_failures,
+             "SQLite commits that failed.");
+    s_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written, "Row records written to SQLite.");
+    s_metric(f, "carls_kb_committed_epoch", "gauge", (double)st->committed_epoch,
+             "Last committed epoch (group commit number).");
+    s_metric(f, "carls_kb_memory_bytes", "gauge", (double)st->memory_bytes,
              "The server's estimate of the memory its data takes (what --max-memory limits).");
-    s_sample(f, "carls_kb_memory_bytes", (double)st->memory_bytes);
-    s_family(f, "carls_kb_memory_limit_bytes", "gauge", "--max-memory (0: unlimited).");
-    s_sample(f, "carls_kb_memory_limit_bytes", (double)st->memory_limit);
-    s_family(f, "carls_kb_memory_refusals_total", "counter",
+    s_metric(f, "carls_kb_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
+    s_metric(f, "carls_kb_memory_refusals_total", "counter", (double)st->memory_refusals,
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
-    s_sample(f, "carls_kb_memory_refusals_total", (double)st->memory_refusals);
-    s_family(f, "carls_kb_resident_bytes", "gauge", "The process's resident set size.");
-    s_sample(f, "carls_kb_resident_bytes", (double)st->rss_bytes);
+    s_metric(f, "carls_kb_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
 
     s_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
     s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);
@@ -211,12 +191,13 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
              "~19%) and 1 (the maximum).");
     s_latency_samples(f, "carls_kb_op_latency_seconds", NULL, st->latency, st->n_latency);
 
-    for (int m = 0; m < T_COUNT; m++) {
-        s_family(f, s_table_metrics[m].name, s_table_metrics[m].type, s_table_metrics[m].help);
+    for (size_t m = 0; m < sizeof s_table_metrics / sizeof s_table_metrics[0]; m++) {
+        const s_table_metric_t *metric = &s_table_metrics[m];
+        s_family(f, metric->name, metric->type, metric->help);
         for (size_t i = 0; i < st->n_tables; i++) {
-            fprintf(f, "%s{table=\"", s_table_metrics[m].name);
+            fprintf(f, "%s{table=\"", metric->name);
             s_label(f, st->tables[i]->name);
-            fprintf(f, "\"} %.15g\n", s_table_value(st->tables[i], (s_table_metric_t)m));
+            fprintf(f, "\"} %.15g\n", s_table_value(st->tables[i], metric));
         }
     }
     s_family(f, "carls_kb_table_updates_by_trigger_total", "counter",

@@ -10,12 +10,13 @@
  * and does not change the step of a row whose accumulator is large. */
 #include "kb_optimizer.h"
 
+#include "util.h"
+
 #include <assert.h>
 #include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *s_names[] = {
     [KB_OPT_SGD] = "sgd",
@@ -178,15 +179,11 @@ const char *kb_optimizer_name(kb_optimizer_kind_t kind)
 
 int kb_optimizer_parse(const char *name, kb_optimizer_kind_t *out)
 {
-    if (!name)
-        return -1;
     /* Case-insensitive so that config files may write "Adam" or "SGD". */
-    for (int k = 0; k < S_KIND_COUNT; k++) {
-        if (strcasecmp(name, s_names[k]) == 0) {
-            if (out)
-                *out = (kb_optimizer_kind_t)k;
-            return 0;
-        }
-    }
-    return -1;
+    const int k = carls_name_index(name, s_names, S_KIND_COUNT);
+    if (k < 0)
+        return -1;
+    if (out)
+        *out = (kb_optimizer_kind_t)k;
+    return 0;
 }

@@ -1002,47 +1002,65 @@ static uint64_t s_activity(kb_table_t *self)
            atomic_load(&self->stats.puts) + atomic_load(&self->stats.evictions) + atomic_load(&self->stats.rows);
 }
 
-/* Builds a snapshot of every row for one strategy. Returns NULL (with rc) when the sampler refuses. */
-static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strategy_t strategy, int *rc)
+/* Calls visit(row, ctx) for every row of the table, each stripe locked while its rows are visited (so a row is
+ * seen whole, but rows of different stripes at different moments). */
+static void s_each_row(kb_table_t *self, void (*visit)(kb_row_t *row, void *ctx), void *ctx)
 {
-    kb_sampler_entry_t *entries = NULL;
-    size_t n = 0, cap = 0, bytes = 0, bytes_cap = 0;
-    struct s_sample_cache *c = carls_xcalloc(1, sizeof *c);
-    c->signature = s_activity(self);
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         kb_stripe_t *st = &self->stripes[i];
         pthread_mutex_lock(&st->mutex);
         for (size_t j = 0; j < st->map.capacity; j++) {
-            if (!st->map.hashes[j])
-                continue;
-            kb_row_t *row = st->map.rows[j];
-            if (n == cap) {
-                cap = cap ? cap * 2 : 1024;
-                entries = carls_xrealloc(entries, cap * sizeof *entries);
-                c->key_offset = carls_xrealloc(c->key_offset, (cap + 1) * sizeof *c->key_offset);
-            }
-            while (bytes + row->key_len > bytes_cap) {
-                bytes_cap = bytes_cap ? bytes_cap * 2 : 16384;
-                c->key_bytes = carls_xrealloc(c->key_bytes, bytes_cap);
-            }
-            entries[n] = (kb_sampler_entry_t){.row_id = row->id, .frequency = row->frequency};
-            c->key_offset[n] = bytes;
-            memcpy(c->key_bytes + bytes, row->key, row->key_len);
-            bytes += row->key_len;
-            n++;
+            if (st->map.hashes[j])
+                visit(st->map.rows[j], ctx);
         }
         pthread_mutex_unlock(&st->mutex);
     }
-    c->key_offset = carls_xrealloc(c->key_offset, (n + 1) * sizeof *c->key_offset);
-    c->key_offset[n] = bytes;
-    *rc = kb_sampler_new(strategy, entries, n, &c->sampler);
-    free(entries);
+}
+
+/* The sampler's entries and the keys being gathered for a sample cache. */
+typedef struct {
+    struct s_sample_cache *cache;
+    kb_sampler_entry_t *entries;
+    size_t n, cap, bytes, bytes_cap;
+} s_sample_rows_t;
+
+static void s_sample_add_row(kb_row_t *row, void *ctx)
+{
+    s_sample_rows_t *r = ctx;
+    struct s_sample_cache *c = r->cache;
+    if (r->n == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 1024;
+        r->entries = carls_xrealloc(r->entries, r->cap * sizeof *r->entries);
+        c->key_offset = carls_xrealloc(c->key_offset, (r->cap + 1) * sizeof *c->key_offset);
+    }
+    while (r->bytes + row->key_len > r->bytes_cap) {
+        r->bytes_cap = r->bytes_cap ? r->bytes_cap * 2 : 16384;
+        c->key_bytes = carls_xrealloc(c->key_bytes, r->bytes_cap);
+    }
+    r->entries[r->n] = (kb_sampler_entry_t){.row_id = row->id, .frequency = row->frequency};
+    c->key_offset[r->n] = r->bytes;
+    memcpy(c->key_bytes + r->bytes, row->key, row->key_len);
+    r->bytes += row->key_len;
+    r->n++;
+}
+
+/* Builds a snapshot of every row for one strategy. Returns NULL (with rc) when the sampler refuses. */
+static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strategy_t strategy, int *rc)
+{
+    struct s_sample_cache *c = carls_xcalloc(1, sizeof *c);
+    c->signature = s_activity(self);
+    s_sample_rows_t r = {.cache = c};
+    s_each_row(self, s_sample_add_row, &r);
+    c->key_offset = carls_xrealloc(c->key_offset, (r.n + 1) * sizeof *c->key_offset);
+    c->key_offset[r.n] = r.bytes;
+    *rc = kb_sampler_new(strategy, r.entries, r.n, &c->sampler);
+    free(r.entries);
     if (*rc != 0) {
         s_sample_cache_free(c);
         return NULL;
     }
-    c->bytes = (int64_t)(kb_memory_chunk(sizeof *c) + kb_memory_chunk((n + 1) * sizeof *c->key_offset) +
-                         (bytes_cap ? kb_memory_chunk(bytes_cap) : 0) + kb_sampler_memory(c->sampler));
+    c->bytes = (int64_t)(kb_memory_chunk(sizeof *c) + kb_memory_chunk((r.n + 1) * sizeof *c->key_offset) +
+                         (r.bytes_cap ? kb_memory_chunk(r.bytes_cap) : 0) + kb_sampler_memory(c->sampler));
     c->built_ms = carls_monotonic_ms();
     return c;
 }
@@ -1326,50 +1344,56 @@ static int s_compare_records(const void *a, const void *b)
     return s_compare_ids(&((const kb_store_row_t *)a)->row_id, &((const kb_store_row_t *)b)->row_id);
 }
 
+/* kb_table_scan's passes: the ids after the cursor, then the rows up to the last id kept. */
+typedef struct {
+    const kb_table_t *self;
+    int64_t after_id, last;
+    int64_t *ids;
+    size_t n, cap;
+    kb_store_row_t **out;
+    size_t count, capacity;
+} s_scan_t;
+
+static void s_scan_id(kb_row_t *row, void *ctx)
+{
+    s_scan_t *scan = ctx;
+    if (row->id <= scan->after_id)
+        return;
+    if (scan->n == scan->cap) {
+        scan->cap = scan->cap ? scan->cap * 2 : 1024;
+        scan->ids = carls_xrealloc(scan->ids, scan->cap * sizeof *scan->ids);
+    }
+    scan->ids[scan->n++] = row->id;
+}
+
+static void s_scan_row(kb_row_t *row, void *ctx)
+{
+    s_scan_t *scan = ctx;
+    if (row->id <= scan->after_id || row->id > scan->last)
+        return;
+    s_snapshot_row(scan->self, row, s_grow_records(scan->out, scan->count, &scan->capacity));
+    scan->count++;
+}
+
 size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
 {
     /* Pass 1: the ids after the cursor; keep the smallest `limit`. */
-    int64_t *ids = NULL;
-    size_t n = 0, cap = 0;
-    for (int i = 0; i < KB_TABLE_STRIPES; i++) {
-        kb_stripe_t *st = &self->stripes[i];
-        pthread_mutex_lock(&st->mutex);
-        for (size_t j = 0; j < st->map.capacity; j++) {
-            if (!st->map.hashes[j] || st->map.rows[j]->id <= after_id)
-                continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 1024;
-                ids = carls_xrealloc(ids, cap * sizeof *ids);
-            }
-            ids[n++] = st->map.rows[j]->id;
-        }
-        pthread_mutex_unlock(&st->mutex);
-    }
+    s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
+    s_each_row(self, s_scan_id, &scan);
+    size_t n = scan.n;
     if (n > 0) /* qsort's pointer must be valid even for zero elements */
-        qsort(ids, n, sizeof *ids, s_compare_ids);
+        qsort(scan.ids, n, sizeof *scan.ids, s_compare_ids);
     *done = n <= limit;
     if (n > limit)
         n = limit;
-    int64_t last = n ? ids[n - 1] : after_id;
-    free(ids);
+    scan.last = n ? scan.ids[n - 1] : after_id;
+    free(scan.ids);
 
     /* Pass 2: snapshot the rows in (after_id, last]; rows created since pass 1 get higher ids. */
-    size_t count = 0, capacity = 0;
     *out = NULL;
-    for (int i = 0; i < KB_TABLE_STRIPES && n; i++) {
-        kb_stripe_t *st = &self->stripes[i];
-        pthread_mutex_lock(&st->mutex);
-        for (size_t j = 0; j < st->map.capacity; j++) {
-            if (!st->map.hashes[j])
-                continue;
-            kb_row_t *row = st->map.rows[j];
-            if (row->id <= after_id || row->id > last)
-                continue;
-            s_snapshot_row(self, row, s_grow_records(out, count, &capacity));
-            count++;
-        }
-        pthread_mutex_unlock(&st->mutex);
-    }
+    if (n)
+        s_each_row(self, s_scan_row, &scan);
+    const size_t count = scan.count;
     if (count > 0)
         qsort(*out, count, sizeof **out, s_compare_records);
     return count;

@@ -1,4 +1,5 @@
 /* kb-server: the knowledge bank's server program. See `kb-server --help` and docs/PROTOCOL.md. */
+#include "carls_args.h"
 #include "files.h"
 #include "kb_bank.h"
 #include "kb_metrics.h"
@@ -11,7 +12,7 @@
 #include "util.h"
 
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,15 +78,49 @@ static void s_usage(FILE *out)
             CARLS_DEFAULT_MAX_KEYS_PER_REQUEST);
 }
 
-/* Parses a positive 32-bit option value or exits with a message. */
-static uint32_t s_parse_u32(const char *opt, const char *text, uint32_t min)
+/* --durability: the text as given (logged, and handed to the service) and what it sets in the bank's options. */
+typedef struct {
+    const char *text;
+    kb_bank_options_t *bank;
+} s_durability_t;
+
+/* "sync" or "interval:MS" with MS >= 1. */
+static int s_arg_durability(const char *prog, const char *name, const char *text, void *out)
 {
-    uint64_t v;
-    if (carls_parse_u64(text, &v) != 0 || v < min || v > UINT32_MAX) {
-        fprintf(stderr, "kb-server: %s needs an integer >= %u, got '%s'\n", opt, min, text);
-        exit(2);
+    s_durability_t *d = out;
+    uint64_t ms = 0;
+    if (strcmp(text, "sync") == 0) {
+        d->bank->sync = true;
+        d->bank->interval_ms = 0;
+    } else if (strncmp(text, "interval:", 9) == 0 && carls_parse_u64(text + 9, &ms) == 0 && ms >= 1 &&
+               ms <= UINT32_MAX) {
+        d->bank->sync = false;
+        d->bank->interval_ms = (uint32_t)ms;
+    } else {
+        fprintf(stderr, "%s: --%s: '%s' is not sync or interval:MS with MS >= 1\n", prog, name, text);
+        return -1;
     }
-    return (uint32_t)v;
+    d->text = text;
+    return 0;
+}
+
+/* "I/N" into the limits' shard. */
+static int s_arg_shard(const char *prog, const char *name, const char *text, void *out)
+{
+    kb_limits_t *limits = out;
+    return carls_args_part_value(prog, name, text, 65536, &limits->shard_index, &limits->shard_count);
+}
+
+/* A byte count (kb_memory_parse) into the bank's options. */
+static int s_arg_max_memory(const char *prog, const char *name, const char *text, void *out)
+{
+    kb_bank_options_t *bank = out;
+    if (kb_memory_parse(text, &bank->max_memory) != 0) {
+        fprintf(stderr, "%s: --%s: '%s' is not a byte count such as 536870912, 512M or 4G (or 'unlimited')\n",
+                prog, name, text);
+        return -1;
+    }
+    return 0;
 }
 
 /* Writes text and a newline to path atomically (files.h) so a reader never sees half of it. -1 with errno. */
@@ -103,117 +138,45 @@ int main(int argc, char **argv)
 {
     carls_log_init_from_env();
     const char *listen = "tcp://127.0.0.1:7070";
-    const char *data_dir = "./kb-data";
-    const char *durability = "sync";
     const char *endpoint_file = NULL;
     const char *curve_secret = NULL, *curve_allow = NULL;
     uint32_t threads = 2;
-    uint32_t knn_threads = 1;
+    int knn_threads = 1;
     int metrics_port = -1; /* -1: no metrics server */
     const char *metrics_address = "127.0.0.1";
     kb_limits_t limits;
     kb_limits_defaults(&limits);
-    uint64_t max_memory = 0;
+    kb_bank_options_t bank_opts = {.data_dir = "./kb-data", .sync = true};
+    s_durability_t durability = {.text = "sync", .bank = &bank_opts};
 
-    enum { O_LISTEN = 256, O_DATA, O_DUR, O_THREADS, O_RO, O_MSG, O_KEY, O_DIM, O_KEYS, O_COMMIT, O_EPFILE, O_LOG,
-           O_SHARD, O_CURVE_SECRET, O_CURVE_ALLOW, O_KNN_THREADS, O_METRICS_PORT, O_METRICS_ADDR, O_MAX_MEMORY };
-    static const struct option options[] = {
-        {"listen", required_argument, NULL, O_LISTEN},
-        {"data", required_argument, NULL, O_DATA},
-        {"durability", required_argument, NULL, O_DUR},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"read-only", no_argument, NULL, O_RO},
-        {"shard", required_argument, NULL, O_SHARD},
-        {"knn-threads", required_argument, NULL, O_KNN_THREADS},
-        {"metrics-port", required_argument, NULL, O_METRICS_PORT},
-        {"metrics-address", required_argument, NULL, O_METRICS_ADDR},
-        {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
-        {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
-        {"max-message-bytes", required_argument, NULL, O_MSG},
-        {"max-key-bytes", required_argument, NULL, O_KEY},
-        {"max-dim", required_argument, NULL, O_DIM},
-        {"max-keys-per-request", required_argument, NULL, O_KEYS},
-        {"commit-timeout-ms", required_argument, NULL, O_COMMIT},
-        {"max-memory", required_argument, NULL, O_MAX_MEMORY},
-        {"endpoint-file", required_argument, NULL, O_EPFILE},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+    const carls_arg_t args[] = {
+        carls_arg_string("listen", &listen),
+        carls_arg_string("data", &bank_opts.data_dir),
+        carls_arg_custom("durability", &durability, s_arg_durability),
+        carls_arg_u32("threads", &threads, 1, 256),
+        carls_arg_set("read-only", &limits.read_only),
+        carls_arg_custom("shard", &limits, s_arg_shard),
+        carls_arg_int("knn-threads", &knn_threads, 1, INT_MAX),
+        carls_arg_int("metrics-port", &metrics_port, 0, 65535),
+        carls_arg_string("metrics-address", &metrics_address),
+        carls_arg_string("curve-secret", &curve_secret),
+        carls_arg_string("curve-allow", &curve_allow),
+        carls_arg_u32("max-message-bytes", &limits.max_message_bytes, 1024, UINT32_MAX),
+        carls_arg_u32("max-key-bytes", &limits.max_key_bytes, 1, UINT32_MAX),
+        carls_arg_u32("max-dim", &limits.max_dim, 1, UINT32_MAX),
+        carls_arg_u32("max-keys-per-request", &limits.max_keys_per_request, 1, UINT32_MAX),
+        carls_arg_int("commit-timeout-ms", &limits.commit_timeout_ms, 1, INT_MAX),
+        carls_arg_custom("max-memory", &bank_opts, s_arg_max_memory),
+        carls_arg_string("endpoint-file", &endpoint_file),
+        carls_arg_log_level(),
+        {0},
     };
-    int c;
-    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-        switch (c) {
-        case O_LISTEN: listen = optarg; break;
-        case O_DATA: data_dir = optarg; break;
-        case O_DUR: durability = optarg; break;
-        case O_THREADS: threads = s_parse_u32("--threads", optarg, 1); break;
-        case O_KNN_THREADS: knn_threads = s_parse_u32("--knn-threads", optarg, 1); break;
-        case O_METRICS_PORT: {
-            uint32_t p = s_parse_u32("--metrics-port", optarg, 0);
-            if (p > 65535) {
-                fprintf(stderr, "kb-server: --metrics-port must be 0..65535, got '%s'\n", optarg);
-                return 2;
-            }
-            metrics_port = (int)p;
-            break;
-        }
-        case O_METRICS_ADDR: metrics_address = optarg; break;
-        case O_RO: limits.read_only = true; break;
-        case O_SHARD: {
-            unsigned i, n;
-            char extra;
-            if (sscanf(optarg, "%u/%u%c", &i, &n, &extra) != 2 || n == 0 || i >= n || n > 65536) {
-                fprintf(stderr, "kb-server: --shard needs I/N with 0 <= I < N, got '%s'\n", optarg);
-                return 2;
-            }
-            limits.shard_index = i;
-            limits.shard_count = n;
-            break;
-        }
-        case O_MSG: limits.max_message_bytes = s_parse_u32("--max-message-bytes", optarg, 1024); break;
-        case O_KEY: limits.max_key_bytes = s_parse_u32("--max-key-bytes", optarg, 1); break;
-        case O_DIM: limits.max_dim = s_parse_u32("--max-dim", optarg, 1); break;
-        case O_KEYS: limits.max_keys_per_request = s_parse_u32("--max-keys-per-request", optarg, 1); break;
-        case O_COMMIT: limits.commit_timeout_ms = (int)s_parse_u32("--commit-timeout-ms", optarg, 1); break;
-        case O_MAX_MEMORY:
-            if (kb_memory_parse(optarg, &max_memory) != 0) {
-                fprintf(stderr, "kb-server: --max-memory needs a byte count such as 536870912, 512M or 4G "
-                                "(or 'unlimited'), got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_EPFILE: endpoint_file = optarg; break;
-        case O_CURVE_SECRET: curve_secret = optarg; break;
-        case O_CURVE_ALLOW: curve_allow = optarg; break;
-        case O_LOG:
-            if (carls_log_level_option("kb-server", optarg) != 0)
-                return 2;
-            break;
-        case 'h': s_usage(stdout); return 0;
-        default: s_usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "kb-server: unexpected argument '%s'\n", argv[optind]);
-        s_usage(stderr);
-        return 2;
+    int parsed = carls_args_parse("kb-server", argc, argv, args, s_usage);
+    if (parsed != 0) {
+        return parsed > 0 ? 0 : 2; /* --help, or bad usage (reported) */
     }
     if (!curve_secret != !curve_allow) {
         fprintf(stderr, "kb-server: --curve-secret and --curve-allow go together\n");
-        return 2;
-    }
-    if (threads > 256) {
-        fprintf(stderr, "kb-server: --threads must be at most 256\n");
-        return 2;
-    }
-
-    kb_bank_options_t bank_opts = {.data_dir = data_dir, .max_memory = max_memory};
-    if (strcmp(durability, "sync") == 0) {
-        bank_opts.sync = true;
-    } else if (strncmp(durability, "interval:", 9) == 0) {
-        bank_opts.interval_ms = s_parse_u32("--durability interval:", durability + 9, 1);
-    } else {
-        fprintf(stderr, "kb-server: --durability must be sync or interval:MS, got '%s'\n", durability);
         return 2;
     }
 
@@ -225,14 +188,14 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    kb_knn_set_threads((int)knn_threads, 1);
+    kb_knn_set_threads(knn_threads, 1);
     char err[1024];
     kb_bank_t *bank = NULL;
     if (kb_bank_open(&bank_opts, &bank, err, sizeof err) != 0) {
         LOG_ERROR("cannot open the bank: %s", err);
         return 1;
     }
-    kb_service_t *service = kb_service_new(bank, &limits, threads, durability);
+    kb_service_t *service = kb_service_new(bank, &limits, threads, durability.text);
     kb_server_options_t server_opts = {
         .endpoint = listen,
         .threads = threads,
@@ -259,9 +222,10 @@ int main(int argc, char **argv)
         LOG_INFO("metrics: http://%s:%u/metrics", metrics_address, kb_metrics_server_port(metrics));
     }
     char memory_note[64] = "";
-    if (max_memory)
-        snprintf(memory_note, sizeof memory_note, ", max memory %llu MiB", (unsigned long long)(max_memory >> 20));
-    LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u%s", data_dir, durability,
+    if (bank_opts.max_memory)
+        snprintf(memory_note, sizeof memory_note, ", max memory %llu MiB",
+                 (unsigned long long)(bank_opts.max_memory >> 20));
+    LOG_INFO("kb-server: data %s, durability %s%s, shard %u/%u%s", bank_opts.data_dir, durability.text,
              limits.read_only ? ", read-only" : "", limits.shard_index, limits.shard_count ? limits.shard_count : 1,
              memory_note);
     if (endpoint_file && s_write_file(endpoint_file, kb_server_endpoint(server)) != 0) {

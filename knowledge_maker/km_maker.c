@@ -111,15 +111,16 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         .bank_wait_s = 600,
     };
     int task = -1, encoder = 0, source = 0; /* indices in the choices below */
+    carls_fmnist_args_t data;
+    carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
     const carls_arg_t args[] = {
+        carls_arg_group(data.rows),
         carls_arg_string("kb", &o->kb),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_choice("task", &task,
                          (const char *const[]){"embed", "graph", "label", "words", NULL}), /* km_task_t's order */
         carls_arg_custom("worker", o, s_arg_worker),
         carls_arg_string("device", &o->device),
-        carls_arg_string("data", &o->data),
-        carls_arg_string("data-dir", &o->data_dir),
         carls_arg_int("items", &o->items, 0, 100000000),
         carls_arg_string("tables", &o->prefix),
         carls_arg_set("once", &o->once),
@@ -130,8 +131,6 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", NULL}),
         carls_arg_int("k", &o->k, 1, 4096),
         carls_arg_int("wait-embed-ms", &o->wait_embed_ms, 0, 86400000),
-        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
-        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
         carls_arg_float("spread-alpha", &o->spread_alpha, 0.0, 0.9999),
         carls_arg_int("spread-iters", &o->spread_iters, 1, 10000),
         carls_arg_float("model-weight", &o->model_weight, 0.0, 1000.0),

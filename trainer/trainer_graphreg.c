@@ -119,9 +119,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .batch_labelled = 100,
         .batch_unlabelled = 128,
         .model = {.n_hidden = 2, .hidden = {256, 128}, .dropout = 0.2f},
-        .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = true,
-        .seed = 1,
         .K = 10,
         .nbr_refresh = 20,
         .tables = "fmnist",
@@ -133,12 +130,11 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     };
     trainer_mlp_args_t mlp;
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
+    carls_fmnist_args_t data;
+    carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
-        carls_arg_string("data", &o->data),
-        carls_arg_string("data-dir", &o->data_dir),
-        carls_arg_int("labels-per-class", &o->labels_per_class, 1, 6000),
-        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_group(data.rows),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
         carls_arg_int("steps", &o->steps, 1, 100000000),
@@ -182,9 +178,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer graphreg: --kb is required when alpha or beta is above 0\n");
         return -1;
     }
-    if (o->opt.lr < 0.0f) {
-        o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
+    trainer_mlp_default_lr(&o->opt);
     return 0;
 }
 

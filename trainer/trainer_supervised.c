@@ -81,9 +81,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .epochs = 15,
         .batch = 128,
         .model = {.n_hidden = 2, .hidden = {512, 256}, .dropout = 0.2f},
-        .opt = {.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .cosine = true,
-        .seed = 1,
         .ckpt_dir = "runs/supervised",
         .device = "auto",
         .eval_every = 1,
@@ -91,12 +88,11 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     };
     trainer_mlp_args_t mlp;
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
+    carls_fmnist_args_t data; /* --labels-per-class 0: every training image */
+    carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 0, &o->label_seed);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
-        carls_arg_string("data", &o->data),
-        carls_arg_string("data-dir", &o->data_dir),
-        carls_arg_int("labels-per-class", &o->labels_per_class, 0, 6000),
-        carls_arg_int("label-seed", &o->label_seed, 0, 2147483647),
+        carls_arg_group(data.rows),
         carls_arg_int("epochs", &o->epochs, 1, 1000000),
         carls_arg_int("batch", &o->batch, 1, 65536),
         carls_arg_float("momentum", &o->opt.momentum, 0.0, 0.999),
@@ -121,9 +117,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer supervised: --data '%s' is not supported (fashion-mnist)\n", o->data);
         return -1;
     }
-    if (o->opt.lr < 0.0f) {
-        o->opt.lr = o->opt.kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
-    }
+    trainer_mlp_default_lr(&o->opt);
     return 0;
 }
 

@@ -70,6 +70,10 @@ void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_co
                       int *seed)
 {
     static const char *const schedules[] = {"cosine", "constant", NULL}; /* outlives this call, as the rows do */
+    *opt = (nn_optim_config_t){.kind = NN_OPT_ADAM, .lr = -1.0f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f,
+                               .eps = 1e-8f}; /* lr < 0: not given */
+    *cosine = true;
+    *seed = 1;
     const carls_arg_t rows[] = {
         carls_arg_custom("hidden", model, trainer_arg_hidden),
         carls_arg_float("dropout", &model->dropout, 0.0, 0.95),
@@ -82,6 +86,13 @@ void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_co
     };
     _Static_assert(sizeof rows == sizeof g->rows, "trainer_mlp_args_t holds the rows");
     memcpy(g->rows, rows, sizeof rows);
+}
+
+void trainer_mlp_default_lr(nn_optim_config_t *opt)
+{
+    if (opt->lr < 0.0f) {
+        opt->lr = opt->kind == NN_OPT_ADAM ? 1e-3f : 0.05f;
+    }
 }
 
 int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out)

@@ -30,12 +30,16 @@ int trainer_parse_choice(const char *name, const char *text, const char *first, 
 
 /* The model and optimiser options the Fashion-MNIST trainers (graphreg, supervised) share, as a carls_args
  * group (carls_arg_group(g->rows)): --hidden, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
- * stored into model, opt, *cosine and *seed. */
+ * stored into model, opt, *cosine and *seed. Also sets their shared defaults: *opt Adam (momentum 0.9 for
+ * SGD, betas 0.9 and 0.999, eps 1e-8, no weight decay; the learning rate left for trainer_mlp_default_lr),
+ * *cosine true, *seed 1. The model's widths and dropout are each trainer's own. */
 typedef struct {
     carls_arg_t rows[8];
 } trainer_mlp_args_t;
 void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
                       int *seed);
+/* After parsing: an --lr not given becomes the optimizer's default, 0.001 for Adam, 0.05 for SGD. */
+void trainer_mlp_default_lr(nn_optim_config_t *opt);
 
 /* Custom values for carls_args_t option tables (carls_args.h), shared by the subcommands:
  * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set. */

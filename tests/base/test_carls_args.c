@@ -18,6 +18,8 @@ typedef struct {
     int count;
     float rate;
     uint64_t seed;
+    uint32_t size;
+    double seconds;
     bool fast, verbose, cosine;
     int mode;
     int custom_calls;
@@ -67,7 +69,8 @@ static void s_stderr_back(int saved)
  * wrote to stderr goes to err. Returns carls_args_parse's result. */
 static int s_parse(s_opts_t *o, char *err, size_t errlen, ...)
 {
-    *o = (s_opts_t){.name = "default", .count = 7, .rate = 0.5f, .seed = 3, .cosine = true, .mode = 1};
+    *o = (s_opts_t){.name = "default", .count = 7, .rate = 0.5f, .seed = 3, .size = 4096, .seconds = 1.0,
+                     .cosine = true, .mode = 1};
     char *argv[32] = {"prog"};
     int argc = 1;
     va_list ap;
@@ -86,6 +89,8 @@ static int s_parse(s_opts_t *o, char *err, size_t errlen, ...)
         carls_arg_int("count", &o->count, 1, 10),
         carls_arg_float("rate", &o->rate, 0.0, 1.0),
         carls_arg_u64("seed", &o->seed),
+        carls_arg_u32("size", &o->size, 1024, UINT32_MAX),
+        carls_arg_double("seconds", &o->seconds, 0.05, 86400),
         carls_arg_bool01("fast", &o->fast),
         carls_arg_set("verbose", &o->verbose),
         carls_arg_either("schedule", &o->cosine, (const char *const[]){"cosine", "constant", NULL}),
@@ -116,6 +121,7 @@ static void test_values_and_defaults(void **state)
     assert_int_equal(s_parse(&o, err, sizeof err, NULL), 0);
     assert_string_equal(o.name, "default");
     assert_int_equal(o.count, 7);
+    assert_true(o.size == 4096 && o.seconds == 1.0);
     assert_true(o.rate == 0.5f && o.seed == 3 && !o.fast && !o.verbose && o.cosine && o.mode == 1);
 
     assert_int_equal(s_parse(&o, err, sizeof err, "--name", "x", "--count", "10", "--rate=0.25", "--seed",
@@ -130,6 +136,11 @@ static void test_values_and_defaults(void **state)
     assert_true(o.fast && o.verbose && !o.cosine);
     assert_int_equal(o.mode, 2);
     assert_int_equal(s_usage_calls, 0);
+
+    /* 32-bit unsigned sizes up to UINT32_MAX, and doubles kept at full precision */
+    assert_int_equal(s_parse(&o, err, sizeof err, "--size", "4294967295", "--seconds", "0.1", NULL), 0);
+    assert_true(o.size == UINT32_MAX);
+    assert_true(o.seconds == 0.1);
 
     /* an option from a group */
     assert_int_equal(s_parse(&o, err, sizeof err, "--level", "4", NULL), 0);
@@ -172,6 +183,10 @@ static void test_help(void **state)
     assert_int_equal(s_usage_calls, 1);
     assert_ptr_equal(s_usage_out, stdout);
     assert_string_equal(err, "");
+    /* -h is --help */
+    assert_int_equal(s_parse(&o, err, sizeof err, "-h", NULL), 1);
+    assert_int_equal(s_usage_calls, 1);
+    assert_ptr_equal(s_usage_out, stdout);
 }
 
 /* One bad command line: refused (-1) with want in the message; usage printed to stderr or not at all. */
@@ -205,6 +220,10 @@ static void test_refusals(void **state)
         {"prog sub: --rate: '1.5' is not a number in [0, 1]\n", false, "--rate", "1.5"},
         {"prog sub: --rate: 'nan' is not a number in [0, 1]\n", false, "--rate", "nan"},
         {"prog sub: --seed: '-1x' is not a number\n", false, "--seed", "-1x"},
+        {"prog sub: --size: '1023' is not an integer in 1024..4294967295\n", false, "--size", "1023"},
+        {"prog sub: --size: '4294967296' is not an integer in 1024..4294967295\n", false, "--size", "4294967296"},
+        {"prog sub: --seconds: '0.01' is not a number in [0.05, 86400]\n", false, "--seconds", "0.01"},
+        {"invalid option -- 'x'", true, "-x", NULL},
         {"prog sub: --fast: '2' is not an integer in 0..1\n", false, "--fast", "2"},
         {"prog sub: --schedule: 'x' is not cosine or constant\n", false, "--schedule", "x"},
         {"prog sub: --mode: 'd' is not a, b or c\n", false, "--mode", "d"},

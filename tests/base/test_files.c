@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -258,6 +260,56 @@ static void test_read_first_line(void **state)
     assert_string_equal(line, "a line longer t"); /* cut to 15 bytes */
 }
 
+/* A child that sleeps delay_ms, writes text (when not NULL) to path, then exits with code exit_code
+ * (or, when exit_code < 0, sleeps until killed). */
+static pid_t s_child(const char *path, int delay_ms, const char *text, int exit_code)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        usleep((useconds_t)delay_ms * 1000);
+        if (text) {
+            s_spit(path, text);
+        }
+        while (exit_code < 0) {
+            pause();
+        }
+        _exit(exit_code);
+    }
+    return pid;
+}
+
+static void test_wait_first_line(void **state)
+{
+    (void)state;
+    char dir[512], path[600], line[32];
+    int status = -7;
+    s_fresh("wait", "endpoint", dir, path);
+
+    /* the child writes the file while it lives: its line (the child is not reaped) */
+    pid_t pid = s_child(path, 50, "tcp://127.0.0.1:5\n", -1);
+    assert_int_equal(carls_wait_first_line(path, pid, 10000, line, sizeof line, &status), 0);
+    assert_string_equal(line, "tcp://127.0.0.1:5");
+    assert_int_equal(status, -7);
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(unlink(path), 0);
+
+    /* the child exits without writing it: -1, reaped, with its status */
+    pid = s_child(path, 0, NULL, 3);
+    assert_int_equal(carls_wait_first_line(path, pid, 10000, line, sizeof line, &status), -1);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), -1); /* already reaped */
+
+    /* the child lives but never writes it: -2 once the time is up, the child still running */
+    pid = s_child(path, 0, NULL, -1);
+    assert_int_equal(carls_wait_first_line(path, pid, 60, line, sizeof line, &status), -2);
+    assert_string_equal(line, "");
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+}
+
 static void test_mkdir_p(void **state)
 {
     (void)state;
@@ -311,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_stream_abort),
         cmocka_unit_test(test_failures_leave_target),
         cmocka_unit_test(test_read_first_line),
+        cmocka_unit_test(test_wait_first_line),
         cmocka_unit_test(test_mkdir_p),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);

@@ -145,6 +145,21 @@ static void test_parse_integers(void **state)
     }
 }
 
+/* A name's index in a table, case-insensitively; -1 for another name, a prefix, an empty or a NULL name. */
+static void test_name_index(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"sgd", "momentum", "adam"};
+    assert_int_equal(carls_name_index("sgd", names, 3), 0);
+    assert_int_equal(carls_name_index("Adam", names, 3), 2);
+    assert_int_equal(carls_name_index("MOMENTUM", names, 3), 1);
+    assert_int_equal(carls_name_index("adamw", names, 3), -1);
+    assert_int_equal(carls_name_index("ada", names, 3), -1);
+    assert_int_equal(carls_name_index("", names, 3), -1);
+    assert_int_equal(carls_name_index(NULL, names, 3), -1);
+    assert_int_equal(carls_name_index("adam", names, 2), -1); /* only the first n are looked at */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -153,6 +168,7 @@ int main(void)
         cmocka_unit_test(test_crc32),
         cmocka_unit_test(test_little_endian),
         cmocka_unit_test(test_parse_integers),
+        cmocka_unit_test(test_name_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,7 +25,7 @@ const char *fuzz_base_table_name(int i)
     return i >= 0 && i < FUZZ_BASE_TABLES ? s_base_names[i] : NULL;
 }
 
-void fuzz_base_table_config(int i, fuzz_config_t *w)
+void fuzz_base_table_config(int i, kb_table_config_wire_t *w)
 {
     memset(w, 0, sizeof *w);
     carls__table_config__init(&w->config);
@@ -87,7 +87,7 @@ void fuzz_pack_request(const Carls__Request *req, uint8_t **out, size_t *out_len
 
 void fuzz_pack_create_base(int i, uint64_t client_id, uint64_t sequence, uint8_t **out, size_t *out_len)
 {
-    fuzz_config_t w;
+    kb_table_config_wire_t w;
     fuzz_base_table_config(i, &w);
     Carls__CreateTable ct = CARLS__CREATE_TABLE__INIT;
     ct.config = &w.config;

@@ -9,6 +9,7 @@
 #define CARLS_FUZZ_COMMON_H
 
 #include "carls.pb-c.h"
+#include "kb_table_config.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -48,16 +49,9 @@ _Noreturn void fuzz_fail(const char *file, int line, const char *what);
 /* Name of base table i (0 <= i < FUZZ_BASE_TABLES). */
 const char *fuzz_base_table_name(int i);
 
-/* Fills *cfg (with the nested messages in the storage w points to) with base table i's config. */
-typedef struct {
-    Carls__TableConfig config;
-    Carls__OptimizerConfig optimizer;
-    Carls__LazyUpdateConfig lazy;
-    Carls__KnnConfig knn;
-    Carls__AdmissionConfig admission;
-    Carls__EvictionConfig eviction;
-} fuzz_config_t;
-void fuzz_base_table_config(int i, fuzz_config_t *w);
+/* Fills w->config (its nested messages in the rest of *w, the server's own wire-form storage) with base table
+ * i's config. */
+void fuzz_base_table_config(int i, kb_table_config_wire_t *w);
 
 /* Packs req into a new buffer (*out, *out_len; the caller frees *out). */
 void fuzz_pack_request(const Carls__Request *req, uint8_t **out, size_t *out_len);

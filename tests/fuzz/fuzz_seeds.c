@@ -82,7 +82,7 @@ static void s_requests(void)
 
     /* create_table: each base table (also with if_not_exists), and a few other configs. */
     for (int i = 0; i < FUZZ_BASE_TABLES; i++) {
-        fuzz_config_t w;
+        kb_table_config_wire_t w;
         fuzz_base_table_config(i, &w);
         Carls__CreateTable ct = CARLS__CREATE_TABLE__INIT;
         ct.config = &w.config;
@@ -96,7 +96,7 @@ static void s_requests(void)
     }
     {
         /* Adam, L2 HNSW index, Bloom admission. */
-        fuzz_config_t w;
+        kb_table_config_wire_t w;
         fuzz_base_table_config(0, &w);
         w.config.dim = 16;
         w.optimizer.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;

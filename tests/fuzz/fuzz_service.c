@@ -114,7 +114,7 @@ static void s_setup(void)
     carls_log_set_level(CARLS_LOG_OFF);
     s.verbose = getenv("CARLS_FUZZ_VERBOSE") != NULL;
     for (int i = 0; i < FUZZ_BASE_TABLES; i++) {
-        fuzz_config_t w;
+        kb_table_config_wire_t w;
         fuzz_base_table_config(i, &w);
         char err[256];
         if (kb_table_config_from_proto(&w.config, FUZZ_MAX_DIM, &s.base[i], err, sizeof err) != 0) {

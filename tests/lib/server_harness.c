@@ -53,17 +53,14 @@ int test_server_start(test_server_t *srv, const char *const *extra_args)
     }
     srv->pid = pid;
     /* Wait up to 20 s for the endpoint file (the server writes it once bound). */
-    for (int i = 0; i < 2000; i++) {
-        if (carls_read_first_line(srv->endpoint_file, srv->endpoint, sizeof srv->endpoint) == 0)
-            return 0;
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            fprintf(stderr, "kb-server exited early (status %d); log in %s\n", status, srv->log_file);
-            srv->pid = 0;
-            return -1;
-        }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+    int status = 0;
+    int waited = carls_wait_first_line(srv->endpoint_file, pid, 20000, srv->endpoint, sizeof srv->endpoint, &status);
+    if (waited == 0)
+        return 0;
+    if (waited == -1) {
+        fprintf(stderr, "kb-server exited early (status %d); log in %s\n", status, srv->log_file);
+        srv->pid = 0;
+        return -1;
     }
     fprintf(stderr, "kb-server did not start in time; log in %s\n", srv->log_file);
     return -1;
