@@ -79,6 +79,13 @@ static kb_table_config_t s_config(const s_spec_t *spec)
     return cfg;
 }
 
+/* A table made from the wire config that spec describes. */
+static kb_table_t *s_new_table(int64_t id, const char *name, const s_spec_t *spec)
+{
+    kb_table_config_t cfg = s_config(spec);
+    return kb_table_new(id, name, &cfg);
+}
+
 static void s_stats(kb_table_t *t, kb_table_stats_t *s) { kb_table_get_stats(t, s); }
 
 /* One lookup of one key; returns the value in out (dim floats) and metadata through the pointers. */
@@ -370,9 +377,8 @@ static void test_config_plain(void **st)
 static void test_lookup_creates_with_initializer(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 5, .init = CARLS__INIT_KIND__INIT_UNIFORM, .init_scale = 0.1f, .init_seed = 7};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(3, "emb", &cfg);
+    kb_table_t *t = s_new_table(3, "emb", &(s_spec_t){.dim = 5, .init = CARLS__INIT_KIND__INIT_UNIFORM,
+                                                      .init_scale = 0.1f, .init_seed = 7});
     assert_int_equal(kb_table_id(t), 3);
     assert_string_equal(kb_table_name(t), "emb");
     assert_int_equal(kb_table_config(t)->dim, 5);
@@ -447,9 +453,8 @@ static void test_lookup_creates_with_initializer(void **st)
 static void test_put_then_lookup(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 3, .init = CARLS__INIT_KIND__INIT_NORMAL, .init_scale = 1.0f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 3, .init = CARLS__INIT_KIND__INIT_NORMAL,
+                                                    .init_scale = 1.0f});
     ProtobufCBinaryData keys[2] = {s_key("a"), s_key("b")};
     const float vals[2][3] = {{1.5f, -2.0f, 3.25f}, {0.0f, 7.0f, -0.5f}};
     int64_t before = carls_wall_ms();
@@ -490,9 +495,7 @@ static void test_put_then_lookup(void **st)
 static void test_lazy_push_applies_on_lookup(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 3, .lr = 0.5f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 3, .lr = 0.5f});
     ProtobufCBinaryData k = s_key("k");
     const float start[3] = {1.0f, 2.0f, 3.0f};
     kb_table_put(t, &k, 1, start, 1);
@@ -579,9 +582,8 @@ static void test_lazy_wide_rows(void **st)
 {
     (void)st;
     enum { DIM = 1000 };
-    s_spec_t spec = {.dim = DIM, .lr = 0.25f, .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "wide", &cfg);
+    kb_table_t *t = s_new_table(1, "wide", &(s_spec_t){.dim = DIM, .lr = 0.25f,
+                                                       .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE});
     static float g[2][DIM], got[DIM];
     for (int i = 0; i < DIM; i++) {
         g[0][i] = (float)(i % 17);
@@ -601,9 +603,7 @@ static void test_lazy_wide_rows(void **st)
 static void test_put_keeps_pending(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 1.0f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 1.0f});
     ProtobufCBinaryData k = s_key("k");
     const float g[2] = {0.25f, -0.5f};
     kb_table_push(t, &k, 1, g);
@@ -622,9 +622,8 @@ static void test_put_keeps_pending(void **st)
 static void test_max_pending_trigger(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 1.0f, .max_pending = 4, .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 1.0f, .max_pending = 4,
+                                                    .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE});
     ProtobufCBinaryData k = s_key("k");
     const float g[4][2] = {{1, 0}, {2, 0}, {3, 0}, {6, 4}}; /* mean (3, 1) */
     kb_table_stats_t s;
@@ -688,9 +687,7 @@ static void test_expire_by_age(void **st)
 {
     (void)st;
     const uint32_t age = 100;
-    s_spec_t spec = {.dim = 1, .lr = 1.0f, .max_age_ms = age};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 1, .lr = 1.0f, .max_age_ms = age});
     char names[3][32];
     s_same_stripe_keys("age", names, 3);
     ProtobufCBinaryData ka = s_key(names[0]), kb = s_key(names[1]), kc = s_key(names[2]);
@@ -761,9 +758,7 @@ static void test_expire_by_age(void **st)
 static void test_immediate_policy(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 0.5f, .immediate = true};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 0.5f, .immediate = true});
     ProtobufCBinaryData ks[3] = {s_key("k"), s_key("k"), s_key("j")};
     const float g[3][2] = {{1, 2}, {3, 4}, {2, 2}};
     assert_int_equal(kb_table_push(t, ks, 3, &g[0][0]), 3);
@@ -1019,9 +1014,8 @@ static void test_restore_round_trip(void **st)
 static void test_restore_rejects_mismatch(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 4, .opt = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM, .max_pending = 2};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 4, .opt = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM,
+                                                    .max_pending = 2});
     float value[5] = {1, 2, 3, 4, 5};
     float opt[5] = {0};
     float pending[3 * 4] = {0};
