@@ -252,21 +252,14 @@ static void s_requests(void)
         r2.data.len = sizeof blob;
         r2.data.data = blob;
         Carls__FeatureRecord *recs[2] = {&r1, &r2};
-        Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
-        fp.n_keys = fp.n_records = 2;
-        fp.keys = keys;
-        fp.records = recs;
+        Carls__FeaturePut fp;
         Carls__Request req = s_envelope(FUZZ_TABLE_FEAT, seq++);
-        req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-        req.feature_put = &fp;
+        test_feature_put_request(&req, &fp, keys, recs, 2);
         s_request("feature-put", &req);
 
-        Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
-        fg.n_keys = 3;
-        fg.keys = keys;
+        Carls__FeatureGet fg;
         req = s_read_envelope(FUZZ_TABLE_FEAT);
-        req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-        req.feature_get = &fg;
+        test_feature_get_request(&req, &fg, keys, 3);
         s_request("feature-get", &req);
 
         Carls__Scan sc = CARLS__SCAN__INIT;

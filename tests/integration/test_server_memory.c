@@ -112,20 +112,15 @@ static size_t s_fill(server_fixture_t *f)
 static int s_feature_put(server_fixture_t *f, const char *key)
 {
     Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
+    Carls__FeaturePut fp;
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData k = {.len = strlen(key), .data = (uint8_t *)key};
     uint8_t data[64] = {1, 2, 3};
     rec.data.len = sizeof data;
     rec.data.data = data;
     Carls__FeatureRecord *recs[1] = {&rec};
-    fp.n_keys = 1;
-    fp.keys = &k;
-    fp.n_records = 1;
-    fp.records = recs;
     req.table = "feat";
-    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-    req.feature_put = &fp;
+    test_feature_put_request(&req, &fp, &k, recs, 1);
     Carls__Response *resp = NULL;
     int rc = kb_client_call(f->client, &req, &resp);
     if (resp)

@@ -138,15 +138,10 @@ static void test_feature_records_round_trip(void **state)
     rec.version = 42;
     Carls__FeatureRecord *recs[1] = {&rec};
     ProtobufCBinaryData key = {4, (uint8_t *)"node"};
-    Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
-    fp.keys = &key;
-    fp.n_keys = 1;
-    fp.records = recs;
-    fp.n_records = 1;
+    Carls__FeaturePut fp;
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = "graph";
-    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-    req.feature_put = &fp;
+    test_feature_put_request(&req, &fp, &key, recs, 1);
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
     carls__response__free_unpacked(resp, NULL);
@@ -163,13 +158,10 @@ static void test_feature_records_round_trip(void **state)
 
     server_fixture_restart(f, SIGKILL, NULL);
     ProtobufCBinaryData keys[2] = {{4, (uint8_t *)"node"}, {7, (uint8_t *)"missing"}};
-    Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
-    fg.keys = keys;
-    fg.n_keys = 2;
+    Carls__FeatureGet fg;
     Carls__Request get = CARLS__REQUEST__INIT;
     get.table = "graph";
-    get.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-    get.feature_get = &fg;
+    test_feature_get_request(&get, &fg, keys, 2);
     assert_int_equal(kb_client_call(f->client, &get, &resp), 0);
     assert_int_equal(resp->features->n_records, 2);
     Carls__FeatureRecord *got = resp->features->records[0];
