@@ -315,6 +315,27 @@ static void s_close_and_remove(kb_store_t **s, const s_dirs_t *d)
     s_dirs_remove(d);
 }
 
+/* Closes *s and opens the store in d again, as a restarted server would. */
+static void s_reopen(kb_store_t **s, const s_dirs_t *d)
+{
+    kb_store_close(s);
+    *s = s_open(d->data, false);
+}
+
+/* Runs sql on the database file of the closed store in d, behind the store's back; returns the number of rows
+ * the last statement changed. */
+static int s_exec_behind(const s_dirs_t *d, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(d->db, &db), SQLITE_OK);
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("sqlite: %s", msg ? msg : "?");
+    int changed = sqlite3_changes(db);
+    sqlite3_close(db);
+    return changed;
+}
+
 static void s_assert_private(const char *path)
 {
     struct stat sb;
@@ -395,9 +416,8 @@ static void test_commit_reopen_load(void **st)
     s_load(s, &l); /* a new store is empty */
     assert_int_equal(l.n_tables + l.n_rows + l.n_clients, 0);
     s_put_fixture(s);
-    kb_store_close(&s);
 
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_assert_holds_fixture(s);
 
     /* Overwrite row 2 and client 5; rename table 2. */
@@ -412,9 +432,8 @@ static void test_commit_reopen_load(void **st)
     assert_int_equal(kb_store_put_client(s, 5, 80, w, sizeof w), 0);
     assert_int_equal(kb_store_put_table(s, 2, "items.v3", s_config2, sizeof s_config2), 0);
     assert_int_equal(kb_store_commit(s), 0);
-    kb_store_close(&s);
 
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_load(s, &l);
     assert_int_equal(l.n_tables, 2);
     assert_string_equal(s_find_table(&l, 2)->name, "items.v3");
@@ -459,8 +478,7 @@ static void test_rollback(void **st)
     kb_store_rollback(s); /* no transaction open: harmless */
 
     s_assert_holds_fixture(s);
-    kb_store_close(&s);
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_assert_holds_fixture(s);
 
     /* The store is usable after a rollback. */
@@ -484,9 +502,8 @@ static void test_drop_table(void **st)
     assert_int_equal(kb_store_drop_table(s, 1), 0);
     assert_int_equal(kb_store_drop_table(s, 42), 0); /* unknown id: nothing to do */
     assert_int_equal(kb_store_commit(s), 0);
-    kb_store_close(&s);
 
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_loaded_t l;
     s_load(s, &l);
     assert_int_equal(l.n_tables, 1);
@@ -538,8 +555,6 @@ static void test_malformed_rows_skipped(void **st)
     kb_store_t *s = s_new_with_fixture(&d);
     kb_store_close(&s);
 
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
     /* Columns: table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,
      * updated_at, frequency. Floats are little-endian float32: 0000803f = 1.0, 00000040 = 2.0. */
     const char *sql =
@@ -561,10 +576,7 @@ static void test_malformed_rows_skipped(void **st)
         /* a well-formed row written the same way: value 1.0, one pending gradient 2.0 */
         "INSERT INTO rows(table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version, updated_at, frequency) VALUES(1, x'08', 107, x'0000803f', NULL, 3, x'00000040', 1, 4, 5, 6);"
         "COMMIT;";
-    char *msg = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
-        fail_msg("sqlite: %s", msg ? msg : "?");
-    sqlite3_close(db);
+    s_exec_behind(&d, sql);
 
     s = s_open(d.data, false);
     s_loaded_t l;
@@ -601,12 +613,7 @@ static void test_schema_version_refused(void **st)
     kb_store_t *s = s_new_with_fixture(&d);
     kb_store_close(&s);
 
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "UPDATE meta SET v = 2 WHERE k = 'schema_version';", NULL, NULL, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_changes(db), 1);
-    sqlite3_close(db);
+    assert_int_equal(s_exec_behind(&d, "UPDATE meta SET v = 2 WHERE k = 'schema_version';"), 1);
 
     char err[512] = "";
     s = (kb_store_t *)&d;
@@ -616,10 +623,7 @@ static void test_schema_version_refused(void **st)
     assert_non_null(strstr(err, "2"));
 
     /* Put back, it opens again with the data intact. */
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "UPDATE meta SET v = 1 WHERE k = 'schema_version';", NULL, NULL, NULL),
-                     SQLITE_OK);
-    sqlite3_close(db);
+    s_exec_behind(&d, "UPDATE meta SET v = 1 WHERE k = 'schema_version';");
     s = s_open(d.data, false);
     s_assert_holds_fixture(s);
     s_close_and_remove(&s, &d);

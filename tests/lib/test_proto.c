@@ -29,9 +29,8 @@ void test_feature_put_request(Carls__Request *req, Carls__FeaturePut *fp, Protob
 {
     carls__feature_put__init(fp);
     fp->keys = keys;
-    fp->n_keys = n;
     fp->records = records;
-    fp->n_records = n;
+    fp->n_keys = fp->n_records = n; /* one record per key */
     req->op_case = CARLS__REQUEST__OP_FEATURE_PUT;
     req->feature_put = fp;
 }
