@@ -282,10 +282,8 @@ static void test_refused_write_is_not_remembered(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_refuse_new_rows_keep_existing, server_fixture_setup,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_refused_write_is_not_remembered, server_fixture_setup,
-                                                 server_fixture_teardown, &s_client_options),
+        SERVER_FIXTURE_TEST(test_refuse_new_rows_keep_existing, &s_client_options),
+        SERVER_FIXTURE_TEST(test_refused_write_is_not_remembered, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

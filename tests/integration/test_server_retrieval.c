@@ -480,22 +480,13 @@ static kb_client_options_t s_client_options = {.timeout_ms = 10000, .retries = 1
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates,
-                                                 server_fixture_setup_started, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_feature_records_round_trip, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_admission_keeps_rare_keys_out, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_eviction_lru_and_oldest, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_scan_pages_cover_every_row_once, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_read_only_and_shard_refusals, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_sampling_probabilities_and_frequencies,
-                                                 server_fixture_setup_started, server_fixture_teardown,
-                                                 &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_flat_knn_matches_brute_force_and_follows_updates, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_feature_records_round_trip, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_admission_keeps_rare_keys_out, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_eviction_lru_and_oldest, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_scan_pages_cover_every_row_once, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_read_only_and_shard_refusals, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_sampling_probabilities_and_frequencies, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -327,18 +327,13 @@ static void test_concurrent_writers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lazy_average_arithmetic, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_outlier_rejected_and_counted, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_max_pending_and_max_age, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_immediate_policy, server_fixture_setup_started, server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_optimizers_against_reference_across_restarts, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_deterministic_init_across_restarts, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_writers, server_fixture_setup_started, server_fixture_teardown),
+        SERVER_FIXTURE_TEST_STARTED(test_lazy_average_arithmetic, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_outlier_rejected_and_counted, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_max_pending_and_max_age, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_immediate_policy, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_optimizers_against_reference_across_restarts, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_deterministic_init_across_restarts, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_concurrent_writers, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

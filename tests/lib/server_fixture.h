@@ -26,6 +26,13 @@ int server_fixture_setup_server(void **state, const char *const *args);
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
+/* A cmocka test entry for test on a fixture: fresh (SERVER_FIXTURE_TEST) or with a server started and a client
+ * connected (SERVER_FIXTURE_TEST_STARTED); opts is the client options' prestate, or NULL for the defaults. */
+#define SERVER_FIXTURE_TEST(test, opts)                                                                       \
+    cmocka_unit_test_prestate_setup_teardown(test, server_fixture_setup, server_fixture_teardown, opts)
+#define SERVER_FIXTURE_TEST_STARTED(test, opts)                                                               \
+    cmocka_unit_test_prestate_setup_teardown(test, server_fixture_setup_started, server_fixture_teardown, opts)
+
 /* cmocka teardown: closes the raw client, destroys the client, stops the server with SIGTERM and removes the
  * data directory; fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
 int server_fixture_teardown(void **state);
