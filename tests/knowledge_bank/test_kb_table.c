@@ -88,6 +88,27 @@ static kb_table_t *s_new_table(int64_t id, const char *name, const s_spec_t *spe
 
 static void s_stats(kb_table_t *t, kb_table_stats_t *s) { kb_table_get_stats(t, s); }
 
+/* The lazy-update counters of a table's stats; s_expect_lazy checks all of them at once, so a field left out
+ * of the wanted values is checked to be zero. */
+typedef struct {
+    uint64_t pending_keys, pending_gradients, gradients_received, gradients_applied, updates_applied,
+        applied_on_lookup, applied_on_count, applied_on_age;
+} s_lazy_counts_t;
+
+static void s_expect_lazy(kb_table_t *t, s_lazy_counts_t want)
+{
+    kb_table_stats_t s;
+    kb_table_get_stats(t, &s);
+    assert_int_equal(s.pending_keys, want.pending_keys);
+    assert_int_equal(s.pending_gradients, want.pending_gradients);
+    assert_int_equal(s.gradients_received, want.gradients_received);
+    assert_int_equal(s.gradients_applied, want.gradients_applied);
+    assert_int_equal(s.updates_applied, want.updates_applied);
+    assert_int_equal(s.applied_on_lookup, want.applied_on_lookup);
+    assert_int_equal(s.applied_on_count, want.applied_on_count);
+    assert_int_equal(s.applied_on_age, want.applied_on_age);
+}
+
 /* One lookup of one key; returns the value in out (dim floats) and metadata through the pointers. */
 static void s_lookup1(kb_table_t *t, const char *key, bool no_create, float *out, uint64_t *version,
                       int64_t *updated, uint64_t *freq)
@@ -506,13 +527,7 @@ static void test_lazy_push_applies_on_lookup(void **st)
     ProtobufCBinaryData kk[2] = {k, k};
     assert_int_equal(kb_table_push(t, kk, 2, &g[1][0]), 0);
 
-    kb_table_stats_t s;
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 3);
-    assert_int_equal(s.gradients_received, 3);
-    assert_int_equal(s.updates_applied, 0);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 3, .gradients_received = 3});
 
     /* The value has not moved yet: the persisted state shows the old value and the three waiting rows. */
     kb_store_row_t *recs = NULL;
@@ -529,9 +544,7 @@ static void test_lazy_push_applies_on_lookup(void **st)
     /* Looking up another key leaves this one alone. */
     float other[3];
     s_lookup1(t, "other", false, other, NULL, NULL, NULL);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.updates_applied, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 3, .gradients_received = 3});
 
     float got[3];
     uint64_t version, freq;
@@ -545,22 +558,15 @@ static void test_lazy_push_applies_on_lookup(void **st)
     assert_int_equal(version, 2); /* one applied update */
     assert_true(updated >= before);
     assert_int_equal(freq, 4); /* three gradient rows and this lookup */
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.gradients_received, 3);
-    assert_int_equal(s.gradients_applied, 3);
-    assert_int_equal(s.applied_on_lookup, 1);
-    assert_int_equal(s.updates_applied, 1);
-    assert_int_equal(s.applied_on_count, 0);
-    assert_int_equal(s.applied_on_age, 0);
+    const s_lazy_counts_t applied = {
+        .gradients_received = 3, .gradients_applied = 3, .updates_applied = 1, .applied_on_lookup = 1};
+    s_expect_lazy(t, applied);
 
     /* Nothing pending any more: the next lookup takes no step and returns the same value. */
     float again[3];
     assert_int_equal(kb_table_lookup(t, &k, 1, false, again, &version, &updated, &freq), 0);
     assert_memory_equal(again, got, sizeof got);
-    s_stats(t, &s);
-    assert_int_equal(s.updates_applied, 1);
+    s_expect_lazy(t, applied);
 
     /* A gradient pushed for a key that was never seen creates it and waits too. */
     const float g1[3] = {2.0f, 2.0f, 2.0f};
@@ -571,8 +577,8 @@ static void test_lazy_push_applies_on_lookup(void **st)
     for (int i = 0; i < 3; i++)
         assert_float_equal(got[i], 0.0f - 0.5f * 2.0f, 1e-6);
     assert_int_equal(version, 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_lookup, 2);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 2,
+                                       .applied_on_lookup = 2});
     free(recs);
     kb_table_destroy(&t);
 }
@@ -626,20 +632,15 @@ static void test_max_pending_trigger(void **st)
                                                     .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE});
     ProtobufCBinaryData k = s_key("k");
     const float g[4][2] = {{1, 0}, {2, 0}, {3, 0}, {6, 4}}; /* mean (3, 1) */
-    kb_table_stats_t s;
     for (int i = 0; i < 3; i++) {
         assert_int_equal(kb_table_push(t, &k, 1, g[i]), 0);
-        s_stats(t, &s);
-        assert_int_equal(s.pending_gradients, (uint64_t)i + 1);
-        assert_int_equal(s.updates_applied, 0);
+        uint64_t waiting = (uint64_t)i + 1;
+        s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = waiting,
+                                           .gradients_received = waiting});
     }
     assert_int_equal(kb_table_push(t, &k, 1, g[3]), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.applied_on_count, 1);
-    assert_int_equal(s.updates_applied, 1);
-    assert_int_equal(s.gradients_applied, 4);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 1,
+                                       .applied_on_count = 1});
     float got[2];
     uint64_t version;
     /* no_create lookup: reads the applied value without another step. */
@@ -652,11 +653,8 @@ static void test_max_pending_trigger(void **st)
     const float b[6][2] = {{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 2}, {4, 4}};
     ProtobufCBinaryData ks[6] = {k, k, k, k, k, k};
     assert_int_equal(kb_table_push(t, ks, 6, &b[0][0]), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_count, 2);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 2);
-    assert_int_equal(s.gradients_received, 10);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 2, .gradients_received = 10,
+                                       .gradients_applied = 8, .updates_applied = 2, .applied_on_count = 2});
     assert_int_equal(kb_table_lookup(t, &k, 1, false, got, &version, &(int64_t){0}, &(uint64_t){0}), 1);
     assert_float_equal(got[0], -3.0f - 1.0f - 3.0f, 1e-6);
     assert_float_equal(got[1], -1.0f - 1.0f - 3.0f, 1e-6);
@@ -692,7 +690,6 @@ static void test_expire_by_age(void **st)
     s_same_stripe_keys("age", names, 3);
     ProtobufCBinaryData ka = s_key(names[0]), kb = s_key(names[1]), kc = s_key(names[2]);
     const float ga = 1.0f, gb = 2.0f, gc = 4.0f, ga2 = 8.0f;
-    kb_table_stats_t s;
 
     int64_t t0 = carls_monotonic_ms();
     kb_table_push(t, &ka, 1, &ga);
@@ -707,14 +704,12 @@ static void test_expire_by_age(void **st)
     /* Nothing is old enough yet (times are passed in, no waiting). */
     assert_int_equal(kb_table_expire(t, t0 + age - 1), 0);
     assert_int_equal(kb_table_expire(t, t0), 0);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 3);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 3, .pending_gradients = 3, .gradients_received = 3});
 
     /* At t1 + age only A has waited long enough (B and C arrived after t2 > t1). */
     assert_int_equal(kb_table_expire(t, t1 + age), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 2);
-    assert_int_equal(s.applied_on_age, 1);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 2, .pending_gradients = 2, .gradients_received = 3,
+                                       .gradients_applied = 1, .updates_applied = 1, .applied_on_age = 1});
     float v;
     uint64_t version;
     s_lookup1(t, names[0], true, &v, &version, NULL, NULL);
@@ -729,10 +724,8 @@ static void test_expire_by_age(void **st)
 
     /* At t3 + age, B and C are due but A's new set is not. */
     assert_int_equal(kb_table_expire(t, t3 + age), 2);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 1);
-    assert_int_equal(s.applied_on_age, 3);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 1, .gradients_received = 4,
+                                       .gradients_applied = 3, .updates_applied = 3, .applied_on_age = 3});
     s_lookup1(t, names[1], true, &v, NULL, NULL, NULL);
     assert_float_equal(v, -2.0f, 1e-6);
     s_lookup1(t, names[2], true, &v, NULL, NULL, NULL);
@@ -742,12 +735,8 @@ static void test_expire_by_age(void **st)
 
     /* Much later: A's second set goes too; A has had two steps. */
     assert_int_equal(kb_table_expire(t, carls_monotonic_ms() + age), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.applied_on_age, 4);
-    assert_int_equal(s.updates_applied, 4);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 4,
+                                       .applied_on_age = 4});
     s_lookup1(t, names[0], true, &v, &version, NULL, NULL);
     assert_float_equal(v, -1.0f - 8.0f, 1e-6);
     assert_int_equal(version, 2);
@@ -762,12 +751,8 @@ static void test_immediate_policy(void **st)
     ProtobufCBinaryData ks[3] = {s_key("k"), s_key("k"), s_key("j")};
     const float g[3][2] = {{1, 2}, {3, 4}, {2, 2}};
     assert_int_equal(kb_table_push(t, ks, 3, &g[0][0]), 3);
-    kb_table_stats_t s;
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.updates_applied, 3);
-    assert_int_equal(s.gradients_received, 3);
+    const s_lazy_counts_t immediate = {.gradients_received = 3, .gradients_applied = 3, .updates_applied = 3};
+    s_expect_lazy(t, immediate);
     assert_int_equal(kb_table_expire(t, carls_monotonic_ms() + 1000000), 0);
 
     float v[2];
@@ -779,8 +764,7 @@ static void test_immediate_policy(void **st)
     s_lookup1(t, "j", false, v, &version, NULL, NULL);
     assert_float_equal(v[0], -1.0f, 1e-6);
     assert_int_equal(version, 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, immediate);
     kb_table_destroy(&t);
 }
 
