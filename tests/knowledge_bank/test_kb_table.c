@@ -37,44 +37,59 @@ static void s_sleep_ms(long ms)
     }
 }
 
-/* Wire configs with the given fields; zero means "default" as on the wire. */
+/* Wire configs with the given fields; zero means "default" as on the wire (the lazy policy, an embedding
+ * table). */
 typedef struct {
+    Carls__TableKind kind;
     uint32_t dim;
     Carls__InitKind init;
     float init_scale;
     uint64_t init_seed;
     Carls__OptimizerKind opt;
     float lr;
-    bool immediate;
+    Carls__UpdatePolicy policy;
     uint32_t max_age_ms;
     uint32_t max_pending;
     Carls__OutlierRule outlier;
+    float outlier_threshold;
 } s_spec_t;
 
+/* The wire messages of a spec: the table config points to the other two. */
+typedef struct {
+    Carls__TableConfig table;
+    Carls__OptimizerConfig optimizer;
+    Carls__LazyUpdateConfig lazy;
+} s_wire_t;
+
+static const Carls__TableConfig *s_wire(const s_spec_t *spec, s_wire_t *w)
+{
+    carls__table_config__init(&w->table);
+    carls__optimizer_config__init(&w->optimizer);
+    carls__lazy_update_config__init(&w->lazy);
+    w->table.kind = spec->kind;
+    w->table.dim = spec->dim;
+    w->table.init = spec->init;
+    w->table.init_scale = spec->init_scale;
+    w->table.init_seed = spec->init_seed;
+    w->optimizer.kind = spec->opt;
+    w->optimizer.learning_rate = spec->lr;
+    w->lazy.policy = spec->policy;
+    w->lazy.max_age_ms = spec->max_age_ms;
+    w->lazy.max_pending = spec->max_pending;
+    w->lazy.outlier_rule = spec->outlier;
+    w->lazy.outlier_threshold = spec->outlier_threshold;
+    w->table.optimizer = &w->optimizer;
+    w->table.lazy = &w->lazy;
+    return &w->table;
+}
+
+/* The config of spec, which must be accepted. */
 static kb_table_config_t s_config(const s_spec_t *spec)
 {
-    Carls__TableConfig tc;
-    Carls__OptimizerConfig oc;
-    Carls__LazyUpdateConfig lc;
-    carls__table_config__init(&tc);
-    carls__optimizer_config__init(&oc);
-    carls__lazy_update_config__init(&lc);
-    tc.dim = spec->dim;
-    tc.init = spec->init;
-    tc.init_scale = spec->init_scale;
-    tc.init_seed = spec->init_seed;
-    oc.kind = spec->opt;
-    oc.learning_rate = spec->lr;
-    lc.policy = spec->immediate ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY;
-    lc.max_age_ms = spec->max_age_ms;
-    lc.max_pending = spec->max_pending;
-    lc.outlier_rule = spec->outlier;
-    tc.optimizer = &oc;
-    tc.lazy = &lc;
+    s_wire_t w;
     kb_table_config_t cfg;
     char err[256] = "";
-    int rc = kb_table_config_from_proto(&tc, CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err);
-    if (rc != 0)
+    if (kb_table_config_from_proto(s_wire(spec, &w), CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err) != 0)
         fail_msg("config rejected: %s", err);
     return cfg;
 }
@@ -198,66 +213,36 @@ static void s_expect_reject(const Carls__TableConfig *tc, uint32_t max_dim)
 static void test_config_rejections(void **st)
 {
     (void)st;
-    Carls__TableConfig tc;
-    Carls__OptimizerConfig oc;
-    Carls__LazyUpdateConfig lc;
-    carls__table_config__init(&tc);
-    carls__optimizer_config__init(&oc);
-    carls__lazy_update_config__init(&lc);
-    tc.optimizer = &oc;
-    tc.lazy = &lc;
-
     s_expect_reject(NULL, 100);
 
-    tc.dim = 0; /* dim is required */
-    s_expect_reject(&tc, 100);
-    tc.dim = 101;
-    s_expect_reject(&tc, 100);
-    tc.dim = 100;
+    /* Each case is valid for max_dim 100 but for one field. */
+    static const s_spec_t bad[] = {
+        {.dim = 0}, /* dim is required */
+        {.dim = 101},
+        {.dim = 100, .max_pending = CARLS_MAX_PENDING_LIMIT + 1},
+        {.dim = 100, .lr = -0.1f},
+        {.dim = 100, .lr = NAN},
+        {.dim = 100, .lr = INFINITY},
+        {.dim = 100, .outlier_threshold = 0.5f},
+        {.dim = 100, .outlier_threshold = NAN},
+        /* Not an embedding table: a feature table takes no dim, and unknown kinds are refused. */
+        {.dim = 100, .kind = CARLS__TABLE_KIND__TABLE_FEATURE},
+        {.dim = 100, .kind = (Carls__TableKind)77},
+        /* Out-of-range enum values from a hostile peer. */
+        {.dim = 100, .init = (Carls__InitKind)77},
+        {.dim = 100, .opt = (Carls__OptimizerKind)77},
+        {.dim = 100, .policy = (Carls__UpdatePolicy)77},
+    };
+    s_wire_t w;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        s_expect_reject(s_wire(&bad[i], &w), 100);
+
+    /* The bounds themselves are accepted (so the rejections above were for the field under test). */
+    static const s_spec_t good[] = {{.dim = 100}, {.dim = 100, .outlier_threshold = 1.0f}};
     kb_table_config_t cfg;
     char err[256];
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
-
-    lc.max_pending = CARLS_MAX_PENDING_LIMIT + 1;
-    s_expect_reject(&tc, 100);
-    lc.max_pending = 0;
-
-    oc.learning_rate = -0.1f;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = NAN;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = INFINITY;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = 0.0f;
-
-    lc.outlier_threshold = 0.5f;
-    s_expect_reject(&tc, 100);
-    lc.outlier_threshold = NAN;
-    s_expect_reject(&tc, 100);
-    lc.outlier_threshold = 1.0f; /* the bound itself is fine */
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
-    lc.outlier_threshold = 0.0f;
-
-    /* Not an embedding table: a feature table takes no dim, and unknown kinds are refused. */
-    tc.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    s_expect_reject(&tc, 100);
-    tc.kind = (Carls__TableKind)77;
-    s_expect_reject(&tc, 100);
-    tc.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
-
-    /* Out-of-range enum values from a hostile peer. */
-    tc.init = (Carls__InitKind)77;
-    s_expect_reject(&tc, 100);
-    tc.init = CARLS__INIT_KIND__INIT_ZEROS;
-    oc.kind = (Carls__OptimizerKind)77;
-    s_expect_reject(&tc, 100);
-    oc.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
-    lc.policy = (Carls__UpdatePolicy)77;
-    s_expect_reject(&tc, 100);
-    lc.policy = CARLS__UPDATE_POLICY__UPDATE_LAZY;
-
-    /* Everything back to valid: accepted again (the rejections above were for the field under test). */
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_int_equal(kb_table_config_from_proto(s_wire(&good[i], &w), 100, &cfg, err, sizeof err), 0);
 }
 
 static void test_config_round_trip(void **st)
@@ -747,7 +732,8 @@ static void test_expire_by_age(void **st)
 static void test_immediate_policy(void **st)
 {
     (void)st;
-    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 0.5f, .immediate = true});
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 0.5f,
+                                                    .policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE});
     ProtobufCBinaryData ks[3] = {s_key("k"), s_key("k"), s_key("j")};
     const float g[3][2] = {{1, 2}, {3, 4}, {2, 2}};
     assert_int_equal(kb_table_push(t, ks, 3, &g[0][0]), 3);
