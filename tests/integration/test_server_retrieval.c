@@ -179,12 +179,6 @@ static void test_feature_records_round_trip(void **state)
     carls__response__free_unpacked(resp, NULL);
 }
 
-static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Response **resp)
-{
-    assert_int_equal(kb_client_stats(c, table, resp), 0);
-    return (*resp)->stats->tables[0];
-}
-
 static void test_admission_keeps_rare_keys_out(void **state)
 {
     server_fixture_t *f = *state;
@@ -203,31 +197,26 @@ static void test_admission_keeps_rare_keys_out(void **state)
     for (int i = 0; i < 3; i++)
         assert_int_equal(kb_client_lookup(f->client, "freq", &common, 1, 2, v, NULL), 0);
     assert_int_equal(kb_client_lookup(f->client, "freq", &rare, 1, 2, v, NULL), 0);
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "freq", &resp);
-    assert_int_equal(ts->rows, 2);
-    assert_int_equal(ts->not_persisted, 1);
-    carls__response__free_unpacked(resp, NULL);
+    Carls__TableStats ts = test_table_stats(f->client, "freq");
+    assert_int_equal(ts.rows, 2);
+    assert_int_equal(ts.not_persisted, 1);
 
     /* Bloom: no row until the third sighting; gradients for a key without a row are dropped and counted. */
     float g[2] = {1, 1};
     assert_int_equal(kb_client_push_gradients(f->client, "bloom", &rare, 1, 2, g), 0);
     assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = s_stats(f->client, "bloom", &resp);
-    assert_int_equal(ts->rows, 0);
-    assert_int_equal(ts->not_admitted, 2);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(ts.rows, 0);
+    assert_int_equal(ts.not_admitted, 2);
     assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = s_stats(f->client, "bloom", &resp);
-    assert_int_equal(ts->rows, 1);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(ts.rows, 1);
 
     /* Checkpoint, crash: the frequent key was persisted, the rare one was not. */
     assert_int_equal(kb_client_checkpoint(f->client), 0);
     server_fixture_restart(f, SIGKILL, NULL);
-    ts = s_stats(f->client, "freq", &resp);
-    assert_int_equal(ts->rows, 1);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "freq");
+    assert_int_equal(ts.rows, 1);
     kb_row_meta_t meta;
     assert_int_equal(kb_client_lookup_ex(f->client, "freq", &common, 1, 2, true, v, &meta), 0);
     assert_int_equal(meta.frequency, 3);
@@ -262,12 +251,10 @@ static void test_eviction_lru_and_oldest(void **state)
             if (m == 0 && i % 10 == 0) /* keep "hot" recently used (a lookup is a use) */
                 assert_int_equal(kb_client_lookup(f->client, names[m], &hot, 1, 1, &got, NULL), 0);
         }
-        Carls__Response *resp;
-        Carls__TableStats *ts = s_stats(f->client, names[m], &resp);
+        Carls__TableStats ts = test_table_stats(f->client, names[m]);
         /* Each new row over the cap evicts one: the cap holds exactly once reached. */
-        assert_int_equal(ts->rows, CAP);
-        assert_int_equal(ts->rows + ts->evictions, TOTAL + 1);
-        carls__response__free_unpacked(resp, NULL);
+        assert_int_equal(ts.rows, CAP);
+        assert_int_equal(ts.rows + ts.evictions, TOTAL + 1);
         kb_row_meta_t meta;
         float got;
         assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, &meta), 0);
@@ -282,13 +269,10 @@ static void test_eviction_lru_and_oldest(void **state)
         assert_int_equal(meta.version, 1);
     }
     /* Evicted rows are deleted from storage too. */
-    Carls__Response *resp;
     assert_int_equal(kb_client_checkpoint(f->client), 0);
-    uint64_t rows_before = s_stats(f->client, "lru", &resp)->rows;
-    carls__response__free_unpacked(resp, NULL);
+    uint64_t rows_before = test_table_stats(f->client, "lru").rows;
     server_fixture_restart(f, SIGKILL, NULL);
-    assert_int_equal(s_stats(f->client, "lru", &resp)->rows, rows_before);
-    carls__response__free_unpacked(resp, NULL);
+    assert_int_equal(test_table_stats(f->client, "lru").rows, rows_before);
 }
 
 static void test_scan_pages_cover_every_row_once(void **state)

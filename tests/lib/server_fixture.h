@@ -54,6 +54,10 @@ kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t
 Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
                           size_t nkeys, uint32_t k, bool exclude);
 
+/* The stats of table through c (failing the test when the call fails): its counters only, the name and the
+ * latency list going with the reply. */
+Carls__TableStats test_table_stats(kb_client_t *c, const char *table);
+
 /* Creates table name with cfg through c, failing the test with the client's error otherwise. */
 void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg);
 
