@@ -144,6 +144,9 @@ static int s_server_teardown(void **state)
     return 0;
 }
 
+/* A test entry that runs against the fake server. */
+#define S_SERVER_TEST(test) cmocka_unit_test_setup_teardown(test, s_server_setup, s_server_teardown)
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -465,14 +468,14 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test_setup_teardown(test_list_tables, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_create_table, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_put, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_put_invalid_input, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_push_grad, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_get, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_server_errors, s_server_setup, s_server_teardown),
-        cmocka_unit_test_setup_teardown(test_stats_and_checkpoint, s_server_setup, s_server_teardown),
+        S_SERVER_TEST(test_list_tables),
+        S_SERVER_TEST(test_create_table),
+        S_SERVER_TEST(test_put),
+        S_SERVER_TEST(test_put_invalid_input),
+        S_SERVER_TEST(test_push_grad),
+        S_SERVER_TEST(test_get),
+        S_SERVER_TEST(test_server_errors),
+        S_SERVER_TEST(test_stats_and_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

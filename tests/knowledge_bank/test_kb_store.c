@@ -339,6 +339,9 @@ static int s_fixture_teardown(void **state)
     return 0;
 }
 
+/* A test entry that runs on the fixture store. */
+#define S_FIXTURE_TEST(test) cmocka_unit_test_setup_teardown(test, s_fixture_setup, s_fixture_teardown)
+
 /* Closes *s and opens the store in d again, as a restarted server would. */
 static void s_reopen(kb_store_t **s, const s_dirs_t *d)
 {
@@ -644,11 +647,11 @@ int main(void)
         cmocka_unit_test(test_permissions),
         cmocka_unit_test(test_open_bad_directory),
         cmocka_unit_test(test_commit_reopen_load),
-        cmocka_unit_test_setup_teardown(test_rollback, s_fixture_setup, s_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_drop_table, s_fixture_setup, s_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_rows_of_missing_table_skipped, s_fixture_setup, s_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_malformed_rows_skipped, s_fixture_setup, s_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_schema_version_refused, s_fixture_setup, s_fixture_teardown),
+        S_FIXTURE_TEST(test_rollback),
+        S_FIXTURE_TEST(test_drop_table),
+        S_FIXTURE_TEST(test_rows_of_missing_table_skipped),
+        S_FIXTURE_TEST(test_malformed_rows_skipped),
+        S_FIXTURE_TEST(test_schema_version_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
