@@ -64,6 +64,15 @@ static void s_get1(kb_client_t *c, const char *table, const char *key, uint32_t 
         fail_msg("lookup: %s", kb_client_last_error(c));
 }
 
+/* Asserts that key of a one-wide table looks up to exactly want. */
+static void s_expect1(kb_client_t *c, const char *table, const char *key, float want)
+{
+    float v;
+    s_get1(c, table, key, 1, &v);
+    if (v != want)
+        fail_msg("%s[%s] = %.9g, want %.9g", table, key, (double)v, (double)want);
+}
+
 /* The issue's example: gradients 2 and 4 with SGD lr 0.5 move a value by -1.5 -- whether they come in one
  * request for the same key twice or in two requests. */
 static void test_lazy_average_arithmetic(void **state)
@@ -83,14 +92,10 @@ static void test_lazy_average_arithmetic(void **state)
     assert_int_equal(ts.pending_gradients, 4);
     assert_int_equal(ts.updates_applied, 0);
 
-    float v;
-    s_get1(f->client, "lazy", "a", 1, &v);
-    assert_true(v == -1.5f);
-    s_get1(f->client, "lazy", "b", 1, &v);
-    assert_true(v == -1.5f);
+    s_expect1(f->client, "lazy", "a", -1.5f);
+    s_expect1(f->client, "lazy", "b", -1.5f);
     /* Applied once: a second lookup sees the same value. */
-    s_get1(f->client, "lazy", "a", 1, &v);
-    assert_true(v == -1.5f);
+    s_expect1(f->client, "lazy", "a", -1.5f);
 
     ts = test_table_stats(f->client, "lazy");
     assert_int_equal(ts.updates_applied, 2);
@@ -140,9 +145,7 @@ static void test_max_pending_and_max_age(void **state)
         applied = ts.applied_on_age == 1 && ts.pending_gradients == 0;
     }
     assert_true(applied);
-    float v;
-    s_get1(f->client, "byage", "k", 1, &v);
-    assert_true(v == -1.0f);
+    s_expect1(f->client, "byage", "k", -1.0f);
 }
 
 static void test_immediate_policy(void **state)
@@ -154,9 +157,7 @@ static void test_immediate_policy(void **state)
     float g[2] = {2.0f, 4.0f};
     s_push1(f->client, "imm", "a", 1, &g[0]);
     s_push1(f->client, "imm", "a", 1, &g[1]);
-    float v;
-    s_get1(f->client, "imm", "a", 1, &v);
-    assert_true(v == -3.0f); /* two steps: -0.5*2 - 0.5*4 */
+    s_expect1(f->client, "imm", "a", -3.0f); /* two steps: -0.5*2 - 0.5*4 */
 }
 
 /* Reference optimizers (textbook formulas, double precision) for the end-to-end check. */
@@ -295,11 +296,8 @@ static void test_concurrent_writers(void **state)
         assert_null(ret);
     }
     const char *shared[4] = {"s0", "s1", "s2", "s3"};
-    for (int j = 0; j < 4; j++) {
-        float v;
-        s_get1(f->client, "conc", shared[j], 1, &v);
-        assert_true(v == -0.5f * WRITERS * PUSHES);
-    }
+    for (int j = 0; j < 4; j++)
+        s_expect1(f->client, "conc", shared[j], -0.5f * WRITERS * PUSHES);
     Carls__TableStats ts = test_table_stats(f->client, "conc");
     assert_int_equal(ts.gradients_received, WRITERS * PUSHES * 4);
     assert_int_equal(ts.updates_applied, WRITERS * PUSHES * 4);
