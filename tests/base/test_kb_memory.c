@@ -27,26 +27,28 @@
 static void test_parse(void **state)
 {
     (void)state;
-    uint64_t v = 1;
-    assert_int_equal(kb_memory_parse("0", &v), 0);
-    assert_true(v == 0);
-    assert_int_equal(kb_memory_parse("unlimited", &v), 0);
-    assert_true(v == 0);
-    assert_int_equal(kb_memory_parse("none", &v), 0);
-    assert_int_equal(kb_memory_parse("1048576", &v), 0);
-    assert_true(v == 1048576);
-    assert_int_equal(kb_memory_parse("64M", &v), 0);
-    assert_true(v == 64ull << 20);
-    assert_int_equal(kb_memory_parse("64MiB", &v), 0);
-    assert_true(v == 64ull << 20);
-    assert_int_equal(kb_memory_parse("512k", &v), 0);
-    assert_true(v == 512ull << 10);
-    assert_int_equal(kb_memory_parse("2G", &v), 0);
-    assert_true(v == 2ull << 30);
-    assert_int_equal(kb_memory_parse("3gb", &v), 0);
-    assert_true(v == 3ull << 30);
-    assert_int_equal(kb_memory_parse("1T", &v), 0);
-    assert_true(v == 1ull << 40);
+    static const struct {
+        const char *text;
+        uint64_t bytes; /* 0: no limit */
+    } good[] = {
+        {"0", 0},
+        {"unlimited", 0},
+        {"none", 0},
+        {"1048576", 1048576},
+        {"64M", 64ull << 20},
+        {"64MiB", 64ull << 20},
+        {"512k", 512ull << 10},
+        {"2G", 2ull << 30},
+        {"3gb", 3ull << 30},
+        {"1T", 1ull << 40},
+    };
+    uint64_t v;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        v = UINT64_MAX; /* each case must set it */
+        if (kb_memory_parse(good[i].text, &v) != 0 || v != good[i].bytes)
+            fail_msg("'%s': got %llu, want %llu", good[i].text, (unsigned long long)v,
+                     (unsigned long long)good[i].bytes);
+    }
     const char *bad[] = {"", "M", "-1", "1.5G", "12Q", "4GiBs", "99999999999999999999", "20000000000G", " 1", NULL};
     for (int i = 0; bad[i]; i++)
         if (kb_memory_parse(bad[i], &v) == 0)
