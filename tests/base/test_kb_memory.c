@@ -27,26 +27,28 @@
 static void test_parse(void **state)
 {
     (void)state;
-    uint64_t v = 1;
-    assert_int_equal(kb_memory_parse("0", &v), 0);
-    assert_true(v == 0);
-    assert_int_equal(kb_memory_parse("unlimited", &v), 0);
-    assert_true(v == 0);
-    assert_int_equal(kb_memory_parse("none", &v), 0);
-    assert_int_equal(kb_memory_parse("1048576", &v), 0);
-    assert_true(v == 1048576);
-    assert_int_equal(kb_memory_parse("64M", &v), 0);
-    assert_true(v == 64ull << 20);
-    assert_int_equal(kb_memory_parse("64MiB", &v), 0);
-    assert_true(v == 64ull << 20);
-    assert_int_equal(kb_memory_parse("512k", &v), 0);
-    assert_true(v == 512ull << 10);
-    assert_int_equal(kb_memory_parse("2G", &v), 0);
-    assert_true(v == 2ull << 30);
-    assert_int_equal(kb_memory_parse("3gb", &v), 0);
-    assert_true(v == 3ull << 30);
-    assert_int_equal(kb_memory_parse("1T", &v), 0);
-    assert_true(v == 1ull << 40);
+    static const struct {
+        const char *text;
+        uint64_t bytes; /* 0: no limit */
+    } good[] = {
+        {"0", 0},
+        {"unlimited", 0},
+        {"none", 0},
+        {"1048576", 1048576},
+        {"64M", 64ull << 20},
+        {"64MiB", 64ull << 20},
+        {"512k", 512ull << 10},
+        {"2G", 2ull << 30},
+        {"3gb", 3ull << 30},
+        {"1T", 1ull << 40},
+    };
+    uint64_t v;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        v = UINT64_MAX; /* each case must set it */
+        if (kb_memory_parse(good[i].text, &v) != 0 || v != good[i].bytes)
+            fail_msg("'%s': got %llu, want %llu", good[i].text, (unsigned long long)v,
+                     (unsigned long long)good[i].bytes);
+    }
     const char *bad[] = {"", "M", "-1", "1.5G", "12Q", "4GiBs", "99999999999999999999", "20000000000G", " 1", NULL};
     for (int i = 0; bad[i]; i++)
         if (kb_memory_parse(bad[i], &v) == 0)
@@ -152,6 +154,22 @@ static kb_table_config_t s_config(const s_spec_t *spec)
     return cfg;
 }
 
+/* Destroys *t and checks that it gave back every byte it had counted in mem. */
+static void s_destroy_counted(kb_table_t **t, kb_memory_t *mem)
+{
+    kb_table_destroy(t);
+    assert_true(kb_memory_used(mem) == 0);
+}
+
+/* A table made from spec whose memory is counted in mem. */
+static kb_table_t *s_table_in(kb_memory_t *mem, int64_t id, const char *name, const s_spec_t *spec)
+{
+    kb_table_config_t cfg = s_config(spec);
+    kb_table_t *t = kb_table_new(id, name, &cfg);
+    kb_table_set_memory(t, mem);
+    return t;
+}
+
 /* n keys "<prefix><i>" in one buffer. */
 typedef struct {
     ProtobufCBinaryData *keys;
@@ -252,8 +270,7 @@ static void test_table_estimate_and_growth(void **state)
     s_keys_free(&fresh);
 
     s_persist(t);
-    kb_table_destroy(&t);
-    assert_true(kb_memory_used(mem) == 0);
+    s_destroy_counted(&t, mem);
     kb_memory_destroy(&mem);
     free(out);
     free(v);
@@ -267,9 +284,7 @@ static void test_admission_and_eviction(void **state)
     (void)state;
     kb_memory_t *mem = kb_memory_new(0);
     s_spec_t bloom = {.dim = 4, .admission = CARLS__ADMISSION_KIND__ADMIT_BLOOM, .min_frequency = 2};
-    kb_table_config_t cfg = s_config(&bloom);
-    kb_table_t *t = kb_table_new(1, "bloom", &cfg);
-    kb_table_set_memory(t, mem);
+    kb_table_t *t = s_table_in(mem, 1, "bloom", &bloom);
     s_keys_t k = s_keys("b", 0, 50);
     uint64_t new_rows = 9;
     assert_true(kb_table_growth(t, KB_GROW_LOOKUP, k.keys, 50, NULL, &new_rows) == 0 && new_rows == 0);
@@ -282,14 +297,11 @@ static void test_admission_and_eviction(void **state)
     assert_true(kb_table_row_count(t) == 0);
     /* The second sighting admits them: now they are predicted. */
     assert_true(kb_table_growth(t, KB_GROW_LOOKUP, k.keys, 50, NULL, &new_rows) > 0 && new_rows == 50);
-    kb_table_destroy(&t);
+    s_destroy_counted(&t, mem);
     s_keys_free(&k);
-    assert_true(kb_memory_used(mem) == 0);
 
     s_spec_t lru = {.dim = 4, .lazy_push = true, .eviction = CARLS__EVICTION_KIND__EVICT_LRU, .max_rows = 100};
-    cfg = s_config(&lru);
-    t = kb_table_new(2, "lru", &cfg);
-    kb_table_set_memory(t, mem);
+    t = s_table_in(mem, 2, "lru", &lru);
     k = s_keys("e", 0, 300);
     float *v = s_values(300, 4);
     assert_true(kb_table_growth(t, KB_GROW_PUT, k.keys, 100, NULL, &new_rows) > 0 && new_rows == 100);
@@ -305,8 +317,7 @@ static void test_admission_and_eviction(void **state)
     uint64_t after = kb_table_memory(t);
     if (after > full + full / 10 || after + after / 10 < full)
         fail_msg("at the cap: %llu bytes before, %llu after", (unsigned long long)full, (unsigned long long)after);
-    kb_table_destroy(&t);
-    assert_true(kb_memory_used(mem) == 0);
+    s_destroy_counted(&t, mem);
     kb_memory_destroy(&mem);
     free(v);
     s_keys_free(&k);
@@ -317,10 +328,7 @@ static void test_records_and_index(void **state)
 {
     (void)state;
     kb_memory_t *mem = kb_memory_new(0);
-    s_spec_t fs = {.feature = true};
-    kb_table_config_t cfg = s_config(&fs);
-    kb_table_t *t = kb_table_new(1, "feat", &cfg);
-    kb_table_set_memory(t, mem);
+    kb_table_t *t = s_table_in(mem, 1, "feat", &(s_spec_t){.feature = true});
     s_keys_t k = s_keys("f", 0, 20);
     uint8_t *records[20];
     size_t lens[20];
@@ -342,14 +350,10 @@ static void test_records_and_index(void **state)
     before = kb_table_memory(t);
     kb_table_feature_put(t, k.keys, 1, records, lens);
     assert_true(kb_table_memory(t) - before == kb_memory_chunk(4000) - kb_memory_chunk(1000));
-    kb_table_destroy(&t);
+    s_destroy_counted(&t, mem);
     s_keys_free(&k);
-    assert_true(kb_memory_used(mem) == 0);
 
-    s_spec_t ks = {.dim = 16, .knn = "Flat"};
-    cfg = s_config(&ks);
-    t = kb_table_new(2, "knn", &cfg);
-    kb_table_set_memory(t, mem);
+    t = s_table_in(mem, 2, "knn", &(s_spec_t){.dim = 16, .knn = "Flat"});
     size_t n = 2000;
     k = s_keys("v", 0, n);
     float *v = s_values(n, 16);
@@ -364,8 +368,7 @@ static void test_records_and_index(void **state)
         fail_msg("knn table: predicted %llu, grew %llu", (unsigned long long)predicted,
                  (unsigned long long)grew_knn);
     s_persist(t);
-    kb_table_destroy(&t);
-    assert_true(kb_memory_used(mem) == 0);
+    s_destroy_counted(&t, mem);
     kb_memory_destroy(&mem);
     free(v);
     s_keys_free(&k);

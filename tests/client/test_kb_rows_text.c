@@ -131,6 +131,20 @@ static FILE *s_mem_in(const char *text)
     return f;
 }
 
+/* kb_rows_read of text into rows with at most max_reports lines reported; returns its result, the number of
+ * invalid lines in *bad and, unless report is NULL, the report in *report (caller frees). */
+static int s_read_rows(kb_rows_t *rows, const char *text, size_t max_reports, size_t *bad, char **report)
+{
+    FILE *in = s_mem_in(text);
+    size_t report_len = 0;
+    FILE *errs = report ? open_memstream(report, &report_len) : NULL;
+    int rc = kb_rows_read(rows, in, errs, max_reports, bad);
+    if (errs)
+        fclose(errs);
+    fclose(in);
+    return rc;
+}
+
 /* kb_rows_read: every invalid line is reported with its number (blank lines counted, not rows), blank
  * lines are skipped, and valid rows still collect. */
 static void test_read_reports_line_numbers(void **state)
@@ -144,15 +158,10 @@ static void test_read_reports_line_numbers(void **state)
                        "\r\n"         /* blank (CR only) */
                        "d\t5 nan\n"   /* line 7: nan */
                        "e\t7 8";      /* no final newline */
-    FILE *in = s_mem_in(text);
-    char *report = NULL;
-    size_t report_len = 0;
-    FILE *errs = open_memstream(&report, &report_len);
     kb_rows_t *rows = kb_rows_new(2);
     size_t bad = 0;
-    assert_int_equal(kb_rows_read(rows, in, errs, 20, &bad), -1);
-    fclose(errs);
-    fclose(in);
+    char *report = NULL;
+    assert_int_equal(s_read_rows(rows, text, 20, &bad, &report), -1);
     assert_int_equal(bad, 3);
     assert_string_equal(report, "line 3: expected 2 numbers after the key, got 1\n"
                                 "line 5: no TAB after the key (expected KEY<TAB>2 numbers)\n"
@@ -166,12 +175,10 @@ static void test_read_reports_line_numbers(void **state)
     kb_rows_destroy(&rows);
 
     /* All valid: 0. */
-    in = s_mem_in("x\t1 2\ny\t3 4\n");
     rows = kb_rows_new(2);
-    assert_int_equal(kb_rows_read(rows, in, NULL, 20, &bad), 0);
+    assert_int_equal(s_read_rows(rows, "x\t1 2\ny\t3 4\n", 20, &bad, NULL), 0);
     assert_int_equal(bad, 0);
     assert_int_equal(rows->n, 2);
-    fclose(in);
     kb_rows_destroy(&rows);
 }
 
@@ -182,15 +189,10 @@ static void test_read_caps_reports(void **state)
     char text[1024] = "";
     for (int i = 0; i < 10; i++)
         strcat(text, "bad line\n");
-    FILE *in = s_mem_in(text);
-    char *report = NULL;
-    size_t report_len = 0;
-    FILE *errs = open_memstream(&report, &report_len);
     kb_rows_t *rows = kb_rows_new(1);
     size_t bad = 0;
-    assert_int_equal(kb_rows_read(rows, in, errs, 3, &bad), -1);
-    fclose(errs);
-    fclose(in);
+    char *report = NULL;
+    assert_int_equal(s_read_rows(rows, text, 3, &bad, &report), -1);
     assert_int_equal(bad, 10);
     assert_non_null(strstr(report, "line 3: "));
     assert_null(strstr(report, "line 4: "));
@@ -531,7 +533,7 @@ static void test_feature_rows_read(void **state)
 {
     (void)state;
     const char *input = "a\tlabel=1\n\nb\tlabel=x\nc\tfound=false\nd\tbogus=1\n";
-    FILE *in = fmemopen((void *)input, strlen(input), "r");
+    FILE *in = s_mem_in(input);
     char *errs = NULL;
     size_t errs_len = 0;
     FILE *err = open_memstream(&errs, &errs_len);

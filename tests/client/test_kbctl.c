@@ -50,7 +50,7 @@ static int s_temp_file(void)
 
 /* Runs kbctl with args (NULL-terminated, without argv[0]) and stdin_text on stdin. The environment is this
  * process's without CARLS_KB and CARLS_LOG_LEVEL, plus CARLS_KB=env_kb when env_kb is not NULL. */
-static s_run_t s_kbctl(const char *env_kb, const char *stdin_text, const char *const *args)
+static s_run_t s_kbctl_run(const char *env_kb, const char *stdin_text, const char *const *args)
 {
     const char *argv[64] = {"kbctl"};
     size_t argc = 1;
@@ -107,107 +107,115 @@ static void s_run_free(s_run_t *r)
     free(r->err);
 }
 
-/* Fails with kbctl's stderr shown when its exit status is not `want`. */
-static void s_expect_status(const s_run_t *r, int want)
+/* s_kbctl_run, failing with kbctl's output shown when its exit status is not want_status. */
+static s_run_t s_kbctl(int want_status, const char *env_kb, const char *stdin_text, const char *const *args)
 {
-    if (r->status != want) {
-        print_error("kbctl exited %d, want %d; stdout:\n%s\nstderr:\n%s\n", r->status, want, r->out, r->err);
+    s_run_t r = s_kbctl_run(env_kb, stdin_text, args);
+    if (r.status != want_status) {
+        print_error("kbctl exited %d, want %d; stdout:\n%s\nstderr:\n%s\n", r.status, want_status, r.out, r.err);
         fail();
     }
+    return r;
 }
 
-static fake_kb_server_t *s_server(void)
+/* The i-th request the fake received, asserted to be of kind op. Caller frees. */
+static Carls__Request *s_request_of(fake_kb_server_t *srv, size_t i, Carls__Request__OpCase op)
+{
+    Carls__Request *q = fake_kb_server_request(srv, i);
+    assert_int_equal(q->op_case, op);
+    return q;
+}
+
+/* cmocka setup and teardown of the tests that talk to a fake server (*state) with tables emb and words; the
+ * teardown stops it even when an assertion failed. */
+static int s_server_setup(void **state)
 {
     fake_kb_server_t *srv = fake_kb_server_new();
     fake_kb_server_add_table(srv, "emb", 3, 10);
     fake_kb_server_add_table(srv, "words", 2, 5);
-    return srv;
+    *state = srv;
+    return 0;
 }
+
+static int s_server_teardown(void **state)
+{
+    fake_kb_server_t *srv = *state;
+    fake_kb_server_destroy(&srv);
+    return 0;
+}
+
+/* A test entry that runs against the fake server. */
+#define S_SERVER_TEST(test) cmocka_unit_test_setup_teardown(test, s_server_setup, s_server_teardown)
 
 static void test_usage_errors(void **state)
 {
     (void)state;
-    s_run_t r = s_kbctl(NULL, NULL, (const char *[]){NULL});
-    s_expect_status(&r, 1);
+    s_run_t r = s_kbctl(1, NULL, NULL, (const char *[]){NULL});
     assert_non_null(strstr(r.err, "usage: kbctl"));
     s_run_free(&r);
 
-    r = s_kbctl(NULL, NULL, (const char *[]){"--help", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, NULL, NULL, (const char *[]){"--help", NULL});
     assert_non_null(strstr(r.out, "kbctl list-tables"));
     assert_non_null(strstr(r.out, "Exit status"));
     s_run_free(&r);
 
-    r = s_kbctl(NULL, NULL, (const char *[]){"put", "--help", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, NULL, NULL, (const char *[]){"put", "--help", NULL});
     assert_non_null(strstr(r.out, "usage: kbctl put TABLE"));
     s_run_free(&r);
 
-    r = s_kbctl(NULL, NULL, (const char *[]){"list-tables", "--help", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, NULL, NULL, (const char *[]){"list-tables", "--help", NULL});
     assert_non_null(strstr(r.out, "name, dim, rows, optimizer, update policy"));
     s_run_free(&r);
 
-    r = s_kbctl(NULL, NULL, (const char *[]){"list-tables", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, NULL, NULL, (const char *[]){"list-tables", NULL});
     assert_non_null(strstr(r.err, "CARLS_KB"));
     s_run_free(&r);
 
-    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"frobnicate", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, "tcp://127.0.0.1:1", NULL, (const char *[]){"frobnicate", NULL});
     assert_non_null(strstr(r.err, "unknown verb"));
     s_run_free(&r);
 
-    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--bogus", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, "tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--bogus", NULL});
     s_run_free(&r);
 
-    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--kb", "x", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, "tcp://127.0.0.1:1", NULL, (const char *[]){"get", "emb", "k", "--kb", "x", NULL});
     assert_non_null(strstr(r.err, "global option"));
     s_run_free(&r);
 
-    r = s_kbctl(NULL, NULL, (const char *[]){"--timeout-ms", "soon", "list-tables", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, NULL, NULL, (const char *[]){"--timeout-ms", "soon", "list-tables", NULL});
     s_run_free(&r);
 }
 
 /* Endpoint from --kb or from CARLS_KB; list-tables prints name, dim, rows, optimizer, policy. */
 static void test_list_tables(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
     const char *want = "emb\t3\t10\tsgd\tlazy\nwords\t2\t5\tadam\timmediate\n";
-    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"list-tables", NULL});
-    s_expect_status(&r, 0);
+    s_run_t r = s_kbctl(0, ep, NULL, (const char *[]){"list-tables", NULL});
     assert_string_equal(r.out, want);
     s_run_free(&r);
-    r = s_kbctl("tcp://127.0.0.1:1", NULL, (const char *[]){"--kb", ep, "list-tables", NULL});
-    s_expect_status(&r, 0); /* --kb wins over CARLS_KB */
+    /* --kb wins over CARLS_KB */
+    r = s_kbctl(0, "tcp://127.0.0.1:1", NULL, (const char *[]){"--kb", ep, "list-tables", NULL});
     assert_string_equal(r.out, want);
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 static void test_create_table(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
-    s_run_t r = s_kbctl(ep, NULL,
+    s_run_t r = s_kbctl(0, ep, NULL,
                         (const char *[]){"create-table", "vecs", "--dim", "16", "--optimizer", "adam", "--lr=0.5",
                                          "--beta1", "0.8", "--beta2", "0.99", "--epsilon", "1e-6", "--update",
                                          "immediate", "--max-age-ms", "250", "--max-pending", "64",
                                          "--outlier-threshold", "2.5", "--outlier-rule", "none", "--init",
                                          "normal", "--init-scale", "0.1", "--seed", "77", "--if-not-exists", NULL});
-    s_expect_status(&r, 0);
     assert_string_equal(r.out, "");
     assert_non_null(strstr(r.err, "vecs"));
     s_run_free(&r);
     assert_int_equal(fake_kb_server_count(srv), 1);
-    Carls__Request *q = fake_kb_server_request(srv, 0);
-    assert_int_equal(q->op_case, CARLS__REQUEST__OP_CREATE_TABLE);
+    Carls__Request *q = s_request_of(srv, 0, CARLS__REQUEST__OP_CREATE_TABLE);
     assert_string_equal(q->table, "vecs");
     assert_true(q->client_id != 0);
     assert_int_equal(q->sequence, 1);
@@ -243,53 +251,45 @@ static void test_create_table(void **state)
         {"create-table", "a", "b", "--dim", "4", NULL},                     /* two names */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        r = s_kbctl(ep, NULL, bad[i]);
-        s_expect_status(&r, 1);
+        r = s_kbctl(1, ep, NULL, bad[i]);
         assert_true(strlen(r.err) > 0);
         s_run_free(&r);
     }
     assert_int_equal(fake_kb_server_count(srv), 1);
 
-    r = s_kbctl(ep, NULL, (const char *[]){"drop-table", "vecs", "--if-exists", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, ep, NULL, (const char *[]){"drop-table", "vecs", "--if-exists", NULL});
     s_run_free(&r);
-    q = fake_kb_server_request(srv, 1);
-    assert_int_equal(q->op_case, CARLS__REQUEST__OP_DROP_TABLE);
+    q = s_request_of(srv, 1, CARLS__REQUEST__OP_DROP_TABLE);
     assert_string_equal(q->table, "vecs");
     assert_true(q->drop_table->if_exists);
     carls__request__free_unpacked(q, NULL);
-    fake_kb_server_destroy(&srv);
 }
 
 /* put: rows on stdin, checked against the table's dim, sent in batches, summary on stderr. */
 static void test_put(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
     const char *rows = "a\t1 2 3\n"
                        "bb\t4\t5  6\n"
                        "c c\t-7 8.5 1e-3\n"
                        "d\t0 0 0\n"
                        "e\t9 9 9\n";
-    s_run_t r = s_kbctl(ep, rows, (const char *[]){"put", "emb", "--version", "12", "--batch", "2", NULL});
-    s_expect_status(&r, 0);
+    s_run_t r = s_kbctl(0, ep, rows, (const char *[]){"put", "emb", "--version", "12", "--batch", "2", NULL});
     assert_string_equal(r.out, "");
     assert_non_null(strstr(r.err, "put 5 rows into emb"));
     s_run_free(&r);
 
     /* list_tables (for the dim), then puts of 2, 2 and 1 rows in input order. */
     assert_int_equal(fake_kb_server_count(srv), 4);
-    Carls__Request *q = fake_kb_server_request(srv, 0);
-    assert_int_equal(q->op_case, CARLS__REQUEST__OP_LIST_TABLES);
+    Carls__Request *q = s_request_of(srv, 0, CARLS__REQUEST__OP_LIST_TABLES);
     carls__request__free_unpacked(q, NULL);
     static const char *keys[] = {"a", "bb", "c c", "d", "e"};
     static const float vals[] = {1, 2, 3, 4, 5, 6, -7, 8.5f, 1e-3f, 0, 0, 0, 9, 9, 9};
     size_t row = 0;
     uint64_t last_seq = 0;
     for (size_t i = 1; i < 4; i++) {
-        q = fake_kb_server_request(srv, i);
-        assert_int_equal(q->op_case, CARLS__REQUEST__OP_PUT);
+        q = s_request_of(srv, i, CARLS__REQUEST__OP_PUT);
         assert_string_equal(q->table, "emb");
         assert_int_equal(q->put->version, 12);
         assert_int_equal(q->put->n_keys, i < 3 ? 2 : 1);
@@ -303,22 +303,19 @@ static void test_put(void **state)
         carls__request__free_unpacked(q, NULL);
     }
     assert_int_equal(row, 5);
-    fake_kb_server_destroy(&srv);
 }
 
 /* One bad line anywhere: every bad line reported with its number, exit 1, and no put sent. */
 static void test_put_invalid_input(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
     const char *rows = "a\t1 2 3\n"
                        "b\t1 2\n"
                        "c\t1 2 3\n"
                        "d\t1 nan 3\n"
                        "\t1 2 3\n";
-    s_run_t r = s_kbctl(ep, rows, (const char *[]){"put", "emb", NULL});
-    s_expect_status(&r, 1);
+    s_run_t r = s_kbctl(1, ep, rows, (const char *[]){"put", "emb", NULL});
     assert_non_null(strstr(r.err, "line 2: expected 3 numbers after the key, got 2"));
     assert_non_null(strstr(r.err, "line 4: value 2 \"nan\""));
     assert_non_null(strstr(r.err, "line 5: empty key"));
@@ -332,33 +329,26 @@ static void test_put_invalid_input(void **state)
     }
 
     /* The same rows are fine for nothing else either: a table that does not exist is a server-side error. */
-    r = s_kbctl(ep, "a\t1 2 3\n", (const char *[]){"put", "nosuch", NULL});
-    s_expect_status(&r, 2);
+    r = s_kbctl(2, ep, "a\t1 2 3\n", (const char *[]){"put", "nosuch", NULL});
     assert_non_null(strstr(r.err, "no table named \"nosuch\""));
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 static void test_push_grad(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
-    s_run_t r = s_kbctl(ep, "w1\t0.5 -0.5\nw1\t1 1\n", (const char *[]){"push-grad", "words", NULL});
-    s_expect_status(&r, 0);
+    s_run_t r = s_kbctl(0, ep, "w1\t0.5 -0.5\nw1\t1 1\n", (const char *[]){"push-grad", "words", NULL});
     assert_non_null(strstr(r.err, "pushed 2 gradient rows to words"));
     s_run_free(&r);
-    Carls__Request *q = fake_kb_server_request(srv, 1);
-    assert_int_equal(q->op_case, CARLS__REQUEST__OP_PUSH_GRADIENTS);
+    Carls__Request *q = s_request_of(srv, 1, CARLS__REQUEST__OP_PUSH_GRADIENTS);
     assert_int_equal(q->push_gradients->n_keys, 2);
     assert_int_equal(q->push_gradients->n_gradients, 4);
     assert_true(q->push_gradients->gradients[1] == -0.5f && q->push_gradients->gradients[3] == 1.0f);
     carls__request__free_unpacked(q, NULL);
     /* push-grad takes no --version. */
-    r = s_kbctl(ep, "w1\t0.5 -0.5\n", (const char *[]){"push-grad", "words", "--version", "3", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, ep, "w1\t0.5 -0.5\n", (const char *[]){"push-grad", "words", "--version", "3", NULL});
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 /* Checks that out holds exactly n lines, line i being keys[i], a TAB, three numbers separated by single
@@ -397,23 +387,19 @@ static void s_check_get_output(const char *out, size_t n, const char *const *key
 
 static void test_get(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
 
-    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"get", "emb", "alpha", "b b", NULL});
-    s_expect_status(&r, 0);
+    s_run_t r = s_kbctl(0, ep, NULL, (const char *[]){"get", "emb", "alpha", "b b", NULL});
     s_check_get_output(r.out, 2, (const char *[]){"alpha", "b b"}, (const char *[]){"", ""});
     s_run_free(&r);
-    Carls__Request *q = fake_kb_server_request(srv, 1);
-    assert_int_equal(q->op_case, CARLS__REQUEST__OP_LOOKUP);
+    Carls__Request *q = s_request_of(srv, 1, CARLS__REQUEST__OP_LOOKUP);
     assert_false(q->lookup->no_create);
     carls__request__free_unpacked(q, NULL);
 
     /* Keys from stdin, metadata columns, --no-create on the wire, several batches (the fake numbers its
      * metadata per request, so k3 starts again). */
-    r = s_kbctl(ep, "k1\nk2\n\nk3\n", (const char *[]){"get", "emb", "--meta", "--no-create", "--batch", "2", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, ep, "k1\nk2\n\nk3\n", (const char *[]){"get", "emb", "--meta", "--no-create", "--batch", "2", NULL});
     s_check_get_output(r.out, 3, (const char *[]){"k1", "k2", "k3"},
                        (const char *[]){"\t7\t1000\t1", "\t7\t1001\t2", "\t7\t1000\t1"});
     s_run_free(&r);
@@ -424,48 +410,39 @@ static void test_get(void **state)
     assert_int_equal(q->lookup->n_keys, 1);
     carls__request__free_unpacked(q, NULL);
 
-    r = s_kbctl(ep, NULL, (const char *[]){"get", "emb", "", NULL});
-    s_expect_status(&r, 1);
+    r = s_kbctl(1, ep, NULL, (const char *[]){"get", "emb", "", NULL});
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 /* Connection and server errors exit with 2 and say why. */
 static void test_server_errors(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
     fake_kb_server_set_mode(srv, FAKE_SILENT);
     /* 500 ms per attempt: with 100 ms a loaded machine (CI under ASan) may not finish the reconnect's TCP
      * handshake before the resend times out and kbctl exits, and the resend never reaches the server. */
-    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"--timeout-ms", "500", "--retries", "1", "list-tables", NULL});
-    s_expect_status(&r, 2);
+    s_run_t r = s_kbctl(2, ep, NULL, (const char *[]){"--timeout-ms", "500", "--retries", "1", "list-tables", NULL});
     assert_non_null(strstr(r.err, "no answer"));
     assert_string_equal(r.out, "");
     s_run_free(&r);
     assert_int_equal(fake_kb_server_wait_count(srv, 2, 5000), 2);
 
     fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only");
-    r = s_kbctl(ep, NULL, (const char *[]){"drop-table", "emb", NULL});
-    s_expect_status(&r, 2);
+    r = s_kbctl(2, ep, NULL, (const char *[]){"drop-table", "emb", NULL});
     assert_non_null(strstr(r.err, "READ_ONLY: this server is read-only"));
     s_run_free(&r);
 
     fake_kb_server_set_mode(srv, FAKE_GARBAGE);
-    r = s_kbctl(ep, NULL, (const char *[]){"checkpoint", NULL});
-    s_expect_status(&r, 2);
+    r = s_kbctl(2, ep, NULL, (const char *[]){"checkpoint", NULL});
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 static void test_stats_and_checkpoint(void **state)
 {
-    (void)state;
-    fake_kb_server_t *srv = s_server();
+    fake_kb_server_t *srv = *state;
     const char *ep = fake_kb_server_endpoint(srv);
-    s_run_t r = s_kbctl(ep, NULL, (const char *[]){"stats", NULL});
-    s_expect_status(&r, 0);
+    s_run_t r = s_kbctl(0, ep, NULL, (const char *[]){"stats", NULL});
     assert_non_null(strstr(r.out, "requests: 77\n"));
     assert_non_null(strstr(r.out, "durability: sync\n"));
     assert_non_null(strstr(r.out, "latency lookup: count 5, p50 12.5 us, p99 "));
@@ -474,8 +451,7 @@ static void test_stats_and_checkpoint(void **state)
     assert_non_null(strstr(r.out, "outliers_dropped: 3\n"));
     s_run_free(&r);
 
-    r = s_kbctl(ep, NULL, (const char *[]){"stats", "words", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, ep, NULL, (const char *[]){"stats", "words", NULL});
     assert_null(strstr(r.out, "table emb"));
     assert_non_null(strstr(r.out, "table words"));
     s_run_free(&r);
@@ -483,25 +459,23 @@ static void test_stats_and_checkpoint(void **state)
     assert_string_equal(q->table, "words");
     carls__request__free_unpacked(q, NULL);
 
-    r = s_kbctl(ep, NULL, (const char *[]){"checkpoint", NULL});
-    s_expect_status(&r, 0);
+    r = s_kbctl(0, ep, NULL, (const char *[]){"checkpoint", NULL});
     assert_string_equal(r.out, "committed_epoch: 42\nrows: 5\n");
     s_run_free(&r);
-    fake_kb_server_destroy(&srv);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_list_tables),
-        cmocka_unit_test(test_create_table),
-        cmocka_unit_test(test_put),
-        cmocka_unit_test(test_put_invalid_input),
-        cmocka_unit_test(test_push_grad),
-        cmocka_unit_test(test_get),
-        cmocka_unit_test(test_server_errors),
-        cmocka_unit_test(test_stats_and_checkpoint),
+        S_SERVER_TEST(test_list_tables),
+        S_SERVER_TEST(test_create_table),
+        S_SERVER_TEST(test_put),
+        S_SERVER_TEST(test_put_invalid_input),
+        S_SERVER_TEST(test_push_grad),
+        S_SERVER_TEST(test_get),
+        S_SERVER_TEST(test_server_errors),
+        S_SERVER_TEST(test_stats_and_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

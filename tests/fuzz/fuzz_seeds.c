@@ -17,6 +17,7 @@
 #include "protocol.h"
 #include "test_proto.h"
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,28 +37,40 @@ static void s_write_file(const char *target, const char *name, const uint8_t *da
     }
 }
 
-/* Writes req into request/ and service/ as seed-<name>. */
-static void s_request(const char *name, Carls__Request *req)
+/* Writes req into request/ and service/ as seed-<name>, the name formatted from fmt like printf. */
+static void s_request(Carls__Request *req, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void s_request(Carls__Request *req, const char *fmt, ...)
 {
     uint8_t *buf;
     size_t len;
     fuzz_pack_request(req, &buf, &len);
-    char file[128];
+    char name[96], file[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
     snprintf(file, sizeof file, "seed-%s", name);
     s_write_file("request", file, buf, len);
     s_write_file("service", file, buf, len);
     free(buf);
 }
 
-/* A request envelope: version 1, a request id, a write identity, the table. */
+/* Addresses req (its operation kept): version 1, a request id, a write identity, the table. */
+static void s_address(Carls__Request *req, const char *table, uint64_t sequence)
+{
+    req->protocol_version = CARLS_PROTOCOL_VERSION;
+    req->request_id = 100 + sequence;
+    req->client_id = 42;
+    req->sequence = sequence;
+    req->table = (char *)table;
+}
+
+/* A request with no operation yet, addressed as s_address does. */
 static Carls__Request s_envelope(const char *table, uint64_t sequence)
 {
     Carls__Request req = CARLS__REQUEST__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 100 + sequence;
-    req.client_id = 42;
-    req.sequence = sequence;
-    req.table = (char *)table;
+    s_address(&req, table, sequence);
     return req;
 }
 
@@ -90,9 +103,7 @@ static void s_requests(void)
         Carls__Request req = s_envelope(fuzz_base_table_name(i), seq++);
         req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
         req.create_table = &ct;
-        char name[64];
-        snprintf(name, sizeof name, "create-%s", fuzz_base_table_name(i));
-        s_request(name, &req);
+        s_request(&req, "create-%s", fuzz_base_table_name(i));
     }
     {
         /* Adam, L2 HNSW index, Bloom admission. */
@@ -112,7 +123,7 @@ static void s_requests(void)
         Carls__Request req = s_envelope("hnsw", seq++);
         req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
         req.create_table = &ct;
-        s_request("create-hnsw", &req);
+        s_request(&req, "create-hnsw");
         /* Momentum, IVF index with inner product. */
         w.config.dim = 4;
         w.optimizer.kind = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM;
@@ -122,10 +133,8 @@ static void s_requests(void)
         w.config.admission = NULL;
         w.lazy.policy = CARLS__UPDATE_POLICY__UPDATE_LAZY;
         w.lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
-        req = s_envelope("ivf", seq++);
-        req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
-        req.create_table = &ct;
-        s_request("create-ivf", &req);
+        s_address(&req, "ivf", seq++);
+        s_request(&req, "create-ivf");
     }
     {
         Carls__DropTable dt = CARLS__DROP_TABLE__INIT;
@@ -133,25 +142,22 @@ static void s_requests(void)
         Carls__Request req = s_envelope("nosuch", seq++);
         req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
         req.drop_table = &dt;
-        s_request("drop-if-exists", &req);
+        s_request(&req, "drop-if-exists");
         dt.if_exists = 0;
-        req = s_envelope(FUZZ_TABLE_LAZY, seq++);
-        req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
-        req.drop_table = &dt;
-        s_request("drop-lazy", &req);
+        s_address(&req, FUZZ_TABLE_LAZY, seq++);
+        s_request(&req, "drop-lazy");
     }
     {
         Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
         Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
         req.list_tables = &lt;
-        s_request("list-tables", &req);
+        s_request(&req, "list-tables");
     }
     for (int t = 0; t < 2; t++) {
         const char *table = t == 0 ? FUZZ_TABLE_EMB : FUZZ_TABLE_LAZY;
         float *values = t == 0 ? emb_values : lazy_values;
         unsigned dim = t == 0 ? FUZZ_EMB_DIM : FUZZ_LAZY_DIM;
-        char name[64];
 
         Carls__Lookup lk = CARLS__LOOKUP__INIT;
         lk.n_keys = 3;
@@ -159,18 +165,15 @@ static void s_requests(void)
         Carls__Request req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_LOOKUP;
         req.lookup = &lk;
-        snprintf(name, sizeof name, "lookup-%s", table);
-        s_request(name, &req);
+        s_request(&req, "lookup-%s", table);
         lk.no_create = 1;
-        snprintf(name, sizeof name, "lookup-no-create-%s", table);
-        s_request(name, &req);
+        s_request(&req, "lookup-no-create-%s", table);
 
         Carls__Put put = CARLS__PUT__INIT;
         put.version = 9;
         req = s_envelope(table, seq++);
         test_put_request(&req, &put, keys, 3, values, 3 * dim);
-        snprintf(name, sizeof name, "put-%s", table);
-        s_request(name, &req);
+        s_request(&req, "put-%s", table);
 
         /* Three gradients for one key (the outlier rule needs three), two others. */
         ProtobufCBinaryData gkeys[3] = {keys[0], keys[0], keys[0]};
@@ -182,14 +185,10 @@ static void s_requests(void)
         req = s_envelope(table, seq++);
         req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
         req.push_gradients = &pg;
-        snprintf(name, sizeof name, "push-%s", table);
-        s_request(name, &req);
+        s_request(&req, "push-%s", table);
         pg.keys = keys;
-        req = s_envelope(table, seq++);
-        req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
-        req.push_gradients = &pg;
-        snprintf(name, sizeof name, "push-3keys-%s", table);
-        s_request(name, &req);
+        s_address(&req, table, seq++);
+        s_request(&req, "push-3keys-%s", table);
 
         Carls__Sample sm = CARLS__SAMPLE__INIT;
         sm.n_positives = 1;
@@ -201,8 +200,7 @@ static void s_requests(void)
             req = s_read_envelope(table);
             req.op_case = CARLS__REQUEST__OP_SAMPLE;
             req.sample = &sm;
-            snprintf(name, sizeof name, "sample-%d-%s", st, table);
-            s_request(name, &req);
+            s_request(&req, "sample-%d-%s", st, table);
         }
 
         Carls__Scan sc = CARLS__SCAN__INIT;
@@ -210,15 +208,13 @@ static void s_requests(void)
         req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
-        snprintf(name, sizeof name, "scan-%s", table);
-        s_request(name, &req);
+        s_request(&req, "scan-%s", table);
 
         Carls__Stats stq = CARLS__STATS__INIT;
         req = s_read_envelope(table);
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
-        snprintf(name, sizeof name, "stats-%s", table);
-        s_request(name, &req);
+        s_request(&req, "stats-%s", table);
     }
     {
         Carls__Knn kq = CARLS__KNN__INIT;
@@ -228,14 +224,14 @@ static void s_requests(void)
         Carls__Request req = s_read_envelope(FUZZ_TABLE_EMB);
         req.op_case = CARLS__REQUEST__OP_KNN;
         req.knn = &kq;
-        s_request("knn-vectors", &req);
+        s_request(&req, "knn-vectors");
         kq.n_vectors = 0;
         kq.vectors = NULL;
         kq.n_keys = 2;
         kq.keys = keys;
         kq.exclude_query = 1;
         kq.k = 3;
-        s_request("knn-keys", &req);
+        s_request(&req, "knn-keys");
     }
     {
         static uint8_t n1[] = "beta", n2[] = "delta", blob[] = {1, 2, 3, 0, 255};
@@ -252,60 +248,53 @@ static void s_requests(void)
         r2.data.len = sizeof blob;
         r2.data.data = blob;
         Carls__FeatureRecord *recs[2] = {&r1, &r2};
-        Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
-        fp.n_keys = fp.n_records = 2;
-        fp.keys = keys;
-        fp.records = recs;
+        Carls__FeaturePut fp;
         Carls__Request req = s_envelope(FUZZ_TABLE_FEAT, seq++);
-        req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-        req.feature_put = &fp;
-        s_request("feature-put", &req);
+        test_feature_put_request(&req, &fp, keys, recs, 2);
+        s_request(&req, "feature-put");
 
-        Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
-        fg.n_keys = 3;
-        fg.keys = keys;
+        Carls__FeatureGet fg;
         req = s_read_envelope(FUZZ_TABLE_FEAT);
-        req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-        req.feature_get = &fg;
-        s_request("feature-get", &req);
+        test_feature_get_request(&req, &fg, keys, 3);
+        s_request(&req, "feature-get");
 
         Carls__Scan sc = CARLS__SCAN__INIT;
         req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SCAN;
         req.scan = &sc;
-        s_request("scan-feat", &req);
+        s_request(&req, "scan-feat");
 
         Carls__Sample sm = CARLS__SAMPLE__INIT;
         sm.n = 4;
         req = s_read_envelope(FUZZ_TABLE_FEAT);
         req.op_case = CARLS__REQUEST__OP_SAMPLE;
         req.sample = &sm;
-        s_request("sample-feat", &req);
+        s_request(&req, "sample-feat");
     }
     {
         Carls__Stats stq = CARLS__STATS__INIT;
         Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_STATS;
         req.stats = &stq;
-        s_request("stats-all", &req);
+        s_request(&req, "stats-all");
 
         Carls__Checkpoint ck = CARLS__CHECKPOINT__INIT;
         req.op_case = CARLS__REQUEST__OP_CHECKPOINT;
         req.checkpoint = &ck;
-        s_request("checkpoint", &req);
+        s_request(&req, "checkpoint");
 
         /* Refused: no operation, another protocol version, a write without client id. */
         req = s_envelope(FUZZ_TABLE_EMB, 0);
-        s_request("no-op", &req);
+        s_request(&req, "no-op");
         Carls__ListTables lt = CARLS__LIST_TABLES__INIT;
         req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
         req.list_tables = &lt;
         req.protocol_version = 2;
-        s_request("bad-version", &req);
+        s_request(&req, "bad-version");
         Carls__Put put = CARLS__PUT__INIT;
         req = s_read_envelope(FUZZ_TABLE_EMB);
         test_put_request(&req, &put, keys, 1, emb_values, FUZZ_EMB_DIM);
-        s_request("put-no-client", &req);
+        s_request(&req, "put-no-client");
     }
 }
 

@@ -28,6 +28,7 @@
 #include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
+#include "test_proto.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -186,15 +187,12 @@ static uint8_t *s_pack_known(const Carls__FeatureRecord *rec, size_t *len)
 static void s_check_feature_put(const Carls__Request *put)
 {
     const Carls__FeaturePut *fp = put->feature_put;
-    Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
-    fg.n_keys = fp->n_keys;
-    fg.keys = fp->keys;
+    Carls__FeatureGet fg;
     Carls__Request req = CARLS__REQUEST__INIT;
     req.protocol_version = CARLS_PROTOCOL_VERSION;
     req.request_id = 77;
     req.table = put->table;
-    req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-    req.feature_get = &fg;
+    test_feature_get_request(&req, &fg, fp->keys, fp->n_keys);
     uint8_t *frame, *reply = NULL;
     size_t len, reply_len = 0;
     fuzz_pack_request(&req, &frame, &len);

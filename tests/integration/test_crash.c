@@ -266,10 +266,8 @@ int main(void)
     /* Every kill makes the clients log a reconnect; only errors are worth reading here. */
     carls_log_set_level(CARLS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_sync_kill9_twenty_times, server_fixture_setup,
-                                                 server_fixture_teardown, &s_patient),
-        cmocka_unit_test_prestate_setup_teardown(test_interval_kill9_loses_at_most_the_window, server_fixture_setup,
-                                                 server_fixture_teardown, &s_patient),
+        SERVER_FIXTURE_TEST(test_sync_kill9_twenty_times, &s_patient),
+        SERVER_FIXTURE_TEST(test_interval_kill9_loses_at_most_the_window, &s_patient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

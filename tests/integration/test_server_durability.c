@@ -234,14 +234,10 @@ static void test_interval_loses_at_most_the_window(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients,
-                                        server_fixture_setup, server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_replayed_write_after_crash_applies_once, server_fixture_setup,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_sync_kill9_under_concurrent_writers, server_fixture_setup,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_interval_loses_at_most_the_window, server_fixture_setup,
-                                        server_fixture_teardown),
+        SERVER_FIXTURE_TEST(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, NULL),
+        SERVER_FIXTURE_TEST(test_replayed_write_after_crash_applies_once, NULL),
+        SERVER_FIXTURE_TEST(test_sync_kill9_under_concurrent_writers, NULL),
+        SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

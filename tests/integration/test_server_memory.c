@@ -65,10 +65,7 @@ static Carls__Response *s_stats(server_fixture_t *f, const char *table)
 
 static uint64_t s_rows(server_fixture_t *f, const char *table)
 {
-    Carls__Response *r = s_stats(f, table);
-    uint64_t rows = r->stats->tables[0]->rows;
-    carls__response__free_unpacked(r, NULL);
-    return rows;
+    return test_table_stats(f->client, table).rows;
 }
 
 /* Asserts the client's last call was refused for memory. */
@@ -112,20 +109,15 @@ static size_t s_fill(server_fixture_t *f)
 static int s_feature_put(server_fixture_t *f, const char *key)
 {
     Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
+    Carls__FeaturePut fp;
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData k = {.len = strlen(key), .data = (uint8_t *)key};
     uint8_t data[64] = {1, 2, 3};
     rec.data.len = sizeof data;
     rec.data.data = data;
     Carls__FeatureRecord *recs[1] = {&rec};
-    fp.n_keys = 1;
-    fp.keys = &k;
-    fp.n_records = 1;
-    fp.records = recs;
     req.table = "feat";
-    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-    req.feature_put = &fp;
+    test_feature_put_request(&req, &fp, &k, recs, 1);
     Carls__Response *resp = NULL;
     int rc = kb_client_call(f->client, &req, &resp);
     if (resp)
@@ -287,10 +279,8 @@ static void test_refused_write_is_not_remembered(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_refuse_new_rows_keep_existing, server_fixture_setup,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_refused_write_is_not_remembered, server_fixture_setup,
-                                                 server_fixture_teardown, &s_client_options),
+        SERVER_FIXTURE_TEST(test_refuse_new_rows_keep_existing, &s_client_options),
+        SERVER_FIXTURE_TEST(test_refused_write_is_not_remembered, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,15 +138,10 @@ static void test_feature_records_round_trip(void **state)
     rec.version = 42;
     Carls__FeatureRecord *recs[1] = {&rec};
     ProtobufCBinaryData key = {4, (uint8_t *)"node"};
-    Carls__FeaturePut fp = CARLS__FEATURE_PUT__INIT;
-    fp.keys = &key;
-    fp.n_keys = 1;
-    fp.records = recs;
-    fp.n_records = 1;
+    Carls__FeaturePut fp;
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = "graph";
-    req.op_case = CARLS__REQUEST__OP_FEATURE_PUT;
-    req.feature_put = &fp;
+    test_feature_put_request(&req, &fp, &key, recs, 1);
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
     carls__response__free_unpacked(resp, NULL);
@@ -163,13 +158,10 @@ static void test_feature_records_round_trip(void **state)
 
     server_fixture_restart(f, SIGKILL, NULL);
     ProtobufCBinaryData keys[2] = {{4, (uint8_t *)"node"}, {7, (uint8_t *)"missing"}};
-    Carls__FeatureGet fg = CARLS__FEATURE_GET__INIT;
-    fg.keys = keys;
-    fg.n_keys = 2;
+    Carls__FeatureGet fg;
     Carls__Request get = CARLS__REQUEST__INIT;
     get.table = "graph";
-    get.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-    get.feature_get = &fg;
+    test_feature_get_request(&get, &fg, keys, 2);
     assert_int_equal(kb_client_call(f->client, &get, &resp), 0);
     assert_int_equal(resp->features->n_records, 2);
     Carls__FeatureRecord *got = resp->features->records[0];
@@ -185,12 +177,6 @@ static void test_feature_records_round_trip(void **state)
     assert_true(got->updated_at_ms > 0);
     assert_false(resp->features->records[1]->found);
     carls__response__free_unpacked(resp, NULL);
-}
-
-static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Response **resp)
-{
-    assert_int_equal(kb_client_stats(c, table, resp), 0);
-    return (*resp)->stats->tables[0];
 }
 
 static void test_admission_keeps_rare_keys_out(void **state)
@@ -211,31 +197,26 @@ static void test_admission_keeps_rare_keys_out(void **state)
     for (int i = 0; i < 3; i++)
         assert_int_equal(kb_client_lookup(f->client, "freq", &common, 1, 2, v, NULL), 0);
     assert_int_equal(kb_client_lookup(f->client, "freq", &rare, 1, 2, v, NULL), 0);
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "freq", &resp);
-    assert_int_equal(ts->rows, 2);
-    assert_int_equal(ts->not_persisted, 1);
-    carls__response__free_unpacked(resp, NULL);
+    Carls__TableStats ts = test_table_stats(f->client, "freq");
+    assert_int_equal(ts.rows, 2);
+    assert_int_equal(ts.not_persisted, 1);
 
     /* Bloom: no row until the third sighting; gradients for a key without a row are dropped and counted. */
     float g[2] = {1, 1};
     assert_int_equal(kb_client_push_gradients(f->client, "bloom", &rare, 1, 2, g), 0);
     assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = s_stats(f->client, "bloom", &resp);
-    assert_int_equal(ts->rows, 0);
-    assert_int_equal(ts->not_admitted, 2);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(ts.rows, 0);
+    assert_int_equal(ts.not_admitted, 2);
     assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = s_stats(f->client, "bloom", &resp);
-    assert_int_equal(ts->rows, 1);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(ts.rows, 1);
 
     /* Checkpoint, crash: the frequent key was persisted, the rare one was not. */
     assert_int_equal(kb_client_checkpoint(f->client), 0);
     server_fixture_restart(f, SIGKILL, NULL);
-    ts = s_stats(f->client, "freq", &resp);
-    assert_int_equal(ts->rows, 1);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "freq");
+    assert_int_equal(ts.rows, 1);
     kb_row_meta_t meta;
     assert_int_equal(kb_client_lookup_ex(f->client, "freq", &common, 1, 2, true, v, &meta), 0);
     assert_int_equal(meta.frequency, 3);
@@ -270,12 +251,10 @@ static void test_eviction_lru_and_oldest(void **state)
             if (m == 0 && i % 10 == 0) /* keep "hot" recently used (a lookup is a use) */
                 assert_int_equal(kb_client_lookup(f->client, names[m], &hot, 1, 1, &got, NULL), 0);
         }
-        Carls__Response *resp;
-        Carls__TableStats *ts = s_stats(f->client, names[m], &resp);
+        Carls__TableStats ts = test_table_stats(f->client, names[m]);
         /* Each new row over the cap evicts one: the cap holds exactly once reached. */
-        assert_int_equal(ts->rows, CAP);
-        assert_int_equal(ts->rows + ts->evictions, TOTAL + 1);
-        carls__response__free_unpacked(resp, NULL);
+        assert_int_equal(ts.rows, CAP);
+        assert_int_equal(ts.rows + ts.evictions, TOTAL + 1);
         kb_row_meta_t meta;
         float got;
         assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, &meta), 0);
@@ -290,13 +269,10 @@ static void test_eviction_lru_and_oldest(void **state)
         assert_int_equal(meta.version, 1);
     }
     /* Evicted rows are deleted from storage too. */
-    Carls__Response *resp;
     assert_int_equal(kb_client_checkpoint(f->client), 0);
-    uint64_t rows_before = s_stats(f->client, "lru", &resp)->rows;
-    carls__response__free_unpacked(resp, NULL);
+    uint64_t rows_before = test_table_stats(f->client, "lru").rows;
     server_fixture_restart(f, SIGKILL, NULL);
-    assert_int_equal(s_stats(f->client, "lru", &resp)->rows, rows_before);
-    carls__response__free_unpacked(resp, NULL);
+    assert_int_equal(test_table_stats(f->client, "lru").rows, rows_before);
 }
 
 static void test_scan_pages_cover_every_row_once(void **state)
@@ -488,22 +464,13 @@ static kb_client_options_t s_client_options = {.timeout_ms = 10000, .retries = 1
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_flat_knn_matches_brute_force_and_follows_updates,
-                                                 server_fixture_setup_started, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_feature_records_round_trip, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_admission_keeps_rare_keys_out, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_eviction_lru_and_oldest, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_scan_pages_cover_every_row_once, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_read_only_and_shard_refusals, server_fixture_setup_started,
-                                                 server_fixture_teardown, &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_sampling_probabilities_and_frequencies,
-                                                 server_fixture_setup_started, server_fixture_teardown,
-                                                 &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_flat_knn_matches_brute_force_and_follows_updates, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_feature_records_round_trip, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_admission_keeps_rare_keys_out, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_eviction_lru_and_oldest, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_scan_pages_cover_every_row_once, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_read_only_and_shard_refusals, &s_client_options),
+        SERVER_FIXTURE_TEST_STARTED(test_sampling_probabilities_and_frequencies, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

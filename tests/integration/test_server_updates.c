@@ -64,13 +64,13 @@ static void s_get1(kb_client_t *c, const char *table, const char *key, uint32_t 
         fail_msg("lookup: %s", kb_client_last_error(c));
 }
 
-static Carls__TableStats *s_stats(kb_client_t *c, const char *table, Carls__Response **resp)
+/* Asserts that key of a one-wide table looks up to exactly want. */
+static void s_expect1(kb_client_t *c, const char *table, const char *key, float want)
 {
-    int rc = kb_client_stats(c, table, resp);
-    if (rc != 0)
-        fail_msg("stats: %s", kb_client_last_error(c));
-    assert_int_equal((*resp)->stats->n_tables, 1);
-    return (*resp)->stats->tables[0];
+    float v;
+    s_get1(c, table, key, 1, &v);
+    if (v != want)
+        fail_msg("%s[%s] = %.9g, want %.9g", table, key, (double)v, (double)want);
 }
 
 /* The issue's example: gradients 2 and 4 with SGD lr 0.5 move a value by -1.5 -- whether they come in one
@@ -87,28 +87,21 @@ static void test_lazy_average_arithmetic(void **state)
     s_push1(f->client, "lazy", "b", 1, &grads[0]);
     s_push1(f->client, "lazy", "b", 1, &grads[1]);
 
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "lazy", &resp);
-    assert_int_equal(ts->pending_keys, 2);
-    assert_int_equal(ts->pending_gradients, 4);
-    assert_int_equal(ts->updates_applied, 0);
-    carls__response__free_unpacked(resp, NULL);
+    Carls__TableStats ts = test_table_stats(f->client, "lazy");
+    assert_int_equal(ts.pending_keys, 2);
+    assert_int_equal(ts.pending_gradients, 4);
+    assert_int_equal(ts.updates_applied, 0);
 
-    float v;
-    s_get1(f->client, "lazy", "a", 1, &v);
-    assert_true(v == -1.5f);
-    s_get1(f->client, "lazy", "b", 1, &v);
-    assert_true(v == -1.5f);
+    s_expect1(f->client, "lazy", "a", -1.5f);
+    s_expect1(f->client, "lazy", "b", -1.5f);
     /* Applied once: a second lookup sees the same value. */
-    s_get1(f->client, "lazy", "a", 1, &v);
-    assert_true(v == -1.5f);
+    s_expect1(f->client, "lazy", "a", -1.5f);
 
-    ts = s_stats(f->client, "lazy", &resp);
-    assert_int_equal(ts->updates_applied, 2);
-    assert_int_equal(ts->gradients_applied, 4);
-    assert_int_equal(ts->applied_on_lookup, 2);
-    assert_int_equal(ts->pending_gradients, 0);
-    carls__response__free_unpacked(resp, NULL);
+    ts = test_table_stats(f->client, "lazy");
+    assert_int_equal(ts.updates_applied, 2);
+    assert_int_equal(ts.gradients_applied, 4);
+    assert_int_equal(ts.applied_on_lookup, 2);
+    assert_int_equal(ts.pending_gradients, 0);
 }
 
 static void test_outlier_rejected_and_counted(void **state)
@@ -124,11 +117,9 @@ static void test_outlier_rejected_and_counted(void **state)
     /* Norms 1, 1, 1.414, 100: median 1.207, the 100 is dropped; mean of the rest = (2/3, 2/3). */
     assert_float_equal(v[0], -2.0f / 3.0f, 1e-6);
     assert_float_equal(v[1], -2.0f / 3.0f, 1e-6);
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "outl", &resp);
-    assert_int_equal(ts->outliers_dropped, 1);
-    assert_int_equal(ts->gradients_applied, 3);
-    carls__response__free_unpacked(resp, NULL);
+    Carls__TableStats ts = test_table_stats(f->client, "outl");
+    assert_int_equal(ts.outliers_dropped, 1);
+    assert_int_equal(ts.gradients_applied, 3);
 }
 
 static void test_max_pending_and_max_age(void **state)
@@ -139,11 +130,9 @@ static void test_max_pending_and_max_age(void **state)
     float g = 1.0f;
     for (int i = 0; i < 3; i++)
         s_push1(f->client, "bycount", "k", 1, &g);
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "bycount", &resp);
-    assert_int_equal(ts->applied_on_count, 1);
-    assert_int_equal(ts->pending_gradients, 0);
-    carls__response__free_unpacked(resp, NULL);
+    Carls__TableStats ts = test_table_stats(f->client, "bycount");
+    assert_int_equal(ts.applied_on_count, 1);
+    assert_int_equal(ts.pending_gradients, 0);
 
     table_spec_t age_spec = {.dim = 1, .opt = CARLS__OPTIMIZER_KIND__OPT_SGD, .lr = 1.0f, .max_age_ms = 100};
     s_create(f->client, "byage", &age_spec);
@@ -152,14 +141,11 @@ static void test_max_pending_and_max_age(void **state)
     int applied = 0;
     for (int i = 0; i < 100 && !applied; i++) {
         usleep(20000);
-        ts = s_stats(f->client, "byage", &resp);
-        applied = ts->applied_on_age == 1 && ts->pending_gradients == 0;
-        carls__response__free_unpacked(resp, NULL);
+        ts = test_table_stats(f->client, "byage");
+        applied = ts.applied_on_age == 1 && ts.pending_gradients == 0;
     }
     assert_true(applied);
-    float v;
-    s_get1(f->client, "byage", "k", 1, &v);
-    assert_true(v == -1.0f);
+    s_expect1(f->client, "byage", "k", -1.0f);
 }
 
 static void test_immediate_policy(void **state)
@@ -171,9 +157,7 @@ static void test_immediate_policy(void **state)
     float g[2] = {2.0f, 4.0f};
     s_push1(f->client, "imm", "a", 1, &g[0]);
     s_push1(f->client, "imm", "a", 1, &g[1]);
-    float v;
-    s_get1(f->client, "imm", "a", 1, &v);
-    assert_true(v == -3.0f); /* two steps: -0.5*2 - 0.5*4 */
+    s_expect1(f->client, "imm", "a", -3.0f); /* two steps: -0.5*2 - 0.5*4 */
 }
 
 /* Reference optimizers (textbook formulas, double precision) for the end-to-end check. */
@@ -312,33 +296,23 @@ static void test_concurrent_writers(void **state)
         assert_null(ret);
     }
     const char *shared[4] = {"s0", "s1", "s2", "s3"};
-    for (int j = 0; j < 4; j++) {
-        float v;
-        s_get1(f->client, "conc", shared[j], 1, &v);
-        assert_true(v == -0.5f * WRITERS * PUSHES);
-    }
-    Carls__Response *resp;
-    Carls__TableStats *ts = s_stats(f->client, "conc", &resp);
-    assert_int_equal(ts->gradients_received, WRITERS * PUSHES * 4);
-    assert_int_equal(ts->updates_applied, WRITERS * PUSHES * 4);
-    carls__response__free_unpacked(resp, NULL);
+    for (int j = 0; j < 4; j++)
+        s_expect1(f->client, "conc", shared[j], -0.5f * WRITERS * PUSHES);
+    Carls__TableStats ts = test_table_stats(f->client, "conc");
+    assert_int_equal(ts.gradients_received, WRITERS * PUSHES * 4);
+    assert_int_equal(ts.updates_applied, WRITERS * PUSHES * 4);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lazy_average_arithmetic, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_outlier_rejected_and_counted, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_max_pending_and_max_age, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_immediate_policy, server_fixture_setup_started, server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_optimizers_against_reference_across_restarts, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_deterministic_init_across_restarts, server_fixture_setup_started,
-                                        server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_writers, server_fixture_setup_started, server_fixture_teardown),
+        SERVER_FIXTURE_TEST_STARTED(test_lazy_average_arithmetic, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_outlier_rejected_and_counted, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_max_pending_and_max_age, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_immediate_policy, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_optimizers_against_reference_across_restarts, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_deterministic_init_across_restarts, NULL),
+        SERVER_FIXTURE_TEST_STARTED(test_concurrent_writers, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

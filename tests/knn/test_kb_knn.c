@@ -181,6 +181,30 @@ static void s_assert_same(const int64_t *got_ids, const float *got_scores, const
     }
 }
 
+/* How many of the k ids in got are among the k reference ids (a -1 in the reference, no neighbour, never
+ * counts). */
+static size_t s_hits(const int64_t *got, const int64_t *ref, uint32_t k)
+{
+    size_t hits = 0;
+    for (uint32_t a = 0; a < k; a++)
+        for (uint32_t b = 0; b < k; b++)
+            hits += got[a] == ref[b] && ref[b] != -1;
+    return hits;
+}
+
+/* Prints recall under a printf-style label and asserts that it reaches min. */
+static void s_expect_recall(double recall, double min, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void s_expect_recall(double recall, double min, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " = %.4f\n", recall);
+    assert_true(recall >= min);
+}
+
 /* Mean recall@k of the index against the exact reference for nq queries. */
 static double s_recall(kb_knn_t *knn, const float *base, size_t n, uint32_t dim, kb_knn_metric_t metric,
                        const float *queries, size_t nq, uint32_t k)
@@ -197,9 +221,7 @@ static double s_recall(kb_knn_t *knn, const float *base, size_t n, uint32_t dim,
         if (metric == KB_KNN_METRIC_COSINE)
             s_normalize(q, dim);
         s_reference(base, NULL, n, dim, metric, q, k, -1, ref_ids, ref_scores);
-        for (uint32_t a = 0; a < k; a++)
-            for (uint32_t b = 0; b < k; b++)
-                hits += ids[i * k + a] == ref_ids[b] && ref_ids[b] != -1;
+        hits += s_hits(ids + i * k, ref_ids, k);
     }
     free(ids);
     free(scores);
@@ -209,22 +231,35 @@ static double s_recall(kb_knn_t *knn, const float *base, size_t n, uint32_t dim,
     return (double)hits / (double)(nq * k);
 }
 
-static kb_knn_t *s_new(const char *spec, kb_knn_metric_t metric, uint32_t dim, bool background)
+/* The default config of an index spec over dim-wide vectors compared by metric. */
+static kb_knn_config_t s_config(const char *spec, kb_knn_metric_t metric, uint32_t dim)
 {
     kb_knn_config_t cfg;
     kb_knn_config_default(&cfg);
     cfg.spec = spec;
     cfg.metric = metric;
     cfg.dim = dim;
-    cfg.background = background;
+    return cfg;
+}
+
+/* An index of cfg, which must be accepted. */
+static kb_knn_t *s_open(const kb_knn_config_t *cfg)
+{
     kb_knn_t *knn = NULL;
     char err[256];
-    int rc = kb_knn_new(&cfg, &knn, err, sizeof err);
+    int rc = kb_knn_new(cfg, &knn, err, sizeof err);
     if (rc != 0)
-        fprintf(stderr, "kb_knn_new(%s): %s\n", spec, err);
+        fprintf(stderr, "kb_knn_new(%s): %s\n", cfg->spec, err);
     assert_int_equal(rc, 0);
     assert_non_null(knn);
     return knn;
+}
+
+static kb_knn_t *s_new(const char *spec, kb_knn_metric_t metric, uint32_t dim, bool background)
+{
+    kb_knn_config_t cfg = s_config(spec, metric, dim);
+    cfg.background = background;
+    return s_open(&cfg);
 }
 
 static void s_add_all(kb_knn_t *knn, const float *v, size_t first, size_t n, uint32_t dim)
@@ -373,9 +408,7 @@ static void test_ivf_train_and_recall(void **st)
     assert_int_equal(s.pending, 0);
     assert_true(s.rebuilds >= 1 && s.last_build_ms > 0);
 
-    double recall = s_recall(knn, base, n, dim, KB_KNN_METRIC_L2, queries, nq, k);
-    fprintf(stderr, "IVF64,Flat l2 recall@10 = %.4f\n", recall);
-    assert_true(recall >= 0.9);
+    s_expect_recall(s_recall(knn, base, n, dim, KB_KNN_METRIC_L2, queries, nq, k), 0.9, "IVF64,Flat l2 recall@10");
     kb_knn_destroy(&knn);
 
     /* The same with inner product, built by an explicit rebuild. */
@@ -386,9 +419,7 @@ static void test_ivf_train_and_recall(void **st)
     assert_int_equal(kb_knn_rebuild(knn), 0);
     kb_knn_get_stats(knn, &s);
     assert_true(s.ready);
-    recall = s_recall(knn, base, n, dim, KB_KNN_METRIC_IP, queries, nq, k);
-    fprintf(stderr, "IVF64,Flat ip recall@10 = %.4f\n", recall);
-    assert_true(recall >= 0.9);
+    s_expect_recall(s_recall(knn, base, n, dim, KB_KNN_METRIC_IP, queries, nq, k), 0.9, "IVF64,Flat ip recall@10");
     kb_knn_destroy(&knn);
 
     /* And l2 on embedding-like data. */
@@ -399,9 +430,8 @@ static void test_ivf_train_and_recall(void **st)
     knn = s_new("IVF64,Flat", KB_KNN_METRIC_L2, dim, false);
     s_add_all(knn, base, 0, n, dim);
     assert_int_equal(kb_knn_rebuild(knn), 0);
-    recall = s_recall(knn, base, n, dim, KB_KNN_METRIC_L2, queries, nq, k);
-    fprintf(stderr, "IVF64,Flat embedding-like l2 recall@10 = %.4f\n", recall);
-    assert_true(recall >= 0.9);
+    s_expect_recall(s_recall(knn, base, n, dim, KB_KNN_METRIC_L2, queries, nq, k), 0.9,
+                    "IVF64,Flat embedding-like l2 recall@10");
     kb_knn_destroy(&knn);
     free(base);
     free(queries);
@@ -432,9 +462,8 @@ static void test_hnsw_recall(void **st)
                 for (size_t i = 0; i < n; i++)
                     s_normalize(ref_base + i * dim, dim);
             double recall = s_recall(knn, ref_base, n, dim, metrics[m], queries, nq, k);
-            fprintf(stderr, "HNSW32 %s %s recall@10 = %.4f\n", set == 0 ? "isotropic" : "embedding-like",
-                    kb_knn_metric_name(metrics[m]), recall);
-            assert_true(recall >= 0.9);
+            s_expect_recall(recall, 0.9, "HNSW32 %s %s recall@10", set == 0 ? "isotropic" : "embedding-like",
+                            kb_knn_metric_name(metrics[m]));
             free(ref_base);
             kb_knn_destroy(&knn);
         }
@@ -560,9 +589,8 @@ static void test_hnsw_staleness(void **st)
         assert_int_equal(kb_knn_search(knn, moved + i * dim, 1, k, NULL, ids, scores), 0);
         assert_int_equal(ids[0], move_ids[i]);
     }
-    double stale_recall = s_recall(knn, after, n, dim, KB_KNN_METRIC_L2, moved, nmove, k);
-    fprintf(stderr, "HNSW16 while stale: recall@10 = %.4f\n", stale_recall);
-    assert_true(stale_recall >= 0.9);
+    s_expect_recall(s_recall(knn, after, n, dim, KB_KNN_METRIC_L2, moved, nmove, k), 0.9,
+                    "HNSW16 while stale: recall@10");
 
     int64_t t_before = carls_wall_ms();
     assert_int_equal(kb_knn_rebuild(knn), 0);
@@ -571,9 +599,8 @@ static void test_hnsw_staleness(void **st)
     assert_int_equal(s.rebuilds, 1);
     assert_true(s.last_build_ms >= t_before);
     assert_true(s.last_build_duration_ms >= 0);
-    double fresh_recall = s_recall(knn, after, n, dim, KB_KNN_METRIC_L2, moved, nmove, k);
-    fprintf(stderr, "HNSW16 after rebuild: recall@10 = %.4f\n", fresh_recall);
-    assert_true(fresh_recall >= 0.9);
+    s_expect_recall(s_recall(knn, after, n, dim, KB_KNN_METRIC_L2, moved, nmove, k), 0.9,
+                    "HNSW16 after rebuild: recall@10");
     kb_knn_destroy(&knn);
 
     /* Background: the default threshold is max(256, 5% of count); 300 moves pass it. */
@@ -677,16 +704,11 @@ static void test_random_ops(void **st)
     enum { NIDS = 600, DIM = 8, K = 6 };
     const char *specs[] = {"Flat", "IVF8,Flat", "HNSW16"};
     for (int s = 0; s < 3; s++) {
-        kb_knn_config_t cfg;
-        kb_knn_config_default(&cfg);
-        cfg.spec = specs[s];
-        cfg.metric = KB_KNN_METRIC_L2;
-        cfg.dim = DIM;
+        kb_knn_config_t cfg = s_config(specs[s], KB_KNN_METRIC_L2, DIM);
         cfg.nprobe = 8;
         cfg.train_min = 200;
         cfg.background = false;
-        kb_knn_t *knn = NULL;
-        assert_int_equal(kb_knn_new(&cfg, &knn, NULL, 0), 0);
+        kb_knn_t *knn = s_open(&cfg);
         static float shadow[NIDS * DIM];
         static bool present[NIDS];
         memset(present, 0, sizeof present);
@@ -752,14 +774,10 @@ static void test_random_ops(void **st)
             s_reference(ref, ref_ids, nref, DIM, KB_KNN_METRIC_L2, q + i * DIM, K, excl[i], rid, rsc);
             if (strncmp(specs[s], "HNSW", 4) != 0)
                 s_assert_same(got + i * K, sc + i * K, rid, rsc, K);
-            for (int a = 0; a < K; a++)
-                for (int b = 0; b < K; b++)
-                    hits += got[i * K + a] == rid[b];
+            hits += s_hits(got + i * K, rid, K);
         }
-        double recall = (double)hits / (40.0 * K);
-        fprintf(stderr, "%s after random ops: recall@%d = %.4f (pending %llu)\n", specs[s], K, recall,
-                (unsigned long long)stt.pending);
-        assert_true(recall >= 0.95);
+        s_expect_recall((double)hits / (40.0 * K), 0.95, "%s after random ops (pending %llu): recall@%d", specs[s],
+                        (unsigned long long)stt.pending, K);
         free(q);
         kb_knn_destroy(&knn);
     }
@@ -860,16 +878,11 @@ static void test_concurrent(void **st)
     conc_shadow_t *shadow = calloc(1, sizeof(*shadow));
     assert_non_null(shadow);
     for (int s = 0; s < 3; s++) {
-        kb_knn_config_t cfg;
-        kb_knn_config_default(&cfg);
-        cfg.spec = specs[s];
-        cfg.metric = KB_KNN_METRIC_L2;
-        cfg.dim = CONC_DIM;
+        kb_knn_config_t cfg = s_config(specs[s], KB_KNN_METRIC_L2, CONC_DIM);
         cfg.nprobe = 16;              /* IVF16: all lists, exact */
         cfg.rebuild_min_pending = 32; /* HNSW: rebuild often, to race builds against everything else */
         cfg.train_min = 700;          /* IVF: trains in the background while the threads run */
-        kb_knn_t *knn = NULL;
-        assert_int_equal(kb_knn_new(&cfg, &knn, NULL, 0), 0);
+        kb_knn_t *knn = s_open(&cfg);
         float *base = s_random(CONC_N / 4, CONC_DIM, 51);
         memset(shadow, 0, sizeof(*shadow));
         memcpy(shadow->vecs, base, CONC_N / 4 * CONC_DIM * sizeof(float));
@@ -925,13 +938,9 @@ static void test_concurrent(void **st)
             s_reference(ref, ref_id_of, nref, CONC_DIM, KB_KNN_METRIC_L2, q + i * CONC_DIM, CONC_K, -1, rid, rsc);
             if (strncmp(specs[s], "HNSW", 4) != 0)
                 s_assert_same(ids + i * CONC_K, scores + i * CONC_K, rid, rsc, CONC_K);
-            for (uint32_t a = 0; a < CONC_K; a++)
-                for (uint32_t b = 0; b < CONC_K; b++)
-                    hits += ids[i * CONC_K + a] == rid[b];
+            hits += s_hits(ids + i * CONC_K, rid, CONC_K);
         }
-        double recall = (double)hits / (50.0 * CONC_K);
-        fprintf(stderr, "%s after the race: recall@%u = %.4f\n", specs[s], CONC_K, recall);
-        assert_true(recall >= 0.9);
+        s_expect_recall((double)hits / (50.0 * CONC_K), 0.9, "%s after the race: recall@%u", specs[s], CONC_K);
         free(q);
         free(ref);
         free(ref_id_of);

@@ -683,70 +683,102 @@ static void test_setup_server_needs_handler(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* A ROUTER on a fresh context, with keys for the server and for one client a: with curve it does CURVE as
+ * server and a ZAP handler admits a only; without, it is plain ZeroMQ (and auth is NULL). */
+typedef struct {
+    void *ctx;
+    kb_auth_keypair_t server, a;
+    kb_auth_t *auth;
+    void *router;
+    char endpoint[256];
+} s_server_t;
+
+static void s_server_open(s_server_t *srv, bool curve)
+{
+    srv->ctx = zmq_ctx_new();
+    srv->server = s_pair();
+    srv->a = s_pair();
+    srv->auth = curve ? s_auth_allowing(srv->ctx, &srv->a) : NULL;
+    srv->router = s_router(srv->ctx, curve ? &srv->server : NULL, srv->auth, srv->endpoint, sizeof srv->endpoint);
+}
+
+/* Closes the router and the handler; the context then terminates, every other socket being closed. */
+static void s_server_close(s_server_t *srv)
+{
+    zmq_close(srv->router);
+    kb_auth_destroy(&srv->auth);
+    assert_int_equal(zmq_ctx_term(srv->ctx), 0);
+}
+
+/* Client a, trusting the server's key, sends a request: nothing may reach the router. */
+static void s_assert_a_gets_nowhere(s_server_t *srv)
+{
+    void *da = s_dealer(srv->ctx, &srv->a, &srv->server.public_key, srv->endpoint);
+    zmq_send(da, "hello", 5, ZMQ_DONTWAIT);
+    assert_false(s_readable(srv->router, S_SILENCE_MS));
+    zmq_close(da);
+}
+
 static void test_curve_allow_list_enforced(void **state)
 {
     (void)state;
-    void *ctx = zmq_ctx_new();
-    kb_auth_keypair_t server = s_pair(), a = s_pair(), b = s_pair();
-    char endpoint[256];
-    kb_auth_t *auth = s_auth_allowing(ctx, &a);
-    void *router = s_router(ctx, &server, auth, endpoint, sizeof endpoint);
+    s_server_t srv;
+    s_server_open(&srv, true);
+    kb_auth_keypair_t b = s_pair();
     int mechanism = -1;
     size_t mechanism_len = sizeof mechanism;
-    assert_int_equal(zmq_getsockopt(router, ZMQ_MECHANISM, &mechanism, &mechanism_len), 0);
+    assert_int_equal(zmq_getsockopt(srv.router, ZMQ_MECHANISM, &mechanism, &mechanism_len), 0);
     assert_int_equal(mechanism, ZMQ_CURVE);
 
     /* A listed client gets through, is identified by its key, and gets the answer. */
-    void *da = s_dealer(ctx, &a, &server.public_key, endpoint);
+    void *da = s_dealer(srv.ctx, &srv.a, &srv.server.public_key, srv.endpoint);
     mechanism_len = sizeof mechanism;
     assert_int_equal(zmq_getsockopt(da, ZMQ_MECHANISM, &mechanism, &mechanism_len), 0);
     assert_int_equal(mechanism, ZMQ_CURVE);
     assert_int_equal(zmq_send(da, "hello", 5, 0), 5);
     char user_id[64], pa[KB_AUTH_Z85_LEN + 1];
-    zmq_msg_t identity = s_router_expect(router, "hello", user_id, sizeof user_id);
-    s_z85(&a.public_key, pa);
+    zmq_msg_t identity = s_router_expect(srv.router, "hello", user_id, sizeof user_id);
+    s_z85(&srv.a.public_key, pa);
     assert_string_equal(user_id, pa);
-    assert_true(zmq_msg_send(&identity, router, ZMQ_SNDMORE) >= 0);
-    assert_int_equal(zmq_send(router, "world", 5, 0), 5);
+    assert_true(zmq_msg_send(&identity, srv.router, ZMQ_SNDMORE) >= 0);
+    assert_int_equal(zmq_send(srv.router, "world", 5, 0), 5);
     assert_true(s_readable(da, S_ARRIVAL_MS));
     char reply[16];
     assert_int_equal(zmq_recv(da, reply, sizeof reply, 0), 5);
     assert_memory_equal(reply, "world", 5);
-    assert_int_equal(kb_auth_allowed(auth), 1);
-    assert_int_equal(kb_auth_denied(auth), 0);
+    assert_int_equal(kb_auth_allowed(srv.auth), 1);
+    assert_int_equal(kb_auth_denied(srv.auth), 0);
 
     /* An unlisted client proves its key but is refused: nothing arrives, one refusal is counted. */
-    void *db = s_dealer(ctx, &b, &server.public_key, endpoint);
+    void *db = s_dealer(srv.ctx, &b, &srv.server.public_key, srv.endpoint);
     zmq_send(db, "intruder", 8, ZMQ_DONTWAIT);
-    assert_false(s_readable(router, S_SILENCE_MS));
-    s_wait_denied(auth, 1);
+    assert_false(s_readable(srv.router, S_SILENCE_MS));
+    s_wait_denied(srv.auth, 1);
 
     /* A client without CURVE cannot even start the handshake (the handler is never asked). */
-    void *dn = s_dealer(ctx, NULL, NULL, endpoint);
+    void *dn = s_dealer(srv.ctx, NULL, NULL, srv.endpoint);
     zmq_send(dn, "plain", 5, ZMQ_DONTWAIT);
-    assert_false(s_readable(router, S_SILENCE_MS));
+    assert_false(s_readable(srv.router, S_SILENCE_MS));
 
     /* A listed client that trusts another server key (a man in the middle's, say) gets nowhere either:
      * the real server cannot read its handshake. */
-    void *dw = s_dealer(ctx, &a, &b.public_key, endpoint);
+    void *dw = s_dealer(srv.ctx, &srv.a, &b.public_key, srv.endpoint);
     zmq_send(dw, "wrong-server", 12, ZMQ_DONTWAIT);
-    assert_false(s_readable(router, S_SILENCE_MS));
-    assert_int_equal(kb_auth_denied(auth), 1);
-    assert_int_equal(kb_auth_allowed(auth), 1);
+    assert_false(s_readable(srv.router, S_SILENCE_MS));
+    assert_int_equal(kb_auth_denied(srv.auth), 1);
+    assert_int_equal(kb_auth_allowed(srv.auth), 1);
 
     /* The listed client is still served. */
     assert_int_equal(zmq_send(da, "again", 5, 0), 5);
     zmq_msg_close(&identity);
-    identity = s_router_expect(router, "again", NULL, 0);
+    identity = s_router_expect(srv.router, "again", NULL, 0);
     zmq_msg_close(&identity);
 
     zmq_close(da);
     zmq_close(db);
     zmq_close(dn);
     zmq_close(dw);
-    zmq_close(router);
-    kb_auth_destroy(&auth);
-    assert_int_equal(zmq_ctx_term(ctx), 0);
+    s_server_close(&srv);
 }
 
 /* Should the handler be gone while the server socket lives on, clients are refused rather than all
@@ -754,42 +786,28 @@ static void test_curve_allow_list_enforced(void **state)
 static void test_no_handler_no_entry(void **state)
 {
     (void)state;
-    void *ctx = zmq_ctx_new();
-    kb_auth_keypair_t server = s_pair(), a = s_pair();
-    char endpoint[256];
-    kb_auth_t *auth = s_auth_allowing(ctx, &a);
-    void *router = s_router(ctx, &server, auth, endpoint, sizeof endpoint);
+    s_server_t srv;
+    s_server_open(&srv, true);
     int enforce = 0;
     size_t enforce_len = sizeof enforce;
-    if (zmq_getsockopt(router, 93 /* ZMQ_ZAP_ENFORCE_DOMAIN, a draft option */, &enforce, &enforce_len) != 0) {
+    if (zmq_getsockopt(srv.router, 93 /* ZMQ_ZAP_ENFORCE_DOMAIN, a draft option */, &enforce, &enforce_len) != 0) {
         fprintf(stderr, "libzmq without ZMQ_ZAP_ENFORCE_DOMAIN: not tested\n");
     } else {
         assert_int_equal(enforce, 1);
-        kb_auth_destroy(&auth);
-        void *da = s_dealer(ctx, &a, &server.public_key, endpoint);
-        zmq_send(da, "hello", 5, ZMQ_DONTWAIT);
-        assert_false(s_readable(router, S_SILENCE_MS));
-        zmq_close(da);
+        kb_auth_destroy(&srv.auth);
+        s_assert_a_gets_nowhere(&srv);
     }
-    zmq_close(router);
-    kb_auth_destroy(&auth);
-    assert_int_equal(zmq_ctx_term(ctx), 0);
+    s_server_close(&srv);
 }
 
 /* A CURVE client cannot be talked into plain text by a server that does not do CURVE. */
 static void test_curve_client_refuses_plain_server(void **state)
 {
     (void)state;
-    void *ctx = zmq_ctx_new();
-    kb_auth_keypair_t server = s_pair(), a = s_pair();
-    char endpoint[256];
-    void *router = s_router(ctx, NULL, NULL, endpoint, sizeof endpoint);
-    void *da = s_dealer(ctx, &a, &server.public_key, endpoint);
-    zmq_send(da, "hello", 5, ZMQ_DONTWAIT);
-    assert_false(s_readable(router, S_SILENCE_MS));
-    zmq_close(da);
-    zmq_close(router);
-    assert_int_equal(zmq_ctx_term(ctx), 0);
+    s_server_t srv;
+    s_server_open(&srv, false);
+    s_assert_a_gets_nowhere(&srv);
+    s_server_close(&srv);
 }
 
 /* A TCP relay between one client and the server that records the bytes going each way. */
@@ -893,32 +911,26 @@ static void s_relay_stop(s_relay_t *relay)
  * plain ZeroMQ. */
 static s_relay_t *s_exchange_through_relay(bool curve)
 {
-    void *ctx = zmq_ctx_new();
-    kb_auth_keypair_t server = s_pair(), a = s_pair();
-    kb_auth_t *auth = NULL;
-    char endpoint[256], relay_endpoint[64];
-    if (curve)
-        auth = s_auth_allowing(ctx, &a);
-    void *router = s_router(ctx, curve ? &server : NULL, auth, endpoint, sizeof endpoint);
-    s_relay_t *relay = s_relay_start(endpoint);
+    s_server_t srv;
+    s_server_open(&srv, curve);
+    char relay_endpoint[64];
+    s_relay_t *relay = s_relay_start(srv.endpoint);
     snprintf(relay_endpoint, sizeof relay_endpoint, "tcp://127.0.0.1:%d", relay->listen_port);
-    void *dealer = s_dealer(ctx, curve ? &a : NULL, &server.public_key, relay_endpoint);
+    void *dealer = s_dealer(srv.ctx, curve ? &srv.a : NULL, &srv.server.public_key, relay_endpoint);
 
     static const char request[] = "CARLS-SECRET-REQUEST-PAYLOAD-0123456789";
     static const char answer[] = "CARLS-SECRET-ANSWER-PAYLOAD-9876543210";
     assert_int_equal(zmq_send(dealer, request, sizeof request - 1, 0), (int)sizeof request - 1);
-    zmq_msg_t identity = s_router_expect(router, request, NULL, 0);
-    assert_true(zmq_msg_send(&identity, router, ZMQ_SNDMORE) >= 0);
-    assert_int_equal(zmq_send(router, answer, sizeof answer - 1, 0), (int)sizeof answer - 1);
+    zmq_msg_t identity = s_router_expect(srv.router, request, NULL, 0);
+    assert_true(zmq_msg_send(&identity, srv.router, ZMQ_SNDMORE) >= 0);
+    assert_int_equal(zmq_send(srv.router, answer, sizeof answer - 1, 0), (int)sizeof answer - 1);
     assert_true(s_readable(dealer, S_ARRIVAL_MS));
     char got[64];
     assert_int_equal(zmq_recv(dealer, got, sizeof got, 0), (int)sizeof answer - 1);
     zmq_msg_close(&identity);
 
     zmq_close(dealer);
-    zmq_close(router);
-    kb_auth_destroy(&auth);
-    zmq_ctx_term(ctx);
+    s_server_close(&srv);
     s_relay_stop(relay);
     return relay;
 }

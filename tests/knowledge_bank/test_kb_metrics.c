@@ -387,8 +387,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_escapes_and_groups),
-        cmocka_unit_test_setup_teardown(test_scrape_real_server, server_fixture_setup, server_fixture_teardown),
-        cmocka_unit_test_setup_teardown(test_metrics_port_in_use_fails, server_fixture_setup, server_fixture_teardown),
+        SERVER_FIXTURE_TEST(test_scrape_real_server, NULL),
+        SERVER_FIXTURE_TEST(test_metrics_port_in_use_fails, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

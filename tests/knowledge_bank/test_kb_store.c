@@ -315,6 +315,54 @@ static void s_close_and_remove(kb_store_t **s, const s_dirs_t *d)
     s_dirs_remove(d);
 }
 
+/* cmocka fixture of the tests that start from the fixture: a store s in scratch directory d holding it. The
+ * teardown closes the store and removes the directory, also after a failed assertion. */
+typedef struct {
+    s_dirs_t d;
+    kb_store_t *s;
+} s_fixture_t;
+
+static int s_fixture_setup(void **state)
+{
+    s_fixture_t *fx = calloc(1, sizeof *fx);
+    assert_non_null(fx);
+    fx->s = s_new_with_fixture(&fx->d);
+    *state = fx;
+    return 0;
+}
+
+static int s_fixture_teardown(void **state)
+{
+    s_fixture_t *fx = *state;
+    s_close_and_remove(&fx->s, &fx->d);
+    free(fx);
+    return 0;
+}
+
+/* A test entry that runs on the fixture store. */
+#define S_FIXTURE_TEST(test) cmocka_unit_test_setup_teardown(test, s_fixture_setup, s_fixture_teardown)
+
+/* Closes *s and opens the store in d again, as a restarted server would. */
+static void s_reopen(kb_store_t **s, const s_dirs_t *d)
+{
+    kb_store_close(s);
+    *s = s_open(d->data, false);
+}
+
+/* Runs sql on the database file of the closed store in d, behind the store's back; returns the number of rows
+ * the last statement changed. */
+static int s_exec_behind(const s_dirs_t *d, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(d->db, &db), SQLITE_OK);
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("sqlite: %s", msg ? msg : "?");
+    int changed = sqlite3_changes(db);
+    sqlite3_close(db);
+    return changed;
+}
+
 static void s_assert_private(const char *path)
 {
     struct stat sb;
@@ -395,9 +443,8 @@ static void test_commit_reopen_load(void **st)
     s_load(s, &l); /* a new store is empty */
     assert_int_equal(l.n_tables + l.n_rows + l.n_clients, 0);
     s_put_fixture(s);
-    kb_store_close(&s);
 
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_assert_holds_fixture(s);
 
     /* Overwrite row 2 and client 5; rename table 2. */
@@ -412,9 +459,8 @@ static void test_commit_reopen_load(void **st)
     assert_int_equal(kb_store_put_client(s, 5, 80, w, sizeof w), 0);
     assert_int_equal(kb_store_put_table(s, 2, "items.v3", s_config2, sizeof s_config2), 0);
     assert_int_equal(kb_store_commit(s), 0);
-    kb_store_close(&s);
 
-    s = s_open(d.data, false);
+    s_reopen(&s, &d);
     s_load(s, &l);
     assert_int_equal(l.n_tables, 2);
     assert_string_equal(s_find_table(&l, 2)->name, "items.v3");
@@ -439,9 +485,7 @@ static void test_commit_reopen_load(void **st)
 /* A rolled-back transaction leaves no trace, in this connection or after reopening. */
 static void test_rollback(void **st)
 {
-    (void)st;
-    s_dirs_t d;
-    kb_store_t *s = s_new_with_fixture(&d);
+    s_fixture_t *fx = *st;
 
     uint8_t w[128] = {0};
     float v[1] = {1};
@@ -449,46 +493,41 @@ static void test_rollback(void **st)
     kb_store_row_t r1 = s_row1();
     float changed[3] = {0, 0, 0};
     r1.value = changed;
-    assert_int_equal(kb_store_begin(s), 0);
-    assert_int_equal(kb_store_put_table(s, 3, "later", s_config2, sizeof s_config2), 0);
-    assert_int_equal(kb_store_put_row(s, &extra), 0);
-    assert_int_equal(kb_store_put_row(s, &r1), 0);
-    assert_int_equal(kb_store_put_client(s, 9, 9, w, sizeof w), 0);
-    assert_int_equal(kb_store_drop_table(s, 2), 0);
-    kb_store_rollback(s);
-    kb_store_rollback(s); /* no transaction open: harmless */
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_put_table(fx->s, 3, "later", s_config2, sizeof s_config2), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &extra), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &r1), 0);
+    assert_int_equal(kb_store_put_client(fx->s, 9, 9, w, sizeof w), 0);
+    assert_int_equal(kb_store_drop_table(fx->s, 2), 0);
+    kb_store_rollback(fx->s);
+    kb_store_rollback(fx->s); /* no transaction open: harmless */
 
-    s_assert_holds_fixture(s);
-    kb_store_close(&s);
-    s = s_open(d.data, false);
-    s_assert_holds_fixture(s);
+    s_assert_holds_fixture(fx->s);
+    s_reopen(&fx->s, &fx->d);
+    s_assert_holds_fixture(fx->s);
 
     /* The store is usable after a rollback. */
-    assert_int_equal(kb_store_begin(s), 0);
-    assert_int_equal(kb_store_put_client(s, 9, 9, w, sizeof w), 0);
-    assert_int_equal(kb_store_commit(s), 0);
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_put_client(fx->s, 9, 9, w, sizeof w), 0);
+    assert_int_equal(kb_store_commit(fx->s), 0);
     s_loaded_t l;
-    s_load(s, &l);
+    s_load(fx->s, &l);
     assert_int_equal(l.n_clients, 3);
     s_loaded_free(&l);
-    s_close_and_remove(&s, &d);
 }
 
 /* drop_table removes the table and its rows and nothing else. */
 static void test_drop_table(void **st)
 {
-    (void)st;
-    s_dirs_t d;
-    kb_store_t *s = s_new_with_fixture(&d);
-    assert_int_equal(kb_store_begin(s), 0);
-    assert_int_equal(kb_store_drop_table(s, 1), 0);
-    assert_int_equal(kb_store_drop_table(s, 42), 0); /* unknown id: nothing to do */
-    assert_int_equal(kb_store_commit(s), 0);
-    kb_store_close(&s);
+    s_fixture_t *fx = *st;
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_drop_table(fx->s, 1), 0);
+    assert_int_equal(kb_store_drop_table(fx->s, 42), 0); /* unknown id: nothing to do */
+    assert_int_equal(kb_store_commit(fx->s), 0);
 
-    s = s_open(d.data, false);
+    s_reopen(&fx->s, &fx->d);
     s_loaded_t l;
-    s_load(s, &l);
+    s_load(fx->s, &l);
     assert_int_equal(l.n_tables, 1);
     assert_null(s_find_table(&l, 1));
     assert_non_null(s_find_table(&l, 2));
@@ -499,47 +538,39 @@ static void test_drop_table(void **st)
     s_loaded_free(&l);
 
     /* The id can be used again by a new table, which starts empty. */
-    assert_int_equal(kb_store_begin(s), 0);
-    assert_int_equal(kb_store_put_table(s, 1, "fresh", s_config2, sizeof s_config2), 0);
-    assert_int_equal(kb_store_commit(s), 0);
-    s_load(s, &l);
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_put_table(fx->s, 1, "fresh", s_config2, sizeof s_config2), 0);
+    assert_int_equal(kb_store_commit(fx->s), 0);
+    s_load(fx->s, &l);
     assert_int_equal(l.n_tables, 2);
     assert_string_equal(s_find_table(&l, 1)->name, "fresh");
     assert_int_equal(l.n_rows, 1);
     s_loaded_free(&l);
-    s_close_and_remove(&s, &d);
 }
 
 /* Rows whose table does not exist (any more) are skipped by the load. */
 static void test_rows_of_missing_table_skipped(void **st)
 {
-    (void)st;
-    s_dirs_t d;
-    kb_store_t *s = s_new_with_fixture(&d);
+    s_fixture_t *fx = *st;
     float v[1] = {1};
     kb_store_row_t orphan = {.table_id = 77, .key = (uint8_t *)"o", .key_len = 1, .row_id = 1, .value = v,
                              .dim = 1};
-    assert_int_equal(kb_store_begin(s), 0);
-    assert_int_equal(kb_store_put_row(s, &orphan), 0);
-    assert_int_equal(kb_store_commit(s), 0);
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &orphan), 0);
+    assert_int_equal(kb_store_commit(fx->s), 0);
     s_loaded_t l;
-    s_load(s, &l);
+    s_load(fx->s, &l);
     s_check_fixture(&l);
     assert_null(s_find_row(&l, 77, "o", 1));
     s_loaded_free(&l);
-    s_close_and_remove(&s, &d);
 }
 
 /* Rows written with malformed blobs are skipped; the load still succeeds and keeps the good rows. */
 static void test_malformed_rows_skipped(void **st)
 {
-    (void)st;
-    s_dirs_t d;
-    kb_store_t *s = s_new_with_fixture(&d);
-    kb_store_close(&s);
+    s_fixture_t *fx = *st;
+    kb_store_close(&fx->s);
 
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
     /* Columns: table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,
      * updated_at, frequency. Floats are little-endian float32: 0000803f = 1.0, 00000040 = 2.0. */
     const char *sql =
@@ -561,14 +592,11 @@ static void test_malformed_rows_skipped(void **st)
         /* a well-formed row written the same way: value 1.0, one pending gradient 2.0 */
         "INSERT INTO rows(table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version, updated_at, frequency) VALUES(1, x'08', 107, x'0000803f', NULL, 3, x'00000040', 1, 4, 5, 6);"
         "COMMIT;";
-    char *msg = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
-        fail_msg("sqlite: %s", msg ? msg : "?");
-    sqlite3_close(db);
+    s_exec_behind(&fx->d, sql);
 
-    s = s_open(d.data, false);
+    fx->s = s_open(fx->d.data, false);
     s_loaded_t l;
-    s_load(s, &l);
+    s_load(fx->s, &l);
     assert_int_equal(l.n_tables, 2);
     assert_int_equal(l.n_clients, 2);
     assert_int_equal(l.n_rows, 4); /* the fixture's three and the good one */
@@ -590,39 +618,27 @@ static void test_malformed_rows_skipped(void **st)
     assert_int_equal(g->updated_at_ms, 5);
     assert_int_equal(g->frequency, 6);
     s_loaded_free(&l);
-    s_close_and_remove(&s, &d);
 }
 
 /* A database written with another schema version is refused, with a message that says so. */
 static void test_schema_version_refused(void **st)
 {
-    (void)st;
-    s_dirs_t d;
-    kb_store_t *s = s_new_with_fixture(&d);
-    kb_store_close(&s);
+    s_fixture_t *fx = *st;
+    kb_store_close(&fx->s);
 
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "UPDATE meta SET v = 2 WHERE k = 'schema_version';", NULL, NULL, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_changes(db), 1);
-    sqlite3_close(db);
+    assert_int_equal(s_exec_behind(&fx->d, "UPDATE meta SET v = 2 WHERE k = 'schema_version';"), 1);
 
     char err[512] = "";
-    s = (kb_store_t *)&d;
-    assert_int_equal(kb_store_open(d.data, false, &s, err, sizeof err), -1);
-    assert_null(s);
+    fx->s = (kb_store_t *)&fx->d;
+    assert_int_equal(kb_store_open(fx->d.data, false, &fx->s, err, sizeof err), -1);
+    assert_null(fx->s);
     assert_non_null(strstr(err, "schema version"));
     assert_non_null(strstr(err, "2"));
 
     /* Put back, it opens again with the data intact. */
-    assert_int_equal(sqlite3_open(d.db, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "UPDATE meta SET v = 1 WHERE k = 'schema_version';", NULL, NULL, NULL),
-                     SQLITE_OK);
-    sqlite3_close(db);
-    s = s_open(d.data, false);
-    s_assert_holds_fixture(s);
-    s_close_and_remove(&s, &d);
+    s_exec_behind(&fx->d, "UPDATE meta SET v = 1 WHERE k = 'schema_version';");
+    fx->s = s_open(fx->d.data, false);
+    s_assert_holds_fixture(fx->s);
 }
 
 int main(void)
@@ -631,11 +647,11 @@ int main(void)
         cmocka_unit_test(test_permissions),
         cmocka_unit_test(test_open_bad_directory),
         cmocka_unit_test(test_commit_reopen_load),
-        cmocka_unit_test(test_rollback),
-        cmocka_unit_test(test_drop_table),
-        cmocka_unit_test(test_rows_of_missing_table_skipped),
-        cmocka_unit_test(test_malformed_rows_skipped),
-        cmocka_unit_test(test_schema_version_refused),
+        S_FIXTURE_TEST(test_rollback),
+        S_FIXTURE_TEST(test_drop_table),
+        S_FIXTURE_TEST(test_rows_of_missing_table_skipped),
+        S_FIXTURE_TEST(test_malformed_rows_skipped),
+        S_FIXTURE_TEST(test_schema_version_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

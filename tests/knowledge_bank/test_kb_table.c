@@ -37,49 +37,92 @@ static void s_sleep_ms(long ms)
     }
 }
 
-/* Wire configs with the given fields; zero means "default" as on the wire. */
+/* Wire configs with the given fields; zero means "default" as on the wire (the lazy policy, an embedding
+ * table). */
 typedef struct {
+    Carls__TableKind kind;
     uint32_t dim;
     Carls__InitKind init;
     float init_scale;
     uint64_t init_seed;
     Carls__OptimizerKind opt;
     float lr;
-    bool immediate;
+    Carls__UpdatePolicy policy;
     uint32_t max_age_ms;
     uint32_t max_pending;
     Carls__OutlierRule outlier;
+    float outlier_threshold;
 } s_spec_t;
 
+/* The wire messages of a spec: the table config points to the other two. */
+typedef struct {
+    Carls__TableConfig table;
+    Carls__OptimizerConfig optimizer;
+    Carls__LazyUpdateConfig lazy;
+} s_wire_t;
+
+static const Carls__TableConfig *s_wire(const s_spec_t *spec, s_wire_t *w)
+{
+    carls__table_config__init(&w->table);
+    carls__optimizer_config__init(&w->optimizer);
+    carls__lazy_update_config__init(&w->lazy);
+    w->table.kind = spec->kind;
+    w->table.dim = spec->dim;
+    w->table.init = spec->init;
+    w->table.init_scale = spec->init_scale;
+    w->table.init_seed = spec->init_seed;
+    w->optimizer.kind = spec->opt;
+    w->optimizer.learning_rate = spec->lr;
+    w->lazy.policy = spec->policy;
+    w->lazy.max_age_ms = spec->max_age_ms;
+    w->lazy.max_pending = spec->max_pending;
+    w->lazy.outlier_rule = spec->outlier;
+    w->lazy.outlier_threshold = spec->outlier_threshold;
+    w->table.optimizer = &w->optimizer;
+    w->table.lazy = &w->lazy;
+    return &w->table;
+}
+
+/* The config of spec, which must be accepted. */
 static kb_table_config_t s_config(const s_spec_t *spec)
 {
-    Carls__TableConfig tc;
-    Carls__OptimizerConfig oc;
-    Carls__LazyUpdateConfig lc;
-    carls__table_config__init(&tc);
-    carls__optimizer_config__init(&oc);
-    carls__lazy_update_config__init(&lc);
-    tc.dim = spec->dim;
-    tc.init = spec->init;
-    tc.init_scale = spec->init_scale;
-    tc.init_seed = spec->init_seed;
-    oc.kind = spec->opt;
-    oc.learning_rate = spec->lr;
-    lc.policy = spec->immediate ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY;
-    lc.max_age_ms = spec->max_age_ms;
-    lc.max_pending = spec->max_pending;
-    lc.outlier_rule = spec->outlier;
-    tc.optimizer = &oc;
-    tc.lazy = &lc;
+    s_wire_t w;
     kb_table_config_t cfg;
     char err[256] = "";
-    int rc = kb_table_config_from_proto(&tc, CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err);
-    if (rc != 0)
+    if (kb_table_config_from_proto(s_wire(spec, &w), CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err) != 0)
         fail_msg("config rejected: %s", err);
     return cfg;
 }
 
+/* A table made from the wire config that spec describes. */
+static kb_table_t *s_new_table(int64_t id, const char *name, const s_spec_t *spec)
+{
+    kb_table_config_t cfg = s_config(spec);
+    return kb_table_new(id, name, &cfg);
+}
+
 static void s_stats(kb_table_t *t, kb_table_stats_t *s) { kb_table_get_stats(t, s); }
+
+/* The lazy-update counters of a table's stats; s_expect_lazy checks all of them at once, so a field left out
+ * of the wanted values is checked to be zero. */
+typedef struct {
+    uint64_t pending_keys, pending_gradients, gradients_received, gradients_applied, updates_applied,
+        applied_on_lookup, applied_on_count, applied_on_age;
+} s_lazy_counts_t;
+
+static void s_expect_lazy(kb_table_t *t, s_lazy_counts_t want)
+{
+    kb_table_stats_t s;
+    kb_table_get_stats(t, &s);
+    assert_int_equal(s.pending_keys, want.pending_keys);
+    assert_int_equal(s.pending_gradients, want.pending_gradients);
+    assert_int_equal(s.gradients_received, want.gradients_received);
+    assert_int_equal(s.gradients_applied, want.gradients_applied);
+    assert_int_equal(s.updates_applied, want.updates_applied);
+    assert_int_equal(s.applied_on_lookup, want.applied_on_lookup);
+    assert_int_equal(s.applied_on_count, want.applied_on_count);
+    assert_int_equal(s.applied_on_age, want.applied_on_age);
+}
 
 /* One lookup of one key; returns the value in out (dim floats) and metadata through the pointers. */
 static void s_lookup1(kb_table_t *t, const char *key, bool no_create, float *out, uint64_t *version,
@@ -170,66 +213,36 @@ static void s_expect_reject(const Carls__TableConfig *tc, uint32_t max_dim)
 static void test_config_rejections(void **st)
 {
     (void)st;
-    Carls__TableConfig tc;
-    Carls__OptimizerConfig oc;
-    Carls__LazyUpdateConfig lc;
-    carls__table_config__init(&tc);
-    carls__optimizer_config__init(&oc);
-    carls__lazy_update_config__init(&lc);
-    tc.optimizer = &oc;
-    tc.lazy = &lc;
-
     s_expect_reject(NULL, 100);
 
-    tc.dim = 0; /* dim is required */
-    s_expect_reject(&tc, 100);
-    tc.dim = 101;
-    s_expect_reject(&tc, 100);
-    tc.dim = 100;
+    /* Each case is valid for max_dim 100 but for one field. */
+    static const s_spec_t bad[] = {
+        {.dim = 0}, /* dim is required */
+        {.dim = 101},
+        {.dim = 100, .max_pending = CARLS_MAX_PENDING_LIMIT + 1},
+        {.dim = 100, .lr = -0.1f},
+        {.dim = 100, .lr = NAN},
+        {.dim = 100, .lr = INFINITY},
+        {.dim = 100, .outlier_threshold = 0.5f},
+        {.dim = 100, .outlier_threshold = NAN},
+        /* Not an embedding table: a feature table takes no dim, and unknown kinds are refused. */
+        {.dim = 100, .kind = CARLS__TABLE_KIND__TABLE_FEATURE},
+        {.dim = 100, .kind = (Carls__TableKind)77},
+        /* Out-of-range enum values from a hostile peer. */
+        {.dim = 100, .init = (Carls__InitKind)77},
+        {.dim = 100, .opt = (Carls__OptimizerKind)77},
+        {.dim = 100, .policy = (Carls__UpdatePolicy)77},
+    };
+    s_wire_t w;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        s_expect_reject(s_wire(&bad[i], &w), 100);
+
+    /* The bounds themselves are accepted (so the rejections above were for the field under test). */
+    static const s_spec_t good[] = {{.dim = 100}, {.dim = 100, .outlier_threshold = 1.0f}};
     kb_table_config_t cfg;
     char err[256];
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
-
-    lc.max_pending = CARLS_MAX_PENDING_LIMIT + 1;
-    s_expect_reject(&tc, 100);
-    lc.max_pending = 0;
-
-    oc.learning_rate = -0.1f;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = NAN;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = INFINITY;
-    s_expect_reject(&tc, 100);
-    oc.learning_rate = 0.0f;
-
-    lc.outlier_threshold = 0.5f;
-    s_expect_reject(&tc, 100);
-    lc.outlier_threshold = NAN;
-    s_expect_reject(&tc, 100);
-    lc.outlier_threshold = 1.0f; /* the bound itself is fine */
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
-    lc.outlier_threshold = 0.0f;
-
-    /* Not an embedding table: a feature table takes no dim, and unknown kinds are refused. */
-    tc.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    s_expect_reject(&tc, 100);
-    tc.kind = (Carls__TableKind)77;
-    s_expect_reject(&tc, 100);
-    tc.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
-
-    /* Out-of-range enum values from a hostile peer. */
-    tc.init = (Carls__InitKind)77;
-    s_expect_reject(&tc, 100);
-    tc.init = CARLS__INIT_KIND__INIT_ZEROS;
-    oc.kind = (Carls__OptimizerKind)77;
-    s_expect_reject(&tc, 100);
-    oc.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
-    lc.policy = (Carls__UpdatePolicy)77;
-    s_expect_reject(&tc, 100);
-    lc.policy = CARLS__UPDATE_POLICY__UPDATE_LAZY;
-
-    /* Everything back to valid: accepted again (the rejections above were for the field under test). */
-    assert_int_equal(kb_table_config_from_proto(&tc, 100, &cfg, err, sizeof err), 0);
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_int_equal(kb_table_config_from_proto(s_wire(&good[i], &w), 100, &cfg, err, sizeof err), 0);
 }
 
 static void test_config_round_trip(void **st)
@@ -370,9 +383,8 @@ static void test_config_plain(void **st)
 static void test_lookup_creates_with_initializer(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 5, .init = CARLS__INIT_KIND__INIT_UNIFORM, .init_scale = 0.1f, .init_seed = 7};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(3, "emb", &cfg);
+    kb_table_t *t = s_new_table(3, "emb", &(s_spec_t){.dim = 5, .init = CARLS__INIT_KIND__INIT_UNIFORM,
+                                                      .init_scale = 0.1f, .init_seed = 7});
     assert_int_equal(kb_table_id(t), 3);
     assert_string_equal(kb_table_name(t), "emb");
     assert_int_equal(kb_table_config(t)->dim, 5);
@@ -447,9 +459,8 @@ static void test_lookup_creates_with_initializer(void **st)
 static void test_put_then_lookup(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 3, .init = CARLS__INIT_KIND__INIT_NORMAL, .init_scale = 1.0f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 3, .init = CARLS__INIT_KIND__INIT_NORMAL,
+                                                    .init_scale = 1.0f});
     ProtobufCBinaryData keys[2] = {s_key("a"), s_key("b")};
     const float vals[2][3] = {{1.5f, -2.0f, 3.25f}, {0.0f, 7.0f, -0.5f}};
     int64_t before = carls_wall_ms();
@@ -490,9 +501,7 @@ static void test_put_then_lookup(void **st)
 static void test_lazy_push_applies_on_lookup(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 3, .lr = 0.5f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 3, .lr = 0.5f});
     ProtobufCBinaryData k = s_key("k");
     const float start[3] = {1.0f, 2.0f, 3.0f};
     kb_table_put(t, &k, 1, start, 1);
@@ -503,13 +512,7 @@ static void test_lazy_push_applies_on_lookup(void **st)
     ProtobufCBinaryData kk[2] = {k, k};
     assert_int_equal(kb_table_push(t, kk, 2, &g[1][0]), 0);
 
-    kb_table_stats_t s;
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 3);
-    assert_int_equal(s.gradients_received, 3);
-    assert_int_equal(s.updates_applied, 0);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 3, .gradients_received = 3});
 
     /* The value has not moved yet: the persisted state shows the old value and the three waiting rows. */
     kb_store_row_t *recs = NULL;
@@ -526,9 +529,7 @@ static void test_lazy_push_applies_on_lookup(void **st)
     /* Looking up another key leaves this one alone. */
     float other[3];
     s_lookup1(t, "other", false, other, NULL, NULL, NULL);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.updates_applied, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 3, .gradients_received = 3});
 
     float got[3];
     uint64_t version, freq;
@@ -542,22 +543,15 @@ static void test_lazy_push_applies_on_lookup(void **st)
     assert_int_equal(version, 2); /* one applied update */
     assert_true(updated >= before);
     assert_int_equal(freq, 4); /* three gradient rows and this lookup */
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.gradients_received, 3);
-    assert_int_equal(s.gradients_applied, 3);
-    assert_int_equal(s.applied_on_lookup, 1);
-    assert_int_equal(s.updates_applied, 1);
-    assert_int_equal(s.applied_on_count, 0);
-    assert_int_equal(s.applied_on_age, 0);
+    const s_lazy_counts_t applied = {
+        .gradients_received = 3, .gradients_applied = 3, .updates_applied = 1, .applied_on_lookup = 1};
+    s_expect_lazy(t, applied);
 
     /* Nothing pending any more: the next lookup takes no step and returns the same value. */
     float again[3];
     assert_int_equal(kb_table_lookup(t, &k, 1, false, again, &version, &updated, &freq), 0);
     assert_memory_equal(again, got, sizeof got);
-    s_stats(t, &s);
-    assert_int_equal(s.updates_applied, 1);
+    s_expect_lazy(t, applied);
 
     /* A gradient pushed for a key that was never seen creates it and waits too. */
     const float g1[3] = {2.0f, 2.0f, 2.0f};
@@ -568,8 +562,8 @@ static void test_lazy_push_applies_on_lookup(void **st)
     for (int i = 0; i < 3; i++)
         assert_float_equal(got[i], 0.0f - 0.5f * 2.0f, 1e-6);
     assert_int_equal(version, 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_lookup, 2);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 2,
+                                       .applied_on_lookup = 2});
     free(recs);
     kb_table_destroy(&t);
 }
@@ -579,9 +573,8 @@ static void test_lazy_wide_rows(void **st)
 {
     (void)st;
     enum { DIM = 1000 };
-    s_spec_t spec = {.dim = DIM, .lr = 0.25f, .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "wide", &cfg);
+    kb_table_t *t = s_new_table(1, "wide", &(s_spec_t){.dim = DIM, .lr = 0.25f,
+                                                       .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE});
     static float g[2][DIM], got[DIM];
     for (int i = 0; i < DIM; i++) {
         g[0][i] = (float)(i % 17);
@@ -601,9 +594,7 @@ static void test_lazy_wide_rows(void **st)
 static void test_put_keeps_pending(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 1.0f};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 1.0f});
     ProtobufCBinaryData k = s_key("k");
     const float g[2] = {0.25f, -0.5f};
     kb_table_push(t, &k, 1, g);
@@ -622,25 +613,19 @@ static void test_put_keeps_pending(void **st)
 static void test_max_pending_trigger(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 1.0f, .max_pending = 4, .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 1.0f, .max_pending = 4,
+                                                    .outlier = CARLS__OUTLIER_RULE__OUTLIER_NONE});
     ProtobufCBinaryData k = s_key("k");
     const float g[4][2] = {{1, 0}, {2, 0}, {3, 0}, {6, 4}}; /* mean (3, 1) */
-    kb_table_stats_t s;
     for (int i = 0; i < 3; i++) {
         assert_int_equal(kb_table_push(t, &k, 1, g[i]), 0);
-        s_stats(t, &s);
-        assert_int_equal(s.pending_gradients, (uint64_t)i + 1);
-        assert_int_equal(s.updates_applied, 0);
+        uint64_t waiting = (uint64_t)i + 1;
+        s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = waiting,
+                                           .gradients_received = waiting});
     }
     assert_int_equal(kb_table_push(t, &k, 1, g[3]), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.applied_on_count, 1);
-    assert_int_equal(s.updates_applied, 1);
-    assert_int_equal(s.gradients_applied, 4);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 1,
+                                       .applied_on_count = 1});
     float got[2];
     uint64_t version;
     /* no_create lookup: reads the applied value without another step. */
@@ -653,11 +638,8 @@ static void test_max_pending_trigger(void **st)
     const float b[6][2] = {{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 2}, {4, 4}};
     ProtobufCBinaryData ks[6] = {k, k, k, k, k, k};
     assert_int_equal(kb_table_push(t, ks, 6, &b[0][0]), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_count, 2);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 2);
-    assert_int_equal(s.gradients_received, 10);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 2, .gradients_received = 10,
+                                       .gradients_applied = 8, .updates_applied = 2, .applied_on_count = 2});
     assert_int_equal(kb_table_lookup(t, &k, 1, false, got, &version, &(int64_t){0}, &(uint64_t){0}), 1);
     assert_float_equal(got[0], -3.0f - 1.0f - 3.0f, 1e-6);
     assert_float_equal(got[1], -1.0f - 1.0f - 3.0f, 1e-6);
@@ -688,14 +670,11 @@ static void test_expire_by_age(void **st)
 {
     (void)st;
     const uint32_t age = 100;
-    s_spec_t spec = {.dim = 1, .lr = 1.0f, .max_age_ms = age};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 1, .lr = 1.0f, .max_age_ms = age});
     char names[3][32];
     s_same_stripe_keys("age", names, 3);
     ProtobufCBinaryData ka = s_key(names[0]), kb = s_key(names[1]), kc = s_key(names[2]);
     const float ga = 1.0f, gb = 2.0f, gc = 4.0f, ga2 = 8.0f;
-    kb_table_stats_t s;
 
     int64_t t0 = carls_monotonic_ms();
     kb_table_push(t, &ka, 1, &ga);
@@ -710,14 +689,12 @@ static void test_expire_by_age(void **st)
     /* Nothing is old enough yet (times are passed in, no waiting). */
     assert_int_equal(kb_table_expire(t, t0 + age - 1), 0);
     assert_int_equal(kb_table_expire(t, t0), 0);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 3);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 3, .pending_gradients = 3, .gradients_received = 3});
 
     /* At t1 + age only A has waited long enough (B and C arrived after t2 > t1). */
     assert_int_equal(kb_table_expire(t, t1 + age), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 2);
-    assert_int_equal(s.applied_on_age, 1);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 2, .pending_gradients = 2, .gradients_received = 3,
+                                       .gradients_applied = 1, .updates_applied = 1, .applied_on_age = 1});
     float v;
     uint64_t version;
     s_lookup1(t, names[0], true, &v, &version, NULL, NULL);
@@ -732,10 +709,8 @@ static void test_expire_by_age(void **st)
 
     /* At t3 + age, B and C are due but A's new set is not. */
     assert_int_equal(kb_table_expire(t, t3 + age), 2);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 1);
-    assert_int_equal(s.pending_gradients, 1);
-    assert_int_equal(s.applied_on_age, 3);
+    s_expect_lazy(t, (s_lazy_counts_t){.pending_keys = 1, .pending_gradients = 1, .gradients_received = 4,
+                                       .gradients_applied = 3, .updates_applied = 3, .applied_on_age = 3});
     s_lookup1(t, names[1], true, &v, NULL, NULL, NULL);
     assert_float_equal(v, -2.0f, 1e-6);
     s_lookup1(t, names[2], true, &v, NULL, NULL, NULL);
@@ -745,12 +720,8 @@ static void test_expire_by_age(void **st)
 
     /* Much later: A's second set goes too; A has had two steps. */
     assert_int_equal(kb_table_expire(t, carls_monotonic_ms() + age), 1);
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.applied_on_age, 4);
-    assert_int_equal(s.updates_applied, 4);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, (s_lazy_counts_t){.gradients_received = 4, .gradients_applied = 4, .updates_applied = 4,
+                                       .applied_on_age = 4});
     s_lookup1(t, names[0], true, &v, &version, NULL, NULL);
     assert_float_equal(v, -1.0f - 8.0f, 1e-6);
     assert_int_equal(version, 2);
@@ -761,18 +732,13 @@ static void test_expire_by_age(void **st)
 static void test_immediate_policy(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 2, .lr = 0.5f, .immediate = true};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 2, .lr = 0.5f,
+                                                    .policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE});
     ProtobufCBinaryData ks[3] = {s_key("k"), s_key("k"), s_key("j")};
     const float g[3][2] = {{1, 2}, {3, 4}, {2, 2}};
     assert_int_equal(kb_table_push(t, ks, 3, &g[0][0]), 3);
-    kb_table_stats_t s;
-    s_stats(t, &s);
-    assert_int_equal(s.pending_keys, 0);
-    assert_int_equal(s.pending_gradients, 0);
-    assert_int_equal(s.updates_applied, 3);
-    assert_int_equal(s.gradients_received, 3);
+    const s_lazy_counts_t immediate = {.gradients_received = 3, .gradients_applied = 3, .updates_applied = 3};
+    s_expect_lazy(t, immediate);
     assert_int_equal(kb_table_expire(t, carls_monotonic_ms() + 1000000), 0);
 
     float v[2];
@@ -784,8 +750,7 @@ static void test_immediate_policy(void **st)
     s_lookup1(t, "j", false, v, &version, NULL, NULL);
     assert_float_equal(v[0], -1.0f, 1e-6);
     assert_int_equal(version, 1);
-    s_stats(t, &s);
-    assert_int_equal(s.applied_on_lookup, 0);
+    s_expect_lazy(t, immediate);
     kb_table_destroy(&t);
 }
 
@@ -1019,9 +984,8 @@ static void test_restore_round_trip(void **st)
 static void test_restore_rejects_mismatch(void **st)
 {
     (void)st;
-    s_spec_t spec = {.dim = 4, .opt = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM, .max_pending = 2};
-    kb_table_config_t cfg = s_config(&spec);
-    kb_table_t *t = kb_table_new(1, "t", &cfg);
+    kb_table_t *t = s_new_table(1, "t", &(s_spec_t){.dim = 4, .opt = CARLS__OPTIMIZER_KIND__OPT_MOMENTUM,
+                                                    .max_pending = 2});
     float value[5] = {1, 2, 3, 4, 5};
     float opt[5] = {0};
     float pending[3 * 4] = {0};

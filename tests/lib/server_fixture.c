@@ -101,6 +101,20 @@ Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, 
     return resp;
 }
 
+Carls__TableStats test_table_stats(kb_client_t *c, const char *table)
+{
+    Carls__Response *resp = NULL;
+    if (kb_client_stats(c, table, &resp) != 0)
+        fail_msg("stats of %s: %s", table, kb_client_last_error(c));
+    assert_int_equal(resp->stats->n_tables, 1);
+    Carls__TableStats counters = *resp->stats->tables[0];
+    counters.name = NULL;
+    counters.n_requests = 0;
+    counters.requests = NULL;
+    carls__response__free_unpacked(resp, NULL);
+    return counters;
+}
+
 void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg)
 {
     if (kb_client_create_table(c, name, cfg, false) != 0)

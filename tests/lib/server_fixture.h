@@ -26,6 +26,13 @@ int server_fixture_setup_server(void **state, const char *const *args);
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
+/* A cmocka test entry for test on a fixture: fresh (SERVER_FIXTURE_TEST) or with a server started and a client
+ * connected (SERVER_FIXTURE_TEST_STARTED); opts is the client options' prestate, or NULL for the defaults. */
+#define SERVER_FIXTURE_TEST(test, opts)                                                                       \
+    cmocka_unit_test_prestate_setup_teardown(test, server_fixture_setup, server_fixture_teardown, opts)
+#define SERVER_FIXTURE_TEST_STARTED(test, opts)                                                               \
+    cmocka_unit_test_prestate_setup_teardown(test, server_fixture_setup_started, server_fixture_teardown, opts)
+
 /* cmocka teardown: closes the raw client, destroys the client, stops the server with SIGTERM and removes the
  * data directory; fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
 int server_fixture_teardown(void **state);
@@ -46,6 +53,10 @@ kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t
  * keys (excluding each key itself when exclude); fails the test when the call fails. Caller frees the reply. */
 Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
                           size_t nkeys, uint32_t k, bool exclude);
+
+/* The stats of table through c (failing the test when the call fails): its counters only, the name and the
+ * latency list going with the reply. */
+Carls__TableStats test_table_stats(kb_client_t *c, const char *table);
 
 /* Creates table name with cfg through c, failing the test with the client's error otherwise. */
 void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg);

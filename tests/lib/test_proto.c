@@ -24,6 +24,26 @@ void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData 
     req->put = put;
 }
 
+void test_feature_put_request(Carls__Request *req, Carls__FeaturePut *fp, ProtobufCBinaryData *keys,
+                              Carls__FeatureRecord **records, size_t n)
+{
+    carls__feature_put__init(fp);
+    fp->keys = keys;
+    fp->records = records;
+    fp->n_keys = fp->n_records = n; /* one record per key */
+    req->op_case = CARLS__REQUEST__OP_FEATURE_PUT;
+    req->feature_put = fp;
+}
+
+void test_feature_get_request(Carls__Request *req, Carls__FeatureGet *fg, ProtobufCBinaryData *keys, size_t n)
+{
+    carls__feature_get__init(fg);
+    fg->keys = keys;
+    fg->n_keys = n;
+    req->op_case = CARLS__REQUEST__OP_FEATURE_GET;
+    req->feature_get = fg;
+}
+
 void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n)
 {
     rec->neighbor_keys = keys;

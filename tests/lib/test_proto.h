@@ -20,4 +20,10 @@ void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys,
 void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
                       size_t n_values);
 
+/* Makes req a feature_put of n keys with one record each (fp is the caller's storage for the payload), or a
+ * feature_get of n keys (fg likewise). The envelope (table, ids) is left as it is. */
+void test_feature_put_request(Carls__Request *req, Carls__FeaturePut *fp, ProtobufCBinaryData *keys,
+                              Carls__FeatureRecord **records, size_t n);
+void test_feature_get_request(Carls__Request *req, Carls__FeatureGet *fg, ProtobufCBinaryData *keys, size_t n);
+
 #endif

@@ -23,11 +23,27 @@
 #define ATOL 1e-3
 #define RTOL 1e-2
 
+/* The buffers a test asked s_new for; they live until the test ends, when s_free_buffers (every test's
+ * teardown, so also after a failed assertion) frees them. */
+static float *s_buffers[32];
+static size_t s_n_buffers;
+
+/* n zeroed floats, freed with the test. */
 static float *s_new(int n)
 {
+    assert_true(s_n_buffers < sizeof s_buffers / sizeof s_buffers[0]);
     float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
     assert_non_null(p);
+    s_buffers[s_n_buffers++] = p;
     return p;
+}
+
+static int s_free_buffers(void **state)
+{
+    (void)state;
+    while (s_n_buffers > 0)
+        free(s_buffers[--s_n_buffers]);
+    return 0;
 }
 
 /* ---- linear ---- */
@@ -100,17 +116,6 @@ static void test_linear(void **state)
             assert_float_equal(out_nb[b * c.OC + o] + c.b[o], c.out[b * c.OC + o], 1e-5);
         }
     }
-    free(out_nb);
-    free(dw2);
-    free(db2);
-    free(dinp);
-    free(dw);
-    free(db);
-    free(c.inp);
-    free(c.w);
-    free(c.b);
-    free(c.out);
-    free(c.r);
 }
 
 /* ---- ReLU ---- */
@@ -144,10 +149,6 @@ static void test_relu(void **state)
     float *dinp = s_new(c.N);
     nn_relu_backward_cpu(dinp, c.r, c.out, c.N);
     assert_int_equal(t_gradcheck("relu", c.inp, c.N, dinp, s_relu_loss, &c, EPS, ATOL, RTOL), 0);
-    free(dinp);
-    free(c.inp);
-    free(c.out);
-    free(c.r);
 }
 
 /* ---- dropout ---- */
@@ -208,15 +209,6 @@ static void test_dropout(void **state)
     assert_memory_not_equal(m1, m2, sizeof(float) * (size_t)n);
     nn_dropout_forward_cpu(y, m2, x, 0.0f, 8, n); /* p = 0 is the identity */
     assert_memory_equal(y, x, sizeof(float) * (size_t)n);
-    free(x);
-    free(y);
-    free(m1);
-    free(m2);
-    free(dinp);
-    free(c.inp);
-    free(c.out);
-    free(c.mask);
-    free(c.r);
 }
 
 /* ---- softmax cross-entropy ---- */
@@ -274,11 +266,6 @@ static void test_softmax_ce(void **state)
     float flat[3] = {0.5f, 0.5f, 0.5f};
     nn_softmax_ce_forward_cpu(l1, pr, flat, t1, 1, 3);
     assert_float_equal(l1[0], log(3.0), 1e-6);
-    free(dlogits);
-    free(c.logits);
-    free(c.probs);
-    free(c.losses);
-    free(c.dl);
 }
 
 /* ---- L2 normalisation ---- */
@@ -321,11 +308,6 @@ static void test_l2norm(void **state)
     float z[4] = {0}, zo[4], zn[1];
     nn_l2norm_forward_cpu(zo, zn, z, 1e-12f, 1, 4);
     assert_true(isfinite(zo[0]) && zo[0] == 0.0f);
-    free(dinp);
-    free(c.inp);
-    free(c.out);
-    free(c.norms);
-    free(c.r);
 }
 
 /* ---- embedding bag ---- */
@@ -380,10 +362,6 @@ static void test_embedding_bag(void **state)
         nn_embedding_bag_backward_cpu(drows, c.r, indices, offsets, c.weights, c.mode, c.B, c.R, c.D);
         assert_int_equal(t_gradcheck(names[variant], c.rows, c.R * c.D, drows, s_bag_loss, &c, EPS, ATOL, RTOL), 0);
     }
-    free(drows);
-    free(c.rows);
-    free(c.out);
-    free(c.r);
 }
 
 /* ---- neighbour squared distance ---- */
@@ -422,12 +400,6 @@ static void test_pairwise_sqdist(void **state)
     float x[2] = {0, 0}, n[2] = {3, 4}, o[1];
     nn_pairwise_sqdist_forward_cpu(o, x, n, 1, 1, 2);
     assert_float_equal(o[0], 25.0f, 0.0);
-    free(dx);
-    free(dn);
-    free(c.x);
-    free(c.nbr);
-    free(c.out);
-    free(c.r);
 }
 
 /* ---- InfoNCE ---- */
@@ -498,17 +470,6 @@ static void test_infonce(void **state)
     for (int b = 0; b < c.B; b++) {
         assert_float_equal(c.losses[b], log(1.0 + c.N), 1e-6);
     }
-    free(dq);
-    free(dpos);
-    free(dneg);
-    free(c.q);
-    free(c.pos);
-    free(c.neg);
-    free(c.pos_logq);
-    free(c.neg_logq);
-    free(c.losses);
-    free(c.probs);
-    free(c.dl);
 }
 
 static void test_helpers(void **state)
@@ -563,11 +524,16 @@ int main(void)
 {
     nn_cpu_set_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),          cmocka_unit_test(test_relu),
-        cmocka_unit_test(test_dropout),         cmocka_unit_test(test_softmax_ce),
-        cmocka_unit_test(test_l2norm),          cmocka_unit_test(test_embedding_bag),
-        cmocka_unit_test(test_pairwise_sqdist), cmocka_unit_test(test_infonce),
-        cmocka_unit_test(test_helpers),         cmocka_unit_test(test_device_parse),
+        cmocka_unit_test_teardown(test_linear, s_free_buffers),
+        cmocka_unit_test_teardown(test_relu, s_free_buffers),
+        cmocka_unit_test_teardown(test_dropout, s_free_buffers),
+        cmocka_unit_test_teardown(test_softmax_ce, s_free_buffers),
+        cmocka_unit_test_teardown(test_l2norm, s_free_buffers),
+        cmocka_unit_test_teardown(test_embedding_bag, s_free_buffers),
+        cmocka_unit_test_teardown(test_pairwise_sqdist, s_free_buffers),
+        cmocka_unit_test_teardown(test_infonce, s_free_buffers),
+        cmocka_unit_test_teardown(test_helpers, s_free_buffers),
+        cmocka_unit_test_teardown(test_device_parse, s_free_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -351,21 +351,25 @@ static void test_parse_unnumbered(void **state)
 static void test_mask(void **state)
 {
     (void)state;
-    char out[256];
-    assert_int_equal(data_gcide_mask("abandon", "to abandon one's abandonment and abandoned friends aband", out), 4);
-    assert_string_equal(out, "to one's and friends");
-    /* Shorter than five letters: only words starting with the headword. */
-    assert_int_equal(data_gcide_mask("bank", "the bank banks banker's embankment ban", out), 3);
-    assert_string_equal(out, "the embankment ban");
-    assert_int_equal(data_gcide_mask("ait", "bait ait aits", out), 2);
-    assert_string_equal(out, "bait");
-    /* Five letters shared is enough: "quixote" goes with "quixotic", "quick" stays. */
-    assert_int_equal(data_gcide_mask("quixotic", "like don quixote quick", out), 1);
-    assert_string_equal(out, "like don quick");
-    assert_int_equal(data_gcide_mask("bank", "bank banks", out), 2);
-    assert_string_equal(out, "");
-    assert_int_equal(data_gcide_mask("tree", "", out), 0);
-    assert_string_equal(out, "");
+    static const struct {
+        const char *headword, *text;
+        size_t masked; /* words taken out */
+        const char *want;
+    } cases[] = {
+        {"abandon", "to abandon one's abandonment and abandoned friends aband", 4, "to one's and friends"},
+        /* Shorter than five letters: only words starting with the headword. */
+        {"bank", "the bank banks banker's embankment ban", 3, "the embankment ban"},
+        {"ait", "bait ait aits", 2, "bait"},
+        /* Five letters shared is enough: "quixote" goes with "quixotic", "quick" stays. */
+        {"quixotic", "like don quixote quick", 1, "like don quick"},
+        {"bank", "bank banks", 2, ""},
+        {"tree", "", 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[256];
+        assert_int_equal(data_gcide_mask(cases[i].headword, cases[i].text, out), cases[i].masked);
+        assert_string_equal(out, cases[i].want);
+    }
 }
 
 /* ---- base 64 ---- */
