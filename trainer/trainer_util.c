@@ -37,35 +37,6 @@ int trainer_parse_widths(const char *text, int *widths, int max)
     return n > 0 ? n : -1;
 }
 
-int trainer_parse_int(const char *name, const char *text, long lo, long hi, int *out)
-{
-    return carls_args_int_value("trainer", name, text, lo, hi, out);
-}
-
-int trainer_parse_float(const char *name, const char *text, double lo, double hi, float *out)
-{
-    return carls_args_float_value("trainer", name, text, lo, hi, out);
-}
-
-int trainer_parse_flag(const char *name, const char *text, bool *out)
-{
-    int v = 0;
-    if (carls_args_int_value("trainer", name, text, 0, 1, &v) != 0)
-        return -1;
-    *out = v == 1;
-    return 0;
-}
-
-int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first)
-{
-    int which = 0;
-    if (carls_args_choice_value("trainer", name, text, (const char *const[]){first, second, NULL}, &which) != 0) {
-        return -1;
-    }
-    *is_first = which == 0;
-    return 0;
-}
-
 void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
                       int *seed)
 {

@@ -16,18 +16,6 @@
 /* Parses "256" or "512,256" into widths (at most max), returning how many, or -1 if malformed. */
 int trainer_parse_widths(const char *text, int *widths, int max);
 
-/* Option values for the subcommands that parse their options by hand (carls_args.h's checks with the prefix
- * "trainer"); a subcommand with a carls_args_t table needs none of these. */
-/* Parses an int option in [lo, hi]; prints "trainer: --name: ..." and returns -1 when it is not one. */
-int trainer_parse_int(const char *name, const char *text, long lo, long hi, int *out);
-/* Same for a float in [lo, hi]. */
-int trainer_parse_float(const char *name, const char *text, double lo, double hi, float *out);
-/* A 0|1 option: *out = the value; prints as trainer_parse_int and returns -1 for anything else. */
-int trainer_parse_flag(const char *name, const char *text, bool *out);
-/* An option with two values: *is_first = (text is first); prints "trainer: --name: 'text' is not first or
- * second" and returns -1 (leaving *is_first) when it is neither. */
-int trainer_parse_choice(const char *name, const char *text, const char *first, const char *second, bool *is_first);
-
 /* The model and optimiser options the Fashion-MNIST trainers (graphreg, supervised) share, as a carls_args
  * group (carls_arg_group(g->rows)): --hidden, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
  * stored into model, opt, *cosine and *seed. Also sets their shared defaults: *opt Adam (momentum 0.9 for

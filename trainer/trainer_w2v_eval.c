@@ -8,13 +8,13 @@
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
+#include "carls_args.h"
 #include "files.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -400,33 +400,21 @@ int trainer_w2v_eval_main(int argc, char **argv)
 {
     const char *vectors = NULL, *pairs = NULL, *cats = NULL, *compare = NULL, *neigh = NULL;
     int first = 1000, k = 10;
-    enum { O_VEC = 256, O_PAIRS, O_CATS, O_CMP, O_FIRST, O_NEIGH, O_K, O_HELP };
-    static const struct option longopts[] = {
-        {"vectors", required_argument, NULL, O_VEC}, {"pairs", required_argument, NULL, O_PAIRS},
-        {"categories", required_argument, NULL, O_CATS}, {"compare", required_argument, NULL, O_CMP},
-        {"first", required_argument, NULL, O_FIRST}, {"neighbours", required_argument, NULL, O_NEIGH},
-        {"k", required_argument, NULL, O_K}, {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0},
+    const carls_arg_t args[] = {
+        carls_arg_string("vectors", &vectors),
+        carls_arg_string("pairs", &pairs),
+        carls_arg_string("categories", &cats),
+        carls_arg_string("compare", &compare),
+        carls_arg_int("first", &first, 1, 1000000),
+        carls_arg_string("neighbours", &neigh),
+        carls_arg_int("k", &k, 1, 1000),
+        {0},
     };
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_VEC: vectors = optarg; break;
-        case O_PAIRS: pairs = optarg; break;
-        case O_CATS: cats = optarg; break;
-        case O_CMP: compare = optarg; break;
-        case O_FIRST: bad = trainer_parse_int("first", optarg, 1, 1000000, &first); break;
-        case O_NEIGH: neigh = optarg; break;
-        case O_K: bad = trainer_parse_int("k", optarg, 1, 1000, &k); break;
-        case O_HELP: s_usage(stdout); return 0;
-        default: s_usage(stderr); return 2;
-        }
-        if (bad)
-            return 2;
-    }
-    if (!vectors || optind < argc) {
-        s_usage(stderr);
+    int prc = carls_args_parse("trainer w2v-eval", argc, argv, args, s_usage);
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
+    if (!vectors) {
+        fprintf(stderr, "trainer w2v-eval: --vectors FILE is required\n");
         return 2;
     }
     char err[512];

@@ -28,6 +28,7 @@
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
+#include "carls_args.h"
 #include "data_text.h"
 #include "nn_sgns.h"
 
@@ -36,7 +37,6 @@
 #include "protocol.h"
 #include "util.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,13 +56,13 @@ typedef struct {
     uint32_t batch_tokens;
     uint32_t pool;
     int lr_decay;          /* -1: default (linear for sgd, none for adagrad); 0 none; 1 linear */
-    int count_pass;        /* 1: count every token of the first pass in NAME.count */
+    bool no_count;         /* --no-count: do not count the first pass's tokens in NAME.count */
     uint64_t seed;
     const char *export_path;
     const char *predict;   /* comma-separated words */
     uint32_t predict_k;
     uint32_t predict_eval; /* context-prediction pairs to score */
-    int tokenize_only;
+    bool tokenize_only;
     int timeout_ms, retries;
     const char *metrics;
 } s_opts_t;
@@ -177,17 +177,11 @@ static void s_usage(FILE *out)
             "  --log-level LEVEL        debug|info|warn|error\n");
 }
 
-static int s_parse_worker(const char *text, uint32_t *i, uint32_t *n)
+/* --worker I/N into the s_opts_t out. */
+static int s_arg_worker(const char *prog, const char *name, const char *text, void *out)
 {
-    unsigned a, b;
-    char tail;
-    if (sscanf(text, "%u/%u%c", &a, &b, &tail) != 2 || b == 0 || a >= b || b > 1024) {
-        fprintf(stderr, "trainer: --worker: '%s' is not I/N with 0 <= I < N <= 1024\n", text);
-        return -1;
-    }
-    *i = a;
-    *n = b;
-    return 0;
+    s_opts_t *o = out;
+    return carls_args_part_value(prog, name, text, 1024, &o->worker, &o->workers);
 }
 
 /* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
@@ -207,153 +201,54 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .batch_tokens = 0,
         .pool = 0,
         .lr_decay = -1,
-        .count_pass = 1,
         .seed = 1,
         .predict_k = 10,
         .timeout_ms = 10000,
         .retries = 60,
     };
-    enum {
-        O_CORPUS = 256, O_KB, O_TABLE, O_DIM, O_WINDOW, O_NEG, O_EPOCHS, O_SUB, O_MINC, O_ADM, O_WORKER, O_BATCH,
-        O_POOL, O_OPT, O_LR, O_DECAY, O_UPDATE, O_AGE, O_PENDING, O_KNN, O_NOCOUNT, O_SEED, O_EXPORT, O_PREDICT,
-        O_PK, O_PEVAL, O_TOK, O_METRICS, O_TIMEOUT, O_RETRIES, O_LOG, O_HELP
+    int admission = W2V_ADMIT_BLOOM, seed = 1;
+    const carls_arg_t args[] = {
+        carls_arg_string("corpus", &o->corpus),
+        carls_arg_string("kb", &o->kb),
+        carls_arg_string("table", &o->table),
+        carls_arg_u32("dim", &o->tables.dim, 1, W2V_MAX_DIM),
+        carls_arg_u32("window", &o->window, 1, W2V_MAX_WINDOW),
+        carls_arg_u32("negatives", &o->negatives, 0, W2V_MAX_NEGATIVES),
+        carls_arg_u32("epochs", &o->epochs, 0, 100000),
+        carls_arg_float("subsample", &o->subsample, 0.0, 1.0),
+        carls_arg_u32("min-count", &o->tables.min_count, 1, 255),
+        /* the order of w2v_admission_t */
+        carls_arg_choice("admission", &admission, (const char *const[]){"bloom", "frequency", "none", NULL}),
+        carls_arg_custom("worker", o, s_arg_worker),
+        carls_arg_u32("batch-tokens", &o->batch_tokens, 16, 90000),
+        carls_arg_u32("pool", &o->pool, 1, 90000),
+        carls_arg_either("optimizer", &o->tables.adagrad, (const char *const[]){"adagrad", "sgd", NULL}),
+        carls_arg_float("lr", &o->tables.lr, 1e-9, 100.0),
+        carls_arg_choice("lr-decay", &o->lr_decay, (const char *const[]){"none", "linear", NULL}),
+        carls_arg_either("update", &o->tables.lazy, (const char *const[]){"lazy", "immediate", NULL}),
+        carls_arg_u32("max-age-ms", &o->tables.max_age_ms, 1, 3600000),
+        carls_arg_u32("max-pending", &o->tables.max_pending, 1, 1024),
+        carls_arg_string("knn-spec", &o->tables.knn_spec),
+        carls_arg_set("no-count", &o->no_count),
+        carls_arg_int("seed", &seed, 0, 2147483647),
+        carls_arg_string("export", &o->export_path),
+        carls_arg_string("predict", &o->predict),
+        carls_arg_u32("predict-k", &o->predict_k, 1, 4096),
+        carls_arg_u32("predict-eval", &o->predict_eval, 1, 20000),
+        carls_arg_set("tokenize-only", &o->tokenize_only),
+        carls_arg_string("metrics", &o->metrics),
+        carls_arg_int("kb-timeout-ms", &o->timeout_ms, 100, 3600000),
+        carls_arg_int("kb-retries", &o->retries, 0, 100000),
+        carls_arg_log_level(),
+        {0},
     };
-    static const struct option longopts[] = {
-        {"corpus", required_argument, NULL, O_CORPUS},
-        {"kb", required_argument, NULL, O_KB},
-        {"table", required_argument, NULL, O_TABLE},
-        {"dim", required_argument, NULL, O_DIM},
-        {"window", required_argument, NULL, O_WINDOW},
-        {"negatives", required_argument, NULL, O_NEG},
-        {"epochs", required_argument, NULL, O_EPOCHS},
-        {"subsample", required_argument, NULL, O_SUB},
-        {"min-count", required_argument, NULL, O_MINC},
-        {"admission", required_argument, NULL, O_ADM},
-        {"worker", required_argument, NULL, O_WORKER},
-        {"batch-tokens", required_argument, NULL, O_BATCH},
-        {"pool", required_argument, NULL, O_POOL},
-        {"optimizer", required_argument, NULL, O_OPT},
-        {"lr", required_argument, NULL, O_LR},
-        {"lr-decay", required_argument, NULL, O_DECAY},
-        {"update", required_argument, NULL, O_UPDATE},
-        {"max-age-ms", required_argument, NULL, O_AGE},
-        {"max-pending", required_argument, NULL, O_PENDING},
-        {"knn-spec", required_argument, NULL, O_KNN},
-        {"no-count", no_argument, NULL, O_NOCOUNT},
-        {"seed", required_argument, NULL, O_SEED},
-        {"export", required_argument, NULL, O_EXPORT},
-        {"predict", required_argument, NULL, O_PREDICT},
-        {"predict-k", required_argument, NULL, O_PK},
-        {"predict-eval", required_argument, NULL, O_PEVAL},
-        {"tokenize-only", no_argument, NULL, O_TOK},
-        {"metrics", required_argument, NULL, O_METRICS},
-        {"kb-timeout-ms", required_argument, NULL, O_TIMEOUT},
-        {"kb-retries", required_argument, NULL, O_RETRIES},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    int c;
-    int v;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_CORPUS: o->corpus = optarg; break;
-        case O_KB: o->kb = optarg; break;
-        case O_TABLE: o->table = optarg; break;
-        case O_DIM:
-            bad = trainer_parse_int("dim", optarg, 1, W2V_MAX_DIM, &v);
-            o->tables.dim = (uint32_t)v;
-            break;
-        case O_WINDOW:
-            bad = trainer_parse_int("window", optarg, 1, W2V_MAX_WINDOW, &v);
-            o->window = (uint32_t)v;
-            break;
-        case O_NEG:
-            bad = trainer_parse_int("negatives", optarg, 0, W2V_MAX_NEGATIVES, &v);
-            o->negatives = (uint32_t)v;
-            break;
-        case O_EPOCHS:
-            bad = trainer_parse_int("epochs", optarg, 0, 100000, &v);
-            o->epochs = (uint32_t)v;
-            break;
-        case O_SUB: bad = trainer_parse_float("subsample", optarg, 0.0, 1.0, &o->subsample); break;
-        case O_MINC:
-            bad = trainer_parse_int("min-count", optarg, 1, 255, &v);
-            o->tables.min_count = (uint32_t)v;
-            break;
-        case O_ADM:
-            if (strcmp(optarg, "bloom") == 0) {
-                o->tables.admission = W2V_ADMIT_BLOOM;
-            } else if (strcmp(optarg, "frequency") == 0) {
-                o->tables.admission = W2V_ADMIT_FREQUENCY;
-            } else if (strcmp(optarg, "none") == 0) {
-                o->tables.admission = W2V_ADMIT_NONE;
-            } else {
-                fprintf(stderr, "trainer: --admission: '%s' is not bloom, frequency or none\n", optarg);
-                bad = -1;
-            }
-            break;
-        case O_WORKER: bad = s_parse_worker(optarg, &o->worker, &o->workers); break;
-        case O_BATCH:
-            bad = trainer_parse_int("batch-tokens", optarg, 16, 90000, &v);
-            o->batch_tokens = (uint32_t)v;
-            break;
-        case O_POOL:
-            bad = trainer_parse_int("pool", optarg, 1, 90000, &v);
-            o->pool = (uint32_t)v;
-            break;
-        case O_OPT: bad = trainer_parse_choice("optimizer", optarg, "adagrad", "sgd", &o->tables.adagrad); break;
-        case O_LR: bad = trainer_parse_float("lr", optarg, 1e-9, 100.0, &o->tables.lr); break;
-        case O_DECAY: {
-            bool linear = false;
-            bad = trainer_parse_choice("lr-decay", optarg, "linear", "none", &linear);
-            o->lr_decay = linear ? 1 : 0;
-            break;
-        }
-        case O_UPDATE: bad = trainer_parse_choice("update", optarg, "lazy", "immediate", &o->tables.lazy); break;
-        case O_AGE:
-            bad = trainer_parse_int("max-age-ms", optarg, 1, 3600000, &v);
-            o->tables.max_age_ms = (uint32_t)v;
-            break;
-        case O_PENDING:
-            bad = trainer_parse_int("max-pending", optarg, 1, 1024, &v);
-            o->tables.max_pending = (uint32_t)v;
-            break;
-        case O_KNN: o->tables.knn_spec = optarg; break;
-        case O_NOCOUNT: o->count_pass = 0; break;
-        case O_SEED:
-            bad = trainer_parse_int("seed", optarg, 0, 2147483647, &v);
-            o->seed = (uint64_t)v;
-            break;
-        case O_EXPORT: o->export_path = optarg; break;
-        case O_PREDICT: o->predict = optarg; break;
-        case O_PK:
-            bad = trainer_parse_int("predict-k", optarg, 1, 4096, &v);
-            o->predict_k = (uint32_t)v;
-            break;
-        case O_PEVAL:
-            bad = trainer_parse_int("predict-eval", optarg, 1, 20000, &v);
-            o->predict_eval = (uint32_t)v;
-            break;
-        case O_TOK: o->tokenize_only = 1; break;
-        case O_METRICS: o->metrics = optarg; break;
-        case O_TIMEOUT: bad = trainer_parse_int("kb-timeout-ms", optarg, 100, 3600000, &o->timeout_ms); break;
-        case O_RETRIES: bad = trainer_parse_int("kb-retries", optarg, 0, 100000, &o->retries); break;
-        case O_LOG: bad = carls_log_level_option("trainer word2vec", optarg); break;
-        case O_HELP: s_usage(stdout); return 1;
-        default: s_usage(stderr); return -1;
-        }
-        if (bad)
-            return -1;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "trainer: word2vec: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
+    int rc = carls_args_parse("trainer word2vec", argc, argv, args, s_usage);
+    if (rc != 0)
+        return rc;
+    o->tables.admission = (w2v_admission_t)admission;
+    o->seed = (uint64_t)seed;
     if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
-        fprintf(stderr, "trainer: word2vec: --corpus FILE|kjv is required\n");
+        fprintf(stderr, "trainer word2vec: --corpus FILE|kjv is required\n");
         return -1;
     }
     if (o->tables.lr < 0)
@@ -474,7 +369,7 @@ static int s_prepare(s_run_t *r, s_batch_t *b)
     b->active = true;
     b->index = r->next_index++;
     b->epoch = r->next_epoch;
-    b->counting = r->o.count_pass && b->epoch == 0;
+    b->counting = !r->o.no_count && b->epoch == 0;
     b->line0 = r->next_line;
     size_t l = b->line0;
     while (l < r->line_end && t->line_start[l] - t->line_start[b->line0] < r->o.batch_tokens)
@@ -1231,7 +1126,7 @@ int trainer_word2vec_main(int argc, char **argv)
     if (prc != 0)
         return prc > 0 ? 0 : 2;
     if (w2v_names(r->o.table, &r->names) != 0) {
-        fprintf(stderr, "trainer: --table: '%s' is not a valid table name of at most 120 bytes\n", r->o.table);
+        fprintf(stderr, "trainer word2vec: --table: '%s' is not a valid table name of at most 120 bytes\n", r->o.table);
         return 2;
     }
     int rc = 1;
