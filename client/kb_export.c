@@ -94,7 +94,7 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     *out = NULL;
     if (!path || !*path || !table || !cfg)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a path, a table name and a config are required");
-    if (carls_table_name_valid(table) != 0)
+    if (!carls_table_name_valid(table))
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: invalid table name \"%s\"", table);
     bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     if (!feature && cfg->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING)
@@ -421,7 +421,7 @@ static int s_read_name_and_config(kb_export_reader_t *r, uint32_t name_len, char
     if (rc != 0)
         return rc;
     r->name[name_len] = '\0';
-    if (carls_table_name_valid(r->name) != 0)
+    if (!carls_table_name_valid(r->name))
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: the table name is not a valid name", path);
     uint8_t b4[4];
     rc = s_read(r, b4, 4, err, errlen);
@@ -777,7 +777,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
         *rows_out = 0;
     if (!bank || !table || !path)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "import: a bank, a table and a path are required");
-    if (carls_table_name_valid(table) != 0)
+    if (!carls_table_name_valid(table))
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "import: invalid table name \"%s\"", table);
     if (batch == 0)
         batch = S_DEFAULT_BATCH;

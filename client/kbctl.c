@@ -260,7 +260,7 @@ static int s_opt_name(const char *verb, const char *opt, const s_enum_t *names, 
 
 static int s_check_table_name(const char *verb, const char *name)
 {
-    if (carls_table_name_valid(name) == 0)
+    if (carls_table_name_valid(name))
         return 0;
     fprintf(stderr, "kbctl %s: invalid table name \"%s\" (1..%u characters of A-Z a-z 0-9 _ . -)\n", verb, name,
             CARLS_MAX_TABLE_NAME_BYTES);

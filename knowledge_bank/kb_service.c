@@ -999,7 +999,7 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
         s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
         return -1;
     }
-    if (s_ops[index].names_table && carls_table_name_valid(req->table) != 0) {
+    if (s_ops[index].names_table && !carls_table_name_valid(req->table)) {
         s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
         return -1;
@@ -1056,7 +1056,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
      * s_dispatch for every op that has one (op_index >= 0 means dispatch ran the operation). */
     if (op_index >= 0 && op_index != OP_LIST && op_index != OP_CHECKPOINT &&
         rp->resp.status != CARLS__STATUS_CODE__STATUS_NOT_FOUND && req->table && req->table[0] &&
-        carls_table_name_valid(req->table) == 0 && (op_index != OP_CREATE || ok))
+        carls_table_name_valid(req->table) && (op_index != OP_CREATE || ok))
         tc = s_table_counters(self, req->table, true);
     if (tc && !ok)
         atomic_fetch_add(&tc->errors, 1);

@@ -38,7 +38,7 @@ static int s_setup(s_words_t *w, const km_opts_t *o)
 {
     char err[1024] = "";
     w->o = o;
-    if (carls_table_name_valid(o->prefix) != 0 || strlen(o->prefix) + 6 > 128) {
+    if (!carls_table_name_valid(o->prefix) || strlen(o->prefix) + 6 > 128) {
         LOG_ERROR("--tables '%s': not a usable prefix", o->prefix);
         return -1;
     }

@@ -41,19 +41,19 @@ const char *carls_op_name(Carls__Request__OpCase op)
     }
 }
 
-int carls_table_name_valid(const char *name)
+bool carls_table_name_valid(const char *name)
 {
     size_t n = name ? strlen(name) : 0;
     if (n == 0 || n > CARLS_MAX_TABLE_NAME_BYTES)
-        return -1;
+        return false;
     for (size_t i = 0; i < n; i++) {
         char c = name[i];
-        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                  c == '-' || c == '.';
         if (!ok)
-            return -1;
+            return false;
     }
-    return 0;
+    return true;
 }
 
 uint32_t carls_shard_of(const void *key, size_t len, uint32_t n)

@@ -6,6 +6,7 @@
 #include "carls.pb-c.h"
 #include "util.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,7 +30,7 @@ const char *carls_op_name(Carls__Request__OpCase op);
  * route with it and a server started with --shard i/n refuses keys of other shards. */
 uint32_t carls_shard_of(const void *key, size_t len, uint32_t n);
 
-/* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. Returns 0 when valid. */
-int carls_table_name_valid(const char *name);
+/* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. True when name is one. */
+bool carls_table_name_valid(const char *name);
 
 #endif

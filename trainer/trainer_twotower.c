@@ -285,7 +285,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
 
 int tt_names(const char *base, tt_names_t *names)
 {
-    if (carls_table_name_valid(base) != 0 || strlen(base) + 6 > 128)
+    if (!carls_table_name_valid(base) || strlen(base) + 6 > 128)
         return -1;
     snprintf(names->word, sizeof names->word, "%s.word", base);
     snprintf(names->gram, sizeof names->gram, "%s.gram", base);

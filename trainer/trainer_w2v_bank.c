@@ -8,7 +8,7 @@
 
 int w2v_names(const char *base, w2v_names_t *names)
 {
-    if (carls_table_name_valid(base) != 0 || strlen(base) + 7 > 128)
+    if (!carls_table_name_valid(base) || strlen(base) + 7 > 128)
         return -1;
     snprintf(names->in, sizeof names->in, "%s", base);
     snprintf(names->out, sizeof names->out, "%s.out", base);
