@@ -221,7 +221,7 @@ static int s_scan_line(s_scan_t *scan, char *line, const char *path, int line_no
     char *end = p + strlen(p);
     while (end > p && (s_is_blank(end[-1]) || end[-1] == '\r'))
         *--end = '\0';
-    if (*p == '\0' || *p == '#') /* blank or comment; no valid key starts with '#' (see kb_auth.h) */
+    if (*p == '\0' || *p == '#') /* blank or comment; no valid key starts with '#' (see kb_keys.h) */
         return KB_AUTH_OK;
 
     /* czmq's section names carry no data, but name = value lines other than the two keys are only

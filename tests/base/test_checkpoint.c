@@ -1,4 +1,4 @@
-/* common/checkpoint: round trip through a checkpoint directory, the latest pointer, pruning, and refusal of
+/* base/checkpoint: round trip through a checkpoint directory, the latest pointer, pruning, and refusal of
  * every kind of bad file (bad magic, unsupported version, truncation, trailing bytes, checksum mismatch,
  * absurd counts and shapes, bad dtype, duplicate names, a hostile latest pointer).
  *

@@ -1,4 +1,4 @@
-/* Tests of the client library (common/kb_client.c) against the fake server in fake_kb_server.c: the request
+/* Tests of the client library (client/kb_client.c) against the fake server in fake_kb_server.c: the request
  * envelope (protocol version, request ids, client id and sequence numbers for writes only), resends after a
  * timeout, timeouts, answers out of order, stale duplicates, undecodable answers, lookups whose sizes do
  * not match, error statuses, and requests refused before anything is sent. */

@@ -1,4 +1,4 @@
-/* Fuzz target "checkpoint": the trainer checkpoint reader, carls_ckpt_read (common/checkpoint.h).
+/* Fuzz target "checkpoint": the trainer checkpoint reader, carls_ckpt_read (base/checkpoint.h).
  *
  * The reader takes a path, so each input is put in an in-memory file (memfd) and read through
  * /proc/self/fd/N; nothing touches the disk. Every input is read twice:

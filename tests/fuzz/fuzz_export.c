@@ -1,4 +1,4 @@
-/* Fuzz target "export": the table export reader, kb_export_reader_open / _next (common/kb_export.h).
+/* Fuzz target "export": the table export reader, kb_export_reader_open / _next (client/kb_export.h).
  *
  * The reader takes a path, so each input is put in an in-memory file (memfd) and read through
  * /proc/self/fd/N. Every input is read twice: as it is, and "fixed up" (when it is long enough to have a
