@@ -225,6 +225,18 @@ int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double
 
 static size_t s_results, s_failed, s_targets, s_targets_met;
 
+/* Every result with a target, for the summary at the end of the table (names are copied: cases build
+ * theirs on the stack). */
+#define S_MAX_TARGETS 64
+typedef struct {
+    char name[48];
+    char target[16];
+    double ratio; /* NAN: the figure or its reference is unavailable */
+    bool met;
+} s_target_t;
+static s_target_t s_target_rows[S_MAX_TARGETS];
+static size_t s_n_target_rows;
+
 size_t bench_report_count(void) { return s_results; }
 
 static void s_json_string(FILE *f, const char *s)
@@ -288,6 +300,13 @@ void bench_report(const bench_opts_t *opts, const bench_result_t *r)
         s_targets++;
         s_targets_met += met;
     }
+    if (has_target && s_n_target_rows < S_MAX_TARGETS) {
+        s_target_t *t = &s_target_rows[s_n_target_rows++];
+        snprintf(t->name, sizeof t->name, "%s", r->name);
+        snprintf(t->target, sizeof t->target, "%s", r->target);
+        t->ratio = ratio;
+        t->met = met;
+    }
     if (opts->json) {
         FILE *f = stdout;
         fputs("{\"case\":", f);
@@ -345,6 +364,18 @@ void bench_report_end(const bench_opts_t *opts, double elapsed_s)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (opts->json)
         return;
+    /* The targets again, together: issue 18's table (figure, ratio, target, met) in one place. */
+    printf("\n%-28s %7s  %-7s %s\n", "target", "ratio", "bound", "met");
+    for (size_t i = 0; i < s_n_target_rows; i++) {
+        const s_target_t *t = &s_target_rows[i];
+        char ra[32];
+        if (isfinite(t->ratio))
+            snprintf(ra, sizeof ra, "%.2f", t->ratio);
+        else
+            snprintf(ra, sizeof ra, "-");
+        printf("%-28s %7s  %-7s %s\n", t->name, ra, t->target,
+               isfinite(t->ratio) ? (t->met ? "met" : "MISSED") : "n/a");
+    }
     printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met; %ld cores, load average %.2f; "
            "%.0f s in all (%s run)\n",
            s_results, s_failed, s_targets_met, s_targets, cores, bench_load1(), elapsed_s, opts->mode);
