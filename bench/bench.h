@@ -81,7 +81,8 @@ typedef struct {
 } bench_workload_t;
 
 typedef struct {
-    double seconds;       /* the measured window */
+    double seconds;       /* the measured window (longer than asked when stretched) */
+    bool stretched;       /* no request completed in the window asked for: it ended at the first that did */
     uint64_t ops;         /* requests completed in it */
     uint64_t units;       /* units moved in it */
     double rate;          /* units per second */
@@ -92,7 +93,11 @@ typedef struct {
 } bench_measure_t;
 
 /* Runs the workload on `threads` threads: each runs its op for warmup seconds, then all measure for
- * seconds. Returns 0 (results in *out), or -1 when a thread failed (out->error says why). */
+ * seconds. A request counts when it completes in the window. When none completes in it (a machine too
+ * loaded for a short window, as in --smoke), the window is stretched until the first one does (up to 30 s
+ * more; from that request's start when it began before the window) and the rate is taken over the stretched
+ * window, with a warning on stderr. Returns 0 (results in *out), or -1 when a thread failed or nothing
+ * completed (out->error says why). */
 int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double seconds, bench_measure_t *out);
 
 /* ---- results ---- */
