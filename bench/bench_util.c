@@ -214,17 +214,16 @@ int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double
 
     double start, end;
     s_window(&run, ts, threads, &start, &end);
-    float *lat = NULL;
-    size_t n_lat = 0, cap_lat = 0;
+    size_t n_recorded = 0;
+    for (uint32_t i = 0; i < threads; i++)
+        n_recorded += ts[i].n_ops;
+    float *lat = carls_xmalloc((n_recorded ? n_recorded : 1) * sizeof *lat);
+    size_t n_lat = 0;
     double sum = 0;
     for (uint32_t i = 0; i < threads; i++) {
         for (size_t k = 0; k < ts[i].n_ops; k++) {
             if (ts[i].ops[k].done > end)
                 continue; /* finished after the window (the request in flight at its end) */
-            if (n_lat == cap_lat) {
-                cap_lat = cap_lat ? cap_lat * 2 : 4096;
-                lat = carls_xrealloc(lat, cap_lat * sizeof *lat);
-            }
             lat[n_lat++] = ts[i].ops[k].lat_us;
             sum += ts[i].ops[k].lat_us;
             out->units += ts[i].ops[k].units;
