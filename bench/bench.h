@@ -4,8 +4,8 @@
  *                 (table for people, one JSON object per line for scripts), child processes (kb-server,
  *                 redis-server), free loopback ports, data directories.
  *   bench_ref.c   the reference points measured in the same run: a raw ZeroMQ DEALER/ROUTER echo of given
- *                 request/reply sizes, Redis (MGET, pipelined SET; through hiredis), and FAISS in-process
- *                 (knowledge_bank/kb_knn.h, the index code the server uses).
+ *                 request/reply sizes, Redis (MGET, pipelined SET, the latter also with appendfsync always;
+ *                 through hiredis), and FAISS in-process (knn/kb_knn.h, the index code the server uses).
  *   bench_kb.c    the kb-server workloads: lookup, push, put, knn, mixed, sharded lookups.
  *
  * Keys are "k" + 9 decimal digits of the key index (bench_key), the same bytes for kb and Redis; values are
@@ -81,7 +81,8 @@ typedef struct {
 } bench_workload_t;
 
 typedef struct {
-    double seconds;       /* the measured window */
+    double seconds;       /* the measured window (longer than asked when stretched) */
+    bool stretched;       /* no request completed in the window asked for: it ended at the first that did */
     uint64_t ops;         /* requests completed in it */
     uint64_t units;       /* units moved in it */
     double rate;          /* units per second */
@@ -92,7 +93,11 @@ typedef struct {
 } bench_measure_t;
 
 /* Runs the workload on `threads` threads: each runs its op for warmup seconds, then all measure for
- * seconds. Returns 0 (results in *out), or -1 when a thread failed (out->error says why). */
+ * seconds. A request counts when it completes in the window. When none completes in it (a machine too
+ * loaded for a short window, as in --smoke), the window is stretched until the first one does (up to 30 s
+ * more; from that request's start when it began before the window) and the rate is taken over the stretched
+ * window, with a warning on stderr. Returns 0 (results in *out), or -1 when a thread failed or nothing
+ * completed (out->error says why). */
 int bench_run(const bench_workload_t *w, uint32_t threads, double warmup, double seconds, bench_measure_t *out);
 
 /* ---- results ---- */
@@ -145,9 +150,15 @@ pid_t bench_spawn(const char *const *argv, const char *log);
  * (NULL-terminated), and waits until it answers. 0 or -1 (logged). */
 int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const *extra, bench_proc_t *out);
 
-/* Starts redis-server on a free loopback port without persistence and waits for PING. -1 when Redis is
- * missing or does not start (the caller reports the reference as unavailable). */
-int bench_redis_start(const bench_opts_t *opts, bench_proc_t *out);
+/* How a started redis-server persists: not at all (the MGET and SET references), or with `appendonly yes`
+ * and `appendfsync always` (the reference for sync puts: Redis fsyncs its append-only file once per
+ * event-loop turn, so a pipeline of SETs shares one fsync, as a kb put's rows share one group commit). */
+typedef enum { BENCH_REDIS_NO_PERSISTENCE, BENCH_REDIS_AOF_ALWAYS } bench_redis_persistence_t;
+
+/* Starts redis-server on a free loopback port with that persistence (its files in a fresh directory
+ * under opts->data_dir) and waits for PING. -1 when Redis is missing or does not start (the caller reports
+ * the reference as unavailable). */
+int bench_redis_start(const bench_opts_t *opts, bench_redis_persistence_t persistence, bench_proc_t *out);
 
 /* SIGTERM, wait (SIGKILL after 600 s), remove the data directory unless keep. Accepts pid 0. A child that
  * does not exit with status 0 is counted (bench_bad_exits) and logged. */
@@ -162,7 +173,8 @@ int bench_zmq_echo(const bench_opts_t *opts, size_t request_bytes, size_t reply_
                    bench_measure_t *out);
 
 /* Redis on port: loads opts->keys keys with dim*4-byte values (pipelined), then measures MGET of batch random
- * keys (units: keys) into *mget and pipelined SET of batch keys (units: rows) into *set. */
+ * keys (units: keys) into *mget (skipped when mget is NULL) and pipelined SET of batch keys (units: rows)
+ * into *set. */
 int bench_redis(const bench_opts_t *opts, uint16_t port, bench_measure_t *mget, bench_measure_t *set);
 
 /* In-process FAISS through kb_knn: an index of spec over rows (n x dim), queried by clients threads with

@@ -1,6 +1,7 @@
 /* Smoke test of kb-bench: it runs (with tiny sizes), exits 0, and reports sane numbers: every JSON line
  * parses, has the required fields, every kb figure is a positive finite number, references are present
- * where they cannot be missing (the ZeroMQ echo, in-process FAISS), and ratio = value / reference_value.
+ * where they cannot be missing (the ZeroMQ echo, in-process FAISS), ratio = value / reference_value, and
+ * every target of issue 18's table is reported (with put.sync's Redis appendfsync-always reference).
  * Never how fast anything is. */
 #include <ctype.h>
 #include <math.h>
@@ -178,6 +179,61 @@ static double s_num(const object_t *o, const char *key)
     return f && f->type == V_NUMBER ? f->num : NAN;
 }
 
+/* The target a row must carry, as text ("<= 1.5"); its target_met is a bool when the ratio is known and null
+ * when a reference is unavailable. */
+static void s_check_target(const object_t *o, const char *name, const char *target)
+{
+    if (!o)
+        fail_msg("case %s missing", name);
+    const field_t *t = s_get(o, "target"), *tm = s_get(o, "target_met"), *ra = s_get(o, "ratio");
+    if (!t || t->type != V_STRING || strcmp(t->str, target) != 0)
+        fail_msg("%s: target '%s', want '%s'", name, t ? t->str : "(none)", target);
+    assert_non_null(tm);
+    assert_int_equal(tm->type, ra->type == V_NUMBER ? V_BOOL : V_NULL);
+}
+
+/* Issue 18's table: every figure it sets a target for is reported with that target. */
+static void s_check_issue_targets(const run_t *run)
+{
+    static const struct {
+        const char *name, *target;
+    } targets[] = {
+        {"lookup.p50", "<= 1.5"},   {"lookup.throughput", ">= 1.0"}, {"put.sync", ">= 0.5"},
+        {"put.sync.vs_redis", ">= 1.0"}, {"mixed.lookup", ">= 0.5"},  {"push.accepted", ">= 0.5"},
+    };
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++)
+        s_check_target(s_case(run, targets[i].name), targets[i].name, targets[i].target);
+    /* knn against in-process FAISS, each index (not the .load rows, which have no target) */
+    int knn = 0;
+    for (int i = 0; i < run->n; i++) {
+        const char *name = s_get(&run->obj[i], "case")->str;
+        size_t len = strlen(name);
+        if (strncmp(name, "knn.", 4) == 0 && !(len > 5 && strcmp(name + len - 5, ".load") == 0)) {
+            s_check_target(&run->obj[i], name, ">= 0.8");
+            knn++;
+        }
+    }
+    assert_int_equal(knn, 3); /* flat, ivf, hnsw at the smoke size */
+}
+
+/* The sync puts against Redis with appendonly yes, appendfsync always: the put.sync figure itself, over a
+ * Redis reference (its value when redis-server ran, null with a note saying why when it did not). */
+static void s_check_put_sync_vs_redis(const object_t *o, const object_t *put_sync)
+{
+    assert_non_null(o);
+    assert_non_null(put_sync);
+    assert_string_equal(s_get(o, "unit")->str, "rows/s");
+    assert_true(s_num(o, "value") == s_num(put_sync, "value"));
+    const char *ref = s_get(o, "reference")->str;
+    assert_non_null(strstr(ref, "redis"));
+    assert_non_null(strstr(ref, "appendfsync_always"));
+    const field_t *rv = s_get(o, "reference_value");
+    if (rv->type == V_NULL)
+        assert_non_null(strstr(s_get(o, "note")->str, "unavailable"));
+    else
+        assert_true(rv->num > 0);
+}
+
 static void test_smoke_json(void **state)
 {
     (void)state;
@@ -230,7 +286,7 @@ static void test_smoke_json(void **state)
     static const char *const expected[] = {
         "lookup.p50", "lookup.p99", "lookup.throughput", "lookup.throughput.vs_zmq", "lookup.no_create",
         "lookup.throughput.interval", "push.accepted", "push.applied", "push.accepted.sync", "put.sync",
-        "put.sync.16w", "put.interval", "mixed.lookup", "mixed.push", "mixed.put", "knn.flat.2k", "knn.ivf.2k",
+        "put.sync.vs_redis", "put.sync.16w", "put.interval", "mixed.lookup", "mixed.push", "mixed.put", "knn.flat.2k", "knn.ivf.2k",
         "knn.hnsw.2k", "knn.flat.2k.load", "shards.1.lookup", "shards.2.lookup", "shards.2.put.sync",
         "rows.1000.lookup", "rows.3000.lookup", "rows.3000.memory",
     };
@@ -244,6 +300,8 @@ static void test_smoke_json(void **state)
     assert_true(s_num(s_case(&run, "put.sync"), "reference_value") > 0);
     assert_non_null(s_get(s_case(&run, "lookup.p50"), "target_met"));
     assert_true(strcmp(s_get(s_case(&run, "lookup.throughput"), "unit")->str, "emb/s") == 0);
+    s_check_issue_targets(&run);
+    s_check_put_sync_vs_redis(s_case(&run, "put.sync.vs_redis"), s_case(&run, "put.sync"));
 }
 
 static void test_table_for_people(void **state)
@@ -251,14 +309,31 @@ static void test_table_for_people(void **state)
     (void)state;
     static run_t run;
     static char text[1 << 16];
-    s_run("--smoke --cases lookup --redis-server none 2>/dev/null", false, &run, text, sizeof text);
+    s_run("--smoke --cases lookup,put --redis-server none 2>/dev/null", false, &run, text, sizeof text);
     assert_int_equal(run.status, 0);
     assert_non_null(strstr(text, "case"));
     assert_non_null(strstr(text, "lookup.throughput"));
     assert_non_null(strstr(text, "zmq.echo"));
     assert_non_null(strstr(text, "redis-server unavailable")); /* Redis off: reported, not a failure */
     assert_non_null(strstr(text, "targets:"));
-    assert_null(strstr(text, "knn.")); /* --cases lookup */
+    assert_null(strstr(text, "knn.")); /* --cases lookup,put */
+    /* the Redis reference of sync puts is there, unavailable: its target is n/a */
+    const char *row = strstr(text, "\nput.sync.vs_redis ");
+    assert_non_null(row);
+    const char *eol = strchr(row + 1, '\n');
+    assert_non_null(eol);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)(eol - row - 1), row + 1);
+    assert_non_null(strstr(line, "redis.set.appendfsync_always"));
+    assert_non_null(strstr(line, ">= 1.0 n/a"));
+    assert_non_null(strstr(line, "redis-server unavailable"));
+    /* the summary of targets lists every target of the selected cases */
+    const char *summary = strstr(text, "\ntarget ");
+    assert_non_null(summary);
+    static const char *const summarized[] = {"lookup.p50 ", "lookup.throughput ", "put.sync ", "put.sync.vs_redis "};
+    for (size_t i = 0; i < sizeof summarized / sizeof *summarized; i++)
+        if (!strstr(summary, summarized[i]))
+            fail_msg("target summary lacks %s", summarized[i]);
 }
 
 static void test_usage(void **state)
