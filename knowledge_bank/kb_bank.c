@@ -312,7 +312,9 @@ static void s_batch_clear(s_batch_t *b)
 
 /* Whether this round also collects the use counts reads changed: when asked (checkpoint, close), when a
  * period has passed and no write waits on the round, or when two have passed regardless -- so a sync
- * writer rarely pays for them but a steady write load cannot hold them back forever. Under the gate. */
+ * writer rarely pays for them but a steady write load cannot hold them back forever. Under the gate: a
+ * checkpoint sets frequencies_due before it takes its ticket, so the round that collects the ticket's epoch
+ * (or an earlier one) sees it. */
 static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
 {
     int64_t now = carls_monotonic_ms();
@@ -343,17 +345,19 @@ static void s_collect(kb_bank_t *self, s_batch_t *b, bool writer_waits)
 
     kb_table_t **tables;
     size_t n = kb_bank_acquire_all(self, &tables);
-    /* Whole rows first: a row both changed and read is written whole and not counted again. */
     for (size_t i = 0; i < n; i++)
         kb_table_take_dirty(tables[i], &b->rows, &b->row_count, &b->row_capacity);
-    for (size_t i = 0; frequencies && i < n; i++)
-        kb_table_take_frequencies(tables[i], &b->rows, &b->row_count, &b->row_capacity);
 
     kb_dedup_record_t *fresh = NULL;
     size_t fresh_cap = 0;
     size_t fresh_n = kb_dedup_take_dirty(self->dedup, &fresh, &fresh_cap);
     pthread_rwlock_unlock(&self->gate);
 
+    /* Use counts belong to no epoch, so writers need not wait while they are gathered. They follow the
+     * whole rows in the batch: a row changed after the gate opened is taken off the count list by that
+     * change and written whole next round, with its count. */
+    for (size_t i = 0; frequencies && i < n; i++)
+        kb_table_take_frequencies(tables[i], &b->rows, &b->row_count, &b->row_capacity);
     for (size_t i = 0; i < n; i++)
         kb_bank_release(self, tables[i]);
     free(tables);
