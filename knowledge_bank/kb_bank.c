@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,8 @@ struct kb_bank {
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
     int64_t batch_mem_counted;  /* persister only: the batch being committed as last added to mem */
+    atomic_bool frequencies_due; /* a checkpoint or close wants the use counts in the next round */
+    int64_t frequencies_taken_ms; /* persister only: monotonic time use counts were last collected */
 };
 
 /* ---- registry ---- */
@@ -307,11 +310,29 @@ static void s_batch_clear(s_batch_t *b)
     b->client_count = 0;
 }
 
+/* Whether this round also collects the use counts reads changed: when asked (checkpoint, close), when a
+ * period has passed and no write waits on the round, or when two have passed regardless -- so a sync
+ * writer rarely pays for them but a steady write load cannot hold them back forever. Under the gate: a
+ * checkpoint sets frequencies_due before it takes its ticket, so the round that collects the ticket's epoch
+ * (or an earlier one) sees it. */
+static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
+{
+    int64_t now = carls_monotonic_ms();
+    int64_t since = now - self->frequencies_taken_ms;
+    int64_t period = self->opts.frequency_period_ms;
+    bool due = atomic_exchange(&self->frequencies_due, false) || (since >= period && !writer_waits) ||
+               since >= 2 * period;
+    if (due)
+        self->frequencies_taken_ms = now;
+    return due;
+}
+
 /* Collects one epoch's changes into b (appending to what a failed commit left there). */
-static void s_collect(kb_bank_t *self, s_batch_t *b)
+static void s_collect(kb_bank_t *self, s_batch_t *b, bool writer_waits)
 {
     pthread_rwlock_wrlock(&self->gate);
     b->epoch = atomic_fetch_add(&self->epoch, 1);
+    bool frequencies = s_frequencies_due(self, writer_waits);
 
     pthread_mutex_lock(&self->registry_mutex);
     if (self->op_count) {
@@ -332,6 +353,11 @@ static void s_collect(kb_bank_t *self, s_batch_t *b)
     size_t fresh_n = kb_dedup_take_dirty(self->dedup, &fresh, &fresh_cap);
     pthread_rwlock_unlock(&self->gate);
 
+    /* Use counts belong to no epoch, so writers need not wait while they are gathered. They follow the
+     * whole rows in the batch: a row changed after the gate opened is taken off the count list by that
+     * change and written whole next round, with its count. */
+    for (size_t i = 0; frequencies && i < n; i++)
+        kb_table_take_frequencies(tables[i], &b->rows, &b->row_count, &b->row_capacity);
     for (size_t i = 0; i < n; i++)
         kb_bank_release(self, tables[i]);
     free(tables);
@@ -412,12 +438,12 @@ static void s_account(kb_bank_t *self, const s_batch_t *b)
 }
 
 /* One round: collect, write, publish. Returns 0 on success. */
-static int s_persist_round(kb_bank_t *self, s_batch_t *b)
+static int s_persist_round(kb_bank_t *self, s_batch_t *b, bool writer_waits)
 {
     /* The store mutex spans collect and write so that rounds (the persister's, a checkpoint's) can never
      * write an older epoch after a newer one. */
     pthread_mutex_lock(&self->store_mutex);
-    s_collect(self, b);
+    s_collect(self, b, writer_waits);
     s_account(self, b);
     int rc = s_write_batch(self, b);
     const char *why = rc ? kb_store_last_error(self->store) : "";
@@ -425,7 +451,11 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b)
     if (rc == 0) {
         if (b->op_count || b->row_count || b->client_count)
             self->stats.commits++;
-        self->stats.rows_written += b->row_count;
+        size_t frequencies = 0;
+        for (size_t i = 0; i < b->row_count; i++)
+            frequencies += b->rows[i].frequency_only;
+        self->stats.rows_written += b->row_count - frequencies;
+        self->stats.frequencies_written += frequencies;
         self->committed_epoch = b->epoch;
         self->stats.committed_epoch = b->epoch;
         self->storage_error[0] = '\0';
@@ -448,12 +478,14 @@ static void *s_persister_main(void *arg)
 {
     kb_bank_t *self = arg;
     s_batch_t batch = {0};
-    /* In sync mode rows changed by reads (frequency counts) still reach disk within this period. */
+    /* Sync mode: idle rounds still come, so use counts (frequency_period_ms) and pending gradients reach
+     * disk without a write to carry them. */
     int idle_ms = self->opts.sync ? 200 : (int)self->opts.interval_ms;
     int failures = 0;
     pthread_mutex_lock(&self->commit_mutex);
     while (!self->stopping) {
-        if (self->waiters == 0) {
+        bool writer_waits = self->waiters > 0;
+        if (!writer_waits) {
             struct timespec deadline;
             s_deadline(&deadline, failures ? 100 : idle_ms);
             pthread_cond_timedwait(&self->persist_cond, &self->commit_mutex, &deadline);
@@ -461,16 +493,18 @@ static void *s_persister_main(void *arg)
                 break;
             /* Interval mode: only the timer (or a checkpoint, which waits) starts a round. */
         }
+        writer_waits = self->waiters > 0;
         pthread_mutex_unlock(&self->commit_mutex);
-        int rc = s_persist_round(self, &batch);
+        int rc = s_persist_round(self, &batch, writer_waits);
         failures = rc ? failures + 1 : 0;
         if (rc && failures % 50 == 1)
             LOG_ERROR("commit failed (%d in a row), will retry: %s", failures, self->storage_error);
         pthread_mutex_lock(&self->commit_mutex);
     }
     pthread_mutex_unlock(&self->commit_mutex);
-    /* Final round so that a clean shutdown loses nothing. */
-    if (s_persist_round(self, &batch) != 0)
+    /* Final round so that a clean shutdown loses nothing, use counts included. */
+    atomic_store(&self->frequencies_due, true);
+    if (s_persist_round(self, &batch, false) != 0)
         LOG_ERROR("final commit failed: %s; %zu rows not saved", self->storage_error, batch.row_count);
     s_batch_clear(&batch);
     free(batch.rows);
@@ -568,6 +602,8 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     self->opts.data_dir = self->data_dir;
     if (!self->opts.sync && self->opts.interval_ms == 0)
         self->opts.interval_ms = 1000;
+    if (self->opts.frequency_period_ms == 0)
+        self->opts.frequency_period_ms = 10000;
     self->next_table_id = 1;
     self->dedup = kb_dedup_new();
     self->mem = kb_memory_new(opts->max_memory);
@@ -587,6 +623,8 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_mutex_init(&self->sweep_mutex, NULL);
     pthread_cond_init(&self->sweep_cond, NULL);
     atomic_init(&self->epoch, 1);
+    atomic_init(&self->frequencies_due, false);
+    self->frequencies_taken_ms = carls_monotonic_ms();
 
     if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
         goto fail;
@@ -657,7 +695,9 @@ void kb_bank_close(kb_bank_t **self_p)
 
 int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
 {
-    /* Everything written before this call is in an epoch <= the one being filled now. */
+    /* Everything written before this call is in an epoch <= the one being filled now, and the round that
+     * collects it (or an earlier one, collecting after this store) takes the use counts too. */
+    atomic_store(&self->frequencies_due, true);
     kb_bank_write_begin(self);
     uint64_t ticket = kb_bank_write_end(self);
     if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)

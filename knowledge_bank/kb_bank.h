@@ -6,6 +6,10 @@
  *    ("epoch"). In sync durability, a write request waits until the epoch holding its changes has
  *    committed before it is acknowledged; requests arriving while a commit runs share the next one (group
  *    commit). In interval durability it commits every interval_ms and nobody waits.
+ *    Reads change only rows' use counts (frequency), which are not part of any epoch's promise: every
+ *    frequency_period_ms (in a round no write waits on, when there is one), at a checkpoint and at close
+ *    the persister writes the counts changed since in bulk, one frequency-only UPDATE per row, so a
+ *    read-only load rewrites no row. A crash loses at most the counts of the last period.
  *  - sweeper: applies pending gradient sets older than their table's max_age_ms.
  *
  * Write requests bracket their changes with kb_bank_write_begin/kb_bank_write_end (a shared lock the
@@ -26,6 +30,7 @@ typedef struct {
     bool sync;            /* true: commit before acknowledging; false: commit every interval_ms */
     uint32_t interval_ms; /* interval durability: at most this much acknowledged work can be lost */
     uint64_t max_memory;  /* --max-memory: the budget of the memory estimate (kb_memory.h); 0 = unlimited */
+    uint32_t frequency_period_ms; /* use counts changed by reads are written this often (0: 10000) */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -78,7 +83,8 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
 typedef struct {
     uint64_t commits;         /* transactions committed */
     uint64_t committed_epoch;
-    uint64_t rows_written;
+    uint64_t rows_written;         /* whole rows (value, metadata, state) written or deleted */
+    uint64_t frequencies_written;  /* frequency-only updates: use counts changed by reads */
     uint64_t commit_failures;
 } kb_bank_stats_t;
 

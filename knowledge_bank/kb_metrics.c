@@ -174,7 +174,10 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     s_metric(f, "carls_kb_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
     s_metric(f, "carls_kb_commit_failures_total", "counter", (double)st->commit_failures,
              "SQLite commits that failed.");
-    s_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written, "Row records written to SQLite.");
+    s_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written,
+             "Whole row records written to SQLite (value, metadata, state; deletions).");
+    s_metric(f, "carls_kb_frequencies_written_total", "counter", (double)st->frequencies_written,
+             "Frequency-only updates written to SQLite: use counts changed by reads, written in bulk.");
     s_metric(f, "carls_kb_committed_epoch", "gauge", (double)st->committed_epoch,
              "Last committed epoch (group commit number).");
     s_metric(f, "carls_kb_memory_bytes", "gauge", (double)st->memory_bytes,

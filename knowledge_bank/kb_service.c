@@ -612,6 +612,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->commits = bs.commits;
     st->committed_epoch = bs.committed_epoch;
     st->rows_written = bs.rows_written;
+    st->frequencies_written = bs.frequencies_written;
     st->commit_failures = bs.commit_failures;
     st->durability = self->durability;
     st->threads = self->threads;

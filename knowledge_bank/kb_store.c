@@ -14,7 +14,7 @@
 
 struct kb_store {
     sqlite3 *db;
-    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *delete_row, *put_client;
+    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *delete_row, *put_frequency, *put_client;
     char error[512];
 };
 
@@ -125,6 +125,9 @@ int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_
                   " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
                   &self->put_row) ||
         s_prepare(self, "DELETE FROM rows WHERE table_id = ?1 AND key = ?2", &self->delete_row) ||
+        /* row_id: a count of a row since evicted must not land on a newer row of the same key */
+        s_prepare(self, "UPDATE rows SET frequency = ?4 WHERE table_id = ?1 AND key = ?2 AND row_id = ?3",
+                  &self->put_frequency) ||
         s_prepare(self, "INSERT OR REPLACE INTO clients(client_id, max_seq, window) VALUES(?1, ?2, ?3)",
                   &self->put_client))
         goto fail_sql;
@@ -148,6 +151,7 @@ void kb_store_close(kb_store_t **self_p)
     sqlite3_finalize(self->drop_rows);
     sqlite3_finalize(self->put_row);
     sqlite3_finalize(self->delete_row);
+    sqlite3_finalize(self->put_frequency);
     sqlite3_finalize(self->put_client);
     if (self->db)
         sqlite3_close(self->db);
@@ -307,6 +311,13 @@ int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row)
         sqlite3_bind_int64(self->delete_row, 1, row->table_id);
         sqlite3_bind_blob(self->delete_row, 2, row->key, (int)row->key_len, SQLITE_STATIC);
         return s_step_write(self, self->delete_row, "deleting row");
+    }
+    if (row->frequency_only) {
+        sqlite3_bind_int64(self->put_frequency, 1, row->table_id);
+        sqlite3_bind_blob(self->put_frequency, 2, row->key, (int)row->key_len, SQLITE_STATIC);
+        sqlite3_bind_int64(self->put_frequency, 3, row->row_id);
+        sqlite3_bind_int64(self->put_frequency, 4, (sqlite3_int64)row->frequency);
+        return s_step_write(self, self->put_frequency, "storing frequency");
     }
     sqlite3_stmt *s = self->put_row;
     sqlite3_bind_int64(s, 1, row->table_id);

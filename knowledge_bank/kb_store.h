@@ -42,6 +42,8 @@ typedef struct {
     uint8_t *record;       /* feature tables: packed carls.FeatureRecord */
     uint32_t record_len;
     bool deleted;          /* kb_store_put_row deletes the row instead (eviction) */
+    bool frequency_only;   /* kb_store_put_row updates only the stored row's frequency (key, row_id, frequency
+                            * set; no buffers but the key): the bulk write of use counts changed by reads */
 } kb_store_row_t;
 
 /* Frees the record's buffers (not the record). */
@@ -65,7 +67,8 @@ int kb_store_begin(kb_store_t *self);
 int kb_store_put_table(kb_store_t *self, int64_t id, const char *name, const uint8_t *config, size_t len);
 /* Deletes the table and all its rows. */
 int kb_store_drop_table(kb_store_t *self, int64_t id);
-/* Inserts or replaces the row, or deletes it when row->deleted. */
+/* Inserts or replaces the row, deletes it when row->deleted, or sets only its frequency when
+ * row->frequency_only (a stored row with that key and row_id; none: nothing happens). */
 int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row);
 int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len);
 int kb_store_commit(kb_store_t *self);

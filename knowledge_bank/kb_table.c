@@ -37,6 +37,7 @@ typedef struct {
     kb_rowmap_t map;
     s_row_list_t pending;                  /* rows with pending gradients, oldest first */
     kb_row_t *dirty_head;                  /* rows changed since the last persist (and evicted rows) */
+    s_row_list_t frequency_dirty;          /* persisted rows whose use count alone changed (reads) */
     s_row_list_t lru;                      /* eviction order: head goes first */
     int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
     size_t knn_count, knn_capacity;
@@ -482,24 +483,9 @@ static void s_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     st->knn_ids[st->knn_count++] = row->id;
 }
 
-static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
-{
-    if (row->dirty)
-        return;
-    row->dirty = true;
-    row->dirty_next = st->dirty_head;
-    st->dirty_head = row;
-}
-
-/* A row changed: persist it and (embedding tables) re-index it. */
-static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
-{
-    s_mark_dirty(st, row);
-    s_knn_touch(self, st, row);
-}
-
 #define PENDING_LINK offsetof(kb_row_t, pending_link)
 #define LRU_LINK offsetof(kb_row_t, lru_link)
+#define FREQUENCY_LINK offsetof(kb_row_t, frequency_link)
 
 static kb_row_link_t *s_link(kb_row_t *row, size_t offset) { return (kb_row_link_t *)((char *)row + offset); }
 
@@ -529,6 +515,28 @@ static void s_list_append(s_row_list_t *list, kb_row_t *row, size_t offset)
     list->tail = row;
 }
 
+/* The whole row is written next round; that record carries the use count, so a frequency-only mark is
+ * dropped. */
+static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
+{
+    if (row->dirty)
+        return;
+    row->dirty = true;
+    row->dirty_next = st->dirty_head;
+    st->dirty_head = row;
+    if (row->frequency_dirty) {
+        row->frequency_dirty = false;
+        s_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
+    }
+}
+
+/* A row changed: persist it and (embedding tables) re-index it. */
+static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    s_mark_dirty(st, row);
+    s_knn_touch(self, st, row);
+}
+
 /* A use of the row: with LRU eviction it becomes the most recent. */
 static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
@@ -541,20 +549,27 @@ static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     }
 }
 
+static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
+{
+    return self->cfg.admission != KB_ADMIT_FREQUENCY || row->frequency >= self->cfg.min_frequency;
+}
+
 /* Counts one sighting (lookup or gradient) of the row; with frequency admission a row becomes persistent
- * when it reaches min_frequency. */
+ * when it reaches min_frequency (then the whole row is written). Otherwise a count alone does not make the
+ * row dirty: it is marked for the bank's bulk frequency write (kb_table_take_frequencies), so reads never
+ * rewrite a row's value. */
 static void s_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     row->frequency++;
     if (self->cfg.admission == KB_ADMIT_FREQUENCY && row->frequency == self->cfg.min_frequency) {
         atomic_fetch_sub(&self->stats.not_persisted, 1);
         s_mark_dirty(st, row);
+        return;
     }
-}
-
-static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
-{
-    return self->cfg.admission != KB_ADMIT_FREQUENCY || row->frequency >= self->cfg.min_frequency;
+    if (row->dirty || row->frequency_dirty || !s_persistable(self, row))
+        return;
+    row->frequency_dirty = true;
+    s_list_append(&st->frequency_dirty, row, FREQUENCY_LINK);
 }
 
 /* Removes a row from the table. It stays on the dirty list, marked evicted, until the persister has
@@ -728,10 +743,8 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
             s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
             steps++;
         }
-        if (!no_create) {
+        if (!no_create)
             s_count_use(self, st, row);
-            s_mark_dirty(st, row);
-        }
         memcpy(values + i * dim, row->value, dim * sizeof(float));
         versions[i] = row->version;
         updated_at_ms[i] = row->updated_at_ms;
@@ -1165,7 +1178,6 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
         found[i] = row != NULL;
         if (row) {
             s_count_use(self, st, row);
-            s_mark_dirty(st, row);
             records[i] = carls_xmalloc(row->record_len);
             if (row->record_len)
                 memcpy(records[i], row->record, row->record_len);
@@ -1327,6 +1339,31 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
             row = next;
         }
         st->dirty_head = NULL;
+        pthread_mutex_unlock(&st->mutex);
+    }
+}
+
+void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity)
+{
+    for (int i = 0; i < KB_TABLE_STRIPES; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        for (kb_row_t *row = st->frequency_dirty.head; row;) {
+            kb_row_t *next = row->frequency_link.next;
+            kb_store_row_t *rec = s_grow_records(out, *count, capacity);
+            *rec = (kb_store_row_t){.table_id = self->id,
+                                    .key = carls_xmalloc(row->key_len),
+                                    .key_len = row->key_len,
+                                    .row_id = row->id,
+                                    .frequency = row->frequency,
+                                    .frequency_only = true};
+            memcpy(rec->key, row->key, row->key_len);
+            (*count)++;
+            row->frequency_dirty = false;
+            row->frequency_link.prev = row->frequency_link.next = NULL;
+            row = next;
+        }
+        st->frequency_dirty.head = st->frequency_dirty.tail = NULL;
         pthread_mutex_unlock(&st->mutex);
     }
 }

@@ -2,8 +2,9 @@
  * optimizer state and the lazy update's pending gradients.
  *
  * Concurrency: rows are spread over KB_TABLE_STRIPES stripes by key hash, each with its own mutex, row map,
- * list of rows that hold pending gradients (oldest first, for max_age_ms) and list of rows changed since
- * the last persist ("dirty"). A batch operation locks one stripe at a time, so concurrent requests on
+ * list of rows that hold pending gradients (oldest first, for max_age_ms), list of rows changed since
+ * the last persist ("dirty") and list of rows whose use count alone changed (reads: written in bulk, see
+ * kb_table_take_frequencies). A batch operation locks one stripe at a time, so concurrent requests on
  * different keys proceed in parallel and no lock order issues arise.
  *
  * The lazy update (DESIGN.md, CARLS §3.2): kb_table_push adds each gradient row to its key's pending set;
@@ -89,7 +90,9 @@ typedef struct kb_row {
     kb_row_link_t pending_link;                 /* stripe's pending list, oldest first */
     struct kb_row *dirty_next;                  /* stripe's dirty list */
     kb_row_link_t lru_link;                     /* stripe's recency (LRU) or creation (oldest) order */
-    bool dirty;
+    kb_row_link_t frequency_link;               /* stripe's list of rows whose use count alone changed */
+    bool dirty;              /* value or metadata changed: the whole row is written */
+    bool frequency_dirty;    /* only the use count changed (a read): written in bulk, see take_frequencies */
     bool knn_dirty;          /* value changed since the index last saw it */
     bool evicted;            /* removed from the table; freed once its deletion is persisted */
     uint16_t stripe;         /* index of the row's stripe */
@@ -173,6 +176,12 @@ uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms);
 /* Restores a row loaded from the store (start-up only, before the table is shared). Returns 0, or -1 if the
  * record does not fit the table's config (logged and skipped by the caller). */
 int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec);
+
+/* Appends a frequency-only record (table id, key, frequency; kb_store_row_t.frequency_only) to *out for
+ * every persisted row whose use count alone changed since the last call -- reads count uses without making
+ * the row dirty -- and clears those marks. Rows also marked dirty are left to kb_table_take_dirty, whose
+ * whole-row record carries the count. */
+void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
 /* Moves every dirty row's current state into *out (grown as needed; *count updated) and clears the dirty
  * marks. The caller owns the records (kb_store_row_free each). */

@@ -43,6 +43,9 @@ static void s_usage(FILE *out)
             "                             (concurrent writes share commits); interval:MS: commit every MS ms,\n"
             "                             so up to MS ms of acknowledged writes can be lost in a crash\n"
             "                             (default sync)\n"
+            "  --frequency-period-ms N    use counts changed by lookups (never a value: reads do not rewrite\n"
+            "                             rows) are written in bulk this often, at a checkpoint and at\n"
+            "                             shutdown; a crash loses at most this period's counts (default 10000)\n"
             "  --threads N                worker threads (default 2)\n"
             "  --knn-threads N            OpenMP threads per nearest-neighbour search (default 1; OpenBLAS\n"
             "                             stays at 1: their product must not oversubscribe the cores, and\n"
@@ -153,6 +156,7 @@ int main(int argc, char **argv)
         carls_arg_string("listen", &listen),
         carls_arg_string("data", &bank_opts.data_dir),
         carls_arg_custom("durability", &durability, s_arg_durability),
+        carls_arg_u32("frequency-period-ms", &bank_opts.frequency_period_ms, 1, UINT32_MAX),
         carls_arg_u32("threads", &threads, 1, 256),
         carls_arg_set("read-only", &limits.read_only),
         carls_arg_custom("shard", &limits, s_arg_shard),

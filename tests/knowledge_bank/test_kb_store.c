@@ -482,6 +482,36 @@ static void test_commit_reopen_load(void **st)
     s_close_and_remove(&s, &d);
 }
 
+/* A frequency-only record changes the stored row's frequency and nothing else; one whose row id is not the
+ * stored row's (a row since evicted and created again) or whose key is not stored changes nothing. */
+static void test_frequency_only_update(void **st)
+{
+    s_fixture_t *fx = *st;
+    kb_store_row_t r2 = s_row2(), r3 = s_row3();
+    kb_store_row_t count2 = {.table_id = r2.table_id, .key = r2.key, .key_len = r2.key_len, .row_id = r2.row_id,
+                             .frequency = 1000, .frequency_only = true};
+    kb_store_row_t stale3 = {.table_id = r3.table_id, .key = r3.key, .key_len = r3.key_len,
+                             .row_id = r3.row_id + 1, .frequency = 2000, .frequency_only = true};
+    kb_store_row_t unknown = {.table_id = 1, .key = (uint8_t *)"nope", .key_len = 4, .row_id = 1,
+                              .frequency = 3000, .frequency_only = true};
+    assert_int_equal(kb_store_begin(fx->s), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &count2), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &stale3), 0);
+    assert_int_equal(kb_store_put_row(fx->s, &unknown), 0);
+    assert_int_equal(kb_store_commit(fx->s), 0);
+
+    s_reopen(&fx->s, &fx->d);
+    s_loaded_t l;
+    s_load(fx->s, &l);
+    assert_int_equal(l.n_rows, 3);
+    r2.frequency = 1000;
+    s_assert_row_equal(s_find_row(&l, 1, "k", 1), &r2); /* value, version, state untouched */
+    s_assert_row_equal(s_find_row(&l, 2, "k", 1), &r3);
+    kb_store_row_t r1 = s_row1();
+    s_assert_row_equal(s_find_row(&l, 1, "k\0ey", 4), &r1);
+    s_loaded_free(&l);
+}
+
 /* A rolled-back transaction leaves no trace, in this connection or after reopening. */
 static void test_rollback(void **st)
 {
@@ -648,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_open_bad_directory),
         cmocka_unit_test(test_commit_reopen_load),
         S_FIXTURE_TEST(test_rollback),
+        S_FIXTURE_TEST(test_frequency_only_update),
         S_FIXTURE_TEST(test_drop_table),
         S_FIXTURE_TEST(test_rows_of_missing_table_skipped),
         S_FIXTURE_TEST(test_malformed_rows_skipped),
