@@ -260,25 +260,21 @@ static int s_op_lookup(void *state, uint64_t *rng, uint64_t *units, char *err, s
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
-        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0)
+        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
 }
 
-/* The same read with no_create: keys are not counted, so their rows are not marked changed and the persister
- * does not rewrite them (the difference to s_op_lookup is the cost of persisting frequency counts). */
+/* The same read with no_create: keys are not counted, so no use count is left to persist (the difference to
+ * s_op_lookup is the cost of counting uses and writing the counts in bulk later). */
 static int s_op_lookup_no_create(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
 {
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup_ex(t->bank, S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0) {
-        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_lookup_ex(t->bank, S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0)
+        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
 }
@@ -291,10 +287,8 @@ static int s_op_push(void *state, uint64_t *rng, uint64_t *units, char *err, siz
     s_draw_keys(t, rng, b);
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.01f * bench_normal(rng);
-    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
-        snprintf(err, errlen, "push: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0)
+        return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
 }
@@ -308,10 +302,8 @@ static int s_op_put(void *state, uint64_t *rng, uint64_t *units, char *err, size
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.1f * bench_normal(rng);
     t->version++;
-    if (kb_cluster_put(t->bank, S_TABLE, t->ckeys, b, dim, t->vals, t->version) != 0) {
-        snprintf(err, errlen, "put: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_put(t->bank, S_TABLE, t->ckeys, b, dim, t->vals, t->version) != 0)
+        return carls_errorf(err, errlen, -1, "put: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
 }
@@ -322,16 +314,12 @@ static int s_op_trainer(void *state, uint64_t *rng, uint64_t *units, char *err, 
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0) {
-        snprintf(err, errlen, "lookup: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0)
+        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
     for (size_t i = 0; i < (size_t)b * dim; i++)
         t->vals[i] = 0.01f * bench_normal(rng);
-    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0) {
-        snprintf(err, errlen, "push: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0)
+        return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
 }
@@ -343,10 +331,8 @@ static int s_op_knn(void *state, uint64_t *rng, uint64_t *units, char *err, size
     const bench_opts_t *o = t->a->opts;
     bench_knn_queries(t->a->rows, t->a->n_rows, o->dim, o->knn_batch, rng, t->vals);
     kb_knn_result_t *res = NULL;
-    if (kb_cluster_knn(t->bank, S_TABLE, t->vals, o->knn_batch, o->dim, o->knn_k, &res) != 0) {
-        snprintf(err, errlen, "knn: %s", kb_cluster_last_error(t->bank));
-        return -1;
-    }
+    if (kb_cluster_knn(t->bank, S_TABLE, t->vals, o->knn_batch, o->dim, o->knn_k, &res) != 0)
+        return carls_errorf(err, errlen, -1, "knn: %s", kb_cluster_last_error(t->bank));
     kb_knn_result_destroy(&res);
     *units = o->knn_batch;
     return 0;

@@ -645,20 +645,17 @@ cleanup:
 int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
                            bool with_meta, char *err, size_t errlen)
 {
-    if (res->dim != dim) {
-        snprintf(err, errlen, "lookup in %s: the table has dim %u, the caller expected %u", table, res->dim, dim);
-        return KB_CLIENT_EINVAL;
-    }
-    if (res->n_values != n * dim) {
-        snprintf(err, errlen, "lookup in %s: the server sent %zu values for %zu keys of dim %u", table,
-                 res->n_values, n, dim);
-        return KB_CLIENT_EMALFORMED;
-    }
-    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n)) {
-        snprintf(err, errlen, "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
-                 res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
-        return KB_CLIENT_EMALFORMED;
-    }
+    if (res->dim != dim)
+        return carls_errorf(err, errlen, KB_CLIENT_EINVAL, "lookup in %s: the table has dim %u, the caller expected %u",
+                            table, res->dim, dim);
+    if (res->n_values != n * dim)
+        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
+                            "lookup in %s: the server sent %zu values for %zu keys of dim %u", table, res->n_values, n,
+                            dim);
+    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n))
+        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
+                            "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
+                            res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
     return 0;
 }
 

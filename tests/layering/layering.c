@@ -1,6 +1,8 @@
 /* Reads the layering table of docs/DESIGN.md and checks #include lines against it (see layering.h). */
 #include "layering.h"
 
+#include "util.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <stdarg.h>
@@ -14,15 +16,6 @@
 #define S_LINE 4096
 
 /* ---- the table --------------------------------------------------------------------------------------- */
-
-static int s_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Copies the backticked names of one table cell into names (trailing '/' dropped). "—" or "-" is none. */
 static int s_cell_names(const char *cell, char names[][LAYER_NAME_LEN], int *count)
@@ -51,7 +44,7 @@ int layer_table_read(const char *path, layer_table_t *out, char *err, size_t err
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (!f)
-        return s_fail(err, errlen, "%s: cannot open", path);
+        return carls_errorf(err, errlen, -1, "%s: cannot open", path);
     char line[S_LINE];
     bool in_section = false;
     int line_no = 0, rc = 0;
@@ -72,11 +65,11 @@ int layer_table_read(const char *path, layer_table_t *out, char *err, size_t err
                 cells[n++] = p + 1;
             }
         if (n != 5) {
-            rc = s_fail(err, errlen, "%s:%d: a layering row needs 4 cells", path, line_no);
+            rc = carls_errorf(err, errlen, -1, "%s:%d: a layering row needs 4 cells", path, line_no);
             break;
         }
         if (out->n >= LAYER_MAX_FOLDERS) {
-            rc = s_fail(err, errlen, "%s:%d: more than %d rows", path, line_no, LAYER_MAX_FOLDERS);
+            rc = carls_errorf(err, errlen, -1, "%s:%d: more than %d rows", path, line_no, LAYER_MAX_FOLDERS);
             break;
         }
         layer_rule_t *r = &out->rules[out->n];
@@ -85,7 +78,7 @@ int layer_table_read(const char *path, layer_table_t *out, char *err, size_t err
         if (s_cell_names(cells[0], folder, &nf) != 0 || nf != 1 ||
             s_cell_names(cells[2], r->allowed, &r->n_allowed) != 0 ||
             s_cell_names(cells[3], r->forbidden, &r->n_forbidden) != 0) {
-            rc = s_fail(err, errlen, "%s:%d: malformed layering row", path, line_no);
+            rc = carls_errorf(err, errlen, -1, "%s:%d: malformed layering row", path, line_no);
             break;
         }
         memcpy(r->folder, folder[0], LAYER_NAME_LEN);
@@ -93,7 +86,7 @@ int layer_table_read(const char *path, layer_table_t *out, char *err, size_t err
     }
     fclose(f);
     if (rc == 0 && out->n == 0)
-        rc = s_fail(err, errlen, "%s: no \"## Layering\" table rows found", path);
+        rc = carls_errorf(err, errlen, -1, "%s: no \"## Layering\" table rows found", path);
     return rc;
 }
 
@@ -117,6 +110,7 @@ typedef struct {
     const layer_table_t *table;
     s_header_t headers[S_MAX_HEADERS];
     int n_headers;
+    int n_sources;  /* s_folder_has_sources' count */
     int violations;
 } s_check_t;
 
@@ -266,7 +260,7 @@ static void s_count_source(s_check_t *c, const char *top, const char *path, cons
     (void)top;
     (void)path;
     (void)name;
-    c->n_headers++; /* reused as a counter by s_folder_has_sources */
+    c->n_sources++;
 }
 
 static bool s_folder_has_sources(const char *root, const char *top)
@@ -275,7 +269,7 @@ static bool s_folder_has_sources(const char *root, const char *top)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/%s", root, top);
     s_walk(probe, top, dir, s_count_source);
-    bool has = probe->n_headers > 0;
+    bool has = probe->n_sources > 0;
     free(probe);
     return has;
 }
