@@ -54,23 +54,18 @@ typedef struct {
     float outlier_threshold;
 } s_spec_t;
 
-/* The wire messages of a spec: the table config points to the other two. */
-typedef struct {
-    Carls__TableConfig table;
-    Carls__OptimizerConfig optimizer;
-    Carls__LazyUpdateConfig lazy;
-} s_wire_t;
-
-static const Carls__TableConfig *s_wire(const s_spec_t *spec, s_wire_t *w)
+/* The wire messages of a spec (in kb_table_config_wire_t's storage; the table config points to the optimizer
+ * and lazy-update messages, the others are left unset). */
+static const Carls__TableConfig *s_wire(const s_spec_t *spec, kb_table_config_wire_t *w)
 {
-    carls__table_config__init(&w->table);
+    carls__table_config__init(&w->config);
     carls__optimizer_config__init(&w->optimizer);
     carls__lazy_update_config__init(&w->lazy);
-    w->table.kind = spec->kind;
-    w->table.dim = spec->dim;
-    w->table.init = spec->init;
-    w->table.init_scale = spec->init_scale;
-    w->table.init_seed = spec->init_seed;
+    w->config.kind = spec->kind;
+    w->config.dim = spec->dim;
+    w->config.init = spec->init;
+    w->config.init_scale = spec->init_scale;
+    w->config.init_seed = spec->init_seed;
     w->optimizer.kind = spec->opt;
     w->optimizer.learning_rate = spec->lr;
     w->lazy.policy = spec->policy;
@@ -78,15 +73,15 @@ static const Carls__TableConfig *s_wire(const s_spec_t *spec, s_wire_t *w)
     w->lazy.max_pending = spec->max_pending;
     w->lazy.outlier_rule = spec->outlier;
     w->lazy.outlier_threshold = spec->outlier_threshold;
-    w->table.optimizer = &w->optimizer;
-    w->table.lazy = &w->lazy;
-    return &w->table;
+    w->config.optimizer = &w->optimizer;
+    w->config.lazy = &w->lazy;
+    return &w->config;
 }
 
 /* The config of spec, which must be accepted. */
 static kb_table_config_t s_config(const s_spec_t *spec)
 {
-    s_wire_t w;
+    kb_table_config_wire_t w;
     kb_table_config_t cfg;
     char err[256] = "";
     if (kb_table_config_from_proto(s_wire(spec, &w), CARLS_DEFAULT_MAX_DIM, &cfg, err, sizeof err) != 0)
@@ -233,7 +228,7 @@ static void test_config_rejections(void **st)
         {.dim = 100, .opt = (Carls__OptimizerKind)77},
         {.dim = 100, .policy = (Carls__UpdatePolicy)77},
     };
-    s_wire_t w;
+    kb_table_config_wire_t w;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         s_expect_reject(s_wire(&bad[i], &w), 100);
 
