@@ -139,3 +139,19 @@ uint64_t kb_memory_rss(void)
         return 0;
     return (uint64_t)resident * (uint64_t)page;
 }
+
+uint64_t kb_memory_proc_status_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    uint64_t kb = 0;
+    size_t flen = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
+            kb = strtoull(line + flen + 1, NULL, 10);
+    fclose(f);
+    return kb;
+}

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct kb_memory kb_memory_t;
 
@@ -51,5 +52,9 @@ int kb_memory_parse(const char *text, uint64_t *out);
 
 /* This process's resident set size in bytes (/proc/self/statm), 0 when it cannot be read. */
 uint64_t kb_memory_rss(void);
+
+/* A field of another process's /proc/PID/status in kB ("VmRSS", "VmHWM"): how a benchmark or a test watches
+ * a kb-server's memory from outside. 0 when unreadable. */
+uint64_t kb_memory_proc_status_kb(pid_t pid, const char *field);
 
 #endif

@@ -3,6 +3,7 @@
 #include "bench.h"
 
 #include "kb_cluster.h"
+#include "kb_memory.h"
 #include "protocol.h"
 #include "log.h"
 #include "util.h"
@@ -172,22 +173,6 @@ static double s_server_p50(const char *endpoint, const char *op)
         carls__response__free_unpacked(resp, NULL);
     kb_client_destroy(&c);
     return p50;
-}
-
-/* Resident memory of a process in bytes (VmRSS), or 0. */
-static uint64_t s_rss_bytes(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %llu kB", (unsigned long long *)&kb) == 1)
-            break;
-    fclose(f);
-    return kb * 1024;
 }
 
 /* ---- workloads ---- */
@@ -997,7 +982,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
     s_ep(ep[0], srv.endpoint);
     kb_cluster_t *bank = s_bank_open(ep, 1);
     int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
-    uint64_t rss0 = s_rss_bytes(srv.pid);
+    uint64_t rss0 = kb_memory_proc_status_kb(srv.pid, "VmRSS") * 1024;
     uint32_t loaded = 0;
     double base = NAN, base_mem = NAN;
     char base_name[64] = "", base_mem_name[64] = "";
@@ -1015,7 +1000,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
         char name[64], mem_name[64];
         snprintf(name, sizeof name, "rows.%u.lookup", n);
         snprintf(mem_name, sizeof mem_name, "rows.%u.memory", n);
-        double per_row = ((double)s_rss_bytes(srv.pid) - (double)rss0) / n;
+        double per_row = ((double)kb_memory_proc_status_kb(srv.pid, "VmRSS") * 1024 - (double)rss0) / n;
         if (i == 0) {
             base = m.rate;
             base_mem = per_row;

@@ -14,6 +14,7 @@
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
+#include "kb_memory.h"
 #include "server_fixture.h"
 #include "util.h"
 #include "test_util.h"
@@ -433,7 +434,7 @@ static void *s_rss_main(void *arg)
 {
     s_shared_t *sh = arg;
     while (!atomic_load(&sh->stop)) {
-        uint64_t kb = test_proc_status_kb(sh->server, "VmRSS");
+        uint64_t kb = kb_memory_proc_status_kb(sh->server, "VmRSS");
         if (kb > sh->rss_max_kb)
             sh->rss_max_kb = kb;
         sh->rss_samples++;
@@ -463,7 +464,7 @@ static void test_hostile_load(void **state)
     assert_int_equal(kb_client_put(admin, "good", keys, GOOD_KEYS, DIM, vals, 1), 0);
     free(vals);
     /* The idle server's resident size: libraries, threads, SQLite. */
-    uint64_t base_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
+    uint64_t base_kb = kb_memory_proc_status_kb(f->srv.pid, "VmRSS");
     assert_true(base_kb > 0);
 
     s_shared_t sh;
@@ -499,8 +500,8 @@ static void test_hostile_load(void **state)
             flood_refusals = st->tables[i]->memory_refusals;
             flood_rows = st->tables[i]->rows;
         }
-    uint64_t hwm_kb = test_proc_status_kb(f->srv.pid, "VmHWM");
-    uint64_t end_kb = test_proc_status_kb(f->srv.pid, "VmRSS");
+    uint64_t hwm_kb = kb_memory_proc_status_kb(f->srv.pid, "VmHWM");
+    uint64_t end_kb = kb_memory_proc_status_kb(f->srv.pid, "VmRSS");
     uint64_t allowed_kb = ((uint64_t)S_LIMIT_FACTOR * LIMIT_MIB + S_OVERHEAD_MIB) * 1024 + base_kb;
     print_message("hostile load: %.1f s; flood: %llu keys sent in %llu ok + %llu refused requests (%llu rows "
                   "held); %llu connections opened, %llu answered; %llu hostile frames sent, %llu of %llu "

@@ -14,6 +14,7 @@
  * Prints the figures: requests and rows served, resident size at the start and end of the mixed phase, the
  * estimate. For longer runs (docs/RELIABILITY.md), run the binary directly: CARLS_SOAK_SECONDS=600. */
 #include "kb_client.h"
+#include "kb_memory.h"
 #include "server_fixture.h"
 #include "util.h"
 #include "test_util.h"
@@ -123,7 +124,7 @@ static void test_soak(void **state)
         if (carls_monotonic_ms() >= next_sample) {
             next_sample += 1000;
             if (n < MAX_SAMPLES)
-                rss[n++] = test_proc_status_kb(f->srv.pid, "VmRSS");
+                rss[n++] = kb_memory_proc_status_kb(f->srv.pid, "VmRSS");
         }
         if (waitpid(bench, &status, WNOHANG) == bench)
             break;

@@ -94,22 +94,6 @@ void test_last_line(const char *path, char *line, size_t len)
         fclose(f);
 }
 
-uint64_t test_proc_status_kb(pid_t pid, const char *field)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    uint64_t kb = 0;
-    size_t flen = strlen(field);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
-            kb = strtoull(line + flen + 1, NULL, 10);
-    fclose(f);
-    return kb;
-}
-
 void test_asan_options_append(const char *options)
 {
     const char *old = getenv("ASAN_OPTIONS");

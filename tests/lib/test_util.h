@@ -44,8 +44,6 @@ float test_uniform_pm1(uint64_t *state);
 /* The last non-empty line of path (with its newline) into line (len bytes); "" when there is none. */
 void test_last_line(const char *path, char *line, size_t len);
 
-/* A field of /proc/PID/status in kB ("VmRSS", "VmHWM"); 0 when unreadable. */
-uint64_t test_proc_status_kb(pid_t pid, const char *field);
 
 /* Appends options ("a=1:b=2") to ASAN_OPTIONS for the child processes this test starts. */
 void test_asan_options_append(const char *options);
