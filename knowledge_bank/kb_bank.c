@@ -54,6 +54,9 @@ struct kb_bank {
     pthread_cond_t commit_cond;   /* persister -> waiters: committed_epoch advanced or a failure */
     pthread_cond_t persist_cond;  /* waiters -> persister: someone waits */
     uint64_t committed_epoch;
+    uint64_t wanted_epoch;        /* pipelined sync writes: the newest epoch a parked reply waits for */
+    void (*commit_hook)(void *ctx);
+    void *commit_hook_ctx;
     int waiters;
     bool stopping;
     char storage_error[512];      /* last commit failure, "" after a success */
@@ -286,6 +289,34 @@ int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char 
     return s_wait_epoch(self, ticket, timeout_ms, err, errlen);
 }
 
+void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    if (ticket > self->wanted_epoch) {
+        self->wanted_epoch = ticket;
+        pthread_cond_signal(&self->persist_cond);
+    }
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+uint64_t kb_bank_durable_epoch(kb_bank_t *self, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    uint64_t epoch = self->committed_epoch;
+    if (err)
+        snprintf(err, errlen, "%s", self->storage_error);
+    pthread_mutex_unlock(&self->commit_mutex);
+    return epoch;
+}
+
+void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    self->commit_hook = hook;
+    self->commit_hook_ctx = ctx;
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
 /* ---- persister ---- */
 
 typedef struct {
@@ -464,6 +495,8 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b, bool writer_waits)
         snprintf(self->storage_error, sizeof self->storage_error, "%s", why);
     }
     pthread_cond_broadcast(&self->commit_cond);
+    if (self->commit_hook)
+        self->commit_hook(self->commit_hook_ctx);
     pthread_mutex_unlock(&self->commit_mutex);
     pthread_mutex_unlock(&self->store_mutex);
     if (rc == 0) {
@@ -484,8 +517,8 @@ static void *s_persister_main(void *arg)
     int failures = 0;
     pthread_mutex_lock(&self->commit_mutex);
     while (!self->stopping) {
-        bool writer_waits = self->waiters > 0;
-        if (!writer_waits) {
+        bool writer_waits = self->waiters > 0 || self->wanted_epoch > self->committed_epoch;
+        if (!writer_waits || failures) { /* after a failure, retry at most every 100 ms */
             struct timespec deadline;
             s_deadline(&deadline, failures ? 100 : idle_ms);
             pthread_cond_timedwait(&self->persist_cond, &self->commit_mutex, &deadline);
@@ -493,7 +526,7 @@ static void *s_persister_main(void *arg)
                 break;
             /* Interval mode: only the timer (or a checkpoint, which waits) starts a round. */
         }
-        writer_waits = self->waiters > 0;
+        writer_waits = self->waiters > 0 || self->wanted_epoch > self->committed_epoch;
         pthread_mutex_unlock(&self->commit_mutex);
         int rc = s_persist_round(self, &batch, writer_waits);
         failures = rc ? failures + 1 : 0;

@@ -77,6 +77,18 @@ void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
  * or KB_BANK_ESTORAGE with a message in err if the store failed or timeout_ms passed. */
 int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen);
 
+/* Pipelined sync durability: asks the persister for a round that makes epoch `ticket` durable soon, without
+ * waiting. The caller learns of it through the commit hook and kb_bank_durable_epoch. */
+void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket);
+
+/* The last durable epoch (every write whose ticket is <= it is on disk). With err non-NULL, also copies the
+ * last storage error ("" after a success). */
+uint64_t kb_bank_durable_epoch(kb_bank_t *self, char *err, size_t errlen);
+
+/* hook(ctx) is called by the persister after every round, committed or failed (from its thread: it must
+ * only signal, e.g. write an eventfd). Set before serving; NULL removes it. */
+void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx);
+
 /* Commits everything now and checkpoints the SQLite WAL. */
 int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen);
 

@@ -6,26 +6,102 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <zmq.h>
+
+/* A request handed to a worker, or a reply waiting to be sent (from a worker, or parked for a commit). */
+typedef struct s_item {
+    zmq_msg_t identity;
+    zmq_msg_t request;            /* jobs only */
+    uint8_t *reply;               /* replies only: malloc'd, handed to ZeroMQ without a copy */
+    size_t reply_len;
+    kb_service_deferred_t wait;   /* parked replies: the commit they wait for */
+    int64_t deadline_ms;          /* parked replies: answer INTERNAL if not durable by then */
+    struct s_item *next;
+} s_item_t;
+
+typedef struct {
+    s_item_t *head, *tail;
+} s_fifo_t;
 
 struct kb_server {
     kb_service_t *service;
+    kb_bank_t *bank;
     kb_server_options_t opts;
     void *ctx;
-    void *frontend; /* ROUTER, clients */
-    void *backend;  /* DEALER, workers */
-    char backend_endpoint[64];
+    void *frontend; /* ROUTER, clients: only the request thread (kb_server_run) touches it */
     char endpoint[256];
+    int wake_fd;    /* eventfd: a worker finished a reply, or the persister finished a round */
+
+    pthread_mutex_t mutex; /* guards jobs, done, stop_workers */
+    pthread_cond_t job_cond;
+    s_fifo_t jobs;  /* requests that may block, for the workers */
+    s_fifo_t done;  /* the workers' replies, for the request thread to send */
+    bool stop_workers;
+    s_fifo_t parked; /* request thread only: sync writes' replies in ticket order, until their commit */
+    size_t parked_count;
+
     pthread_t *workers;
     uint32_t worker_count;
-    atomic_int stop_workers;
-    atomic_int workers_alive;
     kb_auth_t *auth; /* CURVE only */
 };
+
+static void s_push(s_fifo_t *q, s_item_t *it)
+{
+    it->next = NULL;
+    if (q->tail)
+        q->tail->next = it;
+    else
+        q->head = it;
+    q->tail = it;
+}
+
+static s_item_t *s_pop(s_fifo_t *q)
+{
+    s_item_t *it = q->head;
+    if (it) {
+        q->head = it->next;
+        if (!q->head)
+            q->tail = NULL;
+    }
+    return it;
+}
+
+static void s_wake(kb_server_t *self)
+{
+    uint64_t one = 1;
+    while (write(self->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
+
+static void s_wake_hook(void *ctx) { s_wake(ctx); }
+
+static void s_free_reply(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* Sends [identity, reply] and frees the item. The reply buffer goes to ZeroMQ as it is (no copy). */
+static void s_send(kb_server_t *self, s_item_t *it)
+{
+    zmq_msg_t body;
+    if (zmq_msg_init_data(&body, it->reply, it->reply_len, s_free_reply, NULL) != 0) {
+        free(it->reply);
+        LOG_WARN("reply not sent: %s", zmq_strerror(errno));
+    } else if (zmq_msg_send(&it->identity, self->frontend, ZMQ_SNDMORE) < 0 ||
+               zmq_msg_send(&body, self->frontend, 0) < 0) {
+        LOG_WARN("reply not sent: %s", zmq_strerror(errno));
+        zmq_msg_close(&body);
+    }
+    zmq_msg_close(&it->identity);
+    free(it);
+}
 
 /* Receives the rest of a multi-part message and discards it. */
 static void s_drain(void *socket)
@@ -43,50 +119,28 @@ static void s_drain(void *socket)
     }
 }
 
+/* Workers run the operations that may take long (kb_service_request_may_block), so that the request thread
+ * keeps answering lookups and writes meanwhile. */
 static void *s_worker_main(void *arg)
 {
     kb_server_t *self = arg;
-    void *socket = zmq_socket(self->ctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger);
-    if (!socket || zmq_connect(socket, self->backend_endpoint) != 0)
-        CARLS_FATAL("worker cannot connect to %s: %s", self->backend_endpoint, zmq_strerror(errno));
-
-    zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
-    while (!atomic_load(&self->stop_workers)) {
-        int n = zmq_poll(&item, 1, 100);
-        if (n < 0 && errno == ETERM)
-            break;
-        if (n <= 0)
-            continue;
-        zmq_msg_t identity, request;
-        zmq_msg_init(&identity);
-        zmq_msg_init(&request);
-        if (zmq_msg_recv(&identity, socket, 0) < 0) {
-            zmq_msg_close(&identity);
-            zmq_msg_close(&request);
-            continue;
-        }
-        /* Exactly [identity, request] is a request; anything else cannot be answered reliably. */
-        int ok = zmq_msg_more(&identity) && zmq_msg_recv(&request, socket, 0) >= 0 && !zmq_msg_more(&request);
-        if (!ok) {
-            s_drain(socket);
-            kb_service_count_dropped(self->service);
-            zmq_msg_close(&identity);
-            zmq_msg_close(&request);
-            continue;
-        }
-        uint8_t *reply = NULL;
-        size_t reply_len = 0;
-        kb_service_handle(self->service, zmq_msg_data(&request), zmq_msg_size(&request), &reply, &reply_len);
-        zmq_msg_close(&request);
-        if (zmq_msg_send(&identity, socket, ZMQ_SNDMORE) < 0 || zmq_send(socket, reply, reply_len, 0) < 0)
-            LOG_WARN("reply not sent: %s", zmq_strerror(errno));
-        zmq_msg_close(&identity);
-        free(reply);
+    pthread_mutex_lock(&self->mutex);
+    for (;;) {
+        while (!self->jobs.head && !self->stop_workers)
+            pthread_cond_wait(&self->job_cond, &self->mutex);
+        s_item_t *job = s_pop(&self->jobs);
+        if (!job)
+            break; /* stopping, and every job taken has been answered */
+        pthread_mutex_unlock(&self->mutex);
+        kb_service_handle(self->service, zmq_msg_data(&job->request), zmq_msg_size(&job->request), &job->reply,
+                          &job->reply_len);
+        zmq_msg_close(&job->request);
+        zmq_msg_init(&job->request); /* empty, so that closing it again is harmless */
+        pthread_mutex_lock(&self->mutex);
+        s_push(&self->done, job);
+        s_wake(self);
     }
-    zmq_close(socket);
-    atomic_fetch_sub(&self->workers_alive, 1);
+    pthread_mutex_unlock(&self->mutex);
     return NULL;
 }
 
@@ -96,15 +150,20 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     *out = NULL;
     kb_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
+    self->bank = kb_service_bank(service);
     self->opts = *opts;
     if (self->opts.threads == 0)
         self->opts.threads = 1;
+    pthread_mutex_init(&self->mutex, NULL);
+    pthread_cond_init(&self->job_cond, NULL);
+    self->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->wake_fd < 0)
+        CARLS_FATAL("eventfd: %s", strerror(errno));
     self->ctx = zmq_ctx_new();
     if (!self->ctx)
         CARLS_FATAL("zmq_ctx_new failed");
     self->frontend = zmq_socket(self->ctx, ZMQ_ROUTER);
-    self->backend = zmq_socket(self->ctx, ZMQ_DEALER);
-    if (!self->frontend || !self->backend)
+    if (!self->frontend)
         CARLS_FATAL("zmq_socket failed: %s", zmq_strerror(errno));
 
     int64_t max_size = (int64_t)opts->max_message_bytes * 2;
@@ -138,14 +197,8 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     size_t len = sizeof self->endpoint;
     zmq_getsockopt(self->frontend, ZMQ_LAST_ENDPOINT, self->endpoint, &len);
 
-    snprintf(self->backend_endpoint, sizeof self->backend_endpoint, "inproc://kb-workers-%p", (void *)self);
-    zmq_setsockopt(self->backend, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_bind(self->backend, self->backend_endpoint) != 0)
-        CARLS_FATAL("cannot bind %s: %s", self->backend_endpoint, zmq_strerror(errno));
-
+    kb_bank_set_commit_hook(self->bank, s_wake_hook, self);
     self->workers = carls_xcalloc(self->opts.threads, sizeof *self->workers);
-    atomic_init(&self->stop_workers, 0);
-    atomic_init(&self->workers_alive, (int)self->opts.threads);
     for (uint32_t i = 0; i < self->opts.threads; i++) {
         if (pthread_create(&self->workers[i], NULL, s_worker_main, self) != 0)
             CARLS_FATAL("cannot start worker thread");
@@ -166,32 +219,132 @@ void kb_server_auth_counts(const kb_server_t *self, uint64_t *allowed, uint64_t 
 
 const char *kb_server_endpoint(const kb_server_t *self) { return self->endpoint; }
 
-/* Moves one whole multi-part message from one socket to another. */
-static void s_forward(void *from, void *to)
+/* Sends the workers' finished replies. */
+static void s_send_done(kb_server_t *self)
 {
-    int more;
-    do {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, from, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&part);
-            return;
+    pthread_mutex_lock(&self->mutex);
+    s_item_t *list = self->done.head;
+    self->done.head = self->done.tail = NULL;
+    pthread_mutex_unlock(&self->mutex);
+    while (list) {
+        s_item_t *next = list->next;
+        s_send(self, list);
+        list = next;
+    }
+}
+
+/* Sends every parked reply whose commit is durable, and an INTERNAL error for those past their deadline. */
+static void s_send_durable(kb_server_t *self)
+{
+    if (!self->parked.head)
+        return;
+    char storage_error[512];
+    uint64_t durable = kb_bank_durable_epoch(self->bank, storage_error, sizeof storage_error);
+    int64_t now = carls_monotonic_ms();
+    while (self->parked.head) {
+        s_item_t *it = self->parked.head;
+        if (it->wait.durable_ticket > durable) {
+            if (it->deadline_ms > now)
+                break;
+            char text[700];
+            snprintf(text, sizeof text, "write not committed within %d ms%s%s",
+                     kb_service_commit_timeout_ms(self->service), storage_error[0] ? ": " : "", storage_error);
+            free(it->reply);
+            kb_service_error_reply(self->service, it->wait.request_id, text, &it->reply, &it->reply_len);
         }
-        more = zmq_msg_more(&part);
-        if (zmq_msg_send(&part, to, more ? ZMQ_SNDMORE : 0) < 0)
-            zmq_msg_close(&part);
-    } while (more);
+        s_pop(&self->parked);
+        self->parked_count--;
+        s_send(self, it);
+    }
+}
+
+/* Receives and answers up to `budget` requests that are waiting. Lookups and writes are handled here, on
+ * this thread (no hand-off, no second ZeroMQ hop); a sync write's reply is parked until its commit; what may
+ * block goes to a worker. */
+static void s_serve_requests(kb_server_t *self, int budget)
+{
+    uint64_t wanted = 0;
+    for (int i = 0; i < budget; i++) {
+        s_item_t *it = carls_xcalloc(1, sizeof *it);
+        zmq_msg_init(&it->identity);
+        zmq_msg_init(&it->request);
+        if (zmq_msg_recv(&it->identity, self->frontend, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&it->identity);
+            zmq_msg_close(&it->request);
+            free(it);
+            break;
+        }
+        /* Exactly [identity, request] is a request; anything else cannot be answered reliably. */
+        int ok = zmq_msg_more(&it->identity) && zmq_msg_recv(&it->request, self->frontend, 0) >= 0 &&
+                 !zmq_msg_more(&it->request);
+        if (!ok) {
+            s_drain(self->frontend);
+            kb_service_count_dropped(self->service);
+            zmq_msg_close(&it->identity);
+            zmq_msg_close(&it->request);
+            free(it);
+            continue;
+        }
+        const uint8_t *frame = zmq_msg_data(&it->request);
+        size_t len = zmq_msg_size(&it->request);
+        if (kb_service_request_may_block(frame, len)) {
+            pthread_mutex_lock(&self->mutex);
+            s_push(&self->jobs, it);
+            pthread_cond_signal(&self->job_cond);
+            pthread_mutex_unlock(&self->mutex);
+            continue;
+        }
+        kb_service_handle_deferred(self->service, frame, len, &it->reply, &it->reply_len, &it->wait);
+        zmq_msg_close(&it->request);
+        zmq_msg_init(&it->request);
+        if (it->wait.durable_ticket == 0) {
+            s_send(self, it);
+            continue;
+        }
+        it->deadline_ms = carls_monotonic_ms() + kb_service_commit_timeout_ms(self->service);
+        s_push(&self->parked, it);
+        self->parked_count++;
+        if (it->wait.durable_ticket > wanted)
+            wanted = it->wait.durable_ticket;
+    }
+    if (wanted)
+        kb_bank_request_durable(self->bank, wanted);
+}
+
+/* Poll timeout: at most 100 ms, less when a parked reply reaches its deadline sooner. */
+static int s_poll_timeout(const kb_server_t *self)
+{
+    if (!self->parked.head)
+        return 100;
+    int64_t left = self->parked.head->deadline_ms - carls_monotonic_ms();
+    return left < 0 ? 0 : left > 100 ? 100 : (int)left;
+}
+
+static void s_clear_wake(kb_server_t *self)
+{
+    uint64_t count;
+    while (read(self->wake_fd, &count, sizeof count) < 0 && errno == EINTR) {
+    }
+}
+
+static bool s_workers_idle(kb_server_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    bool idle = !self->jobs.head && !self->done.head;
+    pthread_mutex_unlock(&self->mutex);
+    return idle;
 }
 
 void kb_server_run(kb_server_t *self, volatile sig_atomic_t *stop)
 {
-    LOG_INFO("listening on %s with %u worker threads", self->endpoint, self->opts.threads);
+    LOG_INFO("listening on %s (%u worker threads for knn, sample, scan and admin requests)", self->endpoint,
+             self->opts.threads);
     zmq_pollitem_t items[2] = {
+        {.socket = NULL, .fd = self->wake_fd, .events = ZMQ_POLLIN},
         {.socket = self->frontend, .events = ZMQ_POLLIN},
-        {.socket = self->backend, .events = ZMQ_POLLIN},
     };
     while (!*stop) {
-        int n = zmq_poll(items, 2, 100);
+        int n = zmq_poll(items, 2, s_poll_timeout(self));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -199,19 +352,24 @@ void kb_server_run(kb_server_t *self, volatile sig_atomic_t *stop)
             break;
         }
         if (items[0].revents & ZMQ_POLLIN)
-            s_forward(self->frontend, self->backend);
+            s_clear_wake(self);
+        s_send_done(self);
+        s_send_durable(self);
         if (items[1].revents & ZMQ_POLLIN)
-            s_forward(self->backend, self->frontend);
+            s_serve_requests(self, 64);
     }
     LOG_INFO("stopping: finishing requests in progress");
-    /* Stop taking requests; keep delivering replies until every worker has finished its current one. */
-    atomic_store(&self->stop_workers, 1);
-    while (atomic_load(&self->workers_alive) > 0) {
-        if (zmq_poll(&items[1], 1, 20) > 0 && (items[1].revents & ZMQ_POLLIN))
-            s_forward(self->backend, self->frontend);
+    /* Stop taking requests; answer every request already taken (the workers' and the parked ones). */
+    pthread_mutex_lock(&self->mutex);
+    self->stop_workers = true;
+    pthread_cond_broadcast(&self->job_cond);
+    pthread_mutex_unlock(&self->mutex);
+    while (self->parked.head || !s_workers_idle(self)) {
+        if (zmq_poll(items, 1, s_poll_timeout(self)) > 0)
+            s_clear_wake(self);
+        s_send_done(self);
+        s_send_durable(self);
     }
-    while (zmq_poll(&items[1], 1, 0) > 0 && (items[1].revents & ZMQ_POLLIN))
-        s_forward(self->backend, self->frontend);
 }
 
 void kb_server_destroy(kb_server_t **self_p)
@@ -219,16 +377,34 @@ void kb_server_destroy(kb_server_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_server_t *self = *self_p;
-    atomic_store(&self->stop_workers, 1);
+    pthread_mutex_lock(&self->mutex);
+    self->stop_workers = true;
+    pthread_cond_broadcast(&self->job_cond);
+    pthread_mutex_unlock(&self->mutex);
     for (uint32_t i = 0; i < self->worker_count; i++)
         pthread_join(self->workers[i], NULL);
     free(self->workers);
+    if (self->bank)
+        kb_bank_set_commit_hook(self->bank, NULL, NULL);
+    /* Replies never sent (the server stopped before serving): free them. */
+    s_fifo_t *queues[] = {&self->jobs, &self->done, &self->parked};
+    for (size_t q = 0; q < sizeof queues / sizeof *queues; q++) {
+        s_item_t *it;
+        while ((it = s_pop(queues[q]))) {
+            zmq_msg_close(&it->identity);
+            zmq_msg_close(&it->request);
+            free(it->reply);
+            free(it);
+        }
+    }
     if (self->frontend)
         zmq_close(self->frontend);
-    if (self->backend)
-        zmq_close(self->backend);
     kb_auth_destroy(&self->auth);
     zmq_ctx_term(self->ctx);
+    if (self->wake_fd >= 0)
+        close(self->wake_fd);
+    pthread_cond_destroy(&self->job_cond);
+    pthread_mutex_destroy(&self->mutex);
     free(self);
     *self_p = NULL;
 }

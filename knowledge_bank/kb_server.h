@@ -1,8 +1,13 @@
-/* The kb-server's transport: a ZeroMQ ROUTER socket facing clients, a pool of worker threads behind an
- * inproc DEALER socket, and a main loop that moves frames between them.
+/* The kb-server's transport: a ZeroMQ ROUTER socket facing clients, served by one request thread (the one
+ * that calls kb_server_run), and a pool of worker threads for the requests that can take long.
  *
- * Each client message must be one frame (one packed Request). A worker receives [client identity,
- * request], asks the service for the reply and sends [identity, reply] back. Multi-part messages are
+ * Each client message must be one frame (one packed Request). The request thread receives [client
+ * identity, request] and, for lookups and writes, handles it itself and sends [identity, reply] back: no
+ * proxy, no second ZeroMQ hop, and the reply buffer goes to ZeroMQ without a copy. In sync durability a
+ * write's reply is parked until the group commit holding it is durable (the persister wakes the thread
+ * through an eventfd), so the thread goes on serving meanwhile and any number of writers share one commit.
+ * knn, sample, scan, stats, checkpoint, create and drop go to the workers through an in-process queue, and
+ * their replies come back the same way, so a slow search never holds up a lookup. Multi-part messages are
  * dropped and counted (there is no single request to answer). ZMQ_MAXMSGSIZE is set to twice the
  * service's message limit: frames between the limit and twice it get a TOO_LARGE reply, larger ones make
  * ZeroMQ drop the connection before anything is allocated for them.
@@ -20,7 +25,7 @@
 
 typedef struct {
     const char *endpoint;      /* e.g. tcp://127.0.0.1:7070; tcp://127.0.0.1:* picks a free port */
-    uint32_t threads;          /* worker threads, >= 1 */
+    uint32_t threads;          /* worker threads for requests that may block, >= 1 */
     uint32_t max_message_bytes;
     const char *curve_secret_file; /* CURVE: the server's secret key file (kb-keygen); NULL = plain TCP */
     const char *curve_allow_path;  /* CURVE: allowed client public keys (a *.pub directory or a key list) */
@@ -36,8 +41,8 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
 /* The endpoint actually bound (with the real port when '*' was asked for). */
 const char *kb_server_endpoint(const kb_server_t *self);
 
-/* Serves until *stop becomes nonzero (set it from a signal handler), then lets the workers finish the
- * requests they hold and delivers their replies. */
+/* Serves until *stop becomes nonzero (set it from a signal handler), then answers every request already
+ * taken (the workers' and the parked ones) before it returns. */
 void kb_server_run(kb_server_t *self, volatile sig_atomic_t *stop);
 
 /* Clients admitted and refused by CURVE authentication (0 without CURVE). */

@@ -153,6 +153,7 @@ typedef struct {
     size_t record_count;
     kb_table_t **held; /* tables whose names the response points to: released once it is packed */
     size_t held_count;
+    uint64_t durable_ticket; /* sync durability: the epoch that must commit before this reply may go out */
 } s_reply_t;
 
 /* Records a buffer to free once the reply is packed; returns it. */
@@ -328,8 +329,16 @@ static int s_reserve_rows(kb_service_t *self, s_reply_t *rp, kb_table_t *t, kb_t
     return s_refuse_memory(self, rp, what, bytes);
 }
 
-/* Runs a validated write inside the bank's write bracket, with de-duplication and, in sync mode, waits
- * for the commit before the caller answers. apply returns 0 (success) or -1 (rp holds the error). */
+/* In sync durability, the reply must wait for epoch `ticket` to commit (kb_service_handle waits for it; a
+ * deferred caller parks the reply until kb_bank_durable_epoch reaches it). */
+static void s_after_durable(kb_service_t *self, s_reply_t *rp, uint64_t ticket)
+{
+    if (kb_bank_sync(self->bank) && ticket > rp->durable_ticket)
+        rp->durable_ticket = ticket;
+}
+
+/* Runs a validated write inside the bank's write bracket, with de-duplication; in sync mode the reply
+ * waits for the commit (s_after_durable). apply returns 0 (success) or -1 (rp holds the error). */
 typedef int (*s_apply_fn)(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp);
 
 static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp,
@@ -340,9 +349,7 @@ static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t
         uint64_t ticket = kb_bank_write_end(self->bank);
         atomic_fetch_add(&self->duplicates, 1);
         /* The first attempt may still be committing: answer once it is durable too. */
-        char err[512];
-        if (kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+        s_after_durable(self, rp, ticket);
         s_write_ok(rp, 0, true, 0);
         return 0;
     }
@@ -352,9 +359,7 @@ static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t
     uint64_t ticket = kb_bank_write_end(self->bank);
     if (rc != 0)
         return rc;
-    char err[512];
-    if (kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+    s_after_durable(self, rp, ticket);
     return 0;
 }
 
@@ -466,9 +471,8 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     uint64_t ticket = kb_bank_write_end(self->bank);
     kb_memory_release(kb_bank_memory(self->bank), reserved);
     kb_bank_release(self->bank, t);
-    char err[512];
-    if (steps > 0 && kb_bank_wait_durable(self->bank, ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+    if (steps > 0)
+        s_after_durable(self, rp, ticket);
     rp->resp.result_case = CARLS__RESPONSE__RESULT_LOOKUP;
     rp->resp.lookup = res;
     return 0;
@@ -1021,7 +1025,18 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
     return index;
 }
 
-void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len)
+/* Packs rp's response into a malloc'd buffer. */
+static void s_pack(s_reply_t *rp, uint8_t **reply, size_t *reply_len)
+{
+    *reply_len = carls__response__get_packed_size(&rp->resp);
+    *reply = carls_xmalloc(*reply_len ? *reply_len : 1);
+    carls__response__pack(&rp->resp, *reply);
+}
+
+/* Handles one frame. With deferred NULL, a sync write's reply waits here for its commit; otherwise the
+ * commit it needs is returned in *deferred and the caller parks the reply. */
+static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len,
+                     kb_service_deferred_t *deferred)
 {
     int64_t t0 = carls_monotonic_us();
     s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
@@ -1041,15 +1056,21 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         rp->resp.request_id = req->request_id;
         op_index = s_dispatch(self, req, rp);
     }
+    if (rp->durable_ticket && !deferred) {
+        char err[512];
+        if (kb_bank_wait_durable(self->bank, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
+            s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+    }
+    if (deferred) {
+        deferred->durable_ticket = rp->durable_ticket;
+        deferred->request_id = rp->resp.request_id;
+    }
     if (rp->resp.status != CARLS__STATUS_CODE__STATUS_OK) {
         atomic_fetch_add(&self->errors, 1);
         LOG_DEBUG("request %llu: %s: %s", (unsigned long long)rp->resp.request_id,
                   carls_status_name(rp->resp.status), rp->error);
     }
-
-    *reply_len = carls__response__get_packed_size(&rp->resp);
-    *reply = carls_xmalloc(*reply_len);
-    carls__response__pack(&rp->resp, *reply);
+    s_pack(rp, reply, reply_len);
 
     s_table_counters_t *tc = NULL;
     bool ok = rp->resp.status == CARLS__STATUS_CODE__STATUS_OK;
@@ -1069,6 +1090,50 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
         kb_latency_record(&self->latency[op_index], us);
         if (tc)
             kb_latency_record(&tc->latency[op_index], us);
+    }
+}
+
+void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len)
+{
+    s_handle(self, frame, len, reply, reply_len, NULL);
+}
+
+void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply,
+                                size_t *reply_len, kb_service_deferred_t *deferred)
+{
+    s_handle(self, frame, len, reply, reply_len, deferred);
+}
+
+void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
+                            size_t *reply_len)
+{
+    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    carls__response__init(&rp->resp);
+    rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
+    rp->resp.request_id = request_id;
+    s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", error);
+    atomic_fetch_add(&self->errors, 1);
+    s_pack(rp, reply, reply_len);
+    s_reply_free(self, rp);
+}
+
+kb_bank_t *kb_service_bank(kb_service_t *self) { return self->bank; }
+
+int kb_service_commit_timeout_ms(const kb_service_t *self) { return self->limits.commit_timeout_ms; }
+
+bool kb_service_request_may_block(const uint8_t *frame, size_t len)
+{
+    switch (carls_request_peek_op(frame, len)) {
+    case CARLS__REQUEST__OP_CREATE_TABLE:
+    case CARLS__REQUEST__OP_DROP_TABLE:
+    case CARLS__REQUEST__OP_STATS:
+    case CARLS__REQUEST__OP_CHECKPOINT:
+    case CARLS__REQUEST__OP_KNN:
+    case CARLS__REQUEST__OP_SAMPLE:
+    case CARLS__REQUEST__OP_SCAN:
+        return true;
+    default:
+        return false;
     }
 }
 

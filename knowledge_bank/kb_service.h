@@ -6,7 +6,7 @@
  * table is touched, and answers every problem with a status and a message. Writes are de-duplicated by
  * (client_id, sequence) and, in sync durability, answered only after they have committed.
  *
- * kb_service_handle is thread-safe: the server's worker threads call it concurrently. */
+ * kb_service_handle is thread-safe: the server's request thread and its workers call it concurrently. */
 #ifndef KB_SERVICE_H
 #define KB_SERVICE_H
 
@@ -41,6 +41,33 @@ void kb_service_destroy(kb_service_t **self_p);
 /* Handles one request frame. Always produces a reply (MALFORMED for undecodable frames, with request id
  * 0): *reply is a malloc'd packed Response the caller frees. */
 void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply, size_t *reply_len);
+
+/* What a deferred reply waits for before it may be sent. */
+typedef struct {
+    uint64_t durable_ticket; /* 0: send now; else once kb_bank_durable_epoch() >= durable_ticket */
+    uint64_t request_id;     /* for kb_service_error_reply if the commit fails or takes too long */
+} kb_service_deferred_t;
+
+/* As kb_service_handle, but a sync write does not wait for its commit here: its reply is produced at once
+ * and *deferred says which commit it must wait for (the caller parks it; nothing blocks on the commit). */
+void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t len, uint8_t **reply,
+                                size_t *reply_len, kb_service_deferred_t *deferred);
+
+/* An INTERNAL reply to request_id with the text error (a parked reply whose commit failed), counted as an
+ * error. *reply is malloc'd. */
+void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
+                            size_t *reply_len);
+
+/* The bank the service was made with. */
+kb_bank_t *kb_service_bank(kb_service_t *self);
+
+/* How long a parked reply may wait for its commit (--commit-timeout-ms). */
+int kb_service_commit_timeout_ms(const kb_service_t *self);
+
+/* True for operations that can take long (knn, sample, scan, stats, checkpoint, create and drop table):
+ * the transport hands those to worker threads so that lookups and writes never queue behind them. Reads the
+ * frame's field tags only. */
+bool kb_service_request_may_block(const uint8_t *frame, size_t len);
 
 /* Counts a frame dropped by the transport before it could be handled (e.g. a multi-part message). */
 void kb_service_count_dropped(kb_service_t *self);

@@ -63,3 +63,49 @@ uint32_t carls_shard_of(const void *key, size_t len, uint32_t n)
     /* A seed of its own so shard placement is independent of the row maps' and stripes' hashing. */
     return (uint32_t)(carls_hash64(key, len, 0x7368617264ULL) % n);
 }
+
+/* Reads a base-128 varint at *p (at most 10 bytes, not past end); false if it is cut short. */
+static bool s_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+Carls__Request__OpCase carls_request_peek_op(const uint8_t *frame, size_t len)
+{
+    const uint8_t *p = frame, *end = frame + len;
+    while (p < end) {
+        uint64_t tag, skip = 0;
+        if (!s_varint(&p, end, &tag))
+            break;
+        uint64_t field = tag >> 3;
+        if (field >= CARLS__REQUEST__OP_CREATE_TABLE && field <= CARLS__REQUEST__OP_SCAN)
+            return (Carls__Request__OpCase)field;
+        switch (tag & 7) {
+        case 0: /* varint */
+            if (!s_varint(&p, end, &skip))
+                return CARLS__REQUEST__OP__NOT_SET;
+            skip = 0;
+            break;
+        case 1: skip = 8; break;
+        case 2: /* length-delimited */
+            if (!s_varint(&p, end, &skip))
+                return CARLS__REQUEST__OP__NOT_SET;
+            break;
+        case 5: skip = 4; break;
+        default: return CARLS__REQUEST__OP__NOT_SET;
+        }
+        if (skip > (uint64_t)(end - p))
+            break;
+        p += skip;
+    }
+    return CARLS__REQUEST__OP__NOT_SET;
+}

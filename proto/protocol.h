@@ -33,4 +33,9 @@ uint32_t carls_shard_of(const void *key, size_t len, uint32_t n);
 /* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. True when name is one. */
 bool carls_table_name_valid(const char *name);
 
+/* The operation of a packed Request, read from its top-level field tags alone (nothing is decoded or
+ * allocated), or CARLS__REQUEST__OP__NOT_SET when the frame names none or cannot be read that far. For
+ * routing a frame before it is decoded; the decoder still checks everything. */
+Carls__Request__OpCase carls_request_peek_op(const uint8_t *frame, size_t len);
+
 #endif
