@@ -10,8 +10,7 @@ void kb_rowmap_init(kb_rowmap_t *map) { memset(map, 0, sizeof *map); }
 
 void kb_rowmap_free(kb_rowmap_t *map)
 {
-    free(map->hashes);
-    free(map->rows);
+    free(map->slots);
     memset(map, 0, sizeof *map);
 }
 
@@ -32,10 +31,30 @@ struct kb_row *kb_rowmap_find(const kb_rowmap_t *map, uint64_t hash, const void 
         return NULL;
     size_t mask = map->capacity - 1;
     for (size_t i = hash & mask;; i = (i + 1) & mask) {
-        if (map->hashes[i] == 0)
+        const kb_rowmap_slot_t *slot = &map->slots[i];
+        if (slot->hash == 0)
             return NULL;
-        if (map->hashes[i] == hash && s_key_equal(map->rows[i], key, len))
-            return map->rows[i];
+        if (slot->hash == hash && s_key_equal(slot->row, key, len))
+            return slot->row;
+    }
+}
+
+void kb_rowmap_prefetch_slot(const kb_rowmap_t *map, uint64_t hash)
+{
+    if (map->capacity)
+        __builtin_prefetch(&map->slots[hash & (map->capacity - 1)]);
+}
+
+void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash)
+{
+    if (map->capacity == 0)
+        return;
+    size_t mask = map->capacity - 1;
+    for (size_t i = hash & mask; map->slots[i].hash != 0; i = (i + 1) & mask) {
+        if (map->slots[i].hash == hash) {
+            __builtin_prefetch(map->slots[i].row);
+            return;
+        }
     }
 }
 
@@ -43,25 +62,21 @@ static void s_place(kb_rowmap_t *map, uint64_t hash, struct kb_row *row)
 {
     size_t mask = map->capacity - 1;
     size_t i = hash & mask;
-    while (map->hashes[i] != 0)
+    while (map->slots[i].hash != 0)
         i = (i + 1) & mask;
-    map->hashes[i] = hash;
-    map->rows[i] = row;
+    map->slots[i] = (kb_rowmap_slot_t){hash, row};
 }
 
 static void s_grow(kb_rowmap_t *map)
 {
     size_t old_cap = map->capacity;
-    uint64_t *old_hashes = map->hashes;
-    struct kb_row **old_rows = map->rows;
+    kb_rowmap_slot_t *old = map->slots;
     map->capacity = old_cap ? old_cap * 2 : 16;
-    map->hashes = carls_xcalloc(map->capacity, sizeof *map->hashes);
-    map->rows = carls_xcalloc(map->capacity, sizeof *map->rows);
+    map->slots = carls_xcalloc(map->capacity, sizeof *map->slots);
     for (size_t i = 0; i < old_cap; i++)
-        if (old_hashes[i])
-            s_place(map, old_hashes[i], old_rows[i]);
-    free(old_hashes);
-    free(old_rows);
+        if (old[i].hash)
+            s_place(map, old[i].hash, old[i].row);
+    free(old);
 }
 
 void kb_rowmap_insert(kb_rowmap_t *map, uint64_t hash, struct kb_row *row)
@@ -79,26 +94,24 @@ struct kb_row *kb_rowmap_remove(kb_rowmap_t *map, uint64_t hash, const void *key
         return NULL;
     size_t mask = map->capacity - 1;
     size_t i = hash & mask;
-    while (map->hashes[i] != 0 && !(map->hashes[i] == hash && s_key_equal(map->rows[i], key, len)))
+    while (map->slots[i].hash != 0 && !(map->slots[i].hash == hash && s_key_equal(map->slots[i].row, key, len)))
         i = (i + 1) & mask;
-    if (map->hashes[i] == 0)
+    if (map->slots[i].hash == 0)
         return NULL;
-    struct kb_row *found = map->rows[i];
+    struct kb_row *found = map->slots[i].row;
     /* Backward-shift deletion: move later members of the probe run into the hole so that find never stops
      * early at a slot emptied by a removal. */
     size_t hole = i;
-    for (size_t j = (i + 1) & mask; map->hashes[j] != 0; j = (j + 1) & mask) {
-        size_t home = map->hashes[j] & mask;
+    for (size_t j = (i + 1) & mask; map->slots[j].hash != 0; j = (j + 1) & mask) {
+        size_t home = map->slots[j].hash & mask;
         /* Entry j may move to the hole if its home is not cyclically within (hole, j]. */
         int home_in_range = (hole <= j) ? (home > hole && home <= j) : (home > hole || home <= j);
         if (!home_in_range) {
-            map->hashes[hole] = map->hashes[j];
-            map->rows[hole] = map->rows[j];
+            map->slots[hole] = map->slots[j];
             hole = j;
         }
     }
-    map->hashes[hole] = 0;
-    map->rows[hole] = NULL;
+    map->slots[hole] = (kb_rowmap_slot_t){0, NULL};
     map->count--;
     return found;
 }

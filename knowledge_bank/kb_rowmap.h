@@ -1,7 +1,8 @@
 /* Hash map from key bytes to row pointers, for one stripe of a table.
  *
- * Open addressing with linear probing; the map stores (hash, row) pairs and compares keys through the rows
- * themselves, so it owns no key memory. Not thread-safe: the stripe's mutex guards it. */
+ * Open addressing with linear probing; the map stores (hash, row) pairs side by side in one slot array (a
+ * probe costs one cache line, not one per array) and compares keys through the rows themselves, so it owns
+ * no key memory. Not thread-safe: the stripe's mutex guards it. */
 #ifndef KB_ROWMAP_H
 #define KB_ROWMAP_H
 
@@ -11,9 +12,13 @@
 struct kb_row;
 
 typedef struct {
-    uint64_t *hashes;      /* capacity; 0 marks an empty slot (real hashes are forced nonzero) */
-    struct kb_row **rows;  /* capacity */
-    size_t capacity;       /* power of two, or 0 before the first insert */
+    uint64_t hash;         /* 0 marks an empty slot (real hashes are forced nonzero) */
+    struct kb_row *row;
+} kb_rowmap_slot_t;
+
+typedef struct {
+    kb_rowmap_slot_t *slots; /* capacity */
+    size_t capacity;         /* power of two, or 0 before the first insert */
     size_t count;
 } kb_rowmap_t;
 
@@ -26,6 +31,12 @@ uint64_t kb_rowmap_hash(const void *key, size_t len);
 
 /* The row with these key bytes, or NULL. hash must be kb_rowmap_hash(key, len). */
 struct kb_row *kb_rowmap_find(const kb_rowmap_t *map, uint64_t hash, const void *key, size_t len);
+
+/* Batch lookups hide memory latency by asking for the lines they will need a few keys ahead:
+ * kb_rowmap_prefetch_slot fetches the home slot of hash; kb_rowmap_prefetch_row, once that slot is near,
+ * fetches the first row whose hash matches (no key is compared, nothing is returned). */
+void kb_rowmap_prefetch_slot(const kb_rowmap_t *map, uint64_t hash);
+void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash);
 
 /* Inserts a row whose key is not in the map yet (caller checked with find). Grows as needed. */
 void kb_rowmap_insert(kb_rowmap_t *map, uint64_t hash, struct kb_row *row);

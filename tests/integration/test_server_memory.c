@@ -250,13 +250,23 @@ static void test_refused_write_is_not_remembered(void **state)
     for (size_t i = 0; i < 5000; i += 1000)
         assert_int_equal(kb_client_put(f->client, "spare", s_keys(0, "s", i, 1000), 1000, DIM, s_values, 1), 0);
     s_fill(f);
-    /* The same request (same client id and sequence) sent twice: refused, then applied after a drop. */
+    /* The same request (same client id and sequence) sent twice: refused, then applied after a drop. It
+     * carries 100 new rows: the fill stopped at the first refused row, and the room left then (up to one
+     * stripe's map growth, which depends on the key) can hold a few more rows but not a hundred. */
+    enum { LATER = 100 };
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__Put put = CARLS__PUT__INIT;
-    ProtobufCBinaryData key = {.len = 5, .data = (uint8_t *)"later"};
-    float v[DIM] = {1, 2, 3, 4};
+    ProtobufCBinaryData key[LATER];
+    char names[LATER][16];
+    float v[LATER * DIM];
+    for (int i = 0; i < LATER; i++) {
+        key[i].len = (size_t)snprintf(names[i], sizeof names[i], "later%d", i);
+        key[i].data = (uint8_t *)names[i];
+        for (int j = 0; j < DIM; j++)
+            v[i * DIM + j] = (float)(i + j);
+    }
     req.table = "emb";
-    test_put_request(&req, &put, &key, 1, v, DIM);
+    test_put_request(&req, &put, key, LATER, v, LATER * DIM);
     Carls__Response *resp = NULL;
     assert_int_equal(kb_client_call(f->client, &req, &resp), KB_CLIENT_ESTATUS);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED);
@@ -271,9 +281,9 @@ static void test_refused_write_is_not_remembered(void **state)
     assert_true(raw_write_is_duplicate(&raw, &req, 10000));
     raw_close(&raw);
     float out[DIM];
-    kb_key_t k = {.data = "later", .len = 5};
+    kb_key_t k = {.data = names[LATER - 1], .len = key[LATER - 1].len};
     assert_int_equal(kb_client_lookup(f->client, "emb", &k, 1, DIM, out, NULL), 0);
-    assert_memory_equal(out, v, sizeof v);
+    assert_memory_equal(out, v + (LATER - 1) * DIM, sizeof out);
 }
 
 int main(void)

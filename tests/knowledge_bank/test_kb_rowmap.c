@@ -54,14 +54,14 @@ static void s_check_invariants(const kb_rowmap_t *map)
     size_t mask = map->capacity - 1;
     size_t occupied = 0;
     for (size_t i = 0; i < map->capacity; i++) {
-        if (map->hashes[i] == 0) {
-            assert_null(map->rows[i]);
+        if (map->slots[i].hash == 0) {
+            assert_null(map->slots[i].row);
             continue;
         }
         occupied++;
-        assert_non_null(map->rows[i]);
-        for (size_t j = map->hashes[i] & mask; j != i; j = (j + 1) & mask)
-            assert_true(map->hashes[j] != 0);
+        assert_non_null(map->slots[i].row);
+        for (size_t j = map->slots[i].hash & mask; j != i; j = (j + 1) & mask)
+            assert_true(map->slots[j].hash != 0);
     }
     assert_int_equal(occupied, map->count);
 }
@@ -243,8 +243,8 @@ static void test_wraparound_removal_orders(void **st)
             kb_rowmap_insert(&map, hashes[order[i]], rows[order[i]]);
         s_check_invariants(&map);
         /* The run really wraps: the last slot and the first slot are both in use. */
-        assert_true(map.hashes[map.capacity - 1] != 0);
-        assert_true(map.hashes[0] != 0);
+        assert_true(map.slots[map.capacity - 1].hash != 0);
+        assert_true(map.slots[0].hash != 0);
 
         for (int i = K - 1; i > 0; i--) {
             int j = (int)(test_xorshift64(&rng) % (uint64_t)(i + 1));
@@ -373,7 +373,7 @@ static void s_random_ops(s_hash_mode_t mode, uint64_t seed)
     }
     assert_int_equal(map.count, 0);
     for (size_t i = 0; i < map.capacity; i++)
-        assert_true(map.hashes[i] == 0);
+        assert_true(map.slots[i].hash == 0);
     kb_rowmap_free(&map);
     for (size_t i = 0; i < K; i++)
         s_row_free(ref[i].row);
