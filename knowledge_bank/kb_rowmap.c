@@ -45,14 +45,16 @@ void kb_rowmap_prefetch_slot(const kb_rowmap_t *map, uint64_t hash)
         __builtin_prefetch(&map->slots[hash & (map->capacity - 1)]);
 }
 
-void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash)
+void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash, size_t bytes)
 {
     if (map->capacity == 0)
         return;
     size_t mask = map->capacity - 1;
     for (size_t i = hash & mask; map->slots[i].hash != 0; i = (i + 1) & mask) {
         if (map->slots[i].hash == hash) {
-            __builtin_prefetch(map->slots[i].row);
+            const char *row = (const char *)map->slots[i].row;
+            for (size_t at = 0; at < bytes; at += 64)
+                __builtin_prefetch(row + at);
             return;
         }
     }

@@ -34,9 +34,10 @@ struct kb_row *kb_rowmap_find(const kb_rowmap_t *map, uint64_t hash, const void 
 
 /* Batch lookups hide memory latency by asking for the lines they will need a few keys ahead:
  * kb_rowmap_prefetch_slot fetches the home slot of hash; kb_rowmap_prefetch_row, once that slot is near,
- * fetches the first row whose hash matches (no key is compared, nothing is returned). */
+ * fetches the first `bytes` bytes of the first row whose hash matches (no key is compared, nothing is
+ * returned). */
 void kb_rowmap_prefetch_slot(const kb_rowmap_t *map, uint64_t hash);
-void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash);
+void kb_rowmap_prefetch_row(const kb_rowmap_t *map, uint64_t hash, size_t bytes);
 
 /* Inserts a row whose key is not in the map yet (caller checked with find). Grows as needed. */
 void kb_rowmap_insert(kb_rowmap_t *map, uint64_t hash, struct kb_row *row);

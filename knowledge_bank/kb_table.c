@@ -462,8 +462,11 @@ static kb_stripe_t *s_group_lock(kb_table_t *self, const s_groups_t *g, int s)
     pthread_mutex_lock(&st->mutex);
     for (uint32_t j = begin; j < end; j++)
         kb_rowmap_prefetch_slot(&st->map, g->hashes[g->order[j]]);
+    /* The struct, the key and the value: what a lookup reads (keys are mostly short; a longer one costs a
+     * miss of its own). */
+    size_t bytes = sizeof(kb_row_t) + 16 + (size_t)self->cfg.dim * sizeof(float);
     for (uint32_t j = begin; j < end; j++)
-        kb_rowmap_prefetch_row(&st->map, g->hashes[g->order[j]]);
+        kb_rowmap_prefetch_row(&st->map, g->hashes[g->order[j]], bytes);
     return st;
 }
 
