@@ -1,5 +1,6 @@
 #include "kb_bank.h"
 
+#include "kb_batch.h"
 #include "kb_dedup.h"
 #include "kb_memory.h"
 #include "kb_store.h"
@@ -23,15 +24,6 @@ typedef struct {
     bool dropped;
 } s_entry_t;
 
-/* A create or drop waiting for the next commit, in the order they happened. */
-typedef struct {
-    bool drop;
-    int64_t id;
-    char *name;
-    uint8_t *config;
-    size_t config_len;
-} s_table_op_t;
-
 struct kb_bank {
     kb_bank_options_t opts;
     char *data_dir;
@@ -43,7 +35,7 @@ struct kb_bank {
     s_entry_t *entries;
     size_t entry_count, entry_capacity;
     int64_t next_table_id;
-    s_table_op_t *ops; /* guarded by registry_mutex */
+    kb_table_op_t *ops; /* guarded by registry_mutex */
     size_t op_count, op_capacity;
 
     /* Held shared by write requests, exclusively by the persister while it collects an epoch. */
@@ -163,21 +155,13 @@ size_t kb_bank_acquire_all(kb_bank_t *self, kb_table_t ***out)
     return n;
 }
 
-static void s_queue_op(kb_bank_t *self, s_table_op_t op)
+static void s_queue_op(kb_bank_t *self, kb_table_op_t op)
 {
     if (self->op_count == self->op_capacity) {
         self->op_capacity = self->op_capacity ? self->op_capacity * 2 : 8;
         self->ops = carls_xrealloc(self->ops, self->op_capacity * sizeof *self->ops);
     }
     self->ops[self->op_count++] = op;
-}
-
-static void s_free_ops(s_table_op_t *ops, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(ops[i].name);
-        free(ops[i].config);
-    }
 }
 
 int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists)
@@ -195,7 +179,7 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
     kb_table_t *table = kb_table_new(id, name, cfg);
     kb_table_set_memory(table, self->mem);
     s_add_entry(self, table);
-    s_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
+    kb_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
     if (!op.name)
         CARLS_FATAL("out of memory");
     op.config = kb_table_config_pack(cfg, &op.config_len);
@@ -214,7 +198,7 @@ int kb_bank_drop_table(kb_bank_t *self, const char *name)
         return KB_BANK_ENOTFOUND;
     }
     e->dropped = true;
-    s_queue_op(self, (s_table_op_t){.drop = true, .id = kb_table_id(e->table)});
+    s_queue_op(self, (kb_table_op_t){.drop = true, .id = kb_table_id(e->table)});
     bool freed = s_unref(self, (size_t)(e - self->entries));
     pthread_mutex_unlock(&self->registry_mutex);
     if (freed)
@@ -319,28 +303,6 @@ void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx
 
 /* ---- persister ---- */
 
-typedef struct {
-    s_table_op_t *ops;
-    size_t op_count;
-    kb_store_row_t *rows;
-    size_t row_count, row_capacity;
-    kb_dedup_record_t *clients;
-    size_t client_count, client_capacity;
-    uint64_t epoch;
-} s_batch_t;
-
-static void s_batch_clear(s_batch_t *b)
-{
-    s_free_ops(b->ops, b->op_count);
-    free(b->ops);
-    b->ops = NULL;
-    b->op_count = 0;
-    for (size_t i = 0; i < b->row_count; i++)
-        kb_store_row_free(&b->rows[i]);
-    b->row_count = 0;
-    b->client_count = 0;
-}
-
 /* Whether this round also collects the use counts reads changed: when asked (checkpoint, close), when a
  * period has passed and no write waits on the round, or when two have passed regardless -- so a sync
  * writer rarely pays for them but a steady write load cannot hold them back forever. Under the gate: a
@@ -359,7 +321,7 @@ static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
 }
 
 /* Collects one epoch's changes into b (appending to what a failed commit left there). */
-static void s_collect(kb_bank_t *self, s_batch_t *b, bool writer_waits)
+static void s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
     pthread_rwlock_wrlock(&self->gate);
     b->epoch = atomic_fetch_add(&self->epoch, 1);
@@ -403,65 +365,11 @@ static void s_collect(kb_bank_t *self, s_batch_t *b, bool writer_waits)
     free(fresh);
 }
 
-/* Writes a batch in one transaction. 0 on success. Store mutex held. */
-static int s_write_batch(kb_bank_t *self, const s_batch_t *b)
-{
-    if (b->op_count == 0 && b->row_count == 0 && b->client_count == 0)
-        return 0;
-    if (kb_store_begin(self->store) != 0)
-        return -1;
-    for (size_t i = 0; i < b->op_count; i++) {
-        const s_table_op_t *op = &b->ops[i];
-        int rc = op->drop ? kb_store_drop_table(self->store, op->id)
-                          : kb_store_put_table(self->store, op->id, op->name, op->config, op->config_len);
-        if (rc != 0)
-            goto fail;
-    }
-    for (size_t i = 0; i < b->row_count; i++) {
-        if (kb_store_put_row(self->store, &b->rows[i]) != 0)
-            goto fail;
-    }
-    for (size_t i = 0; i < b->client_count; i++) {
-        const kb_dedup_record_t *c = &b->clients[i];
-        if (kb_store_put_client(self->store, c->client_id, c->max_seq, c->window, KB_DEDUP_WINDOW_BYTES) != 0)
-            goto fail;
-    }
-    if (kb_store_commit(self->store) != 0)
-        goto fail;
-    return 0;
-fail:
-    kb_store_rollback(self->store);
-    return -1;
-}
-
-/* Heap bytes of a batch (its row snapshots and arrays), for the memory estimate. */
-static int64_t s_batch_bytes(const s_batch_t *b)
-{
-    int64_t bytes = 0;
-    if (b->row_capacity)
-        bytes += (int64_t)kb_memory_chunk(b->row_capacity * sizeof *b->rows);
-    if (b->client_capacity)
-        bytes += (int64_t)kb_memory_chunk(b->client_capacity * sizeof *b->clients);
-    for (size_t i = 0; i < b->row_count; i++) {
-        const kb_store_row_t *r = &b->rows[i];
-        bytes += (int64_t)kb_memory_chunk(r->key_len);
-        if (r->value)
-            bytes += (int64_t)kb_memory_chunk((size_t)r->dim * sizeof(float));
-        if (r->opt_state)
-            bytes += (int64_t)kb_memory_chunk((size_t)r->opt_floats * sizeof(float));
-        if (r->pending)
-            bytes += (int64_t)kb_memory_chunk((size_t)r->pending_count * r->dim * sizeof(float));
-        if (r->record)
-            bytes += (int64_t)kb_memory_chunk(r->record_len);
-    }
-    return bytes;
-}
-
 /* Brings the estimate's share of the persister's batch and of the de-duplication records up to date.
  * Persister thread only (or at close, after it stopped). */
-static void s_account(kb_bank_t *self, const s_batch_t *b)
+static void s_account(kb_bank_t *self, const kb_batch_t *b)
 {
-    int64_t batch = s_batch_bytes(b);
+    int64_t batch = kb_batch_bytes(b);
     int64_t dedup = (int64_t)kb_dedup_memory(self->dedup);
     kb_memory_add(self->mem, batch - self->batch_mem_counted + dedup - self->dedup_mem_counted);
     self->batch_mem_counted = batch;
@@ -469,14 +377,14 @@ static void s_account(kb_bank_t *self, const s_batch_t *b)
 }
 
 /* One round: collect, write, publish. Returns 0 on success. */
-static int s_persist_round(kb_bank_t *self, s_batch_t *b, bool writer_waits)
+static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
     /* The store mutex spans collect and write so that rounds (the persister's, a checkpoint's) can never
      * write an older epoch after a newer one. */
     pthread_mutex_lock(&self->store_mutex);
     s_collect(self, b, writer_waits);
     s_account(self, b);
-    int rc = s_write_batch(self, b);
+    int rc = kb_batch_write(b, self->store);
     const char *why = rc ? kb_store_last_error(self->store) : "";
     pthread_mutex_lock(&self->commit_mutex);
     if (rc == 0) {
@@ -500,7 +408,7 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b, bool writer_waits)
     pthread_mutex_unlock(&self->commit_mutex);
     pthread_mutex_unlock(&self->store_mutex);
     if (rc == 0) {
-        s_batch_clear(b);
+        kb_batch_clear(b);
         s_account(self, b);
     }
     /* On failure the batch is kept and written again, with newer changes after it, next round. */
@@ -510,7 +418,7 @@ static int s_persist_round(kb_bank_t *self, s_batch_t *b, bool writer_waits)
 static void *s_persister_main(void *arg)
 {
     kb_bank_t *self = arg;
-    s_batch_t batch = {0};
+    kb_batch_t batch = {0};
     /* Sync mode: idle rounds still come, so use counts (frequency_period_ms) and pending gradients reach
      * disk without a write to carry them. */
     int idle_ms = self->opts.sync ? 200 : (int)self->opts.interval_ms;
@@ -539,7 +447,7 @@ static void *s_persister_main(void *arg)
     atomic_store(&self->frequencies_due, true);
     if (s_persist_round(self, &batch, false) != 0)
         LOG_ERROR("final commit failed: %s; %zu rows not saved", self->storage_error, batch.row_count);
-    s_batch_clear(&batch);
+    kb_batch_clear(&batch);
     free(batch.rows);
     free(batch.clients);
     batch.row_capacity = batch.client_capacity = 0;
@@ -709,7 +617,7 @@ void kb_bank_close(kb_bank_t **self_p)
         kb_table_destroy(&self->entries[i].table);
     free(self->entries);
     kb_memory_destroy(&self->mem);
-    s_free_ops(self->ops, self->op_count);
+    kb_table_ops_free(self->ops, self->op_count);
     free(self->ops);
     kb_store_close(&self->store);
     kb_dedup_destroy(&self->dedup);
