@@ -25,8 +25,7 @@ struct carls_atomic_file {
 /* Tells temporary files of one process apart (two threads may write the same target). */
 static atomic_uint s_tmp_seq;
 
-/* fsyncs the directory holding path, so a rename or link into it survives a crash. */
-static int s_fsync_dir_of(const char *path)
+int carls_fsync_dir_of(const char *path)
 {
     char *dir = strdup(path);
     if (!dir) {
@@ -173,7 +172,7 @@ int carls_atomic_commit(carls_atomic_file_t **self_p, char *err, size_t errlen)
         rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "rename %s -> %s: %s", self->tmp, self->path, strerror(e));
         goto done;
     }
-    if (s_fsync_dir_of(self->path) != 0) {
+    if (carls_fsync_dir_of(self->path) != 0) {
         e = errno;
         rc = carls_errorf(err, errlen, CARLS_FILE_EIO, "fsync the directory of %s: %s", self->path, strerror(e));
     }

@@ -28,6 +28,10 @@ enum {
     CARLS_FILE_EXACT_MODE = 1 << 1,   /* the file gets exactly mode; without it mode & ~umask, as open(2) does */
 };
 
+/* fsyncs the directory holding path, so that a file created, renamed, linked or removed there survives a
+ * crash. 0, or -1 with errno set. */
+int carls_fsync_dir_of(const char *path);
+
 /* ---- streaming: open, write through a FILE *, then commit or abort -------------------------------------- */
 
 typedef struct carls_atomic_file carls_atomic_file_t;

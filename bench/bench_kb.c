@@ -1148,9 +1148,10 @@ int bench_kb_all(const bench_opts_t *opts)
         if (!opts->connect)
             s_case_push_sync(opts, &sync_srv, &st, &failures);
     }
-    if (bench_selected(opts, "put") && !opts->connect) {
-        s_case_put_interval(opts, &int_srv, &st, &failures);
-        s_case_put_sync(opts, &sync_srv, &st, &failures);
+    if (bench_selected(opts, "put")) {
+        if (!opts->connect)
+            s_case_put_interval(opts, &int_srv, &st, &failures);
+        s_case_put_sync(opts, &sync_srv, &st, &failures); /* with --connect: puts at that server's durability */
     }
     if (bench_selected(opts, "mixed"))
         s_case_mixed(opts, train_srv, &st, &failures);

@@ -1,6 +1,7 @@
 /* kb-bench: measures kb-server against what users would pick instead, side by side in one run.
  * See `kb-bench --help` and docs/BENCHMARKS.md ("Knowledge bank"). */
 #include "bench.h"
+#include "files.h"
 
 #include "carls_args.h"
 #include "log.h"
@@ -261,6 +262,12 @@ static int s_run(bench_opts_t *o)
         }
         o->data_dir = tmpdir;
         own_dir = true;
+    } else {
+        char err[512];
+        if (carls_mkdir_p(o->data_dir, 0700, err, sizeof err) != 0) {
+            fprintf(stderr, "kb-bench: --data-dir: %s\n", err);
+            return 1;
+        }
     }
 
     double t0 = bench_now();

@@ -1032,6 +1032,15 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("duplicate_writes: %llu\n", (unsigned long long)s->duplicate_writes);
     printf("commits: %llu\n", (unsigned long long)s->commits);
     printf("committed_epoch: %llu\n", (unsigned long long)s->committed_epoch);
+    printf("commit_failures: %llu\n", (unsigned long long)s->commit_failures);
+    printf("rows_written: %llu\n", (unsigned long long)s->rows_written);
+    printf("frequencies_written: %llu\n", (unsigned long long)s->frequencies_written);
+    printf("journal_bytes: %llu\n", (unsigned long long)s->journal_bytes);
+    printf("compactions: %llu\n", (unsigned long long)s->compactions);
+    printf("compacted_epoch: %llu\n", (unsigned long long)s->compacted_epoch);
+    printf("compaction_queue_rows: %llu\n", (unsigned long long)s->compaction_queue_rows);
+    printf("compacting: %s\n", s->compacting ? "yes" : "no");
+    printf("compaction_rows_skipped: %llu\n", (unsigned long long)s->compaction_rows_skipped);
     printf("memory_bytes: %llu\n", (unsigned long long)s->memory_bytes);
     printf("memory_limit: %llu%s\n", (unsigned long long)s->memory_limit, s->memory_limit ? "" : " (unlimited)");
     printf("memory_refusals: %llu\n", (unsigned long long)s->memory_refusals);

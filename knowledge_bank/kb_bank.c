@@ -2,6 +2,7 @@
 
 #include "kb_batch.h"
 #include "kb_dedup.h"
+#include "kb_journal.h"
 #include "kb_memory.h"
 #include "kb_store.h"
 #include "kb_table_config.h"
@@ -59,6 +60,25 @@ struct kb_bank {
     pthread_cond_t sweep_cond;
 
     kb_bank_stats_t stats; /* guarded by commit_mutex */
+
+    /* The journal and its compactor (kb_journal.h): the persister appends each epoch's batch to the journal
+     * (that is the commit) and queues it; the compactor writes queued batches into SQLite. */
+    kb_journal_t *journal;
+    pthread_t compactor;
+    bool compactor_started;
+    pthread_mutex_t compact_mutex;
+    pthread_cond_t compact_cond;   /* persister -> compactor: batches queued, or stop */
+    pthread_cond_t compacted_cond; /* compactor -> persister, checkpoints: the queue shrank */
+    kb_batch_t *queue;             /* journaled batches not yet in SQLite, oldest first */
+    size_t queue_count, queue_cap;
+    int64_t queue_bytes;           /* their heap bytes (counted in mem) */
+    int64_t queue_max_bytes;       /* the persister waits while the queue holds more */
+    uint64_t queued_epoch;         /* the newest epoch ever queued */
+    uint64_t compacted_epoch;      /* the newest epoch in SQLite (meta 'journal_epoch') */
+    uint64_t compactions;
+    bool compacting;               /* a compaction transaction is open */
+    bool compactor_stop;
+    int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
@@ -376,19 +396,53 @@ static void s_account(kb_bank_t *self, const kb_batch_t *b)
     self->dedup_mem_counted = dedup;
 }
 
-/* One round: collect, write, publish. Returns 0 on success. */
+/* Hands a journaled batch to the compactor (its contents move; b is left empty). */
+static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
+{
+    int64_t bytes = kb_batch_bytes(b);
+    pthread_mutex_lock(&self->compact_mutex);
+    self->queue = carls_grow(self->queue, &self->queue_cap, self->queue_count + 1, sizeof *self->queue);
+    self->queue[self->queue_count++] = *b;
+    self->queue_bytes += bytes;
+    self->queued_epoch = b->epoch;
+    pthread_cond_signal(&self->compact_cond);
+    pthread_mutex_unlock(&self->compact_mutex);
+    kb_memory_add(self->mem, bytes);
+    memset(b, 0, sizeof *b);
+}
+
+/* Backpressure: while SQLite lags too far behind the journal, the persister waits for the compactor (so
+ * memory stays bounded; writers then wait at the speed of SQLite). */
+static void s_wait_for_compaction_room(kb_bank_t *self)
+{
+    pthread_mutex_lock(&self->compact_mutex);
+    while (self->queue_bytes > self->queue_max_bytes && !self->compactor_stop) {
+        struct timespec deadline;
+        s_deadline(&deadline, 100);
+        pthread_cond_timedwait(&self->compacted_cond, &self->compact_mutex, &deadline);
+    }
+    pthread_mutex_unlock(&self->compact_mutex);
+}
+
+/* One round: collect, append to the journal (the commit), publish, queue for compaction. Returns 0 on
+ * success. Persister thread only, so rounds never reorder. */
 static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
-    /* The store mutex spans collect and write so that rounds (the persister's, a checkpoint's) can never
-     * write an older epoch after a newer one. */
-    pthread_mutex_lock(&self->store_mutex);
+    s_wait_for_compaction_room(self);
     s_collect(self, b, writer_waits);
     s_account(self, b);
-    int rc = kb_batch_write(b, self->store);
-    const char *why = rc ? kb_store_last_error(self->store) : "";
+    bool empty = b->op_count == 0 && b->row_count == 0 && b->client_count == 0;
+    char why[512] = "";
+    int rc = 0;
+    if (!empty) {
+        size_t len;
+        uint8_t *bytes = kb_batch_encode(b, &len);
+        rc = kb_journal_append(self->journal, b->epoch, bytes, len, why, sizeof why);
+        free(bytes);
+    }
     pthread_mutex_lock(&self->commit_mutex);
     if (rc == 0) {
-        if (b->op_count || b->row_count || b->client_count)
+        if (!empty)
             self->stats.commits++;
         size_t frequencies = 0;
         for (size_t i = 0; i < b->row_count; i++)
@@ -406,13 +460,110 @@ static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
     if (self->commit_hook)
         self->commit_hook(self->commit_hook_ctx);
     pthread_mutex_unlock(&self->commit_mutex);
-    pthread_mutex_unlock(&self->store_mutex);
     if (rc == 0) {
-        kb_batch_clear(b);
+        if (empty)
+            kb_batch_clear(b);
+        else
+            s_queue_batch(self, b);
         s_account(self, b);
     }
     /* On failure the batch is kept and written again, with newer changes after it, next round. */
     return rc;
+}
+
+/* ---- compactor ---- */
+
+/* Writes batches into SQLite in one transaction that also records the newest epoch they hold. Store
+ * mutex taken here. 0 on success. */
+static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, size_t whylen)
+{
+    uint64_t last = batches[n - 1].epoch;
+    /* A hot row is in many of the queued epochs: only its newest whole-row write needs to reach SQLite. */
+    size_t skipped = kb_batch_mark_superseded(batches, n);
+    pthread_mutex_lock(&self->store_mutex);
+    int rc = kb_store_begin(self->store);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = kb_batch_write_into(&batches[i], self->store);
+    if (rc == 0)
+        rc = kb_store_put_meta(self->store, "journal_epoch", last);
+    if (rc == 0 && self->compact_delay_ms > 0) { /* a crash test's window: the transaction is open */
+        struct timespec pause = {self->compact_delay_ms / 1000, (long)(self->compact_delay_ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    if (rc == 0)
+        rc = kb_store_commit(self->store);
+    if (rc != 0) {
+        snprintf(why, whylen, "%s", kb_store_last_error(self->store));
+        kb_store_rollback(self->store);
+    }
+    pthread_mutex_unlock(&self->store_mutex);
+    if (rc == 0) {
+        pthread_mutex_lock(&self->commit_mutex);
+        self->stats.compaction_rows_skipped += skipped;
+        pthread_mutex_unlock(&self->commit_mutex);
+    }
+    return rc;
+}
+
+static void *s_compactor_main(void *arg)
+{
+    kb_bank_t *self = arg;
+    int failures = 0;
+    pthread_mutex_lock(&self->compact_mutex);
+    for (;;) {
+        while (self->queue_count == 0 && !self->compactor_stop)
+            pthread_cond_wait(&self->compact_cond, &self->compact_mutex);
+        if (self->queue_count == 0)
+            break; /* stopping, and everything is in SQLite */
+        kb_batch_t *batches = self->queue;
+        size_t n = self->queue_count;
+        self->queue = NULL;
+        self->queue_count = self->queue_cap = 0;
+        self->compacting = true;
+        pthread_mutex_unlock(&self->compact_mutex);
+
+        char why[512];
+        int rc = s_compact(self, batches, n, why, sizeof why);
+        int64_t bytes = 0;
+        if (rc == 0) {
+            for (size_t i = 0; i < n; i++)
+                bytes += kb_batch_bytes(&batches[i]);
+            kb_journal_release(self->journal, batches[n - 1].epoch);
+        }
+
+        pthread_mutex_lock(&self->compact_mutex);
+        self->compacting = false;
+        if (rc == 0) {
+            failures = 0;
+            self->compacted_epoch = batches[n - 1].epoch;
+            self->compactions++;
+            self->queue_bytes -= bytes;
+            for (size_t i = 0; i < n; i++)
+                kb_batch_free(&batches[i]);
+            free(batches);
+            kb_memory_add(self->mem, -bytes);
+            pthread_cond_broadcast(&self->compacted_cond);
+            continue;
+        }
+        /* Keep them, in front of what arrived meanwhile; the journal still holds them all. */
+        failures++;
+        if (failures % 20 == 1)
+            LOG_ERROR("compaction into SQLite failed (%d in a row), will retry: %s", failures, why);
+        batches = carls_xrealloc(batches, (n + self->queue_count) * sizeof *batches);
+        if (self->queue_count)
+            memcpy(batches + n, self->queue, self->queue_count * sizeof *batches);
+        free(self->queue);
+        self->queue = batches;
+        self->queue_count += n;
+        self->queue_cap = self->queue_count;
+        if (self->compactor_stop && failures >= 3)
+            break; /* at close: the journal keeps them for the next start to replay */
+        struct timespec deadline;
+        s_deadline(&deadline, 1000);
+        pthread_cond_timedwait(&self->compact_cond, &self->compact_mutex, &deadline);
+    }
+    pthread_mutex_unlock(&self->compact_mutex);
+    return NULL;
 }
 
 static void *s_persister_main(void *arg)
@@ -532,6 +683,53 @@ static int s_load_client(void *ctx, uint64_t client_id, uint64_t max_seq, const 
     return 0;
 }
 
+/* Replays one journal record into the store's open transaction. */
+static int s_replay_record(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len)
+{
+    kb_bank_t *self = ctx;
+    kb_batch_t b;
+    char err[256];
+    if (kb_batch_decode(payload, len, &b, err, sizeof err) != 0) {
+        LOG_ERROR("journal record of epoch %llu: %s", (unsigned long long)epoch, err);
+        return -1;
+    }
+    int rc = b.epoch == epoch ? kb_batch_write_into(&b, self->store) : -1;
+    if (b.epoch != epoch)
+        LOG_ERROR("journal record of epoch %llu holds a batch of epoch %llu", (unsigned long long)epoch,
+                  (unsigned long long)b.epoch);
+    kb_batch_free(&b);
+    return rc;
+}
+
+/* Start-up: writes the journal's records newer than the store's last compacted epoch into SQLite (one
+ * transaction), then removes the journal; new epochs continue after the newest one seen. */
+static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
+{
+    uint64_t compacted = kb_store_get_meta(self->store, "journal_epoch"), last = compacted;
+    if (kb_store_begin(self->store) != 0)
+        return carls_errorf(err, errlen, -1, "journal replay: %s", kb_store_last_error(self->store));
+    int64_t t0 = carls_monotonic_ms();
+    int rc = kb_journal_replay(self->data_dir, compacted, s_replay_record, self, &last, err, errlen);
+    if (rc == 0 && last > compacted && kb_store_put_meta(self->store, "journal_epoch", last) != 0)
+        rc = carls_errorf(err, errlen, -1, "journal replay: %s", kb_store_last_error(self->store));
+    if (rc == 0 && kb_store_commit(self->store) != 0)
+        rc = carls_errorf(err, errlen, -1, "journal replay: %s", kb_store_last_error(self->store));
+    if (rc != 0) {
+        kb_store_rollback(self->store);
+        return -1;
+    }
+    if (last > compacted)
+        LOG_INFO("replayed the journal's epochs %llu..%llu into the store in %lld ms",
+                 (unsigned long long)compacted + 1, (unsigned long long)last,
+                 (long long)(carls_monotonic_ms() - t0));
+    if (kb_journal_remove_all(self->data_dir, err, errlen) != 0)
+        return -1;
+    self->compacted_epoch = self->queued_epoch = last;
+    self->committed_epoch = self->stats.committed_epoch = last;
+    atomic_store(&self->epoch, last + 1);
+    return 0;
+}
+
 int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -567,9 +765,22 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     atomic_init(&self->frequencies_due, false);
     self->frequencies_taken_ms = carls_monotonic_ms();
 
+    pthread_mutex_init(&self->compact_mutex, NULL);
+    pthread_cond_init(&self->compact_cond, NULL);
+    pthread_cond_init(&self->compacted_cond, NULL);
+    /* SQLite may lag the journal by this much before writers wait for it: a quarter of --max-memory, else
+     * 256 MiB. */
+    self->queue_max_bytes = opts->max_memory ? (int64_t)(opts->max_memory / 4) : (int64_t)256 << 20;
+    const char *delay = getenv("CARLS_KB_TEST_COMPACTION_DELAY_MS");
+    self->compact_delay_ms = delay ? atoi(delay) : 0;
+
     if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
         goto fail;
     int64_t t0 = carls_monotonic_ms();
+    if (s_replay_journal(self, err, errlen) != 0)
+        goto fail;
+    if (kb_journal_open(self->data_dir, opts->sync, &self->journal, err, errlen) != 0)
+        goto fail;
     if (kb_store_load(self->store, s_load_table, s_load_row, s_load_client, self) != 0) {
         snprintf(err, errlen, "loading %s failed: %s", self->data_dir, kb_store_last_error(self->store));
         goto fail;
@@ -586,6 +797,9 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
                  ? ", over --max-memory: requests that create rows will be refused"
                  : "");
 
+    if (pthread_create(&self->compactor, NULL, s_compactor_main, self) != 0)
+        CARLS_FATAL("cannot start bank threads");
+    self->compactor_started = true;
     if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0 ||
         pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
@@ -613,6 +827,29 @@ void kb_bank_close(kb_bank_t **self_p)
         pthread_join(self->sweeper, NULL);
         pthread_join(self->persister, NULL);
     }
+    if (self->compactor_started) {
+        /* The persister's last round is queued: let the compactor put everything into SQLite, then the
+         * journal is no longer needed. */
+        pthread_mutex_lock(&self->compact_mutex);
+        self->compactor_stop = true;
+        pthread_cond_broadcast(&self->compact_cond);
+        pthread_cond_broadcast(&self->compacted_cond);
+        pthread_mutex_unlock(&self->compact_mutex);
+        pthread_join(self->compactor, NULL);
+    }
+    kb_journal_close(&self->journal);
+    if (self->compactor_started) {
+        char err[512];
+        if (self->queue_count)
+            LOG_ERROR("%zu journaled epochs could not be written into SQLite; the journal keeps them and the "
+                      "next start replays them",
+                      self->queue_count);
+        else if (kb_journal_remove_all(self->data_dir, err, sizeof err) != 0)
+            LOG_WARN("%s", err);
+    }
+    for (size_t i = 0; i < self->queue_count; i++)
+        kb_batch_free(&self->queue[i]);
+    free(self->queue);
     for (size_t i = 0; i < self->entry_count; i++)
         kb_table_destroy(&self->entries[i].table);
     free(self->entries);
@@ -623,6 +860,9 @@ void kb_bank_close(kb_bank_t **self_p)
     kb_dedup_destroy(&self->dedup);
     pthread_mutex_destroy(&self->store_mutex);
     pthread_mutex_destroy(&self->registry_mutex);
+    pthread_mutex_destroy(&self->compact_mutex);
+    pthread_cond_destroy(&self->compact_cond);
+    pthread_cond_destroy(&self->compacted_cond);
     pthread_rwlock_destroy(&self->gate);
     pthread_mutex_destroy(&self->commit_mutex);
     pthread_cond_destroy(&self->commit_cond);
@@ -643,6 +883,20 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
     uint64_t ticket = kb_bank_write_end(self);
     if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)
         return KB_BANK_ESTORAGE;
+    /* Then until SQLite holds everything journaled so far, so the file alone is complete. */
+    struct timespec deadline;
+    s_deadline(&deadline, 30000);
+    pthread_mutex_lock(&self->compact_mutex);
+    uint64_t target = self->queued_epoch;
+    while (self->compacted_epoch < target) {
+        if (pthread_cond_timedwait(&self->compacted_cond, &self->compact_mutex, &deadline) == ETIMEDOUT)
+            break;
+    }
+    bool compacted = self->compacted_epoch >= target;
+    pthread_mutex_unlock(&self->compact_mutex);
+    if (!compacted)
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE,
+                            "checkpoint: the journal was not compacted into SQLite within 30 s");
     pthread_mutex_lock(&self->store_mutex);
     int rc = kb_store_checkpoint(self->store);
     if (rc != 0)
@@ -661,4 +915,12 @@ void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
     pthread_mutex_lock(&self->commit_mutex);
     *out = self->stats;
     pthread_mutex_unlock(&self->commit_mutex);
+    pthread_mutex_lock(&self->compact_mutex);
+    out->compactions = self->compactions;
+    out->compacted_epoch = self->compacted_epoch;
+    out->compacting = self->compacting;
+    for (size_t i = 0; i < self->queue_count; i++)
+        out->compaction_queue_rows += self->queue[i].row_count;
+    pthread_mutex_unlock(&self->compact_mutex);
+    out->journal_bytes = self->journal ? kb_journal_bytes(self->journal) : 0;
 }

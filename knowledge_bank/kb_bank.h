@@ -98,6 +98,12 @@ typedef struct {
     uint64_t rows_written;         /* whole rows (value, metadata, state) written or deleted */
     uint64_t frequencies_written;  /* frequency-only updates: use counts changed by reads */
     uint64_t commit_failures;
+    uint64_t journal_bytes;         /* in journal segments not yet removed */
+    uint64_t compactions;           /* transactions that moved journaled epochs into SQLite */
+    uint64_t compacted_epoch;       /* the newest epoch in SQLite */
+    uint64_t compaction_queue_rows; /* rows journaled but not yet in SQLite */
+    uint64_t compaction_rows_skipped; /* journaled row writes superseded by a newer one before compaction */
+    bool compacting;                /* a compaction transaction is open now */
 } kb_bank_stats_t;
 
 void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out);

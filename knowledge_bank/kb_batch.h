@@ -1,5 +1,6 @@
 /* One epoch's changes as the bank's persister collects them: table creates and drops, row snapshots and
- * clients' de-duplication records, written to the store in one transaction. */
+ * clients' de-duplication records. The persister appends each batch, encoded, to the journal; the compactor
+ * writes batches into the SQLite store. */
 #ifndef KB_BATCH_H
 #define KB_BATCH_H
 
@@ -34,10 +35,27 @@ typedef struct {
 /* Frees what the batch holds and empties it (its arrays stay allocated for reuse). */
 void kb_batch_clear(kb_batch_t *b);
 
-/* Writes a batch in one transaction. 0 on success. Caller holds the store. */
-int kb_batch_write(const kb_batch_t *b, kb_store_t *store);
+/* Writes a batch into the store's open transaction (kb_store_begin). 0 on success. Caller holds the store. */
+int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store);
 
 /* Heap bytes of a batch (its row snapshots and arrays), for the memory estimate. */
 int64_t kb_batch_bytes(const kb_batch_t *b);
+
+/* Over batches[0..n) in epoch order: marks every whole-row write (a row, or a row's deletion) that a later
+ * whole-row write of the same table and key supersedes, so kb_batch_write_into skips it; frequency-only
+ * updates are kept. Returns how many were marked. */
+size_t kb_batch_mark_superseded(kb_batch_t *batches, size_t n);
+
+/* Frees everything, arrays included, and zeroes the batch. */
+void kb_batch_free(kb_batch_t *b);
+
+/* The batch as bytes (the journal's record payload; layout in kb_batch.c, integers little-endian, floats as
+ * the host's float32 like the store's blobs). Returns a malloc'd buffer and its length. */
+uint8_t *kb_batch_encode(const kb_batch_t *b, size_t *len);
+
+/* Reads bytes made by kb_batch_encode into *b (which the caller frees with kb_batch_free). Untrusted input:
+ * every count and length is checked against what is left. Returns 0, or -1 with the offset in err (and
+ * *b empty). */
+int kb_batch_decode(const uint8_t *data, size_t len, kb_batch_t *b, char *err, size_t errlen);
 
 #endif

@@ -618,6 +618,12 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->rows_written = bs.rows_written;
     st->frequencies_written = bs.frequencies_written;
     st->commit_failures = bs.commit_failures;
+    st->journal_bytes = bs.journal_bytes;
+    st->compactions = bs.compactions;
+    st->compacted_epoch = bs.compacted_epoch;
+    st->compaction_queue_rows = bs.compaction_queue_rows;
+    st->compacting = bs.compacting;
+    st->compaction_rows_skipped = bs.compaction_rows_skipped;
     st->durability = self->durability;
     st->threads = self->threads;
     kb_memory_t *mem = kb_bank_memory(self->bank);

@@ -14,7 +14,7 @@
 
 struct kb_store {
     sqlite3 *db;
-    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *delete_row, *put_frequency, *put_client;
+    sqlite3_stmt *put_table, *drop_table, *drop_rows, *put_row, *delete_row, *put_frequency, *put_client, *get_meta, *put_meta;
     char error[512];
 };
 
@@ -129,7 +129,9 @@ int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_
         s_prepare(self, "UPDATE rows SET frequency = ?4 WHERE table_id = ?1 AND key = ?2 AND row_id = ?3",
                   &self->put_frequency) ||
         s_prepare(self, "INSERT OR REPLACE INTO clients(client_id, max_seq, window) VALUES(?1, ?2, ?3)",
-                  &self->put_client))
+                  &self->put_client) ||
+        s_prepare(self, "SELECT v FROM meta WHERE k = ?1", &self->get_meta) ||
+        s_prepare(self, "INSERT OR REPLACE INTO meta(k, v) VALUES(?1, ?2)", &self->put_meta))
         goto fail_sql;
     *out = self;
     return 0;
@@ -153,6 +155,8 @@ void kb_store_close(kb_store_t **self_p)
     sqlite3_finalize(self->delete_row);
     sqlite3_finalize(self->put_frequency);
     sqlite3_finalize(self->put_client);
+    sqlite3_finalize(self->get_meta);
+    sqlite3_finalize(self->put_meta);
     if (self->db)
         sqlite3_close(self->db);
     free(self);
@@ -355,6 +359,23 @@ int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, 
     sqlite3_bind_int64(self->put_client, 2, (sqlite3_int64)max_seq);
     sqlite3_bind_blob(self->put_client, 3, window, (int)len, SQLITE_STATIC);
     return s_step_write(self, self->put_client, "storing client");
+}
+
+uint64_t kb_store_get_meta(kb_store_t *self, const char *key)
+{
+    sqlite3_bind_text(self->get_meta, 1, key, -1, SQLITE_STATIC);
+    uint64_t v = 0;
+    if (sqlite3_step(self->get_meta) == SQLITE_ROW)
+        v = (uint64_t)sqlite3_column_int64(self->get_meta, 0);
+    sqlite3_reset(self->get_meta);
+    return v;
+}
+
+int kb_store_put_meta(kb_store_t *self, const char *key, uint64_t value)
+{
+    sqlite3_bind_text(self->put_meta, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(self->put_meta, 2, (sqlite3_int64)value);
+    return s_step_write(self, self->put_meta, "storing meta");
 }
 
 int kb_store_checkpoint(kb_store_t *self)

@@ -2,7 +2,8 @@
  * and the write de-duplication state of clients, in <data dir>/bank.sqlite (WAL mode).
  *
  * Schema (version 1):
- *   meta(k TEXT PRIMARY KEY, v)                         -- 'schema_version' = 1
+ *   meta(k TEXT PRIMARY KEY, v)                         -- 'schema_version' = 1; 'journal_epoch': the last
+ *                                                          journal epoch compacted into this file (kb_journal.h)
  *   tables(id INTEGER PRIMARY KEY, name TEXT UNIQUE, config BLOB)   -- config: packed carls.TableConfig
  *   rows(table_id, key BLOB, row_id, value BLOB, opt_state BLOB, opt_steps, pending BLOB, pending_count,
  *        version, updated_at, frequency, record BLOB, PRIMARY KEY(table_id, key)) WITHOUT ROWID
@@ -44,6 +45,8 @@ typedef struct {
     bool deleted;          /* kb_store_put_row deletes the row instead (eviction) */
     bool frequency_only;   /* kb_store_put_row updates only the stored row's frequency (key, row_id, frequency
                             * set; no buffers but the key): the bulk write of use counts changed by reads */
+    bool superseded;       /* a newer write of the same row follows in the same compaction: skipped
+                            * (kb_batch_mark_superseded; never encoded) */
 } kb_store_row_t;
 
 /* Frees the record's buffers (not the record). */
@@ -73,6 +76,10 @@ int kb_store_put_row(kb_store_t *self, const kb_store_row_t *row);
 int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, const uint8_t *window, size_t len);
 int kb_store_commit(kb_store_t *self);
 void kb_store_rollback(kb_store_t *self);
+
+/* An integer in the meta table (0 when absent), and setting one (inside a transaction). */
+uint64_t kb_store_get_meta(kb_store_t *self, const char *key);
+int kb_store_put_meta(kb_store_t *self, const char *key, uint64_t value);
 
 /* Checkpoints the WAL into the main database file (TRUNCATE). */
 int kb_store_checkpoint(kb_store_t *self);

@@ -1,0 +1,379 @@
+#include "kb_journal.h"
+
+#include "bytes.h"
+#include "files.h"
+#include "log.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define MAGIC 0x314a424bu /* "KBJ1" read as little-endian bytes */
+#define HEADER_BYTES 20
+#define SEGMENT_BYTES (64u << 20)
+#define SUFFIX ".kbj"
+
+typedef struct {
+    char *path;
+    uint64_t last_epoch;
+    uint64_t bytes;
+} s_segment_t;
+
+struct kb_journal {
+    char *dir; /* <data dir>/journal */
+    bool sync;
+    pthread_mutex_t mutex;
+    int fd;                /* the open segment, or -1 before the first append after a rotation */
+    s_segment_t current;   /* the open segment (path NULL when none) */
+    s_segment_t *closed;   /* closed segments, oldest first */
+    size_t closed_count, closed_cap;
+    uint64_t bytes;        /* in every segment not removed */
+    char broken[512];      /* set after a failed append: every later append fails with it */
+};
+
+static char *s_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *path = carls_xmalloc(n);
+    snprintf(path, n, "%s/%s", dir, name);
+    return path;
+}
+
+static char *s_journal_dir(const char *data_dir) { return s_join(data_dir, "journal"); }
+
+/* fsyncs the journal directory itself, after files were created or removed in it. */
+static void s_fsync_dir(const char *dir)
+{
+    char *probe = s_join(dir, "x");
+    if (carls_fsync_dir_of(probe) != 0)
+        LOG_WARN("journal: fsync of %s failed: %s", dir, strerror(errno));
+    free(probe);
+}
+
+int kb_journal_open(const char *data_dir, bool sync, kb_journal_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *dir = s_journal_dir(data_dir);
+    if (carls_mkdir_p(dir, 0700, err, errlen) != 0) {
+        free(dir);
+        return -1;
+    }
+    kb_journal_t *self = carls_xcalloc(1, sizeof *self);
+    self->dir = dir;
+    self->sync = sync;
+    self->fd = -1;
+    pthread_mutex_init(&self->mutex, NULL);
+    *out = self;
+    return 0;
+}
+
+void kb_journal_close(kb_journal_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_journal_t *self = *self_p;
+    if (self->fd >= 0)
+        close(self->fd);
+    free(self->current.path);
+    for (size_t i = 0; i < self->closed_count; i++)
+        free(self->closed[i].path);
+    free(self->closed);
+    free(self->dir);
+    pthread_mutex_destroy(&self->mutex);
+    free(self);
+    *self_p = NULL;
+}
+
+/* Starts a new segment named by its first epoch; the directory is fsynced so the file itself survives. */
+static int s_begin_segment(kb_journal_t *self, uint64_t epoch, char *err, size_t errlen)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%020" PRIu64 SUFFIX, epoch);
+    char *path = s_join(self->dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0 || carls_fsync_dir_of(path) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "journal: cannot create %s: %s", path, strerror(e));
+        if (fd >= 0)
+            close(fd);
+        free(path);
+        return -1;
+    }
+    self->fd = fd;
+    self->current = (s_segment_t){.path = path, .last_epoch = 0, .bytes = 0};
+    return 0;
+}
+
+/* Closes the open segment and keeps it on the list for kb_journal_release. */
+static void s_close_segment(kb_journal_t *self)
+{
+    close(self->fd);
+    self->fd = -1;
+    self->closed = carls_grow(self->closed, &self->closed_cap, self->closed_count + 1, sizeof *self->closed);
+    self->closed[self->closed_count++] = self->current;
+    self->current = (s_segment_t){0};
+}
+
+static int s_write_all(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, char *err,
+                      size_t errlen)
+{
+    if (len > UINT32_MAX)
+        return carls_errorf(err, errlen, -1, "journal: an epoch of %zu bytes is larger than a record can be", len);
+    pthread_mutex_lock(&self->mutex);
+    int rc = -1;
+    if (self->broken[0]) {
+        snprintf(err, errlen, "%s", self->broken);
+        goto done;
+    }
+    if (self->fd < 0 && s_begin_segment(self, epoch, err, errlen) != 0)
+        goto done;
+    uint8_t header[HEADER_BYTES];
+    carls_put_le32(header, MAGIC);
+    carls_put_le32(header + 4, (uint32_t)len);
+    carls_put_le64(header + 8, epoch);
+    uint32_t crc = carls_crc32(carls_crc32(0, header + 8, 8), payload, len);
+    carls_put_le32(header + 16, crc);
+    struct iovec iov[2] = {{header, HEADER_BYTES}, {(void *)payload, len}};
+    if (s_write_all(self->fd, iov, len ? 2 : 1) != 0 || (self->sync && fdatasync(self->fd) != 0)) {
+        /* After a failed write or fdatasync the file's state is unknown (Linux may drop the dirty pages of
+         * a failed fsync): nothing more is acknowledged. The torn record, if any, is at the end of the last
+         * segment, where replay stops. */
+        snprintf(self->broken, sizeof self->broken, "journal: writing %s failed: %s (no write is acknowledged "
+                 "from now on; restart the server once the disk is fixed)", self->current.path, strerror(errno));
+        snprintf(err, errlen, "%s", self->broken);
+        LOG_ERROR("%s", self->broken);
+        goto done;
+    }
+    self->current.last_epoch = epoch;
+    self->current.bytes += HEADER_BYTES + len;
+    self->bytes += HEADER_BYTES + len;
+    if (self->current.bytes >= SEGMENT_BYTES)
+        s_close_segment(self);
+    rc = 0;
+done:
+    pthread_mutex_unlock(&self->mutex);
+    return rc;
+}
+
+void kb_journal_release(kb_journal_t *self, uint64_t upto)
+{
+    pthread_mutex_lock(&self->mutex);
+    size_t kept = 0;
+    bool removed = false;
+    for (size_t i = 0; i < self->closed_count; i++) {
+        s_segment_t *seg = &self->closed[i];
+        if (seg->last_epoch <= upto && unlink(seg->path) == 0) {
+            self->bytes -= seg->bytes;
+            removed = true;
+            free(seg->path);
+        } else {
+            self->closed[kept++] = *seg;
+        }
+    }
+    self->closed_count = kept;
+    if (removed)
+        s_fsync_dir(self->dir);
+    pthread_mutex_unlock(&self->mutex);
+}
+
+uint64_t kb_journal_bytes(kb_journal_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    uint64_t bytes = self->bytes;
+    pthread_mutex_unlock(&self->mutex);
+    return bytes;
+}
+
+/* ---- replay ---- */
+
+static int s_is_segment(const char *name)
+{
+    size_t n = strlen(name);
+    return n == 20 + strlen(SUFFIX) && strcmp(name + 20, SUFFIX) == 0 && strspn(name, "0123456789") == 20;
+}
+
+static int s_compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The segment file names of dir, sorted (oldest first); *out malloc'd, each name too. -1 if dir cannot be
+ * read (a missing directory is no journal: 0 names). */
+static int s_list(const char *dir, char ***out, size_t *count, char *err, size_t errlen)
+{
+    *out = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        return carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", dir, strerror(errno));
+    }
+    size_t cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!s_is_segment(e->d_name))
+            continue;
+        *out = carls_grow(*out, &cap, *count + 1, sizeof **out);
+        (*out)[(*count)++] = strdup(e->d_name);
+        if (!(*out)[*count - 1])
+            CARLS_FATAL("out of memory");
+    }
+    closedir(d);
+    qsort(*out, *count, sizeof **out, s_compare_names);
+    return 0;
+}
+
+static void s_free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* Replays one segment. last: whether it is the newest (a torn record there ends the journal). */
+static int s_replay_segment(const char *path, bool last, uint64_t after, kb_journal_record_fn fn, void *ctx,
+                            uint64_t *seen, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return carls_errorf(err, errlen, -1, "journal: cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        fclose(f);
+        return carls_errorf(err, errlen, -1, "journal: cannot stat %s: %s", path, strerror(errno));
+    }
+    uint64_t size = (uint64_t)st.st_size, at = 0, torn_len = 0;
+    uint8_t *payload = NULL;
+    int rc = 0;
+    const char *problem = NULL;
+    while (at < size) {
+        uint8_t header[HEADER_BYTES];
+        if (size - at < HEADER_BYTES || fread(header, 1, HEADER_BYTES, f) != HEADER_BYTES) {
+            problem = "a record header is cut short";
+            break;
+        }
+        uint32_t len = carls_get_le32(header + 4);
+        uint64_t epoch = carls_get_le64(header + 8);
+        torn_len = len;
+        if (carls_get_le32(header) != MAGIC) {
+            problem = "a record does not begin with the journal's magic number";
+            break;
+        }
+        if (len > size - at - HEADER_BYTES) {
+            problem = "a record is cut short";
+            break;
+        }
+        free(payload);
+        payload = carls_xmalloc(len ? len : 1);
+        if (fread(payload, 1, len, f) != len) {
+            problem = "a record is cut short";
+            break;
+        }
+        if (carls_crc32(carls_crc32(0, header + 8, 8), payload, len) != carls_get_le32(header + 16)) {
+            problem = "a record's checksum does not match";
+            break;
+        }
+        if (epoch <= *seen) {
+            problem = "epochs go backwards";
+            break;
+        }
+        *seen = epoch;
+        if (epoch > after) {
+            rc = fn(ctx, epoch, payload, len);
+            if (rc != 0) {
+                snprintf(err, errlen, "journal: replaying the record of epoch %" PRIu64 " at byte %" PRIu64 " of %s failed",
+                         epoch, at, path);
+                break;
+            }
+        }
+        at += HEADER_BYTES + len;
+    }
+    free(payload);
+    fclose(f);
+    if (rc != 0)
+        return -1;
+    /* A crash tears at most the record being appended, which is then the last thing in the file: a bad
+     * record with more bytes after it is damage to acknowledged data, wherever it is. */
+    bool at_end = problem && (size - at < HEADER_BYTES || at + HEADER_BYTES + torn_len >= size);
+    if (problem && last && at_end) {
+        /* The append that was torn by the crash was never acknowledged: the journal ends before it. */
+        LOG_WARN("journal: %s ends with an incomplete record at byte %" PRIu64 " (%" PRIu64
+                 " bytes dropped: a write the crash interrupted, never acknowledged)",
+                 path, at, size - at);
+        return 0;
+    }
+    if (problem)
+        return carls_errorf(err, errlen, -1,
+                            "journal: %s is corrupt at byte %" PRIu64 ": %s, and acknowledged records follow "
+                            "it: refusing to start (restore the data directory from a backup, or move the journal "
+                            "directory away to start from the SQLite store alone, losing what it held)",
+                            path, at, problem);
+    return 0;
+}
+
+int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn fn, void *ctx,
+                      uint64_t *last_epoch, char *err, size_t errlen)
+{
+    uint64_t seen = 0;
+    char *dir = s_journal_dir(data_dir);
+    char **names;
+    size_t n;
+    int rc = s_list(dir, &names, &n, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        char *path = s_join(dir, names[i]);
+        rc = s_replay_segment(path, i + 1 == n, after, fn, ctx, &seen, err, errlen);
+        free(path);
+    }
+    *last_epoch = seen > after ? seen : after;
+    s_free_names(names, n);
+    free(dir);
+    return rc;
+}
+
+int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen)
+{
+    char *dir = s_journal_dir(data_dir);
+    char **names;
+    size_t n;
+    int rc = s_list(dir, &names, &n, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        char *path = s_join(dir, names[i]);
+        if (unlink(path) != 0)
+            rc = carls_errorf(err, errlen, -1, "journal: cannot remove %s: %s", path, strerror(errno));
+        free(path);
+    }
+    if (rc == 0 && n > 0)
+        s_fsync_dir(dir);
+    s_free_names(names, n);
+    free(dir);
+    return rc;
+}

@@ -1,0 +1,56 @@
+/* The bank's journal: an append-only log of the persister's epochs, in front of the SQLite store.
+ *
+ * A commit used to be a SQLite transaction, which rewrites a 4 KiB page for every random row it touches;
+ * now a commit is one sequential append of the epoch's encoded batch (kb_batch_encode) and, in sync
+ * durability, one fdatasync. A compactor thread writes the batches into SQLite in the background and
+ * records there, in the same transaction, the last epoch it holds (meta 'journal_epoch'); segments whose
+ * every record is compacted are then removed. At start-up the bank replays the records newer than that
+ * epoch into SQLite before it loads, so SQLite plus the journal always hold every acknowledged write.
+ *
+ * Files: <data dir>/journal/<first epoch, 20 digits>.kbj, each a sequence of records:
+ *   u32 magic 'KBJ1' | u32 payload length | u64 epoch | u32 CRC-32 of (epoch bytes, payload) | payload
+ * (little-endian). A segment is closed after SEGMENT_BYTES and a new one begun. A crash can leave a torn
+ * last record in the last segment: replay stops there (its write was never acknowledged). Anything
+ * unreadable elsewhere is corruption, and the server refuses to start with the file and offset.
+ *
+ * One thread appends (the persister); release may come from another (the compactor): a mutex orders them. */
+#ifndef KB_JOURNAL_H
+#define KB_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kb_journal kb_journal_t;
+
+/* Opens the journal of data_dir for appending (creating <data_dir>/journal). Existing segments must have
+ * been replayed and removed first (kb_journal_replay, kb_journal_remove_all). With sync, every append is
+ * fdatasync'ed before it returns. Returns 0, or -1 with a message in err. */
+int kb_journal_open(const char *data_dir, bool sync, kb_journal_t **out, char *err, size_t errlen);
+
+/* Closes the files (nothing is removed). Accepts NULL; nulls *self_p. */
+void kb_journal_close(kb_journal_t **self_p);
+
+/* Appends one record and, in sync mode, makes it durable. Epochs must increase. Returns 0, or -1 with a
+ * message naming the file in err (the record may be partly written: a later append starts a new segment,
+ * and replay stops at the torn record only in a last segment, so the failed segment is closed first). */
+int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, char *err,
+                      size_t errlen);
+
+/* Removes the closed segments whose records all have epoch <= upto (they are compacted). */
+void kb_journal_release(kb_journal_t *self, uint64_t upto);
+
+/* Bytes in the segments not yet removed. */
+uint64_t kb_journal_bytes(kb_journal_t *self);
+
+/* Calls fn for every record of data_dir's journal with epoch > after, oldest first (fn returning nonzero
+ * stops the replay with that code). *last_epoch: the newest epoch seen (after, when none). Returns 0, or -1
+ * with a message naming the file and offset of a corrupt record (or of fn's failure) in err. */
+typedef int (*kb_journal_record_fn)(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len);
+int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn fn, void *ctx,
+                      uint64_t *last_epoch, char *err, size_t errlen);
+
+/* Removes every segment of data_dir's journal (after they have been compacted). Returns 0, or -1 with err. */
+int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen);
+
+#endif
