@@ -1382,7 +1382,9 @@ static int s_run(s_run_t *r)
 int carls_run_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n");
+        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n"
+               "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process);\n"
+               "  every key of the file can be set (docs/EXPERIMENTS.md)\n");
         return argc < 2 ? 2 : 0;
     }
     carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
