@@ -15,6 +15,16 @@ void kb_curve_args(kb_curve_args_t *g)
     g->rows[2] = (carls_arg_t){0};
 }
 
+int kb_curve_args_check(const kb_curve_args_t *g, const char *prog)
+{
+    assert(g && prog);
+    if (!g->key_file != !g->server_key_file) {
+        fprintf(stderr, "%s: --%s and --%s go together\n", prog, KB_CURVE_ARG_KEY, KB_CURVE_ARG_SERVER_KEY);
+        return -1;
+    }
+    return 0;
+}
+
 int kb_curve_args_options(const kb_curve_args_t *g, const char *prog, kb_client_curve_t *keys,
                           kb_client_options_t *opts)
 {
@@ -22,10 +32,8 @@ int kb_curve_args_options(const kb_curve_args_t *g, const char *prog, kb_client_
     opts->curve = NULL;
     if (!g->key_file && !g->server_key_file)
         return 0;
-    if (!g->key_file || !g->server_key_file) {
-        fprintf(stderr, "%s: --%s and --%s go together\n", prog, KB_CURVE_ARG_KEY, KB_CURVE_ARG_SERVER_KEY);
+    if (kb_curve_args_check(g, prog) != 0)
         return -1;
-    }
     char err[512];
     if (kb_client_curve_load(g->key_file, g->server_key_file, keys, err, sizeof err) != 0) {
         fprintf(stderr, "%s: CURVE keys (--%s %s, --%s %s): %s\n", prog, KB_CURVE_ARG_KEY, g->key_file,

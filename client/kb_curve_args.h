@@ -30,7 +30,11 @@ typedef struct {
 /* Clears g's files and fills its rows (g must stay where it is while the rows are parsed). */
 void kb_curve_args(kb_curve_args_t *g);
 
-/* After parsing: with neither option sets opts->curve = NULL and returns 0. With both, loads the keys into
+/* After parsing, before anything is loaded or started: 0 when both options or neither were given, else
+ * "PROG: --curve-key and --curve-server-key go together" on stderr and -1 (a usage error). */
+int kb_curve_args_check(const kb_curve_args_t *g, const char *prog);
+
+/* When connecting: with neither option sets opts->curve = NULL and returns 0. With both, loads the keys into
  * *keys, sets opts->curve = keys and returns 0 (the caller wipes *keys with explicit_bzero when it is done
  * with them; kb_client_new copies them). With only one of the two, or a key file that does not load, prints
  * "PROG: ..." (naming the option and the file) on stderr and returns -1. */

@@ -152,6 +152,9 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
     if (rc != 0) {
         return rc;
     }
+    if (kb_curve_args_check(&o->curve, "kb-maker") != 0) {
+        return -1;
+    }
     o->pixels = encoder == 1;
     o->source_emb = source == 1;
     if (!o->kb) {

@@ -178,6 +178,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
         return -1;
     }
+    if (kb_curve_args_check(&o->curve, "trainer graphreg") != 0) {
+        return -1;
+    }
     if (o->alpha <= 0.0f) {
         o->nbr_mode = S_NBR_NONE;
     }

@@ -268,6 +268,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     if (rc != 0) {
         return rc;
     }
+    if (kb_curve_args_check(&o->curve, "trainer twotower") != 0) {
+        return -1;
+    }
     o->emb_opt = emb_opt_kinds[emb_opt];
     o->lexical.scheme = lexical == 0 ? TFIDF_COSINE : TFIDF_BM25;
     o->negatives_by_pairs = sampling == 1;

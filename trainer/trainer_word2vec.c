@@ -250,6 +250,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     int rc = carls_args_parse("trainer word2vec", argc, argv, args, s_usage);
     if (rc != 0)
         return rc;
+    if (kb_curve_args_check(&o->curve, "trainer word2vec") != 0)
+        return -1;
     o->tables.admission = (w2v_admission_t)admission;
     o->seed = (uint64_t)seed;
     if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
