@@ -7,8 +7,9 @@
  *      keys) with one client key per client process; each shard's data directory holds rows of every table,
  *      only rows of its own shard (carls_shard_of), and together every item;
  *   3. a run interrupted while its trainer trains: its servers refuse kbctl without a key and with a key that
- *      is not the run's (both see only silence: exit 2), answer kbctl with the trainer's key, and Ctrl-C
- *      stops everything (exit 130).
+ *      is not the run's (both see only silence: exit 2) and answer kbctl with the trainer's key; shard 1,
+ *      killed with SIGKILL, is restarted on its endpoint with the same keys (the trainer's key gets answers
+ *      again, no key still none); Ctrl-C stops everything (exit 130).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 
@@ -97,6 +98,25 @@ static long s_shard_rows(const char *run, int shard, const char *table, long *mi
     sqlite3_finalize(st);
     sqlite3_close(db);
     return n;
+}
+
+/* The pid of the running process `name` in processes.tsv (the row whose exit column says "running"), or -1. */
+static int s_pid_of(const char *ptab, const char *name)
+{
+    FILE *f = fopen(ptab, "r");
+    char line[1024];
+    int pid = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        char role[32], who[64], started[64], ended[64], exit_text[64];
+        int p = 0;
+        if (sscanf(line, "%31[^\t]\t%63[^\t]\t%d\t%63[^\t]\t%63[^\t]\t%63[^\t]", role, who, &p, started, ended,
+                   exit_text) == 6 &&
+            strcmp(who, name) == 0 && strcmp(exit_text, "running") == 0)
+            pid = p;
+    }
+    if (f)
+        fclose(f);
+    return pid;
 }
 
 /* kbctl list-tables against endpoints with the extra options (NULL-terminated); its exit status. */
@@ -203,6 +223,19 @@ int main(void)
     MT_CHECK(s_kbctl(endpoints, run_key, kb_log) == 0, "the trainer's key was refused (see %s)", kb_log);
     MT_CHECK(mt_file_contains(kb_log, "fmnist.graph"), "list-tables with the run's key shows no table (see %s)",
              kb_log);
+    /* A shard killed mid-run comes back on its endpoint, with its keys: the run's client gets answers again. */
+    snprintf(path, sizeof path, "%s/int/processes.tsv", runs);
+    int shard_pid = s_pid_of(path, "kb-server 1/2");
+    MT_CHECK(shard_pid > 0, "no kb-server 1/2 in %s", path);
+    if (shard_pid > 0)
+        kill(shard_pid, SIGKILL);
+    deadline = carls_monotonic_ms() + 60000;
+    while (!mt_file_contains(log2, "kb-server 1/2 listening again") && carls_monotonic_ms() < deadline)
+        usleep(100 * 1000);
+    MT_CHECK(mt_file_contains(log2, "kb-server 1/2 listening again"), "shard 1 was not restarted (see %s)", log2);
+    MT_CHECK(s_kbctl(endpoints, run_key, kb_log) == 0, "the restarted shard refused the trainer's key (see %s)",
+             kb_log);
+    MT_CHECK(s_kbctl(endpoints, no_key, kb_log) == 2, "the restarted shard answered a client without a key");
     kill(pid, SIGINT);
     st = mt_wait(pid, 60000);
     MT_CHECK(st == 130, "interrupted run exited with %d (see %s)", st, log2);
