@@ -56,8 +56,11 @@ static void s_arg(s_argv_t *a, const char *fmt, ...)
     }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->arg[a->n], sizeof a->arg[0], fmt, ap);
+    int n = vsnprintf(a->arg[a->n], sizeof a->arg[0], fmt, ap);
     va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof a->arg[0]) {
+        CARLS_FATAL("launcher: an argument is too long (%d bytes; a path under runs_dir?): %s", n, a->arg[a->n]);
+    }
     a->ptr[a->n] = a->arg[a->n];
     a->n++;
     a->ptr[a->n] = NULL;
