@@ -309,7 +309,8 @@ static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
 /* One shard of the bank: its kb-server, files and supervision. */
 typedef struct {
     int index;                        /* shard index of n_shards */
-    char name[32];                    /* "kb-server I/N" */
+    char name[32];                    /* "kb-server I/N": its process name (processes.tsv) */
+    char what[32];                    /* in messages: "kb-server" (one shard) or its name */
     carls_proc_t proc;
     int row;                          /* its processes.tsv row */
     s_argv_t argv;                    /* its arguments; once it listens, --listen names the bound endpoint */
@@ -505,16 +506,16 @@ static int s_bank_died(s_run_t *r, s_shard_t *b)
         b->down_ms = carls_monotonic_ms();
     }
     if (b->restarts >= max) {
-        LOG_ERROR("%s %s; no restarts left (%d of max_bank_restarts = %d used): stopping the run (see %s)", b->name,
+        LOG_ERROR("%s %s; no restarts left (%d of max_bank_restarts = %d used): stopping the run (see %s)", b->what,
                   how, b->restarts, max, b->log);
-        s_event(r, "%s (pid %d) %s; no restarts left: the run stops", b->name, (int)b->proc.started_pid, how);
+        s_event(r, "%s (pid %d) %s; no restarts left: the run stops", b->what, (int)b->proc.started_pid, how);
         carls_ptab_ended(&r->ptab, b->row, &b->proc, "died: not restarted (max_bank_restarts used up)");
         r->bank_lost = true;
         return -1;
     }
     b->restarts++;
     r->bank_restarts++;
-    LOG_WARN("%s %s; restarting (%d/%d) on %s with its data in %s", b->name, how, b->restarts, max, b->endpoint,
+    LOG_WARN("%s %s; restarting (%d/%d) on %s with its data in %s", b->what, how, b->restarts, max, b->endpoint,
              b->dir);
     const carls_proc_t dead = b->proc;
     const int dead_row = b->row;
@@ -529,7 +530,7 @@ static int s_bank_died(s_run_t *r, s_shard_t *b)
     carls_ptab_ended(&r->ptab, dead_row, &dead, note);
     s_fmt(note, sizeof note, "restart %d/%d of %s (pid %d)", b->restarts, max, b->name, (int)dead.started_pid);
     b->row = carls_ptab_started(&r->ptab, "kb-server", &b->proc, note);
-    s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", b->name, (int)dead.started_pid, how,
+    s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", b->what, (int)dead.started_pid, how,
             (int)b->proc.started_pid, b->restarts, max);
     b->wait_deadline = carls_monotonic_ms() + 300 * 1000;
     return 0;
@@ -544,16 +545,16 @@ static void s_bank_watch_restart(s_run_t *r, s_shard_t *b)
     if (*ep) {
         const double away = (double)(carls_monotonic_ms() - b->down_ms) / 1000.0;
         if (strcmp(ep, b->endpoint) != 0) {
-            LOG_ERROR("the restarted %s listens on %s, not %s: clients cannot find it", b->name, ep, b->endpoint);
+            LOG_ERROR("the restarted %s listens on %s, not %s: clients cannot find it", b->what, ep, b->endpoint);
         }
         printf("[carls] %s listening again on %s (pid %d), %.1f s after it died; makers and trainer reconnect\n",
-               b->name, ep, (int)b->proc.started_pid, away);
+               b->what, ep, (int)b->proc.started_pid, away);
         fflush(stdout);
-        s_event(r, "%s (pid %d) listening again, %.1f s after it died", b->name, (int)b->proc.started_pid, away);
+        s_event(r, "%s (pid %d) listening again, %.1f s after it died", b->what, (int)b->proc.started_pid, away);
         b->wait_deadline = 0;
         b->down_ms = 0;
     } else if (carls_monotonic_ms() > b->wait_deadline) {
-        LOG_ERROR("the restarted %s (pid %d) is not listening after 300 s: killing it (see %s)", b->name,
+        LOG_ERROR("the restarted %s (pid %d) is not listening after 300 s: killing it (see %s)", b->what,
                   (int)b->proc.started_pid, b->log);
         kill(b->proc.pid, SIGKILL);
         b->wait_deadline = 0;
@@ -906,6 +907,7 @@ static int s_prepare_dir(s_run_t *r)
         s_shard_t *b = &r->shard[i];
         b->index = i;
         s_fmt(b->name, sizeof b->name, "kb-server %d/%d", i, r->n_shards);
+        s_fmt(b->what, sizeof b->what, "%s", r->n_shards == 1 ? "kb-server" : b->name);
         s_fmt(b->log, sizeof b->log, "%s/kb-server-%d.log", r->logs, i);
         if (r->n_shards == 1) {
             s_fmt(b->dir, sizeof b->dir, "%s/kb", r->dir);
@@ -1028,7 +1030,7 @@ static int s_start_bank(s_run_t *r)
             usleep(50 * 1000);
         }
         if (!*b->endpoint) {
-            LOG_ERROR("%s did not start (see %s)", b->name, b->log);
+            LOG_ERROR("%s did not start (see %s)", b->what, b->log);
             return -1;
         }
         size_t used = strlen(r->endpoints);
@@ -1280,7 +1282,7 @@ static void s_stop_all(s_run_t *r)
         s_shard_t *b = &r->shard[i];
         if (b->proc.running && carls_proc_poll(&b->proc)) {
             char how[96];
-            LOG_WARN("%s %s before the launcher stopped it", b->name, carls_proc_describe(&b->proc, how, sizeof how));
+            LOG_WARN("%s %s before the launcher stopped it", b->what, carls_proc_describe(&b->proc, how, sizeof how));
             carls_ptab_ended(&r->ptab, b->row, &b->proc, "died: the run was ending");
         } else if (b->proc.running) {
             kill(b->proc.pid, SIGTERM); /* every shard checkpoints at once */
@@ -1292,7 +1294,7 @@ static void s_stop_all(s_run_t *r)
             int server_status = carls_proc_stop(&b->proc, 30000);
             carls_ptab_ended(&r->ptab, b->row, &b->proc, "stopped by the launcher");
             if (server_status != 0) {
-                LOG_WARN("%s ended with status %d", b->name, server_status);
+                LOG_WARN("%s ended with status %d", b->what, server_status);
             }
         }
     }
