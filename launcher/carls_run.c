@@ -396,7 +396,9 @@ static void s_once_stem(char *stem, size_t len, const char *label, int i)
 }
 
 /* Calls fn(r, stem) for every client process the run will start, in the order they start; stops at the
- * first that fails. Returns 0, or what fn returned. Phases 2-4 start exactly these (the same flags decide). */
+ * first that fails. Returns 0, or what fn returned. Phases 2-4 start exactly these (the same flags decide).
+ * The trainer is always listed, also when it runs without the bank (graphreg with alpha = beta = 0): a server
+ * refuses an empty allow-list. */
 static int s_each_client(s_run_t *r, int (*fn)(s_run_t *r, const char *stem))
 {
     const int n = (int)r->c->makers;
