@@ -50,7 +50,7 @@ typedef struct {
     const char *endpoint;         /* --kb, else $CARLS_KB; NULL if neither. One endpoint or a list */
     int timeout_ms;               /* per attempt */
     int retries;                  /* extra attempts after a timeout */
-    kb_curve_args_t curve;        /* --curve-key, --curve-server-key (kb_curve_args.h; its rows unused) */
+    kb_curve_args_t curve;        /* --curve-key, --curve-server-key (kb_curve_args.h; set by s_set_global) */
 } s_global_t;
 
 /* One option a verb accepts. */
@@ -1498,6 +1498,8 @@ static int s_parse_globals(int argc, char **argv, s_global_t *g, int *verb_at)
         s_usage(stderr);
         return S_EXIT_USAGE;
     }
+    if (kb_curve_args_check(&g->curve, "kbctl") != 0)
+        return S_EXIT_USAGE;
     *verb_at = i;
     return -1;
 }
