@@ -1550,28 +1550,40 @@ void kb_feature_result_destroy(kb_feature_result_t **result_p)
     *result_p = NULL;
 }
 
-int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
-                           kb_feature_result_t **out)
+int kb_cluster_feature_get_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                                kb_cluster_pending_t **pending_out)
 {
-    assert(self && out);
+    assert(self && pending_out);
     s_clear_error(self);
-    *out = NULL;
+    *pending_out = NULL;
     if (!table || !*table) {
         s_set_error(self, "feature_get: no table name");
         return KB_CLIENT_EINVAL;
     }
-    s_fan_t fan;
-    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_FEATURES);
-    int rc = s_fan_keys(self, &fan, "feature_get", CARLS__REQUEST__OP_FEATURE_GET, keys, n);
-    if (rc == 0)
-        rc = s_fan_run(self, &fan);
+    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_FEATURES);
+    int rc = s_fan_keys(self, &p->fan, "feature_get", CARLS__REQUEST__OP_FEATURE_GET, keys, n);
+    if (rc != 0) {
+        kb_cluster_pending_destroy(self, &p);
+        return rc;
+    }
+    return s_pending_send(self, p, pending_out);
+}
+
+int kb_cluster_feature_get_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_feature_result_t **out)
+{
+    assert(self && out && pending_p && *pending_p &&
+           (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_FEATURES);
+    s_clear_error(self);
+    *out = NULL;
+    s_fan_t *fan = &(*pending_p)->fan;
+    int rc = s_fan_wait(self, fan);
     if (rc != 0)
         goto cleanup;
-    const s_split_t *sp = &fan.sp;
+    const s_split_t *sp = &fan->sp;
     for (uint32_t s = 0; s < self->n; s++) {
-        if (!fan.resps[s])
+        if (!fan->resps[s])
             continue;
-        const Carls__FeatureResult *res = fan.resps[s]->features;
+        const Carls__FeatureResult *res = fan->resps[s]->features;
         bool ok = res->n_records == sp->count[s];
         for (size_t j = 0; ok && j < res->n_records; j++)
             ok = res->records[j] != NULL;
@@ -1582,23 +1594,34 @@ int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t
             goto cleanup;
         }
     }
+    const size_t n = sp->start[self->n - 1] + sp->count[self->n - 1];
     kb_feature_result_t *r = carls_xcalloc(1, sizeof *r);
     r->n = n;
     r->records = carls_xcalloc(n, sizeof *r->records);
     r->responses = carls_xcalloc(self->n, sizeof *r->responses);
     r->n_responses = self->n;
     for (uint32_t s = 0; s < self->n; s++) {
-        if (!fan.resps[s])
+        if (!fan->resps[s])
             continue;
         for (size_t j = 0; j < sp->count[s]; j++)
-            r->records[sp->order[sp->start[s] + j]] = fan.resps[s]->features->records[j];
-        r->responses[s] = fan.resps[s];
-        fan.resps[s] = NULL;
+            r->records[sp->order[sp->start[s] + j]] = fan->resps[s]->features->records[j];
+        r->responses[s] = fan->resps[s];
+        fan->resps[s] = NULL;
     }
     *out = r;
 cleanup:
-    s_fan_free(self, &fan);
+    kb_cluster_pending_destroy(self, pending_p);
     return rc;
+}
+
+int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                           kb_feature_result_t **out)
+{
+    assert(self && out);
+    *out = NULL;
+    kb_cluster_pending_t *p = NULL;
+    int rc = kb_cluster_feature_get_send(self, table, keys, n, &p);
+    return rc != 0 ? rc : kb_cluster_feature_get_wait(self, &p, out);
 }
 
 int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,

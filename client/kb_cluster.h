@@ -194,8 +194,8 @@ int kb_cluster_sample(kb_cluster_t *self, const char *table, const kb_key_t *pos
 
 /* ---- requests in flight ----------------------------------------------------------------------------- */
 
-/* A lookup, gradient push or sample whose requests are out on the shards and whose answers are collected
- * later, so that a caller can compute while the shards work: the word2vec trainer keeps the lookups of the
+/* A lookup, gradient push, sample or feature read whose requests are out on the shards and whose answers
+ * are collected later, so that a caller can compute while the shards work: the word2vec trainer keeps the lookups of the
  * next batches and the pushes of the last one in flight while it computes. A *_send call sends one request
  * per shard holding keys (exactly what the blocking call sends) and returns at once; the matching *_wait
  * collects the answers, and the blocking calls above are send + wait. Any number of pendings may be in
@@ -253,6 +253,15 @@ void kb_feature_result_destroy(kb_feature_result_t **result_p);
 /* Records of n keys of a feature table. Caller owns *out. */
 int kb_cluster_feature_get(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
                            kb_feature_result_t **out);
+
+/* kb_cluster_feature_get's requests, sent (see "requests in flight" above): the graph trainer's prefetcher
+ * keeps a batch's neighbour-list and pseudo-label reads in flight together. Caller owns *pending_out (end it
+ * with kb_cluster_feature_get_wait). */
+int kb_cluster_feature_get_send(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
+                                kb_cluster_pending_t **pending_out);
+
+/* Collects a feature_get_send's answers, as kb_cluster_feature_get. Caller owns *out. */
+int kb_cluster_feature_get_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_feature_result_t **out);
 
 /* Replaces the records of n keys (records[i] for keys[i]; the server stamps updated_at_ms). */
 int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,

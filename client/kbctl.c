@@ -12,6 +12,7 @@
  * Exit status: 0 success, 1 usage or input error (nothing was sent for bad input), 2 server or connection
  * error (timeout, error status, undecodable answer). */
 #include "kb_cluster.h"
+#include "kb_curve_args.h"
 #include "kb_export.h"
 #include "kb_rows_text.h"
 #include "log.h"
@@ -41,16 +42,15 @@ enum {
 
 /* The global options (before the verb), in the order of their G_* index. */
 enum { G_KB, G_TIMEOUT_MS, G_RETRIES, G_LOG_LEVEL, G_CURVE_KEY, G_CURVE_SERVER_KEY, G_N };
-static const char *const s_global_options[G_N] = {"kb", "timeout-ms", "retries", "log-level", "curve-key",
-                                                  "curve-server-key"};
+static const char *const s_global_options[G_N] = {"kb", "timeout-ms", "retries", "log-level", KB_CURVE_ARG_KEY,
+                                                  KB_CURVE_ARG_SERVER_KEY};
 
 /* What the global options say. */
 typedef struct {
     const char *endpoint;         /* --kb, else $CARLS_KB; NULL if neither. One endpoint or a list */
     int timeout_ms;               /* per attempt */
     int retries;                  /* extra attempts after a timeout */
-    const char *curve_key;        /* --curve-key: this client's secret key file, or NULL */
-    const char *curve_server_key; /* --curve-server-key: the servers' public key file, or NULL */
+    kb_curve_args_t curve;        /* --curve-key, --curve-server-key (kb_curve_args.h; set by s_set_global) */
 } s_global_t;
 
 /* One option a verb accepts. */
@@ -291,17 +291,6 @@ static int s_opt_choice(const s_call_t *call, int i, const s_enum_t *names, int 
 
 /* ---- talking to the server --------------------------------------------------------------------------- */
 
-/* Loads the CURVE key files named by the global options into *keys. 0, or -1 after printing why. */
-static int s_load_curve(const s_global_t *g, kb_client_curve_t *keys)
-{
-    char err[512];
-    if (kb_client_curve_load(g->curve_key, g->curve_server_key, keys, err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl: CURVE keys: %s\n", err);
-        return -1;
-    }
-    return 0;
-}
-
 /* Opens the connection to the bank (one endpoint or the list of shards) into call->c. Exit status: usage for
  * no endpoint or unreadable key files, server when no connection could be opened. */
 static int s_open(s_call_t *call)
@@ -314,11 +303,8 @@ static int s_open(s_call_t *call)
     }
     kb_client_curve_t keys;
     kb_client_options_t opts = {.timeout_ms = g->timeout_ms, .retries = g->retries};
-    if (g->curve_key) {
-        if (s_load_curve(g, &keys) != 0)
-            return S_EXIT_USAGE;
-        opts.curve = &keys;
-    }
+    if (kb_curve_args_options(&g->curve, "kbctl", &keys, &opts) != 0)
+        return S_EXIT_USAGE;
     call->c = kb_cluster_new(g->endpoint, &opts);
     explicit_bzero(&keys, sizeof keys);
     if (!call->c) {
@@ -1403,8 +1389,8 @@ static void s_usage(FILE *out)
             "  --timeout-ms N    wait per attempt (default %d)\n"
             "  --retries N       reconnect and resend this many times after a timeout (default %d)\n"
             "  --log-level L     debug, info, warn, error or off (default warn, or $CARLS_LOG_LEVEL)\n"
-            "  --curve-key FILE  encrypt with CURVE: this client's secret key file (kb-keygen NAME.key) ...\n"
-            "  --curve-server-key FILE  ... and the servers' public key file (server.pub); see docs/SECURITY.md\n"
+            KB_CURVE_ARGS_HELP
+            "                    (docs/SECURITY.md)\n"
             "  --help            this text; `kbctl VERB --help` describes a verb\n"
             "\n"
             "Verbs:\n",
@@ -1473,10 +1459,10 @@ static int s_set_global(s_global_t *g, int which, const char *value)
         g->retries = (int)u;
         return 0;
     case G_CURVE_KEY:
-        g->curve_key = value;
+        g->curve.key_file = value;
         return 0;
     case G_CURVE_SERVER_KEY:
-        g->curve_server_key = value;
+        g->curve.server_key_file = value;
         return 0;
     default:
         if (carls_log_parse_level(value, &level) != 0) {
@@ -1521,10 +1507,8 @@ static int s_parse_globals(int argc, char **argv, s_global_t *g, int *verb_at)
         s_usage(stderr);
         return S_EXIT_USAGE;
     }
-    if (!g->curve_key != !g->curve_server_key) {
-        fprintf(stderr, "kbctl: --curve-key and --curve-server-key go together\n");
+    if (kb_curve_args_check(&g->curve, "kbctl") != 0)
         return S_EXIT_USAGE;
-    }
     *verb_at = i;
     return -1;
 }
@@ -1533,7 +1517,8 @@ int main(int argc, char **argv)
 {
     carls_log_set_level(CARLS_LOG_WARN);
     carls_log_init_from_env();
-    s_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, NULL, NULL};
+    s_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, {0}};
+    kb_curve_args(&g.curve);
     int i;
     int st = s_parse_globals(argc, argv, &g, &i);
     if (st >= 0)

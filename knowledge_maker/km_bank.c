@@ -50,13 +50,13 @@ uint32_t km_key_item(const void *data, size_t len)
     return v >= KM_NO_ITEM ? KM_NO_ITEM : (uint32_t)v;
 }
 
-km_bank_t *km_bank_new(const char *endpoints, int timeout_ms)
+km_bank_t *km_bank_new(const char *endpoints, int timeout_ms, const kb_client_curve_t *curve)
 {
     if (!endpoints || !*endpoints) {
         LOG_ERROR("no knowledge-bank endpoint");
         return NULL;
     }
-    kb_client_options_t opts = {.timeout_ms = timeout_ms > 0 ? timeout_ms : 60000, .retries = 2};
+    kb_client_options_t opts = {.timeout_ms = timeout_ms > 0 ? timeout_ms : 60000, .retries = 2, .curve = curve};
     kb_cluster_t *c = kb_cluster_new(endpoints, &opts);
     if (!c) {
         return NULL;

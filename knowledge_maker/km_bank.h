@@ -15,6 +15,8 @@
 #ifndef KM_BANK_H
 #define KM_BANK_H
 
+#include "kb_client.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,8 +43,9 @@ size_t km_item_key(uint32_t item, char *buf);
 uint32_t km_key_item(const void *data, size_t len);
 
 /* Connects to the bank. endpoints: one endpoint, or the comma-separated endpoints of a sharded bank in shard
- * order (kb_cluster.h). timeout_ms per attempt (0: 60000), retries 2. NULL on failure (logged). */
-km_bank_t *km_bank_new(const char *endpoints, int timeout_ms);
+ * order (kb_cluster.h). timeout_ms per attempt (0: 60000), retries 2. curve: CURVE keys (copied), or NULL for
+ * plain TCP. NULL on failure (logged). */
+km_bank_t *km_bank_new(const char *endpoints, int timeout_ms, const kb_client_curve_t *curve);
 void km_bank_destroy(km_bank_t **self_p);
 const char *km_bank_error(const km_bank_t *self);
 /* True when the last failed call failed because the bank was unreachable: no answer after every attempt, a

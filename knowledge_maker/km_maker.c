@@ -45,8 +45,10 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kb-maker --kb ENDPOINT --task embed|graph|label|words [options]\n"
-            "  --kb ENDPOINT            knowledge bank (kb-server) endpoint, e.g. tcp://127.0.0.1:7070\n"
+            "usage: kb-maker --kb ENDPOINTS --task embed|graph|label|words [options]\n"
+            "  --kb ENDPOINTS           knowledge bank (kb-server) endpoint, e.g. tcp://127.0.0.1:7070, or the\n"
+            "                           comma-separated endpoints of a sharded bank in shard order\n"
+            KB_CURVE_ARGS_HELP
             "  --ckpt-dir DIR           the trainer's checkpoint directory (watched; embed/label, graph --source emb)\n"
             "  --task embed|graph|label|words  what to make (see below)\n"
             "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
@@ -113,8 +115,10 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
     int task = -1, encoder = 0, source = 0; /* indices in the choices below */
     carls_fmnist_args_t data;
     carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
+    kb_curve_args(&o->curve);
     const carls_arg_t args[] = {
         carls_arg_group(data.rows),
+        carls_arg_group(o->curve.rows),
         carls_arg_string("kb", &o->kb),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_choice("task", &task,
@@ -147,6 +151,9 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
     const int rc = carls_args_parse("kb-maker", argc, argv, args, s_usage);
     if (rc != 0) {
         return rc;
+    }
+    if (kb_curve_args_check(&o->curve, "kb-maker") != 0) {
+        return -1;
     }
     o->pixels = encoder == 1;
     o->source_emb = source == 1;
@@ -529,7 +536,13 @@ static int s_setup(s_maker_t *mk, const km_opts_t *o)
         }
     }
     const int timeout_ms = o->bank_timeout_ms > 0 ? o->bank_timeout_ms : o->task == KM_TASK_EMBED ? 10000 : 60000;
-    mk->bank = km_bank_new(o->kb, timeout_ms);
+    kb_client_curve_t keys;
+    kb_client_options_t copts = {0};
+    if (kb_curve_args_options(&o->curve, "kb-maker", &keys, &copts) != 0) {
+        return -1;
+    }
+    mk->bank = km_bank_new(o->kb, timeout_ms, copts.curve);
+    explicit_bzero(&keys, sizeof keys);
     if (!mk->bank) {
         return -1;
     }

@@ -32,6 +32,8 @@
 #ifndef KM_MAKER_H
 #define KM_MAKER_H
 
+#include "kb_curve_args.h"
+
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -45,6 +47,7 @@ typedef enum {
 
 typedef struct {
     const char *kb;            /* bank endpoint(s) */
+    kb_curve_args_t curve;     /* --curve-key, --curve-server-key (kb_curve_args.h) */
     const char *ckpt_dir;      /* the trainer's checkpoint directory */
     km_task_t task;
     uint32_t worker, workers;  /* this maker is worker `worker` of `workers` */

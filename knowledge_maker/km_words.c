@@ -59,8 +59,12 @@ static int s_setup(s_words_t *w, const km_opts_t *o)
     }
     /* Patient with the bank: a maker waits across a bank restart (--bank-wait-s) instead of exiting. */
     int timeout_ms = o->bank_timeout_ms > 0 ? o->bank_timeout_ms : 10000;
+    kb_client_curve_t keys;
     kb_client_options_t copts = {.timeout_ms = timeout_ms, .retries = (int)((int64_t)o->bank_wait_s * 1000 / timeout_ms)};
+    if (kb_curve_args_options(&o->curve, "kb-maker", &keys, &copts) != 0)
+        return -1;
     w->kb = kb_cluster_new(o->kb, &copts);
+    explicit_bzero(&keys, sizeof keys);
     if (!w->kb)
         return -1;
     w->watch = km_watch_new(o->ckpt_dir, o->poll_ms);

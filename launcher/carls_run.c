@@ -56,8 +56,11 @@ static void s_arg(s_argv_t *a, const char *fmt, ...)
     }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->arg[a->n], sizeof a->arg[0], fmt, ap);
+    int n = vsnprintf(a->arg[a->n], sizeof a->arg[0], fmt, ap);
     va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof a->arg[0]) {
+        CARLS_FATAL("launcher: an argument is too long (%d bytes; a path under runs_dir?): %s", n, a->arg[a->n]);
+    }
     a->ptr[a->n] = a->arg[a->n];
     a->n++;
     a->ptr[a->n] = NULL;
@@ -125,10 +128,13 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
     fclose(f);
 }
 
+#define S_MAX_SHARDS 16 /* kb-servers of one run (the endpoint list must fit one argument) */
+
 /* The run's settings, read from the configuration. */
 typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
     const char *kb_durability;
+    const char *curve;                /* on | off: CURVE keys for the whole run */
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
     const char *experiment;           /* graphreg | twotower */
     const char *gcide_index, *gcide_dict, *negatives_from, *negatives_sampling, *lexical;
@@ -161,6 +167,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->maker_device = carls_ini_get(ini, "maker_device", "auto");
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
+    c->curve = carls_ini_get(ini, "curve", "off");
     c->pixel_features = carls_ini_get(ini, "pixel_features", "raw");
     c->experiment = carls_ini_get(ini, "experiment", "graphreg");
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
@@ -258,9 +265,12 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
 /* The settings a run cannot start with. Returns 0, or -1 with the reason in err. */
 static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
 {
-    if (c->shards != 1) {
-        s_fmt(err, errlen, "shards = %g: this build's makers and trainer use the single-endpoint client; "
-                 "only shards = 1 is supported until the sharded client lands", c->shards);
+    if (c->shards < 1 || c->shards > S_MAX_SHARDS || c->shards != (double)(int)c->shards) {
+        s_fmt(err, errlen, "shards = %g: need a whole number of kb-servers in 1..%d", c->shards, S_MAX_SHARDS);
+        return -1;
+    }
+    if (strcmp(c->curve, "on") != 0 && strcmp(c->curve, "off") != 0) {
+        s_fmt(err, errlen, "curve = '%s': on or off", c->curve);
         return -1;
     }
     if (c->makers < 1 || c->makers > 64) {
@@ -296,19 +306,23 @@ static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
     }
 }
 
-/* Common maker arguments. */
-static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *task, int worker,
-                         int workers)
-{
-    char worker_text[32], items[32];
-    s_fmt(worker_text, sizeof worker_text, "%d/%d", worker, workers);
-    s_fmt(items, sizeof items, "%d", (int)c->items);
-    s_arg(a, "%s/kb-maker", c->bin);
-    s_arg_list(a, (const char *const[]){"--kb", endpoint, "--task", task, "--worker", worker_text, "--tables",
-                                        c->tables, "--items", items, "--device", c->maker_device, NULL});
-    s_arg_if_set(a, "--data-dir", c->data_dir);
-    s_maker_timeout_arg(a, c);
-}
+/* One shard of the bank: its kb-server, files and supervision. */
+typedef struct {
+    int index;                        /* shard index of n_shards */
+    char name[32];                    /* "kb-server I/N": its process name (processes.tsv) */
+    char what[32];                    /* in messages: "kb-server" (one shard) or its name */
+    carls_proc_t proc;
+    int row;                          /* its processes.tsv row */
+    s_argv_t argv;                    /* its arguments; once it listens, --listen names the bound endpoint */
+    int listen_arg;                   /* index of the --listen value in argv */
+    char dir[4300];                   /* its data: runs/<name>/kb (one shard) or kb-I */
+    char epfile[4300];                /* where it writes its endpoint: kb.endpoint or kb-I.endpoint */
+    char log[4400];                   /* logs/kb-server-I.log */
+    char endpoint[256];               /* where it listens (the same after every restart) */
+    int64_t down_ms;                  /* monotonic time it was found dead; 0 while it is up */
+    int64_t wait_deadline;            /* a restarted server must be listening by then; 0: not waiting */
+    int restarts;                     /* of this shard (each shard has max_bank_restarts) */
+} s_shard_t;
 
 /* A run in progress: its configuration and files, its processes, their supervision and what happened to them. */
 typedef struct {
@@ -320,21 +334,26 @@ typedef struct {
     bool graph_needed;                /* graphreg with alpha or beta > 0: the bank's graph is built first */
     bool bank_emb;                    /* graphreg: neighbour embeddings come from the embed makers */
     bool label_loop;                  /* graphreg: a resident label maker */
+    bool label_first;                 /* graphreg: a first label-spreading pass over the initial graph */
+    bool graph_refresh;               /* graphreg: a resident graph fleet over the learned embeddings */
     /* Files: runs/<name>/ and what it holds. */
-    char dir[4200], logs[4300], kbdir[4300], ckpt[4300], epfile[4300], metrics[4300], out[4300], ptab_path[4300];
+    char dir[4200], logs[4300], ckpt[4300], metrics[4300], out[4300], ptab_path[4300];
     int64_t t0;                       /* monotonic start of the run */
     carls_ptab_t ptab;                /* processes.tsv */
-    /* The bank. */
-    carls_proc_t server;
-    int server_row;                   /* its processes.tsv row */
-    s_argv_t server_argv;             /* its arguments; once it listens, --listen names the bound endpoint */
-    int listen_arg;                   /* index of the --listen value in server_argv */
-    char server_log[4400];
-    char endpoint[512];               /* where it listens (the same after every restart) */
-    int64_t bank_down_ms;             /* monotonic time it was found dead; 0 while it is up */
-    int64_t bank_wait_deadline;       /* a restarted bank must be listening by then; 0: not waiting */
-    int bank_restarts;
-    bool bank_lost;                   /* it died with no restarts left: the run stops */
+    /* The bank: n_shards kb-servers, shard i of n_shards each. */
+    int n_shards;
+    s_shard_t shard[S_MAX_SHARDS];
+    char endpoints[S_MAX_SHARDS * 257]; /* the shards' endpoints in shard order, comma-separated: every client's
+                                         * --kb */
+    int bank_restarts;                /* restarts of any shard */
+    bool bank_lost;                   /* a shard died with no restarts left: the run stops */
+    /* curve = on: the run's keys (s_make_keys). */
+    bool curve;
+    char keys[4300];                  /* runs/<name>/keys (0700) */
+    char server_key[4400], server_pub[4400]; /* keys/server.key, .pub: every shard's key pair */
+    char client_keys[4400];           /* keys/clients: STEM.key and STEM.pub of every client process; the
+                                       * servers' allow-list (they read the .pub files) */
+    int n_client_keys;
     /* The resident maker fleet. */
     int n_fleet;
     carls_proc_t fleet[CARLS_PROC_MAX];
@@ -359,6 +378,107 @@ static double s_elapsed(const s_run_t *r)
     return (double)(carls_monotonic_ms() - r->t0) / 1000.0;
 }
 
+/* ---- what each process is given -------------------------------------------------------------------------
+ * Every client of the bank (makers, trainer) is named by a stem, which names its log file and, with
+ * curve = on, its key: "trainer", "maker-TASK-I" (resident makers), "LABEL-I" (one-shot fleets: pixels-I,
+ * graph-I, labels0-0). s_each_client lists the stems of a run; s_bank_client_args gives a process its bank. */
+
+/* The stem of resident maker `task` number i ("maker-embed-0"). */
+static void s_resident_stem(char *stem, size_t len, const char *task, int i)
+{
+    s_fmt(stem, len, "maker-%s-%d", task, i);
+}
+
+/* The stem of one-shot fleet `label`'s maker number i ("pixels-1"). */
+static void s_once_stem(char *stem, size_t len, const char *label, int i)
+{
+    s_fmt(stem, len, "%s-%d", label, i);
+}
+
+/* Calls fn(r, stem) for every client process the run will start, in the order they start; stops at the
+ * first that fails. Returns 0, or what fn returned. Phases 2-4 start exactly these (the same flags decide).
+ * The trainer is always listed, also when it runs without the bank (graphreg with alpha = beta = 0): a server
+ * refuses an empty allow-list. */
+static int s_each_client(s_run_t *r, int (*fn)(s_run_t *r, const char *stem))
+{
+    const int n = (int)r->c->makers;
+    char stem[64];
+    int rc = 0;
+    for (int i = 0; r->graph_needed && i < n && rc == 0; i++) {
+        s_once_stem(stem, sizeof stem, "pixels", i);
+        rc = fn(r, stem);
+        s_once_stem(stem, sizeof stem, "graph", i);
+        rc = rc ? rc : fn(r, stem);
+    }
+    if (r->label_first && rc == 0) {
+        s_once_stem(stem, sizeof stem, "labels0", 0);
+        rc = fn(r, stem);
+    }
+    const struct {
+        const char *task;
+        bool on;
+        int n;
+    } resident[] = {{"embed", r->bank_emb, n}, {"graph", r->graph_refresh, n}, {"words", r->tt, n},
+                    {"label", r->label_loop, 1}};
+    for (size_t k = 0; k < sizeof resident / sizeof resident[0]; k++) {
+        for (int i = 0; resident[k].on && i < resident[k].n && rc == 0; i++) {
+            s_resident_stem(stem, sizeof stem, resident[k].task, i);
+            rc = fn(r, stem);
+        }
+    }
+    return rc ? rc : fn(r, "trainer");
+}
+
+/* The arguments every client of the bank gets: --kb with the shards' endpoints in shard order and, with
+ * curve = on, its own secret key (keys/clients/STEM.key, made by s_make_keys) and the servers' public key. */
+static void s_bank_client_args(s_argv_t *a, const s_run_t *r, const char *stem)
+{
+    s_arg_list(a, (const char *const[]){"--kb", r->endpoints, NULL});
+    if (r->curve) {
+        s_arg(a, "--curve-key");
+        s_arg(a, "%s/%s.key", r->client_keys, stem);
+        s_arg_list(a, (const char *const[]){"--curve-server-key", r->server_pub, NULL});
+    }
+}
+
+/* Shard b's kb-server arguments: a free loopback port (--listen is replaced by the bound endpoint once it
+ * listens, so a restart comes back on the same one), its data directory, --shard I/N when the bank has
+ * several shards and, with curve = on, the run's server key and its clients' allow-list. */
+static void s_server_args(s_argv_t *a, const s_run_t *r, s_shard_t *b)
+{
+    const s_cfg_t *c = r->c;
+    s_arg(a, "%s/kb-server", c->bin);
+    s_arg(a, "--listen");
+    b->listen_arg = a->n;
+    s_arg(a, "tcp://127.0.0.1:*");
+    s_arg_list(a, (const char *const[]){"--endpoint-file", b->epfile, "--data", b->dir, "--durability",
+                                        c->kb_durability, NULL});
+    s_arg(a, "--threads");
+    s_arg(a, "%d", (int)c->kb_threads);
+    if (r->n_shards > 1) {
+        s_arg(a, "--shard");
+        s_arg(a, "%d/%d", b->index, r->n_shards);
+    }
+    if (r->curve) {
+        s_arg_list(a, (const char *const[]){"--curve-secret", r->server_key, "--curve-allow", r->client_keys, NULL});
+    }
+}
+
+/* Common maker arguments: the bank (as maker `stem`), the task and this maker's share. */
+static void s_maker_args(s_argv_t *a, const s_run_t *r, const char *stem, const char *task, int worker, int workers)
+{
+    const s_cfg_t *c = r->c;
+    char worker_text[32], items[32];
+    s_fmt(worker_text, sizeof worker_text, "%d/%d", worker, workers);
+    s_fmt(items, sizeof items, "%d", (int)c->items);
+    s_arg(a, "%s/kb-maker", c->bin);
+    s_bank_client_args(a, r, stem);
+    s_arg_list(a, (const char *const[]){"--task", task, "--worker", worker_text, "--tables", c->tables, "--items",
+                                        items, "--device", c->maker_device, NULL});
+    s_arg_if_set(a, "--data-dir", c->data_dir);
+    s_maker_timeout_arg(a, c);
+}
+
 /* Appends a row to the report's fault table. */
 static void s_event(s_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void s_event(s_run_t *r, const char *fmt, ...)
@@ -377,44 +497,70 @@ static void s_event(s_run_t *r, const char *fmt, ...)
     }
 }
 
-/* The bank died: restart it with the same flags, data directory and endpoint, unless max_bank_restarts are
- * used up (then r->bank_lost). Returns 0, or -1 when the run must stop. */
-static int s_bank_died(s_run_t *r)
+/* Shard b's kb-server died: restart it with the same flags, data directory and endpoint, unless its
+ * max_bank_restarts are used up (then r->bank_lost). Returns 0, or -1 when the run must stop. */
+static int s_bank_died(s_run_t *r, s_shard_t *b)
 {
     const int max = (int)r->c->max_bank_restarts;
     char how[96];
-    carls_proc_describe(&r->server, how, sizeof how);
-    if (!r->bank_down_ms) {
-        r->bank_down_ms = carls_monotonic_ms();
+    carls_proc_describe(&b->proc, how, sizeof how);
+    if (!b->down_ms) {
+        b->down_ms = carls_monotonic_ms();
     }
-    if (r->bank_restarts >= max) {
-        LOG_ERROR("kb-server %s; no restarts left (%d of max_bank_restarts = %d used): stopping the run (see %s)",
-                  how, r->bank_restarts, max, r->server_log);
-        s_event(r, "kb-server (pid %d) %s; no restarts left: the run stops", (int)r->server.started_pid, how);
-        carls_ptab_ended(&r->ptab, r->server_row, &r->server, "died: not restarted (max_bank_restarts used up)");
+    if (b->restarts >= max) {
+        LOG_ERROR("%s %s; no restarts left (%d of max_bank_restarts = %d used): stopping the run (see %s)", b->what,
+                  how, b->restarts, max, b->log);
+        s_event(r, "%s (pid %d) %s; no restarts left: the run stops", b->what, (int)b->proc.started_pid, how);
+        carls_ptab_ended(&r->ptab, b->row, &b->proc, "died: not restarted (max_bank_restarts used up)");
         r->bank_lost = true;
         return -1;
     }
+    b->restarts++;
     r->bank_restarts++;
-    LOG_WARN("kb-server %s; restarting (%d/%d) on %s with its data in %s", how, r->bank_restarts, max, r->endpoint,
-             r->kbdir);
-    const carls_proc_t dead = r->server;
-    const int dead_row = r->server_row;
-    unlink(r->epfile);
-    if (carls_proc_start(&r->server, "kb-server 0/1", r->server_argv.ptr, r->server_log, r->server_log) != 0) {
+    LOG_WARN("%s %s; restarting (%d/%d) on %s with its data in %s", b->what, how, b->restarts, max, b->endpoint,
+             b->dir);
+    const carls_proc_t dead = b->proc;
+    const int dead_row = b->row;
+    unlink(b->epfile);
+    if (carls_proc_start(&b->proc, b->name, b->argv.ptr, b->log, b->log) != 0) {
         carls_ptab_ended(&r->ptab, dead_row, &dead, "died: the restart failed");
         r->bank_lost = true;
         return -1;
     }
     char note[128];
-    s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)r->server.started_pid, r->bank_restarts, max);
+    s_fmt(note, sizeof note, "died: restarted as pid %d (%d/%d)", (int)b->proc.started_pid, b->restarts, max);
     carls_ptab_ended(&r->ptab, dead_row, &dead, note);
-    s_fmt(note, sizeof note, "restart %d/%d of kb-server 0/1 (pid %d)", r->bank_restarts, max, (int)dead.started_pid);
-    r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, note);
-    s_event(r, "kb-server (pid %d) %s; restarted as pid %d (%d/%d)", (int)dead.started_pid, how,
-            (int)r->server.started_pid, r->bank_restarts, max);
-    r->bank_wait_deadline = carls_monotonic_ms() + 300 * 1000;
+    s_fmt(note, sizeof note, "restart %d/%d of %s (pid %d)", b->restarts, max, b->name, (int)dead.started_pid);
+    b->row = carls_ptab_started(&r->ptab, "kb-server", &b->proc, note);
+    s_event(r, "%s (pid %d) %s; restarted as pid %d (%d/%d)", b->what, (int)dead.started_pid, how,
+            (int)b->proc.started_pid, b->restarts, max);
+    b->wait_deadline = carls_monotonic_ms() + 300 * 1000;
     return 0;
+}
+
+/* Shard b restarted: once it has written its endpoint file, says so (and that clients reconnect); kills it
+ * when it is not listening by its deadline (the next round restarts it again). */
+static void s_bank_watch_restart(s_run_t *r, s_shard_t *b)
+{
+    char ep[256];
+    carls_read_first_line(b->epfile, ep, sizeof ep); /* "" until the server has written it */
+    if (*ep) {
+        const double away = (double)(carls_monotonic_ms() - b->down_ms) / 1000.0;
+        if (strcmp(ep, b->endpoint) != 0) {
+            LOG_ERROR("the restarted %s listens on %s, not %s: clients cannot find it", b->what, ep, b->endpoint);
+        }
+        printf("[carls] %s listening again on %s (pid %d), %.1f s after it died; makers and trainer reconnect\n",
+               b->what, ep, (int)b->proc.started_pid, away);
+        fflush(stdout);
+        s_event(r, "%s (pid %d) listening again, %.1f s after it died", b->what, (int)b->proc.started_pid, away);
+        b->wait_deadline = 0;
+        b->down_ms = 0;
+    } else if (carls_monotonic_ms() > b->wait_deadline) {
+        LOG_ERROR("the restarted %s (pid %d) is not listening after 300 s: killing it (see %s)", b->what,
+                  (int)b->proc.started_pid, b->log);
+        kill(b->proc.pid, SIGKILL);
+        b->wait_deadline = 0;
+    }
 }
 
 /* A resident maker (fleet[i]) died: count it, and restart it unless max_maker_restarts are used up. */
@@ -452,36 +598,20 @@ static void s_maker_died(s_run_t *r, int i)
             r->maker_restarts, max);
 }
 
-/* One round of supervision, called from every waiting loop: the bank (restarted when it died, watched until
- * it listens again) and the resident makers. Returns 0, or -1 when the bank is gone for good. */
+/* One round of supervision, called from every waiting loop: the bank's shards (each restarted when it died,
+ * watched until it listens again) and the resident makers. Returns 0, or -1 when the bank is gone for good. */
 static int s_supervise(s_run_t *r)
 {
     if (r->bank_lost) {
         return -1;
     }
-    if (r->server.running && carls_proc_poll(&r->server) && s_bank_died(r) != 0) {
-        return -1;
-    }
-    if (r->bank_wait_deadline && r->server.running) {
-        char ep[512];
-        carls_read_first_line(r->epfile, ep, sizeof ep); /* "" until the server has written it */
-        if (*ep) {
-            const double away = (double)(carls_monotonic_ms() - r->bank_down_ms) / 1000.0;
-            if (strcmp(ep, r->endpoint) != 0) {
-                LOG_ERROR("the restarted kb-server listens on %s, not %s: clients cannot find it", ep, r->endpoint);
-            }
-            printf("[carls] kb-server listening again on %s (pid %d), %.1f s after it died; makers and trainer "
-                   "reconnect\n",
-                   ep, (int)r->server.started_pid, away);
-            fflush(stdout);
-            s_event(r, "kb-server (pid %d) listening again, %.1f s after it died", (int)r->server.started_pid, away);
-            r->bank_wait_deadline = 0;
-            r->bank_down_ms = 0;
-        } else if (carls_monotonic_ms() > r->bank_wait_deadline) {
-            LOG_ERROR("the restarted kb-server (pid %d) is not listening after 300 s: killing it (see %s)",
-                      (int)r->server.started_pid, r->server_log);
-            kill(r->server.pid, SIGKILL);
-            r->bank_wait_deadline = 0;
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        if (b->proc.running && carls_proc_poll(&b->proc) && s_bank_died(r, b) != 0) {
+            return -1;
+        }
+        if (b->wait_deadline && b->proc.running) {
+            s_bank_watch_restart(r, b);
         }
     }
     for (int i = 0; i < r->n_fleet; i++) {
@@ -541,7 +671,6 @@ static bool s_once_ended(s_run_t *r, carls_proc_t *p, int *row, const s_argv_t *
 static int s_fleet_once(s_run_t *r, const char *label, const char *task, int n, const char *const *extra,
                         double *seconds)
 {
-    const s_cfg_t *c = r->c;
     carls_proc_t p[CARLS_PROC_MAX];
     int row[CARLS_PROC_MAX];
     s_argv_t *a = carls_xcalloc((size_t)n, sizeof *a);
@@ -549,14 +678,16 @@ static int s_fleet_once(s_run_t *r, const char *label, const char *task, int n, 
     int64_t t0 = carls_monotonic_ms();
     int started = 0, rc = 0;
     for (int i = 0; i < n; i++) {
-        s_maker_args(&a[i], c, r->endpoint, task, i, n);
+        char stem[64];
+        s_once_stem(stem, sizeof stem, label, i);
+        s_maker_args(&a[i], r, stem, task, i, n);
         s_arg(&a[i], "--once");
         for (int e = 0; extra && extra[e]; e++) {
             s_arg(&a[i], "%s", extra[e]);
         }
         char name[64];
         s_fmt(name, sizeof name, "%s %d/%d", label, i, n);
-        s_fmt(log[i], sizeof log[0], "%s/%s-%d.log", r->logs, label, i);
+        s_fmt(log[i], sizeof log[0], "%s/%s.log", r->logs, stem);
         if (carls_proc_start(&p[started], name, a[i].ptr, log[i], log[i]) != 0) {
             rc = -1;
             break;
@@ -633,14 +764,13 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 }
 
 /* trainer graphreg's arguments (experiment = graphreg). */
-static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
-                            const char *metrics)
+static void s_graphreg_args(s_argv_t *a, const s_run_t *r)
 {
+    const s_cfg_t *c = r->c;
     s_arg_list(a, (const char *const[]){"graphreg", "--data", "fashion-mnist", NULL});
     s_arg_if_set(a, "--data-dir", c->data_dir);
-    if (graph_needed) {
-        s_arg(a, "--kb");
-        s_arg(a, "%s", endpoint);
+    if (r->graph_needed) {
+        s_bank_client_args(a, r, "trainer");
     }
     const s_num_arg_t nums[] = {
         {"--labels-per-class", c->labels_per_class, 1}, {"--label-seed", c->label_seed, 1},
@@ -657,17 +787,18 @@ static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, co
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
     s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--neighbors-from", c->neighbors_from, "--tables",
-                                        c->tables, "--ckpt-dir", ckpt, "--metrics", metrics, "--device",
+                                        c->tables, "--ckpt-dir", r->ckpt, "--metrics", r->metrics, "--device",
                                         c->trainer_device, NULL});
 }
 
 /* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
-static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, const char *ckpt, const char *metrics,
-                            const char *vectors)
+static void s_twotower_args(s_argv_t *a, const s_run_t *r, const char *vectors)
 {
+    const s_cfg_t *c = r->c;
     s_arg(a, "twotower");
-    const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
-                                 "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
+    s_bank_client_args(a, r, "trainer");
+    const char *const fixed[] = {"--data", "gcide", "--table", c->tables, "--ckpt-dir", r->ckpt,
+                                 "--metrics", r->metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
     s_arg_list(a, fixed);
@@ -701,8 +832,8 @@ static void s_print_result_line(const s_run_t *r, const carls_result_t *res, con
             printf("%s=%.6g ", show[i], *x);
         }
     }
-    printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
-           r->maker_restarts, wall);
+    printf("shards=%d curve=%d bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->n_shards,
+           r->curve ? 1 : 0, r->bank_restarts, r->maker_deaths, r->maker_restarts, wall);
 }
 
 /* Prints the two-tower run's result line; returns the launcher's status. */
@@ -764,15 +895,34 @@ static int s_prepare_dir(s_run_t *r)
     const s_cfg_t *c = r->c;
     s_fmt(r->dir, sizeof r->dir, "%s/%s", c->runs_dir, c->name);
     s_fmt(r->logs, sizeof r->logs, "%s/logs", r->dir);
-    s_fmt(r->kbdir, sizeof r->kbdir, "%s/kb", r->dir);
     s_fmt(r->ckpt, sizeof r->ckpt, "%s/ckpt", r->dir);
-    s_fmt(r->epfile, sizeof r->epfile, "%s/kb.endpoint", r->dir);
     s_fmt(r->metrics, sizeof r->metrics, "%s/metrics.csv", r->dir);
     s_fmt(r->out, sizeof r->out, "%s/trainer.out", r->dir);
     s_fmt(r->ptab_path, sizeof r->ptab_path, "%s/processes.tsv", r->dir);
+    s_fmt(r->keys, sizeof r->keys, "%s/keys", r->dir);
+    s_fmt(r->server_key, sizeof r->server_key, "%s/server.key", r->keys);
+    s_fmt(r->server_pub, sizeof r->server_pub, "%s/server.pub", r->keys);
+    s_fmt(r->client_keys, sizeof r->client_keys, "%s/clients", r->keys);
+    r->curve = strcmp(c->curve, "on") == 0;
+    r->n_shards = (int)c->shards;
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        b->index = i;
+        s_fmt(b->name, sizeof b->name, "kb-server %d/%d", i, r->n_shards);
+        s_fmt(b->what, sizeof b->what, "%s", r->n_shards == 1 ? "kb-server" : b->name);
+        s_fmt(b->log, sizeof b->log, "%s/kb-server-%d.log", r->logs, i);
+        if (r->n_shards == 1) {
+            s_fmt(b->dir, sizeof b->dir, "%s/kb", r->dir);
+            s_fmt(b->epfile, sizeof b->epfile, "%s/kb.endpoint", r->dir);
+        } else {
+            s_fmt(b->dir, sizeof b->dir, "%s/kb-%d", r->dir, i);
+            s_fmt(b->epfile, sizeof b->epfile, "%s/kb-%d.endpoint", r->dir, i);
+        }
+    }
+    /* Whatever an earlier run of this name left, whatever its number of shards. */
     char cmd[9000];
-    s_fmt(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s' '%s'", r->kbdir, r->ckpt, r->logs, r->epfile,
-          r->metrics, r->out, r->ptab_path);
+    s_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* ckpt logs keys metrics.csv "
+          "trainer.out processes.tsv", r->dir);
     if (system(cmd) != 0 || carls_mkdir_p(r->logs, 0755, NULL, 0) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", r->dir);
         return -1;
@@ -807,45 +957,102 @@ static void s_phase(s_run_t *r, const char *fmt, ...)
     r->plen += (size_t)n;
 }
 
-/* 1. The bank, on a free loopback port; waits until it listens. A restart (s_bank_died) reuses these
- * arguments with --listen set to the bound endpoint. Returns 0 or -1. */
+/* Runs `kb-keygen PATH` (PATH.key, mode 0600, and PATH.pub), its output in logs/keygen.log. 0 or -1 (logged). */
+static int s_keygen(s_run_t *r, const char *path)
+{
+    char prog[4200], log[4400];
+    s_fmt(prog, sizeof prog, "%s/kb-keygen", r->c->bin);
+    s_fmt(log, sizeof log, "%s/keygen.log", r->logs);
+    char *const argv[] = {prog, (char *)path, NULL};
+    carls_proc_t p;
+    if (carls_proc_start(&p, "kb-keygen", argv, log, log) != 0) {
+        return -1;
+    }
+    carls_proc_wait(&p, -1);
+    if (p.status != 0) {
+        LOG_ERROR("kb-keygen %s failed (see %s)", path, log);
+        return -1;
+    }
+    return 0;
+}
+
+/* s_each_client's callback: the key pair of client `stem`. */
+static int s_make_client_key(s_run_t *r, const char *stem)
+{
+    char path[4500];
+    s_fmt(path, sizeof path, "%s/%s", r->client_keys, stem);
+    r->n_client_keys++;
+    return s_keygen(r, path);
+}
+
+/* curve = on: the run's keys, made before any server starts (a server reads its allow-list once):
+ * keys/server.key and .pub (every shard's pair) and keys/clients/STEM.key and .pub for each client process
+ * (s_each_client). The directories are 0700 and the secret keys 0600; a process is given only its own
+ * secret key, and the servers admit exactly the public keys in keys/clients. Returns 0 or -1 (logged). */
+static int s_make_keys(s_run_t *r)
+{
+    char err[512];
+    if (carls_mkdir_p(r->client_keys, 0700, err, sizeof err) != 0 || chmod(r->keys, 0700) != 0 ||
+        chmod(r->client_keys, 0700) != 0) {
+        LOG_ERROR("cannot make %s: %s", r->client_keys, *err ? err : strerror(errno));
+        return -1;
+    }
+    char server[4400];
+    s_fmt(server, sizeof server, "%s/server", r->keys);
+    if (s_keygen(r, server) != 0 || s_each_client(r, s_make_client_key) != 0) {
+        return -1;
+    }
+    printf("[carls] CURVE: a server key pair and %d client keys in %s; the servers admit only those clients\n",
+           r->n_client_keys, r->keys);
+    return 0;
+}
+
+/* 1. The bank: n_shards kb-servers, each on a free loopback port; waits until every one listens, then
+ * names the endpoint list every client gets. A restart (s_bank_died) reuses a shard's arguments with
+ * --listen set to its bound endpoint. Returns 0 or -1. */
 static int s_start_bank(s_run_t *r)
 {
     const s_cfg_t *c = r->c;
-    s_argv_t *a = &r->server_argv;
-    s_arg(a, "%s/kb-server", c->bin);
-    s_arg(a, "--listen");
-    r->listen_arg = a->n;
-    s_arg(a, "tcp://127.0.0.1:*");
-    const char *const flags[] = {"--endpoint-file", r->epfile, "--data", r->kbdir, "--durability", c->kb_durability,
-                                 NULL};
-    s_arg_list(a, flags);
-    s_arg(a, "--threads");
-    s_arg(a, "%d", (int)c->kb_threads);
-    s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", r->logs);
-    if (carls_proc_start(&r->server, "kb-server 0/1", a->ptr, r->server_log, r->server_log) != 0) {
-        return -1;
-    }
-    r->server_row = carls_ptab_started(&r->ptab, "kb-server", &r->server, NULL);
-    for (int i = 0; i < 600 && !s_interrupted; i++) {
-        carls_read_first_line(r->epfile, r->endpoint, sizeof r->endpoint);
-        if (*r->endpoint || carls_proc_poll(&r->server)) {
-            break;
+    const int64_t t0 = carls_monotonic_ms();
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        s_server_args(&b->argv, r, b);
+        if (carls_proc_start(&b->proc, b->name, b->argv.ptr, b->log, b->log) != 0) {
+            return -1;
         }
-        usleep(50 * 1000);
+        b->row = carls_ptab_started(&r->ptab, "kb-server", &b->proc, NULL);
     }
-    if (!*r->endpoint) {
-        LOG_ERROR("kb-server did not start (see %s)", r->server_log);
-        return -1;
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        for (int t = 0; t < 600 && !s_interrupted && !*b->endpoint; t++) {
+            carls_read_first_line(b->epfile, b->endpoint, sizeof b->endpoint);
+            if (*b->endpoint || carls_proc_poll(&b->proc)) {
+                break;
+            }
+            usleep(50 * 1000);
+        }
+        if (!*b->endpoint) {
+            LOG_ERROR("%s did not start (see %s)", b->what, b->log);
+            return -1;
+        }
+        size_t used = strlen(r->endpoints);
+        if (used + strlen(b->endpoint) + 2 > sizeof b->argv.arg[0] || used + strlen(b->endpoint) + 2 > sizeof r->endpoints) {
+            LOG_ERROR("the shards' endpoint list is too long for one argument at %s (%s)", b->name, b->endpoint);
+            return -1;
+        }
+        snprintf(r->endpoints + used, sizeof r->endpoints - used, "%s%s", i ? "," : "", b->endpoint);
+        memcpy(b->argv.arg[b->listen_arg], b->endpoint, strlen(b->endpoint) + 1);
     }
-    if (strlen(r->endpoint) >= sizeof a->arg[0]) {
-        LOG_ERROR("kb-server endpoint '%s' is too long", r->endpoint);
-        return -1;
+    if (r->n_shards == 1) {
+        printf("[carls] kb-server listening on %s", r->endpoints);
+    } else {
+        printf("[carls] bank of %d shards (kb-server --shard I/%d) listening on %s", r->n_shards, r->n_shards,
+               r->endpoints);
     }
-    memcpy(a->arg[r->listen_arg], r->endpoint, strlen(r->endpoint) + 1);
-    printf("[carls] kb-server listening on %s (restarted on the same endpoint and data if it dies, up to %d "
-           "times)\n",
-           r->endpoint, (int)c->max_bank_restarts);
+    printf("%s (each restarted on the same endpoint and data if it dies, up to %d times)\n",
+           r->curve ? ", CURVE only" : "", (int)c->max_bank_restarts);
+    s_phase(r, "| bank: %d kb-server%s%s | %.1f |\n", r->n_shards, r->n_shards == 1 ? "" : "s (shards)",
+            r->curve ? ", CURVE (a key per process)" : "", (double)(carls_monotonic_ms() - t0) / 1000.0);
     return 0;
 }
 
@@ -867,7 +1074,7 @@ static int s_initial_graph(s_run_t *r)
         return -1;
     }
     s_phase(r, "| initial k=%d graph (%d makers) | %.1f |\n", (int)c->graph_k, n, s);
-    if (c->beta > 0 && c->label_maker > 0) {
+    if (r->label_first) {
         char lpc[32], lseed[32], sa_[32], si[32], bal[32];
         s_fmt(lpc, sizeof lpc, "%d", (int)c->labels_per_class);
         s_fmt(lseed, sizeof lseed, "%d", (int)c->label_seed);
@@ -887,9 +1094,10 @@ static int s_initial_graph(s_run_t *r)
 /* Starts resident maker `task` i/n ("maker TASK I/N", logging to logs/maker-TASK-I.log) with argv a. */
 static int s_fleet_start_worker(s_run_t *r, const char *task, int i, int n, const s_argv_t *a)
 {
-    char name[64], log[4400];
+    char name[64], stem[64], log[4400];
     s_fmt(name, sizeof name, "maker %s %d/%d", task, i, n);
-    s_fmt(log, sizeof log, "%s/maker-%s-%d.log", r->logs, task, i);
+    s_resident_stem(stem, sizeof stem, task, i);
+    s_fmt(log, sizeof log, "%s/%s.log", r->logs, stem);
     return s_fleet_start(r, name, a, log);
 }
 
@@ -898,9 +1106,11 @@ static int s_start_words_maker(s_run_t *r, int i, int n)
 {
     const s_cfg_t *c = r->c;
     s_argv_t a = {0};
+    char stem[64];
+    s_resident_stem(stem, sizeof stem, "words", i);
     s_arg(&a, "%s/kb-maker", c->bin);
-    const char *const fixed[] = {"--kb", r->endpoint, "--task", "words", "--tables", c->tables, "--ckpt-dir", r->ckpt,
-                                 NULL};
+    s_bank_client_args(&a, r, stem);
+    const char *const fixed[] = {"--task", "words", "--tables", c->tables, "--ckpt-dir", r->ckpt, NULL};
     s_arg_list(&a, fixed);
     s_arg(&a, "--worker");
     s_arg(&a, "%d/%d", i, n);
@@ -915,7 +1125,9 @@ static int s_start_label_maker(s_run_t *r)
 {
     const s_cfg_t *c = r->c;
     s_argv_t a = {0};
-    s_maker_args(&a, c, r->endpoint, "label", 0, 1);
+    char stem[64];
+    s_resident_stem(stem, sizeof stem, "label", 0);
+    s_maker_args(&a, r, stem, "label", 0, 1);
     s_arg(&a, "--ckpt-dir");
     s_arg(&a, "%s", r->ckpt);
     const s_num_arg_t nums[] = {
@@ -934,18 +1146,21 @@ static int s_start_fleet(s_run_t *r)
 {
     const s_cfg_t *c = r->c;
     const int n = (int)c->makers;
+    char stem[64];
     for (int i = 0; r->bank_emb && i < n; i++) {
         s_argv_t a = {0};
-        s_maker_args(&a, c, r->endpoint, "embed", i, n);
+        s_resident_stem(stem, sizeof stem, "embed", i);
+        s_maker_args(&a, r, stem, "embed", i, n);
         s_arg(&a, "--ckpt-dir");
         s_arg(&a, "%s", r->ckpt);
         if (s_fleet_start_worker(r, "embed", i, n, &a) != 0) {
             return -1;
         }
     }
-    for (int i = 0; c->graph_refresh > 0 && r->bank_emb && i < n; i++) {
+    for (int i = 0; r->graph_refresh && i < n; i++) {
         s_argv_t a = {0};
-        s_maker_args(&a, c, r->endpoint, "graph", i, n);
+        s_resident_stem(stem, sizeof stem, "graph", i);
+        s_maker_args(&a, r, stem, "graph", i, n);
         char k[32];
         s_fmt(k, sizeof k, "%d", (int)c->graph_k);
         s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
@@ -978,9 +1193,9 @@ static int s_run_trainer(s_run_t *r)
     if (r->tt) {
         char vectors[4400];
         s_fmt(vectors, sizeof vectors, "%s/vectors.bin", r->dir);
-        s_twotower_args(&a, c, r->endpoint, r->ckpt, r->metrics, vectors);
+        s_twotower_args(&a, r, vectors);
     } else {
-        s_graphreg_args(&a, c, r->graph_needed, r->endpoint, r->ckpt, r->metrics);
+        s_graphreg_args(&a, r);
     }
     char log[4400];
     s_fmt(log, sizeof log, "%s/trainer.log", r->logs);
@@ -1032,7 +1247,8 @@ static int s_run_trainer(s_run_t *r)
     return 0;
 }
 
-/* 5. Stops everything: the trainer, the makers (SIGTERM to all, then each waited for), then the bank. */
+/* 5. Stops everything: the trainer, the makers (SIGTERM to all, then each waited for), then the bank's
+ * shards (likewise). */
 static void s_stop_all(s_run_t *r)
 {
     if (r->trainer.running) {
@@ -1064,16 +1280,23 @@ static void s_stop_all(s_run_t *r)
             LOG_WARN("%s ended with status %d", r->fleet[i].name, st);
         }
     }
-    if (r->server.running) {
-        if (carls_proc_poll(&r->server)) {
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        if (b->proc.running && carls_proc_poll(&b->proc)) {
             char how[96];
-            LOG_WARN("kb-server %s before the launcher stopped it", carls_proc_describe(&r->server, how, sizeof how));
-            carls_ptab_ended(&r->ptab, r->server_row, &r->server, "died: the run was ending");
-        } else {
-            int server_status = carls_proc_stop(&r->server, 30000);
-            carls_ptab_ended(&r->ptab, r->server_row, &r->server, "stopped by the launcher");
+            LOG_WARN("%s %s before the launcher stopped it", b->what, carls_proc_describe(&b->proc, how, sizeof how));
+            carls_ptab_ended(&r->ptab, b->row, &b->proc, "died: the run was ending");
+        } else if (b->proc.running) {
+            kill(b->proc.pid, SIGTERM); /* every shard checkpoints at once */
+        }
+    }
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        if (b->proc.running) {
+            int server_status = carls_proc_stop(&b->proc, 30000);
+            carls_ptab_ended(&r->ptab, b->row, &b->proc, "stopped by the launcher");
             if (server_status != 0) {
-                LOG_WARN("kb-server ended with status %d", server_status);
+                LOG_WARN("%s ended with status %d", b->what, server_status);
             }
         }
     }
@@ -1108,7 +1331,7 @@ static int s_report(s_run_t *r, double wall)
     const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
     char faults[10240];
     snprintf(faults, sizeof faults,
-             "kb-server restarts: %d (max_bank_restarts = %d), maker deaths: %d, maker restarts: %d "
+             "kb-server restarts: %d (max_bank_restarts = %d per shard), maker deaths: %d, maker restarts: %d "
              "(max_maker_restarts = %d), trainer batches without the bank: %.0f. Every process: "
              "`processes.tsv`.\n\n%s%s",
              r->bank_restarts, (int)c->max_bank_restarts, r->maker_deaths, r->maker_restarts,
@@ -1126,13 +1349,17 @@ static int s_run(s_run_t *r)
     r->graph_needed = !r->tt && (c->alpha > 0 || c->beta > 0);
     r->bank_emb = !r->tt && c->alpha > 0 && strcmp(c->neighbors_from, "bank") == 0;
     r->label_loop = !r->tt && c->beta > 0 && c->label_maker > 0 && c->label_model_weight > 0;
+    r->label_first = r->graph_needed && c->beta > 0 && c->label_maker > 0;
+    r->graph_refresh = r->bank_emb && c->graph_refresh > 0;
     r->t0 = carls_monotonic_ms();
-    r->server_row = -1;
+    for (int i = 0; i < r->n_shards; i++) {
+        r->shard[i].row = -1;
+    }
     r->trainer_row = -1;
     r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
-    if (s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
+    if ((!r->curve || s_make_keys(r) == 0) && s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
         const int64_t t_train = carls_monotonic_ms();
         if (s_run_trainer(r) == 0) {
             s_phase(r, "| trainer (makers running beside it) | %.1f |\n",
@@ -1146,8 +1373,9 @@ static int s_run(s_run_t *r)
         printf("[carls] interrupted: every process stopped (%.1f s)\n", wall);
         status = 130;
     } else if (r->bank_lost) {
-        LOG_ERROR("the run failed: kb-server died %d time%s (max_bank_restarts = %d); see %s/processes.tsv",
-                  r->bank_restarts + 1, r->bank_restarts ? "s" : "", (int)c->max_bank_restarts, r->dir);
+        LOG_ERROR("the run failed: a kb-server died more than max_bank_restarts = %d times (%d restart%s in all); "
+                  "see %s/processes.tsv",
+                  (int)c->max_bank_restarts, r->bank_restarts, r->bank_restarts == 1 ? "" : "s", r->dir);
     } else if (!r->trainer.pid && r->trainer.status == 0 && r->trainer.name[0]) {
         status = s_report(r, wall);
     } else if (r->trainer.name[0]) {
@@ -1161,7 +1389,9 @@ static int s_run(s_run_t *r)
 int carls_run_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n");
+        printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n"
+               "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process);\n"
+               "  every key of the file can be set (docs/EXPERIMENTS.md)\n");
         return argc < 2 ? 2 : 0;
     }
     carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);

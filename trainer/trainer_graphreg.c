@@ -31,6 +31,8 @@
 #include "trainer_prefetch.h"
 #include "trainer_util.h"
 
+#include "kb_curve_args.h"
+
 #include "data_fmnist.h"
 #include "data_sample.h"
 #include "nn_hash.h"
@@ -68,6 +70,7 @@ typedef struct {
     int max_staleness;             /* 0: no limit */
     int nbr_refresh;               /* bank mode: re-read a cached neighbour row after this many batches */
     const char *kb, *tables;
+    kb_curve_args_t curve;         /* --curve-key, --curve-server-key */
     const char *ckpt_dir, *metrics;
     int ckpt_every, eval_every, keep;
     const char *device;
@@ -77,7 +80,7 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer graphreg --data fashion-mnist --kb ENDPOINT [options]\n"
+            "usage: trainer graphreg --data fashion-mnist --kb ENDPOINTS [options]\n"
             "data (as trainer supervised):\n"
             "  --data NAME --data-dir DIR --labels-per-class N (default 10) --label-seed S (default 0)\n"
             "  --train-items N          use the first N training images (default 0: all 60000)\n"
@@ -89,7 +92,9 @@ static void s_usage(FILE *out)
             "  --steps N (default 3000) --batch-labelled BL (default 100) --batch-unlabelled BU (default 128)\n"
             "  --seed N (default 1)\n"
             "knowledge from the bank:\n"
-            "  --kb ENDPOINT            the knowledge bank (needed unless alpha = beta = 0)\n"
+            "  --kb ENDPOINTS           the knowledge bank (needed unless alpha = beta = 0): one kb-server, or the\n"
+            "                           comma-separated endpoints of a sharded bank in shard order\n"
+            KB_CURVE_ARGS_HELP
             "  --tables PREFIX          table prefix (default fmnist: .graph .labels .emb)\n"
             "  --alpha A                graph regulariser weight (default 0)\n"
             "  --neighbors K            neighbours per item from the graph lists (default 10)\n"
@@ -132,9 +137,11 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
     carls_fmnist_args_t data;
     carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
+    kb_curve_args(&o->curve);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
         carls_arg_group(data.rows),
+        carls_arg_group(o->curve.rows),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
         carls_arg_int("steps", &o->steps, 1, 100000000),
@@ -169,6 +176,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
         fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
+        return -1;
+    }
+    if (kb_curve_args_check(&o->curve, "trainer graphreg") != 0) {
         return -1;
     }
     if (o->alpha <= 0.0f) {
@@ -382,8 +392,14 @@ static int s_setup(s_run_t *r)
     snprintf(r->t_labels, sizeof r->t_labels, "%s.labels", o->tables);
     snprintf(r->t_emb, sizeof r->t_emb, "%s.emb", o->tables);
     if (r->use_graph || r->use_pl) {
+        kb_client_curve_t keys;
+        kb_client_options_t copts = {0};
+        if (kb_curve_args_options(&o->curve, "trainer graphreg", &keys, &copts) != 0) {
+            return -1;
+        }
         trainer_prefetch_config_t pc = {
-            .endpoint = o->kb,
+            .endpoints = o->kb,
+            .curve = copts.curve,
             .graph_table = r->use_graph ? r->t_graph : NULL,
             .labels_table = r->use_pl ? r->t_labels : NULL,
             .emb_table = o->nbr_mode == S_NBR_BANK ? r->t_emb : NULL,
@@ -396,6 +412,7 @@ static int s_setup(s_run_t *r)
             .max_staleness = o->max_staleness,
         };
         r->pf = trainer_prefetch_new(&pc);
+        explicit_bzero(&keys, sizeof keys);
         if (!r->pf) {
             return -1;
         }

@@ -2,7 +2,7 @@
  * (see trainer_prefetch.h). */
 #include "trainer_prefetch.h"
 
-#include "kb_client.h"
+#include "kb_cluster.h"
 
 #include "log.h"
 #include "util.h"
@@ -18,7 +18,9 @@
 
 struct trainer_prefetch {
     trainer_prefetch_config_t cfg;
-    kb_client_t *client;          /* used by the thread only; NULL while the bank is away */
+    kb_cluster_t *bank;           /* used by the thread only; NULL while the bank is away */
+    bool use_curve;               /* connect with `curve` (cfg.curve was set) */
+    kb_client_curve_t curve;      /* a copy of *cfg.curve, for every reconnection; wiped on destroy */
     bool away;                    /* the bank is unreachable: batches are skipped, the bank probed */
     int64_t away_since_ms;        /* when it went away (monotonic) */
     int64_t next_probe_ms;        /* when to probe it next */
@@ -30,7 +32,7 @@ struct trainer_prefetch {
     int stop;                     /* the thread should exit */
     trainer_fetch_t slot[S_SLOTS]; /* batch t lives in slot t % S_SLOTS */
     /* thread scratch */
-    ProtobufCBinaryData *wire;    /* (max_batch) keys of a feature_get */
+    kb_key_t *ikeys;              /* (max_batch) the batch's item keys (feature_get) */
     char *key_text;               /* (max(max_batch, max_batch * K), S_KEY) */
     kb_key_t *ukeys;              /* (max_batch * K) keys of the neighbour rows to read from the bank */
     uint32_t *uitems;             /* (max_batch * K) distinct neighbours of the batch */
@@ -63,54 +65,52 @@ static uint32_t s_key_item(const uint8_t *d, size_t len)
     return v >= TRAINER_NO_ITEM ? TRAINER_NO_ITEM : (uint32_t)v;
 }
 
-/* Sends a feature_get of the batch's items to table; *id receives the request id. */
-static int s_send_feature_get(trainer_prefetch_t *p, const char *table, const trainer_fetch_t *f, uint64_t *id)
+/* Sends a feature_get of the batch's items to table (every shard holding some of them). */
+static int s_send_feature_get(trainer_prefetch_t *p, const char *table, trainer_fetch_t *f,
+                              kb_cluster_pending_t **pending)
 {
     for (int i = 0; i < f->B; i++) {
         char *k = p->key_text + (size_t)i * S_KEY;
-        p->wire[i].len = (size_t)snprintf(k, S_KEY, "%u", f->items[i]);
-        p->wire[i].data = (uint8_t *)k;
+        p->ikeys[i].len = (size_t)snprintf(k, S_KEY, "%u", f->items[i]);
+        p->ikeys[i].data = k;
     }
-    Carls__FeatureGet op = CARLS__FEATURE_GET__INIT;
-    op.n_keys = (size_t)f->B;
-    op.keys = p->wire;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_FEATURE_GET;
-    req.feature_get = &op;
-    return kb_client_send(p->client, &req, id);
-}
-
-/* Waits for a feature_get answer and checks its shape. Caller frees *resp. */
-static int s_wait_features(trainer_prefetch_t *p, uint64_t id, int B, Carls__Response **resp, trainer_fetch_t *f,
-                           const char *table)
-{
-    int rc = kb_client_wait(p->client, id, resp);
+    int rc = kb_cluster_feature_get_send(p->bank, table, p->ikeys, (size_t)f->B, pending);
     if (rc != 0) {
-        snprintf(f->err, sizeof f->err, "feature_get %s: %s", table, kb_client_last_error(p->client));
-        return rc;
+        snprintf(f->err, sizeof f->err, "feature_get %s: %s", table, kb_cluster_last_error(p->bank));
     }
-    if ((*resp)->result_case != CARLS__RESPONSE__RESULT_FEATURES || (*resp)->features->n_records != (size_t)B) {
-        snprintf(f->err, sizeof f->err, "feature_get %s: malformed answer", table);
-        return KB_CLIENT_EMALFORMED;
-    }
-    return 0;
+    return rc;
 }
 
-/* A connection to the bank with the configured timeout and no resend (an unanswered request means the bank
- * is away; the batch is skipped rather than waited for). NULL on failure (logged). */
-static kb_client_t *s_connect(const trainer_prefetch_t *p, int timeout_ms)
+/* Waits for a feature_get's answers (records in the batch's order). A table the bank does not have yet is not
+ * a failure: *res stays NULL and 0 is returned. Caller frees *res. */
+static int s_wait_features(trainer_prefetch_t *p, kb_cluster_pending_t **pending, kb_feature_result_t **res,
+                           trainer_fetch_t *f, const char *table)
 {
-    kb_client_options_t opts = {.timeout_ms = timeout_ms, .retries = 0};
-    return kb_client_new(p->cfg.endpoint, &opts);
+    int rc = kb_cluster_feature_get_wait(p->bank, pending, res);
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(p->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
+        return 0; /* no maker wrote it yet */
+    }
+    if (rc != 0) {
+        snprintf(f->err, sizeof f->err, "feature_get %s: %s", table, kb_cluster_last_error(p->bank));
+    }
+    return rc;
 }
 
-/* Whether the request that just failed with rc on p->client means the bank is unreachable (no answer, a
- * broken connection, a server shutting down), rather than a request it refuses or a broken answer. */
+/* A connection to the bank (every shard) with the configured timeout and no resend (an unanswered request
+ * means the bank is away; the batch is skipped rather than waited for). NULL on failure (logged). */
+static kb_cluster_t *s_connect(const trainer_prefetch_t *p, int timeout_ms)
+{
+    kb_client_options_t opts = {.timeout_ms = timeout_ms, .retries = 0, .curve = p->use_curve ? &p->curve : NULL};
+    return kb_cluster_new(p->cfg.endpoints, &opts);
+}
+
+/* Whether the request that just failed with rc on p->bank means the bank (one of its shards) is unreachable
+ * (no answer, a broken connection, a server shutting down), rather than a request it refuses or a broken
+ * answer. */
 static bool s_unreachable(const trainer_prefetch_t *p, int rc)
 {
     return rc == KB_CLIENT_ETIMEOUT || rc == KB_CLIENT_EIO ||
-           (rc == KB_CLIENT_ESTATUS && kb_client_last_status(p->client) == CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
+           (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(p->bank) == CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
 }
 
 /* While the bank is away: true when it answers a probe now (it is then connected again). */
@@ -121,17 +121,17 @@ static bool s_probe(trainer_prefetch_t *p)
         return false;
     }
     p->next_probe_ms = now + p->cfg.probe_ms;
-    kb_client_t *probe = s_connect(p, p->cfg.probe_timeout_ms);
+    kb_cluster_t *probe = s_connect(p, p->cfg.probe_timeout_ms);
     Carls__Response *list = NULL;
-    int rc = probe ? kb_client_list_tables(probe, &list) : KB_CLIENT_EIO;
+    int rc = probe ? kb_cluster_list_tables(probe, &list) : KB_CLIENT_EIO;
     if (list) {
         carls__response__free_unpacked(list, NULL);
     }
-    kb_client_destroy(&probe);
-    if (rc != 0 || !(p->client = s_connect(p, p->cfg.timeout_ms))) {
+    kb_cluster_destroy(&probe);
+    if (rc != 0 || !(p->bank = s_connect(p, p->cfg.timeout_ms))) {
         return false;
     }
-    LOG_INFO("bank reachable again at %s after %.1f s; %llu batches trained without it", p->cfg.endpoint,
+    LOG_INFO("bank reachable again at %s after %.1f s; %llu batches trained without it", p->cfg.endpoints,
              (double)(carls_monotonic_ms() - p->away_since_ms) / 1000.0, (unsigned long long)p->away_skipped);
     p->away = false;
     return true;
@@ -168,15 +168,15 @@ static int s_read_rows(trainer_prefetch_t *p, trainer_fetch_t *f)
     if (R == 0) {
         return 0;
     }
-    int rc = kb_client_lookup_ex(p->client, p->cfg.emb_table, p->ukeys, (size_t)R, (uint32_t)E, true, p->uvals,
-                                 p->umeta);
-    if (rc == KB_CLIENT_ESTATUS && kb_client_last_status(p->client) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
+    int rc = kb_cluster_lookup_ex(p->bank, p->cfg.emb_table, p->ukeys, (size_t)R, (uint32_t)E, true, p->uvals,
+                                  p->umeta);
+    if (rc == KB_CLIENT_ESTATUS && kb_cluster_last_status(p->bank) == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
         rc = 0; /* no maker wrote embeddings yet: every neighbour is missing */
         for (int r = 0; r < R; r++) {
             p->umeta[r].updated_at_ms = 0;
         }
     } else if (rc != 0) {
-        snprintf(f->err, sizeof f->err, "lookup %s: %s", p->cfg.emb_table, kb_client_last_error(p->client));
+        snprintf(f->err, sizeof f->err, "lookup %s: %s", p->cfg.emb_table, kb_cluster_last_error(p->bank));
         return rc;
     }
     for (int r = 0; r < R; r++) {
@@ -286,64 +286,51 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
     if (p->away && !s_probe(p)) {
         p->away_skipped++;
         f->rc = TRAINER_FETCH_SKIPPED;
-        snprintf(f->err, sizeof f->err, "the bank is away (probing %s every %d ms)", p->cfg.endpoint,
+        snprintf(f->err, sizeof f->err, "the bank is away (probing %s every %d ms)", p->cfg.endpoints,
                  p->cfg.probe_ms);
         f->fetch_ms = (double)(carls_monotonic_us() - t0) / 1e3;
         return;
     }
-    /* Labels first (its keys buffer is reused by the graph request, which is sent right after). */
-    Carls__Response *lresp = NULL, *gresp = NULL;
-    uint64_t lid = 0, gid = 0;
+    /* Both reads in flight together (every shard works on both), then each answer. */
+    kb_cluster_pending_t *lpend = NULL, *gpend = NULL;
+    kb_feature_result_t *lres = NULL, *gres = NULL;
     int rc = 0;
     if (p->cfg.labels_table) {
-        rc = s_send_feature_get(p, p->cfg.labels_table, f, &lid);
+        rc = s_send_feature_get(p, p->cfg.labels_table, f, &lpend);
     }
     if (rc == 0 && p->cfg.graph_table) {
-        rc = s_send_feature_get(p, p->cfg.graph_table, f, &gid);
+        rc = s_send_feature_get(p, p->cfg.graph_table, f, &gpend);
     }
-    if (rc != 0) {
-        snprintf(f->err, sizeof f->err, "send: %s", kb_client_last_error(p->client));
+    if (rc == 0 && lpend) {
+        rc = s_wait_features(p, &lpend, &lres, f, p->cfg.labels_table);
+        for (int i = 0; rc == 0 && lres && i < B; i++) {
+            const Carls__FeatureRecord *r = lres->records[i];
+            if (r->found && r->label_case == CARLS__FEATURE_RECORD__LABEL_INT_LABEL && r->int_label >= 0) {
+                f->plabel[i] = (int32_t)r->int_label;
+                f->pconf[i] = r->label_confidence;
+                f->pver[i] = r->version;
+            }
+        }
     }
-    if (rc == 0 && p->cfg.labels_table) {
-        rc = s_wait_features(p, lid, B, &lresp, f, p->cfg.labels_table);
-        if (rc == KB_CLIENT_ESTATUS && lresp && lresp->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
-            rc = 0; /* no label maker wrote anything yet */
-        } else if (rc == 0) {
-            for (int i = 0; i < B; i++) {
-                const Carls__FeatureRecord *r = lresp->features->records[i];
-                if (r->found && r->label_case == CARLS__FEATURE_RECORD__LABEL_INT_LABEL && r->int_label >= 0) {
-                    f->plabel[i] = (int32_t)r->int_label;
-                    f->pconf[i] = r->label_confidence;
-                    f->pver[i] = r->version;
+    if (rc == 0 && gpend) {
+        rc = s_wait_features(p, &gpend, &gres, f, p->cfg.graph_table);
+        for (int i = 0; rc == 0 && gres && i < B; i++) {
+            const Carls__FeatureRecord *r = gres->records[i];
+            size_t have = r->found ? r->n_neighbor_keys : 0;
+            have = have < r->n_neighbor_weights ? have : r->n_neighbor_weights;
+            for (int j = 0; j < K && (size_t)j < have; j++) {
+                uint32_t it = s_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
+                if (it != TRAINER_NO_ITEM && (int64_t)it < p->cfg.n_items) {
+                    f->nbr[i * K + j] = it;
+                    f->w[i * K + j] = r->neighbor_weights[j];
                 }
             }
         }
     }
-    if (rc == 0 && p->cfg.graph_table) {
-        rc = s_wait_features(p, gid, B, &gresp, f, p->cfg.graph_table);
-        if (rc == KB_CLIENT_ESTATUS && gresp && gresp->status == CARLS__STATUS_CODE__STATUS_NOT_FOUND) {
-            rc = 0; /* no graph yet */
-        } else if (rc == 0) {
-            for (int i = 0; i < B; i++) {
-                const Carls__FeatureRecord *r = gresp->features->records[i];
-                size_t have = r->found ? r->n_neighbor_keys : 0;
-                have = have < r->n_neighbor_weights ? have : r->n_neighbor_weights;
-                for (int j = 0; j < K && (size_t)j < have; j++) {
-                    uint32_t it = s_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
-                    if (it != TRAINER_NO_ITEM && (int64_t)it < p->cfg.n_items) {
-                        f->nbr[i * K + j] = it;
-                        f->w[i * K + j] = r->neighbor_weights[j];
-                    }
-                }
-            }
-        }
-    }
-    if (lresp) {
-        carls__response__free_unpacked(lresp, NULL);
-    }
-    if (gresp) {
-        carls__response__free_unpacked(gresp, NULL);
-    }
+    kb_cluster_pending_destroy(p->bank, &lpend); /* after a failure: what is still in flight is dropped */
+    kb_cluster_pending_destroy(p->bank, &gpend);
+    kb_feature_result_destroy(&lres);
+    kb_feature_result_destroy(&gres);
     if (rc == 0 && p->cfg.emb_table) {
         rc = s_read_rows(p, f);
         if (rc == 0 && p->cfg.aggregate) {
@@ -353,8 +340,8 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
         }
     }
     if (rc != 0 && s_unreachable(p, rc)) {
-        /* Requests may still be in flight on this connection: dropping it forgets them. */
-        kb_client_destroy(&p->client);
+        /* Requests may still be in flight on these connections: dropping them forgets them. */
+        kb_cluster_destroy(&p->bank);
         p->away = true;
         p->away_since_ms = carls_monotonic_ms();
         p->next_probe_ms = p->away_since_ms + p->cfg.probe_ms;
@@ -399,8 +386,14 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
     p->cfg.timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 5000;
     p->cfg.probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 250;
     p->cfg.probe_timeout_ms = cfg->probe_timeout_ms > 0 ? cfg->probe_timeout_ms : 200;
-    p->client = s_connect(p, p->cfg.timeout_ms);
-    if (!p->client) {
+    if (cfg->curve) {
+        p->use_curve = true;
+        p->curve = *cfg->curve;
+        p->cfg.curve = NULL; /* the copy above is the one used */
+    }
+    p->bank = s_connect(p, p->cfg.timeout_ms);
+    if (!p->bank) {
+        explicit_bzero(&p->curve, sizeof p->curve);
         free(p);
         return NULL;
     }
@@ -422,7 +415,7 @@ trainer_prefetch_t *trainer_prefetch_new(const trainer_prefetch_config_t *cfg)
         f->pconf = carls_xcalloc(MB, sizeof *f->pconf);
         f->pver = carls_xcalloc(MB, sizeof *f->pver);
     }
-    p->wire = carls_xcalloc(MB, sizeof *p->wire);
+    p->ikeys = carls_xcalloc(MB, sizeof *p->ikeys);
     p->key_text = carls_xcalloc(MB * K + MB, S_KEY);
     p->ukeys = carls_xcalloc(MB * K, sizeof *p->ukeys);
     p->uitems = carls_xcalloc(MB * K, sizeof *p->uitems);
@@ -488,7 +481,7 @@ void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
         free(f->pconf);
         free(f->pver);
     }
-    free(p->wire);
+    free(p->ikeys);
     free(p->key_text);
     free(p->ukeys);
     free(p->uitems);
@@ -502,7 +495,8 @@ void trainer_prefetch_destroy(trainer_prefetch_t **self_p)
     free(p->pos);
     free(p->uvals);
     free(p->umeta);
-    kb_client_destroy(&p->client);
+    kb_cluster_destroy(&p->bank);
+    explicit_bzero(&p->curve, sizeof p->curve);
     free(p);
     *self_p = NULL;
 }

@@ -2,7 +2,9 @@
  * needs while the trainer computes the current one (CARLS §3.3: the trainer's communication module), so the
  * trainer does not wait on the network.
  *
- * For a batch of items it fetches, with its own client connection:
+ * For a batch of items it fetches, with its own connection to the bank (kb_cluster: one endpoint, or a sharded
+ * bank's endpoints in shard order; every read is split by key over the shards, sent to all of them at once and
+ * merged back into the batch's order):
  *   - the items' neighbour lists from the graph feature table (the first K entries of each);
  *   - the pseudo-labels and confidences of the items from the labels feature table (when asked);
  *   - in bank mode, the neighbours' embeddings from the embedding table, with the version (checkpoint step)
@@ -33,17 +35,19 @@
  * longer than a training step (their time varies with the other processes on the cores) as long as the
  * fetches are faster than the steps on average.
  *
- * When the bank is unreachable (a request timed out after timeout_ms, the connection failed, or the server
- * answered UNAVAILABLE while shutting down), the batch comes back with rc = TRAINER_FETCH_SKIPPED and no
+ * When the bank is unreachable (a request to any shard timed out after timeout_ms, a connection failed, or a
+ * server answered UNAVAILABLE while shutting down), the batch comes back with rc = TRAINER_FETCH_SKIPPED and no
  * knowledge (no neighbours, no pseudo-labels), and the prefetcher is "away": it drops its connection and
  * skips every batch without sending anything, except that every probe_ms it asks a fresh connection for the
- * table list (waiting at most probe_timeout_ms). When a probe is answered it reconnects and fetches again.
+ * table list of every shard (waiting at most probe_timeout_ms). When a probe is answered it reconnects and fetches again.
  * So a trainer keeps training while the bank restarts: the batch whose request went unanswered waits
  * timeout_ms, later ones at most one probe (probe_timeout_ms), and the batches it trained without the bank
  * are counted. Going away and coming back are logged.
  * Items and neighbour keys are decimal training-image indices (as knowledge_maker/km_bank.h writes them). */
 #ifndef TRAINER_PREFETCH_H
 #define TRAINER_PREFETCH_H
+
+#include "kb_client.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -52,7 +56,8 @@
 #define TRAINER_PREFETCH_DEPTH 3 /* result slots: the one in use + the batches fetched ahead */
 
 typedef struct {
-    const char *endpoint;     /* bank endpoint */
+    const char *endpoints;    /* the bank: one endpoint, or the shards' endpoints in shard order (kb_cluster.h) */
+    const kb_client_curve_t *curve; /* CURVE keys (copied), or NULL for plain TCP */
     const char *graph_table;  /* neighbour lists; NULL: none fetched */
     const char *labels_table; /* pseudo-labels; NULL: none fetched */
     const char *emb_table;    /* neighbour embeddings; NULL: none fetched (in-trainer mode) */

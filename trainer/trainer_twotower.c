@@ -16,6 +16,8 @@
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
+#include "kb_curve_args.h"
+
 #include "carls_args.h"
 #include "checkpoint.h"
 #include "data_gcide_bags.h"
@@ -54,6 +56,7 @@ typedef struct {
     bool negatives_shift;       /* bank negatives' inputs moved by the drift the batch's own headwords show */
     float stale_positives;      /* share of the batch's word-tower inputs replaced by the makers' (straight-through) */
     int timeout_ms, retries;
+    kb_curve_args_t curve; /* --curve-key, --curve-server-key */
 } s_opts_t;
 
 static void s_usage(FILE *out)
@@ -136,6 +139,7 @@ static void s_usage(FILE *out)
             "  --metrics FILE           CSV: one row per 50 steps\n"
             "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
             "  --kb-retries N           resends after a timeout, e.g. across a bank restart (default 60)\n"
+            KB_CURVE_ARGS_HELP
             "  --log-level LEVEL        debug|info|warn|error\n",
             DATA_GCIDE_INDEX, DATA_GCIDE_DICT, NN_TOWER_DEF_SENSES);
 }
@@ -201,6 +205,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .timeout_ms = 10000,
         .retries = 60,
     };
+    kb_curve_args(&o->curve);
     int emb_opt = 0, lexical = 0, sampling = 0; /* indices in the choices below */
     const char *const emb_opts[] = {"adam", "adagrad", "sgd", NULL};
     const Carls__OptimizerKind emb_opt_kinds[] = {CARLS__OPTIMIZER_KIND__OPT_ADAM, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD,
@@ -214,6 +219,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_string("holdout-file", &o->holdout_file),
         carls_arg_string("write-holdout", &o->write_holdout),
         carls_arg_string("kb", &o->kb),
+        carls_arg_group(o->curve.rows),
         carls_arg_string("table", &o->table),
         carls_arg_int("dim", &o->E, 2, 4096),
         carls_arg_int("out-dim", &o->D, 2, 4096),
@@ -261,6 +267,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     const int rc = carls_args_parse("trainer twotower", argc, argv, args, s_usage);
     if (rc != 0) {
         return rc;
+    }
+    if (kb_curve_args_check(&o->curve, "trainer twotower") != 0) {
+        return -1;
     }
     o->emb_opt = emb_opt_kinds[emb_opt];
     o->lexical.scheme = lexical == 0 ? TFIDF_COSINE : TFIDF_BM25;
@@ -1301,8 +1310,12 @@ static int s_run(s_run_t *r)
     }
     if (s_prepare_ckpt_dir(r) != 0)
         return 1;
+    kb_client_curve_t keys;
     kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
+    if (kb_curve_args_options(&r->o.curve, "trainer twotower", &keys, &copts) != 0)
+        return 1;
     r->kb = kb_cluster_new(r->o.kb, &copts);
+    explicit_bzero(&keys, sizeof keys);
     if (!r->kb || s_create_tables(r->kb, &r->names, &r->o) != 0)
         return 1;
     s_alloc(r);

@@ -33,6 +33,7 @@
 #include "nn_sgns.h"
 
 #include "kb_cluster.h"
+#include "kb_curve_args.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -64,6 +65,7 @@ typedef struct {
     uint32_t predict_eval; /* context-prediction pairs to score */
     bool tokenize_only;
     int timeout_ms, retries;
+    kb_curve_args_t curve; /* --curve-key, --curve-server-key */
     const char *metrics;
 } s_opts_t;
 
@@ -174,6 +176,7 @@ static void s_usage(FILE *out)
             "  --metrics FILE           CSV: one row per epoch\n"
             "  --kb-timeout-ms MS       per-attempt request timeout (default 10000)\n"
             "  --kb-retries N           resends after a timeout, e.g. across a bank restart (default 60)\n"
+            KB_CURVE_ARGS_HELP
             "  --log-level LEVEL        debug|info|warn|error\n");
 }
 
@@ -206,10 +209,12 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .timeout_ms = 10000,
         .retries = 60,
     };
+    kb_curve_args(&o->curve);
     int admission = W2V_ADMIT_BLOOM, seed = 1;
     const carls_arg_t args[] = {
         carls_arg_string("corpus", &o->corpus),
         carls_arg_string("kb", &o->kb),
+        carls_arg_group(o->curve.rows),
         carls_arg_string("table", &o->table),
         carls_arg_u32("dim", &o->tables.dim, 1, W2V_MAX_DIM),
         carls_arg_u32("window", &o->window, 1, W2V_MAX_WINDOW),
@@ -245,6 +250,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     int rc = carls_args_parse("trainer word2vec", argc, argv, args, s_usage);
     if (rc != 0)
         return rc;
+    if (kb_curve_args_check(&o->curve, "trainer word2vec") != 0)
+        return -1;
     o->tables.admission = (w2v_admission_t)admission;
     o->seed = (uint64_t)seed;
     if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
@@ -1149,8 +1156,12 @@ int trainer_word2vec_main(int argc, char **argv)
                  r->o.corpus, r->text->n_lines, r->text->n_tokens, (long long)(carls_monotonic_ms() - t0),
                  r->o.worker, r->o.workers, r->line_first, r->line_end, r->slice_tokens);
     }
+    kb_client_curve_t keys;
     kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
+    if (kb_curve_args_options(&r->o.curve, "trainer word2vec", &keys, &copts) != 0)
+        goto cleanup;
     r->bank = kb_cluster_new(r->o.kb, &copts);
+    explicit_bzero(&keys, sizeof keys);
     if (r->bank)
         r->shards = kb_cluster_shards(r->bank);
     if (!r->bank) {

@@ -101,7 +101,7 @@ int main(void)
     /* Embed fleet of three. */
     const char *embed[] = {"--task", "embed", "--ckpt-dir", ckpt, NULL};
     s_fleet(srv.endpoint, dir, 3, embed);
-    km_bank_t *bank = km_bank_new(srv.endpoint, 5000);
+    km_bank_t *bank = km_bank_new(srv.endpoint, 5000, NULL);
     kb_client_t *client = kb_client_new(srv.endpoint, NULL);
     static uint32_t items[N_ITEMS];
     static uint64_t ver[N_ITEMS];

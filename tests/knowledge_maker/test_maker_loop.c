@@ -109,7 +109,7 @@ int main(void)
                     "--worker", "0/1", "--device", "cpu", "--poll-ms", "50", "--batch", "256", "--bank-timeout-ms", "1000",
                     NULL};
     pid_t maker = mt_spawn("kb-maker", argv, log);
-    km_bank_t *bank = km_bank_new(srv.endpoint, 5000);
+    km_bank_t *bank = km_bank_new(srv.endpoint, 5000, NULL);
     MT_CHECK(bank != NULL, "bank client");
     MT_CHECK(s_wait_version(bank, items, 5, 60000), "embeddings of step 5 did not appear");
     s_check_values(bank, items, a, &ds);

@@ -10,7 +10,14 @@ km_bank_t *pt_start_bank(test_server_t *srv, const pt_bank_spec_t *spec)
     test_server_init(srv);
     if (test_server_start(srv, NULL) != 0)
         return NULL;
-    km_bank_t *bank = km_bank_new(srv->endpoint, 5000);
+    return pt_fill_bank(srv->endpoint, spec);
+}
+
+km_bank_t *pt_fill_bank(const char *endpoints, const pt_bank_spec_t *spec)
+{
+    km_bank_t *bank = km_bank_new(endpoints, 5000, NULL);
+    if (!bank)
+        abort();
     uint32_t *items = calloc(spec->n, sizeof *items);
     uint32_t *nbr = calloc((size_t)spec->n * spec->k, sizeof *nbr);
     float *w = calloc((size_t)spec->n * spec->k, sizeof *w);

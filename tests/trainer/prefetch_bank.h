@@ -18,6 +18,10 @@ typedef struct {
     float (*value)(uint32_t item, uint32_t c);       /* component c of item's row */
 } pt_bank_spec_t;
 
+/* Fills the bank at endpoints (one, or a sharded bank's in shard order) as spec says. Returns a km_bank client
+ * of it for further writes (the caller destroys it); a failed fill is an MT_CHECK failure. */
+km_bank_t *pt_fill_bank(const char *endpoints, const pt_bank_spec_t *spec);
+
 /* Starts srv (with no extra arguments) and fills it as spec says. Returns a km_bank client of it for further
  * writes (the caller destroys it), or NULL when the server did not start; a failed fill is an MT_CHECK
  * failure. */

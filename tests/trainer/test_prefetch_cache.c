@@ -131,7 +131,7 @@ int main(void)
     }
 
     trainer_prefetch_config_t rows_cfg = {
-        .endpoint = srv.endpoint, .graph_table = "t.graph", .emb_table = "t.emb", .K = S_K, .E = S_E,
+        .endpoints = srv.endpoint, .graph_table = "t.graph", .emb_table = "t.emb", .K = S_K, .E = S_E,
         .max_batch = S_B, .n_items = S_N, .timeout_ms = 5000,
     };
     trainer_prefetch_config_t agg_cfg = rows_cfg;

@@ -76,7 +76,7 @@ int main(void)
     km_bank_destroy(&bank);
 
     trainer_prefetch_config_t cfg = {
-        .endpoint = srv.endpoint, .graph_table = "t.graph", .emb_table = "t.emb", .K = S_K, .E = S_E, .max_batch = S_B,
+        .endpoints = srv.endpoint, .graph_table = "t.graph", .emb_table = "t.emb", .K = S_K, .E = S_E, .max_batch = S_B,
         .n_items = S_N, .timeout_ms = 1000, .probe_ms = 200, .probe_timeout_ms = 300,
     };
     trainer_prefetch_t *pf = trainer_prefetch_new(&cfg);

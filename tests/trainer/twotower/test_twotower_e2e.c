@@ -11,8 +11,9 @@
  *     the makers' vectors of its final checkpoint (--vectors makers). The word tower also pools the headword's
  *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out. Both
  *     heads are MLPs (--hidden 8); the makers' vectors must equal the trainer's own word tower.
- *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank, a
- *     fleet of two makers, the trainer), its result line, report and process table. */
+ *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank of
+ *     two shards with CURVE keys, a fleet of two makers, the trainer), its result line, report and process
+ *     table. */
 #include "server_harness.h"
 
 #include "util.h"
@@ -306,16 +307,19 @@ static void test_launcher(void **state)
     (void)state;
     s_env_t e;
     s_env(&e); /* its bank is not used: the launcher starts its own */
-    char set[20][320];
+    char set[22][320];
     /* Bank negatives drawn as training pairs are (negatives_sampling = pairs), and hard ones computed by the
-     * trainer from their current rows (hard_fresh). */
+     * trainer from their current rows (hard_fresh). The bank has two shards and speaks CURVE only: the word
+     * makers, the negatives, the hard negatives' knn and the evaluation all go through the sharded client with
+     * the run's keys. */
     const char *kv[] = {"gcide_index=%s/tiny.index", "gcide_dict=%s/tiny.dict", "runs_dir=%s", "name=run",
                         "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
                         "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
-                        "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1", "negatives_sampling=pairs"};
+                        "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1", "negatives_sampling=pairs",
+                        "shards=2", "curve=on"};
     const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
     int n = 4;
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < 22; i++) {
         snprintf(set[i], sizeof set[i], kv[i], e.dir);
         argv[n++] = "--set";
         argv[n++] = set[i];
@@ -336,10 +340,11 @@ static void test_launcher(void **state)
     assert_int_equal(stat(path, &st), 0);
     snprintf(path, sizeof path, "%s/run/processes.tsv", e.dir);
     assert_int_equal(stat(path, &st), 0);
-    /* Every process it started: the bank, two makers and the trainer. */
+    /* Every process it started: the bank's two shards, two makers and the trainer. */
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "test $(grep -c -E 'kb-server|maker words|trainer' '%s') -ge 4", path);
+    snprintf(cmd, sizeof cmd, "test $(grep -c -E 'kb-server [01]/2|maker words|trainer' '%s') -ge 5", path);
     assert_int_equal(system(cmd), 0);
+    assert_true(s_result(e.out, "shards") == 2 && s_result(e.out, "curve") == 1);
     s_env_done(&e);
 }
 
