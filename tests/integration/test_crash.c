@@ -58,6 +58,10 @@ static void *s_grad_writer(void *p)
 {
     grad_writer_t *w = p;
     kb_client_t *c = s_patient_client(w->endpoint);
+    if (!c) {
+        w->failed++;
+        return NULL;
+    }
     char key[16];
     snprintf(key, sizeof key, "writer%d", w->id);
     kb_key_t k = {key, strlen(key)};
@@ -109,13 +113,16 @@ static void test_sync_kill9_twenty_times(void **state)
     s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
     kb_client_destroy(&f->client);
 
-    /* The server's port changes on every restart unless we keep it: restart on the same endpoint. */
-    const char *fixed[] = {"--durability", "sync", "--listen", f->srv.endpoint, NULL};
+    /* The server's port changes on every restart unless we keep it: restart on the same endpoint. The
+     * writers get their own copy of it: a restart rewrites f->srv.endpoint while it waits. */
+    char endpoint[sizeof f->srv.endpoint];
+    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
+    const char *fixed[] = {"--durability", "sync", "--listen", endpoint, NULL};
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
     for (int i = 0; i < WRITERS; i++) {
-        w[i] = (grad_writer_t){.endpoint = f->srv.endpoint, .id = i, .stop = &stop};
+        w[i] = (grad_writer_t){.endpoint = endpoint, .id = i, .stop = &stop};
         assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
     }
     unsigned rng = 20261122u;
@@ -192,13 +199,15 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
     assert_int_equal(kb_client_create_table(f->client, "puts", &cfg, false), 0);
     assert_int_equal(kb_client_checkpoint(f->client), 0);
     kb_client_destroy(&f->client);
-    const char *fixed[] = {"--durability", "interval:100", "--listen", f->srv.endpoint, NULL};
+    char endpoint[sizeof f->srv.endpoint]; /* the writers' own copy: a restart rewrites f->srv.endpoint */
+    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
+    const char *fixed[] = {"--durability", "interval:100", "--listen", endpoint, NULL};
 
     atomic_int stop = 0;
     put_writer_t w[WRITERS];
     pthread_t th[WRITERS];
     for (int i = 0; i < WRITERS; i++) {
-        w[i].endpoint = f->srv.endpoint;
+        w[i].endpoint = endpoint;
         w[i].id = i;
         w[i].stop = &stop;
         atomic_init(&w[i].acked, 0);
@@ -290,12 +299,15 @@ static void test_sync_kill9_during_compaction(void **state)
     server_fixture_start(f, args);
     s_create(f->client, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
     s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
-    const char *fixed[] = {"--durability", "sync", "--listen", f->srv.endpoint, NULL};
+    /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
+    char endpoint[sizeof f->srv.endpoint];
+    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
+    const char *fixed[] = {"--durability", "sync", "--listen", endpoint, NULL};
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
     for (int i = 0; i < WRITERS; i++) {
-        w[i] = (grad_writer_t){.endpoint = f->srv.endpoint, .id = i, .stop = &stop};
+        w[i] = (grad_writer_t){.endpoint = endpoint, .id = i, .stop = &stop};
         assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
     }
     int during = 0;
