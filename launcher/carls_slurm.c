@@ -592,37 +592,47 @@ static void s_clear_endpoint(const s_step_t *st)
     }
 }
 
-/* The trainer's checkpoint directory to the launcher's node and every other node, when its `latest` changed
- * since last (kept in last, len bytes). */
-static void s_relay_checkpoints(const s_step_t *st, char *last, size_t len)
+/* Unpacks a tar of checkpoint files from stdin into the directory d (set by what precedes it) the way a
+ * maker may watch it: into d/.relay first, then renamed in one by one, `latest` last and only when the file it
+ * names is there (else exit 3: the trainer deleted it before tar read it; the next checkpoint will do). With
+ * prune = 1 ($1) only the newest 3 checkpoints and the one `latest` names are kept. */
+#define S_UNPACK_SH                                                                                            \
+    "s=\"$d/.relay\"; rm -rf \"$s\" && mkdir -p \"$s\" && tar -C \"$s\" -xf - || exit 1; "                     \
+    "for f in \"$s\"/*; do [ -e \"$f\" ] || continue; [ \"${f##*/}\" = latest ] || mv -f \"$f\" \"$d/\"; done; " \
+    "n=$(cat \"$s/latest\" 2>/dev/null); "                                                                     \
+    "if [ -n \"$n\" ] && [ -e \"$d/$n\" ]; then mv -f \"$s/latest\" \"$d/latest\"; else rm -rf \"$s\"; exit 3; fi; " \
+    "rm -rf \"$s\"; "                                                                                          \
+    "[ \"$1\" = 1 ] && ls \"$d\" | grep '^ckpt-.*\\.ckpt$' | sort | head -n -3 | "                              \
+    "while read f; do [ \"$f\" = \"$n\" ] || rm -f \"$d/$f\"; done; exit 0"
+
+/* The trainer's checkpoint directory to the launcher's node (runs/<name>/ckpt, every checkpoint kept) and to
+ * the same directory on every other node of the job, when its `latest` (seen by the watcher; NULL: look
+ * again) differs from the last one relayed (kept in last, len bytes). */
+static void s_relay_checkpoints(const s_step_t *st, const char *seen, char *last, size_t len)
 {
-    char aux[512], cmd[16000], qr[4900], ql[4900], latest[1024];
+    if (seen && strcmp(seen, last) == 0) {
+        return;
+    }
+    char aux[512], cmd[16000], qr[4900], ql[4900], qt[5000], tarfile[4900], out[1024];
     s_aux(aux, sizeof aux, st->node);
-    if (s_quote(qr, sizeof qr, st->ckpt_remote) != 0 || s_quote(ql, sizeof ql, st->ckpt_local) != 0) {
-        return;
-    }
-    s_fmt(cmd, sizeof cmd, "%s cat %s/latest 2>/dev/null", aux, qr);
-    if (s_capture(cmd, latest, sizeof latest) != 0 || !*latest || strcmp(latest, last) == 0) {
-        return;
-    }
-    /* Everything but `latest` (the files it names existed before it was read), into the launcher's copy. */
-    char tarfile[4900], qt[5000], out[1024];
     s_fmt(tarfile, sizeof tarfile, "%s.relay.tar", st->ckpt_local);
-    s_quote(qt, sizeof qt, tarfile);
+    if (s_quote(qr, sizeof qr, st->ckpt_remote) != 0 || s_quote(ql, sizeof ql, st->ckpt_local) != 0 ||
+        s_quote(qt, sizeof qt, tarfile) != 0) {
+        return;
+    }
+    /* The trainer's directory as it is now, into the launcher's copy. */
     s_fmt(cmd, sizeof cmd,
-          "mkdir -p %s && %s tar -C %s --exclude=latest --exclude='*.tmp*' --ignore-failed-read -cf - . > %s "
-          "2>/dev/null; tar -C %s -xf %s",
-          ql, aux, qr, qt, ql, qt);
-    if (s_capture(cmd, out, sizeof out) != 0) {
-        return;
-    }
-    char latest_line[1100], path[4900], err[512];
-    s_fmt(latest_line, sizeof latest_line, "%s\n", latest);
+          "%s tar -C %s --exclude='*.tmp*' --ignore-failed-read -cf - . > %s 2>/dev/null && mkdir -p %s && "
+          "sh -c 'd=\"$2\"; " S_UNPACK_SH "' carls-relay 0 %s < %s",
+          aux, qr, qt, ql, ql, qt);
+    char latest[1024], path[4900];
     s_fmt(path, sizeof path, "%s/latest", st->ckpt_local);
-    if (carls_write_file_atomic(path, latest_line, strlen(latest_line), 0644, 0, err, sizeof err) != 0) {
+    if (s_capture(cmd, out, sizeof out) != 0 || carls_read_first_line(path, latest, sizeof latest) != 0 ||
+        strcmp(latest, last) == 0) {
+        unlink(tarfile);
         return;
     }
-    /* To every other node: unpacked beside the directory, renamed in, `latest` last. */
+    /* The same files to every other node. */
     char others[S_MAX_NODES * 130] = "";
     int n_others = 0;
     for (int i = 0; i < s_sl.k; i++) {
@@ -632,22 +642,100 @@ static void s_relay_checkpoints(const s_step_t *st, char *last, size_t len)
             n_others++;
         }
     }
+    int rc = 0;
     if (n_others) {
-        const char *rel = st->ckpt_remote + strlen(st->root); /* "/ckpt" */
-        char qrel[4900];
-        s_quote(qrel, sizeof qrel, rel);
+        char qscratch[4500], qrel[4900];
+        s_quote(qscratch, sizeof qscratch, s_sl.scratch);
+        s_quote(qrel, sizeof qrel, st->ckpt_remote + strlen(st->root)); /* "/ckpt" */
         s_fmt(cmd, sizeof cmd,
-              "tar -C %s -cf - . | srun --jobid=%s --overlap --nodes=%d --ntasks-per-node=1 --nodelist=%s "
-              "--job-name=carls-aux --quiet --input=all sh -c 'd=\"%s/$SLURMD_NODENAME$1\"; mkdir -p \"$d/.relay\" && "
-              "tar -C \"$d/.relay\" -xf - && for f in \"$d\"/.relay/*; do [ \"${f##*/}\" = latest ] || mv -f \"$f\" \"$d/\"; "
-              "done; [ ! -e \"$d/.relay/latest\" ] || mv -f \"$d/.relay/latest\" \"$d/latest\"' carls-relay %s",
-              ql, s_sl.job, n_others, others, s_sl.scratch, qrel);
-        if (s_capture(cmd, out, sizeof out) != 0) {
-            fprintf(stderr, "carls-step: copying checkpoint %s to %s failed; trying again later\n", latest, others);
-            return;
+              "srun --jobid=%s --overlap --nodes=%d --ntasks-per-node=1 --nodelist=%s --job-name=carls-aux --quiet "
+              "--input=all sh -c 'd=\"$2/$SLURMD_NODENAME$3\"; mkdir -p \"$d\" && " S_UNPACK_SH
+              "' carls-relay 1 %s %s < %s",
+              s_sl.job, n_others, others, qscratch, qrel, qt);
+        rc = s_capture(cmd, out, sizeof out);
+        if (rc != 0) {
+            fprintf(stderr, "carls-step: copying checkpoint %s to %s failed (status %d); trying with the next one\n",
+                    latest, others, rc);
         }
     }
-    s_fmt(last, len, "%s", latest);
+    unlink(tarfile);
+    if (rc == 0) {
+        s_fmt(last, len, "%s", latest);
+    }
+}
+
+/* Starts a step on the trainer's node that prints the text of its checkpoint directory's `latest` each time
+ * it changes (one srun for the whole run, rather than one per look). Returns srun's pid with the read end of
+ * its stdout (non-blocking) in *fd, or -1. */
+static pid_t s_start_watcher(const s_step_t *st, int *fd)
+{
+    char aux[512], cmd[12000], qr[4900];
+    s_aux(aux, sizeof aux, st->node);
+    if (s_quote(qr, sizeof qr, st->ckpt_remote) != 0 ||
+        s_fmt(cmd, sizeof cmd,
+              "exec %s sh -c 'l=; while :; do n=$(cat \"$1/latest\" 2>/dev/null); "
+              "if [ -n \"$n\" ] && [ \"$n\" != \"$l\" ]; then echo \"$n\"; l=$n; fi; sleep 0.5; done' carls-watch %s",
+              aux, qr) != 0) {
+        return -1;
+    }
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        return -1;
+    }
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) {
+            _exit(1);
+        }
+        dup2(p[1], 1);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    *fd = p[0];
+    return pid;
+}
+
+/* Reads what the watcher printed; the last whole line (a new `latest`) goes to out. Returns true when there
+ * was one. buf (len bytes, used bytes in *used) keeps a partial line. */
+static bool s_watch_read(int fd, char *buf, size_t len, size_t *used, char *out, size_t outlen)
+{
+    bool got = false;
+    for (;;) {
+        ssize_t n = read(fd, buf + *used, len - 1 - *used);
+        if (n <= 0) {
+            break;
+        }
+        *used += (size_t)n;
+        buf[*used] = '\0';
+        char *nl;
+        while ((nl = strchr(buf, '\n')) != NULL) {
+            *nl = '\0';
+            if (*buf) {
+                s_fmt(out, outlen, "%s", buf);
+                got = true;
+            }
+            size_t rest = *used - (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, rest);
+            *used = rest;
+            buf[*used] = '\0';
+        }
+        if (*used >= len - 1) {
+            *used = 0; /* a line longer than any pointer: drop it */
+        }
+    }
+    return got;
 }
 
 /* The files the trainer wrote under the run's directory, back to the launcher's node. */
@@ -713,7 +801,11 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
     }
     bool ep_done = st.role != S_SERVER || !*st.ep_local, asked = false;
     char id[64] = "", last_latest[1024] = "";
-    int64_t last_relay = 0, started = carls_monotonic_ms();
+    int64_t started = carls_monotonic_ms();
+    int watch_fd = -1;
+    pid_t watcher = st.role == S_TRAINER && *st.ckpt_remote ? s_start_watcher(&st, &watch_fd) : -1;
+    char watch_buf[2048], seen[1024];
+    size_t watch_used = 0;
     int status = 0;
     for (;;) {
         pid_t r = waitpid(srun, &status, WNOHANG);
@@ -743,17 +835,21 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
         if (!ep_done && !asked) {
             ep_done = s_relay_endpoint(&st);
         }
-        if (st.role == S_TRAINER && *st.ckpt_remote && !asked && carls_monotonic_ms() - last_relay >= 1000) {
-            s_relay_checkpoints(&st, last_latest, sizeof last_latest);
-            last_relay = carls_monotonic_ms();
+        if (watcher > 0 && !asked && s_watch_read(watch_fd, watch_buf, sizeof watch_buf, &watch_used, seen, sizeof seen)) {
+            s_relay_checkpoints(&st, seen, last_latest, sizeof last_latest);
         }
         usleep(100 * 1000);
+    }
+    if (watcher > 0) {
+        kill(watcher, SIGTERM);
+        waitpid(watcher, NULL, 0);
+        close(watch_fd);
     }
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
     const bool alive = s_job_alive();
     if (st.role == S_TRAINER && alive) {
         if (*st.ckpt_remote) {
-            s_relay_checkpoints(&st, last_latest, sizeof last_latest); /* the last one, however fast it came */
+            s_relay_checkpoints(&st, NULL, last_latest, sizeof last_latest); /* the last one, however fast it came */
         }
         s_fetch_outputs(&st, argv);
     }
