@@ -34,7 +34,7 @@ typedef struct {
     int k;                              /* the job's node count */
     char node[S_MAX_NODES][128];        /* their names, in the job's order */
     char addr[S_MAX_NODES][256];        /* their NodeAddr */
-    bool gpus;                          /* the job holds GPUs */
+    int gpus;                           /* GPUs the job holds on each node (the fewest on any): 0 without */
     char run_dir[4200];                 /* runs/<name>, rewritten to scratch/<node> in arguments */
     char scratch[4400];                 /* SCRATCH/carls-<job>-<name> on every node */
 } s_slurm_t;
@@ -303,11 +303,28 @@ static int s_discover(void)
             return -1;
         }
     }
-    s_fmt(cmd, sizeof cmd, "scontrol show job -o %s", s_sl.job);
+    /* GPUs per node: the detail lines "Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)" (or gpu:TYPE:2). */
+    s_sl.gpus = 0;
+    s_fmt(cmd, sizeof cmd, "scontrol show job -d %s", s_sl.job);
     if (s_capture(cmd, out, sizeof out) == 0) {
-        char tres[4096];
-        s_field(out, "AllocTRES", tres, sizeof tres);
-        s_sl.gpus = strstr(tres, "gres/gpu") != NULL;
+        int fewest = -1;
+        for (char *save = NULL, *tok = strtok_r(out, "\n", &save); tok; tok = strtok_r(NULL, "\n", &save)) {
+            char gres[512];
+            while (*tok == ' ') {
+                tok++;
+            }
+            if (strncmp(tok, "Nodes=", 6) != 0) {
+                continue;
+            }
+            s_field(tok, "GRES", gres, sizeof gres);
+            int n = 0;
+            if (strncmp(gres, "gpu:", 4) == 0) {
+                gres[strcspn(gres, "(")] = '\0';
+                n = atoi(strrchr(gres, ':') + 1);
+            }
+            fewest = fewest < 0 || n < fewest ? n : fewest;
+        }
+        s_sl.gpus = fewest > 0 ? fewest : 0;
     }
     return 0;
 }
@@ -335,6 +352,7 @@ static int s_worker_index(const char *name)
 /* A step being built: where it runs, its arguments on the node, the files that travel. */
 typedef struct {
     s_role_t role;
+    const char *name;             /* the process's name ("maker embed 1/2") */
     int node;                     /* index in s_sl.node */
     int cpus;
     char step_name[64];           /* --job-name of the step: carls-<proxy pid> */
@@ -358,6 +376,7 @@ static int s_quote(char *buf, size_t len, const char *text)
 static int s_plan(s_step_t *st, const char *name, char *const argv[])
 {
     memset(st, 0, sizeof *st);
+    st->name = name;
     const int k = s_sl.k;
     if (strncmp(name, "kb-server", 9) == 0) {
         st->role = S_SERVER;
@@ -475,7 +494,10 @@ static pid_t s_start_srun(const s_step_t *st)
     for (int i = 1; st->argv[i]; i++) {
         cpu_device = cpu_device || (strcmp(st->argv[i - 1], "--device") == 0 && strcmp(st->argv[i], "cpu") == 0);
     }
-    if (st->role == S_MAKER && s_sl.gpus && !cpu_device) {
+    /* A GPU for maker i while the node has one for each of its fleet's makers up to i (fleets that run at
+     * the same time share them: docs/SLURM.md). */
+    const int per_node_rank = s_sl.k == 1 ? s_worker_index(st->name) : s_worker_index(st->name) / (s_sl.k - 1);
+    if (st->role == S_MAKER && !cpu_device && per_node_rank < s_sl.gpus) {
         S_A("--gres=gpu:1");
     }
     S_A("/bin/sh");
@@ -885,8 +907,10 @@ int carls_slurm_begin(const char *run_dir, const char *name)
     for (int i = k == 1 ? 0 : 1; i < k; i++) {
         printf("%s%s", s_sl.node[i], i + 1 < k ? "," : "");
     }
-    printf("%s; node-local files in %s/<node>; steps listed in %s/steps.tsv\n", s_sl.gpus ? " (one GPU each)" : "",
-           s_sl.scratch, s_sl.run_dir);
+    if (s_sl.gpus) {
+        printf(" (a GPU each, up to %d per node)", s_sl.gpus);
+    }
+    printf("; node-local files in %s/<node>; steps listed in %s/steps.tsv\n", s_sl.scratch, s_sl.run_dir);
     fflush(stdout);
     carls_proc_runner_t runner = {.run = s_run_step, .ctx = NULL};
     carls_proc_set_runner(&runner);
