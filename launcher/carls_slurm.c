@@ -29,6 +29,8 @@ typedef struct {
     int nodes;                          /* --slurm-nodes: nodes salloc asks for */
     const char *opt[S_MAX_OPTS];        /* --slurm-opt: more salloc arguments */
     int n_opt;
+    const char *step_opt[S_MAX_OPTS];   /* --slurm-step-opt: more srun arguments for every process's step */
+    int n_step_opt;
     const char *scratch_root;           /* --slurm-scratch */
     char job[32];                       /* SLURM_JOB_ID */
     int k;                              /* the job's node count */
@@ -125,6 +127,8 @@ void carls_slurm_print_help(FILE *out)
             "  --slurm-nodes N         nodes to ask salloc for when not inside an allocation (default 2)\n"
             "  --slurm-opt ARG         one more salloc argument (repeatable), e.g. --slurm-opt=--partition=gpu\n"
             "                          --slurm-opt=--time=1:00:00 --slurm-opt=--gres=gpu:1\n"
+            "  --slurm-step-opt ARG    one more srun argument for every process's step (repeatable), e.g.\n"
+            "                          --slurm-step-opt=--mem-per-cpu=2G where memory is a consumable resource\n"
             "  --slurm-scratch DIR     node-local directory for the run's files on each node (default /tmp)\n");
 }
 
@@ -173,6 +177,13 @@ int carls_slurm_take_args(int *argc, char **argv)
             }
             s_sl.opt[s_sl.n_opt++] = v;
             other = true;
+        } else if ((v = s_opt_value(*argc, argv, &i, "--slurm-step-opt", &missing)) != NULL) {
+            if (s_sl.n_step_opt >= S_MAX_OPTS) {
+                fprintf(stderr, "carls: more than %d --slurm-step-opt\n", S_MAX_OPTS);
+                return 2;
+            }
+            s_sl.step_opt[s_sl.n_step_opt++] = v;
+            other = true;
         } else if ((v = s_opt_value(*argc, argv, &i, "--slurm-scratch", &missing)) != NULL) {
             if (v[0] != '/' || strchr(v, '\'')) {
                 fprintf(stderr, "carls: --slurm-scratch '%s': need an absolute path without quotes\n", v);
@@ -188,7 +199,7 @@ int carls_slurm_take_args(int *argc, char **argv)
         }
     }
     if (other && !s_sl.on) {
-        fprintf(stderr, "carls: --slurm-nodes, --slurm-opt and --slurm-scratch need --slurm\n");
+        fprintf(stderr, "carls: --slurm-nodes, --slurm-opt, --slurm-step-opt and --slurm-scratch need --slurm\n");
         return 2;
     }
     *argc = out;
@@ -219,7 +230,8 @@ int carls_slurm_allocate(char **args)
     for (int i = 1; i < nargs; i++) {
         const char *prev = args[i - 1];
         const bool value = strcmp(prev, "--set") == 0 || strcmp(prev, "--slurm-nodes") == 0 ||
-                           strcmp(prev, "--slurm-opt") == 0 || strcmp(prev, "--slurm-scratch") == 0;
+                           strcmp(prev, "--slurm-opt") == 0 || strcmp(prev, "--slurm-step-opt") == 0 ||
+                           strcmp(prev, "--slurm-scratch") == 0;
         if (args[i][0] != '-' && !value) {
             config = args[i];
             break;
@@ -500,6 +512,9 @@ static pid_t s_start_srun(const s_step_t *st)
     if (st->role == S_MAKER && !cpu_device && per_node_rank < s_sl.gpus) {
         S_A("--gres=gpu:1");
     }
+    for (int i = 0; i < s_sl.n_step_opt; i++) {
+        S_A("%s", s_sl.step_opt[i]);
+    }
     S_A("/bin/sh");
     S_A("-c");
     S_A("while [ \"$1\" != -- ]; do mkdir -p \"$1\" || exit 126; shift; done; shift; "
@@ -670,10 +685,10 @@ static void s_relay_checkpoints(const s_step_t *st, const char *seen, char *last
         s_quote(qscratch, sizeof qscratch, s_sl.scratch);
         s_quote(qrel, sizeof qrel, st->ckpt_remote + strlen(st->root)); /* "/ckpt" */
         s_fmt(cmd, sizeof cmd,
-              "srun --jobid=%s --overlap --nodes=%d --ntasks-per-node=1 --nodelist=%s --job-name=carls-aux --quiet "
+              "srun --jobid=%s --overlap --nodes=%d --ntasks=%d --ntasks-per-node=1 --nodelist=%s --job-name=carls-aux --quiet "
               "--input=all sh -c 'd=\"$2/$SLURMD_NODENAME$3\"; mkdir -p \"$d\" && " S_UNPACK_SH
               "' carls-relay 1 %s %s < %s",
-              s_sl.job, n_others, others, qscratch, qrel, qt);
+              s_sl.job, n_others, n_others, others, qscratch, qrel, qt);
         rc = s_capture(cmd, out, sizeof out);
         if (rc != 0) {
             fprintf(stderr, "carls-step: copying checkpoint %s to %s failed (status %d); trying with the next one\n",

@@ -7,11 +7,13 @@
  * process it starts becomes a job step: carls_slurm_begin installs a carls_proc runner, and each forked child
  * (a "step proxy", on the launcher's node) runs
  *
- *     srun --jobid=J --job-name=carls-<proxy pid> -N1 -n1 -c CPUS -w NODE [--gres=gpu:1] sh -c ... PROGRAM ARGS
+ *     srun --jobid=J --job-name=carls-<proxy pid> -N1 -n1 -c CPUS -w NODE [--gres=gpu:1] [--slurm-step-opt...]
+ *          sh -c ... PROGRAM ARGS
  *
  * Placement, from the process's name: kb-server shard I on node I mod K, the trainer on node 0, makers
  * (worker i) on node 1 + i mod (K - 1) (node 0 when K = 1), K being the job's node count. CPUS: the server's
- * --threads, 1 otherwise. Makers ask for one GPU each when the job holds GPUs and their --device is not cpu.
+ * --threads, 1 otherwise. Maker i asks for one GPU when the job holds a GPU on its node for each of its fleet's
+ * makers there up to i and its --device is not cpu.
  *
  * No shared file system is assumed. Every argument that names a path under the run's directory
  * (runs/<name>/...) is rewritten to the same path under a node-local scratch directory,
@@ -41,7 +43,7 @@
 #include <stdio.h>
 
 /* Takes the Slurm options out of `carls run`'s arguments (argv[0] = "run"): --slurm, --slurm-nodes N,
- * --slurm-opt ARG (repeatable), --slurm-scratch DIR (each also as --opt=value), shifting the others down and
+ * --slurm-opt ARG and --slurm-step-opt ARG (repeatable), --slurm-scratch DIR (each also as --opt=value), shifting the others down and
  * updating *argc. Returns 0 without --slurm, 1 with it, 2 after printing a usage error (an option of Slurm
  * mode without --slurm, a bad value). */
 int carls_slurm_take_args(int *argc, char **argv);

@@ -42,6 +42,7 @@ static void test_without_slurm(void **state)
     /* A Slurm option alone is a mistake, not something to ignore. */
     assert_int_equal(s_take((const char *[]){"run", "x.ini", "--slurm-nodes", "3", NULL}, rest, sizeof rest), 2);
     assert_int_equal(s_take((const char *[]){"run", "x.ini", "--slurm-scratch=/scratch", NULL}, rest, sizeof rest), 2);
+    assert_int_equal(s_take((const char *[]){"run", "x.ini", "--slurm-step-opt=--mem=1G", NULL}, rest, sizeof rest), 2);
     /* Off: begin does nothing. */
     assert_int_equal(carls_slurm_begin("runs/x", "x"), 0);
 }
@@ -69,7 +70,7 @@ static void test_with_slurm(void **state)
     char rest[512];
     const char *args[] = {"run", "--slurm", "x.ini", "--slurm-nodes", "3", "--set", "makers=4",
                           "--slurm-opt=--partition=gpu", "--slurm-opt", "--time=10", "--slurm-scratch=/scratch",
-                          "--quiet", NULL};
+                          "--slurm-step-opt=--mem-per-cpu=1G", "--quiet", NULL};
     assert_int_equal(s_take(args, rest, sizeof rest), 1);
     assert_string_equal(rest, "run x.ini --set makers=4 --quiet");
     /* Outside an allocation, the run cannot begin, and says so. */
