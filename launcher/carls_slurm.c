@@ -153,6 +153,17 @@ static const char *s_opt_value(int argc, char **argv, int *i, const char *name, 
     return argv[++*i];
 }
 
+/* Appends v to list (*n entries, at most S_MAX_OPTS); -1 after reporting when it is full. */
+static int s_list_add(const char **list, int *n, const char *v, const char *flag)
+{
+    if (*n >= S_MAX_OPTS) {
+        fprintf(stderr, "carls: more than %d %s\n", S_MAX_OPTS, flag);
+        return -1;
+    }
+    list[(*n)++] = v;
+    return 0;
+}
+
 int carls_slurm_take_args(int *argc, char **argv)
 {
     int out = 1;
@@ -171,18 +182,14 @@ int carls_slurm_take_args(int *argc, char **argv)
             s_sl.nodes = (int)n;
             other = true;
         } else if ((v = s_opt_value(*argc, argv, &i, "--slurm-opt", &missing)) != NULL) {
-            if (s_sl.n_opt >= S_MAX_OPTS) {
-                fprintf(stderr, "carls: more than %d --slurm-opt\n", S_MAX_OPTS);
+            if (s_list_add(s_sl.opt, &s_sl.n_opt, v, "--slurm-opt") != 0) {
                 return 2;
             }
-            s_sl.opt[s_sl.n_opt++] = v;
             other = true;
         } else if ((v = s_opt_value(*argc, argv, &i, "--slurm-step-opt", &missing)) != NULL) {
-            if (s_sl.n_step_opt >= S_MAX_OPTS) {
-                fprintf(stderr, "carls: more than %d --slurm-step-opt\n", S_MAX_OPTS);
+            if (s_list_add(s_sl.step_opt, &s_sl.n_step_opt, v, "--slurm-step-opt") != 0) {
                 return 2;
             }
-            s_sl.step_opt[s_sl.n_step_opt++] = v;
             other = true;
         } else if ((v = s_opt_value(*argc, argv, &i, "--slurm-scratch", &missing)) != NULL) {
             if (v[0] != '/' || strchr(v, '\'')) {
