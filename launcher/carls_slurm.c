@@ -456,27 +456,36 @@ static int s_plan(s_step_t *st, const char *name, char *const argv[])
     return 0;
 }
 
-/* Copies the files named by st's rewritten arguments that exist on the launcher's node to the step's node.
- * Returns 0, or -1 after reporting. */
+/* Copies what st's rewritten arguments name and the launcher's node has when the process starts (a key file,
+ * a directory of public keys) to the step's node, never readable by others on the way (umask 077, then the
+ * file's own mode; tar keeps a directory's). The bank's data (--data) and checkpoint directories (--ckpt-dir)
+ * are not inputs: the relays move those. Returns 0, or -1 after reporting. */
 static int s_ship_inputs(const s_step_t *st, char *const argv[])
 {
     for (int r = 0; r < st->n_rewritten; r++) {
         const int i = st->rewritten[r];
         struct stat sb;
-        if (stat(argv[i], &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        const char *prev = i > 0 ? argv[i - 1] : "";
+        if (stat(argv[i], &sb) != 0 || strcmp(prev, "--data") == 0 || strcmp(prev, "--ckpt-dir") == 0 ||
+            (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))) {
             continue;
         }
         char aux[512], cmd[12000], qlocal[4900], qremote[4900];
         s_aux(aux, sizeof aux, st->node);
-        if (s_quote(qlocal, sizeof qlocal, argv[i]) != 0 || s_quote(qremote, sizeof qremote, st->pool[i]) != 0 ||
-            s_fmt(cmd, sizeof cmd,
-                  "%s sh -c 'mkdir -p \"$(dirname \"$1\")\" && cat > \"$1.carls-tmp\" && chmod %o \"$1.carls-tmp\" && "
-                  "mv -f \"$1.carls-tmp\" \"$1\"' carls-ship %s < %s",
-                  aux, (unsigned)(sb.st_mode & 0777), qremote, qlocal) != 0) {
+        if (s_quote(qlocal, sizeof qlocal, argv[i]) != 0 || s_quote(qremote, sizeof qremote, st->pool[i]) != 0) {
             return -1;
         }
+        int rc = S_ISREG(sb.st_mode)
+                     ? s_fmt(cmd, sizeof cmd,
+                             "%s sh -c 'umask 077 && mkdir -p \"$(dirname \"$1\")\" && cat > \"$1.carls-tmp\" && "
+                             "chmod %o \"$1.carls-tmp\" && mv -f \"$1.carls-tmp\" \"$1\"' carls-ship %s < %s",
+                             aux, (unsigned)(sb.st_mode & 0777), qremote, qlocal)
+                     : s_fmt(cmd, sizeof cmd,
+                             "tar -C %s -cf - . | %s sh -c 'umask 077 && mkdir -p \"$1\" && tar -C \"$1\" -xf -' "
+                             "carls-ship %s",
+                             qlocal, aux, qremote);
         char out[256];
-        if (s_capture(cmd, out, sizeof out) != 0) {
+        if (rc != 0 || s_capture(cmd, out, sizeof out) != 0) {
             fprintf(stderr, "carls-step: cannot copy %s to %s:%s\n", argv[i], s_sl.node[st->node], st->pool[i]);
             return -1;
         }

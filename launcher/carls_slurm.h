@@ -17,8 +17,9 @@
  *
  * No shared file system is assumed. Every argument that names a path under the run's directory
  * (runs/<name>/...) is rewritten to the same path under a node-local scratch directory,
- * SCRATCH/carls-<job>-<name>/<node>/... (SCRATCH: --slurm-scratch, default /tmp); such a file that exists on
- * the launcher's node when the process starts (a key, say) is copied there first. The proxies move what must
+ * SCRATCH/carls-<job>-<name>/<node>/... (SCRATCH: --slurm-scratch, default /tmp); such a file or directory
+ * that exists on the launcher's node when the process starts (a key, a directory of public keys) is copied
+ * there first (not --data or --ckpt-dir, which the relays below handle). The proxies move what must
  * travel, all through srun's own stdin/stdout (no ssh, no shared path):
  *   - kb-server: its --listen host becomes the node's address (NodeAddr when it is an IP address, else *);
  *     the proxy reads the endpoint file the server writes on its node and writes it, with the node's
