@@ -4,8 +4,8 @@
 # report as a local run, its kb-server, makers and trainer must have run as job steps on both nodes
 # (steps.tsv, and each log's "carls-step JOB.STEP on NODE" line written by the step itself from Slurm's
 # variables), the trainer's checkpoints must have reached n2's own directory (the makers' copy, moved by the
-# launcher through srun), and scancel of a second run's job must stop the launcher (exit 130) and leave no
-# process of the run behind. Skips (77) only when slurm-wlm/munge are not installed, when not root (slurmd
+# launcher through srun); the same command in an sbatch script must finish inside that job; and scancel of a
+# third run's job must stop the launcher (exit 130) and leave no process of the runs behind. Skips (77) only when slurm-wlm/munge are not installed, when not root (slurmd
 # must be), or without dataset-fashion-mnist.
 # Usage: test_slurm.sh BIN_DIR SOURCE_DIR
 set -uo pipefail
@@ -96,7 +96,22 @@ ls "$scratch"/carls-*-e2e/n2/ckpt/latest >/dev/null 2>&1 || fail "no checkpoint 
 grep -q 'ended with status' run.log && fail "a process did not stop cleanly"
 wait_clean || { fail "processes or jobs left after the run:"; run_procs; squeue; }
 
-# 2. scancel of the job while the trainer runs: the launcher stops everything and exits 130.
+# 2. Inside an allocation made by someone else: an sbatch script calling carls run --slurm.
+cat > job.sh <<JOB
+#!/bin/bash
+#SBATCH --nodes=2 --exclusive --job-name=carls-batch --output=$tmp/batch.out
+cd $tmp
+"$bin/carls" run --slurm e2e.ini --slurm-scratch "$scratch" --set name=e2e-batch --set steps=50
+echo "carls exit \$?"
+JOB
+sbatch --wait job.sh >/dev/null
+grep -v '^\[maker' batch.out | tail -n 4
+grep -q '^carls exit 0$' batch.out || fail "carls run --slurm inside an sbatch job did not exit 0"
+grep -q '^test_accuracy=' batch.out || fail "no result line from the sbatch run"
+grep -q "^trainer	n1	" runs/e2e-batch/steps.tsv || fail "the sbatch run's trainer was not a step on n1"
+wait_clean || { fail "processes or jobs left after the sbatch run:"; run_procs; squeue; }
+
+# 3. scancel of the job while the trainer runs: the launcher stops everything and exits 130.
 "$bin/carls" run --slurm e2e.ini --slurm-scratch "$scratch" --set steps=10000000 --set name=e2e-cancel > cancel.log 2>&1 &
 pid=$!
 for _ in $(seq 1200); do
