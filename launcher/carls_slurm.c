@@ -841,6 +841,12 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     signal(SIGINT, SIG_IGN);
+    /* A launcher that dies (SIGKILL) takes its steps with it, politely, rather than leave them running in an
+     * allocation that outlives it (an interactive salloc shell). */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1) {
+        _exit(1);
+    }
     static s_step_t st;
     if (s_plan(&st, name, argv) != 0 || s_ship_inputs(&st, argv) != 0) {
         _exit(126);

@@ -33,7 +33,8 @@
  *     stderr line is "carls-step JOB.STEP on NODE: PROGRAM", and runs/<name>/steps.tsv lists every step.
  *
  * Stopping: SIGTERM to a proxy (the launcher's stop) becomes `scancel --signal=TERM JOB.STEP`, so the program
- * gets SIGTERM as on one machine; SIGKILL to a proxy ends its srun (PR_SET_PDEATHSIG), which kills the step.
+ * gets SIGTERM as on one machine; SIGKILL to a proxy ends its srun (PR_SET_PDEATHSIG), which kills the step,
+ * and a launcher that dies sends its proxies SIGTERM the same way.
  * A step that fails because the job itself ended (scancel, time limit) makes its proxy send SIGTERM to the
  * launcher, which then stops everything and exits 130 as after Ctrl-C. A proxy ends as its step did: the
  * same exit code, or the same signal when the program was killed by one, so restarts work as on one machine. */
