@@ -14,6 +14,16 @@
 #include <time.h>
 #include <unistd.h>
 
+static carls_proc_runner_t s_runner;
+
+void carls_proc_set_runner(const carls_proc_runner_t *runner)
+{
+    memset(&s_runner, 0, sizeof s_runner);
+    if (runner) {
+        s_runner = *runner;
+    }
+}
+
 static int s_open_out(const char *path)
 {
     return open(path ? path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -52,6 +62,10 @@ int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], cons
         dup2(err, 2);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        if (s_runner.run) {
+            s_runner.run(s_runner.ctx, name, argv);
+            _exit(127); /* run must not return */
+        }
         execv(argv[0], argv);
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);

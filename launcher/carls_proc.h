@@ -26,6 +26,20 @@ typedef struct {
 int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], const char *out_path,
                      const char *err_path);
 
+/* Another way to run the processes carls_proc_start starts (carls_slurm.h: as Slurm job steps). When a runner
+ * is set, the forked child calls run(ctx, name, argv) after its stdio is redirected instead of exec'ing
+ * argv[0]; run must not return (it _exits with the status the process should be seen to end with, or dies by
+ * the signal that ended it). The parent's view is unchanged: the pid is the runner's, SIGTERM to it must
+ * stop the process politely, SIGKILL stop it for good. */
+typedef struct {
+    void (*run)(void *ctx, const char *name, char *const argv[]);
+    void *ctx;
+} carls_proc_runner_t;
+
+/* Sets the runner for every later carls_proc_start (NULL: exec argv[0] directly, the default). The
+ * structure is copied. */
+void carls_proc_set_runner(const carls_proc_runner_t *runner);
+
 /* Non-blocking: reaps p if it has exited. Returns true when it is no longer running. */
 bool carls_proc_poll(carls_proc_t *p);
 

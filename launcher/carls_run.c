@@ -5,6 +5,7 @@
 #include "carls_proc.h"
 #include "carls_ptab.h"
 #include "carls_report.h"
+#include "carls_slurm.h"
 
 #include "files.h"
 #include "log.h"
@@ -1409,7 +1410,8 @@ int carls_run_main(int argc, char **argv)
         r->config = argv[1];
         r->ini = ini;
         r->quiet = quiet;
-        status = s_prepare_dir(r) == 0 ? s_run(r) : 1;
+        status = s_prepare_dir(r) == 0 && carls_slurm_begin(r->dir, c.name) == 0 ? s_run(r) : 1;
+        carls_slurm_end();
         free(r);
     }
     free(ini);
