@@ -1,5 +1,6 @@
 #include "protocol.h"
 
+#include <ctype.h>
 #include <string.h>
 
 const char *carls_status_name(Carls__StatusCode status)
@@ -62,4 +63,33 @@ uint32_t carls_shard_of(const void *key, size_t len, uint32_t n)
         return 0;
     /* A seed of its own so shard placement is independent of the row maps' and stripes' hashing. */
     return (uint32_t)(carls_hash64(key, len, 0x7368617264ULL) % n);
+}
+
+carls_enum_name_t carls_enum_name(const ProtobufCEnumValue *v)
+{
+    carls_enum_name_t out;
+    const char *p = strchr(v->name, '_');
+    p = p ? p + 1 : v->name;
+    size_t i = 0;
+    for (; p[i] && i + 1 < sizeof out.text; i++)
+        out.text[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
+    out.text[i] = '\0';
+    return out;
+}
+
+carls_enum_name_t carls_enum_name_of(const ProtobufCEnumDescriptor *names, int value)
+{
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(names, value);
+    return v ? carls_enum_name(v) : (carls_enum_name_t){"unknown"};
+}
+
+int carls_enum_parse(const ProtobufCEnumDescriptor *names, const char *text, int *out)
+{
+    for (unsigned i = 0; i < names->n_values; i++) {
+        if (strcmp(carls_enum_name(&names->values[i]).text, text) == 0) {
+            *out = names->values[i].value;
+            return 0;
+        }
+    }
+    return -1;
 }
