@@ -164,6 +164,11 @@ class Client:
         self._h = h
         self._dims = {}
         self.endpoints = endpoints
+        self._options = dict(timeout_ms=timeout_ms, retries=retries, curve_key=curve_key, server_key=server_key)
+
+    def clone(self):
+        """A new client of the same bank with the same options (one per thread)."""
+        return Client(self.endpoints, **self._options)
 
     # -- life --
 
