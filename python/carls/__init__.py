@@ -300,6 +300,9 @@ class Client:
         dim = self.dim(table)
         data, ends, n = _keys(keys)
         values = np.empty((n, dim), np.float32)
+        if n == 0:
+            e = np.empty(0, np.uint64)
+            return (values, e, e.astype(np.int64), e.copy()) if meta else values
         if meta:
             versions, updated, freq = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.uint64)
             m = (ffi.from_buffer("uint64_t[]", versions), ffi.from_buffer("int64_t[]", updated),
@@ -319,6 +322,8 @@ class Client:
         dim = self.dim(table)
         data, ends, n = _keys(keys)
         values = _rows(values, n, dim, "put %s: values" % table)
+        if n == 0:
+            return
         ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_put(h, table.encode(), data, len(data), ends_p, n, dim, ffi.from_buffer("float[]", values),
                             int(version))
@@ -332,6 +337,8 @@ class Client:
         dim = self.dim(table)
         data, ends, n = _keys(keys)
         grads = _rows(grads, n, dim, "push_gradients %s: gradients" % table)
+        if n == 0:
+            return
         ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_push_gradients(h, table.encode(), data, len(data), ends_p, n, dim,
                                        ffi.from_buffer("float[]", grads))

@@ -41,7 +41,8 @@ class DynamicEmbedding(torch.nn.Module):
     """Embedding rows of a bank table, looked up by string keys. forward(keys) takes a list of str (or
     bytes) and returns a (len(keys), dim) float32 tensor on `device` that requires grad; backward pushes the
     gradient of each distinct key's row to the bank (Client.push_gradients), where the table's optimizer
-    applies it. The table must exist with this dim; a different dim raises carls.InvalidArgument."""
+    applies it. In eval mode (module.eval()) unseen keys are answered with their initial value without being
+    inserted. The table must exist with this dim; a different dim raises carls.InvalidArgument."""
 
     def __init__(self, client, table, dim, device="cpu"):
         super().__init__()
@@ -68,7 +69,7 @@ class DynamicEmbedding(torch.nn.Module):
             raise TypeError("DynamicEmbedding: keys must be a flat list of str or bytes")
         uniq, inverse = np.unique(arr, return_inverse=True)
         uniq = uniq.tolist()
-        return uniq, (client or self.client).lookup(self.table, uniq), inverse
+        return uniq, (client or self.client).lookup(self.table, uniq, no_create=not self.training), inverse
 
     def rows(self, looked_up):
         """The tensor of a lookup's rows, joined to the autograd graph: forward's second half."""
