@@ -3,6 +3,7 @@
 
 #include "kb_cluster.h"
 #include "kb_json.h"
+#include "log.h"
 #include "protocol.h"
 #include "util.h"
 
@@ -73,9 +74,19 @@ const char *kb_ffi_status_name(int status)
 
 /* ---- handle ------------------------------------------------------------------------------------------------ */
 
+int kb_ffi_log_level(const char *level)
+{
+    carls_log_level_t l;
+    if (!level || carls_log_parse_level(level, &l) != 0)
+        return KB_FFI_EINVAL;
+    carls_log_set_level(l);
+    return 0;
+}
+
 kb_ffi_t *kb_ffi_open(const char *endpoints, int timeout_ms, int retries, const char *key_file,
                       const char *server_key_file, char *err, size_t errlen)
 {
+    carls_log_init_from_env();
     if (!endpoints || !*endpoints) {
         carls_errorf(err, errlen, KB_FFI_EINVAL, "no endpoint given");
         return NULL;
@@ -542,6 +553,8 @@ int kb_ffi_sample(kb_ffi_t *self, const char *table, const void *data, size_t da
     s_begin(self);
     if (s_table(self, table) != 0 || s_keys(self, "sample", data, data_len, ends, n_pos) != 0)
         return KB_FFI_EINVAL;
+    if (cap > 0 && (!probabilities_out || !is_positive_out))
+        return s_fail(self, "sample: no arrays for the probabilities and positive flags");
     int kind = 0;
     if (strategy && carls_enum_parse(&carls__sample_strategy__descriptor, strategy, &kind) != 0)
         return s_fail(self, "sample: no strategy '%s' (uniform, log-uniform, unigram)", strategy);

@@ -46,6 +46,11 @@ enum {
 kb_ffi_t *kb_ffi_open(const char *endpoints, int timeout_ms, int retries, const char *key_file,
                       const char *server_key_file, char *err, size_t errlen);
 
+/* The process-wide threshold of the library's log lines on stderr (kb_client's warnings when it resends after a
+ * timeout, ...): "debug", "info", "warn", "error" or "off". kb_ffi_open first reads $CARLS_LOG_LEVEL, as the
+ * programs do. 0, or KB_FFI_EINVAL for another name. */
+int kb_ffi_log_level(const char *level);
+
 /* Closes every connection and frees the handle; accepts NULL and *self_p == NULL; nulls *self_p. */
 void kb_ffi_close(kb_ffi_t **self_p);
 

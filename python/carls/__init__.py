@@ -21,7 +21,7 @@ from ._ffi import ffi, lib, library_path
 
 __all__ = [
     "Client", "Sample", "Error", "NotFound", "InvalidArgument", "AlreadyExists", "Unavailable", "TooLarge",
-    "ReadOnly", "ResourceExhausted", "ServerError", "ProtocolError", "library_path",
+    "ReadOnly", "ResourceExhausted", "ServerError", "ProtocolError", "library_path", "set_log_level",
 ]
 
 _ENC = "utf-8"
@@ -83,6 +83,14 @@ _BY_STATUS = {
 }
 _BY_CODE = {lib.KB_FFI_ETIMEOUT: Unavailable, lib.KB_FFI_EINVAL: InvalidArgument, lib.KB_FFI_EIO: ProtocolError,
             lib.KB_FFI_EMALFORMED: ProtocolError}
+
+
+def set_log_level(level):
+    """The threshold of the client library's log lines on stderr (its warnings when it resends after a
+    timeout, ...): "debug", "info", "warn", "error" or "off". $CARLS_LOG_LEVEL sets it too."""
+    if lib.kb_ffi_log_level(str(level).encode()) != 0:
+        raise InvalidArgument("set_log_level: %r is not debug, info, warn, error or off" % (level,),
+                              code=lib.KB_FFI_EINVAL)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ enum {
 };
 kb_ffi_t *kb_ffi_open(const char *endpoints, int timeout_ms, int retries, const char *key_file,
                       const char *server_key_file, char *err, size_t errlen);
+int kb_ffi_log_level(const char *level);
 void kb_ffi_close(kb_ffi_t **self_p);
 const char *kb_ffi_last_error(const kb_ffi_t *self);
 int kb_ffi_last_status(const kb_ffi_t *self);

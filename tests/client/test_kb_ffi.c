@@ -60,6 +60,9 @@ static void test_open_errors(void **state)
     assert_non_null(strstr(err, "cannot open"));
     assert_string_equal(kb_ffi_status_name(4), "NOT_FOUND");
     assert_string_equal(kb_ffi_status_name(9999), "UNKNOWN");
+    assert_int_equal(kb_ffi_log_level("loud"), KB_FFI_EINVAL);
+    assert_int_equal(kb_ffi_log_level(NULL), KB_FFI_EINVAL);
+    assert_int_equal(kb_ffi_log_level("info"), 0);
 }
 
 static void test_create_table_settings(void **state)

@@ -266,3 +266,47 @@ def test_sharded_bank(shards):
     with carls.Client(eps[::-1]) as wrong:
         with pytest.raises(carls.Error):
             wrong.lookup("sharded", keys)
+
+
+def test_set_log_level():
+    carls.set_log_level("error")
+    carls.set_log_level("info")
+    with pytest.raises(carls.InvalidArgument, match="'loud' is not debug"):
+        carls.set_log_level("loud")
+
+
+def test_curve(tmp_path):
+    """With curve_key and server_key the client talks to a CURVE server that admits its key; without them
+    the server never answers (Unavailable)."""
+    import subprocess
+    from conftest import BIN_DIR
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    for name in ("server", "alice"):
+        subprocess.run([os.path.join(BIN_DIR, "kb-keygen"), str(tmp_path / name)], check=True,
+                       capture_output=True)
+    os.rename(tmp_path / "alice.pub", allow / "alice.pub")
+    try:
+        srv = Server("--curve-secret", str(tmp_path / "server.key"), "--curve-allow", str(allow))
+    except RuntimeError as e:
+        if "CURVE" in str(e):
+            pytest.skip("libzmq lacks CURVE")
+        raise
+    try:
+        with carls.Client(srv.endpoint, curve_key=str(tmp_path / "alice.key"),
+                          server_key=str(tmp_path / "server.pub")) as c:
+            c.create_table("secret", dim=2)
+            assert c.lookup("secret", ["a"]).shape == (1, 2)
+        carls.set_log_level("error")  # the resend warnings of the plain client below
+        try:
+            with carls.Client(srv.endpoint, timeout_ms=200, retries=0) as plain:
+                with pytest.raises(carls.Unavailable):
+                    plain.list_tables()
+        finally:
+            carls.set_log_level("info")
+        with pytest.raises(carls.InvalidArgument, match="both"):
+            carls.Client(srv.endpoint, curve_key=str(tmp_path / "alice.key"))
+        with pytest.raises(carls.InvalidArgument, match="nope.key"):
+            carls.Client(srv.endpoint, curve_key=str(tmp_path / "nope.key"), server_key=str(tmp_path / "server.pub"))
+    finally:
+        assert srv.cleanup() == 0
