@@ -111,3 +111,15 @@ def test_example_trains(server):
     assert last.startswith("test accuracy: "), out.stdout
     acc = float(last.split()[2])
     assert acc > 0.6, out.stdout  # chance is 0.5 (balanced classes)
+
+
+def test_prefetch_stopped_early_and_failing(bank, table_name):
+    """A consumer that stops early ends the worker (close() returns); a failing lookup reaches the consumer."""
+    bank.create_table(table_name, dim=2)
+    emb = ct.DynamicEmbedding(bank, table_name, 2)
+    gen = ct.prefetch((["k%d" % i] for i in range(1000)), emb, depth=2)
+    next(gen)
+    gen.close()
+    with pytest.raises(TypeError):
+        for _ in ct.prefetch([["a"], "not a list"], emb):
+            pass
