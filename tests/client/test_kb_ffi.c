@@ -31,7 +31,9 @@ static int s_setup(void **state)
     if (test_server_start(&f->srv, NULL) != 0)
         return -1;
     char err[256];
-    f->h = kb_ffi_open(f->srv.endpoint, 8000, 0, NULL, NULL, err, sizeof err);
+    /* Generous: a sync commit under the sanitizers on a loaded machine can take seconds; writes are retried
+     * exactly once (kb_client.h), so resending is safe. */
+    f->h = kb_ffi_open(f->srv.endpoint, 10000, 2, NULL, NULL, err, sizeof err);
     if (!f->h)
         return -1;
     *state = f;
