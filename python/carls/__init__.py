@@ -298,6 +298,14 @@ class Client:
             d = self._dims[table] = dim[0]
         return d
 
+    def _vector_dim(self, table, what):
+        """The dim of an embedding table; InvalidArgument naming the call for a feature table."""
+        d = self.dim(table)
+        if d == 0:
+            raise InvalidArgument("%s: %s is a feature table (its records: get_features, put_features)" % (what, table),
+                                  code=lib.KB_FFI_EINVAL)
+        return d
+
     # -- rows --
 
     def lookup(self, table, keys, no_create=False, meta=False):
@@ -305,7 +313,7 @@ class Client:
         unless no_create. With meta, returns (values, versions, updated_at_ms, frequencies), the last three
         arrays of len(keys)."""
         h = self._handle()
-        dim = self.dim(table)
+        dim = self._vector_dim(table, "lookup")
         data, ends, n = _keys(keys)
         values = np.empty((n, dim), np.float32)
         if n == 0:
@@ -327,7 +335,7 @@ class Client:
     def put(self, table, keys, values, version=0):
         """Writes rows: values (len(keys), dim) float32, tagged with version."""
         h = self._handle()
-        dim = self.dim(table)
+        dim = self._vector_dim(table, "put")
         data, ends, n = _keys(keys)
         values = _rows(values, n, dim, "put %s: values" % table)
         if n == 0:
@@ -342,7 +350,7 @@ class Client:
         """Pushes one gradient row per key, (len(keys), dim) float32; the table's optimizer applies them (at
         once with update="immediate", averaged per key with "lazy")."""
         h = self._handle()
-        dim = self.dim(table)
+        dim = self._vector_dim(table, "push_gradients")
         data, ends, n = _keys(keys)
         grads = _rows(grads, n, dim, "push_gradients %s: gradients" % table)
         if n == 0:
@@ -383,7 +391,7 @@ class Client:
         """The k rows nearest to each query vector (nq, dim), best first: (keys, scores), a list per query of
         the keys found and a float32 array of their scores (the metric's; for l2 the squared distance)."""
         h = self._handle()
-        dim = self.dim(table)
+        dim = self._vector_dim(table, "knn")
         q = np.asarray(vectors)
         if q.ndim == 1:
             q = q.reshape(1, -1)

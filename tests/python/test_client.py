@@ -160,6 +160,8 @@ def test_features(bank, table_name):
     assert a["label"] == -3 and a["confidence"] == 0.75 and a["data"] == b"\x00\xff\n" and a["version"] == 5
     assert a["updated_at_ms"] > 0
     assert z["label"] == 1.5 and z["neighbors"] == [] and z["data"] == b""
+    with pytest.raises(carls.InvalidArgument, match="is a feature table"):
+        bank.lookup(table_name, ["a"])
     with pytest.raises(carls.InvalidArgument):
         bank.put_features(table_name, {"a": {"colour": "red"}})
     with pytest.raises(ValueError):
