@@ -20,8 +20,11 @@ _Static_assert((int)KB_FFI_ETIMEOUT == (int)KB_CLIENT_ETIMEOUT && (int)KB_FFI_ES
 
 struct kb_ffi {
     kb_cluster_t *cluster;
-    char error[512];        /* this layer's own error (bad arguments), when own_error */
+    char error[512];        /* this layer's own error (bad arguments, a collected push's), when own_error */
     bool own_error;
+    int own_status;         /* the status that goes with it (0 for bad arguments) */
+    kb_cluster_pending_t **pushes; /* pushes in flight, oldest first */
+    size_t n_pushes, pushes_cap;
     kb_key_t *keys;         /* the call's keys, pointing into the caller's data */
     size_t keys_cap;
     kb_json_t json;         /* the last *_json answer */
@@ -43,6 +46,7 @@ static int s_fail(kb_ffi_t *self, const char *fmt, ...)
     vsnprintf(self->error, sizeof self->error, fmt, ap);
     va_end(ap);
     self->own_error = true;
+    self->own_status = 0;
     return KB_FFI_EINVAL;
 }
 
@@ -62,7 +66,7 @@ const char *kb_ffi_last_error(const kb_ffi_t *self)
 int kb_ffi_last_status(const kb_ffi_t *self)
 {
     assert(self);
-    return self->own_error ? 0 : (int)kb_cluster_last_status(self->cluster);
+    return self->own_error ? self->own_status : (int)kb_cluster_last_status(self->cluster);
 }
 
 const char *kb_ffi_status_name(int status)
@@ -123,6 +127,9 @@ void kb_ffi_close(kb_ffi_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_ffi_t *self = *self_p;
+    for (size_t i = 0; i < self->n_pushes; i++)
+        kb_cluster_pending_destroy(self->cluster, &self->pushes[i]);
+    free(self->pushes);
     kb_cluster_destroy(&self->cluster);
     free(self->keys);
     free(self->json.text);
@@ -461,6 +468,61 @@ int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, s
     if (n > 0 && !gradients)
         return s_fail(self, "push_gradients: no gradients");
     return kb_cluster_push_gradients(self->cluster, table, self->keys, n, dim, gradients);
+}
+
+/* Collects the oldest push in flight; its result (the cluster's error describes a failure). */
+static int s_collect_oldest(kb_ffi_t *self)
+{
+    kb_cluster_pending_t *p = self->pushes[0];
+    self->n_pushes--;
+    memmove(self->pushes, self->pushes + 1, self->n_pushes * sizeof *self->pushes);
+    return kb_cluster_push_gradients_wait(self->cluster, &p);
+}
+
+int kb_ffi_push_gradients_send(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
+                               const uint64_t *ends, size_t n, uint32_t dim, const float *gradients)
+{
+    assert(self);
+    s_begin(self);
+    if (s_table(self, table) != 0 || s_keys(self, "push_gradients", data, data_len, ends, n) != 0)
+        return KB_FFI_EINVAL;
+    if (n > 0 && !gradients)
+        return s_fail(self, "push_gradients: no gradients");
+    if (self->n_pushes == KB_FFI_MAX_PUSHES) {
+        int rc = s_collect_oldest(self);
+        if (rc != 0)
+            return rc;
+    }
+    kb_cluster_pending_t *p = NULL;
+    int rc = kb_cluster_push_gradients_send(self->cluster, table, self->keys, n, dim, gradients, &p);
+    if (rc != 0)
+        return rc;
+    self->pushes = carls_grow(self->pushes, &self->pushes_cap, self->n_pushes + 1, sizeof *self->pushes);
+    self->pushes[self->n_pushes++] = p;
+    return 0;
+}
+
+int kb_ffi_wait_pushes(kb_ffi_t *self)
+{
+    assert(self);
+    s_begin(self);
+    int first = 0;
+    while (self->n_pushes > 0) {
+        int rc = s_collect_oldest(self);
+        if (rc != 0 && first == 0) {
+            first = rc;
+            snprintf(self->error, sizeof self->error, "%s", kb_cluster_last_error(self->cluster));
+            self->own_status = (int)kb_cluster_last_status(self->cluster);
+        }
+    }
+    self->own_error = first != 0;
+    return first;
+}
+
+size_t kb_ffi_pushes_in_flight(const kb_ffi_t *self)
+{
+    assert(self);
+    return self->n_pushes;
 }
 
 /* ---- nearest neighbours, sampling ------------------------------------------------------------------------------- */

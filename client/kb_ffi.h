@@ -109,6 +109,25 @@ int kb_ffi_put(kb_ffi_t *self, const char *table, const void *data, size_t data_
 int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
                           const uint64_t *ends, size_t n, uint32_t dim, const float *gradients);
 
+/* Most kb_ffi_push_gradients_send pushes in flight on one handle. */
+enum { KB_FFI_MAX_PUSHES = 64 };
+
+/* kb_ffi_push_gradients without waiting for the acknowledgement: the keys and rows are packed into the
+ * requests before it returns (the caller may reuse its arrays at once), and the training goes on while the
+ * bank applies them. A later request of this handle may be served before the push is applied. When
+ * KB_FFI_MAX_PUSHES are in flight it first collects the oldest, and reports that one's failure if it failed
+ * (then nothing is sent). */
+int kb_ffi_push_gradients_send(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
+                               const uint64_t *ends, size_t n, uint32_t dim, const float *gradients);
+
+/* Collects every push in flight (all of them, also after a failure) and reports the first that failed, with
+ * its error text and status. 0 when none did or none was in flight. kb_ffi_close drops pushes in flight
+ * without waiting: their gradients may or may not have been applied. */
+int kb_ffi_wait_pushes(kb_ffi_t *self);
+
+/* Pushes in flight (sent by kb_ffi_push_gradients_send, not collected yet). */
+size_t kb_ffi_pushes_in_flight(const kb_ffi_t *self);
+
 /* ---- nearest neighbours, sampling -------------------------------------------------------------------------- */
 
 /* Top-k rows for each of nq query vectors (nq * dim floats): nq * k scores into scores_out, best first per

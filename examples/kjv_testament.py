@@ -109,6 +109,9 @@ def train(model, opt, train_verses, test_verses, args, label):
             loss.backward()  # with a DynamicEmbedding: the Linear layer's gradients to opt, the words' to the bank
             opt.step()
             total += float(loss) * len(part)
+        flush = getattr(getattr(model.embedding, "client", None), "flush", None)
+        if flush:
+            flush()  # DynamicEmbedding(wait=False): every push applied (and checked) before the evaluation
         print("%sepoch %d: train loss %.4f, test accuracy %.4f" % (label, epoch, total / len(train_verses),
                                                                      accuracy(model, test_verses, 256)), flush=True)
     return accuracy(model, test_verses, 256)
@@ -138,6 +141,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="verses per step (default 32)")
     ap.add_argument("--lr", type=float, default=0.2, help="learning rate, bank (adagrad) and Linear (default 0.2)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the split, the rows' init and torch (default 1)")
+    ap.add_argument("--no-wait", action="store_true",
+                    help="backward does not wait for the bank's acknowledgements (DynamicEmbedding(wait=False))")
     ap.add_argument("--baseline", action="store_true",
                     help="then train the same model with a local torch.nn.Embedding, for comparison")
     args = ap.parse_args()
@@ -150,7 +155,7 @@ def main():
     bank.create_table(args.table, dim=args.dim, optimizer="adagrad", lr=args.lr, update="lazy", max_age_ms=50,
                       init="uniform", init_scale=0.1, seed=args.seed,
                       settings={"optimizer.initial_accumulator": 1e-6})
-    model = BagClassifier(carls.torch.DynamicEmbedding(bank, args.table, args.dim))
+    model = BagClassifier(carls.torch.DynamicEmbedding(bank, args.table, args.dim, wait=not args.no_wait))
     start = time.monotonic()
     acc = train(model, torch.optim.Adagrad(model.parameters(), lr=args.lr), train_verses, test_verses, args, "")
     rows = bank.stats(args.table)["tables"][0]["rows"]

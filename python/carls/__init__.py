@@ -181,7 +181,8 @@ class Client:
     # -- life --
 
     def close(self):
-        """Closes the connections (idempotent)."""
+        """Closes the connections (idempotent). Pushes still in flight (push_gradients(wait=False) without a
+        flush) are dropped unseen: they may or may not have been applied."""
         if self._h != ffi.NULL:
             p = ffi.new("kb_ffi_t **", self._h)
             self._h = ffi.NULL
@@ -190,8 +191,12 @@ class Client:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None and self._h != ffi.NULL:
+                self.flush()  # a with block that ends normally has its pushes applied
+        finally:
+            self.close()
 
     def __del__(self):
         self.close()
@@ -346,9 +351,12 @@ class Client:
         if rc != 0:
             self._raise(rc, table)
 
-    def push_gradients(self, table, keys, grads):
+    def push_gradients(self, table, keys, grads, wait=True):
         """Pushes one gradient row per key, (len(keys), dim) float32; the table's optimizer applies them (at
-        once with update="immediate", averaged per key with "lazy")."""
+        once with update="immediate", averaged per key with "lazy"). With wait=False the call returns once
+        the rows are sent, without waiting for the bank's acknowledgement: flush() collects them (and raises
+        the first failure), as does a later push once 64 are in flight; until then a lookup may be answered
+        before the push is applied."""
         h = self._handle()
         dim = self._vector_dim(table, "push_gradients")
         data, ends, n = _keys(keys)
@@ -356,10 +364,21 @@ class Client:
         if n == 0:
             return
         ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
-        rc = lib.kb_ffi_push_gradients(h, table.encode(), data, len(data), ends_p, n, dim,
-                                       ffi.from_buffer("float[]", grads))
+        push = lib.kb_ffi_push_gradients if wait else lib.kb_ffi_push_gradients_send
+        rc = push(h, table.encode(), data, len(data), ends_p, n, dim, ffi.from_buffer("float[]", grads))
         if rc != 0:
             self._raise(rc, table)
+
+    def flush(self):
+        """Waits for every push_gradients(wait=False) in flight; raises the first that failed."""
+        rc = lib.kb_ffi_wait_pushes(self._handle())
+        if rc != 0:
+            self._raise(rc)
+
+    @property
+    def pushes_in_flight(self):
+        """push_gradients(wait=False) calls not collected yet."""
+        return lib.kb_ffi_pushes_in_flight(self._handle())
 
     # -- nearest neighbours, sampling --
 

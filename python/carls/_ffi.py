@@ -24,6 +24,7 @@ enum {
     KB_FFI_EIO = -4,
     KB_FFI_EMALFORMED = -5,
 };
+enum { KB_FFI_MAX_PUSHES = 64 };
 kb_ffi_t *kb_ffi_open(const char *endpoints, int timeout_ms, int retries, const char *key_file,
                       const char *server_key_file, char *err, size_t errlen);
 int kb_ffi_log_level(const char *level);
@@ -46,6 +47,10 @@ int kb_ffi_put(kb_ffi_t *self, const char *table, const void *data, size_t data_
                size_t n, uint32_t dim, const float *values, uint64_t version);
 int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
                           const uint64_t *ends, size_t n, uint32_t dim, const float *gradients);
+int kb_ffi_push_gradients_send(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
+                               const uint64_t *ends, size_t n, uint32_t dim, const float *gradients);
+int kb_ffi_wait_pushes(kb_ffi_t *self);
+size_t kb_ffi_pushes_in_flight(const kb_ffi_t *self);
 int kb_ffi_knn(kb_ffi_t *self, const char *table, const float *queries, size_t nq, uint32_t dim, uint32_t k,
                float *scores_out);
 int kb_ffi_knn_by_key(kb_ffi_t *self, const char *table, const void *data, size_t data_len, const uint64_t *ends,

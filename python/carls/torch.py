@@ -22,8 +22,8 @@ class _BankRows(torch.autograd.Function):
     """Rows of keys from the bank; backward pushes their gradients to it."""
 
     @staticmethod
-    def forward(ctx, anchor, rows, client, table, keys, inverse):
-        ctx.client, ctx.table, ctx.keys = client, table, keys
+    def forward(ctx, anchor, rows, client, table, keys, inverse, wait):
+        ctx.client, ctx.table, ctx.keys, ctx.wait = client, table, keys, wait
         ctx.save_for_backward(inverse)
         ctx.n_keys = len(keys)
         return rows[inverse]
@@ -33,8 +33,8 @@ class _BankRows(torch.autograd.Function):
         (inverse,) = ctx.saved_tensors
         g = torch.zeros((ctx.n_keys, grad.shape[1]), dtype=torch.float32, device=grad.device)
         g.index_add_(0, inverse, grad.to(torch.float32))
-        ctx.client.push_gradients(ctx.table, ctx.keys, g.cpu().numpy())
-        return None, None, None, None, None, None
+        ctx.client.push_gradients(ctx.table, ctx.keys, g.cpu().numpy(), wait=ctx.wait)
+        return None, None, None, None, None, None, None
 
 
 class DynamicEmbedding(torch.nn.Module):
@@ -42,16 +42,19 @@ class DynamicEmbedding(torch.nn.Module):
     bytes) and returns a (len(keys), dim) float32 tensor on `device` that requires grad; backward pushes the
     gradient of each distinct key's row to the bank (Client.push_gradients), where the table's optimizer
     applies it. In eval mode (module.eval()) unseen keys are answered with their initial value without being
-    inserted. The table must exist with this dim; a different dim raises carls.InvalidArgument."""
+    inserted. With wait=False backward does not wait for the bank's acknowledgement (push_gradients(...,
+    wait=False)): training goes on while the bank applies the step, the next lookups may not see it yet,
+    and client.flush() collects the pushes (a failure shows there). The table must exist with this dim; a
+    different dim raises carls.InvalidArgument."""
 
-    def __init__(self, client, table, dim, device="cpu"):
+    def __init__(self, client, table, dim, device="cpu", wait=True):
         super().__init__()
         if not isinstance(client, Client):
             raise TypeError("DynamicEmbedding: client must be a carls.Client, not %s" % type(client).__name__)
         bank_dim = client.dim(table)
         if bank_dim != dim:
             raise InvalidArgument("DynamicEmbedding: table %s has dim %d, not %d" % (table, bank_dim, dim))
-        self.client, self.table, self.dim = client, table, dim
+        self.client, self.table, self.dim, self.wait = client, table, dim, wait
         self.device = torch.device(device)
         # A leaf that requires grad, so the rows' tensor joins the autograd graph; it never gets a gradient.
         self._anchor = torch.zeros((), requires_grad=True)
@@ -76,7 +79,7 @@ class DynamicEmbedding(torch.nn.Module):
         uniq, rows, inverse = looked_up
         rows_t = torch.from_numpy(rows).to(self.device)
         inverse_t = torch.from_numpy(inverse.astype(np.int64)).to(self.device)
-        return _BankRows.apply(self._anchor, rows_t, self.client, self.table, uniq, inverse_t)
+        return _BankRows.apply(self._anchor, rows_t, self.client, self.table, uniq, inverse_t, self.wait)
 
     def forward(self, keys):
         return self.rows(self.lookup(keys))

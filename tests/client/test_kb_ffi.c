@@ -161,6 +161,24 @@ static void test_rows_both_key_forms(void **state)
     assert_int_equal(kb_ffi_last_status(h), CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT);
     assert_string_equal(kb_ffi_status_name(kb_ffi_last_status(h)), "INVALID_ARGUMENT");
 
+    /* pushes without waiting: at most KB_FFI_MAX_PUSHES in flight, collected by kb_ffi_wait_pushes */
+    const float one[2] = {1, 1};
+    for (int i = 0; i < KB_FFI_MAX_PUSHES + 6; i++)
+        assert_int_equal(kb_ffi_push_gradients_send(h, "r", "bb", 2, NULL, 1, 2, one), 0);
+    assert_int_equal(kb_ffi_pushes_in_flight(h), KB_FFI_MAX_PUSHES);
+    assert_int_equal(kb_ffi_wait_pushes(h), 0);
+    assert_int_equal(kb_ffi_pushes_in_flight(h), 0);
+    assert_int_equal(kb_ffi_lookup(h, "r", "bb", 2, NULL, 1, 2, false, got, NULL, NULL, NULL), 0);
+    assert_true(got[0] == 3.0f - 0.5f * (KB_FFI_MAX_PUSHES + 6) && got[1] == 4.0f - 0.5f * (KB_FFI_MAX_PUSHES + 6));
+    assert_int_equal(kb_ffi_push_gradients_send(h, "r", "bb", 2, NULL, 1, 2, nan_row), 0);
+    assert_int_equal(kb_ffi_push_gradients_send(h, "r", "bb", 2, NULL, 1, 2, one), 0);
+    assert_int_equal(kb_ffi_wait_pushes(h), KB_FFI_ESTATUS); /* the first failure, after collecting both */
+    assert_int_equal(kb_ffi_last_status(h), CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT);
+    assert_true(strlen(kb_ffi_last_error(h)) > 0);
+    assert_int_equal(kb_ffi_pushes_in_flight(h), 0);
+    assert_int_equal(kb_ffi_wait_pushes(h), 0);
+    assert_int_equal(kb_ffi_push_gradients_send(h, "r", "bb", 2, NULL, 1, 2, one), 0); /* dropped by close */
+
     const char *json = NULL;
     assert_int_equal(kb_ffi_stats_json(h, 0, "r", &json), 0);
     assert_non_null(strstr(json, "\"tables\":[{\"name\":\"r\",\"dim\":2,\"rows\":4,"));

@@ -312,3 +312,21 @@ def test_curve(tmp_path):
             carls.Client(srv.endpoint, curve_key=str(tmp_path / "nope.key"), server_key=str(tmp_path / "server.pub"))
     finally:
         assert srv.cleanup() == 0
+
+
+def test_push_gradients_without_waiting(bank, table_name):
+    """wait=False: up to 64 pushes in flight, flush() collects them; a failure shows at flush."""
+    bank.create_table(table_name, dim=2, optimizer="sgd", lr=1.0, update="immediate")
+    for _ in range(100):
+        bank.push_gradients(table_name, ["a"], np.ones((1, 2), np.float32), wait=False)
+    assert bank.pushes_in_flight == 64
+    bank.flush()
+    assert bank.pushes_in_flight == 0
+    np.testing.assert_array_equal(bank.lookup(table_name, ["a"]), [[-100, -100]])
+    bank.push_gradients(table_name, ["a"], np.array([[np.nan, 0]], np.float32), wait=False)
+    bank.push_gradients(table_name, ["a"], np.ones((1, 2), np.float32), wait=False)
+    with pytest.raises(carls.InvalidArgument) as e:
+        bank.flush()
+    assert e.value.status == "INVALID_ARGUMENT"
+    bank.flush()  # nothing left in flight
+    np.testing.assert_array_equal(bank.lookup(table_name, ["a"]), [[-101, -101]])

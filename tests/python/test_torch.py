@@ -40,6 +40,20 @@ def test_backward_is_the_sgd_step(bank, table_name):
     np.testing.assert_allclose(bank.lookup(table_name, ["cat", "dog", "emu"]), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_backward_without_waiting(bank, table_name):
+    """wait=False: backward returns before the bank acknowledges; after flush() the step is the same."""
+    bank.create_table(table_name, dim=2, optimizer="sgd", lr=0.5, update="immediate", init="uniform",
+                      init_scale=1.0, seed=8)
+    initial = bank.lookup(table_name, ["p", "q"])
+    emb = ct.DynamicEmbedding(bank, table_name, 2, wait=False)
+    W = torch.tensor([[1.0, -2.0], [0.5, 4.0], [3.0, 3.0]])
+    (emb(["p", "q", "p"]) * W).sum().backward()
+    bank.flush()
+    g = W.numpy()
+    np.testing.assert_allclose(bank.lookup(table_name, ["p", "q"]), initial - 0.5 * np.stack([g[0] + g[2], g[1]]),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_mixes_with_torch_layers_and_optimizers(bank, table_name):
     """One step of a model with a bank embedding and a torch Linear: both move, each by its optimizer."""
     bank.create_table(table_name, dim=2, optimizer="sgd", lr=0.5, update="immediate", init="uniform",
