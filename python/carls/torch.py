@@ -67,11 +67,13 @@ class DynamicEmbedding(torch.nn.Module):
         index of each key among them: forward's first half."""
         if isinstance(keys, (str, bytes)):
             raise TypeError("DynamicEmbedding: keys must be a list of str, not one %s" % type(keys).__name__)
-        arr = np.asarray(keys)
-        if arr.ndim != 1 or arr.dtype.kind not in "US":
-            raise TypeError("DynamicEmbedding: keys must be a flat list of str or bytes")
-        uniq, inverse = np.unique(arr, return_inverse=True)
-        uniq = uniq.tolist()
+        # The distinct keys in order of first use (a dict: exact for any key, and faster than np.unique).
+        index = {}
+        try:
+            inverse = [index.setdefault(k, len(index)) for k in keys]
+        except TypeError:
+            raise TypeError("DynamicEmbedding: keys must be a flat list of str or bytes") from None
+        uniq, inverse = list(index), np.array(inverse, np.int64)
         return uniq, (client or self.client).lookup(self.table, uniq, no_create=not self.training), inverse
 
     def rows(self, looked_up):

@@ -22,6 +22,9 @@ def test_forward_rows_and_grad_flag(bank, table_name):
     x = emb(["b", "a", "b"])
     assert x.shape == (3, 3) and x.dtype == torch.float32 and x.requires_grad
     np.testing.assert_array_equal(x.detach().numpy(), bank.lookup(table_name, ["b", "a", "b"]))
+    # keys are exact: a trailing NUL makes another key (numpy's fixed-width strings would drop it)
+    y = emb([b"a", b"a\x00", "a"])
+    assert not torch.equal(y[0], y[1]) and torch.equal(y[0], y[2])
 
 
 def test_backward_is_the_sgd_step(bank, table_name):
