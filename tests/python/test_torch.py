@@ -144,3 +144,18 @@ def test_prefetch_stopped_early_and_failing(bank, table_name):
     with pytest.raises(TypeError):
         for _ in ct.prefetch([["a"], "not a list"], emb):
             pass
+
+
+def test_sharded_bank_step(shards):
+    """Over a bank of two shards the step is the same: each key's row lives on its shard."""
+    with carls.Client([s.endpoint for s in shards]) as bank:
+        bank.create_table("torch_sharded", dim=2, optimizer="sgd", lr=0.1, update="immediate", init="uniform",
+                          init_scale=1.0, seed=6)
+        keys = ["w%d" % i for i in range(20)]
+        initial = bank.lookup("torch_sharded", keys)
+        emb = ct.DynamicEmbedding(bank, "torch_sharded", 2)
+        W = torch.arange(40, dtype=torch.float32).reshape(20, 2) / 10
+        (emb(keys) * W).sum().backward()
+        np.testing.assert_allclose(bank.lookup("torch_sharded", keys), initial - 0.1 * W.numpy(), rtol=1e-6,
+                                   atol=1e-6)
+        assert all(bank.stats("torch_sharded", shard=i)["tables"][0]["rows"] > 0 for i in range(2))
