@@ -20,7 +20,6 @@
 #include "util.h"
 
 #include <assert.h>
-#include <ctype.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,7 +88,7 @@ struct s_verb {
 /* ---- enum names --------------------------------------------------------------------------------------
  * On the command line and in listings a proto enum value goes by its name in carls.proto without the
  * prefix, in lower case with '-' for '_': OPT_SGD is "sgd", OUTLIER_NORM_MEDIAN "norm-median",
- * SAMPLE_LOG_UNIFORM "log-uniform". So a value added to the proto gets its name here without an edit. */
+ * SAMPLE_LOG_UNIFORM "log-uniform" (carls_enum_name, proto/protocol.h). */
 
 typedef ProtobufCEnumDescriptor s_enum_t;
 
@@ -102,42 +101,6 @@ static const s_enum_t *const s_metrics = &carls__knn_metric__descriptor;
 static const s_enum_t *const s_admissions = &carls__admission_kind__descriptor;
 static const s_enum_t *const s_evictions = &carls__eviction_kind__descriptor;
 static const s_enum_t *const s_strategies = &carls__sample_strategy__descriptor;
-
-/* A value's command-line name (returned by value, so it can be printed straight from the call). */
-typedef struct {
-    char text[64];
-} s_enum_name_t;
-
-static s_enum_name_t s_cli_name(const ProtobufCEnumValue *v)
-{
-    s_enum_name_t out;
-    const char *p = strchr(v->name, '_');
-    p = p ? p + 1 : v->name;
-    size_t i = 0;
-    for (; p[i] && i + 1 < sizeof out.text; i++)
-        out.text[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
-    out.text[i] = '\0';
-    return out;
-}
-
-/* The value named `text` on the command line into *out. 0, or -1 when no value has that name. */
-static int s_name_parse(const s_enum_t *names, const char *text, int *out)
-{
-    for (unsigned i = 0; i < names->n_values; i++) {
-        if (strcmp(s_cli_name(&names->values[i]).text, text) == 0) {
-            *out = names->values[i].value;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* The command-line name of `value`, or "unknown". */
-static s_enum_name_t s_name_of(const s_enum_t *names, int value)
-{
-    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(names, value);
-    return v ? s_cli_name(v) : (s_enum_name_t){"unknown"};
-}
 
 /* ---- command-line parsing ---------------------------------------------------------------------------- */
 
@@ -249,11 +212,11 @@ static int s_opt_positive_float(const char *verb, const char *opt, const char *t
 
 static int s_opt_name(const char *verb, const char *opt, const s_enum_t *names, const char *text, int *out)
 {
-    if (s_name_parse(names, text, out) == 0)
+    if (carls_enum_parse(names, text, out) == 0)
         return 0;
     fprintf(stderr, "kbctl %s: --%s: unknown value \"%s\"; one of:", verb, opt, text);
     for (unsigned i = 0; i < names->n_values; i++)
-        fprintf(stderr, " %s", s_cli_name(&names->values[i]).text);
+        fprintf(stderr, " %s", carls_enum_name(&names->values[i]).text);
     fputc('\n', stderr);
     return -1;
 }
@@ -740,7 +703,7 @@ static int s_create_table(s_call_t *call)
         fprintf(stderr, "%s feature table %s\n", done, name);
     else
         fprintf(stderr, "%s table %s (dim %u, %s, %s%s%s)\n", done, name, t.cfg.dim,
-                s_name_of(s_optimizers, t.opt.kind).text, s_name_of(s_updates, t.lazy.policy).text,
+                carls_enum_name_of(s_optimizers, t.opt.kind).text, carls_enum_name_of(s_updates, t.lazy.policy).text,
                 t.cfg.knn ? ", knn " : "", t.cfg.knn ? t.knn.spec : "");
     return S_EXIT_OK;
 }
@@ -763,8 +726,8 @@ static int s_list_tables(s_call_t *call)
         const Carls__TableInfo *t = resp->table_list->tables[i];
         const Carls__TableConfig *cfg = t->config;
         printf("%s\t%u\t%llu\t%s\t%s\n", t->name ? t->name : "", cfg ? cfg->dim : 0, (unsigned long long)t->rows,
-               s_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0).text,
-               s_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0).text);
+               carls_enum_name_of(s_optimizers, (cfg && cfg->optimizer) ? (int)cfg->optimizer->kind : 0).text,
+               carls_enum_name_of(s_updates, (cfg && cfg->lazy) ? (int)cfg->lazy->policy : 0).text);
     }
     carls__response__free_unpacked(resp, NULL);
     return S_EXIT_OK;
@@ -1049,7 +1012,7 @@ static void s_print_stats(const Carls__StatsResult *s)
         printf("applied_on_lookup: %llu\n", (unsigned long long)t->applied_on_lookup);
         printf("applied_on_age: %llu\n", (unsigned long long)t->applied_on_age);
         printf("applied_on_count: %llu\n", (unsigned long long)t->applied_on_count);
-        printf("kind: %s\n", s_name_of(s_kinds, (int)t->kind).text);
+        printf("kind: %s\n", carls_enum_name_of(s_kinds, (int)t->kind).text);
         printf("not_admitted: %llu\n", (unsigned long long)t->not_admitted);
         printf("not_persisted: %llu\n", (unsigned long long)t->not_persisted);
         printf("evictions: %llu\n", (unsigned long long)t->evictions);

@@ -1,5 +1,6 @@
 #include "protocol.h"
 
+#include <ctype.h>
 #include <string.h>
 
 const char *carls_status_name(Carls__StatusCode status)
@@ -108,4 +109,33 @@ Carls__Request__OpCase carls_request_peek_op(const uint8_t *frame, size_t len)
         p += skip;
     }
     return CARLS__REQUEST__OP__NOT_SET;
+}
+
+carls_enum_name_t carls_enum_name(const ProtobufCEnumValue *v)
+{
+    carls_enum_name_t out;
+    const char *p = strchr(v->name, '_');
+    p = p ? p + 1 : v->name;
+    size_t i = 0;
+    for (; p[i] && i + 1 < sizeof out.text; i++)
+        out.text[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
+    out.text[i] = '\0';
+    return out;
+}
+
+carls_enum_name_t carls_enum_name_of(const ProtobufCEnumDescriptor *names, int value)
+{
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(names, value);
+    return v ? carls_enum_name(v) : (carls_enum_name_t){"unknown"};
+}
+
+int carls_enum_parse(const ProtobufCEnumDescriptor *names, const char *text, int *out)
+{
+    for (unsigned i = 0; i < names->n_values; i++) {
+        if (strcmp(carls_enum_name(&names->values[i]).text, text) == 0) {
+            *out = names->values[i].value;
+            return 0;
+        }
+    }
+    return -1;
 }

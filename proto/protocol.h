@@ -30,6 +30,21 @@ const char *carls_op_name(Carls__Request__OpCase op);
  * route with it and a server started with --shard i/n refuses keys of other shards. */
 uint32_t carls_shard_of(const void *key, size_t len, uint32_t n);
 
+/* A proto enum value's name on command lines, in listings and in the Python package: its name in carls.proto
+ * without the prefix, in lower case with '-' for '_': OPT_SGD is "sgd", OUTLIER_NORM_MEDIAN "norm-median",
+ * SAMPLE_LOG_UNIFORM "log-uniform". So a value added to the proto gets its name without an edit. Returned by
+ * value, so it can be printed straight from the call. */
+typedef struct {
+    char text[64];
+} carls_enum_name_t;
+carls_enum_name_t carls_enum_name(const ProtobufCEnumValue *v);
+
+/* The name of value among names' values, or "unknown". */
+carls_enum_name_t carls_enum_name_of(const ProtobufCEnumDescriptor *names, int value);
+
+/* The value of names called text (as carls_enum_name writes it) into *out. 0, or -1 when none is. */
+int carls_enum_parse(const ProtobufCEnumDescriptor *names, const char *text, int *out);
+
 /* Table names: 1..CARLS_MAX_TABLE_NAME_BYTES of [A-Za-z0-9_.-]. True when name is one. */
 bool carls_table_name_valid(const char *name);
 

@@ -13,6 +13,7 @@ PACKAGES=(
   dataset-fashion-mnist
   bible-kjv-text bible-kjv fasttext
   dict-gcide
+  python3-cffi python3-numpy python3-torch python3-pytest python3-pip python3-venv
 )
 
 missing=()
