@@ -719,8 +719,8 @@ static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
         return -1;
     }
     if (last > compacted)
-        LOG_INFO("replayed the journal's epochs %llu..%llu into the store in %lld ms",
-                 (unsigned long long)compacted + 1, (unsigned long long)last,
+        LOG_INFO("replayed the journal's epochs after %llu, up to %llu, into the store in %lld ms",
+                 (unsigned long long)compacted, (unsigned long long)last,
                  (long long)(carls_monotonic_ms() - t0));
     if (kb_journal_remove_all(self->data_dir, err, errlen) != 0)
         return -1;

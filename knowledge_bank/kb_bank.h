@@ -1,20 +1,28 @@
 /* The bank: one server's named tables, their persistence and the background work that serves them.
  *
  * Owns the table registry (tables are reference counted so a drop never frees a table a request is using),
- * the SQLite store, the write de-duplication state, a persister thread and a sweeper thread:
- *  - persister: collects every row changed since its last round and writes them in one transaction
- *    ("epoch"). In sync durability, a write request waits until the epoch holding its changes has
- *    committed before it is acknowledged; requests arriving while a commit runs share the next one (group
- *    commit). In interval durability it commits every interval_ms and nobody waits.
+ * the SQLite store, the journal in front of it (kb_journal.h), the write de-duplication state, and three
+ * threads:
+ *  - persister: collects every row changed since its last round ("epoch", kb_batch.h) and commits it by
+ *    appending it to the journal (one sequential write, and in sync durability one fdatasync). In sync
+ *    durability a write's reply waits until the epoch holding its changes is durable: kb_bank_wait_durable
+ *    blocks, or the transport parks the reply (kb_bank_request_durable, the commit hook,
+ *    kb_bank_durable_epoch), so any number of writers share one fdatasync (group commit). In interval
+ *    durability it commits every interval_ms and nobody waits.
  *    Reads change only rows' use counts (frequency), which are not part of any epoch's promise: every
  *    frequency_period_ms (in a round no write waits on, when there is one), at a checkpoint and at close
- *    the persister writes the counts changed since in bulk, one frequency-only UPDATE per row, so a
+ *    the persister takes the counts changed since in bulk, one frequency-only update per row, so a
  *    read-only load rewrites no row. A crash loses at most the counts of the last period.
+ *  - compactor: writes the journaled epochs into SQLite in the background, many in one transaction (a row
+ *    written in several keeps only its newest write), with the newest epoch recorded in the same
+ *    transaction, then removes journal segments SQLite holds entirely. If SQLite falls more than a quarter
+ *    of --max-memory (or 256 MiB) behind, the persister waits for it. At start-up the journal's newer
+ *    epochs are replayed into SQLite before anything is loaded; a clean close compacts everything.
  *  - sweeper: applies pending gradient sets older than their table's max_age_ms.
  *
  * Write requests bracket their changes with kb_bank_write_begin/kb_bank_write_end (a shared lock the
  * persister takes exclusively while it collects), so all rows of one request and its de-duplication record
- * land in the same transaction: after a crash a write is either wholly there or wholly absent. */
+ * land in the same epoch: after a crash a write is either wholly there or wholly absent. */
 #ifndef KB_BANK_H
 #define KB_BANK_H
 
