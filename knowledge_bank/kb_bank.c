@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A table in the registry. refs counts the registry itself (while not dropped) plus every acquire. */
 typedef struct {
@@ -76,6 +79,8 @@ struct kb_bank {
     uint64_t queued_epoch;         /* the newest epoch ever queued */
     uint64_t compacted_epoch;      /* the newest epoch in SQLite (meta 'journal_epoch') */
     uint64_t compactions;
+    int64_t queue_since_ms;        /* when the oldest queued epoch was queued */
+    bool compact_now;              /* a checkpoint waits: compact without delay */
     bool compacting;               /* a compaction transaction is open */
     bool compactor_stop;
     int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
@@ -402,6 +407,8 @@ static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
     int64_t bytes = kb_batch_bytes(b);
     pthread_mutex_lock(&self->compact_mutex);
     self->queue = carls_grow(self->queue, &self->queue_cap, self->queue_count + 1, sizeof *self->queue);
+    if (self->queue_count == 0)
+        self->queue_since_ms = carls_monotonic_ms();
     self->queue[self->queue_count++] = *b;
     self->queue_bytes += bytes;
     self->queued_epoch = b->epoch;
@@ -505,16 +512,38 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
     return rc;
 }
 
+/* Whether the compactor should start now: at close, when a checkpoint waits, when the queue holds a
+ * quarter of what it may, or when its oldest epoch has waited COMPACT_DELAY_MS. Waiting lets a hot row's
+ * many epochs collapse into one SQLite write (kb_batch_mark_superseded). Compact mutex held. */
+#define COMPACT_DELAY_MS 5000
+
+static bool s_compaction_due(kb_bank_t *self, int64_t now)
+{
+    return self->compactor_stop || self->compact_now || self->queue_bytes * 4 >= self->queue_max_bytes ||
+           now - self->queue_since_ms >= COMPACT_DELAY_MS;
+}
+
 static void *s_compactor_main(void *arg)
 {
     kb_bank_t *self = arg;
     int failures = 0;
+    /* SQLite work is background work: on a machine with few cores the request thread goes first. */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
+        LOG_DEBUG("compactor: cannot lower its priority: %s", strerror(errno));
     pthread_mutex_lock(&self->compact_mutex);
     for (;;) {
         while (self->queue_count == 0 && !self->compactor_stop)
             pthread_cond_wait(&self->compact_cond, &self->compact_mutex);
         if (self->queue_count == 0)
             break; /* stopping, and everything is in SQLite */
+        int64_t now = carls_monotonic_ms();
+        if (!s_compaction_due(self, now)) {
+            struct timespec deadline;
+            s_deadline(&deadline, (int)(COMPACT_DELAY_MS - (now - self->queue_since_ms)));
+            pthread_cond_timedwait(&self->compact_cond, &self->compact_mutex, &deadline);
+            continue;
+        }
+        self->compact_now = false;
         kb_batch_t *batches = self->queue;
         size_t n = self->queue_count;
         self->queue = NULL;
@@ -554,6 +583,7 @@ static void *s_compactor_main(void *arg)
             memcpy(batches + n, self->queue, self->queue_count * sizeof *batches);
         free(self->queue);
         self->queue = batches;
+        self->queue_since_ms = carls_monotonic_ms();
         self->queue_count += n;
         self->queue_cap = self->queue_count;
         if (self->compactor_stop && failures >= 3)
@@ -889,6 +919,8 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
     pthread_mutex_lock(&self->compact_mutex);
     uint64_t target = self->queued_epoch;
     while (self->compacted_epoch < target) {
+        self->compact_now = true;
+        pthread_cond_signal(&self->compact_cond);
         if (pthread_cond_timedwait(&self->compacted_cond, &self->compact_mutex, &deadline) == ETIMEDOUT)
             break;
     }
