@@ -513,14 +513,12 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
 }
 
 /* Whether the compactor should start now: at close, when a checkpoint waits, when the queue holds a
- * quarter of what it may, or when its oldest epoch has waited COMPACT_DELAY_MS. Waiting lets a hot row's
+ * quarter of what it may, or when its oldest epoch has waited compact_delay_ms. Waiting lets a hot row's
  * many epochs collapse into one SQLite write (kb_batch_mark_superseded). Compact mutex held. */
-#define COMPACT_DELAY_MS 5000
-
 static bool s_compaction_due(kb_bank_t *self, int64_t now)
 {
     return self->compactor_stop || self->compact_now || self->queue_bytes * 4 >= self->queue_max_bytes ||
-           now - self->queue_since_ms >= COMPACT_DELAY_MS;
+           now - self->queue_since_ms >= self->opts.compact_delay_ms;
 }
 
 static void *s_compactor_main(void *arg)
@@ -539,7 +537,7 @@ static void *s_compactor_main(void *arg)
         int64_t now = carls_monotonic_ms();
         if (!s_compaction_due(self, now)) {
             struct timespec deadline;
-            s_deadline(&deadline, (int)(COMPACT_DELAY_MS - (now - self->queue_since_ms)));
+            s_deadline(&deadline, (int)(self->opts.compact_delay_ms - (now - self->queue_since_ms)));
             pthread_cond_timedwait(&self->compact_cond, &self->compact_mutex, &deadline);
             continue;
         }
@@ -773,6 +771,8 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
         self->opts.interval_ms = 1000;
     if (self->opts.frequency_period_ms == 0)
         self->opts.frequency_period_ms = 10000;
+    if (self->opts.compact_delay_ms == 0)
+        self->opts.compact_delay_ms = 5000;
     self->next_table_id = 1;
     self->dedup = kb_dedup_new();
     self->mem = kb_memory_new(opts->max_memory);

@@ -39,6 +39,7 @@ typedef struct {
     uint32_t interval_ms; /* interval durability: at most this much acknowledged work can be lost */
     uint64_t max_memory;  /* --max-memory: the budget of the memory estimate (kb_memory.h); 0 = unlimited */
     uint32_t frequency_period_ms; /* use counts changed by reads are written this often (0: 10000) */
+    uint32_t compact_delay_ms;    /* committed epochs wait this long before compaction (0: 5000) */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;

@@ -39,14 +39,20 @@ static void s_usage(FILE *out)
             "  --listen ENDPOINT          ZeroMQ endpoint to bind (default tcp://127.0.0.1:7070;\n"
             "                             tcp://127.0.0.1:* picks a free port, see --endpoint-file)\n"
             "  --data DIR                 data directory, created 0700 if missing (default ./kb-data)\n"
-            "  --durability MODE          sync: a write is committed to disk before it is acknowledged\n"
-            "                             (concurrent writes share commits); interval:MS: commit every MS ms,\n"
-            "                             so up to MS ms of acknowledged writes can be lost in a crash\n"
+            "  --durability MODE          sync: a write is committed (journal append + fdatasync) before it is\n"
+            "                             acknowledged (concurrent writes share commits); interval:MS: commit\n"
+            "                             every MS ms, so up to MS ms of acknowledged writes can be lost in a\n"
+            "                             crash\n"
             "                             (default sync)\n"
+            "  --compact-delay-ms N       how long committed epochs may wait in the journal before the\n"
+            "                             compactor writes them into SQLite (5000): longer writes a hot row\n"
+            "                             once for many epochs; shorter keeps the journal and replay short\n"
             "  --frequency-period-ms N    use counts changed by lookups (never a value: reads do not rewrite\n"
             "                             rows) are written in bulk this often, at a checkpoint and at\n"
             "                             shutdown; a crash loses at most this period's counts (default 10000)\n"
-            "  --threads N                worker threads (default 2)\n"
+            "  --threads N                worker threads for knn, sample, scan, stats, checkpoint, create and\n"
+            "                             drop (default 2); lookups and writes are answered by the thread\n"
+            "                             that receives them\n"
             "  --knn-threads N            OpenMP threads per nearest-neighbour search (default 1; OpenBLAS\n"
             "                             stays at 1: their product must not oversubscribe the cores, and\n"
             "                             the worker threads already search in parallel)\n"
@@ -157,6 +163,7 @@ int main(int argc, char **argv)
         carls_arg_string("data", &bank_opts.data_dir),
         carls_arg_custom("durability", &durability, s_arg_durability),
         carls_arg_u32("frequency-period-ms", &bank_opts.frequency_period_ms, 1, UINT32_MAX),
+        carls_arg_u32("compact-delay-ms", &bank_opts.compact_delay_ms, 1, 3600000),
         carls_arg_u32("threads", &threads, 1, 256),
         carls_arg_set("read-only", &limits.read_only),
         carls_arg_custom("shard", &limits, s_arg_shard),

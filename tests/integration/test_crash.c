@@ -83,6 +83,32 @@ static void *s_grad_writer(void *p)
     return NULL;
 }
 
+/* Checks every writer's rows: each acknowledged push applied exactly once (SGD: exactly; AdaGrad: to
+ * rounding; versions count the steps). Returns the pushes acknowledged. */
+static int s_check_writers(kb_client_t *c, const grad_writer_t *w)
+{
+    int total = 0;
+    for (int i = 0; i < WRITERS; i++) {
+        assert_int_equal(w[i].failed, 0);
+        total += w[i].acked;
+        char key[16];
+        snprintf(key, sizeof key, "writer%d", i);
+        kb_key_t k = {key, strlen(key)};
+        float v;
+        kb_row_meta_t meta;
+        assert_int_equal(kb_client_lookup(c, "sgd", &k, 1, 1, &v, &meta), 0);
+        if ((double)v != w[i].sgd_ref)
+            fail_msg("writer %d: SGD value %.1f, expected %.1f after %d acknowledged pushes", i, v, w[i].sgd_ref,
+                     w[i].acked);
+        assert_int_equal(meta.version, (uint64_t)w[i].acked); /* one optimizer step per push, none twice */
+        assert_int_equal(kb_client_lookup(c, "ada", &k, 1, 1, &v, &meta), 0);
+        assert_int_equal(meta.version, (uint64_t)w[i].acked);
+        if (fabs(v - w[i].ada_w) > 1e-4 * (1 + fabs(w[i].ada_w)))
+            fail_msg("writer %d: AdaGrad value %.7g, reference %.7g", i, v, w[i].ada_w);
+    }
+    return total;
+}
+
 static void s_create(kb_client_t *c, const char *name, Carls__OptimizerKind kind, float lr)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
@@ -136,26 +162,8 @@ static void test_sync_kill9_twenty_times(void **state)
     for (int i = 0; i < WRITERS; i++)
         pthread_join(th[i], NULL);
 
-    kb_client_t *c = f->client = s_patient_client(f->srv.endpoint);
-    int total = 0;
-    for (int i = 0; i < WRITERS; i++) {
-        assert_int_equal(w[i].failed, 0);
-        total += w[i].acked;
-        char key[16];
-        snprintf(key, sizeof key, "writer%d", i);
-        kb_key_t k = {key, strlen(key)};
-        float v;
-        kb_row_meta_t meta;
-        assert_int_equal(kb_client_lookup(c, "sgd", &k, 1, 1, &v, &meta), 0);
-        if ((double)v != w[i].sgd_ref)
-            fail_msg("writer %d: SGD value %.1f, expected %.1f after %d acknowledged pushes", i, v, w[i].sgd_ref,
-                     w[i].acked);
-        assert_int_equal(meta.version, (uint64_t)w[i].acked); /* one optimizer step per push, none twice */
-        assert_int_equal(kb_client_lookup(c, "ada", &k, 1, 1, &v, &meta), 0);
-        assert_int_equal(meta.version, (uint64_t)w[i].acked);
-        if (fabs(v - w[i].ada_w) > 1e-4 * (1 + fabs(w[i].ada_w)))
-            fail_msg("writer %d: AdaGrad value %.7g, reference %.7g", i, v, w[i].ada_w);
-    }
+    f->client = s_patient_client(f->srv.endpoint);
+    int total = s_check_writers(f->client, w);
     print_message("%d kills, %d acknowledged pushes, all present exactly once\n", KILLS, total);
     assert_true(total > KILLS);
 }
@@ -295,14 +303,14 @@ static void test_sync_kill9_during_compaction(void **state)
     server_fixture_t *f = *state;
     /* A compaction holds its transaction open 400 ms before it commits: the window the kills aim at. */
     setenv("CARLS_KB_TEST_COMPACTION_DELAY_MS", "400", 1);
-    const char *args[] = {"--durability", "sync", NULL};
+    const char *args[] = {"--durability", "sync", "--compact-delay-ms", "100", NULL};
     server_fixture_start(f, args);
     s_create(f->client, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
     s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
     /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
     char endpoint[sizeof f->srv.endpoint];
     snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
-    const char *fixed[] = {"--durability", "sync", "--listen", endpoint, NULL};
+    const char *fixed[] = {"--durability", "sync", "--compact-delay-ms", "100", "--listen", endpoint, NULL};
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
@@ -326,26 +334,7 @@ static void test_sync_kill9_during_compaction(void **state)
      * the few ms of one request; the transaction stays open 400 ms). */
     assert_int_equal(during, ROUNDS);
 
-    kb_client_t *c = f->client;
-    int total = 0;
-    for (int i = 0; i < WRITERS; i++) {
-        assert_int_equal(w[i].failed, 0);
-        total += w[i].acked;
-        char key[16];
-        snprintf(key, sizeof key, "writer%d", i);
-        kb_key_t k = {key, strlen(key)};
-        float v;
-        kb_row_meta_t meta;
-        assert_int_equal(kb_client_lookup(c, "sgd", &k, 1, 1, &v, &meta), 0);
-        if ((double)v != w[i].sgd_ref)
-            fail_msg("writer %d: SGD value %.1f, expected %.1f after %d acknowledged pushes", i, v, w[i].sgd_ref,
-                     w[i].acked);
-        assert_int_equal(meta.version, (uint64_t)w[i].acked);
-        assert_int_equal(kb_client_lookup(c, "ada", &k, 1, 1, &v, &meta), 0);
-        assert_int_equal(meta.version, (uint64_t)w[i].acked);
-        if (fabs(v - w[i].ada_w) > 1e-4 * (1 + fabs(w[i].ada_w)))
-            fail_msg("writer %d: AdaGrad value %.7g, reference %.7g", i, v, w[i].ada_w);
-    }
+    int total = s_check_writers(f->client, w);
     print_message("%d kills inside a compaction transaction, %d acknowledged pushes, all present exactly once\n",
                   during, total);
     assert_true(total > ROUNDS);
