@@ -248,7 +248,8 @@ static int s_list(const char *dir, char ***out, size_t *count, char *err, size_t
             CARLS_FATAL("out of memory");
     }
     closedir(d);
-    qsort(*out, *count, sizeof **out, s_compare_names);
+    if (*count > 1)
+        qsort(*out, *count, sizeof **out, s_compare_names);
     return 0;
 }
 
