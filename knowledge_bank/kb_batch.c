@@ -105,9 +105,32 @@ enum {
     ROW_FREQUENCY_ONLY = 32,
 };
 
+/* The encoded size, so that the encoder allocates once. */
+static size_t s_encoded_size(const kb_batch_t *b)
+{
+    size_t n = 8 + 4 + 4 + 4;
+    for (size_t i = 0; i < b->op_count; i++)
+        n += 1 + 8 + 4 + (b->ops[i].name ? strlen(b->ops[i].name) : 0) + 4 + b->ops[i].config_len;
+    for (size_t i = 0; i < b->row_count; i++) {
+        const kb_store_row_t *r = &b->rows[i];
+        n += 69 + r->key_len;
+        if (r->value)
+            n += (size_t)r->dim * sizeof(float);
+        if (r->opt_state)
+            n += (size_t)r->opt_floats * sizeof(float);
+        if (r->pending)
+            n += (size_t)r->pending_count * r->dim * sizeof(float);
+        if (r->record)
+            n += r->record_len;
+    }
+    return n + b->client_count * (16 + KB_DEDUP_WINDOW_BYTES);
+}
+
 uint8_t *kb_batch_encode(const kb_batch_t *b, size_t *len)
 {
     s_out_t o = {0};
+    o.cap = s_encoded_size(b);
+    o.buf = carls_xmalloc(o.cap);
     s_u64(&o, b->epoch);
     s_u32(&o, (uint32_t)b->op_count);
     for (size_t i = 0; i < b->op_count; i++) {
@@ -328,7 +351,8 @@ static uint64_t s_row_hash(const kb_store_row_t *r)
 
 static bool s_same_row(const kb_store_row_t *a, const kb_store_row_t *b)
 {
-    return a->table_id == b->table_id && a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+    return a->table_id == b->table_id && a->key_len == b->key_len &&
+           (a->key_len == 0 || memcmp(a->key, b->key, a->key_len) == 0);
 }
 
 size_t kb_batch_mark_superseded(kb_batch_t *batches, size_t n)
