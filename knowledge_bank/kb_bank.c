@@ -512,12 +512,16 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
     return rc;
 }
 
-/* Whether the compactor should start now: at close, when a checkpoint waits, when the queue holds a
- * quarter of what it may, or when its oldest epoch has waited compact_delay_ms. Waiting lets a hot row's
- * many epochs collapse into one SQLite write (kb_batch_mark_superseded). Compact mutex held. */
+/* Whether the compactor should start now: at close, when a checkpoint waits, when the queue holds
+ * COMPACT_BYTES (or a quarter of what it may, if less), or when its oldest epoch has waited
+ * compact_delay_ms. Waiting lets a hot row's many epochs collapse into one SQLite write
+ * (kb_batch_mark_superseded); the byte bound keeps the memory that waiting holds small. Compact mutex held. */
+#define COMPACT_BYTES ((int64_t)32 << 20)
+
 static bool s_compaction_due(kb_bank_t *self, int64_t now)
 {
-    return self->compactor_stop || self->compact_now || self->queue_bytes * 4 >= self->queue_max_bytes ||
+    int64_t enough = self->queue_max_bytes / 4 < COMPACT_BYTES ? self->queue_max_bytes / 4 : COMPACT_BYTES;
+    return self->compactor_stop || self->compact_now || self->queue_bytes >= enough ||
            now - self->queue_since_ms >= self->opts.compact_delay_ms;
 }
 
