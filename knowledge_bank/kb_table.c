@@ -786,6 +786,11 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
 
 /* ---- operations ---- */
 
+/* How many keys ahead a batch lookup fetches slots, and rows: far enough that a miss has landed by the time
+ * the key is served, near enough that the lines are still in cache. */
+#define S_AHEAD_SLOT 8
+#define S_AHEAD_ROW 4
+
 uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, bool no_create,
                          float *values, uint64_t *versions, int64_t *updated_at_ms, uint64_t *frequencies)
 {
@@ -793,33 +798,47 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     uint64_t steps = 0;
     s_groups_t g;
     s_groups_make(&g, keys, n);
-    for (int s = 0; s < KB_TABLE_STRIPES; s++) {
-        kb_stripe_t *st = s_group_lock(self, &g, s);
-        for (uint32_t j = g.starts[s]; st && j < g.starts[s + 1]; j++) {
-            size_t i = g.order[j];
-            kb_row_t *row = s_row_get(self, st, g.hashes[i], &keys[i], !no_create);
-            if (!row) {
-                kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, keys[i].data,
-                              keys[i].len, values + i * dim, dim);
-                versions[i] = 0;
-                updated_at_ms[i] = 0;
-                frequencies[i] = 0;
-                continue;
-            }
-            if (row->pending_count > 0) {
-                s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
-                steps++;
-            }
-            if (!no_create)
-                s_count_use(self, st, row);
-            memcpy(values + i * dim, row->value, dim * sizeof(float));
-            versions[i] = row->version;
-            updated_at_ms[i] = row->updated_at_ms;
-            frequencies[i] = row->frequency;
+    /* Every stripe the batch touches is locked at once (in index order, so two batches cannot deadlock;
+     * nothing else holds two stripes), and the slots and rows of keys a few places ahead are fetched while
+     * the current key is served: the misses of many keys overlap instead of following one another. */
+    for (int s = 0; s < KB_TABLE_STRIPES; s++)
+        if (g.starts[s] != g.starts[s + 1])
+            pthread_mutex_lock(&self->stripes[s].mutex);
+    size_t row_bytes = sizeof(kb_row_t) + 16 + (size_t)dim * sizeof(float);
+    for (size_t j = 0; j < n; j++) {
+        if (j + S_AHEAD_SLOT < n) {
+            uint64_t h = g.hashes[g.order[j + S_AHEAD_SLOT]];
+            kb_rowmap_prefetch_slot(&s_stripe(self, h)->map, h);
         }
-        if (st)
-            pthread_mutex_unlock(&st->mutex);
+        if (j + S_AHEAD_ROW < n) {
+            uint64_t h = g.hashes[g.order[j + S_AHEAD_ROW]];
+            kb_rowmap_prefetch_row(&s_stripe(self, h)->map, h, row_bytes);
+        }
+        size_t i = g.order[j];
+        kb_stripe_t *st = s_stripe(self, g.hashes[i]);
+        kb_row_t *row = s_row_get(self, st, g.hashes[i], &keys[i], !no_create);
+        if (!row) {
+            kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, keys[i].data, keys[i].len,
+                          values + i * dim, dim);
+            versions[i] = 0;
+            updated_at_ms[i] = 0;
+            frequencies[i] = 0;
+            continue;
+        }
+        if (row->pending_count > 0) {
+            s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
+            steps++;
+        }
+        if (!no_create)
+            s_count_use(self, st, row);
+        memcpy(values + i * dim, row->value, dim * sizeof(float));
+        versions[i] = row->version;
+        updated_at_ms[i] = row->updated_at_ms;
+        frequencies[i] = row->frequency;
     }
+    for (int s = 0; s < KB_TABLE_STRIPES; s++)
+        if (g.starts[s] != g.starts[s + 1])
+            pthread_mutex_unlock(&self->stripes[s].mutex);
     s_groups_free(&g);
     atomic_fetch_add(&self->stats.lookups, n);
     return steps;
