@@ -7,6 +7,7 @@
 #include "km_watch.h"
 
 #include "data_fmnist.h"
+#include "data_user.h"
 #include "data_sample.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
@@ -51,7 +52,8 @@ static void s_usage(FILE *out)
             "  --task embed|graph|label|words  what to make (see below)\n"
             "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
             "  --device auto|cpu|cuda   where the forward pass runs (default auto)\n"
-            "  --data fashion-mnist     the items' data set (default fashion-mnist)\n"
+            "  --data NAME              the items' data set: fashion-mnist (default), or your own\n"
+            "                           npy:FEATURES.npy,LABELS.npy | csv:FEATURES.csv,LABELS.csv (data_user.h)\n"
             "  --data-dir DIR           its IDX files (default %s)\n"
             "  --items N                use the first N training images as items (default 0: all)\n"
             "  --tables PREFIX          table-name prefix (default fmnist): PREFIX.pixels .emb .graph .labels\n"
@@ -159,8 +161,9 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     o->task = (km_task_t)task;
-    if (strcmp(o->data, "fashion-mnist") != 0) {
-        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist)\n", o->data);
+    if (strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data)) {
+        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist, npy:F.npy,L.npy, csv:F.csv,L.csv)\n",
+                o->data);
         return -1;
     }
     bool needs_ckpt = (o->task == KM_TASK_EMBED && !o->pixels) || (o->task == KM_TASK_GRAPH && o->source_emb) ||
@@ -377,7 +380,7 @@ static bool s_label_prior(s_maker_t *mk, const carls_ckpt_t *ck, const uint32_t 
 {
     const km_opts_t *o = mk->o;
     const size_t n = (size_t)mk->n_items;
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = mk->ds.classes;
     bool with_model = false;
     if (ck && o->model_weight > 0.0f) {
         char err[1024];
@@ -410,7 +413,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
 {
     const km_opts_t *o = mk->o;
     const size_t n = (size_t)mk->n_items;
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = mk->ds.classes;
     const uint32_t k = (uint32_t)o->k;
     const uint64_t step = ck ? carls_ckpt_step(ck) : 0;
     int64_t t0 = carls_monotonic_us();
@@ -453,7 +456,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     items = carls_xmalloc(sizeof *items * (mk->n_share ? mk->n_share : 1));
     lab = carls_xmalloc(sizeof *lab * (mk->n_share ? mk->n_share : 1));
     conf = carls_xmalloc(sizeof *conf * (mk->n_share ? mk->n_share : 1));
-    size_t m_out = 0, right = 0, n_conf = 0, right_conf = 0;
+    size_t m_out = 0, right = 0, n_conf = 0, right_conf = 0, known = 0, known_conf = 0;
     for (size_t s = 0; s < mk->n_share; s++) {
         uint32_t it = mk->share[s];
         if (is_lab[it]) {
@@ -461,10 +464,13 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
         }
         items[m_out] = it;
         km_spread_labels(F + (size_t)it * C, 1, C, &lab[m_out], &conf[m_out]);
-        right += lab[m_out] == mk->ds.train.labels[it];
+        const bool truth = mk->ds.train.labels[it] < C; /* a user's -1 label: nothing to compare with */
+        known += truth;
+        right += truth && lab[m_out] == mk->ds.train.labels[it];
         if (conf[m_out] >= 0.5f) {
             n_conf++;
-            right_conf += lab[m_out] == mk->ds.train.labels[it];
+            known_conf += truth;
+            right_conf += truth && lab[m_out] == mk->ds.train.labels[it];
         }
         m_out++;
     }
@@ -479,7 +485,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
              "%.4f, %.4f on the %.1f%% with confidence >= 0.5 (diagnostics from the true labels, which are never "
              "written); trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
              step, with_model ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
-             m_out ? (double)right / (double)m_out : 0.0, n_conf ? (double)right_conf / (double)n_conf : 0.0,
+             known ? (double)right / (double)known : 0.0, known_conf ? (double)right_conf / (double)known_conf : 0.0,
              m_out ? 100.0 * (double)n_conf / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
     rc = 0;
 cleanup:
@@ -512,7 +518,7 @@ static int s_setup(s_maker_t *mk, const km_opts_t *o)
         return -1;
     }
     nn_cpu_set_threads(o->threads);
-    if (carls_fmnist_load(o->data_dir, &mk->ds, err, sizeof err) != 0) {
+    if (carls_dataset_load(o->data, o->data_dir, NULL, &mk->ds, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
         return -1;
     }

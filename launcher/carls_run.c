@@ -130,6 +130,7 @@ typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
     const char *kb_durability;
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
+    const char *data, *test_data;     /* graphreg: fashion-mnist or a user's npy:/csv: spec, its test split */
     const char *experiment;           /* graphreg | twotower */
     const char *gcide_index, *gcide_dict, *negatives_from, *negatives_sampling, *lexical;
     char bin[4096];
@@ -162,6 +163,8 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
     c->pixel_features = carls_ini_get(ini, "pixel_features", "raw");
+    c->data = carls_ini_get(ini, "data", "fashion-mnist");
+    c->test_data = carls_ini_get(ini, "test_data", "");
     c->experiment = carls_ini_get(ini, "experiment", "graphreg");
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
     c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
@@ -306,6 +309,7 @@ static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, co
     s_arg(a, "%s/kb-maker", c->bin);
     s_arg_list(a, (const char *const[]){"--kb", endpoint, "--task", task, "--worker", worker_text, "--tables",
                                         c->tables, "--items", items, "--device", c->maker_device, NULL});
+    s_arg_list(a, (const char *const[]){"--data", c->data, NULL});
     s_arg_if_set(a, "--data-dir", c->data_dir);
     s_maker_timeout_arg(a, c);
 }
@@ -636,8 +640,9 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
                             const char *metrics)
 {
-    s_arg_list(a, (const char *const[]){"graphreg", "--data", "fashion-mnist", NULL});
+    s_arg_list(a, (const char *const[]){"graphreg", "--data", c->data, NULL});
     s_arg_if_set(a, "--data-dir", c->data_dir);
+    s_arg_if_set(a, "--test-data", c->test_data);
     if (graph_needed) {
         s_arg(a, "--kb");
         s_arg(a, "%s", endpoint);

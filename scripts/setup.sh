@@ -12,6 +12,7 @@ PACKAGES=(
   dataset-fashion-mnist
   bible-kjv-text bible-kjv fasttext
   dict-gcide
+  prometheus python3-numpy
 )
 
 missing=()

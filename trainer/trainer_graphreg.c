@@ -32,6 +32,7 @@
 #include "trainer_util.h"
 
 #include "data_fmnist.h"
+#include "data_user.h"
 #include "data_sample.h"
 #include "nn_hash.h"
 #include "nn_mlp.h"
@@ -51,6 +52,7 @@ typedef enum { S_NBR_BANK = 0, S_NBR_TRAINER = 1, S_NBR_NONE = 2 } s_nbr_mode_t;
 
 typedef struct {
     const char *data, *data_dir;
+    const char *test_data;         /* a user data set's test split (data_user.h), NULL: none */
     int labels_per_class, label_seed;
     int train_items;               /* 0: all training images are items */
     int validation;                /* held-out validation images (0: evaluate on the test set) */
@@ -77,9 +79,12 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer graphreg --data fashion-mnist --kb ENDPOINT [options]\n"
+            "usage: trainer graphreg --data fashion-mnist|npy:F.npy,L.npy|csv:F.csv,L.csv --kb ENDPOINT [options]\n"
             "data (as trainer supervised):\n"
             "  --data NAME --data-dir DIR --labels-per-class N (default 10) --label-seed S (default 0)\n"
+            "  --data npy:FEATURES.npy,LABELS.npy (or csv:...): your own data set: features float32 or uint8\n"
+            "                           (N, D), labels int (N,) with -1 for unlabelled (docs/EXPERIMENTS.md)\n"
+            "  --test-data npy:F,L      its test split (else --validation N is needed)\n"
             "  --train-items N          use the first N training images (default 0: all 60000)\n"
             "  --validation N           hold out N unlabelled training images and evaluate on them instead of\n"
             "                           the test set (for choosing hyperparameters; default 0)\n"
@@ -135,6 +140,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
         carls_arg_group(data.rows),
+        carls_arg_string("test-data", &o->test_data),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
         carls_arg_int("steps", &o->steps, 1, 100000000),
@@ -167,8 +173,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     if (rc != 0) {
         return rc;
     }
-    if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
-        fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
+    if (!o->data || (strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data))) {
+        fprintf(stderr, "trainer graphreg: --data fashion-mnist, npy:FEATURES.npy,LABELS.npy or "
+                        "csv:FEATURES.csv,LABELS.csv is required\n");
         return -1;
     }
     if (o->alpha <= 0.0f) {
@@ -317,16 +324,34 @@ static const char *s_nbr_mode_name(s_nbr_mode_t mode, const char *none)
     return mode == S_NBR_BANK ? "bank" : mode == S_NBR_TRAINER ? "trainer" : none;
 }
 
-/* Loads Fashion-MNIST and splits the training images into labelled, unlabelled and validation images. */
+/* Loads the data set (Fashion-MNIST or the user's) and splits the training images into labelled, unlabelled
+ * and validation images. */
 static int s_load_data(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     char err[2048];
-    if (carls_fmnist_load(o->data_dir, &r->ds, err, sizeof err) != 0) {
+    if (carls_dataset_load(o->data, o->data_dir, o->test_data, &r->ds, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: %s\n", err);
         return -1;
     }
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = r->ds.classes;
+    if (carls_user_data_is_spec(o->data)) {
+        bool unlabelled = memchr(r->ds.train.labels, CARLS_LABEL_NONE, (size_t)r->ds.train.n) != NULL;
+        if (r->ds.test.n == 0 && (o->validation == 0 || unlabelled)) {
+            fprintf(stderr, "trainer: %s has no test split: give --test-data%s\n", o->data,
+                    unlabelled ? " (--validation needs every training example labelled)" : " or --validation N");
+            return -1;
+        }
+        if (o->validation > 0 && unlabelled) {
+            fprintf(stderr, "trainer: --validation needs every training example labelled; %s has -1 labels\n",
+                    o->data);
+            return -1;
+        }
+        if (o->augment_shift > 0 || o->augment_flip > 0.0f) {
+            fprintf(stderr, "trainer: --augment-shift and --augment-flip are for images, not %s\n", o->data);
+            return -1;
+        }
+    }
     r->N = o->train_items > 0 && o->train_items < r->ds.train.n ? o->train_items : r->ds.train.n;
     r->n_lab = o->labels_per_class * C;
     r->labelled = carls_xmalloc(sizeof *r->labelled * (size_t)r->n_lab);
@@ -363,7 +388,8 @@ static int s_setup(s_run_t *r)
     const s_opts_t *o = r->o;
     r->E = o->model.hidden[o->model.n_hidden - 1];
     r->max_batch = r->B > 500 ? r->B : 500;
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+                               &r->m) != 0) {
         return -1;
     }
     const char *header = r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
@@ -477,7 +503,7 @@ static void s_targets(s_run_t *r, const uint32_t *cur_batch, const trainer_fetch
         }
         r->win.pl_rows++;
         if (r->use_pl && f && f->plabel[i] >= 0 && f->pconf[i] >= o->conf_threshold &&
-            f->plabel[i] < CARLS_FMNIST_CLASSES) {
+            f->plabel[i] < r->ds.classes) {
             r->ybuf[i] = f->plabel[i];
             r->row_w[i] = beta * f->pconf[i] / (float)r->BU;
             r->win.pl_used++;

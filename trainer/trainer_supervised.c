@@ -178,7 +178,8 @@ static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     r->max_batch = o->batch > 500 ? o->batch : 500; /* evaluation runs in chunks of max_batch */
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+                               &r->m) != 0) {
         return -1;
     }
     const nn_mlp_config_t cfg = r->m->cfg;

@@ -48,9 +48,10 @@ int trainer_setup_threads(int requested);
 /* Resolves --device (logging the choice); returns 0 and *out, or prints the reason and returns -1. */
 int trainer_setup_device(const char *text, nn_device_t *out);
 
-/* A Fashion-MNIST classifier: in_dim inputs, model's hidden layers and dropout, CARLS_FMNIST_CLASSES outputs,
- * batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
-int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, nn_device_t device, int max_batch, int seed,
+/* A classifier of the image (or feature) data sets: in_dim inputs, model's hidden layers and dropout, classes
+ * outputs, batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes, nn_device_t device, int max_batch,
+                           int seed,
                            nn_mlp_t **out);
 
 /* Loss and accuracy of model m (in eval mode) on images which[0..n) of set, in chunks of m->max_batch through

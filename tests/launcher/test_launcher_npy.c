@@ -1,0 +1,137 @@
+/* Bring your own data: a data set of Gaussian clusters as .npy files (made with NumPy by /usr/bin/python3 when
+ * python3-numpy is installed, else written by data/'s own writer, which the output says) trains through
+ * `carls run` with the graph-regularized experiment (data = npy:..., test_data = npy:..., pixel_features = raw;
+ * makers embed, build the graph and spread labels as for Fashion-MNIST) and reaches the accuracy the clusters
+ * allow (they are 6 standard deviations apart: above 0.95). Then a labels file with a label out of range is
+ * refused before anything trains, with a message naming the file and the row. Needs no Debian data set. */
+#include "maker_testlib.h"
+
+#include "data_npy.h"
+#include "test_util.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define S_CLASSES 4
+#define S_DIM 16
+#define S_TRAIN 600
+#define S_TEST 200
+#define S_LABELS_PER_CLASS 5
+
+/* The clusters with NumPy: class c's mean is 3 * (+-1 in each coordinate, drawn once), unit variance; training
+ * labels -1 except for every 9th example. Returns 0 when python3-numpy made the files. */
+static int s_make_with_numpy(const char *dir)
+{
+    if (access("/usr/bin/python3", X_OK) != 0 || system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
+        return -1;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 - <<'EOF'\n"
+             "import numpy as np\n"
+             "rng = np.random.default_rng(7)\n"
+             "means = 3.0 * rng.choice([-1.0, 1.0], size=(%d, %d))\n"
+             "def split(n):\n"
+             "    y = np.arange(n) %% %d\n"
+             "    return (means[y] + rng.standard_normal((n, %d))).astype(np.float32), y.astype(np.int64)\n"
+             "x, y = split(%d)\n"
+             "y_train = np.where(np.arange(%d) %% 9 == 0, y, -1)\n"
+             "tx, ty = split(%d)\n"
+             "np.save('%s/x.npy', x); np.save('%s/y.npy', y_train)\n"
+             "np.save('%s/tx.npy', tx); np.save('%s/ty.npy', ty)\n"
+             "EOF",
+             S_CLASSES, S_DIM, S_CLASSES, S_DIM, S_TRAIN, S_TRAIN, S_TEST, dir, dir, dir, dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The same clusters written by data_npy (Box-Muller over the test stream). */
+static void s_split_c(uint64_t *rng, const float *means, int n, float *x, int64_t *y, int label_every)
+{
+    for (int i = 0; i < n; i++) {
+        int c = i % S_CLASSES;
+        for (int d = 0; d < S_DIM; d++) {
+            double u1 = (test_uniform_pm1(rng) + 1.0) / 2.0 + 1e-9, u2 = (test_uniform_pm1(rng) + 1.0) / 2.0;
+            x[i * S_DIM + d] = means[c * S_DIM + d] + (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307 * u2));
+        }
+        y[i] = label_every && i % label_every != 0 ? -1 : c;
+    }
+}
+
+static void s_make_with_c(const char *dir)
+{
+    uint64_t rng = 7;
+    float means[S_CLASSES * S_DIM], *x = malloc(sizeof *x * S_TRAIN * S_DIM);
+    int64_t *y = malloc(sizeof *y * S_TRAIN);
+    for (int i = 0; i < S_CLASSES * S_DIM; i++)
+        means[i] = test_uniform_pm1(&rng) < 0 ? -3.0f : 3.0f;
+    char path[512], err[512];
+    s_split_c(&rng, means, S_TRAIN, x, y, 9);
+    snprintf(path, sizeof path, "%s/x.npy", dir);
+    MT_CHECK(carls_npy_write_f32(path, x, S_TRAIN, S_DIM, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/y.npy", dir);
+    MT_CHECK(carls_npy_write_i64(path, y, S_TRAIN, err, sizeof err) == 0, "%s", err);
+    s_split_c(&rng, means, S_TEST, x, y, 0);
+    snprintf(path, sizeof path, "%s/tx.npy", dir);
+    MT_CHECK(carls_npy_write_f32(path, x, S_TEST, S_DIM, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/ty.npy", dir);
+    MT_CHECK(carls_npy_write_i64(path, y, S_TEST, err, sizeof err) == 0, "%s", err);
+    free(x);
+    free(y);
+}
+
+int main(void)
+{
+    char dir[64], ini[128], log[128], path[256], line[4096];
+    mt_tempdir(dir, "npy");
+    if (s_make_with_numpy(dir) == 0) {
+        printf("clusters made with NumPy\n");
+    } else {
+        printf("python3-numpy is not installed: clusters written by data_npy instead\n");
+        s_make_with_c(dir);
+    }
+    snprintf(ini, sizeof ini, "%s/npy.ini", dir);
+    snprintf(log, sizeof log, "%s/carls.log", dir);
+    FILE *f = fopen(ini, "w");
+    fprintf(f,
+            "name = npy\nruns_dir = %s/runs\ndata = npy:%s/x.npy,%s/y.npy\ntest_data = npy:%s/tx.npy,%s/ty.npy\n"
+            "pixel_features = raw\ntables = clusters\nlabels_per_class = %d\nmakers = 1\nmaker_device = cpu\n"
+            "graph_k = 5\nlabel_maker = 1\nlabel_model_weight = 0\nhidden = 32,16\nsteps = 100\n"
+            "batch_labelled = 20\nbatch_unlabelled = 32\nlr = 0.01\nalpha = 0.1\nneighbors = 5\n"
+            "neighbors_from = bank\nbeta = 1\nckpt_every = 50\neval_every = 50\ntrainer_device = cpu\ntimeout_s = 120\n",
+            dir, dir, dir, dir, dir, S_LABELS_PER_CLASS);
+    fclose(f);
+
+    char *argv[] = {"carls", "run", ini, NULL};
+    int64_t t0 = carls_monotonic_ms();
+    mt_check_run_result(mt_wait(mt_spawn("carls", argv, log), 180000), log, line, sizeof line);
+    double acc = atof(line + strlen("test_accuracy="));
+    MT_CHECK(acc > 0.95, "test accuracy %.4f on clusters 6 sigma apart (see %s)", acc, log);
+    snprintf(path, sizeof path, "%s/runs/npy/logs/labels0-0.log", dir);
+    MT_CHECK(mt_file_contains(path, "label step 0 (graph only): 580 unlabelled items"),
+             "the label maker did not spread labels over the 600 - 20 unlabelled items (see %s)", path);
+    printf("clusters: %s (%.1f s)\n", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
+
+    /* A label out of range: refused, naming the file and the row, before the trainer starts. */
+    char bad[256], err[512];
+    int64_t y[S_TRAIN];
+    for (int i = 0; i < S_TRAIN; i++)
+        y[i] = i % 9 == 0 ? i % S_CLASSES : -1;
+    y[123] = 300;
+    snprintf(bad, sizeof bad, "%s/bad.npy", dir);
+    MT_CHECK(carls_npy_write_i64(bad, y, S_TRAIN, err, sizeof err) == 0, "%s", err);
+    char set_data[600];
+    snprintf(set_data, sizeof set_data, "data=npy:%s/x.npy,%s", dir, bad);
+    char *argv2[] = {"carls", "run", ini, "--set", set_data, "--set", "name=bad", NULL};
+    snprintf(path, sizeof path, "%s/carls-bad.log", dir);
+    int st = mt_wait(mt_spawn("carls", argv2, path), 60000);
+    MT_CHECK(st != 0, "a run over a label out of range succeeded (see %s)", path);
+    MT_CHECK(mt_file_contains(path, "pixels-0.log"), "the launcher does not point at the maker's log (%s)", path);
+    snprintf(path, sizeof path, "%s/runs/bad/logs/pixels-0.log", dir);
+    MT_CHECK(mt_file_contains(path, "bad.npy: row 123: label 300 is out of range"),
+             "the error does not name the file and the row (see %s)", path);
+    snprintf(path, sizeof path, "%s/carls-bad.log", dir);
+    MT_CHECK(!mt_file_contains(path, "[trainer]"), "the trainer started on bad data (see %s)", path);
+    return mt_finish("test_launcher_npy", dir);
+}
