@@ -10,10 +10,8 @@
  * Counters end in _total; latencies are gauges in seconds with a quantile label (they come from the
  * server's histograms, known to within ~19%, kb_latency.h). Metric names start with carls_kb_.
  *
- * The HTTP server answers GET and HEAD of /metrics (200, text/plain; version=0.0.4), anything else with
- * 404 or 405. It runs its own thread (libmicrohttpd's internal polling thread), at most 16 connections at a
- * time with a 10 s idle timeout; each scrape takes a stats snapshot (kb_service_stats_snapshot). There is no
- * authentication: bind it to loopback (the default) or a trusted network. */
+ * The HTTP server is base/prom.h's (GET and HEAD of /metrics, its own thread, no authentication: bind it to
+ * loopback, the default, or a trusted network); each scrape takes a stats snapshot (kb_service_stats_snapshot). */
 #ifndef KB_METRICS_H
 #define KB_METRICS_H
 
