@@ -1,9 +1,11 @@
 #include "kb_metrics.h"
 
+#include "kb_latency.h"
 #include "prom.h"
 #include "util.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,42 +24,42 @@ typedef struct {
     {name, type, help, offsetof(Carls__TableStats, field), sizeof(((Carls__TableStats *)0)->field)}
 
 static const s_table_metric_t s_table_metrics[] = {
-    S_TABLE_METRIC(rows, "carls_kb_table_rows", "gauge", "Rows held by the table."),
-    S_TABLE_METRIC(dim, "carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."),
-    S_TABLE_METRIC(bytes, "carls_kb_table_bytes", "gauge",
+    S_TABLE_METRIC(rows, "carls_bank_table_rows", "gauge", "Rows held by the table."),
+    S_TABLE_METRIC(dim, "carls_bank_table_dim", "gauge", "Embedding dimension (0 for feature tables)."),
+    S_TABLE_METRIC(bytes, "carls_bank_table_bytes", "gauge",
                    "Estimated memory held (what --max-memory counts): rows with keys, values, optimizer state, "
                    "pending gradients and feature records, row maps, the nearest-neighbour copy and index."),
-    S_TABLE_METRIC(request_errors, "carls_kb_table_request_errors_total", "counter",
+    S_TABLE_METRIC(request_errors, "carls_bank_table_request_errors_total", "counter",
                    "Requests on the table answered with a non-OK status."),
-    S_TABLE_METRIC(pending_keys, "carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."),
-    S_TABLE_METRIC(pending_gradients, "carls_kb_table_pending_gradients", "gauge",
+    S_TABLE_METRIC(pending_keys, "carls_bank_table_pending_keys", "gauge", "Keys holding gradients not applied yet."),
+    S_TABLE_METRIC(pending_gradients, "carls_bank_table_pending_gradients", "gauge",
                    "Gradients waiting to be applied."),
-    S_TABLE_METRIC(gradients_received, "carls_kb_table_gradients_received_total", "counter", "Gradient rows pushed."),
-    S_TABLE_METRIC(gradients_applied, "carls_kb_table_gradients_applied_total", "counter",
+    S_TABLE_METRIC(gradients_received, "carls_bank_table_gradients_received_total", "counter", "Gradient rows pushed."),
+    S_TABLE_METRIC(gradients_applied, "carls_bank_table_gradients_applied_total", "counter",
                    "Gradient rows that went into an applied average."),
-    S_TABLE_METRIC(outliers_dropped, "carls_kb_table_outliers_dropped_total", "counter",
+    S_TABLE_METRIC(outliers_dropped, "carls_bank_table_outliers_dropped_total", "counter",
                    "Gradient rows dropped as outliers by the lazy update."),
-    S_TABLE_METRIC(updates_applied, "carls_kb_table_updates_applied_total", "counter", "Optimizer steps taken."),
-    S_TABLE_METRIC(lookups, "carls_kb_table_keys_looked_up_total", "counter", "Keys looked up."),
-    S_TABLE_METRIC(puts, "carls_kb_table_rows_put_total", "counter", "Rows written by put."),
-    S_TABLE_METRIC(not_admitted, "carls_kb_table_not_admitted_total", "counter",
+    S_TABLE_METRIC(updates_applied, "carls_bank_table_updates_applied_total", "counter", "Optimizer steps taken."),
+    S_TABLE_METRIC(lookups, "carls_bank_table_keys_looked_up_total", "counter", "Keys looked up."),
+    S_TABLE_METRIC(puts, "carls_bank_table_rows_put_total", "counter", "Rows written by put."),
+    S_TABLE_METRIC(not_admitted, "carls_bank_table_not_admitted_total", "counter",
                    "Lookups and pushes of keys the admission policy kept out."),
-    S_TABLE_METRIC(not_persisted, "carls_kb_table_not_persisted", "gauge",
+    S_TABLE_METRIC(not_persisted, "carls_bank_table_not_persisted", "gauge",
                    "Rows held in memory only, below the admission frequency."),
-    S_TABLE_METRIC(evictions, "carls_kb_table_evictions_total", "counter", "Rows dropped by the eviction policy."),
-    S_TABLE_METRIC(knn_count, "carls_kb_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."),
-    S_TABLE_METRIC(knn_indexed, "carls_kb_table_index_indexed", "gauge", "Vectors in the FAISS index."),
-    S_TABLE_METRIC(knn_pending, "carls_kb_table_index_pending", "gauge",
+    S_TABLE_METRIC(evictions, "carls_bank_table_evictions_total", "counter", "Rows dropped by the eviction policy."),
+    S_TABLE_METRIC(knn_count, "carls_bank_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."),
+    S_TABLE_METRIC(knn_indexed, "carls_bank_table_index_indexed", "gauge", "Vectors in the FAISS index."),
+    S_TABLE_METRIC(knn_pending, "carls_bank_table_index_pending", "gauge",
                    "Changes the nearest-neighbour index does not reflect yet (staleness)."),
-    S_TABLE_METRIC(knn_rebuilds, "carls_kb_table_index_builds_total", "counter", "Index builds completed."),
-    S_TABLE_METRIC(knn_failed_builds, "carls_kb_table_index_failed_builds_total", "counter",
+    S_TABLE_METRIC(knn_rebuilds, "carls_bank_table_index_builds_total", "counter", "Index builds completed."),
+    S_TABLE_METRIC(knn_failed_builds, "carls_bank_table_index_failed_builds_total", "counter",
                    "Index builds that failed."),
-    S_TABLE_METRIC(knn_ready, "carls_kb_table_index_ready", "gauge",
+    S_TABLE_METRIC(knn_ready, "carls_bank_table_index_ready", "gauge",
                    "1 when a usable index exists (0: brute force)."),
-    S_TABLE_METRIC(knn_building, "carls_kb_table_index_building", "gauge", "1 while an index build runs."),
-    S_TABLE_METRIC(memory_refusals, "carls_kb_table_memory_refusals_total", "counter",
+    S_TABLE_METRIC(knn_building, "carls_bank_table_index_building", "gauge", "1 while an index build runs."),
+    S_TABLE_METRIC(memory_refusals, "carls_bank_table_memory_refusals_total", "counter",
                    "Requests on the table refused with RESOURCE_EXHAUSTED (over --max-memory)."),
-    S_TABLE_METRIC(memory_refused_rows, "carls_kb_table_memory_refused_rows_total", "counter",
+    S_TABLE_METRIC(memory_refused_rows, "carls_bank_table_memory_refused_rows_total", "counter",
                    "New rows asked for by the requests refused over --max-memory."),
 };
 
@@ -75,25 +77,50 @@ static double s_table_value(const Carls__TableStats *t, const s_table_metric_t *
     return (double)v;
 }
 
-/* Latency quantiles of a list of summaries as name{[table="...",]op="...",quantile="q"} in seconds; table is
- * NULL for the server-wide figures. */
-static void s_latency_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
-                              size_t n)
+/* The labels [table="...",]op="..." of one summary, escaped (malloc'd; caller frees), or NULL without memory. */
+static char *s_labels(const char *table, const char *op)
 {
-    static const char *quantiles[3] = {"0.5", "0.99", "1"};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    if (table) {
+        fputs("table=\"", f);
+        carls_prom_label_value(f, table);
+        fputs("\",", f);
+    }
+    fputs("op=\"", f);
+    carls_prom_label_value(f, op);
+    fputc('"', f);
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* Latency of a list of summaries in seconds, labelled {[table="...",]op="..."} (table NULL: the server-wide
+ * figures): with name, the histograms (name_bucket, _sum, _count) of the summaries that carry buckets (a
+ * server fills le_counts with kb_latency_summarize); with max_name instead, the maxima. */
+static void s_latency_samples(FILE *f, const char *name, const char *max_name, const char *table,
+                              Carls__LatencySummary *const *lat, size_t n)
+{
+    double bounds[KB_LATENCY_LE_BUCKETS];
+    for (int i = 0; i < KB_LATENCY_LE_BUCKETS; i++)
+        bounds[i] = ldexp(1e-6, i); /* 2^i microseconds */
     for (size_t i = 0; i < n; i++) {
-        double values[3] = {lat[i]->p50_us * 1e-6, lat[i]->p99_us * 1e-6, lat[i]->max_us * 1e-6};
-        for (int q = 0; q < 3; q++) {
-            fprintf(f, "%s{", name);
-            if (table) {
-                fputs("table=\"", f);
-                carls_prom_label_value(f, table);
-                fputs("\",", f);
-            }
-            fputs("op=\"", f);
-            carls_prom_label_value(f, lat[i]->op);
-            fprintf(f, "\",quantile=\"%s\"} %.9g\n", quantiles[q], values[q]);
+        char *labels = s_labels(table, lat[i]->op);
+        if (!labels)
+            continue;
+        if (max_name) {
+            fprintf(f, "%s{%s} %.9g\n", max_name, labels, lat[i]->max_us * 1e-6);
+        } else if (lat[i]->n_le_counts > 0) {
+            size_t nb = lat[i]->n_le_counts < KB_LATENCY_LE_BUCKETS ? lat[i]->n_le_counts : KB_LATENCY_LE_BUCKETS;
+            carls_prom_histogram(f, name, labels, bounds, lat[i]->le_counts, nb, lat[i]->count,
+                                 lat[i]->sum_us * 1e-6);
         }
+        free(labels);
     }
 }
 
@@ -123,43 +150,45 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     if (!f)
         return -1;
 
-    carls_prom_metric(f, "carls_kb_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
+    carls_prom_metric(f, "carls_bank_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
              "Seconds since the server started.");
-    carls_prom_family(f, "carls_kb_info", "gauge", "Server settings as labels (value 1).");
-    fputs("carls_kb_info{durability=\"", f);
+    carls_prom_family(f, "carls_bank_info", "gauge", "Server settings as labels (value 1).");
+    fputs("carls_bank_info{durability=\"", f);
     carls_prom_label_value(f, st->durability);
     fprintf(f, "\",threads=\"%u\"} 1\n", st->threads);
-    carls_prom_metric(f, "carls_kb_tables", "gauge", (double)st->n_tables, "Tables held.");
-    carls_prom_metric(f, "carls_kb_requests_total", "counter", (double)st->requests,
+    carls_prom_metric(f, "carls_bank_tables", "gauge", (double)st->n_tables, "Tables held.");
+    carls_prom_metric(f, "carls_bank_requests_total", "counter", (double)st->requests,
              "Requests handled (every table and operation).");
-    carls_prom_metric(f, "carls_kb_request_errors_total", "counter", (double)st->errors,
+    carls_prom_metric(f, "carls_bank_request_errors_total", "counter", (double)st->errors,
              "Requests answered with a non-OK status.");
-    carls_prom_metric(f, "carls_kb_malformed_frames_total", "counter", (double)st->malformed_frames,
+    carls_prom_metric(f, "carls_bank_malformed_frames_total", "counter", (double)st->malformed_frames,
              "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
-    carls_prom_metric(f, "carls_kb_duplicate_writes_total", "counter", (double)st->duplicate_writes,
+    carls_prom_metric(f, "carls_bank_duplicate_writes_total", "counter", (double)st->duplicate_writes,
              "Retried writes recognised by (client id, sequence) and not applied again.");
-    carls_prom_metric(f, "carls_kb_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
-    carls_prom_metric(f, "carls_kb_commit_failures_total", "counter", (double)st->commit_failures,
+    carls_prom_metric(f, "carls_bank_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
+    carls_prom_metric(f, "carls_bank_commit_failures_total", "counter", (double)st->commit_failures,
              "SQLite commits that failed.");
-    carls_prom_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written,
+    carls_prom_metric(f, "carls_bank_rows_written_total", "counter", (double)st->rows_written,
              "Whole row records written to SQLite (value, metadata, state; deletions).");
-    carls_prom_metric(f, "carls_kb_frequencies_written_total", "counter", (double)st->frequencies_written,
+    carls_prom_metric(f, "carls_bank_frequencies_written_total", "counter", (double)st->frequencies_written,
              "Frequency-only updates written to SQLite: use counts changed by reads, written in bulk.");
-    carls_prom_metric(f, "carls_kb_committed_epoch", "gauge", (double)st->committed_epoch,
+    carls_prom_metric(f, "carls_bank_committed_epoch", "gauge", (double)st->committed_epoch,
              "Last committed epoch (group commit number).");
-    carls_prom_metric(f, "carls_kb_memory_bytes", "gauge", (double)st->memory_bytes,
+    carls_prom_metric(f, "carls_bank_memory_bytes", "gauge", (double)st->memory_bytes,
              "The server's estimate of the memory its data takes (what --max-memory limits).");
-    carls_prom_metric(f, "carls_kb_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
-    carls_prom_metric(f, "carls_kb_memory_refusals_total", "counter", (double)st->memory_refusals,
+    carls_prom_metric(f, "carls_bank_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
+    carls_prom_metric(f, "carls_bank_memory_refusals_total", "counter", (double)st->memory_refusals,
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
-    carls_prom_metric(f, "carls_kb_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
+    carls_prom_metric(f, "carls_bank_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
 
-    carls_prom_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
-    s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);
-    carls_prom_family(f, "carls_kb_op_latency_seconds", "gauge",
-             "Request latency by operation since start: quantiles 0.5 and 0.99 (histogram estimates within "
-             "~19%) and 1 (the maximum).");
-    s_latency_samples(f, "carls_kb_op_latency_seconds", NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_op_requests_total", "counter", "Requests handled, by operation.");
+    s_count_samples(f, "carls_bank_op_requests_total", NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_request_duration_seconds", "histogram",
+                      "Request latency by operation since start (buckets at 2^i microseconds, exact).");
+    s_latency_samples(f, "carls_bank_request_duration_seconds", NULL, NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_request_duration_max_seconds", "gauge",
+                      "The slowest request by operation since start.");
+    s_latency_samples(f, NULL, "carls_bank_request_duration_max_seconds", NULL, st->latency, st->n_latency);
 
     for (size_t m = 0; m < sizeof s_table_metrics / sizeof s_table_metrics[0]; m++) {
         const s_table_metric_t *metric = &s_table_metrics[m];
@@ -170,19 +199,19 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
             fprintf(f, "\"} %.15g\n", s_table_value(st->tables[i], metric));
         }
     }
-    carls_prom_family(f, "carls_kb_table_updates_by_trigger_total", "counter",
+    carls_prom_family(f, "carls_bank_table_updates_by_trigger_total", "counter",
              "Lazy updates applied, by what triggered them: a lookup, max_age_ms, or max_pending.");
     for (size_t i = 0; i < st->n_tables; i++) {
         const Carls__TableStats *t = st->tables[i];
         const char *triggers[3] = {"lookup", "age", "count"};
         uint64_t values[3] = {t->applied_on_lookup, t->applied_on_age, t->applied_on_count};
         for (int k = 0; k < 3; k++) {
-            fputs("carls_kb_table_updates_by_trigger_total{table=\"", f);
+            fputs("carls_bank_table_updates_by_trigger_total{table=\"", f);
             carls_prom_label_value(f, t->name);
             fprintf(f, "\",trigger=\"%s\"} %llu\n", triggers[k], (unsigned long long)values[k]);
         }
     }
-    carls_prom_family(f, "carls_kb_table_index_last_build_age_seconds", "gauge",
+    carls_prom_family(f, "carls_bank_table_index_last_build_age_seconds", "gauge",
              "Seconds since the nearest-neighbour index was last built (tables whose index was built).");
     int64_t now_ms = carls_wall_ms();
     for (size_t i = 0; i < st->n_tables; i++) {
@@ -190,19 +219,24 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
         if (t->knn_last_build_ms <= 0)
             continue;
         double age = (double)(now_ms - t->knn_last_build_ms) / 1000.0;
-        fputs("carls_kb_table_index_last_build_age_seconds{table=\"", f);
+        fputs("carls_bank_table_index_last_build_age_seconds{table=\"", f);
         carls_prom_label_value(f, t->name);
         fprintf(f, "\"} %.6g\n", age < 0 ? 0.0 : age);
     }
-    carls_prom_family(f, "carls_kb_table_requests_total", "counter", "Requests on the table, by operation.");
+    carls_prom_family(f, "carls_bank_table_requests_total", "counter", "Requests on the table, by operation.");
     for (size_t i = 0; i < st->n_tables; i++)
-        s_count_samples(f, "carls_kb_table_requests_total", st->tables[i]->name, st->tables[i]->requests,
+        s_count_samples(f, "carls_bank_table_requests_total", st->tables[i]->name, st->tables[i]->requests,
                         st->tables[i]->n_requests);
-    carls_prom_family(f, "carls_kb_table_latency_seconds", "gauge",
-             "Request latency on the table by operation: quantiles 0.5, 0.99 and 1 (the maximum).");
+    carls_prom_family(f, "carls_bank_table_request_duration_seconds", "histogram",
+                      "Request latency on the table by operation since start (buckets at 2^i microseconds).");
     for (size_t i = 0; i < st->n_tables; i++)
-        s_latency_samples(f, "carls_kb_table_latency_seconds", st->tables[i]->name, st->tables[i]->requests,
-                          st->tables[i]->n_requests);
+        s_latency_samples(f, "carls_bank_table_request_duration_seconds", NULL, st->tables[i]->name,
+                          st->tables[i]->requests, st->tables[i]->n_requests);
+    carls_prom_family(f, "carls_bank_table_request_duration_max_seconds", "gauge",
+                      "The slowest request on the table by operation since start.");
+    for (size_t i = 0; i < st->n_tables; i++)
+        s_latency_samples(f, NULL, "carls_bank_table_request_duration_max_seconds", st->tables[i]->name,
+                          st->tables[i]->requests, st->tables[i]->n_requests);
 
     if (fclose(f) != 0) {
         free(text);

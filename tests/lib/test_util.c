@@ -101,3 +101,35 @@ void test_asan_options_append(const char *options)
     snprintf(joined, sizeof joined, "%s%s%s", old ? old : "", old && old[0] ? ":" : "", options);
     setenv("ASAN_OPTIONS", joined, 1);
 }
+
+int test_promtool_check(const char *text, char *out, size_t outlen)
+{
+    if (system("command -v promtool >/dev/null 2>&1") != 0) {
+        snprintf(out, outlen, "promtool is not installed (Debian package prometheus, scripts/setup.sh)");
+        return 77;
+    }
+    char dir[256], path[300], cmd[400];
+    if (test_tmpdir(dir, sizeof dir, "promtool") != 0) {
+        snprintf(out, outlen, "no scratch directory");
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/page.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        snprintf(out, outlen, "cannot write %s", path);
+        test_rmrf(dir);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "promtool check metrics < '%s' 2>&1", path);
+    FILE *p = popen(cmd, "r");
+    size_t len = 0;
+    out[0] = '\0';
+    if (p) {
+        len = fread(out, 1, outlen - 1, p);
+        out[len] = '\0';
+    }
+    int st = p ? pclose(p) : -1;
+    test_rmrf(dir);
+    /* promtool says nothing and exits 0 when the page is clean; lint problems exit 3, parse errors 1 */
+    return st == 0 && len == 0 ? 0 : 1;
+}
