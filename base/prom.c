@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -165,6 +166,127 @@ void carls_prom_server_stop(carls_prom_server_t **self_p)
     if (!self_p || !*self_p)
         return;
     MHD_stop_daemon((*self_p)->daemon);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+/* ---- a program's progress ---- */
+
+struct carls_prom_progress {
+    pthread_mutex_t mu;
+    char program[32];
+    char *labels;                /* escaped info labels, or NULL */
+    uint64_t steps, items;       /* totals */
+    double work_s, wait_s;       /* totals */
+    double rate, wait_ratio;     /* the latest report's */
+    int64_t step, planned;
+    bool has_eval;
+    double loss, score;
+};
+
+carls_prom_progress_t *carls_prom_progress_new(const char *program, const char *labels)
+{
+    carls_prom_progress_t *self = carls_xcalloc(1, sizeof *self);
+    pthread_mutex_init(&self->mu, NULL);
+    snprintf(self->program, sizeof self->program, "%s", program);
+    if (labels && *labels) {
+        self->labels = carls_xmalloc(strlen(labels) + 1);
+        strcpy(self->labels, labels);
+    }
+    return self;
+}
+
+void carls_prom_progress_add(carls_prom_progress_t *self, uint64_t steps, uint64_t items, double work_s,
+                             double bank_wait_s)
+{
+    if (!self)
+        return;
+    pthread_mutex_lock(&self->mu);
+    self->steps += steps;
+    self->items += items;
+    self->work_s += work_s;
+    self->wait_s += bank_wait_s;
+    self->rate = work_s > 0 ? (double)items / work_s : 0.0;
+    self->wait_ratio = work_s > 0 ? bank_wait_s / work_s : 0.0;
+    pthread_mutex_unlock(&self->mu);
+}
+
+void carls_prom_progress_set_step(carls_prom_progress_t *self, int64_t step, int64_t planned)
+{
+    if (!self)
+        return;
+    pthread_mutex_lock(&self->mu);
+    self->step = step;
+    self->planned = planned;
+    pthread_mutex_unlock(&self->mu);
+}
+
+void carls_prom_progress_set_eval(carls_prom_progress_t *self, double loss, double score)
+{
+    if (!self)
+        return;
+    pthread_mutex_lock(&self->mu);
+    self->has_eval = true;
+    self->loss = loss;
+    self->score = score;
+    pthread_mutex_unlock(&self->mu);
+}
+
+/* One metric of the progress family: carls_<program>_<what>. */
+static void s_progress_metric(FILE *f, const carls_prom_progress_t *p, const char *what, const char *type,
+                              double value, const char *help)
+{
+    char name[96];
+    snprintf(name, sizeof name, "carls_%s_%s", p->program, what);
+    carls_prom_metric(f, name, type, value, help);
+}
+
+int carls_prom_progress_render(void *ctx, char **text_out, size_t *len_out)
+{
+    carls_prom_progress_t *p = ctx;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -1;
+    pthread_mutex_lock(&p->mu);
+    char name[96];
+    snprintf(name, sizeof name, "carls_%s_info", p->program);
+    carls_prom_family(f, name, "gauge", "What this process is, as labels (value 1).");
+    fprintf(f, "%s{%s} 1\n", name, p->labels ? p->labels : "");
+    s_progress_metric(f, p, "steps_total", "counter", (double)p->steps, "Steps (trainer) or passes (maker) done.");
+    s_progress_metric(f, p, "items_total", "counter", (double)p->items,
+                      "Items processed: training examples, or items a maker computed knowledge for.");
+    s_progress_metric(f, p, "work_seconds_total", "counter", p->work_s,
+                      "Seconds spent on the steps counted (bank waits included).");
+    s_progress_metric(f, p, "bank_wait_seconds_total", "counter", p->wait_s,
+                      "Seconds of that work spent waiting for the knowledge bank.");
+    s_progress_metric(f, p, "items_per_second", "gauge", p->rate, "Items per second over the latest report.");
+    s_progress_metric(f, p, "bank_wait_ratio", "gauge", p->wait_ratio,
+                      "Share of the latest report's time spent waiting for the bank (0..1).");
+    s_progress_metric(f, p, "step", "gauge", (double)p->step, "The latest step (a maker: the checkpoint's).");
+    s_progress_metric(f, p, "steps_planned", "gauge", (double)p->planned, "Steps the run will take (0: open-ended).");
+    if (p->has_eval) {
+        s_progress_metric(f, p, "eval_loss", "gauge", p->loss, "Loss at the latest evaluation.");
+        s_progress_metric(f, p, "eval_score", "gauge", p->score,
+                          "Score at the latest evaluation: accuracy, or the experiment's recall (0..1).");
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (fclose(f) != 0) {
+        free(text);
+        return -1;
+    }
+    *text_out = text;
+    *len_out = len;
+    return 0;
+}
+
+void carls_prom_progress_destroy(carls_prom_progress_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    pthread_mutex_destroy(&(*self_p)->mu);
+    free((*self_p)->labels);
     free(*self_p);
     *self_p = NULL;
 }

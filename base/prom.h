@@ -57,4 +57,29 @@ uint64_t carls_prom_server_scrapes(const carls_prom_server_t *self);
 /* Stops the HTTP thread (waiting for scrapes in progress) and frees the server. Accepts NULL; nulls *self_p. */
 void carls_prom_server_stop(carls_prom_server_t **self_p);
 
+/* ---- a program's progress ---- */
+
+/* The progress of a long-running program (the trainer, a maker) as metrics, prefix carls_<program>_:
+ *   steps_total, items_total, work_seconds_total, bank_wait_seconds_total   counters (what carls_prom_progress_add
+ *                                                                            adds up)
+ *   items_per_second, bank_wait_ratio    gauges: the latest report's rate and the share of its time spent
+ *                                        waiting for the bank (Prometheus can also take rate() of the counters)
+ *   step, steps_planned                  gauges (carls_prom_progress_set_step)
+ *   eval_loss, eval_score                gauges: the latest evaluation (accuracy, or the experiment's recall)
+ *   info{LABELS} 1                       what the process is (labels given at creation)
+ * Every function accepts NULL (and then does nothing), so callers report unconditionally. Thread-safe. */
+typedef struct carls_prom_progress carls_prom_progress_t;
+
+/* program: "trainer", "maker" (a metric-name part); labels: escaped label text for the info metric, e.g.
+ * "experiment=\"graphreg\"" (NULL: none). Caller owns the result. */
+carls_prom_progress_t *carls_prom_progress_new(const char *program, const char *labels);
+void carls_prom_progress_add(carls_prom_progress_t *self, uint64_t steps, uint64_t items, double work_s,
+                             double bank_wait_s);
+void carls_prom_progress_set_step(carls_prom_progress_t *self, int64_t step, int64_t planned);
+void carls_prom_progress_set_eval(carls_prom_progress_t *self, double loss, double score);
+/* A carls_prom_render_fn over a carls_prom_progress_t (ctx). */
+int carls_prom_progress_render(void *ctx, char **text, size_t *len);
+/* Stops nothing: the caller stops its server first. Accepts NULL; nulls *self_p. */
+void carls_prom_progress_destroy(carls_prom_progress_t **self_p);
+
 #endif

@@ -38,7 +38,10 @@ typedef struct {
     km_watch_t *watch;      /* checkpoint tasks only */
     nn_device_t device;     /* resolved */
     uint64_t bank_retries;  /* units of work retried because the bank was unreachable */
+    double pass_wait_s;     /* the latest pass's time writing to the bank, where measured (embed steps) */
 } s_maker_t;
+
+carls_prom_progress_t *km_prom;
 
 /* A task's result when the bank was unreachable: the work is retried (s_do). */
 #define S_RETRY 1
@@ -63,6 +66,9 @@ static void s_usage(FILE *out)
             "  --bank-timeout-ms MS     wait per request attempt, 3 attempts (default: embed 10000, graph/label\n"
             "                           60000: knn requests can take long)\n"
             "  --bank-wait-s S          while the bank is unreachable, retry the work for up to S s (default 600)\n"
+            "  --metrics-port P         serve progress (carls_maker_*: passes, items/s, bank wait share) for\n"
+            "                           Prometheus on http://ADDRESS:P/metrics (0: a free port, logged)\n"
+            "  --metrics-address A      IPv4 address for --metrics-port (default 127.0.0.1; no authentication)\n"
             "embed:\n"
             "  --encoder model|pixels   model: the checkpoint's encoder -> PREFIX.emb (default);\n"
             "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
@@ -111,6 +117,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         .wait_embed_ms = 60000,
         .threads = 1,
         .bank_wait_s = 600,
+        .metrics_port = -1,
+        .metrics_address = "127.0.0.1",
     };
     int task = -1, encoder = 0, source = 0; /* indices in the choices below */
     carls_fmnist_args_t data;
@@ -142,6 +150,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_log_level(),
         carls_arg_int("bank-timeout-ms", &o->bank_timeout_ms, 10, 3600000),
         carls_arg_int("bank-wait-s", &o->bank_wait_s, 0, 86400 * 30),
+        carls_arg_int("metrics-port", &o->metrics_port, 0, 65535),
+        carls_arg_string("metrics-address", &o->metrics_address),
         carls_arg_string("gcide-index", &o->gcide_index),
         carls_arg_string("gcide-dict", &o->gcide_dict),
         {0},
@@ -266,6 +276,7 @@ static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
         return s_bank_failed(mk);
     }
     double s = s_secs(t0);
+    mk->pass_wait_s = s - t_enc;
     uint64_t latest = km_watch_latest_step(mk->watch);
     LOG_INFO("embed step %" PRIu64 ": %zu items (dim %d) in %.2f s, %.0f items/s (forward %.0f items/s on %s); "
              "trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
@@ -592,7 +603,13 @@ static int s_do(s_maker_t *mk, carls_ckpt_t **ck, volatile sig_atomic_t *stop)
     int64_t first_failure = 0;
     int retries = 0, delay_ms = 500;
     for (;;) {
+        const int64_t t_pass = carls_monotonic_us();
+        mk->pass_wait_s = 0;
         const int r = s_task(mk, ck ? *ck : NULL, stop);
+        if (r == 0) {
+            carls_prom_progress_add(km_prom, 1, mk->n_share, s_secs(t_pass), mk->pass_wait_s);
+            carls_prom_progress_set_step(km_prom, ck && *ck ? (int64_t)carls_ckpt_step(*ck) : 0, 0);
+        }
         char what[64];
         if (ck && *ck) {
             snprintf(what, sizeof what, "step %" PRIu64, carls_ckpt_step(*ck));

@@ -665,6 +665,10 @@ static void s_end_window(s_run_t *r, int done)
              done, o->steps, w->loss / ws, w->ce / ws, w->pl / ws, w->graph / ws, r->n_val ? "val" : "test",
              r->last_acc, 100.0 * row[7], row[8], (long long)w->nbr_stale, (long long)w->nbr_missing, row[11], row[12],
              sps, skipped_text);
+    carls_prom_progress_add(trainer_prom, (uint64_t)w->steps, (uint64_t)w->steps * (uint64_t)r->B,
+                            (double)w->train_us / 1e6 + w->wait_ms / 1e3, w->wait_ms / 1e3);
+    carls_prom_progress_set_step(trainer_prom, done, o->steps);
+    carls_prom_progress_set_eval(trainer_prom, r->last_loss, r->last_acc);
     s_window_t *t = &r->total;
     t->train_us += w->train_us;
     t->wait_ms += w->wait_ms;

@@ -1180,6 +1180,9 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
             if (step % 50 == 0) {
                 int64_t now = carls_monotonic_us();
                 double sps = 50.0 / ((double)(now - tlast) / 1e6);
+                /* bank waits are not measured apart here: they count as work */
+                carls_prom_progress_add(trainer_prom, 50, 50 * (uint64_t)r->o.batch, (double)(now - tlast) / 1e6, 0);
+                carls_prom_progress_set_step(trainer_prom, (int64_t)step, r->o.max_steps);
                 tlast = now;
                 double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
                                  sps, (double)(r->n_neg + r->n_fresh),

@@ -99,6 +99,8 @@ int trainer_setup_threads(int requested)
     return got;
 }
 
+carls_prom_progress_t *trainer_prom;
+
 int trainer_setup_device(const char *text, nn_device_t *out)
 {
     nn_device_t requested;

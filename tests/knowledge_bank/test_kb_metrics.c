@@ -231,52 +231,20 @@ static void test_render_escapes_and_groups(void **state)
 
 /* ---- a real server ---- */
 
-/* GET or another method of path on 127.0.0.1:port over HTTP/1.0; returns the whole answer (malloc'd). */
+/* test_http, which must answer. */
 static char *s_http(uint16_t port, const char *method, const char *path)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    char req[256];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        assert_true(r >= 0);
-        if (r == 0)
-            break;
-        len += (size_t)r;
-    }
-    buf[len] = '\0';
-    close(fd);
-    return buf;
+    char *answer = test_http(port, method, path);
+    assert_non_null(answer);
+    return answer;
 }
 
 /* The metrics port the server logged ("metrics: http://127.0.0.1:PORT/metrics"). */
 static uint16_t s_logged_port(const test_server_t *srv)
 {
-    FILE *f = fopen(srv->log_file, "r");
-    assert_non_null(f);
-    char line[1024];
-    unsigned port = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "metrics: http://127.0.0.1:");
-        if (p)
-            port = (unsigned)strtoul(p + strlen("metrics: http://127.0.0.1:"), NULL, 10);
-    }
-    fclose(f);
-    assert_true(port > 0 && port < 65536);
-    return (uint16_t)port;
+    uint16_t port = test_logged_metrics_port(srv->log_file);
+    assert_true(port > 0);
+    return port;
 }
 
 static void test_scrape_real_server(void **state)

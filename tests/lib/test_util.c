@@ -1,9 +1,13 @@
 /* Small helpers every kind of test program needs (see test_util.h). */
 #include "test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 int test_tmpdir(char *dir, size_t size, const char *tag)
 {
@@ -132,4 +136,55 @@ int test_promtool_check(const char *text, char *out, size_t outlen)
     test_rmrf(dir);
     /* promtool says nothing and exits 0 when the page is clean; lint problems exit 3, parse errors 1 */
     return st == 0 && len == 0 ? 0 : 1;
+}
+
+char *test_http(uint16_t port, const char *method, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return NULL;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char req[512];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        if (r < 0) {
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+uint16_t test_logged_metrics_port(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[1024];
+    unsigned port = 0;
+    while (!port && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "metrics: http://127.0.0.1:");
+        if (p)
+            port = (unsigned)strtoul(p + strlen("metrics: http://127.0.0.1:"), NULL, 10);
+    }
+    fclose(f);
+    return port < 65536 ? (uint16_t)port : 0;
 }
