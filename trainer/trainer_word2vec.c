@@ -24,7 +24,7 @@
  * Several trainers (--worker i/n, separate processes) train on separate slices of the corpus and push to the
  * same tables at the same time. */
 #include "trainer.h"
-#include "trainer_progress.h"
+#include "progress.h"
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
@@ -121,7 +121,7 @@ typedef struct {
     size_t next_line;
     uint64_t next_index;
     s_batch_t slot[SLOTS];
-    trainer_progress_t progress;
+    carls_progress_t progress;
     uint32_t progress_epoch;
     double epoch_loss;
     uint64_t epoch_pairs;
@@ -628,7 +628,7 @@ static void s_epoch_end(s_run_t *r)
     char extra[160];
     double loss = r->epoch_pairs ? r->epoch_loss / (double)r->epoch_pairs : 0;
     snprintf(extra, sizeof extra, "loss/pair %.4f, %llu pairs", loss, (unsigned long long)r->epoch_pairs);
-    double wps = trainer_progress_finish(&r->progress, extra);
+    double wps = carls_progress_finish(&r->progress, extra);
     if (r->metrics) {
         fprintf(r->metrics, "%u,%zu,%llu,%.6f,%.1f\n", r->progress_epoch + 1, r->slice_tokens,
                 (unsigned long long)r->epoch_pairs, loss, wps);
@@ -675,7 +675,7 @@ static int s_train(s_run_t *r)
     int rc = -1;
     char label[64];
     snprintf(label, sizeof label, "epoch 1/%u", r->o.epochs);
-    trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+    carls_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
     r->progress_epoch = 0;
     if (s_prepare(r, &r->slot[0]) != 0 || (r->slot[0].active && s_lookup_stage(r, &r->slot[0]) != 0) ||
         s_prepare(r, &r->slot[1]) != 0)
@@ -695,13 +695,13 @@ static int s_train(s_run_t *r)
             s_epoch_end(r);
             r->progress_epoch = cur->epoch;
             snprintf(label, sizeof label, "epoch %u/%u", cur->epoch + 1, r->o.epochs);
-            trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+            carls_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
         }
         if (s_compute_stage(r, cur) != 0)
             goto cleanup;
         r->epoch_loss += cur->loss;
         r->epoch_pairs += cur->pairs;
-        trainer_progress_update(&r->progress, (int64_t)(cur->tok1 - cur->tok0),
+        carls_progress_update(&r->progress, (int64_t)(cur->tok1 - cur->tok0),
                                 cur->pairs ? cur->loss / (double)cur->pairs : 0);
         if (s_finish_stage(r, prev) != 0)
             goto cleanup;

@@ -1,5 +1,5 @@
-/* Progress bar (see trainer_progress.h). */
-#include "trainer_progress.h"
+/* Progress bar (see progress.h). */
+#include "progress.h"
 
 #include "util.h"
 
@@ -9,7 +9,7 @@
 
 #define S_BAR_WIDTH 30
 
-void trainer_progress_start(trainer_progress_t *p, const char *label, int64_t total)
+void carls_progress_start(carls_progress_t *p, const char *label, int64_t total)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->label, sizeof p->label, "%s", label);
@@ -18,13 +18,13 @@ void trainer_progress_start(trainer_progress_t *p, const char *label, int64_t to
     p->tty = isatty(STDERR_FILENO) == 1;
 }
 
-static double s_rate(const trainer_progress_t *p, int64_t now)
+static double s_rate(const carls_progress_t *p, int64_t now)
 {
     double secs = (double)(now - p->start_us) / 1e6;
     return secs > 0 ? (double)p->done / secs : 0.0;
 }
 
-static void s_draw(const trainer_progress_t *p, int64_t now, const char *end)
+static void s_draw(const carls_progress_t *p, int64_t now, const char *end)
 {
     char bar[S_BAR_WIDTH + 1];
     int filled = (int)((double)p->done / (double)p->total * S_BAR_WIDTH);
@@ -39,7 +39,7 @@ static void s_draw(const trainer_progress_t *p, int64_t now, const char *end)
     fflush(stderr);
 }
 
-void trainer_progress_update(trainer_progress_t *p, int64_t n, double loss)
+void carls_progress_update(carls_progress_t *p, int64_t n, double loss)
 {
     p->done += n;
     p->loss_sum += loss;
@@ -54,7 +54,7 @@ void trainer_progress_update(trainer_progress_t *p, int64_t n, double loss)
     }
 }
 
-double trainer_progress_finish(trainer_progress_t *p, const char *extra)
+double carls_progress_finish(carls_progress_t *p, const char *extra)
 {
     int64_t now = carls_monotonic_us();
     double rate = s_rate(p, now);

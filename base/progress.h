@@ -1,7 +1,7 @@
 /* A progress bar on stderr: redrawn in place (at most 10 times a second) when stderr is a terminal, one line
  * per finished phase otherwise, so logs stay readable. */
-#ifndef TRAINER_PROGRESS_H
-#define TRAINER_PROGRESS_H
+#ifndef CARLS_PROGRESS_H
+#define CARLS_PROGRESS_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,12 +15,12 @@ typedef struct {
     double loss_sum;      /* sum of per-batch mean losses, for the running mean */
     int64_t batches;      /* batches so far */
     bool tty;             /* stderr is a terminal */
-} trainer_progress_t;
+} carls_progress_t;
 
-void trainer_progress_start(trainer_progress_t *p, const char *label, int64_t total);
+void carls_progress_start(carls_progress_t *p, const char *label, int64_t total);
 /* n more examples done, with their batch's mean loss. */
-void trainer_progress_update(trainer_progress_t *p, int64_t n, double loss);
+void carls_progress_update(carls_progress_t *p, int64_t n, double loss);
 /* Ends the phase: prints the final state (with extra text, may be NULL) and returns the examples per second. */
-double trainer_progress_finish(trainer_progress_t *p, const char *extra);
+double carls_progress_finish(carls_progress_t *p, const char *extra);
 
 #endif
