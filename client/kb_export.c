@@ -607,7 +607,7 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p)
 #define S_DEFAULT_BATCH 1000u
 
 int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
-                    char *err, size_t errlen)
+                    carls_progress_t *progress, char *err, size_t errlen)
 {
     if (rows_out)
         *rows_out = 0;
@@ -624,6 +624,10 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
     if (rc != 0)
         goto cleanup;
     bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    char label[64];
+    snprintf(label, sizeof label, "export %s", table);
+    if (progress)
+        carls_progress_start_units(progress, label, 0, "rows");
     for (uint32_t s = 0; s < kb_cluster_shards(bank); s++) {
         int64_t after = 0;
         bool done = false;
@@ -648,6 +652,8 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
                 if (rc == KB_EXPORT_EINVAL)
                     rc = KB_EXPORT_EBANK;
             }
+            if (progress && rc == 0)
+                carls_progress_add(progress, (int64_t)r->n_keys);
             done = r->done || r->n_keys == 0;
             if (r->n_keys > 0)
                 after = r->row_ids[r->n_keys - 1];
@@ -659,6 +665,8 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
     rc = kb_export_writer_finish(w, err, errlen);
     if (rc == 0 && rows_out)
         *rows_out = kb_export_writer_rows(w);
+    if (rc == 0 && progress)
+        carls_progress_finish(progress, NULL);
 cleanup:
     kb_export_writer_destroy(&w);
     if (cfg)
@@ -771,7 +779,7 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
 }
 
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
-                    char *err, size_t errlen)
+                    carls_progress_t *progress, char *err, size_t errlen)
 {
     if (rows_out)
         *rows_out = 0;
@@ -799,6 +807,10 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
             rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
         goto cleanup;
     }
+    char label[64];
+    snprintf(label, sizeof label, "import %s", table);
+    if (progress)
+        carls_progress_start_units(progress, label, (int64_t)kb_export_reader_rows(r), "rows");
     kb_export_row_t row;
     int got;
     while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
@@ -813,6 +825,8 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
             if (rc != 0)
                 goto cleanup;
             written += k;
+            if (progress)
+                carls_progress_add(progress, (int64_t)k);
         }
     }
     if (got < 0) {
@@ -823,6 +837,10 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     rc = s_batch_flush(bank, table, &b, err, errlen);
     if (rc == 0)
         written += k;
+    if (rc == 0 && progress) {
+        carls_progress_add(progress, (int64_t)k);
+        carls_progress_finish(progress, NULL);
+    }
 cleanup:
     if (rows_out)
         *rows_out = written;

@@ -29,6 +29,7 @@
 
 #include "carls.pb-c.h"
 #include "kb_cluster.h"
+#include "progress.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -120,7 +121,7 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p);
  * included: it is not a point-in-time snapshot. On failure path is untouched (the temporary file is
  * removed). */
 int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
-                    char *err, size_t errlen);
+                    carls_progress_t *progress, char *err, size_t errlen);
 
 /* Imports the file at path into table of bank: verifies the whole file first (nothing is sent for a bad
  * file), creates the table with the file's config unless it exists with that same config (another config:
@@ -128,8 +129,11 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
  * by the bank's current shard count: embedding rows with kb_cluster_put (one request per version within a
  * batch, since a put carries one version), feature records with kb_cluster_feature_put. Rows of the table
  * with keys not in the file stay. Frequencies are not restored (the protocol cannot set them). *rows_out
- * (may be NULL) gets the rows written, also on failure (how far it got). */
+ * (may be NULL) gets the rows written, also on failure (how far it got).
+ *
+ * Both report to progress (may be NULL) as they go: they start it (rows; an import knows the total, an export
+ * does not) and finish it (base/progress.h: a line redrawn on a terminal, log lines otherwise). */
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
-                    char *err, size_t errlen);
+                    carls_progress_t *progress, char *err, size_t errlen);
 
 #endif

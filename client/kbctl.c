@@ -1283,7 +1283,8 @@ static const char s_export_usage[] =
     "to FILE: a self-checking snapshot (magic, version, CRC-32) written to a temporary name, fsynced and\n"
     "renamed, mode 0600. It carries keys, values or feature records, versions and frequencies; not optimizer\n"
     "state or pending gradients. An existing FILE is replaced only with --force. A table that is written\n"
-    "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n";
+    "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n"
+    "Progress goes to stderr: a line with the count and rate on a terminal, log lines otherwise.\n";
 
 enum { EX_FORCE, EX_PAGE, EX_N };
 static const s_opt_t s_export_opts[EX_N] = {[EX_FORCE] = {"force", false}, [EX_PAGE] = {"page", true}};
@@ -1304,8 +1305,11 @@ static int s_export(s_call_t *call)
         return st;
     char err[768];
     uint64_t rows = 0;
-    int rc = kb_export_table(call->c, table, path, (uint32_t)page, &rows, err, sizeof err);
+    carls_progress_t progress = {0};
+    int rc = kb_export_table(call->c, table, path, (uint32_t)page, &rows, &progress, err, sizeof err);
     if (rc != 0) {
+        if (progress.tty && progress.done > 0)
+            fputc('\n', stderr); /* end the progress line */
         fprintf(stderr, "kbctl %s: %s\n", call->name, err);
         return s_export_status(rc);
     }
@@ -1319,7 +1323,8 @@ static const char s_import_usage[] =
     "wrong; then creates TABLE with the file's config unless it exists with that config, and writes the rows\n"
     "(values with their versions, or feature records) in batches of N routed by the current shard count, so\n"
     "a file exported from one shard imports into three. Frequencies are not restored (the protocol cannot\n"
-    "set them): imported rows count as written by put. Existing rows with other keys stay.\n";
+    "set them): imported rows count as written by put. Existing rows with other keys stay.\n"
+    "Progress goes to stderr: a line with the rate and the time left on a terminal, log lines otherwise.\n";
 
 enum { IM_BATCH, IM_N };
 static const s_opt_t s_import_opts[IM_N] = {[IM_BATCH] = {"batch", true}};
@@ -1346,8 +1351,11 @@ static int s_import(s_call_t *call)
     if (st != S_EXIT_OK)
         return st;
     uint64_t rows = 0;
-    rc = kb_import_table(call->c, table, path, (size_t)batch, &rows, err, sizeof err);
+    carls_progress_t progress = {0};
+    rc = kb_import_table(call->c, table, path, (size_t)batch, &rows, &progress, err, sizeof err);
     if (rc != 0) {
+        if (progress.tty && progress.done > 0)
+            fputc('\n', stderr); /* end the progress line */
         fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported)\n", call->name, err, (unsigned long long)rows,
                 (unsigned long long)in_file);
         return s_export_status(rc);
