@@ -109,6 +109,15 @@ void carls_progress_add(carls_progress_t *p, int64_t n)
     s_tick(p);
 }
 
+void carls_progress_clear(carls_progress_t *p)
+{
+    if (p->tty) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+        p->last_draw_us = 0; /* redraw at the next update */
+    }
+}
+
 double carls_progress_finish(carls_progress_t *p, const char *extra)
 {
     int64_t now = carls_monotonic_us();

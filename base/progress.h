@@ -32,6 +32,9 @@ void carls_progress_start_units(carls_progress_t *p, const char *label, int64_t 
 void carls_progress_update(carls_progress_t *p, int64_t n, double loss);
 /* n more units done (carls_progress_start_units). */
 void carls_progress_add(carls_progress_t *p, int64_t n);
+/* On a terminal, erases the progress line so a log line can be printed in its place (the next update draws
+ * it again); otherwise nothing. */
+void carls_progress_clear(carls_progress_t *p);
 /* Ends the phase: prints the final state (with extra text, may be NULL) and returns the units per second. */
 double carls_progress_finish(carls_progress_t *p, const char *extra);
 

@@ -33,6 +33,7 @@
 
 #include "data_fmnist.h"
 #include "data_user.h"
+#include "progress.h"
 #include "data_sample.h"
 #include "nn_hash.h"
 #include "nn_mlp.h"
@@ -688,19 +689,28 @@ static int s_train(s_run_t *r)
         return -1;
     }
     r->t_start = carls_monotonic_us();
+    /* On a terminal, a progress line over the whole run (rate, time left); the evaluation lines are the log. */
+    carls_progress_t bar;
+    carls_progress_start_units(&bar, "graphreg", o->steps, "steps");
     for (int step = 0; step < o->steps; step++) {
         if (s_train_step(r, step) != 0) {
+            carls_progress_clear(&bar);
             return -1;
         }
         const int done = step + 1;
+        if (bar.tty)
+            carls_progress_add(&bar, 1);
         if ((done % o->ckpt_every == 0 || done == o->steps) &&
             trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
             return -1;
         }
         if (done % o->eval_every == 0 || done == o->steps) {
+            carls_progress_clear(&bar);
             s_end_window(r, done);
         }
     }
+    if (bar.tty)
+        carls_progress_finish(&bar, NULL);
     return 0;
 }
 
