@@ -131,11 +131,15 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer word2vec --corpus FILE|kjv --kb ENDPOINT --table NAME [options]\n"
+            "usage: trainer word2vec --corpus FILE|DIR|kjv --kb ENDPOINT --table NAME [options]\n"
             "Skip-gram with negative sampling whose vocabulary lives in the knowledge bank: every word's input\n"
             "and output vectors are rows of NAME and NAME.out keyed by the word; NAME.count counts the words.\n"
-            "  --corpus FILE|kjv        plain text (one sentence per line), or the King James Bible from\n"
-            "                           Debian's bible-kjv (verse references stripped)\n"
+            "  --corpus FILE|DIR|kjv    UTF-8 plain text (one sentence per line); a directory: every file in it\n"
+            "                           and its subdirectories, by path (names starting with . skipped); or the\n"
+            "                           King James Bible from Debian's bible-kjv (verse references stripped).\n"
+            "                           Words: runs of letters, apostrophes and non-ASCII bytes, ASCII\n"
+            "                           lowercased, outer apostrophes dropped; anything else splits words\n"
+            "                           (--tokenize-only prints them)\n"
             "  --kb ENDPOINTS           kb-server endpoint, or the comma-separated list of a sharded bank's\n"
             "                           endpoints in shard order (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
             "  --table NAME             base name of the tables (default words)\n"
@@ -248,7 +252,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     o->tables.admission = (w2v_admission_t)admission;
     o->seed = (uint64_t)seed;
     if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
-        fprintf(stderr, "trainer word2vec: --corpus FILE|kjv is required\n");
+        fprintf(stderr, "trainer word2vec: --corpus FILE|DIR|kjv is required\n");
         return -1;
     }
     if (o->tables.lr < 0)
