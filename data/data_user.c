@@ -1,7 +1,7 @@
 /* A user's own data set from .npy or CSV files (see data_user.h). */
 #include "data_user.h"
 
-#include "data_npy.h"
+#include "npy.h"
 #include "util.h"
 
 #include <errno.h>

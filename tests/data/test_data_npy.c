@@ -1,7 +1,7 @@
 /* data/: the .npy reader and writer on files crafted here (NumPy's own layout, every kind of bad header,
  * dtype, shape and size), and the user data-set loader (npy: and csv: specs) with its checks naming file and
  * row: NaN, labels out of range, row counts that differ. */
-#include "data_npy.h"
+#include "npy.h"
 #include "data_user.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
  * refused before anything trains, with a message naming the file and the row. Needs no Debian data set. */
 #include "maker_testlib.h"
 
-#include "data_npy.h"
+#include "npy.h"
 #include "test_util.h"
 #include "util.h"
 

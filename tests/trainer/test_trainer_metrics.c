@@ -5,7 +5,7 @@
  * too. Without promtool (Debian package prometheus) the promtool checks are skipped, saying so; the rest runs. */
 #include "maker_testlib.h"
 
-#include "data_npy.h"
+#include "npy.h"
 #include "prom.h"
 #include "test_util.h"
 #include "util.h"

@@ -11,8 +11,8 @@
  * or longer than the shape says; every message names the file. Conversions (carls_npy_to_f32,
  * carls_npy_to_i64) refuse NaN, infinities and values an int64 cannot hold, naming the file and the row.
  * The writers go through base/files' atomic write (a reader never sees half a file). */
-#ifndef CARLS_DATA_NPY_H
-#define CARLS_DATA_NPY_H
+#ifndef CARLS_NPY_H
+#define CARLS_NPY_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* NumPy .npy reader and writer (see data_npy.h). */
-#include "data_npy.h"
+#include "npy.h"
 
 #include "bytes.h"
 #include "files.h"
