@@ -1,4 +1,4 @@
-/* NumPy .npy reader and writer (see data_npy.h). */
+/* NumPy .npy reader and writer (see npy.h). */
 #include "npy.h"
 
 #include "bytes.h"

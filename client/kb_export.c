@@ -36,6 +36,7 @@
 #include "files.h"
 #include "kb_rows_text.h"
 #include "log.h"
+#include "npy.h"
 #include "protocol.h"
 #include "util.h"
 
@@ -776,6 +777,97 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
     if (rc != 0)
         return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
     return 0;
+}
+
+int kb_export_table_npy(kb_cluster_t *bank, const char *table, const char *npy_path, const char *keys_path,
+                        uint32_t page, uint64_t *rows_out, carls_progress_t *progress, char *err, size_t errlen)
+{
+    if (rows_out)
+        *rows_out = 0;
+    if (!bank || !table || !npy_path || !keys_path)
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a bank, a table and two paths are required");
+    if (page == 0)
+        page = S_DEFAULT_PAGE;
+    Carls__TableConfig *cfg = NULL;
+    if (kb_cluster_table_config(bank, table, &cfg) != 0)
+        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+    int rc = 0;
+    kb_rows_t *rows = NULL;
+    char *keys_text = NULL;
+    size_t keys_len = 0;
+    if (cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE || cfg->dim == 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EINVAL, "%s is a feature table: .npy holds embeddings only", table);
+        goto cleanup;
+    }
+    rows = kb_rows_new(cfg->dim);
+    char label[64];
+    snprintf(label, sizeof label, "export %s", table);
+    if (progress)
+        carls_progress_start_units(progress, label, 0, "rows");
+    for (uint32_t s = 0; s < kb_cluster_shards(bank) && rc == 0; s++) {
+        int64_t after = 0;
+        bool done = false;
+        while (!done && rc == 0) {
+            Carls__Response *resp = NULL;
+            if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0) {
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+                break;
+            }
+            const Carls__ScanResult *r = resp->scan;
+            if (r->n_keys > 0 && (r->dim != cfg->dim || r->n_values != r->n_keys * cfg->dim))
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u",
+                                  s, r->dim, cfg->dim);
+            for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
+                const ProtobufCBinaryData *k = &r->keys[i];
+                if (memchr(k->data, '\n', k->len) || (k->len && k->data[k->len - 1] == '\r'))
+                    rc = carls_errorf(err, errlen, KB_EXPORT_EINVAL,
+                                      "row %zu: its key holds a newline or ends in a carriage return, which a keys "
+                                      "file of one key a line cannot hold (use kbctl export TABLE FILE)", rows->n);
+                else
+                    kb_rows_append(rows, k->data, k->len, r->values + i * cfg->dim);
+            }
+            if (progress && rc == 0)
+                carls_progress_add(progress, (int64_t)r->n_keys);
+            done = r->done || r->n_keys == 0;
+            if (r->n_keys > 0)
+                after = r->row_ids[r->n_keys - 1];
+            carls__response__free_unpacked(resp, NULL);
+        }
+    }
+    if (rc != 0)
+        goto cleanup;
+    FILE *f = open_memstream(&keys_text, &keys_len);
+    if (!f) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "out of memory for the keys");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < rows->n; i++) {
+        kb_key_t k = kb_rows_key(rows, i);
+        fwrite(k.data, 1, k.len, f);
+        fputc('\n', f);
+    }
+    if (fclose(f) != 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "out of memory for the keys");
+        goto cleanup;
+    }
+    if (carls_npy_write_f32(npy_path, rows->values, rows->n, cfg->dim, err, errlen) != 0) {
+        rc = KB_EXPORT_EIO;
+        goto cleanup;
+    }
+    char inner[512];
+    if (carls_write_file_atomic(keys_path, keys_text, keys_len, 0644, 0, inner, sizeof inner) != 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "%s (%s was written; its keys were not)", inner, npy_path);
+        goto cleanup;
+    }
+    if (rows_out)
+        *rows_out = rows->n;
+    if (progress)
+        carls_progress_finish(progress, NULL);
+cleanup:
+    free(keys_text);
+    kb_rows_destroy(&rows);
+    carls__table_config__free_unpacked(cfg, NULL);
+    return rc;
 }
 
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,

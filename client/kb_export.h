@@ -123,6 +123,15 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p);
 int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
                     carls_progress_t *progress, char *err, size_t errlen);
 
+/* Exports embedding table from bank as NumPy: npy_path gets the values, float32 (N, dim), and keys_path the N
+ * keys, one a line in the same order (the keys file `kbctl put --npy --keys` and `kbctl import` read). Keys
+ * holding a newline, or ending in a carriage return, cannot be written so: KB_EXPORT_EINVAL naming the key's
+ * row, nothing written. Both files are written atomically, the values first; on failure neither is changed
+ * (a failure between the two renames leaves the new values beside the old keys: the message says so).
+ * Feature tables: KB_EXPORT_EINVAL. Scans as kb_export_table, with the same progress. */
+int kb_export_table_npy(kb_cluster_t *bank, const char *table, const char *npy_path, const char *keys_path,
+                        uint32_t page, uint64_t *rows_out, carls_progress_t *progress, char *err, size_t errlen);
+
 /* Imports the file at path into table of bank: verifies the whole file first (nothing is sent for a bad
  * file), creates the table with the file's config unless it exists with that same config (another config:
  * KB_EXPORT_EBANK, nothing written), then writes the rows in batches of `batch` rows (0 means 1000) routed

@@ -46,7 +46,7 @@ static int s_make_with_numpy(const char *dir)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* The same clusters written by data_npy (Box-Muller over the test stream). */
+/* The same clusters written by base/npy (Box-Muller over the test stream). */
 static void s_split_c(uint64_t *rng, const float *means, int n, float *x, int64_t *y, int label_every)
 {
     for (int i = 0; i < n; i++) {
@@ -88,7 +88,7 @@ int main(void)
     if (s_make_with_numpy(dir) == 0) {
         printf("clusters made with NumPy\n");
     } else {
-        printf("python3-numpy is not installed: clusters written by data_npy instead\n");
+        printf("python3-numpy is not installed: clusters written by base/npy instead\n");
         s_make_with_c(dir);
     }
     snprintf(ini, sizeof ini, "%s/npy.ini", dir);
