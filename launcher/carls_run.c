@@ -125,6 +125,11 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
     fclose(f);
 }
 
+/* metrics_port's slots (s_metrics_arg): the trainer's, the first maker's, and how many there are. */
+#define S_METRICS_TRAINER 64
+#define S_METRICS_MAKERS 65
+#define S_METRICS_SLOTS (S_METRICS_MAKERS + 4 * 64)
+
 /* The run's settings, read from the configuration. */
 typedef struct {
     const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
@@ -141,6 +146,7 @@ typedef struct {
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
+    double metrics_port;              /* > 0: Prometheus /metrics of every long-running process (s_metrics_arg) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
     double word_defs, tower_hidden, logq, negatives_shift, stale_positives, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
@@ -226,6 +232,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"max_bank_restarts", &c->max_bank_restarts, 3},
         {"max_maker_restarts", &c->max_maker_restarts, 3},
         {"maker_bank_timeout_ms", &c->maker_bank_timeout_ms, 0},
+        {"metrics_port", &c->metrics_port, 0},
         {"holdout_seed", &c->holdout_seed, 0},
         {"holdout_count", &c->holdout_count, 2000},
         {"dim", &c->dim, 128},
@@ -283,6 +290,11 @@ static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
         s_fmt(err, errlen, "experiment = '%s': graphreg or twotower", c->experiment);
         return -1;
     }
+    if (c->metrics_port != 0 && (c->metrics_port < 1024 || c->metrics_port > 65535 - S_METRICS_SLOTS)) {
+        s_fmt(err, errlen, "metrics_port = %g: 0 (off) or a base port 1024..%d", c->metrics_port,
+              65535 - S_METRICS_SLOTS);
+        return -1;
+    }
     if (strchr(c->name, '/') || !*c->name) {
         s_fmt(err, errlen, "name = '%s': must be a plain non-empty name", c->name);
         return -1;
@@ -297,6 +309,52 @@ static void s_maker_timeout_arg(s_argv_t *a, const s_cfg_t *c)
         s_arg(a, "--bank-timeout-ms");
         s_arg(a, "%d", (int)c->maker_bank_timeout_ms);
     }
+}
+
+/* metrics_port = P > 0: every long-running process serves Prometheus metrics on a port of its own, P + slot:
+ * bank shard s at slot s, the trainer at S_METRICS_TRAINER, the resident makers from S_METRICS_MAKERS on
+ * (embed i, graph makers + i, words 2 makers + i, label 3 makers); RUN/prometheus-targets.json lists them for
+ * Prometheus's file_sd_configs (docs/EXPERIMENTS.md). One-shot fleets serve none. */
+static void s_metrics_arg(s_argv_t *a, const s_cfg_t *c, int slot)
+{
+    if (c->metrics_port > 0) {
+        s_arg(a, "--metrics-port");
+        s_arg(a, "%d", (int)c->metrics_port + slot);
+    }
+}
+
+/* RUN/prometheus-targets.json: the ports s_metrics_arg gives, by job (bank, trainer, maker). */
+static void s_write_metrics_targets(const s_cfg_t *c, const char *dir, bool tt, bool embed, bool graph, bool label)
+{
+    if (c->metrics_port <= 0)
+        return;
+    char path[4400];
+    s_fmt(path, sizeof path, "%s/prometheus-targets.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        LOG_WARN("cannot write %s", path);
+        return;
+    }
+    const int p = (int)c->metrics_port, n = (int)c->makers;
+    fprintf(f, "[\n  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-bank\", \"run\": \"%s\"}},\n", p,
+            c->name);
+    fprintf(f, "  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-trainer\", \"run\": \"%s\"}},\n",
+            p + S_METRICS_TRAINER, c->name);
+    fprintf(f, "  {\"targets\": [");
+    const char *sep = "";
+    for (int i = 0; i < n; i++) {
+        const int slots[3] = {embed ? i : -1, graph ? n + i : -1, tt ? 2 * n + i : -1};
+        for (int k = 0; k < 3; k++) {
+            if (slots[k] >= 0) {
+                fprintf(f, "%s\"127.0.0.1:%d\"", sep, p + S_METRICS_MAKERS + slots[k]);
+                sep = ", ";
+            }
+        }
+    }
+    if (label)
+        fprintf(f, "%s\"127.0.0.1:%d\"", sep, p + S_METRICS_MAKERS + 3 * n);
+    fprintf(f, "], \"labels\": {\"job\": \"carls-maker\", \"run\": \"%s\"}}\n]\n", c->name);
+    fclose(f);
 }
 
 /* Common maker arguments. */
@@ -827,6 +885,7 @@ static int s_start_bank(s_run_t *r)
     s_arg_list(a, flags);
     s_arg(a, "--threads");
     s_arg(a, "%d", (int)c->kb_threads);
+    s_metrics_arg(a, c, 0);
     s_fmt(r->server_log, sizeof r->server_log, "%s/kb-server-0.log", r->logs);
     if (carls_proc_start(&r->server, "kb-server 0/1", a->ptr, r->server_log, r->server_log) != 0) {
         return -1;
@@ -910,6 +969,7 @@ static int s_start_words_maker(s_run_t *r, int i, int n)
     s_arg(&a, "--worker");
     s_arg(&a, "%d/%d", i, n);
     s_maker_timeout_arg(&a, c);
+    s_metrics_arg(&a, c, S_METRICS_MAKERS + 2 * (int)c->makers + i);
     s_arg_if_set(&a, "--gcide-index", c->gcide_index);
     s_arg_if_set(&a, "--gcide-dict", c->gcide_dict);
     return s_fleet_start_worker(r, "words", i, n, &a);
@@ -921,6 +981,7 @@ static int s_start_label_maker(s_run_t *r)
     const s_cfg_t *c = r->c;
     s_argv_t a = {0};
     s_maker_args(&a, c, r->endpoint, "label", 0, 1);
+    s_metrics_arg(&a, c, S_METRICS_MAKERS + 3 * (int)c->makers);
     s_arg(&a, "--ckpt-dir");
     s_arg(&a, "%s", r->ckpt);
     const s_num_arg_t nums[] = {
@@ -942,6 +1003,7 @@ static int s_start_fleet(s_run_t *r)
     for (int i = 0; r->bank_emb && i < n; i++) {
         s_argv_t a = {0};
         s_maker_args(&a, c, r->endpoint, "embed", i, n);
+        s_metrics_arg(&a, c, S_METRICS_MAKERS + i);
         s_arg(&a, "--ckpt-dir");
         s_arg(&a, "%s", r->ckpt);
         if (s_fleet_start_worker(r, "embed", i, n, &a) != 0) {
@@ -951,6 +1013,7 @@ static int s_start_fleet(s_run_t *r)
     for (int i = 0; c->graph_refresh > 0 && r->bank_emb && i < n; i++) {
         s_argv_t a = {0};
         s_maker_args(&a, c, r->endpoint, "graph", i, n);
+        s_metrics_arg(&a, c, S_METRICS_MAKERS + n + i);
         char k[32];
         s_fmt(k, sizeof k, "%d", (int)c->graph_k);
         s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
@@ -980,6 +1043,7 @@ static int s_run_trainer(s_run_t *r)
     const s_cfg_t *c = r->c;
     s_argv_t a = {0};
     s_arg(&a, "%s/trainer", c->bin);
+    s_metrics_arg(&a, c, S_METRICS_TRAINER);
     if (r->tt) {
         char vectors[4400];
         s_fmt(vectors, sizeof vectors, "%s/vectors.bin", r->dir);
@@ -1137,6 +1201,7 @@ static int s_run(s_run_t *r)
     r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
+    s_write_metrics_targets(c, r->dir, r->tt, r->bank_emb, r->bank_emb && c->graph_refresh > 0, r->label_loop);
     if (s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
         const int64_t t_train = carls_monotonic_ms();
         if (s_run_trainer(r) == 0) {

@@ -3,7 +3,10 @@
  * `carls run` with the graph-regularized experiment (data = npy:..., test_data = npy:..., pixel_features = raw;
  * makers embed, build the graph and spread labels as for Fashion-MNIST) and reaches the accuracy the clusters
  * allow (they are 6 standard deviations apart: above 0.95). Then a labels file with a label out of range is
- * refused before anything trains, with a message naming the file and the row. Needs no Debian data set. */
+ * refused before anything trains, with a message naming the file and the row. Last, a run with metrics_port
+ * set is scraped while it trains: every target in its prometheus-targets.json (the bank, the trainer, the
+ * embed maker) must serve a page that `promtool check metrics` accepts (skipped, saying so, without
+ * promtool); then it is interrupted. Needs no Debian data set. */
 #include "maker_testlib.h"
 
 #include "npy.h"
@@ -11,6 +14,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -95,7 +99,7 @@ int main(void)
     snprintf(log, sizeof log, "%s/carls.log", dir);
     FILE *f = fopen(ini, "w");
     fprintf(f,
-            "name = npy\nruns_dir = %s/runs\ndata = npy:%s/x.npy,%s/y.npy\ntest_data = npy:%s/tx.npy,%s/ty.npy\n"
+            "name = npy\nruns_dir = %s/runs\nmetrics_port = 0\ndata = npy:%s/x.npy,%s/y.npy\ntest_data = npy:%s/tx.npy,%s/ty.npy\n"
             "pixel_features = raw\ntables = clusters\nlabels_per_class = %d\nmakers = 1\nmaker_device = cpu\n"
             "graph_k = 5\nlabel_maker = 1\nlabel_model_weight = 0\nhidden = 32,16\nsteps = 100\n"
             "batch_labelled = 20\nbatch_unlabelled = 32\nlr = 0.01\nalpha = 0.1\nneighbors = 5\n"
@@ -133,5 +137,47 @@ int main(void)
              "the error does not name the file and the row (see %s)", path);
     snprintf(path, sizeof path, "%s/carls-bad.log", dir);
     MT_CHECK(!mt_file_contains(path, "[trainer]"), "the trainer started on bad data (see %s)", path);
+
+    /* Metrics of every program during a run. The base port is drawn from the pid, away from the ports the
+     * kernel hands out for port 0 (32768 and up). */
+    int base = 20000 + (int)(getpid() % 400) * 32;
+    char set_port[64], log3[160];
+    snprintf(set_port, sizeof set_port, "metrics_port=%d", base);
+    snprintf(log3, sizeof log3, "%s/carls-metrics.log", dir);
+    char *argv3[] = {"carls", "run", ini, "--set", set_port, "--set", "steps=100000000", "--set", "name=metrics",
+                     NULL};
+    pid_t pid = mt_spawn("carls", argv3, log3);
+    int64_t deadline = carls_monotonic_ms() + 120000; /* against a hang only */
+    while (!mt_file_contains(log3, "[trainer] step 50/") && carls_monotonic_ms() < deadline)
+        usleep(50 * 1000);
+    MT_CHECK(mt_file_contains(log3, "[trainer] step 50/"), "the trainer never evaluated (see %s)", log3);
+    snprintf(path, sizeof path, "%s/runs/metrics/prometheus-targets.json", dir);
+    size_t len = 0;
+    char *targets = (char *)test_read_file(path, 1, &len);
+    MT_CHECK(targets != NULL, "no %s", path);
+    int scraped = 0;
+    for (const char *t = targets ? strstr(targets, "127.0.0.1:") : NULL; t; t = strstr(t + 1, "127.0.0.1:")) {
+        int port = atoi(t + strlen("127.0.0.1:"));
+        char *answer = NULL;
+        while (!(answer = test_http((uint16_t)port, "GET", "/metrics")) && carls_monotonic_ms() < deadline)
+            usleep(50 * 1000);
+        MT_CHECK(answer && strstr(answer, " 200 "), "port %d served no metrics", port);
+        const char *body = answer ? strstr(answer, "\r\n\r\n") : NULL;
+        if (body) {
+            char problems[4096];
+            int lint = test_promtool_check(body + 4, problems, sizeof problems);
+            if (lint == 77)
+                printf("SKIPPED promtool on port %d: %s\n", port, problems);
+            MT_CHECK(lint == 0 || lint == 77, "promtool refused port %d's page:\n%s", port, problems);
+            scraped++;
+        }
+        free(answer);
+    }
+    MT_CHECK(scraped == 3, "%d pages scraped; want the bank's, the trainer's and the embed maker's", scraped);
+    MT_CHECK(strstr(targets ? targets : "", "carls-trainer") != NULL, "no trainer job in %s", path);
+    free(targets);
+    kill(pid, SIGINT);
+    MT_CHECK(mt_wait(pid, 60000) == 130, "the interrupted run did not exit 130 (see %s)", log3);
+    printf("metrics: %d pages scraped during a run\n", scraped);
     return mt_finish("test_launcher_npy", dir);
 }
