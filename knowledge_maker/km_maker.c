@@ -7,6 +7,7 @@
 #include "km_watch.h"
 
 #include "data_fmnist.h"
+#include "data_pairs.h"
 #include "data_user.h"
 #include "data_sample.h"
 #include "nn_device.h"
@@ -56,7 +57,9 @@ static void s_usage(FILE *out)
             "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
             "  --device auto|cpu|cuda   where the forward pass runs (default auto)\n"
             "  --data NAME              the items' data set: fashion-mnist (default), or your own\n"
-            "                           npy:FEATURES.npy,LABELS.npy | csv:FEATURES.csv,LABELS.csv (data_user.h)\n"
+            "                           npy:FEATURES.npy,LABELS.npy | csv:FEATURES.csv,LABELS.csv (data_user.h);\n"
+            "                           --task words: GCIDE (default), or pairs:PAIRS.tsv[,CANDIDATES.txt]\n"
+            "                           as trainer twotower --data (data_pairs.h)\n"
             "  --data-dir DIR           its IDX files (default %s)\n"
             "  --items N                use the first N training images as items (default 0: all)\n"
             "  --tables PREFIX          table-name prefix (default fmnist): PREFIX.pixels .emb .graph .labels\n"
@@ -171,8 +174,12 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     o->task = (km_task_t)task;
-    if (strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data)) {
-        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist, npy:F.npy,L.npy, csv:F.csv,L.csv)\n",
+    bool words_data = strcmp(o->data, "fashion-mnist") == 0 || strcmp(o->data, "gcide") == 0 ||
+                      data_pairs_is_spec(o->data); /* the first: --data left at its default */
+    if (o->task == KM_TASK_WORDS ? !words_data
+                                 : strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data)) {
+        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist, npy:F.npy,L.npy, csv:F.csv,L.csv; "
+                        "--task words: gcide, pairs:P.tsv)\n",
                 o->data);
         return -1;
     }

@@ -169,7 +169,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
     c->pixel_features = carls_ini_get(ini, "pixel_features", "raw");
-    c->data = carls_ini_get(ini, "data", "fashion-mnist");
+    c->data = carls_ini_get(ini, "data", ""); /* empty: the experiment's own (s_cfg_check) */
     c->test_data = carls_ini_get(ini, "test_data", "");
     c->experiment = carls_ini_get(ini, "experiment", "graphreg");
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
@@ -290,6 +290,19 @@ static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
         s_fmt(err, errlen, "experiment = '%s': graphreg or twotower", c->experiment);
         return -1;
     }
+    bool tt = strcmp(c->experiment, "twotower") == 0;
+    if (*c->data && (tt ? strcmp(c->data, "gcide") != 0 && strncmp(c->data, "pairs:", 6) != 0
+                        : strcmp(c->data, "fashion-mnist") != 0 && strncmp(c->data, "npy:", 4) != 0 &&
+                              strncmp(c->data, "csv:", 4) != 0)) {
+        s_fmt(err, errlen, "data = '%s': %s", c->data,
+              tt ? "gcide or pairs:PAIRS.tsv[,CANDIDATES.txt]"
+                 : "fashion-mnist, npy:FEATURES.npy,LABELS.npy or csv:FEATURES.csv,LABELS.csv");
+        return -1;
+    }
+    if (tt && *c->test_data) {
+        s_fmt(err, errlen, "test_data is for graphreg; twotower holds out one query of holdout_count documents");
+        return -1;
+    }
     if (c->metrics_port != 0 && (c->metrics_port < 1024 || c->metrics_port > 65535 - S_METRICS_SLOTS)) {
         s_fmt(err, errlen, "metrics_port = %g: 0 (off) or a base port 1024..%d", c->metrics_port,
               65535 - S_METRICS_SLOTS);
@@ -367,7 +380,7 @@ static void s_maker_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint, co
     s_arg(a, "%s/kb-maker", c->bin);
     s_arg_list(a, (const char *const[]){"--kb", endpoint, "--task", task, "--worker", worker_text, "--tables",
                                         c->tables, "--items", items, "--device", c->maker_device, NULL});
-    s_arg_list(a, (const char *const[]){"--data", c->data, NULL});
+    s_arg_if_set(a, "--data", c->data);
     s_arg_if_set(a, "--data-dir", c->data_dir);
     s_maker_timeout_arg(a, c);
 }
@@ -698,7 +711,7 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 static void s_graphreg_args(s_argv_t *a, const s_cfg_t *c, bool graph_needed, const char *endpoint, const char *ckpt,
                             const char *metrics)
 {
-    s_arg_list(a, (const char *const[]){"graphreg", "--data", c->data, NULL});
+    s_arg_list(a, (const char *const[]){"graphreg", "--data", *c->data ? c->data : "fashion-mnist", NULL});
     s_arg_if_set(a, "--data-dir", c->data_dir);
     s_arg_if_set(a, "--test-data", c->test_data);
     if (graph_needed) {
@@ -729,7 +742,7 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
                             const char *vectors)
 {
     s_arg(a, "twotower");
-    const char *const fixed[] = {"--data", "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
+    const char *const fixed[] = {"--data", *c->data ? c->data : "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
@@ -970,6 +983,7 @@ static int s_start_words_maker(s_run_t *r, int i, int n)
     s_arg(&a, "%d/%d", i, n);
     s_maker_timeout_arg(&a, c);
     s_metrics_arg(&a, c, S_METRICS_MAKERS + 2 * (int)c->makers + i);
+    s_arg_if_set(&a, "--data", c->data);
     s_arg_if_set(&a, "--gcide-index", c->gcide_index);
     s_arg_if_set(&a, "--gcide-dict", c->gcide_dict);
     return s_fleet_start_worker(r, "words", i, n, &a);

@@ -12,7 +12,10 @@
  *     other definitions (--word-defs), so the makers must read the trainer's hold-out and leave it out. Both
  *     heads are MLPs (--hidden 8); the makers' vectors must equal the trainer's own word tower.
  *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank, a
- *     fleet of two makers, the trainer), its result line, report and process table. */
+ *     fleet of two makers, the trainer), its result line, report and process table.
+ *   - test_launcher_pairs: the same pattern as a user's TSV of query<TAB>document pairs and a candidates
+ *     file (data = pairs:...), through the launcher with its makers: it must learn as well; a TSV with a bad
+ *     line is refused naming the file and the line. */
 #include "server_harness.h"
 
 #include "util.h"
@@ -59,9 +62,17 @@ static void s_b64(char *out, uint64_t v)
     out[n] = '\0';
 }
 
-/* Writes dir/tiny.index and dir/tiny.dict. */
+/* Writes dir/tiny.index and dir/tiny.dict, and the same senses as pairs: dir/pairs.tsv (definition<TAB>
+ * headword) with dir/candidates.txt (every headword, plus 10 that no query names). */
 static void s_write_dictionary(const char *dir)
 {
+    char tsv[512];
+    snprintf(tsv, sizeof tsv, "%s/pairs.tsv", dir);
+    FILE *p = fopen(tsv, "w");
+    snprintf(tsv, sizeof tsv, "%s/candidates.txt", dir);
+    FILE *cand = fopen(tsv, "w");
+    assert_non_null(p);
+    assert_non_null(cand);
     char heads[N_HEAD][8], topics[N_HEAD][2][8], fill[N_FILL][8];
     uint64_t rng = 4242;
     for (int i = 0; i < N_HEAD; i++) {
@@ -85,16 +96,20 @@ static void s_write_dictionary(const char *dir)
         strcpy(cap, heads[i]);
         cap[0] = (char)(cap[0] - 'a' + 'A');
         fprintf(d, "%s \\%s\\, n.\n", cap, heads[i]);
+        fprintf(cand, "%s\n", heads[i]);
         for (int s = 0; s < 4; s++) {
-            fprintf(d, "   %d. ", s + 1);
+            char def[256];
+            int n = 0;
             for (int k = 0; k < 3; k++)
-                fprintf(d, "%s ", fill[carls_splitmix64(&rng) % N_FILL]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", fill[carls_splitmix64(&rng) % N_FILL]);
             int which = (int)(carls_splitmix64(&rng) % 3); /* topic 0, topic 1 or both */
             if (which != 1)
-                fprintf(d, "%s ", topics[i][0]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", topics[i][0]);
             if (which != 0)
-                fprintf(d, "%s ", topics[i][1]);
-            fprintf(d, "%s.\n      [1913 Webster]\n\n", fill[carls_splitmix64(&rng) % N_FILL]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", topics[i][1]);
+            snprintf(def + n, sizeof def - (size_t)n, "%s", fill[carls_splitmix64(&rng) % N_FILL]);
+            fprintf(d, "   %d. %s.\n      [1913 Webster]\n\n", s + 1, def);
+            fprintf(p, "%s\t%s\n", def, cap); /* documents are lowercased when read */
         }
         long end = ftell(d);
         char o[16], l[16];
@@ -104,6 +119,13 @@ static void s_write_dictionary(const char *dir)
     }
     fclose(d);
     fclose(x);
+    for (int i = 0; i < 10; i++) {
+        char extra[8];
+        s_word(extra, &rng, 6);
+        fprintf(cand, "%sq\n", extra);
+    }
+    fclose(p);
+    fclose(cand);
 }
 
 /* Runs argv with stdout to out_path; returns the pid. */
@@ -343,6 +365,48 @@ static void test_launcher(void **state)
     s_env_done(&e);
 }
 
+static void test_launcher_pairs(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e); /* its bank is not used: the launcher starts its own */
+    char set[16][700];
+    const char *kv[] = {"data=pairs:%1$s/pairs.tsv,%1$s/candidates.txt", "runs_dir=%1$s", "name=pairs",
+                        "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
+                        "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
+                        "word_defs=2", "makers=1"};
+    const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
+    int n = 4;
+    for (int i = 0; i < 16; i++) {
+        snprintf(set[i], sizeof set[i], kv[i], e.dir);
+        argv[n++] = "--set";
+        argv[n++] = set[i];
+    }
+    argv[n] = NULL;
+    assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
+    s_check_quality(e.out);
+    char path[400];
+    snprintf(path, sizeof path, "%s/pairs/logs/trainer.log", e.dir);
+    char cmd[900];
+    /* 40 documents of the pairs and 10 more candidates: 50 ranked */
+    snprintf(cmd, sizeof cmd, "grep -q 'pairs.tsv,.*candidates.txt: 50 headwords, 160 senses' '%s'", path);
+    assert_int_equal(system(cmd), 0);
+    /* a bad line: refused before training, naming the file and the line */
+    snprintf(path, sizeof path, "%s/bad.tsv", e.dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("a query\tdoc\nno tab on this line\n", f);
+    fclose(f);
+    snprintf(set[0], sizeof set[0], "data=pairs:%s", path);
+    snprintf(set[2], sizeof set[2], "name=bad");
+    char bad_out[400];
+    snprintf(bad_out, sizeof bad_out, "%s/bad.out", e.dir);
+    assert_int_not_equal(s_wait(s_spawn(argv, bad_out)), 0);
+    snprintf(cmd, sizeof cmd, "grep -rq 'bad.tsv: line 2: expected QUERY<TAB>DOCUMENT' '%s/bad/logs'", e.dir);
+    assert_int_equal(system(cmd), 0);
+    s_env_done(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_makers),
         cmocka_unit_test(test_inputs_only_options),
         cmocka_unit_test(test_launcher),
+        cmocka_unit_test(test_launcher_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
