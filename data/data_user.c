@@ -144,8 +144,8 @@ static int s_csv_features(const char *path, s_split_t *s, char *err, size_t errl
         x = carls_grow(x, &xcap, (size_t)((n + 1) * dim), sizeof *x);
         for (size_t j = 0; j < nf; j++) {
             if (carls_parse_float(fields[j], &x[n * dim + j]) != 0) {
-                rc = carls_errorf(err, errlen, CARLS_USER_EBAD, "%s: line %llu, column %zu: '%s' is not a finite number",
-                                  path, (unsigned long long)lineno, j + 1, fields[j]);
+                rc = carls_errorf(err, errlen, CARLS_USER_EBAD,
+                                  "%s: line %llu, column %zu: '%s' is not a finite number", path, (unsigned long long)lineno, j + 1, fields[j]);
                 goto done;
             }
         }

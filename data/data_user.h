@@ -1,5 +1,5 @@
-/* A user's own data set for the experiments that Fashion-MNIST feeds (graph regularisation, supervised): dense
- * features and integer labels from NumPy .npy files or CSV, named by a spec
+/* A user's own data set for the experiment that Fashion-MNIST feeds (graph regularisation: trainer graphreg and
+ * kb-maker): dense features and integer labels from NumPy .npy files or CSV, named by a spec
  *
  *   npy:FEATURES.npy,LABELS.npy   features float32/float64/uint8 (N, D); labels integers (N,)
  *   csv:FEATURES.csv,LABELS.csv   features: N lines of D comma-separated numbers (a first line that is not
@@ -15,7 +15,8 @@
  * common scale (so a neighbour graph on them is the graph on the floats, to within 1/255 of the range per
  * coordinate). Everything is read and checked before anything is returned: a bad shape, a NaN or infinity, a
  * label out of range or a row count that differs between the files is refused with a message naming the
- * file and the row (0-based for .npy, the 1-based line for CSV). */
+ * file and where: "row R" (0-based data row; with "column C" for a NaN in .npy features) or, for what CSV
+ * parsing finds, "line L" (1-based). */
 #ifndef CARLS_DATA_USER_H
 #define CARLS_DATA_USER_H
 

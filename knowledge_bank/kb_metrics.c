@@ -176,10 +176,12 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
              "Last committed epoch (group commit number).");
     carls_prom_metric(f, "carls_bank_memory_bytes", "gauge", (double)st->memory_bytes,
              "The server's estimate of the memory its data takes (what --max-memory limits).");
-    carls_prom_metric(f, "carls_bank_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
+    carls_prom_metric(f, "carls_bank_memory_limit_bytes", "gauge", (double)st->memory_limit,
+                      "--max-memory (0: unlimited).");
     carls_prom_metric(f, "carls_bank_memory_refusals_total", "counter", (double)st->memory_refusals,
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
-    carls_prom_metric(f, "carls_bank_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
+    carls_prom_metric(f, "carls_bank_resident_bytes", "gauge", (double)st->rss_bytes,
+                      "The process's resident set size.");
 
     carls_prom_family(f, "carls_bank_op_requests_total", "counter", "Requests handled, by operation.");
     s_count_samples(f, "carls_bank_op_requests_total", NULL, st->latency, st->n_latency);

@@ -742,7 +742,8 @@ static void s_twotower_args(s_argv_t *a, const s_cfg_t *c, const char *endpoint,
                             const char *vectors)
 {
     s_arg(a, "twotower");
-    const char *const fixed[] = {"--data", *c->data ? c->data : "gcide", "--kb", endpoint, "--table", c->tables, "--ckpt-dir", ckpt,
+    const char *const fixed[] = {"--data", *c->data ? c->data : "gcide", "--kb", endpoint, "--table", c->tables,
+                                 "--ckpt-dir", ckpt,
                                  "--metrics", metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};

@@ -94,7 +94,8 @@ static void test_int_dtypes(void **state)
     (void)state;
     unsigned char buf[256];
     const int8_t i1[3] = {-1, 7, -128};
-    const char *path = s_write("i1.npy", buf, s_make(buf, "{'descr': '|i1', 'fortran_order': False, 'shape': (3,), }", i1, 3));
+    const char *dict1 = "{'descr': '|i1', 'fortran_order': False, 'shape': (3,), }";
+    const char *path = s_write("i1.npy", buf, s_make(buf, dict1, i1, 3));
     char err[512] = "";
     carls_npy_t a;
     assert_int_equal(carls_npy_read(path, &a, err, sizeof err), 0);

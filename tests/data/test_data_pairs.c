@@ -30,7 +30,8 @@ static void test_load(void **state)
 {
     (void)state;
     char spec[1200];
-    const char *pairs = s_write("p.tsv", "A red fruit\tApple\n\nyellow and long\tbanana\r\nkeeps doctors away\t apple \n");
+    const char *pairs =
+        s_write("p.tsv", "A red fruit\tApple\n\nyellow and long\tbanana\r\nkeeps doctors away\t apple \n");
     const char *cands = s_write("c.txt", "cherry\nbanana\n\n");
     snprintf(spec, sizeof spec, "pairs:%s,%s", pairs, cands);
     data_gcide_t *g = NULL;

@@ -1,5 +1,5 @@
 /* Bring your own data: a data set of Gaussian clusters as .npy files (made with NumPy by /usr/bin/python3 when
- * python3-numpy is installed, else written by data/'s own writer, which the output says) trains through
+ * python3-numpy is installed, else written by base/npy's writer, which the output says) trains through
  * `carls run` with the graph-regularized experiment (data = npy:..., test_data = npy:..., pixel_features = raw;
  * makers embed, build the graph and spread labels as for Fashion-MNIST) and reaches the accuracy the clusters
  * allow (they are 6 standard deviations apart: above 0.95). Then a labels file with a label out of range is
@@ -99,11 +99,13 @@ int main(void)
     snprintf(log, sizeof log, "%s/carls.log", dir);
     FILE *f = fopen(ini, "w");
     fprintf(f,
-            "name = npy\nruns_dir = %s/runs\nmetrics_port = 0\ndata = npy:%s/x.npy,%s/y.npy\ntest_data = npy:%s/tx.npy,%s/ty.npy\n"
+            "name = npy\nruns_dir = %s/runs\nmetrics_port = 0\ndata = npy:%s/x.npy,%s/y.npy\n"
+            "test_data = npy:%s/tx.npy,%s/ty.npy\n"
             "pixel_features = raw\ntables = clusters\nlabels_per_class = %d\nmakers = 1\nmaker_device = cpu\n"
             "graph_k = 5\nlabel_maker = 1\nlabel_model_weight = 0\nhidden = 32,16\nsteps = 100\n"
             "batch_labelled = 20\nbatch_unlabelled = 32\nlr = 0.01\nalpha = 0.1\nneighbors = 5\n"
-            "neighbors_from = bank\nbeta = 1\nckpt_every = 50\neval_every = 50\ntrainer_device = cpu\ntimeout_s = 120\n",
+            "neighbors_from = bank\nbeta = 1\nckpt_every = 50\neval_every = 50\ntrainer_device = cpu\n"
+            "timeout_s = 120\n",
             dir, dir, dir, dir, dir, S_LABELS_PER_CLASS);
     fclose(f);
 
