@@ -97,6 +97,21 @@ static bool s_has_word(const char *p, size_t len)
     return false;
 }
 
+/* The next line of [*p, end): returns its start (NULL at the end) with its length, without "\n" or "\r\n", in
+ * *len, and moves *p past it. */
+static char *s_next_line(char **p, char *end, size_t *len)
+{
+    if (!*p || *p >= end)
+        return NULL;
+    char *line = *p, *nl = memchr(line, '\n', (size_t)(end - line));
+    size_t l = (size_t)((nl ? nl : end) - line);
+    if (l && line[l - 1] == '\r')
+        l--;
+    *len = l;
+    *p = nl ? nl + 1 : end;
+    return line;
+}
+
 static int s_cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -133,14 +148,10 @@ int data_pairs_load(const char *spec, data_gcide_t **out, char *err, size_t errl
     if (rc == 0 && cand_path[0])
         rc = s_read(cand_path, &cbuf, &clen, err, errlen);
     /* the pairs */
-    size_t line = 0;
-    for (char *p = buf; rc == 0 && p && p < buf + len;) {
-        char *nl = memchr(p, '\n', (size_t)(buf + len - p));
-        char *end = nl ? nl : buf + len;
+    size_t line = 0, l;
+    char *cursor = buf, *p;
+    while (rc == 0 && (p = s_next_line(&cursor, buf + len, &l))) {
         line++;
-        size_t l = (size_t)(end - p);
-        if (l && p[l - 1] == '\r')
-            l--;
         if (l > 0) {
             char *tab = memchr(p, '\t', l);
             char *doc = NULL;
@@ -158,19 +169,14 @@ int data_pairs_load(const char *spec, data_gcide_t **out, char *err, size_t errl
                 docs[n_docs++] = doc;
             }
         }
-        p = nl ? nl + 1 : NULL;
     }
     if (rc == 0 && n_pairs == 0)
         rc = carls_errorf(err, errlen, -1, "%s: no pairs", pairs_path);
     /* the candidates */
     line = 0;
-    for (char *p = cbuf; rc == 0 && p && p < cbuf + clen;) {
-        char *nl = memchr(p, '\n', (size_t)(cbuf + clen - p));
-        char *end = nl ? nl : cbuf + clen;
+    cursor = cbuf;
+    while (rc == 0 && (p = s_next_line(&cursor, cbuf + clen, &l))) {
         line++;
-        size_t l = (size_t)(end - p);
-        if (l && p[l - 1] == '\r')
-            l--;
         if (l > 0) {
             char *doc = s_document(p, l, why, sizeof why);
             if (!doc) {
@@ -180,7 +186,6 @@ int data_pairs_load(const char *spec, data_gcide_t **out, char *err, size_t errl
                 docs[n_docs++] = doc;
             }
         }
-        p = nl ? nl + 1 : NULL;
     }
     if (rc != 0)
         goto done;

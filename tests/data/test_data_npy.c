@@ -36,19 +36,28 @@ static const char *s_write(const char *name, const void *bytes, size_t len)
     return path;
 }
 
-/* A version 1.0 .npy file with the given header dict text and data bytes, as NumPy lays it out. */
-static size_t s_make(unsigned char *buf, const char *dict, const void *data, size_t data_len)
+/* A version `major`.0 .npy file (1: a 2-byte header length, 2: 4 bytes) with the given header dict text and
+ * data bytes, as NumPy lays it out. */
+static size_t s_make_v(unsigned char *buf, int major, const char *dict, const void *data, size_t data_len)
 {
-    size_t hl = strlen(dict) + 1;
-    size_t pad = (64 - (10 + hl) % 64) % 64;
-    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    size_t pre = major == 1 ? 10 : 12, hl = strlen(dict) + 1;
+    size_t pad = (64 - (pre + hl) % 64) % 64;
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (unsigned char)major;
+    buf[7] = 0;
+    memset(buf + 8, 0, pre - 8);
     buf[8] = (unsigned char)((hl + pad) & 0xff);
     buf[9] = (unsigned char)((hl + pad) >> 8);
-    memcpy(buf + 10, dict, hl - 1);
-    memset(buf + 10 + hl - 1, ' ', pad);
-    buf[10 + hl - 1 + pad] = '\n';
-    memcpy(buf + 10 + hl + pad, data, data_len);
-    return 10 + hl + pad + data_len;
+    memcpy(buf + pre, dict, hl - 1);
+    memset(buf + pre + hl - 1, ' ', pad);
+    buf[pre + hl - 1 + pad] = '\n';
+    memcpy(buf + pre + hl + pad, data, data_len);
+    return pre + hl + pad + data_len;
+}
+
+static size_t s_make(unsigned char *buf, const char *dict, const void *data, size_t data_len)
+{
+    return s_make_v(buf, 1, dict, data, data_len);
 }
 
 static void test_roundtrip(void **state)
@@ -106,17 +115,8 @@ static void test_int_dtypes(void **state)
     carls_npy_free(&a);
 
     const unsigned char i2[4] = {0xfe, 0xff, 0x02, 0x00}; /* -2, 2 little-endian */
-    unsigned char v2[256];
-    const char *dict = "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }";
-    size_t hl = strlen(dict) + 1, pad = (64 - (12 + hl) % 64) % 64;
-    memcpy(v2, "\x93NUMPY\x02\x00", 8);
-    v2[8] = (unsigned char)(hl + pad);
-    v2[9] = v2[10] = v2[11] = 0;
-    memcpy(v2 + 12, dict, hl - 1);
-    memset(v2 + 12 + hl - 1, ' ', pad);
-    v2[12 + hl - 1 + pad] = '\n';
-    memcpy(v2 + 12 + hl + pad, i2, 4);
-    path = s_write("i2.npy", v2, 12 + hl + pad + 4);
+    const char *dict2 = "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }";
+    path = s_write("i2.npy", buf, s_make_v(buf, 2, dict2, i2, 4));
     assert_int_equal(carls_npy_read(path, &a, err, sizeof err), 0);
     assert_int_equal(carls_npy_to_i64(&a, path, &v, err, sizeof err), 0);
     assert_true(v[0] == -2 && v[1] == 2);

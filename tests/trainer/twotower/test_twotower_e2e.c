@@ -323,26 +323,40 @@ static void test_inputs_only_options(void **state)
     assert_int_equal(s_wait(s_spawn(range, NULL)), 2);
 }
 
+#define S_MAX_SETS 20
+
+/* argv of `carls run experiments/twotower-quick.ini --quiet` with --set kv[i] for each of the n settings,
+ * each formatted with dir (%1$s); set keeps the strings. */
+static void s_launcher_argv(const char *dir, const char *const *kv, int n, char (*set)[700], const char **argv)
+{
+    assert_true(n <= S_MAX_SETS);
+    int a = 0;
+    argv[a++] = LAUNCHER;
+    argv[a++] = "run";
+    argv[a++] = CARLS_SOURCE_DIR "/experiments/twotower-quick.ini";
+    argv[a++] = "--quiet";
+    for (int i = 0; i < n; i++) {
+        snprintf(set[i], sizeof set[i], kv[i], dir);
+        argv[a++] = "--set";
+        argv[a++] = set[i];
+    }
+    argv[a] = NULL;
+}
+
 static void test_launcher(void **state)
 {
     (void)state;
     s_env_t e;
     s_env(&e); /* its bank is not used: the launcher starts its own */
-    char set[20][320];
+    char set[S_MAX_SETS][700];
     /* Bank negatives drawn as training pairs are (negatives_sampling = pairs), and hard ones computed by the
      * trainer from their current rows (hard_fresh). */
-    const char *kv[] = {"gcide_index=%s/tiny.index", "gcide_dict=%s/tiny.dict", "runs_dir=%s", "name=run",
+    const char *kv[] = {"gcide_index=%1$s/tiny.index", "gcide_dict=%1$s/tiny.dict", "runs_dir=%1$s", "name=run",
                         "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
                         "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
                         "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1", "negatives_sampling=pairs"};
-    const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
-    int n = 4;
-    for (int i = 0; i < 20; i++) {
-        snprintf(set[i], sizeof set[i], kv[i], e.dir);
-        argv[n++] = "--set";
-        argv[n++] = set[i];
-    }
-    argv[n] = NULL;
+    const char *argv[8 + 2 * S_MAX_SETS];
+    s_launcher_argv(e.dir, kv, 20, set, argv);
     assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
     s_check_quality(e.out);
     assert_true(s_result(e.out, "bank_restarts") == 0);
@@ -370,19 +384,13 @@ static void test_launcher_pairs(void **state)
     (void)state;
     s_env_t e;
     s_env(&e); /* its bank is not used: the launcher starts its own */
-    char set[16][700];
+    char set[S_MAX_SETS][700];
     const char *kv[] = {"data=pairs:%1$s/pairs.tsv,%1$s/candidates.txt", "runs_dir=%1$s", "name=pairs",
                         "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
                         "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
                         "word_defs=2", "makers=1"};
-    const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
-    int n = 4;
-    for (int i = 0; i < 16; i++) {
-        snprintf(set[i], sizeof set[i], kv[i], e.dir);
-        argv[n++] = "--set";
-        argv[n++] = set[i];
-    }
-    argv[n] = NULL;
+    const char *argv[8 + 2 * S_MAX_SETS];
+    s_launcher_argv(e.dir, kv, 16, set, argv);
     assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
     s_check_quality(e.out);
     char path[400];
