@@ -23,6 +23,7 @@
 #include "data_sample.h"
 #include "files.h"
 #include "log.h"
+#include "progress.h"
 #include "nn_ops.h"
 #include "protocol.h"
 #include "util.h"
@@ -1172,6 +1173,12 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     double loss_sum = 0;
     int loss_n = 0, rc = 0;
     bool done = false;
+    /* On a terminal, a progress line over the run (steps/s, time left); the 50-step lines are the log. */
+    int64_t planned = (int64_t)r->o.epochs * (int64_t)(r->n_train / (size_t)r->o.batch);
+    if (r->o.max_steps > 0 && r->o.max_steps < planned)
+        planned = r->o.max_steps;
+    carls_progress_t bar;
+    carls_progress_start_units(&bar, "twotower", planned, "steps");
     for (int epoch = 0; epoch < r->o.epochs && !done; epoch++) {
         carls_shuffle_u32(r->train, r->n_train, &r->rng);
         for (size_t from = 0; from + (size_t)r->o.batch <= r->n_train && !done; from += (size_t)r->o.batch) {
@@ -1184,16 +1191,19 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
             step++;
             loss_sum += loss;
             loss_n++;
+            if (bar.tty)
+                carls_progress_add(&bar, 1);
             if (r->o.ckpt_dir && step % (uint64_t)r->o.ckpt_every == 0 && s_save_ckpt(r, step) != 0) {
                 rc = -1;
                 done = true;
             }
             if (step % 50 == 0) {
+                carls_progress_clear(&bar);
                 int64_t now = carls_monotonic_us();
                 double sps = 50.0 / ((double)(now - tlast) / 1e6);
                 /* bank waits are not measured apart here: they count as work */
                 carls_prom_progress_add(trainer_prom, 50, 50 * (uint64_t)r->o.batch, (double)(now - tlast) / 1e6, 0);
-                carls_prom_progress_set_step(trainer_prom, (int64_t)step, r->o.max_steps);
+                carls_prom_progress_set_step(trainer_prom, (int64_t)step, planned);
                 tlast = now;
                 double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
                                  sps, (double)(r->n_neg + r->n_fresh),
@@ -1211,6 +1221,8 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 done = true;
         }
     }
+    if (bar.tty)
+        carls_progress_finish(&bar, NULL);
     if (csv.f)
         trainer_metrics_close(&csv);
     *steps_out = step;
