@@ -349,8 +349,10 @@ static void s_write_metrics_targets(const s_cfg_t *c, const char *dir, bool tt, 
         return;
     }
     const int p = (int)c->metrics_port, n = (int)c->makers;
-    fprintf(f, "[\n  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-bank\", \"run\": \"%s\"}},\n", p,
-            c->name);
+    fprintf(f, "[\n  {\"targets\": [");
+    for (int shard = 0; shard < (int)c->shards; shard++)
+        fprintf(f, "%s\"127.0.0.1:%d\"", shard ? ", " : "", p + shard);
+    fprintf(f, "], \"labels\": {\"job\": \"carls-bank\", \"run\": \"%s\"}},\n", c->name);
     fprintf(f, "  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-trainer\", \"run\": \"%s\"}},\n",
             p + S_METRICS_TRAINER, c->name);
     fprintf(f, "  {\"targets\": [");
