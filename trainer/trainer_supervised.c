@@ -275,6 +275,11 @@ static int s_train(s_run_t *r)
             snprintf(extra, sizeof extra, "train acc %.4f", train_acc);
         }
         double rate = carls_progress_finish(&bar, extra);
+        carls_prom_progress_add(trainer_prom, (uint64_t)steps_per_epoch, (uint64_t)r->n_train,
+                                (double)(carls_monotonic_us() - t_epoch) / 1e6, 0);
+        carls_prom_progress_set_step(trainer_prom, r->step, r->total_steps);
+        if (eval)
+            carls_prom_progress_set_eval(trainer_prom, r->test_loss, r->test_acc);
         if (eval) {
             double row[9] = {epoch, (double)r->step, train_loss, train_acc, r->test_loss, r->test_acc, rate,
                              (double)r->train_us / 1e6, (double)(carls_monotonic_us() - r->t_start) / 1e6};

@@ -633,6 +633,10 @@ static void s_epoch_end(s_run_t *r)
     double loss = r->epoch_pairs ? r->epoch_loss / (double)r->epoch_pairs : 0;
     snprintf(extra, sizeof extra, "loss/pair %.4f, %llu pairs", loss, (unsigned long long)r->epoch_pairs);
     double wps = carls_progress_finish(&r->progress, extra);
+    /* Prometheus: an epoch is a step, tokens are the items; bank waits are not measured apart here. */
+    carls_prom_progress_add(trainer_prom, 1, (uint64_t)r->progress.done,
+                            (double)(carls_monotonic_us() - r->progress.start_us) / 1e6, 0);
+    carls_prom_progress_set_step(trainer_prom, r->progress_epoch + 1, r->o.epochs);
     if (r->metrics) {
         fprintf(r->metrics, "%u,%zu,%llu,%.6f,%.1f\n", r->progress_epoch + 1, r->slice_tokens,
                 (unsigned long long)r->epoch_pairs, loss, wps);
