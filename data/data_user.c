@@ -248,8 +248,10 @@ static int s_load_split(const char *spec, const char *what, s_split_t *s, char *
     int rc = npy ? s_npy_features(fpath, s, err, errlen) : s_csv_features(fpath, s, err, errlen);
     if (rc == 0)
         rc = npy ? s_npy_labels(lpath, s, err, errlen) : s_csv_labels(lpath, s, err, errlen);
-    if (rc)
+    if (rc) {
+        s_split_free(s); /* the features, when the labels were refused */
         return rc;
+    }
     if (s->dim > 1 << 20) {
         s_split_free(s);
         return carls_errorf(err, errlen, CARLS_USER_EBAD, "%s: %llu features a row is over the limit (2^20)", fpath,

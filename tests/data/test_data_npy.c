@@ -36,6 +36,12 @@ static const char *s_write(const char *name, const void *bytes, size_t len)
     return path;
 }
 
+/* A text file (strlen(text) bytes). */
+static const char *s_write_text(const char *name, const char *text)
+{
+    return s_write(name, text, strlen(text));
+}
+
 /* A version `major`.0 .npy file (1: a 2-byte header length, 2: 4 bytes) with the given header dict text and
  * data bytes, as NumPy lays it out. */
 static size_t s_make_v(unsigned char *buf, int major, const char *dict, const void *data, size_t data_len)
@@ -159,14 +165,16 @@ static void test_bad_files(void **state)
         }
     }
     /* no magic; a version from the future; a header length past the end */
-    const char *path = s_write("nomagic.npy", "PK\x03\x04 not numpy", 16);
+    static const char nomagic[] = "PK\x03\x04 not numpy", v9[] = "\x93NUMPY\x09\x00\x10\x00{}",
+                      shorthdr[] = "\x93NUMPY\x01\x00\xff\x00{'descr'";
+    const char *path = s_write("nomagic.npy", nomagic, sizeof nomagic - 1);
     carls_npy_t a;
     assert_int_equal(carls_npy_read(path, &a, err, sizeof err), CARLS_NPY_EBAD);
     assert_non_null(strstr(err, "magic"));
-    path = s_write("v9.npy", "\x93NUMPY\x09\x00\x10\x00{}", 12);
+    path = s_write("v9.npy", v9, sizeof v9 - 1);
     assert_int_equal(carls_npy_read(path, &a, err, sizeof err), CARLS_NPY_EBAD);
     assert_non_null(strstr(err, "version 9"));
-    path = s_write("short.npy", "\x93NUMPY\x01\x00\xff\x00{'descr'", 17);
+    path = s_write("short.npy", shorthdr, sizeof shorthdr - 1);
     assert_int_equal(carls_npy_read(path, &a, err, sizeof err), CARLS_NPY_EBAD);
     assert_non_null(strstr(err, "truncated in the header"));
     assert_int_equal(carls_npy_read(s_path("absent.npy"), &a, err, sizeof err), CARLS_NPY_EIO);
@@ -256,8 +264,8 @@ static void test_user_data(void **state)
 
     /* CSV: a header, blank lines, a bad value named by line and column */
     char cx[512], cy[512];
-    snprintf(cx, sizeof cx, "%s", s_write("f.csv", "a,b\n1,2\n 3 , 4\n\n5,6\n", 22));
-    snprintf(cy, sizeof cy, "%s", s_write("l.csv", "label\n0\n1\n-1\n", 14));
+    snprintf(cx, sizeof cx, "%s", s_write_text("f.csv", "a,b\n1,2\n 3 , 4\n\n5,6\n"));
+    snprintf(cy, sizeof cy, "%s", s_write_text("l.csv", "label\n0\n1\n-1\n"));
     snprintf(spec, sizeof spec, "csv:%s,%s", cx, cy);
     assert_int_equal(carls_dataset_load(spec, NULL, NULL, &ds, err, sizeof err), 0);
     assert_int_equal(ds.train.n, 3);
@@ -265,14 +273,14 @@ static void test_user_data(void **state)
     assert_int_equal(ds.train.pixels[5], 255);
     assert_int_equal(ds.test.n, 0);
     carls_fmnist_free(&ds);
-    s_write("f.csv", "1,2\n3,nan\n5,6\n", 14);
+    s_write_text("f.csv", "1,2\n3,nan\n5,6\n");
     assert_int_equal(carls_dataset_load(spec, NULL, NULL, &ds, err, sizeof err), CARLS_USER_EBAD);
     assert_non_null(strstr(err, "f.csv: line 2, column 2: 'nan' is not a finite number"));
-    s_write("f.csv", "1,2\n3\n5,6\n", 10);
+    s_write_text("f.csv", "1,2\n3\n5,6\n");
     assert_int_equal(carls_dataset_load(spec, NULL, NULL, &ds, err, sizeof err), CARLS_USER_EBAD);
     assert_non_null(strstr(err, "f.csv: line 2 has 1 values"));
-    s_write("f.csv", "1,2\n3,4\n5,6\n", 12);
-    s_write("l.csv", "0\n1\nx\n", 6);
+    s_write_text("f.csv", "1,2\n3,4\n5,6\n");
+    s_write_text("l.csv", "0\n1\nx\n");
     assert_int_equal(carls_dataset_load(spec, NULL, NULL, &ds, err, sizeof err), CARLS_USER_EBAD);
     assert_non_null(strstr(err, "l.csv: line 3: 'x' is not an integer label"));
 }

@@ -157,6 +157,8 @@ int main(void)
     size_t len = 0;
     char *targets = (char *)test_read_file(path, 1, &len);
     MT_CHECK(targets != NULL, "no %s", path);
+    if (targets)
+        targets[len] = '\0';
     int scraped = 0;
     for (const char *t = targets ? strstr(targets, "127.0.0.1:") : NULL; t; t = strstr(t + 1, "127.0.0.1:")) {
         int port = atoi(t + strlen("127.0.0.1:"));
