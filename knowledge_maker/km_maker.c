@@ -304,7 +304,7 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
     const size_t chunk = 4096;
     uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * k);
     float *score = carls_xmalloc(sizeof *score * chunk * k);
-    uint64_t same = 0, edges = 0;
+    uint64_t same = 0, edges = 0; /* edges between items whose labels are known (-1 labels are not) */
     for (size_t off = 0; off < mk->n_share && rc == 0; off += chunk) {
         if (stop && *stop) {
             break;
@@ -317,8 +317,9 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
             if (t != KM_NO_ITEM && (int)t >= mk->n_items) {
                 nbr[i] = KM_NO_ITEM; /* a row that is not one of this run's items */
             } else if (t != KM_NO_ITEM) {
-                edges++;
-                same += mk->ds.train.labels[t] == mk->ds.train.labels[mk->share[off + i / k]];
+                const uint8_t a = mk->ds.train.labels[t], b = mk->ds.train.labels[mk->share[off + i / k]];
+                edges += a != CARLS_LABEL_NONE && b != CARLS_LABEL_NONE;
+                same += a != CARLS_LABEL_NONE && a == b;
             }
         }
         if (rc == 0) {
@@ -332,7 +333,8 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
     }
     double s = s_secs(t0);
     LOG_INFO("graph from %s (version %" PRIu64 "): %zu items, k=%u in %.2f s (%.0f items/s); purity %.4f "
-             "(share of edges joining images of one class: a diagnostic, never written)",
+             "(share of edges joining items of one class, among items whose class is known: a diagnostic, never "
+             "written)",
              table, version, mk->n_share, k, s, (double)mk->n_share / (s > 0 ? s : 1e-9),
              edges ? (double)same / (double)edges : 0.0);
     return 0;
