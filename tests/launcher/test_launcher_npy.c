@@ -13,10 +13,13 @@
 #include "test_util.h"
 #include "util.h"
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define S_CLASSES 4
@@ -85,6 +88,18 @@ static void s_make_with_c(const char *dir)
     free(y);
 }
 
+/* Whether 127.0.0.1:port can be bound now. */
+static int s_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
 int main(void)
 {
     char dir[64], ini[128], log[128], path[256], line[4096];
@@ -141,8 +156,11 @@ int main(void)
     MT_CHECK(!mt_file_contains(path, "[trainer]"), "the trainer started on bad data (see %s)", path);
 
     /* Metrics of every program during a run. The base port is drawn from the pid, away from the ports the
-     * kernel hands out for port 0 (32768 and up). */
+     * kernel hands out for port 0 (32768 and up), and moved on while the three it will use are taken. */
     int base = 20000 + (int)(getpid() % 400) * 32;
+    for (int tries = 0; tries < 50 && !(s_port_free(base) && s_port_free(base + 64) && s_port_free(base + 65));
+         tries++)
+        base = 20000 + (base - 20000 + 96) % 12800;
     char set_port[64], log3[160];
     snprintf(set_port, sizeof set_port, "metrics_port=%d", base);
     snprintf(log3, sizeof log3, "%s/carls-metrics.log", dir);
