@@ -36,6 +36,7 @@
 #include "files.h"
 #include "kb_rows_text.h"
 #include "log.h"
+#include "npy.h"
 #include "protocol.h"
 #include "util.h"
 
@@ -606,8 +607,67 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p)
 #define S_DEFAULT_PAGE 1000u
 #define S_DEFAULT_BATCH 1000u
 
+/* One page of a scan, checked against the table's config (dim, kind), handed to a consumer. */
+typedef int (*s_page_fn)(void *ctx, const Carls__TableConfig *cfg, const Carls__ScanResult *r, char *err,
+                         size_t errlen);
+
+/* Scans table on every shard in pages of `page` rows, checks each page against cfg and gives it to fn(ctx);
+ * reports the rows to progress (may be NULL; started here, finished by the caller). Returns 0, fn's error, or
+ * KB_EXPORT_EBANK. */
+static int s_scan_table(kb_cluster_t *bank, const char *table, uint32_t page, const Carls__TableConfig *cfg,
+                        s_page_fn fn, void *ctx, carls_progress_t *progress, char *err, size_t errlen)
+{
+    const bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    char label[64];
+    snprintf(label, sizeof label, "export %s", table);
+    if (progress)
+        carls_progress_start_units(progress, label, 0, "rows");
+    int rc = 0;
+    for (uint32_t s = 0; s < kb_cluster_shards(bank) && rc == 0; s++) {
+        int64_t after = 0;
+        bool done = false;
+        while (!done && rc == 0) {
+            Carls__Response *resp = NULL;
+            if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0)
+                return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+            const Carls__ScanResult *r = resp->scan;
+            if (!feature && r->n_keys > 0 && (r->dim != cfg->dim || r->n_values != r->n_keys * cfg->dim))
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u",
+                                  s, r->dim, cfg->dim);
+            else if (feature && r->n_keys > 0 && r->n_records != r->n_keys)
+                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
+            else
+                rc = fn(ctx, cfg, r, err, errlen);
+            if (progress && rc == 0)
+                carls_progress_add(progress, (int64_t)r->n_keys);
+            done = r->done || r->n_keys == 0;
+            if (r->n_keys > 0)
+                after = r->row_ids[r->n_keys - 1];
+            carls__response__free_unpacked(resp, NULL);
+        }
+    }
+    return rc;
+}
+
+/* kb_export_table's page consumer: every row into the export writer (ctx). */
+static int s_page_to_writer(void *ctx, const Carls__TableConfig *cfg, const Carls__ScanResult *r, char *err,
+                            size_t errlen)
+{
+    const bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    int rc = 0;
+    for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
+        rc = kb_export_writer_add(ctx, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
+                                  feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL, err,
+                                  errlen);
+        /* A row the writer refuses (non-finite value, over-long key) came from the bank. */
+        if (rc == KB_EXPORT_EINVAL)
+            rc = KB_EXPORT_EBANK;
+    }
+    return rc;
+}
+
 int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
-                    char *err, size_t errlen)
+                    carls_progress_t *progress, char *err, size_t errlen)
 {
     if (rows_out)
         *rows_out = 0;
@@ -621,48 +681,16 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
     if (rc != 0)
         return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
     rc = kb_export_writer_open(path, table, cfg, &w, err, errlen);
-    if (rc != 0)
-        goto cleanup;
-    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    for (uint32_t s = 0; s < kb_cluster_shards(bank); s++) {
-        int64_t after = 0;
-        bool done = false;
-        while (!done) {
-            Carls__Response *resp = NULL;
-            if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0) {
-                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
-                goto cleanup;
-            }
-            const Carls__ScanResult *r = resp->scan;
-            if (!feature && r->n_keys > 0 && r->dim != cfg->dim) {
-                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u", s,
-                            r->dim, cfg->dim);
-            } else if (feature && r->n_keys > 0 && r->n_records != r->n_keys) {
-                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
-            }
-            for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
-                rc = kb_export_writer_add(w, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
-                                          feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL,
-                                          err, errlen);
-                /* A row the writer refuses (non-finite value, over-long key) came from the bank. */
-                if (rc == KB_EXPORT_EINVAL)
-                    rc = KB_EXPORT_EBANK;
-            }
-            done = r->done || r->n_keys == 0;
-            if (r->n_keys > 0)
-                after = r->row_ids[r->n_keys - 1];
-            carls__response__free_unpacked(resp, NULL);
-            if (rc != 0)
-                goto cleanup;
-        }
-    }
-    rc = kb_export_writer_finish(w, err, errlen);
+    if (rc == 0)
+        rc = s_scan_table(bank, table, page, cfg, s_page_to_writer, w, progress, err, errlen);
+    if (rc == 0)
+        rc = kb_export_writer_finish(w, err, errlen);
     if (rc == 0 && rows_out)
         *rows_out = kb_export_writer_rows(w);
-cleanup:
+    if (rc == 0 && progress)
+        carls_progress_finish(progress, NULL);
     kb_export_writer_destroy(&w);
-    if (cfg)
-        carls__table_config__free_unpacked(cfg, NULL);
+    carls__table_config__free_unpacked(cfg, NULL);
     return rc;
 }
 
@@ -770,8 +798,83 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
     return 0;
 }
 
+/* kb_export_table_npy's page consumer: the rows into a kb_rows_t (ctx), refusing keys a keys file cannot hold. */
+static int s_page_to_rows(void *ctx, const Carls__TableConfig *cfg, const Carls__ScanResult *r, char *err,
+                          size_t errlen)
+{
+    kb_rows_t *rows = ctx;
+    for (size_t i = 0; i < r->n_keys; i++) {
+        const ProtobufCBinaryData *k = &r->keys[i];
+        if (memchr(k->data, '\n', k->len) || (k->len && k->data[k->len - 1] == '\r'))
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL,
+                                "row %zu: its key holds a newline or ends in a carriage return, which a keys file "
+                                "of one key a line cannot hold (use kbctl export TABLE FILE)",
+                                rows->n);
+        kb_rows_append(rows, k->data, k->len, r->values + i * cfg->dim);
+    }
+    return 0;
+}
+
+int kb_export_table_npy(kb_cluster_t *bank, const char *table, const char *npy_path, const char *keys_path,
+                        uint32_t page, uint64_t *rows_out, carls_progress_t *progress, char *err, size_t errlen)
+{
+    if (rows_out)
+        *rows_out = 0;
+    if (!bank || !table || !npy_path || !keys_path)
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: a bank, a table and two paths are required");
+    if (page == 0)
+        page = S_DEFAULT_PAGE;
+    Carls__TableConfig *cfg = NULL;
+    if (kb_cluster_table_config(bank, table, &cfg) != 0)
+        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+    int rc = 0;
+    kb_rows_t *rows = NULL;
+    char *keys_text = NULL;
+    size_t keys_len = 0;
+    if (cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE || cfg->dim == 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EINVAL, "%s is a feature table: .npy holds embeddings only", table);
+        goto cleanup;
+    }
+    rows = kb_rows_new(cfg->dim);
+    rc = s_scan_table(bank, table, page, cfg, s_page_to_rows, rows, progress, err, errlen);
+    if (rc != 0)
+        goto cleanup;
+    FILE *f = open_memstream(&keys_text, &keys_len);
+    if (!f) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "out of memory for the keys");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < rows->n; i++) {
+        kb_key_t k = kb_rows_key(rows, i);
+        fwrite(k.data, 1, k.len, f);
+        fputc('\n', f);
+    }
+    if (fclose(f) != 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "out of memory for the keys");
+        goto cleanup;
+    }
+    if (carls_npy_write_f32(npy_path, rows->values, rows->n, cfg->dim, err, errlen) != 0) {
+        rc = KB_EXPORT_EIO;
+        goto cleanup;
+    }
+    char inner[512];
+    if (carls_write_file_atomic(keys_path, keys_text, keys_len, 0644, 0, inner, sizeof inner) != 0) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EIO, "%s (%s was written; its keys were not)", inner, npy_path);
+        goto cleanup;
+    }
+    if (rows_out)
+        *rows_out = rows->n;
+    if (progress)
+        carls_progress_finish(progress, NULL);
+cleanup:
+    free(keys_text);
+    kb_rows_destroy(&rows);
+    carls__table_config__free_unpacked(cfg, NULL);
+    return rc;
+}
+
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
-                    char *err, size_t errlen)
+                    carls_progress_t *progress, char *err, size_t errlen)
 {
     if (rows_out)
         *rows_out = 0;
@@ -799,6 +902,10 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
             rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
         goto cleanup;
     }
+    char label[64];
+    snprintf(label, sizeof label, "import %s", table);
+    if (progress)
+        carls_progress_start_units(progress, label, (int64_t)kb_export_reader_rows(r), "rows");
     kb_export_row_t row;
     int got;
     while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
@@ -813,6 +920,8 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
             if (rc != 0)
                 goto cleanup;
             written += k;
+            if (progress)
+                carls_progress_add(progress, (int64_t)k);
         }
     }
     if (got < 0) {
@@ -823,6 +932,10 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     rc = s_batch_flush(bank, table, &b, err, errlen);
     if (rc == 0)
         written += k;
+    if (rc == 0 && progress) {
+        carls_progress_add(progress, (int64_t)k);
+        carls_progress_finish(progress, NULL);
+    }
 cleanup:
     if (rows_out)
         *rows_out = written;

@@ -29,6 +29,7 @@
 
 #include "carls.pb-c.h"
 #include "kb_cluster.h"
+#include "progress.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -120,7 +121,16 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p);
  * included: it is not a point-in-time snapshot. On failure path is untouched (the temporary file is
  * removed). */
 int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uint32_t page, uint64_t *rows_out,
-                    char *err, size_t errlen);
+                    carls_progress_t *progress, char *err, size_t errlen);
+
+/* Exports embedding table from bank as NumPy: npy_path gets the values, float32 (N, dim), and keys_path the N
+ * keys, one a line in the same order (the keys file `kbctl put --npy --keys` and `kbctl import` read). Keys
+ * holding a newline, or ending in a carriage return, cannot be written so: KB_EXPORT_EINVAL naming the key's
+ * row, nothing written. Both files are written atomically, the values first; on failure neither is changed
+ * (a failure between the two renames leaves the new values beside the old keys: the message says so).
+ * Feature tables: KB_EXPORT_EINVAL. Scans as kb_export_table, with the same progress. */
+int kb_export_table_npy(kb_cluster_t *bank, const char *table, const char *npy_path, const char *keys_path,
+                        uint32_t page, uint64_t *rows_out, carls_progress_t *progress, char *err, size_t errlen);
 
 /* Imports the file at path into table of bank: verifies the whole file first (nothing is sent for a bad
  * file), creates the table with the file's config unless it exists with that same config (another config:
@@ -128,8 +138,11 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
  * by the bank's current shard count: embedding rows with kb_cluster_put (one request per version within a
  * batch, since a put carries one version), feature records with kb_cluster_feature_put. Rows of the table
  * with keys not in the file stay. Frequencies are not restored (the protocol cannot set them). *rows_out
- * (may be NULL) gets the rows written, also on failure (how far it got). */
+ * (may be NULL) gets the rows written, also on failure (how far it got).
+ *
+ * Both report to progress (may be NULL) as they go: they start it (rows; an import knows the total, an export
+ * does not) and finish it (base/progress.h: a line redrawn on a terminal, log lines otherwise). */
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
-                    char *err, size_t errlen);
+                    carls_progress_t *progress, char *err, size_t errlen);
 
 #endif

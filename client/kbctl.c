@@ -16,10 +16,14 @@
 #include "kb_export.h"
 #include "kb_rows_text.h"
 #include "log.h"
+#include "npy.h"
+#include "progress.h"
 #include "protocol.h"
 #include "util.h"
 
 #include <assert.h>
+#include <ctype.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +40,7 @@ enum {
 #define S_DEFAULT_RETRIES 2
 #define S_DEFAULT_BATCH 1000
 #define S_MAX_REPORTED_LINES 20 /* invalid input lines reported before "... and K more" */
+#define S_PROGRESS_MIN_ROWS 10000 /* put/push-grad print a final progress line from this many rows on */
 #define S_DEFAULT_SCAN_PAGE 1000
 #define S_MAX_K 4096
 
@@ -756,52 +761,159 @@ static int s_drop_table(s_call_t *call)
 
 static const char s_put_usage[] =
     "usage: kbctl put TABLE [--version N] [--batch N] < rows\n"
+    "       kbctl put TABLE --npy VALUES.npy --keys KEYS.txt [--version N] [--batch N]\n"
     "Writes rows read from stdin, one per line: KEY, a TAB, then dim numbers separated by spaces or TABs.\n"
     "Every line is checked first (dim numbers, all finite, non-empty key); with any invalid line nothing\n"
     "is sent and the exit status is 1. Rows go in batches of --batch (default 1000) rows per request,\n"
-    "tagged with --version (default 0). Prints \"put N rows into TABLE\" to stderr.\n";
+    "tagged with --version (default 0). Prints \"put N rows into TABLE\" to stderr.\n"
+    "With --npy, the values are a NumPy array of shape (N, dim) (float32, float64 or integers) and the keys\n"
+    "the N lines of KEYS.txt (one key a line, the whole line, as `get` reads keys); both files are read and\n"
+    "checked whole first (shape, NaN and infinities, key count), errors name the file and the row or line.\n";
 
 static const char s_push_grad_usage[] =
-    "usage: kbctl push-grad TABLE [--batch N] < gradients\n"
-    "Pushes gradient rows read from stdin (same format and checks as put); each row is one gradient.\n";
+    "usage: kbctl push-grad TABLE [--batch N] [--npy GRADS.npy --keys KEYS.txt] < gradients\n"
+    "Pushes gradient rows read from stdin (same format and checks as put, --npy too); each row is one\n"
+    "gradient.\n";
 
-enum { W_BATCH, W_VERSION, W_N };
-static const s_opt_t s_put_opts[W_N] = {[W_BATCH] = {"batch", true}, [W_VERSION] = {"version", true}};
-static const s_opt_t s_push_grad_opts[W_N - 1] = {[W_BATCH] = {"batch", true}}; /* a gradient has no version */
+enum { W_BATCH, W_NPY, W_KEYS, W_VERSION, W_N };
+static const s_opt_t s_put_opts[W_N] = {[W_BATCH] = {"batch", true},
+                                        [W_NPY] = {"npy", true},
+                                        [W_KEYS] = {"keys", true},
+                                        [W_VERSION] = {"version", true}};
+static const s_opt_t s_push_grad_opts[W_N - 1] = {
+    [W_BATCH] = {"batch", true}, [W_NPY] = {"npy", true}, [W_KEYS] = {"keys", true}}; /* a gradient has no version */
 
-/* put and push-grad: read and check every row on stdin, then send them in batches. */
-static int s_write_rows(s_call_t *call, bool gradients)
+/* Rows from a NumPy file of values and a text file of keys (one a line), both read and checked whole:
+ * the array must be (N, dim) (dim 0: any width, which *dim_out receives) without NaN or infinities, the keys
+ * file N valid key lines. NULL after printing why, naming the file and the row or line. */
+static kb_rows_t *s_npy_rows(const s_call_t *call, const char *npy_path, const char *keys_path, uint32_t dim,
+                             uint32_t *dim_out)
 {
-    const char *table = call->pos[0];
-    uint64_t batch = S_DEFAULT_BATCH, version = 0;
-    if (s_opt_batch(call, W_BATCH, &batch) != 0 || s_opt_count(call, W_VERSION, 0, UINT64_MAX, &version) != 0)
-        return S_EXIT_USAGE;
-    uint32_t dim = 0;
-    int st = s_open_embedding_table(call, table, &dim);
-    if (st != S_EXIT_OK)
-        return st;
-    kb_rows_t *rows = kb_rows_new(dim);
-    size_t bad = 0;
-    if (kb_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
-        char detail[CARLS_MAX_TABLE_NAME_BYTES + 48];
-        snprintf(detail, sizeof detail, " (table %s has dim %u)", table, dim);
-        kb_rows_destroy(&rows);
-        return s_refuse_stdin(call, bad, detail);
+    FILE *kf = fopen(keys_path, "r");
+    if (!kf) {
+        fprintf(stderr, "kbctl %s: cannot open %s: %s; nothing was sent\n", call->name, keys_path, strerror(errno));
+        return NULL;
     }
+    /* One key a line, blank lines included (they would shift every key after them): each line must be a key. */
+    kb_rows_t *keys = kb_rows_new(0), *rows = NULL;
+    size_t bad = 0, lineno = 0, cap = 0;
+    char *line = NULL, why[256];
+    ssize_t len;
+    while ((len = getline(&line, &cap, kf)) != -1) {
+        lineno++;
+        if (len > 0 && line[len - 1] == '\n')
+            len--;
+        if (kb_rows_parse_key_line(keys, line, (size_t)len, why, sizeof why) != 0 && ++bad <= S_MAX_REPORTED_LINES)
+            fprintf(stderr, "%s: line %zu: %s\n", keys_path, lineno, why);
+    }
+    int rc = bad || ferror(kf) ? -1 : 0;
+    free(line);
+    fclose(kf);
+    carls_npy_t a;
+    float *x = NULL;
+    char err[768];
+    if (rc != 0) {
+        fprintf(stderr, "kbctl %s: %s: %zu invalid key line%s (above); nothing was sent\n", call->name, keys_path,
+                bad, bad == 1 ? "" : "s");
+    } else if (carls_npy_read(npy_path, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "kbctl %s: %s; nothing was sent\n", call->name, err);
+        rc = -1;
+    } else {
+        if (a.ndim != 2 || a.cols == 0 || a.cols > UINT32_MAX)
+            snprintf(err, sizeof err, "%s: values must have shape (N, dim); this is %s(%llu%s)", npy_path,
+                     a.ndim == 2 ? "" : "1-d ", (unsigned long long)a.rows, a.ndim == 2 ? ", 0" : ",");
+        else if (dim && a.cols != dim)
+            snprintf(err, sizeof err, "%s has %llu values a row; the table has dim %u", npy_path,
+                     (unsigned long long)a.cols, dim);
+        else if (a.rows != keys->n)
+            snprintf(err, sizeof err, "%s has %llu rows but %s has %zu keys", npy_path, (unsigned long long)a.rows,
+                     keys_path, keys->n);
+        else if (carls_npy_to_f32(&a, npy_path, &x, err, sizeof err) == 0)
+            err[0] = '\0';
+        if (err[0]) {
+            fprintf(stderr, "kbctl %s: %s; nothing was sent\n", call->name, err);
+            rc = -1;
+        } else {
+            *dim_out = (uint32_t)a.cols;
+            rows = kb_rows_new((uint32_t)a.cols);
+            for (size_t i = 0; i < keys->n; i++) {
+                kb_key_t k = kb_rows_key(keys, i);
+                kb_rows_append(rows, k.data, k.len, x + i * a.cols);
+            }
+        }
+        carls_npy_free(&a);
+    }
+    free(x);
+    kb_rows_destroy(&keys);
+    return rows;
+}
+
+/* Sends rows to table in batches of `batch` (put with version, or push-grad), showing progress. Exit status. */
+static int s_send_rows(s_call_t *call, const char *table, const kb_rows_t *rows, uint64_t batch, bool gradients,
+                       uint64_t version)
+{
+    const uint32_t dim = rows->dim;
+    carls_progress_t progress;
+    carls_progress_start_units(&progress, gradients ? "push-grad" : "put", (int64_t)rows->n, "rows");
+    int st = S_EXIT_OK;
     s_batch_t b = s_batch_start(rows, batch);
     while (st == S_EXIT_OK && s_batch_next(&b)) {
         const float *values = rows->values + b.first * dim;
         int rc = gradients ? kb_cluster_push_gradients(call->c, table, b.keys, b.n, dim, values)
                            : kb_cluster_put(call->c, table, b.keys, b.n, dim, values, version);
-        if (rc != 0)
+        if (rc != 0) {
+            carls_progress_clear(&progress);
             st = s_batch_failed(call, rc, &b, "rows");
+        } else {
+            carls_progress_add(&progress, (int64_t)b.n);
+        }
     }
+    if (st == S_EXIT_OK && rows->n >= S_PROGRESS_MIN_ROWS)
+        carls_progress_finish(&progress, NULL);
+    else
+        carls_progress_clear(&progress);
+    s_batch_end(&b);
+    return st;
+}
+
+/* put and push-grad: read and check every row (stdin, or --npy and --keys), then send them in batches. */
+static int s_write_rows(s_call_t *call, bool gradients)
+{
+    const char *table = call->pos[0];
+    uint64_t batch = S_DEFAULT_BATCH, version = 0;
+    if (s_opt_batch(call, W_BATCH, &batch) != 0 ||
+        (!gradients && s_opt_count(call, W_VERSION, 0, UINT64_MAX, &version) != 0))
+        return S_EXIT_USAGE;
+    const char *npy = call->opt[W_NPY], *keys = call->opt[W_KEYS];
+    if ((npy == NULL) != (keys == NULL)) {
+        fprintf(stderr, "kbctl %s: --npy VALUES.npy and --keys KEYS.txt go together\n", call->name);
+        return S_EXIT_USAGE;
+    }
+    uint32_t dim = 0;
+    int st = s_open_embedding_table(call, table, &dim);
+    if (st != S_EXIT_OK)
+        return st;
+    kb_rows_t *rows = NULL;
+    if (npy) {
+        rows = s_npy_rows(call, npy, keys, dim, &dim);
+        if (!rows)
+            return S_EXIT_USAGE;
+    } else {
+        rows = kb_rows_new(dim);
+        size_t bad = 0;
+        if (kb_rows_read(rows, stdin, stderr, S_MAX_REPORTED_LINES, &bad) != 0) {
+            char detail[CARLS_MAX_TABLE_NAME_BYTES + 48];
+            snprintf(detail, sizeof detail, " (table %s has dim %u)", table, dim);
+            kb_rows_destroy(&rows);
+            return s_refuse_stdin(call, bad, detail);
+        }
+    }
+    st = s_send_rows(call, table, rows, batch, gradients, version);
     size_t n = rows->n;
     if (st == S_EXIT_OK && gradients)
         fprintf(stderr, "pushed %zu gradient row%s to %s\n", n, n == 1 ? "" : "s", table);
     else if (st == S_EXIT_OK)
         fprintf(stderr, "put %zu row%s into %s\n", n, n == 1 ? "" : "s", table);
-    s_batch_end(&b);
     kb_rows_destroy(&rows);
     return st;
 }
@@ -1237,14 +1349,27 @@ static int s_export_status(int rc)
 
 static const char s_export_usage[] =
     "usage: kbctl export TABLE FILE [--force] [--page N]\n"
+    "       kbctl export TABLE VALUES.npy --keys KEYS.txt [--force] [--page N]\n"
     "Writes the table (config and every row of every shard, read with scan pages of N rows, default 1000)\n"
     "to FILE: a self-checking snapshot (magic, version, CRC-32) written to a temporary name, fsynced and\n"
     "renamed, mode 0600. It carries keys, values or feature records, versions and frequencies; not optimizer\n"
     "state or pending gradients. An existing FILE is replaced only with --force. A table that is written\n"
-    "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n";
+    "meanwhile is exported as the scan finds it (not a point-in-time snapshot).\n"
+    "With a FILE ending in .npy and --keys, an embedding table is written as NumPy instead: the values as\n"
+    "float32 (N, dim) and the keys one a line in KEYS.txt, in the same order (what `kbctl import` and\n"
+    "`kbctl put --npy` read back); a key holding a newline is refused.\n"
+    "Progress goes to stderr: a line with the count and rate on a terminal, log lines otherwise.\n";
 
-enum { EX_FORCE, EX_PAGE, EX_N };
-static const s_opt_t s_export_opts[EX_N] = {[EX_FORCE] = {"force", false}, [EX_PAGE] = {"page", true}};
+enum { EX_FORCE, EX_PAGE, EX_KEYS, EX_N };
+static const s_opt_t s_export_opts[EX_N] = {
+    [EX_FORCE] = {"force", false}, [EX_PAGE] = {"page", true}, [EX_KEYS] = {"keys", true}};
+
+/* Whether path names a NumPy file (ends in ".npy"). */
+static bool s_is_npy(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 4 && strcmp(path + n - 4, ".npy") == 0;
+}
 
 static int s_export(s_call_t *call)
 {
@@ -1252,9 +1377,19 @@ static int s_export(s_call_t *call)
     uint64_t page = S_DEFAULT_SCAN_PAGE;
     if (s_opt_batch(call, EX_PAGE, &page) != 0)
         return S_EXIT_USAGE;
+    const char *keys = call->opt[EX_KEYS];
+    if (keys && !s_is_npy(path)) {
+        fprintf(stderr, "kbctl %s: --keys goes with a FILE ending in .npy\n", call->name);
+        return S_EXIT_USAGE;
+    }
+    if (s_is_npy(path) && !keys) {
+        fprintf(stderr, "kbctl %s: a .npy export needs --keys KEYS.txt for the keys\n", call->name);
+        return S_EXIT_USAGE;
+    }
     struct stat sb;
-    if (!call->opt[EX_FORCE] && stat(path, &sb) == 0) {
-        fprintf(stderr, "kbctl %s: %s exists; --force replaces it\n", call->name, path);
+    if (!call->opt[EX_FORCE] && (stat(path, &sb) == 0 || (keys && stat(keys, &sb) == 0))) {
+        fprintf(stderr, "kbctl %s: %s exists; --force replaces it\n", call->name,
+                stat(path, &sb) == 0 ? path : keys);
         return S_EXIT_USAGE;
     }
     int st = s_open(call);
@@ -1262,12 +1397,17 @@ static int s_export(s_call_t *call)
         return st;
     char err[768];
     uint64_t rows = 0;
-    int rc = kb_export_table(call->c, table, path, (uint32_t)page, &rows, err, sizeof err);
+    carls_progress_t progress = {0};
+    int rc = keys ? kb_export_table_npy(call->c, table, path, keys, (uint32_t)page, &rows, &progress, err, sizeof err)
+                  : kb_export_table(call->c, table, path, (uint32_t)page, &rows, &progress, err, sizeof err);
     if (rc != 0) {
+        if (progress.tty && progress.done > 0)
+            fputc('\n', stderr); /* end the progress line */
         fprintf(stderr, "kbctl %s: %s\n", call->name, err);
         return s_export_status(rc);
     }
-    fprintf(stderr, "exported %llu row%s of %s to %s\n", (unsigned long long)rows, rows == 1 ? "" : "s", table, path);
+    fprintf(stderr, "exported %llu row%s of %s to %s%s%s\n", (unsigned long long)rows, rows == 1 ? "" : "s", table,
+            path, keys ? " and its keys to " : "", keys ? keys : "");
     return S_EXIT_OK;
 }
 
@@ -1277,10 +1417,48 @@ static const char s_import_usage[] =
     "wrong; then creates TABLE with the file's config unless it exists with that config, and writes the rows\n"
     "(values with their versions, or feature records) in batches of N routed by the current shard count, so\n"
     "a file exported from one shard imports into three. Frequencies are not restored (the protocol cannot\n"
-    "set them): imported rows count as written by put. Existing rows with other keys stay.\n";
+    "set them): imported rows count as written by put. Existing rows with other keys stay.\n"
+    "       kbctl import TABLE VALUES.npy --keys KEYS.txt [--batch N]\n"
+    "imports an embedding table from NumPy: values (N, dim) float32, float64 or integers, and the N keys one\n"
+    "a line; both files are checked whole first (shape, NaN, key count: errors name the file and the row or\n"
+    "line) and nothing is sent when anything is wrong; TABLE is created (dim from the file, the server's\n"
+    "defaults) unless it exists with that dim; rows are written at version 0.\n"
+    "Progress goes to stderr: a line with the rate and the time left on a terminal, log lines otherwise.\n";
 
-enum { IM_BATCH, IM_N };
-static const s_opt_t s_import_opts[IM_N] = {[IM_BATCH] = {"batch", true}};
+enum { IM_BATCH, IM_KEYS, IM_N };
+static const s_opt_t s_import_opts[IM_N] = {[IM_BATCH] = {"batch", true}, [IM_KEYS] = {"keys", true}};
+
+/* import TABLE VALUES.npy --keys KEYS.txt: checked whole, the table created if missing, then put. */
+static int s_import_npy(s_call_t *call, const char *table, const char *path, uint64_t batch)
+{
+    uint32_t dim = 0;
+    kb_rows_t *rows = s_npy_rows(call, path, call->opt[IM_KEYS], 0, &dim);
+    if (!rows)
+        return S_EXIT_USAGE;
+    int st = s_open(call);
+    if (st == S_EXIT_OK) {
+        Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+        cfg.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+        cfg.dim = dim;
+        int rc = kb_cluster_create_table(call->c, table, &cfg, true);
+        if (rc != 0)
+            st = s_fail(call, rc);
+    }
+    uint32_t have = 0;
+    if (st == S_EXIT_OK)
+        st = s_table_dim(call, table, &have);
+    if (st == S_EXIT_OK && have != dim) {
+        fprintf(stderr, "kbctl %s: table %s has dim %u, %s has %u values a row; nothing was sent\n", call->name,
+                table, have, path, dim);
+        st = S_EXIT_USAGE;
+    }
+    if (st == S_EXIT_OK)
+        st = s_send_rows(call, table, rows, batch, false, 0);
+    if (st == S_EXIT_OK)
+        fprintf(stderr, "imported %zu row%s into %s from %s\n", rows->n, rows->n == 1 ? "" : "s", table, path);
+    kb_rows_destroy(&rows);
+    return st;
+}
 
 static int s_import(s_call_t *call)
 {
@@ -1288,6 +1466,12 @@ static int s_import(s_call_t *call)
     uint64_t batch = S_DEFAULT_BATCH;
     if (s_opt_batch(call, IM_BATCH, &batch) != 0)
         return S_EXIT_USAGE;
+    if (s_is_npy(path) != (call->opt[IM_KEYS] != NULL)) {
+        fprintf(stderr, "kbctl %s: a FILE ending in .npy and --keys KEYS.txt go together\n", call->name);
+        return S_EXIT_USAGE;
+    }
+    if (s_is_npy(path))
+        return s_import_npy(call, table, path, batch);
     char err[768];
     /* Verified here first as well, so a bad file is refused before any connection is opened. */
     kb_export_reader_t *r = NULL;
@@ -1304,8 +1488,11 @@ static int s_import(s_call_t *call)
     if (st != S_EXIT_OK)
         return st;
     uint64_t rows = 0;
-    rc = kb_import_table(call->c, table, path, (size_t)batch, &rows, err, sizeof err);
+    carls_progress_t progress = {0};
+    rc = kb_import_table(call->c, table, path, (size_t)batch, &rows, &progress, err, sizeof err);
     if (rc != 0) {
+        if (progress.tty && progress.done > 0)
+            fputc('\n', stderr); /* end the progress line */
         fprintf(stderr, "kbctl %s: %s (%llu of %llu rows were imported)\n", call->name, err, (unsigned long long)rows,
                 (unsigned long long)in_file);
         return s_export_status(rc);

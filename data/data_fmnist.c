@@ -81,6 +81,7 @@ int carls_fmnist_load(const char *dir, carls_fmnist_t *out, char *err, size_t er
     if (rc) {
         carls_fmnist_free(out);
     }
+    out->classes = CARLS_FMNIST_CLASSES;
     return rc;
 }
 

@@ -24,6 +24,7 @@ typedef struct {
 typedef struct {
     carls_image_set_t train; /* train-images-idx3-ubyte.gz + train-labels-idx1-ubyte.gz */
     carls_image_set_t test;  /* t10k-images-idx3-ubyte.gz + t10k-labels-idx1-ubyte.gz */
+    int classes;             /* number of classes (CARLS_FMNIST_CLASSES; a user data set's, data_user.h) */
 } carls_fmnist_t;
 
 enum {

@@ -823,7 +823,7 @@ static long s_word_without_training(const data_gcide_t *g)
         size_t s = g->word_first_sense[w];
         while (s < g->word_first_sense[w + 1] && g->senses[s].held_out)
             s++;
-        if (s == g->word_first_sense[w + 1])
+        if (s == g->word_first_sense[w + 1] && s > g->word_first_sense[w]) /* a candidate without senses: fine */
             return (long)w;
     }
     return -1;

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "util.h"
@@ -120,6 +122,12 @@ int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *
     return 0;
 }
 
+static bool s_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 /* Reads a whole stream into a malloc'ed buffer. Returns 0 or -1 (errno set by the read). */
 static int s_read_all(FILE *f, char **buf_out, size_t *len_out)
 {
@@ -141,6 +149,110 @@ static int s_read_all(FILE *f, char **buf_out, size_t *len_out)
         }
     }
     *buf_out = buf;
+    *len_out = len;
+    return 0;
+}
+
+int data_text_check_utf8(const char *name, const char *buf, size_t len, char *err, size_t errlen)
+{
+    const unsigned char *p = (const unsigned char *)buf;
+    size_t line = 1;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = p[i];
+        if (c == '\n')
+            line++;
+        if (c == 0)
+            return carls_errorf(err, errlen, -1, "%s: line %zu: a NUL byte (not a text file?)", name, line);
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        /* lead byte: 2, 3 or 4 byte sequence; no overlongs, no surrogates, at most U+10FFFF */
+        size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        bool ok = n > 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++)
+            ok = (p[i + k] & 0xc0) == 0x80;
+        if (ok && n == 3)
+            ok = !(c == 0xe0 && p[i + 1] < 0xa0) && !(c == 0xed && p[i + 1] >= 0xa0);
+        if (ok && n == 4)
+            ok = !(c == 0xf0 && p[i + 1] < 0x90) && !(c == 0xf4 && p[i + 1] >= 0x90);
+        if (!ok)
+            return carls_errorf(err, errlen, -1, "%s: line %zu: not UTF-8 (byte 0x%02x at offset %zu)", name, line,
+                                c, i);
+        i += n;
+    }
+    return 0;
+}
+
+/* Paths of the regular files under dir (recursively, hidden names skipped), appended to *paths. */
+static int s_list_files(const char *dir, char ***paths, size_t *n, size_t *cap, char *err, size_t errlen)
+{
+    struct dirent **ents = NULL;
+    int k = scandir(dir, &ents, NULL, alphasort);
+    if (k < 0)
+        return carls_errorf(err, errlen, -1, "cannot read directory %s: %s", dir, strerror(errno));
+    int rc = 0;
+    for (int i = 0; i < k; i++) {
+        if (rc == 0 && ents[i]->d_name[0] != '.') {
+            size_t len = strlen(dir) + strlen(ents[i]->d_name) + 2;
+            char *path = carls_xmalloc(len);
+            snprintf(path, len, "%s/%s", dir, ents[i]->d_name);
+            struct stat st;
+            if (stat(path, &st) != 0) {
+                rc = carls_errorf(err, errlen, -1, "cannot stat %s: %s", path, strerror(errno));
+                free(path);
+            } else if (S_ISDIR(st.st_mode)) {
+                rc = s_list_files(path, paths, n, cap, err, errlen);
+                free(path);
+            } else if (S_ISREG(st.st_mode)) {
+                *paths = carls_grow(*paths, cap, *n + 1, sizeof **paths);
+                (*paths)[(*n)++] = path;
+            } else {
+                free(path);
+            }
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    return rc;
+}
+
+/* Reads every text file under dir (sorted by path), each checked as UTF-8, into one buffer with a newline
+ * between files. */
+static int s_read_dir(const char *dir, char **raw_out, size_t *len_out, char *err, size_t errlen)
+{
+    char **paths = NULL;
+    size_t n = 0, cap = 0, len = 0;
+    char *raw = NULL;
+    int rc = s_list_files(dir, &paths, &n, &cap, err, errlen);
+    if (rc == 0 && n == 0)
+        rc = carls_errorf(err, errlen, -1, "%s: no files in the directory", dir);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        FILE *f = fopen(paths[i], "rb");
+        char *buf = NULL;
+        size_t got = 0;
+        if (!f || s_read_all(f, &buf, &got) != 0) {
+            rc = carls_errorf(err, errlen, -1, "cannot read %s: %s", paths[i], strerror(errno));
+        } else if (data_text_check_utf8(paths[i], buf, got, err, errlen) != 0) {
+            rc = -1;
+        } else {
+            raw = carls_xrealloc(raw, len + got + 2);
+            memcpy(raw + len, buf, got);
+            len += got;
+            raw[len++] = '\n';
+        }
+        if (f)
+            fclose(f);
+        free(buf);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(paths[i]);
+    free(paths);
+    if (rc != 0) {
+        free(raw);
+        return rc;
+    }
+    *raw_out = raw;
     *len_out = len;
     return 0;
 }
@@ -168,6 +280,9 @@ int data_text_load(const char *source, data_text_t **out, char *err, size_t errl
         free(raw);
         raw = verses;
         len = n;
+    } else if (s_is_dir(source)) {
+        if (s_read_dir(source, &raw, &len, err, errlen) != 0)
+            return -1;
     } else {
         FILE *f = fopen(source, "rb");
         if (!f)
@@ -177,6 +292,10 @@ int data_text_load(const char *source, data_text_t **out, char *err, size_t errl
         fclose(f);
         if (rrc != 0)
             return carls_errorf(err, errlen, -1, "cannot read %s: %s", source, strerror(saved));
+        if (data_text_check_utf8(source, raw, len, err, errlen) != 0) {
+            free(raw);
+            return -1;
+        }
     }
     int rc = data_text_from_buffer(raw, len, out, err, errlen);
     free(raw);

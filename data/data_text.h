@@ -13,7 +13,9 @@
  *     a word left empty is no word.
  *   - Lines are sentences: training windows never cross a line. Empty lines are dropped.
  *
- * Sources: a file path, or the name "kjv": the King James Bible as Debian's bible-kjv program prints it
+ * Sources: a UTF-8 text file; a directory, whose regular files (recursively, sorted by path, names starting
+ * with '.' skipped) are read one after the other as one corpus, a file's last line never joined to the next
+ * file's first; or the name "kjv": the King James Bible as Debian's bible-kjv program prints it
  * (`bible -l100000 gen1:1-rev22:21`, package bible-kjv with bible-kjv-text). Its output has chapter
  * headings ("Genesis 1"), blank lines and verse lines ("  1 In the beginning ..."); only verse lines are
  * kept, without their numbers, one verse per line (31,102 verses, about 790k words).
@@ -45,7 +47,12 @@ typedef struct {
  * data_text_destroy). Returns 0, or -1 with a reason in err (text over 4 GiB). */
 int data_text_from_buffer(const char *raw, size_t len, data_text_t **out, char *err, size_t errlen);
 
-/* Reads a file (source is a path) or the KJV (source is "kjv": runs DATA_TEXT_KJV_COMMAND and keeps the verse
+/* Checks that len bytes of buf (named name in messages) are UTF-8 without NUL bytes; 0, or -1 with
+ * "NAME: line L: not UTF-8 (byte 0x.. at offset O)" in err. */
+int data_text_check_utf8(const char *name, const char *buf, size_t len, char *err, size_t errlen);
+
+/* Reads a file or a directory of files (source is a path; each file must be UTF-8, else the message names the
+ * file and the line) or the KJV (source is "kjv": runs DATA_TEXT_KJV_COMMAND and keeps the verse
  * lines). Caller owns *out. Returns 0, or -1 with a reason in err (unreadable file, bible program missing
  * or failing, an empty corpus). */
 int data_text_load(const char *source, data_text_t **out, char *err, size_t errlen);

@@ -1,48 +1,17 @@
 #include "kb_metrics.h"
 
-#include "log.h"
+#include "kb_latency.h"
+#include "prom.h"
 #include "util.h"
 
-#include <arpa/inet.h>
 #include <assert.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
-#include <stdarg.h>
-#include <stdatomic.h>
-#include <stdbool.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- rendering ---- */
-
-/* Writes a label value with Prometheus's escapes (backslash, double quote, newline). */
-static void s_label(FILE *f, const char *value)
-{
-    for (const char *p = value ? value : ""; *p; p++) {
-        if (*p == '\\')
-            fputs("\\\\", f);
-        else if (*p == '"')
-            fputs("\\\"", f);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else
-            fputc(*p, f);
-    }
-}
-
-static void s_family(FILE *f, const char *name, const char *type, const char *help)
-{
-    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* A metric without labels: its family and its one sample. */
-static void s_metric(FILE *f, const char *name, const char *type, double value, const char *help)
-{
-    s_family(f, name, type, help);
-    fprintf(f, "%s %.15g\n", name, value);
-}
 
 /* The per-table metrics that are one number per table, each with the Carls__TableStats field it reads: a
  * uint64_t, or one of 4 bytes (the uint32_t dim, the protobuf_c_boolean flags, which hold 0 or 1). */
@@ -55,42 +24,42 @@ typedef struct {
     {name, type, help, offsetof(Carls__TableStats, field), sizeof(((Carls__TableStats *)0)->field)}
 
 static const s_table_metric_t s_table_metrics[] = {
-    S_TABLE_METRIC(rows, "carls_kb_table_rows", "gauge", "Rows held by the table."),
-    S_TABLE_METRIC(dim, "carls_kb_table_dim", "gauge", "Embedding dimension (0 for feature tables)."),
-    S_TABLE_METRIC(bytes, "carls_kb_table_bytes", "gauge",
+    S_TABLE_METRIC(rows, "carls_bank_table_rows", "gauge", "Rows held by the table."),
+    S_TABLE_METRIC(dim, "carls_bank_table_dim", "gauge", "Embedding dimension (0 for feature tables)."),
+    S_TABLE_METRIC(bytes, "carls_bank_table_bytes", "gauge",
                    "Estimated memory held (what --max-memory counts): rows with keys, values, optimizer state, "
                    "pending gradients and feature records, row maps, the nearest-neighbour copy and index."),
-    S_TABLE_METRIC(request_errors, "carls_kb_table_request_errors_total", "counter",
+    S_TABLE_METRIC(request_errors, "carls_bank_table_request_errors_total", "counter",
                    "Requests on the table answered with a non-OK status."),
-    S_TABLE_METRIC(pending_keys, "carls_kb_table_pending_keys", "gauge", "Keys holding gradients not applied yet."),
-    S_TABLE_METRIC(pending_gradients, "carls_kb_table_pending_gradients", "gauge",
+    S_TABLE_METRIC(pending_keys, "carls_bank_table_pending_keys", "gauge", "Keys holding gradients not applied yet."),
+    S_TABLE_METRIC(pending_gradients, "carls_bank_table_pending_gradients", "gauge",
                    "Gradients waiting to be applied."),
-    S_TABLE_METRIC(gradients_received, "carls_kb_table_gradients_received_total", "counter", "Gradient rows pushed."),
-    S_TABLE_METRIC(gradients_applied, "carls_kb_table_gradients_applied_total", "counter",
+    S_TABLE_METRIC(gradients_received, "carls_bank_table_gradients_received_total", "counter", "Gradient rows pushed."),
+    S_TABLE_METRIC(gradients_applied, "carls_bank_table_gradients_applied_total", "counter",
                    "Gradient rows that went into an applied average."),
-    S_TABLE_METRIC(outliers_dropped, "carls_kb_table_outliers_dropped_total", "counter",
+    S_TABLE_METRIC(outliers_dropped, "carls_bank_table_outliers_dropped_total", "counter",
                    "Gradient rows dropped as outliers by the lazy update."),
-    S_TABLE_METRIC(updates_applied, "carls_kb_table_updates_applied_total", "counter", "Optimizer steps taken."),
-    S_TABLE_METRIC(lookups, "carls_kb_table_keys_looked_up_total", "counter", "Keys looked up."),
-    S_TABLE_METRIC(puts, "carls_kb_table_rows_put_total", "counter", "Rows written by put."),
-    S_TABLE_METRIC(not_admitted, "carls_kb_table_not_admitted_total", "counter",
+    S_TABLE_METRIC(updates_applied, "carls_bank_table_updates_applied_total", "counter", "Optimizer steps taken."),
+    S_TABLE_METRIC(lookups, "carls_bank_table_keys_looked_up_total", "counter", "Keys looked up."),
+    S_TABLE_METRIC(puts, "carls_bank_table_rows_put_total", "counter", "Rows written by put."),
+    S_TABLE_METRIC(not_admitted, "carls_bank_table_not_admitted_total", "counter",
                    "Lookups and pushes of keys the admission policy kept out."),
-    S_TABLE_METRIC(not_persisted, "carls_kb_table_not_persisted", "gauge",
+    S_TABLE_METRIC(not_persisted, "carls_bank_table_not_persisted", "gauge",
                    "Rows held in memory only, below the admission frequency."),
-    S_TABLE_METRIC(evictions, "carls_kb_table_evictions_total", "counter", "Rows dropped by the eviction policy."),
-    S_TABLE_METRIC(knn_count, "carls_kb_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."),
-    S_TABLE_METRIC(knn_indexed, "carls_kb_table_index_indexed", "gauge", "Vectors in the FAISS index."),
-    S_TABLE_METRIC(knn_pending, "carls_kb_table_index_pending", "gauge",
+    S_TABLE_METRIC(evictions, "carls_bank_table_evictions_total", "counter", "Rows dropped by the eviction policy."),
+    S_TABLE_METRIC(knn_count, "carls_bank_table_index_vectors", "gauge", "Vectors in the nearest-neighbour copy."),
+    S_TABLE_METRIC(knn_indexed, "carls_bank_table_index_indexed", "gauge", "Vectors in the FAISS index."),
+    S_TABLE_METRIC(knn_pending, "carls_bank_table_index_pending", "gauge",
                    "Changes the nearest-neighbour index does not reflect yet (staleness)."),
-    S_TABLE_METRIC(knn_rebuilds, "carls_kb_table_index_builds_total", "counter", "Index builds completed."),
-    S_TABLE_METRIC(knn_failed_builds, "carls_kb_table_index_failed_builds_total", "counter",
+    S_TABLE_METRIC(knn_rebuilds, "carls_bank_table_index_builds_total", "counter", "Index builds completed."),
+    S_TABLE_METRIC(knn_failed_builds, "carls_bank_table_index_failed_builds_total", "counter",
                    "Index builds that failed."),
-    S_TABLE_METRIC(knn_ready, "carls_kb_table_index_ready", "gauge",
+    S_TABLE_METRIC(knn_ready, "carls_bank_table_index_ready", "gauge",
                    "1 when a usable index exists (0: brute force)."),
-    S_TABLE_METRIC(knn_building, "carls_kb_table_index_building", "gauge", "1 while an index build runs."),
-    S_TABLE_METRIC(memory_refusals, "carls_kb_table_memory_refusals_total", "counter",
+    S_TABLE_METRIC(knn_building, "carls_bank_table_index_building", "gauge", "1 while an index build runs."),
+    S_TABLE_METRIC(memory_refusals, "carls_bank_table_memory_refusals_total", "counter",
                    "Requests on the table refused with RESOURCE_EXHAUSTED (over --max-memory)."),
-    S_TABLE_METRIC(memory_refused_rows, "carls_kb_table_memory_refused_rows_total", "counter",
+    S_TABLE_METRIC(memory_refused_rows, "carls_bank_table_memory_refused_rows_total", "counter",
                    "New rows asked for by the requests refused over --max-memory."),
 };
 
@@ -108,25 +77,50 @@ static double s_table_value(const Carls__TableStats *t, const s_table_metric_t *
     return (double)v;
 }
 
-/* Latency quantiles of a list of summaries as name{[table="...",]op="...",quantile="q"} in seconds; table is
- * NULL for the server-wide figures. */
-static void s_latency_samples(FILE *f, const char *name, const char *table, Carls__LatencySummary *const *lat,
-                              size_t n)
+/* The labels [table="...",]op="..." of one summary, escaped (malloc'd; caller frees), or NULL without memory. */
+static char *s_labels(const char *table, const char *op)
 {
-    static const char *quantiles[3] = {"0.5", "0.99", "1"};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    if (table) {
+        fputs("table=\"", f);
+        carls_prom_label_value(f, table);
+        fputs("\",", f);
+    }
+    fputs("op=\"", f);
+    carls_prom_label_value(f, op);
+    fputc('"', f);
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* Latency of a list of summaries in seconds, labelled {[table="...",]op="..."} (table NULL: the server-wide
+ * figures): with name, the histograms (name_bucket, _sum, _count) of the summaries that carry buckets (a
+ * server fills le_counts with kb_latency_summarize); with max_name instead, the maxima. */
+static void s_latency_samples(FILE *f, const char *name, const char *max_name, const char *table,
+                              Carls__LatencySummary *const *lat, size_t n)
+{
+    double bounds[KB_LATENCY_LE_BUCKETS];
+    for (int i = 0; i < KB_LATENCY_LE_BUCKETS; i++)
+        bounds[i] = ldexp(1e-6, i); /* 2^i microseconds */
     for (size_t i = 0; i < n; i++) {
-        double values[3] = {lat[i]->p50_us * 1e-6, lat[i]->p99_us * 1e-6, lat[i]->max_us * 1e-6};
-        for (int q = 0; q < 3; q++) {
-            fprintf(f, "%s{", name);
-            if (table) {
-                fputs("table=\"", f);
-                s_label(f, table);
-                fputs("\",", f);
-            }
-            fputs("op=\"", f);
-            s_label(f, lat[i]->op);
-            fprintf(f, "\",quantile=\"%s\"} %.9g\n", quantiles[q], values[q]);
+        char *labels = s_labels(table, lat[i]->op);
+        if (!labels)
+            continue;
+        if (max_name) {
+            fprintf(f, "%s{%s} %.9g\n", max_name, labels, lat[i]->max_us * 1e-6);
+        } else if (lat[i]->n_le_counts > 0) {
+            size_t nb = lat[i]->n_le_counts < KB_LATENCY_LE_BUCKETS ? lat[i]->n_le_counts : KB_LATENCY_LE_BUCKETS;
+            carls_prom_histogram(f, name, labels, bounds, lat[i]->le_counts, nb, lat[i]->count,
+                                 lat[i]->sum_us * 1e-6);
         }
+        free(labels);
     }
 }
 
@@ -138,11 +132,11 @@ static void s_count_samples(FILE *f, const char *name, const char *table, Carls_
         fprintf(f, "%s{", name);
         if (table) {
             fputs("table=\"", f);
-            s_label(f, table);
+            carls_prom_label_value(f, table);
             fputs("\",", f);
         }
         fputs("op=\"", f);
-        s_label(f, lat[i]->op);
+        carls_prom_label_value(f, lat[i]->op);
         fprintf(f, "\"} %llu\n", (unsigned long long)lat[i]->count);
     }
 }
@@ -156,66 +150,70 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
     if (!f)
         return -1;
 
-    s_metric(f, "carls_kb_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
+    carls_prom_metric(f, "carls_bank_uptime_seconds", "gauge", (double)st->uptime_ms / 1000.0,
              "Seconds since the server started.");
-    s_family(f, "carls_kb_info", "gauge", "Server settings as labels (value 1).");
-    fputs("carls_kb_info{durability=\"", f);
-    s_label(f, st->durability);
+    carls_prom_family(f, "carls_bank_info", "gauge", "Server settings as labels (value 1).");
+    fputs("carls_bank_info{durability=\"", f);
+    carls_prom_label_value(f, st->durability);
     fprintf(f, "\",threads=\"%u\"} 1\n", st->threads);
-    s_metric(f, "carls_kb_tables", "gauge", (double)st->n_tables, "Tables held.");
-    s_metric(f, "carls_kb_requests_total", "counter", (double)st->requests,
+    carls_prom_metric(f, "carls_bank_tables", "gauge", (double)st->n_tables, "Tables held.");
+    carls_prom_metric(f, "carls_bank_requests_total", "counter", (double)st->requests,
              "Requests handled (every table and operation).");
-    s_metric(f, "carls_kb_request_errors_total", "counter", (double)st->errors,
+    carls_prom_metric(f, "carls_bank_request_errors_total", "counter", (double)st->errors,
              "Requests answered with a non-OK status.");
-    s_metric(f, "carls_kb_malformed_frames_total", "counter", (double)st->malformed_frames,
+    carls_prom_metric(f, "carls_bank_malformed_frames_total", "counter", (double)st->malformed_frames,
              "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
-    s_metric(f, "carls_kb_duplicate_writes_total", "counter", (double)st->duplicate_writes,
+    carls_prom_metric(f, "carls_bank_duplicate_writes_total", "counter", (double)st->duplicate_writes,
              "Retried writes recognised by (client id, sequence) and not applied again.");
-    s_metric(f, "carls_kb_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
-    s_metric(f, "carls_kb_commit_failures_total", "counter", (double)st->commit_failures,
+    carls_prom_metric(f, "carls_bank_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
+    carls_prom_metric(f, "carls_bank_commit_failures_total", "counter", (double)st->commit_failures,
              "SQLite commits that failed.");
-    s_metric(f, "carls_kb_rows_written_total", "counter", (double)st->rows_written,
+    carls_prom_metric(f, "carls_bank_rows_written_total", "counter", (double)st->rows_written,
              "Whole row records written to SQLite (value, metadata, state; deletions).");
-    s_metric(f, "carls_kb_frequencies_written_total", "counter", (double)st->frequencies_written,
+    carls_prom_metric(f, "carls_bank_frequencies_written_total", "counter", (double)st->frequencies_written,
              "Frequency-only updates written to SQLite: use counts changed by reads, written in bulk.");
-    s_metric(f, "carls_kb_committed_epoch", "gauge", (double)st->committed_epoch,
+    carls_prom_metric(f, "carls_bank_committed_epoch", "gauge", (double)st->committed_epoch,
              "Last committed epoch (group commit number).");
-    s_metric(f, "carls_kb_memory_bytes", "gauge", (double)st->memory_bytes,
+    carls_prom_metric(f, "carls_bank_memory_bytes", "gauge", (double)st->memory_bytes,
              "The server's estimate of the memory its data takes (what --max-memory limits).");
-    s_metric(f, "carls_kb_memory_limit_bytes", "gauge", (double)st->memory_limit, "--max-memory (0: unlimited).");
-    s_metric(f, "carls_kb_memory_refusals_total", "counter", (double)st->memory_refusals,
+    carls_prom_metric(f, "carls_bank_memory_limit_bytes", "gauge", (double)st->memory_limit,
+                      "--max-memory (0: unlimited).");
+    carls_prom_metric(f, "carls_bank_memory_refusals_total", "counter", (double)st->memory_refusals,
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
-    s_metric(f, "carls_kb_resident_bytes", "gauge", (double)st->rss_bytes, "The process's resident set size.");
+    carls_prom_metric(f, "carls_bank_resident_bytes", "gauge", (double)st->rss_bytes,
+                      "The process's resident set size.");
 
-    s_family(f, "carls_kb_op_requests_total", "counter", "Requests handled, by operation.");
-    s_count_samples(f, "carls_kb_op_requests_total", NULL, st->latency, st->n_latency);
-    s_family(f, "carls_kb_op_latency_seconds", "gauge",
-             "Request latency by operation since start: quantiles 0.5 and 0.99 (histogram estimates within "
-             "~19%) and 1 (the maximum).");
-    s_latency_samples(f, "carls_kb_op_latency_seconds", NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_op_requests_total", "counter", "Requests handled, by operation.");
+    s_count_samples(f, "carls_bank_op_requests_total", NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_request_duration_seconds", "histogram",
+                      "Request latency by operation since start (buckets at 2^i microseconds, exact).");
+    s_latency_samples(f, "carls_bank_request_duration_seconds", NULL, NULL, st->latency, st->n_latency);
+    carls_prom_family(f, "carls_bank_request_duration_max_seconds", "gauge",
+                      "The slowest request by operation since start.");
+    s_latency_samples(f, NULL, "carls_bank_request_duration_max_seconds", NULL, st->latency, st->n_latency);
 
     for (size_t m = 0; m < sizeof s_table_metrics / sizeof s_table_metrics[0]; m++) {
         const s_table_metric_t *metric = &s_table_metrics[m];
-        s_family(f, metric->name, metric->type, metric->help);
+        carls_prom_family(f, metric->name, metric->type, metric->help);
         for (size_t i = 0; i < st->n_tables; i++) {
             fprintf(f, "%s{table=\"", metric->name);
-            s_label(f, st->tables[i]->name);
+            carls_prom_label_value(f, st->tables[i]->name);
             fprintf(f, "\"} %.15g\n", s_table_value(st->tables[i], metric));
         }
     }
-    s_family(f, "carls_kb_table_updates_by_trigger_total", "counter",
+    carls_prom_family(f, "carls_bank_table_updates_by_trigger_total", "counter",
              "Lazy updates applied, by what triggered them: a lookup, max_age_ms, or max_pending.");
     for (size_t i = 0; i < st->n_tables; i++) {
         const Carls__TableStats *t = st->tables[i];
         const char *triggers[3] = {"lookup", "age", "count"};
         uint64_t values[3] = {t->applied_on_lookup, t->applied_on_age, t->applied_on_count};
         for (int k = 0; k < 3; k++) {
-            fputs("carls_kb_table_updates_by_trigger_total{table=\"", f);
-            s_label(f, t->name);
+            fputs("carls_bank_table_updates_by_trigger_total{table=\"", f);
+            carls_prom_label_value(f, t->name);
             fprintf(f, "\",trigger=\"%s\"} %llu\n", triggers[k], (unsigned long long)values[k]);
         }
     }
-    s_family(f, "carls_kb_table_index_last_build_age_seconds", "gauge",
+    carls_prom_family(f, "carls_bank_table_index_last_build_age_seconds", "gauge",
              "Seconds since the nearest-neighbour index was last built (tables whose index was built).");
     int64_t now_ms = carls_wall_ms();
     for (size_t i = 0; i < st->n_tables; i++) {
@@ -223,19 +221,24 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
         if (t->knn_last_build_ms <= 0)
             continue;
         double age = (double)(now_ms - t->knn_last_build_ms) / 1000.0;
-        fputs("carls_kb_table_index_last_build_age_seconds{table=\"", f);
-        s_label(f, t->name);
+        fputs("carls_bank_table_index_last_build_age_seconds{table=\"", f);
+        carls_prom_label_value(f, t->name);
         fprintf(f, "\"} %.6g\n", age < 0 ? 0.0 : age);
     }
-    s_family(f, "carls_kb_table_requests_total", "counter", "Requests on the table, by operation.");
+    carls_prom_family(f, "carls_bank_table_requests_total", "counter", "Requests on the table, by operation.");
     for (size_t i = 0; i < st->n_tables; i++)
-        s_count_samples(f, "carls_kb_table_requests_total", st->tables[i]->name, st->tables[i]->requests,
+        s_count_samples(f, "carls_bank_table_requests_total", st->tables[i]->name, st->tables[i]->requests,
                         st->tables[i]->n_requests);
-    s_family(f, "carls_kb_table_latency_seconds", "gauge",
-             "Request latency on the table by operation: quantiles 0.5, 0.99 and 1 (the maximum).");
+    carls_prom_family(f, "carls_bank_table_request_duration_seconds", "histogram",
+                      "Request latency on the table by operation since start (buckets at 2^i microseconds).");
     for (size_t i = 0; i < st->n_tables; i++)
-        s_latency_samples(f, "carls_kb_table_latency_seconds", st->tables[i]->name, st->tables[i]->requests,
-                          st->tables[i]->n_requests);
+        s_latency_samples(f, "carls_bank_table_request_duration_seconds", NULL, st->tables[i]->name,
+                          st->tables[i]->requests, st->tables[i]->n_requests);
+    carls_prom_family(f, "carls_bank_table_request_duration_max_seconds", "gauge",
+                      "The slowest request on the table by operation since start.");
+    for (size_t i = 0; i < st->n_tables; i++)
+        s_latency_samples(f, NULL, "carls_bank_table_request_duration_max_seconds", st->tables[i]->name,
+                          st->tables[i]->requests, st->tables[i]->n_requests);
 
     if (fclose(f) != 0) {
         free(text);
@@ -250,68 +253,18 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
 
 struct kb_metrics_server {
     kb_service_t *service;
-    struct MHD_Daemon *daemon;
-    uint16_t port;
-    atomic_uint_fast64_t scrapes;
+    carls_prom_server_t *http;
 };
 
-static void s_mhd_log(void *cls, const char *fmt, va_list ap)
+/* One scrape: a stats snapshot rendered as text. */
+static int s_render(void *ctx, char **text, size_t *len)
 {
-    (void)cls;
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    line[strcspn(line, "\n")] = '\0';
-    LOG_WARN("metrics http: %s", line);
-}
-
-static enum MHD_Result s_reply_text(struct MHD_Connection *conn, unsigned int status, const char *text)
-{
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    enum MHD_Result rc = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
-    return rc;
-}
-
-static enum MHD_Result s_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                               const char *version, const char *upload_data, size_t *upload_data_size,
-                               void **con_cls)
-{
-    (void)version;
-    (void)upload_data;
-    (void)con_cls;
-    kb_metrics_server_t *self = cls;
-    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    if (!get && !head) {
-        *upload_data_size = 0; /* whatever body came is ignored */
-        return s_reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
-    }
-    if (strcmp(url, "/metrics") != 0)
-        return s_reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: metrics are on /metrics\n");
-
+    kb_metrics_server_t *self = ctx;
     Carls__StatsResult *st = NULL;
-    char *text = NULL;
-    size_t len = 0;
-    if (kb_service_stats_snapshot(self->service, &st) != 0 || kb_metrics_render(st, &text, &len) != 0) {
-        if (st)
-            carls__stats_result__free_unpacked(st, NULL);
-        return s_reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "stats unavailable\n");
-    }
+    if (kb_service_stats_snapshot(self->service, &st) != 0)
+        return -1;
+    int rc = kb_metrics_render(st, text, len);
     carls__stats_result__free_unpacked(st, NULL);
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
-    enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    atomic_fetch_add(&self->scrapes, 1);
     return rc;
 }
 
@@ -320,45 +273,28 @@ int kb_metrics_server_start(kb_service_t *service, const char *address, uint16_t
 {
     assert(service && address && out);
     *out = NULL;
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    if (inet_pton(AF_INET, address, &addr.sin_addr) != 1) {
-        snprintf(err, errlen, "metrics address '%s' is not an IPv4 address", address);
-        return -1;
-    }
     kb_metrics_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
-    atomic_init(&self->scrapes, 0);
-    /* The logger first: libmicrohttpd logs option errors as it reads the options. */
-    self->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, port, NULL, NULL, s_handle,
-                                    self, MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
-                                    (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)16,
-                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
-    if (!self->daemon) {
-        snprintf(err, errlen, "cannot serve metrics on %s:%u (port in use, or not allowed)", address, port);
+    if (carls_prom_server_start(s_render, self, address, port, &self->http, err, errlen) != 0) {
         free(self);
         return -1;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    self->port = info ? info->port : port;
     *out = self;
     return 0;
 }
 
-uint16_t kb_metrics_server_port(const kb_metrics_server_t *self) { return self->port; }
+uint16_t kb_metrics_server_port(const kb_metrics_server_t *self) { return carls_prom_server_port(self->http); }
 
 uint64_t kb_metrics_server_scrapes(const kb_metrics_server_t *self)
 {
-    return atomic_load(&((kb_metrics_server_t *)self)->scrapes);
+    return carls_prom_server_scrapes(self->http);
 }
 
 void kb_metrics_server_stop(kb_metrics_server_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
-    MHD_stop_daemon((*self_p)->daemon);
+    carls_prom_server_stop(&(*self_p)->http);
     free(*self_p);
     *self_p = NULL;
 }

@@ -3,17 +3,18 @@
  *
  * Everything a `stats` request answers is exported (kbctl stats shows the same): server-wide request,
  * error, malformed-frame and duplicate-write counters, commits, uptime, and per operation the request count
- * and latency quantiles; per table (label table="NAME"): rows, estimated bytes, requests and latency per
+ * and latency; per table (label table="NAME"): rows, estimated bytes, requests and latency per
  * operation, request errors, pending gradients, gradients received/applied, outliers dropped, optimizer
  * steps by trigger, keys looked up, rows put, admission (not admitted / not persisted), evictions, and the
  * nearest-neighbour index's size, staleness (pending changes, seconds since the last build) and builds.
- * Counters end in _total; latencies are gauges in seconds with a quantile label (they come from the
- * server's histograms, known to within ~19%, kb_latency.h). Metric names start with carls_kb_.
+ * Counters end in _total. Latencies are histograms in seconds (carls_bank_request_duration_seconds{op} and
+ * carls_bank_table_request_duration_seconds{table,op}: _bucket at le = 2^i microseconds, exact, _sum, _count;
+ * from the summaries' le_counts, which the server fills with kb_latency_summarize), so Prometheus can aggregate
+ * them over shards, plus their maxima as gauges (..._max_seconds). Metric names start with carls_bank_ and
+ * `promtool check metrics` accepts the page with no problem (test_kb_metrics).
  *
- * The HTTP server answers GET and HEAD of /metrics (200, text/plain; version=0.0.4), anything else with
- * 404 or 405. It runs its own thread (libmicrohttpd's internal polling thread), at most 16 connections at a
- * time with a 10 s idle timeout; each scrape takes a stats snapshot (kb_service_stats_snapshot). There is no
- * authentication: bind it to loopback (the default) or a trusted network. */
+ * The HTTP server is base/prom.h's (GET and HEAD of /metrics, its own thread, no authentication: bind it to
+ * loopback, the default, or a trusted network); each scrape takes a stats snapshot (kb_service_stats_snapshot). */
 #ifndef KB_METRICS_H
 #define KB_METRICS_H
 

@@ -7,6 +7,8 @@
 #include "km_watch.h"
 
 #include "data_fmnist.h"
+#include "data_pairs.h"
+#include "data_user.h"
 #include "data_sample.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
@@ -37,7 +39,10 @@ typedef struct {
     km_watch_t *watch;      /* checkpoint tasks only */
     nn_device_t device;     /* resolved */
     uint64_t bank_retries;  /* units of work retried because the bank was unreachable */
+    double pass_wait_s;     /* the latest pass's time writing to the bank, where measured (embed steps) */
 } s_maker_t;
+
+carls_prom_progress_t *km_prom;
 
 /* A task's result when the bank was unreachable: the work is retried (s_do). */
 #define S_RETRY 1
@@ -53,7 +58,10 @@ static void s_usage(FILE *out)
             "  --task embed|graph|label|words  what to make (see below)\n"
             "  --worker I/N             this maker's share: items with index %% N == I (default 0/1)\n"
             "  --device auto|cpu|cuda   where the forward pass runs (default auto)\n"
-            "  --data fashion-mnist     the items' data set (default fashion-mnist)\n"
+            "  --data NAME              the items' data set: fashion-mnist (default), or your own\n"
+            "                           npy:FEATURES.npy,LABELS.npy | csv:FEATURES.csv,LABELS.csv (data_user.h);\n"
+            "                           --task words: GCIDE (default), or pairs:PAIRS.tsv[,CANDIDATES.txt]\n"
+            "                           as trainer twotower --data (data_pairs.h)\n"
             "  --data-dir DIR           its IDX files (default %s)\n"
             "  --items N                use the first N training images as items (default 0: all)\n"
             "  --tables PREFIX          table-name prefix (default fmnist): PREFIX.pixels .emb .graph .labels\n"
@@ -63,6 +71,9 @@ static void s_usage(FILE *out)
             "  --bank-timeout-ms MS     wait per request attempt, 3 attempts (default: embed 10000, graph/label\n"
             "                           60000: knn requests can take long)\n"
             "  --bank-wait-s S          while the bank is unreachable, retry the work for up to S s (default 600)\n"
+            "  --metrics-port P         serve progress (carls_maker_*: passes, items/s, bank wait share) for\n"
+            "                           Prometheus on http://ADDRESS:P/metrics (0: a free port, logged)\n"
+            "  --metrics-address A      IPv4 address for --metrics-port (default 127.0.0.1; no authentication)\n"
             "embed:\n"
             "  --encoder model|pixels   model: the checkpoint's encoder -> PREFIX.emb (default);\n"
             "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
@@ -111,6 +122,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         .wait_embed_ms = 60000,
         .threads = 1,
         .bank_wait_s = 600,
+        .metrics_port = -1,
+        .metrics_address = "127.0.0.1",
     };
     int task = -1, encoder = 0, source = 0; /* indices in the choices below */
     carls_fmnist_args_t data;
@@ -144,6 +157,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_log_level(),
         carls_arg_int("bank-timeout-ms", &o->bank_timeout_ms, 10, 3600000),
         carls_arg_int("bank-wait-s", &o->bank_wait_s, 0, 86400 * 30),
+        carls_arg_int("metrics-port", &o->metrics_port, 0, 65535),
+        carls_arg_string("metrics-address", &o->metrics_address),
         carls_arg_string("gcide-index", &o->gcide_index),
         carls_arg_string("gcide-dict", &o->gcide_dict),
         {0},
@@ -166,8 +181,13 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     o->task = (km_task_t)task;
-    if (strcmp(o->data, "fashion-mnist") != 0) {
-        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist)\n", o->data);
+    bool words_data = strcmp(o->data, "fashion-mnist") == 0 || strcmp(o->data, "gcide") == 0 ||
+                      data_pairs_is_spec(o->data); /* the first: --data left at its default */
+    if (o->task == KM_TASK_WORDS ? !words_data
+                                 : strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data)) {
+        fprintf(stderr, "kb-maker: --data '%s' is not supported (fashion-mnist, npy:F.npy,L.npy, csv:F.csv,L.csv; "
+                        "--task words: gcide, pairs:P.tsv)\n",
+                o->data);
         return -1;
     }
     bool needs_ckpt = (o->task == KM_TASK_EMBED && !o->pixels) || (o->task == KM_TASK_GRAPH && o->source_emb) ||
@@ -270,6 +290,7 @@ static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
         return s_bank_failed(mk);
     }
     double s = s_secs(t0);
+    mk->pass_wait_s = s - t_enc;
     uint64_t latest = km_watch_latest_step(mk->watch);
     LOG_INFO("embed step %" PRIu64 ": %zu items (dim %d) in %.2f s, %.0f items/s (forward %.0f items/s on %s); "
              "trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
@@ -290,7 +311,7 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
     const size_t chunk = 4096;
     uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * k);
     float *score = carls_xmalloc(sizeof *score * chunk * k);
-    uint64_t same = 0, edges = 0;
+    uint64_t same = 0, edges = 0; /* edges between items whose labels are known (-1 labels are not) */
     for (size_t off = 0; off < mk->n_share && rc == 0; off += chunk) {
         if (stop && *stop) {
             break;
@@ -303,8 +324,9 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
             if (t != KM_NO_ITEM && (int)t >= mk->n_items) {
                 nbr[i] = KM_NO_ITEM; /* a row that is not one of this run's items */
             } else if (t != KM_NO_ITEM) {
-                edges++;
-                same += mk->ds.train.labels[t] == mk->ds.train.labels[mk->share[off + i / k]];
+                const uint8_t a = mk->ds.train.labels[t], b = mk->ds.train.labels[mk->share[off + i / k]];
+                edges += a != CARLS_LABEL_NONE && b != CARLS_LABEL_NONE;
+                same += a != CARLS_LABEL_NONE && a == b;
             }
         }
         if (rc == 0) {
@@ -318,7 +340,8 @@ static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, vol
     }
     double s = s_secs(t0);
     LOG_INFO("graph from %s (version %" PRIu64 "): %zu items, k=%u in %.2f s (%.0f items/s); purity %.4f "
-             "(share of edges joining images of one class: a diagnostic, never written)",
+             "(share of edges joining items of one class, among items whose class is known: a diagnostic, never "
+             "written)",
              table, version, mk->n_share, k, s, (double)mk->n_share / (s > 0 ? s : 1e-9),
              edges ? (double)same / (double)edges : 0.0);
     return 0;
@@ -384,7 +407,7 @@ static bool s_label_prior(s_maker_t *mk, const carls_ckpt_t *ck, const uint32_t 
 {
     const km_opts_t *o = mk->o;
     const size_t n = (size_t)mk->n_items;
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = mk->ds.classes;
     bool with_model = false;
     if (ck && o->model_weight > 0.0f) {
         char err[1024];
@@ -417,7 +440,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
 {
     const km_opts_t *o = mk->o;
     const size_t n = (size_t)mk->n_items;
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = mk->ds.classes;
     const uint32_t k = (uint32_t)o->k;
     const uint64_t step = ck ? carls_ckpt_step(ck) : 0;
     int64_t t0 = carls_monotonic_us();
@@ -460,7 +483,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     items = carls_xmalloc(sizeof *items * (mk->n_share ? mk->n_share : 1));
     lab = carls_xmalloc(sizeof *lab * (mk->n_share ? mk->n_share : 1));
     conf = carls_xmalloc(sizeof *conf * (mk->n_share ? mk->n_share : 1));
-    size_t m_out = 0, right = 0, n_conf = 0, right_conf = 0;
+    size_t m_out = 0, right = 0, n_conf = 0, right_conf = 0, known = 0, known_conf = 0;
     for (size_t s = 0; s < mk->n_share; s++) {
         uint32_t it = mk->share[s];
         if (is_lab[it]) {
@@ -468,10 +491,13 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
         }
         items[m_out] = it;
         km_spread_labels(F + (size_t)it * C, 1, C, &lab[m_out], &conf[m_out]);
-        right += lab[m_out] == mk->ds.train.labels[it];
+        const bool truth = mk->ds.train.labels[it] < C; /* a user's -1 label: nothing to compare with */
+        known += truth;
+        right += truth && lab[m_out] == mk->ds.train.labels[it];
         if (conf[m_out] >= 0.5f) {
             n_conf++;
-            right_conf += lab[m_out] == mk->ds.train.labels[it];
+            known_conf += truth;
+            right_conf += truth && lab[m_out] == mk->ds.train.labels[it];
         }
         m_out++;
     }
@@ -486,7 +512,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
              "%.4f, %.4f on the %.1f%% with confidence >= 0.5 (diagnostics from the true labels, which are never "
              "written); trainer's newest checkpoint %" PRIu64 ", %" PRIu64 " steps ahead",
              step, with_model ? "graph + model" : "graph only", m_out, s, (double)m_out / (s > 0 ? s : 1e-9),
-             m_out ? (double)right / (double)m_out : 0.0, n_conf ? (double)right_conf / (double)n_conf : 0.0,
+             known ? (double)right / (double)known : 0.0, known_conf ? (double)right_conf / (double)known_conf : 0.0,
              m_out ? 100.0 * (double)n_conf / (double)m_out : 0.0, latest, latest > step ? latest - step : 0);
     rc = 0;
 cleanup:
@@ -519,7 +545,7 @@ static int s_setup(s_maker_t *mk, const km_opts_t *o)
         return -1;
     }
     nn_cpu_set_threads(o->threads);
-    if (carls_fmnist_load(o->data_dir, &mk->ds, err, sizeof err) != 0) {
+    if (carls_dataset_load(o->data, o->data_dir, NULL, &mk->ds, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
         return -1;
     }
@@ -599,7 +625,13 @@ static int s_do(s_maker_t *mk, carls_ckpt_t **ck, volatile sig_atomic_t *stop)
     int64_t first_failure = 0;
     int retries = 0, delay_ms = 500;
     for (;;) {
+        const int64_t t_pass = carls_monotonic_us();
+        mk->pass_wait_s = 0;
         const int r = s_task(mk, ck ? *ck : NULL, stop);
+        if (r == 0) {
+            carls_prom_progress_add(km_prom, 1, mk->n_share, s_secs(t_pass), mk->pass_wait_s);
+            carls_prom_progress_set_step(km_prom, ck && *ck ? (int64_t)carls_ckpt_step(*ck) : 0, 0);
+        }
         char what[64];
         if (ck && *ck) {
             snprintf(what, sizeof what, "step %" PRIu64, carls_ckpt_step(*ck));

@@ -33,6 +33,7 @@
 #define KM_MAKER_H
 
 #include "kb_curve_args.h"
+#include "prom.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -75,7 +76,13 @@ typedef struct {
     int bank_wait_s;           /* how long work is retried while the bank is unreachable */
     const char *gcide_index;   /* words: GCIDE files (NULL: Debian's dict-gcide) */
     const char *gcide_dict;
+    int metrics_port;          /* serve carls_maker_* progress metrics on this port (-1: none, 0: a free one) */
+    const char *metrics_address;
 } km_opts_t;
+
+/* This maker's progress metrics (main.c creates them with --metrics-port), NULL when not served; a pass that
+ * completes reports to it (carls_prom_progress_* accept NULL). */
+extern carls_prom_progress_t *km_prom;
 
 /* Parses argv (argv[0] is the program). Returns 0 to run, 1 when --help was answered, -1 on bad usage
  * (reported on stderr). */

@@ -5,6 +5,7 @@
 #include "data_gcide.h"
 #include "data_gcide_bags.h"
 #include "data_idf.h"
+#include "data_pairs.h"
 #include "kb_cluster.h"
 #include "log.h"
 #include "nn_tower.h"
@@ -47,7 +48,8 @@ static int s_setup(s_words_t *w, const km_opts_t *o)
     snprintf(w->vec, sizeof w->vec, "%s.vec", o->prefix);
     snprintf(w->vecx, sizeof w->vecx, "%s.vecx", o->prefix);
     int64_t t0 = carls_monotonic_us();
-    if (data_gcide_load(o->gcide_index, o->gcide_dict, &w->g, err, sizeof err) != 0) {
+    if (data_pairs_is_spec(o->data) ? data_pairs_load(o->data, &w->g, err, sizeof err) != 0
+                                    : data_gcide_load(o->gcide_index, o->gcide_dict, &w->g, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
         return -1;
     }
@@ -70,7 +72,7 @@ static int s_setup(s_words_t *w, const km_opts_t *o)
     w->watch = km_watch_new(o->ckpt_dir, o->poll_ms);
     if (!w->watch)
         return -1;
-    LOG_INFO("kb-maker words: worker %u/%u, %zu of %zu headwords (GCIDE loaded in %.1f s), tables %s -> %s, "
+    LOG_INFO("kb-maker words: worker %u/%u, %zu of %zu headwords (data loaded in %.1f s), tables %s -> %s, "
              "watching %s", o->worker, o->workers, w->n_share, w->g->n_words,
              (double)(carls_monotonic_us() - t0) / 1e6, w->word, w->vec, o->ckpt_dir);
     return 0;

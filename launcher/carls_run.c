@@ -130,6 +130,10 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
 }
 
 #define S_MAX_SHARDS 16 /* kb-servers of one run (the endpoint list must fit one argument) */
+/* metrics_port's slots (s_metrics_arg): the trainer's, the first maker's, and how many there are. */
+#define S_METRICS_TRAINER 64
+#define S_METRICS_MAKERS 65
+#define S_METRICS_SLOTS (S_METRICS_MAKERS + 4 * 64)
 
 /* The run's settings, read from the configuration. */
 typedef struct {
@@ -137,6 +141,7 @@ typedef struct {
     const char *kb_durability;
     const char *curve;                /* on | off: CURVE keys for the whole run */
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
+    const char *data, *test_data;     /* graphreg: fashion-mnist or a user's npy:/csv: spec, its test split */
     const char *experiment;           /* graphreg | twotower */
     const char *gcide_index, *gcide_dict, *negatives_from, *negatives_sampling, *lexical;
     char bin[4096];
@@ -147,6 +152,7 @@ typedef struct {
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
+    double metrics_port;              /* > 0: Prometheus /metrics of every long-running process (s_metrics_arg) */
     /* twotower */
     double holdout_seed, holdout_count, dim, out_dim, batch, epochs, max_steps, kb_negatives, negatives_every;
     double word_defs, tower_hidden, logq, negatives_shift, stale_positives, temperature, emb_lr, token_dropout, fuse_tfidf, bm25_k1, bm25_b, hard_queries, hard_k, hard_fresh;
@@ -170,6 +176,8 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->kb_durability = carls_ini_get(ini, "kb_durability", "interval:1000");
     c->curve = carls_ini_get(ini, "curve", "off");
     c->pixel_features = carls_ini_get(ini, "pixel_features", "raw");
+    c->data = carls_ini_get(ini, "data", ""); /* empty: the experiment's own (s_cfg_check) */
+    c->test_data = carls_ini_get(ini, "test_data", "");
     c->experiment = carls_ini_get(ini, "experiment", "graphreg");
     c->gcide_index = carls_ini_get(ini, "gcide_index", "");
     c->gcide_dict = carls_ini_get(ini, "gcide_dict", "");
@@ -231,6 +239,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
         {"max_bank_restarts", &c->max_bank_restarts, 3},
         {"max_maker_restarts", &c->max_maker_restarts, 3},
         {"maker_bank_timeout_ms", &c->maker_bank_timeout_ms, 0},
+        {"metrics_port", &c->metrics_port, 0},
         {"holdout_seed", &c->holdout_seed, 0},
         {"holdout_count", &c->holdout_count, 2000},
         {"dim", &c->dim, 128},
@@ -291,6 +300,24 @@ static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
         s_fmt(err, errlen, "experiment = '%s': graphreg or twotower", c->experiment);
         return -1;
     }
+    bool tt = strcmp(c->experiment, "twotower") == 0;
+    if (*c->data && (tt ? strcmp(c->data, "gcide") != 0 && strncmp(c->data, "pairs:", 6) != 0
+                        : strcmp(c->data, "fashion-mnist") != 0 && strncmp(c->data, "npy:", 4) != 0 &&
+                              strncmp(c->data, "csv:", 4) != 0)) {
+        s_fmt(err, errlen, "data = '%s': %s", c->data,
+              tt ? "gcide or pairs:PAIRS.tsv[,CANDIDATES.txt]"
+                 : "fashion-mnist, npy:FEATURES.npy,LABELS.npy or csv:FEATURES.csv,LABELS.csv");
+        return -1;
+    }
+    if (tt && *c->test_data) {
+        s_fmt(err, errlen, "test_data is for graphreg; twotower holds out one query of holdout_count documents");
+        return -1;
+    }
+    if (c->metrics_port != 0 && (c->metrics_port < 1024 || c->metrics_port > 65535 - S_METRICS_SLOTS)) {
+        s_fmt(err, errlen, "metrics_port = %g: 0 (off) or a base port 1024..%d", c->metrics_port,
+              65535 - S_METRICS_SLOTS);
+        return -1;
+    }
     if (strchr(c->name, '/') || !*c->name) {
         s_fmt(err, errlen, "name = '%s': must be a plain non-empty name", c->name);
         return -1;
@@ -324,6 +351,54 @@ typedef struct {
     int64_t wait_deadline;            /* a restarted server must be listening by then; 0: not waiting */
     int restarts;                     /* of this shard (each shard has max_bank_restarts) */
 } s_shard_t;
+
+/* metrics_port = P > 0: every long-running process serves Prometheus metrics on a port of its own, P + slot:
+ * bank shard s at slot s, the trainer at S_METRICS_TRAINER, the resident makers from S_METRICS_MAKERS on
+ * (embed i, graph makers + i, words 2 makers + i, label 3 makers); RUN/prometheus-targets.json lists them for
+ * Prometheus's file_sd_configs (docs/EXPERIMENTS.md). One-shot fleets serve none. */
+static void s_metrics_arg(s_argv_t *a, const s_cfg_t *c, int slot)
+{
+    if (c->metrics_port > 0) {
+        s_arg(a, "--metrics-port");
+        s_arg(a, "%d", (int)c->metrics_port + slot);
+    }
+}
+
+/* RUN/prometheus-targets.json: the ports s_metrics_arg gives, by job (bank, trainer, maker). */
+static void s_write_metrics_targets(const s_cfg_t *c, const char *dir, bool tt, bool embed, bool graph, bool label)
+{
+    if (c->metrics_port <= 0)
+        return;
+    char path[4400];
+    s_fmt(path, sizeof path, "%s/prometheus-targets.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        LOG_WARN("cannot write %s", path);
+        return;
+    }
+    const int p = (int)c->metrics_port, n = (int)c->makers;
+    fprintf(f, "[\n  {\"targets\": [");
+    for (int shard = 0; shard < (int)c->shards; shard++)
+        fprintf(f, "%s\"127.0.0.1:%d\"", shard ? ", " : "", p + shard);
+    fprintf(f, "], \"labels\": {\"job\": \"carls-bank\", \"run\": \"%s\"}},\n", c->name);
+    fprintf(f, "  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-trainer\", \"run\": \"%s\"}},\n",
+            p + S_METRICS_TRAINER, c->name);
+    fprintf(f, "  {\"targets\": [");
+    const char *sep = "";
+    for (int i = 0; i < n; i++) {
+        const int slots[3] = {embed ? i : -1, graph ? n + i : -1, tt ? 2 * n + i : -1};
+        for (int k = 0; k < 3; k++) {
+            if (slots[k] >= 0) {
+                fprintf(f, "%s\"127.0.0.1:%d\"", sep, p + S_METRICS_MAKERS + slots[k]);
+                sep = ", ";
+            }
+        }
+    }
+    if (label)
+        fprintf(f, "%s\"127.0.0.1:%d\"", sep, p + S_METRICS_MAKERS + 3 * n);
+    fprintf(f, "], \"labels\": {\"job\": \"carls-maker\", \"run\": \"%s\"}}\n]\n", c->name);
+    fclose(f);
+}
 
 /* A run in progress: its configuration and files, its processes, their supervision and what happened to them. */
 typedef struct {
@@ -456,6 +531,7 @@ static void s_server_args(s_argv_t *a, const s_run_t *r, s_shard_t *b)
                                         c->kb_durability, NULL});
     s_arg(a, "--threads");
     s_arg(a, "%d", (int)c->kb_threads);
+    s_metrics_arg(a, c, b->index);
     if (r->n_shards > 1) {
         s_arg(a, "--shard");
         s_arg(a, "%d/%d", b->index, r->n_shards);
@@ -476,6 +552,7 @@ static void s_maker_args(s_argv_t *a, const s_run_t *r, const char *stem, const 
     s_bank_client_args(a, r, stem);
     s_arg_list(a, (const char *const[]){"--task", task, "--worker", worker_text, "--tables", c->tables, "--items",
                                         items, "--device", c->maker_device, NULL});
+    s_arg_if_set(a, "--data", c->data);
     s_arg_if_set(a, "--data-dir", c->data_dir);
     s_maker_timeout_arg(a, c);
 }
@@ -768,8 +845,9 @@ static void s_num_args(s_argv_t *a, const s_num_arg_t *nums, size_t n)
 static void s_graphreg_args(s_argv_t *a, const s_run_t *r)
 {
     const s_cfg_t *c = r->c;
-    s_arg_list(a, (const char *const[]){"graphreg", "--data", "fashion-mnist", NULL});
+    s_arg_list(a, (const char *const[]){"graphreg", "--data", *c->data ? c->data : "fashion-mnist", NULL});
     s_arg_if_set(a, "--data-dir", c->data_dir);
+    s_arg_if_set(a, "--test-data", c->test_data);
     if (r->graph_needed) {
         s_bank_client_args(a, r, "trainer");
     }
@@ -798,7 +876,7 @@ static void s_twotower_args(s_argv_t *a, const s_run_t *r, const char *vectors)
     const s_cfg_t *c = r->c;
     s_arg(a, "twotower");
     s_bank_client_args(a, r, "trainer");
-    const char *const fixed[] = {"--data", "gcide", "--table", c->tables, "--ckpt-dir", r->ckpt,
+    const char *const fixed[] = {"--data", *c->data ? c->data : "gcide", "--table", c->tables, "--ckpt-dir", r->ckpt,
                                  "--metrics", r->metrics, "--vectors", "makers", "--negatives-from", c->negatives_from,
                                  "--negatives-sampling", c->negatives_sampling,
                                  "--lexical", c->lexical, "--save-vectors", vectors, NULL};
@@ -1116,6 +1194,8 @@ static int s_start_words_maker(s_run_t *r, int i, int n)
     s_arg(&a, "--worker");
     s_arg(&a, "%d/%d", i, n);
     s_maker_timeout_arg(&a, c);
+    s_metrics_arg(&a, c, S_METRICS_MAKERS + 2 * (int)c->makers + i);
+    s_arg_if_set(&a, "--data", c->data);
     s_arg_if_set(&a, "--gcide-index", c->gcide_index);
     s_arg_if_set(&a, "--gcide-dict", c->gcide_dict);
     return s_fleet_start_worker(r, "words", i, n, &a);
@@ -1129,6 +1209,7 @@ static int s_start_label_maker(s_run_t *r)
     char stem[64];
     s_resident_stem(stem, sizeof stem, "label", 0);
     s_maker_args(&a, r, stem, "label", 0, 1);
+    s_metrics_arg(&a, c, S_METRICS_MAKERS + 3 * (int)c->makers);
     s_arg(&a, "--ckpt-dir");
     s_arg(&a, "%s", r->ckpt);
     const s_num_arg_t nums[] = {
@@ -1152,6 +1233,7 @@ static int s_start_fleet(s_run_t *r)
         s_argv_t a = {0};
         s_resident_stem(stem, sizeof stem, "embed", i);
         s_maker_args(&a, r, stem, "embed", i, n);
+        s_metrics_arg(&a, c, S_METRICS_MAKERS + i);
         s_arg(&a, "--ckpt-dir");
         s_arg(&a, "%s", r->ckpt);
         if (s_fleet_start_worker(r, "embed", i, n, &a) != 0) {
@@ -1162,6 +1244,7 @@ static int s_start_fleet(s_run_t *r)
         s_argv_t a = {0};
         s_resident_stem(stem, sizeof stem, "graph", i);
         s_maker_args(&a, r, stem, "graph", i, n);
+        s_metrics_arg(&a, c, S_METRICS_MAKERS + n + i);
         char k[32];
         s_fmt(k, sizeof k, "%d", (int)c->graph_k);
         s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
@@ -1191,6 +1274,7 @@ static int s_run_trainer(s_run_t *r)
     const s_cfg_t *c = r->c;
     s_argv_t a = {0};
     s_arg(&a, "%s/trainer", c->bin);
+    s_metrics_arg(&a, c, S_METRICS_TRAINER);
     if (r->tt) {
         char vectors[4400];
         s_fmt(vectors, sizeof vectors, "%s/vectors.bin", r->dir);
@@ -1360,6 +1444,7 @@ static int s_run(s_run_t *r)
     r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
+    s_write_metrics_targets(c, r->dir, r->tt, r->bank_emb, r->bank_emb && c->graph_refresh > 0, r->label_loop);
     if ((!r->curve || s_make_keys(r) == 0) && s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
         const int64_t t_train = carls_monotonic_ms();
         if (s_run_trainer(r) == 0) {

@@ -14,6 +14,7 @@ PACKAGES=(
   bible-kjv-text bible-kjv fasttext
   dict-gcide
   python3-cffi python3-numpy python3-torch python3-pytest python3-pip python3-venv
+  prometheus
 )
 
 missing=()

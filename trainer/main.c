@@ -4,6 +4,9 @@
 #include "trainer_w2v.h"
 
 #include "log.h"
+#include "prom.h"
+#include "trainer_util.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -11,7 +14,10 @@
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer <command> [options]\n"
+            "usage: trainer [--metrics-port P [--metrics-address A]] <command> [options]\n"
+            "  --metrics-port P     serve the run's progress (carls_trainer_*: steps, examples/s, bank wait share,\n"
+            "                       latest evaluation) for Prometheus on http://A:P/metrics (0: a free port, logged)\n"
+            "  --metrics-address A  IPv4 address for --metrics-port (default 127.0.0.1; no authentication)\n"
             "commands:\n"
             "  supervised   train an MLP encoder + softmax classifier on Fashion-MNIST\n"
             "  graphreg     semi-supervised: labels + bank pseudo-labels + graph regulariser (neighbours from the bank)\n"
@@ -24,9 +30,9 @@ static void s_usage(FILE *out)
             "run 'trainer <command> --help' for a command's options\n");
 }
 
-int main(int argc, char **argv)
+/* Runs the command argv[1]. */
+static int s_command(int argc, char **argv)
 {
-    carls_log_init_from_env();
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         s_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -56,4 +62,42 @@ int main(int argc, char **argv)
     fprintf(stderr, "trainer: unknown command '%s'\n", argv[1]);
     s_usage(stderr);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    carls_log_init_from_env();
+    int port = -1;
+    const char *address = "127.0.0.1";
+    while (argc >= 3 && (strcmp(argv[1], "--metrics-port") == 0 || strcmp(argv[1], "--metrics-address") == 0)) {
+        if (strcmp(argv[1], "--metrics-port") == 0) {
+            int64_t v;
+            if (carls_parse_i64(argv[2], &v) != 0 || v < 0 || v > 65535) {
+                fprintf(stderr, "trainer: --metrics-port '%s' is not a port (0..65535)\n", argv[2]);
+                return 2;
+            }
+            port = (int)v;
+        } else {
+            address = argv[2];
+        }
+        argv[2] = argv[0];
+        argc -= 2;
+        argv += 2;
+    }
+    carls_prom_server_t *http = NULL;
+    if (port >= 0) {
+        char err[256];
+        trainer_prom = carls_prom_progress_new("trainer", NULL);
+        if (carls_prom_server_start(carls_prom_progress_render, trainer_prom, address, (uint16_t)port, &http, err,
+                                    sizeof err) != 0) {
+            fprintf(stderr, "trainer: %s\n", err);
+            carls_prom_progress_destroy(&trainer_prom);
+            return 2;
+        }
+        LOG_INFO("metrics: http://%s:%u/metrics", address, carls_prom_server_port(http));
+    }
+    int rc = s_command(argc, argv);
+    carls_prom_server_stop(&http);
+    carls_prom_progress_destroy(&trainer_prom);
+    return rc;
 }

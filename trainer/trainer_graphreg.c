@@ -34,6 +34,8 @@
 #include "kb_curve_args.h"
 
 #include "data_fmnist.h"
+#include "data_user.h"
+#include "progress.h"
 #include "data_sample.h"
 #include "nn_hash.h"
 #include "nn_mlp.h"
@@ -53,6 +55,7 @@ typedef enum { S_NBR_BANK = 0, S_NBR_TRAINER = 1, S_NBR_NONE = 2 } s_nbr_mode_t;
 
 typedef struct {
     const char *data, *data_dir;
+    const char *test_data;         /* a user data set's test split (data_user.h), NULL: none */
     int labels_per_class, label_seed;
     int train_items;               /* 0: all training images are items */
     int validation;                /* held-out validation images (0: evaluate on the test set) */
@@ -80,9 +83,12 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer graphreg --data fashion-mnist --kb ENDPOINTS [options]\n"
+            "usage: trainer graphreg --data fashion-mnist|npy:F.npy,L.npy|csv:F.csv,L.csv --kb ENDPOINTS [options]\n"
             "data (as trainer supervised):\n"
             "  --data NAME --data-dir DIR --labels-per-class N (default 10) --label-seed S (default 0)\n"
+            "  --data npy:FEATURES.npy,LABELS.npy (or csv:...): your own data set: features float32 or uint8\n"
+            "                           (N, D), labels int (N,) with -1 for unlabelled (docs/EXPERIMENTS.md)\n"
+            "  --test-data npy:F,L      its test split (else --validation N is needed)\n"
             "  --train-items N          use the first N training images (default 0: all 60000)\n"
             "  --validation N           hold out N unlabelled training images and evaluate on them instead of\n"
             "                           the test set (for choosing hyperparameters; default 0)\n"
@@ -142,6 +148,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_group(mlp.rows),
         carls_arg_group(data.rows),
         carls_arg_group(o->curve.rows),
+        carls_arg_string("test-data", &o->test_data),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
         carls_arg_int("steps", &o->steps, 1, 100000000),
@@ -174,8 +181,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     if (rc != 0) {
         return rc;
     }
-    if (!o->data || strcmp(o->data, "fashion-mnist") != 0) {
-        fprintf(stderr, "trainer graphreg: --data fashion-mnist is required\n");
+    if (!o->data || (strcmp(o->data, "fashion-mnist") != 0 && !carls_user_data_is_spec(o->data))) {
+        fprintf(stderr, "trainer graphreg: --data fashion-mnist, npy:FEATURES.npy,LABELS.npy or "
+                        "csv:FEATURES.csv,LABELS.csv is required\n");
         return -1;
     }
     if (kb_curve_args_check(&o->curve, "trainer graphreg") != 0) {
@@ -327,16 +335,34 @@ static const char *s_nbr_mode_name(s_nbr_mode_t mode, const char *none)
     return mode == S_NBR_BANK ? "bank" : mode == S_NBR_TRAINER ? "trainer" : none;
 }
 
-/* Loads Fashion-MNIST and splits the training images into labelled, unlabelled and validation images. */
+/* Loads the data set (Fashion-MNIST or the user's) and splits the training images into labelled, unlabelled
+ * and validation images. */
 static int s_load_data(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     char err[2048];
-    if (carls_fmnist_load(o->data_dir, &r->ds, err, sizeof err) != 0) {
+    if (carls_dataset_load(o->data, o->data_dir, o->test_data, &r->ds, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: %s\n", err);
         return -1;
     }
-    const int C = CARLS_FMNIST_CLASSES;
+    const int C = r->ds.classes;
+    if (carls_user_data_is_spec(o->data)) {
+        bool unlabelled = memchr(r->ds.train.labels, CARLS_LABEL_NONE, (size_t)r->ds.train.n) != NULL;
+        if (r->ds.test.n == 0 && (o->validation == 0 || unlabelled)) {
+            fprintf(stderr, "trainer: %s has no test split: give --test-data%s\n", o->data,
+                    unlabelled ? " (--validation needs every training example labelled)" : " or --validation N");
+            return -1;
+        }
+        if (o->validation > 0 && unlabelled) {
+            fprintf(stderr, "trainer: --validation needs every training example labelled; %s has -1 labels\n",
+                    o->data);
+            return -1;
+        }
+        if (o->augment_shift > 0 || o->augment_flip > 0.0f) {
+            fprintf(stderr, "trainer: --augment-shift and --augment-flip are for images, not %s\n", o->data);
+            return -1;
+        }
+    }
     r->N = o->train_items > 0 && o->train_items < r->ds.train.n ? o->train_items : r->ds.train.n;
     r->n_lab = o->labels_per_class * C;
     r->labelled = carls_xmalloc(sizeof *r->labelled * (size_t)r->n_lab);
@@ -373,7 +399,8 @@ static int s_setup(s_run_t *r)
     const s_opts_t *o = r->o;
     r->E = o->model.hidden[o->model.n_hidden - 1];
     r->max_batch = r->B > 500 ? r->B : 500;
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+                               &r->m) != 0) {
         return -1;
     }
     const char *header = r->n_val ? "step,loss,ce_loss,pl_loss,graph_loss,val_loss,val_accuracy,pl_coverage,"
@@ -494,7 +521,7 @@ static void s_targets(s_run_t *r, const uint32_t *cur_batch, const trainer_fetch
         }
         r->win.pl_rows++;
         if (r->use_pl && f && f->plabel[i] >= 0 && f->pconf[i] >= o->conf_threshold &&
-            f->plabel[i] < CARLS_FMNIST_CLASSES) {
+            f->plabel[i] < r->ds.classes) {
             r->ybuf[i] = f->plabel[i];
             r->row_w[i] = beta * f->pconf[i] / (float)r->BU;
             r->win.pl_used++;
@@ -656,6 +683,10 @@ static void s_end_window(s_run_t *r, int done)
              done, o->steps, w->loss / ws, w->ce / ws, w->pl / ws, w->graph / ws, r->n_val ? "val" : "test",
              r->last_acc, 100.0 * row[7], row[8], (long long)w->nbr_stale, (long long)w->nbr_missing, row[11], row[12],
              sps, skipped_text);
+    carls_prom_progress_add(trainer_prom, (uint64_t)w->steps, (uint64_t)w->steps * (uint64_t)r->B,
+                            (double)w->train_us / 1e6 + w->wait_ms / 1e3, w->wait_ms / 1e3);
+    carls_prom_progress_set_step(trainer_prom, done, o->steps);
+    carls_prom_progress_set_eval(trainer_prom, r->last_loss, r->last_acc);
     s_window_t *t = &r->total;
     t->train_us += w->train_us;
     t->wait_ms += w->wait_ms;
@@ -675,19 +706,28 @@ static int s_train(s_run_t *r)
         return -1;
     }
     r->t_start = carls_monotonic_us();
+    /* On a terminal, a progress line over the whole run (rate, time left); the evaluation lines are the log. */
+    carls_progress_t bar;
+    carls_progress_start_units(&bar, "graphreg", o->steps, "steps");
     for (int step = 0; step < o->steps; step++) {
         if (s_train_step(r, step) != 0) {
+            carls_progress_clear(&bar);
             return -1;
         }
         const int done = step + 1;
+        if (bar.tty)
+            carls_progress_add(&bar, 1);
         if ((done % o->ckpt_every == 0 || done == o->steps) &&
             trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
             return -1;
         }
         if (done % o->eval_every == 0 || done == o->steps) {
+            carls_progress_clear(&bar);
             s_end_window(r, done);
         }
     }
+    if (bar.tty)
+        carls_progress_finish(&bar, NULL);
     return 0;
 }
 

@@ -7,7 +7,7 @@
  * test_accuracy=0.XXXX. */
 #include "trainer.h"
 #include "trainer_metrics.h"
-#include "trainer_progress.h"
+#include "progress.h"
 #include "trainer_util.h"
 
 #include "data_fmnist.h"
@@ -178,7 +178,8 @@ static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     r->max_batch = o->batch > 500 ? o->batch : 500; /* evaluation runs in chunks of max_batch */
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->device, r->max_batch, o->seed, &r->m) != 0) {
+    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+                               &r->m) != 0) {
         return -1;
     }
     const nn_mlp_config_t cfg = r->m->cfg;
@@ -216,7 +217,7 @@ static void s_teardown(s_run_t *r)
 
 /* One pass over the (already shuffled) labelled images, with a progress bar; returns the mean training loss
  * and accuracy through *loss and *acc. */
-static void s_epoch(s_run_t *r, trainer_progress_t *bar, double *loss, double *acc)
+static void s_epoch(s_run_t *r, carls_progress_t *bar, double *loss, double *acc)
 {
     const s_opts_t *o = r->o;
     nn_mlp_t *m = r->m;
@@ -236,7 +237,7 @@ static void s_epoch(s_run_t *r, trainer_progress_t *bar, double *loss, double *a
         nn_mlp_step(m, &r->opt);
         r->step++;
         loss_sum += (double)step_loss * n;
-        trainer_progress_update(bar, n, step_loss);
+        carls_progress_update(bar, n, step_loss);
     }
     *loss = loss_sum / r->n_train;
     *acc = (double)correct / r->n_train;
@@ -253,10 +254,10 @@ static int s_train(s_run_t *r)
     r->t_start = carls_monotonic_us();
     for (int epoch = 1; epoch <= o->epochs; epoch++) {
         carls_shuffle_u32(r->train_idx, (size_t)r->n_train, &shuffle_state);
-        trainer_progress_t bar;
+        carls_progress_t bar;
         char label[64];
         snprintf(label, sizeof label, "epoch %d/%d", epoch, o->epochs);
-        trainer_progress_start(&bar, label, r->n_train);
+        carls_progress_start(&bar, label, r->n_train);
         int64_t t_epoch = carls_monotonic_us();
         double train_loss, train_acc;
         s_epoch(r, &bar, &train_loss, &train_acc);
@@ -273,7 +274,12 @@ static int s_train(s_run_t *r)
         } else {
             snprintf(extra, sizeof extra, "train acc %.4f", train_acc);
         }
-        double rate = trainer_progress_finish(&bar, extra);
+        double rate = carls_progress_finish(&bar, extra);
+        carls_prom_progress_add(trainer_prom, (uint64_t)steps_per_epoch, (uint64_t)r->n_train,
+                                (double)(carls_monotonic_us() - t_epoch) / 1e6, 0);
+        carls_prom_progress_set_step(trainer_prom, r->step, r->total_steps);
+        if (eval)
+            carls_prom_progress_set_eval(trainer_prom, r->test_loss, r->test_acc);
         if (eval) {
             double row[9] = {epoch, (double)r->step, train_loss, train_acc, r->test_loss, r->test_acc, rate,
                              (double)r->train_us / 1e6, (double)(carls_monotonic_us() - r->t_start) / 1e6};

@@ -119,7 +119,8 @@ static void s_add_document(tfidf_t *t, const data_gcide_t *g, size_t w, s_triple
             (*ids)[n++] = s_intern(t, data_text_token(g->text, k), g->text->tok_len[k]);
         }
     }
-    qsort(*ids, n, sizeof **ids, s_cmp_u32);
+    if (n > 1) /* a document without a training sense (a pairs data set's candidate) has none */
+        qsort(*ids, n, sizeof **ids, s_cmp_u32);
     for (size_t i = 0; i < n;) {
         size_t j = i;
         while (j < n && (*ids)[j] == (*ids)[i])

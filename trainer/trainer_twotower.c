@@ -21,9 +21,11 @@
 #include "carls_args.h"
 #include "checkpoint.h"
 #include "data_gcide_bags.h"
+#include "data_pairs.h"
 #include "data_sample.h"
 #include "files.h"
 #include "log.h"
+#include "progress.h"
 #include "nn_ops.h"
 #include "protocol.h"
 #include "util.h"
@@ -39,6 +41,7 @@
 
 typedef struct {
     const char *kb, *table, *index_path, *dict_path, *holdout_file, *write_holdout, *ckpt_dir, *metrics;
+    const char *pairs;      /* --data pairs:PAIRS.tsv[,CANDIDATES.txt] (data_pairs.h), NULL: GCIDE */
     const char *save_vectors, *eval_vectors;
     tfidf_opts_t lexical;
     uint64_t holdout_seed, seed;
@@ -69,7 +72,10 @@ static void s_usage(FILE *out)
             "the bank (written by kb-maker --task words from this trainer's checkpoints). Then ranks each held-out\n"
             "definition's headword among all headwords; the last line is the result as key=value pairs.\n"
             "data:\n"
-            "  --data gcide             the only data set (default)\n"
+            "  --data gcide             GCIDE (default), or your own pairs:PAIRS.tsv[,CANDIDATES.txt]: one\n"
+            "                           QUERY<TAB>DOCUMENT a line (queries split into words as definitions are,\n"
+            "                           documents as headwords: trimmed, lowercased, at most 64 bytes), and more\n"
+            "                           candidate documents one a line (data/data_pairs.h)\n"
             "  --index FILE --dict FILE GCIDE files (default %s, %s)\n"
             "  --holdout-seed S         hold out one sense of --holdout-count headwords drawn with seed S (default 0)\n"
             "  --holdout-count N        (default 2000)\n"
@@ -145,14 +151,19 @@ static void s_usage(FILE *out)
 }
 
 /* Parses the options. 0 to run, 1 when --help was answered, -1 on bad usage (reported). */
-/* --data: gcide is the only data set. */
+/* --data: gcide, or pairs:... into the const char * out (NULL for gcide). */
 static int s_arg_data(const char *prog, const char *name, const char *text, void *out)
 {
-    (void)out;
+    if (data_pairs_is_spec(text)) {
+        *(const char **)out = text;
+        return 0;
+    }
     if (strcmp(text, "gcide") != 0) {
-        fprintf(stderr, "%s: --%s: '%s' is not a data set this command knows (gcide)\n", prog, name, text);
+        fprintf(stderr, "%s: --%s: '%s' is not a data set this command knows (gcide, pairs:PAIRS.tsv)\n", prog,
+                name, text);
         return -1;
     }
+    *(const char **)out = NULL;
     return 0;
 }
 
@@ -211,7 +222,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     const Carls__OptimizerKind emb_opt_kinds[] = {CARLS__OPTIMIZER_KIND__OPT_ADAM, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD,
                                                   CARLS__OPTIMIZER_KIND__OPT_SGD};
     const carls_arg_t args[] = {
-        carls_arg_custom("data", NULL, s_arg_data),
+        carls_arg_custom("data", &o->pairs, s_arg_data),
         carls_arg_string("index", &o->index_path),
         carls_arg_string("dict", &o->dict_path),
         carls_arg_u64("holdout-seed", &o->holdout_seed),
@@ -1130,7 +1141,8 @@ static int s_load_data(s_run_t *r)
 {
     char err[512] = "";
     int64_t t0 = carls_monotonic_us();
-    if (data_gcide_load(r->o.index_path, r->o.dict_path, &r->g, err, sizeof err) != 0) {
+    if (r->o.pairs ? data_pairs_load(r->o.pairs, &r->g, err, sizeof err) != 0
+                   : data_gcide_load(r->o.index_path, r->o.dict_path, &r->g, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: %s\n", err);
         return -1;
     }
@@ -1150,8 +1162,8 @@ static int s_load_data(s_run_t *r)
         if (!r->g->senses[s].held_out)
             r->train[r->n_train++] = (uint32_t)s;
     data_gcide_idf_build(&r->idf, r->g);
-    LOG_INFO("trainer: GCIDE: %zu headwords, %zu senses, %zu training pairs, %zu held out (%.1f s)",
-                   r->g->n_words, r->g->n_senses, r->n_train, r->g->n_held_out,
+    LOG_INFO("trainer: %s: %zu headwords, %zu senses, %zu training pairs, %zu held out (%.1f s)",
+                   r->o.pairs ? r->o.pairs : "GCIDE", r->g->n_words, r->g->n_senses, r->n_train, r->g->n_held_out,
                    (double)(carls_monotonic_us() - t0) / 1e6);
     return 0;
 }
@@ -1170,6 +1182,12 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     double loss_sum = 0;
     int loss_n = 0, rc = 0;
     bool done = false;
+    /* On a terminal, a progress line over the run (steps/s, time left); the 50-step lines are the log. */
+    int64_t planned = (int64_t)r->o.epochs * (int64_t)(r->n_train / (size_t)r->o.batch);
+    if (r->o.max_steps > 0 && r->o.max_steps < planned)
+        planned = r->o.max_steps;
+    carls_progress_t bar;
+    carls_progress_start_units(&bar, "twotower", planned, "steps");
     for (int epoch = 0; epoch < r->o.epochs && !done; epoch++) {
         carls_shuffle_u32(r->train, r->n_train, &r->rng);
         for (size_t from = 0; from + (size_t)r->o.batch <= r->n_train && !done; from += (size_t)r->o.batch) {
@@ -1182,13 +1200,19 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
             step++;
             loss_sum += loss;
             loss_n++;
+            if (bar.tty)
+                carls_progress_add(&bar, 1);
             if (r->o.ckpt_dir && step % (uint64_t)r->o.ckpt_every == 0 && s_save_ckpt(r, step) != 0) {
                 rc = -1;
                 done = true;
             }
             if (step % 50 == 0) {
+                carls_progress_clear(&bar);
                 int64_t now = carls_monotonic_us();
                 double sps = 50.0 / ((double)(now - tlast) / 1e6);
+                /* bank waits are not measured apart here: they count as work */
+                carls_prom_progress_add(trainer_prom, 50, 50 * (uint64_t)r->o.batch, (double)(now - tlast) / 1e6, 0);
+                carls_prom_progress_set_step(trainer_prom, (int64_t)step, planned);
                 tlast = now;
                 double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
                                  sps, (double)(r->n_neg + r->n_fresh),
@@ -1206,6 +1230,8 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 done = true;
         }
     }
+    if (bar.tty)
+        carls_progress_finish(&bar, NULL);
     if (csv.f)
         trainer_metrics_close(&csv);
     *steps_out = step;

@@ -99,6 +99,8 @@ int trainer_setup_threads(int requested)
     return got;
 }
 
+carls_prom_progress_t *trainer_prom;
+
 int trainer_setup_device(const char *text, nn_device_t *out)
 {
     nn_device_t requested;
@@ -115,12 +117,12 @@ int trainer_setup_device(const char *text, nn_device_t *out)
     return 0;
 }
 
-int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, nn_device_t device, int max_batch, int seed,
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes, nn_device_t device, int max_batch, int seed,
                            nn_mlp_t **out)
 {
     nn_mlp_config_t cfg = *model;
     cfg.in_dim = in_dim;
-    cfg.num_classes = CARLS_FMNIST_CLASSES;
+    cfg.num_classes = classes;
     char err[2048];
     if (nn_mlp_new(&cfg, device, max_batch, (uint64_t)seed, out, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: model: %s\n", err);

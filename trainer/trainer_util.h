@@ -5,6 +5,7 @@
 #include "carls_args.h"
 #include "nn_device.h"
 #include "nn_mlp.h"
+#include "prom.h"
 #include "trainer_metrics.h"
 
 #include "data_fmnist.h"
@@ -48,10 +49,10 @@ int trainer_setup_threads(int requested);
 /* Resolves --device (logging the choice); returns 0 and *out, or prints the reason and returns -1. */
 int trainer_setup_device(const char *text, nn_device_t *out);
 
-/* A Fashion-MNIST classifier: in_dim inputs, model's hidden layers and dropout, CARLS_FMNIST_CLASSES outputs,
- * batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
-int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, nn_device_t device, int max_batch, int seed,
-                           nn_mlp_t **out);
+/* A classifier of the image (or feature) data sets: in_dim inputs, model's hidden layers and dropout, classes
+ * outputs, batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes, nn_device_t device, int max_batch,
+                           int seed, nn_mlp_t **out);
 
 /* Loss and accuracy of model m (in eval mode) on images which[0..n) of set, in chunks of m->max_batch through
  * xbuf (max_batch * dim) and ybuf (max_batch). */
@@ -67,5 +68,9 @@ int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step
 int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
                          trainer_metrics_t *out);
 
+/* The trainer's progress metrics (carls_trainer_*: `trainer --metrics-port P COMMAND ...` serves them on
+ * /metrics), NULL when not served: experiments report to it unconditionally (carls_prom_progress_* accept
+ * NULL). */
+extern carls_prom_progress_t *trainer_prom;
 
 #endif

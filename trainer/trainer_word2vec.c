@@ -24,7 +24,7 @@
  * Several trainers (--worker i/n, separate processes) train on separate slices of the corpus and push to the
  * same tables at the same time. */
 #include "trainer.h"
-#include "trainer_progress.h"
+#include "progress.h"
 #include "trainer_util.h"
 #include "trainer_w2v.h"
 
@@ -123,7 +123,7 @@ typedef struct {
     size_t next_line;
     uint64_t next_index;
     s_batch_t slot[SLOTS];
-    trainer_progress_t progress;
+    carls_progress_t progress;
     uint32_t progress_epoch;
     double epoch_loss;
     uint64_t epoch_pairs;
@@ -133,11 +133,15 @@ typedef struct {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainer word2vec --corpus FILE|kjv --kb ENDPOINT --table NAME [options]\n"
+            "usage: trainer word2vec --corpus FILE|DIR|kjv --kb ENDPOINT --table NAME [options]\n"
             "Skip-gram with negative sampling whose vocabulary lives in the knowledge bank: every word's input\n"
             "and output vectors are rows of NAME and NAME.out keyed by the word; NAME.count counts the words.\n"
-            "  --corpus FILE|kjv        plain text (one sentence per line), or the King James Bible from\n"
-            "                           Debian's bible-kjv (verse references stripped)\n"
+            "  --corpus FILE|DIR|kjv    UTF-8 plain text (one sentence per line); a directory: every file in it\n"
+            "                           and its subdirectories, by path (names starting with . skipped); or the\n"
+            "                           King James Bible from Debian's bible-kjv (verse references stripped).\n"
+            "                           Words: runs of letters, apostrophes and non-ASCII bytes, ASCII\n"
+            "                           lowercased, outer apostrophes dropped; anything else splits words\n"
+            "                           (--tokenize-only prints them)\n"
             "  --kb ENDPOINTS           kb-server endpoint, or the comma-separated list of a sharded bank's\n"
             "                           endpoints in shard order (default $CARLS_KB or tcp://127.0.0.1:7070)\n"
             "  --table NAME             base name of the tables (default words)\n"
@@ -255,7 +259,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     o->tables.admission = (w2v_admission_t)admission;
     o->seed = (uint64_t)seed;
     if (!o->corpus && (o->epochs > 0 || o->tokenize_only || o->predict_eval)) {
-        fprintf(stderr, "trainer word2vec: --corpus FILE|kjv is required\n");
+        fprintf(stderr, "trainer word2vec: --corpus FILE|DIR|kjv is required\n");
         return -1;
     }
     if (o->tables.lr < 0)
@@ -635,7 +639,11 @@ static void s_epoch_end(s_run_t *r)
     char extra[160];
     double loss = r->epoch_pairs ? r->epoch_loss / (double)r->epoch_pairs : 0;
     snprintf(extra, sizeof extra, "loss/pair %.4f, %llu pairs", loss, (unsigned long long)r->epoch_pairs);
-    double wps = trainer_progress_finish(&r->progress, extra);
+    double wps = carls_progress_finish(&r->progress, extra);
+    /* Prometheus: an epoch is a step, tokens are the items; bank waits are not measured apart here. */
+    carls_prom_progress_add(trainer_prom, 1, (uint64_t)r->progress.done,
+                            (double)(carls_monotonic_us() - r->progress.start_us) / 1e6, 0);
+    carls_prom_progress_set_step(trainer_prom, r->progress_epoch + 1, r->o.epochs);
     if (r->metrics) {
         fprintf(r->metrics, "%u,%zu,%llu,%.6f,%.1f\n", r->progress_epoch + 1, r->slice_tokens,
                 (unsigned long long)r->epoch_pairs, loss, wps);
@@ -682,7 +690,7 @@ static int s_train(s_run_t *r)
     int rc = -1;
     char label[64];
     snprintf(label, sizeof label, "epoch 1/%u", r->o.epochs);
-    trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+    carls_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
     r->progress_epoch = 0;
     if (s_prepare(r, &r->slot[0]) != 0 || (r->slot[0].active && s_lookup_stage(r, &r->slot[0]) != 0) ||
         s_prepare(r, &r->slot[1]) != 0)
@@ -702,13 +710,13 @@ static int s_train(s_run_t *r)
             s_epoch_end(r);
             r->progress_epoch = cur->epoch;
             snprintf(label, sizeof label, "epoch %u/%u", cur->epoch + 1, r->o.epochs);
-            trainer_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
+            carls_progress_start(&r->progress, label, (int64_t)r->slice_tokens);
         }
         if (s_compute_stage(r, cur) != 0)
             goto cleanup;
         r->epoch_loss += cur->loss;
         r->epoch_pairs += cur->pairs;
-        trainer_progress_update(&r->progress, (int64_t)(cur->tok1 - cur->tok0),
+        carls_progress_update(&r->progress, (int64_t)(cur->tok1 - cur->tok0),
                                 cur->pairs ? cur->loss / (double)cur->pairs : 0);
         if (s_finish_stage(r, prev) != 0)
             goto cleanup;

@@ -630,13 +630,13 @@ static void test_export_import_round_trip(void **state)
     s_path(f, "expf-3.kbx", pf2, sizeof pf2);
     char err[512];
     uint64_t rows = 0;
-    if (kb_export_table(f->one, "exp", p1, 64, &rows, err, sizeof err) != 0)
+    if (kb_export_table(f->one, "exp", p1, 64, &rows, NULL, err, sizeof err) != 0)
         fail_msg("export: %s", err);
     assert_int_equal(rows, N);
     struct stat sb;
     assert_int_equal(stat(p1, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0600);
-    if (kb_import_table(f->cluster, "exp_c", p1, 50, &rows, err, sizeof err) != 0)
+    if (kb_import_table(f->cluster, "exp_c", p1, 50, &rows, NULL, err, sizeof err) != 0)
         fail_msg("import: %s", err);
     assert_int_equal(rows, N);
     s_assert_tables_equal(f->one, "exp", f->cluster, "exp_c", &k, DIM);
@@ -648,28 +648,28 @@ static void test_export_import_round_trip(void **state)
     kb_knn_result_destroy(&x);
 
     /* And back: 3 shards -> 1. */
-    if (kb_export_table(f->cluster, "exp_c", p2, 0, &rows, err, sizeof err) != 0)
+    if (kb_export_table(f->cluster, "exp_c", p2, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("export from the cluster: %s", err);
     assert_int_equal(rows, N);
-    if (kb_import_table(f->one, "exp_back", p2, 0, &rows, err, sizeof err) != 0)
+    if (kb_import_table(f->one, "exp_back", p2, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("import back: %s", err);
     s_assert_tables_equal(f->one, "exp", f->one, "exp_back", &k, DIM);
 
     /* Feature tables the same way. */
-    if (kb_export_table(f->one, "expf", pf, 0, &rows, err, sizeof err) != 0)
+    if (kb_export_table(f->one, "expf", pf, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("export features: %s", err);
     assert_int_equal(rows, NF);
-    if (kb_import_table(f->cluster, "expf_c", pf, 7, &rows, err, sizeof err) != 0)
+    if (kb_import_table(f->cluster, "expf_c", pf, 7, &rows, NULL, err, sizeof err) != 0)
         fail_msg("import features: %s", err);
     s_assert_features_equal(f->one, "expf", f->cluster, "expf_c", &kf);
-    if (kb_export_table(f->cluster, "expf_c", pf2, 0, &rows, err, sizeof err) != 0)
+    if (kb_export_table(f->cluster, "expf_c", pf2, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("export features from the cluster: %s", err);
-    if (kb_import_table(f->one, "expf_back", pf2, 0, &rows, err, sizeof err) != 0)
+    if (kb_import_table(f->one, "expf_back", pf2, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("import features back: %s", err);
     s_assert_features_equal(f->one, "expf", f->one, "expf_back", &kf);
 
     /* Importing into an existing table with another config is refused and writes nothing. */
-    assert_int_equal(kb_import_table(f->cluster, "rows", p1, 0, &rows, err, sizeof err), KB_EXPORT_EBANK);
+    assert_int_equal(kb_import_table(f->cluster, "rows", p1, 0, &rows, NULL, err, sizeof err), KB_EXPORT_EBANK);
     assert_non_null(strstr(err, "another config"));
     assert_int_equal(rows, 0);
     s_free_keys(&k);
@@ -692,7 +692,7 @@ static void test_corrupt_exports_refused(void **state)
     s_path(f, "src.kbx", good, sizeof good);
     s_path(f, "bad.kbx", bad, sizeof bad);
     uint64_t rows;
-    assert_int_equal(kb_export_table(f->one, "src", good, 0, &rows, err, sizeof err), 0);
+    assert_int_equal(kb_export_table(f->one, "src", good, 0, &rows, NULL, err, sizeof err), 0);
     struct stat sb;
     assert_int_equal(stat(good, &sb), 0);
     long len = (long)sb.st_size;
@@ -712,7 +712,7 @@ static void test_corrupt_exports_refused(void **state)
         s_copy_file(good, bad, cases[i].truncate_to, cases[i].flip_at);
         err[0] = '\0';
         rows = 99;
-        int rc = kb_import_table(f->cluster, "imported_bad", bad, 0, &rows, err, sizeof err);
+        int rc = kb_import_table(f->cluster, "imported_bad", bad, 0, &rows, NULL, err, sizeof err);
         if (rc != cases[i].want)
             fail_msg("case %zu: rc %d, want %d (%s)", i, rc, cases[i].want, err);
         assert_true(strlen(err) > 10);
@@ -720,7 +720,7 @@ static void test_corrupt_exports_refused(void **state)
         assert_false(s_table_exists(f->cluster, "imported_bad"));
     }
     /* The good file still imports. */
-    assert_int_equal(kb_import_table(f->cluster, "imported_good", good, 0, &rows, err, sizeof err), 0);
+    assert_int_equal(kb_import_table(f->cluster, "imported_good", good, 0, &rows, NULL, err, sizeof err), 0);
     assert_int_equal(rows, 300);
     s_free_keys(&k);
 }
@@ -751,10 +751,10 @@ static void test_empty_table_export(void **state)
     assert_int_equal(kb_cluster_last_status(f->one), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     assert_null(r);
     uint64_t rows = 99;
-    if (kb_export_table(f->cluster, "empty", pe, 0, &rows, err, sizeof err) != 0)
+    if (kb_export_table(f->cluster, "empty", pe, 0, &rows, NULL, err, sizeof err) != 0)
         fail_msg("export of an empty table: %s", err);
     assert_int_equal(rows, 0);
-    assert_int_equal(kb_import_table(f->one, "empty_copy", pe, 0, &rows, err, sizeof err), 0);
+    assert_int_equal(kb_import_table(f->one, "empty_copy", pe, 0, &rows, NULL, err, sizeof err), 0);
     assert_int_equal(rows, 0);
     assert_int_equal(s_table_rows(f->one, "empty_copy"), 0);
     kb_cluster_table_t info;

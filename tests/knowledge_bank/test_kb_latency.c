@@ -204,6 +204,43 @@ static void *s_worker(void *arg)
     return NULL;
 }
 
+/* The exported histogram: le_counts[i] is exactly the number of values <= 2^i us (the internal buckets nest
+ * in these edges), cumulative, and the sum and count are exact; kb_latency_summarize fills a summary with
+ * them and the capped percentiles. */
+static void test_le_counts_exact(void **st)
+{
+    (void)st;
+    kb_latency_t h;
+    kb_latency_init(&h);
+    uint64_t values[2000], sum = 0, rng = 99;
+    for (int i = 0; i < 2000; i++) {
+        values[i] = 1 + test_xorshift64(&rng) % 5000000; /* 1 us .. 5 s */
+        if (i % 100 == 0)
+            values[i] = (uint64_t)1 << (i % 22); /* exactly on an edge: counted at that edge */
+        kb_latency_record(&h, values[i]);
+        sum += values[i];
+    }
+    uint64_t le[KB_LATENCY_LE_BUCKETS];
+    assert_int_equal(kb_latency_le_counts(&h, le), 2000);
+    for (int b = 0; b < KB_LATENCY_LE_BUCKETS; b++) {
+        uint64_t want = 0;
+        for (int i = 0; i < 2000; i++)
+            want += values[i] <= ((uint64_t)1 << b);
+        if (le[b] != want)
+            fail_msg("le 2^%d us: %llu, want %llu", b, (unsigned long long)le[b], (unsigned long long)want);
+    }
+    Carls__LatencySummary l = CARLS__LATENCY_SUMMARY__INIT;
+    uint64_t storage[KB_LATENCY_LE_BUCKETS];
+    kb_latency_summarize(&h, &l, storage);
+    assert_int_equal(l.count, 2000);
+    assert_int_equal(l.n_le_counts, KB_LATENCY_LE_BUCKETS);
+    assert_ptr_equal(l.le_counts, storage);
+    assert_memory_equal(storage, le, sizeof le);
+    assert_true(l.sum_us == (double)sum);
+    assert_true(l.max_us == (double)kb_latency_max(&h));
+    assert_true(l.p50_us <= l.p99_us && l.p99_us <= l.max_us);
+}
+
 static void test_concurrent(void **st)
 {
     (void)st;
@@ -237,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_log_uniform),
         cmocka_unit_test(test_bimodal),
         cmocka_unit_test(test_max_exact),
+        cmocka_unit_test(test_le_counts_exact),
         cmocka_unit_test(test_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,9 +1,12 @@
 /* Observability: the stats answer's per-table fields (bytes, requests and latency by operation, errors) and
  * the Prometheus text that kb-server --metrics-port serves on /metrics. The rendering is checked on a
- * hand-made stats answer (escaping, grouping), then a real server is scraped over HTTP after known traffic:
- * every line must be valid exposition format and the numbers must match what was done. */
+ * hand-made stats answer (escaping, grouping, latency histograms), then a real server is scraped over HTTP
+ * after known traffic: every line must be valid exposition format, the numbers must match what was done, and
+ * `promtool check metrics` must accept both pages with no problem (skipped, saying so, without promtool). */
 #include "kb_client.h"
+#include "kb_latency.h"
 #include "kb_metrics.h"
+#include "test_util.h"
 #include "server_fixture.h"
 #include "test_proto.h"
 
@@ -82,7 +85,11 @@ static void s_check_exposition(const char *text)
         assert_true(fam.n > 0);
         /* the sample belongs to the family declared last */
         const char *family = fam.names[fam.n - 1];
-        if (strcmp(name, family) != 0)
+        size_t flen = strlen(family);
+        bool suffixed = strncmp(name, family, flen) == 0 &&
+                        (strcmp(name + flen, "_bucket") == 0 || strcmp(name + flen, "_sum") == 0 ||
+                         strcmp(name + flen, "_count") == 0);
+        if (strcmp(name, family) != 0 && !suffixed)
             fail_msg("sample %s outside its family (last TYPE was %s)", name, family);
         /* labels */
         if (buf[i] == '{') {
@@ -168,6 +175,12 @@ static void test_render_escapes_and_groups(void **state)
     l.p50_us = 120;
     l.p99_us = 900;
     l.max_us = 1000;
+    uint64_t le[KB_LATENCY_LE_BUCKETS];
+    for (int i = 0; i < KB_LATENCY_LE_BUCKETS; i++)
+        le[i] = i < 7 ? 0 : i < 10 ? 4 : 5; /* 4 requests of at most 128 us (2^7), 1 of at most 1024 us */
+    l.le_counts = le;
+    l.n_le_counts = KB_LATENCY_LE_BUCKETS;
+    l.sum_us = 1300;
     Carls__LatencySummary *lp = &l;
     t1.requests = &lp;
     t1.n_requests = 1;
@@ -182,72 +195,56 @@ static void test_render_escapes_and_groups(void **state)
     assert_int_equal(kb_metrics_render(&st, &text, &len), 0);
     assert_int_equal(strlen(text), len);
     s_check_exposition(text);
-    assert_non_null(strstr(text, "carls_kb_info{durability=\"we\\\"ird\\\\mode\\n\",threads=\"3\"} 1\n"));
+    assert_non_null(strstr(text, "carls_bank_info{durability=\"we\\\"ird\\\\mode\\n\",threads=\"3\"} 1\n"));
     static const s_sample_t rendered[] = {
-        {"carls_kb_requests_total", 42},
-        {"carls_kb_uptime_seconds", 1.5},
-        {"carls_kb_table_rows{table=\"alpha\"}", 7},
-        {"carls_kb_table_rows{table=\"beta.v2\"}", 9},
-        {"carls_kb_table_pending_gradients{table=\"beta.v2\"}", 4},
-        {"carls_kb_table_index_ready{table=\"alpha\"}", 1},
-        {"carls_kb_table_requests_total{table=\"alpha\",op=\"lookup\"}", 5},
+        {"carls_bank_requests_total", 42},
+        {"carls_bank_uptime_seconds", 1.5},
+        {"carls_bank_table_rows{table=\"alpha\"}", 7},
+        {"carls_bank_table_rows{table=\"beta.v2\"}", 9},
+        {"carls_bank_table_pending_gradients{table=\"beta.v2\"}", 4},
+        {"carls_bank_table_index_ready{table=\"alpha\"}", 1},
+        {"carls_bank_table_requests_total{table=\"alpha\",op=\"lookup\"}", 5},
     };
     s_expect_samples(text, rendered, sizeof rendered / sizeof rendered[0]);
-    assert_true(fabs(s_value(text, "carls_kb_table_latency_seconds{table=\"alpha\",op=\"lookup\",quantile=\"0.5\"}") -
-                     120e-6) < 1e-12);
-    assert_true(s_value(text, "carls_kb_op_requests_total{op=\"lookup\"}") == 5);
-    assert_true(s_value(text, "carls_kb_op_latency_seconds{op=\"lookup\",quantile=\"1\"}") == 1000e-6);
+    static const s_sample_t histogram[] = {
+        {"carls_bank_table_request_duration_seconds_bucket{table=\"alpha\",op=\"lookup\",le=\"6.4e-05\"}", 0},
+        {"carls_bank_table_request_duration_seconds_bucket{table=\"alpha\",op=\"lookup\",le=\"0.000128\"}", 4},
+        {"carls_bank_table_request_duration_seconds_bucket{table=\"alpha\",op=\"lookup\",le=\"0.001024\"}", 5},
+        {"carls_bank_table_request_duration_seconds_bucket{table=\"alpha\",op=\"lookup\",le=\"+Inf\"}", 5},
+        {"carls_bank_table_request_duration_seconds_count{table=\"alpha\",op=\"lookup\"}", 5},
+        {"carls_bank_request_duration_seconds_bucket{op=\"lookup\",le=\"0.000128\"}", 4},
+        {"carls_bank_request_duration_seconds_count{op=\"lookup\"}", 5},
+        {"carls_bank_op_requests_total{op=\"lookup\"}", 5},
+        {"carls_bank_request_duration_max_seconds{op=\"lookup\"}", 1000e-6},
+    };
+    s_expect_samples(text, histogram, sizeof histogram / sizeof histogram[0]);
+    assert_true(fabs(s_value(text, "carls_bank_request_duration_seconds_sum{op=\"lookup\"}") - 1300e-6) < 1e-12);
+    assert_null(strstr(text, "quantile="));
+    char problems[4096];
+    int rc = test_promtool_check(text, problems, sizeof problems);
     free(text);
+    if (rc == 77)
+        skip(); /* the rest was checked; only promtool's lint is missing */
+    if (rc != 0)
+        fail_msg("promtool check metrics refused the rendered page:\n%s", problems);
 }
 
 /* ---- a real server ---- */
 
-/* GET or another method of path on 127.0.0.1:port over HTTP/1.0; returns the whole answer (malloc'd). */
+/* test_http, which must answer. */
 static char *s_http(uint16_t port, const char *method, const char *path)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    char req[256];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        assert_true(r >= 0);
-        if (r == 0)
-            break;
-        len += (size_t)r;
-    }
-    buf[len] = '\0';
-    close(fd);
-    return buf;
+    char *answer = test_http(port, method, path);
+    assert_non_null(answer);
+    return answer;
 }
 
 /* The metrics port the server logged ("metrics: http://127.0.0.1:PORT/metrics"). */
 static uint16_t s_logged_port(const test_server_t *srv)
 {
-    FILE *f = fopen(srv->log_file, "r");
-    assert_non_null(f);
-    char line[1024];
-    unsigned port = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "metrics: http://127.0.0.1:");
-        if (p)
-            port = (unsigned)strtoul(p + strlen("metrics: http://127.0.0.1:"), NULL, 10);
-    }
-    fclose(f);
-    assert_true(port > 0 && port < 65536);
-    return (uint16_t)port;
+    uint16_t port = test_logged_metrics_port(srv->log_file);
+    assert_true(port > 0);
+    return port;
 }
 
 static void test_scrape_real_server(void **state)
@@ -319,32 +316,38 @@ static void test_scrape_real_server(void **state)
     body += 4;
     s_check_exposition(body);
     static const s_sample_t scraped[] = {
-        {"carls_kb_table_rows{table=\"emb\"}", 3},
-        {"carls_kb_table_dim{table=\"emb\"}", 4},
-        {"carls_kb_table_requests_total{table=\"emb\",op=\"lookup\"}", 2},
-        {"carls_kb_table_requests_total{table=\"emb\",op=\"push_gradients\"}", 2},
-        {"carls_kb_table_request_errors_total{table=\"emb\"}", 1},
-        {"carls_kb_table_keys_looked_up_total{table=\"emb\"}", 5},
-        {"carls_kb_table_rows_put_total{table=\"emb\"}", 5},
-        {"carls_kb_table_gradients_received_total{table=\"emb\"}", 2},
-        {"carls_kb_table_index_vectors{table=\"emb\"}", 3},
+        {"carls_bank_table_rows{table=\"emb\"}", 3},
+        {"carls_bank_table_dim{table=\"emb\"}", 4},
+        {"carls_bank_table_requests_total{table=\"emb\",op=\"lookup\"}", 2},
+        {"carls_bank_table_requests_total{table=\"emb\",op=\"push_gradients\"}", 2},
+        {"carls_bank_table_request_errors_total{table=\"emb\"}", 1},
+        {"carls_bank_table_keys_looked_up_total{table=\"emb\"}", 5},
+        {"carls_bank_table_rows_put_total{table=\"emb\"}", 5},
+        {"carls_bank_table_gradients_received_total{table=\"emb\"}", 2},
+        {"carls_bank_table_index_vectors{table=\"emb\"}", 3},
     };
     s_expect_samples(body, scraped, sizeof scraped / sizeof scraped[0]);
-    assert_true(s_value(body, "carls_kb_table_bytes{table=\"emb\"}") >= 96);
+    assert_true(s_value(body, "carls_bank_table_bytes{table=\"emb\"}") >= 96);
     static const char *const present[] = {
-        "carls_kb_table_pending_gradients{table=\"emb\"}", "carls_kb_table_outliers_dropped_total{table=\"emb\"}",
-        "carls_kb_table_evictions_total{table=\"emb\"}",   "carls_kb_table_not_admitted_total{table=\"emb\"}",
-        "carls_kb_table_index_pending{table=\"emb\"}",
+        "carls_bank_table_pending_gradients{table=\"emb\"}", "carls_bank_table_outliers_dropped_total{table=\"emb\"}",
+        "carls_bank_table_evictions_total{table=\"emb\"}",   "carls_bank_table_not_admitted_total{table=\"emb\"}",
+        "carls_bank_table_index_pending{table=\"emb\"}",
     };
     for (size_t i = 0; i < sizeof present / sizeof present[0]; i++)
         if (isnan(s_value(body, present[i])))
             fail_msg("no sample %s", present[i]);
-    assert_true(s_value(body, "carls_kb_table_latency_seconds{table=\"emb\",op=\"lookup\",quantile=\"0.99\"}") > 0);
-    assert_true(s_value(body, "carls_kb_op_requests_total{op=\"stats\"}") == 1);
-    assert_true(s_value(body, "carls_kb_request_errors_total") == 2);
-    assert_true(isnan(s_value(body, "carls_kb_table_rows{table=\"nosuch\"}")));
+    assert_true(s_value(body, "carls_bank_table_request_duration_max_seconds{table=\"emb\",op=\"lookup\"}") > 0);
+    assert_true(s_value(body, "carls_bank_op_requests_total{op=\"stats\"}") == 1);
+    assert_true(s_value(body, "carls_bank_request_errors_total") == 2);
+    assert_true(isnan(s_value(body, "carls_bank_table_rows{table=\"nosuch\"}")));
     assert_null(strstr(body, "nosuch"));
-    assert_non_null(strstr(body, "carls_kb_info{durability=\"interval:50\",threads=\"2\"} 1\n"));
+    assert_non_null(strstr(body, "carls_bank_info{durability=\"interval:50\",threads=\"2\"} 1\n"));
+    char problems[4096];
+    int lint = test_promtool_check(body, problems, sizeof problems);
+    if (lint == 77)
+        print_message("SKIPPED promtool check metrics on the server's page: %s\n", problems);
+    else if (lint != 0)
+        fail_msg("promtool check metrics refused the server's page:\n%s", problems);
     free(answer);
 
     answer = s_http(port, "HEAD", "/metrics");

@@ -45,6 +45,18 @@ float test_uniform_pm1(uint64_t *state);
 void test_last_line(const char *path, char *line, size_t len);
 
 
+/* An HTTP/1.0 request (method, path) to 127.0.0.1:port: the whole answer, head and body (malloc'd, caller
+ * frees), or NULL when the connection failed. */
+char *test_http(uint16_t port, const char *method, const char *path);
+
+/* The port of the first "metrics: http://127.0.0.1:PORT/metrics" line in the log file path, or 0. */
+uint16_t test_logged_metrics_port(const char *path);
+
+/* Runs `promtool check metrics` (Debian package prometheus) on a Prometheus text page. 0: accepted with no
+ * problem; 1: refused or linted, with promtool's words in out (outlen bytes); 77: promtool is not installed
+ * (out says so). */
+int test_promtool_check(const char *text, char *out, size_t outlen);
+
 /* Appends options ("a=1:b=2") to ASAN_OPTIONS for the child processes this test starts. */
 void test_asan_options_append(const char *options);
 

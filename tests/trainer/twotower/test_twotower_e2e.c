@@ -13,7 +13,10 @@
  *     heads are MLPs (--hidden 8); the makers' vectors must equal the trainer's own word tower.
  *   - test_launcher: the same system started by `carls run experiments/twotower-quick.ini` (its own bank of
  *     two shards with CURVE keys, a fleet of two makers, the trainer), its result line, report and process
- *     table. */
+ *     table.
+ *   - test_launcher_pairs: the same pattern as a user's TSV of query<TAB>document pairs and a candidates
+ *     file (data = pairs:...), through the launcher with its makers: it must learn as well; a TSV with a bad
+ *     line is refused naming the file and the line. */
 #include "server_harness.h"
 
 #include "util.h"
@@ -60,9 +63,17 @@ static void s_b64(char *out, uint64_t v)
     out[n] = '\0';
 }
 
-/* Writes dir/tiny.index and dir/tiny.dict. */
+/* Writes dir/tiny.index and dir/tiny.dict, and the same senses as pairs: dir/pairs.tsv (definition<TAB>
+ * headword) with dir/candidates.txt (every headword, plus 10 that no query names). */
 static void s_write_dictionary(const char *dir)
 {
+    char tsv[512];
+    snprintf(tsv, sizeof tsv, "%s/pairs.tsv", dir);
+    FILE *p = fopen(tsv, "w");
+    snprintf(tsv, sizeof tsv, "%s/candidates.txt", dir);
+    FILE *cand = fopen(tsv, "w");
+    assert_non_null(p);
+    assert_non_null(cand);
     char heads[N_HEAD][8], topics[N_HEAD][2][8], fill[N_FILL][8];
     uint64_t rng = 4242;
     for (int i = 0; i < N_HEAD; i++) {
@@ -86,16 +97,20 @@ static void s_write_dictionary(const char *dir)
         strcpy(cap, heads[i]);
         cap[0] = (char)(cap[0] - 'a' + 'A');
         fprintf(d, "%s \\%s\\, n.\n", cap, heads[i]);
+        fprintf(cand, "%s\n", heads[i]);
         for (int s = 0; s < 4; s++) {
-            fprintf(d, "   %d. ", s + 1);
+            char def[256];
+            int n = 0;
             for (int k = 0; k < 3; k++)
-                fprintf(d, "%s ", fill[carls_splitmix64(&rng) % N_FILL]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", fill[carls_splitmix64(&rng) % N_FILL]);
             int which = (int)(carls_splitmix64(&rng) % 3); /* topic 0, topic 1 or both */
             if (which != 1)
-                fprintf(d, "%s ", topics[i][0]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", topics[i][0]);
             if (which != 0)
-                fprintf(d, "%s ", topics[i][1]);
-            fprintf(d, "%s.\n      [1913 Webster]\n\n", fill[carls_splitmix64(&rng) % N_FILL]);
+                n += snprintf(def + n, sizeof def - (size_t)n, "%s ", topics[i][1]);
+            snprintf(def + n, sizeof def - (size_t)n, "%s", fill[carls_splitmix64(&rng) % N_FILL]);
+            fprintf(d, "   %d. %s.\n      [1913 Webster]\n\n", s + 1, def);
+            fprintf(p, "%s\t%s\n", def, cap); /* documents are lowercased when read */
         }
         long end = ftell(d);
         char o[16], l[16];
@@ -105,6 +120,13 @@ static void s_write_dictionary(const char *dir)
     }
     fclose(d);
     fclose(x);
+    for (int i = 0; i < 10; i++) {
+        char extra[8];
+        s_word(extra, &rng, 6);
+        fprintf(cand, "%sq\n", extra);
+    }
+    fclose(p);
+    fclose(cand);
 }
 
 /* Runs argv with stdout to out_path; returns the pid. */
@@ -302,29 +324,43 @@ static void test_inputs_only_options(void **state)
     assert_int_equal(s_wait(s_spawn(range, NULL)), 2);
 }
 
+#define S_MAX_SETS 24
+
+/* argv of `carls run experiments/twotower-quick.ini --quiet` with --set kv[i] for each of the n settings,
+ * each formatted with dir (%1$s); set keeps the strings. */
+static void s_launcher_argv(const char *dir, const char *const *kv, int n, char (*set)[700], const char **argv)
+{
+    assert_true(n <= S_MAX_SETS);
+    int a = 0;
+    argv[a++] = LAUNCHER;
+    argv[a++] = "run";
+    argv[a++] = CARLS_SOURCE_DIR "/experiments/twotower-quick.ini";
+    argv[a++] = "--quiet";
+    for (int i = 0; i < n; i++) {
+        snprintf(set[i], sizeof set[i], kv[i], dir);
+        argv[a++] = "--set";
+        argv[a++] = set[i];
+    }
+    argv[a] = NULL;
+}
+
 static void test_launcher(void **state)
 {
     (void)state;
     s_env_t e;
     s_env(&e); /* its bank is not used: the launcher starts its own */
-    char set[22][320];
+    char set[S_MAX_SETS][700];
     /* Bank negatives drawn as training pairs are (negatives_sampling = pairs), and hard ones computed by the
      * trainer from their current rows (hard_fresh). The bank has two shards and speaks CURVE only: the word
      * makers, the negatives, the hard negatives' knn and the evaluation all go through the sharded client with
      * the run's keys. */
-    const char *kv[] = {"gcide_index=%s/tiny.index", "gcide_dict=%s/tiny.dict", "runs_dir=%s", "name=run",
+    const char *kv[] = {"gcide_index=%1$s/tiny.index", "gcide_dict=%1$s/tiny.dict", "runs_dir=%1$s", "name=run",
                         "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
                         "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
                         "word_defs=2", "hard_queries=4", "hard_k=4", "hard_fresh=1", "negatives_sampling=pairs",
                         "shards=2", "curve=on"};
-    const char *argv[64] = {LAUNCHER, "run", CARLS_SOURCE_DIR "/experiments/twotower-quick.ini", "--quiet"};
-    int n = 4;
-    for (int i = 0; i < 22; i++) {
-        snprintf(set[i], sizeof set[i], kv[i], e.dir);
-        argv[n++] = "--set";
-        argv[n++] = set[i];
-    }
-    argv[n] = NULL;
+    const char *argv[8 + 2 * S_MAX_SETS];
+    s_launcher_argv(e.dir, kv, 22, set, argv);
     assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
     s_check_quality(e.out);
     assert_true(s_result(e.out, "bank_restarts") == 0);
@@ -348,6 +384,42 @@ static void test_launcher(void **state)
     s_env_done(&e);
 }
 
+static void test_launcher_pairs(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e); /* its bank is not used: the launcher starts its own */
+    char set[S_MAX_SETS][700];
+    const char *kv[] = {"data=pairs:%1$s/pairs.tsv,%1$s/candidates.txt", "runs_dir=%1$s", "name=pairs",
+                        "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=40",
+                        "emb_lr=0.05", "lr=0.01", "token_dropout=0.2", "kb_negatives=16", "ckpt_every=20",
+                        "word_defs=2", "makers=1"};
+    const char *argv[8 + 2 * S_MAX_SETS];
+    s_launcher_argv(e.dir, kv, 16, set, argv);
+    assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
+    s_check_quality(e.out);
+    char path[400];
+    snprintf(path, sizeof path, "%s/pairs/logs/trainer.log", e.dir);
+    char cmd[900];
+    /* 40 documents of the pairs and 10 more candidates: 50 ranked */
+    snprintf(cmd, sizeof cmd, "grep -q 'pairs.tsv,.*candidates.txt: 50 headwords, 160 senses' '%s'", path);
+    assert_int_equal(system(cmd), 0);
+    /* a bad line: refused before training, naming the file and the line */
+    snprintf(path, sizeof path, "%s/bad.tsv", e.dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("a query\tdoc\nno tab on this line\n", f);
+    fclose(f);
+    snprintf(set[0], sizeof set[0], "data=pairs:%s", path);
+    snprintf(set[2], sizeof set[2], "name=bad");
+    char bad_out[400];
+    snprintf(bad_out, sizeof bad_out, "%s/bad.out", e.dir);
+    assert_int_not_equal(s_wait(s_spawn(argv, bad_out)), 0);
+    snprintf(cmd, sizeof cmd, "grep -rq 'bad.tsv: line 2: expected QUERY<TAB>DOCUMENT' '%s/bad/logs'", e.dir);
+    assert_int_equal(system(cmd), 0);
+    s_env_done(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +427,7 @@ int main(void)
         cmocka_unit_test(test_makers),
         cmocka_unit_test(test_inputs_only_options),
         cmocka_unit_test(test_launcher),
+        cmocka_unit_test(test_launcher_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include "server_harness.h"
 #include "trainer_w2v.h"
 
+#include "files.h"
 #include "kb_client.h"
 #include "kb_cluster.h"
 #include "util.h"
@@ -208,6 +209,7 @@ static pid_t s_start(s_fixture_t *f, const char *endpoint, const char *corpus, c
 /* The files of a test, in the first server's data directory. */
 typedef struct {
     char corpus[400]; /* written by s_write_files */
+    char corpus_dir[400]; /* the same corpus as a directory: its first half in a.txt, the rest in sub/b.txt */
     char vec[400];    /* an export */
     char out0[400];   /* trainer 0's output */
     char out1[400];   /* trainer 1's output */
@@ -221,6 +223,35 @@ static void s_write_files(const test_server_t *srv, s_files_t *files)
     snprintf(files->out0, sizeof files->out0, "%s/trainer0.out", srv->data_dir);
     snprintf(files->out1, sizeof files->out1, "%s/trainer1.out", srv->data_dir);
     s_write_corpus(files->corpus);
+    /* The directory form: two files whose lines together are the corpus's, and a hidden file that is no text
+     * (skipped: names starting with '.' are not read). */
+    snprintf(files->corpus_dir, sizeof files->corpus_dir, "%s/corpus.d", srv->data_dir);
+    char path[500];
+    snprintf(path, sizeof path, "%s/sub", files->corpus_dir);
+    assert_int_equal(carls_mkdir_p(path, 0755, NULL, 0), 0);
+    FILE *in = fopen(files->corpus, "r");
+    assert_non_null(in);
+    char line[4096];
+    int n = 0;
+    FILE *out = NULL;
+    while (fgets(line, sizeof line, in)) {
+        if (n == 0 || n == 800) {
+            if (out)
+                fclose(out);
+            snprintf(path, sizeof path, n ? "%s/sub/b.txt" : "%s/a.txt", files->corpus_dir);
+            out = fopen(path, "w");
+            assert_non_null(out);
+        }
+        fputs(line, out);
+        n++;
+    }
+    fclose(out);
+    fclose(in);
+    snprintf(path, sizeof path, "%s/.hidden", files->corpus_dir);
+    out = fopen(path, "w");
+    assert_non_null(out);
+    fputs("\xff\xfe not text\n", out);
+    fclose(out);
 }
 
 /* Starts the fixture's (first) server with the given durability and writes the test's files. */
@@ -328,7 +359,8 @@ static void test_bank_restart_mid_training(void **state)
 }
 
 /* A bank of two shards (--shard 0/2, 1/2): --kb takes both endpoints, keys are routed by their hash,
- * negatives are sampled across both by mass, export and knn merge the shards. */
+ * negatives are sampled across both by mass, export and knn merge the shards. The corpus is given as a
+ * directory of text files here. */
 static void test_sharded_bank(void **state)
 {
     s_fixture_t *fx = *state;
@@ -342,12 +374,12 @@ static void test_sharded_bank(void **state)
     snprintf(endpoints, sizeof endpoints, "%s,%s", fx->srv.endpoint, fx->srv2.endpoint);
     const char *w0[] = {"--worker", "0/2", NULL};
     const char *w1[] = {"--worker", "1/2", NULL};
-    pid_t p0 = s_start(fx, endpoints, files.corpus, files.out0, w0);
-    pid_t p1 = s_start(fx, endpoints, files.corpus, files.out1, w1);
+    pid_t p0 = s_start(fx, endpoints, files.corpus_dir, files.out0, w0);
+    pid_t p1 = s_start(fx, endpoints, files.corpus_dir, files.out1, w1);
     assert_int_equal(s_join(fx, p0), 0);
     assert_int_equal(s_join(fx, p1), 0);
     const char *ex[] = {"--epochs", "0", "--export", files.vec, NULL};
-    assert_int_equal(s_join(fx, s_start(fx, endpoints, files.corpus, files.out0, ex)), 0);
+    assert_int_equal(s_join(fx, s_start(fx, endpoints, files.corpus_dir, files.out0, ex)), 0);
     s_check_learned(endpoints, files.vec);
     /* Both shards hold part of the vocabulary. */
     for (int i = 0; i < 2; i++) {
