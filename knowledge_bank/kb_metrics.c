@@ -165,13 +165,24 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
              "Frames that could not be read as a request (undecodable, or multi-part and dropped).");
     carls_prom_metric(f, "carls_bank_duplicate_writes_total", "counter", (double)st->duplicate_writes,
              "Retried writes recognised by (client id, sequence) and not applied again.");
-    carls_prom_metric(f, "carls_bank_commits_total", "counter", (double)st->commits, "SQLite transactions committed.");
+    carls_prom_metric(f, "carls_bank_commits_total", "counter", (double)st->commits,
+                      "Commits: journal appends that held changes.");
     carls_prom_metric(f, "carls_bank_commit_failures_total", "counter", (double)st->commit_failures,
-             "SQLite commits that failed.");
+             "Commits (journal appends) that failed.");
     carls_prom_metric(f, "carls_bank_rows_written_total", "counter", (double)st->rows_written,
-             "Whole row records written to SQLite (value, metadata, state; deletions).");
+             "Whole row records committed (value, metadata, state; deletions).");
     carls_prom_metric(f, "carls_bank_frequencies_written_total", "counter", (double)st->frequencies_written,
-             "Frequency-only updates written to SQLite: use counts changed by reads, written in bulk.");
+             "Frequency-only updates committed: use counts changed by reads, written in bulk.");
+    carls_prom_metric(f, "carls_bank_journal_bytes", "gauge", (double)st->journal_bytes,
+                      "Bytes in journal segments not yet removed.");
+    carls_prom_metric(f, "carls_bank_compactions_total", "counter", (double)st->compactions,
+                      "Transactions that moved journaled epochs into SQLite.");
+    carls_prom_metric(f, "carls_bank_compacted_epoch", "gauge", (double)st->compacted_epoch,
+                      "The newest epoch SQLite holds.");
+    carls_prom_metric(f, "carls_bank_compaction_queue_rows", "gauge", (double)st->compaction_queue_rows,
+                      "Rows journaled but not yet in SQLite.");
+    carls_prom_metric(f, "carls_bank_compaction_rows_skipped_total", "counter", (double)st->compaction_rows_skipped,
+                      "Journaled row writes a newer one superseded before compaction.");
     carls_prom_metric(f, "carls_bank_committed_epoch", "gauge", (double)st->committed_epoch,
              "Last committed epoch (group commit number).");
     carls_prom_metric(f, "carls_bank_memory_bytes", "gauge", (double)st->memory_bytes,

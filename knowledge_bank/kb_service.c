@@ -121,15 +121,6 @@ static s_table_counters_t *s_table_counters(kb_service_t *self, const char *name
     return NULL;
 }
 
-/* Percentiles and maximum of a histogram. A percentile is its bucket's upper edge, so it is capped at the
- * maximum actually seen (else p99 could read above max). */
-static void s_fill_latency(Carls__LatencySummary *l, kb_latency_t *h)
-{
-    l->max_us = (double)kb_latency_max(h);
-    l->p50_us = fmin(kb_latency_quantile(h, 0.50), l->max_us);
-    l->p99_us = fmin(kb_latency_quantile(h, 0.99), l->max_us);
-}
-
 /* ---- replies ---- */
 
 /* Per-request scratch: the response and what its fields point to, freed after packing. */
@@ -165,6 +156,13 @@ static void *s_own(s_reply_t *rp, void *ptr)
     }
     rp->owned[rp->owned_count++] = ptr;
     return ptr;
+}
+
+/* Count, percentiles, maximum, sum and the power-of-two histogram of h (kb_latency_summarize), the histogram's
+ * storage owned by the reply. */
+static void s_fill_latency(s_reply_t *rp, Carls__LatencySummary *l, kb_latency_t *h)
+{
+    kb_latency_summarize(h, l, s_own(rp, carls_xcalloc(KB_LATENCY_LE_BUCKETS, sizeof(uint64_t))));
 }
 
 /* Releases the tables the reply held and frees it. */
@@ -588,7 +586,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
                 carls__latency_summary__init(l);
                 l->op = (char *)s_op_name(op);
                 l->count = kb_latency_count(&tc->latency[op]);
-                s_fill_latency(l, &tc->latency[op]);
+                s_fill_latency(rp, l, &tc->latency[op]);
                 ts[i].requests[ts[i].n_requests++] = l;
             }
         }
@@ -603,7 +601,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         carls__latency_summary__init(l);
         l->op = (char *)s_op_name(i);
         l->count = kb_latency_count(&self->latency[i]);
-        s_fill_latency(l, &self->latency[i]);
+        s_fill_latency(rp, l, &self->latency[i]);
         st->latency[st->n_latency++] = l;
     }
     kb_bank_stats_t bs;
