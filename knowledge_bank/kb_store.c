@@ -98,9 +98,7 @@ int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_
     sqlite3_busy_timeout(self->db, 5000);
     if (s_exec(self, "PRAGMA journal_mode=WAL;") != 0 ||
         s_exec(self, sync ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;") != 0 ||
-        /* 32 MiB of page cache instead of SQLite's 2 MiB: compaction writes rows all over the B-tree, and
-         * with the default cache most of its time went to reading pages back (pread). */
-        s_exec(self, "PRAGMA cache_size=-32768;") != 0 ||
+
         s_exec(self, s_schema) != 0)
         goto fail_sql;
 
@@ -362,6 +360,13 @@ int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, 
     sqlite3_bind_int64(self->put_client, 2, (sqlite3_int64)max_seq);
     sqlite3_bind_blob(self->put_client, 3, window, (int)len, SQLITE_STATIC);
     return s_step_write(self, self->put_client, "storing client");
+}
+
+int kb_store_set_cache(kb_store_t *self, uint32_t kib)
+{
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA cache_size=-%u;", kib);
+    return s_exec(self, sql);
 }
 
 uint64_t kb_store_get_meta(kb_store_t *self, const char *key)

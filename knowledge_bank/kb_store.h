@@ -77,6 +77,9 @@ int kb_store_put_client(kb_store_t *self, uint64_t client_id, uint64_t max_seq, 
 int kb_store_commit(kb_store_t *self);
 void kb_store_rollback(kb_store_t *self);
 
+/* SQLite's page cache, in KiB (SQLite's default is 2 MiB). */
+int kb_store_set_cache(kb_store_t *self, uint32_t kib);
+
 /* An integer in the meta table (0 when absent), and setting one (inside a transaction). */
 uint64_t kb_store_get_meta(kb_store_t *self, const char *key);
 int kb_store_put_meta(kb_store_t *self, const char *key, uint64_t value);
