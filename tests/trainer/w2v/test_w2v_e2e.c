@@ -113,8 +113,11 @@ static void s_knn_top(kb_cluster_t *kb, const char *table, const char *key, char
     kb_knn_result_destroy(&res);
 }
 
-/* Checks the planted pattern in an exported file and through the bank. */
-static void s_check_learned(const char *endpoint, const char *vec_path)
+/* Checks the planted pattern in an exported file and through the bank. counts_kept: no crash happened, so
+ * the bank's use counts are whole and the most frequent word comes first. After a kill -9 the counts of
+ * reads since the last bulk write of counts are lost (docs/RELIABILITY.md, "Use counts"), so the order of
+ * close counts may change and only the learned pattern is checked. */
+static void s_check_learned(const char *endpoint, const char *vec_path, bool counts_kept)
 {
     char err[256];
     w2v_vectors_t *v = NULL;
@@ -122,7 +125,8 @@ static void s_check_learned(const char *endpoint, const char *vec_path)
     assert_int_equal(v->dim, 24);
     assert_true(v->n >= 120 && v->n <= 140);
     assert_int_equal(w2v_vectors_find(v, "hapax"), -1); /* admission kept it out */
-    assert_string_equal(v->words[0], "faa");            /* most counted first */
+    if (counts_kept)
+        assert_string_equal(v->words[0], "faa"); /* most counted first */
     w2v_vectors_normalize(v);
     static const char *const pairs[4][2] = {{"alpha", "omega"}, {"omega", "alpha"}, {"beta", "gamma"},
                                             {"gamma", "beta"}};
@@ -283,7 +287,7 @@ static void test_two_trainers_learn_planted_pairs(void **state)
                         "--predict-eval", "400", NULL};
     pid_t pe = s_start(fx, srv->endpoint, files.corpus, files.out0, ex);
     assert_int_equal(s_join(fx, pe), 0);
-    s_check_learned(srv->endpoint, files.vec);
+    s_check_learned(srv->endpoint, files.vec, true);
 
     /* Top-k output (the bank's knn over the output table, then re-ranked with the counts' prior): k words
      * per query, and the context-prediction score line. */
@@ -355,7 +359,7 @@ static void test_bank_restart_mid_training(void **state)
 
     const char *ex[] = {"--epochs", "0", "--export", files.vec, NULL};
     assert_int_equal(s_join(fx, s_start(fx, endpoint, files.corpus, files.out1, ex)), 0);
-    s_check_learned(endpoint, files.vec);
+    s_check_learned(endpoint, files.vec, false);
 }
 
 /* A bank of two shards (--shard 0/2, 1/2): --kb takes both endpoints, keys are routed by their hash,
@@ -380,7 +384,7 @@ static void test_sharded_bank(void **state)
     assert_int_equal(s_join(fx, p1), 0);
     const char *ex[] = {"--epochs", "0", "--export", files.vec, NULL};
     assert_int_equal(s_join(fx, s_start(fx, endpoints, files.corpus_dir, files.out0, ex)), 0);
-    s_check_learned(endpoints, files.vec);
+    s_check_learned(endpoints, files.vec, true);
     /* Both shards hold part of the vocabulary. */
     for (int i = 0; i < 2; i++) {
         kb_client_t *kb = kb_client_new(i ? fx->srv2.endpoint : fx->srv.endpoint, NULL);
