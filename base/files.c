@@ -25,6 +25,18 @@ struct carls_atomic_file {
 /* Tells temporary files of one process apart (two threads may write the same target). */
 static atomic_uint s_tmp_seq;
 
+int carls_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    int e = errno;
+    if (fd >= 0) {
+        close(fd);
+    }
+    errno = e;
+    return rc;
+}
+
 int carls_fsync_dir_of(const char *path)
 {
     char *dir = strdup(path);
@@ -40,12 +52,8 @@ int carls_fsync_dir_of(const char *path)
     } else {
         *slash = '\0';
     }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    int rc = carls_fsync_dir(dir);
     int e = errno;
-    if (fd >= 0) {
-        close(fd);
-    }
     free(dir);
     errno = e;
     return rc;

@@ -28,8 +28,9 @@ enum {
     CARLS_FILE_EXACT_MODE = 1 << 1,   /* the file gets exactly mode; without it mode & ~umask, as open(2) does */
 };
 
-/* fsyncs the directory holding path, so that a file created, renamed, linked or removed there survives a
- * crash. 0, or -1 with errno set. */
+/* fsyncs the directory dir itself (carls_fsync_dir) or the one holding path (carls_fsync_dir_of), so that a
+ * file created, renamed, linked or removed there survives a crash. 0, or -1 with errno set. */
+int carls_fsync_dir(const char *dir);
 int carls_fsync_dir_of(const char *path);
 
 /* ---- streaming: open, write through a FILE *, then commit or abort -------------------------------------- */

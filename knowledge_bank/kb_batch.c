@@ -326,7 +326,6 @@ int kb_batch_decode(const uint8_t *data, size_t len, kb_batch_t *b, char *err, s
         in.bad = true;
     if (in.bad) {
         snprintf(err, errlen, "batch record malformed at byte %zu of %zu", (size_t)(in.p - data), len);
-        kb_batch_clear(b);
         kb_batch_free(b);
         return -1;
     }

@@ -50,13 +50,11 @@ static char *s_join(const char *dir, const char *name)
 
 static char *s_journal_dir(const char *data_dir) { return s_join(data_dir, "journal"); }
 
-/* fsyncs the journal directory itself, after files were created or removed in it. */
+/* fsyncs the journal directory, after files were removed from it. */
 static void s_fsync_dir(const char *dir)
 {
-    char *probe = s_join(dir, "x");
-    if (carls_fsync_dir_of(probe) != 0)
+    if (carls_fsync_dir(dir) != 0)
         LOG_WARN("journal: fsync of %s failed: %s", dir, strerror(errno));
-    free(probe);
 }
 
 int kb_journal_open(const char *data_dir, bool sync, kb_journal_t **out, char *err, size_t errlen)
