@@ -268,6 +268,13 @@ static void s_deadline(struct timespec *ts, int timeout_ms)
     }
 }
 
+/* The error of a write still not durable after timeout_ms, with the last storage error. Commit mutex held. */
+static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms, self->storage_error[0] ? ": " : "",
+             self->storage_error);
+}
+
 /* Waits until epoch `ticket` has committed, waking the persister. Any durability mode. */
 static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
 {
@@ -282,8 +289,7 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
             break;
     }
     if (self->committed_epoch < ticket) {
-        snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms,
-                 self->storage_error[0] ? ": " : "", self->storage_error);
+        s_not_committed_locked(self, timeout_ms, err, errlen);
         rc = KB_BANK_ESTORAGE;
     }
     self->waiters--;
@@ -308,14 +314,19 @@ void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-uint64_t kb_bank_durable_epoch(kb_bank_t *self, char *err, size_t errlen)
+uint64_t kb_bank_durable_epoch(kb_bank_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
     uint64_t epoch = self->committed_epoch;
-    if (err)
-        snprintf(err, errlen, "%s", self->storage_error);
     pthread_mutex_unlock(&self->commit_mutex);
     return epoch;
+}
+
+void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    s_not_committed_locked(self, timeout_ms, err, errlen);
+    pthread_mutex_unlock(&self->commit_mutex);
 }
 
 void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx)

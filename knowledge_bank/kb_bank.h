@@ -90,9 +90,12 @@ int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char 
  * waiting. The caller learns of it through the commit hook and kb_bank_durable_epoch. */
 void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket);
 
-/* The last durable epoch (every write whose ticket is <= it is on disk). With err non-NULL, also copies the
- * last storage error ("" after a success). */
-uint64_t kb_bank_durable_epoch(kb_bank_t *self, char *err, size_t errlen);
+/* The last durable epoch (every write whose ticket is <= it is on disk). */
+uint64_t kb_bank_durable_epoch(kb_bank_t *self);
+
+/* The error text of a write not durable after timeout_ms, with the last storage error: what
+ * kb_bank_wait_durable answers, for a caller that parked the reply instead of waiting. */
+void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen);
 
 /* hook(ctx) is called by the persister after every round, committed or failed (from its thread: it must
  * only signal, e.g. write an eventfd). Set before serving; NULL removes it. */

@@ -44,7 +44,6 @@ struct kb_server {
     s_fifo_t done;  /* the workers' replies, for the request thread to send */
     bool stop_workers;
     s_fifo_t parked; /* request thread only: sync writes' replies in ticket order, until their commit */
-    size_t parked_count;
 
     pthread_t *workers;
     uint32_t worker_count;
@@ -238,8 +237,7 @@ static void s_send_durable(kb_server_t *self)
 {
     if (!self->parked.head)
         return;
-    char storage_error[512];
-    uint64_t durable = kb_bank_durable_epoch(self->bank, storage_error, sizeof storage_error);
+    uint64_t durable = kb_bank_durable_epoch(self->bank);
     int64_t now = carls_monotonic_ms();
     while (self->parked.head) {
         s_item_t *it = self->parked.head;
@@ -247,13 +245,11 @@ static void s_send_durable(kb_server_t *self)
             if (it->deadline_ms > now)
                 break;
             char text[700];
-            snprintf(text, sizeof text, "write not committed within %d ms%s%s",
-                     kb_service_commit_timeout_ms(self->service), storage_error[0] ? ": " : "", storage_error);
+            kb_bank_not_committed(self->bank, kb_service_commit_timeout_ms(self->service), text, sizeof text);
             free(it->reply);
             kb_service_error_reply(self->service, it->wait.request_id, text, &it->reply, &it->reply_len);
         }
         s_pop(&self->parked);
-        self->parked_count--;
         s_send(self, it);
     }
 }
@@ -303,7 +299,6 @@ static void s_serve_requests(kb_server_t *self, int budget)
         }
         it->deadline_ms = carls_monotonic_ms() + kb_service_commit_timeout_ms(self->service);
         s_push(&self->parked, it);
-        self->parked_count++;
         if (it->wait.durable_ticket > wanted)
             wanted = it->wait.durable_ticket;
     }
