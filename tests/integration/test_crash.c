@@ -124,6 +124,30 @@ static void s_create(kb_client_t *c, const char *name, Carls__OptimizerKind kind
     assert_int_equal(kb_client_create_table(c, name, &cfg, true), 0);
 }
 
+/* The two tables the gradient writers push to: SGD (lr 1) and AdaGrad (lr 0.1), immediate updates. */
+static void s_create_grad_tables(kb_client_t *c)
+{
+    s_create(c, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
+    s_create(c, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
+}
+
+/* Starts the WRITERS gradient writers on endpoint (a copy of its own: a restart rewrites the fixture's while
+ * it waits); s_stop_grad_writers stops and joins them. */
+static void s_start_grad_writers(grad_writer_t *w, pthread_t *th, const char *endpoint, atomic_int *stop)
+{
+    for (int i = 0; i < WRITERS; i++) {
+        w[i] = (grad_writer_t){.endpoint = endpoint, .id = i, .stop = stop};
+        assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
+    }
+}
+
+static void s_stop_grad_writers(pthread_t *th, atomic_int *stop)
+{
+    atomic_store(stop, 1);
+    for (int i = 0; i < WRITERS; i++)
+        pthread_join(th[i], NULL);
+}
+
 static unsigned s_rand(unsigned *state)
 {
     *state = *state * 1103515245u + 12345u;
@@ -135,8 +159,7 @@ static void test_sync_kill9_twenty_times(void **state)
     server_fixture_t *f = *state;
     const char *args[] = {"--durability", "sync", NULL};
     server_fixture_start(f, args);
-    s_create(f->client, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
-    s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
+    s_create_grad_tables(f->client);
     kb_client_destroy(&f->client);
 
     /* The server's port changes on every restart unless we keep it: restart on the same endpoint. The
@@ -147,10 +170,7 @@ static void test_sync_kill9_twenty_times(void **state)
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
-    for (int i = 0; i < WRITERS; i++) {
-        w[i] = (grad_writer_t){.endpoint = endpoint, .id = i, .stop = &stop};
-        assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
-    }
+    s_start_grad_writers(w, th, endpoint, &stop);
     unsigned rng = 20261122u;
     for (int kill_no = 0; kill_no < KILLS; kill_no++) {
         usleep((useconds_t)(50 + s_rand(&rng) % 250) * 1000);
@@ -158,9 +178,7 @@ static void test_sync_kill9_twenty_times(void **state)
         assert_int_equal(test_server_start(&f->srv, fixed), 0);
     }
     usleep(300 * 1000);
-    atomic_store(&stop, 1);
-    for (int i = 0; i < WRITERS; i++)
-        pthread_join(th[i], NULL);
+    s_stop_grad_writers(th, &stop);
 
     f->client = s_patient_client(f->srv.endpoint);
     int total = s_check_writers(f->client, w);
@@ -305,8 +323,7 @@ static void test_sync_kill9_during_compaction(void **state)
     setenv("CARLS_KB_TEST_COMPACTION_DELAY_MS", "400", 1);
     const char *args[] = {"--durability", "sync", "--compact-delay-ms", "100", NULL};
     server_fixture_start(f, args);
-    s_create(f->client, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
-    s_create(f->client, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
+    s_create_grad_tables(f->client);
     /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
     char endpoint[sizeof f->srv.endpoint];
     snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
@@ -314,10 +331,7 @@ static void test_sync_kill9_during_compaction(void **state)
     atomic_int stop = 0;
     grad_writer_t w[WRITERS];
     pthread_t th[WRITERS];
-    for (int i = 0; i < WRITERS; i++) {
-        w[i] = (grad_writer_t){.endpoint = endpoint, .id = i, .stop = &stop};
-        assert_int_equal(pthread_create(&th[i], NULL, s_grad_writer, &w[i]), 0);
-    }
+    s_start_grad_writers(w, th, endpoint, &stop);
     int during = 0;
     for (int round = 0; round < ROUNDS; round++) {
         bool compacting = s_wait_compacting(f->client);
@@ -326,9 +340,7 @@ static void test_sync_kill9_during_compaction(void **state)
         assert_int_equal(test_server_start(&f->srv, fixed), 0);
     }
     usleep(300 * 1000);
-    atomic_store(&stop, 1);
-    for (int i = 0; i < WRITERS; i++)
-        pthread_join(th[i], NULL);
+    s_stop_grad_writers(th, &stop);
     unsetenv("CARLS_KB_TEST_COMPACTION_DELAY_MS");
     /* Every kill came while a compaction transaction was open (each is seen by stats, then killed within
      * the few ms of one request; the transaction stays open 400 ms). */
