@@ -353,24 +353,31 @@ static kb_json_t *s_json(kb_ffi_t *self)
     return &self->json;
 }
 
+/* After a call that answered resp (rc 0) or failed (rc): the answer's part as JSON in *json_out, or
+ * KB_FFI_EMALFORMED with `missing` when the part is absent. Frees resp. */
+static int s_answer_json(kb_ffi_t *self, int rc, Carls__Response *resp, const ProtobufCMessage *part,
+                         const char *missing, const char **json_out)
+{
+    if (rc == 0 && !part) {
+        rc = KB_FFI_EMALFORMED;
+        s_fail(self, "%s", missing);
+    } else if (rc == 0) {
+        kb_json_message(s_json(self), part);
+        *json_out = self->json.text;
+    }
+    if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
 int kb_ffi_list_tables_json(kb_ffi_t *self, const char **json_out)
 {
     assert(self && json_out);
     s_begin(self);
     Carls__Response *resp = NULL;
     int rc = kb_cluster_list_tables(self->cluster, &resp);
-    if (rc == 0) {
-        if (!resp->table_list) {
-            rc = KB_FFI_EMALFORMED;
-            s_fail(self, "list_tables: the answer holds no table list");
-        } else {
-            kb_json_message(s_json(self), &resp->table_list->base);
-            *json_out = self->json.text;
-        }
-    }
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
-    return rc;
+    const ProtobufCMessage *part = rc == 0 && resp->table_list ? &resp->table_list->base : NULL;
+    return s_answer_json(self, rc, resp, part, "list_tables: the answer holds no table list", json_out);
 }
 
 int kb_ffi_stats_json(kb_ffi_t *self, uint32_t shard, const char *table, const char **json_out)
@@ -381,18 +388,8 @@ int kb_ffi_stats_json(kb_ffi_t *self, uint32_t shard, const char *table, const c
         return s_fail(self, "stats: shard %u of a bank of %u", shard, kb_cluster_shards(self->cluster));
     Carls__Response *resp = NULL;
     int rc = kb_cluster_stats(self->cluster, shard, table, &resp);
-    if (rc == 0) {
-        if (!resp->stats) {
-            rc = KB_FFI_EMALFORMED;
-            s_fail(self, "stats: the answer holds no stats");
-        } else {
-            kb_json_message(s_json(self), &resp->stats->base);
-            *json_out = self->json.text;
-        }
-    }
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
-    return rc;
+    const ProtobufCMessage *part = rc == 0 && resp->stats ? &resp->stats->base : NULL;
+    return s_answer_json(self, rc, resp, part, "stats: the answer holds no stats", json_out);
 }
 
 int kb_ffi_checkpoint_json(kb_ffi_t *self, const char **json_out)
