@@ -104,6 +104,8 @@ typedef struct {
     uint32_t pairs_total;
     double median_rank;    /* rank of word2 among word1's neighbours, over the pairs scored >= 7 */
     double hit10;          /* share of those with rank <= 10 */
+    double mrr;            /* mean of 1 / rank over those pairs */
+    double auc;            /* mean share of the other words ranked below word2: 1 - (rank - 1) / (words - 2) */
     double purity10;       /* categories: share of each member's 10 nearest (among grouped words) in its group */
     double cos_in, cos_out;/* mean cosine inside groups / between groups */
     uint32_t cat_words;

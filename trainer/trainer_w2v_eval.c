@@ -262,9 +262,15 @@ static int s_pairs(const w2v_vectors_t *v, const char *path, w2v_quality_t *q, c
     }
     if (nr > 0) {
         uint32_t hit = 0;
-        for (uint32_t i = 0; i < nr; i++)
+        double rr = 0, below = 0;
+        for (uint32_t i = 0; i < nr; i++) {
             hit += ranks[i] <= 10;
+            rr += 1.0 / ranks[i];
+            below += v->n > 2 ? 1.0 - (ranks[i] - 1) / (double)(v->n - 2) : 1.0;
+        }
         q->hit10 = (double)hit / nr;
+        q->mrr = rr / nr;
+        q->auc = below / nr;
         qsort(ranks, nr, sizeof *ranks, s_cmp_double);
         q->median_rank = nr % 2 ? ranks[nr / 2] : (ranks[nr / 2 - 1] + ranks[nr / 2]) / 2;
     }
@@ -386,7 +392,8 @@ static void s_usage(FILE *out)
             "Scores word vectors (word2vec text format: this trainer's export or fastText's .vec).\n"
             "  --vectors FILE       the vectors\n"
             "  --pairs FILE         'word1 word2 score' lines: Spearman of cosine vs score; for pairs scored\n"
-            "                       >= 7, the rank of word2 among word1's neighbours (median, share <= 10)\n"
+            "                       >= 7, the rank of word2 among word1's neighbours (median, share <= 10,\n"
+            "                       mean reciprocal rank, mean share of the other words ranked below)\n"
             "  --categories FILE    'name: words...' lines: share of each word's 10 nearest (among grouped\n"
             "                       words) in its own group; mean cosine inside vs between groups\n"
             "  --compare FILE       other vectors: mean share of common 10 nearest neighbours over the\n"
@@ -433,8 +440,9 @@ int trainer_w2v_eval_main(int argc, char **argv)
             goto cleanup;
         }
         if (pairs)
-            printf("pairs found=%u/%u spearman=%.4f related_median_rank=%.1f related_hit@10=%.3f\n", q.pairs_found,
-                   q.pairs_total, q.spearman, q.median_rank, q.hit10);
+            printf("pairs found=%u/%u spearman=%.4f related_median_rank=%.1f related_hit@10=%.3f related_mrr=%.4f "
+                   "related_auc=%.4f\n",
+                   q.pairs_found, q.pairs_total, q.spearman, q.median_rank, q.hit10, q.mrr, q.auc);
         if (cats)
             printf("categories words=%u purity@10=%.4f cos_in=%.4f cos_between=%.4f\n", q.cat_words, q.purity10,
                    q.cos_in, q.cos_out);
