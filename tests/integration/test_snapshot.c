@@ -36,6 +36,27 @@
 
 enum { SHARDS = 2, WRITERS = 3, KEYS = 8, DIM = 4 };
 
+/* Every test's servers, stopped and removed by the teardown even when an assertion failed. */
+static int s_setup(void **state)
+{
+    test_server_t *servers = calloc(SHARDS, sizeof *servers);
+    for (int i = 0; i < SHARDS; i++)
+        test_server_init(&servers[i]);
+    *state = servers;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    test_server_t *servers = *state;
+    int bad = 0;
+    for (int i = 0; i < SHARDS; i++)
+        bad |= test_server_cleanup(&servers[i]) != 0;
+    free(servers);
+    unsetenv("CARLS_KB_TEST_SNAPSHOT_DELAY_MS");
+    return bad ? -1 : 0;
+}
+
 static kb_cluster_t *s_cluster(const char *endpoints)
 {
     kb_client_options_t opts = {.timeout_ms = 20000, .retries = 0}; /* loopback: an answer or a dead server */
@@ -44,7 +65,8 @@ static kb_cluster_t *s_cluster(const char *endpoints)
     return c;
 }
 
-/* Starts servers[i] as shard i of n (n 1: unsharded) with extra args; endpoints gets the list. */
+/* Starts servers[i] as shard i of n (n 1: unsharded) with extra args; endpoints gets the list. Shard 0 of
+ * several runs with compaction held off, so its snapshots come from the journal; the others compact as usual. */
 static void s_start(test_server_t *servers, int n, const char *extra1, const char *extra2, char *endpoints,
                     size_t len)
 {
@@ -52,7 +74,8 @@ static void s_start(test_server_t *servers, int n, const char *extra1, const cha
     for (int i = 0; i < n; i++) {
         char spec[16];
         snprintf(spec, sizeof spec, "%d/%d", i, n);
-        const char *args[] = {"--shard", spec, extra1, extra2, NULL};
+        const char *args[] = {"--shard", spec, i == 0 ? "--compact-delay-ms" : extra1, i == 0 ? "3600000" : extra2,
+                              i == 0 ? extra1 : NULL, extra2, NULL};
         const char *plain[] = {extra1, extra2, NULL};
         if (test_server_start(&servers[i], n > 1 ? args : plain) != 0)
             fail_msg("server %d did not start; log in %s", i, servers[i].log_file);
@@ -129,11 +152,8 @@ static void s_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
 
 static void test_snapshot_under_write_load(void **state)
 {
-    (void)state;
+    test_server_t *servers = *state;
     setenv("CARLS_KB_TEST_SNAPSHOT_DELAY_MS", "300", 1);
-    test_server_t servers[SHARDS];
-    for (int i = 0; i < SHARDS; i++)
-        test_server_init(&servers[i]);
     char endpoints[1024];
     s_start(servers, SHARDS, NULL, NULL, endpoints, sizeof endpoints);
     kb_cluster_t *c = s_cluster(endpoints);
@@ -239,8 +259,6 @@ static void test_snapshot_under_write_load(void **state)
     assert_int_equal(kb_cluster_snapshot_delete(c, "snap1", err, sizeof err), -1);
     assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     kb_cluster_destroy(&c);
-    for (int i = 0; i < SHARDS; i++)
-        assert_int_equal(test_server_cleanup(&servers[i]), 0);
 }
 
 /* ---- damaged, partial, other shard, names ---- */
@@ -309,11 +327,9 @@ static void s_flip_byte(const char *path)
 
 static void test_snapshot_damaged_partial_names(void **state)
 {
-    (void)state;
-    test_server_t srv;
-    test_server_init(&srv);
+    test_server_t *srv = *state; /* unsharded: the first of the fixture's servers */
     char endpoints[512], err[1024], path[600];
-    s_start(&srv, 1, NULL, NULL, endpoints, sizeof endpoints);
+    s_start(srv, 1, NULL, NULL, endpoints, sizeof endpoints);
     kb_cluster_t *c = s_cluster(endpoints);
     s_create_table(c, "emb", CARLS__OPTIMIZER_KIND__OPT_SGD, false);
     s_put_all(c, 1);
@@ -339,9 +355,9 @@ static void test_snapshot_damaged_partial_names(void **state)
     assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
 
     /* Damage one, cut the manifest of another: the list (verified) says so, naming the file. */
-    snprintf(path, sizeof path, "%s/db/snapshots/bad/bank.sqlite", srv.data_dir);
+    snprintf(path, sizeof path, "%s/db/snapshots/bad/bank.sqlite", srv->data_dir);
     s_flip_byte(path);
-    snprintf(path, sizeof path, "%s/db/snapshots/partial/MANIFEST", srv.data_dir);
+    snprintf(path, sizeof path, "%s/db/snapshots/partial/MANIFEST", srv->data_dir);
     assert_int_equal(unlink(path), 0);
     Carls__Response *list;
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, true, &list), 0);
@@ -357,31 +373,31 @@ static void test_snapshot_damaged_partial_names(void **state)
     assert_non_null(strstr(res->snapshots[2]->problem, "snapshots/partial/MANIFEST"));
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
-    assert_int_equal(test_server_stop(&srv, SIGTERM), 0);
+    assert_int_equal(test_server_stop(srv, SIGTERM), 0);
 
     /* Restores refused, naming the file or the shard; the data stays as it was (version 2). */
-    s_restore_refused(&srv, "bad", NULL, "snapshots/bad/bank.sqlite is damaged");
-    s_restore_refused(&srv, "partial", NULL, "snapshots/partial/MANIFEST");
-    s_restore_refused(&srv, "nosuch", NULL, "no snapshot 'nosuch'");
-    s_restore_refused(&srv, "good", "0/2", "taken by shard 0/0");
-    s_start(&srv, 1, NULL, NULL, endpoints, sizeof endpoints);
+    s_restore_refused(srv, "bad", NULL, "snapshots/bad/bank.sqlite is damaged");
+    s_restore_refused(srv, "partial", NULL, "snapshots/partial/MANIFEST");
+    s_restore_refused(srv, "nosuch", NULL, "no snapshot 'nosuch'");
+    s_restore_refused(srv, "good", "0/2", "taken by shard 0/0");
+    s_start(srv, 1, NULL, NULL, endpoints, sizeof endpoints);
     c = s_cluster(endpoints);
     assert_int_equal(s_version(c), 2);
     kb_cluster_destroy(&c);
-    assert_int_equal(test_server_stop(&srv, SIGTERM), 0);
+    assert_int_equal(test_server_stop(srv, SIGTERM), 0);
 
     /* An interrupted restore (its marker left behind) stops a plain start until the restore is run again. */
-    snprintf(path, sizeof path, "%s/db/RESTORING", srv.data_dir);
+    snprintf(path, sizeof path, "%s/db/RESTORING", srv->data_dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs("good\n", f);
     fclose(f);
     const char *none[] = {NULL};
-    assert_int_not_equal(test_server_start(&srv, none), 0);
-    assert_true(s_log_has(&srv, "run kb-server --restore good again"));
+    assert_int_not_equal(test_server_start(srv, none), 0);
+    assert_true(s_log_has(srv, "run kb-server --restore good again"));
 
     /* The good one restores (version 1), and is kept. */
-    s_start(&srv, 1, "--restore", "good", endpoints, sizeof endpoints);
+    s_start(srv, 1, "--restore", "good", endpoints, sizeof endpoints);
     c = s_cluster(endpoints);
     assert_int_equal(s_version(c), 1);
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, &list), 0);
@@ -389,7 +405,6 @@ static void test_snapshot_damaged_partial_names(void **state)
     assert_true(list->snapshot->snapshots[1]->valid);
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
-    assert_int_equal(test_server_cleanup(&srv), 0);
 }
 
 /* ---- optimizer state and pending gradients ---- */
@@ -410,10 +425,7 @@ static void s_push(kb_cluster_t *c, const kb_key_t *keys, uint64_t seed, int tim
 
 static void test_snapshot_optimizer_state(void **state)
 {
-    (void)state;
-    test_server_t servers[SHARDS];
-    for (int i = 0; i < SHARDS; i++)
-        test_server_init(&servers[i]);
+    test_server_t *servers = *state;
     char endpoints[1024], err[1024];
     s_start(servers, SHARDS, NULL, NULL, endpoints, sizeof endpoints);
     kb_cluster_t *c = s_cluster(endpoints);
@@ -447,16 +459,14 @@ static void test_snapshot_optimizer_state(void **state)
         assert_int_equal(meta_a[j].frequency, meta_b[j].frequency);
     }
     kb_cluster_destroy(&c);
-    for (int i = 0; i < SHARDS; i++)
-        assert_int_equal(test_server_cleanup(&servers[i]), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_snapshot_under_write_load),
-        cmocka_unit_test(test_snapshot_damaged_partial_names),
-        cmocka_unit_test(test_snapshot_optimizer_state),
+        cmocka_unit_test_setup_teardown(test_snapshot_under_write_load, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_snapshot_damaged_partial_names, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_snapshot_optimizer_state, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
