@@ -914,9 +914,9 @@ int kb_snapshot_restore(const char *data_dir, const char *name, uint32_t shard_i
     char line[KB_SNAPSHOT_MAX_NAME + 2];
     snprintf(line, sizeof line, "%s\n", name);
     rc = KB_SNAPSHOT_EIO;
+    /* A marker left by an interrupted restore stays until a restore completes. */
+    bool had_marker = access(marker, F_OK) == 0;
     bool touched = false; /* the data directory's store was changed: the marker must stay on failure */
-    if (carls_write_file_atomic(marker, line, strlen(line), 0600, 0, err, errlen) != 0)
-        goto done;
     s_remove_tree(staging);
     s_pathf(dst, "%s/journal", staging);
     if (carls_mkdir_p(dst, 0700, err, errlen) != 0)
@@ -933,6 +933,8 @@ int kb_snapshot_restore(const char *data_dir, const char *name, uint32_t shard_i
         carls_errorf(err, errlen, -1, "fsync of %s failed: %s", staging, strerror(errno));
         goto done;
     }
+    if (carls_write_file_atomic(marker, line, strlen(line), 0600, 0, err, errlen) != 0)
+        goto done;
     /* The WAL goes before the new store comes: an old WAL beside it would be applied to it. */
     touched = true;
     if (s_remove_store(data_dir, err, errlen) != 0)
@@ -964,7 +966,8 @@ int kb_snapshot_restore(const char *data_dir, const char *name, uint32_t shard_i
 done:
     if (rc != KB_SNAPSHOT_OK && !touched) { /* the old state is whole: no restore to finish */
         s_remove_tree(staging);
-        unlink(marker);
+        if (!had_marker)
+            unlink(marker);
     }
     kb_snapshot_info_free(&info);
     return rc;

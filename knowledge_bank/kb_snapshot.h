@@ -27,10 +27,10 @@
  *     manifest_crc CRC32            CRC-32 of every byte before this line
  *
  * Restore (kb_snapshot_restore, before the bank opens): checks the manifest and every file's size and
- * CRC-32, and the shard; then writes <data dir>/RESTORING, copies the files into <data dir>/restore.tmp
- * (checking their CRC again), removes bank.sqlite's WAL and the journal, moves the copies in, and removes
- * RESTORING. A crash in between leaves RESTORING, and the server refuses to start on it
- * (kb_snapshot_check_interrupted) until the restore is run again. */
+ * CRC-32, and the shard; then copies the files into <data dir>/restore.tmp (checking their CRC again), writes
+ * <data dir>/RESTORING, removes bank.sqlite's WAL and the journal, moves the copies in, and removes
+ * RESTORING. A crash before RESTORING leaves the old state (and restore.tmp, removed by the next restore);
+ * after it, the server refuses to start (kb_snapshot_check_interrupted) until the restore is run again. */
 #ifndef KB_SNAPSHOT_H
 #define KB_SNAPSHOT_H
 

@@ -11,7 +11,9 @@
  *
  * damaged and partial: a snapshot with a byte flipped in its store, and one without its manifest, are
  * listed as not valid naming the file, and --restore refuses them naming the file, leaving the data as it
- * was; a snapshot of another shard is refused; bad names, existing names and deletes answer their status.
+ * was; a snapshot of another shard is refused; bad names, existing names and deletes answer their status;
+ * two creates of one name at once both succeed (the second waits for the first); a read-only server lists
+ * but refuses create and delete.
  *
  * optimizer state: a lazy AdaGrad table with gradients still pending is snapshotted; the same further
  * pushes on the original and on the restored server give the same values, versions and use counts. */
@@ -150,6 +152,22 @@ static void *s_writer(void *arg)
 
 static void s_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
 
+/* A create of snapshot "dup" from a client of its own. */
+typedef struct {
+    const char *endpoints;
+    int rc;
+    char err[1024];
+} dup_t;
+
+static void *s_create_dup(void *arg)
+{
+    dup_t *d = arg;
+    kb_cluster_t *c = kb_cluster_new(d->endpoints, &(kb_client_options_t){.timeout_ms = 20000});
+    d->rc = c ? kb_cluster_snapshot(c, "dup", d->err, sizeof d->err) : -1;
+    kb_cluster_destroy(&c);
+    return NULL;
+}
+
 static void test_snapshot_under_write_load(void **state)
 {
     test_server_t *servers = *state;
@@ -203,6 +221,19 @@ static void test_snapshot_under_write_load(void **state)
         assert_int_equal(res->snapshots[0]->shard_count, SHARDS);
         carls__response__free_unpacked(list[s], NULL);
     }
+    /* Two creates of one name at once (as a client's resend after a timeout would be): the second waits for
+     * the first and answers as it did, instead of ALREADY_EXISTS. */
+    pthread_t dup_thread;
+    dup_t dup = {.endpoints = endpoints};
+    assert_int_equal(pthread_create(&dup_thread, NULL, s_create_dup, &dup), 0);
+    s_sleep_ms(100); /* inside the first create's 300 ms pause before its cut */
+    if (kb_cluster_snapshot(c, "dup", err, sizeof err) != 0)
+        fail_msg("the second create of dup: %s", err);
+    pthread_join(dup_thread, NULL);
+    if (dup.rc != 0)
+        fail_msg("the first create of dup: %s", dup.err);
+    assert_int_equal(kb_cluster_snapshot_delete(c, "dup", err, sizeof err), 0);
+
     /* The same name again: ALREADY_EXISTS, and the snapshot stays. */
     assert_int_equal(kb_cluster_snapshot(c, "snap1", err, sizeof err), -1);
     assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS);
@@ -403,6 +434,19 @@ static void test_snapshot_damaged_partial_names(void **state)
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, &list), 0);
     assert_int_equal(list->snapshot->n_snapshots, 3);
     assert_true(list->snapshot->snapshots[1]->valid);
+    carls__response__free_unpacked(list, NULL);
+    kb_cluster_destroy(&c);
+    assert_int_equal(test_server_stop(srv, SIGTERM), 0);
+
+    /* A read-only server lists its snapshots and refuses to take or delete one. */
+    s_start(srv, 1, "--read-only", NULL, endpoints, sizeof endpoints);
+    c = s_cluster(endpoints);
+    assert_int_equal(kb_cluster_snapshot(c, "ro", err, sizeof err), -1);
+    assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_READ_ONLY);
+    assert_int_equal(kb_cluster_snapshot_delete(c, "good", err, sizeof err), -1);
+    assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_READ_ONLY);
+    assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, &list), 0);
+    assert_int_equal(list->snapshot->n_snapshots, 3);
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
 }
