@@ -9,7 +9,8 @@
  * ended, the value must be the version's (no torn row), and all keys of one writer on one shard must have
  * the same version (a put is all or nothing per shard).
  *
- * damaged and partial: a snapshot with a byte flipped in its store, and one without its manifest, are
+ * damaged and partial: a snapshot with a byte flipped in its store or in its manifest, and one without its
+ * manifest, are
  * listed as not valid naming the file, and --restore refuses them naming the file, leaving the data as it
  * was; a snapshot of another shard is refused; bad names, existing names and deletes answer their status;
  * two creates of one name at once both succeed (the second waits for the first); a read-only server lists
@@ -364,8 +365,8 @@ static void test_snapshot_damaged_partial_names(void **state)
     kb_cluster_t *c = s_cluster(endpoints);
     s_create_table(c, "emb", CARLS__OPTIMIZER_KIND__OPT_SGD, false);
     s_put_all(c, 1);
-    const char *names[] = {"good", "bad", "partial"};
-    for (int i = 0; i < 3; i++)
+    const char *names[] = {"good", "bad", "partial", "badman"};
+    for (int i = 0; i < 4; i++)
         if (kb_cluster_snapshot(c, names[i], err, sizeof err) != 0)
             fail_msg("snapshot %s: %s", names[i], err);
     s_put_all(c, 2);
@@ -390,18 +391,23 @@ static void test_snapshot_damaged_partial_names(void **state)
     s_flip_byte(path);
     snprintf(path, sizeof path, "%s/db/snapshots/partial/MANIFEST", srv->data_dir);
     assert_int_equal(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/db/snapshots/badman/MANIFEST", srv->data_dir);
+    s_flip_byte(path);
     Carls__Response *list;
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, true, &list), 0);
     const Carls__SnapshotResult *res = list->snapshot;
-    assert_int_equal(res->n_snapshots, 3); /* sorted: bad, good, partial */
+    assert_int_equal(res->n_snapshots, 4); /* sorted: bad, badman, good, partial */
     assert_string_equal(res->snapshots[0]->name, "bad");
     assert_false(res->snapshots[0]->valid);
     assert_non_null(strstr(res->snapshots[0]->problem, "snapshots/bad/bank.sqlite is damaged"));
-    assert_string_equal(res->snapshots[1]->name, "good");
-    assert_true(res->snapshots[1]->valid);
-    assert_string_equal(res->snapshots[2]->name, "partial");
-    assert_false(res->snapshots[2]->valid);
-    assert_non_null(strstr(res->snapshots[2]->problem, "snapshots/partial/MANIFEST"));
+    assert_string_equal(res->snapshots[1]->name, "badman");
+    assert_false(res->snapshots[1]->valid);
+    assert_non_null(strstr(res->snapshots[1]->problem, "snapshots/badman/MANIFEST"));
+    assert_string_equal(res->snapshots[2]->name, "good");
+    assert_true(res->snapshots[2]->valid);
+    assert_string_equal(res->snapshots[3]->name, "partial");
+    assert_false(res->snapshots[3]->valid);
+    assert_non_null(strstr(res->snapshots[3]->problem, "snapshots/partial/MANIFEST"));
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
     assert_int_equal(test_server_stop(srv, SIGTERM), 0);
@@ -409,6 +415,7 @@ static void test_snapshot_damaged_partial_names(void **state)
     /* Restores refused, naming the file or the shard; the data stays as it was (version 2). */
     s_restore_refused(srv, "bad", NULL, "snapshots/bad/bank.sqlite is damaged");
     s_restore_refused(srv, "partial", NULL, "snapshots/partial/MANIFEST");
+    s_restore_refused(srv, "badman", NULL, "snapshots/badman/MANIFEST");
     s_restore_refused(srv, "nosuch", NULL, "no snapshot 'nosuch'");
     s_restore_refused(srv, "good", "0/2", "taken by shard 0/0");
     s_start(srv, 1, NULL, NULL, endpoints, sizeof endpoints);
@@ -432,8 +439,8 @@ static void test_snapshot_damaged_partial_names(void **state)
     c = s_cluster(endpoints);
     assert_int_equal(s_version(c), 1);
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, &list), 0);
-    assert_int_equal(list->snapshot->n_snapshots, 3);
-    assert_true(list->snapshot->snapshots[1]->valid);
+    assert_int_equal(list->snapshot->n_snapshots, 4);
+    assert_true(list->snapshot->snapshots[2]->valid);
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
     assert_int_equal(test_server_stop(srv, SIGTERM), 0);
@@ -446,7 +453,7 @@ static void test_snapshot_damaged_partial_names(void **state)
     assert_int_equal(kb_cluster_snapshot_delete(c, "good", err, sizeof err), -1);
     assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, &list), 0);
-    assert_int_equal(list->snapshot->n_snapshots, 3);
+    assert_int_equal(list->snapshot->n_snapshots, 4);
     carls__response__free_unpacked(list, NULL);
     kb_cluster_destroy(&c);
 }
