@@ -20,24 +20,8 @@
 #include "kb_bank.h"
 #include "kb_snapshot.h"
 #include "kb_table_config.h"
+#include "test_util.h"
 #include "util.h"
-
-static char s_dir[256];
-
-static int s_setup(void **state)
-{
-    (void)state;
-    snprintf(s_dir, sizeof s_dir, "%s/test_kb_snapshot.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    return mkdtemp(s_dir) ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
 
 static void test_names(void **state)
 {
@@ -113,7 +97,7 @@ static void test_take_check_hostile_restore(void **state)
 {
     (void)state;
     char data[300], err[1024], path[1024];
-    snprintf(data, sizeof data, "%s/data", s_dir);
+    snprintf(data, sizeof data, "%s/data", test_scratch_dir);
     kb_bank_t *bank = s_open(data);
     s_create_table(bank, "t");
     kb_snapshots_t *snaps = kb_snapshots_new(bank, 0, 0);
@@ -235,7 +219,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
-        cmocka_unit_test_setup_teardown(test_take_check_hostile_restore, s_setup, s_teardown),
+        cmocka_unit_test(test_take_check_hostile_restore),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
 }
