@@ -2,7 +2,7 @@
  * created in the journal only; hostile manifests (a path leaving the directory, lines missing, repeated or
  * with extra words, a wrong name, sizes that do not match, a NUL byte, no checksum line, a bad checksum)
  * each refused with the file named; a restore into the bank's data directory that the bank then opens; and
- * the marker of an interrupted restore. The end-to-end promises are in tests/integration/test_snapshot.c. */
+ * the marker of an interrupted restore; a snapshot request is routed to a worker. The end-to-end promises are in tests/integration/test_snapshot.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 #include "kb_bank.h"
+#include "kb_service.h"
 #include "kb_snapshot.h"
 #include "kb_table_config.h"
+#include "protocol.h"
 #include "test_util.h"
 #include "util.h"
 
@@ -39,6 +41,24 @@ static void test_names(void **state)
     name[KB_SNAPSHOT_MAX_NAME + 1] = '\0';
     assert_false(kb_snapshot_name_valid(name));
     assert_false(kb_snapshot_name_valid(NULL));
+}
+
+/* A snapshot request is routed to a worker thread (it takes as long as copying the bank). */
+static void test_snapshot_goes_to_a_worker(void **state)
+{
+    (void)state;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Snapshot op = CARLS__SNAPSHOT__INIT;
+    req.protocol_version = CARLS_PROTOCOL_VERSION;
+    req.request_id = 7;
+    op.name = "x";
+    req.op_case = CARLS__REQUEST__OP_SNAPSHOT;
+    req.snapshot = &op;
+    uint8_t frame[256];
+    size_t len = carls__request__pack(&req, frame);
+    assert_int_equal(carls_request_peek_op(frame, len), CARLS__REQUEST__OP_SNAPSHOT);
+    assert_true(kb_service_request_may_block(frame, len));
+    assert_string_equal(carls_op_name(CARLS__REQUEST__OP_SNAPSHOT), "snapshot");
 }
 
 /* Opens a bank on data (sync durability, compaction held off: the table stays in the journal). */
@@ -219,6 +239,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_snapshot_goes_to_a_worker),
         cmocka_unit_test(test_take_check_hostile_restore),
     };
     return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
