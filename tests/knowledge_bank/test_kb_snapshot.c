@@ -1,8 +1,9 @@
-/* Unit tests for bank snapshots (kb_snapshot): names; a snapshot of a real bank (kb_bank) with a table
- * created in the journal only; hostile manifests (a path leaving the directory, lines missing, repeated or
- * with extra words, a wrong name, sizes that do not match, a NUL byte, no checksum line, a bad checksum)
- * each refused with the file named; a restore into the bank's data directory that the bank then opens; and
- * the marker of an interrupted restore; a snapshot request is routed to a worker. The end-to-end promises are in tests/integration/test_snapshot.c. */
+/* Unit tests for bank snapshots (kb_snapshot): names; the snapshot op is routed to a worker; a snapshot of a
+ * real bank (kb_bank) with a table created in the journal only; hostile manifests (a path leaving the
+ * directory, lines missing or with extra words, a wrong name or version, a size that does not match, a NUL
+ * byte, no checksum line, a bad checksum) each refused with the file named; a restore into the bank's data
+ * directory that the bank then opens; and the marker of an interrupted restore. The end-to-end promises are
+ * in tests/integration/test_snapshot.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -161,6 +162,7 @@ static void test_take_check_hostile_restore(void **state)
         {"backwards", "compacted_epoch 0", "compacted_epoch 999999", "compacted epoch past its cut"},
         {"badtable", "table t", "table t/x", "not understood"},
         {"badversion", "carls-snapshot 1", "carls-snapshot 2", "not understood"},
+        {"size", "file bank.sqlite ", "file bank.sqlite 1", "the manifest says 1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         /* The manifest with its name line naming the case's directory (or "two" for the wrong name) ... */
