@@ -668,6 +668,29 @@ done:
 
 /* ---- the registry ---- */
 
+/* Removes what interrupted deletes left in <data>/snapshots (a delete renames first, then removes). Only
+ * from the operations that write (a read-only server changes no file). */
+static void s_remove_leftovers(const char *data_dir)
+{
+    char dir[S_PATH];
+    s_pathf(dir, "%s/snapshots", data_dir);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        /* ".deleting-NAME-PID-N": this process's own are being removed by their delete now. */
+        const char *last = strrchr(e->d_name, '-');
+        const char *pid = last && last > e->d_name ? memrchr(e->d_name, '-', (size_t)(last - e->d_name)) : NULL;
+        bool ours = pid && strtol(pid + 1, NULL, 10) == (long)getpid();
+        if (strncmp(e->d_name, ".deleting-", 10) == 0 && !ours) {
+            char path[S_PATH];
+            s_pathf(path, "%s/%s", dir, e->d_name);
+            s_remove_tree(path);
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
 kb_snapshots_t *kb_snapshots_new(kb_bank_t *bank, uint32_t shard_index, uint32_t shard_count)
 {
     kb_snapshots_t *self = carls_xcalloc(1, sizeof *self);
@@ -676,20 +699,6 @@ kb_snapshots_t *kb_snapshots_new(kb_bank_t *bank, uint32_t shard_index, uint32_t
     self->shard_count = shard_count > 1 ? shard_count : 0;
     pthread_mutex_init(&self->mutex, NULL);
     pthread_cond_init(&self->done_cond, NULL);
-    /* What an interrupted delete left (it renames first, then removes). */
-    char dir[S_PATH];
-    s_pathf(dir, "%s/snapshots", kb_bank_data_dir(bank));
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (strncmp(e->d_name, ".deleting-", 10) == 0) {
-            char path[S_PATH];
-            s_pathf(path, "%s/%s", dir, e->d_name);
-            s_remove_tree(path);
-        }
-    }
-    if (d)
-        closedir(d);
     return self;
 }
 
@@ -745,6 +754,7 @@ int kb_snapshots_create(kb_snapshots_t *self, const char *name, kb_snapshot_info
         return carls_errorf(err, errlen, KB_SNAPSHOT_EIO, "snapshot %s, being taken when this request came, "
                             "failed (the server's log says why)", name);
     }
+    s_remove_leftovers(data_dir);
     char dir[S_PATH];
     s_pathf(dir, "%s/snapshots", data_dir);
     int rc = carls_mkdir_p(dir, 0700, err, errlen) == 0 ? KB_SNAPSHOT_OK : KB_SNAPSHOT_EIO;

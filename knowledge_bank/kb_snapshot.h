@@ -72,8 +72,9 @@ bool kb_snapshot_name_valid(const char *name);
 /* One server's snapshots. Thread-safe. */
 typedef struct kb_snapshots kb_snapshots_t;
 
-/* The snapshots of bank (borrowed), taken by shard shard_index of shard_count (0 0 unsharded). Removes what
- * an interrupted delete left. */
+/* The snapshots of bank (borrowed), taken by shard shard_index of shard_count (0 0 unsharded). Touches no
+ * file (a read-only server lists its snapshots); what an interrupted delete left is removed by the next
+ * create. */
 kb_snapshots_t *kb_snapshots_new(kb_bank_t *bank, uint32_t shard_index, uint32_t shard_count);
 void kb_snapshots_destroy(kb_snapshots_t **self_p);
 

@@ -1,9 +1,10 @@
 /* Unit tests for bank snapshots (kb_snapshot): names; the snapshot op is routed to a worker; a snapshot of a
- * real bank (kb_bank) with a table created in the journal only; hostile manifests (a path leaving the
- * directory, lines missing or with extra words, a wrong name or version, a size that does not match, a NUL
- * byte, no checksum line, a bad checksum) each refused with the file named; a restore into the bank's data
- * directory that the bank then opens; and the marker of an interrupted restore. The end-to-end promises are
- * in tests/integration/test_snapshot.c. */
+ * real bank (kb_bank) with a table created in the journal only; what an interrupted delete left is not listed
+ * and is removed by the next create; hostile manifests (a path leaving the directory, lines missing or with
+ * extra words, a wrong name or version, a size that does not match, a NUL byte, no checksum line, a bad
+ * checksum) each refused with the file named; a restore into the bank's data directory that the bank then
+ * opens; and the marker of an interrupted restore. The end-to-end promises are in
+ * tests/integration/test_snapshot.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -132,6 +133,23 @@ static void test_take_check_hostile_restore(void **state)
     assert_true(info.cut_epoch > 0);
     kb_snapshot_info_free(&info);
     assert_int_equal(kb_snapshots_create(snaps, "one", &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
+    /* What a delete interrupted by a crash left (another process's) is not listed, and the next create
+     * removes it. */
+    snprintf(path, sizeof path, "%s/snapshots/.deleting-old-1-0", data);
+    assert_int_equal(mkdir(path, 0700), 0);
+    kb_snapshot_info_t *list = NULL;
+    size_t n = 0;
+    assert_int_equal(kb_snapshots_list(snaps, true, &list, &n, err, sizeof err), KB_SNAPSHOT_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(list[0].name, "one");
+    kb_snapshot_info_free(&list[0]);
+    free(list);
+    assert_int_equal(kb_snapshots_create(snaps, "two", &info, err, sizeof err), KB_SNAPSHOT_OK);
+    kb_snapshot_info_free(&info);
+    struct stat gone;
+    assert_int_not_equal(stat(path, &gone), 0);
+    assert_int_equal(kb_snapshots_delete(snaps, "two", &info, err, sizeof err), KB_SNAPSHOT_OK);
+    kb_snapshot_info_free(&info);
     assert_int_equal(kb_snapshots_create(snaps, "../one", &info, err, sizeof err), KB_SNAPSHOT_EINVAL);
 
     /* The real manifest, read back. */
