@@ -18,7 +18,8 @@
  * but refuses create and delete.
  *
  * optimizer state: a lazy AdaGrad table with gradients still pending is snapshotted; the same further
- * pushes on the original and on the restored server give the same values, versions and use counts. */
+ * pushes on the original and on the restored server give the same values, versions and use counts. A
+ * snapshot one shard refuses is deleted again on the shards that took it. */
 #include "kb_cluster.h"
 #include "protocol.h"
 #include "server_harness.h"
@@ -514,6 +515,23 @@ static void test_snapshot_optimizer_state(void **state)
         assert_int_equal(meta_a[j].version, meta_b[j].version);
         assert_int_equal(meta_a[j].frequency, meta_b[j].frequency);
     }
+
+    /* A name only shard 1 has: the cluster's create fails there (ALREADY_EXISTS) and deletes the part shard 0
+     * took, leaving shard 1's own. */
+    kb_cluster_t *one = s_cluster(servers[1].endpoint);
+    assert_int_equal(kb_cluster_snapshot(one, "x", err, sizeof err), 0);
+    kb_cluster_destroy(&one);
+    assert_int_equal(kb_cluster_snapshot(c, "x", err, sizeof err), -1);
+    assert_int_equal(kb_cluster_last_status(c), CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS);
+    assert_non_null(strstr(err, "shard 1"));
+    assert_non_null(strstr(err, "deleted again"));
+    Carls__Response *list[SHARDS];
+    assert_int_equal(kb_cluster_snapshot_each(c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, false, list), 0);
+    assert_int_equal(list[0]->snapshot->n_snapshots, 1); /* opt */
+    assert_int_equal(list[1]->snapshot->n_snapshots, 2); /* opt, x */
+    assert_string_equal(list[1]->snapshot->snapshots[1]->name, "x");
+    for (int s = 0; s < SHARDS; s++)
+        carls__response__free_unpacked(list[s], NULL);
     kb_cluster_destroy(&c);
 }
 
