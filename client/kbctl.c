@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 enum {
     S_EXIT_OK = 0,
@@ -1502,6 +1503,106 @@ static int s_import(s_call_t *call)
     return S_EXIT_OK;
 }
 
+/* ---- snapshots (docs/STATE.md "Snapshots") ---------------------------------------------------------- */
+
+/* One snapshot as a tab-separated line: name, time taken (UTC), cut epoch, tables (comma-separated), bytes,
+ * and "valid" or "damaged: why". */
+static void s_print_snapshot(const Carls__SnapshotInfo *si)
+{
+    char when[32] = "?";
+    time_t secs = (time_t)(si->created_ms / 1000);
+    struct tm tm;
+    if (gmtime_r(&secs, &tm))
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    printf("%s\t%s\t%llu\t", si->name, when, (unsigned long long)si->cut_epoch);
+    for (size_t i = 0; i < si->n_tables; i++)
+        printf("%s%s", i ? "," : "", si->tables[i]);
+    printf("%s\t%llu\t%s%s\n", si->n_tables ? "" : "-", (unsigned long long)si->bytes,
+           si->valid ? "valid" : "damaged: ", si->valid ? "" : si->problem);
+}
+
+/* Every shard's answer to a list, printed (only the snapshot `only` when not NULL). */
+static void s_print_snapshots(const s_call_t *call, Carls__Response **per_shard, const char *only)
+{
+    for (uint32_t s = 0; s < kb_cluster_shards(call->c); s++) {
+        s_print_shard_header(call->c, s);
+        const Carls__SnapshotResult *res = per_shard[s]->snapshot;
+        for (size_t i = 0; i < res->n_snapshots; i++)
+            if (!only || strcmp(res->snapshots[i]->name, only) == 0)
+                s_print_snapshot(res->snapshots[i]);
+        carls__response__free_unpacked(per_shard[s], NULL);
+    }
+}
+
+/* Lists the snapshots of every shard and prints them. Exit status. */
+static int s_list_snapshots(s_call_t *call, bool verify, const char *only)
+{
+    Carls__Response **per_shard = carls_xcalloc(kb_cluster_shards(call->c), sizeof *per_shard);
+    int rc = kb_cluster_snapshot_each(call->c, CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST, NULL, verify, per_shard);
+    if (rc == 0)
+        s_print_snapshots(call, per_shard, only);
+    free(per_shard);
+    return rc == 0 ? S_EXIT_OK : s_fail(call, rc);
+}
+
+static const char s_snapshot_usage[] =
+    "usage: kbctl snapshot NAME\n"
+    "Takes snapshot NAME of the whole bank while it serves: every shard copies all its tables (values,\n"
+    "versions, optimizer state, pending gradients, use counts) as of one cut into DATA/snapshots/NAME, with\n"
+    "a manifest of CRC-32s. Every write acknowledged before the command started is in it; none begun after\n"
+    "it returned is. NAME: 1..64 characters of [A-Za-z0-9_.-], not beginning with '.'; an existing NAME is\n"
+    "refused. When a shard fails, the parts the others took are deleted again. Prints each shard's snapshot\n"
+    "as `kbctl snapshots` does. A large bank takes a while: raise --timeout-ms (a resend waits for the\n"
+    "snapshot in progress). Restore with `kb-server --restore NAME` (on every shard, with its --shard).\n";
+
+static int s_snapshot(s_call_t *call)
+{
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
+        return st;
+    char err[1024];
+    if (kb_cluster_snapshot(call->c, call->pos[0], err, sizeof err) != 0) {
+        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
+        return S_EXIT_SERVER;
+    }
+    return s_list_snapshots(call, false, call->pos[0]);
+}
+
+enum { SNL_VERIFY, SNL_N };
+static const s_opt_t s_snapshots_opts[SNL_N] = {[SNL_VERIFY] = {"verify", false}};
+
+static const char s_snapshots_usage[] =
+    "usage: kbctl snapshots [--verify]\n"
+    "Lists every shard's snapshots (after a \"shard I ENDPOINT\" line when there are several), one per line:\n"
+    "NAME<TAB>TAKEN (UTC)<TAB>CUT EPOCH<TAB>TABLES<TAB>BYTES<TAB>valid, or damaged: WHY (naming the file).\n"
+    "Checks each manifest and its files' sizes; --verify also reads every file and checks its CRC-32.\n"
+    "A snapshot without a manifest (interrupted while it was taken) is listed as damaged.\n";
+
+static int s_snapshots(s_call_t *call)
+{
+    int st = s_open(call);
+    return st != S_EXIT_OK ? st : s_list_snapshots(call, call->opt[SNL_VERIFY] != NULL, NULL);
+}
+
+static const char s_snapshot_delete_usage[] =
+    "usage: kbctl snapshot-delete NAME\n"
+    "Deletes snapshot NAME (valid or damaged) on every shard. A shard without it answers NOT_FOUND (exit\n"
+    "status 2); the others delete theirs.\n";
+
+static int s_snapshot_delete(s_call_t *call)
+{
+    int st = s_open(call);
+    if (st != S_EXIT_OK)
+        return st;
+    char err[1024];
+    if (kb_cluster_snapshot_delete(call->c, call->pos[0], err, sizeof err) != 0) {
+        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
+        return S_EXIT_SERVER;
+    }
+    fprintf(stderr, "deleted snapshot %s\n", call->pos[0]);
+    return S_EXIT_OK;
+}
+
 /* ---- the verbs, and main ----------------------------------------------------------------------------- */
 
 #define S_COUNT(array) (sizeof array / sizeof array[0])
@@ -1523,6 +1624,9 @@ static const s_verb_t s_verbs[] = {
     {"import", s_import_usage, s_import_opts, S_COUNT(s_import_opts), 2, 2, true, s_import},
     {"stats", s_stats_usage, NULL, 0, 0, 1, true, s_stats},
     {"checkpoint", s_checkpoint_usage, NULL, 0, 0, 0, false, s_checkpoint},
+    {"snapshot", s_snapshot_usage, NULL, 0, 1, 1, false, s_snapshot},
+    {"snapshots", s_snapshots_usage, s_snapshots_opts, S_COUNT(s_snapshots_opts), 0, 0, false, s_snapshots},
+    {"snapshot-delete", s_snapshot_delete_usage, NULL, 0, 1, 1, false, s_snapshot_delete},
 };
 #define S_N_VERBS (sizeof s_verbs / sizeof s_verbs[0])
 

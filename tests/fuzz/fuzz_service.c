@@ -301,6 +301,12 @@ static void s_check_result(const Carls__Request *req, const Carls__Response *res
             FUZZ_CHECK(r->row_ids[0] > req->scan->after_row_id);
         break;
     }
+    case CARLS__REQUEST__OP_SNAPSHOT: /* create and delete answer the one snapshot, list any number */
+        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_SNAPSHOT);
+        FUZZ_CHECK(req->snapshot->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST || resp->snapshot->n_snapshots == 1);
+        for (size_t i = 0; i < resp->snapshot->n_snapshots; i++)
+            FUZZ_CHECK(resp->snapshot->snapshots[i] && resp->snapshot->snapshots[i]->name);
+        break;
     default:
         fuzz_fail(__FILE__, __LINE__, "a request without a known operation succeeded");
     }
