@@ -1750,3 +1750,124 @@ fail:
         carls__response__free_unpacked(resp, NULL);
     return rc;
 }
+
+/* ---- snapshots (docs/STATE.md "Snapshots") ------------------------------------------------------------ */
+
+/* Builds a Snapshot operation. 0, or KB_CLIENT_EINVAL (error set) for a create or delete without a name. */
+static int s_snapshot_op(kb_cluster_t *self, Carls__Snapshot *op, Carls__SnapshotAction action, const char *name,
+                         bool verify)
+{
+    carls__snapshot__init(op);
+    if (action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && (!name || !*name)) {
+        s_set_error(self, "snapshot: no snapshot name");
+        return KB_CLIENT_EINVAL;
+    }
+    op->action = action;
+    op->name = (char *)(name ? name : ""); /* packing only reads it */
+    op->verify = verify;
+    return 0;
+}
+
+int kb_cluster_snapshot_each(kb_cluster_t *self, Carls__SnapshotAction action, const char *name, bool verify,
+                             Carls__Response **per_shard_out)
+{
+    assert(self);
+    s_clear_error(self);
+    for (uint32_t s = 0; per_shard_out && s < self->n; s++)
+        per_shard_out[s] = NULL;
+    Carls__Snapshot op;
+    int rc = s_snapshot_op(self, &op, action, name, verify);
+    if (rc != 0)
+        return rc;
+    s_fan_t fan;
+    rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_SNAPSHOT, &op, CARLS__RESPONSE__RESULT_SNAPSHOT);
+    for (uint32_t s = 0; rc == 0 && s < self->n; s++) {
+        const Carls__SnapshotResult *res = fan.resps[s]->snapshot;
+        if (action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && (res->n_snapshots != 1 || !res->snapshots[0])) {
+            s_shard_errorf(self, s, "the answer to snapshot holds %zu snapshots, not 1", res->n_snapshots);
+            rc = KB_CLIENT_EMALFORMED;
+        }
+        for (size_t i = 0; rc == 0 && i < res->n_snapshots; i++) {
+            if (!res->snapshots[i]) {
+                s_shard_errorf(self, s, "the answer to snapshot holds an empty entry");
+                rc = KB_CLIENT_EMALFORMED;
+            }
+        }
+    }
+    for (uint32_t s = 0; rc == 0 && per_shard_out && s < self->n; s++) {
+        per_shard_out[s] = fan.resps[s];
+        fan.resps[s] = NULL;
+    }
+    s_fan_free(self, &fan);
+    return rc;
+}
+
+/* The cluster's error into err (when errlen). Returns -1. */
+static int s_error_out(kb_cluster_t *self, char *err, size_t errlen)
+{
+    if (errlen)
+        snprintf(err, errlen, "%s", self->last_error);
+    return -1;
+}
+
+int kb_cluster_snapshot(kb_cluster_t *self, const char *name, char *err, size_t errlen)
+{
+    assert(self);
+    s_clear_error(self);
+    Carls__Snapshot op;
+    if (s_snapshot_op(self, &op, CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE, name, false) != 0)
+        return s_error_out(self, err, errlen);
+    /* Each shard's answer is awaited on its own, so that when one fails the parts the others took are
+     * known, and deleted again: a snapshot is on every shard or on none (as far as the shards answer). */
+    s_fan_t fan;
+    s_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
+    for (uint32_t s = 0; s < self->n; s++)
+        s_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &op);
+    s_fan_send(self, &fan);
+    bool *made = carls_xcalloc(self->n, sizeof *made);
+    uint32_t n_made = 0;
+    for (uint32_t s = 0; s < self->n; s++) {
+        if (!fan.in_flight[s])
+            continue;
+        Carls__Response *resp = NULL;
+        int rc = kb_client_wait(self->clients[s], fan.ids[s], &resp);
+        fan.in_flight[s] = false;
+        if (rc == 0 && resp->result_case == CARLS__RESPONSE__RESULT_SNAPSHOT) {
+            made[s] = true;
+            n_made++;
+        } else if (s_fan_failed(&fan, s, rc ? rc : KB_CLIENT_EMALFORMED)) {
+            if (rc)
+                s_client_error(self, s);
+            else
+                s_shard_errorf(self, s, "the answer to snapshot carries the wrong result");
+        }
+        if (resp)
+            carls__response__free_unpacked(resp, NULL);
+    }
+    int rc = fan.rc;
+    if (rc == 0 && n_made < self->n) /* a send failed: s_fan_send recorded it */
+        rc = KB_CLIENT_EIO;
+    s_fan_free(self, &fan);
+    if (rc != 0 && n_made > 0) {
+        char first[sizeof self->last_error];
+        snprintf(first, sizeof first, "%s", self->last_error);
+        Carls__Snapshot del;
+        s_snapshot_op(self, &del, CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE, name, false);
+        s_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
+        for (uint32_t s = 0; s < self->n; s++)
+            if (made[s])
+                s_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &del);
+        int drc = s_fan_run(self, &fan);
+        s_fan_free(self, &fan);
+        snprintf(self->last_error, sizeof self->last_error, "%.600s; the part %u other shard(s) took %s", first,
+                 n_made, drc == 0 ? "was deleted again" : "could not be deleted (kbctl snapshot-delete)");
+    }
+    free(made);
+    return rc == 0 ? 0 : s_error_out(self, err, errlen);
+}
+
+int kb_cluster_snapshot_delete(kb_cluster_t *self, const char *name, char *err, size_t errlen)
+{
+    int rc = kb_cluster_snapshot_each(self, CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE, name, false, NULL);
+    return rc == 0 ? 0 : s_error_out(self, err, errlen);
+}

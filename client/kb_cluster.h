@@ -283,4 +283,26 @@ int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard
 int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64_t after_row_id, uint32_t limit,
                     Carls__Response **page_out);
 
+/* ---- snapshots (docs/STATE.md "Snapshots") ------------------------------------------------------------ */
+
+/* Takes snapshot name (1..64 characters of [A-Za-z0-9_.-], not beginning with '.') on every shard, in
+ * parallel: each shard stores its part, cut at one epoch of its own, in its own data directory. When some
+ * shard fails, the parts the others took are deleted again. A snapshot takes as long as copying the bank:
+ * give the clients a timeout that allows it (a resent create waits for the one in progress and answers as
+ * it did). 0, or -1 with the first failing shard's error in err (errlen bytes; when the name exists:
+ * kb_cluster_last_status() is ALREADY_EXISTS). */
+int kb_cluster_snapshot(kb_cluster_t *self, const char *name, char *err, size_t errlen);
+
+/* Deletes snapshot name on every shard. 0, or -1 with err (NOT_FOUND when a shard lacks it; the others
+ * have deleted theirs). */
+int kb_cluster_snapshot_delete(kb_cluster_t *self, const char *name, char *err, size_t errlen);
+
+/* One snapshot action on every shard (create and delete: name required; list: name ignored, verify checks
+ * every file's CRC-32 too). per_shard_out, when not NULL, gets kb_cluster_shards() answers (result
+ * snapshot; create and delete: exactly one entry each), which the caller frees with
+ * carls__response__free_unpacked. A KB_CLIENT_E* code as the other calls (no clean-up after a partial
+ * create: see kb_cluster_snapshot). */
+int kb_cluster_snapshot_each(kb_cluster_t *self, Carls__SnapshotAction action, const char *name, bool verify,
+                             Carls__Response **per_shard_out);
+
 #endif

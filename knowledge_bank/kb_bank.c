@@ -84,6 +84,7 @@ struct kb_bank {
     bool compacting;               /* a compaction transaction is open */
     bool compactor_stop;
     int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
+    int compaction_paused;         /* snapshots reading their cut (kb_bank_snapshot_cut): start no compaction */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
@@ -554,6 +555,10 @@ static void *s_compactor_main(void *arg)
             pthread_cond_wait(&self->compact_cond, &self->compact_mutex);
         if (self->queue_count == 0)
             break; /* stopping, and everything is in SQLite */
+        if (self->compaction_paused && !self->compactor_stop) { /* a snapshot reads its cut */
+            pthread_cond_wait(&self->compact_cond, &self->compact_mutex);
+            continue;
+        }
         int64_t now = carls_monotonic_ms();
         if (!s_compaction_due(self, now)) {
             struct timespec deadline;
@@ -989,4 +994,62 @@ void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
         out->compaction_queue_rows += self->queue[i].row_count;
     pthread_mutex_unlock(&self->compact_mutex);
     out->journal_bytes = self->journal ? kb_journal_bytes(self->journal) : 0;
+}
+
+/* ---- snapshots (kb_snapshot.h) ---- */
+
+const char *kb_bank_data_dir(const kb_bank_t *self) { return self->data_dir; }
+
+int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
+                         uint64_t *compacted_epoch, char *err, size_t errlen)
+{
+    /* Every write acknowledged before this call is in an epoch <= ticket; the round that commits it takes
+     * the use counts too. */
+    atomic_store(&self->frequencies_due, true);
+    kb_bank_write_begin(self);
+    uint64_t ticket = kb_bank_write_end(self);
+    if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)
+        return KB_BANK_ESTORAGE;
+    /* No compaction runs while fn reads SQLite's epoch, so the file it reads holds exactly the epochs <= C;
+     * the journal keeps every segment from now until kb_bank_snapshot_end. */
+    pthread_mutex_lock(&self->compact_mutex);
+    self->compaction_paused++;
+    while (self->compacting) {
+        struct timespec deadline;
+        s_deadline(&deadline, 100);
+        pthread_cond_timedwait(&self->compacted_cond, &self->compact_mutex, &deadline);
+    }
+    uint64_t compacted = self->compacted_epoch;
+    pthread_mutex_unlock(&self->compact_mutex);
+    kb_journal_hold(self->journal);
+    /* Any epoch from ticket up to what is committed now is a valid cut: everything acknowledged before the
+     * call is in it, and nothing begun after the call returns can be. SQLite may already be past ticket. */
+    *cut_epoch = compacted > ticket ? compacted : ticket;
+    *compacted_epoch = compacted;
+    int rc = fn(ctx, compacted);
+    pthread_mutex_lock(&self->compact_mutex);
+    self->compaction_paused--;
+    pthread_cond_broadcast(&self->compact_cond);
+    pthread_mutex_unlock(&self->compact_mutex);
+    if (rc != 0) {
+        kb_bank_snapshot_end(self);
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "snapshot: reading the store at epoch %llu failed",
+                            (unsigned long long)compacted);
+    }
+    return KB_BANK_OK;
+}
+
+int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
+                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen)
+{
+    return kb_journal_copy(self->journal, after, upto, dest_dir, path_out, path_len, records, err, errlen);
+}
+
+void kb_bank_snapshot_end(kb_bank_t *self)
+{
+    kb_journal_unhold(self->journal);
+    pthread_mutex_lock(&self->compact_mutex);
+    uint64_t compacted = self->compacted_epoch;
+    pthread_mutex_unlock(&self->compact_mutex);
+    kb_journal_release(self->journal, compacted); /* what compactions meanwhile would have removed */
 }

@@ -125,4 +125,27 @@ bool kb_bank_sync(const kb_bank_t *self);
  * committed, against opts->max_memory. Owned by the bank. */
 kb_memory_t *kb_bank_memory(kb_bank_t *self);
 
+/* ---- snapshots (kb_snapshot.h) ---- */
+
+/* The data directory the bank was opened on. */
+const char *kb_bank_data_dir(const kb_bank_t *self);
+
+/* Takes a snapshot's cut without stopping service: commits a round (with the use counts) so every write
+ * acknowledged before the call is durable, pauses the compactor, and calls fn(ctx, C) while SQLite holds
+ * exactly the epochs <= C (fn opens its read transaction there; a nonzero return fails the cut), then lets
+ * compaction go on. *cut_epoch = E >= C: the snapshot is SQLite as fn saw it plus the journal records
+ * C < epoch <= E (kb_bank_snapshot_copy_journal); every write is wholly in one epoch. From a successful
+ * return until kb_bank_snapshot_end no journal segment is removed. Returns 0, or KB_BANK_ESTORAGE with err
+ * (and then nothing is held). Worker threads only: it waits for a commit. */
+typedef int (*kb_bank_cut_fn)(void *ctx, uint64_t compacted_epoch);
+int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
+                         uint64_t *compacted_epoch, char *err, size_t errlen);
+
+/* Between a cut and its end: kb_journal_copy of the bank's journal (kb_journal.h). */
+int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
+                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen);
+
+/* Ends what a successful kb_bank_snapshot_cut holds (journal segments may be removed again). */
+void kb_bank_snapshot_end(kb_bank_t *self);
+
 #endif

@@ -38,6 +38,7 @@ struct kb_journal {
     size_t closed_count, closed_cap;
     uint64_t bytes;        /* in every segment not removed */
     char broken[512];      /* set after a failed append: every later append fails with it */
+    int holds;             /* kb_journal_hold: while > 0, kb_journal_release removes nothing */
 };
 
 static char *s_join(const char *dir, const char *name)
@@ -187,6 +188,10 @@ done:
 void kb_journal_release(kb_journal_t *self, uint64_t upto)
 {
     pthread_mutex_lock(&self->mutex);
+    if (self->holds > 0) { /* a snapshot copies segments (kb_journal_copy): they stay until it is done */
+        pthread_mutex_unlock(&self->mutex);
+        return;
+    }
     size_t kept = 0;
     bool removed = false;
     for (size_t i = 0; i < self->closed_count; i++) {
@@ -374,5 +379,120 @@ int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen)
         s_fsync_dir(dir);
     s_free_names(names, n);
     free(dir);
+    return rc;
+}
+
+/* ---- snapshots: hold and copy (kb_snapshot.h) ---- */
+
+void kb_journal_hold(kb_journal_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    self->holds++;
+    pthread_mutex_unlock(&self->mutex);
+}
+
+void kb_journal_unhold(kb_journal_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    if (self->holds > 0)
+        self->holds--;
+    pthread_mutex_unlock(&self->mutex);
+}
+
+/* Copies the records of one segment (its first `bytes` bytes: whole records only) with after < epoch <= upto
+ * to *out (opened on the first record copied, at out_path). *stop: a record past upto was met. */
+static int s_copy_segment(const char *path, uint64_t bytes, uint64_t after, uint64_t upto, const char *out_path,
+                          FILE **out, uint64_t *copied, bool *stop, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return carls_errorf(err, errlen, -1, "journal: cannot open %s: %s", path, strerror(errno));
+    uint64_t at = 0;
+    uint8_t *payload = NULL;
+    int rc = 0;
+    while (rc == 0 && at + HEADER_BYTES <= bytes) {
+        uint8_t header[HEADER_BYTES];
+        if (fread(header, 1, HEADER_BYTES, f) != HEADER_BYTES) {
+            rc = carls_errorf(err, errlen, -1, "journal: %s: cannot read the record at byte %" PRIu64, path, at);
+            break;
+        }
+        uint32_t len = carls_get_le32(header + 4);
+        uint64_t epoch = carls_get_le64(header + 8);
+        if (carls_get_le32(header) != MAGIC || len > bytes - at - HEADER_BYTES) {
+            rc = carls_errorf(err, errlen, -1, "journal: %s is corrupt at byte %" PRIu64, path, at);
+            break;
+        }
+        if (epoch > upto) {
+            *stop = true;
+            break;
+        }
+        free(payload);
+        payload = carls_xmalloc(len ? len : 1);
+        if (fread(payload, 1, len, f) != len ||
+            carls_crc32(carls_crc32(0, header + 8, 8), payload, len) != carls_get_le32(header + 16)) {
+            rc = carls_errorf(err, errlen, -1, "journal: %s: the record at byte %" PRIu64 " is unreadable or its "
+                              "checksum does not match", path, at);
+            break;
+        }
+        at += HEADER_BYTES + len;
+        if (epoch <= after)
+            continue;
+        if (!*out && !(*out = fopen(out_path, "wbx")))
+            rc = carls_errorf(err, errlen, -1, "journal: cannot create %s: %s", out_path, strerror(errno));
+        else if (fwrite(header, 1, HEADER_BYTES, *out) != HEADER_BYTES || fwrite(payload, 1, len, *out) != len)
+            rc = carls_errorf(err, errlen, -1, "journal: writing %s failed: %s", out_path, strerror(errno));
+        else
+            (*copied)++;
+    }
+    free(payload);
+    fclose(f);
+    return rc;
+}
+
+int kb_journal_copy(kb_journal_t *self, uint64_t after, uint64_t upto, const char *dest_dir, char *path_out,
+                    size_t path_len, uint64_t *records, char *err, size_t errlen)
+{
+    *records = 0;
+    if (path_len)
+        path_out[0] = '\0';
+    /* The segments and their lengths now: every record <= upto is committed, so it lies within them. */
+    pthread_mutex_lock(&self->mutex);
+    size_t n = self->closed_count + (self->current.path ? 1 : 0);
+    s_segment_t *segs = carls_xcalloc(n + 1, sizeof *segs);
+    for (size_t i = 0; i < self->closed_count; i++)
+        segs[i] = (s_segment_t){strdup(self->closed[i].path), self->closed[i].last_epoch, self->closed[i].bytes};
+    if (self->current.path)
+        segs[n - 1] = (s_segment_t){strdup(self->current.path), self->current.last_epoch, self->current.bytes};
+    pthread_mutex_unlock(&self->mutex);
+
+    char name[64];
+    snprintf(name, sizeof name, "journal/%020" PRIu64 SUFFIX, after + 1);
+    char *out_path = s_join(dest_dir, name);
+    char *out_dir = s_journal_dir(dest_dir);
+    FILE *out = NULL;
+    bool stop = false;
+    int rc = carls_mkdir_p(out_dir, 0700, err, errlen);
+    for (size_t i = 0; rc == 0 && !stop && i < n; i++) {
+        if (!segs[i].path)
+            CARLS_FATAL("out of memory");
+        if (segs[i].last_epoch > after)
+            rc = s_copy_segment(segs[i].path, segs[i].bytes, after, upto, out_path, &out, records, &stop, err,
+                                errlen);
+    }
+    if (out) {
+        if ((fflush(out) != 0 || fsync(fileno(out)) != 0) && rc == 0)
+            rc = carls_errorf(err, errlen, -1, "journal: writing %s failed: %s", out_path, strerror(errno));
+        if (fclose(out) != 0 && rc == 0)
+            rc = carls_errorf(err, errlen, -1, "journal: writing %s failed: %s", out_path, strerror(errno));
+        if (rc == 0 && carls_fsync_dir(out_dir) != 0)
+            rc = carls_errorf(err, errlen, -1, "journal: fsync of %s failed: %s", out_dir, strerror(errno));
+        if (rc == 0 && path_len)
+            snprintf(path_out, path_len, "%s", name);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(segs[i].path);
+    free(segs);
+    free(out_path);
+    free(out_dir);
     return rc;
 }

@@ -53,4 +53,20 @@ int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn
 /* Removes every segment of data_dir's journal (after they have been compacted). Returns 0, or -1 with err. */
 int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen);
 
+/* ---- snapshots (kb_snapshot.h) ---- */
+
+/* While held (holds nest), kb_journal_release removes nothing, so a snapshot can copy segments the compactor
+ * has already written into SQLite. Segments it would have removed go at the next release after the unhold. */
+void kb_journal_hold(kb_journal_t *self);
+void kb_journal_unhold(kb_journal_t *self);
+
+/* Copies the records with after < epoch <= upto, unchanged (header, CRC and payload), into one new segment
+ * <dest_dir>/journal/<after + 1, 20 digits>.kbj, fsynced with its directory; every record <= upto must be
+ * committed (appended) already, and the journal held. Reads each segment only as far as its committed
+ * length (never an append in progress) and checks each record's CRC. *records: how many were copied; when
+ * any were, path_out gets the file's path relative to dest_dir ("" otherwise). Returns 0, or -1 with err
+ * naming the file. */
+int kb_journal_copy(kb_journal_t *self, uint64_t after, uint64_t upto, const char *dest_dir, char *path_out,
+                    size_t path_len, uint64_t *records, char *err, size_t errlen);
+
 #endif

@@ -1,6 +1,7 @@
 #include "kb_service.h"
 
 #include "kb_latency.h"
+#include "kb_snapshot.h"
 #include "kb_table_config.h"
 #include "log.h"
 #include "protocol.h"
@@ -17,7 +18,9 @@
 /* The operations, in the order of s_ops (further down); latency is kept per operation at these indexes. */
 enum {
     OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT,
-    OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN, OP_COUNT
+    OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN,
+    OP_SNAPSHOT,
+    OP_COUNT
 };
 
 /* Per-table request counters (stats: requests by kind, errors, latency). Kept in an open-addressed table of
@@ -45,6 +48,7 @@ struct kb_service {
     kb_latency_t latency[OP_COUNT];
     _Atomic(s_table_counters_t *) table_counters[S_TABLE_SLOTS];
     atomic_bool table_counters_full_logged;
+    kb_snapshots_t *snapshots; /* this server's bank snapshots (kb_snapshot.h) */
 };
 
 static const char *s_op_name(int index);
@@ -72,6 +76,7 @@ kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_
     self->started_ms = carls_monotonic_ms();
     for (int i = 0; i < OP_COUNT; i++)
         kb_latency_init(&self->latency[i]);
+    self->snapshots = kb_snapshots_new(bank, limits->shard_index, limits->shard_count);
     return self;
 }
 
@@ -81,6 +86,7 @@ void kb_service_destroy(kb_service_t **self_p)
         return;
     for (size_t i = 0; i < S_TABLE_SLOTS; i++)
         free(atomic_load(&(*self_p)->table_counters[i]));
+    kb_snapshots_destroy(&(*self_p)->snapshots);
     free((*self_p)->durability);
     free(*self_p);
     *self_p = NULL;
@@ -137,6 +143,7 @@ typedef struct {
         Carls__SampleResult sample;
         Carls__FeatureResult features;
         Carls__ScanResult scan;
+        Carls__SnapshotResult snapshot;
     } r;
     void **owned; /* malloc'd buffers the response points into */
     size_t owned_count, owned_capacity;
@@ -957,6 +964,78 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     return 0;
 }
 
+/* ---- snapshots (kb_snapshot.h) ---- */
+
+/* info as a SnapshotInfo owned by the reply (info's table names move into it). */
+static Carls__SnapshotInfo *s_snapshot_info(s_reply_t *rp, kb_snapshot_info_t *info)
+{
+    Carls__SnapshotInfo *si = s_own(rp, carls_xmalloc(sizeof *si));
+    carls__snapshot_info__init(si);
+    si->name = s_own(rp, strdup(info->name));
+    si->problem = s_own(rp, strdup(info->problem));
+    if (!si->name || !si->problem)
+        CARLS_FATAL("out of memory");
+    si->created_ms = info->created_ms;
+    si->cut_epoch = info->cut_epoch;
+    si->bytes = info->bytes;
+    si->valid = info->valid;
+    si->shard_index = info->shard_index;
+    si->shard_count = info->shard_count;
+    si->n_tables = info->n_tables;
+    si->tables = s_own(rp, info->tables);
+    for (size_t i = 0; i < info->n_tables; i++)
+        s_own(rp, info->tables[i]);
+    info->tables = NULL;
+    info->n_tables = 0;
+    return si;
+}
+
+static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    const Carls__Snapshot *q = req->snapshot;
+    char err[1024] = "";
+    kb_snapshot_info_t one, *list = NULL;
+    size_t n = 0;
+    int rc;
+    if (q->action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && self->limits.read_only)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; snapshot %s refused",
+                      q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE ? "create" : "delete");
+    switch (q->action) {
+    case CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE:
+        rc = kb_snapshots_create(self->snapshots, q->name, &one, err, sizeof err);
+        break;
+    case CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE:
+        rc = kb_snapshots_delete(self->snapshots, q->name, &one, err, sizeof err);
+        break;
+    case CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST:
+        rc = kb_snapshots_list(self->snapshots, q->verify, &list, &n, err, sizeof err);
+        break;
+    default:
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown snapshot action %d", (int)q->action);
+    }
+    if (rc != KB_SNAPSHOT_OK) {
+        Carls__StatusCode status = rc == KB_SNAPSHOT_EINVAL      ? CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT
+                                   : rc == KB_SNAPSHOT_EEXISTS   ? CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS
+                                   : rc == KB_SNAPSHOT_ENOTFOUND ? CARLS__STATUS_CODE__STATUS_NOT_FOUND
+                                                                 : CARLS__STATUS_CODE__STATUS_INTERNAL;
+        return s_fail(rp, status, "snapshot: %s", err);
+    }
+    Carls__SnapshotResult *res = &rp->r.snapshot;
+    carls__snapshot_result__init(res);
+    if (q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST) {
+        res->snapshots = s_own(rp, carls_xcalloc(n + 1, sizeof *res->snapshots));
+        for (size_t i = 0; i < n; i++)
+            res->snapshots[res->n_snapshots++] = s_snapshot_info(rp, &list[i]);
+        free(list);
+    } else {
+        res->snapshots = s_own(rp, carls_xmalloc(sizeof *res->snapshots));
+        res->snapshots[res->n_snapshots++] = s_snapshot_info(rp, &one);
+    }
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_SNAPSHOT;
+    rp->resp.snapshot = res;
+    return 0;
+}
+
 static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     return s_run_write(self, req, NULL, rp, s_apply_create);
@@ -988,6 +1067,7 @@ static const struct {
     [OP_FEATURE_GET] = {CARLS__REQUEST__OP_FEATURE_GET, s_op_feature_get, true, false},
     [OP_FEATURE_PUT] = {CARLS__REQUEST__OP_FEATURE_PUT, s_op_feature_put, true, true},
     [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, s_op_scan, true, false},
+    [OP_SNAPSHOT] = {CARLS__REQUEST__OP_SNAPSHOT, s_op_snapshot, false, false},
 };
 
 static const char *s_op_name(int index) { return carls_op_name(s_ops[index].op); }
@@ -1166,6 +1246,7 @@ bool kb_service_request_may_block(const uint8_t *frame, size_t len)
     case CARLS__REQUEST__OP_KNN:
     case CARLS__REQUEST__OP_SAMPLE:
     case CARLS__REQUEST__OP_SCAN:
+    case CARLS__REQUEST__OP_SNAPSHOT:
         return true;
     default:
         return false;

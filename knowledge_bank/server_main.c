@@ -7,6 +7,7 @@
 #include "kb_memory.h"
 #include "kb_server.h"
 #include "kb_service.h"
+#include "kb_snapshot.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -57,6 +58,11 @@ static void s_usage(FILE *out)
             "                             stays at 1: their product must not oversubscribe the cores, and\n"
             "                             the worker threads already search in parallel)\n"
             "  --read-only                refuse every write (serving mode)\n"
+            "  --restore NAME             before serving, replace the data directory's store and journal with\n"
+            "                             snapshot NAME (DIR/snapshots/NAME, from `kbctl snapshot NAME`), after\n"
+            "                             checking its manifest, every file's CRC-32 and its shard (--shard must\n"
+            "                             match); the snapshot is kept. A damaged or incomplete one is refused\n"
+            "                             naming the file, and nothing is changed\n"
             "  --shard I/N                this server is shard I of N (0-based): it refuses keys that belong\n"
             "                             to other shards (clients route keys with the same hash)\n"
             "  --max-message-bytes N      largest request frame (default %u)\n"
@@ -148,6 +154,7 @@ int main(int argc, char **argv)
     carls_log_init_from_env();
     const char *listen = "tcp://127.0.0.1:7070";
     const char *endpoint_file = NULL;
+    const char *restore = NULL; /* --restore NAME (kb_snapshot.h) */
     const char *curve_secret = NULL, *curve_allow = NULL;
     uint32_t threads = 2;
     int knn_threads = 1;
@@ -179,6 +186,7 @@ int main(int argc, char **argv)
         carls_arg_int("commit-timeout-ms", &limits.commit_timeout_ms, 1, INT_MAX),
         carls_arg_custom("max-memory", &bank_opts, s_arg_max_memory),
         carls_arg_string("endpoint-file", &endpoint_file),
+        carls_arg_string("restore", &restore),
         carls_arg_log_level(),
         {0},
     };
@@ -202,6 +210,15 @@ int main(int argc, char **argv)
     kb_knn_set_threads(knn_threads, 1);
     char err[1024];
     kb_bank_t *bank = NULL;
+    if (restore && kb_snapshot_restore(bank_opts.data_dir, restore, limits.shard_index, limits.shard_count, err,
+                                       sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return 1;
+    }
+    if (kb_snapshot_check_interrupted(bank_opts.data_dir, err, sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return 1;
+    }
     if (kb_bank_open(&bank_opts, &bank, err, sizeof err) != 0) {
         LOG_ERROR("cannot open the bank: %s", err);
         return 1;

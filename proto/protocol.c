@@ -38,6 +38,7 @@ const char *carls_op_name(Carls__Request__OpCase op)
     case CARLS__REQUEST__OP_FEATURE_GET: return "feature_get";
     case CARLS__REQUEST__OP_FEATURE_PUT: return "feature_put";
     case CARLS__REQUEST__OP_SCAN: return "scan";
+    case CARLS__REQUEST__OP_SNAPSHOT: return "snapshot";
     default: return "none";
     }
 }
@@ -88,6 +89,8 @@ Carls__Request__OpCase carls_request_peek_op(const uint8_t *frame, size_t len)
         if (!s_varint(&p, end, &tag))
             break;
         uint64_t field = tag >> 3;
+        if (field == CARLS__REQUEST__OP_SNAPSHOT)
+            return CARLS__REQUEST__OP_SNAPSHOT;
         if (field >= CARLS__REQUEST__OP_CREATE_TABLE && field <= CARLS__REQUEST__OP_SCAN)
             return (Carls__Request__OpCase)field;
         switch (tag & 7) {
