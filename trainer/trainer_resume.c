@@ -1,7 +1,7 @@
 /* Exact resumption of a training run (see trainer_resume.h). */
 #include "trainer_resume.h"
 
-#include "trainer_snapshot_contract.h"
+#include "kb_cluster.h"
 
 #include "bytes.h"
 #include "files.h"
@@ -212,9 +212,16 @@ struct trainer_snapshots {
 trainer_snapshots_t *trainer_snapshots_new(const char *endpoints, const kb_client_curve_t *curve, const char *prefix,
                                            int keep)
 {
-    if (!prefix || !*prefix || strlen(prefix) >= sizeof ((trainer_snapshots_t *)0)->prefix - 32 ||
-        strpbrk(prefix, "/\\ \t\n") || strcmp(prefix, ".") == 0 || strcmp(prefix, "..") == 0) {
-        LOG_ERROR("--bank-snapshot '%s': a plain name (no '/', no blanks, under 168 bytes) is needed",
+    /* Snapshot names are 1..64 characters of [A-Za-z0-9_.-], not beginning with '.' (kb_cluster.h); the
+     * suffix "-step<N>" takes up to 25. */
+    const size_t len = prefix ? strlen(prefix) : 0;
+    bool ok = len > 0 && len <= 39 && prefix[0] != '.';
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = (prefix[i] >= 'a' && prefix[i] <= 'z') || (prefix[i] >= 'A' && prefix[i] <= 'Z') ||
+             (prefix[i] >= '0' && prefix[i] <= '9') || strchr("_.-", prefix[i]) != NULL;
+    }
+    if (!ok) {
+        LOG_ERROR("--bank-snapshot '%s': 1..39 characters of [A-Za-z0-9_.-], not beginning with '.'",
                   prefix ? prefix : "");
         return NULL;
     }

@@ -1,6 +1,8 @@
 /* `trainer graphreg --resume` continues a run exactly (docs/STATE.md, "Resuming a run"), against a real
  * kb-server whose graph and neighbour embeddings do not change (no makers), so the run is deterministic:
- *   - run A trains 60 steps (checkpoints every 20, neighbours from the bank, augmentation on, dropout 0.2);
+ *   - run A trains 60 steps (checkpoints every 20, neighbours from the bank, augmentation on, dropout 0.2),
+ *     snapshotting the bank at each checkpoint (--bank-snapshot res): each checkpoint names its snapshot
+ *     (res-step<N>), which is on the server (with --keep 5 none is deleted yet; the launcher test keeps 2);
  *   - run B is A stopped at its step-20 checkpoint (the checkpoints after it removed, latest pointing at it,
  *     as a run killed between steps 20 and 40 leaves its directory) and resumed with --resume: its step-60
  *     checkpoint must equal A's byte for byte (model, optimiser moments, data orders, RNG states), it must say
@@ -49,7 +51,7 @@ static int s_trainer(const char *endpoint, const char *ckpt_dir, const char *con
                             "--steps", "60", "--ckpt-every", "20", "--eval-every", "20", "--hidden", "64,32",
                             "--batch-unlabelled", "32", "--alpha", "0.1", "--neighbors", "5", "--tables", "t",
                             "--kb", endpoint, "--augment-shift", "1", "--augment-flip", "0.5", "--device", "cpu",
-                            "--threads", "1", "--keep", "5", "--ckpt-dir", ckpt_dir, "--log-level", "info"};
+                            "--threads", "1", "--keep", "5", "--bank-snapshot", "res", "--ckpt-dir", ckpt_dir, "--log-level", "info"};
     int n = 0;
     while (args[n]) {
         n++;
@@ -185,6 +187,19 @@ int main(void)
     MT_CHECK(mt_file_contains(log, "neighbors_used=") && !mt_file_contains(log, "neighbors_used=0\n"),
              "run A used no neighbours from the bank (see %s)", log);
 
+    char a20[600], c20[600], manifest[700];
+    snprintf(a20, sizeof a20, "%s/ckpt-000000000020.ckpt", a);
+    carls_ckpt_t *ck = NULL;
+    char err[512];
+    MT_CHECK(carls_ckpt_read(a20, &ck, err, sizeof err) == 0, "%s", err);
+    const char *snap = ck ? carls_ckpt_text(ck, "bank.snapshot") : NULL;
+    MT_CHECK(snap && strcmp(snap, "res-step20") == 0, "A's step-20 checkpoint names snapshot %s", snap ? snap : "none");
+    carls_ckpt_destroy(&ck);
+    for (int step = 0; step <= 60; step += 20) {
+        snprintf(manifest, sizeof manifest, "%s/db/snapshots/res-step%d/MANIFEST", srv.data_dir, step);
+        MT_CHECK(access(manifest, R_OK) == 0, "no snapshot %s", manifest);
+    }
+
     /* B: A's directory as a kill between steps 20 and 40 leaves it (its step-40 metrics row already written),
      * resumed. */
     s_sh("cp -r '%s' '%s'", a, b);
@@ -208,8 +223,6 @@ int main(void)
     }
 
     /* C: the step-20 checkpoint with another batch-draw RNG state: other batches, other weights. */
-    char a20[600], c20[600];
-    snprintf(a20, sizeof a20, "%s/ckpt-000000000020.ckpt", a);
     s_sh("mkdir -p '%s' && test -d '%s'", c, c);
     snprintf(c20, sizeof c20, "%s/ckpt-000000000020.ckpt", c);
     s_rewrite(a20, c20, "data.rng", 12345, 0);
@@ -218,7 +231,6 @@ int main(void)
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)", log);
     snprintf(c60, sizeof c60, "%s/ckpt-000000000060.ckpt", c);
     carls_ckpt_t *ca = NULL, *cc = NULL;
-    char err[512];
     MT_CHECK(carls_ckpt_read(a60, &ca, err, sizeof err) == 0 && carls_ckpt_read(c60, &cc, err, sizeof err) == 0,
              "%s", err);
     if (ca && cc) {
