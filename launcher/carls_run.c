@@ -1255,6 +1255,10 @@ static int s_resume_bank(s_run_t *r)
         fprintf(stderr, "carls: --resume %s: no checkpoint with a usable bank snapshot to resume from:\n%s%s",
                 r->dir, cand->why, refused);
     } else {
+        if (*cand->why || *refused) {
+            printf("[carls] --resume passed over newer checkpoints:\n%s%s", cand->why, refused);
+            s_event(r, "--resume passed over newer checkpoints (see the launcher's log)");
+        }
         const char *snap = *r->resumed.snapshot ? r->resumed.snapshot : "none: the run does not use the bank";
         printf("[carls] resumed from step %llu (checkpoint %s, snapshot %s)\n", r->resumed.step, r->resumed.path,
                snap);
