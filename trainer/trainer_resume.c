@@ -225,8 +225,10 @@ trainer_snapshots_t *trainer_snapshots_new(const char *endpoints, const kb_clien
                   prefix ? prefix : "");
         return NULL;
     }
-    /* A snapshot copies every table of a shard: give it time, and never resend it. */
-    kb_client_options_t opts = {.timeout_ms = 300000, .retries = 0, .curve = curve};
+    /* A snapshot copies every table of a shard, which can take longer than one attempt's 5 s: a resent create
+     * waits for the one in progress and answers as it did (kb_cluster.h), so resending is safe, and a bank that
+     * is restarting (the launcher restarts a dead shard) is waited for, at most 5 minutes in all. */
+    kb_client_options_t opts = {.timeout_ms = 5000, .retries = 59, .curve = curve};
     trainer_snapshots_t *self = carls_xcalloc(1, sizeof *self);
     self->bank = kb_cluster_new(endpoints, &opts);
     if (!self->bank) {
