@@ -437,8 +437,11 @@ static int s_setup(s_run_t *r)
                                   : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
                                     "elapsed_s,bank_skipped";
-    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path,
-                             o->resume ? (int64_t)r->start : -1, &r->metrics) != 0) {
+    /* Resumed: the rows up to the checkpoint's step stay; at the last step the evaluation is done again
+     * (s_train), so its row goes too. */
+    const int64_t keep_rows = !o->resume ? -1 : r->start >= o->steps ? (int64_t)r->start - 1 : (int64_t)r->start;
+    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path, keep_rows,
+                             &r->metrics) != 0) {
         return -1;
     }
     r->use_graph = o->nbr_mode != S_NBR_NONE;

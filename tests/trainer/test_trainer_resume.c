@@ -7,6 +7,7 @@
  *     as a run killed between steps 20 and 40 leaves its directory) and resumed with --resume: its step-60
  *     checkpoint must equal A's byte for byte (model, optimiser moments, data orders, RNG states), it must say
  *     "resumed_from_step=20", and its metrics.csv must hold each evaluation once, with A's accuracies;
+ *   - resumed once more at its last step, B only evaluates again: the same accuracy, one metrics row;
  *   - the test can fail: resuming from a copy of the step-20 checkpoint whose batch-draw RNG state was changed
  *     must end with other weights (so the state is really read, not recomputed from the seed as a restart
  *     from step 0 would), and a checkpoint without the trainer's state, a missing directory and other
@@ -221,6 +222,15 @@ int main(void)
         MT_CHECK(rows == 1 && arows == 1, "step %d: %d rows in %s (1 expected)", step, rows, csv);
         MT_CHECK(acc == aacc && acc > 0.1, "step %d: test accuracy %g after resuming, %g without", step, acc, aacc);
     }
+
+    /* B resumed once more, at its last step: only the evaluation is left, with the same accuracy and no second
+     * metrics row for it. */
+    snprintf(log, sizeof log, "%s/B-again.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", NULL}, log) == 0, "B again failed (%s)", log);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=60\n"), "B again did not resume at step 60 (see %s)", log);
+    int rows = 0, arows = 0;
+    MT_CHECK(s_metric(csv, 60, 6, &rows) == s_metric(acsv, 60, 6, &arows) && rows == 1,
+             "B again: %d rows of step 60 in %s, or another accuracy", rows, csv);
 
     /* C: the step-20 checkpoint with another batch-draw RNG state: other batches, other weights. */
     s_sh("mkdir -p '%s' && test -d '%s'", c, c);
