@@ -4,8 +4,8 @@
  *
  *   offset  size        field
  *   0       8           magic "CARLSCKP"
- *   8       4           u32 format version (1)
- *   12      4           u32 tensor count             (<= CARLS_CKPT_MAX_TENSORS)
+ *   8       4           u32 format version: 1 (tensors only) or 2 (tensors, then blobs)
+ *   12      4           u32 entry count: tensors + blobs (<= CARLS_CKPT_MAX_TENSORS)
  *   16      8           u64 file length in bytes, this header and the trailing CRC included
  *   24      8           u64 step
  *   32      2           u16 kind length K            (1..CARLS_CKPT_MAX_KIND)
@@ -17,9 +17,17 @@
  *           1           u8 ndim                      (1..CARLS_CKPT_MAX_DIMS)
  *           8 * ndim    u64 dims, each >= 1, product <= CARLS_CKPT_MAX_ELEMENTS
  *           4 * numel   data, row-major
+ *   then, version 2 only, per blob (at least one; at most CARLS_CKPT_MAX_BLOBS; after every tensor):
+ *           2           u16 name length L            (1..CARLS_CKPT_MAX_NAME)
+ *           L           name bytes (no NUL)
+ *           1           u8 dtype (2 = bytes)
+ *           1           u8 ndim (1)
+ *           8           u64 length N                 (1..CARLS_CKPT_MAX_ELEMENTS)
+ *           N           the bytes
  *   end-4   4           u32 CRC-32 (zlib's crc32) of every byte before it
  *
- * Reading checks, in order: magic, version, tensor count cap, the stated length against the cap and the real
+ * The version is 2 exactly when there are blobs, so a file the reader accepts is the one the writer makes of
+ * what was read (no slack: the fuzz target checks it). Reading checks, in order: magic, version, tensor count cap, the stated length against the cap and the real
  * file size (shorter: truncated; longer: trailing bytes), the CRC over the whole file, then each tensor's
  * name, dtype and shape against the caps and the bytes that remain, and finally that nothing is left over.
  * Only the file itself (bounded by its real size) and the tensor table (bounded by the count cap) are
@@ -46,6 +54,14 @@
 
 #define S_HEADER_BYTES 34u /* fixed part of the header, before the kind */
 #define S_DTYPE_F32 1u
+#define S_DTYPE_BYTES 2u
+
+/* A blob: len bytes, followed in memory (not in the file) by a NUL. */
+typedef struct {
+    char *name;
+    unsigned char *data; /* (len + 1), owned */
+    size_t len;
+} s_blob_t;
 
 struct carls_ckpt {
     char kind[CARLS_CKPT_MAX_KIND + 1]; /* model kind, NUL-terminated */
@@ -53,6 +69,9 @@ struct carls_ckpt {
     int count;                          /* tensors in use */
     size_t cap;                         /* tensors allocated */
     carls_ckpt_tensor_t *tensors;       /* (cap), owned */
+    int n_blobs;                        /* blobs in use */
+    size_t blob_cap;                    /* blobs allocated */
+    s_blob_t *blobs;                    /* (blob_cap), owned */
     uint32_t crc;                       /* CRC of the file it was read from, else 0 */
     uint64_t file_bytes;                /* size of the file it was read from, else 0 */
 };
@@ -119,6 +138,11 @@ void carls_ckpt_destroy(carls_ckpt_t **self_p)
         s_tensor_free(&self->tensors[i]);
     }
     free(self->tensors);
+    for (int i = 0; i < self->n_blobs; i++) {
+        free(self->blobs[i].name);
+        free(self->blobs[i].data);
+    }
+    free(self->blobs);
     free(self);
     *self_p = NULL;
 }
@@ -155,6 +179,25 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
     return NULL;
 }
 
+static const s_blob_t *s_find_blob(const carls_ckpt_t *self, const char *name)
+{
+    for (int i = 0; self && name && i < self->n_blobs; i++) {
+        if (strcmp(self->blobs[i].name, name) == 0) {
+            return &self->blobs[i];
+        }
+    }
+    return NULL;
+}
+
+/* Whether name may be added: 1..CARLS_CKPT_MAX_NAME bytes, not yet a tensor's or a blob's, room for one more
+ * entry. */
+static bool s_name_free(const carls_ckpt_t *self, const char *name)
+{
+    size_t len = strlen(name);
+    return len > 0 && len <= CARLS_CKPT_MAX_NAME && !carls_ckpt_find(self, name) && !s_find_blob(self, name) &&
+           (unsigned)(self->count + self->n_blobs) < CARLS_CKPT_MAX_TENSORS;
+}
+
 /* Appends a tensor, taking ownership of name and data. */
 static int s_append(carls_ckpt_t *self, char *name, int ndim, const int64_t *dims, uint64_t numel, float *data)
 {
@@ -176,11 +219,7 @@ int carls_ckpt_add(carls_ckpt_t *self, const char *name, int ndim, const int64_t
     if (!self || !name || !dims || !data) {
         return CARLS_CKPT_EINVAL;
     }
-    size_t len = strlen(name);
-    if (len == 0 || len > CARLS_CKPT_MAX_NAME || carls_ckpt_find(self, name)) {
-        return CARLS_CKPT_EINVAL;
-    }
-    if ((unsigned)self->count >= CARLS_CKPT_MAX_TENSORS) {
+    if (!s_name_free(self, name)) {
         return CARLS_CKPT_EINVAL;
     }
     uint64_t numel = s_shape_numel(ndim, dims);
@@ -201,6 +240,87 @@ int carls_ckpt_add(carls_ckpt_t *self, const char *name, int ndim, const int64_t
         free(copy);
     }
     return rc;
+}
+
+/* Appends a blob, copying name and data. */
+static int s_append_blob(carls_ckpt_t *self, const char *name, const void *data, size_t len)
+{
+    char *n = strdup(name);
+    unsigned char *copy = malloc(len + 1);
+    if (!n || !copy) {
+        free(n);
+        free(copy);
+        return CARLS_CKPT_EIO;
+    }
+    memcpy(copy, data, len);
+    copy[len] = '\0';
+    self->blobs = carls_grow(self->blobs, &self->blob_cap, (size_t)self->n_blobs + 1, sizeof *self->blobs);
+    self->blobs[self->n_blobs++] = (s_blob_t){.name = n, .data = copy, .len = len};
+    return 0;
+}
+
+int carls_ckpt_add_blob(carls_ckpt_t *self, const char *name, const void *data, size_t len)
+{
+    if (!self || !name || !data || len == 0 || len > CARLS_CKPT_MAX_ELEMENTS || !s_name_free(self, name) ||
+        (unsigned)self->n_blobs >= CARLS_CKPT_MAX_BLOBS) {
+        return CARLS_CKPT_EINVAL;
+    }
+    return s_append_blob(self, name, data, len);
+}
+
+const void *carls_ckpt_blob(const carls_ckpt_t *self, const char *name, size_t *len)
+{
+    const s_blob_t *b = s_find_blob(self, name);
+    if (len) {
+        *len = b ? b->len : 0;
+    }
+    return b ? b->data : NULL;
+}
+
+int carls_ckpt_blob_count(const carls_ckpt_t *self)
+{
+    return self ? self->n_blobs : 0;
+}
+
+const char *carls_ckpt_blob_name(const carls_ckpt_t *self, int i, size_t *len)
+{
+    if (!self || i < 0 || i >= self->n_blobs) {
+        return NULL;
+    }
+    if (len) {
+        *len = self->blobs[i].len;
+    }
+    return self->blobs[i].name;
+}
+
+int carls_ckpt_add_u64(carls_ckpt_t *self, const char *name, uint64_t value)
+{
+    unsigned char b[8];
+    carls_put_le64(b, value);
+    return carls_ckpt_add_blob(self, name, b, sizeof b);
+}
+
+int carls_ckpt_get_u64(const carls_ckpt_t *self, const char *name, uint64_t *value, char *err, size_t errlen)
+{
+    size_t len = 0;
+    const unsigned char *b = carls_ckpt_blob(self, name, &len);
+    if (!b || len != 8) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "blob '%s' %s", name ? name : "(null)",
+                            b ? "is not 8 bytes" : "is missing");
+    }
+    *value = carls_get_le64(b);
+    return 0;
+}
+
+int carls_ckpt_add_text(carls_ckpt_t *self, const char *name, const char *text)
+{
+    return text ? carls_ckpt_add_blob(self, name, text, strlen(text)) : CARLS_CKPT_EINVAL;
+}
+
+const char *carls_ckpt_text(const carls_ckpt_t *self, const char *name)
+{
+    const s_blob_t *b = s_find_blob(self, name);
+    return b && strlen((const char *)b->data) == b->len ? (const char *)b->data : NULL;
 }
 
 uint64_t carls_ckpt_step(const carls_ckpt_t *self)
@@ -264,6 +384,9 @@ static uint64_t s_file_bytes(const carls_ckpt_t *self)
         const carls_ckpt_tensor_t *t = &self->tensors[i];
         n += 2 + strlen(t->name) + 2 + 8u * (uint64_t)t->ndim + 4u * (uint64_t)t->numel;
     }
+    for (int i = 0; i < self->n_blobs; i++) {
+        n += 2 + strlen(self->blobs[i].name) + 2 + 8 + (uint64_t)self->blobs[i].len;
+    }
     return n;
 }
 
@@ -272,8 +395,8 @@ static void s_write_body(const carls_ckpt_t *self, s_writer_t *w)
     unsigned char h[S_HEADER_BYTES];
     size_t kind_len = strlen(self->kind);
     memcpy(h, CARLS_CKPT_MAGIC, 8);
-    carls_put_le32(h + 8, CARLS_CKPT_VERSION);
-    carls_put_le32(h + 12, (uint32_t)self->count);
+    carls_put_le32(h + 8, self->n_blobs ? CARLS_CKPT_VERSION_BLOBS : CARLS_CKPT_VERSION);
+    carls_put_le32(h + 12, (uint32_t)(self->count + self->n_blobs));
     carls_put_le64(h + 16, s_file_bytes(self));
     carls_put_le64(h + 24, self->step);
     carls_put_le16(h + 32, (uint16_t)kind_len);
@@ -293,6 +416,19 @@ static void s_write_body(const carls_ckpt_t *self, s_writer_t *w)
         }
         s_emit(w, th, 2 + 8 * (size_t)t->ndim);
         s_emit(w, t->data, sizeof(float) * (size_t)t->numel);
+    }
+    for (int i = 0; i < self->n_blobs; i++) {
+        const s_blob_t *b = &self->blobs[i];
+        unsigned char th[12];
+        size_t name_len = strlen(b->name);
+        carls_put_le16(th, (uint16_t)name_len);
+        s_emit(w, th, 2);
+        s_emit(w, b->name, name_len);
+        th[0] = S_DTYPE_BYTES;
+        th[1] = 1;
+        carls_put_le64(th + 2, (uint64_t)b->len);
+        s_emit(w, th, 10);
+        s_emit(w, b->data, b->len);
     }
 }
 
@@ -358,10 +494,44 @@ static int s_read_all(int fd, unsigned char *buf, uint64_t n)
     return 0;
 }
 
+/* Parses blob `name` (its header up to meta, the dtype and ndim bytes, already taken from c) into self. */
+static int s_parse_blob(carls_ckpt_t *self, s_cursor_t *c, const unsigned char *meta, const char *name,
+                        const char *path, char *err, size_t errlen)
+{
+    if (meta[1] != 1) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: blob '%s': %u dimensions (1 allowed)", path, name,
+                            meta[1]);
+    }
+    const unsigned char *len_p, *data_p;
+    if (!s_take(c, 8, &len_p)) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: blob '%s': length runs past the end", path, name);
+    }
+    const uint64_t len = carls_get_le64(len_p);
+    if (len < 1 || len > CARLS_CKPT_MAX_ELEMENTS) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: blob '%s': length %llu outside 1..%llu", path, name,
+                            (unsigned long long)len, (unsigned long long)CARLS_CKPT_MAX_ELEMENTS);
+    }
+    if (!s_take(c, (size_t)len, &data_p)) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: blob '%s': %llu bytes declared but only %zu remain",
+                            path, name, (unsigned long long)len, (size_t)(c->end - c->p));
+    }
+    if (carls_ckpt_find(self, name) || s_find_blob(self, name)) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: '%s' appears twice", path, name);
+    }
+    if ((unsigned)self->n_blobs >= CARLS_CKPT_MAX_BLOBS) {
+        return carls_errorf(err, errlen, CARLS_CKPT_ELIMIT, "%s: more than %u blobs", path, CARLS_CKPT_MAX_BLOBS);
+    }
+    if (s_append_blob(self, name, data_p, (size_t)len) != 0) {
+        return carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
+    }
+    return 0;
+}
+
 /* Parses the verified file image buf (size bytes) into a new checkpoint. */
 static int s_parse(const unsigned char *buf, uint64_t size, const char *path, carls_ckpt_t **out, char *err,
                    size_t errlen)
 {
+    const uint32_t version = carls_get_le32(buf + 8);
     uint32_t count = carls_get_le32(buf + 12);
     uint16_t kind_len = carls_get_le16(buf + 32);
     char kind[CARLS_CKPT_MAX_KIND + 1];
@@ -402,8 +572,17 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
             rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor %u: name contains a NUL byte", path, i);
             break;
         }
+        if (meta[0] == S_DTYPE_BYTES && version == CARLS_CKPT_VERSION_BLOBS) {
+            rc = s_parse_blob(self, &c, meta, name, path, err, errlen);
+            continue;
+        }
         if (meta[0] != S_DTYPE_F32) {
             rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s': unknown dtype %u", path, name, meta[0]);
+            break;
+        }
+        if (self->n_blobs > 0) {
+            rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: tensor '%s' after a blob (blobs come last)", path,
+                              name);
             break;
         }
         int ndim = meta[1];
@@ -461,6 +640,9 @@ static int s_parse(const unsigned char *buf, uint64_t size, const char *path, ca
             rc = carls_errorf(err, errlen, CARLS_CKPT_EIO, "%s: out of memory", path);
         }
     }
+    if (rc == 0 && version == CARLS_CKPT_VERSION_BLOBS && self->n_blobs == 0) {
+        rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: a version %u checkpoint without blobs", path, version);
+    }
     if (rc == 0 && c.p != c.end) {
         rc = carls_errorf(err, errlen, CARLS_CKPT_ECORRUPT, "%s: %zu bytes left after the last of %u tensors", path,
                     (size_t)(c.end - c.p), count);
@@ -492,7 +674,7 @@ int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t err
     if (memcmp(h, CARLS_CKPT_MAGIC, 8) != 0) {
         return carls_errorf(err, errlen, CARLS_CKPT_EMAGIC, "%s is not a carls checkpoint (bad magic)", path);
     }
-    if (carls_get_le32(h + 8) != CARLS_CKPT_VERSION) {
+    if (carls_get_le32(h + 8) != CARLS_CKPT_VERSION && carls_get_le32(h + 8) != CARLS_CKPT_VERSION_BLOBS) {
         return carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u", path,
                             carls_get_le32(h + 8));
     }
@@ -538,9 +720,10 @@ int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errl
         goto cleanup;
     }
     uint32_t version = carls_get_le32(h + 8);
-    if (version != CARLS_CKPT_VERSION) {
-        rc = carls_errorf(err, errlen, CARLS_CKPT_EVERSION, "%s: unsupported checkpoint version %u (this build reads %u)",
-                    path, version, CARLS_CKPT_VERSION);
+    if (version != CARLS_CKPT_VERSION && version != CARLS_CKPT_VERSION_BLOBS) {
+        rc = carls_errorf(err, errlen, CARLS_CKPT_EVERSION,
+                          "%s: unsupported checkpoint version %u (this build reads %u and %u)", path, version,
+                          CARLS_CKPT_VERSION, CARLS_CKPT_VERSION_BLOBS);
         goto cleanup;
     }
     if (hn < S_HEADER_BYTES + 4) {

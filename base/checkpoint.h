@@ -1,4 +1,5 @@
-/* Trainer checkpoints: a model kind, a step and named float32 tensors in one self-checking file.
+/* Trainer checkpoints: a model kind, a step, named float32 tensors and (optionally) named blobs in one
+ * self-checking file.
  *
  * The trainer writes them (carls_ckpt_save_to_dir: DIR/ckpt-<step>.ckpt, then DIR/latest pointing at it,
  * both replaced atomically); knowledge makers read DIR/latest and load the tensors they need. The byte
@@ -15,7 +16,8 @@
 #include <stdint.h>
 
 #define CARLS_CKPT_MAGIC "CARLSCKP" /* 8 bytes, no terminator in the file */
-#define CARLS_CKPT_VERSION 1u
+#define CARLS_CKPT_VERSION 1u    /* the format of a checkpoint of tensors only (what every build reads) */
+#define CARLS_CKPT_VERSION_BLOBS 2u /* the format of a checkpoint that also holds blobs (checkpoint.c) */
 #define CARLS_CKPT_MAX_TENSORS 4096u
 #define CARLS_CKPT_MAX_DIMS 8
 #define CARLS_CKPT_MAX_NAME 255u                    /* bytes of a tensor name */
@@ -69,6 +71,32 @@ const carls_ckpt_tensor_t *carls_ckpt_find(const carls_ckpt_t *self, const char 
 uint32_t carls_ckpt_crc(const carls_ckpt_t *self);
 uint64_t carls_ckpt_file_bytes(const carls_ckpt_t *self);
 
+/* Blobs: named byte strings kept beside the tensors, for what exact resumption of a run needs besides the
+ * model (a trainer's data order and position, RNG states, the optimiser's step count, the name of the bank
+ * snapshot taken at the same step). They are not tensors: carls_ckpt_count, carls_ckpt_tensor and
+ * carls_ckpt_find do not see them, so readers that only want the model are unchanged. A name is unique among
+ * tensors and blobs together. A checkpoint without blobs is written in format version 1, byte for byte as
+ * before; one with blobs in version 2 (which older builds refuse as an unsupported version). */
+#define CARLS_CKPT_MAX_BLOBS 256u /* blobs per checkpoint (within CARLS_CKPT_MAX_TENSORS entries in all) */
+
+/* Adds a copy of len (1..CARLS_CKPT_MAX_ELEMENTS) bytes under name. EINVAL for an empty, too long or duplicate
+ * name, a length outside the range, or too many entries. */
+int carls_ckpt_add_blob(carls_ckpt_t *self, const char *name, const void *data, size_t len);
+/* The blob called name (its length in *len when len is not NULL; the bytes are followed by a NUL that is not
+ * counted), or NULL when there is none. */
+const void *carls_ckpt_blob(const carls_ckpt_t *self, const char *name, size_t *len);
+int carls_ckpt_blob_count(const carls_ckpt_t *self);
+/* The i-th blob's name (0 <= i < blob count), its length in *len; NULL when i is out of range. */
+const char *carls_ckpt_blob_name(const carls_ckpt_t *self, int i, size_t *len);
+/* A uint64 as an 8-byte little-endian blob, and back: 0, or ECORRUPT with err naming the blob when it is
+ * missing or not 8 bytes. */
+int carls_ckpt_add_u64(carls_ckpt_t *self, const char *name, uint64_t value);
+int carls_ckpt_get_u64(const carls_ckpt_t *self, const char *name, uint64_t *value, char *err, size_t errlen);
+/* A non-empty text (no NUL inside) as a blob; carls_ckpt_text returns it NUL-terminated, or NULL when it is
+ * missing or holds a NUL byte. */
+int carls_ckpt_add_text(carls_ckpt_t *self, const char *name, const char *text);
+const char *carls_ckpt_text(const carls_ckpt_t *self, const char *name);
+
 /* Writes the checkpoint to path atomically (files.h: a temporary file beside it, fsync, rename over path,
  * fsync the directory). On failure the temporary file is removed and path is untouched. */
 int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size_t errlen);
@@ -76,7 +104,7 @@ int carls_ckpt_write(const carls_ckpt_t *self, const char *path, char *err, size
 /* Reads and verifies path. On success *out is a new checkpoint the caller owns. */
 int carls_ckpt_read(const char *path, carls_ckpt_t **out, char *err, size_t errlen);
 
-/* Reads only the header of path (magic, version, step) into *step, without verifying the rest: a cheap look
+/* Reads only the header of path (magic, version 1 or 2, step) into *step, without verifying the rest: a cheap look
  * for progress reports (how far behind a consumer is); carls_ckpt_read is what verifies a file. */
 int carls_ckpt_peek_step(const char *path, uint64_t *step, char *err, size_t errlen);
 

@@ -5,6 +5,7 @@
 #include "carls_proc.h"
 #include "carls_ptab.h"
 #include "carls_report.h"
+#include "carls_resume.h"
 #include "carls_slurm.h"
 
 #include "files.h"
@@ -440,6 +441,10 @@ typedef struct {
     /* The trainer. */
     carls_proc_t trainer;
     int trainer_row;
+    char snap_prefix[48];             /* its --bank-snapshot prefix (the run's name, carls_resume_prefix) */
+    /* --resume RUN_DIR: where the run resumed (s_resume_bank). */
+    const char *resume_dir;           /* NULL: a fresh run */
+    carls_resume_pair_t resumed;      /* the checkpoint and snapshot it resumed from */
     /* How long each phase took, as rows of a markdown table for report.md. */
     char phases[4096];
     size_t plen;
@@ -868,6 +873,13 @@ static void s_graphreg_args(s_argv_t *a, const s_run_t *r)
     s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--neighbors-from", c->neighbors_from, "--tables",
                                         c->tables, "--ckpt-dir", r->ckpt, "--metrics", r->metrics, "--device",
                                         c->trainer_device, NULL});
+    /* Each checkpoint with the bank's snapshot of the same step; the newest 2 pairs kept (--resume). */
+    if (r->graph_needed) {
+        s_arg_list(a, (const char *const[]){"--bank-snapshot", r->snap_prefix, "--keep", "2", NULL});
+    }
+    if (r->resume_dir) {
+        s_arg(a, "--resume");
+    }
 }
 
 /* trainer twotower's arguments (experiment = twotower): the word vectors come from the maker fleet. */
@@ -968,11 +980,18 @@ static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bo
 }
 
 /* Names the run's files and gives it a fresh directory: the bank, checkpoints and logs of an earlier run with
- * this name go. Returns 0, or -1 after reporting. */
+ * this name go, and run.ini records the settings (for --resume). With --resume the directory is the one given
+ * and its files stay (logs and trainer.out are appended to; processes.tsv is kept as
+ * processes.before-resume.tsv); only the keys are made anew. Returns 0, or -1 after reporting. */
 static int s_prepare_dir(s_run_t *r)
 {
     const s_cfg_t *c = r->c;
-    s_fmt(r->dir, sizeof r->dir, "%s/%s", c->runs_dir, c->name);
+    if (r->resume_dir) {
+        s_fmt(r->dir, sizeof r->dir, "%s", r->resume_dir);
+    } else {
+        s_fmt(r->dir, sizeof r->dir, "%s/%s", c->runs_dir, c->name);
+    }
+    carls_resume_prefix(c->name, r->snap_prefix, sizeof r->snap_prefix);
     s_fmt(r->logs, sizeof r->logs, "%s/logs", r->dir);
     s_fmt(r->ckpt, sizeof r->ckpt, "%s/ckpt", r->dir);
     s_fmt(r->metrics, sizeof r->metrics, "%s/metrics.csv", r->dir);
@@ -1000,10 +1019,21 @@ static int s_prepare_dir(s_run_t *r)
     }
     /* Whatever an earlier run of this name left, whatever its number of shards. */
     char cmd[9000];
-    s_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* ckpt logs keys metrics.csv "
-          "trainer.out processes.tsv", r->dir);
+    if (r->resume_dir) {
+        s_fmt(cmd, sizeof cmd, "cd '%s' && rm -rf keys && { [ ! -e processes.tsv ] || mv -f processes.tsv "
+              "processes.before-resume.tsv; }", r->dir);
+    } else {
+        s_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* ckpt logs keys "
+              "metrics.csv trainer.out processes.tsv processes.before-resume.tsv " CARLS_RESUME_SETTINGS, r->dir);
+    }
     if (system(cmd) != 0 || carls_mkdir_p(r->logs, 0755, NULL, 0) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", r->dir);
+        return -1;
+    }
+    char settings[4400], err[1024];
+    s_fmt(settings, sizeof settings, "%s/%s", r->dir, CARLS_RESUME_SETTINGS);
+    if (!r->resume_dir && carls_resume_write_settings(settings, r->config, r->ini, err, sizeof err) != 0) {
+        fprintf(stderr, "carls: %s\n", err);
         return -1;
     }
     return 0;
@@ -1089,17 +1119,34 @@ static int s_make_keys(s_run_t *r)
 /* 1. The bank: n_shards kb-servers, each on a free loopback port; waits until every one listens, then
  * names the endpoint list every client gets. A restart (s_bank_died) reuses a shard's arguments with
  * --listen set to its bound endpoint. Returns 0 or -1. */
-static int s_start_bank(s_run_t *r)
+static int s_start_bank(s_run_t *r, const char *restore)
 {
     const s_cfg_t *c = r->c;
     const int64_t t0 = carls_monotonic_ms();
+    r->endpoints[0] = '\0';
     for (int i = 0; i < r->n_shards; i++) {
         s_shard_t *b = &r->shard[i];
+        memset(&b->argv, 0, sizeof b->argv);
+        b->endpoint[0] = '\0';
+        unlink(b->epfile); /* a killed run's: not this server's */
         s_server_args(&b->argv, r, b);
-        if (carls_proc_start(&b->proc, b->name, b->argv.ptr, b->log, b->log) != 0) {
+        /* --restore only for this start: a restart later must not go back to the snapshot. */
+        s_argv_t *first = &b->argv, *with = NULL;
+        if (restore) {
+            with = carls_xmalloc(sizeof *with);
+            *with = b->argv;
+            for (int k = 0; k < with->n; k++) {
+                with->ptr[k] = with->arg[k];
+            }
+            s_arg_list(with, (const char *const[]){"--restore", restore, NULL});
+            first = with;
+        }
+        const int started = carls_proc_start(&b->proc, b->name, first->ptr, b->log, b->log);
+        free(with);
+        if (started != 0) {
             return -1;
         }
-        b->row = carls_ptab_started(&r->ptab, "kb-server", &b->proc, NULL);
+        b->row = carls_ptab_started(&r->ptab, "kb-server", &b->proc, restore ? "--restore" : NULL);
     }
     for (int i = 0; i < r->n_shards; i++) {
         s_shard_t *b = &r->shard[i];
@@ -1133,6 +1180,97 @@ static int s_start_bank(s_run_t *r)
     s_phase(r, "| bank: %d kb-server%s%s | %.1f |\n", r->n_shards, r->n_shards == 1 ? "" : "s (shards)",
             r->curve ? ", CURVE (a key per process)" : "", (double)(carls_monotonic_ms() - t0) / 1000.0);
     return 0;
+}
+
+/* The last non-empty line of path into out (len bytes; "" when there is none). */
+static void s_last_line_of(const char *path, char *out, size_t len)
+{
+    *out = '\0';
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (*line) {
+            snprintf(out, len, "%s", line);
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+}
+
+/* Stops the shards that s_start_bank started (one refused its --restore), noting why in processes.tsv; the
+ * reason each exited shard gave (its log's last line) is appended to why (whylen bytes). */
+static void s_stop_bank(s_run_t *r, const char *snapshot, char *why, size_t whylen)
+{
+    for (int i = 0; i < r->n_shards; i++) {
+        s_shard_t *b = &r->shard[i];
+        if (b->proc.running && !carls_proc_poll(&b->proc)) {
+            carls_proc_stop(&b->proc, 10000);
+            carls_ptab_ended(&r->ptab, b->row, &b->proc, "stopped: another shard refused the snapshot");
+        } else if (b->proc.started_pid && b->row >= 0) {
+            char line[1100];
+            s_last_line_of(b->log, line, sizeof line);
+            const size_t used = strlen(why);
+            snprintf(why + used, whylen - used, "%s refused snapshot %s: %s (see %s)\n", b->what, snapshot,
+                     *line ? line : "no reason logged", b->log);
+            carls_ptab_ended(&r->ptab, b->row, &b->proc, "failed: --restore refused");
+        }
+        b->proc.started_pid = 0;
+        b->row = -1;
+    }
+}
+
+/* --resume, in place of phases 1 and 2: the bank restored (kb-server --restore) from the snapshot of the
+ * newest checkpoint that has a complete one which every shard accepts (each checks the snapshot's files), and
+ * the checkpoint directory rolled back to that checkpoint, so the makers and the trainer start from it. The
+ * graph, pseudo-labels and neighbour embeddings are in the snapshot: no initial graph. Returns 0, or -1
+ * after saying what was wrong with each checkpoint. */
+static int s_resume_bank(s_run_t *r)
+{
+    const int64_t t0 = carls_monotonic_ms();
+    const char *dirs[S_MAX_SHARDS];
+    for (int i = 0; i < r->n_shards; i++) {
+        dirs[i] = r->shard[i].dir;
+    }
+    carls_resume_candidates_t *cand = carls_xcalloc(1, sizeof *cand);
+    char *refused = carls_xcalloc(1, 8192);
+    const int n = carls_resume_candidates(r->ckpt, r->graph_needed, dirs, r->n_shards, cand);
+    int rc = -1;
+    for (int k = 0; k < n && rc != 0 && !s_interrupted; k++) {
+        const carls_resume_pair_t *p = &cand->pair[k];
+        rc = s_start_bank(r, r->graph_needed ? p->snapshot : NULL);
+        if (rc == 0) {
+            r->resumed = *p;
+        } else {
+            s_stop_bank(r, p->snapshot, refused, 8192);
+        }
+    }
+    char err[1024];
+    if (rc == 0 && carls_resume_rollback(r->ckpt, r->resumed.step, err, sizeof err) != 0) {
+        LOG_ERROR("--resume: %s", err);
+        rc = -1;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "carls: --resume %s: no checkpoint with a usable bank snapshot to resume from:\n%s%s",
+                r->dir, cand->why, refused);
+    } else {
+        if (*cand->why || *refused) {
+            printf("[carls] --resume passed over newer checkpoints:\n%s%s", cand->why, refused);
+            s_event(r, "--resume passed over newer checkpoints (see the launcher's log)");
+        }
+        const char *snap = *r->resumed.snapshot ? r->resumed.snapshot : "none: the run does not use the bank";
+        printf("[carls] resumed from step %llu (checkpoint %s, snapshot %s)\n", r->resumed.step, r->resumed.path,
+               snap);
+        fflush(stdout);
+        s_event(r, "resumed from step %llu (checkpoint `%s`, snapshot `%s`)", r->resumed.step, r->resumed.path,
+                snap);
+        s_phase(r, "| resume: bank restored from snapshot %s | %.1f |\n", snap,
+                (double)(carls_monotonic_ms() - t0) / 1000.0);
+    }
+    free(refused);
+    free(cand);
+    return rc;
 }
 
 /* 2. The initial graph over pixels, and with a label maker a first label-spreading pass. Returns 0 or -1. */
@@ -1445,7 +1583,13 @@ static int s_run(s_run_t *r)
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
     s_write_metrics_targets(c, r->dir, r->tt, r->bank_emb, r->bank_emb && c->graph_refresh > 0, r->label_loop);
-    if ((!r->curve || s_make_keys(r) == 0) && s_start_bank(r) == 0 && (!r->graph_needed || s_initial_graph(r) == 0) && s_start_fleet(r) == 0) {
+    bool ready = !r->curve || s_make_keys(r) == 0;
+    if (ready && r->resume_dir) {
+        ready = s_resume_bank(r) == 0; /* the graph and pseudo-labels come back with the snapshot */
+    } else if (ready) {
+        ready = s_start_bank(r, NULL) == 0 && (!r->graph_needed || s_initial_graph(r) == 0);
+    }
+    if (ready && s_start_fleet(r) == 0) {
         const int64_t t_train = carls_monotonic_ms();
         if (s_run_trainer(r) == 0) {
             s_phase(r, "| trainer (makers running beside it) | %.1f |\n",
@@ -1472,18 +1616,61 @@ static int s_run(s_run_t *r)
     return status;
 }
 
+/* --resume RUN_DIR (argv[1], argv[2]): checks the directory and names its run.ini (settings, settings_len
+ * bytes) as the configuration. Returns 0, or 2 after saying what is wrong. */
+static int s_resume_args(int argc, char **argv, char *settings, size_t settings_len)
+{
+    struct stat st;
+    if (argc < 3 || !*argv[2]) {
+        fprintf(stderr, "carls: --resume needs the run's directory (runs/<name>)\n");
+        return 2;
+    }
+    if (stat(argv[2], &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "carls: --resume %s: %s\n", argv[2], stat(argv[2], &st) != 0 ? strerror(errno) : "not a directory");
+        return 2;
+    }
+    s_fmt(settings, settings_len, "%s/%s", argv[2], CARLS_RESUME_SETTINGS);
+    if (access(settings, R_OK) != 0) {
+        fprintf(stderr, "carls: --resume %s: no %s in it (%s): not a run directory of carls run, or one made by an "
+                        "older build\n", argv[2], CARLS_RESUME_SETTINGS, strerror(errno));
+        return 2;
+    }
+    return 0;
+}
+
 int carls_run_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
         printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n"
+               "       carls run --resume RUN_DIR [--quiet]\n"
                "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process);\n"
-               "  every key of the file can be set (docs/EXPERIMENTS.md)\n");
+               "  every key of the file can be set (docs/EXPERIMENTS.md)\n"
+               "  --resume RUN_DIR: continue a graphreg run that was stopped or killed (runs/<name>) from its newest\n"
+               "  checkpoint that has a complete bank snapshot: the bank restored from the snapshot, the trainer\n"
+               "  from the checkpoint (model, optimiser, data position, RNG), makers restarted; the settings are\n"
+               "  RUN_DIR/run.ini (docs/STATE.md \"Resuming a run\")\n");
         return argc < 2 ? 2 : 0;
+    }
+    const char *resume_dir = NULL;
+    char settings[4400];
+    if (strcmp(argv[1], "--resume") == 0) {
+        if (s_resume_args(argc, argv, settings, sizeof settings) != 0) {
+            return 2;
+        }
+        resume_dir = argv[2];
+        argv[2] = settings; /* the configuration: RUN_DIR/run.ini, then the other arguments as usual */
+        argc--;
+        argv++;
     }
     carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
     s_cfg_t c;
     bool quiet = false;
     int status = s_load_config(argc, argv, ini, &c, &quiet);
+    if (status == 0 && resume_dir && strcmp(c.experiment, "graphreg") != 0) {
+        fprintf(stderr, "carls: --resume %s: an experiment = %s run; only graphreg runs resume (trainer %s has no "
+                        "--resume)\n", resume_dir, c.experiment, c.experiment);
+        status = 2;
+    }
     if (status == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -1495,6 +1682,7 @@ int carls_run_main(int argc, char **argv)
         r->config = argv[1];
         r->ini = ini;
         r->quiet = quiet;
+        r->resume_dir = resume_dir;
         status = s_prepare_dir(r) == 0 && carls_slurm_begin(r->dir, c.name) == 0 ? s_run(r) : 1;
         carls_slurm_end();
         free(r);

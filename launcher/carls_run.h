@@ -25,6 +25,13 @@
  * s_bank_client_args (the bank and keys of any client), s_maker_args, s_graphreg_args, s_twotower_args;
  * s_each_client lists the client processes of a run (their keys are made before the servers start).
  *
+ * Resuming (docs/STATE.md "Resuming a run"): every run writes its settings to runs/<name>/run.ini, and its
+ * graphreg trainer snapshots the bank at each checkpoint (--bank-snapshot <name> --keep 2: the newest two pairs
+ * of checkpoint and snapshot stay). `carls run --resume RUN_DIR` takes the newest checkpoint whose snapshot
+ * every shard holds and accepts (kb-server --restore, once), rolls ckpt/ back to it, skips phase 2 (the graph
+ * and pseudo-labels are in the snapshot), restarts the makers and starts the trainer with --resume; the
+ * output, report.md and the result line (resumed_from_step) say where it resumed (carls_resume.h).
+ *
  * The last stdout line is the result as key=value pairs, accuracy first (then shards=N curve=0|1 and the
  * fault counts). Exit status: 0, 1 when a process failed (or a shard died more than max_bank_restarts
  * times), 2 on bad usage, 130 when interrupted. */

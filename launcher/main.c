@@ -24,6 +24,10 @@ int main(int argc, char **argv)
         if (mode == 2) {
             return 2;
         }
+        if (mode == 1 && n >= 2 && strcmp(args[1], "--resume") == 0) {
+            fprintf(stderr, "carls: --resume is for local runs; it does not go with --slurm\n");
+            return 2;
+        }
         if (mode == 1 && !carls_slurm_in_allocation()) {
             return carls_slurm_allocate(orig);
         }

@@ -22,13 +22,22 @@
  * fetch train on their labels alone, are counted (bank_skipped in metrics.csv, bank_fetches_skipped at the
  * end) and the prefetcher reconnects when the bank answers again (trainer_prefetch.h).
  *
- * Checkpoints go to --ckpt-dir at step 0 and every --ckpt-every steps (the makers watch it). Evaluation on
+ * Checkpoints go to --ckpt-dir at step 0 and every --ckpt-every steps (the makers watch it). Each holds,
+ * besides the model, what an exact continuation needs (trainer_resume.h): the optimiser's moments and step
+ * count, the shuffled labelled and unlabelled orders with their positions, the batch-draw and augmentation
+ * RNG states, and the batches already drawn ahead (and handed to the prefetcher) for the next steps; dropout
+ * masks are drawn from (seed, step) and the learning rate is a function of the step. With --bank-snapshot
+ * PREFIX the bank is snapshotted (PREFIX-step<N>) before each checkpoint is written, and the checkpoint names
+ * it. --resume continues from the checkpoint --ckpt-dir/latest names: on a bank that does not change (no
+ * makers) it reproduces an uninterrupted run bit for bit; with makers it differs only as much as their
+ * timing does (and by the prefetcher's neighbour-row cache, which starts empty). Evaluation on
  * the 10,000 test images, or with --validation N on N images drawn from the unlabelled training images
  * (held out of training; for choosing hyperparameters without the test set). The last stdout line is
  * test_accuracy=X (or val_accuracy=X). */
 #include "trainer_graphreg.h"
 #include "trainer_metrics.h"
 #include "trainer_prefetch.h"
+#include "trainer_resume.h"
 #include "trainer_util.h"
 
 #include "kb_curve_args.h"
@@ -76,6 +85,8 @@ typedef struct {
     kb_curve_args_t curve;         /* --curve-key, --curve-server-key */
     const char *ckpt_dir, *metrics;
     int ckpt_every, eval_every, keep;
+    bool resume;                   /* continue from --ckpt-dir/latest */
+    const char *bank_snapshot;     /* snapshot the bank as PREFIX-step<N> at each checkpoint; NULL: no */
     const char *device;
     int threads;
 } s_opts_t;
@@ -118,6 +129,13 @@ static void s_usage(FILE *out)
             "output:\n"
             "  --ckpt-dir DIR (default runs/graphreg) --ckpt-every N (default 100) --keep N (default 3)\n"
             "  --eval-every N (default 500) --metrics FILE (default DIR/metrics.csv)\n"
+            "  --bank-snapshot PREFIX   before each checkpoint, snapshot the bank (every shard at one cut) as\n"
+            "                           PREFIX-step<N> and record the name in the checkpoint; the newest --keep\n"
+            "                           pairs are kept, older snapshots deleted (needs --kb; PREFIX: 1..39 of\n"
+            "                           [A-Za-z0-9_.-])\n"
+            "  --resume                 continue from the checkpoint DIR/latest names (written by this trainer with\n"
+            "                           the same settings): model, optimiser, data order and position, RNG states;\n"
+            "                           the bank is what it serves now (carls run --resume restores the snapshot)\n"
             "  --device auto|cpu|cuda --threads N --log-level LEVEL\n");
 }
 
@@ -172,6 +190,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
         carls_arg_int("eval-every", &o->eval_every, 1, 100000000),
         carls_arg_int("keep", &o->keep, 1, 1000000),
+        carls_arg_set("resume", &o->resume),
+        carls_arg_string("bank-snapshot", &o->bank_snapshot),
         carls_arg_string("device", &o->device),
         carls_arg_int("threads", &o->threads, 1, 1024),
         carls_arg_log_level(),
@@ -194,6 +214,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     }
     if ((o->alpha > 0.0f || o->beta > 0.0f) && !o->kb) {
         fprintf(stderr, "trainer graphreg: --kb is required when alpha or beta is above 0\n");
+        return -1;
+    }
+    if (o->bank_snapshot && !o->kb) {
+        fprintf(stderr, "trainer graphreg: --bank-snapshot needs --kb (the bank to snapshot)\n");
         return -1;
     }
     trainer_mlp_default_lr(&o->opt);
@@ -306,6 +330,10 @@ typedef struct {
     uint32_t *labelled, *unlabelled, *val; /* (n_lab), (N: the first n_unl train), (n_val) image indices */
     nn_mlp_t *m;
     trainer_prefetch_t *pf;        /* NULL when neither the graph nor the pseudo-labels are used */
+    trainer_snapshots_t *snaps;    /* --bank-snapshot: the bank's snapshots; NULL: none */
+    carls_ckpt_t *resume;          /* --resume: the checkpoint continued from (s_resume_open) */
+    char resume_path[4200];        /* its file */
+    int start;                     /* the first step to train: 0, or the resumed checkpoint's step */
     trainer_metrics_t metrics;
     char metrics_path[4200];
     char t_graph[200], t_labels[200], t_emb[200]; /* the bank's tables */
@@ -409,7 +437,10 @@ static int s_setup(s_run_t *r)
                                   : "step,loss,ce_loss,pl_loss,graph_loss,test_loss,test_accuracy,pl_coverage,"
                                     "nbr_used,nbr_stale,nbr_missing,mean_staleness,wait_ms,fetch_ms,steps_per_s,"
                                     "elapsed_s,bank_skipped";
-    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path,
+    /* Resumed: the rows up to the checkpoint's step stay; at the last step the evaluation is done again
+     * (s_train), so its row goes too. */
+    const int64_t keep_rows = !o->resume ? -1 : r->start >= o->steps ? (int64_t)r->start - 1 : (int64_t)r->start;
+    if (trainer_open_outputs(o->ckpt_dir, o->metrics, header, r->metrics_path, sizeof r->metrics_path, keep_rows,
                              &r->metrics) != 0) {
         return -1;
     }
@@ -418,11 +449,22 @@ static int s_setup(s_run_t *r)
     snprintf(r->t_graph, sizeof r->t_graph, "%s.graph", o->tables);
     snprintf(r->t_labels, sizeof r->t_labels, "%s.labels", o->tables);
     snprintf(r->t_emb, sizeof r->t_emb, "%s.emb", o->tables);
-    if (r->use_graph || r->use_pl) {
+    if (r->use_graph || r->use_pl || o->bank_snapshot) {
         kb_client_curve_t keys;
         kb_client_options_t copts = {0};
         if (kb_curve_args_options(&o->curve, "trainer graphreg", &keys, &copts) != 0) {
             return -1;
+        }
+        if (o->bank_snapshot) {
+            r->snaps = trainer_snapshots_new(o->kb, copts.curve, o->bank_snapshot, o->keep);
+            if (!r->snaps) {
+                explicit_bzero(&keys, sizeof keys);
+                return -1;
+            }
+        }
+        if (!r->use_graph && !r->use_pl) {
+            explicit_bzero(&keys, sizeof keys);
+            return 0;
         }
         trainer_prefetch_config_t pc = {
             .endpoints = o->kb,
@@ -476,6 +518,8 @@ static void s_alloc(s_run_t *r)
 static void s_teardown(s_run_t *r)
 {
     trainer_prefetch_destroy(&r->pf);
+    trainer_snapshots_destroy(&r->snaps);
+    carls_ckpt_destroy(&r->resume);
     trainer_metrics_close(&r->metrics);
     if (r->m && r->dh_dev) {
         r->m->ops->free(r->dh_dev);
@@ -652,7 +696,7 @@ static void s_end_window(s_run_t *r, int done)
                              &r->last_acc);
     }
     s_window_t *w = &r->win;
-    const double ws = (double)w->steps;
+    const double ws = w->steps ? (double)w->steps : 1.0; /* 0 only after resuming at the last step */
     const double sps = w->train_us > 0 ? ws / ((double)w->train_us / 1e6) : 0.0;
     double row[17] = {done,
                       w->loss / ws,
@@ -698,18 +742,195 @@ static void s_end_window(s_run_t *r, int done)
     memset(w, 0, sizeof *w);
 }
 
-/* Checkpoint at step 0, then train, checkpointing and evaluating on schedule. Returns 0 or -1. */
+/* The settings a resumed run must share with the run it continues (train.config): those that decide the data
+ * order, the model's shapes and the optimiser's schedule. */
+static void s_config_text(const s_run_t *r, char *buf, size_t len)
+{
+    const s_opts_t *o = r->o;
+    int n = snprintf(buf, len,
+                     "graphreg data=%s items=%d labelled=%d unlabelled=%d validation=%d label_seed=%d batch=%d+%d "
+                     "steps=%d seed=%d optimizer=%s lr=%.9g weight_decay=%.9g schedule=%s dropout=%.9g "
+                     "augment=%d,%.9g hidden=",
+                     o->data, r->N, r->n_lab, r->n_unl, r->n_val, o->label_seed, r->BL, r->BU, o->steps, o->seed,
+                     o->opt.kind == NN_OPT_ADAM ? "adam" : "sgd", (double)o->opt.lr, (double)o->opt.weight_decay,
+                     o->cosine ? "cosine" : "constant", (double)o->model.dropout, o->augment_shift,
+                     (double)o->augment_flip);
+    for (int l = 0; l < o->model.n_hidden && n > 0 && (size_t)n < len; l++) {
+        n += snprintf(buf + n, len - (size_t)n, "%s%d", l ? "," : "", o->model.hidden[l]);
+    }
+}
+
+/* The checkpoint step before s in the schedule (0, every ckpt_every, the last step), UINT64_MAX before 0. */
+static uint64_t s_prev_ckpt(uint64_t s, void *ctx)
+{
+    const uint64_t every = (uint64_t)((const s_run_t *)ctx)->o->ckpt_every;
+    if (s == 0) {
+        return UINT64_MAX;
+    }
+    return s % every ? s / every * every : s - every;
+}
+
+/* Adds the trainer's state at step `done` to c (trainer_resume.h): train.config, the optimiser, the data
+ * orders, positions and RNG states, the batches drawn ahead for steps done..drawn-1 and the bank snapshot's
+ * name (snap, "" for none). Returns 0, or -1 with err. */
+static int s_add_state(const s_run_t *r, carls_ckpt_t *c, int done, const char *snap, char *err, size_t errlen)
+{
+    char config[1024];
+    s_config_text(r, config, sizeof config);
+    const int ahead = r->drawn - done;
+    uint32_t *batches = carls_xmalloc(sizeof(uint32_t) * (size_t)(ahead > 0 ? ahead : 1) * (size_t)r->B);
+    for (int t = done; t < r->drawn; t++) {
+        memcpy(batches + (size_t)(t - done) * (size_t)r->B, r->batch + (size_t)(t % TRAINER_PREFETCH_DEPTH) * (size_t)r->B,
+               sizeof(uint32_t) * (size_t)r->B);
+    }
+    const struct {
+        const char *name;
+        uint64_t v;
+    } nums[] = {{"data.rng", r->rng},
+                {"data.aug_rng", r->aug_rng},
+                {"data.lab_cursor", (uint64_t)r->lab_cursor},
+                {"data.unl_cursor", (uint64_t)r->unl_cursor},
+                {"data.drawn", (uint64_t)r->drawn}};
+    int rc = carls_ckpt_add_text(c, TRAINER_CKPT_CONFIG, config) != 0 ? -1 : 0;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0] && rc == 0; i++) {
+        rc = carls_ckpt_add_u64(c, nums[i].name, nums[i].v) != 0 ? -1 : 0;
+    }
+    if (rc != 0) {
+        rc = carls_errorf(err, errlen, -1, "cannot add the trainer's state to the checkpoint");
+    }
+    rc = rc ? rc : trainer_mlp_save_opt(r->m, c, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "data.labelled", r->labelled, (size_t)r->n_lab, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "data.unlabelled", r->unlabelled, (size_t)r->n_unl, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "data.ahead", batches, (size_t)(ahead > 0 ? ahead : 0) * (size_t)r->B,
+                                         err, errlen);
+    if (rc == 0 && *snap && carls_ckpt_add_text(c, TRAINER_CKPT_SNAPSHOT, snap) != 0) {
+        rc = carls_errorf(err, errlen, -1, "cannot add the snapshot name %s", snap);
+    }
+    free(batches);
+    return rc;
+}
+
+/* The checkpoint of step `done`: with --bank-snapshot the bank's snapshot first (the trainer writes nothing to
+ * the bank, so the snapshot is of the bank as its makers left it by then), then the checkpoint naming it, then
+ * the snapshot `keep` checkpoints back is deleted. Returns 0 or -1. */
+static int s_checkpoint(s_run_t *r, int done)
+{
+    const s_opts_t *o = r->o;
+    char err[1024], snap[256] = "";
+    if (r->snaps) {
+        trainer_snapshot_take(r->snaps, (uint64_t)done, snap, sizeof snap);
+    }
+    carls_ckpt_t *c = NULL;
+    int rc = nn_mlp_to_ckpt(r->m, (uint64_t)done, &c, err, sizeof err);
+    rc = rc ? rc : s_add_state(r, c, done, snap, err, sizeof err);
+    if (rc != 0) {
+        LOG_ERROR("checkpoint at step %d failed: %s", done, err);
+    } else {
+        rc = trainer_ckpt_save(c, o->ckpt_dir, o->keep);
+    }
+    carls_ckpt_destroy(&c);
+    if (rc == 0 && *snap) {
+        trainer_snapshot_prune(r->snaps, (uint64_t)done, s_prev_ckpt, r);
+    }
+    return rc;
+}
+
+/* --resume, before the model and the buffers exist: reads the checkpoint --ckpt-dir/latest names, checks that
+ * it is this run's, and sets r->start. Returns 0, or -1 after printing why. */
+static int s_resume_open(s_run_t *r)
+{
+    char config[1024];
+    s_config_text(r, config, sizeof config);
+    if (trainer_resume_open(r->o->ckpt_dir, NN_MLP_KIND_CLASSIFIER, config, &r->resume, r->resume_path,
+                            sizeof r->resume_path) != 0) {
+        return -1;
+    }
+    const uint64_t step = carls_ckpt_step(r->resume);
+    if (step > (uint64_t)r->o->steps) {
+        fprintf(stderr, "trainer: --resume: %s is at step %llu, beyond --steps %d\n", r->resume_path,
+                (unsigned long long)step, r->o->steps);
+        return -1;
+    }
+    r->start = (int)step;
+    return 0;
+}
+
+/* Checks that the n indices of v are below limit (a checkpoint is untrusted input). */
+static int s_check_items(const uint32_t *v, size_t n, int limit, const char *name, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] >= (uint32_t)limit) {
+            return carls_errorf(err, errlen, -1, "%s[%zu] = %u is not an item of this run (%d items)", name, i, v[i],
+                                limit);
+        }
+    }
+    return 0;
+}
+
+/* --resume, once the model, the prefetcher and the buffers exist: the model and optimiser, the data orders,
+ * positions and RNG states, and the batches drawn ahead (handed to the prefetcher again, for the same steps).
+ * Returns 0, or -1 after printing why. */
+static int s_resume_apply(s_run_t *r)
+{
+    const carls_ckpt_t *c = r->resume;
+    char err[1024] = "";
+    uint64_t v[5] = {0};
+    const char *names[5] = {"data.rng", "data.aug_rng", "data.lab_cursor", "data.unl_cursor", "data.drawn"};
+    int rc = trainer_mlp_load_state(r->m, c, err, sizeof err);
+    for (int i = 0; i < 5 && rc == 0; i++) {
+        rc = carls_ckpt_get_u64(c, names[i], &v[i], err, sizeof err) ? -1 : 0;
+    }
+    const uint64_t last = (uint64_t)r->start + TRAINER_PREFETCH_DEPTH - 1;
+    if (rc == 0 && (v[2] > (uint64_t)r->n_lab || v[3] > (uint64_t)r->n_unl || v[4] < (uint64_t)r->start ||
+                    v[4] > (last < (uint64_t)r->o->steps ? last : (uint64_t)r->o->steps))) {
+        rc = carls_errorf(err, sizeof err, -1, "positions out of range (labelled %llu of %d, unlabelled %llu of %d, "
+                          "drawn %llu at step %d)", (unsigned long long)v[2], r->n_lab, (unsigned long long)v[3],
+                          r->n_unl, (unsigned long long)v[4], r->start);
+    }
+    const size_t ahead = rc == 0 ? (size_t)(v[4] - (uint64_t)r->start) : 0;
+    uint32_t *batches = carls_xmalloc(sizeof(uint32_t) * (ahead ? ahead : 1) * (size_t)r->B);
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "data.labelled", r->labelled, (size_t)r->n_lab, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "data.unlabelled", r->unlabelled, (size_t)r->n_unl, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "data.ahead", batches, ahead * (size_t)r->B, err, sizeof err);
+    rc = rc ? rc : s_check_items(r->labelled, (size_t)r->n_lab, r->N, "data.labelled", err, sizeof err);
+    rc = rc ? rc : s_check_items(r->unlabelled, (size_t)r->n_unl, r->N, "data.unlabelled", err, sizeof err);
+    rc = rc ? rc : s_check_items(batches, ahead * (size_t)r->B, r->N, "data.ahead", err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "trainer: --resume: %s: %s\n", r->resume_path, err);
+        free(batches);
+        return -1;
+    }
+    r->rng = v[0];
+    r->aug_rng = v[1];
+    r->lab_cursor = (int)v[2];
+    r->unl_cursor = (int)v[3];
+    r->drawn = (int)v[4];
+    for (int t = r->start; t < r->drawn; t++) {
+        uint32_t *b = r->batch + (size_t)(t % TRAINER_PREFETCH_DEPTH) * (size_t)r->B;
+        memcpy(b, batches + (size_t)(t - r->start) * (size_t)r->B, sizeof(uint32_t) * (size_t)r->B);
+        if (r->pf) {
+            trainer_prefetch_submit(r->pf, b, r->B, (uint64_t)t);
+        }
+    }
+    free(batches);
+    const char *snap = carls_ckpt_text(c, TRAINER_CKPT_SNAPSHOT);
+    LOG_INFO("resumed from step %d (checkpoint %s, snapshot %s)", r->start, r->resume_path, snap ? snap : "none");
+    return 0;
+}
+
+/* Checkpoint at step 0 (unless resumed), then train, checkpointing and evaluating on schedule. Returns 0 or
+ * -1. */
 static int s_train(s_run_t *r)
 {
     const s_opts_t *o = r->o;
-    if (trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, 0) != 0) {
+    if (!o->resume && s_checkpoint(r, 0) != 0) {
         return -1;
     }
     r->t_start = carls_monotonic_us();
     /* On a terminal, a progress line over the whole run (rate, time left); the evaluation lines are the log. */
     carls_progress_t bar;
-    carls_progress_start_units(&bar, "graphreg", o->steps, "steps");
-    for (int step = 0; step < o->steps; step++) {
+    carls_progress_start_units(&bar, "graphreg", o->steps - r->start, "steps");
+    for (int step = r->start; step < o->steps; step++) {
         if (s_train_step(r, step) != 0) {
             carls_progress_clear(&bar);
             return -1;
@@ -717,8 +938,7 @@ static int s_train(s_run_t *r)
         const int done = step + 1;
         if (bar.tty)
             carls_progress_add(&bar, 1);
-        if ((done % o->ckpt_every == 0 || done == o->steps) &&
-            trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)done) != 0) {
+        if ((done % o->ckpt_every == 0 || done == o->steps) && s_checkpoint(r, done) != 0) {
             return -1;
         }
         if (done % o->eval_every == 0 || done == o->steps) {
@@ -728,6 +948,9 @@ static int s_train(s_run_t *r)
     }
     if (bar.tty)
         carls_progress_finish(&bar, NULL);
+    if (r->start >= o->steps) {
+        s_end_window(r, o->steps); /* resumed at the last step: only the evaluation is left */
+    }
     return 0;
 }
 
@@ -742,15 +965,21 @@ static void s_print_summary(const s_run_t *r)
            s_nbr_mode_name(o->nbr_mode, "none"), nn_device_name(r->device));
     printf("checkpoints: %s, metrics: %s\n", o->ckpt_dir, r->metrics_path);
     printf("train_seconds=%.2f\n", train_s);
-    printf("steps_per_s=%.2f\n", train_s > 0 ? o->steps / train_s : 0.0);
-    printf("wait_ms_per_step=%.3f\n", t->wait_ms / o->steps);
+    const int trained = o->steps - r->start;
+    if (o->resume) {
+        const char *snap = carls_ckpt_text(r->resume, TRAINER_CKPT_SNAPSHOT);
+        printf("resumed from step %d (checkpoint %s, snapshot %s)\n", r->start, r->resume_path, snap ? snap : "none");
+        printf("resumed_from_step=%d\n", r->start);
+    }
+    printf("steps_per_s=%.2f\n", train_s > 0 ? trained / train_s : 0.0);
+    printf("wait_ms_per_step=%.3f\n", trained > 0 ? t->wait_ms / trained : 0.0);
     printf("neighbors_used=%lld\nneighbors_stale=%lld\nneighbors_missing=%lld\n", (long long)t->nbr_used,
            (long long)t->nbr_stale, (long long)t->nbr_missing);
     if (r->pf) {
         printf("bank_fetches_skipped=%lld\n", (long long)t->bank_skipped);
     }
     if (r->pf && o->nbr_mode == S_NBR_BANK) {
-        printf("neighbor_rows_read_per_step=%.1f\n", (double)t->rows_read / o->steps);
+        printf("neighbor_rows_read_per_step=%.1f\n", trained > 0 ? (double)t->rows_read / trained : 0.0);
     }
     printf("%s_loss=%.4f\n", r->n_val ? "val" : "test", r->last_loss);
     printf("%s_accuracy=%.4f\n", r->n_val ? "val" : "test", r->last_acc);
@@ -770,9 +999,9 @@ int trainer_graphreg_main(int argc, char **argv)
     }
     trainer_setup_threads(o.threads);
     int rc = 1;
-    if (s_load_data(&r) == 0 && s_setup(&r) == 0) {
+    if (s_load_data(&r) == 0 && (!o.resume || s_resume_open(&r) == 0) && s_setup(&r) == 0) {
         s_alloc(&r);
-        if (s_train(&r) == 0) {
+        if ((!o.resume || s_resume_apply(&r) == 0) && s_train(&r) == 0) {
             s_print_summary(&r);
             rc = 0;
         }

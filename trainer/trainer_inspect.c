@@ -5,7 +5,9 @@
 
 #include "checkpoint.h"
 
+#include <ctype.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,7 +38,8 @@ int trainer_inspect_main(int argc, char **argv)
         total += carls_ckpt_tensor(c, i)->numel;
     }
     printf("file: %s\n", path);
-    printf("format: %s version %u, %llu bytes, crc32 %08x (verified)\n", CARLS_CKPT_MAGIC, CARLS_CKPT_VERSION,
+    printf("format: %s version %u, %llu bytes, crc32 %08x (verified)\n", CARLS_CKPT_MAGIC,
+           carls_ckpt_blob_count(c) ? CARLS_CKPT_VERSION_BLOBS : CARLS_CKPT_VERSION,
            (unsigned long long)carls_ckpt_file_bytes(c), carls_ckpt_crc(c));
     printf("kind: %s\n", carls_ckpt_kind(c));
     printf("step: %llu\n", (unsigned long long)carls_ckpt_step(c));
@@ -72,6 +75,26 @@ int trainer_inspect_main(int argc, char **argv)
             printf("  (%lld not finite)", (long long)nonfinite);
         }
         printf("\n");
+    }
+    if (carls_ckpt_blob_count(c)) {
+        printf("blobs: %d (the trainer's state for --resume)\n", carls_ckpt_blob_count(c));
+    }
+    for (int i = 0; i < carls_ckpt_blob_count(c); i++) {
+        size_t len = 0;
+        const char *name = carls_ckpt_blob_name(c, i, &len);
+        const char *text = carls_ckpt_text(c, name);
+        bool printable = text != NULL;
+        for (size_t k = 0; printable && k < len; k++) {
+            printable = isprint((unsigned char)text[k]);
+        }
+        uint64_t v = 0;
+        if (printable) {
+            printf("  %-24s text \"%s\"\n", name, text);
+        } else if (len == 8 && carls_ckpt_get_u64(c, name, &v, NULL, 0) == 0) {
+            printf("  %-24s u64 %llu\n", name, (unsigned long long)v);
+        } else {
+            printf("  %-24s %zu bytes\n", name, len);
+        }
     }
     carls_ckpt_destroy(&c);
     return 0;

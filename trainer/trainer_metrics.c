@@ -3,10 +3,11 @@
 
 #include <string.h>
 
-int trainer_metrics_open(trainer_metrics_t *m, const char *path, const char *header)
+/* Opens path in mode ("w" or "a") and writes the header when the file is empty. */
+static int s_open(trainer_metrics_t *m, const char *path, const char *header, const char *mode)
 {
     memset(m, 0, sizeof *m);
-    m->f = fopen(path, "w");
+    m->f = fopen(path, mode);
     if (!m->f) {
         return -1;
     }
@@ -14,9 +15,21 @@ int trainer_metrics_open(trainer_metrics_t *m, const char *path, const char *hea
     for (const char *p = header; *p; p++) {
         m->columns += *p == ',';
     }
-    fprintf(m->f, "%s\n", header);
-    fflush(m->f);
+    if (ftell(m->f) == 0) {
+        fprintf(m->f, "%s\n", header);
+        fflush(m->f);
+    }
     return 0;
+}
+
+int trainer_metrics_open(trainer_metrics_t *m, const char *path, const char *header)
+{
+    return s_open(m, path, header, "w");
+}
+
+int trainer_metrics_append(trainer_metrics_t *m, const char *path, const char *header)
+{
+    return s_open(m, path, header, "a");
 }
 
 void trainer_metrics_row(trainer_metrics_t *m, const double *values)

@@ -195,7 +195,7 @@ static int s_setup(s_run_t *r)
     if (trainer_open_outputs(o->ckpt_dir, o->metrics,
                              "epoch,step,train_loss,train_accuracy,test_loss,test_accuracy,examples_per_s,"
                              "train_seconds,elapsed_seconds",
-                             r->metrics_path, sizeof r->metrics_path, &r->metrics) != 0) {
+                             r->metrics_path, sizeof r->metrics_path, -1, &r->metrics) != 0) {
         return -1;
     }
     r->xbuf = carls_xmalloc(sizeof(float) * (size_t)r->max_batch * (size_t)r->ds.train.dim);

@@ -1,5 +1,6 @@
 /* Shared helpers of the trainer's subcommands (see trainer_util.h). */
 #include "trainer_util.h"
+#include "trainer_resume.h"
 
 #include "carls_args.h"
 #include "checkpoint.h"
@@ -150,23 +151,18 @@ void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint3
 int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step)
 {
     carls_ckpt_t *c = NULL;
-    char err[1024], path[4096];
-    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0 ||
-        carls_ckpt_save_to_dir(c, dir, path, sizeof path, err, sizeof err) != 0) {
+    char err[1024];
+    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0) {
         LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
-        carls_ckpt_destroy(&c);
         return -1;
     }
+    int rc = trainer_ckpt_save(c, dir, keep);
     carls_ckpt_destroy(&c);
-    LOG_DEBUG("checkpoint %s", path);
-    if (carls_ckpt_prune(dir, keep, err, sizeof err) < 0) {
-        LOG_WARN("pruning %s: %s", dir, err);
-    }
-    return 0;
+    return rc;
 }
 
 int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
-                         trainer_metrics_t *out)
+                         int64_t resume_step, trainer_metrics_t *out)
 {
     if (metrics) {
         snprintf(path, pathlen, "%s", metrics);
@@ -177,7 +173,10 @@ int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *
         fprintf(stderr, "trainer: cannot create %s: %s\n", ckpt_dir, strerror(errno));
         return -1;
     }
-    if (trainer_metrics_open(out, path, header) != 0) {
+    if (resume_step >= 0 && trainer_metrics_trim(path, (uint64_t)resume_step) != 0) {
+        return -1;
+    }
+    if ((resume_step >= 0 ? trainer_metrics_append : trainer_metrics_open)(out, path, header) != 0) {
         fprintf(stderr, "trainer: cannot write metrics to %s\n", path);
         return -1;
     }

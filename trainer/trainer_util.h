@@ -64,9 +64,10 @@ void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint3
 int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step);
 
 /* A run's outputs: creates ckpt_dir, names the metrics file (metrics, or NULL: ckpt_dir/metrics.csv) into
- * path and opens it with header. Returns 0, or -1 after printing "trainer: cannot ...". */
+ * path and opens it with header. resume_step >= 0 (a resumed run): the file's rows after that step go and
+ * the new rows are appended. Returns 0, or -1 after printing "trainer: cannot ...". */
 int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
-                         trainer_metrics_t *out);
+                         int64_t resume_step, trainer_metrics_t *out);
 
 /* The trainer's progress metrics (carls_trainer_*: `trainer --metrics-port P COMMAND ...` serves them on
  * /metrics), NULL when not served: experiments report to it unconditionally (carls_prom_progress_* accept

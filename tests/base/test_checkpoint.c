@@ -205,9 +205,9 @@ static void test_refuses_bad_files(void **state)
     s_expect_refused(bad, CARLS_CKPT_EMAGIC, "magic");
 
     RESET();
-    carls_put_le32(buf + 8, 2);
+    carls_put_le32(buf + 8, 3); /* 1 and 2 are read (2: with blobs) */
     s_spit(bad, buf, len);
-    s_expect_refused(bad, CARLS_CKPT_EVERSION, "version 2");
+    s_expect_refused(bad, CARLS_CKPT_EVERSION, "version 3");
     assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EVERSION);
     s_spit(bad, ref, 20); /* cut inside the header */
     assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), CARLS_CKPT_EIO);
@@ -332,12 +332,118 @@ static void test_hostile_latest_pointer(void **state)
     assert_string_equal(out, want);
 }
 
+/* Blobs: a round trip (format version 2), the version-1 bytes of a checkpoint without blobs unchanged, names
+ * unique across tensors and blobs, and refusal of a blob before a tensor, a version-2 file without blobs and a
+ * blob in a version-1 file. Layout of the file below: the reference's 112 bytes before its CRC, then blob
+ * "s" at 112: name_len@112 name@114 dtype@115 ndim@116 length@117 data@125..127 ("abc"); CRC@128; 132 bytes. */
+static void test_blobs(void **state)
+{
+    (void)state;
+    char good[1024], bad[1024], err[512];
+    snprintf(good, sizeof good, "%s/blobs.ckpt", test_scratch_dir);
+    snprintf(bad, sizeof bad, "%s/blobs-bad.ckpt", test_scratch_dir);
+    s_make_good(good);
+    size_t v1_len = 0;
+    unsigned char *v1 = test_read_file(good, 0, &v1_len);
+    assert_int_equal(v1_len, 116);
+    assert_int_equal(carls_get_le32(v1 + 8), CARLS_CKPT_VERSION); /* no blobs: version 1, as before */
+
+    carls_ckpt_t *c = NULL;
+    assert_int_equal(carls_ckpt_read(good, &c, err, sizeof err), 0);
+    float one = 1.0f;
+    int64_t d1[1] = {1};
+    assert_int_equal(carls_ckpt_add_text(c, "s", "abc"), 0);
+    assert_int_equal(carls_ckpt_add_blob(c, "a", "x", 1), CARLS_CKPT_EINVAL); /* a tensor's name */
+    assert_int_equal(carls_ckpt_add(c, "s", 1, d1, &one), CARLS_CKPT_EINVAL);  /* a blob's name */
+    assert_int_equal(carls_ckpt_add_blob(c, "empty", "", 0), CARLS_CKPT_EINVAL);
+    assert_int_equal(carls_ckpt_add_text(c, "t", ""), CARLS_CKPT_EINVAL);
+    assert_int_equal(carls_ckpt_write(c, good, err, sizeof err), 0);
+    carls_ckpt_destroy(&c);
+    size_t len = 0;
+    unsigned char *buf = test_read_file(good, 16, &len);
+    assert_int_equal(len, 132);
+    assert_int_equal(carls_get_le32(buf + 8), CARLS_CKPT_VERSION_BLOBS);
+    assert_int_equal(carls_get_le32(buf + 12), 3); /* entries: two tensors and the blob */
+    assert_memory_equal(buf, v1, 8);
+    assert_memory_equal(buf + 12 + 4 + 8, v1 + 12 + 4 + 8, 112 - 24); /* step, kind and tensors unchanged */
+    assert_int_equal(buf[115], 2);
+    assert_memory_equal(buf + 125, "abc", 3);
+
+    carls_ckpt_t *r = NULL;
+    assert_int_equal(carls_ckpt_read(good, &r, err, sizeof err), 0);
+    assert_int_equal(carls_ckpt_count(r), 2); /* blobs are not tensors */
+    assert_null(carls_ckpt_find(r, "s"));
+    assert_int_equal(carls_ckpt_blob_count(r), 1);
+    size_t blen = 0;
+    assert_string_equal(carls_ckpt_blob_name(r, 0, &blen), "s");
+    assert_int_equal(blen, 3);
+    assert_null(carls_ckpt_blob_name(r, 1, NULL));
+    assert_string_equal(carls_ckpt_text(r, "s"), "abc");
+    assert_null(carls_ckpt_text(r, "nope"));
+    uint64_t v = 0;
+    assert_int_equal(carls_ckpt_get_u64(r, "s", &v, err, sizeof err), CARLS_CKPT_ECORRUPT); /* not 8 bytes */
+    assert_non_null(strstr(err, "'s'"));
+    assert_int_equal(carls_ckpt_get_u64(r, "gone", &v, err, sizeof err), CARLS_CKPT_ECORRUPT);
+    assert_non_null(strstr(err, "missing"));
+    assert_int_equal(carls_ckpt_add_u64(r, "u", 0x0123456789abcdefULL), 0);
+    unsigned char bytes[3] = {0, 1, 0};
+    assert_int_equal(carls_ckpt_add_blob(r, "bin", bytes, 3), 0);
+    assert_null(carls_ckpt_text(r, "bin")); /* a NUL inside: not a text */
+    assert_int_equal(carls_ckpt_write(r, bad, err, sizeof err), 0);
+    carls_ckpt_destroy(&r);
+    assert_int_equal(carls_ckpt_read(bad, &r, err, sizeof err), 0);
+    assert_int_equal(carls_ckpt_get_u64(r, "u", &v, err, sizeof err), 0);
+    assert_true(v == 0x0123456789abcdefULL);
+    assert_memory_equal(carls_ckpt_blob(r, "bin", &blen), bytes, 3);
+    assert_int_equal(blen, 3);
+    uint64_t peeked = 0;
+    assert_int_equal(carls_ckpt_peek_step(bad, &peeked, err, sizeof err), 0);
+    assert_true(peeked == 77);
+    carls_ckpt_destroy(&r);
+
+    unsigned char *m = malloc(len + 32);
+    assert_non_null(m);
+    /* A blob in a version-1 file: dtype 2 is unknown there. */
+    memcpy(m, buf, len);
+    carls_put_le32(m + 8, CARLS_CKPT_VERSION);
+    s_fix_crc(m, len);
+    s_spit(bad, m, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "unknown dtype 2");
+    /* Version 2 without a blob: the reference's tensors under a version-2 header. */
+    memcpy(m, v1, v1_len);
+    carls_put_le32(m + 8, CARLS_CKPT_VERSION_BLOBS);
+    s_fix_crc(m, v1_len);
+    s_spit(bad, m, v1_len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "without blobs");
+    /* A blob before a tensor: move blob "s" (16 bytes at 112) in front of tensor "b" (29 bytes at 83). */
+    memcpy(m, buf, len);
+    memcpy(m + 83, buf + 112, 16);
+    memcpy(m + 99, buf + 83, 29);
+    s_fix_crc(m, len);
+    s_spit(bad, m, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "after a blob");
+    /* A blob with two dimensions, and one longer than the file. */
+    memcpy(m, buf, len);
+    m[116] = 2;
+    s_fix_crc(m, len);
+    s_spit(bad, m, len);
+    s_expect_refused(bad, CARLS_CKPT_ELIMIT, "dimensions");
+    memcpy(m, buf, len);
+    carls_put_le64(m + 117, 4);
+    s_fix_crc(m, len);
+    s_spit(bad, m, len);
+    s_expect_refused(bad, CARLS_CKPT_ECORRUPT, "declared");
+    free(m);
+    free(buf);
+    free(v1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_latest),  cmocka_unit_test(test_add_rejects_bad_tensors),
         cmocka_unit_test(test_write_failure_leaves_nothing), cmocka_unit_test(test_refuses_bad_files),
-        cmocka_unit_test(test_hostile_latest_pointer),
+        cmocka_unit_test(test_hostile_latest_pointer), cmocka_unit_test(test_blobs),
     };
     return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
 }

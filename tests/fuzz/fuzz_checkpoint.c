@@ -48,6 +48,16 @@ static void s_check_loaded(const carls_ckpt_t *ck, const uint8_t *data, size_t s
         FUZZ_CHECK(t->data != NULL);
         FUZZ_CHECK(carls_ckpt_find(ck, t->name) == t);
     }
+    const int blobs = carls_ckpt_blob_count(ck);
+    FUZZ_CHECK(blobs >= 0 && (unsigned)blobs <= CARLS_CKPT_MAX_BLOBS && (unsigned)(count + blobs) <= CARLS_CKPT_MAX_TENSORS);
+    for (int i = 0; i < blobs; i++) {
+        size_t len = 0, again = 0;
+        const char *name = carls_ckpt_blob_name(ck, i, &len);
+        FUZZ_CHECK(name && strlen(name) >= 1 && strlen(name) <= CARLS_CKPT_MAX_NAME);
+        FUZZ_CHECK(len >= 1 && carls_ckpt_find(ck, name) == NULL);
+        const unsigned char *b = carls_ckpt_blob(ck, name, &again);
+        FUZZ_CHECK(b != NULL && again == len && b[len] == '\0');
+    }
     char err[512];
     if (carls_ckpt_write(ck, s_rewrite_path, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_checkpoint: write-back failed: %s\n", err);

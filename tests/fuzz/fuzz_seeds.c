@@ -332,6 +332,21 @@ static void s_checkpoints(void)
     s_checkpoint("one-1d", "mlp_classifier", 1, 1);
     s_checkpoint("three-2d", "mlp_encoder", 3, 2);
     s_checkpoint("two-4d", "0123456789012345678901234567890123456789012345678901234567890123", 2, 4);
+    /* Format version 2: a tensor and blobs (a trainer's resume state: a u64, a text, raw bytes). */
+    carls_ckpt_t *ck = carls_ckpt_new("mlp_classifier", 250);
+    const float w[2] = {0.5f, -1.5f};
+    const int64_t dims[1] = {2};
+    const unsigned char order[6] = {3, 0, 0, 0, 1, 0};
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/checkpoint/seed-blobs", s_out);
+    if (!ck || carls_ckpt_add(ck, "enc.0.bias", 1, dims, w) != 0 || carls_ckpt_add_u64(ck, "train.step", 250) != 0 ||
+        carls_ckpt_add_text(ck, "bank.snapshot", "run-step250") != 0 ||
+        carls_ckpt_add_blob(ck, "data.order", order, sizeof order) != 0 ||
+        carls_ckpt_write(ck, path, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_seeds: seed-blobs: %s\n", err);
+        exit(1);
+    }
+    carls_ckpt_destroy(&ck);
 }
 
 /* Writes an export of `rows` rows into export/seed-<name>. */

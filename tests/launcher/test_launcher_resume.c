@@ -1,0 +1,208 @@
+/* `carls run --resume` after SIGKILL of the whole run (docs/STATE.md "Resuming a run"): the graph-regularized
+ * experiment, shrunk with --set (1,000 items, 1 embed maker, 3,000 trainer steps, a checkpoint and a bank
+ * snapshot every 100), runs in a process group of its own; once the trainer's checkpoint after step 0 is
+ * there, the whole group gets SIGKILL (launcher, kb-server, makers, trainer). Then:
+ *   - `carls run --resume RUN` exits 0 with the result line (test_accuracy above 0.4: chance is 0.1), says
+ *     "resumed from step N (checkpoint ..., snapshot ...)" with 100 <= N <= the step of the kill (a resume that
+ *     started again from step 0 fails here), and so do report.md and the trainer's output
+ *     (resumed_from_step=N); metrics.csv holds each evaluation (500, 1,000, ..., 3,000) once; the newest two
+ *     checkpoints and their snapshots are all that is left;
+ *   - a damaged newest snapshot (a byte of its store flipped) is refused by kb-server --restore, and the run
+ *     resumes from the pair before it, saying which snapshot was refused;
+ *   - with no complete snapshot left, and for a missing or foreign directory, --resume fails with messages
+ *     that name the file.
+ * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "maker_testlib.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define S_STEPS 3000
+
+/* The trainer's newest checkpoint step (from ckpt/latest), -1 when there is none. */
+static long s_latest_step(const char *run)
+{
+    char path[512], text[128] = "";
+    snprintf(path, sizeof path, "%s/ckpt/latest", run);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return -1;
+    }
+    if (!fgets(text, sizeof text, f)) {
+        text[0] = '\0';
+    }
+    fclose(f);
+    const char *d = strpbrk(text, "0123456789");
+    return d ? atol(d) : -1;
+}
+
+/* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
+static pid_t s_spawn_group(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(CARLS_BIN_DIR "/carls", argv);
+        _exit(127);
+    }
+    setpgid(pid, pid); /* whichever of the two runs first */
+    return pid;
+}
+
+/* `carls run --resume run [extra]` to the end; returns its exit status. */
+static int s_resume(const char *run, const char *log)
+{
+    char *argv[] = {"carls", "run", "--resume", (char *)run, NULL};
+    return mt_wait(mt_spawn("carls", argv, log), 450000);
+}
+
+/* The number of rows of metrics.csv whose step is `step`. */
+static int s_metric_rows(const char *run, int step)
+{
+    char path[512], line[4096];
+    snprintf(path, sizeof path, "%s/metrics.csv", run);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        n += line[0] >= '0' && line[0] <= '9' && atoi(line) == step;
+    }
+    if (f) {
+        fclose(f);
+    }
+    return n;
+}
+
+/* Checks that run (whose log is log) resumed from some step in [lo, hi] and finished; returns that step. */
+static long s_check_resumed(const char *run, const char *log, int st, long lo, long hi)
+{
+    char line[8192], want[256];
+    mt_check_run_result(st, log, line, sizeof line);
+    FILE *f = fopen(log, "r");
+    long step = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "[carls] resumed from step ");
+        if (p) {
+            step = atol(p + strlen("[carls] resumed from step "));
+            MT_CHECK(strstr(p, "(checkpoint ") && strstr(p, ", snapshot resume-step"), "unclear: %s", p);
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    MT_CHECK(step >= lo && step <= hi, "resumed from step %ld, not one in %ld..%ld (see %s)", step, lo, hi, log);
+    char path[512];
+    snprintf(path, sizeof path, "%s/report.md", run);
+    snprintf(want, sizeof want, "| resumed_from_step | %ld |", step);
+    MT_CHECK(mt_file_contains(path, want), "report.md lacks '%s'", want);
+    snprintf(want, sizeof want, "resumed from step %ld (checkpoint `", step);
+    MT_CHECK(mt_file_contains(path, want), "report.md lacks '%s'", want);
+    snprintf(path, sizeof path, "%s/trainer.out", run);
+    snprintf(want, sizeof want, "resumed_from_step=%ld\n", step);
+    MT_CHECK(mt_file_contains(path, want), "trainer.out lacks '%s'", want);
+    return step;
+}
+
+int main(void)
+{
+    if (!mt_have_fmnist()) {
+        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+        return 77;
+    }
+    char dir[64], ini[512], runs[128], run[160], log[128], set_runs[160], path[512], steps[32];
+    mt_tempdir(dir, "resume");
+    snprintf(ini, sizeof ini, "%s/experiments/graphreg-quick.ini", CARLS_SOURCE_DIR);
+    snprintf(runs, sizeof runs, "%s/runs", dir);
+    snprintf(run, sizeof run, "%s/resume", runs);
+    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
+    snprintf(steps, sizeof steps, "steps=%d", S_STEPS);
+    char *argv[] = {"carls", "run", ini, "--set", set_runs, "--set", "name=resume", "--set", "items=1000",
+                    "--set", "makers=1", "--set", "maker_device=cpu", "--set", "trainer_device=cpu",
+                    "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
+                    "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=500",
+                    "--set", "timeout_s=500", NULL};
+
+    /* 1. The run, killed as a whole (SIGKILL to its process group) once the checkpoint after step 0 is
+     * written. */
+    snprintf(log, sizeof log, "%s/carls-killed.log", dir);
+    const pid_t launcher = s_spawn_group(argv, log);
+    const int64_t deadline = carls_monotonic_ms() + 300000;
+    while (s_latest_step(run) < 100 && carls_monotonic_ms() < deadline && waitpid(launcher, NULL, WNOHANG) == 0) {
+        usleep(20 * 1000);
+    }
+    MT_CHECK(kill(-launcher, SIGKILL) == 0, "kill the run's process group: %s", strerror(errno));
+    const long killed_at = s_latest_step(run);
+    waitpid(launcher, NULL, 0);
+    for (int i = 0; i < 500 && kill(-launcher, 0) == 0; i++) {
+        usleep(20 * 1000); /* the group's other processes go */
+    }
+    printf("SIGKILL to the run's process group at trainer checkpoint step %ld\n", killed_at);
+    MT_CHECK(killed_at >= 100 && killed_at < S_STEPS, "killed at step %ld: not between the first checkpoint and the "
+             "end (see %s)", killed_at, log);
+    if (mt_failures) {
+        return mt_finish("test_launcher_resume", dir);
+    }
+
+    /* 2. Resumed: from a checkpoint written before the kill (not step 0), to the end. */
+    snprintf(log, sizeof log, "%s/carls-resumed.log", dir);
+    const long resumed = s_check_resumed(run, log, s_resume(run, log), 100, killed_at);
+    for (int step = 500; step <= S_STEPS; step += 500) {
+        MT_CHECK(s_metric_rows(run, step) == 1, "metrics.csv has %d rows of step %d, 1 expected", s_metric_rows(run, step),
+                 step);
+    }
+    const char *left[] = {"ckpt/ckpt-000000002900.ckpt", "ckpt/ckpt-000000003000.ckpt",
+                          "kb/snapshots/resume-step2900/MANIFEST", "kb/snapshots/resume-step3000/MANIFEST"};
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", run, left[i]);
+        MT_CHECK(access(path, R_OK) == 0, "%s is missing after the run", path);
+    }
+    snprintf(path, sizeof path, "ls '%s/kb/snapshots' | wc -l | grep -qx 2 && ls '%s/ckpt' | grep -c ckpt- | grep -qx 2",
+             run, run);
+    MT_CHECK(system(path) == 0, "more than the newest 2 checkpoints and snapshots are left in %s", run);
+    printf("resumed from step %ld and finished\n", resumed);
+
+    /* 3. The newest snapshot damaged: refused, and the pair before it used. */
+    snprintf(path, sizeof path, "%s/kb/snapshots/resume-step3000/bank.sqlite", run);
+    FILE *f = fopen(path, "r+b");
+    MT_CHECK(f != NULL, "open %s", path);
+    if (f) {
+        fseek(f, 200, SEEK_SET);
+        int byte = fgetc(f);
+        fseek(f, 200, SEEK_SET);
+        fputc(byte ^ 0x5a, f);
+        fclose(f);
+    }
+    snprintf(log, sizeof log, "%s/carls-damaged.log", dir);
+    s_check_resumed(run, log, s_resume(run, log), 2900, 2900);
+    MT_CHECK(mt_file_contains(log, "refused snapshot resume-step3000"), "the damaged snapshot is not named (see %s)",
+             log);
+
+    /* 4. No complete snapshot left; a missing directory; a directory that is not a run's. */
+    snprintf(path, sizeof path, "rm '%s'/kb/snapshots/*/MANIFEST", run);
+    MT_CHECK(system(path) == 0, "%s", path);
+    snprintf(log, sizeof log, "%s/carls-nosnapshot.log", dir);
+    MT_CHECK(s_resume(run, log) == 1, "a run without a complete snapshot resumed (see %s)", log);
+    MT_CHECK(mt_file_contains(log, "no checkpoint with a usable bank snapshot to resume from") &&
+                 mt_file_contains(log, "is missing or incomplete: no ") &&
+                 mt_file_contains(log, "/kb/snapshots/resume-step3000/MANIFEST"),
+             "the missing snapshot is not named (see %s)", log);
+    snprintf(log, sizeof log, "%s/carls-nodir.log", dir);
+    snprintf(path, sizeof path, "%s/no-such-run", runs);
+    MT_CHECK(s_resume(path, log) == 2 && mt_file_contains(log, "no-such-run: No such file or directory"),
+             "a missing directory: unclear (see %s)", log);
+    snprintf(log, sizeof log, "%s/carls-notrun.log", dir);
+    MT_CHECK(s_resume(dir, log) == 2 && mt_file_contains(log, "no run.ini in it"),
+             "a directory that is not a run's: unclear (see %s)", log);
+    return mt_finish("test_launcher_resume", dir);
+}

@@ -1,0 +1,274 @@
+/* `trainer graphreg --resume` continues a run exactly (docs/STATE.md, "Resuming a run"), against a real
+ * kb-server whose graph and neighbour embeddings do not change (no makers), so the run is deterministic:
+ *   - run A trains 60 steps (checkpoints every 20, neighbours from the bank, augmentation on, dropout 0.2),
+ *     snapshotting the bank at each checkpoint (--bank-snapshot res): each checkpoint names its snapshot
+ *     (res-step<N>), which is on the server (with --keep 5 none is deleted yet; the launcher test keeps 2);
+ *   - run B is A stopped at its step-20 checkpoint (the checkpoints after it removed, latest pointing at it,
+ *     as a run killed between steps 20 and 40 leaves its directory) and resumed with --resume: its step-60
+ *     checkpoint must equal A's byte for byte (model, optimiser moments, data orders, RNG states), it must say
+ *     "resumed_from_step=20", and its metrics.csv must hold each evaluation once, with A's accuracies;
+ *   - resumed once more at its last step, B only evaluates again: the same accuracy, one metrics row;
+ *   - the test can fail: resuming from a copy of the step-20 checkpoint whose batch-draw RNG state was changed
+ *     must end with other weights (so the state is really read, not recomputed from the seed as a restart
+ *     from step 0 would), and a checkpoint without the trainer's state, a missing directory and other
+ *     settings are refused with messages that name the file.
+ * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "maker_testlib.h"
+#include "server_harness.h"
+
+#include "prefetch_bank.h"
+
+#include "checkpoint.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define S_N 2000 /* items: the first 2,000 training images */
+#define S_K 5
+#define S_E 32 /* the embedding: the last hidden width */
+
+static uint32_t s_neighbor(uint32_t item, uint32_t j)
+{
+    return (item * 7u + j * 13u + 1u) % S_N;
+}
+
+static float s_weight(uint32_t item, uint32_t j)
+{
+    (void)item;
+    return 1.0f / (1.0f + (float)j);
+}
+
+static float s_value(uint32_t item, uint32_t c)
+{
+    return 0.5f + 0.5f * sinf(0.1f * (float)item + (float)c); /* >= 0, as ReLU embeddings are */
+}
+
+/* Runs trainer graphreg with the common arguments plus extra (NULL-terminated) into log; returns its status. */
+static int s_trainer(const char *endpoint, const char *ckpt_dir, const char *const *extra, const char *log)
+{
+    const char *args[64] = {"trainer", "graphreg", "--data", "fashion-mnist", "--train-items", "2000",
+                            "--steps", "60", "--ckpt-every", "20", "--eval-every", "20", "--hidden", "64,32",
+                            "--batch-unlabelled", "32", "--alpha", "0.1", "--neighbors", "5", "--tables", "t",
+                            "--kb", endpoint, "--augment-shift", "1", "--augment-flip", "0.5", "--device", "cpu",
+                            "--threads", "1", "--keep", "5", "--bank-snapshot", "res", "--ckpt-dir", ckpt_dir, "--log-level", "info"};
+    int n = 0;
+    while (args[n]) {
+        n++;
+    }
+    for (int i = 0; extra && extra[i]; i++) {
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
+}
+
+/* The whole of a small file (NULL when unreadable); *len its size. */
+static char *s_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return NULL;
+    }
+    char *buf = calloc(1, 1 << 24);
+    *len = fread(buf, 1, (1 << 24) - 1, f);
+    fclose(f);
+    return buf;
+}
+
+static int s_same_file(const char *a, const char *b)
+{
+    size_t la = 0, lb = 0;
+    char *x = s_slurp(a, &la), *y = s_slurp(b, &lb);
+    int same = x && y && la == lb && la > 0 && memcmp(x, y, la) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void s_sh(const char *fmt, const char *a, const char *b)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    MT_CHECK(system(cmd) == 0, "%s", cmd);
+}
+
+/* Points dir/latest at the checkpoint of step. */
+static void s_point_latest(const char *dir, int step)
+{
+    char path[600], line[64];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    snprintf(line, sizeof line, "ckpt-%012d.ckpt\n", step);
+    FILE *f = fopen(path, "w");
+    MT_CHECK(f && fputs(line, f) >= 0, "write %s", path);
+    if (f) {
+        fclose(f);
+    }
+}
+
+/* Column col (0-based) of the metrics row of step, or NAN; *rows counts the rows of that step. */
+static double s_metric(const char *csv, int step, int col, int *rows)
+{
+    FILE *f = fopen(csv, "r");
+    double v = NAN;
+    *rows = 0;
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+        if (atoi(line) != step || line[0] < '0' || line[0] > '9') {
+            continue;
+        }
+        (*rows)++;
+        char *p = line;
+        for (int c = 0; c < col && p; c++) {
+            p = strchr(p, ',');
+            p = p ? p + 1 : NULL;
+        }
+        v = p ? atof(p) : NAN;
+    }
+    if (f) {
+        fclose(f);
+    }
+    return v;
+}
+
+/* Copies checkpoint in to out with blob `name` replaced by value (a u64), or left out when drop is set. */
+static void s_rewrite(const char *in, const char *out, const char *name, uint64_t value, int drop)
+{
+    carls_ckpt_t *c = NULL, *d = NULL;
+    char err[512];
+    MT_CHECK(carls_ckpt_read(in, &c, err, sizeof err) == 0, "%s", err);
+    if (!c) {
+        return;
+    }
+    d = carls_ckpt_new(carls_ckpt_kind(c), carls_ckpt_step(c));
+    for (int i = 0; i < carls_ckpt_count(c); i++) {
+        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
+        MT_CHECK(carls_ckpt_add(d, t->name, t->ndim, t->dims, t->data) == 0, "copy %s", t->name);
+    }
+    for (int i = 0; i < carls_ckpt_blob_count(c) && !drop; i++) {
+        size_t len = 0;
+        const char *bn = carls_ckpt_blob_name(c, i, &len);
+        if (strcmp(bn, name) == 0) {
+            MT_CHECK(carls_ckpt_add_u64(d, bn, value) == 0, "set %s", bn);
+        } else {
+            MT_CHECK(carls_ckpt_add_blob(d, bn, carls_ckpt_blob(c, bn, NULL), len) == 0, "copy %s", bn);
+        }
+    }
+    MT_CHECK(carls_ckpt_write(d, out, err, sizeof err) == 0, "%s", err);
+    carls_ckpt_destroy(&c);
+    carls_ckpt_destroy(&d);
+}
+
+int main(void)
+{
+    if (!mt_have_fmnist()) {
+        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+        return 77;
+    }
+    char dir[256], a[512], b[512], c[512], log[600], a60[600], b60[600], c60[600], csv[600];
+    mt_tempdir(dir, "trainer_resume");
+    snprintf(a, sizeof a, "%s/A", dir);
+    snprintf(b, sizeof b, "%s/B", dir);
+    snprintf(c, sizeof c, "%s/C", dir);
+    const pt_bank_spec_t spec = {.n = S_N, .k = S_K, .e = S_E, .n_emb = S_N - 200, .neighbor = s_neighbor,
+                                 .weight = s_weight, .value = s_value};
+    test_server_t srv;
+    km_bank_t *bank = pt_start_bank(&srv, &spec);
+    MT_CHECK(bank != NULL, "the bank did not start");
+    if (!bank) {
+        return mt_finish("test_trainer_resume", dir);
+    }
+    km_bank_destroy(&bank);
+
+    /* A: uninterrupted. */
+    snprintf(log, sizeof log, "%s/A.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, a, NULL, log) == 0, "run A failed (see %s)", log);
+    snprintf(a60, sizeof a60, "%s/ckpt-000000000060.ckpt", a);
+    MT_CHECK(mt_file_contains(log, "neighbors_used=") && !mt_file_contains(log, "neighbors_used=0\n"),
+             "run A used no neighbours from the bank (see %s)", log);
+
+    char a20[600], c20[600], manifest[700];
+    snprintf(a20, sizeof a20, "%s/ckpt-000000000020.ckpt", a);
+    carls_ckpt_t *ck = NULL;
+    char err[512];
+    MT_CHECK(carls_ckpt_read(a20, &ck, err, sizeof err) == 0, "%s", err);
+    const char *snap = ck ? carls_ckpt_text(ck, "bank.snapshot") : NULL;
+    MT_CHECK(snap && strcmp(snap, "res-step20") == 0, "A's step-20 checkpoint names snapshot %s", snap ? snap : "none");
+    carls_ckpt_destroy(&ck);
+    for (int step = 0; step <= 60; step += 20) {
+        snprintf(manifest, sizeof manifest, "%s/db/snapshots/res-step%d/MANIFEST", srv.data_dir, step);
+        MT_CHECK(access(manifest, R_OK) == 0, "no snapshot %s", manifest);
+    }
+
+    /* B: A's directory as a kill between steps 20 and 40 leaves it (its step-40 metrics row already written),
+     * resumed. */
+    s_sh("cp -r '%s' '%s'", a, b);
+    s_sh("rm '%s/ckpt-000000000040.ckpt' '%s/ckpt-000000000060.ckpt'", b, b);
+    s_point_latest(b, 20);
+    snprintf(log, sizeof log, "%s/B.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", NULL}, log) == 0,
+             "resumed run B failed (see %s)", log);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=20\n"), "B does not say it resumed from step 20 (%s)", log);
+    MT_CHECK(mt_file_contains(log, "resumed from step 20 (checkpoint"), "B's log does not say where it resumed");
+    snprintf(b60, sizeof b60, "%s/ckpt-000000000060.ckpt", b);
+    MT_CHECK(s_same_file(a60, b60), "B's step-60 checkpoint differs from A's (%s, %s)", a60, b60);
+    snprintf(csv, sizeof csv, "%s/metrics.csv", b);
+    char acsv[600];
+    snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
+    for (int step = 20; step <= 60; step += 20) {
+        int rows = 0, arows = 0;
+        const double acc = s_metric(csv, step, 6, &rows), aacc = s_metric(acsv, step, 6, &arows);
+        MT_CHECK(rows == 1 && arows == 1, "step %d: %d rows in %s (1 expected)", step, rows, csv);
+        MT_CHECK(acc == aacc && acc > 0.1, "step %d: test accuracy %g after resuming, %g without", step, acc, aacc);
+    }
+
+    /* B resumed once more, at its last step: only the evaluation is left, with the same accuracy and no second
+     * metrics row for it. */
+    snprintf(log, sizeof log, "%s/B-again.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", NULL}, log) == 0, "B again failed (%s)", log);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=60\n"), "B again did not resume at step 60 (see %s)", log);
+    int rows = 0, arows = 0;
+    MT_CHECK(s_metric(csv, 60, 6, &rows) == s_metric(acsv, 60, 6, &arows) && rows == 1,
+             "B again: %d rows of step 60 in %s, or another accuracy", rows, csv);
+
+    /* C: the step-20 checkpoint with another batch-draw RNG state: other batches, other weights. */
+    s_sh("mkdir -p '%s' && test -d '%s'", c, c);
+    snprintf(c20, sizeof c20, "%s/ckpt-000000000020.ckpt", c);
+    s_rewrite(a20, c20, "data.rng", 12345, 0);
+    s_point_latest(c, 20);
+    snprintf(log, sizeof log, "%s/C.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)", log);
+    snprintf(c60, sizeof c60, "%s/ckpt-000000000060.ckpt", c);
+    carls_ckpt_t *ca = NULL, *cc = NULL;
+    MT_CHECK(carls_ckpt_read(a60, &ca, err, sizeof err) == 0 && carls_ckpt_read(c60, &cc, err, sizeof err) == 0,
+             "%s", err);
+    if (ca && cc) {
+        const carls_ckpt_tensor_t *wa = carls_ckpt_find(ca, "enc.0.weight"), *wc = carls_ckpt_find(cc, "enc.0.weight");
+        MT_CHECK(wa && wc && wa->numel == wc->numel &&
+                     memcmp(wa->data, wc->data, sizeof(float) * (size_t)wa->numel) != 0,
+                 "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
+    }
+    carls_ckpt_destroy(&ca);
+    carls_ckpt_destroy(&cc);
+
+    /* Refusals: a checkpoint without the trainer's state (as older builds wrote), no directory, other settings. */
+    s_rewrite(a20, c20, "", 0, 1);
+    s_point_latest(c, 20);
+    snprintf(log, sizeof log, "%s/refuse-nostate.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 1, "no state: not refused");
+    MT_CHECK(mt_file_contains(log, "ckpt-000000000020.ckpt is a mlp_classifier checkpoint without a trainer state"),
+             "no state: the message does not name the file (see %s)", log);
+    snprintf(log, sizeof log, "%s/refuse-nodir.log", dir);
+    char none[600];
+    snprintf(none, sizeof none, "%s/none", dir);
+    MT_CHECK(s_trainer(srv.endpoint, none, (const char *const[]){"--resume", NULL}, log) == 1, "no dir: not refused");
+    MT_CHECK(mt_file_contains(log, "no checkpoint to resume from in"), "no dir: unclear message (see %s)", log);
+    snprintf(log, sizeof log, "%s/refuse-settings.log", dir);
+    MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", "--seed", "2", NULL}, log) == 1,
+             "other settings: not refused");
+    MT_CHECK(mt_file_contains(log, "was written by a run with other settings"), "other settings: unclear (%s)", log);
+
+    MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
+    return mt_finish("test_trainer_resume", dir);
+}
