@@ -638,6 +638,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
 static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     (void)req;
+    if (self->limits.read_only) /* a read-only server commits nothing and changes no file */
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; checkpoint refused");
     uint64_t epoch = 0;
     char err[512];
     if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
