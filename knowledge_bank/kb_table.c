@@ -1584,3 +1584,66 @@ int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
         return 0;
     return kb_table_restore_row(self, rec);
 }
+
+/* ---- import of rows with their whole state (import_rows) ---- */
+
+void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
+{
+    uint32_t dim = self->cfg.dim;
+    bool feature = self->cfg.kind == KB_TABLE_FEATURE;
+    for (size_t i = 0; i < n; i++) {
+        const kb_store_row_t *rec = &recs[i];
+        ProtobufCBinaryData key = {rec->key_len, rec->key};
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &key, &hash);
+        kb_row_t *row = s_row_for_write(self, st, hash, &key);
+        bool was_persistable = s_persistable(self, row);
+        if (dim)
+            memcpy(row->value, rec->value, (size_t)dim * sizeof(float));
+        if (self->opt_floats && rec->opt_floats == self->opt_floats)
+            memcpy(row->opt_state, rec->opt_state, (size_t)self->opt_floats * sizeof(float));
+        else if (self->opt_floats)
+            kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, dim);
+        row->opt_steps = rec->opt_steps;
+        row->version = rec->version;
+        row->updated_at_ms = rec->updated_at_ms;
+        row->frequency = rec->frequency;
+        /* The row's pending set becomes the imported one. */
+        if (row->pending_count) {
+            atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
+            atomic_fetch_sub(&self->stats.pending_keys, 1);
+            s_list_unlink(&st->pending, row, PENDING_LINK);
+            free(row->pending);
+            s_mem(self, -s_pending_bytes(self));
+            row->pending = NULL;
+            row->pending_count = 0;
+        }
+        if (rec->pending_count && !feature) {
+            row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
+            s_mem(self, s_pending_bytes(self));
+            memcpy(row->pending, rec->pending, (size_t)rec->pending_count * dim * sizeof(float));
+            row->pending_count = rec->pending_count;
+            row->pending_since_ms = carls_monotonic_ms();
+            s_list_append(&st->pending, row, PENDING_LINK);
+            atomic_fetch_add(&self->stats.pending_keys, 1);
+            atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
+        }
+        if (feature) {
+            s_mem(self, (int64_t)kb_memory_chunk(rec->record_len) -
+                            (row->record ? (int64_t)kb_memory_chunk(row->record_len) : 0));
+            free(row->record);
+            row->record = carls_xmalloc(rec->record_len ? rec->record_len : 1);
+            if (rec->record_len)
+                memcpy(row->record, rec->record, rec->record_len);
+            row->record_len = rec->record_len;
+        }
+        bool now_persistable = s_persistable(self, row);
+        if (was_persistable && !now_persistable)
+            atomic_fetch_add(&self->stats.not_persisted, 1);
+        else if (!was_persistable && now_persistable)
+            atomic_fetch_sub(&self->stats.not_persisted, 1);
+        s_row_changed(self, st, row);
+        pthread_mutex_unlock(&st->mutex);
+    }
+    atomic_fetch_add(&self->stats.puts, n);
+}

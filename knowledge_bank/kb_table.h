@@ -199,6 +199,13 @@ void kb_table_set_read_only(kb_table_t *self);
  * row id. Returns 0, or -1 when a whole row does not fit the table's config (the caller logs and skips). */
 int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec);
 
+/* import_rows: creates or replaces each key's row with recs[i]'s whole state -- value (dim floats), optimizer
+ * state (opt_floats equal to the table's; 0: the state starts fresh), opt_steps, version, updated_at_ms,
+ * frequency, pending gradients (pending_count <= max_pending, lazy embedding tables only) or feature record.
+ * recs are validated by the caller (row_id, deleted and frequency_only are ignored: a new row gets a new id,
+ * an existing row keeps its id). The rows are persisted like any write; admission filters do not apply. */
+void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n);
+
 /* Number of rows held. */
 size_t kb_table_row_count(kb_table_t *self);
 
