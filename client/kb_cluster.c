@@ -1737,6 +1737,18 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
         ok = r->row_ids[i] > last && r->keys[i].len > 0;
         last = r->row_ids[i];
     }
+    /* The rows' whole state, when the server sends it (n_updated_at_ms == n): one entry of each per row,
+     * opt_floats per row (at most 8 * dim), and the pending floats the pending counts need. */
+    if (ok && n > 0 && r->n_updated_at_ms > 0) {
+        ok = r->n_updated_at_ms == n && r->n_opt_steps == n && r->n_pending_counts == n &&
+             r->opt_floats <= 8u * r->dim && r->n_opt_state == n * r->opt_floats;
+        uint64_t pending = 0;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = r->pending_counts[i] <= CARLS_MAX_PENDING_LIMIT;
+            pending += r->pending_counts[i];
+        }
+        ok = ok && r->n_pending == pending * r->dim;
+    }
     if (!ok || (limit > 0 && n > limit)) {
         s_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, %zu "
                        "frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids, r->n_versions,
