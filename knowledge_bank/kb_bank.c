@@ -817,8 +817,12 @@ static int s_replay_record_in_memory(void *ctx, uint64_t epoch, const uint8_t *p
     }
     for (size_t i = 0; rc == 0 && i < b.op_count; i++) {
         const kb_table_op_t *op = &b.ops[i];
-        s_unload_table(self, op->id);
-        if (!op->drop)
+        bool exists = false;
+        for (size_t j = 0; j < self->entry_count && !exists; j++)
+            exists = kb_table_id(self->entries[j].table) == op->id;
+        if (op->drop)
+            s_unload_table(self, op->id);
+        else if (!exists) /* a table id is created once; the store would keep an existing one's rows too */
             rc = s_load_table(self, op->id, op->name, op->config, op->config_len);
     }
     for (size_t i = 0; rc == 0 && i < b.row_count; i++) {
