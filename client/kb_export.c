@@ -859,20 +859,36 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
 }
 
 /* Rows read from a file and not yet written: keys and values (embedding tables) in a kb_rows_t, with each
- * row's version and (feature tables) its decoded record. */
+ * row's version and (feature tables) its decoded record; for a format-2 file also each row's state, its
+ * optimizer floats and pending gradients back to back in one buffer. */
 typedef struct {
     size_t cap;                      /* rows per flush */
+    uint32_t dim;                    /* 0 for feature tables */
     kb_rows_t *rows;                 /* dim 0 for feature tables */
     uint64_t *versions;              /* (cap) */
     Carls__FeatureRecord **records;  /* (cap) decoded, owned; NULL for embedding tables */
+    kb_export_row_t *meta;           /* format 2: (cap) each row's scalars (its pointers are not used); else NULL */
+    size_t *state_at;                /* format 2: (cap) where each row's floats start in state */
+    float *state;                    /* format 2: optimizer floats then pending gradients, row after row */
+    size_t state_n, state_cap;
+    uint32_t opt_floats;             /* format 2: every row's (the reader checked) */
 } s_batch_t;
 
-static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim)
+/* A format-2 batch is sent once its floats reach this many (16 MiB), well under the protocol's message cap. */
+#define S_BATCH_MAX_FLOATS ((size_t)4 << 20)
+
+static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim, bool state)
 {
+    memset(b, 0, sizeof *b);
     b->cap = cap;
+    b->dim = dim;
     b->rows = kb_rows_new(dim);
     b->versions = carls_xmalloc(cap * sizeof *b->versions);
     b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
+    if (state) {
+        b->meta = carls_xcalloc(cap, sizeof *b->meta);
+        b->state_at = carls_xcalloc(cap, sizeof *b->state_at);
+    }
 }
 
 /* Forgets the rows (freeing their records). */
@@ -883,6 +899,7 @@ static void s_batch_clear(s_batch_t *b)
         b->records[i] = NULL;
     }
     kb_rows_clear(b->rows);
+    b->state_n = 0;
 }
 
 static void s_batch_free(s_batch_t *b)
@@ -891,6 +908,9 @@ static void s_batch_free(s_batch_t *b)
     kb_rows_destroy(&b->rows);
     free(b->versions);
     free(b->records);
+    free(b->meta);
+    free(b->state_at);
+    free(b->state);
 }
 
 /* Adds one row read from the file (b has room). 0, or KB_EXPORT_ECORRUPT when its record does not decode
@@ -905,8 +925,54 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
             return KB_EXPORT_ECORRUPT;
     }
     b->versions[n] = row->version;
+    if (b->meta) {
+        size_t floats = row->opt_floats + (size_t)row->pending_count * b->dim;
+        if (b->state_n + floats > b->state_cap) {
+            b->state_cap = (b->state_n + floats) * 2;
+            b->state = carls_xrealloc(b->state, b->state_cap * sizeof *b->state);
+        }
+        if (row->opt_floats)
+            memcpy(b->state + b->state_n, row->opt_state, row->opt_floats * sizeof(float));
+        if (row->pending_count)
+            memcpy(b->state + b->state_n + row->opt_floats, row->pending,
+                   (size_t)row->pending_count * b->dim * sizeof(float));
+        b->state_at[n] = b->state_n;
+        b->state_n += floats;
+        b->meta[n] = *row;
+        b->opt_floats = row->opt_floats;
+    }
     kb_rows_append(b->rows, row->key, row->key_len, row->values);
     return 0;
+}
+
+/* Whether the batch is to be sent now: cap rows, or (format 2) S_BATCH_MAX_FLOATS floats. */
+static bool s_batch_full(const s_batch_t *b)
+{
+    return b->rows->n == b->cap || b->state_n + b->rows->n * (size_t)b->dim >= S_BATCH_MAX_FLOATS;
+}
+
+/* Format 2: sends the batch's rows with their whole state (kb_cluster_import_rows). 0 or the client's code. */
+static int s_batch_import_rows(kb_cluster_t *bank, const char *table, const s_batch_t *b)
+{
+    size_t n = b->rows->n;
+    kb_import_row_t *rows = carls_xcalloc(n, sizeof *rows);
+    for (size_t i = 0; i < n; i++) {
+        const kb_export_row_t *m = &b->meta[i];
+        kb_import_row_t *r = &rows[i];
+        r->key = kb_rows_key(b->rows, i);
+        r->values = b->dim ? b->rows->values + i * b->dim : NULL;
+        r->opt_state = m->opt_floats ? b->state + b->state_at[i] : NULL;
+        r->opt_steps = m->opt_steps;
+        r->version = m->version;
+        r->frequency = m->frequency;
+        r->updated_at_ms = m->updated_at_ms;
+        r->pending_count = m->pending_count;
+        r->pending = m->pending_count ? b->state + b->state_at[i] + m->opt_floats : NULL;
+        r->record = b->records ? b->records[i] : NULL;
+    }
+    int rc = kb_cluster_import_rows(bank, table, rows, n, b->dim, b->opt_floats);
+    free(rows);
+    return rc;
 }
 
 /* qsort_r order of row indices by version, then file order (so a later row for the same key still comes
@@ -929,7 +995,9 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
         return 0;
     int rc = 0;
     kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
-    if (!dim) {
+    if (b->meta) {
+        rc = s_batch_import_rows(bank, table, b);
+    } else if (!dim) {
         for (size_t i = 0; i < n; i++)
             keys[i] = kb_rows_key(rows, i);
         rc = kb_cluster_feature_put(bank, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
@@ -1037,160 +1105,6 @@ cleanup:
     return rc;
 }
 
-/* ---- import of format-2 files: rows with their whole state (import_rows) ---- */
-
-/* Format-2 rows read and not yet sent: keys and values in a kb_rows_t (dim 0 for feature tables), each row's
- * state, its optimizer floats and pending gradients back to back, and (feature tables) its decoded record. */
-typedef struct {
-    size_t cap;                      /* rows per flush */
-    uint32_t dim, opt_floats;
-    kb_rows_t *rows;
-    kb_export_row_t *meta;           /* (cap) scalars only: the pointers are set when flushing */
-    size_t *state_at;                /* (cap) offset of each row's floats in state */
-    float *state;                    /* optimizer floats then pending gradients, row after row */
-    size_t state_n, state_cap;
-    Carls__FeatureRecord **records;  /* (cap) decoded, owned; NULL for embedding tables */
-} s_state_batch_t;
-
-/* A batch is sent once its floats reach this many (16 MiB), well under the protocol's message cap. */
-#define S_STATE_BATCH_FLOATS ((size_t)4 << 20)
-
-static void s_state_batch_init(s_state_batch_t *b, size_t cap, uint32_t dim)
-{
-    memset(b, 0, sizeof *b);
-    b->cap = cap;
-    b->dim = dim;
-    b->rows = kb_rows_new(dim);
-    b->meta = carls_xcalloc(cap, sizeof *b->meta);
-    b->state_at = carls_xcalloc(cap, sizeof *b->state_at);
-    b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
-}
-
-static void s_state_batch_clear(s_state_batch_t *b)
-{
-    for (size_t i = 0; b->records && i < b->rows->n; i++) {
-        carls__feature_record__free_unpacked(b->records[i], NULL);
-        b->records[i] = NULL;
-    }
-    kb_rows_clear(b->rows);
-    b->state_n = 0;
-}
-
-static void s_state_batch_free(s_state_batch_t *b)
-{
-    s_state_batch_clear(b);
-    kb_rows_destroy(&b->rows);
-    free(b->meta);
-    free(b->state_at);
-    free(b->state);
-    free(b->records);
-}
-
-/* Adds one row read from the file (b has room). 0, or KB_EXPORT_ECORRUPT when its record does not decode. */
-static int s_state_batch_add(s_state_batch_t *b, const kb_export_row_t *row)
-{
-    size_t n = b->rows->n;
-    assert(n < b->cap);
-    if (b->records) {
-        b->records[n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
-        if (!b->records[n])
-            return KB_EXPORT_ECORRUPT;
-    }
-    size_t floats = row->opt_floats + (size_t)row->pending_count * b->dim;
-    if (b->state_n + floats > b->state_cap) {
-        b->state_cap = (b->state_n + floats) * 2;
-        b->state = carls_xrealloc(b->state, b->state_cap * sizeof *b->state);
-    }
-    if (row->opt_floats)
-        memcpy(b->state + b->state_n, row->opt_state, row->opt_floats * sizeof(float));
-    if (row->pending_count)
-        memcpy(b->state + b->state_n + row->opt_floats, row->pending,
-               (size_t)row->pending_count * b->dim * sizeof(float));
-    b->state_at[n] = b->state_n;
-    b->state_n += floats;
-    b->meta[n] = *row;
-    b->opt_floats = row->opt_floats; /* the same in every row (the reader checked) */
-    kb_rows_append(b->rows, row->key, row->key_len, row->values);
-    return 0;
-}
-
-static bool s_state_batch_full(const s_state_batch_t *b)
-{
-    return b->rows->n == b->cap || b->state_n + (size_t)b->rows->n * b->dim >= S_STATE_BATCH_FLOATS;
-}
-
-/* Sends the batch with kb_cluster_import_rows and clears it. 0 or KB_EXPORT_EBANK (message set). */
-static int s_state_batch_flush(kb_cluster_t *bank, const char *table, s_state_batch_t *b, char *err,
-                               size_t errlen)
-{
-    size_t n = b->rows->n;
-    if (n == 0)
-        return 0;
-    kb_import_row_t *rows = carls_xcalloc(n, sizeof *rows);
-    for (size_t i = 0; i < n; i++) {
-        const kb_export_row_t *m = &b->meta[i];
-        kb_import_row_t *r = &rows[i];
-        r->key = kb_rows_key(b->rows, i);
-        r->values = b->dim ? b->rows->values + i * b->dim : NULL;
-        r->opt_state = m->opt_floats ? b->state + b->state_at[i] : NULL;
-        r->opt_steps = m->opt_steps;
-        r->version = m->version;
-        r->frequency = m->frequency;
-        r->updated_at_ms = m->updated_at_ms;
-        r->pending_count = m->pending_count;
-        r->pending = m->pending_count ? b->state + b->state_at[i] + m->opt_floats : NULL;
-        r->record = b->records ? b->records[i] : NULL;
-    }
-    int rc = kb_cluster_import_rows(bank, table, rows, n, b->dim, b->opt_floats);
-    free(rows);
-    s_state_batch_clear(b);
-    if (rc != 0)
-        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
-    return 0;
-}
-
-/* The rows pass of a format-2 import: every row with its state, in batches. *written counts the rows sent. */
-static int s_import_state_rows(kb_cluster_t *bank, const char *table, const char *path, kb_export_reader_t *r,
-                               size_t batch, uint64_t *written, carls_progress_t *progress, char *err,
-                               size_t errlen)
-{
-    const Carls__TableConfig *cfg = kb_export_reader_config(r);
-    bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
-    s_state_batch_t b;
-    s_state_batch_init(&b, batch, feature ? 0 : cfg->dim);
-    kb_export_row_t row;
-    int got, rc = 0;
-    while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
-        if (s_state_batch_add(&b, &row) != 0) {
-            got = carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: a feature record no longer decodes (was the "
-                               "file changed while being imported?)", path);
-            break;
-        }
-        if (s_state_batch_full(&b)) {
-            size_t k = b.rows->n;
-            rc = s_state_batch_flush(bank, table, &b, err, errlen);
-            if (rc != 0)
-                break;
-            *written += k;
-            if (progress)
-                carls_progress_add(progress, (int64_t)k);
-        }
-    }
-    if (rc == 0 && got < 0)
-        rc = got;
-    if (rc == 0) {
-        size_t k = b.rows->n;
-        rc = s_state_batch_flush(bank, table, &b, err, errlen);
-        if (rc == 0) {
-            *written += k;
-            if (progress)
-                carls_progress_add(progress, (int64_t)k);
-        }
-    }
-    s_state_batch_free(&b);
-    return rc;
-}
-
 int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, size_t batch, uint64_t *rows_out,
                     carls_progress_t *progress, char *err, size_t errlen)
 {
@@ -1211,7 +1125,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     uint64_t written = 0;
     s_batch_t b;
-    s_batch_init(&b, batch, feature ? 0 : cfg->dim);
+    s_batch_init(&b, batch, feature ? 0 : cfg->dim, kb_export_reader_version(r) >= 2);
     if (kb_cluster_create_table(bank, table, cfg, true) != 0) {
         if (kb_cluster_last_status(bank) == CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS)
             rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
@@ -1224,12 +1138,6 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     snprintf(label, sizeof label, "import %s", table);
     if (progress)
         carls_progress_start_units(progress, label, (int64_t)kb_export_reader_rows(r), "rows");
-    if (kb_export_reader_version(r) >= 2) {
-        rc = s_import_state_rows(bank, table, path, r, batch, &written, progress, err, errlen);
-        if (rc == 0 && progress)
-            carls_progress_finish(progress, NULL);
-        goto cleanup;
-    }
     kb_export_row_t row;
     int got;
     while ((got = kb_export_reader_next(r, &row, err, errlen)) == 1) {
@@ -1238,7 +1146,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
                          "changed while being imported?)", path);
             break;
         }
-        if (b.rows->n == b.cap) {
+        if (s_batch_full(&b)) {
             size_t k = b.rows->n;
             rc = s_batch_flush(bank, table, &b, err, errlen);
             if (rc != 0)

@@ -1540,15 +1540,25 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
 
 void kb_table_set_read_only(kb_table_t *self) { self->read_only = true; }
 
+/* Drops the row's pending set, if any, without applying it (stats, pending list, memory). Stripe locked. */
+static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    if (!row->pending_count)
+        return;
+    atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
+    atomic_fetch_sub(&self->stats.pending_keys, 1);
+    s_list_unlink(&st->pending, row, PENDING_LINK);
+    free(row->pending);
+    s_mem(self, -s_pending_bytes(self));
+    row->pending = NULL;
+    row->pending_count = 0;
+}
+
 /* Takes a row out of a table that is not shared yet (start-up) and frees it. */
 static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
 {
     kb_rowmap_remove(&st->map, hash, row->key, row->key_len);
-    if (row->pending_count) {
-        atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
-        atomic_fetch_sub(&self->stats.pending_keys, 1);
-        s_list_unlink(&st->pending, row, PENDING_LINK);
-    }
+    s_drop_pending(self, st, row);
     s_list_unlink(&st->lru, row, LRU_LINK);
     s_by_id_set(self, row->id, NULL);
     if (!s_persistable(self, row))
@@ -1609,15 +1619,7 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
         row->updated_at_ms = rec->updated_at_ms;
         row->frequency = rec->frequency;
         /* The row's pending set becomes the imported one. */
-        if (row->pending_count) {
-            atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
-            atomic_fetch_sub(&self->stats.pending_keys, 1);
-            s_list_unlink(&st->pending, row, PENDING_LINK);
-            free(row->pending);
-            s_mem(self, -s_pending_bytes(self));
-            row->pending = NULL;
-            row->pending_count = 0;
-        }
+        s_drop_pending(self, st, row);
         if (rec->pending_count && !feature) {
             row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
             s_mem(self, s_pending_bytes(self));
