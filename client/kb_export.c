@@ -872,10 +872,12 @@ typedef struct {
     float *state;                    /* format 2: optimizer floats then pending gradients, row after row */
     size_t state_n, state_cap;
     uint32_t opt_floats;             /* format 2: every row's (the reader checked) */
+    size_t record_bytes;             /* the packed records' bytes */
 } s_batch_t;
 
-/* A format-2 batch is sent once its floats reach this many (16 MiB), well under the protocol's message cap. */
+/* A batch is sent once its floats or its records reach 16 MiB, well under the protocol's message cap. */
 #define S_BATCH_MAX_FLOATS ((size_t)4 << 20)
+#define S_BATCH_MAX_RECORD_BYTES ((size_t)16 << 20)
 
 static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim, bool state)
 {
@@ -900,6 +902,7 @@ static void s_batch_clear(s_batch_t *b)
     }
     kb_rows_clear(b->rows);
     b->state_n = 0;
+    b->record_bytes = 0;
 }
 
 static void s_batch_free(s_batch_t *b)
@@ -923,6 +926,7 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
         b->records[n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
         if (!b->records[n])
             return KB_EXPORT_ECORRUPT;
+        b->record_bytes += row->record_len;
     }
     b->versions[n] = row->version;
     if (b->meta) {
@@ -945,10 +949,12 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
     return 0;
 }
 
-/* Whether the batch is to be sent now: cap rows, or (format 2) S_BATCH_MAX_FLOATS floats. */
+/* Whether the batch is to be sent now: cap rows, S_BATCH_MAX_FLOATS floats or S_BATCH_MAX_RECORD_BYTES of
+ * records. */
 static bool s_batch_full(const s_batch_t *b)
 {
-    return b->rows->n == b->cap || b->state_n + b->rows->n * (size_t)b->dim >= S_BATCH_MAX_FLOATS;
+    return b->rows->n == b->cap || b->state_n + b->rows->n * (size_t)b->dim >= S_BATCH_MAX_FLOATS ||
+           b->record_bytes >= S_BATCH_MAX_RECORD_BYTES;
 }
 
 /* Format 2: sends the batch's rows with their whole state (kb_cluster_import_rows). 0 or the client's code. */
