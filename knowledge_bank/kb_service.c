@@ -948,6 +948,21 @@ static void s_scan_state(s_reply_t *rp, const kb_table_config_t *cfg, const kb_s
     }
 }
 
+/* Rows per scan page: a page carries each row's whole state, up to dim + optimizer floats + max_pending * dim
+ * floats for an embedding table, and a client refuses frames over the protocol's message cap, so a page's
+ * floats are kept to 4 Mi (16 MiB) -- at least one row. */
+#define S_SCAN_PAGE_FLOATS ((size_t)4 << 20)
+
+static uint32_t s_scan_page_rows(const kb_table_config_t *cfg, uint32_t limit)
+{
+    if (cfg->kind != KB_TABLE_EMBEDDING)
+        return limit;
+    size_t per_row = (size_t)cfg->dim + kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim) +
+                     (cfg->immediate ? 0 : (size_t)cfg->max_pending * cfg->dim);
+    size_t rows = S_SCAN_PAGE_FLOATS / per_row;
+    return rows < 1 ? 1 : rows < limit ? (uint32_t)rows : limit;
+}
+
 /* Fails rp for import row i, naming its index and key (printable bytes, others as '?'). */
 static int s_import_fail(s_reply_t *rp, Carls__StatusCode status, size_t i, const ProtobufCBinaryData *key,
                          const char *what)
@@ -1128,6 +1143,7 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     if (!t)
         return -1;
     const kb_table_config_t *cfg = kb_table_config(t);
+    limit = s_scan_page_rows(cfg, limit);
     kb_store_row_t *rows = NULL;
     bool done = false;
     size_t n = kb_table_scan(t, sc->after_row_id, limit, &rows, &done);

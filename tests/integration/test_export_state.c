@@ -311,12 +311,62 @@ static void test_import_rows_refusals_and_replay(void **state)
     raw_close(&raw);
 }
 
+/* Wide rows: a scan page keeps its floats under the protocol's cap (worst case per row of dim 1024, Adam and
+ * max_pending 1024: about a million floats, so 3 rows a page), and an export pages through them all. */
+static void test_wide_rows_export_in_short_pages(void **state)
+{
+    s_fixture_t *f = *state;
+    enum { WIDE = 1024, N = 10 };
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
+    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
+    cfg.dim = WIDE;
+    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;
+    lazy.max_pending = 1024;
+    lazy.max_age_ms = 3600000;
+    cfg.optimizer = &opt;
+    cfg.lazy = &lazy;
+    assert_int_equal(kb_cluster_create_table(f->a, "wide", &cfg, false), 0);
+    static char names[N][16];
+    kb_key_t keys[N];
+    for (int i = 0; i < N; i++) {
+        s_key(names[i], sizeof names[i], i);
+        keys[i] = (kb_key_t){names[i], strlen(names[i])};
+    }
+    static float values[N * WIDE];
+    assert_int_equal(kb_cluster_lookup(f->a, "wide", keys, N, WIDE, values, NULL), 0);
+    for (int i = 0; i < N * WIDE; i++)
+        values[i] = 0.001f * (float)(i % 97);
+    assert_int_equal(kb_cluster_push_gradients(f->a, "wide", keys, 2, WIDE, values), 0);
+    Carls__Response *resp = NULL;
+    assert_int_equal(kb_cluster_scan(f->a, 0, "wide", 0, 1000, &resp), 0);
+    assert_true(resp->scan->n_keys >= 1 && resp->scan->n_keys < N);
+    assert_false(resp->scan->done);
+    carls__response__free_unpacked(resp, NULL);
+
+    char path[320], err[512];
+    snprintf(path, sizeof path, "%s/wide.kbx", f->dir);
+    uint64_t rows = 0;
+    if (kb_export_table(f->a, "wide", path, 0, &rows, NULL, err, sizeof err) != 0)
+        fail_msg("export: %s", err);
+    assert_int_equal(rows, N);
+    if (kb_import_table(f->b, "wide", path, 0, &rows, NULL, err, sizeof err) != 0)
+        fail_msg("import: %s", err);
+    assert_int_equal(rows, N);
+    /* The two pending gradients came along: looking the keys up applies them on both banks alike. */
+    static float va[N * WIDE], vb[N * WIDE];
+    assert_int_equal(kb_cluster_lookup(f->a, "wide", keys, N, WIDE, va, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->b, "wide", keys, N, WIDE, vb, NULL), 0);
+    assert_memory_equal(va, vb, sizeof va);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_adagrad_export_import_into_two_shards_trains_the_same, s_setup,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_import_rows_refusals_and_replay, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_wide_rows_export_in_short_pages, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
