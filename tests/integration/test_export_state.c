@@ -113,7 +113,10 @@ static void s_scan_all(kb_cluster_t *c, s_row_t *rows)
         assert_int_equal(r->opt_floats, DIM);           /* AdaGrad: one accumulator per dimension */
         size_t at = 0;
         for (size_t i = 0; i < r->n_keys; i++) {
-            int k = atoi((const char *)r->keys[i].data + 4);
+            /* "key-NNN" (key bytes are not NUL-terminated) */
+            const uint8_t *d = r->keys[i].data;
+            assert_int_equal(r->keys[i].len, 7);
+            int k = (d[4] - '0') * 100 + (d[5] - '0') * 10 + (d[6] - '0');
             assert_true(k >= 0 && k < KEYS && !rows[k].seen);
             s_row_t *row = &rows[k];
             row->seen = true;
@@ -124,7 +127,8 @@ static void s_scan_all(kb_cluster_t *c, s_row_t *rows)
             row->opt_steps = r->opt_steps[i];
             row->pending_count = r->pending_counts[i];
             assert_true(row->pending_count <= MAX_PENDING);
-            memcpy(row->pending, r->pending + at, row->pending_count * DIM * sizeof(float));
+            if (row->pending_count)
+                memcpy(row->pending, r->pending + at, row->pending_count * DIM * sizeof(float));
             at += row->pending_count * DIM;
         }
         carls__response__free_unpacked(resp, NULL);

@@ -83,7 +83,8 @@ static s_tree_t s_tree(const char *root)
 {
     s_tree_t t = {0};
     s_tree_add(&t, root, "");
-    qsort(t.files, t.n, sizeof *t.files, s_by_path);
+    if (t.n > 1) /* qsort needs a valid pointer even for no elements */
+        qsort(t.files, t.n, sizeof *t.files, s_by_path);
     return t;
 }
 
