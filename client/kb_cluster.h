@@ -12,7 +12,7 @@
  *     retry with if_not_exists / if_exists converges.
  *   - list_tables: every shard answers; the list is shard 0's (names and configs) with each table's `rows`
  *     summed over the shards.
- *   - lookup, lookup_ex, put, push_gradients, feature_get, feature_put: keys are split by shard, every
+ *   - lookup, lookup_ex, put, push_gradients, feature_get, feature_put, import_rows: keys are split by shard, every
  *     sub-request is sent before any answer is awaited (the shards work in parallel), and the answers are
  *     put back in the caller's key order. A write that fails on one shard may have been applied on others:
  *     re-running a put is harmless (it sets the same values), re-running push_gradients pushes the rows of

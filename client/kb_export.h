@@ -169,8 +169,8 @@ int kb_export_table_npy(kb_cluster_t *bank, const char *table, const char *npy_p
 
 /* Imports the file at path into table of bank: verifies the whole file first (nothing is sent for a bad
  * file), creates the table with the file's config unless it exists with that same config (another config:
- * KB_EXPORT_EBANK, nothing written), then writes the rows in batches of `batch` rows (0 means 1000; fewer
- * once a batch holds 4 Mi floats or 16 MiB of records) routed by the bank's current shard count. Format 2: every row with
+ * KB_EXPORT_EBANK, nothing written), then writes the rows in batches of `batch` rows (0 means 1000;
+ * fewer once a batch holds 4 Mi floats or 16 MiB of records) routed by the bank's current shard count. Format 2: every row with
  * its whole state through kb_cluster_import_rows (exactly once per shard). Format 1: embedding rows with
  * kb_cluster_put (one request per version within a batch, since a put carries one version), feature records
  * with kb_cluster_feature_put; frequencies are not restored. Rows of the table with keys not in the file

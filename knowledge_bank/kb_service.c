@@ -917,7 +917,8 @@ static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_rep
 static void s_scan_state(s_reply_t *rp, const kb_table_config_t *cfg, const kb_store_row_t *rows, size_t n,
                          Carls__ScanResult *res)
 {
-    uint32_t opt_floats = cfg->kind == KB_TABLE_EMBEDDING ? kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim) : 0;
+    uint32_t opt_floats =
+        cfg->kind == KB_TABLE_EMBEDDING ? kb_optimizer_state_floats(cfg->optimizer.kind, cfg->dim) : 0;
     size_t pending_floats = 0;
     for (size_t i = 0; i < n; i++)
         pending_floats += (size_t)rows[i].pending_count * cfg->dim;
