@@ -6,7 +6,8 @@
  * a --read-only server serves lookups, scan, stats and knn from it (answers include the journal-only rows, and
  * pending gradients stay pending: lookups answer the put values), is stopped, and every file must be
  * byte-identical, none added or removed. A writable server started afterwards still finds the gradients
- * pending. A data directory without a bank is refused and not created. */
+ * pending. A data directory without a bank (none, empty, not a database, a WAL without its index) is
+ * refused with a message saying so, and nothing in it is created. */
 #include "kb_client.h"
 #include "protocol.h"
 #include "server_fixture.h"
@@ -320,6 +321,29 @@ static void test_read_only_refuses_a_missing_bank(void **state)
     s_tree_free(&t);
     test_last_line(f->srv.log_file, line, sizeof line);
     assert_non_null(strstr(line, "has no bank"));
+    /* Not a database: refused, nothing added. A write-ahead log without its index: refused before SQLite
+     * would have to create the index. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/bank.sqlite", data);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fputs("this is not a database, but it is long enough to be read as a header by sqlite", fp) >= 0,
+                     1);
+    fclose(fp);
+    assert_int_equal(test_server_start(&f->srv, ro), -1);
+    test_last_line(f->srv.log_file, line, sizeof line);
+    assert_non_null(strstr(line, "is not a bank"));
+    snprintf(path, sizeof path, "%s/bank.sqlite-wal", data);
+    fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fputs("frames", fp) >= 0, 1);
+    fclose(fp);
+    assert_int_equal(test_server_start(&f->srv, ro), -1);
+    test_last_line(f->srv.log_file, line, sizeof line);
+    assert_non_null(strstr(line, "bank.sqlite-shm is missing"));
+    t = s_tree(data);
+    assert_int_equal(t.n, 2);
+    s_tree_free(&t);
 }
 
 int main(void)
