@@ -160,22 +160,31 @@ static void s_assert_same_rows(kb_cluster_t *a, kb_cluster_t *b, bool expect_pen
         assert_true(pending_rows > KEYS / 4);
 }
 
-static void test_adagrad_export_import_into_two_shards_trains_the_same(void **state)
+/* Creates table `name` on c: an embedding table of dim, optimizer kind (learning rate 0.3), lazy updates with
+ * max_pending and an hour's max_age (only max_pending and lookups apply gradients: no timing in the tests),
+ * uniform initial values of seed 42. */
+static void s_create(kb_cluster_t *c, const char *name, uint32_t dim, Carls__OptimizerKind kind, uint32_t max_pending)
 {
-    s_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
     Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = DIM;
+    cfg.dim = dim;
     cfg.init = CARLS__INIT_KIND__INIT_UNIFORM;
     cfg.init_seed = 42;
-    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAGRAD;
+    opt.kind = kind;
     opt.learning_rate = 0.3f;
-    lazy.max_pending = MAX_PENDING;
-    lazy.max_age_ms = 3600000; /* only max_pending and lookups apply gradients: no timing in the test */
+    lazy.max_pending = max_pending;
+    lazy.max_age_ms = 3600000;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    assert_int_equal(kb_cluster_create_table(f->a, "emb", &cfg, false), 0);
+    if (kb_cluster_create_table(c, name, &cfg, false) != 0)
+        fail_msg("create %s: %s", name, kb_cluster_last_error(c));
+}
+
+static void test_adagrad_export_import_into_two_shards_trains_the_same(void **state)
+{
+    s_fixture_t *f = *state;
+    s_create(f->a, "emb", DIM, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, MAX_PENDING);
 
     /* Train on the single server: lookups (use counts), pushes (some applied at max_pending, some pending),
      * a few puts (versions). */
@@ -233,15 +242,7 @@ static void test_adagrad_export_import_into_two_shards_trains_the_same(void **st
 static void test_import_rows_refusals_and_replay(void **state)
 {
     s_fixture_t *f = *state;
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = 2;
-    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAGRAD;
-    lazy.max_pending = 2;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    assert_int_equal(kb_cluster_create_table(f->a, "small", &cfg, false), 0);
+    s_create(f->a, "small", 2, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 2);
     float v[2] = {1, 2}, acc[2] = {0.5f, 0.25f}, pend[6] = {1, 1, 2, 2, 3, 3};
     kb_import_row_t row = {.key = {"good", 4}, .values = v, .opt_state = acc, .opt_steps = 3, .version = 5,
                            .frequency = 8, .updated_at_ms = 1000, .pending_count = 1, .pending = pend};
@@ -321,16 +322,7 @@ static void test_wide_rows_export_in_short_pages(void **state)
 {
     s_fixture_t *f = *state;
     enum { WIDE = 1024, N = 10 };
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = WIDE;
-    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;
-    lazy.max_pending = 1024;
-    lazy.max_age_ms = 3600000;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    assert_int_equal(kb_cluster_create_table(f->a, "wide", &cfg, false), 0);
+    s_create(f->a, "wide", WIDE, CARLS__OPTIMIZER_KIND__OPT_ADAM, 1024);
     static char names[N][16];
     kb_key_t keys[N];
     for (int i = 0; i < N; i++) {
