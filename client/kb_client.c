@@ -235,7 +235,7 @@ static bool s_is_write(Carls__Request__OpCase op)
 {
     return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
            op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
-           op == CARLS__REQUEST__OP_FEATURE_PUT;
+           op == CARLS__REQUEST__OP_FEATURE_PUT || op == CARLS__REQUEST__OP_IMPORT_ROWS;
 }
 
 /* Sends one packed request on the current socket without blocking. A full queue (EAGAIN) is not an

@@ -324,6 +324,7 @@ typedef union {
     Carls__FeaturePut feature_put;
     Carls__Sample sample;
     Carls__Knn knn;
+    Carls__ImportRows import_rows;
 } s_op_t;
 
 /* One operation spread over the shards: at most one request per shard, all sent before any answer is
@@ -1736,6 +1737,18 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
         ok = r->row_ids[i] > last && r->keys[i].len > 0;
         last = r->row_ids[i];
     }
+    /* The rows' whole state, when the server sends it (n_updated_at_ms == n): one entry of each per row,
+     * opt_floats per row (at most 8 * dim), and the pending floats the pending counts need. */
+    if (ok && n > 0 && r->n_updated_at_ms > 0) {
+        ok = r->n_updated_at_ms == n && r->n_opt_steps == n && r->n_pending_counts == n &&
+             r->opt_floats <= 8u * r->dim && r->n_opt_state == n * r->opt_floats;
+        uint64_t pending = 0;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = r->pending_counts[i] <= CARLS_MAX_PENDING_LIMIT;
+            pending += r->pending_counts[i];
+        }
+        ok = ok && r->n_pending == pending * r->dim;
+    }
     if (!ok || (limit > 0 && n > limit)) {
         s_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, %zu "
                        "frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids, r->n_versions,
@@ -1870,4 +1883,116 @@ int kb_cluster_snapshot_delete(kb_cluster_t *self, const char *name, char *err, 
 {
     int rc = kb_cluster_snapshot_each(self, CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE, name, false, NULL);
     return rc == 0 ? 0 : s_error_out(self, err, errlen);
+}
+
+/* ---- import of rows with their whole state ----------------------------------------------------------- */
+
+/* kb_cluster_import_rows' per-key fields in shard order (each shard's request points at its block). */
+typedef struct {
+    float *values, *opt_state, *pending;
+    uint64_t *opt_steps, *versions, *frequencies;
+    int64_t *updated_at_ms;
+    uint32_t *pending_counts;
+    Carls__FeatureRecord **records;
+} s_import_arrays_t;
+
+static void s_import_arrays_free(s_import_arrays_t *a)
+{
+    free(a->values);
+    free(a->opt_state);
+    free(a->pending);
+    free(a->opt_steps);
+    free(a->versions);
+    free(a->frequencies);
+    free(a->updated_at_ms);
+    free(a->pending_counts);
+    free(a->records);
+}
+
+int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_import_row_t *rows, size_t n,
+                           uint32_t dim, uint32_t opt_floats)
+{
+    assert(self);
+    s_clear_error(self);
+    if (!table || !*table || !rows || n == 0) {
+        s_set_error(self, "import_rows: a table name and rows are required");
+        return KB_CLIENT_EINVAL;
+    }
+    bool feature = rows[0].record != NULL;
+    size_t pending_floats = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kb_import_row_t *r = &rows[i];
+        if ((r->record != NULL) != feature || (!feature && !r->values) || (opt_floats && !feature && !r->opt_state) ||
+            (r->pending_count && (feature || !r->pending))) {
+            s_set_error(self, "import_rows: row %zu: every row needs values (embedding tables, with %u optimizer "
+                        "floats) or a record (feature tables), and its pending gradients", i, opt_floats);
+            return KB_CLIENT_EINVAL;
+        }
+        pending_floats += (size_t)r->pending_count * dim;
+    }
+    kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
+    for (size_t i = 0; i < n; i++)
+        keys[i] = rows[i].key;
+    s_fan_t fan;
+    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
+    s_import_arrays_t a = {0};
+    int rc = s_fan_keys(self, &fan, "import_rows", CARLS__REQUEST__OP_IMPORT_ROWS, keys, n);
+    if (rc == 0) {
+        const s_split_t *sp = &fan.sp;
+        a.values = carls_xmalloc((feature ? 1 : n * dim) * sizeof *a.values);
+        a.opt_state = carls_xmalloc((opt_floats > 0 ? n * (size_t)opt_floats : 1) * sizeof *a.opt_state);
+        a.pending = carls_xmalloc((pending_floats ? pending_floats : 1) * sizeof *a.pending);
+        a.opt_steps = carls_xmalloc(n * sizeof *a.opt_steps);
+        a.versions = carls_xmalloc(n * sizeof *a.versions);
+        a.frequencies = carls_xmalloc(n * sizeof *a.frequencies);
+        a.updated_at_ms = carls_xmalloc(n * sizeof *a.updated_at_ms);
+        a.pending_counts = carls_xmalloc(n * sizeof *a.pending_counts);
+        a.records = carls_xcalloc(n, sizeof *a.records);
+        size_t pending_at = 0;
+        for (uint32_t s = 0; s < self->n; s++) {
+            size_t c = sp->count[s], start = sp->start[s], shard_pending = pending_at;
+            if (c == 0)
+                continue;
+            for (size_t j = start; j < start + c; j++) {
+                const kb_import_row_t *r = &rows[sp->order[j]];
+                if (!feature)
+                    memcpy(a.values + j * dim, r->values, dim * sizeof(float));
+                if (!feature && opt_floats)
+                    memcpy(a.opt_state + j * opt_floats, r->opt_state, opt_floats * sizeof(float));
+                a.opt_steps[j] = r->opt_steps;
+                a.versions[j] = r->version;
+                a.frequencies[j] = r->frequency;
+                a.updated_at_ms[j] = r->updated_at_ms;
+                a.pending_counts[j] = r->pending_count;
+                a.records[j] = (Carls__FeatureRecord *)r->record; /* packing only reads it */
+                if (r->pending_count)
+                    memcpy(a.pending + pending_at, r->pending, (size_t)r->pending_count * dim * sizeof(float));
+                pending_at += (size_t)r->pending_count * dim;
+            }
+            Carls__ImportRows *im = &fan.ops[s].import_rows;
+            if (!feature) {
+                im->n_values = c * dim;
+                im->values = a.values + start * dim;
+                im->opt_floats = opt_floats;
+                im->n_opt_state = c * opt_floats;
+                im->opt_state = a.opt_state + start * opt_floats;
+                im->n_pending = pending_at - shard_pending;
+                im->pending = a.pending + shard_pending;
+            } else {
+                im->n_records = c;
+                im->records = a.records + start;
+            }
+            im->n_opt_steps = im->n_versions = im->n_frequencies = im->n_updated_at_ms = im->n_pending_counts = c;
+            im->opt_steps = a.opt_steps + start;
+            im->versions = a.versions + start;
+            im->frequencies = a.frequencies + start;
+            im->updated_at_ms = a.updated_at_ms + start;
+            im->pending_counts = a.pending_counts + start;
+        }
+        rc = s_fan_run(self, &fan);
+    }
+    s_fan_free(self, &fan);
+    s_import_arrays_free(&a);
+    free(keys);
+    return rc;
 }

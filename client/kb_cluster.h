@@ -12,7 +12,7 @@
  *     retry with if_not_exists / if_exists converges.
  *   - list_tables: every shard answers; the list is shard 0's (names and configs) with each table's `rows`
  *     summed over the shards.
- *   - lookup, lookup_ex, put, push_gradients, feature_get, feature_put: keys are split by shard, every
+ *   - lookup, lookup_ex, put, push_gradients, feature_get, feature_put, import_rows: keys are split by shard, every
  *     sub-request is sent before any answer is awaited (the shards work in parallel), and the answers are
  *     put back in the caller's key order. A write that fails on one shard may have been applied on others:
  *     re-running a put is harmless (it sets the same values), re-running push_gradients pushes the rows of
@@ -266,6 +266,27 @@ int kb_cluster_feature_get_wait(kb_cluster_t *self, kb_cluster_pending_t **pendi
 /* Replaces the records of n keys (records[i] for keys[i]; the server stamps updated_at_ms). */
 int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
                            const Carls__FeatureRecord *const *records);
+
+/* ---- rows with their whole state (import) -------------------------------------------------------------- */
+
+/* One row as a scan answers it with its whole state (docs/STATE.md "Export and import"). */
+typedef struct {
+    kb_key_t key;
+    const float *values;                /* embedding tables: dim floats; NULL for feature tables */
+    const float *opt_state;             /* opt_floats floats (NULL when opt_floats is 0) */
+    uint64_t opt_steps, version, frequency;
+    int64_t updated_at_ms;
+    uint32_t pending_count;             /* pending gradients (lazy embedding tables) */
+    const float *pending;               /* pending_count * dim floats, oldest first */
+    const Carls__FeatureRecord *record; /* feature tables: the row's record; NULL for embedding tables */
+} kb_import_row_t;
+
+/* Creates or replaces n rows of table with their whole state (import_rows), routed by key to their shards
+ * in one fan-out like put; a write (exactly once per shard: client id and sequence). opt_floats: optimizer
+ * floats per row, the table's or 0 (the servers start each row's state fresh); every row of one call is of
+ * the same kind (values, or records). The servers check everything and name the first bad row. */
+int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_import_row_t *rows, size_t n,
+                           uint32_t dim, uint32_t opt_floats);
 
 /* ---- per shard ----------------------------------------------------------------------------------------- */
 

@@ -1,11 +1,11 @@
 /* Table export files (contract in kb_export.h).
  *
- * Byte layout, format version 1. Integers are unsigned little-endian; floats are IEEE-754 binary32
- * little-endian.
+ * Byte layout, format version 2 (the writer's) and 1 (still read). Integers are unsigned little-endian unless
+ * marked i64 (two's complement); floats are IEEE-754 binary32 little-endian.
  *
  *   offset   size        field
  *   0        8           magic "CARLSKBX"
- *   8        4           u32 format version (1)
+ *   8        4           u32 format version (2; 1 for files written before optimizer state was carried)
  *   12       4           u32 name_len, 1..128
  *   16       name_len    the exported table's name ([A-Za-z0-9_.-])
  *   ..       4           u32 config_len, 0..KB_EXPORT_MAX_CONFIG_BYTES
@@ -19,6 +19,14 @@
  *            4           u32 payload_len: embedding tables exactly 4 * dim; feature tables
  *                        0..KB_EXPORT_MAX_RECORD_BYTES
  *            payload_len embedding: dim finite float32; feature: a packed carls.FeatureRecord
+ *          format 2 only, the row's state:
+ *            8           i64 updated_at_ms, >= 0
+ *            8           u64 opt_steps (0 for feature tables)
+ *            4           u32 opt_floats, 0..KB_EXPORT_MAX_OPT_FACTOR * dim, the same in every row (0 for
+ *                        feature tables)
+ *            4           u32 pending_count, 0..CARLS_MAX_PENDING_LIMIT (0 for feature tables)
+ *            4*opt_floats           finite float32: the optimizer state
+ *            4*pending_count*dim    finite float32: the pending gradients, oldest first
  *   trailer, the last 20 bytes of the file:
  *   end-20   8           magic "CARLSEND"
  *   end-12   8           u64 row count
@@ -65,6 +73,7 @@ struct kb_export_writer {
     bool failed;       /* a write failed: only destroy remains */
     uint8_t *scratch;  /* packed records and converted values */
     size_t scratch_cap;
+    uint32_t opt_floats; /* every row's (format 2), fixed by the first row */
 };
 
 /* Writes len bytes and adds them to the CRC. 0 or KB_EXPORT_EIO. */
@@ -140,11 +149,39 @@ int kb_export_writer_open(const char *path, const char *table, const Carls__Tabl
     return 0;
 }
 
+/* Writes n floats little-endian (through the scratch buffer), refusing non-finite ones: what names the
+ * floats in the message of row `row`. */
+static int s_write_floats(kb_export_writer_t *w, const float *v, size_t n, const char *what, char *err,
+                          size_t errlen)
+{
+    if (n == 0)
+        return 0;
+    s_scratch(w, n * 4);
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(v[j]))
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: %s %zu is not finite",
+                                (unsigned long long)w->rows + 1, what, j + 1);
+        uint32_t bits;
+        memcpy(&bits, &v[j], 4);
+        carls_put_le32(w->scratch + 4 * j, bits);
+    }
+    return s_write(w, w->scratch, n * 4, err, errlen);
+}
+
 int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_len, uint64_t version,
                          uint64_t frequency, const float *values, const Carls__FeatureRecord *record, char *err,
                          size_t errlen)
 {
-    assert(self);
+    kb_export_state_t state = {.version = version, .frequency = frequency};
+    return kb_export_writer_add_state(self, key, key_len, values, record, &state, err, errlen);
+}
+
+int kb_export_writer_add_state(kb_export_writer_t *self, const void *key, size_t key_len, const float *values,
+                               const Carls__FeatureRecord *record, const kb_export_state_t *state, char *err,
+                               size_t errlen)
+{
+    assert(self && state);
+    uint64_t version = state->version, frequency = state->frequency;
     if (self->failed || !self->file)
         return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: the writer has failed or finished");
     if (!key || key_len == 0 || key_len > CARLS_DEFAULT_MAX_KEY_BYTES)
@@ -177,6 +214,24 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
             carls_put_le32(self->scratch + 4 * j, bits);
         }
     }
+    /* The state is checked before anything of the row is written. */
+    if (state->updated_at_ms < 0 || (self->feature && (state->opt_floats || state->pending_count || state->opt_steps)) ||
+        state->opt_floats > KB_EXPORT_MAX_OPT_FACTOR * self->dim || state->pending_count > CARLS_MAX_PENDING_LIMIT ||
+        (state->opt_floats && !state->opt_state) || (state->pending_count && !state->pending) ||
+        (self->rows > 0 && state->opt_floats != self->opt_floats))
+        return carls_errorf(err, errlen, KB_EXPORT_EINVAL,
+                            "export: row %llu: a state the format cannot hold (updated_at %lld, %u optimizer floats "
+                            "where rows have %u, %u pending gradients)",
+                            (unsigned long long)self->rows + 1, (long long)state->updated_at_ms, state->opt_floats,
+                            self->rows ? self->opt_floats : state->opt_floats, state->pending_count);
+    for (size_t j = 0; j < state->opt_floats; j++)
+        if (!isfinite(state->opt_state[j]))
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: optimizer float %zu is not finite",
+                                (unsigned long long)self->rows + 1, j + 1);
+    for (size_t j = 0; j < (size_t)state->pending_count * self->dim; j++)
+        if (!isfinite(state->pending[j]))
+            return carls_errorf(err, errlen, KB_EXPORT_EINVAL, "export: row %llu: pending gradient float %zu is not "
+                                "finite", (unsigned long long)self->rows + 1, j + 1);
     uint8_t klen[4], meta[20];
     carls_put_le32(klen, (uint32_t)key_len);
     carls_put_le64(meta, version);
@@ -189,8 +244,24 @@ int kb_export_writer_add(kb_export_writer_t *self, const void *key, size_t key_l
         rc = s_write(self, meta, sizeof meta, err, errlen);
     if (rc == 0)
         rc = s_write(self, self->scratch, payload, err, errlen);
+    uint8_t st[24];
+    carls_put_le64(st, (uint64_t)state->updated_at_ms);
+    carls_put_le64(st + 8, state->opt_steps);
+    carls_put_le32(st + 16, state->opt_floats);
+    carls_put_le32(st + 20, state->pending_count);
     if (rc == 0)
+        rc = s_write(self, st, sizeof st, err, errlen);
+    if (rc == 0)
+        rc = s_write_floats(self, state->opt_state, state->opt_floats, "optimizer float", err, errlen);
+    if (rc == 0)
+        rc = s_write_floats(self, state->pending, (size_t)state->pending_count * self->dim, "pending float", err,
+                            errlen);
+    if (rc == 0) {
+        self->opt_floats = state->opt_floats;
         self->rows++;
+    } else {
+        self->failed = true; /* part of the row may be written */
+    }
     return rc;
 }
 
@@ -252,6 +323,10 @@ struct kb_export_reader {
     uint8_t *payload;      /* the current row's payload */
     size_t payload_cap;
     float *values;         /* (dim) the current row's values in host order */
+    uint32_t format;       /* the file's format version */
+    uint32_t opt_floats;   /* format 2: every row's, from the pass's first row */
+    float *state;          /* format 2: the current row's optimizer state, then its pending gradients */
+    size_t state_cap;      /* floats */
 };
 
 /* Reads exactly len bytes at the current position into buf (NULL: read and discard), adding them to the CRC.
@@ -286,6 +361,69 @@ static int s_fits(const kb_export_reader_t *r, uint64_t len, const char *what, c
         return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: %s of %llu bytes runs past the end of the rows (%llu bytes "
                       "left)", r->path, what, (unsigned long long)len,
                       (unsigned long long)(r->trailer_off - r->pos));
+    return 0;
+}
+
+/* Format 2: reads row n's state after its payload into row (buffers of the reader), checking it: updated_at
+ * not negative, none for a feature row, opt_floats within KB_EXPORT_MAX_OPT_FACTOR * dim and the same as the
+ * pass's first row, pending_count within CARLS_MAX_PENDING_LIMIT, every float finite. 0 or a negative code. */
+static int s_read_state(kb_export_reader_t *r, kb_export_row_t *row, uint64_t n, char *err, size_t errlen)
+{
+    char what[64];
+    snprintf(what, sizeof what, "row %llu's state", (unsigned long long)n);
+    uint8_t b[24];
+    int rc = s_fits(r, sizeof b, what, err, errlen);
+    if (rc == 0)
+        rc = s_read(r, b, sizeof b, err, errlen);
+    if (rc != 0)
+        return rc;
+    int64_t updated = (int64_t)carls_get_le64(b);
+    uint64_t steps = carls_get_le64(b + 8);
+    uint32_t opt_floats = carls_get_le32(b + 16), pending = carls_get_le32(b + 20);
+    if (updated < 0 || (r->feature && (steps || opt_floats || pending)))
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: updated_at %lld, %llu optimizer steps, %u "
+                            "optimizer floats, %u pending gradients (a feature row has none)", r->path,
+                            (unsigned long long)n, (long long)updated, (unsigned long long)steps, opt_floats, pending);
+    if (opt_floats > KB_EXPORT_MAX_OPT_FACTOR * r->dim || pending > CARLS_MAX_PENDING_LIMIT)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: %u optimizer floats (at most %u) and %u "
+                            "pending gradients (at most %u)", r->path, (unsigned long long)n, opt_floats,
+                            KB_EXPORT_MAX_OPT_FACTOR * r->dim, pending, CARLS_MAX_PENDING_LIMIT);
+    if (r->rows_read == 0)
+        r->opt_floats = opt_floats;
+    else if (opt_floats != r->opt_floats)
+        return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu has %u optimizer floats; row 1 has %u", r->path,
+                            (unsigned long long)n, opt_floats, r->opt_floats);
+    size_t floats = opt_floats + (size_t)pending * r->dim;
+    rc = s_fits(r, (uint64_t)floats * 4, what, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (r->state_cap < floats) {
+        r->state = carls_xrealloc(r->state, floats * sizeof *r->state);
+        r->state_cap = floats;
+    }
+    uint8_t chunk[4096];
+    for (size_t done = 0; done < floats;) {
+        size_t k = floats - done < sizeof chunk / 4 ? floats - done : sizeof chunk / 4;
+        rc = s_read(r, chunk, k * 4, err, errlen);
+        if (rc != 0)
+            return rc;
+        for (size_t j = 0; j < k; j++) {
+            uint32_t bits = carls_get_le32(chunk + 4 * j);
+            memcpy(&r->state[done + j], &bits, 4);
+            if (!isfinite(r->state[done + j]))
+                return carls_errorf(err, errlen, KB_EXPORT_ECORRUPT, "%s: row %llu: %s float %zu is not finite",
+                                    r->path, (unsigned long long)n,
+                                    done + j < opt_floats ? "optimizer" : "pending gradient",
+                                    done + j < opt_floats ? done + j + 1 : done + j - opt_floats + 1);
+        }
+        done += k;
+    }
+    row->updated_at_ms = updated;
+    row->opt_steps = steps;
+    row->opt_floats = opt_floats;
+    row->opt_state = opt_floats ? r->state : NULL;
+    row->pending_count = pending;
+    row->pending = pending ? r->state + opt_floats : NULL;
     return 0;
 }
 
@@ -354,6 +492,11 @@ static int s_read_row(kb_export_reader_t *r, kb_export_row_t *row, char *err, si
                               (unsigned long long)n, j + 1);
         }
         row->values = r->values;
+    }
+    if (r->format >= 2) {
+        rc = s_read_state(r, row, n, err, errlen);
+        if (rc != 0)
+            return rc;
     }
     r->rows_read++;
     return 0;
@@ -501,11 +644,12 @@ int kb_export_reader_open(const char *path, kb_export_reader_t **out, char *err,
                     KB_EXPORT_MAGIC);
         goto fail;
     }
-    if (got >= 12 && carls_get_le32(head + 8) != KB_EXPORT_VERSION) {
-        rc = carls_errorf(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads version %u",
-                    path, carls_get_le32(head + 8), KB_EXPORT_VERSION);
+    if (got >= 12 && (carls_get_le32(head + 8) < KB_EXPORT_MIN_VERSION || carls_get_le32(head + 8) > KB_EXPORT_VERSION)) {
+        rc = carls_errorf(err, errlen, KB_EXPORT_EVERSION, "%s: export format version %u; this build reads versions "
+                    "%u..%u", path, carls_get_le32(head + 8), KB_EXPORT_MIN_VERSION, KB_EXPORT_VERSION);
         goto fail;
     }
+    r->format = got >= 12 ? carls_get_le32(head + 8) : KB_EXPORT_VERSION;
     if (r->size < S_MIN_FILE_BYTES) {
         rc = carls_errorf(err, errlen, KB_EXPORT_ETRUNCATED, "%s is %llu bytes, shorter than any export (%u): truncated",
                     path, (unsigned long long)r->size, S_MIN_FILE_BYTES);
@@ -567,6 +711,12 @@ const Carls__TableConfig *kb_export_reader_config(const kb_export_reader_t *self
     return self->config;
 }
 
+uint32_t kb_export_reader_version(const kb_export_reader_t *self)
+{
+    assert(self);
+    return self->format;
+}
+
 uint64_t kb_export_reader_rows(const kb_export_reader_t *self)
 {
     assert(self);
@@ -598,6 +748,7 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p)
     free(r->path);
     free(r->payload);
     free(r->values);
+    free(r->state);
     free(r);
     *self_p = NULL;
 }
@@ -654,11 +805,24 @@ static int s_page_to_writer(void *ctx, const Carls__TableConfig *cfg, const Carl
                             size_t errlen)
 {
     const bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    /* The rows' whole state when the server sent it (kb_cluster_scan checked its sizes). */
+    const bool state = r->n_updated_at_ms == r->n_keys && r->n_keys > 0;
+    size_t pending_at = 0;
     int rc = 0;
     for (size_t i = 0; i < r->n_keys && rc == 0; i++) {
-        rc = kb_export_writer_add(ctx, r->keys[i].data, r->keys[i].len, r->versions[i], r->frequencies[i],
-                                  feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL, err,
-                                  errlen);
+        kb_export_state_t st = {.version = r->versions[i], .frequency = r->frequencies[i]};
+        if (state) {
+            st.updated_at_ms = r->updated_at_ms[i];
+            st.opt_steps = r->opt_steps[i];
+            st.opt_floats = r->opt_floats;
+            st.opt_state = r->opt_floats ? r->opt_state + i * r->opt_floats : NULL;
+            st.pending_count = r->pending_counts[i];
+            st.pending = st.pending_count ? r->pending + pending_at : NULL;
+            pending_at += (size_t)st.pending_count * cfg->dim;
+        }
+        rc = kb_export_writer_add_state(ctx, r->keys[i].data, r->keys[i].len,
+                                        feature ? NULL : r->values + i * cfg->dim, feature ? r->records[i] : NULL,
+                                        &st, err, errlen);
         /* A row the writer refuses (non-finite value, over-long key) came from the bank. */
         if (rc == KB_EXPORT_EINVAL)
             rc = KB_EXPORT_EBANK;
@@ -695,20 +859,38 @@ int kb_export_table(kb_cluster_t *bank, const char *table, const char *path, uin
 }
 
 /* Rows read from a file and not yet written: keys and values (embedding tables) in a kb_rows_t, with each
- * row's version and (feature tables) its decoded record. */
+ * row's version and (feature tables) its decoded record; for a format-2 file also each row's state, its
+ * optimizer floats and pending gradients back to back in one buffer. */
 typedef struct {
     size_t cap;                      /* rows per flush */
+    uint32_t dim;                    /* 0 for feature tables */
     kb_rows_t *rows;                 /* dim 0 for feature tables */
     uint64_t *versions;              /* (cap) */
     Carls__FeatureRecord **records;  /* (cap) decoded, owned; NULL for embedding tables */
+    kb_export_row_t *meta;           /* format 2: (cap) each row's scalars (its pointers are not used); else NULL */
+    size_t *state_at;                /* format 2: (cap) where each row's floats start in state */
+    float *state;                    /* format 2: optimizer floats then pending gradients, row after row */
+    size_t state_n, state_cap;
+    uint32_t opt_floats;             /* format 2: every row's (the reader checked) */
+    size_t record_bytes;             /* the packed records' bytes */
 } s_batch_t;
 
-static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim)
+/* A batch is sent once its floats or its records reach 16 MiB, well under the protocol's message cap. */
+#define S_BATCH_MAX_FLOATS ((size_t)4 << 20)
+#define S_BATCH_MAX_RECORD_BYTES ((size_t)16 << 20)
+
+static void s_batch_init(s_batch_t *b, size_t cap, uint32_t dim, bool state)
 {
+    memset(b, 0, sizeof *b);
     b->cap = cap;
+    b->dim = dim;
     b->rows = kb_rows_new(dim);
     b->versions = carls_xmalloc(cap * sizeof *b->versions);
     b->records = dim ? NULL : carls_xcalloc(cap, sizeof *b->records);
+    if (state) {
+        b->meta = carls_xcalloc(cap, sizeof *b->meta);
+        b->state_at = carls_xcalloc(cap, sizeof *b->state_at);
+    }
 }
 
 /* Forgets the rows (freeing their records). */
@@ -719,6 +901,8 @@ static void s_batch_clear(s_batch_t *b)
         b->records[i] = NULL;
     }
     kb_rows_clear(b->rows);
+    b->state_n = 0;
+    b->record_bytes = 0;
 }
 
 static void s_batch_free(s_batch_t *b)
@@ -727,6 +911,9 @@ static void s_batch_free(s_batch_t *b)
     kb_rows_destroy(&b->rows);
     free(b->versions);
     free(b->records);
+    free(b->meta);
+    free(b->state_at);
+    free(b->state);
 }
 
 /* Adds one row read from the file (b has room). 0, or KB_EXPORT_ECORRUPT when its record does not decode
@@ -739,10 +926,59 @@ static int s_batch_add(s_batch_t *b, const kb_export_row_t *row)
         b->records[n] = carls__feature_record__unpack(NULL, row->record_len, row->record);
         if (!b->records[n])
             return KB_EXPORT_ECORRUPT;
+        b->record_bytes += row->record_len;
     }
     b->versions[n] = row->version;
+    if (b->meta) {
+        size_t floats = row->opt_floats + (size_t)row->pending_count * b->dim;
+        if (b->state_n + floats > b->state_cap) {
+            b->state_cap = (b->state_n + floats) * 2;
+            b->state = carls_xrealloc(b->state, b->state_cap * sizeof *b->state);
+        }
+        if (row->opt_floats)
+            memcpy(b->state + b->state_n, row->opt_state, row->opt_floats * sizeof(float));
+        if (row->pending_count)
+            memcpy(b->state + b->state_n + row->opt_floats, row->pending,
+                   (size_t)row->pending_count * b->dim * sizeof(float));
+        b->state_at[n] = b->state_n;
+        b->state_n += floats;
+        b->meta[n] = *row;
+        b->opt_floats = row->opt_floats;
+    }
     kb_rows_append(b->rows, row->key, row->key_len, row->values);
     return 0;
+}
+
+/* Whether the batch is to be sent now: cap rows, S_BATCH_MAX_FLOATS floats or S_BATCH_MAX_RECORD_BYTES of
+ * records. */
+static bool s_batch_full(const s_batch_t *b)
+{
+    return b->rows->n == b->cap || b->state_n + b->rows->n * (size_t)b->dim >= S_BATCH_MAX_FLOATS ||
+           b->record_bytes >= S_BATCH_MAX_RECORD_BYTES;
+}
+
+/* Format 2: sends the batch's rows with their whole state (kb_cluster_import_rows). 0 or the client's code. */
+static int s_batch_import_rows(kb_cluster_t *bank, const char *table, const s_batch_t *b)
+{
+    size_t n = b->rows->n;
+    kb_import_row_t *rows = carls_xcalloc(n, sizeof *rows);
+    for (size_t i = 0; i < n; i++) {
+        const kb_export_row_t *m = &b->meta[i];
+        kb_import_row_t *r = &rows[i];
+        r->key = kb_rows_key(b->rows, i);
+        r->values = b->dim ? b->rows->values + i * b->dim : NULL;
+        r->opt_state = m->opt_floats ? b->state + b->state_at[i] : NULL;
+        r->opt_steps = m->opt_steps;
+        r->version = m->version;
+        r->frequency = m->frequency;
+        r->updated_at_ms = m->updated_at_ms;
+        r->pending_count = m->pending_count;
+        r->pending = m->pending_count ? b->state + b->state_at[i] + m->opt_floats : NULL;
+        r->record = b->records ? b->records[i] : NULL;
+    }
+    int rc = kb_cluster_import_rows(bank, table, rows, n, b->dim, b->opt_floats);
+    free(rows);
+    return rc;
 }
 
 /* qsort_r order of row indices by version, then file order (so a later row for the same key still comes
@@ -765,7 +1001,9 @@ static int s_batch_flush(kb_cluster_t *bank, const char *table, s_batch_t *b, ch
         return 0;
     int rc = 0;
     kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
-    if (!dim) {
+    if (b->meta) {
+        rc = s_batch_import_rows(bank, table, b);
+    } else if (!dim) {
         for (size_t i = 0; i < n; i++)
             keys[i] = kb_rows_key(rows, i);
         rc = kb_cluster_feature_put(bank, table, keys, n, (const Carls__FeatureRecord *const *)b->records);
@@ -893,7 +1131,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
     bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     uint64_t written = 0;
     s_batch_t b;
-    s_batch_init(&b, batch, feature ? 0 : cfg->dim);
+    s_batch_init(&b, batch, feature ? 0 : cfg->dim, kb_export_reader_version(r) >= 2);
     if (kb_cluster_create_table(bank, table, cfg, true) != 0) {
         if (kb_cluster_last_status(bank) == CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS)
             rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "table %s exists with another config than the file's (%s)",
@@ -914,7 +1152,7 @@ int kb_import_table(kb_cluster_t *bank, const char *table, const char *path, siz
                          "changed while being imported?)", path);
             break;
         }
-        if (b.rows->n == b.cap) {
+        if (s_batch_full(&b)) {
             size_t k = b.rows->n;
             rc = s_batch_flush(bank, table, &b, err, errlen);
             if (rc != 0)

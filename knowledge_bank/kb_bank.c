@@ -788,6 +788,92 @@ static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- read-only open (kb-server --read-only; docs/STATE.md "Read-only serving") ---- */
+
+/* Drops the table with this id from the registry (start-up only, nothing shares it yet). */
+static void s_unload_table(kb_bank_t *self, int64_t id)
+{
+    for (size_t i = 0; i < self->entry_count; i++) {
+        if (kb_table_id(self->entries[i].table) == id) {
+            kb_table_destroy(&self->entries[i].table);
+            self->entries[i] = self->entries[--self->entry_count];
+            return;
+        }
+    }
+}
+
+/* Applies one journal record to the tables in memory, as s_replay_record applies it to the store: table
+ * creates and drops, then whole rows, deletions and use counts. De-duplication records are not needed by a
+ * server that takes no writes. */
+static int s_replay_record_in_memory(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len)
+{
+    kb_bank_t *self = ctx;
+    kb_batch_t b;
+    char err[256];
+    if (kb_batch_decode(payload, len, &b, err, sizeof err) != 0) {
+        LOG_ERROR("journal record of epoch %llu: %s", (unsigned long long)epoch, err);
+        return -1;
+    }
+    int rc = 0;
+    if (b.epoch != epoch) {
+        LOG_ERROR("journal record of epoch %llu holds a batch of epoch %llu", (unsigned long long)epoch,
+                  (unsigned long long)b.epoch);
+        rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < b.op_count; i++) {
+        const kb_table_op_t *op = &b.ops[i];
+        bool exists = false;
+        for (size_t j = 0; j < self->entry_count && !exists; j++)
+            exists = kb_table_id(self->entries[j].table) == op->id;
+        if (op->drop)
+            s_unload_table(self, op->id);
+        else if (!exists) /* a table id is created once; the store would keep an existing one's rows too */
+            rc = s_load_table(self, op->id, op->name, op->config, op->config_len);
+    }
+    for (size_t i = 0; rc == 0 && i < b.row_count; i++) {
+        kb_table_t *t = NULL;
+        for (size_t j = 0; j < self->entry_count && !t; j++)
+            if (kb_table_id(self->entries[j].table) == b.rows[i].table_id)
+                t = self->entries[j].table;
+        if (t && kb_table_replay_row(t, &b.rows[i]) != 0)
+            LOG_WARN("journal: a row of table %s does not match its config; skipped", kb_table_name(t));
+    }
+    kb_batch_free(&b);
+    return rc;
+}
+
+/* kb_bank_open for opts->read_only: loads the store read-only, replays the journal's newer epochs into the
+ * tables in memory (the journal files stay as they are), freezes every table's pending gradients, and
+ * starts no thread: nothing is ever committed, compacted, swept or removed. */
+static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
+{
+    int64_t t0 = carls_monotonic_ms();
+    if (kb_store_open_read_only(self->data_dir, &self->store, err, errlen) != 0)
+        return -1;
+    if (kb_store_load(self->store, s_load_table, s_load_row, s_load_client, self) != 0)
+        return carls_errorf(err, errlen, -1, "loading %s failed: %s", self->data_dir,
+                            kb_store_last_error(self->store));
+    uint64_t compacted = kb_store_get_meta(self->store, "journal_epoch"), last = compacted;
+    if (kb_journal_replay(self->data_dir, compacted, s_replay_record_in_memory, self, &last, err, errlen) != 0)
+        return -1;
+    size_t rows = 0;
+    for (size_t i = 0; i < self->entry_count; i++) {
+        kb_table_set_read_only(self->entries[i].table);
+        rows += kb_table_row_count(self->entries[i].table);
+    }
+    self->compacted_epoch = self->queued_epoch = compacted;
+    self->committed_epoch = self->stats.committed_epoch = last;
+    self->stats.compacted_epoch = compacted;
+    atomic_store(&self->epoch, last + 1);
+    self->dedup_mem_counted = (int64_t)kb_dedup_memory(self->dedup);
+    kb_memory_add(self->mem, self->dedup_mem_counted);
+    LOG_INFO("read-only: loaded %zu tables, %zu rows from %s in %lld ms (store up to epoch %llu, journal in "
+             "memory up to %llu); nothing will be written",
+             self->entry_count, rows, self->data_dir, (long long)(carls_monotonic_ms() - t0),
+             (unsigned long long)compacted, (unsigned long long)last);
+    return 0;
+}
+
 int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -833,6 +919,13 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     self->queue_max_bytes = opts->max_memory ? (int64_t)(opts->max_memory / 4) : (int64_t)256 << 20;
     const char *delay = getenv("CARLS_KB_TEST_COMPACTION_DELAY_MS");
     self->compact_delay_ms = delay ? atoi(delay) : 0;
+
+    if (opts->read_only) {
+        if (s_open_read_only(self, err, errlen) != 0)
+            goto fail;
+        *out = self;
+        return 0;
+    }
 
     if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
         goto fail;
@@ -945,6 +1038,9 @@ void kb_bank_close(kb_bank_t **self_p)
 
 int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
 {
+    if (self->opts.read_only) /* nothing to commit, and the files must not change */
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is read-only: it commits nothing");
+
     /* Everything written before this call is in an epoch <= the one being filled now, and the round that
      * collects it (or an earlier one, collecting after this store) takes the use counts too. */
     atomic_store(&self->frequencies_due, true);

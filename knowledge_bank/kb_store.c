@@ -144,6 +144,91 @@ fail:
     return -1;
 }
 
+/* ---- read-only open (kb-server --read-only) ---- */
+
+/* Size of path in *bytes: 0 when it exists, -1 (errno ENOENT or another) otherwise. */
+static int s_file_size(const char *path, int64_t *bytes)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return -1;
+    *bytes = (int64_t)sb.st_size;
+    return 0;
+}
+
+int kb_store_open_read_only(const char *dir, kb_store_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return carls_errorf(err, errlen, -1,
+                            "read-only: data directory %s %s (a read-only server serves an existing bank and "
+                            "creates nothing)",
+                            dir, errno == ENOENT ? "does not exist" : "is not a readable directory");
+    char path[4096], wal[4200], shm[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/bank.sqlite", dir) >= sizeof path)
+        return carls_errorf(err, errlen, -1, "data directory path too long");
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    snprintf(shm, sizeof shm, "%s-shm", path);
+    int64_t db_bytes = 0, wal_bytes = 0, shm_bytes = 0;
+    if (s_file_size(path, &db_bytes) != 0)
+        return carls_errorf(err, errlen, -1,
+                            "read-only: %s has no bank (%s: %s); start the server once without --read-only to "
+                            "create one",
+                            dir, path, strerror(errno));
+    bool have_wal = s_file_size(wal, &wal_bytes) == 0 && wal_bytes > 0;
+    if (have_wal && s_file_size(shm, &shm_bytes) != 0)
+        return carls_errorf(err, errlen, -1,
+                            "read-only: %s holds committed changes but %s is missing, and reading them without "
+                            "it would mean creating it; start the server once without --read-only",
+                            wal, shm);
+    /* A URI: the path percent-encoded where SQLite's URI syntax needs it. */
+    char uri[13000];
+    size_t at = (size_t)snprintf(uri, sizeof uri, "file:");
+    for (const char *p = path; *p && at + 4 < sizeof uri; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '%' || c == '?' || c == '#' || c < 0x21 || c > 0x7e)
+            at += (size_t)snprintf(uri + at, sizeof uri - at, "%%%02X", c);
+        else
+            uri[at++] = (char)c;
+    }
+    snprintf(uri + at, sizeof uri - at, "%s", have_wal ? "?mode=ro&readonly_shm=1" : "?mode=ro&immutable=1");
+    kb_store_t *self = carls_xcalloc(1, sizeof *self);
+    int rc = sqlite3_open_v2(uri, &self->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "read-only: cannot open %s: %s", path,
+                 self->db ? sqlite3_errmsg(self->db) : "out of memory");
+        goto fail;
+    }
+    /* Belt and braces: even if something asked, a read-only connection must not checkpoint at close. */
+    sqlite3_db_config(self->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+    sqlite3_busy_timeout(self->db, 5000);
+    sqlite3_stmt *version_stmt = NULL;
+    if (s_prepare(self, "SELECT v FROM meta WHERE k='schema_version'", &version_stmt) != 0) {
+        snprintf(err, errlen, "read-only: %s is not a bank: %s", path, self->error);
+        goto fail;
+    }
+    int have_version = sqlite3_step(version_stmt) == SQLITE_ROW;
+    int version = have_version ? sqlite3_column_int(version_stmt, 0) : 0;
+    sqlite3_finalize(version_stmt);
+    if (version != KB_STORE_SCHEMA_VERSION) {
+        snprintf(err, errlen, "read-only: %s has schema version %d; this server reads version %d", path, version,
+                 KB_STORE_SCHEMA_VERSION);
+        goto fail;
+    }
+    if (s_prepare(self, "SELECT v FROM meta WHERE k = ?1", &self->get_meta) != 0) {
+        snprintf(err, errlen, "read-only: %s", self->error);
+        goto fail;
+    }
+    LOG_INFO("read-only: opened %s (%s)", path,
+             have_wal ? "with its write-ahead log, shared-memory index kept in private memory" : "immutable");
+    *out = self;
+    return 0;
+fail:
+    kb_store_close(&self);
+    return -1;
+}
+
 void kb_store_close(kb_store_t **self_p)
 {
     if (!self_p || !*self_p)

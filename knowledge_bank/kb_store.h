@@ -55,6 +55,19 @@ void kb_store_row_free(kb_store_row_t *row);
 /* Opens (creating if needed) the database in dir, which must exist or be creatable (mode 0700).
  * Returns 0 or -1 with a message in err. */
 int kb_store_open(const char *dir, bool sync, kb_store_t **out, char *err, size_t errlen);
+
+/* Opens the existing database in dir for reading only (kb-server --read-only): nothing in dir is created,
+ * written or removed, so the files' bytes stay as they are (docs/STATE.md "Read-only serving"). dir and
+ * dir/bank.sqlite must exist (else -1 with a message saying so). How SQLite is kept off the files:
+ *  - no WAL file, or an empty one (a clean shutdown): URI `immutable=1` -- SQLite opens bank.sqlite alone,
+ *    O_RDONLY, takes no locks and never looks for -wal/-shm;
+ *  - a WAL with frames (the writer was killed): URI `mode=ro&readonly_shm=1` -- bank.sqlite and the -wal are
+ *    only read, the -shm is opened O_RDONLY (it must exist) and, since no writer holds it, SQLite rebuilds
+ *    its index of the WAL in private heap memory instead of in the file; a read-only connection never
+ *    checkpoints, so the WAL is neither applied nor removed at close.
+ * No other process may change the files while the store is open. Only kb_store_load, kb_store_get_meta,
+ * kb_store_last_error and kb_store_close may be used on the result; writes fail. */
+int kb_store_open_read_only(const char *dir, kb_store_t **out, char *err, size_t errlen);
 void kb_store_close(kb_store_t **self_p);
 
 /* Loading at start-up. The callbacks receive borrowed data valid only during the call; a nonzero return

@@ -70,6 +70,7 @@ struct kb_table {
     atomic_int_fast64_t mem_bytes;
     kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
     int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
+    bool read_only;             /* kb_table_set_read_only: pending gradients are never applied */
 };
 
 /* Adds delta bytes to the table's estimate and the bank's. */
@@ -825,7 +826,7 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
             frequencies[i] = 0;
             continue;
         }
-        if (row->pending_count > 0) {
+        if (row->pending_count > 0 && !self->read_only) {
             s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
             steps++;
         }
@@ -852,7 +853,7 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
         kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
         if (row) {
-            if (row->pending_count > 0)
+            if (row->pending_count > 0 && !self->read_only)
                 s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
             memcpy(values + i * dim, row->value, dim * sizeof(float));
             ids[i] = row->id;
@@ -936,7 +937,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
 
 uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
 {
-    if (self->cfg.immediate || self->cfg.kind != KB_TABLE_EMBEDDING)
+    if (self->cfg.immediate || self->cfg.kind != KB_TABLE_EMBEDDING || self->read_only)
         return 0;
     uint64_t applied = 0;
     int64_t max_age = self->cfg.max_age_ms;
@@ -1533,4 +1534,118 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
     if (count > 0)
         qsort(*out, count, sizeof **out, s_compare_records);
     return count;
+}
+
+/* ---- read-only serving and journal replay into memory (kb-server --read-only) ---- */
+
+void kb_table_set_read_only(kb_table_t *self) { self->read_only = true; }
+
+/* Drops the row's pending set, if any, without applying it (stats, pending list, memory). Stripe locked. */
+static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    if (!row->pending_count)
+        return;
+    atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
+    atomic_fetch_sub(&self->stats.pending_keys, 1);
+    s_list_unlink(&st->pending, row, PENDING_LINK);
+    free(row->pending);
+    s_mem(self, -s_pending_bytes(self));
+    row->pending = NULL;
+    row->pending_count = 0;
+}
+
+/* Takes a row out of a table that is not shared yet (start-up) and frees it. */
+static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
+{
+    kb_rowmap_remove(&st->map, hash, row->key, row->key_len);
+    s_drop_pending(self, st, row);
+    s_list_unlink(&st->lru, row, LRU_LINK);
+    s_by_id_set(self, row->id, NULL);
+    if (!s_persistable(self, row))
+        atomic_fetch_sub(&self->stats.not_persisted, 1);
+    s_knn_touch(self, st, row); /* an index flush finds no row for the id (or the row replacing it) */
+    atomic_fetch_sub(&self->stats.rows, 1);
+    s_row_free(self, row);
+}
+
+int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
+{
+    if (rec->key_len == 0)
+        return -1;
+    uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
+    kb_stripe_t *st = s_stripe(self, hash);
+    kb_row_t *row = kb_rowmap_find(&st->map, hash, rec->key, rec->key_len);
+    if (rec->frequency_only) {
+        /* As the store's update: only the row of that row id (a count of an evicted row is dropped). */
+        if (row && row->id == rec->row_id) {
+            bool was = s_persistable(self, row);
+            row->frequency = rec->frequency;
+            bool now = s_persistable(self, row);
+            if (was && !now)
+                atomic_fetch_add(&self->stats.not_persisted, 1);
+            else if (!was && now)
+                atomic_fetch_sub(&self->stats.not_persisted, 1);
+        }
+        return 0;
+    }
+    if (row)
+        s_unload_row(self, st, hash, row);
+    if (rec->deleted)
+        return 0;
+    return kb_table_restore_row(self, rec);
+}
+
+/* ---- import of rows with their whole state (import_rows) ---- */
+
+void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
+{
+    uint32_t dim = self->cfg.dim;
+    bool feature = self->cfg.kind == KB_TABLE_FEATURE;
+    for (size_t i = 0; i < n; i++) {
+        const kb_store_row_t *rec = &recs[i];
+        ProtobufCBinaryData key = {rec->key_len, rec->key};
+        uint64_t hash;
+        kb_stripe_t *st = s_lock_key(self, &key, &hash);
+        kb_row_t *row = s_row_for_write(self, st, hash, &key);
+        bool was_persistable = s_persistable(self, row);
+        if (dim)
+            memcpy(row->value, rec->value, (size_t)dim * sizeof(float));
+        if (self->opt_floats && rec->opt_floats == self->opt_floats)
+            memcpy(row->opt_state, rec->opt_state, (size_t)self->opt_floats * sizeof(float));
+        else if (self->opt_floats)
+            kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, dim);
+        row->opt_steps = rec->opt_steps;
+        row->version = rec->version;
+        row->updated_at_ms = rec->updated_at_ms;
+        row->frequency = rec->frequency;
+        /* The row's pending set becomes the imported one. */
+        s_drop_pending(self, st, row);
+        if (rec->pending_count && !feature) {
+            row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
+            s_mem(self, s_pending_bytes(self));
+            memcpy(row->pending, rec->pending, (size_t)rec->pending_count * dim * sizeof(float));
+            row->pending_count = rec->pending_count;
+            row->pending_since_ms = carls_monotonic_ms();
+            s_list_append(&st->pending, row, PENDING_LINK);
+            atomic_fetch_add(&self->stats.pending_keys, 1);
+            atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
+        }
+        if (feature) {
+            s_mem(self, (int64_t)kb_memory_chunk(rec->record_len) -
+                            (row->record ? (int64_t)kb_memory_chunk(row->record_len) : 0));
+            free(row->record);
+            row->record = carls_xmalloc(rec->record_len ? rec->record_len : 1);
+            if (rec->record_len)
+                memcpy(row->record, rec->record, rec->record_len);
+            row->record_len = rec->record_len;
+        }
+        bool now_persistable = s_persistable(self, row);
+        if (was_persistable && !now_persistable)
+            atomic_fetch_add(&self->stats.not_persisted, 1);
+        else if (!was_persistable && now_persistable)
+            atomic_fetch_sub(&self->stats.not_persisted, 1);
+        s_row_changed(self, st, row);
+        pthread_mutex_unlock(&st->mutex);
+    }
+    atomic_fetch_add(&self->stats.puts, n);
 }

@@ -188,6 +188,24 @@ void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *c
  * marks. The caller owns the records (kb_store_row_free each). */
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
+/* Read-only serving (kb-server --read-only): from now on no pending gradient is applied -- lookups and
+ * peeks answer the stored value, kb_table_expire does nothing -- so the sets stay as loaded. Call before the
+ * table is shared. */
+void kb_table_set_read_only(kb_table_t *self);
+
+/* Applies one journaled row record to a table that is not shared yet (start-up of a read-only server,
+ * which replays the journal into memory instead of into the store): a whole row replaces the key's row
+ * (row id included), a deletion removes it, a frequency-only record sets the count of the row with that
+ * row id. Returns 0, or -1 when a whole row does not fit the table's config (the caller logs and skips). */
+int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec);
+
+/* import_rows: creates or replaces each key's row with recs[i]'s whole state -- value (dim floats), optimizer
+ * state (opt_floats equal to the table's; 0: the state starts fresh), opt_steps, version, updated_at_ms,
+ * frequency, pending gradients (pending_count <= max_pending, lazy embedding tables only) or feature record.
+ * recs are validated by the caller (row_id, deleted and frequency_only are ignored: a new row gets a new id,
+ * an existing row keeps its id). The rows are persisted like any write; admission filters do not apply. */
+void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n);
+
 /* Number of rows held. */
 size_t kb_table_row_count(kb_table_t *self);
 

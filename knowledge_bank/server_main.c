@@ -39,7 +39,8 @@ static void s_usage(FILE *out)
             "options:\n"
             "  --listen ENDPOINT          ZeroMQ endpoint to bind (default tcp://127.0.0.1:7070;\n"
             "                             tcp://127.0.0.1:* picks a free port, see --endpoint-file)\n"
-            "  --data DIR                 data directory, created 0700 if missing (default ./kb-data)\n"
+            "  --data DIR                 data directory, created 0700 if missing (default ./kb-data;\n"
+            "                             with --read-only it must exist)\n"
             "  --durability MODE          sync: a write is committed (journal append + fdatasync) before it is\n"
             "                             acknowledged (concurrent writes share commits); interval:MS: commit\n"
             "                             every MS ms, so up to MS ms of acknowledged writes can be lost in a\n"
@@ -57,7 +58,11 @@ static void s_usage(FILE *out)
             "  --knn-threads N            OpenMP threads per nearest-neighbour search (default 1; OpenBLAS\n"
             "                             stays at 1: their product must not oversubscribe the cores, and\n"
             "                             the worker threads already search in parallel)\n"
-            "  --read-only                refuse every write (serving mode)\n"
+            "  --read-only                serve an existing bank without changing its files: every write\n"
+            "                             (and checkpoint) is refused, the files are opened read-only, the\n"
+            "                             journal is replayed into memory only, pending gradients stay\n"
+            "                             pending (lookups answer the stored value) and use counts are not\n"
+            "                             kept; --data must hold a bank (docs/STATE.md)\n"
             "  --restore NAME             before serving, replace the data directory's store and journal with\n"
             "                             snapshot NAME (DIR/snapshots/NAME, from `kbctl snapshot NAME`), after\n"
             "                             checking its manifest, every file's CRC-32 and its shard (--shard must\n"
@@ -207,6 +212,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    bank_opts.read_only = limits.read_only;
     kb_knn_set_threads(knn_threads, 1);
     char err[1024];
     kb_bank_t *bank = NULL;

@@ -38,6 +38,7 @@ const char *carls_op_name(Carls__Request__OpCase op)
     case CARLS__REQUEST__OP_FEATURE_GET: return "feature_get";
     case CARLS__REQUEST__OP_FEATURE_PUT: return "feature_put";
     case CARLS__REQUEST__OP_SCAN: return "scan";
+    case CARLS__REQUEST__OP_IMPORT_ROWS: return "import_rows";
     case CARLS__REQUEST__OP_SNAPSHOT: return "snapshot";
     default: return "none";
     }

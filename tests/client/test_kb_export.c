@@ -23,6 +23,9 @@
 #include "test_util.h"
 #include "test_proto.h"
 
+/* Crafted files are format 1 (rows without their state), which the reader still reads. */
+#define S_V1 1u
+
 static void s_path(const char *name, char *out, size_t cap) { snprintf(out, cap, "%s/%s", test_scratch_dir, name); }
 
 /* ---- a byte builder for crafted files ---- */
@@ -96,7 +99,7 @@ static void s_row(s_buf_t *s, const char *key, uint64_t version, uint32_t dim, f
 static void s_feature_row_start(s_buf_t *s)
 {
     s->len = 0;
-    s_header(s, KB_EXPORT_VERSION, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
+    s_header(s, S_V1, "g", CARLS__TABLE_KIND__TABLE_FEATURE, 0);
     s_u32(s, 1);
     s_put(s, "k", 1);
     s_u64(s, 0);
@@ -260,6 +263,117 @@ static void test_feature_round_trip(void **state)
     kb_export_reader_destroy(&r);
 }
 
+/* Format 2: a row's whole state (updated_at, optimizer steps and floats, pending gradients) reads back bit
+ * for bit; states the format cannot hold are refused by the writer and, crafted, by the reader. */
+static void s_state(s_buf_t *s, int64_t updated, uint64_t steps, uint32_t opt_floats, uint32_t pending,
+                    uint32_t dim, float f)
+{
+    s_u64(s, (uint64_t)updated);
+    s_u64(s, steps);
+    s_u32(s, opt_floats);
+    s_u32(s, pending);
+    for (uint32_t j = 0; j < opt_floats + pending * dim; j++)
+        s_f32(s, f + (float)j);
+}
+
+static void test_state_round_trip(void **state)
+{
+    (void)state;
+    char path[320], err[256];
+    s_path("state.kbx", path, sizeof path);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = 2;
+    kb_export_writer_t *w = NULL;
+    assert_int_equal(kb_export_writer_open(path, "emb", &cfg, &w, err, sizeof err), 0);
+    float v[2] = {1.5f, -2.0f}, opt[2] = {0.1f, 3.25f}, pend[6] = {1, 2, 3, 4, 5, 6};
+    kb_export_state_t st = {.version = 7, .frequency = 9, .updated_at_ms = 1700000000123, .opt_steps = 4,
+                            .opt_floats = 2, .opt_state = opt, .pending_count = 3, .pending = pend};
+    assert_int_equal(kb_export_writer_add_state(w, "a", 1, v, NULL, &st, err, sizeof err), 0);
+    st.pending_count = 0;
+    st.pending = NULL;
+    assert_int_equal(kb_export_writer_add_state(w, "b", 1, v, NULL, &st, err, sizeof err), 0);
+    /* Refused before anything of the row is written: another optimizer float count than row 1's, a NaN, too
+     * many pending gradients, a negative timestamp. The file stays good. */
+    kb_export_state_t bad = st;
+    bad.opt_floats = 1;
+    assert_int_equal(kb_export_writer_add_state(w, "c", 1, v, NULL, &bad, err, sizeof err), KB_EXPORT_EINVAL);
+    assert_non_null(strstr(err, "row 3"));
+    float nan_opt[2] = {0.1f, NAN};
+    bad = st;
+    bad.opt_state = nan_opt;
+    assert_int_equal(kb_export_writer_add_state(w, "c", 1, v, NULL, &bad, err, sizeof err), KB_EXPORT_EINVAL);
+    bad = st;
+    bad.pending_count = CARLS_MAX_PENDING_LIMIT + 1;
+    bad.pending = pend;
+    assert_int_equal(kb_export_writer_add_state(w, "c", 1, v, NULL, &bad, err, sizeof err), KB_EXPORT_EINVAL);
+    bad = st;
+    bad.updated_at_ms = -1;
+    assert_int_equal(kb_export_writer_add_state(w, "c", 1, v, NULL, &bad, err, sizeof err), KB_EXPORT_EINVAL);
+    assert_int_equal(kb_export_writer_finish(w, err, sizeof err), 0);
+    kb_export_writer_destroy(&w);
+
+    kb_export_reader_t *r = NULL;
+    assert_int_equal(kb_export_reader_open(path, &r, err, sizeof err), 0);
+    assert_int_equal(kb_export_reader_version(r), KB_EXPORT_VERSION);
+    assert_int_equal(kb_export_reader_rows(r), 2);
+    kb_export_row_t row;
+    assert_int_equal(kb_export_reader_next(r, &row, err, sizeof err), 1);
+    assert_int_equal(row.version, 7);
+    assert_int_equal(row.frequency, 9);
+    assert_int_equal(row.updated_at_ms, 1700000000123);
+    assert_int_equal(row.opt_steps, 4);
+    assert_int_equal(row.opt_floats, 2);
+    assert_memory_equal(row.opt_state, opt, sizeof opt);
+    assert_int_equal(row.pending_count, 3);
+    assert_memory_equal(row.pending, pend, sizeof pend);
+    assert_memory_equal(row.values, v, sizeof v);
+    assert_int_equal(kb_export_reader_next(r, &row, err, sizeof err), 1);
+    assert_int_equal(row.pending_count, 0);
+    assert_null(row.pending);
+    assert_memory_equal(row.opt_state, opt, sizeof opt);
+    assert_int_equal(kb_export_reader_next(r, &row, err, sizeof err), 0);
+    kb_export_reader_destroy(&r);
+
+    /* A feature table's rows have no optimizer state. */
+    Carls__TableConfig fcfg = CARLS__TABLE_CONFIG__INIT;
+    fcfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
+    assert_int_equal(kb_export_writer_open(path, "g", &fcfg, &w, err, sizeof err), 0);
+    Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
+    kb_export_state_t fst = {.version = 1, .opt_floats = 2, .opt_state = opt};
+    assert_int_equal(kb_export_writer_add_state(w, "k", 1, NULL, &rec, &fst, err, sizeof err), KB_EXPORT_EINVAL);
+    kb_export_writer_destroy(&w);
+
+    /* Crafted format-2 files: a good one, then each state field made wrong (with a right checksum). */
+    s_buf_t s = {0};
+    for (int fault = 0; fault <= 5; fault++) {
+        s.len = 0;
+        s_header(&s, 2, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+        s_row(&s, "a", 1, 2, 0.5f);
+        s_state(&s, 5, 1, 2, 1, 2, 0.25f);
+        s_row(&s, "b", 1, 2, 0.5f);
+        switch (fault) {
+        case 0: s_state(&s, 0, 0, 2, 0, 2, 1.0f); break;                         /* good */
+        case 1: s_state(&s, 0, 0, 4, 0, 2, 1.0f); break;                         /* opt floats differ */
+        case 2: s_state(&s, -5, 0, 2, 0, 2, 1.0f); break;                        /* negative timestamp */
+        case 3: s_state(&s, 0, 0, 2, CARLS_MAX_PENDING_LIMIT + 1, 2, 1.0f); break; /* too many pending */
+        case 4: s_state(&s, 0, 0, 17, 0, 2, 1.0f); break;                        /* over 8 * dim */
+        case 5:                                                                   /* a NaN gradient */
+            s_u64(&s, 0), s_u64(&s, 0), s_u32(&s, 2), s_u32(&s, 1);
+            s_f32(&s, 1), s_f32(&s, 1), s_f32(&s, 1), s_f32(&s, NAN);
+            break;
+        }
+        s_trailer(&s, 2, 0);
+        int rc = s_open(&s, err, sizeof err);
+        if (fault == 0)
+            assert_int_equal(rc, 0);
+        else if (rc != KB_EXPORT_ECORRUPT)
+            fail_msg("fault %d: code %d (%s)", fault, rc, err);
+        if (fault)
+            assert_non_null(strstr(err, "row 2"));
+    }
+    free(s.b);
+}
+
 /* An unfinished writer leaves an existing target as it was and removes its temporary file. */
 static void test_abandoned_writer_keeps_target(void **state)
 {
@@ -305,7 +419,7 @@ static void test_crafted_files(void **state)
     s_buf_t s = {0};
 
     /* The reference: two rows of dim 2. */
-    s_header(&s, KB_EXPORT_VERSION, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+    s_header(&s, S_V1, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
     s_row(&s, "a", 1, 2, 0.5f);
     s_row(&s, "b", 2, 2, 1.5f);
     s_trailer(&s, 2, 0);
@@ -313,7 +427,7 @@ static void test_crafted_files(void **state)
     s.len = 0;
 
     /* Zero rows is a valid file. */
-    s_header(&s, KB_EXPORT_VERSION, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+    s_header(&s, S_V1, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
     s_trailer(&s, 0, 0);
     assert_int_equal(s_open(&s, err, sizeof err), 0);
     s.len = 0;
@@ -326,10 +440,11 @@ static void test_crafted_files(void **state)
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_EMAGIC);
     assert_non_null(strstr(err, "not a carls table export"));
     s.len = 0;
-    s_header(&s, 2, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+    s_header(&s, KB_EXPORT_VERSION + 1, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
     s_trailer(&s, 0, 0);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_EVERSION);
-    assert_non_null(strstr(err, "version 2"));
+    assert_non_null(strstr(err, "version 3"));
+    assert_non_null(strstr(err, "reads versions 1..2"));
     s.len = 0;
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_EMAGIC);
     s_put(&s, KB_EXPORT_MAGIC, 8);
@@ -339,7 +454,7 @@ static void test_crafted_files(void **state)
     s.len = 0;
 
     /* No trailer at the end: a cut file. */
-    s_header(&s, KB_EXPORT_VERSION, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+    s_header(&s, S_V1, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
     s_row(&s, "a", 1, 2, 0.5f);
     s_row(&s, "b", 2, 2, 1.5f);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ETRUNCATED);
@@ -378,10 +493,10 @@ static void test_crafted_files(void **state)
                 char longname[201];
                 memset(longname, 'n', 200);
                 longname[200] = '\0';
-                s_header(&s, KB_EXPORT_VERSION, name ? name : longname, CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+                s_header(&s, S_V1, name ? name : longname, CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
             } else if (fault == 10 || fault == 11) {
                 s_put(&s, KB_EXPORT_MAGIC, 8);
-                s_u32(&s, KB_EXPORT_VERSION);
+                s_u32(&s, S_V1);
                 s_u32(&s, 1);
                 s_put(&s, "t", 1);
                 if (fault == 10) {
@@ -392,7 +507,7 @@ static void test_crafted_files(void **state)
                 }
             } else {
                 uint32_t dim = fault == 12 ? 0 : fault == 13 ? 5000 : 2;
-                s_header(&s, KB_EXPORT_VERSION, "t", fault == 14 ? (Carls__TableKind)7 : CARLS__TABLE_KIND__TABLE_EMBEDDING,
+                s_header(&s, S_V1, "t", fault == 14 ? (Carls__TableKind)7 : CARLS__TABLE_KIND__TABLE_EMBEDDING,
                          dim);
             }
             uint64_t rows = 2;
@@ -443,7 +558,7 @@ static void test_crafted_files(void **state)
 
     /* Only the stored checksum wrong: the structure is fine, the checksum is not. */
     s.len = 0;
-    s_header(&s, KB_EXPORT_VERSION, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
+    s_header(&s, S_V1, "t", CARLS__TABLE_KIND__TABLE_EMBEDDING, 2);
     s_row(&s, "a", 1, 2, 0.5f);
     s_trailer(&s, 1, 0x100);
     assert_int_equal(s_open(&s, err, sizeof err), KB_EXPORT_ECHECKSUM);
@@ -519,6 +634,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_writer_round_trip),
         cmocka_unit_test(test_feature_round_trip),
+        cmocka_unit_test(test_state_round_trip),
         cmocka_unit_test(test_abandoned_writer_keeps_target),
         cmocka_unit_test(test_crafted_files),
         cmocka_unit_test(test_every_byte_matters),

@@ -6,8 +6,10 @@
  * checksum and reach the structural checks. A valid export is unchanged by the fix-up.
  * When open succeeds, the rows pass must deliver exactly the trailer's row count, each row well formed
  * (key of 1..max bytes; dim finite values for an embedding table, a record that decodes for a feature
- * table), and end with 0. Then the rows are written again with kb_export_writer (what `kbctl export` would
- * write for the same table) and read back: the copy must hold the same name, kind, dim and rows. */
+ * table; in format 2 a state within its caps, the same optimizer float count in every row, finite floats),
+ * and end with 0. Then the rows are written again with kb_export_writer (format 2, what `kbctl export` would
+ * write for the same table) and read back: the copy must hold the same name, kind, dim and rows, states
+ * included. Format-1 inputs are still read (their rows have a zero state). */
 #include "fuzz_common.h"
 
 #include "bytes.h"
@@ -35,6 +37,7 @@ typedef struct {
     uint64_t version, frequency;
     float *values;                 /* embedding */
     Carls__FeatureRecord *record;  /* feature */
+    kb_export_state_t state;       /* format 2 (zero in format 1); opt_state and pending point at copies */
 } s_row_t;
 
 static void s_rows_free(s_row_t *rows, size_t n)
@@ -42,6 +45,8 @@ static void s_rows_free(s_row_t *rows, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(rows[i].key);
         free(rows[i].values);
+        free((float *)rows[i].state.opt_state);
+        free((float *)rows[i].state.pending);
         if (rows[i].record)
             carls__feature_record__free_unpacked(rows[i].record, NULL);
     }
@@ -73,6 +78,31 @@ static s_row_t *s_read_rows(kb_export_reader_t *r, size_t *n_out)
         c->key_len = row.key_len;
         c->version = row.version;
         c->frequency = row.frequency;
+        /* The state: within its caps, the same optimizer float count in every row, every float finite. */
+        FUZZ_CHECK(row.updated_at_ms >= 0 && row.opt_floats <= KB_EXPORT_MAX_OPT_FACTOR * dim &&
+                   row.pending_count <= CARLS_MAX_PENDING_LIMIT);
+        FUZZ_CHECK(n == 1 || row.opt_floats == rows[0].state.opt_floats);
+        FUZZ_CHECK(!feature || (row.opt_floats == 0 && row.pending_count == 0 && row.opt_steps == 0));
+        c->state = (kb_export_state_t){.version = row.version, .frequency = row.frequency,
+                                       .updated_at_ms = row.updated_at_ms, .opt_steps = row.opt_steps,
+                                       .opt_floats = row.opt_floats, .pending_count = row.pending_count};
+        size_t pending_floats = (size_t)row.pending_count * dim;
+        if (row.opt_floats) {
+            float *o = malloc(row.opt_floats * sizeof *o);
+            FUZZ_CHECK(o != NULL);
+            for (uint32_t j = 0; j < row.opt_floats; j++)
+                FUZZ_CHECK(isfinite(row.opt_state[j]));
+            memcpy(o, row.opt_state, row.opt_floats * sizeof *o);
+            c->state.opt_state = o;
+        }
+        if (pending_floats) {
+            float *p = malloc(pending_floats * sizeof *p);
+            FUZZ_CHECK(p != NULL);
+            for (size_t j = 0; j < pending_floats; j++)
+                FUZZ_CHECK(isfinite(row.pending[j]));
+            memcpy(p, row.pending, pending_floats * sizeof *p);
+            c->state.pending = p;
+        }
         if (feature) {
             FUZZ_CHECK(row.values == NULL && row.record != NULL);
             c->record = carls__feature_record__unpack(NULL, row.record_len, row.record);
@@ -117,8 +147,8 @@ static void s_write_back(const char *name, const Carls__TableConfig *cfg, const 
     kb_export_writer_t *w = NULL;
     int rc = kb_export_writer_open(s_rewrite_path, name, cfg, &w, err, sizeof err);
     for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = kb_export_writer_add(w, rows[i].key, rows[i].key_len, rows[i].version, rows[i].frequency,
-                                  rows[i].values, rows[i].record, err, sizeof err);
+        rc = kb_export_writer_add_state(w, rows[i].key, rows[i].key_len, rows[i].values, rows[i].record,
+                                        &rows[i].state, err, sizeof err);
     if (rc == 0)
         rc = kb_export_writer_finish(w, err, sizeof err);
     kb_export_writer_destroy(&w);
@@ -141,6 +171,12 @@ static void s_write_back(const char *name, const Carls__TableConfig *cfg, const 
     for (size_t i = 0; i < n; i++) {
         FUZZ_CHECK(rows2[i].key_len == rows[i].key_len && memcmp(rows2[i].key, rows[i].key, rows[i].key_len) == 0);
         FUZZ_CHECK(rows2[i].version == rows[i].version && rows2[i].frequency == rows[i].frequency);
+        const kb_export_state_t *a = &rows[i].state, *b = &rows2[i].state;
+        FUZZ_CHECK(a->updated_at_ms == b->updated_at_ms && a->opt_steps == b->opt_steps &&
+                   a->opt_floats == b->opt_floats && a->pending_count == b->pending_count);
+        FUZZ_CHECK(a->opt_floats == 0 || memcmp(a->opt_state, b->opt_state, a->opt_floats * sizeof(float)) == 0);
+        FUZZ_CHECK(a->pending_count == 0 ||
+                   memcmp(a->pending, b->pending, (size_t)a->pending_count * dim * sizeof(float)) == 0);
         if (feature) {
             size_t a_len, b_len;
             uint8_t *a = s_pack_record(rows[i].record, &a_len);

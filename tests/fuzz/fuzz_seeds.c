@@ -272,6 +272,57 @@ static void s_requests(void)
         s_request(&req, "sample-feat");
     }
     {
+        /* import_rows: AdaGrad rows of the lazy table with their accumulators, one with a pending gradient;
+         * then a feature row. */
+        uint64_t versions[3] = {4, 5, 6}, freqs[3] = {2, 3, 9}, steps[3] = {1, 0, 7};
+        int64_t updated[3] = {1000, 0, 2000};
+        uint32_t pending[3] = {1, 0, 0};
+        float acc[3 * FUZZ_LAZY_DIM];
+        for (unsigned i = 0; i < 3 * FUZZ_LAZY_DIM; i++)
+            acc[i] = 0.1f + 0.01f * (float)i;
+        Carls__ImportRows im = CARLS__IMPORT_ROWS__INIT;
+        im.n_keys = 3;
+        im.keys = keys;
+        im.n_values = 3 * FUZZ_LAZY_DIM;
+        im.values = lazy_values;
+        im.opt_floats = FUZZ_LAZY_DIM;
+        im.n_opt_state = 3 * FUZZ_LAZY_DIM;
+        im.opt_state = acc;
+        im.n_opt_steps = im.n_versions = im.n_updated_at_ms = im.n_frequencies = im.n_pending_counts = 3;
+        im.opt_steps = steps;
+        im.versions = versions;
+        im.updated_at_ms = updated;
+        im.frequencies = freqs;
+        im.pending_counts = pending;
+        im.n_pending = FUZZ_LAZY_DIM;
+        im.pending = lazy_values;
+        Carls__Request req = s_envelope(FUZZ_TABLE_LAZY, seq++);
+        req.op_case = CARLS__REQUEST__OP_IMPORT_ROWS;
+        req.import_rows = &im;
+        s_request(&req, "import-rows-lazy");
+
+        Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
+        rec.version = 2;
+        Carls__FeatureRecord *recs[1] = {&rec};
+        uint32_t none = 0;
+        uint64_t zero = 0;
+        Carls__ImportRows fim = CARLS__IMPORT_ROWS__INIT;
+        fim.n_keys = 1;
+        fim.keys = keys;
+        fim.n_records = 1;
+        fim.records = recs;
+        fim.n_opt_steps = fim.n_versions = fim.n_updated_at_ms = fim.n_frequencies = fim.n_pending_counts = 1;
+        fim.opt_steps = &zero;
+        fim.versions = versions;
+        fim.updated_at_ms = updated;
+        fim.frequencies = freqs;
+        fim.pending_counts = &none;
+        req = s_envelope(FUZZ_TABLE_FEAT, seq++);
+        req.op_case = CARLS__REQUEST__OP_IMPORT_ROWS;
+        req.import_rows = &fim;
+        s_request(&req, "import-rows-feat");
+    }
+    {
         Carls__Stats stq = CARLS__STATS__INIT;
         Carls__Request req = s_read_envelope("");
         req.op_case = CARLS__REQUEST__OP_STATS;
@@ -375,8 +426,16 @@ static void s_export(const char *name, bool feature, uint32_t dim, int rows)
         rec.label_case = CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
         rec.int_label = i;
         rec.version = (uint64_t)i;
-        if (kb_export_writer_add(w, key, strlen(key), (uint64_t)i + 1, (uint64_t)i * 3, feature ? NULL : values,
-                                 feature ? &rec : NULL, err, sizeof err) != 0)
+        /* Format 2: embedding rows with an optimizer state of dim floats and i % 3 pending gradients. */
+        float state[8 + 2 * 8];
+        for (unsigned j = 0; j < sizeof state / sizeof *state; j++)
+            state[j] = 0.125f * (float)(i + (int)j);
+        kb_export_state_t st = {.version = (uint64_t)i + 1, .frequency = (uint64_t)i * 3,
+                                .updated_at_ms = 1000 * (int64_t)i, .opt_steps = feature ? 0 : (uint64_t)i,
+                                .opt_floats = feature || dim > 8 ? 0 : dim, .opt_state = state,
+                                .pending_count = feature || dim > 8 ? 0 : (uint32_t)(i % 3), .pending = state + 8};
+        if (kb_export_writer_add_state(w, key, strlen(key), feature ? NULL : values, feature ? &rec : NULL, &st, err,
+                                       sizeof err) != 0)
             goto fail;
     }
     if (kb_export_writer_finish(w, err, sizeof err) != 0)

@@ -242,6 +242,10 @@ static void s_check_result(const Carls__Request *req, const Carls__Response *res
         if (!resp->write->duplicate)
             s_check_feature_put(req);
         break;
+    case CARLS__REQUEST__OP_IMPORT_ROWS:
+        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
+        FUZZ_CHECK(resp->write->duplicate || resp->write->rows == req->import_rows->n_keys);
+        break;
     case CARLS__REQUEST__OP_LIST_TABLES:
         FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_TABLE_LIST);
         for (size_t i = 0; i < resp->table_list->n_tables; i++)
@@ -297,6 +301,13 @@ static void s_check_result(const Carls__Request *req, const Carls__Response *res
         FUZZ_CHECK(r->dim == 0 ? r->n_records == n : r->n_records == 0);
         for (size_t i = 1; i < n; i++)
             FUZZ_CHECK(r->row_ids[i] > r->row_ids[i - 1]);
+        /* Each row's whole state: one entry per row, opt_floats per row, the pending floats the counts need. */
+        FUZZ_CHECK(r->n_opt_steps == n && r->n_updated_at_ms == n && r->n_pending_counts == n);
+        FUZZ_CHECK(r->n_opt_state == n * r->opt_floats && r->opt_floats <= 2 * r->dim);
+        size_t pending = 0;
+        for (size_t i = 0; i < n; i++)
+            pending += r->pending_counts[i];
+        FUZZ_CHECK(r->n_pending == pending * r->dim);
         if (n > 0)
             FUZZ_CHECK(r->row_ids[0] > req->scan->after_row_id);
         break;
