@@ -11,7 +11,7 @@ PACKAGES=(
   slurm-wlm munge
   sqlite3 redis-server gnuplot-nox
   dataset-fashion-mnist
-  bible-kjv-text bible-kjv fasttext
+  bible-kjv-text bible-kjv fasttext wordnet-base
   dict-gcide
   python3-cffi python3-numpy python3-torch python3-pytest python3-pip python3-venv
   prometheus

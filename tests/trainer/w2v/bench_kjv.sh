@@ -15,7 +15,8 @@
 # directory. Each line of OUT_DIR/results.tsv: config, load average before, wall seconds, words/s (corpus
 # tokens x epochs / wall), mean share of trainer time waiting on the bank, CPU seconds (fastText; or the
 # trainers' + the bank's), quality checks (w2v-eval).
-# Settings shared by both programs: dim 100, window 5, negatives 5, epochs 5, subsample 1e-4, min count 5.
+# Settings shared by both programs: dim 100, window 5, negatives 5, epochs 15, min count 5; subsampling at
+# each program's default (trainer 1e-3, fastText -t 1e-4), the trainer's other settings at its defaults.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
@@ -29,7 +30,7 @@ mkdir -p "$out"
 tok="$out/kjv.tok"
 [ -s "$tok" ] || "$T" word2vec --corpus kjv --tokenize-only > "$tok"
 words=$(wc -w < "$tok")
-epochs=5
+epochs=15
 pairs="$root/tests/trainer/w2v/kjv_similarity.txt"
 cats="$root/tests/trainer/w2v/kjv_categories.txt"
 results="$out/results.tsv"
