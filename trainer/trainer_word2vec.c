@@ -148,8 +148,8 @@ static void s_usage(FILE *out)
             "  --dim D                  vector size (default 100)\n"
             "  --window W               context window half-width, sampled 1..W per center (default 5)\n"
             "  --negatives K            negatives per (center, context) pair (default 5)\n"
-            "  --epochs E               passes over this worker's slice (default 5; 0: no training)\n"
-            "  --subsample T            subsampling threshold of frequent words (default 1e-4; 0: off)\n"
+            "  --epochs E               passes over this worker's slice (default 15; 0: no training)\n"
+            "  --subsample T            subsampling threshold of frequent words (default 1e-3; 0: off)\n"
             "  --min-count N            admission: a word is trained once the bank has counted it N times\n"
             "                           (default 5)\n"
             "  --admission bloom|frequency|none  NAME.count's admission policy (default bloom: rare words get\n"
@@ -160,7 +160,7 @@ static void s_usage(FILE *out)
             "  --pool N                 negatives drawn from the bank per batch; each pair picks its K\n"
             "                           negatives uniformly from them (default batch-tokens / 2)\n"
             "  --optimizer adagrad|sgd  server-side optimizer (default adagrad)\n"
-            "  --lr LR                  server learning rate (default 0.5 adagrad, 0.025 sgd)\n"
+            "  --lr LR                  server learning rate (default 0.1 adagrad, 0.025 sgd)\n"
             "  --lr-decay linear|none   scale pushed gradients by 1 - progress (default: linear for sgd,\n"
             "                           none for adagrad)\n"
             "  --update lazy|immediate  bank update policy (default lazy)\n"
@@ -201,8 +201,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
                    .admission = W2V_ADMIT_BLOOM, .min_count = 5, .knn_spec = "Flat"},
         .window = 5,
         .negatives = 5,
-        .epochs = 5,
-        .subsample = 1e-4f,
+        .epochs = 15,
+        .subsample = 1e-3f,
         .worker = 0,
         .workers = 1,
         .batch_tokens = 0,
@@ -263,7 +263,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         return -1;
     }
     if (o->tables.lr < 0)
-        o->tables.lr = o->tables.adagrad ? 0.5f : 0.025f;
+        o->tables.lr = o->tables.adagrad ? 0.1f : 0.025f;
     /* n trainers push n batches per round: keep the tokens per round at 8192, as one trainer's batch (larger
      * rounds are larger effective minibatches, measured to hurt quality: docs/EXPERIMENTS.md). */
     if (o->batch_tokens == 0)
