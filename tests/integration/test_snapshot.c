@@ -77,7 +77,7 @@ static void s_start(test_server_t *servers, int n, const char *extra1, const cha
 {
     endpoints[0] = '\0';
     for (int i = 0; i < n; i++) {
-        char spec[16];
+        char spec[32];
         snprintf(spec, sizeof spec, "%d/%d", i, n);
         const char *args[] = {"--shard", spec, i == 0 ? "--compact-delay-ms" : extra1, i == 0 ? "3600000" : extra2,
                               i == 0 ? extra1 : NULL, extra2, NULL};
