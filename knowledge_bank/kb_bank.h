@@ -40,6 +40,9 @@ typedef struct {
     uint64_t max_memory;  /* --max-memory: the budget of the memory estimate (kb_memory.h); 0 = unlimited */
     uint32_t frequency_period_ms; /* use counts changed by reads are written this often (0: 10000) */
     uint32_t compact_delay_ms;    /* committed epochs wait this long before compaction (0: 5000) */
+    uint64_t cache_bytes; /* --cache-bytes: tables keep about this much in memory, the rest only in storage
+                           * (kb_cache.h; tables with a knn index or an eviction policy stay resident);
+                           * 0 = every row in memory */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -124,5 +127,8 @@ bool kb_bank_sync(const kb_bank_t *self);
 /* The bank's memory accounting: every table's estimate, the de-duplication records and the batch being
  * committed, against opts->max_memory. Owned by the bank. */
 kb_memory_t *kb_bank_memory(kb_bank_t *self);
+
+/* --cache-bytes: the cache's figures; false (nothing written) when every row stays in memory. */
+bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out);
 
 #endif

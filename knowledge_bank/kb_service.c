@@ -731,6 +731,19 @@ done:
     return rc;
 }
 
+/* --cache-bytes: sampling and scanning see only the rows in memory, so a table whose rows may be only in
+ * storage refuses them (releasing t) rather than answer from part of it. */
+static int s_refuse_cached(kb_service_t *self, s_reply_t *rp, kb_table_t *t, const char *op)
+{
+    if (!kb_table_cached(t))
+        return 0;
+    s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
+           "%s of table '%s' is not supported while kb-server keeps rows only in storage (--cache-bytes); "
+           "restart it without --cache-bytes", op, kb_table_name(t));
+    kb_bank_release(self->bank, t);
+    return -1;
+}
+
 static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Sample *sm = req->sample;
@@ -748,6 +761,8 @@ static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t 
     }
     kb_table_t *t = s_table(self, rp, req->table);
     if (!t)
+        return -1;
+    if (s_refuse_cached(self, rp, t, "sample") != 0)
         return -1;
     size_t total = sm->n_positives + sm->n;
     Carls__SampleResult *res = &rp->r.sample;
@@ -915,6 +930,8 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
         limit = self->limits.max_keys_per_request;
     kb_table_t *t = s_table(self, rp, req->table);
     if (!t)
+        return -1;
+    if (s_refuse_cached(self, rp, t, "scan") != 0)
         return -1;
     const kb_table_config_t *cfg = kb_table_config(t);
     kb_store_row_t *rows = NULL;

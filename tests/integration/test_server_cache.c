@@ -1,0 +1,240 @@
+/* Integration: kb-server --cache-bytes (tables larger than memory, kb_cache.h). A real server keeps only
+ * part of a table in memory and reads the rest back from storage on demand:
+ *  - 400,000 rows of dimension 128 (200 MB of values) behind a 32 MiB cache: every lookup answers the
+ *    value put, before and after a restart (which loads no rows), and the server's peak resident size
+ *    (VmHWM) stays under 128 MB;
+ *  - puts and lookups mixed at random over rows that keep leaving memory, with a 1 MiB cache and fast
+ *    compaction: every answer is the newest value, and a server restarted without --cache-bytes (every row
+ *    loaded) holds the same;
+ *  - scan and sample of a cached table are refused with UNIMPLEMENTED; a table with a knn index stays in
+ *    memory and answers. */
+#include "kb_client.h"
+#include "kb_memory.h"
+#include "server_fixture.h"
+#include "test_proto.h"
+#include "test_util.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define BATCH 2000
+
+static kb_client_options_t s_client_options = {.timeout_ms = 60000, .retries = 1};
+
+/* Keys "k<first + i>" for i < n (static storage, valid until the next call). */
+static kb_key_t *s_keys(size_t first, size_t n)
+{
+    static kb_key_t keys[BATCH];
+    static char text[BATCH][16];
+    assert_true(n <= BATCH);
+    for (size_t i = 0; i < n; i++) {
+        int len = snprintf(text[i], sizeof text[i], "k%zu", first + i);
+        keys[i] = (kb_key_t){.data = text[i], .len = (size_t)len};
+    }
+    return keys;
+}
+
+/* Row i's value in generation gen: exact in float (i < 2^24), different for every row, column and gen. */
+static float s_value(size_t i, uint32_t j, uint32_t gen)
+{
+    return j == 0 ? (float)i : (float)((i * 7 + j * 13 + gen * 101) % 4096) / 64.0f;
+}
+
+static void s_fill(float *values, size_t first, size_t n, uint32_t dim, const uint32_t *gens)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < dim; j++)
+            values[i * dim + j] = s_value(first + i, j, gens ? gens[first + i] : 0);
+}
+
+static void s_create(kb_client_t *c, const char *name, uint32_t dim, bool knn)
+{
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    Carls__KnnConfig kc = CARLS__KNN_CONFIG__INIT;
+    cfg.dim = dim;
+    kc.spec = "Flat";
+    if (knn)
+        cfg.knn = &kc;
+    test_create_table(c, name, &cfg);
+}
+
+/* Looks up rows [first, first + n) (no_create) and asserts each holds its generation's value. */
+static void s_check(kb_client_t *c, const char *table, size_t first, size_t n, uint32_t dim, const uint32_t *gens,
+                    float *got, float *want)
+{
+    kb_key_t *keys = s_keys(first, n);
+    if (kb_client_lookup_ex(c, table, keys, n, dim, true, got, NULL) != 0)
+        fail_msg("lookup of rows %zu..%zu: %s", first, first + n - 1, kb_client_last_error(c));
+    s_fill(want, first, n, dim, gens);
+    for (size_t i = 0; i < n * dim; i++)
+        if (got[i] != want[i])
+            fail_msg("row k%zu column %zu: %g, expected %g", first + i / dim, i % dim, (double)got[i],
+                     (double)want[i]);
+}
+
+static uint64_t s_hwm_kb(server_fixture_t *f) { return kb_memory_proc_status_kb(f->srv.pid, "VmHWM"); }
+
+/* The done criterion of issue 20's tables larger than memory. */
+#define BIG_ROWS 400000u
+#define BIG_DIM 128u
+#define BIG_HWM_LIMIT_KB (128u * 1000u) /* 128 MB */
+
+static void test_big_table_in_small_cache(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--cache-bytes", "32M", NULL};
+    server_fixture_start(f, args);
+    s_create(f->client, "emb", BIG_DIM, false);
+    float *values = malloc((size_t)BATCH * BIG_DIM * sizeof *values);
+    float *want = malloc((size_t)BATCH * BIG_DIM * sizeof *want);
+    assert_non_null(values);
+    assert_non_null(want);
+    for (size_t first = 0; first < BIG_ROWS; first += BATCH) {
+        s_fill(values, first, BATCH, BIG_DIM, NULL);
+        if (kb_client_put(f->client, "emb", s_keys(first, BATCH), BATCH, BIG_DIM, values, 1) != 0)
+            fail_msg("put of rows %zu..: %s", first, kb_client_last_error(f->client));
+    }
+    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS);
+    /* Every row, in order (most of them only in storage by now), then a stride across the table. */
+    for (size_t first = 0; first < BIG_ROWS; first += BATCH)
+        s_check(f->client, "emb", first, BATCH, BIG_DIM, NULL, values, want);
+    uint64_t hwm_loaded = s_hwm_kb(f);
+
+    /* A restart loads no rows: the same answers come from storage. */
+    assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
+    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS);
+    for (size_t first = BIG_ROWS; first > 0; first -= BATCH)
+        s_check(f->client, "emb", first - BATCH, BATCH, BIG_DIM, NULL, values, want);
+    /* A new key after the restart is a new row (not one of the stored ones). */
+    float fresh[BIG_DIM];
+    kb_key_t nk = {.data = "new-key", .len = 7};
+    assert_int_equal(kb_client_lookup(f->client, "emb", &nk, 1, BIG_DIM, fresh, NULL), 0);
+    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS + 1);
+    uint64_t hwm_restarted = s_hwm_kb(f);
+    print_message("--cache-bytes 32M, %u rows of dim %u: VmHWM %llu kB while loading and reading, %llu kB after a "
+                  "restart and reading every row\n",
+                  BIG_ROWS, BIG_DIM, (unsigned long long)hwm_loaded, (unsigned long long)hwm_restarted);
+    assert_true(hwm_loaded > 0 && hwm_restarted > 0);
+#ifndef TEST_SANITIZED /* AddressSanitizer's shadow memory and quarantine are resident too */
+    assert_true(hwm_loaded < BIG_HWM_LIMIT_KB);
+    assert_true(hwm_restarted < BIG_HWM_LIMIT_KB);
+#endif
+    free(values);
+    free(want);
+}
+
+/* Random puts and lookups over rows that keep leaving memory. */
+#define MIX_ROWS 20000u
+#define MIX_DIM 32u
+#define MIX_ROUNDS 300
+
+static void test_updates_of_cold_rows(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "20", NULL};
+    server_fixture_start(f, args);
+    s_create(f->client, "mix", MIX_DIM, false);
+    uint32_t *gens = calloc(MIX_ROWS, sizeof *gens);
+    float *values = malloc((size_t)BATCH * MIX_DIM * sizeof *values);
+    float *want = malloc((size_t)BATCH * MIX_DIM * sizeof *want);
+    assert_non_null(gens);
+    assert_non_null(values);
+    assert_non_null(want);
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
+        s_fill(values, first, BATCH, MIX_DIM, gens);
+        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 1), 0);
+    }
+    uint64_t rng = 0x9e3779b97f4a7c15ULL;
+    for (int round = 0; round < MIX_ROUNDS; round++) {
+        size_t first = (size_t)(test_xorshift64(&rng) % (MIX_ROWS / 100)) * 100;
+        size_t n = 1 + (size_t)(test_xorshift64(&rng) % 100);
+        if (test_xorshift64(&rng) % 2) {
+            for (size_t i = first; i < first + n; i++)
+                gens[i]++;
+            s_fill(values, first, n, MIX_DIM, gens);
+            assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, n), n, MIX_DIM, values, 2), 0);
+        } else {
+            s_check(f->client, "mix", first, n, MIX_DIM, gens, values, want);
+        }
+    }
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
+        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+    /* Storage holds the same: a server that loads every row answers it too. */
+    assert_int_equal(server_fixture_restart(f, SIGTERM, NULL), 0);
+    assert_int_equal(test_table_stats(f->client, "mix").rows, MIX_ROWS);
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
+        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+    free(gens);
+    free(values);
+    free(want);
+}
+
+/* Asserts the client's last call failed with UNIMPLEMENTED naming --cache-bytes. */
+static void s_assert_refused(kb_client_t *c, int rc)
+{
+    if (rc == 0 || kb_client_last_status(c) != CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED)
+        fail_msg("expected UNIMPLEMENTED, got rc %d: %s", rc, kb_client_last_error(c));
+    assert_non_null(strstr(kb_client_last_error(c), "--cache-bytes"));
+}
+
+static void test_scan_sample_refused_knn_resident(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--cache-bytes", "1M", NULL};
+    server_fixture_start(f, args);
+    s_create(f->client, "emb", 4, false);
+    s_create(f->client, "near", 4, true);
+    float values[10 * 4];
+    s_fill(values, 0, 10, 4, NULL);
+    assert_int_equal(kb_client_put(f->client, "emb", s_keys(0, 10), 10, 4, values, 1), 0);
+    assert_int_equal(kb_client_put(f->client, "near", s_keys(0, 10), 10, 4, values, 1), 0);
+
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Scan sc = CARLS__SCAN__INIT;
+    req.table = "emb";
+    req.op_case = CARLS__REQUEST__OP_SCAN;
+    req.scan = &sc;
+    Carls__Response *resp = NULL;
+    s_assert_refused(f->client, kb_client_call(f->client, &req, &resp));
+    carls__response__free_unpacked(resp, NULL);
+
+    Carls__Request sreq = CARLS__REQUEST__INIT;
+    Carls__Sample sm = CARLS__SAMPLE__INIT;
+    sm.n = 3;
+    sreq.table = "emb";
+    sreq.op_case = CARLS__REQUEST__OP_SAMPLE;
+    sreq.sample = &sm;
+    resp = NULL;
+    s_assert_refused(f->client, kb_client_call(f->client, &sreq, &resp));
+    carls__response__free_unpacked(resp, NULL);
+
+    /* The knn table stays resident: its rows are its neighbours. */
+    Carls__Response *r = test_knn(f->client, "near", values, 4, NULL, 0, 3, false);
+    assert_int_equal(r->knn->n_keys, 3);
+    for (size_t i = 0; i < 3; i++)
+        assert_true(r->knn->keys[i].len >= 2 && ((const char *)r->knn->keys[i].data)[0] == 'k');
+    carls__response__free_unpacked(r, NULL);
+    req.table = "near";
+    resp = NULL;
+    assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
+    assert_int_equal(resp->scan->n_keys, 10);
+    carls__response__free_unpacked(resp, NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        SERVER_FIXTURE_TEST(test_scan_sample_refused_knn_resident, &s_client_options),
+        SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
+        SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
