@@ -57,22 +57,44 @@ bool kb_cache_over_target(const kb_cache_t *self)
 
 #define S_READ_TRIES 5
 
+/* After a failed read (attempt counts from 0): waits a little longer each time, and after the last gives up:
+ * the server stops rather than answer from part of its data. */
+static void s_read_failed(int attempt, const char *err)
+{
+    LOG_WARN("reading rows back from storage failed (attempt %d of %d): %s", attempt + 1, S_READ_TRIES, err);
+    if (attempt + 1 == S_READ_TRIES)
+        CARLS_FATAL("cannot read rows back from storage: %s; stopping rather than answer a wrong value", err);
+    struct timespec pause = {0, 20L * 1000000L << attempt};
+    nanosleep(&pause, NULL);
+}
+
 int kb_cache_read(kb_cache_t *self, int64_t table_id, const uint8_t *key, uint32_t key_len, kb_store_row_t *out)
 {
     atomic_fetch_add(&self->reads, 1);
     char err[512] = "";
-    for (int attempt = 0; attempt < S_READ_TRIES; attempt++) {
+    for (int attempt = 0;; attempt++) {
         int rc = kb_store_read_row(self->reader, table_id, key, key_len, out, err, sizeof err);
         if (rc >= 0) {
             if (rc)
                 atomic_fetch_add(&self->loads, 1);
             return rc;
         }
-        LOG_WARN("cold row read failed (attempt %d of %d): %s", attempt + 1, S_READ_TRIES, err);
-        struct timespec pause = {0, 20L * 1000000L << attempt};
-        nanosleep(&pause, NULL);
+        s_read_failed(attempt, err);
     }
-    CARLS_FATAL("cannot read a cold row back from storage: %s; stopping rather than answer a wrong value", err);
+}
+
+void kb_cache_read_after(kb_cache_t *self, int64_t table_id, int64_t after_id, size_t limit, kb_store_row_t **out,
+                         size_t *count)
+{
+    char err[512] = "";
+    size_t had = *count;
+    for (int attempt = 0;; attempt++) {
+        if (kb_store_read_rows_after(self->reader, table_id, after_id, limit, out, count, err, sizeof err) == 0)
+            return;
+        while (*count > had)
+            kb_store_row_free(&(*out)[--*count]);
+        s_read_failed(attempt, err);
+    }
 }
 
 void kb_cache_count_eviction(kb_cache_t *self) { atomic_fetch_add(&self->evictions, 1); }

@@ -56,6 +56,11 @@ bool kb_cache_over_target(const kb_cache_t *self);
  * could not read. */
 int kb_cache_read(kb_cache_t *self, int64_t table_id, const uint8_t *key, uint32_t key_len, kb_store_row_t *out);
 
+/* Up to limit stored rows of table_id after row id after_id, in id order, appended to *out (kb_store_row_free
+ * each); failures as kb_cache_read. */
+void kb_cache_read_after(kb_cache_t *self, int64_t table_id, int64_t after_id, size_t limit, kb_store_row_t **out,
+                         size_t *count);
+
 void kb_cache_count_eviction(kb_cache_t *self);
 void kb_cache_get_stats(const kb_cache_t *self, kb_cache_stats_t *out);
 

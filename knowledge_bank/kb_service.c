@@ -731,8 +731,8 @@ done:
     return rc;
 }
 
-/* --cache-bytes: sampling and scanning see only the rows in memory, so a table whose rows may be only in
- * storage refuses them (releasing t) rather than answer from part of it. */
+/* --cache-bytes: sampling draws from the rows in memory, so a table whose rows may be only in storage
+ * refuses it (releasing t) rather than answer from part of it. */
 static int s_refuse_cached(kb_service_t *self, s_reply_t *rp, kb_table_t *t, const char *op)
 {
     if (!kb_table_cached(t))
@@ -930,8 +930,6 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
         limit = self->limits.max_keys_per_request;
     kb_table_t *t = s_table(self, rp, req->table);
     if (!t)
-        return -1;
-    if (s_refuse_cached(self, rp, t, "scan") != 0)
         return -1;
     const kb_table_config_t *cfg = kb_table_config(t);
     kb_store_row_t *rows = NULL;

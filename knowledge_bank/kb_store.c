@@ -435,7 +435,7 @@ int kb_store_load_table(kb_store_t *self, int64_t table_id, bool all, kb_store_r
 
 struct kb_store_reader {
     sqlite3 *db;
-    sqlite3_stmt *get_row;
+    sqlite3_stmt *get_row, *get_after;
     pthread_mutex_t mutex;
 };
 
@@ -452,7 +452,11 @@ int kb_store_reader_open(const char *dir, uint32_t cache_kib, kb_store_reader_t 
     if (sqlite3_open_v2(path, &self->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
         sqlite3_busy_timeout(self->db, 5000) != SQLITE_OK || sqlite3_exec(self->db, sql, NULL, NULL, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(self->db, "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1 AND key = ?2", -1,
-                           &self->get_row, NULL) != SQLITE_OK) {
+                           &self->get_row, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(self->db,
+                           "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1 AND row_id > ?2 ORDER BY row_id"
+                           " LIMIT ?3",
+                           -1, &self->get_after, NULL) != SQLITE_OK) {
         carls_errorf(err, errlen, -1, "cannot open %s for reading cold rows: %s", path,
                      self->db ? sqlite3_errmsg(self->db) : "out of memory");
         kb_store_reader_close(&self);
@@ -468,6 +472,7 @@ void kb_store_reader_close(kb_store_reader_t **self_p)
         return;
     kb_store_reader_t *self = *self_p;
     sqlite3_finalize(self->get_row);
+    sqlite3_finalize(self->get_after);
     if (self->db)
         sqlite3_close(self->db);
     pthread_mutex_destroy(&self->mutex);
@@ -520,4 +525,29 @@ int kb_store_read_row(kb_store_reader_t *self, int64_t table_id, const uint8_t *
     sqlite3_clear_bindings(self->get_row);
     pthread_mutex_unlock(&self->mutex);
     return found;
+}
+
+int kb_store_read_rows_after(kb_store_reader_t *self, int64_t table_id, int64_t after_id, size_t limit,
+                             kb_store_row_t **out, size_t *count, char *err, size_t errlen)
+{
+    size_t capacity = *count;
+    pthread_mutex_lock(&self->mutex);
+    sqlite3_bind_int64(self->get_after, 1, table_id);
+    sqlite3_bind_int64(self->get_after, 2, after_id);
+    sqlite3_bind_int64(self->get_after, 3, limit > INT64_MAX ? INT64_MAX : (sqlite3_int64)limit);
+    int rc;
+    while ((rc = sqlite3_step(self->get_after)) == SQLITE_ROW) {
+        *out = carls_grow(*out, &capacity, *count + 1, sizeof **out);
+        s_load_t load = {.on_row = s_copy_row, .ctx = &(*out)[*count]};
+        if (s_read_row(self->get_after, &load) != 0)
+            (*count)++;
+    }
+    int result = 0;
+    if (rc != SQLITE_DONE)
+        result = carls_errorf(err, errlen, -1, "reading rows of table %lld: %s", (long long)table_id,
+                              sqlite3_errmsg(self->db));
+    sqlite3_reset(self->get_after);
+    sqlite3_clear_bindings(self->get_after);
+    pthread_mutex_unlock(&self->mutex);
+    return result;
 }

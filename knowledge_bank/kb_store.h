@@ -113,6 +113,12 @@ void kb_store_reader_close(kb_store_reader_t **self_p);
 int kb_store_read_row(kb_store_reader_t *self, int64_t table_id, const uint8_t *key, uint32_t key_len,
                       kb_store_row_t *out, char *err, size_t errlen);
 
+/* Up to limit stored rows of table_id with row id > after_id, in row-id order, appended to *out (growing it;
+ * *count counts them; kb_store_row_free each). A pass over the table's rows (there is no index by id).
+ * Malformed rows are skipped. Returns 0, or -1 with a message in err. */
+int kb_store_read_rows_after(kb_store_reader_t *self, int64_t table_id, int64_t after_id, size_t limit,
+                             kb_store_row_t **out, size_t *count, char *err, size_t errlen);
+
 /* Text of the last SQLite error on this store. */
 const char *kb_store_last_error(const kb_store_t *self);
 

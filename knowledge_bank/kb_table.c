@@ -1634,8 +1634,12 @@ static void s_scan_row(kb_row_t *row, void *ctx)
     scan->count++;
 }
 
+static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done);
+
 size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
 {
+    if (self->cache)
+        return s_scan_cached(self, after_id, limit, out, done);
     /* Pass 1: the ids after the cursor; keep the smallest `limit`. */
     s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
     s_each_row(self, s_scan_id, &scan);
@@ -1790,4 +1794,62 @@ void kb_table_cache_shrink(kb_table_t *self)
     self->stuck_compacted = compacted;
     self->stuck_loads = cs.loads;
     pthread_mutex_unlock(&self->cache_mutex);
+}
+
+/* Whether the sorted records [0, n) hold one with this row id. */
+static bool s_records_have(const kb_store_row_t *records, size_t n, int64_t id)
+{
+    kb_store_row_t probe = {.row_id = id};
+    return n && bsearch(&probe, records, n, sizeof *records, s_compare_records) != NULL;
+}
+
+/* kb_table_scan of a cached table: the stored rows merged with the resident ones, which are newer where
+ * both hold a row. The hand is held (no row leaves memory during the page), so every row after the cursor
+ * is resident or stored throughout. The stored rows cost a pass over the table's rows in SQLite. */
+static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
+{
+    pthread_mutex_lock(&self->cache_mutex);
+    s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
+    s_each_row(self, s_scan_id, &scan);
+    if (scan.n > 0)
+        qsort(scan.ids, scan.n, sizeof *scan.ids, s_compare_ids);
+    kb_store_row_t *stored = NULL;
+    size_t ns = 0;
+    kb_cache_read_after(self->cache, self->id, after_id, limit, &stored, &ns);
+    /* The page ends at the limit-th id of the two sorted lists together (an id in both counts once). */
+    size_t a = 0, b = 0, taken = 0;
+    int64_t last = after_id;
+    while (taken < limit && (a < scan.n || b < ns)) {
+        if (b == ns || (a < scan.n && scan.ids[a] <= stored[b].row_id)) {
+            last = scan.ids[a++];
+            if (b < ns && stored[b].row_id == last)
+                b++;
+        } else {
+            last = stored[b++].row_id;
+        }
+        taken++;
+    }
+    *done = a == scan.n && b == ns && ns < limit;
+    free(scan.ids);
+    /* The resident rows of the page, then the stored ones that are not resident. */
+    *out = NULL;
+    scan.last = last;
+    if (taken)
+        s_each_row(self, s_scan_row, &scan);
+    size_t resident = scan.count;
+    if (resident > 0)
+        qsort(*out, resident, sizeof **out, s_compare_records);
+    for (size_t i = 0; i < ns; i++) {
+        if (stored[i].row_id <= last && !s_records_have(*out, resident, stored[i].row_id)) {
+            *s_grow_records(out, scan.count, &scan.capacity) = stored[i];
+            scan.count++;
+        } else {
+            kb_store_row_free(&stored[i]);
+        }
+    }
+    free(stored);
+    if (scan.count > 0)
+        qsort(*out, scan.count, sizeof **out, s_compare_records);
+    pthread_mutex_unlock(&self->cache_mutex);
+    return scan.count;
 }

@@ -4,10 +4,11 @@
  *    value put, before and after a restart (which loads no rows), and the server's peak resident size
  *    (VmHWM) stays under 128 MB;
  *  - puts and lookups mixed at random over rows that keep leaving memory, with a 1 MiB cache and fast
- *    compaction: every answer is the newest value, and a server restarted without --cache-bytes (every row
+ *    compaction: every answer is the newest value, a scan (resident rows merged with stored ones) returns
+ *    every row once with its newest value, and a server restarted without --cache-bytes (every row
  *    loaded) holds the same;
- *  - scan and sample of a cached table are refused with UNIMPLEMENTED; a table with a knn index stays in
- *    memory and answers. */
+ *  - sample of a cached table is refused with UNIMPLEMENTED; a table with a knn index stays in memory and
+ *    answers. */
 #include "kb_client.h"
 #include "kb_memory.h"
 #include "server_fixture.h"
@@ -80,6 +81,24 @@ static void s_check(kb_client_t *c, const char *table, size_t first, size_t n, u
                      (double)want[i]);
 }
 
+/* The cache's figures a stopped server logged last (kb_bank_close): rows read back from storage and rows
+ * that left memory. Fails the test when the log has none. */
+static void s_logged_cache(server_fixture_t *f, unsigned long long *read_back, unsigned long long *evicted)
+{
+    size_t len = 0;
+    char *log = (char *)test_read_file(f->srv.log_file, 1, &len);
+    assert_non_null(log);
+    log[len] = '\0';
+    const char *line = NULL;
+    for (const char *p = log; (p = strstr(p, "cache of ")) != NULL; p++)
+        line = p;
+    unsigned long long budget = 0, looked = 0;
+    if (!line || sscanf(line, "cache of %llu MiB: %llu rows looked for in storage, %llu read back, %llu left memory",
+                        &budget, &looked, read_back, evicted) != 4)
+        fail_msg("no cache figures in %s", f->srv.log_file);
+    free(log);
+}
+
 static uint64_t s_hwm_kb(server_fixture_t *f) { return kb_memory_proc_status_kb(f->srv.pid, "VmHWM"); }
 
 /* The done criterion of issue 20's tables larger than memory. */
@@ -110,6 +129,9 @@ static void test_big_table_in_small_cache(void **state)
 
     /* A restart loads no rows: the same answers come from storage. */
     assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
+    unsigned long long read_back = 0, evicted = 0;
+    s_logged_cache(f, &read_back, &evicted);
+    assert_true(read_back > 0 && evicted > 0);
     assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS);
     for (size_t first = BIG_ROWS; first > 0; first -= BATCH)
         s_check(f->client, "emb", first - BATCH, BATCH, BIG_DIM, NULL, values, want);
@@ -129,6 +151,52 @@ static void test_big_table_in_small_cache(void **state)
 #endif
     free(values);
     free(want);
+}
+
+/* Scans table in pages of 700 rows and asserts it holds rows k0..k<rows - 1> once each, with gens' values,
+ * in increasing row-id order. */
+static void s_scan_check(kb_client_t *c, const char *table, size_t rows, uint32_t dim, const uint32_t *gens)
+{
+    bool *seen = calloc(rows, sizeof *seen);
+    assert_non_null(seen);
+    int64_t after = 0;
+    size_t total = 0;
+    for (bool done = false; !done;) {
+        Carls__Request req = CARLS__REQUEST__INIT;
+        Carls__Scan sc = CARLS__SCAN__INIT;
+        sc.after_row_id = after;
+        sc.limit = 700;
+        req.table = (char *)table;
+        req.op_case = CARLS__REQUEST__OP_SCAN;
+        req.scan = &sc;
+        Carls__Response *resp = NULL;
+        if (kb_client_call(c, &req, &resp) != 0)
+            fail_msg("scan after %lld: %s", (long long)after, kb_client_last_error(c));
+        const Carls__ScanResult *r = resp->scan;
+        assert_true(r->n_keys <= 700);
+        assert_int_equal(r->n_values, r->n_keys * dim);
+        for (size_t i = 0; i < r->n_keys; i++) {
+            char text[16] = {0};
+            assert_true(r->keys[i].len > 1 && r->keys[i].len < sizeof text);
+            memcpy(text, r->keys[i].data, r->keys[i].len);
+            size_t k = strtoul(text + 1, NULL, 10);
+            assert_true(k < rows);
+            if (seen[k])
+                fail_msg("scan returned k%zu twice", k);
+            seen[k] = true;
+            for (uint32_t j = 0; j < dim; j++)
+                if (r->values[i * dim + j] != s_value(k, j, gens[k]))
+                    fail_msg("scan: row k%zu column %u: %g, expected %g", k, j, (double)r->values[i * dim + j],
+                             (double)s_value(k, j, gens[k]));
+            assert_true(r->row_ids[i] > after);
+            after = r->row_ids[i];
+            total++;
+        }
+        done = r->done;
+        carls__response__free_unpacked(resp, NULL);
+    }
+    assert_int_equal(total, rows);
+    free(seen);
 }
 
 /* Random puts and lookups over rows that keep leaving memory. */
@@ -167,8 +235,21 @@ static void test_updates_of_cold_rows(void **state)
     }
     for (size_t first = 0; first < MIX_ROWS; first += BATCH)
         s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+    /* Rows changed last are in memory (some not yet compacted), the rest only in storage: a scan merges them. */
+    for (size_t first = 0; first < 300; first += 100) {
+        for (size_t i = first; i < first + 100; i++)
+            gens[i]++;
+        s_fill(values, first, 100, MIX_DIM, gens);
+        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, 100), 100, MIX_DIM, values, 3), 0);
+    }
+    s_scan_check(f->client, "mix", MIX_ROWS, MIX_DIM, gens);
     /* Storage holds the same: a server that loads every row answers it too. */
     assert_int_equal(server_fixture_restart(f, SIGTERM, NULL), 0);
+    unsigned long long read_back = 0, evicted = 0;
+    s_logged_cache(f, &read_back, &evicted);
+    print_message("--cache-bytes 1M, %u rows of dim %u: %llu rows read back from storage, %llu left memory\n",
+                  MIX_ROWS, MIX_DIM, read_back, evicted);
+    assert_true(read_back > 0 && evicted > 0);
     assert_int_equal(test_table_stats(f->client, "mix").rows, MIX_ROWS);
     for (size_t first = 0; first < MIX_ROWS; first += BATCH)
         s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
@@ -185,7 +266,7 @@ static void s_assert_refused(kb_client_t *c, int rc)
     assert_non_null(strstr(kb_client_last_error(c), "--cache-bytes"));
 }
 
-static void test_scan_sample_refused_knn_resident(void **state)
+static void test_sample_refused_knn_resident(void **state)
 {
     server_fixture_t *f = *state;
     const char *args[] = {"--cache-bytes", "1M", NULL};
@@ -197,22 +278,13 @@ static void test_scan_sample_refused_knn_resident(void **state)
     assert_int_equal(kb_client_put(f->client, "emb", s_keys(0, 10), 10, 4, values, 1), 0);
     assert_int_equal(kb_client_put(f->client, "near", s_keys(0, 10), 10, 4, values, 1), 0);
 
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Scan sc = CARLS__SCAN__INIT;
-    req.table = "emb";
-    req.op_case = CARLS__REQUEST__OP_SCAN;
-    req.scan = &sc;
-    Carls__Response *resp = NULL;
-    s_assert_refused(f->client, kb_client_call(f->client, &req, &resp));
-    carls__response__free_unpacked(resp, NULL);
-
     Carls__Request sreq = CARLS__REQUEST__INIT;
     Carls__Sample sm = CARLS__SAMPLE__INIT;
     sm.n = 3;
     sreq.table = "emb";
     sreq.op_case = CARLS__REQUEST__OP_SAMPLE;
     sreq.sample = &sm;
-    resp = NULL;
+    Carls__Response *resp = NULL;
     s_assert_refused(f->client, kb_client_call(f->client, &sreq, &resp));
     carls__response__free_unpacked(resp, NULL);
 
@@ -222,17 +294,14 @@ static void test_scan_sample_refused_knn_resident(void **state)
     for (size_t i = 0; i < 3; i++)
         assert_true(r->knn->keys[i].len >= 2 && ((const char *)r->knn->keys[i].data)[0] == 'k');
     carls__response__free_unpacked(r, NULL);
-    req.table = "near";
-    resp = NULL;
-    assert_int_equal(kb_client_call(f->client, &req, &resp), 0);
-    assert_int_equal(resp->scan->n_keys, 10);
-    carls__response__free_unpacked(resp, NULL);
+    uint32_t gens[10] = {0};
+    s_scan_check(f->client, "near", 10, 4, gens);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST(test_scan_sample_refused_knn_resident, &s_client_options),
+        SERVER_FIXTURE_TEST(test_sample_refused_knn_resident, &s_client_options),
         SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
         SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
     };
