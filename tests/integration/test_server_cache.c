@@ -7,6 +7,9 @@
  *    compaction: every answer is the newest value, a scan (resident rows merged with stored ones) returns
  *    every row once with its newest value, and a server restarted without --cache-bytes (every row
  *    loaded) holds the same;
+ *  - Adam pushes (immediate updates) to rows that keep leaving memory give, bit for bit, the values and
+ *    versions a server holding every row in memory gives for the same pushes (optimizer state and step
+ *    counts survive the trip to storage), also after a restart;
  *  - sample of a cached table is refused with UNIMPLEMENTED; a table with a knn index stays in memory and
  *    answers. */
 #include "kb_client.h"
@@ -258,6 +261,76 @@ static void test_updates_of_cold_rows(void **state)
     free(want);
 }
 
+/* The same pushes to a cached server and to one holding every row. */
+#define PUSH_ROWS 8000u
+#define PUSH_DIM 16u
+#define PUSH_ROUNDS 300
+
+/* Looks up rows [first, first + n) on both servers and asserts the same values and versions, bit for bit. */
+static void s_compare(kb_client_t *cached, kb_client_t *resident, size_t first, size_t n)
+{
+    static float a[BATCH * PUSH_DIM], b[BATCH * PUSH_DIM];
+    static kb_row_meta_t ma[BATCH], mb[BATCH];
+    kb_key_t *keys = s_keys(first, n);
+    assert_int_equal(kb_client_lookup_ex(cached, "adam", keys, n, PUSH_DIM, true, a, ma), 0);
+    assert_int_equal(kb_client_lookup_ex(resident, "adam", keys, n, PUSH_DIM, true, b, mb), 0);
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(a + i * PUSH_DIM, b + i * PUSH_DIM, PUSH_DIM * sizeof *a) != 0 || ma[i].version != mb[i].version)
+            fail_msg("row k%zu differs: %g (version %llu) in the cached server, %g (version %llu) in the other",
+                     first + i, (double)a[i * PUSH_DIM], (unsigned long long)ma[i].version, (double)b[i * PUSH_DIM],
+                     (unsigned long long)mb[i].version);
+    }
+}
+
+static void test_pushes_match_resident_server(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "20", NULL};
+    server_fixture_start(f, args);
+    test_server_t other;
+    test_server_init(&other);
+    assert_int_equal(test_server_start(&other, NULL), 0);
+    kb_client_t *c2 = test_client_connect(other.endpoint, &s_client_options);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
+    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
+    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;
+    lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
+    cfg.dim = PUSH_DIM;
+    cfg.optimizer = &opt;
+    cfg.lazy = &lazy;
+    test_create_table(f->client, "adam", &cfg);
+    test_create_table(c2, "adam", &cfg);
+    static float values[BATCH * PUSH_DIM];
+    for (size_t first = 0; first < PUSH_ROWS; first += BATCH) {
+        s_fill(values, first, BATCH, PUSH_DIM, NULL);
+        assert_int_equal(kb_client_put(f->client, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
+        assert_int_equal(kb_client_put(c2, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
+    }
+    uint64_t rng = 0x2545f4914f6cdd1dULL;
+    for (int round = 0; round < PUSH_ROUNDS; round++) {
+        size_t n = 1 + (size_t)(test_xorshift64(&rng) % 100);
+        size_t first = (size_t)(test_xorshift64(&rng) % (PUSH_ROWS - n));
+        for (size_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < PUSH_DIM; j++)
+                values[i * PUSH_DIM + j] = (float)((int)((first + i) * 31 + j * 7 + (size_t)round) % 17 - 8) / 16.0f;
+        assert_int_equal(kb_client_push_gradients(f->client, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
+        assert_int_equal(kb_client_push_gradients(c2, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
+        if (round % 3 == 0)
+            s_compare(f->client, c2, first, n);
+    }
+    for (size_t first = 0; first < PUSH_ROWS; first += BATCH)
+        s_compare(f->client, c2, first, BATCH);
+    assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
+    unsigned long long read_back = 0, evicted = 0;
+    s_logged_cache(f, &read_back, &evicted);
+    assert_true(read_back > 0 && evicted > 0);
+    for (size_t first = 0; first < PUSH_ROWS; first += BATCH)
+        s_compare(f->client, c2, first, BATCH);
+    kb_client_destroy(&c2);
+    assert_int_equal(test_server_cleanup(&other), 0);
+}
+
 /* Asserts the client's last call failed with UNIMPLEMENTED naming --cache-bytes. */
 static void s_assert_refused(kb_client_t *c, int rc)
 {
@@ -303,6 +376,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         SERVER_FIXTURE_TEST(test_sample_refused_knn_resident, &s_client_options),
         SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
+        SERVER_FIXTURE_TEST(test_pushes_match_resident_server, &s_client_options),
         SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
