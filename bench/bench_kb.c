@@ -1128,7 +1128,7 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
 
     r = s_result(opts, "cache.peak_rss", "MiB");
     r.value = hwm_mib;
-    r.reference = "rows in memory (estimate)";
+    r.reference = "whole table in memory (estimate)";
     r.reference_value = (double)rows * (double)row_bytes / (1024.0 * 1024.0);
     r.lower_is_better = true;
     r.rows = rows;

@@ -10,6 +10,7 @@
  *  - Adam pushes (immediate updates) to rows that keep leaving memory give, bit for bit, the values and
  *    versions a server holding every row in memory gives for the same pushes (optimizer state and step
  *    counts survive the trip to storage), also after a restart;
+ *  - feature records of rows that left memory are read back whole;
  *  - sample of a cached table is refused with UNIMPLEMENTED; a table with a knn index stays in memory and
  *    answers. */
 #include "kb_client.h"
@@ -331,6 +332,70 @@ static void test_pushes_match_resident_server(void **state)
     assert_int_equal(test_server_cleanup(&other), 0);
 }
 
+/* Feature tables: records of rows that left memory. */
+#define FEAT_ROWS 4000u
+#define FEAT_BATCH 200u
+#define FEAT_BYTES 400u
+
+static uint8_t s_feature_byte(size_t key, size_t b) { return (uint8_t)(key * 131 + b * 7); }
+
+/* Puts (put) or gets and checks the records of keys [first, first + FEAT_BATCH) of table "feat". */
+static void s_features(kb_client_t *c, size_t first, bool put)
+{
+    static uint8_t data[FEAT_BATCH][FEAT_BYTES];
+    Carls__FeatureRecord recs[FEAT_BATCH], *rec_ptrs[FEAT_BATCH];
+    ProtobufCBinaryData keys[FEAT_BATCH];
+    kb_key_t *k = s_keys(first, FEAT_BATCH);
+    for (size_t i = 0; i < FEAT_BATCH; i++) {
+        keys[i] = (ProtobufCBinaryData){.len = k[i].len, .data = (uint8_t *)k[i].data};
+        for (size_t b = 0; b < FEAT_BYTES; b++)
+            data[i][b] = s_feature_byte(first + i, b);
+        recs[i] = (Carls__FeatureRecord)CARLS__FEATURE_RECORD__INIT;
+        recs[i].data = (ProtobufCBinaryData){.len = FEAT_BYTES, .data = data[i]};
+        rec_ptrs[i] = &recs[i];
+    }
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__FeaturePut fp;
+    Carls__FeatureGet fg;
+    req.table = "feat";
+    if (put)
+        test_feature_put_request(&req, &fp, keys, rec_ptrs, FEAT_BATCH);
+    else
+        test_feature_get_request(&req, &fg, keys, FEAT_BATCH);
+    Carls__Response *resp = NULL;
+    if (kb_client_call(c, &req, &resp) != 0)
+        fail_msg("feature %s of keys %zu..: %s", put ? "put" : "get", first, kb_client_last_error(c));
+    if (!put) {
+        assert_int_equal(resp->features->n_records, FEAT_BATCH);
+        for (size_t i = 0; i < FEAT_BATCH; i++) {
+            const Carls__FeatureRecord *r = resp->features->records[i];
+            if (!r || r->data.len != FEAT_BYTES || memcmp(r->data.data, data[i], FEAT_BYTES) != 0)
+                fail_msg("record of k%zu differs", first + i);
+        }
+    }
+    carls__response__free_unpacked(resp, NULL);
+}
+
+static void test_feature_rows_leave_memory(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "20", NULL};
+    server_fixture_start(f, args);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
+    test_create_table(f->client, "feat", &cfg);
+    for (size_t first = 0; first < FEAT_ROWS; first += FEAT_BATCH)
+        s_features(f->client, first, true);
+    for (size_t first = 0; first < FEAT_ROWS; first += FEAT_BATCH)
+        s_features(f->client, first, false);
+    assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
+    unsigned long long read_back = 0, evicted = 0;
+    s_logged_cache(f, &read_back, &evicted);
+    assert_true(read_back > 0 && evicted > 0);
+    for (size_t first = 0; first < FEAT_ROWS; first += FEAT_BATCH)
+        s_features(f->client, first, false);
+}
+
 /* Asserts the client's last call failed with UNIMPLEMENTED naming --cache-bytes. */
 static void s_assert_refused(kb_client_t *c, int rc)
 {
@@ -377,6 +442,7 @@ int main(void)
         SERVER_FIXTURE_TEST(test_sample_refused_knn_resident, &s_client_options),
         SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
         SERVER_FIXTURE_TEST(test_pushes_match_resident_server, &s_client_options),
+        SERVER_FIXTURE_TEST(test_feature_rows_leave_memory, &s_client_options),
         SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
