@@ -1699,7 +1699,7 @@ static kb_row_t *s_row_from_store(kb_table_t *self, kb_stripe_t *st, uint64_t ha
 /* With the stripe locked: the key's stored row made resident, or NULL when it has none. */
 static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
 {
-    kb_store_row_t rec;
+    kb_store_row_t rec = {0};
     if (kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec) != 1)
         return NULL;
     kb_row_t *row = s_row_from_store(self, st, hash, &rec);
@@ -1714,7 +1714,7 @@ static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, co
 static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
                              uint64_t gen, kb_stripe_t **locked)
 {
-    kb_store_row_t rec;
+    kb_store_row_t rec = {0};
     int found = kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec);
     kb_stripe_t *st = *locked = s_stripe(self, hash);
     pthread_mutex_lock(&st->mutex);
