@@ -630,6 +630,14 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->memory_refusals = atomic_load(&self->mem_refusals);
     st->memory_refused_rows = atomic_load(&self->mem_refused_rows);
     st->rss_bytes = kb_memory_rss();
+    kb_cache_stats_t cs; /* --cache-bytes */
+    if (kb_bank_cache_stats(self->bank, &cs)) {
+        st->cache_bytes = cs.budget;
+        st->cache_resident_bytes = cs.resident;
+        st->cache_reads = cs.reads;
+        st->cache_loads = cs.loads;
+        st->cache_evictions = cs.evictions;
+    }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_STATS;
     rp->resp.stats = st;
     return 0;

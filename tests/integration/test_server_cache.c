@@ -103,6 +103,18 @@ static void s_logged_cache(server_fixture_t *f, unsigned long long *read_back, u
     free(log);
 }
 
+/* The server's cache figures from stats: budget, rows read back, rows that left memory. */
+static void s_stats_cache(kb_client_t *c, uint64_t *budget, uint64_t *loads, uint64_t *evictions)
+{
+    Carls__Response *resp = NULL;
+    assert_int_equal(kb_client_stats(c, NULL, &resp), 0);
+    *budget = resp->stats->cache_bytes;
+    *loads = resp->stats->cache_loads;
+    *evictions = resp->stats->cache_evictions;
+    assert_true(resp->stats->cache_loads <= resp->stats->cache_reads);
+    carls__response__free_unpacked(resp, NULL);
+}
+
 static uint64_t s_hwm_kb(server_fixture_t *f) { return kb_memory_proc_status_kb(f->srv.pid, "VmHWM"); }
 
 /* The done criterion of issue 20's tables larger than memory. */
@@ -130,6 +142,10 @@ static void test_big_table_in_small_cache(void **state)
     for (size_t first = 0; first < BIG_ROWS; first += BATCH)
         s_check(f->client, "emb", first, BATCH, BIG_DIM, NULL, values, want);
     uint64_t hwm_loaded = s_hwm_kb(f);
+    uint64_t budget = 0, loads = 0, evictions = 0;
+    s_stats_cache(f->client, &budget, &loads, &evictions);
+    assert_int_equal(budget, 32u << 20);
+    assert_true(loads > 0 && evictions > 0);
 
     /* A restart loads no rows: the same answers come from storage. */
     assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
