@@ -188,7 +188,10 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec);
 void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
 /* Moves every dirty row's current state into *out (grown as needed; *count updated) and clears the dirty
- * marks. The caller owns the records (kb_store_row_free each). */
+ * marks. The caller owns the records (kb_store_row_free each).
+ * With a cache (kb_cache.h), this and kb_table_take_frequencies stamp each row with the epoch the cache was
+ * last told of (kb_cache_note_epoch): whoever takes rows must first tell it the epoch they go into, or a
+ * row could leave memory before that epoch is in SQLite. */
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
 /* Number of rows held. */
