@@ -11,6 +11,8 @@
  *    versions a server holding every row in memory gives for the same pushes (optimizer state and step
  *    counts survive the trip to storage), also after a restart;
  *  - feature records of rows that left memory are read back whole;
+ *  - after SIGKILL, with the last epochs likely only in the journal, a restarted cached server answers every
+ *    acknowledged write (the journal is replayed into SQLite before rows are read back);
  *  - sample of a cached table is refused with UNIMPLEMENTED; a table with a knn index stays in memory and
  *    answers. */
 #include "kb_client.h"
@@ -412,6 +414,39 @@ static void test_feature_rows_leave_memory(void **state)
         s_features(f->client, first, false);
 }
 
+static void test_kill_then_read_back(void **state)
+{
+    server_fixture_t *f = *state;
+    /* Compaction waits up to 2 s (or a queue of 256 KiB), so the last writes are likely still only in the
+     * journal when the server is killed. */
+    const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "2000", NULL};
+    server_fixture_start(f, args);
+    s_create(f->client, "mix", MIX_DIM, false);
+    uint32_t *gens = calloc(MIX_ROWS, sizeof *gens);
+    float *values = malloc((size_t)BATCH * MIX_DIM * sizeof *values);
+    float *want = malloc((size_t)BATCH * MIX_DIM * sizeof *want);
+    assert_non_null(gens);
+    assert_non_null(values);
+    assert_non_null(want);
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
+        s_fill(values, first, BATCH, MIX_DIM, gens);
+        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 1), 0);
+    }
+    for (size_t first = 0; first < MIX_ROWS; first += 2 * BATCH) {
+        for (size_t i = first; i < first + BATCH; i++)
+            gens[i]++;
+        s_fill(values, first, BATCH, MIX_DIM, gens);
+        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 2), 0);
+    }
+    assert_int_equal(server_fixture_restart(f, SIGKILL, args), 128 + SIGKILL);
+    assert_int_equal(test_table_stats(f->client, "mix").rows, MIX_ROWS);
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
+        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+    free(gens);
+    free(values);
+    free(want);
+}
+
 /* Asserts the client's last call failed with UNIMPLEMENTED naming --cache-bytes. */
 static void s_assert_refused(kb_client_t *c, int rc)
 {
@@ -459,6 +494,7 @@ int main(void)
         SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
         SERVER_FIXTURE_TEST(test_pushes_match_resident_server, &s_client_options),
         SERVER_FIXTURE_TEST(test_feature_rows_leave_memory, &s_client_options),
+        SERVER_FIXTURE_TEST(test_kill_then_read_back, &s_client_options),
         SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
