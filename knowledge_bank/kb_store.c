@@ -450,7 +450,8 @@ int kb_store_reader_open(const char *dir, uint32_t cache_kib, kb_store_reader_t 
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA cache_size=-%u;", cache_kib);
     if (sqlite3_open_v2(path, &self->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
-        sqlite3_busy_timeout(self->db, 5000) != SQLITE_OK || sqlite3_exec(self->db, sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_busy_timeout(self->db, 5000) != SQLITE_OK ||
+        sqlite3_exec(self->db, sql, NULL, NULL, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(self->db, "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1 AND key = ?2", -1,
                            &self->get_row, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(self->db,

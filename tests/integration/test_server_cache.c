@@ -221,27 +221,36 @@ static void s_scan_check(kb_client_t *c, const char *table, size_t rows, uint32_
     free(seen);
 }
 
-/* Random puts and lookups over rows that keep leaving memory. */
 #define MIX_ROWS 20000u
 #define MIX_DIM 32u
 #define MIX_ROUNDS 300
 
+/* A server started with args holding table "mix": MIX_ROWS rows of generation 0; *gens (all 0), *values and
+ * *want (a batch each) for the caller to free. */
+static void s_mix_start(server_fixture_t *f, const char *const *args, uint32_t **gens, float **values, float **want)
+{
+    server_fixture_start(f, args);
+    s_create(f->client, "mix", MIX_DIM, false);
+    *gens = calloc(MIX_ROWS, sizeof **gens);
+    *values = malloc((size_t)BATCH * MIX_DIM * sizeof **values);
+    *want = malloc((size_t)BATCH * MIX_DIM * sizeof **want);
+    assert_non_null(*gens);
+    assert_non_null(*values);
+    assert_non_null(*want);
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
+        s_fill(*values, first, BATCH, MIX_DIM, *gens);
+        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, *values, 1), 0);
+    }
+}
+
+/* Random puts and lookups over rows that keep leaving memory. */
 static void test_updates_of_cold_rows(void **state)
 {
     server_fixture_t *f = *state;
     const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "20", NULL};
-    server_fixture_start(f, args);
-    s_create(f->client, "mix", MIX_DIM, false);
-    uint32_t *gens = calloc(MIX_ROWS, sizeof *gens);
-    float *values = malloc((size_t)BATCH * MIX_DIM * sizeof *values);
-    float *want = malloc((size_t)BATCH * MIX_DIM * sizeof *want);
-    assert_non_null(gens);
-    assert_non_null(values);
-    assert_non_null(want);
-    for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
-        s_fill(values, first, BATCH, MIX_DIM, gens);
-        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 1), 0);
-    }
+    uint32_t *gens;
+    float *values, *want;
+    s_mix_start(f, args, &gens, &values, &want);
     uint64_t rng = 0x9e3779b97f4a7c15ULL;
     for (int round = 0; round < MIX_ROUNDS; round++) {
         size_t first = (size_t)(test_xorshift64(&rng) % (MIX_ROWS / 100)) * 100;
@@ -420,18 +429,9 @@ static void test_kill_then_read_back(void **state)
     /* Compaction waits up to 2 s (or a queue of 256 KiB), so the last writes are likely still only in the
      * journal when the server is killed. */
     const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "2000", NULL};
-    server_fixture_start(f, args);
-    s_create(f->client, "mix", MIX_DIM, false);
-    uint32_t *gens = calloc(MIX_ROWS, sizeof *gens);
-    float *values = malloc((size_t)BATCH * MIX_DIM * sizeof *values);
-    float *want = malloc((size_t)BATCH * MIX_DIM * sizeof *want);
-    assert_non_null(gens);
-    assert_non_null(values);
-    assert_non_null(want);
-    for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
-        s_fill(values, first, BATCH, MIX_DIM, gens);
-        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 1), 0);
-    }
+    uint32_t *gens;
+    float *values, *want;
+    s_mix_start(f, args, &gens, &values, &want);
     for (size_t first = 0; first < MIX_ROWS; first += 2 * BATCH) {
         for (size_t i = first; i < first + BATCH; i++)
             gens[i]++;
