@@ -217,6 +217,13 @@ int main(int argc, char **argv)
                 (unsigned long long)bank_opts.cache_bytes, (unsigned long long)bank_opts.max_memory);
         return 2;
     }
+    /* The estimate --max-memory limits also holds the compaction queue (up to a quarter of --cache-bytes) and
+     * the rows a request brings in before older ones leave: near the limit even lookups of cold rows (which
+     * count as new rows there) would be refused. */
+    if (bank_opts.cache_bytes && bank_opts.max_memory && bank_opts.max_memory / 3 < bank_opts.cache_bytes / 2)
+        LOG_WARN("--cache-bytes %llu MiB leaves little room under --max-memory %llu MiB: lookups of rows only in "
+                 "storage count as new rows there and may be refused near it (give it 3/2 of --cache-bytes)",
+                 (unsigned long long)(bank_opts.cache_bytes >> 20), (unsigned long long)(bank_opts.max_memory >> 20));
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
