@@ -1048,6 +1048,94 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
     }
 }
 
+/* ---- tables larger than memory (issue 20: kb-server --cache-bytes) ---- */
+
+#define S_CACHE_HOT_ROWS 4096u /* the working set that fits in the cache */
+
+/* Lookups on a server that keeps only part of its table in memory: over a working set that fits in the
+ * cache (lookup.cached), and uniformly over a table several times the cache (lookup.cold: most keys are
+ * read back from SQLite). Also the server's peak resident size against the table's in-memory size. Run
+ * only when named (--cases cache): it loads a table five times --keys. */
+static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
+{
+    uint64_t row_bytes = 256 + (uint64_t)opts->dim * 8; /* generous: row block, key, map slot */
+    uint64_t cache = 4 * S_CACHE_HOT_ROWS * row_bytes;
+    if (cache < ((uint64_t)8 << 20))
+        cache = (uint64_t)8 << 20;
+    uint64_t rows64 = (uint64_t)opts->keys * 5;
+    if (rows64 * row_bytes < 4 * cache)
+        rows64 = 4 * cache / row_bytes;
+    uint32_t rows = rows64 > UINT32_MAX ? UINT32_MAX : (uint32_t)rows64;
+    char cache_arg[32];
+    snprintf(cache_arg, sizeof cache_arg, "%lluK", (unsigned long long)(cache >> 10));
+    const char *extra[] = {"--cache-bytes", cache_arg, NULL};
+    bench_proc_t srv;
+    if (bench_kb_start(opts, "kb-cache", extra, &srv) != 0) {
+        s_report_failed(opts, "lookup.cached", "emb/s", "kb-server --cache-bytes did not start");
+        (*failures)++;
+        return;
+    }
+    char ep[1][256];
+    s_ep(ep[0], srv.endpoint);
+    kb_cluster_t *bank = s_bank_open(ep, 1);
+    int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
+    bench_progress(opts, "cache: loading %u rows of dim %u into a server with --cache-bytes %s", rows, opts->dim,
+                   cache_arg);
+    if (rc == 0)
+        rc = s_load(bank, opts->dim, 0, rows, NULL);
+    kb_cluster_destroy(&bank);
+    bench_measure_t hot, cold;
+    memset(&hot, 0, sizeof hot);
+    memset(&cold, 0, sizeof cold);
+    if (rc == 0) {
+        bench_progress(opts, "cache: lookups over %u rows (in the cache), then over all %u", S_CACHE_HOT_ROWS, rows);
+        rc = s_run_kb(opts, &srv, 1, S_CACHE_HOT_ROWS, opts->batch, s_op_lookup, opts->clients, opts->seconds, &hot);
+    }
+    if (rc == 0)
+        rc = s_run_kb(opts, &srv, 1, rows, opts->batch, s_op_lookup, opts->clients, opts->seconds, &cold);
+    double hwm_mib = (double)kb_memory_proc_status_kb(srv.pid, "VmHWM") / 1024.0;
+    bench_proc_stop(opts, &srv);
+    if (rc != 0) {
+        s_report_failed(opts, "lookup.cached", "emb/s", hot.error[0] ? hot.error : "loading or lookups failed");
+        (*failures)++;
+        return;
+    }
+    char note[200];
+    snprintf(note, sizeof note, "--cache-bytes %s, %u rows; keys drawn from the first %u (in memory)", cache_arg,
+             rows, S_CACHE_HOT_ROWS);
+    bench_result_t r = s_result(opts, "lookup.cached", "emb/s");
+    r.value = hot.rate;
+    r.reference = "lookup.throughput";
+    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
+    r.p50_us = hot.p50_us;
+    r.p99_us = hot.p99_us;
+    r.rows = rows;
+    r.note = note;
+    bench_report(opts, &r);
+
+    char cold_note[200];
+    snprintf(cold_note, sizeof cold_note, "keys drawn from all %u rows, about %.0f%% of them in memory: the rest "
+             "read from SQLite", rows, 100.0 * (double)cache / (double)row_bytes / rows);
+    r = s_result(opts, "lookup.cold", "emb/s");
+    r.value = cold.rate;
+    r.reference = "lookup.cached";
+    r.reference_value = hot.rate;
+    r.p50_us = cold.p50_us;
+    r.p99_us = cold.p99_us;
+    r.rows = rows;
+    r.note = cold_note;
+    bench_report(opts, &r);
+
+    r = s_result(opts, "cache.peak_rss", "MiB");
+    r.value = hwm_mib;
+    r.reference = "whole table in memory (estimate)";
+    r.reference_value = (double)rows * (double)row_bytes / (1024.0 * 1024.0);
+    r.lower_is_better = true;
+    r.rows = rows;
+    r.note = "server VmHWM over the load and both cases";
+    bench_report(opts, &r);
+}
+
 /* The Redis references, first (each redis-server is its own process, stopped before the kb cases so it
  * takes no memory or CPU from them): MGET and pipelined SET without persistence for lookups and interval
  * puts, pipelined SET with appendfsync always for sync puts. Unavailable references keep a note saying why. */
@@ -1168,5 +1256,7 @@ int bench_kb_all(const bench_opts_t *opts)
         s_case_shards(opts, &failures);
     if (bench_selected(opts, "rows"))
         s_case_rows(opts, &failures);
+    if (opts->cases && bench_selected(opts, "cache")) /* only when named: see s_case_cache */
+        s_case_cache(opts, &st, &failures);
     return failures ? -1 : 0;
 }

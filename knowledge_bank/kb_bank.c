@@ -1,6 +1,7 @@
 #include "kb_bank.h"
 
 #include "kb_batch.h"
+#include "kb_cache.h"
 #include "kb_dedup.h"
 #include "kb_journal.h"
 #include "kb_memory.h"
@@ -91,6 +92,8 @@ struct kb_bank {
     int64_t batch_mem_counted;  /* persister only: the batch being committed as last added to mem */
     atomic_bool frequencies_due; /* a checkpoint or close wants the use counts in the next round */
     int64_t frequencies_taken_ms; /* persister only: monotonic time use counts were last collected */
+
+    kb_cache_t *cache;          /* --cache-bytes (kb_cache.h), or NULL */
 };
 
 /* ---- registry ---- */
@@ -204,6 +207,7 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
     int64_t id = self->next_table_id++;
     kb_table_t *table = kb_table_new(id, name, cfg);
     kb_table_set_memory(table, self->mem);
+    kb_table_set_cache(table, self->cache); /* --cache-bytes: ignored by tables that stay resident */
     s_add_entry(self, table);
     kb_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
     if (!op.name)
@@ -362,6 +366,7 @@ static void s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
     pthread_rwlock_wrlock(&self->gate);
     b->epoch = atomic_fetch_add(&self->epoch, 1);
+    kb_cache_note_epoch(self->cache, b->epoch); /* rows collected now are clean once b->epoch is compacted */
     bool frequencies = s_frequencies_due(self, writer_waits);
 
     pthread_mutex_lock(&self->registry_mutex);
@@ -495,6 +500,74 @@ static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
     return rc;
 }
 
+/* ---- tables larger than memory (kb_cache.h) ---- */
+
+/* After a compaction: every cached table frees rows while the cache is over its budget. */
+static void s_cache_shrink_all(kb_bank_t *self)
+{
+    if (!self->cache || !kb_cache_over(self->cache))
+        return;
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self, &tables);
+    for (size_t i = 0; i < n; i++) {
+        kb_table_cache_shrink(tables[i]);
+        kb_bank_release(self, tables[i]);
+    }
+    free(tables);
+}
+
+static int s_load_cached_row(void *ctx, const kb_store_row_t *rec)
+{
+    kb_table_t *table = ctx;
+    if (kb_table_restore_row(table, rec) != 0)
+        LOG_WARN("row of table %s does not match its config; skipped", kb_table_name(table));
+    return 0;
+}
+
+/* Start-up with --cache-bytes: the rows of cacheable tables stay in storage (only those holding pending
+ * gradients are loaded, so max_age_ms still applies to them); other tables are loaded whole. */
+static int s_load_cached(kb_bank_t *self)
+{
+    for (size_t i = 0; i < self->entry_count; i++) {
+        kb_table_t *table = self->entries[i].table;
+        bool cacheable = kb_table_cacheable(kb_table_config(table));
+        if (cacheable)
+            kb_table_set_cache(table, self->cache);
+        uint64_t rows = 0;
+        int64_t max_id = 0;
+        if (kb_store_load_table(self->store, kb_table_id(table), !cacheable, s_load_cached_row, table, &rows,
+                                &max_id) != 0)
+            return -1;
+        if (cacheable)
+            kb_table_set_stored(table, rows, max_id);
+        else
+            LOG_INFO("table %s stays wholly in memory (%s)", kb_table_name(table),
+                     kb_table_config(table)->knn ? "a nearest-neighbour index" : "an eviction policy");
+    }
+    return 0;
+}
+
+/* Opens the cache's read connection and sizes what else takes memory from --cache-bytes: SQLite lags
+ * the journal by at most a quarter of it. */
+static int s_open_cache(kb_bank_t *self, uint32_t page_cache_kib, char *err, size_t errlen)
+{
+    kb_store_reader_t *reader = NULL;
+    if (kb_store_reader_open(self->data_dir, page_cache_kib, &reader, err, errlen) != 0)
+        return -1;
+    self->cache = kb_cache_new(self->opts.cache_bytes, reader);
+    if (self->queue_max_bytes > (int64_t)(self->opts.cache_bytes / 4))
+        self->queue_max_bytes = (int64_t)(self->opts.cache_bytes / 4);
+    return 0;
+}
+
+bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out)
+{
+    if (!self->cache)
+        return false;
+    kb_cache_get_stats(self->cache, out);
+    return true;
+}
+
 /* ---- compactor ---- */
 
 /* Writes batches into SQLite in one transaction that also records the newest epoch they hold. Store
@@ -588,6 +661,7 @@ static void *s_compactor_main(void *arg)
         if (rc == 0) {
             failures = 0;
             self->compacted_epoch = batches[n - 1].epoch;
+            kb_cache_set_compacted(self->cache, self->compacted_epoch);
             self->compactions++;
             self->queue_bytes -= bytes;
             for (size_t i = 0; i < n; i++)
@@ -598,6 +672,7 @@ static void *s_compactor_main(void *arg)
             /* The batches were many small blocks the persister's thread allocated: hand their free pages back
              * (glibc keeps them otherwise, and the resident size would stay above the estimate). */
             pthread_mutex_unlock(&self->compact_mutex);
+            s_cache_shrink_all(self); /* the rows just compacted may leave memory */
             s_trim();
             pthread_mutex_lock(&self->compact_mutex);
             continue;
@@ -935,6 +1010,9 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     uint64_t cache_kib = 32768;
     if (opts->max_memory && opts->max_memory / 16 / 1024 < cache_kib)
         cache_kib = opts->max_memory / 16 / 1024 > 2048 ? opts->max_memory / 16 / 1024 : 2048;
+    /* --cache-bytes: the same share of it, for this connection and the cache's read connection each. */
+    if (opts->cache_bytes && opts->cache_bytes / 16 / 1024 < cache_kib)
+        cache_kib = opts->cache_bytes / 16 / 1024 > 2048 ? opts->cache_bytes / 16 / 1024 : 2048;
     if (kb_store_set_cache(self->store, (uint32_t)cache_kib) != 0)
         LOG_WARN("cannot set SQLite's page cache to %llu KiB: %s", (unsigned long long)cache_kib,
                  kb_store_last_error(self->store));
@@ -943,7 +1021,13 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
         goto fail;
     if (kb_journal_open(self->data_dir, opts->sync, &self->journal, err, errlen) != 0)
         goto fail;
-    if (kb_store_load(self->store, s_load_table, s_load_row, s_load_client, self) != 0) {
+    if (opts->cache_bytes) {
+        if (s_open_cache(self, (uint32_t)cache_kib, err, errlen) != 0)
+            goto fail;
+        kb_cache_set_compacted(self->cache, self->compacted_epoch);
+    }
+    if (kb_store_load(self->store, s_load_table, self->cache ? NULL : s_load_row, s_load_client, self) != 0 ||
+        (self->cache && s_load_cached(self) != 0)) {
         snprintf(err, errlen, "loading %s failed: %s", self->data_dir, kb_store_last_error(self->store));
         goto fail;
     }
@@ -1015,6 +1099,12 @@ void kb_bank_close(kb_bank_t **self_p)
     for (size_t i = 0; i < self->entry_count; i++)
         kb_table_destroy(&self->entries[i].table);
     free(self->entries);
+    kb_cache_stats_t cs;
+    if (kb_bank_cache_stats(self, &cs))
+        LOG_INFO("cache of %llu MiB: %llu rows looked for in storage, %llu read back, %llu left memory",
+                 (unsigned long long)(cs.budget >> 20), (unsigned long long)cs.reads, (unsigned long long)cs.loads,
+                 (unsigned long long)cs.evictions);
+    kb_cache_destroy(&self->cache); /* after the tables, which count their memory in it */
     kb_memory_destroy(&self->mem);
     kb_table_ops_free(self->ops, self->op_count);
     free(self->ops);

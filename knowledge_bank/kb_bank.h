@@ -43,6 +43,9 @@ typedef struct {
     bool read_only;               /* kb-server --read-only: the files are only read (kb_store_open_read_only),
                                    * the journal is replayed into memory only, no thread is started, nothing
                                    * is committed, pending gradients are never applied (docs/STATE.md) */
+    uint64_t cache_bytes; /* --cache-bytes: tables keep about this much in memory, the rest only in storage
+                           * (kb_cache.h; tables with a knn index or an eviction policy stay resident);
+                           * 0 = every row in memory */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -150,5 +153,8 @@ int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto
 
 /* Ends what a successful kb_bank_snapshot_cut holds (journal segments may be removed again). */
 void kb_bank_snapshot_end(kb_bank_t *self);
+
+/* --cache-bytes: the cache's figures; false (nothing written) when every row stays in memory. */
+bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out);
 
 #endif

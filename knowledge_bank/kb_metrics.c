@@ -193,6 +193,16 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
              "Requests refused with RESOURCE_EXHAUSTED because their new rows or table would exceed --max-memory.");
     carls_prom_metric(f, "carls_bank_resident_bytes", "gauge", (double)st->rss_bytes,
                       "The process's resident set size.");
+    carls_prom_metric(f, "carls_bank_cache_bytes", "gauge", (double)st->cache_bytes,
+                      "--cache-bytes: the budget of the cached tables (0: every row in memory).");
+    carls_prom_metric(f, "carls_bank_cache_resident_bytes", "gauge", (double)st->cache_resident_bytes,
+                      "The cached tables' estimated memory now.");
+    carls_prom_metric(f, "carls_bank_cache_reads_total", "counter", (double)st->cache_reads,
+                      "Keys missing from memory looked for in SQLite.");
+    carls_prom_metric(f, "carls_bank_cache_loads_total", "counter", (double)st->cache_loads,
+                      "Rows read back from SQLite into memory.");
+    carls_prom_metric(f, "carls_bank_cache_evictions_total", "counter", (double)st->cache_evictions,
+                      "Clean rows that left memory (they stay in SQLite).");
 
     carls_prom_family(f, "carls_bank_op_requests_total", "counter", "Requests handled, by operation.");
     s_count_samples(f, "carls_bank_op_requests_total", NULL, st->latency, st->n_latency);

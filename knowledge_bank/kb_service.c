@@ -638,6 +638,14 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->memory_refusals = atomic_load(&self->mem_refusals);
     st->memory_refused_rows = atomic_load(&self->mem_refused_rows);
     st->rss_bytes = kb_memory_rss();
+    kb_cache_stats_t cs; /* --cache-bytes */
+    if (kb_bank_cache_stats(self->bank, &cs)) {
+        st->cache_bytes = cs.budget;
+        st->cache_resident_bytes = cs.resident;
+        st->cache_reads = cs.reads;
+        st->cache_loads = cs.loads;
+        st->cache_evictions = cs.evictions;
+    }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_STATS;
     rp->resp.stats = st;
     return 0;
@@ -741,6 +749,19 @@ done:
     return rc;
 }
 
+/* --cache-bytes: sampling draws from the rows in memory, so a table whose rows may be only in storage
+ * refuses it (releasing t) rather than answer from part of it. */
+static int s_refuse_cached(kb_service_t *self, s_reply_t *rp, kb_table_t *t, const char *op)
+{
+    if (!kb_table_cached(t))
+        return 0;
+    s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
+           "%s of table '%s' is not supported while kb-server keeps rows only in storage (--cache-bytes); "
+           "restart it without --cache-bytes", op, kb_table_name(t));
+    kb_bank_release(self->bank, t);
+    return -1;
+}
+
 static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Sample *sm = req->sample;
@@ -758,6 +779,8 @@ static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t 
     }
     kb_table_t *t = s_table(self, rp, req->table);
     if (!t)
+        return -1;
+    if (s_refuse_cached(self, rp, t, "sample") != 0)
         return -1;
     size_t total = sm->n_positives + sm->n;
     Carls__SampleResult *res = &rp->r.sample;

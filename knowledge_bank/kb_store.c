@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,7 +346,7 @@ int kb_store_load(kb_store_t *self, kb_store_table_fn on_table, kb_store_row_fn 
                            &load);
     if (rc != 0)
         return rc;
-    rc = s_each_result(self,
+    rc = !on_row ? 0 : s_each_result(self,
                        "SELECT table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version,"
                        " updated_at, frequency, record FROM rows WHERE table_id IN (SELECT id FROM tables)",
                        "loading rows", s_read_row, &load);
@@ -478,4 +479,161 @@ int kb_store_checkpoint(kb_store_t *self)
         SQLITE_OK)
         return s_fail(self, "WAL checkpoint");
     return 0;
+}
+
+/* ---- tables larger than memory ---- */
+
+/* The columns s_read_row reads, in its order. */
+#define S_ROW_COLUMNS                                                                                          \
+    "table_id, key, row_id, value, opt_state, opt_steps, pending, pending_count, version, updated_at, "      \
+    "frequency, record"
+
+int kb_store_load_table(kb_store_t *self, int64_t table_id, bool all, kb_store_row_fn on_row, void *ctx,
+                        uint64_t *rows, int64_t *max_row_id)
+{
+    *rows = 0;
+    *max_row_id = 0;
+    sqlite3_stmt *stmt = NULL;
+    if (s_prepare(self, "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1", &stmt) != 0)
+        return -1;
+    sqlite3_bind_int64(stmt, 1, table_id);
+    s_load_t load = {.on_row = on_row, .ctx = ctx};
+    int rc, r = 0;
+    while (r == 0 && (rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        (*rows)++;
+        int64_t id = sqlite3_column_int64(stmt, 2);
+        if (id > *max_row_id)
+            *max_row_id = id;
+        if (all || sqlite3_column_int64(stmt, 7) > 0)
+            r = s_read_row(stmt, &load);
+    }
+    sqlite3_finalize(stmt);
+    if (r != 0)
+        return r;
+    if (rc != SQLITE_DONE)
+        return s_fail(self, "loading a table's rows");
+    if (load.malformed_rows)
+        LOG_WARN("skipped %llu malformed rows of table %lld in the database",
+                 (unsigned long long)load.malformed_rows, (long long)table_id);
+    return 0;
+}
+
+struct kb_store_reader {
+    sqlite3 *db;
+    sqlite3_stmt *get_row, *get_after;
+    pthread_mutex_t mutex;
+};
+
+int kb_store_reader_open(const char *dir, uint32_t cache_kib, kb_store_reader_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/bank.sqlite", dir) >= sizeof path)
+        return carls_errorf(err, errlen, -1, "data directory path too long");
+    kb_store_reader_t *self = carls_xcalloc(1, sizeof *self);
+    pthread_mutex_init(&self->mutex, NULL);
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA cache_size=-%u;", cache_kib);
+    if (sqlite3_open_v2(path, &self->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
+        sqlite3_busy_timeout(self->db, 5000) != SQLITE_OK ||
+        sqlite3_exec(self->db, sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(self->db, "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1 AND key = ?2", -1,
+                           &self->get_row, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(self->db,
+                           "SELECT " S_ROW_COLUMNS " FROM rows WHERE table_id = ?1 AND row_id > ?2 ORDER BY row_id"
+                           " LIMIT ?3",
+                           -1, &self->get_after, NULL) != SQLITE_OK) {
+        carls_errorf(err, errlen, -1, "cannot open %s for reading cold rows: %s", path,
+                     self->db ? sqlite3_errmsg(self->db) : "out of memory");
+        kb_store_reader_close(&self);
+        return -1;
+    }
+    *out = self;
+    return 0;
+}
+
+void kb_store_reader_close(kb_store_reader_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_store_reader_t *self = *self_p;
+    sqlite3_finalize(self->get_row);
+    sqlite3_finalize(self->get_after);
+    if (self->db)
+        sqlite3_close(self->db);
+    pthread_mutex_destroy(&self->mutex);
+    free(self);
+    *self_p = NULL;
+}
+
+/* s_read_row's callback for kb_store_read_row: copies the borrowed row into ctx. */
+static int s_copy_row(void *ctx, const kb_store_row_t *rec)
+{
+    kb_store_row_t *out = ctx;
+    *out = *rec;
+    out->key = carls_xmalloc(rec->key_len ? rec->key_len : 1);
+    memcpy(out->key, rec->key, rec->key_len);
+    out->value = rec->dim ? carls_xmalloc((size_t)rec->dim * sizeof(float)) : NULL;
+    if (rec->dim)
+        memcpy(out->value, rec->value, (size_t)rec->dim * sizeof(float));
+    out->opt_state = rec->opt_floats ? carls_xmalloc((size_t)rec->opt_floats * sizeof(float)) : NULL;
+    if (rec->opt_floats)
+        memcpy(out->opt_state, rec->opt_state, (size_t)rec->opt_floats * sizeof(float));
+    size_t pending = (size_t)rec->pending_count * rec->dim * sizeof(float);
+    out->pending = pending ? carls_xmalloc(pending) : NULL;
+    if (pending)
+        memcpy(out->pending, rec->pending, pending);
+    out->record = rec->dim == 0 ? carls_xmalloc(rec->record_len ? rec->record_len : 1) : NULL;
+    if (out->record && rec->record_len)
+        memcpy(out->record, rec->record, rec->record_len);
+    return 1; /* found */
+}
+
+int kb_store_read_row(kb_store_reader_t *self, int64_t table_id, const uint8_t *key, uint32_t key_len,
+                      kb_store_row_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&self->mutex);
+    sqlite3_bind_int64(self->get_row, 1, table_id);
+    sqlite3_bind_blob(self->get_row, 2, key, (int)key_len, SQLITE_STATIC);
+    s_load_t load = {.on_row = s_copy_row, .ctx = out};
+    int rc = sqlite3_step(self->get_row), found = 0;
+    if (rc == SQLITE_ROW) {
+        found = s_read_row(self->get_row, &load);
+        if (found == 0)
+            carls_errorf(err, errlen, -1, "the stored row of table %lld is malformed", (long long)table_id);
+        found = found ? 1 : -1;
+    } else if (rc != SQLITE_DONE) {
+        found = carls_errorf(err, errlen, -1, "reading a row of table %lld: %s", (long long)table_id,
+                             sqlite3_errmsg(self->db));
+    }
+    sqlite3_reset(self->get_row);
+    sqlite3_clear_bindings(self->get_row);
+    pthread_mutex_unlock(&self->mutex);
+    return found;
+}
+
+int kb_store_read_rows_after(kb_store_reader_t *self, int64_t table_id, int64_t after_id, size_t limit,
+                             kb_store_row_t **out, size_t *count, char *err, size_t errlen)
+{
+    size_t capacity = *count;
+    pthread_mutex_lock(&self->mutex);
+    sqlite3_bind_int64(self->get_after, 1, table_id);
+    sqlite3_bind_int64(self->get_after, 2, after_id);
+    sqlite3_bind_int64(self->get_after, 3, limit > INT64_MAX ? INT64_MAX : (sqlite3_int64)limit);
+    int rc;
+    while ((rc = sqlite3_step(self->get_after)) == SQLITE_ROW) {
+        *out = carls_grow(*out, &capacity, *count + 1, sizeof **out);
+        s_load_t load = {.on_row = s_copy_row, .ctx = &(*out)[*count]};
+        if (s_read_row(self->get_after, &load) != 0)
+            (*count)++;
+    }
+    int result = 0;
+    if (rc != SQLITE_DONE)
+        result = carls_errorf(err, errlen, -1, "reading rows of table %lld: %s", (long long)table_id,
+                              sqlite3_errmsg(self->db));
+    sqlite3_reset(self->get_after);
+    sqlite3_clear_bindings(self->get_after);
+    pthread_mutex_unlock(&self->mutex);
+    return result;
 }

@@ -71,7 +71,8 @@ int kb_store_open_read_only(const char *dir, kb_store_t **out, char *err, size_t
 void kb_store_close(kb_store_t **self_p);
 
 /* Loading at start-up. The callbacks receive borrowed data valid only during the call; a nonzero return
- * stops the load and is returned. Rows of tables that no longer exist are skipped. */
+ * stops the load and is returned. Rows of tables that no longer exist are skipped. on_row NULL: rows are
+ * not loaded (tables larger than memory load them table by table, kb_store_load_table). */
 typedef int (*kb_store_table_fn)(void *ctx, int64_t id, const char *name, const uint8_t *config, size_t len);
 typedef int (*kb_store_row_fn)(void *ctx, const kb_store_row_t *row);
 typedef int (*kb_store_client_fn)(void *ctx, uint64_t client_id, uint64_t max_seq, const uint8_t *window,
@@ -99,6 +100,37 @@ int kb_store_put_meta(kb_store_t *self, const char *key, uint64_t value);
 
 /* Checkpoints the WAL into the main database file (TRUNCATE). */
 int kb_store_checkpoint(kb_store_t *self);
+
+/* ---- tables larger than memory (kb_cache.h) ---- */
+
+/* Start-up of a table whose rows stay in storage: one pass over table_id's rows counts them (*rows) and
+ * finds the largest row id (*max_row_id, 0 when none), and hands on_row the rows that must be in memory:
+ * every row when all is set, else only those holding pending gradients. Returns 0, or on_row's nonzero
+ * answer, or -1 (kb_store_last_error). */
+int kb_store_load_table(kb_store_t *self, int64_t table_id, bool all, kb_store_row_fn on_row, void *ctx,
+                        uint64_t *rows, int64_t *max_row_id);
+
+/* A second, read-only connection to a store's database for reading rows back on demand while the persister
+ * and compactor write through the first (WAL lets them run concurrently). One statement behind a mutex:
+ * any thread may call kb_store_read_row. */
+typedef struct kb_store_reader kb_store_reader_t;
+
+/* Opens <dir>/bank.sqlite (which kb_store_open created) read-only, with a page cache of cache_kib KiB.
+ * Returns 0, or -1 with a message in err. */
+int kb_store_reader_open(const char *dir, uint32_t cache_kib, kb_store_reader_t **out, char *err, size_t errlen);
+void kb_store_reader_close(kb_store_reader_t **self_p);
+
+/* The stored row of (table_id, key) as of the last committed transaction: 1 and *out filled with malloc'd
+ * copies (kb_store_row_free), 0 when there is none, -1 with a message in err (SQLite failed, or the stored
+ * row is malformed). */
+int kb_store_read_row(kb_store_reader_t *self, int64_t table_id, const uint8_t *key, uint32_t key_len,
+                      kb_store_row_t *out, char *err, size_t errlen);
+
+/* Up to limit stored rows of table_id with row id > after_id, in row-id order, appended to *out (growing it;
+ * *count counts them; kb_store_row_free each). A pass over the table's rows (there is no index by id).
+ * Malformed rows are skipped. Returns 0, or -1 with a message in err. */
+int kb_store_read_rows_after(kb_store_reader_t *self, int64_t table_id, int64_t after_id, size_t limit,
+                             kb_store_row_t **out, size_t *count, char *err, size_t errlen);
 
 /* Text of the last SQLite error on this store. */
 const char *kb_store_last_error(const kb_store_t *self);

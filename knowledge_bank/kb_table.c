@@ -41,6 +41,8 @@ typedef struct {
     s_row_list_t lru;                      /* eviction order: head goes first */
     int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
     size_t knn_count, knn_capacity;
+    size_t clock_pos;                      /* --cache-bytes: the eviction hand's slot in the map */
+    uint64_t cache_gen;                    /* --cache-bytes: rows that left memory (a read may be stale) */
 } kb_stripe_t;
 
 struct kb_table {
@@ -71,6 +73,12 @@ struct kb_table {
     kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
     int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
     bool read_only;             /* kb_table_set_read_only: pending gradients are never applied */
+    /* --cache-bytes (kb_cache.h): NULL when every row stays in memory. */
+    kb_cache_t *cache;
+    pthread_mutex_t cache_mutex; /* one eviction hand at a time; guards the fields below */
+    int clock_stripe;            /* the stripe the hand visits next */
+    bool cache_stuck;            /* the last shrink found nothing more to free ... */
+    uint64_t stuck_compacted, stuck_loads; /* ... and nothing became clean since (compaction, loads) */
 };
 
 /* Adds delta bytes to the table's estimate and the bank's. */
@@ -78,6 +86,8 @@ static void s_mem(kb_table_t *self, int64_t delta)
 {
     atomic_fetch_add(&self->mem_bytes, delta);
     kb_memory_add(self->mem, delta);
+    if (self->cache)
+        kb_cache_add(self->cache, delta);
 }
 
 /* Heap bytes of one row block (struct, value, optimizer state, key) and of one pending gradient buffer. */
@@ -269,6 +279,7 @@ kb_table_t *kb_table_new(int64_t id, const char *name, const kb_table_config_t *
     pthread_mutex_init(&self->id_mutex, NULL);
     pthread_mutex_init(&self->knn_mutex, NULL);
     pthread_mutex_init(&self->sample_mutex, NULL);
+    pthread_mutex_init(&self->cache_mutex, NULL);
     if (cfg->knn) {
         kb_knn_config_t kc;
         s_knn_config(cfg, &kc);
@@ -352,6 +363,7 @@ void kb_table_destroy(kb_table_t **self_p)
     pthread_mutex_destroy(&self->id_mutex);
     pthread_mutex_destroy(&self->knn_mutex);
     pthread_mutex_destroy(&self->sample_mutex);
+    pthread_mutex_destroy(&self->cache_mutex);
     for (int i = 0; i < 3; i++)
         s_sample_cache_free(self->samplers[i]);
     kb_bloom_destroy(&self->bloom);
@@ -359,6 +371,8 @@ void kb_table_destroy(kb_table_t **self_p)
     free(self->name);
     /* What is left of the estimate (maps, index, snapshots, the struct) goes with the table. */
     kb_memory_add(self->mem, -(int64_t)atomic_load(&self->mem_bytes));
+    if (self->cache)
+        kb_cache_add(self->cache, -(int64_t)atomic_load(&self->mem_bytes));
     free(self);
     *self_p = NULL;
 }
@@ -606,6 +620,8 @@ static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 /* A use of the row: with LRU eviction it becomes the most recent. */
 static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
+    if (self->cache)
+        row->cache_ref = true;
     if (self->cfg.eviction != KB_EVICT_LRU)
         return;
     row->last_used = atomic_fetch_add(&self->tick, 1);
@@ -720,7 +736,13 @@ static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, 
     return row;
 }
 
-/* The key's row; created when create is set and admission allows it, else NULL. */
+static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key);
+static kb_row_t *s_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
+                           bool create);
+
+/* The key's row; created when create is set and admission allows it, else NULL. With a cache, a key
+ * missing from memory is read from storage first (with the stripe locked: the paths that must not wait
+ * on storage under a lock use s_row_lookup and s_row_fetch). */
 static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
                            bool create)
 {
@@ -729,6 +751,33 @@ static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, con
         s_lru_touch(self, st, row);
         return row;
     }
+    if (self->cache && (row = s_row_cold(self, st, hash, key)) != NULL)
+        return row;
+    return s_row_new(self, st, hash, key, create);
+}
+
+/* s_row_get of a lookup: a key missing from memory with a cache sets *cold and is served later by
+ * s_row_fetch, after the batch's stripes are unlocked. */
+static inline kb_row_t *s_row_lookup(kb_table_t *self, kb_stripe_t *st, uint64_t hash,
+                                     const ProtobufCBinaryData *key, bool create, bool *cold)
+{
+    kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
+    if (row) {
+        s_lru_touch(self, st, row);
+        return row;
+    }
+    if (self->cache) {
+        *cold = true;
+        return NULL;
+    }
+    return s_row_new(self, st, hash, key, create);
+}
+
+/* A key with no row in memory (nor in storage, with a cache): its new row when create is set and admission
+ * allows it, else NULL. */
+static kb_row_t *s_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
+                           bool create)
+{
     if (!create)
         return NULL;
     if (self->bloom && kb_bloom_add(self->bloom, key->data, key->len) < self->cfg.min_frequency) {
@@ -792,11 +841,52 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
 #define S_AHEAD_SLOT 8
 #define S_AHEAD_ROW 4
 
+/* Serves key i of a lookup from its row (NULL: none, the key's initial value); returns the optimizer steps
+ * taken (the row's pending set applied). Stripe locked. */
+static inline uint64_t s_lookup_serve(kb_table_t *self, kb_stripe_t *st, kb_row_t *row,
+                                      const ProtobufCBinaryData *key, bool no_create, size_t i, float *values,
+                                      uint64_t *versions, int64_t *updated_at_ms, uint64_t *frequencies)
+{
+    uint32_t dim = self->cfg.dim;
+    uint64_t steps = 0;
+    if (!row) {
+        kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, key->data, key->len,
+                      values + i * dim, dim);
+        versions[i] = 0;
+        updated_at_ms[i] = 0;
+        frequencies[i] = 0;
+        return 0;
+    }
+    if (row->pending_count > 0 && !self->read_only) {
+        s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
+        steps++;
+    }
+    if (!no_create)
+        s_count_use(self, st, row);
+    memcpy(values + i * dim, row->value, dim * sizeof(float));
+    versions[i] = row->version;
+    updated_at_ms[i] = row->updated_at_ms;
+    frequencies[i] = row->frequency;
+    return steps;
+}
+
+/* The keys of a lookup not in memory (with a cache), served after the batch's stripes are unlocked: each
+ * with its stripe's eviction count when it was found missing (s_row_fetch). */
+typedef struct {
+    uint32_t *index;
+    uint64_t *gen;
+    size_t n;
+} s_cold_keys_t;
+
+static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
+                             uint64_t gen, kb_stripe_t **locked);
+
 uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, bool no_create,
                          float *values, uint64_t *versions, int64_t *updated_at_ms, uint64_t *frequencies)
 {
     uint32_t dim = self->cfg.dim;
     uint64_t steps = 0;
+    s_cold_keys_t cold_keys = {0};
     s_groups_t g;
     s_groups_make(&g, keys, n);
     /* Every stripe the batch touches is locked at once (in index order, so two batches cannot deadlock;
@@ -817,31 +907,36 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
         }
         size_t i = g.order[j];
         kb_stripe_t *st = s_stripe(self, g.hashes[i]);
-        kb_row_t *row = s_row_get(self, st, g.hashes[i], &keys[i], !no_create);
-        if (!row) {
-            kb_init_value(self->cfg.init, self->cfg.init_scale, self->cfg.init_seed, keys[i].data, keys[i].len,
-                          values + i * dim, dim);
-            versions[i] = 0;
-            updated_at_ms[i] = 0;
-            frequencies[i] = 0;
+        bool cold = false;
+        kb_row_t *row = s_row_lookup(self, st, g.hashes[i], &keys[i], !no_create, &cold);
+        if (cold) {
+            if (!cold_keys.index) {
+                cold_keys.index = carls_xmalloc(n * sizeof *cold_keys.index);
+                cold_keys.gen = carls_xmalloc(n * sizeof *cold_keys.gen);
+            }
+            cold_keys.index[cold_keys.n] = (uint32_t)i;
+            cold_keys.gen[cold_keys.n++] = st->cache_gen;
             continue;
         }
-        if (row->pending_count > 0 && !self->read_only) {
-            s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
-            steps++;
-        }
-        if (!no_create)
-            s_count_use(self, st, row);
-        memcpy(values + i * dim, row->value, dim * sizeof(float));
-        versions[i] = row->version;
-        updated_at_ms[i] = row->updated_at_ms;
-        frequencies[i] = row->frequency;
+        steps += s_lookup_serve(self, st, row, &keys[i], no_create, i, values, versions, updated_at_ms, frequencies);
     }
     for (int s = 0; s < KB_TABLE_STRIPES; s++)
         if (g.starts[s] != g.starts[s + 1])
             pthread_mutex_unlock(&self->stripes[s].mutex);
+    /* Keys only in storage: read without a lock held, then served one stripe at a time. */
+    for (size_t c = 0; c < cold_keys.n; c++) {
+        size_t i = cold_keys.index[c];
+        kb_stripe_t *st;
+        kb_row_t *row = s_row_fetch(self, g.hashes[i], &keys[i], !no_create, cold_keys.gen[c], &st);
+        steps += s_lookup_serve(self, st, row, &keys[i], no_create, i, values, versions, updated_at_ms, frequencies);
+        pthread_mutex_unlock(&st->mutex);
+    }
+    free(cold_keys.index);
+    free(cold_keys.gen);
     s_groups_free(&g);
     atomic_fetch_add(&self->stats.lookups, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
     return steps;
 }
 
@@ -852,6 +947,8 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
         uint64_t hash;
         kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
+        if (!row && self->cache)
+            row = s_row_cold(self, st, hash, &keys[i]);
         if (row) {
             if (row->pending_count > 0 && !self->read_only)
                 s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
@@ -888,6 +985,8 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
     }
     s_groups_free(&g);
     atomic_fetch_add(&self->stats.puts, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
 }
 
 uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, const float *gradients)
@@ -932,6 +1031,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
     }
     s_groups_free(&g);
     atomic_fetch_add(&self->stats.gradients_received, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
     return steps;
 }
 
@@ -1286,6 +1387,8 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.lookups, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
 }
 
 void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, uint8_t *const *records,
@@ -1310,21 +1413,25 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.puts, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
 }
 
 /* ---- persistence ---- */
 
-int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
+/* Whether a stored row fits the table's config. */
+static bool s_record_fits(const kb_table_t *self, const kb_store_row_t *rec)
 {
     bool feature = self->cfg.kind == KB_TABLE_FEATURE;
-    if (rec->dim != self->cfg.dim || rec->opt_floats != self->opt_floats ||
-        rec->pending_count > self->cfg.max_pending || rec->key_len == 0 || rec->row_id <= 0 ||
-        (feature && rec->pending_count))
-        return -1;
-    uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
-    kb_stripe_t *st = s_stripe(self, hash);
-    if (kb_rowmap_find(&st->map, hash, rec->key, rec->key_len))
-        return -1;
+    return !(rec->dim != self->cfg.dim || rec->opt_floats != self->opt_floats ||
+             rec->pending_count > self->cfg.max_pending || rec->key_len == 0 || rec->row_id <= 0 ||
+             (feature && rec->pending_count));
+}
+
+/* A stored row (which fits) made resident in stripe st: the row, in the map and the stripe's lists. */
+static kb_row_t *s_row_restore(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const kb_store_row_t *rec)
+{
+    bool feature = self->cfg.kind == KB_TABLE_FEATURE;
     kb_row_t *row = s_row_alloc(self, rec->key, rec->key_len);
     row->id = rec->row_id;
     row->stripe = (uint16_t)(st - self->stripes);
@@ -1362,6 +1469,18 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
         atomic_store(&self->tick, row->last_used + 1);
     s_list_append(&st->lru, row, LRU_LINK);
     s_knn_touch(self, st, row);
+    return row;
+}
+
+int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
+{
+    if (!s_record_fits(self, rec))
+        return -1;
+    uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
+    kb_stripe_t *st = s_stripe(self, hash);
+    if (kb_rowmap_find(&st->map, hash, rec->key, rec->key_len))
+        return -1;
+    kb_row_t *row = s_row_restore(self, st, hash, rec);
     atomic_fetch_add(&self->stats.rows, 1);
     if (!s_persistable(self, row))
         atomic_fetch_add(&self->stats.not_persisted, 1);
@@ -1421,11 +1540,13 @@ static kb_store_row_t *s_grow_records(kb_store_row_t **out, size_t count, size_t
 
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity)
 {
+    uint64_t epoch = self->cache ? kb_cache_collecting(self->cache) : 0;
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         kb_stripe_t *st = &self->stripes[i];
         pthread_mutex_lock(&st->mutex);
         for (kb_row_t *row = st->dirty_head; row;) {
             kb_row_t *next = row->dirty_next;
+            row->cache_epoch = epoch;
             row->dirty = false;
             row->dirty_next = NULL;
             /* Rows below the admission frequency stay in memory only; they are marked dirty again when
@@ -1445,11 +1566,13 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
 
 void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity)
 {
+    uint64_t epoch = self->cache ? kb_cache_collecting(self->cache) : 0;
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         kb_stripe_t *st = &self->stripes[i];
         pthread_mutex_lock(&st->mutex);
         for (kb_row_t *row = st->frequency_dirty.head; row;) {
             kb_row_t *next = row->frequency_link.next;
+            row->cache_epoch = epoch;
             kb_store_row_t *rec = s_grow_records(out, *count, capacity);
             *rec = (kb_store_row_t){.table_id = self->id,
                                     .key = carls_xmalloc(row->key_len),
@@ -1512,8 +1635,12 @@ static void s_scan_row(kb_row_t *row, void *ctx)
     scan->count++;
 }
 
+static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done);
+
 size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
 {
+    if (self->cache)
+        return s_scan_cached(self, after_id, limit, out, done);
     /* Pass 1: the ids after the cursor; keep the smallest `limit`. */
     s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
     s_each_row(self, s_scan_id, &scan);
@@ -1648,4 +1775,196 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.puts, n);
+}
+
+/* ---- tables larger than memory (kb_cache.h) ---- */
+
+bool kb_table_cacheable(const kb_table_config_t *cfg) { return !cfg->knn && cfg->eviction == KB_EVICT_NONE; }
+
+void kb_table_set_cache(kb_table_t *self, kb_cache_t *cache)
+{
+    if (self->cache || !cache || !kb_table_cacheable(&self->cfg))
+        return;
+    self->cache = cache;
+    kb_cache_add(cache, atomic_load(&self->mem_bytes));
+}
+
+bool kb_table_cached(const kb_table_t *self) { return self->cache != NULL; }
+
+void kb_table_set_stored(kb_table_t *self, uint64_t rows, int64_t max_row_id)
+{
+    atomic_store(&self->stats.rows, rows);
+    if (max_row_id >= atomic_load(&self->next_row_id))
+        atomic_store(&self->next_row_id, max_row_id + 1);
+}
+
+/* A stored row made resident (ids and values as stored); NULL when the key has no stored row. */
+static kb_row_t *s_row_from_store(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_store_row_t *rec)
+{
+    kb_row_t *row = NULL;
+    if (!s_record_fits(self, rec))
+        LOG_WARN("table %s: a stored row does not match the table's config; treated as absent", self->name);
+    else
+        row = s_row_restore(self, st, hash, rec);
+    if (row && rec->row_id >= atomic_load(&self->next_row_id))
+        atomic_store(&self->next_row_id, rec->row_id + 1);
+    return row;
+}
+
+/* With the stripe locked: the key's stored row made resident, or NULL when it has none. */
+static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
+{
+    kb_store_row_t rec = {0};
+    if (kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec) != 1)
+        return NULL;
+    kb_row_t *row = s_row_from_store(self, st, hash, &rec);
+    kb_store_row_free(&rec);
+    return row;
+}
+
+/* A lookup's key found missing from memory while its stripe had evicted `gen` rows: reads the stored row
+ * with no lock held, then locks the stripe (*locked) and returns the key's row. Another thread may have
+ * made it resident meanwhile (then that row is it), or made it resident, changed it and evicted it again
+ * (the stripe's count moved: the read may be stale and is made again under the lock). */
+static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
+                             uint64_t gen, kb_stripe_t **locked)
+{
+    kb_store_row_t rec = {0};
+    int found = kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec);
+    kb_stripe_t *st = *locked = s_stripe(self, hash);
+    pthread_mutex_lock(&st->mutex);
+    kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
+    if (row)
+        s_lru_touch(self, st, row);
+    else if (st->cache_gen != gen)
+        row = s_row_get(self, st, hash, key, create);
+    else if (found)
+        row = s_row_from_store(self, st, hash, &rec);
+    else
+        row = s_row_new(self, st, hash, key, create);
+    if (found)
+        kb_store_row_free(&rec);
+    return row;
+}
+
+/* Whether a row may leave memory: SQLite holds its newest state (kb_cache.h), but for a use count
+ * changed by reads since the last bulk write of counts: that increment is dropped (counts are statistics;
+ * pinning every row a read touches until the next write of counts would let reads fill memory). */
+static bool s_row_clean(const kb_table_t *self, const kb_row_t *row, uint64_t compacted)
+{
+    return !row->dirty && row->pending_count == 0 && !row->knn_dirty && !row->evicted &&
+           row->cache_epoch <= compacted && s_persistable(self, row);
+}
+
+/* Frees a clean row; it lives on in storage. Stripe locked. */
+static void s_cache_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, uint64_t hash)
+{
+    kb_rowmap_remove(&st->map, hash, row->key, row->key_len);
+    s_list_unlink(&st->lru, row, LRU_LINK);
+    if (row->frequency_dirty)
+        s_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
+    s_by_id_set(self, row->id, NULL);
+    st->cache_gen++;
+    s_row_free(self, row);
+    kb_cache_count_eviction(self->cache);
+}
+
+void kb_table_cache_shrink(kb_table_t *self)
+{
+    if (!self->cache || !kb_cache_over(self->cache) || pthread_mutex_trylock(&self->cache_mutex) != 0)
+        return;
+    uint64_t compacted = kb_cache_compacted(self->cache);
+    kb_cache_stats_t cs;
+    kb_cache_get_stats(self->cache, &cs);
+    /* Nothing became clean since a shrink found nothing to free: do not sweep every row again. */
+    if (self->cache_stuck && self->stuck_compacted == compacted && self->stuck_loads == cs.loads) {
+        pthread_mutex_unlock(&self->cache_mutex);
+        return;
+    }
+    /* The hand visits each stripe in turn and sweeps it until the cache is under its target; after two
+     * turns over every stripe (the first may only clear reference bits) whatever is left is not clean. */
+    for (int visit = 0; visit <= 2 * KB_TABLE_STRIPES && kb_cache_over_target(self->cache); visit++) {
+        kb_stripe_t *st = &self->stripes[self->clock_stripe];
+        self->clock_stripe = (self->clock_stripe + 1) % KB_TABLE_STRIPES;
+        pthread_mutex_lock(&st->mutex);
+        size_t cap = st->map.capacity;
+        for (size_t k = 0; k < cap && kb_cache_over_target(self->cache); k++) {
+            size_t j = st->clock_pos & (cap - 1);
+            kb_rowmap_slot_t *slot = &st->map.slots[j];
+            if (slot->hash) {
+                kb_row_t *row = slot->row;
+                bool referenced = row->cache_ref;
+                row->cache_ref = false;
+                if (!referenced && s_row_clean(self, row, compacted)) {
+                    /* The map moves a later row into this slot: look at the slot again. */
+                    s_cache_evict(self, st, row, slot->hash);
+                    continue;
+                }
+            }
+            st->clock_pos = j + 1;
+        }
+        pthread_mutex_unlock(&st->mutex);
+    }
+    self->cache_stuck = kb_cache_over_target(self->cache);
+    self->stuck_compacted = compacted;
+    self->stuck_loads = cs.loads;
+    pthread_mutex_unlock(&self->cache_mutex);
+}
+
+/* Whether the sorted records [0, n) hold one with this row id. */
+static bool s_records_have(const kb_store_row_t *records, size_t n, int64_t id)
+{
+    kb_store_row_t probe = {.row_id = id};
+    return n && bsearch(&probe, records, n, sizeof *records, s_compare_records) != NULL;
+}
+
+/* kb_table_scan of a cached table: the stored rows merged with the resident ones, which are newer where
+ * both hold a row. The hand is held (no row leaves memory during the page), so every row after the cursor
+ * is resident or stored throughout. The stored rows cost a pass over the table's rows in SQLite. */
+static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done)
+{
+    pthread_mutex_lock(&self->cache_mutex);
+    s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
+    s_each_row(self, s_scan_id, &scan);
+    if (scan.n > 0)
+        qsort(scan.ids, scan.n, sizeof *scan.ids, s_compare_ids);
+    kb_store_row_t *stored = NULL;
+    size_t ns = 0;
+    kb_cache_read_after(self->cache, self->id, after_id, limit, &stored, &ns);
+    /* The page ends at the limit-th id of the two sorted lists together (an id in both counts once). */
+    size_t a = 0, b = 0, taken = 0;
+    int64_t last = after_id;
+    while (taken < limit && (a < scan.n || b < ns)) {
+        if (b == ns || (a < scan.n && scan.ids[a] <= stored[b].row_id)) {
+            last = scan.ids[a++];
+            if (b < ns && stored[b].row_id == last)
+                b++;
+        } else {
+            last = stored[b++].row_id;
+        }
+        taken++;
+    }
+    *done = a == scan.n && b == ns && ns < limit;
+    free(scan.ids);
+    /* The resident rows of the page, then the stored ones that are not resident. */
+    *out = NULL;
+    scan.last = last;
+    if (taken)
+        s_each_row(self, s_scan_row, &scan);
+    size_t resident = scan.count;
+    if (resident > 0)
+        qsort(*out, resident, sizeof **out, s_compare_records);
+    for (size_t i = 0; i < ns; i++) {
+        if (stored[i].row_id <= last && !s_records_have(*out, resident, stored[i].row_id)) {
+            *s_grow_records(out, scan.count, &scan.capacity) = stored[i];
+            scan.count++;
+        } else {
+            kb_store_row_free(&stored[i]);
+        }
+    }
+    free(stored);
+    if (scan.count > 0)
+        qsort(*out, scan.count, sizeof **out, s_compare_records);
+    pthread_mutex_unlock(&self->cache_mutex);
+    return scan.count;
 }

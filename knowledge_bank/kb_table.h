@@ -14,6 +14,7 @@
 #ifndef KB_TABLE_H
 #define KB_TABLE_H
 
+#include "kb_cache.h"
 #include "kb_init.h"
 #include "kb_knn.h"
 #include "kb_lazy.h"
@@ -90,6 +91,7 @@ typedef struct kb_row {
     bool knn_dirty;          /* value changed since the index last saw it */
     bool evicted;            /* removed from the table; freed once its deletion is persisted */
     uint16_t stripe;         /* index of the row's stripe */
+    bool cache_ref;          /* --cache-bytes: used since the eviction hand last passed (kb_cache.h) */
     int64_t id;              /* unique in the table, stable across restarts (nearest-neighbour ids) */
     uint64_t opt_steps;      /* optimizer steps taken (Adam bias correction) */
     float *opt_state;        /* (kb_optimizer_state_floats) */
@@ -102,6 +104,7 @@ typedef struct kb_row {
     uint64_t last_used;      /* table tick of the last use (LRU) or of creation (oldest-first) */
     uint8_t *record;         /* feature tables: packed carls.FeatureRecord (malloc'd) */
     uint32_t record_len;
+    uint64_t cache_epoch;    /* --cache-bytes: the epoch the persister last collected the row in */
 } kb_row_t;
 
 /* Counters, updated atomically; read with kb_table_get_stats. */
@@ -185,7 +188,10 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec);
 void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
 /* Moves every dirty row's current state into *out (grown as needed; *count updated) and clears the dirty
- * marks. The caller owns the records (kb_store_row_free each). */
+ * marks. The caller owns the records (kb_store_row_free each).
+ * With a cache (kb_cache.h), this and kb_table_take_frequencies stamp each row with the epoch the cache was
+ * last told of (kb_cache_note_epoch): whoever takes rows must first tell it the epoch they go into, or a
+ * row could leave memory before that epoch is in SQLite. */
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
 /* Read-only serving (kb-server --read-only): from now on no pending gradient is applied -- lookups and
@@ -244,5 +250,25 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
 /* Up to limit rows with row id > after_id, in row-id order, as snapshots (caller kb_store_row_free's each
  * and frees *out). Returns the count; *done is set when no further rows exist. */
 size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_row_t **out, bool *done);
+
+/* ---- tables larger than memory (kb-server --cache-bytes; kb_cache.h) ---- */
+
+/* Whether a table of this config may keep rows only in storage: not with a nearest-neighbour index (it
+ * holds every vector) nor with an eviction policy (a deleted row must not be read back before its deletion
+ * is compacted). Other tables stay wholly in memory. */
+bool kb_table_cacheable(const kb_table_config_t *cfg);
+
+/* Attaches the cache (before the table is shared; a cacheable table only): from now on a key missing from
+ * memory is looked for in storage, and kb_table_cache_shrink may free clean rows. */
+void kb_table_set_cache(kb_table_t *self, kb_cache_t *cache);
+bool kb_table_cached(const kb_table_t *self);
+
+/* Start-up of a cached table: it holds `rows` rows in all (most only in storage) and new rows get ids
+ * above max_row_id. */
+void kb_table_set_stored(kb_table_t *self, uint64_t rows, int64_t max_row_id);
+
+/* While the cache is over its budget, frees clean rows of this table (CLOCK, kb_cache.h) until it is under
+ * 15/16 of it or none is left to free. Does nothing without a cache or while another thread shrinks it. */
+void kb_table_cache_shrink(kb_table_t *self);
 
 #endif

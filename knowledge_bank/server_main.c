@@ -82,6 +82,15 @@ static void s_usage(FILE *out)
             "                             whole with RESOURCE_EXHAUSTED; reads and updates of existing rows go\n"
             "                             on. Dropped tables and evicted rows give budget back. The process's\n"
             "                             resident size is this plus its own overhead (docs/RELIABILITY.md)\n"
+            "  --cache-bytes BYTES        tables larger than memory (suffixes K, M, G; default: every row in\n"
+            "                             memory): keep about this much of the tables in memory, the\n"
+            "                             recently used rows, and the rest only in storage, read back on\n"
+            "                             demand (a lookup of a cold row costs a storage read, never a wrong\n"
+            "                             value). Rows are not loaded at start-up. Tables with a knn index\n"
+            "                             or an eviction policy stay wholly in memory; sample is refused on\n"
+            "                             the others, scan reads storage too. SQLite's caches and the\n"
+            "                             compaction queue are sized from it. --max-memory stays the hard limit\n"
+            "                             (docs/STATE.md, tables larger than memory)\n"
             "  --endpoint-file FILE       write the bound endpoint to FILE once listening\n"
             "  --metrics-port P           serve Prometheus metrics (what `stats` answers) over HTTP on\n"
             "                             http://ADDRESS:P/metrics (0: a free port, logged)\n"
@@ -143,6 +152,18 @@ static int s_arg_max_memory(const char *prog, const char *name, const char *text
     return 0;
 }
 
+/* --cache-bytes: a byte count (kb_memory_parse) of at least 1 MiB into the bank's options. */
+static int s_arg_cache_bytes(const char *prog, const char *name, const char *text, void *out)
+{
+    kb_bank_options_t *bank = out;
+    if (kb_memory_parse(text, &bank->cache_bytes) != 0 || bank->cache_bytes < ((uint64_t)1 << 20)) {
+        fprintf(stderr, "%s: --%s: '%s' is not a byte count of at least 1M such as 268435456, 256M or 2G\n", prog,
+                name, text);
+        return -1;
+    }
+    return 0;
+}
+
 /* Writes text and a newline to path atomically (files.h) so a reader never sees half of it. -1 with errno. */
 static int s_write_file(const char *path, const char *text)
 {
@@ -190,6 +211,7 @@ int main(int argc, char **argv)
         carls_arg_u32("max-keys-per-request", &limits.max_keys_per_request, 1, UINT32_MAX),
         carls_arg_int("commit-timeout-ms", &limits.commit_timeout_ms, 1, INT_MAX),
         carls_arg_custom("max-memory", &bank_opts, s_arg_max_memory),
+        carls_arg_custom("cache-bytes", &bank_opts, s_arg_cache_bytes),
         carls_arg_string("endpoint-file", &endpoint_file),
         carls_arg_string("restore", &restore),
         carls_arg_log_level(),
@@ -203,6 +225,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "kb-server: --curve-secret and --curve-allow go together\n");
         return 2;
     }
+    if (bank_opts.cache_bytes && bank_opts.max_memory && bank_opts.cache_bytes > bank_opts.max_memory) {
+        fprintf(stderr, "kb-server: --cache-bytes (%llu) must not exceed --max-memory (%llu), the hard limit\n",
+                (unsigned long long)bank_opts.cache_bytes, (unsigned long long)bank_opts.max_memory);
+        return 2;
+    }
+    /* The estimate --max-memory limits also holds the compaction queue (up to a quarter of --cache-bytes) and
+     * the rows a request brings in before older ones leave: near the limit even lookups of cold rows (which
+     * count as new rows there) would be refused. */
+    if (bank_opts.cache_bytes && bank_opts.max_memory && bank_opts.max_memory / 3 < bank_opts.cache_bytes / 2)
+        LOG_WARN("--cache-bytes %llu MiB leaves little room under --max-memory %llu MiB: lookups of rows only in "
+                 "storage count as new rows there and may be refused near it (give it 3/2 of --cache-bytes)",
+                 (unsigned long long)(bank_opts.cache_bytes >> 20), (unsigned long long)(bank_opts.max_memory >> 20));
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
