@@ -230,6 +230,13 @@ int main(int argc, char **argv)
                 (unsigned long long)bank_opts.cache_bytes, (unsigned long long)bank_opts.max_memory);
         return 2;
     }
+    /* A read-only server loads every row and the journal into memory (kb_bank.h); rows the cache would drop
+     * could only be read back from SQLite, which does not hold the journal's newer epochs. */
+    if (bank_opts.cache_bytes && limits.read_only) {
+        fprintf(stderr, "kb-server: --cache-bytes cannot be used with --read-only (a read-only server keeps "
+                        "every row in memory)\n");
+        return 2;
+    }
     /* The estimate --max-memory limits also holds the compaction queue (up to a quarter of --cache-bytes) and
      * the rows a request brings in before older ones leave: near the limit even lookups of cold rows (which
      * count as new rows there) would be refused. */
