@@ -1103,6 +1103,13 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("compaction_queue_rows: %llu\n", (unsigned long long)s->compaction_queue_rows);
     printf("compacting: %s\n", s->compacting ? "yes" : "no");
     printf("compaction_rows_skipped: %llu\n", (unsigned long long)s->compaction_rows_skipped);
+    if (s->cache_bytes) { /* kb-server --cache-bytes (docs/STATE.md) */
+        printf("cache_bytes: %llu\n", (unsigned long long)s->cache_bytes);
+        printf("cache_resident_bytes: %llu\n", (unsigned long long)s->cache_resident_bytes);
+        printf("cache_reads: %llu\n", (unsigned long long)s->cache_reads);
+        printf("cache_loads: %llu\n", (unsigned long long)s->cache_loads);
+        printf("cache_evictions: %llu\n", (unsigned long long)s->cache_evictions);
+    }
     printf("memory_bytes: %llu\n", (unsigned long long)s->memory_bytes);
     printf("memory_limit: %llu%s\n", (unsigned long long)s->memory_limit, s->memory_limit ? "" : " (unlimited)");
     printf("memory_refusals: %llu\n", (unsigned long long)s->memory_refusals);
