@@ -816,20 +816,32 @@ static int s_load_client(void *ctx, uint64_t client_id, uint64_t max_seq, const 
     return 0;
 }
 
+/* Decodes the journal record of `epoch` into *b. 0, or -1 (logged; *b holds nothing) when it does not decode
+ * or holds another epoch's batch. */
+static int s_decode_record(uint64_t epoch, const uint8_t *payload, size_t len, kb_batch_t *b)
+{
+    char err[256];
+    if (kb_batch_decode(payload, len, b, err, sizeof err) != 0) {
+        LOG_ERROR("journal record of epoch %llu: %s", (unsigned long long)epoch, err);
+        return -1;
+    }
+    if (b->epoch != epoch) {
+        LOG_ERROR("journal record of epoch %llu holds a batch of epoch %llu", (unsigned long long)epoch,
+                  (unsigned long long)b->epoch);
+        kb_batch_free(b);
+        return -1;
+    }
+    return 0;
+}
+
 /* Replays one journal record into the store's open transaction. */
 static int s_replay_record(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len)
 {
     kb_bank_t *self = ctx;
     kb_batch_t b;
-    char err[256];
-    if (kb_batch_decode(payload, len, &b, err, sizeof err) != 0) {
-        LOG_ERROR("journal record of epoch %llu: %s", (unsigned long long)epoch, err);
+    if (s_decode_record(epoch, payload, len, &b) != 0)
         return -1;
-    }
-    int rc = b.epoch == epoch ? kb_batch_write_into(&b, self->store) : -1;
-    if (b.epoch != epoch)
-        LOG_ERROR("journal record of epoch %llu holds a batch of epoch %llu", (unsigned long long)epoch,
-                  (unsigned long long)b.epoch);
+    int rc = kb_batch_write_into(&b, self->store);
     kb_batch_free(&b);
     return rc;
 }
@@ -884,17 +896,9 @@ static int s_replay_record_in_memory(void *ctx, uint64_t epoch, const uint8_t *p
 {
     kb_bank_t *self = ctx;
     kb_batch_t b;
-    char err[256];
-    if (kb_batch_decode(payload, len, &b, err, sizeof err) != 0) {
-        LOG_ERROR("journal record of epoch %llu: %s", (unsigned long long)epoch, err);
+    if (s_decode_record(epoch, payload, len, &b) != 0)
         return -1;
-    }
     int rc = 0;
-    if (b.epoch != epoch) {
-        LOG_ERROR("journal record of epoch %llu holds a batch of epoch %llu", (unsigned long long)epoch,
-                  (unsigned long long)b.epoch);
-        rc = -1;
-    }
     for (size_t i = 0; rc == 0 && i < b.op_count; i++) {
         const kb_table_op_t *op = &b.ops[i];
         bool exists = false;

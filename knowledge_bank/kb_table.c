@@ -654,20 +654,26 @@ static void s_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     s_list_append(&st->frequency_dirty, row, FREQUENCY_LINK);
 }
 
+/* Drops the row's pending set, if any, without applying it (stats, pending list, memory). Stripe locked. */
+static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+{
+    if (!row->pending_count)
+        return;
+    atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
+    atomic_fetch_sub(&self->stats.pending_keys, 1);
+    s_list_unlink(&st->pending, row, PENDING_LINK);
+    free(row->pending);
+    s_mem(self, -s_pending_bytes(self));
+    row->pending = NULL;
+    row->pending_count = 0;
+}
+
 /* Removes a row from the table. It stays on the dirty list, marked evicted, until the persister has
  * deleted it from storage and frees it. Its pending gradients go with it (eviction drops the row). */
 static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     kb_rowmap_remove(&st->map, kb_rowmap_hash(row->key, row->key_len), row->key, row->key_len);
-    if (row->pending_count) {
-        atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
-        atomic_fetch_sub(&self->stats.pending_keys, 1);
-        s_list_unlink(&st->pending, row, PENDING_LINK);
-        free(row->pending);
-        s_mem(self, -s_pending_bytes(self));
-        row->pending = NULL;
-        row->pending_count = 0;
-    }
+    s_drop_pending(self, st, row);
     s_list_unlink(&st->lru, row, LRU_LINK);
     s_by_id_set(self, row->id, NULL);
     if (!s_persistable(self, row))
@@ -1666,20 +1672,6 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
 /* ---- read-only serving and journal replay into memory (kb-server --read-only) ---- */
 
 void kb_table_set_read_only(kb_table_t *self) { self->read_only = true; }
-
-/* Drops the row's pending set, if any, without applying it (stats, pending list, memory). Stripe locked. */
-static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
-{
-    if (!row->pending_count)
-        return;
-    atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
-    atomic_fetch_sub(&self->stats.pending_keys, 1);
-    s_list_unlink(&st->pending, row, PENDING_LINK);
-    free(row->pending);
-    s_mem(self, -s_pending_bytes(self));
-    row->pending = NULL;
-    row->pending_count = 0;
-}
 
 /* Takes a row out of a table that is not shared yet (start-up) and frees it. */
 static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
