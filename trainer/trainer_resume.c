@@ -271,6 +271,15 @@ int trainer_snapshot_take(trainer_snapshots_t *self, uint64_t step, char *name, 
     return 0;
 }
 
+uint64_t trainer_ckpt_prev(uint64_t s, void *every)
+{
+    const uint64_t n = (uint64_t)*(const int *)every;
+    if (s == 0) {
+        return UINT64_MAX;
+    }
+    return s % n ? s / n * n : s - n;
+}
+
 void trainer_snapshot_prune(trainer_snapshots_t *self, uint64_t step, uint64_t (*prev)(uint64_t s, void *ctx),
                             void *ctx)
 {

@@ -64,6 +64,10 @@ void trainer_snapshots_destroy(trainer_snapshots_t **self_p);
  * without a snapshot and cannot be resumed from). */
 int trainer_snapshot_take(trainer_snapshots_t *self, uint64_t step, char *name, size_t len);
 
+/* The checkpoint step before s in the schedule "0, every *(const int *)every steps, the last step" (a prev for
+ * trainer_snapshot_prune), UINT64_MAX before 0. */
+uint64_t trainer_ckpt_prev(uint64_t s, void *every);
+
 /* After the checkpoint of `step` is written: deletes the snapshot of the checkpoint `keep` checkpoints
  * before it. prev(s) is the checkpoint step before s (the trainer's schedule). Failures are only logged. */
 void trainer_snapshot_prune(trainer_snapshots_t *self, uint64_t step, uint64_t (*prev)(uint64_t s, void *ctx),
