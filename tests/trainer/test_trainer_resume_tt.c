@@ -1,23 +1,27 @@
 /* `trainer twotower --resume` continues a run exactly (docs/STATE.md, "Resuming a run"), against a real
  * kb-server. The word and trigram rows the trainer trains live in the bank, so a resumed run needs the bank
  * as it was at its checkpoint: each resume here restarts the server with `--restore` of the snapshot the
- * checkpoint names (as `carls run --resume` does). No makers and no bank negatives, so the run is
- * deterministic. The data: 40 made-up documents with 4 queries each (pairs:PAIRS.tsv), 10 held out, 150
- * training pairs in batches of 16 (9 steps an epoch), 7 epochs (63 steps), token dropout and --word-defs on
- * (both draw from the RNG), a checkpoint every 6 steps with a bank snapshot (--bank-snapshot tt):
+ * checkpoint names (as `carls run --resume` does). No makers: the bank negatives' pooled inputs (rt.vecx) are
+ * written once by the test and read by key (--negatives-sampling pairs, 8 every 4 steps, held in between),
+ * so the run is deterministic. The data: 40 made-up documents with 4 queries each (pairs:PAIRS.tsv), 10 held
+ * out, 150 training pairs in batches of 16 (9 steps an epoch), 7 epochs (63 steps), token dropout and
+ * --word-defs on (both draw from the RNG), a checkpoint every 6 steps with a bank snapshot (--bank-snapshot
+ * tt):
  *   - run A is uninterrupted;
  *   - run B is A's directory cut back to its step-24 checkpoint (mid-epoch) and resumed on the bank restored
  *     from tt-step24: its step-63 checkpoint must equal A's byte for byte (heads, Adam moments, pairs' order,
  *     RNG state), its ranking on the hold-out must be A's, its metrics row of step 50 A's (the loss window
  *     is in the checkpoint), and it must say resumed_from_step=24;
  *   - run D does the same from step 18, an epoch's first batch (the shuffle of the new epoch happens after
- *     resuming, from the saved order);
+ *     resuming, from the saved order) and between two fetches of bank negatives (those held come from the
+ *     checkpoint);
  *   - the test can fail: resumed from A's step-24 checkpoint with another RNG state (data.rng), the run must
  *     end with other weights; other settings (--seed) are refused naming the checkpoint. */
 #include "maker_testlib.h"
 #include "server_harness.h"
 
 #include "checkpoint.h"
+#include "kb_cluster.h"
 #include "util.h"
 
 #include <signal.h>
@@ -36,6 +40,15 @@ static void s_word(char *out, uint64_t *rng, int len)
     out[len] = '\0';
 }
 
+/* The documents' names: a made-up word and the document's number. */
+static void s_doc_name(char *doc, uint64_t *rng, int d)
+{
+    char w[8];
+    s_word(w, rng, 6);
+    w[0] = (char)('a' + d % 26);
+    snprintf(doc, 16, "%s%d", w, d);
+}
+
 /* dir/pairs.tsv: 4 queries per document, each of filler words and one or two of the document's topic words. */
 static void s_write_pairs(const char *path)
 {
@@ -50,19 +63,66 @@ static void s_write_pairs(const char *path)
         s_word(fill[i], &rng, 4);
     }
     for (int d = 0; d < S_DOCS; d++) {
-        char doc[8], t0[8], t1[8];
-        s_word(doc, &rng, 6);
-        doc[0] = (char)('a' + d % 26);
+        char doc[16], t0[8], t1[8];
+        s_doc_name(doc, &rng, d);
         s_word(t0, &rng, 7);
         s_word(t1, &rng, 7);
         for (int q = 0; q < 4; q++) {
             const int which = (int)(carls_splitmix64(&rng) % 3);
-            fprintf(f, "%s %s %s%s%s%s %s\t%s%d\n", fill[carls_splitmix64(&rng) % 20],
+            fprintf(f, "%s %s %s%s%s%s %s\t%s\n", fill[carls_splitmix64(&rng) % 20],
                     fill[carls_splitmix64(&rng) % 20], which != 1 ? t0 : "", which != 1 ? " " : "",
-                    which != 0 ? t1 : "", which != 0 ? " " : "", fill[carls_splitmix64(&rng) % 20], doc, d);
+                    which != 0 ? t1 : "", which != 0 ? " " : "", fill[carls_splitmix64(&rng) % 20], doc);
         }
     }
     fclose(f);
+}
+
+/* Creates rt.vecx as the trainer does and writes every document's pooled input there (version 1), as
+ * makers would: the bank negatives, read by key (--negatives-sampling pairs), so the run stays deterministic. */
+static void s_put_inputs(const char *endpoint, const char *pairs)
+{
+    kb_client_options_t opts = {.timeout_ms = 10000};
+    kb_cluster_t *kb = kb_cluster_new(endpoint, &opts);
+    MT_CHECK(kb != NULL, "cannot connect to %s", endpoint);
+    if (!kb) {
+        return;
+    }
+    Carls__TableConfig tc;
+    Carls__OptimizerConfig opt;
+    Carls__LazyUpdateConfig lazy;
+    carls__table_config__init(&tc);
+    carls__optimizer_config__init(&opt);
+    carls__lazy_update_config__init(&lazy);
+    tc.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
+    tc.optimizer = &opt;
+    tc.lazy = &lazy;
+    lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
+    tc.dim = 16;
+    tc.init = CARLS__INIT_KIND__INIT_ZEROS;
+    opt.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
+    MT_CHECK(kb_cluster_create_table(kb, "rt.vecx", &tc, true) == 0, "create rt.vecx: %s", kb_cluster_last_error(kb));
+    char names[S_DOCS][16], line[256];
+    kb_key_t keys[S_DOCS];
+    float rows[S_DOCS * 16];
+    int d = 0;
+    FILE *f = fopen(pairs, "r");
+    for (int i = 0; f && fgets(line, sizeof line, f) && d < S_DOCS; i++) {
+        if (i % 4 == 0) { /* each document's first query */
+            const char *tab = strchr(line, '\t');
+            snprintf(names[d], sizeof names[d], "%.*s", tab ? (int)strcspn(tab + 1, "\n") : 0, tab ? tab + 1 : "");
+            keys[d] = (kb_key_t){names[d], strlen(names[d])};
+            for (int e = 0; e < 16; e++) {
+                rows[d * 16 + e] = 0.1f * (float)((d * 7 + e * 3) % 11) - 0.5f;
+            }
+            d++;
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    MT_CHECK(d == S_DOCS && kb_cluster_put(kb, "rt.vecx", keys, S_DOCS, 16, rows, 1) == 0, "put %d rows: %s", d,
+             kb_cluster_last_error(kb));
+    kb_cluster_destroy(&kb);
 }
 
 /* Runs trainer twotower with the common arguments plus extra (NULL-terminated) into log; returns its status. */
@@ -75,7 +135,8 @@ static int s_trainer(const char *endpoint, const char *data, const char *ckpt_di
                             "--dim", "16", "--out-dim", "16", "--hidden", "8", "--batch", "16", "--epochs", "7",
                             "--word-defs", "2", "--token-dropout", "0.3", "--seed", "3", "--knn-check", "0",
                             "--table", "rt", "--ckpt-dir", ckpt_dir, "--ckpt-every", "6", "--keep", "20",
-                            "--bank-snapshot", "tt", "--metrics", metrics, "--kb-retries", "2"};
+                            "--bank-snapshot", "tt", "--metrics", metrics, "--kb-retries", "2", "--kb-negatives", "8",
+                            "--negatives-every", "4", "--negatives-sampling", "pairs"};
     int n = 0;
     while (args[n]) {
         n++;
@@ -214,6 +275,8 @@ int main(void)
     test_server_init(&srv);
     MT_CHECK(test_server_start(&srv, NULL) == 0, "kb-server did not start");
 
+    s_put_inputs(srv.endpoint, pairs);
+
     /* A: uninterrupted. */
     char alog[600], a63[600], aline[512], aloss[512];
     snprintf(alog, sizeof alog, "%s/A.log", dir);
@@ -225,6 +288,10 @@ int main(void)
     snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
     s_line_from(acsv, "\n50,", aloss, sizeof aloss);
     MT_CHECK(*aloss, "A's metrics have no row of step 50 (%s)", acsv);
+    double cols[6] = {0};
+    MT_CHECK(sscanf(aloss, "%lf,%lf,%lf,%lf,%lf", &cols[0], &cols[1], &cols[2], &cols[3], &cols[4]) == 5 &&
+                 cols[4] == 8.0,
+             "A held no bank negatives at step 50: '%s'", aloss);
     carls_ckpt_t *ck = NULL;
     char err[512], path[700];
     snprintf(path, sizeof path, "%s/ckpt-000000000024.ckpt", a);
