@@ -12,7 +12,8 @@
  *     must end with other weights (so the state is really read, not recomputed from the seed as a restart
  *     from step 0 would), and a checkpoint without the trainer's state, a missing directory and other
  *     settings are refused with messages that name the file.
- * Exits 77 (skipped) without dataset-fashion-mnist. */
+ * And `trainer supervised --resume` (s_supervised), which has no bank. Exits 77 (skipped) without
+ * dataset-fashion-mnist. */
 #include "maker_testlib.h"
 #include "server_harness.h"
 
@@ -160,6 +161,60 @@ static void s_rewrite(const char *in, const char *out, const char *name, uint64_
     carls_ckpt_destroy(&d);
 }
 
+/* trainer supervised --resume: 200 labelled images in batches of 32 (7 steps an epoch), 4 epochs, a checkpoint
+ * after each; A uninterrupted, B A's directory cut back to its epoch-2 checkpoint (step 14) and resumed: the
+ * step-28 checkpoints are byte-identical, metrics.csv holds each epoch once with A's accuracy; resumed from a
+ * copy with another shuffle RNG state (data.rng), the weights differ. */
+static void s_supervised(const char *dir)
+{
+    char a[512], b[512], c[512], log[600], a28[600], b28[600], c28[600], a14[600], c14[600];
+    const char *common[] = {"trainer", "supervised", "--data", "fashion-mnist", "--labels-per-class", "20",
+                            "--epochs", "4", "--batch", "32", "--hidden", "32", "--device", "cpu", "--threads", "1",
+                            "--keep", "10", "--log-level", "info", "--ckpt-dir"};
+    const size_t n_common = sizeof common / sizeof common[0];
+    snprintf(a, sizeof a, "%s/SA", dir);
+    snprintf(b, sizeof b, "%s/SB", dir);
+    snprintf(c, sizeof c, "%s/SC", dir);
+    const char *runs[3][2] = {{a, NULL}, {b, "--resume"}, {c, "--resume"}};
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) {
+            s_sh("cp -r '%s' '%s'", a, b);
+            s_sh("cd '%s' && rm ckpt-000000000021.ckpt ckpt-000000000028.ckpt && test -n '%s'", b, "x");
+            s_point_latest(b, 14);
+        } else if (k == 2) {
+            s_sh("mkdir -p '%s' && test -n '%s'", c, "x");
+            snprintf(a14, sizeof a14, "%s/ckpt-000000000014.ckpt", a);
+            snprintf(c14, sizeof c14, "%s/ckpt-000000000014.ckpt", c);
+            s_rewrite(a14, c14, "data.rng", 12345, 0);
+            s_point_latest(c, 14);
+        }
+        const char *args[32];
+        memcpy(args, common, sizeof common);
+        args[n_common] = runs[k][0];
+        args[n_common + 1] = runs[k][1];
+        args[n_common + 2] = NULL;
+        snprintf(log, sizeof log, "%s.log", runs[k][0]);
+        MT_CHECK(mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000) == 0, "supervised run failed (%s)",
+                 log);
+    }
+    snprintf(log, sizeof log, "%s.log", b);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=14\n"), "supervised B does not say resumed_from_step=14");
+    snprintf(a28, sizeof a28, "%s/ckpt-000000000028.ckpt", a);
+    snprintf(b28, sizeof b28, "%s/ckpt-000000000028.ckpt", b);
+    snprintf(c28, sizeof c28, "%s/ckpt-000000000028.ckpt", c);
+    MT_CHECK(s_same_file(a28, b28), "supervised: B's step-28 checkpoint differs from A's (%s, %s)", a28, b28);
+    char acsv[600], bcsv[600];
+    snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
+    snprintf(bcsv, sizeof bcsv, "%s/metrics.csv", b);
+    for (int epoch = 1; epoch <= 4; epoch++) {
+        int rows = 0, arows = 0;
+        const double acc = s_metric(bcsv, epoch, 5, &rows), aacc = s_metric(acsv, epoch, 5, &arows);
+        MT_CHECK(rows == 1 && arows == 1 && acc == aacc && acc > 0.3, "supervised epoch %d: %d rows, accuracy %g "
+                 "resumed, %g not", epoch, rows, acc, aacc);
+    }
+    MT_CHECK(!s_same_file(a28, c28), "supervised: another shuffle RNG state changed nothing (%s)", c28);
+}
+
 int main(void)
 {
     if (!mt_have_fmnist()) {
@@ -180,6 +235,7 @@ int main(void)
         return mt_finish("test_trainer_resume", dir);
     }
     km_bank_destroy(&bank);
+    s_supervised(dir);
 
     /* A: uninterrupted. */
     snprintf(log, sizeof log, "%s/A.log", dir);
