@@ -213,6 +213,24 @@ static void s_supervised(const char *dir)
                  "resumed, %g not", epoch, rows, acc, aacc);
     }
     MT_CHECK(!s_same_file(a28, c28), "supervised: another shuffle RNG state changed nothing (%s)", c28);
+    /* B resumed once more, after its last epoch: only the evaluation, A's accuracy, no new metrics row. */
+    size_t len = 0;
+    snprintf(log, sizeof log, "%s.log", a);
+    char *alog = s_slurp(log, &len), acc[64] = "";
+    const char *at = alog ? strstr(alog, "test_accuracy=") : NULL;
+    snprintf(acc, sizeof acc, "%.20s", at ? at : "none");
+    free(alog);
+    snprintf(log, sizeof log, "%s-again.log", b);
+    const char *again[32];
+    memcpy(again, common, sizeof common);
+    again[n_common] = b;
+    again[n_common + 1] = "--resume";
+    again[n_common + 2] = NULL;
+    MT_CHECK(mt_wait(mt_spawn("trainer", (char *const *)again, log), 120000) == 0, "supervised again failed (%s)", log);
+    int rows = 0;
+    s_metric(bcsv, 4, 5, &rows);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=28\n") && mt_file_contains(log, acc) && rows == 1,
+             "supervised again: not resumed at 28 with A's %s, or %d rows of epoch 4 (see %s)", acc, rows, log);
 }
 
 int main(void)
