@@ -15,6 +15,7 @@
  * And `trainer supervised --resume` (s_supervised), which has no bank. Exits 77 (skipped) without
  * dataset-fashion-mnist. */
 #include "maker_testlib.h"
+#include "resume_testlib.h"
 #include "server_harness.h"
 
 #include "prefetch_bank.h"
@@ -65,49 +66,6 @@ static int s_trainer(const char *endpoint, const char *ckpt_dir, const char *con
     return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
 }
 
-/* The whole of a small file (NULL when unreadable); *len its size. */
-static char *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    char *buf = calloc(1, 1 << 24);
-    *len = fread(buf, 1, (1 << 24) - 1, f);
-    fclose(f);
-    return buf;
-}
-
-static int s_same_file(const char *a, const char *b)
-{
-    size_t la = 0, lb = 0;
-    char *x = s_slurp(a, &la), *y = s_slurp(b, &lb);
-    int same = x && y && la == lb && la > 0 && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-static void s_sh(const char *fmt, const char *a, const char *b)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, fmt, a, b);
-    MT_CHECK(system(cmd) == 0, "%s", cmd);
-}
-
-/* Points dir/latest at the checkpoint of step. */
-static void s_point_latest(const char *dir, int step)
-{
-    char path[600], line[64];
-    snprintf(path, sizeof path, "%s/latest", dir);
-    snprintf(line, sizeof line, "ckpt-%012d.ckpt\n", step);
-    FILE *f = fopen(path, "w");
-    MT_CHECK(f && fputs(line, f) >= 0, "write %s", path);
-    if (f) {
-        fclose(f);
-    }
-}
-
 /* Column col (0-based) of the metrics row of step, or NAN; *rows counts the rows of that step. */
 static double s_metric(const char *csv, int step, int col, int *rows)
 {
@@ -133,34 +91,6 @@ static double s_metric(const char *csv, int step, int col, int *rows)
     return v;
 }
 
-/* Copies checkpoint in to out with blob `name` replaced by value (a u64), or left out when drop is set. */
-static void s_rewrite(const char *in, const char *out, const char *name, uint64_t value, int drop)
-{
-    carls_ckpt_t *c = NULL, *d = NULL;
-    char err[512];
-    MT_CHECK(carls_ckpt_read(in, &c, err, sizeof err) == 0, "%s", err);
-    if (!c) {
-        return;
-    }
-    d = carls_ckpt_new(carls_ckpt_kind(c), carls_ckpt_step(c));
-    for (int i = 0; i < carls_ckpt_count(c); i++) {
-        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
-        MT_CHECK(carls_ckpt_add(d, t->name, t->ndim, t->dims, t->data) == 0, "copy %s", t->name);
-    }
-    for (int i = 0; i < carls_ckpt_blob_count(c) && !drop; i++) {
-        size_t len = 0;
-        const char *bn = carls_ckpt_blob_name(c, i, &len);
-        if (strcmp(bn, name) == 0) {
-            MT_CHECK(carls_ckpt_add_u64(d, bn, value) == 0, "set %s", bn);
-        } else {
-            MT_CHECK(carls_ckpt_add_blob(d, bn, carls_ckpt_blob(c, bn, NULL), len) == 0, "copy %s", bn);
-        }
-    }
-    MT_CHECK(carls_ckpt_write(d, out, err, sizeof err) == 0, "%s", err);
-    carls_ckpt_destroy(&c);
-    carls_ckpt_destroy(&d);
-}
-
 /* trainer supervised --resume: 200 labelled images in batches of 32 (7 steps an epoch), 4 epochs, a checkpoint
  * after each; A uninterrupted, B A's directory cut back to its epoch-2 checkpoint (step 14) and resumed: the
  * step-28 checkpoints are byte-identical, metrics.csv holds each epoch once with A's accuracy; resumed from a
@@ -178,15 +108,15 @@ static void s_supervised(const char *dir)
     const char *runs[3][2] = {{a, NULL}, {b, "--resume"}, {c, "--resume"}};
     for (int k = 0; k < 3; k++) {
         if (k == 1) {
-            s_sh("cp -r '%s' '%s'", a, b);
-            s_sh("cd '%s' && rm ckpt-000000000021.ckpt ckpt-000000000028.ckpt && test -n '%s'", b, "x");
-            s_point_latest(b, 14);
+            rt_sh("cp -r '%s' '%s'", a, b);
+            rt_sh("cd '%s' && rm ckpt-000000000021.ckpt ckpt-000000000028.ckpt && test -n '%s'", b, "x");
+            rt_point_latest(b, 14);
         } else if (k == 2) {
-            s_sh("mkdir -p '%s' && test -n '%s'", c, "x");
+            rt_sh("mkdir -p '%s' && test -n '%s'", c, "x");
             snprintf(a14, sizeof a14, "%s/ckpt-000000000014.ckpt", a);
             snprintf(c14, sizeof c14, "%s/ckpt-000000000014.ckpt", c);
-            s_rewrite(a14, c14, "data.rng", 12345, 0);
-            s_point_latest(c, 14);
+            rt_rewrite(a14, c14, "data.rng", 12345, 0);
+            rt_point_latest(c, 14);
         }
         const char *args[32];
         memcpy(args, common, sizeof common);
@@ -202,7 +132,7 @@ static void s_supervised(const char *dir)
     snprintf(a28, sizeof a28, "%s/ckpt-000000000028.ckpt", a);
     snprintf(b28, sizeof b28, "%s/ckpt-000000000028.ckpt", b);
     snprintf(c28, sizeof c28, "%s/ckpt-000000000028.ckpt", c);
-    MT_CHECK(s_same_file(a28, b28), "supervised: B's step-28 checkpoint differs from A's (%s, %s)", a28, b28);
+    MT_CHECK(rt_same_file(a28, b28), "supervised: B's step-28 checkpoint differs from A's (%s, %s)", a28, b28);
     char acsv[600], bcsv[600];
     snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
     snprintf(bcsv, sizeof bcsv, "%s/metrics.csv", b);
@@ -212,11 +142,11 @@ static void s_supervised(const char *dir)
         MT_CHECK(rows == 1 && arows == 1 && acc == aacc && acc > 0.3, "supervised epoch %d: %d rows, accuracy %g "
                  "resumed, %g not", epoch, rows, acc, aacc);
     }
-    MT_CHECK(!s_same_file(a28, c28), "supervised: another shuffle RNG state changed nothing (%s)", c28);
+    MT_CHECK(!rt_same_file(a28, c28), "supervised: another shuffle RNG state changed nothing (%s)", c28);
     /* B resumed once more, after its last epoch: only the evaluation, A's accuracy, no new metrics row. */
     size_t len = 0;
     snprintf(log, sizeof log, "%s.log", a);
-    char *alog = s_slurp(log, &len), acc[64] = "";
+    char *alog = rt_slurp(log, &len), acc[64] = "";
     const char *at = alog ? strstr(alog, "test_accuracy=") : NULL;
     snprintf(acc, sizeof acc, "%.20s", at ? at : "none");
     free(alog);
@@ -277,16 +207,16 @@ int main(void)
 
     /* B: A's directory as a kill between steps 20 and 40 leaves it (its step-40 metrics row already written),
      * resumed. */
-    s_sh("cp -r '%s' '%s'", a, b);
-    s_sh("rm '%s/ckpt-000000000040.ckpt' '%s/ckpt-000000000060.ckpt'", b, b);
-    s_point_latest(b, 20);
+    rt_sh("cp -r '%s' '%s'", a, b);
+    rt_sh("rm '%s/ckpt-000000000040.ckpt' '%s/ckpt-000000000060.ckpt'", b, b);
+    rt_point_latest(b, 20);
     snprintf(log, sizeof log, "%s/B.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", NULL}, log) == 0,
              "resumed run B failed (see %s)", log);
     MT_CHECK(mt_file_contains(log, "resumed_from_step=20\n"), "B does not say it resumed from step 20 (%s)", log);
     MT_CHECK(mt_file_contains(log, "resumed from step 20 (checkpoint"), "B's log does not say where it resumed");
     snprintf(b60, sizeof b60, "%s/ckpt-000000000060.ckpt", b);
-    MT_CHECK(s_same_file(a60, b60), "B's step-60 checkpoint differs from A's (%s, %s)", a60, b60);
+    MT_CHECK(rt_same_file(a60, b60), "B's step-60 checkpoint differs from A's (%s, %s)", a60, b60);
     snprintf(csv, sizeof csv, "%s/metrics.csv", b);
     char acsv[600];
     snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
@@ -307,10 +237,10 @@ int main(void)
              "B again: %d rows of step 60 in %s, or another accuracy", rows, csv);
 
     /* C: the step-20 checkpoint with another batch-draw RNG state: other batches, other weights. */
-    s_sh("mkdir -p '%s' && test -d '%s'", c, c);
+    rt_sh("mkdir -p '%s' && test -d '%s'", c, c);
     snprintf(c20, sizeof c20, "%s/ckpt-000000000020.ckpt", c);
-    s_rewrite(a20, c20, "data.rng", 12345, 0);
-    s_point_latest(c, 20);
+    rt_rewrite(a20, c20, "data.rng", 12345, 0);
+    rt_point_latest(c, 20);
     snprintf(log, sizeof log, "%s/C.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)", log);
     snprintf(c60, sizeof c60, "%s/ckpt-000000000060.ckpt", c);
@@ -327,8 +257,8 @@ int main(void)
     carls_ckpt_destroy(&cc);
 
     /* Refusals: a checkpoint without the trainer's state (as older builds wrote), no directory, other settings. */
-    s_rewrite(a20, c20, "", 0, 1);
-    s_point_latest(c, 20);
+    rt_rewrite(a20, c20, "", 0, 1);
+    rt_point_latest(c, 20);
     snprintf(log, sizeof log, "%s/refuse-nostate.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 1, "no state: not refused");
     MT_CHECK(mt_file_contains(log, "ckpt-000000000020.ckpt is a mlp_classifier checkpoint without a trainer state"),
