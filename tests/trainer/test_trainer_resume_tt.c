@@ -18,6 +18,7 @@
  *   - the test can fail: resumed from A's step-24 checkpoint with another RNG state (data.rng), the run must
  *     end with other weights; other settings (--seed) are refused naming the checkpoint. */
 #include "maker_testlib.h"
+#include "resume_testlib.h"
 #include "server_harness.h"
 
 #include "checkpoint.h"
@@ -148,34 +149,11 @@ static int s_trainer(const char *endpoint, const char *data, const char *ckpt_di
     return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
 }
 
-/* The whole of a small file (NULL when unreadable); *len its size. */
-static char *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    char *buf = calloc(1, 1 << 22);
-    *len = fread(buf, 1, (1 << 22) - 1, f);
-    fclose(f);
-    return buf;
-}
-
-static int s_same_file(const char *a, const char *b)
-{
-    size_t la = 0, lb = 0;
-    char *x = s_slurp(a, &la), *y = s_slurp(b, &lb);
-    int same = x && y && la == lb && la > 0 && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 /* The text of log's line holding key, from key (less a leading newline) to the line's end (out, len bytes); "" when none. */
 static void s_line_from(const char *log, const char *key, char *out, size_t len)
 {
     size_t n = 0;
-    char *text = s_slurp(log, &n);
+    char *text = rt_slurp(log, &n);
     const char *p = text ? strstr(text, key) : NULL;
     p = p && *p == '\n' ? p + 1 : p;
     size_t k = 0;
@@ -184,26 +162,6 @@ static void s_line_from(const char *log, const char *key, char *out, size_t len)
     }
     out[k] = '\0';
     free(text);
-}
-
-static void s_sh(const char *fmt, const char *a, const char *b)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, fmt, a, b);
-    MT_CHECK(system(cmd) == 0, "%s", cmd);
-}
-
-/* Points dir/latest at the checkpoint of step. */
-static void s_point_latest(const char *dir, int step)
-{
-    char path[600], line[64];
-    snprintf(path, sizeof path, "%s/latest", dir);
-    snprintf(line, sizeof line, "ckpt-%012d.ckpt\n", step);
-    FILE *f = fopen(path, "w");
-    MT_CHECK(f && fputs(line, f) >= 0, "write %s", path);
-    if (f) {
-        fclose(f);
-    }
 }
 
 /* Restarts the server on its data directory with the bank restored from snapshot tt-step<step>. */
@@ -218,46 +176,18 @@ static int s_restore(test_server_t *srv, int step)
     return rc;
 }
 
-/* Copies checkpoint in to out with u64 blob `name` replaced by value. */
-static void s_rewrite(const char *in, const char *out, const char *name, uint64_t value)
-{
-    carls_ckpt_t *c = NULL, *d = NULL;
-    char err[512];
-    MT_CHECK(carls_ckpt_read(in, &c, err, sizeof err) == 0, "%s", err);
-    if (!c) {
-        return;
-    }
-    d = carls_ckpt_new(carls_ckpt_kind(c), carls_ckpt_step(c));
-    for (int i = 0; i < carls_ckpt_count(c); i++) {
-        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
-        MT_CHECK(carls_ckpt_add(d, t->name, t->ndim, t->dims, t->data) == 0, "copy %s", t->name);
-    }
-    for (int i = 0; i < carls_ckpt_blob_count(c); i++) {
-        size_t len = 0;
-        const char *bn = carls_ckpt_blob_name(c, i, &len);
-        if (strcmp(bn, name) == 0) {
-            MT_CHECK(carls_ckpt_add_u64(d, bn, value) == 0, "set %s", bn);
-        } else {
-            MT_CHECK(carls_ckpt_add_blob(d, bn, carls_ckpt_blob(c, bn, NULL), len) == 0, "copy %s", bn);
-        }
-    }
-    MT_CHECK(carls_ckpt_write(d, out, err, sizeof err) == 0, "%s", err);
-    carls_ckpt_destroy(&c);
-    carls_ckpt_destroy(&d);
-}
-
 /* Makes dir a copy of A's directory as a run killed after its checkpoint of step leaves it: the later
  * checkpoints gone, latest naming that one. */
 static void s_cut_copy(const char *a, const char *dir, int step)
 {
-    s_sh("rm -rf '%s' && test -n '%s'", dir, a);
-    s_sh("cp -r '%s' '%s'", a, dir);
+    rt_sh("rm -rf '%s' && test -n '%s'", dir, a);
+    rt_sh("cp -r '%s' '%s'", a, dir);
     for (int s = step + 1; s <= 63; s++) {
         char path[700];
         snprintf(path, sizeof path, "%s/ckpt-%012d.ckpt", dir, s);
         unlink(path);
     }
-    s_point_latest(dir, step);
+    rt_point_latest(dir, step);
 }
 
 int main(void)
@@ -320,7 +250,7 @@ int main(void)
         snprintf(want, sizeof want, "resumed from step %d (checkpoint", resumes[i].step);
         MT_CHECK(mt_file_contains(rlog, want), "%s does not say where it resumed", rlog);
         snprintf(r63, sizeof r63, "%s/ckpt-000000000063.ckpt", rdir);
-        MT_CHECK(s_same_file(a63, r63), "the step-63 checkpoint resumed from step %d differs from A's (%s, %s)",
+        MT_CHECK(rt_same_file(a63, r63), "the step-63 checkpoint resumed from step %d differs from A's (%s, %s)",
                  resumes[i].step, a63, r63);
         s_line_from(rlog, " r1=", rline, sizeof rline);
         MT_CHECK(strcmp(rline, aline) == 0, "resumed from %d, the ranking is '%s', A's '%s'", resumes[i].step, rline,
@@ -334,7 +264,7 @@ int main(void)
         MT_CHECK(cut_a && cut_r && cut_a - aloss == cut_r - rloss && memcmp(aloss, rloss, (size_t)(cut_a - aloss)) == 0,
                  "metrics row of step 50: '%s' resumed, '%s' in A", rloss, aloss);
         size_t n = 0;
-        char *csv = s_slurp(rcsv, &n);
+        char *csv = rt_slurp(rcsv, &n);
         const char *first = csv ? strstr(csv, "\n50,") : NULL;
         MT_CHECK(first && !strstr(first + 1, "\n50,"), "%s does not hold step 50 once", rcsv);
         free(csv);
@@ -346,7 +276,7 @@ int main(void)
     snprintf(log, sizeof log, "%s/C.log", dir);
     s_cut_copy(a, c, 24);
     snprintf(path, sizeof path, "%s/ckpt-000000000024.ckpt", c);
-    s_rewrite(c24, path, "data.rng", 12345);
+    rt_rewrite(c24, path, "data.rng", 12345, 0);
     MT_CHECK(s_restore(&srv, 24) == 0, "restore");
     MT_CHECK(s_trainer(srv.endpoint, data, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)",
              log);
