@@ -79,3 +79,31 @@ void rt_rewrite(const char *in, const char *out, const char *name, uint64_t valu
     carls_ckpt_destroy(&c);
     carls_ckpt_destroy(&d);
 }
+
+int rt_tensor_differs(const char *a, const char *b, const char *name)
+{
+    carls_ckpt_t *ca = NULL, *cb = NULL;
+    char err[512];
+    MT_CHECK(carls_ckpt_read(a, &ca, err, sizeof err) == 0 && carls_ckpt_read(b, &cb, err, sizeof err) == 0, "%s",
+             err);
+    const carls_ckpt_tensor_t *ta = ca ? carls_ckpt_find(ca, name) : NULL, *tb = cb ? carls_ckpt_find(cb, name) : NULL;
+    const int differs = ta && tb && ta->numel == tb->numel &&
+                        memcmp(ta->data, tb->data, sizeof(float) * (size_t)ta->numel) != 0;
+    carls_ckpt_destroy(&ca);
+    carls_ckpt_destroy(&cb);
+    return differs;
+}
+
+int rt_trainer(const char *const *args, const char *const *extra, const char *log)
+{
+    const char *argv[128];
+    int n = 0;
+    for (int i = 0; args[i] && n < 100; i++) {
+        argv[n++] = args[i];
+    }
+    for (int i = 0; extra && extra[i] && n < 127; i++) {
+        argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
+    return mt_wait(mt_spawn("trainer", (char *const *)argv, log), 120000);
+}

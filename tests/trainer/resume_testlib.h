@@ -22,4 +22,12 @@ void rt_point_latest(const char *dir, int step);
  * set. */
 void rt_rewrite(const char *in, const char *out, const char *name, uint64_t value, int drop);
 
+/* Runs build/bin/trainer with args (argv[0] on, NULL-terminated) and then extra (NULL-terminated, may be
+ * NULL), output into log; waits up to 2 minutes. Returns its exit status. */
+int rt_trainer(const char *const *args, const char *const *extra, const char *log);
+
+/* Whether checkpoints a and b (both readable: a check failure otherwise) hold tensor name with the same
+ * number of values but other values. */
+int rt_tensor_differs(const char *a, const char *b, const char *name);
+
 #endif

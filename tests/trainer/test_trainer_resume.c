@@ -55,15 +55,7 @@ static int s_trainer(const char *endpoint, const char *ckpt_dir, const char *con
                             "--batch-unlabelled", "32", "--alpha", "0.1", "--neighbors", "5", "--tables", "t",
                             "--kb", endpoint, "--augment-shift", "1", "--augment-flip", "0.5", "--device", "cpu",
                             "--threads", "1", "--keep", "5", "--bank-snapshot", "res", "--ckpt-dir", ckpt_dir, "--log-level", "info"};
-    int n = 0;
-    while (args[n]) {
-        n++;
-    }
-    for (int i = 0; extra && extra[i]; i++) {
-        args[n++] = extra[i];
-    }
-    args[n] = NULL;
-    return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
+    return rt_trainer(args, extra, log);
 }
 
 /* Column col (0-based) of the metrics row of step, or NAN; *rows counts the rows of that step. */
@@ -100,12 +92,11 @@ static void s_supervised(const char *dir)
     char a[512], b[512], c[512], log[600], a28[600], b28[600], c28[600], a14[600], c14[600];
     const char *common[] = {"trainer", "supervised", "--data", "fashion-mnist", "--labels-per-class", "20",
                             "--epochs", "4", "--batch", "32", "--hidden", "32", "--device", "cpu", "--threads", "1",
-                            "--keep", "10", "--log-level", "info", "--ckpt-dir"};
-    const size_t n_common = sizeof common / sizeof common[0];
+                            "--keep", "10", "--log-level", "info", "--ckpt-dir", NULL};
     snprintf(a, sizeof a, "%s/SA", dir);
     snprintf(b, sizeof b, "%s/SB", dir);
     snprintf(c, sizeof c, "%s/SC", dir);
-    const char *runs[3][2] = {{a, NULL}, {b, "--resume"}, {c, "--resume"}};
+    const char *runs[3][3] = {{a, NULL, NULL}, {b, "--resume", NULL}, {c, "--resume", NULL}};
     for (int k = 0; k < 3; k++) {
         if (k == 1) {
             rt_sh("cp -r '%s' '%s'", a, b);
@@ -118,14 +109,8 @@ static void s_supervised(const char *dir)
             rt_rewrite(a14, c14, "data.rng", 12345, 0);
             rt_point_latest(c, 14);
         }
-        const char *args[32];
-        memcpy(args, common, sizeof common);
-        args[n_common] = runs[k][0];
-        args[n_common + 1] = runs[k][1];
-        args[n_common + 2] = NULL;
         snprintf(log, sizeof log, "%s.log", runs[k][0]);
-        MT_CHECK(mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000) == 0, "supervised run failed (%s)",
-                 log);
+        MT_CHECK(rt_trainer(common, runs[k], log) == 0, "supervised run failed (%s)", log);
     }
     snprintf(log, sizeof log, "%s.log", b);
     MT_CHECK(mt_file_contains(log, "resumed_from_step=14\n"), "supervised B does not say resumed_from_step=14");
@@ -151,12 +136,7 @@ static void s_supervised(const char *dir)
     snprintf(acc, sizeof acc, "%.20s", at ? at : "none");
     free(alog);
     snprintf(log, sizeof log, "%s-again.log", b);
-    const char *again[32];
-    memcpy(again, common, sizeof common);
-    again[n_common] = b;
-    again[n_common + 1] = "--resume";
-    again[n_common + 2] = NULL;
-    MT_CHECK(mt_wait(mt_spawn("trainer", (char *const *)again, log), 120000) == 0, "supervised again failed (%s)", log);
+    MT_CHECK(rt_trainer(common, runs[1], log) == 0, "supervised again failed (%s)", log);
     int rows = 0;
     s_metric(bcsv, 4, 5, &rows);
     MT_CHECK(mt_file_contains(log, "resumed_from_step=28\n") && mt_file_contains(log, acc) && rows == 1,
@@ -244,17 +224,8 @@ int main(void)
     snprintf(log, sizeof log, "%s/C.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)", log);
     snprintf(c60, sizeof c60, "%s/ckpt-000000000060.ckpt", c);
-    carls_ckpt_t *ca = NULL, *cc = NULL;
-    MT_CHECK(carls_ckpt_read(a60, &ca, err, sizeof err) == 0 && carls_ckpt_read(c60, &cc, err, sizeof err) == 0,
-             "%s", err);
-    if (ca && cc) {
-        const carls_ckpt_tensor_t *wa = carls_ckpt_find(ca, "enc.0.weight"), *wc = carls_ckpt_find(cc, "enc.0.weight");
-        MT_CHECK(wa && wc && wa->numel == wc->numel &&
-                     memcmp(wa->data, wc->data, sizeof(float) * (size_t)wa->numel) != 0,
-                 "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
-    }
-    carls_ckpt_destroy(&ca);
-    carls_ckpt_destroy(&cc);
+    MT_CHECK(rt_tensor_differs(a60, c60, "enc.0.weight"),
+             "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
 
     /* Refusals: a checkpoint without the trainer's state (as older builds wrote), no directory, other settings. */
     rt_rewrite(a20, c20, "", 0, 1);

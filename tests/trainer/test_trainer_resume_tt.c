@@ -138,15 +138,7 @@ static int s_trainer(const char *endpoint, const char *data, const char *ckpt_di
                             "--table", "rt", "--ckpt-dir", ckpt_dir, "--ckpt-every", "6", "--keep", "20",
                             "--bank-snapshot", "tt", "--metrics", metrics, "--kb-retries", "2", "--kb-negatives", "8",
                             "--negatives-every", "4", "--negatives-sampling", "pairs"};
-    int n = 0;
-    while (args[n]) {
-        n++;
-    }
-    for (int i = 0; extra && extra[i]; i++) {
-        args[n++] = extra[i];
-    }
-    args[n] = NULL;
-    return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
+    return rt_trainer(args, extra, log);
 }
 
 /* The text of log's line holding key, from key (less a leading newline) to the line's end (out, len bytes); "" when none. */
@@ -281,17 +273,8 @@ int main(void)
     MT_CHECK(s_trainer(srv.endpoint, data, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)",
              log);
     snprintf(c63, sizeof c63, "%s/ckpt-000000000063.ckpt", c);
-    carls_ckpt_t *ca = NULL, *cc = NULL;
-    MT_CHECK(carls_ckpt_read(a63, &ca, err, sizeof err) == 0 && carls_ckpt_read(c63, &cc, err, sizeof err) == 0,
-             "%s", err);
-    if (ca && cc) {
-        const carls_ckpt_tensor_t *wa = carls_ckpt_find(ca, "query.weight"), *wc = carls_ckpt_find(cc, "query.weight");
-        MT_CHECK(wa && wc && wa->numel == wc->numel &&
-                     memcmp(wa->data, wc->data, sizeof(float) * (size_t)wa->numel) != 0,
-                 "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
-    }
-    carls_ckpt_destroy(&ca);
-    carls_ckpt_destroy(&cc);
+    MT_CHECK(rt_tensor_differs(a63, c63, "query.weight"),
+             "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
 
     /* Refused: other settings. */
     snprintf(log, sizeof log, "%s/refuse-settings.log", dir);
