@@ -9,7 +9,12 @@
  * plus (--hard-queries) hard negatives the bank's knn over NAME.vec finds near the step's queries, pooled from
  * NAME.vecx or (--hard-fresh 1) by this trainer from their current rows like the batch's headwords. --logq
  * corrects every logit by its candidate's sampling rate. The rows' gradients are pushed back to the bank, the
- * dense heads take an Adam step here. */
+ * dense heads take an Adam step here.
+ *
+ * Checkpoints (--ckpt-dir, every --ckpt-every steps and after the last) hold the heads and what an exact
+ * continuation needs (trainer_resume.h; s_add_state lists it); with --bank-snapshot PREFIX the bank, which
+ * holds the rows this trainer trains, is snapshotted first and the checkpoint names the snapshot. --resume
+ * continues from --ckpt-dir/latest on a bank restored from that snapshot (docs/STATE.md "Resuming a run"). */
 #include "trainer.h"
 #include "trainer_metrics.h"
 #include "trainer_resume.h"
