@@ -911,6 +911,12 @@ static void s_twotower_args(s_argv_t *a, const s_run_t *r, const char *vectors)
         {"--negatives-shift", c->negatives_shift, 1}, {"--stale-positives", c->stale_positives, 0},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
+    /* Each checkpoint with the bank's snapshot of the same step (the rows it trains live there); the newest 2
+     * pairs kept (--resume). */
+    s_arg_list(a, (const char *const[]){"--bank-snapshot", r->snap_prefix, "--keep", "2", NULL});
+    if (r->resume_dir) {
+        s_arg(a, "--resume");
+    }
 }
 
 /* The rest of the result line: each of the trainer's values named in show (NULL-terminated) that it printed,
@@ -1224,8 +1230,8 @@ static void s_stop_bank(s_run_t *r, const char *snapshot, char *why, size_t whyl
 /* --resume, in place of phases 1 and 2: the bank restored (kb-server --restore) from the snapshot of the
  * newest checkpoint that has a complete one which every shard accepts (each checks the snapshot's files), and
  * the checkpoint directory rolled back to that checkpoint, so the makers and the trainer start from it. The
- * graph, pseudo-labels and neighbour embeddings are in the snapshot: no initial graph. Returns 0, or -1
- * after saying what was wrong with each checkpoint. */
+ * graph, pseudo-labels and neighbour embeddings (twotower: the rows it trains) are in the snapshot: no initial
+ * graph. Returns 0, or -1 after saying what was wrong with each checkpoint. */
 static int s_resume_bank(s_run_t *r)
 {
     const int64_t t0 = carls_monotonic_ms();
@@ -1235,11 +1241,12 @@ static int s_resume_bank(s_run_t *r)
     }
     carls_resume_candidates_t *cand = carls_xcalloc(1, sizeof *cand);
     char *refused = carls_xcalloc(1, 8192);
-    const int n = carls_resume_candidates(r->ckpt, r->graph_needed, dirs, r->n_shards, cand);
+    const bool need_snapshot = r->graph_needed || r->tt; /* twotower: the rows it trains are in the bank */
+    const int n = carls_resume_candidates(r->ckpt, need_snapshot, dirs, r->n_shards, cand);
     int rc = -1;
     for (int k = 0; k < n && rc != 0 && !s_interrupted; k++) {
         const carls_resume_pair_t *p = &cand->pair[k];
-        rc = s_start_bank(r, r->graph_needed ? p->snapshot : NULL);
+        rc = s_start_bank(r, need_snapshot ? p->snapshot : NULL);
         if (rc == 0) {
             r->resumed = *p;
         } else {
@@ -1645,10 +1652,10 @@ int carls_run_main(int argc, char **argv)
                "       carls run --resume RUN_DIR [--quiet]\n"
                "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process);\n"
                "  every key of the file can be set (docs/EXPERIMENTS.md)\n"
-               "  --resume RUN_DIR: continue a graphreg run that was stopped or killed (runs/<name>) from its newest\n"
-               "  checkpoint that has a complete bank snapshot: the bank restored from the snapshot, the trainer\n"
-               "  from the checkpoint (model, optimiser, data position, RNG), makers restarted; the settings are\n"
-               "  RUN_DIR/run.ini (docs/STATE.md \"Resuming a run\")\n");
+               "  --resume RUN_DIR: continue a graphreg or twotower run that was stopped or killed (runs/<name>)\n"
+               "  from its newest checkpoint that has a complete bank snapshot: the bank restored from the snapshot,\n"
+               "  the trainer from the checkpoint (model, optimiser, data position, RNG), makers restarted; the\n"
+               "  settings are RUN_DIR/run.ini (docs/STATE.md \"Resuming a run\")\n");
         return argc < 2 ? 2 : 0;
     }
     const char *resume_dir = NULL;
@@ -1666,11 +1673,6 @@ int carls_run_main(int argc, char **argv)
     s_cfg_t c;
     bool quiet = false;
     int status = s_load_config(argc, argv, ini, &c, &quiet);
-    if (status == 0 && resume_dir && strcmp(c.experiment, "graphreg") != 0) {
-        fprintf(stderr, "carls: --resume %s: an experiment = %s run; only graphreg runs resume (trainer %s has no "
-                        "--resume)\n", resume_dir, c.experiment, c.experiment);
-        status = 2;
-    }
     if (status == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

@@ -760,16 +760,6 @@ static void s_config_text(const s_run_t *r, char *buf, size_t len)
     }
 }
 
-/* The checkpoint step before s in the schedule (0, every ckpt_every, the last step), UINT64_MAX before 0. */
-static uint64_t s_prev_ckpt(uint64_t s, void *ctx)
-{
-    const uint64_t every = (uint64_t)((const s_run_t *)ctx)->o->ckpt_every;
-    if (s == 0) {
-        return UINT64_MAX;
-    }
-    return s % every ? s / every * every : s - every;
-}
-
 /* Adds the trainer's state at step `done` to c (trainer_resume.h): train.config, the optimiser, the data
  * orders, positions and RNG states, the batches drawn ahead for steps done..drawn-1 and the bank snapshot's
  * name (snap, "" for none). Returns 0, or -1 with err. */
@@ -830,7 +820,7 @@ static int s_checkpoint(s_run_t *r, int done)
     }
     carls_ckpt_destroy(&c);
     if (rc == 0 && *snap) {
-        trainer_snapshot_prune(r->snaps, (uint64_t)done, s_prev_ckpt, r);
+        trainer_snapshot_prune(r->snaps, (uint64_t)done, trainer_ckpt_prev, (void *)&o->ckpt_every);
     }
     return rc;
 }

@@ -124,6 +124,30 @@ int trainer_ckpt_get_u32s(const carls_ckpt_t *c, const char *name, uint32_t *v, 
     return 0;
 }
 
+int trainer_ckpt_add_floats(carls_ckpt_t *c, const char *name, const float *v, size_t n, char *err, size_t errlen)
+{
+    const int64_t dims[1] = {(int64_t)n};
+    const int rc = n == 0 ? 0 : carls_ckpt_add(c, name, 1, dims, v);
+    if (rc != 0) {
+        return carls_errorf(err, errlen, -1, "cannot add %s (%zu values) to the checkpoint: %s", name, n,
+                            carls_ckpt_strerror(rc));
+    }
+    return 0;
+}
+
+int trainer_ckpt_get_floats(const carls_ckpt_t *c, const char *name, float *v, size_t n, char *err, size_t errlen)
+{
+    const carls_ckpt_tensor_t *t = carls_ckpt_find(c, name);
+    const size_t have = t ? (size_t)t->numel : 0;
+    if (have != n || (t && t->ndim != 1)) {
+        return carls_errorf(err, errlen, -1, "tensor %s holds %zu values, this run needs %zu", name, have, n);
+    }
+    if (n > 0) {
+        memcpy(v, t->data, sizeof(float) * n);
+    }
+    return 0;
+}
+
 int trainer_ckpt_save(const carls_ckpt_t *c, const char *dir, int keep)
 {
     char err[1024], path[4096];
@@ -269,6 +293,15 @@ int trainer_snapshot_take(trainer_snapshots_t *self, uint64_t step, char *name, 
     }
     LOG_INFO("bank snapshot %s (%.1f s)", name, (double)(carls_monotonic_ms() - t0) / 1000.0);
     return 0;
+}
+
+uint64_t trainer_ckpt_prev(uint64_t s, void *every)
+{
+    const uint64_t n = (uint64_t)*(const int *)every;
+    if (s == 0) {
+        return UINT64_MAX;
+    }
+    return s % n ? s / n * n : s - n;
 }
 
 void trainer_snapshot_prune(trainer_snapshots_t *self, uint64_t step, uint64_t (*prev)(uint64_t s, void *ctx),

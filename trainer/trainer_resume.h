@@ -36,6 +36,11 @@ int trainer_mlp_load_state(nn_mlp_t *m, const carls_ckpt_t *c, char *err, size_t
 int trainer_ckpt_add_u32s(carls_ckpt_t *c, const char *name, const uint32_t *v, size_t n, char *err, size_t errlen);
 int trainer_ckpt_get_u32s(const carls_ckpt_t *c, const char *name, uint32_t *v, size_t n, char *err, size_t errlen);
 
+/* n floats of a host array as the 1-D tensor name (nothing when n is 0), and back: exactly n of them (a
+ * missing tensor reads as n = 0). Return 0, or -1 (err says which tensor and why). */
+int trainer_ckpt_add_floats(carls_ckpt_t *c, const char *name, const float *v, size_t n, char *err, size_t errlen);
+int trainer_ckpt_get_floats(const carls_ckpt_t *c, const char *name, float *v, size_t n, char *err, size_t errlen);
+
 /* Saves c into dir (the latest pointer updated) and prunes dir to the newest keep checkpoints. A failed save
  * is logged and returns -1; a failed prune is only logged. */
 int trainer_ckpt_save(const carls_ckpt_t *c, const char *dir, int keep);
@@ -63,6 +68,10 @@ void trainer_snapshots_destroy(trainer_snapshots_t **self_p);
  * that was killed after it) is deleted first. Returns 0, or -1 (logged: the checkpoint is then written
  * without a snapshot and cannot be resumed from). */
 int trainer_snapshot_take(trainer_snapshots_t *self, uint64_t step, char *name, size_t len);
+
+/* The checkpoint step before s in the schedule "0, every *(const int *)every steps, the last step" (a prev for
+ * trainer_snapshot_prune), UINT64_MAX before 0. */
+uint64_t trainer_ckpt_prev(uint64_t s, void *every);
 
 /* After the checkpoint of `step` is written: deletes the snapshot of the checkpoint `keep` checkpoints
  * before it. prev(s) is the checkpoint step before s (the trainer's schedule). Failures are only logged. */

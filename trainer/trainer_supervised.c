@@ -4,9 +4,17 @@
  *
  * Output: a progress bar on stderr; metrics.csv (one row per evaluation); checkpoints in --ckpt-dir (at each
  * evaluation, the latest pointer updated, the newest --keep kept); a summary on stdout whose last line is
- * test_accuracy=0.XXXX. */
+ * test_accuracy=0.XXXX.
+ *
+ * Each checkpoint also holds what an exact continuation needs (trainer_resume.h): the optimiser's moments and
+ * step, the labelled images in their shuffled order, the shuffle's RNG state and the epoch (a checkpoint is
+ * written at an epoch's end, so the position is the epoch's start); dropout masks are drawn from (seed, step)
+ * and the learning rate is a function of the step. --resume continues from the checkpoint --ckpt-dir/latest
+ * names and ends bit for bit where the uninterrupted run ends. This trainer uses no knowledge bank, so there
+ * is no bank snapshot to take. */
 #include "trainer.h"
 #include "trainer_metrics.h"
+#include "trainer_resume.h"
 #include "progress.h"
 #include "trainer_util.h"
 
@@ -43,6 +51,7 @@ typedef struct {
     int threads;                   /* OpenBLAS threads, 0: TRAINER_DEFAULT_THREADS */
     int eval_every;                /* evaluate (and checkpoint) every this many epochs, and after the last */
     int keep;                      /* checkpoints kept in ckpt_dir */
+    bool resume;                   /* continue from ckpt_dir/latest */
 } s_opts_t;
 
 static void s_usage(FILE *out)
@@ -66,6 +75,9 @@ static void s_usage(FILE *out)
             "  --eval-every K           evaluate and checkpoint every K epochs and at the end (default 1)\n"
             "  --ckpt-dir DIR           checkpoints and metrics (default runs/supervised)\n"
             "  --keep N                 checkpoints kept (default 3)\n"
+            "  --resume                 continue from the checkpoint DIR/latest names (written by this trainer with\n"
+            "                           the same settings): model, optimiser, the images' order and the shuffle's\n"
+            "                           RNG state, from the epoch after it\n"
             "  --metrics FILE           metrics CSV (default DIR/metrics.csv)\n"
             "  --device auto|cpu|cuda   (default auto: a GPU when there is one)\n"
             "  --threads N              OpenBLAS threads (default 1, see docs/BENCHMARKS.md)\n"
@@ -99,6 +111,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("eval-every", &o->eval_every, 1, 1000000),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_int("keep", &o->keep, 1, 1000000),
+        carls_arg_set("resume", &o->resume),
         carls_arg_string("metrics", &o->metrics),
         carls_arg_string("device", &o->device),
         carls_arg_int("threads", &o->threads, 1, 1024),
@@ -139,6 +152,10 @@ typedef struct {
     nn_optim_config_t opt;         /* o->opt with the scheduled learning rate */
     int64_t step, total_steps, examples, train_us, t_start;
     double test_loss, test_acc;    /* the latest evaluation */
+    uint64_t shuffle_state;        /* the RNG of the epochs' shuffles */
+    int start_epoch;               /* epochs done before this process: 0, or the resumed checkpoint's */
+    carls_ckpt_t *resume;          /* --resume: the checkpoint continued from */
+    char resume_path[4200];
 } s_run_t;
 
 /* Loads Fashion-MNIST and picks the labelled images this run trains on. */
@@ -195,18 +212,106 @@ static int s_setup(s_run_t *r)
     if (trainer_open_outputs(o->ckpt_dir, o->metrics,
                              "epoch,step,train_loss,train_accuracy,test_loss,test_accuracy,examples_per_s,"
                              "train_seconds,elapsed_seconds",
-                             r->metrics_path, sizeof r->metrics_path, -1, &r->metrics) != 0) {
+                             r->metrics_path, sizeof r->metrics_path, o->resume ? r->start_epoch : -1,
+                             &r->metrics) != 0) {
         return -1;
     }
     r->xbuf = carls_xmalloc(sizeof(float) * (size_t)r->max_batch * (size_t)r->ds.train.dim);
     r->ybuf = carls_xmalloc(sizeof(int32_t) * (size_t)r->max_batch);
     r->opt = o->opt;
+    r->shuffle_state = nn_hash_mix((uint64_t)o->seed, 0x73687566ULL); /* "shuf" */
+    r->total_steps = (int64_t)((r->n_train + o->batch - 1) / o->batch) * o->epochs;
+    return 0;
+}
+
+/* The settings a resumed run must share with the run it continues (train.config): those that decide the
+ * images, their order, the model's shapes and the optimiser's schedule. */
+static void s_config_text(const s_run_t *r, char *buf, size_t len)
+{
+    const s_opts_t *o = r->o;
+    int n = snprintf(buf, len,
+                     "supervised data=%s labels_per_class=%d label_seed=%d images=%d batch=%d epochs=%d seed=%d "
+                     "optimizer=%s lr=%.9g momentum=%.9g weight_decay=%.9g schedule=%s dropout=%.9g hidden=",
+                     o->data, o->labels_per_class, o->label_seed, r->n_train, o->batch, o->epochs, o->seed,
+                     o->opt.kind == NN_OPT_ADAM ? "adam" : "sgd", (double)o->opt.lr, (double)o->opt.momentum,
+                     (double)o->opt.weight_decay, o->cosine ? "cosine" : "constant", (double)o->model.dropout);
+    for (int l = 0; l < o->model.n_hidden && n > 0 && (size_t)n < len; l++) {
+        n += snprintf(buf + n, len - (size_t)n, "%s%d", l ? "," : "", o->model.hidden[l]);
+    }
+}
+
+/* The checkpoint after `epoch` epochs: the model and what continuing needs. Returns 0, or -1 (logged). */
+static int s_checkpoint(s_run_t *r, int epoch)
+{
+    char err[1024] = "", config[1024];
+    s_config_text(r, config, sizeof config);
+    carls_ckpt_t *c = NULL;
+    int rc = nn_mlp_to_ckpt(r->m, (uint64_t)r->step, &c, err, sizeof err);
+    if (rc == 0 && (carls_ckpt_add_text(c, TRAINER_CKPT_CONFIG, config) != 0 ||
+                    carls_ckpt_add_u64(c, "data.rng", r->shuffle_state) != 0 ||
+                    carls_ckpt_add_u64(c, "data.epoch", (uint64_t)epoch) != 0)) {
+        rc = carls_errorf(err, sizeof err, -1, "cannot add the trainer's state");
+    }
+    rc = rc ? rc : trainer_mlp_save_opt(r->m, c, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "data.order", r->train_idx, (size_t)r->n_train, err, sizeof err);
+    if (rc != 0) {
+        LOG_ERROR("checkpoint at step %lld failed: %s", (long long)r->step, err);
+    } else {
+        rc = trainer_ckpt_save(c, r->o->ckpt_dir, r->o->keep);
+    }
+    carls_ckpt_destroy(&c);
+    return rc;
+}
+
+/* --resume, once the images are picked: reads the checkpoint --ckpt-dir/latest names, checks that it is this
+ * run's and sets r->start_epoch. Returns 0, or -1 after printing why. */
+static int s_resume_open(s_run_t *r)
+{
+    char config[1024], err[512];
+    s_config_text(r, config, sizeof config);
+    if (trainer_resume_open(r->o->ckpt_dir, NN_MLP_KIND_CLASSIFIER, config, &r->resume, r->resume_path,
+                            sizeof r->resume_path) != 0) {
+        return -1;
+    }
+    uint64_t epoch = 0;
+    const int64_t per_epoch = (r->n_train + r->o->batch - 1) / r->o->batch;
+    if (carls_ckpt_get_u64(r->resume, "data.epoch", &epoch, err, sizeof err) != 0 || epoch > (uint64_t)r->o->epochs ||
+        carls_ckpt_step(r->resume) != epoch * (uint64_t)per_epoch) {
+        fprintf(stderr, "trainer: --resume: %s: no usable epoch (blob data.epoch) for step %llu of this run's %d "
+                        "epochs\n", r->resume_path, (unsigned long long)carls_ckpt_step(r->resume), r->o->epochs);
+        return -1;
+    }
+    r->start_epoch = (int)epoch;
+    return 0;
+}
+
+/* --resume, once the model exists: the model and optimiser, the images' order and the shuffle's RNG state.
+ * Returns 0, or -1 after printing why. */
+static int s_resume_apply(s_run_t *r)
+{
+    const carls_ckpt_t *c = r->resume;
+    char err[1024] = "";
+    int rc = trainer_mlp_load_state(r->m, c, err, sizeof err);
+    rc = rc ? rc : carls_ckpt_get_u64(c, "data.rng", &r->shuffle_state, err, sizeof err) ? -1 : 0;
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "data.order", r->train_idx, (size_t)r->n_train, err, sizeof err);
+    for (int i = 0; rc == 0 && i < r->n_train; i++) {
+        if (r->train_idx[i] >= (uint32_t)r->ds.train.n) {
+            rc = carls_errorf(err, sizeof err, -1, "data.order[%d] = %u is not a training image", i, r->train_idx[i]);
+        }
+    }
+    if (rc != 0) {
+        fprintf(stderr, "trainer: --resume: %s: %s\n", r->resume_path, err);
+        return -1;
+    }
+    r->step = (int64_t)carls_ckpt_step(c);
+    LOG_INFO("resumed from step %lld, epoch %d (checkpoint %s)", (long long)r->step, r->start_epoch, r->resume_path);
     return 0;
 }
 
 static void s_teardown(s_run_t *r)
 {
     trainer_metrics_close(&r->metrics);
+    carls_ckpt_destroy(&r->resume);
     nn_mlp_destroy(&r->m);
     carls_fmnist_free(&r->ds);
     free(r->train_idx);
@@ -249,11 +354,9 @@ static int s_train(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     const int steps_per_epoch = (r->n_train + o->batch - 1) / o->batch;
-    r->total_steps = (int64_t)steps_per_epoch * o->epochs;
-    uint64_t shuffle_state = nn_hash_mix((uint64_t)o->seed, 0x73687566ULL); /* "shuf" */
     r->t_start = carls_monotonic_us();
-    for (int epoch = 1; epoch <= o->epochs; epoch++) {
-        carls_shuffle_u32(r->train_idx, (size_t)r->n_train, &shuffle_state);
+    for (int epoch = r->start_epoch + 1; epoch <= o->epochs; epoch++) {
+        carls_shuffle_u32(r->train_idx, (size_t)r->n_train, &r->shuffle_state);
         carls_progress_t bar;
         char label[64];
         snprintf(label, sizeof label, "epoch %d/%d", epoch, o->epochs);
@@ -284,10 +387,14 @@ static int s_train(s_run_t *r)
             double row[9] = {epoch, (double)r->step, train_loss, train_acc, r->test_loss, r->test_acc, rate,
                              (double)r->train_us / 1e6, (double)(carls_monotonic_us() - r->t_start) / 1e6};
             trainer_metrics_row(&r->metrics, row);
-            if (trainer_mlp_checkpoint(r->m, o->ckpt_dir, o->keep, (uint64_t)r->step) != 0) {
+            if (s_checkpoint(r, epoch) != 0) {
                 return -1;
             }
         }
+    }
+    if (r->start_epoch >= o->epochs) { /* resumed after the last epoch: only the evaluation is left */
+        trainer_mlp_evaluate(r->m, &r->ds.test, r->test_idx, r->ds.test.n, r->xbuf, r->ybuf, &r->test_loss,
+                             &r->test_acc);
     }
     return 0;
 }
@@ -304,6 +411,10 @@ static void s_print_summary(const s_run_t *r)
     printf("training: %.1f s, %.0f examples/s, %.2f GFLOP/s in the layers' GEMMs (%.3f MFLOP per example)\n",
            train_s, rate, gflops, nn_mlp_train_flops_per_example(r->m) / 1e6);
     printf("checkpoints: %s, metrics: %s\n", o->ckpt_dir, r->metrics_path);
+    if (o->resume) {
+        printf("resumed from step %lld (checkpoint %s)\nresumed_from_step=%lld\n", (long long)carls_ckpt_step(r->resume),
+               r->resume_path, (long long)carls_ckpt_step(r->resume));
+    }
     printf("test_loss=%.4f\n", r->test_loss);
     printf("test_accuracy=%.4f\n", r->test_acc);
 }
@@ -321,7 +432,8 @@ int trainer_supervised_main(int argc, char **argv)
     }
     r.threads = trainer_setup_threads(o.threads);
     int rc = 1;
-    if (s_load(&r) == 0 && s_setup(&r) == 0 && s_train(&r) == 0) {
+    if (s_load(&r) == 0 && (!o.resume || s_resume_open(&r) == 0) && s_setup(&r) == 0 &&
+        (!o.resume || s_resume_apply(&r) == 0) && s_train(&r) == 0) {
         s_print_summary(&r);
         rc = 0;
     }

@@ -9,9 +9,15 @@
  * plus (--hard-queries) hard negatives the bank's knn over NAME.vec finds near the step's queries, pooled from
  * NAME.vecx or (--hard-fresh 1) by this trainer from their current rows like the batch's headwords. --logq
  * corrects every logit by its candidate's sampling rate. The rows' gradients are pushed back to the bank, the
- * dense heads take an Adam step here. */
+ * dense heads take an Adam step here.
+ *
+ * Checkpoints (--ckpt-dir, every --ckpt-every steps and after the last) hold the heads and what an exact
+ * continuation needs (trainer_resume.h; s_add_state lists it); with --bank-snapshot PREFIX the bank, which
+ * holds the rows this trainer trains, is snapshotted first and the checkpoint names the snapshot. --resume
+ * continues from --ckpt-dir/latest on a bank restored from that snapshot (docs/STATE.md "Resuming a run"). */
 #include "trainer.h"
 #include "trainer_metrics.h"
+#include "trainer_resume.h"
 #include "trainer_tt.h"
 #include "trainer_util.h"
 #include "trainer_w2v.h"
@@ -60,6 +66,9 @@ typedef struct {
     float stale_positives;      /* share of the batch's word-tower inputs replaced by the makers' (straight-through) */
     int timeout_ms, retries;
     kb_curve_args_t curve; /* --curve-key, --curve-server-key */
+    int keep;                  /* checkpoints (and bank snapshots) kept */
+    bool resume;               /* continue from --ckpt-dir/latest */
+    const char *bank_snapshot; /* snapshot the bank as PREFIX-step<N> at each checkpoint; NULL: no */
 } s_opts_t;
 
 static void s_usage(FILE *out)
@@ -129,7 +138,18 @@ static void s_usage(FILE *out)
             "  --seed S                 (default 1)\n"
             "checkpoints and evaluation:\n"
             "  --ckpt-dir DIR           write checkpoints here (makers watch it)\n"
-            "  --ckpt-every N           every N steps (default 100)\n"
+            "  --ckpt-every N           every N steps (default 100), and after the last step\n"
+            "  --keep N                 checkpoints kept in --ckpt-dir (default 3)\n"
+            "  --bank-snapshot PREFIX   before each checkpoint, snapshot the bank (every shard at one cut: the rows\n"
+            "                           this trainer trains live there) as PREFIX-step<N> and record the name in the\n"
+            "                           checkpoint; the newest --keep pairs are kept, older snapshots deleted\n"
+            "                           (PREFIX: 1..39 of [A-Za-z0-9_.-])\n"
+            "  --resume                 continue from the checkpoint --ckpt-dir/latest names (written by this\n"
+            "                           trainer with the same settings; --epochs and --max-steps may differ): heads,\n"
+            "                           Adam moments and step, the shuffled training pairs and the position in them,\n"
+            "                           the RNG state, the bank negatives held; the bank is what it serves now, so\n"
+            "                           restore the checkpoint's snapshot first (kb-server --restore NAME; carls run\n"
+            "                           --resume does)\n"
             "  --vectors trainer|makers who writes NAME.vec for the evaluation: this trainer, or makers from the final\n"
             "                           checkpoint (waited for; default trainer)\n"
             "  --wait-fresh-s S         how long to wait for makers (default 600)\n"
@@ -215,6 +235,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .seed = 1,
         .timeout_ms = 10000,
         .retries = 60,
+        .keep = 3,
     };
     kb_curve_args(&o->curve);
     int emb_opt = 0, lexical = 0, sampling = 0; /* indices in the choices below */
@@ -253,6 +274,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_u64("seed", &o->seed),
         carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
+        carls_arg_int("keep", &o->keep, 1, 1000000),
+        carls_arg_set("resume", &o->resume),
+        carls_arg_string("bank-snapshot", &o->bank_snapshot),
         carls_arg_either("vectors", &o->vectors_from_trainer, (const char *const[]){"trainer", "makers", NULL}),
         carls_arg_int("word-defs", &o->word_defs, 0, 1000),
         carls_arg_custom("fuse-sweep", o, s_arg_fuse_sweep),
@@ -285,6 +309,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     o->emb_opt = emb_opt_kinds[emb_opt];
     o->lexical.scheme = lexical == 0 ? TFIDF_COSINE : TFIDF_BM25;
     o->negatives_by_pairs = sampling == 1;
+    if ((o->resume || o->bank_snapshot) && !o->ckpt_dir) {
+        fprintf(stderr, "trainer: --resume and --bank-snapshot need --ckpt-dir (the checkpoints)\n");
+        return -1;
+    }
     if (!o->vectors_from_trainer && !o->ckpt_dir) {
         fprintf(stderr, "trainer: --vectors makers needs --ckpt-dir (the makers read the final checkpoint there)\n");
         return -1;
@@ -431,6 +459,14 @@ typedef struct {
     uint64_t drift_n;
     double staleness_sum;
     uint64_t staleness_n;
+    double loss_sum;        /* the metrics window: losses of the steps since the last row */
+    int loss_n;
+    /* checkpoints, bank snapshots and --resume */
+    trainer_snapshots_t *snaps; /* --bank-snapshot; NULL: none */
+    carls_ckpt_t *resume;       /* --resume: the checkpoint continued from */
+    char resume_path[4200];
+    uint64_t start;             /* the first step to train: 0, or the resumed checkpoint's step */
+    uint64_t last_ckpt;         /* the step of the newest checkpoint written (or resumed from); UINT64_MAX: none */
 } s_run_t;
 
 /* The two heads' parameters, gradients and Adam moments in one allocation each, initialised. */
@@ -555,6 +591,8 @@ static void s_free(s_run_t *r)
     w2v_map_free(&r->wmap);
     w2v_map_free(&r->gmap);
     data_idf_free(&r->idf);
+    trainer_snapshots_destroy(&r->snaps);
+    carls_ckpt_destroy(&r->resume);
     kb_cluster_destroy(&r->kb);
     data_gcide_destroy(&r->g);
 }
@@ -1111,10 +1149,100 @@ static int s_ckpt_add_head(carls_ckpt_t *ck, const char *prefix, const nn_tower_
     return rc;
 }
 
+/* The settings a resumed run must share with the run it continues (train.config): those that decide the
+ * training pairs and their order, the model's shapes, the losses and the optimisers. --epochs and --max-steps
+ * only say where to stop. */
+static void s_config_text(const s_run_t *r, char *buf, size_t len)
+{
+    const s_opts_t *o = &r->o;
+    char holdout[1200];
+    if (o->holdout_file) {
+        snprintf(holdout, sizeof holdout, "file:%s", o->holdout_file);
+    } else {
+        snprintf(holdout, sizeof holdout, "seed:%llu/%d", (unsigned long long)o->holdout_seed, o->holdout_count);
+    }
+    snprintf(buf, len,
+             "twotower data=%s holdout=%s pairs=%zu/%zu table=%s dim=%d out_dim=%d hidden=%d batch=%d seed=%llu "
+             "lr=%.9g emb_lr=%.9g emb_optimizer=%d init_scale=%.9g temperature=%.9g logq=%d token_dropout=%.9g "
+             "word_defs=%d kb_negatives=%d every=%d sampling=%s from=%s shift=%d stale_positives=%.9g "
+             "hard=%d,%d,%d",
+             o->pairs ? o->pairs : "gcide", holdout, r->n_train, r->g->n_senses, o->table, o->E, o->D, o->H, o->batch,
+             (unsigned long long)o->seed, (double)o->lr, (double)o->emb_lr, (int)o->emb_opt, (double)o->init_scale,
+             (double)o->temperature, o->logq, (double)o->token_dropout, o->word_defs, o->negatives,
+             o->negatives_every, o->negatives_by_pairs ? "pairs" : "uniform",
+             o->negatives_from_inputs ? "inputs" : "outputs", o->negatives_shift, (double)o->stale_positives,
+             o->hard_queries, o->hard_k, o->hard_fresh);
+}
+
+static uint64_t s_bits(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static double s_double(uint64_t u)
+{
+    double x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The uniform bank negatives held between fetches (--negatives-every): rows of NAME.vecx or NAME.vec. */
+static float *s_neg_rows(const s_run_t *r, size_t *dim)
+{
+    *dim = r->o.negatives_from_inputs ? (size_t)r->o.E : (size_t)r->o.D;
+    return r->o.negatives_from_inputs ? r->negx : r->neg;
+}
+
+/* Adds what exact continuation needs besides the heads (trainer_resume.h): train.config, Adam's moments and
+ * step, the shuffled training pairs (the position in them is the checkpoint's step), the RNG state, the
+ * metrics window, the bank negatives held and the bank snapshot's name (snap, "" for none). 0, or -1 with
+ * err. */
+static int s_add_state(const s_run_t *r, carls_ckpt_t *c, const char *snap, char *err, size_t errlen)
+{
+    char config[2048];
+    s_config_text(r, config, sizeof config);
+    const struct {
+        const char *name;
+        uint64_t v;
+    } nums[] = {{"opt.t", (uint64_t)r->adam_t},      {"data.rng", r->rng},
+                {"metrics.loss_n", (uint64_t)r->loss_n}, {"metrics.loss_sum", s_bits(r->loss_sum)},
+                {"neg.n", (uint64_t)r->n_uni},       {"neg.staleness", s_bits(r->neg_staleness)},
+                {"neg.fetches", r->neg_fetches}};
+    int rc = carls_ckpt_add_text(c, TRAINER_CKPT_CONFIG, config) != 0 ? -1 : 0;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0] && rc == 0; i++) {
+        rc = carls_ckpt_add_u64(c, nums[i].name, nums[i].v) != 0 ? -1 : 0;
+    }
+    if (rc == 0 && *snap && carls_ckpt_add_text(c, TRAINER_CKPT_SNAPSHOT, snap) != 0) {
+        rc = -1;
+    }
+    if (rc != 0) {
+        return carls_errorf(err, errlen, -1, "cannot add the trainer's state to the checkpoint");
+    }
+    size_t dim;
+    const float *neg = s_neg_rows(r, &dim);
+    rc = trainer_ckpt_add_floats(c, "opt.m", r->adam_m, r->n_params, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_floats(c, "opt.v", r->adam_v, r->n_params, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "data.order", r->train, r->n_train, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_floats(c, "neg.rows", neg, (size_t)r->n_uni * dim, err, errlen);
+    rc = rc ? rc : trainer_ckpt_add_u32s(c, "neg.words", r->neg_word, (size_t)r->n_uni, err, errlen);
+    return rc;
+}
+
+/* The checkpoint of `step` (once per step): with --bank-snapshot the bank's snapshot first (every push of the
+ * steps before has been answered, so it holds them all), then the checkpoint naming it, then the snapshot
+ * --keep checkpoints back is deleted. Returns 0 or -1 (logged). */
 static int s_save_ckpt(s_run_t *r, uint64_t step)
 {
+    if (step == r->last_ckpt) {
+        return 0;
+    }
+    char err[1024] = "", snap[256] = "";
+    if (r->snaps) {
+        trainer_snapshot_take(r->snaps, step, snap, sizeof snap);
+    }
     carls_ckpt_t *ck = carls_ckpt_new(NN_TOWER_KIND, step);
-    char err[256] = "";
     int rc = ck ? 0 : -1;
     if (rc == 0)
         rc = s_ckpt_add_head(ck, "query", &r->hq) || s_ckpt_add_head(ck, "word", &r->hw);
@@ -1124,17 +1252,134 @@ static int s_save_ckpt(s_run_t *r, uint64_t step)
         int64_t one[1] = {1};
         rc = carls_ckpt_add(ck, "word.defs", 1, one, &defs);
     }
-    char path[1024];
-    if (rc == 0)
-        rc = carls_ckpt_save_to_dir(ck, r->o.ckpt_dir, path, sizeof path, err, sizeof err);
-    if (rc == 0) /* prune answers how many files it removed, or a negative error */
-        rc = carls_ckpt_prune(r->o.ckpt_dir, 3, err, sizeof err) < 0 ? -1 : 0;
+    if (rc != 0) {
+        snprintf(err, sizeof err, "cannot add the towers' tensors");
+    }
+    rc = rc ? rc : s_add_state(r, ck, snap, err, sizeof err);
+    if (rc != 0) {
+        LOG_ERROR("trainer: checkpoint at step %llu failed: %s", (unsigned long long)step, err);
+    } else {
+        rc = trainer_ckpt_save(ck, r->o.ckpt_dir, r->o.keep);
+    }
     carls_ckpt_destroy(&ck);
-    if (rc != 0)
-        LOG_ERROR("trainer: cannot write a checkpoint to %s: %s", r->o.ckpt_dir, err);
-    else
-        LOG_DEBUG("trainer: checkpoint step %llu -> %s", (unsigned long long)step, path);
+    if (rc == 0) {
+        r->last_ckpt = step;
+        if (*snap) {
+            trainer_snapshot_prune(r->snaps, step, trainer_ckpt_prev, &r->o.ckpt_every);
+        }
+    }
     return rc;
+}
+
+/* The steps this run trains in all: --epochs passes of whole batches, at most --max-steps. */
+static uint64_t s_planned_steps(const s_run_t *r)
+{
+    uint64_t planned = (uint64_t)r->o.epochs * (uint64_t)(r->n_train / (size_t)r->o.batch);
+    if (r->o.max_steps > 0 && (uint64_t)r->o.max_steps < planned)
+        planned = (uint64_t)r->o.max_steps;
+    return planned;
+}
+
+/* --resume, once the data is loaded: reads the checkpoint --ckpt-dir/latest names and checks that it is this
+ * run's (train.config) and not beyond its last step; sets r->start. Returns 0, or -1 after printing why. */
+static int s_resume_open(s_run_t *r)
+{
+    char config[2048];
+    s_config_text(r, config, sizeof config);
+    if (trainer_resume_open(r->o.ckpt_dir, NN_TOWER_KIND, config, &r->resume, r->resume_path,
+                            sizeof r->resume_path) != 0) {
+        return -1;
+    }
+    r->start = carls_ckpt_step(r->resume);
+    if (r->start > s_planned_steps(r)) {
+        fprintf(stderr, "trainer: --resume: %s is at step %llu, beyond this run's %llu steps\n", r->resume_path,
+                (unsigned long long)r->start, (unsigned long long)s_planned_steps(r));
+        return -1;
+    }
+    r->last_ckpt = r->start;
+    return 0;
+}
+
+/* Copies head `which` of checkpoint c into h's parameters (views into r->params), which must have its shape. */
+static int s_load_head(const carls_ckpt_t *c, const char *which, const nn_tower_head_t *h, char *err, size_t errlen)
+{
+    nn_tower_head_t saved;
+    if (nn_tower_from_ckpt(c, which, &saved, err, errlen) != 0) {
+        return -1;
+    }
+    if (saved.E != h->E || saved.D != h->D || saved.H != h->H) {
+        return carls_errorf(err, errlen, -1, "the %s head is %d -> %d (hidden %d), this run's %d -> %d (hidden %d)",
+                            which, saved.E, saved.D, saved.H, h->E, h->D, h->H);
+    }
+    const size_t E = (size_t)h->E, D = (size_t)h->D, H = (size_t)h->H;
+    memcpy((float *)h->W, saved.W, sizeof(float) * D * E);
+    memcpy((float *)h->bias, saved.bias, sizeof(float) * D);
+    if (H > 0) {
+        memcpy((float *)h->U, saved.U, sizeof(float) * H * E);
+        memcpy((float *)h->c, saved.c, sizeof(float) * H);
+        memcpy((float *)h->V, saved.V, sizeof(float) * D * H);
+    }
+    return 0;
+}
+
+/* --resume, once the buffers exist: the heads, Adam, the pairs' order, the RNG, the metrics window and the
+ * bank negatives held. Everything is checked (a checkpoint is untrusted input). Returns 0, or -1 after printing
+ * why. */
+static int s_resume_apply(s_run_t *r)
+{
+    const carls_ckpt_t *c = r->resume;
+    char err[1024] = "";
+    const char *names[] = {"opt.t", "data.rng", "metrics.loss_n", "metrics.loss_sum", "neg.n", "neg.staleness",
+                           "neg.fetches"};
+    uint64_t v[7] = {0};
+    int rc = s_load_head(c, "query", &r->hq, err, sizeof err) || s_load_head(c, "word", &r->hw, err, sizeof err)
+                 ? -1
+                 : 0;
+    for (int i = 0; i < 7 && rc == 0; i++) {
+        rc = carls_ckpt_get_u64(c, names[i], &v[i], err, sizeof err) ? -1 : 0;
+    }
+    if (rc == 0 && (v[0] > (uint64_t)INT32_MAX || v[2] > (uint64_t)INT32_MAX || v[4] > (uint64_t)r->o.negatives)) {
+        rc = carls_errorf(err, sizeof err, -1, "out of range: opt.t %llu, metrics.loss_n %llu, neg.n %llu (of %d)",
+                          (unsigned long long)v[0], (unsigned long long)v[2], (unsigned long long)v[4],
+                          r->o.negatives);
+    }
+    size_t dim;
+    float *neg = s_neg_rows(r, &dim);
+    const size_t n_neg = rc == 0 ? (size_t)v[4] : 0;
+    rc = rc ? rc : trainer_ckpt_get_floats(c, "opt.m", r->adam_m, r->n_params, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_floats(c, "opt.v", r->adam_v, r->n_params, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "data.order", r->train, r->n_train, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_floats(c, "neg.rows", neg, n_neg * dim, err, sizeof err);
+    rc = rc ? rc : trainer_ckpt_get_u32s(c, "neg.words", r->neg_word, n_neg, err, sizeof err);
+    for (size_t i = 0; rc == 0 && i < r->n_train; i++) {
+        if (r->train[i] >= r->g->n_senses || r->g->senses[r->train[i]].held_out) {
+            rc = carls_errorf(err, sizeof err, -1, "data.order[%zu] = %u is not a training pair of this run", i,
+                              r->train[i]);
+        }
+    }
+    for (size_t i = 0; rc == 0 && i < n_neg; i++) {
+        if (r->neg_word[i] != UINT32_MAX && r->neg_word[i] >= r->g->n_words) {
+            rc = carls_errorf(err, sizeof err, -1, "neg.words[%zu] = %u is not a headword", i, r->neg_word[i]);
+        }
+    }
+    if (rc != 0) {
+        fprintf(stderr, "trainer: --resume: %s: %s\n", r->resume_path, err);
+        return -1;
+    }
+    r->adam_t = (int)v[0];
+    r->rng = v[1];
+    r->loss_n = (int)v[2];
+    r->loss_sum = s_double(v[3]);
+    r->n_uni = (int)v[4];
+    r->neg_staleness = s_double(v[5]);
+    r->neg_fetches = v[6];
+    const char *snap = carls_ckpt_text(c, TRAINER_CKPT_SNAPSHOT);
+    LOG_INFO("trainer: resumed from step %llu (checkpoint %s, snapshot %s)", (unsigned long long)r->start,
+             r->resume_path, snap ? snap : "none");
+    printf("resumed from step %llu (checkpoint %s, snapshot %s)\n", (unsigned long long)r->start, r->resume_path,
+           snap ? snap : "none");
+    fflush(stdout);
+    return 0;
 }
 
 static int s_load_data(s_run_t *r)
@@ -1172,25 +1417,31 @@ static int s_load_data(s_run_t *r)
 static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
 {
     trainer_metrics_t csv = {0};
-    if (r->o.metrics && trainer_metrics_open(&csv, r->o.metrics,
-                                             "step,epoch,loss,steps_per_s,negatives,neg_staleness_steps") != 0) {
+    const char *header = "step,epoch,loss,steps_per_s,negatives,neg_staleness_steps";
+    /* Resumed: the rows of the steps trained again go, the rest stay. */
+    if (r->o.metrics && ((r->o.resume && trainer_metrics_trim(r->o.metrics, r->start) != 0) ||
+                         (r->o.resume ? trainer_metrics_append : trainer_metrics_open)(&csv, r->o.metrics, header))) {
         fprintf(stderr, "trainer: cannot write %s\n", r->o.metrics);
         return -1;
     }
-    uint64_t step = 0;
+    uint64_t step = r->start;
     int64_t t0 = carls_monotonic_us(), tlast = t0;
-    double loss_sum = 0;
-    int loss_n = 0, rc = 0;
-    bool done = false;
+    int rc = 0;
     /* On a terminal, a progress line over the run (steps/s, time left); the 50-step lines are the log. */
-    int64_t planned = (int64_t)r->o.epochs * (int64_t)(r->n_train / (size_t)r->o.batch);
-    if (r->o.max_steps > 0 && r->o.max_steps < planned)
-        planned = r->o.max_steps;
+    const int64_t planned = (int64_t)s_planned_steps(r);
+    bool done = step >= (uint64_t)planned;
     carls_progress_t bar;
-    carls_progress_start_units(&bar, "twotower", planned, "steps");
-    for (int epoch = 0; epoch < r->o.epochs && !done; epoch++) {
-        carls_shuffle_u32(r->train, r->n_train, &r->rng);
-        for (size_t from = 0; from + (size_t)r->o.batch <= r->n_train && !done; from += (size_t)r->o.batch) {
+    carls_progress_start_units(&bar, "twotower", planned - (int64_t)step, "steps");
+    /* Where step `start` is: the pairs are shuffled at the start of each epoch, so a run resumed at an epoch's
+     * first batch shuffles (the saved order of the epoch before) as an uninterrupted one does. */
+    const uint64_t per_epoch = r->n_train / (size_t)r->o.batch;
+    const int epoch0 = (int)(step / per_epoch);
+    const size_t from0 = (size_t)(step % per_epoch) * (size_t)r->o.batch;
+    for (int epoch = epoch0; epoch < r->o.epochs && !done; epoch++) {
+        if (epoch != epoch0 || from0 == 0)
+            carls_shuffle_u32(r->train, r->n_train, &r->rng);
+        for (size_t from = epoch == epoch0 ? from0 : 0; from + (size_t)r->o.batch <= r->n_train && !done;
+             from += (size_t)r->o.batch) {
             double loss = s_step(r, r->train + from, r->o.batch, step);
             if (isnan(loss)) {
                 rc = -1;
@@ -1198,8 +1449,8 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 break;
             }
             step++;
-            loss_sum += loss;
-            loss_n++;
+            r->loss_sum += loss;
+            r->loss_n++;
             if (bar.tty)
                 carls_progress_add(&bar, 1);
             if (r->o.ckpt_dir && step % (uint64_t)r->o.ckpt_every == 0 && s_save_ckpt(r, step) != 0) {
@@ -1214,17 +1465,18 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
                 carls_prom_progress_add(trainer_prom, 50, 50 * (uint64_t)r->o.batch, (double)(now - tlast) / 1e6, 0);
                 carls_prom_progress_set_step(trainer_prom, (int64_t)step, planned);
                 tlast = now;
-                double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train, loss_sum / loss_n,
+                double row[6] = {(double)step, (double)epoch + (double)from / (double)r->n_train,
+                                 r->loss_sum / r->loss_n,
                                  sps, (double)(r->n_neg + r->n_fresh),
                                  r->n_neg ? (r->n_uni * r->neg_staleness + r->n_hard * r->hard_staleness) / r->n_neg
                                           : NAN};
                 if (csv.f)
                     trainer_metrics_row(&csv, row);
                 LOG_INFO("trainer: step %llu epoch %d loss %.4f  %.1f steps/s  negatives %d (stale %.0f steps), "
-                         "hard %d", (unsigned long long)step, epoch, loss_sum / loss_n, sps, r->n_uni,
+                         "hard %d", (unsigned long long)step, epoch, r->loss_sum / r->loss_n, sps, r->n_uni,
                          r->n_uni ? r->neg_staleness : 0.0, r->n_hard + r->n_fresh);
-                loss_sum = 0;
-                loss_n = 0;
+                r->loss_sum = 0;
+                r->loss_n = 0;
             }
             if (r->o.max_steps > 0 && step >= (uint64_t)r->o.max_steps)
                 done = true;
@@ -1235,7 +1487,7 @@ static int s_train(s_run_t *r, uint64_t *steps_out, double *steps_per_s)
     if (csv.f)
         trainer_metrics_close(&csv);
     *steps_out = step;
-    *steps_per_s = (double)step / ((double)(carls_monotonic_us() - t0) / 1e6 + 1e-9);
+    *steps_per_s = (double)(step - r->start) / ((double)(carls_monotonic_us() - t0) / 1e6 + 1e-9);
     return rc;
 }
 
@@ -1277,7 +1529,11 @@ static int s_prepare_ckpt_dir(const s_run_t *r)
 /* The training half of the result line: steps, bank negatives (staleness, drift, shift), hard negatives. */
 static void s_train_summary(const s_run_t *r, uint64_t steps, double sps, char *buf, size_t len)
 {
-    snprintf(buf, len,
+    int n = 0;
+    if (r->o.resume) {
+        n = snprintf(buf, len, "resumed_from_step=%llu ", (unsigned long long)r->start);
+    }
+    snprintf(buf + n, len - (size_t)n,
              "train_steps=%llu train_steps_per_s=%.2f kb_negatives=%d neg_staleness_steps=%.1f neg_unavailable=%llu "
              "neg_input_cos=%.4f neg_input_norm_ratio=%.4f neg_vector_cos=%.4f neg_centred_input_cos=%.4f "
              "neg_shifted_vector_cos=%.4f neg_shift_ratio=%.4f neg_shift_skipped=%llu stale_positives_share=%.4f "
@@ -1340,11 +1596,19 @@ static int s_run(s_run_t *r)
     kb_client_options_t copts = {.timeout_ms = r->o.timeout_ms, .retries = r->o.retries};
     if (kb_curve_args_options(&r->o.curve, "trainer twotower", &keys, &copts) != 0)
         return 1;
+    if (r->o.resume && s_resume_open(r) != 0) {
+        explicit_bzero(&keys, sizeof keys);
+        return 1;
+    }
     r->kb = kb_cluster_new(r->o.kb, &copts);
+    if (r->kb && r->o.bank_snapshot)
+        r->snaps = trainer_snapshots_new(r->o.kb, copts.curve, r->o.bank_snapshot, r->o.keep);
     explicit_bzero(&keys, sizeof keys);
-    if (!r->kb || s_create_tables(r->kb, &r->names, &r->o) != 0)
+    if (!r->kb || (r->o.bank_snapshot && !r->snaps) || s_create_tables(r->kb, &r->names, &r->o) != 0)
         return 1;
     s_alloc(r);
+    if (r->o.resume && s_resume_apply(r) != 0)
+        return 1;
     uint64_t steps = 0;
     double sps = 0;
     if (s_train(r, &steps, &sps) != 0)
@@ -1367,6 +1631,7 @@ int trainer_twotower_main(int argc, char **argv)
     }
     trainer_setup_threads(0);
     r.rng = r.o.seed * 0x9E3779B97F4A7C15ull + 7;
+    r.last_ckpt = UINT64_MAX;
     int status = s_run(&r);
     s_free(&r);
     return status;

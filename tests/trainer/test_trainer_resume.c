@@ -12,8 +12,10 @@
  *     must end with other weights (so the state is really read, not recomputed from the seed as a restart
  *     from step 0 would), and a checkpoint without the trainer's state, a missing directory and other
  *     settings are refused with messages that name the file.
- * Exits 77 (skipped) without dataset-fashion-mnist. */
+ * And `trainer supervised --resume` (s_supervised), which has no bank. Exits 77 (skipped) without
+ * dataset-fashion-mnist. */
 #include "maker_testlib.h"
+#include "resume_testlib.h"
 #include "server_harness.h"
 
 #include "prefetch_bank.h"
@@ -53,58 +55,7 @@ static int s_trainer(const char *endpoint, const char *ckpt_dir, const char *con
                             "--batch-unlabelled", "32", "--alpha", "0.1", "--neighbors", "5", "--tables", "t",
                             "--kb", endpoint, "--augment-shift", "1", "--augment-flip", "0.5", "--device", "cpu",
                             "--threads", "1", "--keep", "5", "--bank-snapshot", "res", "--ckpt-dir", ckpt_dir, "--log-level", "info"};
-    int n = 0;
-    while (args[n]) {
-        n++;
-    }
-    for (int i = 0; extra && extra[i]; i++) {
-        args[n++] = extra[i];
-    }
-    args[n] = NULL;
-    return mt_wait(mt_spawn("trainer", (char *const *)args, log), 120000);
-}
-
-/* The whole of a small file (NULL when unreadable); *len its size. */
-static char *s_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    char *buf = calloc(1, 1 << 24);
-    *len = fread(buf, 1, (1 << 24) - 1, f);
-    fclose(f);
-    return buf;
-}
-
-static int s_same_file(const char *a, const char *b)
-{
-    size_t la = 0, lb = 0;
-    char *x = s_slurp(a, &la), *y = s_slurp(b, &lb);
-    int same = x && y && la == lb && la > 0 && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-static void s_sh(const char *fmt, const char *a, const char *b)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, fmt, a, b);
-    MT_CHECK(system(cmd) == 0, "%s", cmd);
-}
-
-/* Points dir/latest at the checkpoint of step. */
-static void s_point_latest(const char *dir, int step)
-{
-    char path[600], line[64];
-    snprintf(path, sizeof path, "%s/latest", dir);
-    snprintf(line, sizeof line, "ckpt-%012d.ckpt\n", step);
-    FILE *f = fopen(path, "w");
-    MT_CHECK(f && fputs(line, f) >= 0, "write %s", path);
-    if (f) {
-        fclose(f);
-    }
+    return rt_trainer(args, extra, log);
 }
 
 /* Column col (0-based) of the metrics row of step, or NAN; *rows counts the rows of that step. */
@@ -132,32 +83,64 @@ static double s_metric(const char *csv, int step, int col, int *rows)
     return v;
 }
 
-/* Copies checkpoint in to out with blob `name` replaced by value (a u64), or left out when drop is set. */
-static void s_rewrite(const char *in, const char *out, const char *name, uint64_t value, int drop)
+/* trainer supervised --resume: 200 labelled images in batches of 32 (7 steps an epoch), 4 epochs, a checkpoint
+ * after each; A uninterrupted, B A's directory cut back to its epoch-2 checkpoint (step 14) and resumed: the
+ * step-28 checkpoints are byte-identical, metrics.csv holds each epoch once with A's accuracy; resumed from a
+ * copy with another shuffle RNG state (data.rng), the weights differ. */
+static void s_supervised(const char *dir)
 {
-    carls_ckpt_t *c = NULL, *d = NULL;
-    char err[512];
-    MT_CHECK(carls_ckpt_read(in, &c, err, sizeof err) == 0, "%s", err);
-    if (!c) {
-        return;
-    }
-    d = carls_ckpt_new(carls_ckpt_kind(c), carls_ckpt_step(c));
-    for (int i = 0; i < carls_ckpt_count(c); i++) {
-        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
-        MT_CHECK(carls_ckpt_add(d, t->name, t->ndim, t->dims, t->data) == 0, "copy %s", t->name);
-    }
-    for (int i = 0; i < carls_ckpt_blob_count(c) && !drop; i++) {
-        size_t len = 0;
-        const char *bn = carls_ckpt_blob_name(c, i, &len);
-        if (strcmp(bn, name) == 0) {
-            MT_CHECK(carls_ckpt_add_u64(d, bn, value) == 0, "set %s", bn);
-        } else {
-            MT_CHECK(carls_ckpt_add_blob(d, bn, carls_ckpt_blob(c, bn, NULL), len) == 0, "copy %s", bn);
+    char a[512], b[512], c[512], log[600], a28[600], b28[600], c28[600], a14[600], c14[600];
+    const char *common[] = {"trainer", "supervised", "--data", "fashion-mnist", "--labels-per-class", "20",
+                            "--epochs", "4", "--batch", "32", "--hidden", "32", "--device", "cpu", "--threads", "1",
+                            "--keep", "10", "--log-level", "info", "--ckpt-dir", NULL};
+    snprintf(a, sizeof a, "%s/SA", dir);
+    snprintf(b, sizeof b, "%s/SB", dir);
+    snprintf(c, sizeof c, "%s/SC", dir);
+    const char *runs[3][3] = {{a, NULL, NULL}, {b, "--resume", NULL}, {c, "--resume", NULL}};
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) {
+            rt_sh("cp -r '%s' '%s'", a, b);
+            rt_sh("cd '%s' && rm ckpt-000000000021.ckpt ckpt-000000000028.ckpt && test -n '%s'", b, "x");
+            rt_point_latest(b, 14);
+        } else if (k == 2) {
+            rt_sh("mkdir -p '%s' && test -n '%s'", c, "x");
+            snprintf(a14, sizeof a14, "%s/ckpt-000000000014.ckpt", a);
+            snprintf(c14, sizeof c14, "%s/ckpt-000000000014.ckpt", c);
+            rt_rewrite(a14, c14, "data.rng", 12345, 0);
+            rt_point_latest(c, 14);
         }
+        snprintf(log, sizeof log, "%s.log", runs[k][0]);
+        MT_CHECK(rt_trainer(common, runs[k], log) == 0, "supervised run failed (%s)", log);
     }
-    MT_CHECK(carls_ckpt_write(d, out, err, sizeof err) == 0, "%s", err);
-    carls_ckpt_destroy(&c);
-    carls_ckpt_destroy(&d);
+    snprintf(log, sizeof log, "%s.log", b);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=14\n"), "supervised B does not say resumed_from_step=14");
+    snprintf(a28, sizeof a28, "%s/ckpt-000000000028.ckpt", a);
+    snprintf(b28, sizeof b28, "%s/ckpt-000000000028.ckpt", b);
+    snprintf(c28, sizeof c28, "%s/ckpt-000000000028.ckpt", c);
+    MT_CHECK(rt_same_file(a28, b28), "supervised: B's step-28 checkpoint differs from A's (%s, %s)", a28, b28);
+    char acsv[600], bcsv[600];
+    snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
+    snprintf(bcsv, sizeof bcsv, "%s/metrics.csv", b);
+    for (int epoch = 1; epoch <= 4; epoch++) {
+        int rows = 0, arows = 0;
+        const double acc = s_metric(bcsv, epoch, 5, &rows), aacc = s_metric(acsv, epoch, 5, &arows);
+        MT_CHECK(rows == 1 && arows == 1 && acc == aacc && acc > 0.3, "supervised epoch %d: %d rows, accuracy %g "
+                 "resumed, %g not", epoch, rows, acc, aacc);
+    }
+    MT_CHECK(!rt_same_file(a28, c28), "supervised: another shuffle RNG state changed nothing (%s)", c28);
+    /* B resumed once more, after its last epoch: only the evaluation, A's accuracy, no new metrics row. */
+    size_t len = 0;
+    snprintf(log, sizeof log, "%s.log", a);
+    char *alog = rt_slurp(log, &len), acc[64] = "";
+    const char *at = alog ? strstr(alog, "test_accuracy=") : NULL;
+    snprintf(acc, sizeof acc, "%.20s", at ? at : "none");
+    free(alog);
+    snprintf(log, sizeof log, "%s-again.log", b);
+    MT_CHECK(rt_trainer(common, runs[1], log) == 0, "supervised again failed (%s)", log);
+    int rows = 0;
+    s_metric(bcsv, 4, 5, &rows);
+    MT_CHECK(mt_file_contains(log, "resumed_from_step=28\n") && mt_file_contains(log, acc) && rows == 1,
+             "supervised again: not resumed at 28 with A's %s, or %d rows of epoch 4 (see %s)", acc, rows, log);
 }
 
 int main(void)
@@ -180,6 +163,7 @@ int main(void)
         return mt_finish("test_trainer_resume", dir);
     }
     km_bank_destroy(&bank);
+    s_supervised(dir);
 
     /* A: uninterrupted. */
     snprintf(log, sizeof log, "%s/A.log", dir);
@@ -203,16 +187,16 @@ int main(void)
 
     /* B: A's directory as a kill between steps 20 and 40 leaves it (its step-40 metrics row already written),
      * resumed. */
-    s_sh("cp -r '%s' '%s'", a, b);
-    s_sh("rm '%s/ckpt-000000000040.ckpt' '%s/ckpt-000000000060.ckpt'", b, b);
-    s_point_latest(b, 20);
+    rt_sh("cp -r '%s' '%s'", a, b);
+    rt_sh("rm '%s/ckpt-000000000040.ckpt' '%s/ckpt-000000000060.ckpt'", b, b);
+    rt_point_latest(b, 20);
     snprintf(log, sizeof log, "%s/B.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, b, (const char *const[]){"--resume", NULL}, log) == 0,
              "resumed run B failed (see %s)", log);
     MT_CHECK(mt_file_contains(log, "resumed_from_step=20\n"), "B does not say it resumed from step 20 (%s)", log);
     MT_CHECK(mt_file_contains(log, "resumed from step 20 (checkpoint"), "B's log does not say where it resumed");
     snprintf(b60, sizeof b60, "%s/ckpt-000000000060.ckpt", b);
-    MT_CHECK(s_same_file(a60, b60), "B's step-60 checkpoint differs from A's (%s, %s)", a60, b60);
+    MT_CHECK(rt_same_file(a60, b60), "B's step-60 checkpoint differs from A's (%s, %s)", a60, b60);
     snprintf(csv, sizeof csv, "%s/metrics.csv", b);
     char acsv[600];
     snprintf(acsv, sizeof acsv, "%s/metrics.csv", a);
@@ -233,28 +217,19 @@ int main(void)
              "B again: %d rows of step 60 in %s, or another accuracy", rows, csv);
 
     /* C: the step-20 checkpoint with another batch-draw RNG state: other batches, other weights. */
-    s_sh("mkdir -p '%s' && test -d '%s'", c, c);
+    rt_sh("mkdir -p '%s' && test -d '%s'", c, c);
     snprintf(c20, sizeof c20, "%s/ckpt-000000000020.ckpt", c);
-    s_rewrite(a20, c20, "data.rng", 12345, 0);
-    s_point_latest(c, 20);
+    rt_rewrite(a20, c20, "data.rng", 12345, 0);
+    rt_point_latest(c, 20);
     snprintf(log, sizeof log, "%s/C.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 0, "run C failed (%s)", log);
     snprintf(c60, sizeof c60, "%s/ckpt-000000000060.ckpt", c);
-    carls_ckpt_t *ca = NULL, *cc = NULL;
-    MT_CHECK(carls_ckpt_read(a60, &ca, err, sizeof err) == 0 && carls_ckpt_read(c60, &cc, err, sizeof err) == 0,
-             "%s", err);
-    if (ca && cc) {
-        const carls_ckpt_tensor_t *wa = carls_ckpt_find(ca, "enc.0.weight"), *wc = carls_ckpt_find(cc, "enc.0.weight");
-        MT_CHECK(wa && wc && wa->numel == wc->numel &&
-                     memcmp(wa->data, wc->data, sizeof(float) * (size_t)wa->numel) != 0,
-                 "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
-    }
-    carls_ckpt_destroy(&ca);
-    carls_ckpt_destroy(&cc);
+    MT_CHECK(rt_tensor_differs(a60, c60, "enc.0.weight"),
+             "another RNG state in the checkpoint changed nothing: the state is not what resume uses");
 
     /* Refusals: a checkpoint without the trainer's state (as older builds wrote), no directory, other settings. */
-    s_rewrite(a20, c20, "", 0, 1);
-    s_point_latest(c, 20);
+    rt_rewrite(a20, c20, "", 0, 1);
+    rt_point_latest(c, 20);
     snprintf(log, sizeof log, "%s/refuse-nostate.log", dir);
     MT_CHECK(s_trainer(srv.endpoint, c, (const char *const[]){"--resume", NULL}, log) == 1, "no state: not refused");
     MT_CHECK(mt_file_contains(log, "ckpt-000000000020.ckpt is a mlp_classifier checkpoint without a trainer state"),

@@ -16,7 +16,9 @@
  *     table.
  *   - test_launcher_pairs: the same pattern as a user's TSV of query<TAB>document pairs and a candidates
  *     file (data = pairs:...), through the launcher with its makers: it must learn as well; a TSV with a bad
- *     line is refused naming the file and the line. */
+ *     line is refused naming the file and the line.
+ *   - test_launcher_resume: a finished launcher run cut back to its second-newest checkpoint and continued
+ *     with `carls run --resume`: the bank restored from that checkpoint's snapshot, trained to the end. */
 #include "server_harness.h"
 
 #include "util.h"
@@ -420,6 +422,45 @@ static void test_launcher_pairs(void **state)
     s_env_done(&e);
 }
 
+/* `carls run --resume` of a twotower run: the finished run's directory as a kill after its second-newest
+ * checkpoint leaves it (the newest checkpoint gone). The launcher must restore the bank from that checkpoint's
+ * snapshot (the rows the trainer trains are there), restart the makers and resume the trainer from it to the
+ * end, saying where it resumed. */
+static void test_launcher_resume(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env(&e); /* its bank is not used: the launcher starts its own */
+    char set[S_MAX_SETS][700];
+    /* 140 training pairs: 8 steps an epoch, 80 steps, checkpoints (and snapshots) at 20, 40, 60, 80; the
+     * newest two pairs are kept. */
+    const char *kv[] = {"data=pairs:%1$s/pairs.tsv,%1$s/candidates.txt", "runs_dir=%1$s", "name=res",
+                        "holdout_count=20", "holdout_seed=3", "dim=16", "out_dim=16", "batch=16", "epochs=10",
+                        "emb_lr=0.05", "lr=0.01", "kb_negatives=16", "ckpt_every=20", "word_defs=2", "makers=1"};
+    const char *argv[8 + 2 * S_MAX_SETS];
+    s_launcher_argv(e.dir, kv, 15, set, argv);
+    assert_int_equal(s_wait(s_spawn(argv, e.out)), 0);
+    assert_true(s_result(e.out, "train_steps") == 80);
+    char path[600], run[400], out[400], cmd[2000];
+    snprintf(run, sizeof run, "%s/res", e.dir);
+    snprintf(path, sizeof path, "%s/kb/snapshots/res-step60/MANIFEST", run);
+    assert_int_equal(access(path, R_OK), 0);
+    snprintf(path, sizeof path, "%s/ckpt/ckpt-000000000080.ckpt", run);
+    assert_int_equal(unlink(path), 0);
+    snprintf(out, sizeof out, "%s/resumed.out", e.dir);
+    const char *rargv[] = {LAUNCHER, "run", "--resume", run, "--quiet", NULL};
+    assert_int_equal(s_wait(s_spawn(rargv, out)), 0);
+    snprintf(cmd, sizeof cmd, "grep -q 'resumed from step 60 (checkpoint .*ckpt-000000000060.ckpt, snapshot res-step60)' "
+                              "'%s' && grep -q 'resumed_from_step=60 ' '%s/trainer.out' && grep -q 'resumed from "
+                              "step 60' '%s/report.md'", out, run, run);
+    assert_int_equal(system(cmd), 0);
+    assert_true(s_result(out, "train_steps") == 80);
+    assert_true(s_result(out, "n") == 20);
+    snprintf(path, sizeof path, "%s/ckpt/ckpt-000000000080.ckpt", run);
+    assert_int_equal(access(path, R_OK), 0);
+    s_env_done(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +469,7 @@ int main(void)
         cmocka_unit_test(test_inputs_only_options),
         cmocka_unit_test(test_launcher),
         cmocka_unit_test(test_launcher_pairs),
+        cmocka_unit_test(test_launcher_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
