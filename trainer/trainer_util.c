@@ -148,19 +148,6 @@ void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint3
     *acc = (double)correct / n;
 }
 
-int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step)
-{
-    carls_ckpt_t *c = NULL;
-    char err[1024];
-    if (nn_mlp_to_ckpt(m, step, &c, err, sizeof err) != 0) {
-        LOG_ERROR("checkpoint at step %llu failed: %s", (unsigned long long)step, err);
-        return -1;
-    }
-    int rc = trainer_ckpt_save(c, dir, keep);
-    carls_ckpt_destroy(&c);
-    return rc;
-}
-
 int trainer_open_outputs(const char *ckpt_dir, const char *metrics, const char *header, char *path, size_t pathlen,
                          int64_t resume_step, trainer_metrics_t *out)
 {

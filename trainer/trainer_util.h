@@ -59,10 +59,6 @@ int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes
 void trainer_mlp_evaluate(nn_mlp_t *m, const carls_image_set_t *set, const uint32_t *which, int n, float *xbuf,
                           int32_t *ybuf, double *loss, double *acc);
 
-/* Saves m as the checkpoint of `step` in dir (the latest pointer updated) and prunes dir to the newest `keep`.
- * A failed save is logged and returns -1; a failed prune is only logged. */
-int trainer_mlp_checkpoint(nn_mlp_t *m, const char *dir, int keep, uint64_t step);
-
 /* A run's outputs: creates ckpt_dir, names the metrics file (metrics, or NULL: ckpt_dir/metrics.csv) into
  * path and opens it with header. resume_step >= 0 (a resumed run): the file's rows after that step go and
  * the new rows are appended. Returns 0, or -1 after printing "trainer: cannot ...". */
