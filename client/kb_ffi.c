@@ -192,6 +192,18 @@ static int s_table(kb_ffi_t *self, const char *table)
     return 0;
 }
 
+/* The arguments every keyed operation checks: a table name, the keys, and (for n > 0) the array the operation
+ * reads or fills; `missing` says which array in the error ("OP: MISSING"). 0, or KB_FFI_EINVAL (error set). */
+static int s_keyed_args(kb_ffi_t *self, const char *op, const char *table, const void *data, size_t data_len,
+                        const uint64_t *ends, size_t n, const void *array, const char *missing)
+{
+    if (s_table(self, table) != 0 || s_keys(self, op, data, data_len, ends, n) != 0)
+        return KB_FFI_EINVAL;
+    if (n > 0 && !array)
+        return s_fail(self, "%s: %s", op, missing);
+    return 0;
+}
+
 /* ---- tables ----------------------------------------------------------------------------------------------------- */
 
 /* The config being built by kb_ffi_create_table: a message and the ones below it, freed together with
@@ -422,10 +434,8 @@ int kb_ffi_lookup(kb_ffi_t *self, const char *table, const void *data, size_t da
 {
     assert(self);
     s_begin(self);
-    if (s_table(self, table) != 0 || s_keys(self, "lookup", data, data_len, ends, n) != 0)
+    if (s_keyed_args(self, "lookup", table, data, data_len, ends, n, values_out, "no array for the values") != 0)
         return KB_FFI_EINVAL;
-    if (n > 0 && !values_out)
-        return s_fail(self, "lookup: no array for the values");
     bool want_meta = versions_out || updated_at_ms_out || frequencies_out;
     kb_row_meta_t *meta = want_meta ? carls_xmalloc((n ? n : 1) * sizeof *meta) : NULL;
     int rc = kb_cluster_lookup_ex(self->cluster, table, self->keys, n, dim, no_create, values_out, meta);
@@ -448,10 +458,8 @@ int kb_ffi_put(kb_ffi_t *self, const char *table, const void *data, size_t data_
 {
     assert(self);
     s_begin(self);
-    if (s_table(self, table) != 0 || s_keys(self, "put", data, data_len, ends, n) != 0)
+    if (s_keyed_args(self, "put", table, data, data_len, ends, n, values, "no values") != 0)
         return KB_FFI_EINVAL;
-    if (n > 0 && !values)
-        return s_fail(self, "put: no values");
     return kb_cluster_put(self->cluster, table, self->keys, n, dim, values, version);
 }
 
@@ -460,10 +468,8 @@ int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, s
 {
     assert(self);
     s_begin(self);
-    if (s_table(self, table) != 0 || s_keys(self, "push_gradients", data, data_len, ends, n) != 0)
+    if (s_keyed_args(self, "push_gradients", table, data, data_len, ends, n, gradients, "no gradients") != 0)
         return KB_FFI_EINVAL;
-    if (n > 0 && !gradients)
-        return s_fail(self, "push_gradients: no gradients");
     return kb_cluster_push_gradients(self->cluster, table, self->keys, n, dim, gradients);
 }
 
@@ -481,10 +487,8 @@ int kb_ffi_push_gradients_send(kb_ffi_t *self, const char *table, const void *da
 {
     assert(self);
     s_begin(self);
-    if (s_table(self, table) != 0 || s_keys(self, "push_gradients", data, data_len, ends, n) != 0)
+    if (s_keyed_args(self, "push_gradients", table, data, data_len, ends, n, gradients, "no gradients") != 0)
         return KB_FFI_EINVAL;
-    if (n > 0 && !gradients)
-        return s_fail(self, "push_gradients: no gradients");
     if (self->n_pushes == KB_FFI_MAX_PUSHES) {
         int rc = s_collect_oldest(self);
         if (rc != 0)
@@ -593,10 +597,8 @@ int kb_ffi_knn_by_key(kb_ffi_t *self, const char *table, const void *data, size_
 {
     assert(self);
     s_begin(self);
-    if (s_table(self, table) != 0 || s_keys(self, "knn_by_key", data, data_len, ends, nq) != 0)
+    if (s_keyed_args(self, "knn_by_key", table, data, data_len, ends, nq, scores_out, "no array for the scores") != 0)
         return KB_FFI_EINVAL;
-    if (nq > 0 && !scores_out)
-        return s_fail(self, "knn_by_key: no array for the scores");
     kb_knn_result_t *res = NULL;
     int rc = kb_cluster_knn_by_key(self->cluster, table, self->keys, nq, k, exclude_self, &res);
     if (rc == 0)
