@@ -986,19 +986,33 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
     }
 }
 
+/* Starts one kb-server (`name`, extra flags) with the bench table created on it: 0, or -1 when the bank could
+ * not be opened or the table created (the caller still closes *bank, possibly NULL, and stops *srv). When the
+ * server does not start: reports case_name as failed with `why` and returns -2 (nothing to stop). */
+static int s_start_with_table(const bench_opts_t *opts, const char *name, const char **extra, const char *case_name,
+                              const char *why, bench_proc_t *srv, kb_cluster_t **bank, int *failures)
+{
+    *bank = NULL;
+    if (bench_kb_start(opts, name, extra, srv) != 0) {
+        s_report_failed(opts, case_name, "emb/s", why);
+        (*failures)++;
+        return -2;
+    }
+    char ep[1][256];
+    s_ep(ep[0], srv->endpoint);
+    *bank = s_bank_open(ep, 1);
+    return *bank ? s_create(*bank, opts->dim, NULL) : -1;
+}
+
 static void s_case_rows(const bench_opts_t *opts, int *failures)
 {
     bench_proc_t srv;
     const char *extra[] = {"--durability", opts->interval, NULL};
-    if (bench_kb_start(opts, "kb-rows", extra, &srv) != 0) {
-        s_report_failed(opts, "rows.lookup", "emb/s", "kb-server did not start");
-        (*failures)++;
+    kb_cluster_t *bank;
+    int rc = s_start_with_table(opts, "kb-rows", extra, "rows.lookup", "kb-server did not start", &srv, &bank,
+                                failures);
+    if (rc == -2)
         return;
-    }
-    char ep[1][256];
-    s_ep(ep[0], srv.endpoint);
-    kb_cluster_t *bank = s_bank_open(ep, 1);
-    int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
     uint64_t rss0 = kb_memory_proc_status_kb(srv.pid, "VmRSS") * 1024;
     uint32_t loaded = 0;
     double base = NAN, base_mem = NAN;
@@ -1070,15 +1084,11 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     snprintf(cache_arg, sizeof cache_arg, "%lluK", (unsigned long long)(cache >> 10));
     const char *extra[] = {"--cache-bytes", cache_arg, NULL};
     bench_proc_t srv;
-    if (bench_kb_start(opts, "kb-cache", extra, &srv) != 0) {
-        s_report_failed(opts, "lookup.cached", "emb/s", "kb-server --cache-bytes did not start");
-        (*failures)++;
+    kb_cluster_t *bank;
+    int rc = s_start_with_table(opts, "kb-cache", extra, "lookup.cached", "kb-server --cache-bytes did not start",
+                                &srv, &bank, failures);
+    if (rc == -2)
         return;
-    }
-    char ep[1][256];
-    s_ep(ep[0], srv.endpoint);
-    kb_cluster_t *bank = s_bank_open(ep, 1);
-    int rc = bank ? s_create(bank, opts->dim, NULL) : -1;
     bench_progress(opts, "cache: loading %u rows of dim %u into a server with --cache-bytes %s", rows, opts->dim,
                    cache_arg);
     if (rc == 0)
