@@ -56,6 +56,12 @@ void nn_infonce_forward_cuda(float *losses, float *probs, const float *q, const 
 void nn_infonce_backward_cuda(float *dq, float *dpos, float *dneg, float *probs, const float *dlosses,
                               const float *q, const float *pos, const float *neg, float inv_temp, int B, int N,
                               int D);
+void nn_im2col_forward_cuda(float *col, const float *inp, int B, int H, int W, int C, int K, int stride, int pad);
+/* Deterministic: one thread per input element gathers over the taps that read it (no atomics). */
+void nn_col2im_backward_cuda(float *dinp, const float *dcol, int B, int H, int W, int C, int K, int stride, int pad);
+void nn_maxpool2d_forward_cuda(float *out, int32_t *argmax, const float *inp, int B, int H, int W, int C, int P);
+void nn_maxpool2d_backward_cuda(float *dinp, const float *dout, const int32_t *argmax, int B, int H, int W, int C,
+                                int P);
 void nn_add_cuda(float *y, const float *x, float alpha, int N);
 void nn_argmax_cuda(int32_t *pred, const float *x, int B, int V);
 void nn_sgd_update_cuda(float *params, const float *grads, float *mom, float lr, float momentum, float weight_decay,

@@ -1,6 +1,6 @@
-/* Small functions compiled both for the host (nn/nn_layers_cpu.c, the CPU reference ops) and for the device
- * (the CUDA twins in this folder), so the two sides compute these from one definition and agree bit for bit
- * (the parity tests compare them). The counter RNG both sides draw dropout masks from is nn_hash.h. */
+/* Small functions compiled both for the host (nn/nn_layers_cpu.c, nn/nn_conv_cpu.c: the CPU reference ops) and for
+ * the device (the CUDA twins in this folder), so the two sides compute these from one definition and agree bit for
+ * bit (the parity tests compare them). The counter RNG both sides draw dropout masks from is nn_hash.h. */
 #ifndef NN_HOST_DEVICE_H
 #define NN_HOST_DEVICE_H
 
@@ -38,6 +38,23 @@ static inline NN_HOST_DEVICE float nn_bag_scale(const float *weights, const int3
         total += weights ? weights[l] : 1.0f;
     }
     return 1.0f / (total != 0.0f ? total : 1.0f);
+}
+
+/* The flat index into inp (B, H, W, C) of the largest element of the P x P pooling window at output (b, oh, ow,
+ * c) (stride P, no padding); the first one in row-major window order on ties. */
+static inline NN_HOST_DEVICE int nn_pool_window_argmax(const float *inp, int b, int oh, int ow, int c, int H, int W,
+                                                       int C, int P)
+{
+    int best = ((b * H + oh * P) * W + ow * P) * C + c;
+    for (int ph = 0; ph < P; ph++) {
+        for (int pw = 0; pw < P; pw++) {
+            int i = ((b * H + oh * P + ph) * W + ow * P + pw) * C + c;
+            if (inp[i] > inp[best]) {
+                best = i;
+            }
+        }
+    }
+    return best;
 }
 
 #endif

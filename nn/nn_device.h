@@ -51,6 +51,10 @@ typedef struct nn_ops {
                             const float *, float, int, int, int);
     void (*infonce_backward)(float *, float *, float *, float *, const float *, const float *, const float *,
                              const float *, float, int, int, int);
+    void (*im2col_forward)(float *, const float *, int, int, int, int, int, int, int);
+    void (*col2im_backward)(float *, const float *, int, int, int, int, int, int, int);
+    void (*maxpool2d_forward)(float *, int32_t *, const float *, int, int, int, int, int);
+    void (*maxpool2d_backward)(float *, const float *, const int32_t *, int, int, int, int, int);
     void (*add)(float *, const float *, float, int);
     void (*argmax)(int32_t *, const float *, int, int);
     void (*sgd_update)(float *, const float *, float *, float, float, float, int);

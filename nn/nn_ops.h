@@ -98,6 +98,29 @@ void nn_infonce_forward_cpu(float *losses, float *probs, const float *q, const f
 void nn_infonce_backward_cpu(float *dq, float *dpos, float *dneg, float *probs, const float *dlosses, const float *q,
                              const float *pos, const float *neg, float inv_temp, int B, int N, int D);
 
+/* ---- convolution building blocks (NHWC) ---------------------------------------------------------- */
+/* Images are (B, H, W, C), row-major, so a 28x28 grey image is its 784 pixels. A convolution is im2col then
+ * nn_linear_*_cpu with weight (OC, K*K*C): the linear's output (B*OH*OW, OC) is already NHWC. */
+
+/* Output height (or width) of a K x K window sliding by stride over in pixels padded by pad on each side:
+ * (in + 2*pad - K) / stride + 1. Plain C, no device; asserts K >= 1, stride >= 1, pad >= 0, in + 2*pad >= K. */
+int nn_conv_out_size(int in, int K, int stride, int pad);
+/* col (B*OH*OW, K*K*C): row (b, oh, ow) holds the K x K x C patch whose top-left tap is pixel
+ * (oh*stride - pad, ow*stride - pad) of inp (B, H, W, C), columns ordered (kh, kw, c) with c fastest; taps
+ * outside the image are 0. OH, OW per nn_conv_out_size. */
+void nn_im2col_forward_cpu(float *col, const float *inp, int B, int H, int W, int C, int K, int stride, int pad);
+/* The adjoint of im2col: dinp (B, H, W, C) is overwritten (zeroed, then every entry of dcol (B*OH*OW, K*K*C)
+ * adds into the pixel it was read from; padding taps are dropped). */
+void nn_col2im_backward_cpu(float *dinp, const float *dcol, int B, int H, int W, int C, int K, int stride, int pad);
+
+/* Non-overlapping P x P max pooling, stride P; H and W divisible by P. out (B, H/P, W/P, C) = each window's
+ * maximum per channel; argmax (B, H/P, W/P, C) = the flat index into inp (B, H, W, C) of that maximum (the first
+ * in row-major window order on ties), for the backward pass. */
+void nn_maxpool2d_forward_cpu(float *out, int32_t *argmax, const float *inp, int B, int H, int W, int C, int P);
+/* dinp (B, H, W, C) overwritten: 0 except dinp[argmax[o]] = dout[o] for every output o. dout (B, H/P, W/P, C). */
+void nn_maxpool2d_backward_cpu(float *dinp, const float *dout, const int32_t *argmax, int B, int H, int W, int C,
+                               int P);
+
 /* ---- small helpers ------------------------------------------------------------------------------- */
 /* y (N) += alpha * x (N). The one op that accumulates into an activation gradient, by design. */
 void nn_add_cpu(float *y, const float *x, float alpha, int N);

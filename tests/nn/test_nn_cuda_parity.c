@@ -1,7 +1,7 @@
 /* CUDA parity: every nn_*_cuda kernel against its nn_*_cpu twin on the same random inputs, then a few MLP
  * training steps on both devices. Tolerance: |gpu - cpu| <= ATOL + RTOL * |cpu| element-wise (FP32 on both
- * sides; cuBLAS and the reductions sum in another order, and nvcc contracts a*b+c into FMAs). Dropout masks
- * and argmax must match exactly.
+ * sides; cuBLAS and the reductions sum in another order, and nvcc contracts a*b+c into FMAs). Dropout masks,
+ * argmax, im2col and max pooling must match exactly.
  *
  * Without CUDA in the build, or without a usable GPU, it prints "SKIPPED: no CUDA device" and exits 77, which
  * CTest reports as skipped (SKIP_RETURN_CODE), never as passed. */
@@ -311,6 +311,76 @@ static void s_infonce(uint64_t *rng)
     }
 }
 
+/* im2col and col2im over one shape (B, H, W, C, K, stride, pad). im2col only copies: bit-exact. col2im gathers
+ * each pixel's taps in the order the CPU adds them (no atomics), so it is held to 1e-6. */
+static void s_im2col(uint64_t *rng, int B, int H, int W, int C, int K, int stride, int pad)
+{
+    const int OH = nn_conv_out_size(H, K, stride, pad), OW = nn_conv_out_size(W, K, stride, pad);
+    const size_t n_in = (size_t)B * H * W * C, n_col = (size_t)B * OH * OW * K * K * C;
+    float *x = s_rand(n_in, -1, 1, rng), *dcol = s_rand(n_col, -1, 1, rng);
+    float *col = calloc(n_col, 4), *dx = calloc(n_in, 4);
+    float *g_x = s_up(x, 4 * n_in), *g_dcol = s_up(dcol, 4 * n_col);
+    float *g_col = s_gpu->alloc(4 * n_col), *g_dx = s_gpu->alloc(4 * n_in);
+    char name[64];
+    nn_im2col_forward_cpu(col, x, B, H, W, C, K, stride, pad);
+    s_gpu->im2col_forward(g_col, g_x, B, H, W, C, K, stride, pad);
+    snprintf(name, sizeof name, "im2col_forward K=%d s=%d p=%d C=%d", K, stride, pad, C);
+    s_compare_exact(name, g_col, col, n_col);
+    s_gpu->to_device(g_dx, x, 4 * n_in); /* stale values: must be overwritten */
+    nn_col2im_backward_cpu(dx, dcol, B, H, W, C, K, stride, pad);
+    s_gpu->col2im_backward(g_dx, g_dcol, B, H, W, C, K, stride, pad);
+    snprintf(name, sizeof name, "col2im_backward K=%d s=%d p=%d C=%d", K, stride, pad, C);
+    s_compare(name, g_dx, dx, n_in, 1e-6, 1e-6);
+    free(x);
+    free(dcol);
+    free(col);
+    free(dx);
+    s_gpu->free(g_x);
+    s_gpu->free(g_dcol);
+    s_gpu->free(g_col);
+    s_gpu->free(g_dx);
+}
+
+/* Max pooling, with ties (values on a coarse grid) so the first-maximum rule is exercised: all bit-exact. */
+static void s_maxpool(uint64_t *rng, int B, int H, int W, int C, int P)
+{
+    const size_t n_in = (size_t)B * H * W * C, n_out = n_in / ((size_t)P * P);
+    float *x = s_rand(n_in, 0, 1, rng), *dout = s_rand(n_out, -1, 1, rng);
+    for (size_t i = 0; i < n_in; i++) {
+        x[i] = floorf(x[i] * 4.0f); /* 0..3: many windows hold equal maxima */
+    }
+    float *out = calloc(n_out, 4), *dx = calloc(n_in, 4);
+    int32_t *arg = calloc(n_out, 4), *got_arg = calloc(n_out, 4);
+    float *g_x = s_up(x, 4 * n_in), *g_dout = s_up(dout, 4 * n_out);
+    float *g_out = s_gpu->alloc(4 * n_out), *g_dx = s_gpu->alloc(4 * n_in);
+    int32_t *g_arg = s_gpu->alloc(4 * n_out);
+    char name[64];
+    nn_maxpool2d_forward_cpu(out, arg, x, B, H, W, C, P);
+    s_gpu->maxpool2d_forward(g_out, g_arg, g_x, B, H, W, C, P);
+    snprintf(name, sizeof name, "maxpool2d_forward P=%d", P);
+    s_compare_exact(name, g_out, out, n_out);
+    s_gpu->to_host(got_arg, g_arg, 4 * n_out);
+    int same = memcmp(arg, got_arg, 4 * n_out) == 0;
+    printf("parity %-32s n=%-8zu %s\n", "maxpool2d_forward argmax (exact)", n_out, same ? "OK" : "FAIL");
+    s_failures += !same;
+    s_gpu->to_device(g_dx, x, 4 * n_in); /* stale values: must be overwritten */
+    nn_maxpool2d_backward_cpu(dx, dout, arg, B, H, W, C, P);
+    s_gpu->maxpool2d_backward(g_dx, g_dout, g_arg, B, H, W, C, P);
+    snprintf(name, sizeof name, "maxpool2d_backward P=%d", P);
+    s_compare_exact(name, g_dx, dx, n_in);
+    free(x);
+    free(dout);
+    free(out);
+    free(dx);
+    free(arg);
+    free(got_arg);
+    s_gpu->free(g_x);
+    s_gpu->free(g_dout);
+    s_gpu->free(g_out);
+    s_gpu->free(g_dx);
+    s_gpu->free(g_arg);
+}
+
 static void s_optimisers(uint64_t *rng)
 {
     const int N = 10007;
@@ -416,6 +486,12 @@ int main(void)
     s_embedding_bag(&rng);
     s_sqdist(&rng);
     s_infonce(&rng);
+    s_im2col(&rng, 4, 28, 28, 1, 5, 1, 2);
+    s_im2col(&rng, 3, 13, 11, 3, 3, 2, 1);
+    s_im2col(&rng, 2, 14, 14, 8, 5, 2, 0);
+    s_im2col(&rng, 2, 8, 8, 2, 2, 3, 0); /* stride > K: pixels no window reads */
+    s_maxpool(&rng, 4, 28, 28, 8, 2);
+    s_maxpool(&rng, 3, 12, 9, 5, 3);
     s_optimisers(&rng);
     s_mlp(&rng);
     s_gpu->synchronize();
