@@ -7,9 +7,16 @@
  * the tensor pointers below point into those blocks, on the model's device. The model runs every operation
  * through the device's nn_ops_t table, so the same code runs on the CPU and on a GPU.
  *
+ * Optionally, convolution blocks come first (config n_conv > 0): the input is then an NHWC image (image_h x
+ * image_w x image_c, e.g. 28 x 28 x 1), and each block is a "same" convolution (stride 1, padding k/2, through
+ * im2col and the linear op), a ReLU and a pool x pool max pooling; the last block's output, flattened, feeds the
+ * first hidden layer. Convolutions run over chunks of images so that the im2col scratch stays small whatever
+ * max_batch is.
+ *
  * Checkpoints: tensors "enc.<l>.weight" (out, in), "enc.<l>.bias" (out), and "cls.weight", "cls.bias" when
  * there is a classifier; kind NN_MLP_KIND_CLASSIFIER or NN_MLP_KIND_ENCODER. The shapes carry the
- * configuration, so loading needs nothing else. */
+ * configuration, so loading needs nothing else; convolution blocks add "conv.<i>.weight" (channels, k*k*c),
+ * "conv.<i>.bias" and the numbers the shapes cannot carry (conv.image_h/_w/_c, conv.<i>.k, conv.<i>.pool). */
 #ifndef NN_MLP_H
 #define NN_MLP_H
 
@@ -26,6 +33,17 @@
 #define NN_MLP_MAX_WIDTH 65536
 #define NN_MLP_KIND_CLASSIFIER "mlp_classifier"
 #define NN_MLP_KIND_ENCODER "mlp_encoder"
+#define NN_MLP_MAX_CONV 4
+#define NN_MLP_MAX_CONV_CHANNELS 1024
+#define NN_MLP_MAX_CONV_K 11
+#define NN_MLP_MAX_POOL 4
+
+/* One convolution block: conv k x k (stride 1, padding k/2) -> ReLU -> max pooling pool x pool (1: none). */
+typedef struct {
+    int channels; /* output channels, 1..NN_MLP_MAX_CONV_CHANNELS */
+    int k;        /* kernel size, odd, 1..NN_MLP_MAX_CONV_K */
+    int pool;     /* pooling window and stride, 1..NN_MLP_MAX_POOL; the block's height and width must divide */
+} nn_conv_block_t;
 
 typedef struct {
     int in_dim;                    /* input features, e.g. 784 */
@@ -33,6 +51,9 @@ typedef struct {
     int hidden[NN_MLP_MAX_HIDDEN]; /* their widths; hidden[n_hidden-1] is the embedding size */
     int num_classes;               /* classifier outputs, or 0 for an encoder without a classifier */
     float dropout;                 /* dropout rate after each hidden ReLU in training, 0 <= dropout < 1 */
+    int n_conv;                    /* convolution blocks before the hidden layers, 0..NN_MLP_MAX_CONV */
+    nn_conv_block_t conv[NN_MLP_MAX_CONV];
+    int image_h, image_w, image_c; /* with n_conv > 0: the input as an NHWC image, h * w * c == in_dim */
 } nn_mlp_config_t;
 
 typedef enum {
@@ -54,6 +75,8 @@ typedef struct {
     const nn_ops_t *ops; /* the device everything below lives on */
     int n_layers;        /* n_hidden + (num_classes > 0 ? 1 : 0) */
     int in[NN_MLP_MAX_LAYERS], out[NN_MLP_MAX_LAYERS]; /* widths of layer l */
+    int conv_h[NN_MLP_MAX_CONV], conv_w[NN_MLP_MAX_CONV], conv_c[NN_MLP_MAX_CONV]; /* block i's input shape */
+    int conv_chunk;                /* images per im2col pass */
 
     /* parameters */
     size_t num_params;
@@ -65,6 +88,10 @@ typedef struct {
     float *b[NN_MLP_MAX_LAYERS];   /* layer l bias (out[l]) */
     float *dw[NN_MLP_MAX_LAYERS];  /* their gradients, into grads */
     float *db[NN_MLP_MAX_LAYERS];
+    float *cw[NN_MLP_MAX_CONV];    /* conv block i weight (channels, k*k*c) and bias, into params */
+    float *cb[NN_MLP_MAX_CONV];
+    float *dcw[NN_MLP_MAX_CONV];   /* their gradients, into grads */
+    float *dcb[NN_MLP_MAX_CONV];
 
     /* activations, for batches of up to max_batch rows */
     int max_batch;
@@ -85,6 +112,14 @@ typedef struct {
     int32_t *h_targets;              /* (B) */
     float *h_losses;                 /* (B) */
     float *h_dlosses;                /* (B) */
+    float *cact[NN_MLP_MAX_CONV];    /* (B, h, w, channels) block i's ReLU outputs, before pooling */
+    float *cpool[NN_MLP_MAX_CONV];   /* (B, h/pool, w/pool, channels) its pooled outputs (= cact when pool 1) */
+    int32_t *cargmax[NN_MLP_MAX_CONV]; /* (same) where each pooled value came from */
+    float *col;                      /* (conv_chunk * h * w, k*k*c) im2col scratch, the largest block's */
+    float *dcol;                     /* (same) its gradient */
+    float *dconv[2];                 /* (B, largest block output) conv activation gradients, ping-pong */
+    float *conv_acts;                /* the one block all the conv float buffers above live in */
+    int32_t *conv_idx;               /* the one block of every cargmax */
     bool train_mode;                 /* the last forward applied dropout */
 } nn_mlp_t;
 

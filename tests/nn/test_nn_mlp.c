@@ -265,6 +265,169 @@ static void test_mlp_config_checks(void **state)
     assert_null(m);
 }
 
+/* A fingerprint of every on/off decision of the last forward: which ReLU outputs are positive, in the
+ * convolutions and the hidden layers, and which element each pooling window chose. */
+static uint64_t s_kink_pattern(const nn_mlp_t *m, int B)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < m->cfg.n_conv; i++) {
+        const nn_conv_block_t *b = &m->cfg.conv[i];
+        const int n = B * m->conv_h[i] * m->conv_w[i] * b->channels;
+        for (int j = 0; j < n; j++) {
+            h = (h ^ (uint64_t)(m->cact[i][j] > 0.0f)) * 1099511628211ull;
+        }
+        for (int j = 0; b->pool > 1 && j < n / (b->pool * b->pool); j++) {
+            h = (h ^ (uint64_t)m->cargmax[i][j]) * 1099511628211ull;
+        }
+    }
+    for (int l = 0; l < m->cfg.n_hidden; l++) {
+        for (int j = 0; j < B * m->out[l]; j++) {
+            h = (h ^ (uint64_t)(m->post[l][j] > 0.0f)) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+/* Two convolution blocks (one pooled, one not) in front of the hidden layers: the whole model's gradient
+ * against central differences, with im2col passes of 2 images so that chunks meet inside the batch.
+ * A nudge of a conv weight or bias moves every position of its channel, so some nudges cross a ReLU's kink
+ * or change a pooling window's choice, where the finite difference is not the derivative: those parameters
+ * are recognised by their changed on/off pattern and skipped, and there must be few of them. */
+static void test_mlp_conv_gradcheck(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 72, .n_hidden = 2, .hidden = {5, 4}, .num_classes = 3, .dropout = 0.25f,
+                           .n_conv = 2, .conv = {{3, 3, 2}, {4, 3, 1}}, .image_h = 6, .image_w = 6, .image_c = 2};
+    nn_mlp_t *m = NULL;
+    char err[256];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 8, 5, &m, err, sizeof err), 0);
+    assert_int_equal(m->in[0], 3 * 3 * 4);
+    assert_int_equal(m->num_params, (3 * 9 * 2 + 3) + (4 * 9 * 3 + 4) + (36 * 5 + 5) + (5 * 4 + 4) + (4 * 3 + 3));
+    m->conv_chunk = 2;
+    const int B = 5, E = 4;
+    uint64_t rng = 23;
+    float x[5 * 72];
+    int32_t y[5] = {2, -1, 0, 1, 2};
+    t_fill_uniform(x, B * 72, -1, 1, &rng);
+    nn_mlp_set_batch(m, x, y, B);
+    mlp_ctx_t c = s_mlp_ctx(m, B, E, -0.5f, 0.5f, &rng);
+    s_mlp_loss(&c);
+    nn_mlp_zero_grad(m);
+    nn_mlp_backward(m, B, c.r);
+    float *analytic = malloc(sizeof(float) * m->num_params);
+    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    const float eps = 1e-3f;
+    int bad = 0, kinks = 0;
+    double conv_norm = 0.0;
+    for (size_t i = 0; i < m->num_params; i++) {
+        const float saved = c.params[i];
+        c.params[i] = saved + eps;
+        const double fp = s_mlp_loss(&c);
+        const uint64_t pp = s_kink_pattern(m, B);
+        c.params[i] = saved - eps;
+        const double fm = s_mlp_loss(&c);
+        const uint64_t pm = s_kink_pattern(m, B);
+        c.params[i] = saved;
+        if (pp != pm) {
+            kinks++;
+            continue;
+        }
+        const double num = (fp - fm) / (2.0 * eps), a = analytic[i];
+        const double scale = fabs(a) > fabs(num) ? fabs(a) : fabs(num);
+        if (fabs(a - num) > 1e-3 + 1e-2 * scale) {
+            printf("conv mlp parameter %zu: analytic %.6g numeric %.6g\n", i, a, num);
+            bad++;
+        }
+        if (i < (size_t)(3 * 9 * 2 + 3 + 4 * 9 * 3 + 4)) {
+            conv_norm += fabs(a);
+        }
+    }
+    printf("conv mlp gradcheck: %zu parameters, %d across a kink (skipped), %d wrong\n", m->num_params, kinks, bad);
+    assert_int_equal(bad, 0);
+    assert_true(kinks * 10 < (int)m->num_params);
+    assert_true(conv_norm > 1e-3); /* the conv blocks' gradients are not all zero */
+    free(analytic);
+    s_mlp_ctx_free(&c);
+    nn_mlp_destroy(&m);
+}
+
+/* A conv model saved and loaded gives the same predictions, whole batches of 70 (two im2col passes of up to
+ * 64) equal to one image at a time, and broken conv numbers in a checkpoint are refused by name. */
+static void test_mlp_conv_checkpoint(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 8 * 8, .n_hidden = 1, .hidden = {6}, .num_classes = 4, .n_conv = 1,
+                           .conv = {{5, 5, 2}}, .image_h = 8, .image_w = 8, .image_c = 1};
+    nn_mlp_t *m = NULL, *back = NULL, *one = NULL;
+    char err[512];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 80, 7, &m, err, sizeof err), 0);
+    carls_ckpt_t *c = NULL;
+    assert_int_equal(nn_mlp_to_ckpt(m, 3, &c, err, sizeof err), 0);
+    assert_int_equal(nn_mlp_from_ckpt(c, NN_DEVICE_CPU, 80, &back, err, sizeof err), 0);
+    assert_int_equal(nn_mlp_from_ckpt(c, NN_DEVICE_CPU, 1, &one, err, sizeof err), 0);
+    assert_int_equal(back->cfg.n_conv, 1);
+    assert_int_equal(back->cfg.conv[0].channels, 5);
+    assert_int_equal(back->cfg.conv[0].k, 5);
+    assert_int_equal(back->cfg.conv[0].pool, 2);
+    assert_int_equal(back->cfg.image_h, 8);
+    enum { N = 70 };
+    float *x = malloc(sizeof(float) * N * 64), p1[N * 4], p2[N * 4], p3[N * 4];
+    uint64_t rng = 11;
+    t_fill_uniform(x, N * 64, 0, 1, &rng);
+    nn_mlp_predict(m, x, N, p1);
+    nn_mlp_predict(back, x, N, p2);
+    nn_mlp_predict(one, x, N, p3);
+    assert_memory_equal(p1, p2, sizeof p1);
+    for (int i = 0; i < N * 4; i++) {
+        assert_float_equal(p1[i], p3[i], 1e-6);
+    }
+    /* A kernel size the weights do not match, or a missing pooling number, is refused by name. */
+    carls_ckpt_t *broken = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 3);
+    for (int i = 0; i < carls_ckpt_count(c); i++) {
+        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
+        assert_int_equal(carls_ckpt_add(broken, t->name, t->ndim, t->dims, t->data), 0);
+    }
+    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_h", 8), 0);
+    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_w", 8), 0);
+    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_c", 1), 0);
+    assert_int_equal(carls_ckpt_add_u64(broken, "conv.0.k", 3), 0);
+    nn_mlp_t *none = NULL;
+    assert_int_equal(nn_mlp_from_ckpt(broken, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    printf("missing pooling refused: %s\n", err);
+    assert_non_null(strstr(err, "conv.0.pool"));
+    assert_int_equal(carls_ckpt_add_u64(broken, "conv.0.pool", 2), 0);
+    assert_int_equal(nn_mlp_from_ckpt(broken, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    printf("wrong kernel refused: %s\n", err);
+    assert_non_null(strstr(err, "conv.0.weight"));
+    assert_null(none);
+    carls_ckpt_destroy(&broken);
+    carls_ckpt_destroy(&c);
+    free(x);
+    nn_mlp_destroy(&m);
+    nn_mlp_destroy(&back);
+    nn_mlp_destroy(&one);
+}
+
+static void test_mlp_conv_config_checks(void **state)
+{
+    (void)state;
+    char err[256];
+    nn_mlp_t *m = NULL;
+    nn_mlp_config_t cfg = {.in_dim = 64, .n_hidden = 1, .hidden = {3}, .num_classes = 2, .n_conv = 1,
+                           .conv = {{4, 3, 2}}, .image_h = 8, .image_w = 7, .image_c = 1};
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 4, 1, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "8x7x1 is not 64 inputs"));
+    cfg.image_w = 8;
+    cfg.conv[0].k = 4;
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 4, 1, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kernel 4 is not odd"));
+    cfg.conv[0].k = 3;
+    cfg.conv[0].pool = 3;
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 4, 1, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "pooling 3 does not divide its 8x8 input"));
+    assert_null(m);
+}
+
 int main(void)
 {
     nn_cpu_set_threads(1);
@@ -274,6 +437,9 @@ int main(void)
         cmocka_unit_test(test_mlp_checkpoint_round_trip),
         cmocka_unit_test(test_mlp_encoder_only),
         cmocka_unit_test(test_mlp_config_checks),
+        cmocka_unit_test(test_mlp_conv_gradcheck),
+        cmocka_unit_test(test_mlp_conv_checkpoint),
+        cmocka_unit_test(test_mlp_conv_config_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
