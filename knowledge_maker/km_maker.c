@@ -82,7 +82,9 @@ static void s_usage(FILE *out)
             "                           roots minus their mean image over all items)\n"
             "  --batch B                rows per forward chunk (default 4096)\n"
             "graph:\n"
-            "  --source pixels|emb      the embedding table searched (default pixels; emb: on every checkpoint)\n"
+            "  --source pixels|emb|emb+pixels  the embedding table searched (default pixels; emb: on every\n"
+            "                           checkpoint; emb+pixels: on every checkpoint, each item's k nearest by\n"
+            "                           the learned embeddings followed by its k nearest by pixels, 2k in all)\n"
             "  --k K                    neighbours per item (default 10)\n"
             "  --wait-embed-ms MS       emb: wait this long for the embed fleet's step (default 60000)\n"
             "words (trainer twotower's word tower; items are GCIDE headwords, tables PREFIX.word .gram -> .vec):\n"
@@ -145,7 +147,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_int("threads", &o->threads, 1, 1024),
         carls_arg_choice("encoder", &encoder, (const char *const[]){"model", "pixels", NULL}),
         carls_arg_int("batch", &o->batch, 1, 1 << 20),
-        carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", NULL}),
+        carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", "emb+pixels", NULL}),
         carls_arg_int("k", &o->k, 1, 4096),
         carls_arg_int("wait-embed-ms", &o->wait_embed_ms, 0, 86400000),
         carls_arg_float("spread-alpha", &o->spread_alpha, 0.0, 0.9999),
@@ -171,7 +173,8 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         return -1;
     }
     o->pixels = encoder == 1;
-    o->source_emb = source == 1;
+    o->source_emb = source >= 1;
+    o->source_union = source == 2;
     if (!o->kb) {
         fprintf(stderr, "kb-maker: --kb is required\n");
         return -1;
@@ -302,48 +305,59 @@ static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
 
 /* ---- graph ------------------------------------------------------------------------------------------ */
 
-/* Builds the share's neighbour lists from the knn over table, tagged with version. */
-static int s_graph_build(s_maker_t *mk, const char *table, uint64_t version, volatile sig_atomic_t *stop)
+/* Builds the share's neighbour lists from the knn over table (k per item), followed by the knn over also when it
+ * is not NULL (k more), tagged with version. The learned embeddings' neighbours and the pixels' are on scales
+ * that cannot be compared, so the union keeps both lists whole rather than the best k of their merge. */
+static int s_graph_build(s_maker_t *mk, const char *table, const char *also, uint64_t version,
+                         volatile sig_atomic_t *stop)
 {
-    const uint32_t k = (uint32_t)mk->o->k;
+    const uint32_t k = (uint32_t)mk->o->k, row = also ? 2 * k : k;
     int64_t t0 = carls_monotonic_us();
     int rc = km_bank_create_feature(mk->bank, mk->tables.graph);
     const size_t chunk = 4096;
-    uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * k);
-    float *score = carls_xmalloc(sizeof *score * chunk * k);
+    uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * row), *part = carls_xmalloc(sizeof *part * chunk * k);
+    float *score = carls_xmalloc(sizeof *score * chunk * row), *pscore = carls_xmalloc(sizeof *pscore * chunk * k);
     uint64_t same = 0, edges = 0; /* edges between items whose labels are known (-1 labels are not) */
     for (size_t off = 0; off < mk->n_share && rc == 0; off += chunk) {
         if (stop && *stop) {
             break;
         }
         size_t m = mk->n_share - off < chunk ? mk->n_share - off : chunk;
-        rc = km_bank_knn(mk->bank, table, mk->share + off, m, k, nbr, score);
-        for (size_t i = 0; rc == 0 && i < m * k; i++) {
+        for (int src = 0; src < (also ? 2 : 1) && rc == 0; src++) {
+            rc = km_bank_knn(mk->bank, src ? also : table, mk->share + off, m, k, part, pscore);
+            for (size_t i = 0; rc == 0 && i < m; i++) {
+                memcpy(nbr + i * row + (size_t)src * k, part + i * k, sizeof *nbr * k);
+                memcpy(score + i * row + (size_t)src * k, pscore + i * k, sizeof *score * k);
+            }
+        }
+        for (size_t i = 0; rc == 0 && i < m * row; i++) {
             score[i] = score[i] > 0.0f ? score[i] : 0.0f;
             uint32_t t = nbr[i];
             if (t != KM_NO_ITEM && (int)t >= mk->n_items) {
                 nbr[i] = KM_NO_ITEM; /* a row that is not one of this run's items */
             } else if (t != KM_NO_ITEM) {
-                const uint8_t a = mk->ds.train.labels[t], b = mk->ds.train.labels[mk->share[off + i / k]];
+                const uint8_t a = mk->ds.train.labels[t], b = mk->ds.train.labels[mk->share[off + i / row]];
                 edges += a != CARLS_LABEL_NONE && b != CARLS_LABEL_NONE;
                 same += a != CARLS_LABEL_NONE && a == b;
             }
         }
         if (rc == 0) {
-            rc = km_bank_put_neighbors(mk->bank, mk->tables.graph, mk->share + off, m, k, nbr, score, version);
+            rc = km_bank_put_neighbors(mk->bank, mk->tables.graph, mk->share + off, m, row, nbr, score, version);
         }
     }
     free(nbr);
     free(score);
+    free(part);
+    free(pscore);
     if (rc != 0) {
         return s_bank_failed(mk);
     }
     double s = s_secs(t0);
-    LOG_INFO("graph from %s (version %" PRIu64 "): %zu items, k=%u in %.2f s (%.0f items/s); purity %.4f "
-             "(share of edges joining items of one class, among items whose class is known: a diagnostic, never "
-             "written)",
-             table, version, mk->n_share, k, s, (double)mk->n_share / (s > 0 ? s : 1e-9),
-             edges ? (double)same / (double)edges : 0.0);
+    LOG_INFO("graph from %s%s%s (version %" PRIu64 "): %zu items, %u neighbours each in %.2f s (%.0f items/s); "
+             "purity %.4f (share of edges joining items of one class, among items whose class is known: a "
+             "diagnostic, never written)",
+             table, also ? " + " : "", also ? also : "", version, mk->n_share, row, s,
+             (double)mk->n_share / (s > 0 ? s : 1e-9), edges ? (double)same / (double)edges : 0.0);
     return 0;
 }
 
@@ -392,7 +406,8 @@ static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atom
                  "building from what the bank holds",
                  step, mk->o->wait_embed_ms, min_ver);
     }
-    return s_graph_build(mk, mk->tables.emb, min_ver == UINT64_MAX ? step : min_ver, stop);
+    return s_graph_build(mk, mk->tables.emb, mk->o->source_union ? mk->tables.pixels : NULL,
+                         min_ver == UINT64_MAX ? step : min_ver, stop);
 }
 
 /* ---- label ------------------------------------------------------------------------------------------ */
@@ -600,7 +615,7 @@ static int s_task(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *
     const km_opts_t *o = mk->o;
     switch (o->task) {
     case KM_TASK_EMBED: return o->pixels ? s_embed_pixels(mk) : s_embed_step(mk, ck);
-    case KM_TASK_GRAPH: return o->source_emb ? s_graph_step(mk, ck, stop) : s_graph_build(mk, mk->tables.pixels, 0, stop);
+    case KM_TASK_GRAPH: return o->source_emb ? s_graph_step(mk, ck, stop) : s_graph_build(mk, mk->tables.pixels, NULL, 0, stop);
     case KM_TASK_LABEL: return s_label_step(mk, ck);
     case KM_TASK_WORDS: break; /* km_words_run, never here */
     }

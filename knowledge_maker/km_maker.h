@@ -59,7 +59,8 @@ typedef struct {
     const char *prefix;        /* table-name prefix */
     bool pixels;               /* embed: --encoder pixels */
     int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered */
-    bool source_emb;           /* graph: --source emb, else pixels */
+    bool source_emb;           /* graph: --source emb or emb+pixels, else pixels */
+    bool source_union;         /* graph: --source emb+pixels (each row: k from the embeddings, then k from pixels) */
     int k;                     /* graph: neighbours per item */
     bool once;                 /* do the task once and exit */
     int poll_ms;               /* checkpoint polling period (fallback to inotify) */

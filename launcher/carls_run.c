@@ -138,7 +138,7 @@ static void s_tail(s_tail_t *t, const char *const *needles, bool quiet)
 
 /* The run's settings, read from the configuration. */
 typedef struct {
-    const char *name, *runs_dir, *data_dir, *tables, *hidden, *neighbors_from, *maker_device, *trainer_device;
+    const char *name, *runs_dir, *data_dir, *tables, *hidden, *conv, *neighbors_from, *maker_device, *trainer_device;
     const char *kb_durability;
     const char *curve;                /* on | off: CURVE keys for the whole run */
     const char *pixel_features;       /* the initial graph's pixel features (kb-maker --pixel-features) */
@@ -171,6 +171,7 @@ static int s_cfg(const carls_ini_t *ini, s_cfg_t *c, char *err, size_t errlen)
     c->data_dir = carls_ini_get(ini, "data_dir", "");
     c->tables = carls_ini_get(ini, "tables", "fmnist");
     c->hidden = carls_ini_get(ini, "hidden", "256,128");
+    c->conv = carls_ini_get(ini, "conv", "none");
     c->neighbors_from = carls_ini_get(ini, "neighbors_from", "bank");
     c->maker_device = carls_ini_get(ini, "maker_device", "auto");
     c->trainer_device = carls_ini_get(ini, "trainer_device", "cpu");
@@ -282,6 +283,11 @@ static int s_cfg_check(const s_cfg_t *c, char *err, size_t errlen)
     }
     if (strcmp(c->curve, "on") != 0 && strcmp(c->curve, "off") != 0) {
         s_fmt(err, errlen, "curve = '%s': on or off", c->curve);
+        return -1;
+    }
+    if (c->graph_refresh != 0 && c->graph_refresh != 1 && c->graph_refresh != 2) {
+        s_fmt(err, errlen, "graph_refresh = %g: need 0 (the pixel graph throughout), 1 (rebuilt from the learned "
+              "embeddings) or 2 (learned embeddings' and pixels' neighbours together)", c->graph_refresh);
         return -1;
     }
     if (c->makers < 1 || c->makers > 64) {
@@ -870,7 +876,7 @@ static void s_graphreg_args(s_argv_t *a, const s_run_t *r)
         {"--ckpt-every", c->ckpt_every, 1},             {"--eval-every", c->eval_every, 1},
     };
     s_num_args(a, nums, sizeof nums / sizeof nums[0]);
-    s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--neighbors-from", c->neighbors_from, "--tables",
+    s_arg_list(a, (const char *const[]){"--hidden", c->hidden, "--conv", c->conv, "--neighbors-from", c->neighbors_from, "--tables",
                                         c->tables, "--ckpt-dir", r->ckpt, "--metrics", r->metrics, "--device",
                                         c->trainer_device, NULL});
     /* Each checkpoint with the bank's snapshot of the same step; the newest 2 pairs kept (--resume). */
@@ -1359,7 +1365,8 @@ static int s_start_label_maker(s_run_t *r)
     s_arg(&a, "%s", r->ckpt);
     const s_num_arg_t nums[] = {
         {"--labels-per-class", c->labels_per_class, 1}, {"--label-seed", c->label_seed, 1},
-        {"--k", c->graph_k, 1},                         {"--spread-alpha", c->spread_alpha, 0},
+        /* graph_refresh 2: rows of 2k, the learned embeddings' k then the pixels' k */
+        {"--k", c->graph_refresh == 2 ? 2 * c->graph_k : c->graph_k, 1}, {"--spread-alpha", c->spread_alpha, 0},
         {"--spread-iters", c->spread_iters, 1},         {"--balance", c->label_balance, 1},
         {"--model-weight", c->label_model_weight, 0},
     };
@@ -1392,7 +1399,8 @@ static int s_start_fleet(s_run_t *r)
         s_metrics_arg(&a, c, S_METRICS_MAKERS + n + i);
         char k[32];
         s_fmt(k, sizeof k, "%d", (int)c->graph_k);
-        s_arg_list(&a, (const char *const[]){"--source", "emb", "--k", k, "--ckpt-dir", r->ckpt, NULL});
+        s_arg_list(&a, (const char *const[]){"--source", c->graph_refresh == 2 ? "emb+pixels" : "emb", "--k", k,
+                                             "--ckpt-dir", r->ckpt, NULL});
         if (s_fleet_start_worker(r, "graph", i, n, &a) != 0) {
             return -1;
         }

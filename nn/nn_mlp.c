@@ -116,8 +116,10 @@ static void s_conv_alloc(nn_mlp_t *m)
         pix_max = act > pix_max ? act : pix_max;
         col_max = col > col_max ? col : col_max;
     }
-    need += 2 * col_max + 2 * B * pix_max;
+    need += col_max;
+    m->conv_col_floats = col_max;
     m->conv_acts = m->ops->alloc(sizeof(float) * need);
+    m->conv_grad_floats = col_max + 2 * B * pix_max; /* allocated by the first backward: makers never need them */
     m->conv_idx = m->ops->alloc(sizeof(int32_t) * (idx ? idx : 1));
     float *p = m->conv_acts;
     int32_t *q = m->conv_idx;
@@ -137,13 +139,17 @@ static void s_conv_alloc(nn_mlp_t *m)
     }
     m->col = p;
     p += col_max;
-    m->dcol = p;
-    p += col_max;
-    m->dconv[0] = p;
-    p += B * pix_max;
-    m->dconv[1] = p;
-    p += B * pix_max;
     assert((size_t)(p - m->conv_acts) == need);
+}
+
+/* The conv gradient buffers (dcol, dconv), on first use. */
+static void s_conv_grad_alloc(nn_mlp_t *m)
+{
+    m->conv_grads = m->ops->alloc(sizeof(float) * m->conv_grad_floats);
+    const size_t half = (m->conv_grad_floats - m->conv_col_floats) / 2;
+    m->dcol = m->conv_grads;
+    m->dconv[0] = m->conv_grads + m->conv_col_floats;
+    m->dconv[1] = m->dconv[0] + half;
 }
 
 static float s_uniform(uint64_t *state, float bound)
@@ -308,6 +314,9 @@ void nn_mlp_destroy(nn_mlp_t **self_p)
         ops->free(m->conv_acts);
         ops->free(m->conv_idx);
     }
+    if (m->conv_grads) {
+        ops->free(m->conv_grads);
+    }
     ops->free(m->targets);
     ops->free(m->pred);
     free(m->h_targets);
@@ -430,6 +439,9 @@ static void s_backward(nn_mlp_t *self, int B, const float *d_embedding)
     const nn_mlp_config_t *cfg = &self->cfg;
     float *cur = NULL; /* gradient of the current layer's output, (B, out[l]) */
     int which = 0;
+    if (cfg->n_conv && !self->conv_grads) {
+        s_conv_grad_alloc(self);
+    }
     if (cfg->num_classes > 0) {
         ops->to_device(self->dlosses, self->h_dlosses, sizeof(float) * (size_t)B);
         ops->softmax_ce_backward(self->dbuf[0], self->dlosses, self->probs, self->targets, B, cfg->num_classes);

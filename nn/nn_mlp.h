@@ -118,7 +118,9 @@ typedef struct {
     float *col;                      /* (conv_chunk * h * w, k*k*c) im2col scratch, the largest block's */
     float *dcol;                     /* (same) its gradient */
     float *dconv[2];                 /* (B, largest block output) conv activation gradients, ping-pong */
-    float *conv_acts;                /* the one block all the conv float buffers above live in */
+    float *conv_acts;                /* the one block cact, cpool and col live in */
+    float *conv_grads;               /* the one block dcol and dconv live in, allocated by the first backward */
+    size_t conv_col_floats, conv_grad_floats; /* col's size; conv_grads' size */
     int32_t *conv_idx;               /* the one block of every cargmax */
     bool train_mode;                 /* the last forward applied dropout */
 } nn_mlp_t;

@@ -105,6 +105,8 @@ static void s_usage(FILE *out)
             "                           the test set (for choosing hyperparameters; default 0)\n"
             "model and optimiser:\n"
             "  --hidden H[,H2..] (default 256,128; the last is the embedding) --dropout P (default 0.2)\n"
+            "  --conv C:K:P[,..]        convolution blocks before the hidden layers (images only): C channels, a\n"
+            "                           K x K kernel (odd, same padding), P x P max pooling each; default none\n"
             "  --optimizer adam|sgd --lr LR (default 0.001) --weight-decay WD --schedule cosine|constant\n"
             "  --steps N (default 3000) --batch-labelled BL (default 100) --batch-unlabelled BU (default 128)\n"
             "  --seed N (default 1)\n"
@@ -427,7 +429,7 @@ static int s_setup(s_run_t *r)
     const s_opts_t *o = r->o;
     r->E = o->model.hidden[o->model.n_hidden - 1];
     r->max_batch = r->B > 500 ? r->B : 500;
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+    if (trainer_fmnist_mlp_new(&o->model, &r->ds.train, r->ds.classes, r->device, r->max_batch, o->seed,
                                &r->m) != 0) {
         return -1;
     }
@@ -757,6 +759,11 @@ static void s_config_text(const s_run_t *r, char *buf, size_t len)
                      (double)o->augment_flip);
     for (int l = 0; l < o->model.n_hidden && n > 0 && (size_t)n < len; l++) {
         n += snprintf(buf + n, len - (size_t)n, "%s%d", l ? "," : "", o->model.hidden[l]);
+    }
+    if (o->model.n_conv > 0 && n > 0 && (size_t)n < len) { /* only then, so older runs' train.config still match */
+        char conv[128];
+        trainer_conv_text(&o->model, conv, sizeof conv);
+        snprintf(buf + n, len - (size_t)n, " conv=%s", conv);
     }
 }
 

@@ -65,6 +65,8 @@ static void s_usage(FILE *out)
             "  --epochs E               passes over the labelled images (default 15)\n"
             "  --batch B                examples per step (default 128)\n"
             "  --hidden H[,H2...]       encoder widths (default 512,256)\n"
+            "  --conv C:K:P[,..]        convolution blocks before them (images only): C channels, a K x K kernel\n"
+            "                           (odd, same padding), P x P max pooling each; default none\n"
             "  --dropout P              dropout after each hidden layer (default 0.2)\n"
             "  --optimizer adam|sgd     (default adam)\n"
             "  --lr LR                  learning rate (default 0.001 adam, 0.05 sgd)\n"
@@ -195,7 +197,7 @@ static int s_setup(s_run_t *r)
 {
     const s_opts_t *o = r->o;
     r->max_batch = o->batch > 500 ? o->batch : 500; /* evaluation runs in chunks of max_batch */
-    if (trainer_fmnist_mlp_new(&o->model, r->ds.train.dim, r->ds.classes, r->device, r->max_batch, o->seed,
+    if (trainer_fmnist_mlp_new(&o->model, &r->ds.train, r->ds.classes, r->device, r->max_batch, o->seed,
                                &r->m) != 0) {
         return -1;
     }
@@ -237,6 +239,11 @@ static void s_config_text(const s_run_t *r, char *buf, size_t len)
                      (double)o->opt.weight_decay, o->cosine ? "cosine" : "constant", (double)o->model.dropout);
     for (int l = 0; l < o->model.n_hidden && n > 0 && (size_t)n < len; l++) {
         n += snprintf(buf + n, len - (size_t)n, "%s%d", l ? "," : "", o->model.hidden[l]);
+    }
+    if (o->model.n_conv > 0 && n > 0 && (size_t)n < len) { /* only then, so older runs' train.config still match */
+        char conv[128];
+        trainer_conv_text(&o->model, conv, sizeof conv);
+        snprintf(buf + n, len - (size_t)n, " conv=%s", conv);
     }
 }
 

@@ -48,6 +48,7 @@ void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_co
     *seed = 1;
     const carls_arg_t rows[] = {
         carls_arg_custom("hidden", model, trainer_arg_hidden),
+        carls_arg_custom("conv", model, trainer_arg_conv),
         carls_arg_float("dropout", &model->dropout, 0.0, 0.95),
         carls_arg_custom("optimizer", &opt->kind, trainer_arg_optimizer),
         carls_arg_float("lr", &opt->lr, 1e-9, 100.0),
@@ -80,6 +81,50 @@ int trainer_arg_hidden(const char *prog, const char *name, const char *text, voi
     cfg->n_hidden = n;
     memcpy(cfg->hidden, widths, sizeof widths[0] * (size_t)n);
     return 0;
+}
+
+int trainer_arg_conv(const char *prog, const char *name, const char *text, void *out)
+{
+    nn_mlp_config_t *cfg = out;
+    if (strcmp(text, "none") == 0 || !*text) {
+        cfg->n_conv = 0;
+        return 0;
+    }
+    nn_conv_block_t blocks[NN_MLP_MAX_CONV];
+    int n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end = NULL;
+        long v[3];
+        for (int j = 0; j < 3; j++) {
+            v[j] = strtol(p, &end, 10);
+            if (end == p || v[j] < 1 || v[j] > NN_MLP_MAX_CONV_CHANNELS || (j < 2 && *end != ':')) {
+                goto bad;
+            }
+            p = j < 2 ? end + 1 : end;
+        }
+        if (n == NN_MLP_MAX_CONV || (*p && *p != ',') || (*p == ',' && !p[1])) {
+            goto bad;
+        }
+        blocks[n++] = (nn_conv_block_t){.channels = (int)v[0], .k = (int)v[1], .pool = (int)v[2]};
+        p += *p == ',';
+    }
+    cfg->n_conv = n;
+    memcpy(cfg->conv, blocks, sizeof blocks[0] * (size_t)n);
+    return 0;
+bad:
+    fprintf(stderr, "%s: --%s: '%s' is not none or a list of 1..%d convolution blocks CHANNELS:KERNEL:POOL like "
+                    "16:5:2\n", prog, name, text, NN_MLP_MAX_CONV);
+    return -1;
+}
+
+void trainer_conv_text(const nn_mlp_config_t *cfg, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s", cfg->n_conv ? "" : "none");
+    for (int i = 0; i < cfg->n_conv && n >= 0 && (size_t)n < len; i++) {
+        n += snprintf(buf + n, len - (size_t)n, "%s%d:%d:%d", i ? "," : "", cfg->conv[i].channels, cfg->conv[i].k,
+                      cfg->conv[i].pool);
+    }
 }
 
 int trainer_arg_optimizer(const char *prog, const char *name, const char *text, void *out)
@@ -118,12 +163,22 @@ int trainer_setup_device(const char *text, nn_device_t *out)
     return 0;
 }
 
-int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes, nn_device_t device, int max_batch, int seed,
-                           nn_mlp_t **out)
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, const carls_image_set_t *train, int classes,
+                           nn_device_t device, int max_batch, int seed, nn_mlp_t **out)
 {
     nn_mlp_config_t cfg = *model;
-    cfg.in_dim = in_dim;
+    cfg.in_dim = train->dim;
     cfg.num_classes = classes;
+    if (cfg.n_conv > 0) {
+        if (train->rows < 1 || train->cols < 1 || (int64_t)train->rows * train->cols != train->dim) {
+            fprintf(stderr, "trainer: model: --conv needs images; these examples are %d features, not rows x cols "
+                            "pixels\n", train->dim);
+            return -1;
+        }
+        cfg.image_h = train->rows;
+        cfg.image_w = train->cols;
+        cfg.image_c = 1;
+    }
     char err[2048];
     if (nn_mlp_new(&cfg, device, max_batch, (uint64_t)seed, out, err, sizeof err) != 0) {
         fprintf(stderr, "trainer: model: %s\n", err);

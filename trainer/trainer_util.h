@@ -18,12 +18,12 @@
 int trainer_parse_widths(const char *text, int *widths, int max);
 
 /* The model and optimiser options the Fashion-MNIST trainers (graphreg, supervised) share, as a carls_args
- * group (carls_arg_group(g->rows)): --hidden, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
+ * group (carls_arg_group(g->rows)): --hidden, --conv, --dropout, --optimizer, --lr, --weight-decay, --schedule, --seed,
  * stored into model, opt, *cosine and *seed. Also sets their shared defaults: *opt Adam (momentum 0.9 for
  * SGD, betas 0.9 and 0.999, eps 1e-8, no weight decay; the learning rate left for trainer_mlp_default_lr),
  * *cosine true, *seed 1. The model's widths and dropout are each trainer's own. */
 typedef struct {
-    carls_arg_t rows[8];
+    carls_arg_t rows[9];
 } trainer_mlp_args_t;
 void trainer_mlp_args(trainer_mlp_args_t *g, nn_mlp_config_t *model, nn_optim_config_t *opt, bool *cosine,
                       int *seed);
@@ -33,6 +33,11 @@ void trainer_mlp_default_lr(nn_optim_config_t *opt);
 /* Custom values for carls_args_t option tables (carls_args.h), shared by the subcommands:
  * --hidden H[,H2..]: out is an nn_mlp_config_t, whose n_hidden and hidden[] are set. */
 int trainer_arg_hidden(const char *prog, const char *name, const char *text, void *out);
+/* --conv none|C:K:P[,C:K:P..]: out is an nn_mlp_config_t, whose n_conv and conv[] are set (C channels, an odd
+ * K x K kernel, P x P max pooling per block). */
+int trainer_arg_conv(const char *prog, const char *name, const char *text, void *out);
+/* The --conv value of cfg ("none" or C:K:P,...) into buf, for logs and train.config. */
+void trainer_conv_text(const nn_mlp_config_t *cfg, char *buf, size_t len);
 /* --optimizer adam|sgd: out is an nn_opt_kind_t. */
 int trainer_arg_optimizer(const char *prog, const char *name, const char *text, void *out);
 
@@ -49,10 +54,11 @@ int trainer_setup_threads(int requested);
 /* Resolves --device (logging the choice); returns 0 and *out, or prints the reason and returns -1. */
 int trainer_setup_device(const char *text, nn_device_t *out);
 
-/* A classifier of the image (or feature) data sets: in_dim inputs, model's hidden layers and dropout, classes
- * outputs, batches up to max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
-int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, int in_dim, int classes, nn_device_t device, int max_batch,
-                           int seed, nn_mlp_t **out);
+/* A classifier of the image (or feature) data sets: train's dim inputs (its rows x cols grey images when the
+ * model has convolutions), model's convolutions, hidden layers and dropout, classes outputs, batches up to
+ * max_batch, initialised from seed. Returns 0, or -1 after printing "trainer: model: ...". */
+int trainer_fmnist_mlp_new(const nn_mlp_config_t *model, const carls_image_set_t *train, int classes,
+                           nn_device_t device, int max_batch, int seed, nn_mlp_t **out);
 
 /* Loss and accuracy of model m (in eval mode) on images which[0..n) of set, in chunks of m->max_batch through
  * xbuf (max_batch * dim) and ybuf (max_batch). */
