@@ -34,6 +34,8 @@ typedef struct {
     uint32_t *share;        /* (n_share) the items this worker owns, increasing */
     size_t n_share;
     uint8_t *share_px;      /* (n_share, dim) their pixels, contiguous (embed) */
+    uint32_t *also_nbr;     /* (n_share, k) graph --source emb+pixels: the pixels' lists, searched once (pixels */
+    float *also_score;      /* do not change during a run) and reused by every refresh */
     km_bank_t *bank;
     km_tables_t tables;
     km_watch_t *watch;      /* checkpoint tasks only */
@@ -318,16 +320,33 @@ static int s_graph_build(s_maker_t *mk, const char *table, const char *also, uin
     uint32_t *nbr = carls_xmalloc(sizeof *nbr * chunk * row), *part = carls_xmalloc(sizeof *part * chunk * k);
     float *score = carls_xmalloc(sizeof *score * chunk * row), *pscore = carls_xmalloc(sizeof *pscore * chunk * k);
     uint64_t same = 0, edges = 0; /* edges between items whose labels are known (-1 labels are not) */
+    if (also && !mk->also_nbr && rc == 0) {
+        uint32_t *an = carls_xmalloc(sizeof *an * (mk->n_share ? mk->n_share : 1) * k);
+        float *as = carls_xmalloc(sizeof *as * (mk->n_share ? mk->n_share : 1) * k);
+        for (size_t off = 0; off < mk->n_share && rc == 0 && !(stop && *stop); off += chunk) {
+            size_t m = mk->n_share - off < chunk ? mk->n_share - off : chunk;
+            rc = km_bank_knn(mk->bank, also, mk->share + off, m, k, an + off * k, as + off * k);
+        }
+        if (rc == 0 && !(stop && *stop)) {
+            mk->also_nbr = an;
+            mk->also_score = as;
+        } else {
+            free(an);
+            free(as);
+        }
+    }
     for (size_t off = 0; off < mk->n_share && rc == 0; off += chunk) {
         if (stop && *stop) {
             break;
         }
         size_t m = mk->n_share - off < chunk ? mk->n_share - off : chunk;
-        for (int src = 0; src < (also ? 2 : 1) && rc == 0; src++) {
-            rc = km_bank_knn(mk->bank, src ? also : table, mk->share + off, m, k, part, pscore);
-            for (size_t i = 0; rc == 0 && i < m; i++) {
-                memcpy(nbr + i * row + (size_t)src * k, part + i * k, sizeof *nbr * k);
-                memcpy(score + i * row + (size_t)src * k, pscore + i * k, sizeof *score * k);
+        rc = km_bank_knn(mk->bank, table, mk->share + off, m, k, part, pscore);
+        for (size_t i = 0; rc == 0 && i < m; i++) {
+            memcpy(nbr + i * row, part + i * k, sizeof *nbr * k);
+            memcpy(score + i * row, pscore + i * k, sizeof *score * k);
+            if (also) {
+                memcpy(nbr + i * row + k, mk->also_nbr + (off + i) * k, sizeof *nbr * k);
+                memcpy(score + i * row + k, mk->also_score + (off + i) * k, sizeof *score * k);
             }
         }
         for (size_t i = 0; rc == 0 && i < m * row; i++) {
@@ -373,6 +392,12 @@ static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atom
     }
     if (!bias) {
         LOG_WARN("checkpoint step %" PRIu64 " has no encoder", step);
+        return 0;
+    }
+    if (step == 0) {
+        /* An untrained encoder's neighbours are near random (purity about 0.47 against the pixels' 0.84 on
+         * Fashion-MNIST): keep the graph the bank has until the trainer has learnt something. */
+        LOG_INFO("graph: checkpoint step 0 is the untrained encoder; keeping the graph the bank holds");
         return 0;
     }
     const uint32_t E = (uint32_t)bias->numel;
@@ -606,6 +631,8 @@ static void s_teardown(s_maker_t *mk)
     km_bank_destroy(&mk->bank);
     free(mk->share);
     free(mk->share_px);
+    free(mk->also_nbr);
+    free(mk->also_score);
     carls_fmnist_free(&mk->ds);
 }
 

@@ -4,6 +4,8 @@
  *   - a pixel fleet and a graph fleet build k=5 neighbour lists: every item has 5 neighbours, never itself,
  *     with weights in [0, 1], best first;
  *   - a label maker writes pseudo-labels for the unlabelled items only;
+ *   - a convolutional encoder's checkpoint is embedded, and a graph fleet with --source emb+pixels writes rows
+ *     of the embeddings' k nearest then the pixels' k nearest; a step-0 checkpoint leaves the graph alone;
  *   - a sqrt-centered pixel fleet (--pixel-features) writes rows whose mean over the items is zero (both makers
  *     subtract the mean image of all items, not of their share).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
@@ -157,6 +159,64 @@ int main(void)
     MT_CHECK(labelled == N_ITEMS - 30, "%d items got pseudo-labels, expected the %d unlabelled ones", labelled, N_ITEMS - 30);
     MT_CHECK(bad == 0, "%d bad labels or confidences", bad);
     MT_CHECK(s_stat(client, "fmnist.labels", "rows") == N_ITEMS - 30, "label rows");
+
+    /* A convolutional encoder's embeddings (table prefix fmcv), then a graph over them and the pixels together
+     * (--source emb+pixels, k = 5): each row is the embeddings' 5 nearest, then the pixels' 5 nearest, and the
+     * graph carries the checkpoint's step. A step-0 (untrained) checkpoint leaves that graph alone. */
+    char ckpt_conv[160], ckpt_zero[160];
+    snprintf(ckpt_conv, sizeof ckpt_conv, "%s/ckpt-conv", dir);
+    snprintf(ckpt_zero, sizeof ckpt_zero, "%s/ckpt-zero", dir);
+    nn_mlp_config_t ccfg = {.in_dim = 784, .n_hidden = 1, .hidden = {8}, .num_classes = 10, .n_conv = 1,
+                            .conv = {{4, 5, 2}}, .image_h = 28, .image_w = 28, .image_c = 1};
+    for (int z = 0; z < 2; z++) {
+        if (nn_mlp_new(&ccfg, NN_DEVICE_CPU, 64, 5, &m, err, sizeof err) != 0 ||
+            nn_mlp_to_ckpt(m, z ? 0 : 7, &c, err, sizeof err) != 0 ||
+            carls_ckpt_save_to_dir(c, z ? ckpt_zero : ckpt_conv, NULL, 0, err, sizeof err) != 0) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        carls_ckpt_destroy(&c);
+        nn_mlp_destroy(&m);
+    }
+    const char *cv_pixels[] = {"--task", "embed", "--encoder", "pixels", "--tables", "fmcv", NULL};
+    s_fleet(srv.endpoint, dir, 2, cv_pixels);
+    const char *cv_embed[] = {"--task", "embed", "--ckpt-dir", ckpt_conv, "--tables", "fmcv", NULL};
+    s_fleet(srv.endpoint, dir, 2, cv_embed);
+    MT_CHECK(km_bank_lookup(bank, "fmcv.emb", items, N_ITEMS, 8, NULL, ver, upd) == 0, "%s", km_bank_error(bank));
+    ok = 1;
+    for (int i = 0; i < N_ITEMS; i++) {
+        ok = ok && upd[i] != 0 && ver[i] == 7;
+    }
+    MT_CHECK(ok, "some item lacks the conv encoder's step-7 embedding");
+    const char *cv_graph[] = {"--task", "graph", "--source", "emb+pixels", "--k", "5", "--tables", "fmcv",
+                              "--ckpt-dir", ckpt_conv, NULL};
+    s_fleet(srv.endpoint, dir, 2, cv_graph);
+    static uint32_t un[N_ITEMS * 10];
+    static float uw[N_ITEMS * 10];
+    MT_CHECK(km_bank_get_neighbors(bank, "fmcv.graph", items, N_ITEMS, 10, un, uw, ver) == 0, "%s",
+             km_bank_error(bank));
+    int tail_same = 0, head_differs = 0, versions = 0, complete = 1;
+    for (int i = 0; i < N_ITEMS; i++) {
+        tail_same += memcmp(un + i * 10 + 5, nbr + i * 5, sizeof(uint32_t) * 5) == 0;
+        head_differs += memcmp(un + i * 10, nbr + i * 5, sizeof(uint32_t) * 5) != 0;
+        versions += ver[i] == 7;
+        for (int j = 0; j < 10; j++) {
+            complete = complete && un[i * 10 + j] < N_ITEMS && un[i * 10 + j] != (uint32_t)i;
+        }
+    }
+    MT_CHECK(complete, "a union row is not 10 other items");
+    MT_CHECK(versions == N_ITEMS, "%d of %d union rows carry the checkpoint's step 7", versions, N_ITEMS);
+    /* The pixels' half equals the pixel graph built above (near-ties may order differently between tables). */
+    MT_CHECK(tail_same >= N_ITEMS * 95 / 100, "only %d of %d rows end with the pixel graph's 5", tail_same, N_ITEMS);
+    MT_CHECK(head_differs >= N_ITEMS / 2, "only %d of %d rows start with neighbours other than the pixels'",
+             head_differs, N_ITEMS);
+    const char *zero_graph[] = {"--task", "graph", "--source", "emb+pixels", "--k", "5", "--tables", "fmcv",
+                                "--ckpt-dir", ckpt_zero, NULL};
+    const uint64_t graph_puts = s_stat(client, "fmcv.graph", "puts");
+    MT_CHECK(graph_puts == N_ITEMS, "union graph puts %llu", (unsigned long long)graph_puts);
+    s_fleet(srv.endpoint, dir, 1, zero_graph);
+    MT_CHECK(s_stat(client, "fmcv.graph", "puts") == graph_puts, "a step-0 checkpoint rewrote %llu graph rows",
+             (unsigned long long)(s_stat(client, "fmcv.graph", "puts") - graph_puts));
 
     /* sqrt-centered pixel features, two makers: every column sums to zero over the items. */
     const char *sqc[] = {"--task", "embed", "--encoder", "pixels", "--pixel-features", "sqrt-centered", "--tables", "fmsc",
