@@ -26,6 +26,7 @@ typedef struct {
     double acc;       /* label: pseudo-label accuracy */
     double conf_acc;  /* label: accuracy on the confident ones */
     double conf_frac; /* label: their share, 0..1 */
+    char ts[40];      /* the line's first word: its time stamp (ISO 8601 UTC, so later sorts later) */
 } s_entry_t;
 
 /* The number at *p: a run of digits and dots, which must be followed by one of `after` (so that a line cut in
@@ -144,10 +145,11 @@ static bool s_read_log(const char *path, s_list_t *l)
     size_t cap = 0;
     while (getline(&line, &cap, f) > 0) {
         s_entry_t g = {0}, lb = {0};
-        if (s_parse_graph(line, &g)) {
-            s_list_put(l, &g);
-        } else if (s_parse_label(line, &lb)) {
-            s_list_put(l, &lb);
+        s_entry_t *e = s_parse_graph(line, &g) ? &g : s_parse_label(line, &lb) ? &lb : NULL;
+        if (e) {
+            const size_t n = strcspn(line, " \t\r\n");
+            memcpy(e->ts, line, n < sizeof e->ts ? n : sizeof e->ts - 1);
+            s_list_put(l, e);
         }
     }
     free(line);
@@ -155,14 +157,17 @@ static bool s_read_log(const char *path, s_list_t *l)
     return true;
 }
 
-/* The sums of one step over the logs: weighted (w*) and plain, for the means. */
+/* The sums of one fleet's lines of one kind and step (a fleet: the makers whose logs differ only in the
+ * worker number, "graph-0.log" and "graph-1.log"), weighted (by items) and plain, for the means. */
 typedef struct {
+    char fleet[64];
     uint64_t step;
-    double g_w, g_sum, g_plain; /* graph: items, items * purity, sum of purities */
-    size_t g_n;
-    double l_w, l_acc, l_frac, l_plain_acc, l_plain_frac; /* label: items, items * acc, items * share, plain */
-    double c_w, c_acc, c_plain;                           /* confident: items * share, that * accuracy, plain */
-    size_t l_n;
+    bool label;
+    char ts[40];           /* the latest time stamp of these lines */
+    double w, a, a_plain;  /* items; items * purity or accuracy; the plain sum */
+    double f, f_plain;     /* label: items * confident share; the plain sum */
+    double c, c_plain;     /* label: items * confident share * confident accuracy; the plain sum */
+    size_t n;              /* lines */
 } s_sum_t;
 
 /* The mean: weighted when there is weight, else plain. */
@@ -171,10 +176,18 @@ static double s_mean(double w, double wsum, double plain, size_t n)
     return w > 0 ? wsum / w : plain / (double)n;
 }
 
-static int s_step_cmp(const void *a, const void *b)
+/* By step, then graph before label, then time stamp (the latest last). */
+static int s_sum_cmp(const void *a, const void *b)
 {
-    const uint64_t x = ((const s_sum_t *)a)->step, y = ((const s_sum_t *)b)->step;
-    return x < y ? -1 : x > y;
+    const s_sum_t *x = a, *y = b;
+    if (x->step != y->step) {
+        return x->step < y->step ? -1 : 1;
+    }
+    if (x->label != y->label) {
+        return x->label ? 1 : -1;
+    }
+    int c = strcmp(x->ts, y->ts);
+    return c ? c : strcmp(x->fleet, y->fleet);
 }
 
 static int s_name_cmp(const void *a, const void *b)
@@ -182,39 +195,51 @@ static int s_name_cmp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Adds one log's entries to the steps' sums. */
-static void s_sum_add(s_sum_t **sums, size_t *n, size_t *cap, const s_list_t *l)
+/* The fleet of log file name ("maker-graph-1.log" -> "maker-graph") into fleet (len bytes). */
+static void s_fleet_of(const char *name, char *fleet, size_t len)
+{
+    size_t n = strlen(name) - 4; /* without ".log" */
+    size_t d = n;
+    while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') {
+        d--;
+    }
+    if (d < n && d > 0 && name[d - 1] == '-') {
+        n = d - 1;
+    }
+    snprintf(fleet, len, "%.*s", (int)n, name);
+}
+
+/* Adds the entries of one log of fleet to the sums. */
+static void s_sum_add(s_sum_t **sums, size_t *n, size_t *cap, const char *fleet, const s_list_t *l)
 {
     for (size_t i = 0; i < l->n; i++) {
         const s_entry_t *e = &l->e[i];
         size_t k = 0;
-        while (k < *n && (*sums)[k].step != e->step) {
+        while (k < *n && ((*sums)[k].step != e->step || (*sums)[k].label != e->label ||
+                          strcmp((*sums)[k].fleet, fleet) != 0)) {
             k++;
         }
         if (k == *n) {
             *sums = carls_grow(*sums, cap, *n + 1, sizeof **sums);
             memset(&(*sums)[k], 0, sizeof **sums);
+            snprintf((*sums)[k].fleet, sizeof (*sums)[k].fleet, "%s", fleet);
             (*sums)[k].step = e->step;
+            (*sums)[k].label = e->label;
             (*n)++;
         }
         s_sum_t *s = &(*sums)[k];
         const double w = (double)e->items;
-        if (!e->label) {
-            s->g_w += w;
-            s->g_sum += w * e->purity;
-            s->g_plain += e->purity;
-            s->g_n++;
-        } else {
-            s->l_w += w;
-            s->l_acc += w * e->acc;
-            s->l_frac += w * e->conf_frac;
-            s->l_plain_acc += e->acc;
-            s->l_plain_frac += e->conf_frac;
-            s->c_w += w * e->conf_frac;
-            s->c_acc += w * e->conf_frac * e->conf_acc;
-            s->c_plain += e->conf_acc;
-            s->l_n++;
+        if (strcmp(e->ts, s->ts) > 0) {
+            memcpy(s->ts, e->ts, sizeof s->ts);
         }
+        s->w += w;
+        s->a += w * (e->label ? e->acc : e->purity);
+        s->a_plain += e->label ? e->acc : e->purity;
+        s->f += w * e->conf_frac;
+        s->f_plain += e->conf_frac;
+        s->c += w * e->conf_frac * e->conf_acc;
+        s->c_plain += e->conf_acc;
+        s->n++;
     }
 }
 
@@ -244,30 +269,46 @@ int carls_knowledge_collect(const char *logs_dir, carls_knowledge_row_t **rows, 
     s_list_t l = {0};
     s_sum_t *sums = NULL;
     size_t n_sums = 0, sums_cap = 0;
+    const size_t dir_len = strlen(logs_dir) + 1;
     for (size_t i = 0; i < n_names; i++) {
+        char fleet[64];
+        s_fleet_of(names[i] + dir_len, fleet, sizeof fleet);
         if (s_read_log(names[i], &l)) {
-            s_sum_add(&sums, &n_sums, &sums_cap, &l);
+            s_sum_add(&sums, &n_sums, &sums_cap, fleet, &l);
         }
         free(names[i]);
     }
     free(names);
     free(l.e);
     if (n_sums > 1) {
-        qsort(sums, n_sums, sizeof *sums, s_step_cmp);
+        qsort(sums, n_sums, sizeof *sums, s_sum_cmp);
     }
+    /* One row per step. Where several fleets wrote the same step (the resident graph makers' version 0 after
+     * the initial pixel graph's, the resident label maker's step 0 after the first spreading's), the bank
+     * holds what the last of them wrote: that fleet's sums count (the last of the step's kind in sort order). */
     if (n_sums > 0) {
         *rows = carls_xcalloc(n_sums, sizeof **rows);
     }
     for (size_t k = 0; k < n_sums; k++) {
         const s_sum_t *s = &sums[k];
-        carls_knowledge_row_t *r = &(*rows)[k];
-        r->step = s->step;
-        r->graph_purity = s->g_n ? s_mean(s->g_w, s->g_sum, s->g_plain, s->g_n) : NAN;
-        r->pseudo_label_accuracy = s->l_n ? s_mean(s->l_w, s->l_acc, s->l_plain_acc, s->l_n) : NAN;
-        r->confident_accuracy = s->l_n ? s_mean(s->c_w, s->c_acc, s->c_plain, s->l_n) : NAN;
-        r->confident_share = s->l_n ? s_mean(s->l_w, s->l_frac, s->l_plain_frac, s->l_n) : NAN;
+        if (*n == 0 || (*rows)[*n - 1].step != s->step) {
+            carls_knowledge_row_t *r = &(*rows)[(*n)++];
+            r->step = s->step;
+            r->graph_purity = r->pseudo_label_accuracy = r->confident_accuracy = r->confident_share = NAN;
+        }
+        if (k + 1 < n_sums && sums[k + 1].step == s->step && sums[k + 1].label == s->label) {
+            continue; /* a later fleet wrote this step too */
+        }
+        carls_knowledge_row_t *r = &(*rows)[*n - 1];
+        if (!s->label) {
+            r->graph_purity = s_mean(s->w, s->a, s->a_plain, s->n);
+        } else {
+            r->pseudo_label_accuracy = s_mean(s->w, s->a, s->a_plain, s->n);
+            r->confident_share = s_mean(s->w, s->f, s->f_plain, s->n);
+            /* No confident item: no accuracy among them (the maker writes 0). */
+            r->confident_accuracy = s->f > 0 ? s->c / s->f : s->f_plain > 0 ? s->c_plain / (double)s->n : NAN;
+        }
     }
-    *n = n_sums;
     free(sums);
     return 0;
 }

@@ -10,8 +10,12 @@
  * The rows join them by step (the graph version, the label step: both the trainer checkpoint step they were
  * made from). A step's graph purity is the items-weighted mean over the lines of that version (each graph
  * maker covers a share of the items); the label columns likewise over the label lines of that step (the
- * confident accuracy weighted by the confident items). Where one maker's log holds the same step twice (a
- * restarted maker), its last line counts. Any other line, and any line that does not parse whole, is skipped.
+ * confident accuracy weighted by the confident items; empty where no item was confident). Where one maker's
+ * log holds the same step twice (a restarted maker), its last line counts. Where two fleets (the logs that
+ * differ only in the worker number: graph-I, maker-graph-I; labels0-0, maker-label-0) wrote the same step,
+ * as the resident makers do for step 0 after the initial ones, the fleet whose last line of it is the latest
+ * (by the lines' time stamps) counts: the bank holds what it wrote. Any other line, and any line that does
+ * not parse whole, is skipped.
  *
  * knowledge.csv: the header "step,graph_purity,pseudo_label_accuracy,confident_accuracy,confident_share", then
  * one row per step in increasing order; a column without a value at that step is empty. confident_share is a
