@@ -1,8 +1,10 @@
 /* Plots and report.md (see carls_report.h). */
 #include "carls_report.h"
 
+#include "carls_knowledge.h"
 #include "log.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -97,6 +99,43 @@ static bool s_column_has_number(const char *csv, int col)
     return found;
 }
 
+/* The knowledge per refresh (dir/knowledge.csv, carls_knowledge.h) into path (len bytes), and which of its
+ * columns gnuplot can draw: *purity (2, graph purity), *accuracy (3, pseudo-label accuracy). true when one can. */
+static bool s_knowledge_plottable(const char *dir, char *path, size_t len, bool *purity, bool *accuracy)
+{
+    snprintf(path, len, "%s/" CARLS_KNOWLEDGE_CSV, dir);
+    *purity = s_column_has_number(path, 2);
+    *accuracy = s_column_has_number(path, 3);
+    return *purity || *accuracy;
+}
+
+/* Appends knowledge.png (graph purity and pseudo-label accuracy per refresh) to the gnuplot script f when the
+ * run wrote knowledge.csv; only columns with a number are drawn (gnuplot refuses a plot of undefined points). */
+static void s_knowledge_plot(FILE *f, const char *dir)
+{
+    char csv[4200];
+    bool purity, accuracy;
+    if (!s_knowledge_plottable(dir, csv, sizeof csv, &purity, &accuracy)) {
+        return;
+    }
+    fprintf(f,
+            "unset y2tics\n"
+            "unset y2label\n"
+            "set key bottom right\n"
+            "set xlabel 'trainer step (graph version, label step)'\n"
+            "set ylabel 'share'\n"
+            "set output '%s/knowledge.png'\n"
+            "set title 'Knowledge per refresh (diagnostics from the true labels)'\n"
+            "plot ",
+            dir);
+    if (purity) {
+        fprintf(f, "'%s' using 1:2 with linespoints lw 2 title 'graph purity'%s", csv, accuracy ? ", " : "\n");
+    }
+    if (accuracy) {
+        fprintf(f, "'%s' using 1:3 with linespoints lw 2 title 'pseudo-label accuracy'\n", csv);
+    }
+}
+
 /* trainer twotower's metrics: 1 step, 3 loss, 4 steps/s, 5 bank negatives, 6 their staleness (steps). */
 static void s_twotower_plots(FILE *f, const char *dir, const char *metrics_csv)
 {
@@ -164,6 +203,7 @@ int carls_report_plots(const char *dir, const char *metrics_csv, const char *exp
             "'' using 1:11 axes x1y2 with linespoints title 'missing (not yet embedded)'\n",
             dir, metrics_csv, dir, metrics_csv);
     }
+    s_knowledge_plot(f, dir);
     fclose(f);
     char cmd[9000];
     snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>'%s/plots.log'", script, dir);
@@ -174,6 +214,45 @@ int carls_report_plots(const char *dir, const char *metrics_csv, const char *exp
         return -1;
     }
     return 0;
+}
+
+/* " value |" rounded to 4 digits, or " |" for a value the step does not have. */
+static void s_knowledge_cell(FILE *f, double v)
+{
+    if (isnan(v)) {
+        fprintf(f, " |");
+    } else {
+        fprintf(f, " %.4f |", v);
+    }
+}
+
+/* The "Knowledge per refresh" section from dir/knowledge.csv; nothing when the run wrote none. */
+static void s_knowledge_section(FILE *f, const char *dir)
+{
+    char csv[4200];
+    snprintf(csv, sizeof csv, "%s/" CARLS_KNOWLEDGE_CSV, dir);
+    carls_knowledge_row_t *rows = NULL;
+    size_t n = 0;
+    if (carls_knowledge_read_csv(csv, &rows, &n) != 0 || n == 0) {
+        free(rows);
+        return;
+    }
+    fprintf(f, "\n## Knowledge per refresh\n\n"
+               "The graph's purity (share of edges joining items of one class) and the pseudo-labels' accuracy over "
+               "the unlabelled items (all of them, and those with confidence >= 0.5, with their share) at each graph "
+               "version and label step, from the makers' logs: diagnostics from the true labels, which the makers "
+               "never write. Also in `" CARLS_KNOWLEDGE_CSV "`.\n\n"
+               "| step | graph purity | pseudo-label accuracy | confident accuracy | confident share |\n"
+               "| --- | --- | --- | --- | --- |\n");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "| %" PRIu64 " |", rows[i].step);
+        s_knowledge_cell(f, rows[i].graph_purity);
+        s_knowledge_cell(f, rows[i].pseudo_label_accuracy);
+        s_knowledge_cell(f, rows[i].confident_accuracy);
+        s_knowledge_cell(f, rows[i].confident_share);
+        fputc('\n', f);
+    }
+    free(rows);
 }
 
 int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
@@ -209,10 +288,16 @@ int carls_report_write(const char *dir, const char *config_path, const carls_ini
     if (faults && *faults) {
         fprintf(f, "\n## Faults\n\n%s", faults);
     }
+    s_knowledge_section(f, dir);
     fprintf(f, "\n## Plots\n\n");
     if (plotted) {
         const bool tt = strcmp(carls_ini_get(ini, "experiment", "graphreg"), "twotower") == 0;
         fprintf(f, "![%s](%s.png)\n\n![staleness](staleness.png)\n", tt ? "loss" : "accuracy", tt ? "loss" : "accuracy");
+        char csv[4200];
+        bool purity, accuracy;
+        if (s_knowledge_plottable(dir, csv, sizeof csv, &purity, &accuracy)) {
+            fprintf(f, "\n![knowledge](knowledge.png)\n");
+        }
     } else {
         fprintf(f, "No plots: gnuplot is missing or failed (see plots.log).\n");
     }

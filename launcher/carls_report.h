@@ -25,12 +25,14 @@ const double *carls_result_get(const carls_result_t *r, const char *key);
 
 /* Plots the trainer's metrics_csv with gnuplot: for experiment "graphreg" accuracy and neighbour staleness over
  * steps (dir/accuracy.png, dir/staleness.png), for "twotower" loss and speed and the bank negatives' staleness
- * (dir/loss.png, dir/staleness.png). Returns 0, or -1 when gnuplot is missing or failed (logged; the report
- * says so). */
+ * (dir/loss.png, dir/staleness.png); when dir holds knowledge.csv (carls_knowledge.h) also dir/knowledge.png
+ * (graph purity and pseudo-label accuracy per refresh). Returns 0, or -1 when gnuplot is missing or failed
+ * (logged; the report says so). */
 int carls_report_plots(const char *dir, const char *metrics_csv, const char *experiment);
 
 /* Writes dir/report.md. phases: a text table of timings (may be NULL). faults: markdown for the "Faults"
- * section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. */
+ * section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. With dir/knowledge.csv, a
+ * "Knowledge per refresh" section shows its rows. */
 int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
                        const char *phases, const char *faults, int plotted);
 

@@ -2,6 +2,7 @@
 #include "carls_run.h"
 
 #include "carls_ini.h"
+#include "carls_knowledge.h"
 #include "carls_proc.h"
 #include "carls_ptab.h"
 #include "carls_report.h"
@@ -1565,6 +1566,9 @@ static int s_report(s_run_t *r, double wall)
     carls_result_t res;
     carls_result_read(&res, r->out);
     s_phase(r, "| whole run | %.1f |\n", wall);
+    char knowledge[4400]; /* the knowledge per refresh from the makers' logs, for the report and its plots */
+    s_fmt(knowledge, sizeof knowledge, "%s/" CARLS_KNOWLEDGE_CSV, r->dir);
+    carls_knowledge_write(r->logs, knowledge);
     int plotted = carls_report_plots(r->dir, r->metrics, c->experiment) == 0;
     const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
     char faults[10240];

@@ -1,8 +1,8 @@
 /* End to end: `carls run` on a small configuration (1,000 items, a 2-maker fleet, 150 trainer steps with the
  * graph term and pseudo-labels from the bank) must finish, print `test_accuracy=...` as its last line and
- * write report.md and metrics.csv; a second run interrupted with SIGINT while the trainer runs must stop
- * every process and exit 130. `--set` of an unknown key is refused. Exits 77 (skipped) without
- * dataset-fashion-mnist. */
+ * write report.md, metrics.csv and knowledge.csv (the initial graph's purity and the first pseudo-labels'
+ * accuracy); a second run interrupted with SIGINT while the trainer runs must stop every process and exit
+ * 130. `--set` of an unknown key is refused. Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 
 #include <signal.h>
@@ -51,6 +51,18 @@ int main(void)
     MT_CHECK(mt_file_contains(path, "test_accuracy"), "report.md lacks the result");
     snprintf(path, sizeof path, "%s/e2e/metrics.csv", runs);
     MT_CHECK(mt_file_contains(path, "test_accuracy") && mt_file_contains(path, "150,"), "metrics.csv incomplete");
+    /* The knowledge per refresh from the makers' logs: the initial graph's purity and the first label spreading's
+     * accuracy at step 0, in knowledge.csv and report.md (issue 22). */
+    snprintf(path, sizeof path, "%s/e2e/knowledge.csv", runs);
+    size_t klen = 0;
+    char *knowledge = (char *)test_read_file(path, 1, &klen);
+    const char kfirst[] = "step,graph_purity,pseudo_label_accuracy,confident_accuracy,confident_share\n0,0.";
+    MT_CHECK(knowledge && klen >= sizeof kfirst - 1 && memcmp(knowledge, kfirst, sizeof kfirst - 1) == 0,
+             "knowledge.csv lacks the step-0 row (see %s)", path);
+    free(knowledge);
+    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    MT_CHECK(mt_file_contains(path, "## Knowledge per refresh") && mt_file_contains(path, "| 0 | 0."),
+             "report.md lacks the knowledge per refresh");
     MT_CHECK(!mt_file_contains(log, "ended with status"), "a process did not stop cleanly (see %s)", log);
     printf("end-to-end run: %s (%.1f s)", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
 
