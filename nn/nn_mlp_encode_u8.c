@@ -62,6 +62,29 @@ void nn_encode_u8_cpu(const float *const *w, const float *const *b, const int *i
     free(losses);
 }
 
+/* A model with convolutions goes through its own forward pass (nn_mlp_encode / nn_mlp_predict, on its
+ * device), max_batch images at a time: the fused layer loops above know only linear layers. */
+static void s_encode_u8_model(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, float *probs)
+{
+    const size_t D = (size_t)self->cfg.in_dim;
+    const int E = self->cfg.hidden[self->cfg.n_hidden - 1], C = self->cfg.num_classes;
+    float *x = carls_xmalloc(sizeof(float) * (size_t)self->max_batch * D);
+    for (int off = 0; off < n; off += self->max_batch) {
+        const int m = n - off < self->max_batch ? n - off : self->max_batch;
+        const uint8_t *px = pixels + (size_t)off * D;
+        for (size_t i = 0; i < (size_t)m * D; i++) {
+            x[i] = (float)px[i] * (1.0f / 255.0f);
+        }
+        if (emb) {
+            nn_mlp_encode(self, x, m, emb + (size_t)off * (size_t)E);
+        }
+        if (probs) {
+            nn_mlp_predict(self, x, m, probs + (size_t)off * (size_t)C);
+        }
+    }
+    free(x);
+}
+
 void nn_mlp_encode_u8(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, float *probs, int chunk)
 {
     assert(self && (emb || probs));
@@ -70,6 +93,10 @@ void nn_mlp_encode_u8(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, 
         chunk = 4096;
     }
     if (n <= 0) {
+        return;
+    }
+    if (self->cfg.n_conv > 0) {
+        s_encode_u8_model(self, pixels, n, emb, probs);
         return;
     }
     const float *w[NN_MLP_MAX_LAYERS], *b[NN_MLP_MAX_LAYERS];

@@ -22,7 +22,8 @@ void nn_encode_u8_cpu(const float *const *w, const float *const *b, const int *i
 /* nn_encode_u8 on the model's device: the CPU reference above, or the CUDA twin when the model lives on a GPU
  * (weights already there; the pixels are read from host memory and the results written to host memory).
  * pixels (n, in_dim) host bytes; emb (n, hidden[n_hidden-1]) host or NULL; probs (n, num_classes) host or
- * NULL (needs a classifier). chunk <= 0 picks 4096. */
+ * NULL (needs a classifier). chunk <= 0 picks 4096. A model with convolutions runs its own forward pass
+ * (nn_mlp_encode, nn_mlp_predict) in chunks of its max_batch instead, whatever chunk says. */
 void nn_mlp_encode_u8(nn_mlp_t *self, const uint8_t *pixels, int n, float *emb, float *probs, int chunk);
 
 #endif

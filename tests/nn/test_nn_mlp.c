@@ -2,6 +2,7 @@
  * unlabelled row and an extra embedding gradient), learning a small synthetic problem with both optimisers,
  * and a checkpoint round trip that must reproduce the predictions exactly. CPU device. */
 #include "nn_mlp.h"
+#include "nn_mlp_encode_u8.h"
 #include "nn_testlib.h"
 
 #include "util.h"
@@ -408,6 +409,38 @@ static void test_mlp_conv_checkpoint(void **state)
     nn_mlp_destroy(&one);
 }
 
+/* The makers' bulk encode of grey-level bytes runs a conv model's convolutions: its embeddings and
+ * probabilities equal the model's own forward pass on bytes / 255 (a fused path of linear layers alone would
+ * read the pixels as if they were the first hidden layer's input). */
+static void test_mlp_conv_encode_u8(void **state)
+{
+    (void)state;
+    nn_mlp_config_t cfg = {.in_dim = 8 * 8, .n_hidden = 2, .hidden = {7, 5}, .num_classes = 3, .n_conv = 1,
+                           .conv = {{4, 3, 2}}, .image_h = 8, .image_w = 8, .image_c = 1};
+    nn_mlp_t *m = NULL;
+    char err[256];
+    assert_int_equal(nn_mlp_new(&cfg, NN_DEVICE_CPU, 16, 4, &m, err, sizeof err), 0);
+    enum { N = 37 };
+    uint8_t px[N * 64];
+    float x[N * 64], e1[N * 5], e2[N * 5], p1[N * 3], p2[N * 3];
+    uint64_t rng = 5;
+    for (int i = 0; i < N * 64; i++) {
+        px[i] = (uint8_t)(carls_splitmix64(&rng) >> 56);
+        x[i] = (float)px[i] * (1.0f / 255.0f);
+    }
+    nn_mlp_encode_u8(m, px, N, e1, p1, 4096);
+    nn_mlp_encode(m, x, N, e2);
+    nn_mlp_predict(m, x, N, p2);
+    assert_memory_equal(e1, e2, sizeof e1);
+    assert_memory_equal(p1, p2, sizeof p1);
+    double norm = 0.0;
+    for (int i = 0; i < N * 5; i++) {
+        norm += fabs(e1[i]);
+    }
+    assert_true(norm > 1e-3);
+    nn_mlp_destroy(&m);
+}
+
 static void test_mlp_conv_config_checks(void **state)
 {
     (void)state;
@@ -439,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_mlp_config_checks),
         cmocka_unit_test(test_mlp_conv_gradcheck),
         cmocka_unit_test(test_mlp_conv_checkpoint),
+        cmocka_unit_test(test_mlp_conv_encode_u8),
         cmocka_unit_test(test_mlp_conv_config_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
