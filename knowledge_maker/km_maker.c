@@ -307,6 +307,33 @@ static int s_embed_step(s_maker_t *mk, const carls_ckpt_t *ck)
 
 /* ---- graph ------------------------------------------------------------------------------------------ */
 
+/* The share's pixel neighbour lists (k each) from the graph the bank holds: a row of the initial pixel graph
+ * (k entries, version 0) or of an earlier union (2k entries, the pixels' second). False when some row is
+ * neither, or the bank does not answer: then the caller searches. */
+static bool s_pixel_lists_from_graph(s_maker_t *mk, uint32_t k, uint32_t *nbr, float *score)
+{
+    const size_t n = mk->n_share;
+    uint32_t *row = carls_xmalloc(sizeof *row * (n ? n : 1) * 2 * k);
+    float *w = carls_xmalloc(sizeof *w * (n ? n : 1) * 2 * k);
+    uint64_t *ver = carls_xmalloc(sizeof *ver * (n ? n : 1));
+    bool ok = km_bank_get_neighbors(mk->bank, mk->tables.graph, mk->share, n, 2 * k, row, w, ver) == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const uint32_t *r = row + i * 2 * k;
+        const bool pixel_row = ver[i] == 0 && r[k - 1] != KM_NO_ITEM && r[k] == KM_NO_ITEM;
+        const bool union_row = ver[i] > 0 && r[2 * k - 1] != KM_NO_ITEM;
+        ok = pixel_row || union_row;
+        memcpy(nbr + i * k, r + (union_row ? k : 0), sizeof *nbr * k);
+        memcpy(score + i * k, w + i * 2 * k + (union_row ? k : 0), sizeof *score * k);
+    }
+    free(row);
+    free(w);
+    free(ver);
+    if (ok) {
+        LOG_INFO("graph: the pixels' neighbour lists of %zu items taken from %s", n, mk->tables.graph);
+    }
+    return ok;
+}
+
 /* Builds the share's neighbour lists from the knn over table (k per item), followed by the knn over also when it
  * is not NULL (k more), tagged with version. The learned embeddings' neighbours and the pixels' are on scales
  * that cannot be compared, so the union keeps both lists whole rather than the best k of their merge. */
@@ -323,7 +350,10 @@ static int s_graph_build(s_maker_t *mk, const char *table, const char *also, uin
     if (also && !mk->also_nbr && rc == 0) {
         uint32_t *an = carls_xmalloc(sizeof *an * (mk->n_share ? mk->n_share : 1) * k);
         float *as = carls_xmalloc(sizeof *as * (mk->n_share ? mk->n_share : 1) * k);
-        for (size_t off = 0; off < mk->n_share && rc == 0 && !(stop && *stop); off += chunk) {
+        /* The pixels' lists are usually in the bank already: the initial graph (k per row), or a union written
+         * before this maker restarted (its second k). Searching again costs as much as the initial graph. */
+        bool have = s_pixel_lists_from_graph(mk, k, an, as);
+        for (size_t off = 0; !have && off < mk->n_share && rc == 0 && !(stop && *stop); off += chunk) {
             size_t m = mk->n_share - off < chunk ? mk->n_share - off : chunk;
             rc = km_bank_knn(mk->bank, also, mk->share + off, m, k, an + off * k, as + off * k);
         }
