@@ -89,6 +89,7 @@ static void s_usage(FILE *out)
             "                           the learned embeddings followed by its k nearest by pixels, 2k in all)\n"
             "  --k K                    neighbours per item (default 10)\n"
             "  --wait-embed-ms MS       emb: wait this long for the embed fleet's step (default 60000)\n"
+            "                           (label --wait-graph: for the graph fleet's step)\n"
             "words (trainer twotower's word tower; items are GCIDE headwords, tables PREFIX.word .gram -> .vec):\n"
             "  --gcide-index FILE --gcide-dict FILE   GCIDE files (default Debian's dict-gcide)\n"
             "label:\n"
@@ -152,6 +153,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", "emb+pixels", NULL}),
         carls_arg_int("k", &o->k, 1, 4096),
         carls_arg_int("wait-embed-ms", &o->wait_embed_ms, 0, 86400000),
+        carls_arg_set("wait-graph", &o->wait_graph),
         carls_arg_float("spread-alpha", &o->spread_alpha, 0.0, 0.9999),
         carls_arg_int("spread-iters", &o->spread_iters, 1, 10000),
         carls_arg_float("model-weight", &o->model_weight, 0.0, 1000.0),
@@ -516,6 +518,7 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     int64_t t0 = carls_monotonic_us();
     int rc = -1;
     uint32_t *all = carls_xmalloc(sizeof *all * n), *labelled = NULL, *nbr = NULL, *items = NULL;
+    uint64_t *gver = NULL;
     float *w = NULL, *prior = NULL, *F = NULL, *conf = NULL;
     int32_t *lab = NULL;
     uint8_t *is_lab = NULL;
@@ -533,9 +536,28 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     }
     nbr = carls_xmalloc(sizeof *nbr * n * k);
     w = carls_xmalloc(sizeof *w * n * k);
-    if (km_bank_get_neighbors(mk->bank, mk->tables.graph, all, n, k, nbr, w, NULL) != 0) {
-        rc = s_bank_failed(mk);
-        goto cleanup;
+    gver = carls_xmalloc(sizeof *gver * n);
+    /* --wait-graph: the graph fleet rebuilds from this checkpoint's embeddings; spread over that graph, not the
+     * one before, so each refresh's labels follow its graph (version: the oldest embedding a row was built on). */
+    const int64_t deadline = carls_monotonic_ms() + (o->wait_graph && step > 0 ? o->wait_embed_ms : 0);
+    uint64_t oldest = 0;
+    for (;;) {
+        if (km_bank_get_neighbors(mk->bank, mk->tables.graph, all, n, k, nbr, w, gver) != 0) {
+            rc = s_bank_failed(mk);
+            goto cleanup;
+        }
+        oldest = UINT64_MAX;
+        for (size_t i = 0; i < n; i++) {
+            oldest = gver[i] < oldest ? gver[i] : oldest;
+        }
+        if (oldest >= step || carls_monotonic_ms() >= deadline) {
+            break;
+        }
+        usleep(500 * 1000);
+    }
+    if (o->wait_graph && step > 0 && oldest < step) {
+        LOG_WARN("label step %" PRIu64 ": the graph of this step is not all there after %d ms (oldest row %" PRIu64
+                 "); spreading over what the bank holds", step, o->wait_embed_ms, oldest);
     }
     for (size_t i = 0; i < n * k; i++) {
         if (nbr[i] != KM_NO_ITEM && nbr[i] >= n) {
@@ -590,6 +612,7 @@ cleanup:
     free(labelled);
     free(is_lab);
     free(nbr);
+    free(gver);
     free(w);
     free(prior);
     free(F);

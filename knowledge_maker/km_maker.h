@@ -72,6 +72,7 @@ typedef struct {
     int balance;               /* label: class-mass normalisation */
     int batch;                 /* embed: rows per forward chunk */
     int wait_embed_ms;         /* graph --source emb: how long to wait for the fleet's embeddings of a step */
+    bool wait_graph;           /* label: wait (up to wait_embed_ms) for the graph of the checkpoint's step */
     int threads;               /* OpenBLAS threads */
     int bank_timeout_ms;       /* per request attempt; 0: embed 10000, graph/label 60000 */
     int bank_wait_s;           /* how long work is retried while the bank is unreachable */

@@ -417,6 +417,7 @@ typedef struct {
     bool tt;                          /* experiment = twotower */
     bool graph_needed;                /* graphreg with alpha or beta > 0: the bank's graph is built first */
     bool bank_emb;                    /* graphreg: neighbour embeddings come from the embed makers */
+    bool embed_fleet;                 /* graphreg: embed makers run (bank_emb, or the graph is refreshed) */
     bool label_loop;                  /* graphreg: a resident label maker */
     bool label_first;                 /* graphreg: a first label-spreading pass over the initial graph */
     bool graph_refresh;               /* graphreg: a resident graph fleet over the learned embeddings */
@@ -506,7 +507,7 @@ static int s_each_client(s_run_t *r, int (*fn)(s_run_t *r, const char *stem))
         const char *task;
         bool on;
         int n;
-    } resident[] = {{"embed", r->bank_emb, n}, {"graph", r->graph_refresh, n}, {"words", r->tt, n},
+    } resident[] = {{"embed", r->embed_fleet, n}, {"graph", r->graph_refresh, n}, {"words", r->tt, n},
                     {"label", r->label_loop, 1}};
     for (size_t k = 0; k < sizeof resident / sizeof resident[0]; k++) {
         for (int i = 0; resident[k].on && i < resident[k].n && rc == 0; i++) {
@@ -1372,6 +1373,9 @@ static int s_start_label_maker(s_run_t *r)
         {"--model-weight", c->label_model_weight, 0},
     };
     s_num_args(&a, nums, sizeof nums / sizeof nums[0]);
+    if (r->graph_refresh) {
+        s_arg(&a, "--wait-graph");
+    }
     return s_fleet_start_worker(r, "label", 0, 1, &a);
 }
 
@@ -1382,7 +1386,7 @@ static int s_start_fleet(s_run_t *r)
     const s_cfg_t *c = r->c;
     const int n = (int)c->makers;
     char stem[64];
-    for (int i = 0; r->bank_emb && i < n; i++) {
+    for (int i = 0; r->embed_fleet && i < n; i++) {
         s_argv_t a = {0};
         s_resident_stem(stem, sizeof stem, "embed", i);
         s_maker_args(&a, r, stem, "embed", i, n);
@@ -1590,9 +1594,12 @@ static int s_run(s_run_t *r)
     r->tt = strcmp(c->experiment, "twotower") == 0;
     r->graph_needed = !r->tt && (c->alpha > 0 || c->beta > 0);
     r->bank_emb = !r->tt && c->alpha > 0 && strcmp(c->neighbors_from, "bank") == 0;
-    r->label_loop = !r->tt && c->beta > 0 && c->label_maker > 0 && c->label_model_weight > 0;
+    /* A refreshed graph needs the embed fleet whether or not the trainer reads neighbour embeddings (alpha 0),
+     * and a resident label maker that spreads again over each refreshed graph. */
+    r->graph_refresh = r->graph_needed && c->graph_refresh > 0;
+    r->embed_fleet = r->bank_emb || r->graph_refresh;
+    r->label_loop = !r->tt && c->beta > 0 && c->label_maker > 0 && (c->label_model_weight > 0 || r->graph_refresh);
     r->label_first = r->graph_needed && c->beta > 0 && c->label_maker > 0;
-    r->graph_refresh = r->bank_emb && c->graph_refresh > 0;
     r->t0 = carls_monotonic_ms();
     for (int i = 0; i < r->n_shards; i++) {
         r->shard[i].row = -1;
@@ -1601,7 +1608,7 @@ static int s_run(s_run_t *r)
     r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
-    s_write_metrics_targets(c, r->dir, r->tt, r->bank_emb, r->bank_emb && c->graph_refresh > 0, r->label_loop);
+    s_write_metrics_targets(c, r->dir, r->tt, r->embed_fleet, r->graph_refresh, r->label_loop);
     bool ready = !r->curve || s_make_keys(r) == 0;
     if (ready && r->resume_dir) {
         ready = s_resume_bank(r) == 0; /* the graph and pseudo-labels come back with the snapshot */
