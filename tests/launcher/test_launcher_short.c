@@ -1,7 +1,8 @@
 /* End to end: `carls run` on a small configuration (1,000 items, a 2-maker fleet, 150 trainer steps with the
  * graph term and pseudo-labels from the bank) must finish, print `test_accuracy=...` as its last line and
  * write report.md, metrics.csv and knowledge.csv (the initial graph's purity and the first pseudo-labels'
- * accuracy); a second run interrupted with SIGINT while the trainer runs must stop every process and exit
+ * accuracy); a run with a convolutional encoder and the dynamic graph (graph_refresh = 2) records refreshes
+ * after step 0; a run interrupted with SIGINT while the trainer runs must stop every process and exit
  * 130. `--set` of an unknown key is refused. Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 
@@ -18,7 +19,7 @@ static void s_write_ini(const char *path)
     fprintf(f, "# small end-to-end configuration\n"
                "name = e2e\nruns_dir = unset\nitems = 1000\nlabels_per_class = 10\nlabel_seed = 0\n"
                "validation = 0\nmakers = 2\nmaker_device = cpu\ngraph_k = 5\nlabel_maker = 1\n"
-               "label_model_weight = 0\nhidden = 64,32\nsteps = 150\nbatch_labelled = 100\n"
+               "label_model_weight = 0\nhidden = 64,32\nconv = none\ngraph_refresh = 0\nsteps = 150\nbatch_labelled = 100\n"
                "batch_unlabelled = 64\nalpha = 0.1\nneighbors = 5\nneighbors_from = bank\nbeta = 1\n"
                "ckpt_every = 25\neval_every = 50\ntrainer_device = cpu\ntimeout_s = 300\n");
     fclose(f);
@@ -64,7 +65,33 @@ int main(void)
     MT_CHECK(mt_file_contains(path, "## Knowledge per refresh") && mt_file_contains(path, "| 0 | 0."),
              "report.md lacks the knowledge per refresh");
     MT_CHECK(!mt_file_contains(log, "ended with status"), "a process did not stop cleanly (see %s)", log);
-    printf("end-to-end run: %s (%.1f s)", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
+    printf("end-to-end run: %s (%.1f s)\n", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
+
+    /* The dynamic graph with a convolutional encoder (graph_refresh = 2, alpha 0): the embed fleet runs without
+     * the graph term, the graph is rebuilt from each checkpoint's embeddings and the pixels' lists, and the
+     * resident label maker spreads again over each rebuilt graph: knowledge.csv has refreshes after step 0
+     * with both a graph purity and a pseudo-label accuracy. */
+    char log3[140];
+    snprintf(log3, sizeof log3, "%s/carls-dyn.log", dir);
+    char *argv3[] = {"carls", "run", ini, "--set", set_runs, "--set", "name=e2e-dyn", "--set", "conv=4:5:2", "--set",
+                     "graph_refresh=2", "--set", "alpha=0", NULL};
+    st = mt_wait(mt_spawn("carls", argv3, log3), 300000);
+    mt_check_run_result(st, log3, line, sizeof line);
+    snprintf(path, sizeof path, "%s/e2e-dyn/knowledge.csv", runs);
+    knowledge = (char *)test_read_file(path, 1, &klen);
+    int refreshed = 0;
+    for (char *row = knowledge ? strchr(knowledge, '\n') : NULL; row && row[1]; row = strchr(row + 1, '\n')) {
+        long step = 0;
+        double purity = 0.0, acc = 0.0;
+        refreshed += sscanf(row + 1, "%ld,%lf,%lf", &step, &purity, &acc) == 3 && step > 0 && purity > 0.0 &&
+                     acc > 0.0;
+    }
+    free(knowledge);
+    MT_CHECK(refreshed >= 1, "knowledge.csv has no refresh after step 0 with graph and labels (see %s)", path);
+    snprintf(path, sizeof path, "%s/e2e-dyn/logs/maker-graph-0.log", runs);
+    MT_CHECK(mt_file_contains(path, "graph from fmnist.emb + fmnist.pixels"), "no union graph was built (see %s)",
+             path);
+    printf("dynamic-graph run: %s, %d refreshes\n", line, refreshed);
 
     /* Ctrl-C while the trainer runs: every process stops, exit 130. */
     char log2[140];
