@@ -48,6 +48,17 @@ static mlp_ctx_t s_mlp_ctx(nn_mlp_t *m, int B, int E, float lo, float hi, uint64
     return c;
 }
 
+/* The analytic gradient of the context's loss at its parameters (a new array of num_params floats). */
+static float *s_mlp_analytic(mlp_ctx_t *c)
+{
+    s_mlp_loss(c);
+    nn_mlp_zero_grad(c->m);
+    nn_mlp_backward(c->m, c->B, c->r);
+    float *analytic = malloc(sizeof(float) * c->m->num_params);
+    memcpy(analytic, c->m->grads, sizeof(float) * c->m->num_params);
+    return analytic;
+}
+
 static void s_mlp_ctx_free(mlp_ctx_t *c)
 {
     free(c->params);
@@ -70,11 +81,7 @@ static void test_mlp_gradcheck(void **state)
     nn_mlp_set_batch(m, x, y, B);
     mlp_ctx_t c = s_mlp_ctx(m, B, E, -0.5f, 0.5f, &rng);
 
-    s_mlp_loss(&c);
-    nn_mlp_zero_grad(m);
-    nn_mlp_backward(m, B, c.r);
-    float *analytic = malloc(sizeof(float) * m->num_params);
-    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    float *analytic = s_mlp_analytic(&c);
     int bad = t_gradcheck("mlp all parameters", c.params, (int)m->num_params, analytic, s_mlp_loss, &c, 1e-3f, 1e-3,
                           1e-2);
     assert_int_equal(bad, 0);
@@ -224,11 +231,7 @@ static void test_mlp_encoder_only(void **state)
     nn_mlp_set_batch(m, x, NULL, B);
     mlp_ctx_t c = s_mlp_ctx(m, B, E, -1, 1, &rng);
     assert_float_equal(nn_mlp_forward(m, B, true, 1234), 0.0f, 0.0); /* no classifier: no cross-entropy */
-    s_mlp_loss(&c);
-    nn_mlp_zero_grad(m);
-    nn_mlp_backward(m, B, c.r);
-    float *analytic = malloc(sizeof(float) * m->num_params);
-    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    float *analytic = s_mlp_analytic(&c);
     assert_int_equal(t_gradcheck("mlp encoder only", c.params, (int)m->num_params, analytic, s_mlp_loss, &c, 1e-3f,
                                  1e-3, 1e-2),
                      0);
@@ -312,11 +315,7 @@ static void test_mlp_conv_gradcheck(void **state)
     t_fill_uniform(x, B * 72, -1, 1, &rng);
     nn_mlp_set_batch(m, x, y, B);
     mlp_ctx_t c = s_mlp_ctx(m, B, E, -0.5f, 0.5f, &rng);
-    s_mlp_loss(&c);
-    nn_mlp_zero_grad(m);
-    nn_mlp_backward(m, B, c.r);
-    float *analytic = malloc(sizeof(float) * m->num_params);
-    memcpy(analytic, m->grads, sizeof(float) * m->num_params);
+    float *analytic = s_mlp_analytic(&c);
     const float eps = 1e-3f;
     int bad = 0, kinks = 0;
     double conv_norm = 0.0;
