@@ -79,6 +79,9 @@ int main(void)
     mt_check_run_result(st, log3, line, sizeof line);
     snprintf(path, sizeof path, "%s/e2e-dyn/knowledge.csv", runs);
     knowledge = (char *)test_read_file(path, 1, &klen);
+    if (knowledge) {
+        knowledge[klen] = '\0';
+    }
     int refreshed = 0;
     for (char *row = knowledge ? strchr(knowledge, '\n') : NULL; row && row[1]; row = strchr(row + 1, '\n')) {
         long step = 0;
