@@ -599,6 +599,13 @@ void nn_mlp_set_params(nn_mlp_t *self, const float *host)
     self->ops->to_device(self->params, host, sizeof(float) * self->num_params);
 }
 
+/* Checkpoint tensor names of convolution block i ("conv.<i>"). */
+static void s_conv_names(int i, char *wname, char *bname, size_t len)
+{
+    snprintf(wname, len, "conv.%d.weight", i);
+    snprintf(bname, len, "conv.%d.bias", i);
+}
+
 /* Checkpoint tensor names of layer l ("enc.<l>" or "cls"). */
 static void s_layer_names(const nn_mlp_t *self, int l, char *wname, char *bname, size_t len)
 {
@@ -630,8 +637,7 @@ int nn_mlp_to_ckpt(const nn_mlp_t *self, uint64_t step, carls_ckpt_t **out, char
         rc = rc ? rc : carls_ckpt_add_u64(c, "conv.image_c", (uint64_t)cfg->image_c);
     }
     for (int i = 0; rc == 0 && i < cfg->n_conv; i++) {
-        snprintf(wname, sizeof wname, "conv.%d.weight", i);
-        snprintf(bname, sizeof bname, "conv.%d.bias", i);
+        s_conv_names(i, wname, bname, sizeof wname);
         int64_t wd[2] = {cfg->conv[i].channels, (int64_t)(s_conv_weights(self, i) / (size_t)cfg->conv[i].channels)};
         int64_t bd[1] = {cfg->conv[i].channels};
         rc = carls_ckpt_add(c, wname, 2, wd, host + off);
@@ -713,8 +719,8 @@ static int s_conv_config_from_ckpt(const carls_ckpt_t *c, nn_mlp_config_t *cfg, 
                       ? cfg->image_h * cfg->image_w * cfg->image_c
                       : 0;
     for (int i = 0; i < NN_MLP_MAX_CONV; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "conv.%d.weight", i);
+        char name[32], bias[32];
+        s_conv_names(i, name, bias, sizeof name);
         const carls_ckpt_tensor_t *w = carls_ckpt_find(c, name);
         if (!w) {
             break;
@@ -788,8 +794,7 @@ int nn_mlp_from_ckpt(const carls_ckpt_t *ckpt, nn_device_t device, int max_batch
         int64_t rows = 0, cols = 0;
         if (l < 0) {
             const int i = l + cfg.n_conv;
-            snprintf(wname, sizeof wname, "conv.%d.weight", i);
-            snprintf(bname, sizeof bname, "conv.%d.bias", i);
+            s_conv_names(i, wname, bname, sizeof wname);
             rows = cfg.conv[i].channels;
             cols = (int64_t)(s_conv_weights(m, i) / (size_t)rows);
         } else {
