@@ -715,9 +715,9 @@ static int s_conv_config_from_ckpt(const carls_ckpt_t *c, nn_mlp_config_t *cfg, 
         s_ckpt_int(c, "conv.image_c", NN_MLP_MAX_WIDTH, &cfg->image_c, err, errlen) != 0) {
         return -1;
     }
-    cfg->in_dim = cfg->image_h * cfg->image_w * cfg->image_c <= NN_MLP_MAX_WIDTH
-                      ? cfg->image_h * cfg->image_w * cfg->image_c
-                      : 0;
+    /* Each is up to NN_MLP_MAX_WIDTH, so the product is taken in 64 bits (an untrusted file could overflow int). */
+    const int64_t pixels = (int64_t)cfg->image_h * cfg->image_w * cfg->image_c;
+    cfg->in_dim = pixels <= NN_MLP_MAX_WIDTH ? (int)pixels : 0;
     for (int i = 0; i < NN_MLP_MAX_CONV; i++) {
         char name[32], bias[32];
         s_conv_names(i, name, bias, sizeof name);

@@ -396,6 +396,21 @@ static void test_mlp_conv_checkpoint(void **state)
     printf("missing pooling refused: %s\n", err);
     assert_non_null(strstr(err, "conv.0.pool"));
     assert_int_equal(carls_ckpt_add_u64(broken, "conv.0.pool", 2), 0);
+    /* An image shape whose product overflows int is refused, not wrapped. */
+    carls_ckpt_t *huge = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 3);
+    for (int i = 0; i < carls_ckpt_count(c); i++) {
+        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
+        assert_int_equal(carls_ckpt_add(huge, t->name, t->ndim, t->dims, t->data), 0);
+    }
+    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_h", 65536), 0);
+    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_w", 65536), 0);
+    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_c", 1), 0);
+    assert_int_equal(carls_ckpt_add_u64(huge, "conv.0.k", 5), 0);
+    assert_int_equal(carls_ckpt_add_u64(huge, "conv.0.pool", 2), 0);
+    assert_int_equal(nn_mlp_from_ckpt(huge, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    printf("huge image refused: %s\n", err);
+    assert_null(none);
+    carls_ckpt_destroy(&huge);
     assert_int_equal(nn_mlp_from_ckpt(broken, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
     printf("wrong kernel refused: %s\n", err);
     assert_non_null(strstr(err, "conv.0.weight"));
