@@ -412,6 +412,73 @@ static int s_graph_build(s_maker_t *mk, const char *table, const char *also, uin
     return 0;
 }
 
+/* Reads the rows a step waits for: sets *oldest, the oldest version among them, and returns 0; or returns -1
+ * when the bank failed in a way the caller reports. */
+typedef int (*s_versions_fn)(s_maker_t *mk, void *ctx, uint64_t *oldest);
+
+/* Reads until the oldest version reaches step, wait_ms pass or stop is set, polling every poll_ms. Returns 0
+ * (with *oldest from the last read), or the reader's -1. */
+static int s_wait_for_step(s_maker_t *mk, uint64_t step, int wait_ms, int poll_ms, volatile sig_atomic_t *stop,
+                           s_versions_fn read, void *ctx, uint64_t *oldest)
+{
+    const int64_t deadline = carls_monotonic_ms() + wait_ms;
+    for (;;) {
+        if (read(mk, ctx, oldest) != 0) {
+            return -1;
+        }
+        if (*oldest >= step || carls_monotonic_ms() >= deadline || (stop && *stop)) {
+            return 0;
+        }
+        usleep((useconds_t)poll_ms * 1000);
+    }
+}
+
+/* The share's embeddings (their versions only): a row not there yet counts as version 0, and so does a bank
+ * that does not answer (the fleet may still be creating the table): keep waiting. */
+typedef struct {
+    uint32_t E;
+    uint64_t *ver;
+    int64_t *upd;
+} s_emb_versions_t;
+
+static int s_emb_versions(s_maker_t *mk, void *ctx, uint64_t *oldest)
+{
+    s_emb_versions_t *ev = ctx;
+    if (km_bank_lookup(mk->bank, mk->tables.emb, mk->share, mk->n_share, ev->E, NULL, ev->ver, ev->upd) != 0) {
+        LOG_DEBUG("waiting for %s: %s", mk->tables.emb, km_bank_error(mk->bank));
+        *oldest = 0;
+        return 0;
+    }
+    *oldest = UINT64_MAX;
+    for (size_t i = 0; i < mk->n_share; i++) {
+        uint64_t v = ev->upd[i] ? ev->ver[i] : 0;
+        *oldest = v < *oldest ? v : *oldest;
+    }
+    return 0;
+}
+
+/* The whole graph's neighbour lists (k each, into nbr and w) and their versions. */
+typedef struct {
+    const uint32_t *all;
+    size_t n;
+    uint32_t k, *nbr;
+    float *w;
+    uint64_t *ver;
+} s_graph_rows_t;
+
+static int s_graph_versions(s_maker_t *mk, void *ctx, uint64_t *oldest)
+{
+    s_graph_rows_t *g = ctx;
+    if (km_bank_get_neighbors(mk->bank, mk->tables.graph, g->all, g->n, g->k, g->nbr, g->w, g->ver) != 0) {
+        return -1;
+    }
+    *oldest = UINT64_MAX;
+    for (size_t i = 0; i < g->n; i++) {
+        *oldest = g->ver[i] < *oldest ? g->ver[i] : *oldest;
+    }
+    return 0;
+}
+
 /* graph --source emb for checkpoint step: waits for the embed fleet's step on the share, then rebuilds. */
 static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *stop)
 {
@@ -432,29 +499,13 @@ static int s_graph_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atom
         LOG_INFO("graph: checkpoint step 0 is the untrained encoder; keeping the graph the bank holds");
         return 0;
     }
-    const uint32_t E = (uint32_t)bias->numel;
-    uint64_t *ver = carls_xmalloc(sizeof *ver * (mk->n_share ? mk->n_share : 1));
-    int64_t *upd = carls_xmalloc(sizeof *upd * (mk->n_share ? mk->n_share : 1));
-    const int64_t deadline = carls_monotonic_ms() + mk->o->wait_embed_ms;
+    s_emb_versions_t ev = {.E = (uint32_t)bias->numel,
+                           .ver = carls_xmalloc(sizeof *ev.ver * (mk->n_share ? mk->n_share : 1)),
+                           .upd = carls_xmalloc(sizeof *ev.upd * (mk->n_share ? mk->n_share : 1))};
     uint64_t min_ver = 0;
-    for (;;) {
-        if (km_bank_lookup(mk->bank, mk->tables.emb, mk->share, mk->n_share, E, NULL, ver, upd) != 0) {
-            LOG_DEBUG("waiting for %s: %s", mk->tables.emb, km_bank_error(mk->bank));
-            min_ver = 0;
-        } else {
-            min_ver = UINT64_MAX;
-            for (size_t i = 0; i < mk->n_share; i++) {
-                uint64_t v = upd[i] ? ver[i] : 0;
-                min_ver = v < min_ver ? v : min_ver;
-            }
-        }
-        if (min_ver >= step || carls_monotonic_ms() > deadline || (stop && *stop)) {
-            break;
-        }
-        usleep(200 * 1000);
-    }
-    free(ver);
-    free(upd);
+    s_wait_for_step(mk, step, mk->o->wait_embed_ms, 200, stop, s_emb_versions, &ev, &min_ver);
+    free(ev.ver);
+    free(ev.upd);
     if (stop && *stop) {
         return 0;
     }
@@ -508,7 +559,7 @@ static bool s_label_prior(s_maker_t *mk, const carls_ckpt_t *ck, const uint32_t 
     return with_model;
 }
 
-static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
+static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *stop)
 {
     const km_opts_t *o = mk->o;
     const size_t n = (size_t)mk->n_items;
@@ -539,21 +590,16 @@ static int s_label_step(s_maker_t *mk, const carls_ckpt_t *ck)
     gver = carls_xmalloc(sizeof *gver * n);
     /* --wait-graph: the graph fleet rebuilds from this checkpoint's embeddings; spread over that graph, not the
      * one before, so each refresh's labels follow its graph (version: the oldest embedding a row was built on). */
-    const int64_t deadline = carls_monotonic_ms() + (o->wait_graph && step > 0 ? o->wait_embed_ms : 0);
+    s_graph_rows_t rows = {.all = all, .n = n, .k = k, .nbr = nbr, .w = w, .ver = gver};
     uint64_t oldest = 0;
-    for (;;) {
-        if (km_bank_get_neighbors(mk->bank, mk->tables.graph, all, n, k, nbr, w, gver) != 0) {
-            rc = s_bank_failed(mk);
-            goto cleanup;
-        }
-        oldest = UINT64_MAX;
-        for (size_t i = 0; i < n; i++) {
-            oldest = gver[i] < oldest ? gver[i] : oldest;
-        }
-        if (oldest >= step || carls_monotonic_ms() >= deadline) {
-            break;
-        }
-        usleep(500 * 1000);
+    if (s_wait_for_step(mk, step, o->wait_graph && step > 0 ? o->wait_embed_ms : 0, 500, stop, s_graph_versions,
+                        &rows, &oldest) != 0) {
+        rc = s_bank_failed(mk);
+        goto cleanup;
+    }
+    if (stop && *stop) {
+        rc = 0; /* stopped while waiting: no spreading over a graph that may be half rebuilt */
+        goto cleanup;
     }
     if (o->wait_graph && step > 0 && oldest < step) {
         LOG_WARN("label step %" PRIu64 ": the graph of this step is not all there after %d ms (oldest row %" PRIu64
@@ -696,7 +742,7 @@ static int s_task(s_maker_t *mk, const carls_ckpt_t *ck, volatile sig_atomic_t *
     switch (o->task) {
     case KM_TASK_EMBED: return o->pixels ? s_embed_pixels(mk) : s_embed_step(mk, ck);
     case KM_TASK_GRAPH: return o->source_emb ? s_graph_step(mk, ck, stop) : s_graph_build(mk, mk->tables.pixels, NULL, 0, stop);
-    case KM_TASK_LABEL: return s_label_step(mk, ck);
+    case KM_TASK_LABEL: return s_label_step(mk, ck, stop);
     case KM_TASK_WORDS: break; /* km_words_run, never here */
     }
     return -1;
