@@ -11,7 +11,6 @@
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 #include "server_harness.h"
-#include "test_util.h"
 
 #include "km_bank.h"
 
@@ -198,14 +197,8 @@ int main(void)
     for (int i = 0; i < 2; i++) {
         char log[200];
         snprintf(log, sizeof log, "%s/maker-graph-%d.log", dir, i);
-        size_t len = 0;
-        char *text = (char *)test_read_file(log, 1, &len);
-        if (text) {
-            text[len] = '\0';
-        }
-        MT_CHECK(text && strstr(text, "neighbour lists of 450 items taken from fmcv.graph"),
+        MT_CHECK(mt_file_contains(log, "neighbour lists of 450 items taken from fmcv.graph"),
                  "graph maker %d did not reuse the pixel graph's lists (see %s)", i, log);
-        free(text);
     }
     static uint32_t un[N_ITEMS * 10];
     static float uw[N_ITEMS * 10];
