@@ -51,15 +51,27 @@ static bool s_u64(const char **p, const char *after, uint64_t *out)
     return s_token(p, after, text, sizeof text) && carls_parse_u64(text, out) == 0;
 }
 
-/* A decimal number in [lo, hi] at *p followed by one of after. */
-static bool s_num(const char **p, const char *after, double lo, double hi, double *out)
+/* text, whole, as a finite decimal number that starts with a digit (no sign, blanks or "inf"). */
+static bool s_strict_number(const char *text, double *out)
 {
-    char text[32], *end = NULL;
-    if (!s_token(p, after, text, sizeof text) || !(text[0] >= '0' && text[0] <= '9')) {
+    char *end = NULL;
+    if (!(text[0] >= '0' && text[0] <= '9')) {
         return false;
     }
     double v = strtod(text, &end);
-    if (*end != '\0' || !isfinite(v) || v < lo || v > hi) {
+    if (*end != '\0' || !isfinite(v)) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* A decimal number in [lo, hi] at *p followed by one of after. */
+static bool s_num(const char **p, const char *after, double lo, double hi, double *out)
+{
+    char text[32];
+    double v = 0.0;
+    if (!s_token(p, after, text, sizeof text) || !s_strict_number(text, &v) || v < lo || v > hi) {
         return false;
     }
     *out = v;
@@ -357,13 +369,7 @@ static bool s_read_cell(const char *text, double *out)
         *out = NAN;
         return true;
     }
-    char *end = NULL;
-    double v = strtod(text, &end);
-    if (!(text[0] >= '0' && text[0] <= '9') || *end != '\0' || !isfinite(v)) {
-        return false;
-    }
-    *out = v;
-    return true;
+    return s_strict_number(text, out);
 }
 
 /* A knowledge.csv row (without its line end): five cells, cut in place. */
