@@ -351,6 +351,25 @@ static void test_mlp_conv_gradcheck(void **state)
     nn_mlp_destroy(&m);
 }
 
+/* A copy of c's tensors with the given conv numbers for one block (pool 0: none written). */
+static carls_ckpt_t *s_conv_ckpt_with_numbers(const carls_ckpt_t *c, uint64_t h, uint64_t w, uint64_t ch,
+                                              uint64_t k, uint64_t pool)
+{
+    carls_ckpt_t *out = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 3);
+    for (int i = 0; i < carls_ckpt_count(c); i++) {
+        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
+        assert_int_equal(carls_ckpt_add(out, t->name, t->ndim, t->dims, t->data), 0);
+    }
+    assert_int_equal(carls_ckpt_add_u64(out, "conv.image_h", h), 0);
+    assert_int_equal(carls_ckpt_add_u64(out, "conv.image_w", w), 0);
+    assert_int_equal(carls_ckpt_add_u64(out, "conv.image_c", ch), 0);
+    assert_int_equal(carls_ckpt_add_u64(out, "conv.0.k", k), 0);
+    if (pool) {
+        assert_int_equal(carls_ckpt_add_u64(out, "conv.0.pool", pool), 0);
+    }
+    return out;
+}
+
 /* A conv model saved and loaded gives the same predictions, whole batches of 70 (two im2col passes of up to
  * 64) equal to one image at a time, and broken conv numbers in a checkpoint are refused by name. */
 static void test_mlp_conv_checkpoint(void **state)
@@ -382,40 +401,23 @@ static void test_mlp_conv_checkpoint(void **state)
         assert_float_equal(p1[i], p3[i], 1e-6);
     }
     /* A kernel size the weights do not match, or a missing pooling number, is refused by name. */
-    carls_ckpt_t *broken = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 3);
-    for (int i = 0; i < carls_ckpt_count(c); i++) {
-        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
-        assert_int_equal(carls_ckpt_add(broken, t->name, t->ndim, t->dims, t->data), 0);
-    }
-    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_h", 8), 0);
-    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_w", 8), 0);
-    assert_int_equal(carls_ckpt_add_u64(broken, "conv.image_c", 1), 0);
-    assert_int_equal(carls_ckpt_add_u64(broken, "conv.0.k", 3), 0);
+    carls_ckpt_t *broken = s_conv_ckpt_with_numbers(c, 8, 8, 1, 3, 0);
     nn_mlp_t *none = NULL;
     assert_int_equal(nn_mlp_from_ckpt(broken, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
     printf("missing pooling refused: %s\n", err);
     assert_non_null(strstr(err, "conv.0.pool"));
     assert_int_equal(carls_ckpt_add_u64(broken, "conv.0.pool", 2), 0);
-    /* An image shape whose product overflows int is refused, not wrapped. */
-    carls_ckpt_t *huge = carls_ckpt_new(NN_MLP_KIND_CLASSIFIER, 3);
-    for (int i = 0; i < carls_ckpt_count(c); i++) {
-        const carls_ckpt_tensor_t *t = carls_ckpt_tensor(c, i);
-        assert_int_equal(carls_ckpt_add(huge, t->name, t->ndim, t->dims, t->data), 0);
-    }
-    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_h", 65536), 0);
-    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_w", 65536), 0);
-    assert_int_equal(carls_ckpt_add_u64(huge, "conv.image_c", 1), 0);
-    assert_int_equal(carls_ckpt_add_u64(huge, "conv.0.k", 5), 0);
-    assert_int_equal(carls_ckpt_add_u64(huge, "conv.0.pool", 2), 0);
-    assert_int_equal(nn_mlp_from_ckpt(huge, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
-    printf("huge image refused: %s\n", err);
-    assert_null(none);
-    carls_ckpt_destroy(&huge);
     assert_int_equal(nn_mlp_from_ckpt(broken, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
     printf("wrong kernel refused: %s\n", err);
     assert_non_null(strstr(err, "conv.0.weight"));
     assert_null(none);
     carls_ckpt_destroy(&broken);
+    /* An image shape whose product overflows int is refused, not wrapped. */
+    carls_ckpt_t *huge = s_conv_ckpt_with_numbers(c, 65536, 65536, 1, 5, 2);
+    assert_int_equal(nn_mlp_from_ckpt(huge, NN_DEVICE_CPU, 4, &none, err, sizeof err), -1);
+    printf("huge image refused: %s\n", err);
+    assert_null(none);
+    carls_ckpt_destroy(&huge);
     carls_ckpt_destroy(&c);
     free(x);
     nn_mlp_destroy(&m);
