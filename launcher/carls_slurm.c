@@ -109,11 +109,26 @@ static int s_aux(char *buf, size_t len, int i)
 }
 
 /* True while the job is running (squeue says RUNNING). */
+/* Whether the job still runs. squeue that cannot answer (slurmctld busy: "Socket timed out") is asked again a
+ * few times; if it never answers the job counts as alive, so the trainer's files are still fetched (a failed
+ * fetch says so) rather than silently left on its node. */
 static bool s_job_alive(void)
 {
     char cmd[256], out[256];
-    s_fmt(cmd, sizeof cmd, "squeue -h -j %s -o %%T 2>/dev/null", s_sl.job);
-    return s_capture(cmd, out, sizeof out) == 0 && strncmp(out, "RUNNING", 7) == 0;
+    s_fmt(cmd, sizeof cmd, "squeue -h -j %s -o %%T 2>&1", s_sl.job);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        if (attempt > 0) {
+            usleep(200 * 1000 * (unsigned)attempt);
+        }
+        int rc = s_capture(cmd, out, sizeof out);
+        if (rc == 0) {
+            return strncmp(out, "RUNNING", 7) == 0; /* empty: the job has ended */
+        }
+        if (strstr(out, "Invalid job id")) {
+            return false;
+        }
+    }
+    return true;
 }
 
 /* ---- options -------------------------------------------------------------------------------------------- */
@@ -810,9 +825,18 @@ static void s_fetch_outputs(const s_step_t *st, char *const argv[])
     if (n < sizeof cmd) {
         snprintf(cmd + n, sizeof cmd - n, " 2>/dev/null | tar -C %s -xf -", qd);
     }
-    if (n >= sizeof cmd || s_capture(cmd, out, sizeof out) != 0) {
-        fprintf(stderr, "carls-step: copying the trainer's files back from %s failed\n", s_sl.node[st->node]);
+    if (n >= sizeof cmd) {
+        fprintf(stderr, "carls-step: copying the trainer's files back from %s: too many paths\n", s_sl.node[st->node]);
+        return;
     }
+    /* A step can fail to start on a busy controller; the copy is asked again before the files are given up. */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (s_capture(cmd, out, sizeof out) == 0) {
+            return;
+        }
+        usleep(500 * 1000);
+    }
+    fprintf(stderr, "carls-step: copying the trainer's files back from %s failed (3 tries)\n", s_sl.node[st->node]);
 }
 
 /* Ends this proxy as the step ended: the same signal for 129..192 (what srun reports for a killed task), else
