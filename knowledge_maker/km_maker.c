@@ -3,6 +3,7 @@
 #include "km_words.h"
 
 #include "km_bank.h"
+#include "km_hog.h"
 #include "km_spread.h"
 #include "km_watch.h"
 
@@ -49,6 +50,10 @@ carls_prom_progress_t *km_prom;
 /* A task's result when the bank was unreachable: the work is retried (s_do). */
 #define S_RETRY 1
 
+/* --pixel-features, in the order of km_options_t.pixel_features. */
+static const char *const s_pixel_feature_names[] = {"raw", "sqrt", "centered", "sqrt-centered", "root4-centered",
+                                                    "hog", NULL};
+
 static void s_usage(FILE *out)
 {
     fprintf(out,
@@ -81,7 +86,9 @@ static void s_usage(FILE *out)
             "                           pixels: the images themselves -> PREFIX.pixels (once)\n"
             "  --pixel-features F       --encoder pixels: raw (intensities in [0, 1], default), sqrt (their square\n"
             "                           roots), centered / sqrt-centered / root4-centered (raw, square or fourth\n"
-            "                           roots minus their mean image over all items)\n"
+            "                           roots minus their mean image over all items), hog (histograms of\n"
+            "                           oriented gradients of the images, 6x6 cells every 3 pixels, 12 signed\n"
+            "                           orientations, square roots, minus their mean; images of 6x6 or more)\n"
             "  --batch B                rows per forward chunk (default 4096)\n"
             "graph:\n"
             "  --source pixels|emb|emb+pixels  the embedding table searched (default pixels; emb: on every\n"
@@ -158,7 +165,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_int("spread-iters", &o->spread_iters, 1, 10000),
         carls_arg_float("model-weight", &o->model_weight, 0.0, 1000.0),
         carls_arg_choice("pixel-features", &o->pixel_features,
-                         (const char *const[]){"raw", "sqrt", "centered", "sqrt-centered", "root4-centered", NULL}),
+                         s_pixel_feature_names),
         carls_arg_int("balance", &o->balance, 0, 1),
         carls_arg_log_level(),
         carls_arg_int("bank-timeout-ms", &o->bank_timeout_ms, 10, 3600000),
@@ -229,29 +236,51 @@ static int s_bank_failed(s_maker_t *mk)
 
 /* ---- embed ------------------------------------------------------------------------------------------ */
 
+/* Item it's pixel features (--pixel-features; centring is the caller's) into out, dim floats. grad: km_hog's
+ * scratch. */
+static void s_pixel_row(const s_maker_t *mk, int it, int dim, float *grad, float *out)
+{
+    const carls_image_set_t *set = &mk->ds.train;
+    const uint8_t *px = set->pixels + (size_t)it * (size_t)set->dim;
+    const int feat = mk->o->pixel_features;
+    if (feat == KM_PIXELS_HOG) {
+        km_hog(px, set->rows, set->cols, grad, out);
+        return;
+    }
+    for (int d = 0; d < dim; d++) {
+        const float v = (float)px[d] / 255.0f;
+        out[d] = feat == 4 ? sqrtf(sqrtf(v)) : feat == 1 || feat == 3 ? sqrtf(v) : v;
+    }
+}
+
 static int s_embed_pixels(s_maker_t *mk)
 {
-    const int dim = mk->ds.train.dim;
+    const carls_image_set_t *set = &mk->ds.train;
+    const int feat = mk->o->pixel_features;
+    const int dim = feat == KM_PIXELS_HOG ? km_hog_dim(set->rows, set->cols) : set->dim;
+    if (dim == 0) {
+        LOG_ERROR("--pixel-features hog needs images of at least %dx%d pixels; this data set's items are %dx%d "
+                  "(features of your own data are one row each: use raw, sqrt or centered)",
+                  KM_HOG_CELL, KM_HOG_CELL, set->rows, set->cols);
+        return -1;
+    }
     int64_t t0 = carls_monotonic_us();
     if (km_bank_create_embedding(mk->bank, mk->tables.pixels, (uint32_t)dim) != 0) {
         return s_bank_failed(mk);
     }
     float *x = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)dim);
-    carls_image_set_batch(&mk->ds.train, mk->share, (int)mk->n_share, x, NULL);
-    const int feat = mk->o->pixel_features;
-    if (feat == 1 || feat == 3 || feat == 4) {
-        for (size_t i = 0; i < mk->n_share * (size_t)dim; i++) {
-            x[i] = feat == 4 ? sqrtf(sqrtf(x[i])) : sqrtf(x[i]);
-        }
+    float *grad = feat == KM_PIXELS_HOG ? carls_xmalloc(sizeof(float) * 2 * (size_t)set->dim) : NULL;
+    for (size_t i = 0; i < mk->n_share; i++) {
+        s_pixel_row(mk, (int)mk->share[i], dim, grad, x + i * (size_t)dim);
     }
     if (feat >= 2) {
-        /* The mean image over every item (not just the share: the whole fleet subtracts the same one). */
+        /* The mean row over every item (not just the share: the whole fleet subtracts the same one). */
         double *mean = carls_xcalloc((size_t)dim, sizeof *mean);
+        float *row = carls_xmalloc(sizeof *row * (size_t)dim);
         for (int it = 0; it < mk->n_items; it++) {
-            const uint8_t *px = mk->ds.train.pixels + (size_t)it * (size_t)dim;
+            s_pixel_row(mk, it, dim, grad, row);
             for (int d = 0; d < dim; d++) {
-                double v = px[d] / 255.0;
-                mean[d] += feat == 4 ? sqrt(sqrt(v)) : feat == 3 ? sqrt(v) : v;
+                mean[d] += row[d];
             }
         }
         for (size_t i = 0; i < mk->n_share; i++) {
@@ -259,16 +288,18 @@ static int s_embed_pixels(s_maker_t *mk)
                 x[i * (size_t)dim + d] -= (float)(mean[d] / mk->n_items);
             }
         }
+        free(row);
         free(mean);
     }
+    free(grad);
     int rc = km_bank_put(mk->bank, mk->tables.pixels, mk->share, mk->n_share, (uint32_t)dim, x, 0);
     free(x);
     if (rc != 0) {
         return s_bank_failed(mk);
     }
     double s = s_secs(t0);
-    LOG_INFO("embed pixels: %zu items into %s in %.2f s (%.0f items/s)", mk->n_share, mk->tables.pixels, s,
-             (double)mk->n_share / (s > 0 ? s : 1e-9));
+    LOG_INFO("embed pixels: %zu items (%s, dim %d) into %s in %.2f s (%.0f items/s)", mk->n_share,
+             s_pixel_feature_names[feat], dim, mk->tables.pixels, s, (double)mk->n_share / (s > 0 ? s : 1e-9));
     return 0;
 }
 

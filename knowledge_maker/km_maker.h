@@ -46,6 +46,9 @@ typedef enum {
     KM_TASK_WORDS = 3,  /* trainer twotower's word tower over GCIDE headwords (km_words.h) */
 } km_task_t;
 
+/* --pixel-features hog: the last of the choices (raw, sqrt, centered, sqrt-centered, root4-centered, hog). */
+#define KM_PIXELS_HOG 5
+
 typedef struct {
     const char *kb;            /* bank endpoint(s) */
     kb_curve_args_t curve;     /* --curve-key, --curve-server-key (kb_curve_args.h) */
@@ -58,7 +61,8 @@ typedef struct {
     int items;                 /* 0: every training image */
     const char *prefix;        /* table-name prefix */
     bool pixels;               /* embed: --encoder pixels */
-    int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered */
+    int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered,
+                                * KM_PIXELS_HOG */
     bool source_emb;           /* graph: --source emb or emb+pixels, else pixels */
     bool source_union;         /* graph: --source emb+pixels (each row: k from the embeddings, then k from pixels) */
     int k;                     /* graph: neighbours per item */

@@ -13,6 +13,8 @@
 #include "server_harness.h"
 
 #include "km_bank.h"
+#include "km_hog.h"
+#include "data_fmnist.h"
 
 #include "nn_mlp.h"
 
@@ -244,6 +246,38 @@ int main(void)
     }
     MT_CHECK(worst < 1e-4, "a column of the sqrt-centered rows has mean %g", worst);
     MT_CHECK(spread > 0.01 * N_ITEMS * 784, "the sqrt-centered rows are (nearly) all zero");
+
+    /* HOG features, two makers: rows of km_hog_dim(28, 28), centred over the items, and the difference of two
+     * rows is the difference of the two images' km_hog (the mean cancels). */
+    const char *hog[] = {"--task", "embed", "--encoder", "pixels", "--pixel-features", "hog", "--tables", "fmhg", NULL};
+    s_fleet(srv.endpoint, dir, 2, hog);
+    const int hd = km_hog_dim(28, 28);
+    MT_CHECK(hd == 768 && s_stat(client, "fmhg.pixels", "puts") == N_ITEMS, "hog: dim %d, puts %llu", hd,
+             (unsigned long long)s_stat(client, "fmhg.pixels", "puts"));
+    static float hg[N_ITEMS * 768];
+    MT_CHECK(km_bank_lookup(bank, "fmhg.pixels", items, N_ITEMS, 768, hg, NULL, NULL) == 0, "%s", km_bank_error(bank));
+    carls_fmnist_t ds;
+    MT_CHECK(carls_fmnist_load(NULL, &ds, err, sizeof err) == CARLS_FMNIST_OK, "loading Fashion-MNIST: %s", err);
+    float grad[2 * 784], h0[768], h1[768];
+    double worst_mean = 0.0, worst_diff = 0.0;
+    for (int d = 0; d < 768; d++) {
+        double sum = 0.0;
+        for (int i = 0; i < N_ITEMS; i++) {
+            sum += hg[(size_t)i * 768 + d];
+        }
+        worst_mean = fabs(sum / N_ITEMS) > worst_mean ? fabs(sum / N_ITEMS) : worst_mean;
+    }
+    for (int i = 1; i < N_ITEMS; i += 149) {
+        km_hog(ds.train.pixels, 28, 28, grad, h0);
+        km_hog(ds.train.pixels + (size_t)i * 784, 28, 28, grad, h1);
+        for (int d = 0; d < 768; d++) {
+            double want = (double)h1[d] - h0[d], got = (double)hg[(size_t)i * 768 + d] - hg[d];
+            worst_diff = fabs(want - got) > worst_diff ? fabs(want - got) : worst_diff;
+        }
+    }
+    MT_CHECK(worst_mean < 1e-4, "a column of the hog rows has mean %g", worst_mean);
+    MT_CHECK(worst_diff < 1e-4, "hog rows differ from km_hog by %g", worst_diff);
+    carls_fmnist_free(&ds);
 
     kb_client_destroy(&client);
     km_bank_destroy(&bank);
