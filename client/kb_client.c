@@ -230,12 +230,16 @@ uint64_t kb_client_id(const kb_client_t *self)
 }
 
 /* Operations that change the bank: they carry client_id and sequence so a resent one is applied once.
- * feature_put (added with the retrieval operations) changes rows like put does, so it is one too. */
-static bool s_is_write(Carls__Request__OpCase op)
+ * feature_put (added with the retrieval operations) changes rows like put does, so it is one too; so does a
+ * snapshot create or delete (a create resent after it finished is known by them, kb_snapshot.h). */
+static bool s_is_write(const Carls__Request *req)
 {
+    const Carls__Request__OpCase op = req->op_case;
     return op == CARLS__REQUEST__OP_CREATE_TABLE || op == CARLS__REQUEST__OP_DROP_TABLE ||
            op == CARLS__REQUEST__OP_PUT || op == CARLS__REQUEST__OP_PUSH_GRADIENTS ||
-           op == CARLS__REQUEST__OP_FEATURE_PUT || op == CARLS__REQUEST__OP_IMPORT_ROWS;
+           op == CARLS__REQUEST__OP_FEATURE_PUT || op == CARLS__REQUEST__OP_IMPORT_ROWS ||
+           (op == CARLS__REQUEST__OP_SNAPSHOT && req->snapshot &&
+            req->snapshot->action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST);
 }
 
 /* Sends one packed request on the current socket without blocking. A full queue (EAGAIN) is not an
@@ -264,7 +268,7 @@ int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_
     }
     if (!req->table)
         req->table = (char *)protobuf_c_empty_string;
-    bool write = s_is_write(req->op_case);
+    bool write = s_is_write(req);
     req->protocol_version = CARLS_PROTOCOL_VERSION;
     req->request_id = self->next_request_id;
     req->client_id = write ? self->client_id : 0;

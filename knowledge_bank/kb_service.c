@@ -1253,7 +1253,7 @@ static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_
                       q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE ? "create" : "delete");
     switch (q->action) {
     case CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE:
-        rc = kb_snapshots_create(self->snapshots, q->name, &one, err, sizeof err);
+        rc = kb_snapshots_create(self->snapshots, q->name, req->client_id, req->sequence, &one, err, sizeof err);
         break;
     case CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE:
         rc = kb_snapshots_delete(self->snapshots, q->name, &one, err, sizeof err);

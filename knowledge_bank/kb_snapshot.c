@@ -44,6 +44,11 @@ struct kb_snapshots {
     pthread_cond_t done_cond; /* a create finished */
     char **taking;            /* names being taken now */
     size_t n_taking, cap_taking;
+    struct {                  /* the last creates that finished (a ring): their resends are known */
+        uint64_t client_id, sequence;
+        char name[KB_SNAPSHOT_MAX_NAME + 1];
+    } recent[KB_SNAPSHOT_RECENT];
+    size_t n_recent;          /* creates remembered so far (the ring's next slot: n_recent % KB_SNAPSHOT_RECENT) */
 };
 
 /* ---- small helpers ---- */
@@ -736,7 +741,19 @@ static bool s_wait_taken(kb_snapshots_t *self, const char *name)
     return was;
 }
 
-int kb_snapshots_create(kb_snapshots_t *self, const char *name, kb_snapshot_info_t *out, char *err, size_t errlen)
+/* Whether (client_id, sequence) created name before. Mutex held. */
+static bool s_recent(const kb_snapshots_t *self, const char *name, uint64_t client_id, uint64_t sequence)
+{
+    const size_t n = self->n_recent < KB_SNAPSHOT_RECENT ? self->n_recent : KB_SNAPSHOT_RECENT;
+    for (size_t i = 0; client_id && sequence && i < n; i++)
+        if (self->recent[i].client_id == client_id && self->recent[i].sequence == sequence &&
+            strcmp(self->recent[i].name, name) == 0)
+            return true;
+    return false;
+}
+
+int kb_snapshots_create(kb_snapshots_t *self, const char *name, uint64_t client_id, uint64_t sequence,
+                        kb_snapshot_info_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     if (!kb_snapshot_name_valid(name))
@@ -744,8 +761,8 @@ int kb_snapshots_create(kb_snapshots_t *self, const char *name, kb_snapshot_info
                             "[A-Za-z0-9_.-], not beginning with '.')", name ? name : "", KB_SNAPSHOT_MAX_NAME);
     const char *data_dir = kb_bank_data_dir(self->bank);
     pthread_mutex_lock(&self->mutex);
-    if (s_wait_taken(self, name)) {
-        /* A resend of a create that was in progress: answer as it turned out. */
+    if (s_wait_taken(self, name) || s_recent(self, name, client_id, sequence)) {
+        /* A resend of a create that was in progress, or that has finished: answer as it turned out. */
         pthread_mutex_unlock(&self->mutex);
         int rc = kb_snapshot_check(data_dir, name, false, out);
         if (rc == KB_SNAPSHOT_OK && out->valid)
@@ -777,6 +794,12 @@ int kb_snapshots_create(kb_snapshots_t *self, const char *name, kb_snapshot_info
     rc = s_take(self, name, dir, out, err, errlen);
 
     pthread_mutex_lock(&self->mutex);
+    if (client_id && sequence) {
+        size_t slot = self->n_recent++ % KB_SNAPSHOT_RECENT;
+        self->recent[slot].client_id = client_id;
+        self->recent[slot].sequence = sequence;
+        snprintf(self->recent[slot].name, sizeof self->recent[slot].name, "%s", name);
+    }
     for (size_t i = 0; i < self->n_taking; i++) {
         if (strcmp(self->taking[i], name) == 0) {
             free(self->taking[i]);

@@ -79,9 +79,14 @@ kb_snapshots_t *kb_snapshots_new(kb_bank_t *bank, uint32_t shard_index, uint32_t
 void kb_snapshots_destroy(kb_snapshots_t **self_p);
 
 /* Takes snapshot name (see the top of this file); *out describes it (caller frees it). While name is being
- * taken, a second create of it (a client's resend) waits and answers as the snapshot turned out; once it
- * exists, KB_SNAPSHOT_EEXISTS. On failure nothing of it is left. Returns 0 or a KB_SNAPSHOT_E* code with err. */
-int kb_snapshots_create(kb_snapshots_t *self, const char *name, kb_snapshot_info_t *out, char *err, size_t errlen);
+ * taken, a second create of it (a client's resend) waits and answers as the snapshot turned out. A resend that
+ * comes after it finished is known by its (client_id, sequence), nonzero, the same as the first attempt's: the
+ * last KB_SNAPSHOT_RECENT creates are remembered, and it too is answered as the snapshot turned out. Otherwise,
+ * once name exists, KB_SNAPSHOT_EEXISTS. On failure nothing of it is left. Returns 0 or a KB_SNAPSHOT_E* code
+ * with err. */
+#define KB_SNAPSHOT_RECENT 32
+int kb_snapshots_create(kb_snapshots_t *self, const char *name, uint64_t client_id, uint64_t sequence,
+                        kb_snapshot_info_t *out, char *err, size_t errlen);
 
 /* Every snapshot, sorted by name, checked (verify: every file's CRC-32 too, else sizes). *out is a malloc'd
  * array the caller frees with kb_snapshot_info_free on each. Returns 0, or KB_SNAPSHOT_EIO with err. */

@@ -124,7 +124,7 @@ static void test_take_check_hostile_restore(void **state)
     s_create_table(bank, "t");
     kb_snapshots_t *snaps = kb_snapshots_new(bank, 0, 0);
     kb_snapshot_info_t info;
-    if (kb_snapshots_create(snaps, "one", &info, err, sizeof err) != KB_SNAPSHOT_OK)
+    if (kb_snapshots_create(snaps, "one", 0, 0, &info, err, sizeof err) != KB_SNAPSHOT_OK)
         fail_msg("create: %s", err);
     assert_true(info.valid);
     assert_int_equal(info.n_tables, 1); /* found in the copied journal: nothing was compacted */
@@ -132,7 +132,7 @@ static void test_take_check_hostile_restore(void **state)
     assert_int_equal(info.compacted_epoch, 0);
     assert_true(info.cut_epoch > 0);
     kb_snapshot_info_free(&info);
-    assert_int_equal(kb_snapshots_create(snaps, "one", &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
+    assert_int_equal(kb_snapshots_create(snaps, "one", 0, 0, &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
     /* What a delete interrupted by a crash left (another process's) is not listed, and the next create
      * removes it. */
     snprintf(path, sizeof path, "%s/snapshots/.deleting-old-1-0", data);
@@ -144,13 +144,28 @@ static void test_take_check_hostile_restore(void **state)
     assert_string_equal(list[0].name, "one");
     kb_snapshot_info_free(&list[0]);
     free(list);
-    assert_int_equal(kb_snapshots_create(snaps, "two", &info, err, sizeof err), KB_SNAPSHOT_OK);
+    assert_int_equal(kb_snapshots_create(snaps, "two", 0, 0, &info, err, sizeof err), KB_SNAPSHOT_OK);
     kb_snapshot_info_free(&info);
     struct stat gone;
     assert_int_not_equal(stat(path, &gone), 0);
     assert_int_equal(kb_snapshots_delete(snaps, "two", &info, err, sizeof err), KB_SNAPSHOT_OK);
     kb_snapshot_info_free(&info);
-    assert_int_equal(kb_snapshots_create(snaps, "../one", &info, err, sizeof err), KB_SNAPSHOT_EINVAL);
+    assert_int_equal(kb_snapshots_create(snaps, "../one", 0, 0, &info, err, sizeof err), KB_SNAPSHOT_EINVAL);
+    /* A client's resend of a create that has finished (the same client_id and sequence) is answered as the
+     * snapshot turned out; another request for the name, or a resend naming another snapshot, is refused. */
+    if (kb_snapshots_create(snaps, "three", 7, 9, &info, err, sizeof err) != KB_SNAPSHOT_OK)
+        fail_msg("create three: %s", err);
+    kb_snapshot_info_free(&info);
+    if (kb_snapshots_create(snaps, "three", 7, 9, &info, err, sizeof err) != KB_SNAPSHOT_OK)
+        fail_msg("the resend of create three: %s", err);
+    assert_true(info.valid);
+    assert_string_equal(info.name, "three");
+    kb_snapshot_info_free(&info);
+    assert_int_equal(kb_snapshots_create(snaps, "three", 7, 10, &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
+    assert_int_equal(kb_snapshots_create(snaps, "three", 0, 0, &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
+    assert_int_equal(kb_snapshots_create(snaps, "one", 7, 9, &info, err, sizeof err), KB_SNAPSHOT_EEXISTS);
+    assert_int_equal(kb_snapshots_delete(snaps, "three", &info, err, sizeof err), KB_SNAPSHOT_OK);
+    kb_snapshot_info_free(&info);
 
     /* The real manifest, read back. */
     snprintf(path, sizeof path, "%s/snapshots/one/MANIFEST", data);
