@@ -50,7 +50,7 @@ carls_prom_progress_t *km_prom;
 /* A task's result when the bank was unreachable: the work is retried (s_do). */
 #define S_RETRY 1
 
-/* --pixel-features, in the order of km_options_t.pixel_features. */
+/* --pixel-features, in the order of km_pixel_features_t. */
 static const char *const s_pixel_feature_names[] = {"raw", "sqrt", "centered", "sqrt-centered", "root4-centered",
                                                     "hog", NULL};
 
@@ -238,25 +238,26 @@ static int s_bank_failed(s_maker_t *mk)
 
 /* Item it's pixel features (--pixel-features; centring is the caller's) into out, dim floats. grad: km_hog's
  * scratch. */
-static void s_pixel_row(const s_maker_t *mk, int it, int dim, float *grad, float *out)
+static void s_pixel_row(const s_maker_t *mk, uint32_t it, int dim, float *grad, float *out)
 {
     const carls_image_set_t *set = &mk->ds.train;
-    const uint8_t *px = set->pixels + (size_t)it * (size_t)set->dim;
-    const int feat = mk->o->pixel_features;
+    const km_pixel_features_t feat = (km_pixel_features_t)mk->o->pixel_features;
     if (feat == KM_PIXELS_HOG) {
-        km_hog(px, set->rows, set->cols, grad, out);
+        km_hog(set->pixels + (size_t)it * (size_t)set->dim, set->rows, set->cols, grad, out);
         return;
     }
-    for (int d = 0; d < dim; d++) {
-        const float v = (float)px[d] / 255.0f;
-        out[d] = feat == 4 ? sqrtf(sqrtf(v)) : feat == 1 || feat == 3 ? sqrtf(v) : v;
+    carls_image_set_batch(set, &it, 1, out, NULL);
+    if (feat == KM_PIXELS_SQRT || feat == KM_PIXELS_SQRT_CENTERED || feat == KM_PIXELS_ROOT4_CENTERED) {
+        for (int d = 0; d < dim; d++) {
+            out[d] = feat == KM_PIXELS_ROOT4_CENTERED ? sqrtf(sqrtf(out[d])) : sqrtf(out[d]);
+        }
     }
 }
 
 static int s_embed_pixels(s_maker_t *mk)
 {
     const carls_image_set_t *set = &mk->ds.train;
-    const int feat = mk->o->pixel_features;
+    const km_pixel_features_t feat = (km_pixel_features_t)mk->o->pixel_features;
     const int dim = feat == KM_PIXELS_HOG ? km_hog_dim(set->rows, set->cols) : set->dim;
     if (dim == 0) {
         LOG_ERROR("--pixel-features hog needs images of at least %dx%d pixels; this data set's items are %dx%d "
@@ -271,14 +272,14 @@ static int s_embed_pixels(s_maker_t *mk)
     float *x = carls_xmalloc(sizeof(float) * mk->n_share * (size_t)dim);
     float *grad = feat == KM_PIXELS_HOG ? carls_xmalloc(sizeof(float) * 2 * (size_t)set->dim) : NULL;
     for (size_t i = 0; i < mk->n_share; i++) {
-        s_pixel_row(mk, (int)mk->share[i], dim, grad, x + i * (size_t)dim);
+        s_pixel_row(mk, mk->share[i], dim, grad, x + i * (size_t)dim);
     }
-    if (feat >= 2) {
+    if (feat >= KM_PIXELS_CENTERED) {
         /* The mean row over every item (not just the share: the whole fleet subtracts the same one). */
         double *mean = carls_xcalloc((size_t)dim, sizeof *mean);
         float *row = carls_xmalloc(sizeof *row * (size_t)dim);
         for (int it = 0; it < mk->n_items; it++) {
-            s_pixel_row(mk, it, dim, grad, row);
+            s_pixel_row(mk, (uint32_t)it, dim, grad, row);
             for (int d = 0; d < dim; d++) {
                 mean[d] += row[d];
             }

@@ -46,8 +46,16 @@ typedef enum {
     KM_TASK_WORDS = 3,  /* trainer twotower's word tower over GCIDE headwords (km_words.h) */
 } km_task_t;
 
-/* --pixel-features hog: the last of the choices (raw, sqrt, centered, sqrt-centered, root4-centered, hog). */
-#define KM_PIXELS_HOG 5
+/* --pixel-features, in the order of its choices. Every one from KM_PIXELS_CENTERED on is centred (its mean row
+ * over the items subtracted). */
+typedef enum {
+    KM_PIXELS_RAW = 0,
+    KM_PIXELS_SQRT = 1,
+    KM_PIXELS_CENTERED = 2,
+    KM_PIXELS_SQRT_CENTERED = 3,
+    KM_PIXELS_ROOT4_CENTERED = 4,
+    KM_PIXELS_HOG = 5, /* km_hog.h */
+} km_pixel_features_t;
 
 typedef struct {
     const char *kb;            /* bank endpoint(s) */
@@ -61,8 +69,7 @@ typedef struct {
     int items;                 /* 0: every training image */
     const char *prefix;        /* table-name prefix */
     bool pixels;               /* embed: --encoder pixels */
-    int pixel_features;        /* embed --encoder pixels: 0 raw, 1 sqrt, 2 centered, 3 sqrt-, 4 root4-centered,
-                                * KM_PIXELS_HOG */
+    int pixel_features;        /* embed --encoder pixels: a km_pixel_features_t */
     bool source_emb;           /* graph: --source emb or emb+pixels, else pixels */
     bool source_union;         /* graph: --source emb+pixels (each row: k from the embeddings, then k from pixels) */
     int k;                     /* graph: neighbours per item */

@@ -108,7 +108,6 @@ static int s_aux(char *buf, size_t len, int i)
                  s_sl.job, s_sl.node[i]);
 }
 
-/* True while the job is running (squeue says RUNNING). */
 /* Whether the job still runs. squeue that cannot answer (slurmctld busy: "Socket timed out") is asked again a
  * few times; if it never answers the job counts as alive, so the trainer's files are still fetched (a failed
  * fetch says so) rather than silently left on its node. */
