@@ -51,6 +51,10 @@ void openblas_set_num_threads(int num_threads);
 #define KB_KNN_DEFAULT_FRACTION 0.05f
 /* FAISS's k-means warns below 39 training points per centroid; 256 centroids is an 8-bit PQ/SQ codebook. */
 #define KB_KNN_POINTS_PER_CENTROID 39u
+/* ... and samples at most 256 per centroid (FAISS's max_points_per_centroid): training on more buys nothing. */
+#define KB_KNN_MAX_POINTS_PER_CENTROID 256u
+/* A trained index is retrained when the table has grown this many times over what it was trained on. */
+#define KB_KNN_RETRAIN_GROWTH 2u
 #define KB_KNN_GENERIC_CENTROIDS 256u
 /* Pause after a failed background build before trying again, so a persistent FAISS error cannot spin. */
 #define KB_KNN_RETRY_MS 1000
@@ -209,6 +213,7 @@ struct kb_knn {
     bool removable;               /* the index kind supports remove_ids */
     bool trainable;               /* the index kind needs training */
     uint64_t train_min;           /* vectors needed before training */
+    uint64_t train_max;           /* k-means samples no more than this: retraining stops once trained on it */
     uint32_t nprobe;              /* 0: not an IVF index (or leave FAISS's default) */
     uint32_t ef_search;
     uint32_t ef_construction;
@@ -229,6 +234,7 @@ struct kb_knn {
 
     /* The index (under lock). */
     FaissIndex *index;  /* NULL while not ready */
+    uint64_t trained_on; /* trainable kinds: vectors the index's centroids were trained on */
     knn_map_t pending;  /* non-removable kinds: ids whose index entry is stale (value unused) */
     bool building;      /* a build has taken its snapshot and not swapped yet */
     knn_map_t changed;  /* while building: id -> 1 if it was in the snapshot, 0 if not */
@@ -598,6 +604,12 @@ static bool s_needs_build_locked(const kb_knn_t *self)
     if (!self->index) {
         return self->trainable ? self->count >= self->train_min : true;
     }
+    /* Centroids trained on the first rows fit the table less well as it grows (longer lists to scan, lower
+     * recall): retrain each time the table has doubled, until k-means would sample no more rows anyway. */
+    if (self->trainable && self->trained_on < self->train_max &&
+        self->count >= KB_KNN_RETRAIN_GROWTH * self->trained_on) {
+        return true;
+    }
     if (!self->removable) {
         double due = (double)self->rebuild_fraction * (double)self->count;
         if (due < self->rebuild_min_pending) {
@@ -757,6 +769,9 @@ static int s_build(kb_knn_t *self, bool force)
         self->pending = pending;
         pending = tmp; /* the old pending set is freed below */
         self->rebuilds++;
+        if (self->trainable) {
+            self->trained_on = n;
+        }
         self->last_build_ms = carls_wall_ms();
         self->last_build_duration_ms = carls_monotonic_ms() - t0;
     } else {
@@ -1058,6 +1073,7 @@ int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t err
         if (nlist > 0 && self->train_min < nlist) {
             self->train_min = nlist; /* k-means cannot make more centroids than points */
         }
+        self->train_max = KB_KNN_MAX_POINTS_PER_CENTROID * centroids;
         faiss_Index_free(probe); /* a trained one replaces it at the first build */
     } else {
         self->index = probe; /* ready at once, empty */

@@ -24,8 +24,10 @@
  *   - Indexes that need training (IVF, PQ...): until the copy holds train_min vectors there is no usable
  *     index and every search is an exact brute-force scan of the copy. Once train_min is reached the index
  *     is trained on all vectors then present and filled (in the background, or by kb_knn_rebuild()), and
- *     from then on it is updated in place like any removable index. The centroids are not retrained as the
- *     table grows; call kb_knn_rebuild() to retrain on everything present (e.g. after a bulk load).
+ *     from then on it is updated in place like any removable index. As the table grows the centroids are
+ *     retrained on everything present each time the count has doubled since the last training (in the
+ *     background, or at kb_knn_rebuild()), until the index was trained on 256 vectors per centroid (FAISS's
+ *     k-means samples no more); kb_knn_rebuild() retrains at any time (e.g. after a bulk load).
  *     Default train_min: 39 * nlist for IVF (FAISS's own minimum for k-means without a warning: 39
  *     points per centroid), 39 * 256 for other trainable indexes (enough for 8-bit PQ/SQ codebooks).
  *   Memory: the copy costs count * dim * 4 bytes beside whatever the index stores.

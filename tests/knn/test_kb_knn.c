@@ -437,6 +437,77 @@ static void test_ivf_train_and_recall(void **st)
     free(queries);
 }
 
+static bool s_rebuilt_twice(const kb_knn_stats_t *st)
+{
+    return st->rebuilds >= 2 && !st->building;
+}
+
+/* Waits until no build is running and none starts for 300 ms; returns the rebuild count then. */
+static uint64_t s_settled_rebuilds(kb_knn_t *knn)
+{
+    kb_knn_stats_t s;
+    uint64_t seen = UINT64_MAX;
+    int64_t quiet_since = carls_monotonic_ms();
+    for (int64_t end = quiet_since + 20000; carls_monotonic_ms() < end;) {
+        kb_knn_get_stats(knn, &s);
+        if (s.building || s.rebuilds != seen) {
+            seen = s.rebuilds;
+            quiet_since = carls_monotonic_ms();
+        } else if (carls_monotonic_ms() - quiet_since >= 300) {
+            return seen;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("the index never stopped rebuilding");
+    return 0;
+}
+
+/* An IVF index is retrained as its table grows: each time the count has doubled since the last training,
+ * until it was trained on 256 vectors per centroid (IVF8: 2048); then growth alone retrains no more. */
+static void test_ivf_retrains_as_it_grows(void **st)
+{
+    (void)st;
+    const uint32_t dim = 16;
+    const size_t n = 10000;
+    float *base = s_clustered(n, dim, 20, 21);
+    kb_knn_t *knn = s_new("IVF8,Flat", KB_KNN_METRIC_L2, dim, true);
+
+    s_add_all(knn, base, 0, 312, dim); /* 39 * 8: trained on the first 312 */
+    assert_true(s_wait_for(knn, s_is_ready, 20000));
+    assert_int_equal(s_settled_rebuilds(knn), 1);
+
+    s_add_all(knn, base, 312, 400, dim); /* 712 >= 2 * 312: retrained */
+    assert_true(s_wait_for(knn, s_rebuilt_twice, 20000));
+    uint64_t after_doubling = s_settled_rebuilds(knn);
+    assert_int_equal(after_doubling, 2);
+
+    s_add_all(knn, base, 712, 700, dim); /* 1412 < 2 * 712: not yet */
+    assert_int_equal(s_settled_rebuilds(knn), 2);
+
+    s_add_all(knn, base, 1412, 2688, dim); /* 4100 >= 2048: retrained on them all, the last time */
+    uint64_t capped = s_settled_rebuilds(knn);
+    assert_int_equal(capped, 3);
+    s_add_all(knn, base, 4100, n - 4100, dim); /* more than twice as many: no more training */
+    assert_int_equal(s_settled_rebuilds(knn), capped);
+
+    kb_knn_stats_t s;
+    kb_knn_get_stats(knn, &s);
+    assert_int_equal(s.count, n);
+    assert_int_equal(s.indexed, n);
+    assert_int_equal(s.pending, 0);
+    /* Searches stay exact for the stored vectors themselves after every retraining. */
+    for (size_t q = 0; q < 20; q++) {
+        int64_t ids[1];
+        float scores[1];
+        size_t i = q * 401 % n;
+        assert_int_equal(kb_knn_search(knn, base + i * dim, 1, 1, NULL, ids, scores), 0);
+        assert_float_equal(scores[0], 0.0f, 1e-4f);
+    }
+    kb_knn_destroy(&knn);
+    free(base);
+}
+
 /* HNSW with the default efSearch on two data sets: isotropic Gaussian clusters (hard for graph indexes:
  * inside a cluster all 32 dimensions are noise) and embedding-like clusters of low intrinsic dimension. */
 static void test_hnsw_recall(void **st)
@@ -955,6 +1026,7 @@ int main(void)
         cmocka_unit_test(test_flat_exact),
         cmocka_unit_test(test_short_answers_padded),
         cmocka_unit_test(test_ivf_train_and_recall),
+        cmocka_unit_test(test_ivf_retrains_as_it_grows),
         cmocka_unit_test(test_hnsw_recall),
         cmocka_unit_test(test_move_remove_exclude),
         cmocka_unit_test(test_hnsw_staleness),
