@@ -1023,7 +1023,7 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     int64_t t0 = carls_monotonic_ms();
     if (s_replay_journal(self, err, errlen) != 0)
         goto fail;
-    if (kb_journal_open(self->data_dir, opts->sync, &self->journal, err, errlen) != 0)
+    if (kb_journal_open(self->data_dir, opts->sync, opts->journal_segment_bytes, &self->journal, err, errlen) != 0)
         goto fail;
     if (opts->cache_bytes) {
         if (s_open_cache(self, (uint32_t)cache_kib, err, errlen) != 0)

@@ -40,6 +40,7 @@ typedef struct {
     uint64_t max_memory;  /* --max-memory: the budget of the memory estimate (kb_memory.h); 0 = unlimited */
     uint32_t frequency_period_ms; /* use counts changed by reads are written this often (0: 10000) */
     uint32_t compact_delay_ms;    /* committed epochs wait this long before compaction (0: 5000) */
+    uint32_t journal_segment_bytes; /* a journal segment is closed at this size (0: KB_JOURNAL_SEGMENT_BYTES) */
     bool read_only;               /* kb-server --read-only: the files are only read (kb_store_open_read_only),
                                    * the journal is replayed into memory only, no thread is started, nothing
                                    * is committed, pending gradients are never applied (docs/STATE.md) */

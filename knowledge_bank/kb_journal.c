@@ -19,18 +19,23 @@
 
 #define MAGIC 0x314a424bu /* "KBJ1" read as little-endian bytes */
 #define HEADER_BYTES 20
-#define SEGMENT_BYTES (64u << 20)
 #define SUFFIX ".kbj"
+#define RECYCLED_SUFFIX ".kbr" /* a segment written over a spare: stale records of its earlier life follow the log */
+#define SPARE_PREFIX "spare-"
+#define SPARE_SUFFIX ".kbs"
+#define MAX_SPARES 2
 
 typedef struct {
     char *path;
     uint64_t last_epoch;
-    uint64_t bytes;
+    uint64_t bytes;      /* of records */
+    uint64_t file_bytes; /* the file's size when it was a spare (0 for a new file): bytes to truncate at close */
 } s_segment_t;
 
 struct kb_journal {
     char *dir; /* <data dir>/journal */
     bool sync;
+    uint64_t segment_bytes; /* a segment is closed once it holds this many bytes */
     pthread_mutex_t mutex;
     int fd;                /* the open segment, or -1 before the first append after a rotation */
     s_segment_t current;   /* the open segment (path NULL when none) */
@@ -39,6 +44,8 @@ struct kb_journal {
     uint64_t bytes;        /* in every segment not removed */
     char broken[512];      /* set after a failed append: every later append fails with it */
     int holds;             /* kb_journal_hold: while > 0, kb_journal_release removes nothing */
+    char *spares[MAX_SPARES]; /* sync only: released segments kept for reuse (paths) */
+    size_t spare_count;
 };
 
 static char *s_join(const char *dir, const char *name)
@@ -51,6 +58,33 @@ static char *s_join(const char *dir, const char *name)
 
 static char *s_journal_dir(const char *data_dir) { return s_join(data_dir, "journal"); }
 
+static bool s_is_spare(const char *name)
+{
+    size_t n = strlen(name), p = strlen(SPARE_PREFIX), x = strlen(SPARE_SUFFIX);
+    return n > p + x && strncmp(name, SPARE_PREFIX, p) == 0 && strcmp(name + n - x, SPARE_SUFFIX) == 0;
+}
+
+/* Removes the spares in dir (they belong to the process that made them: records of a spare from an earlier
+ * run could carry epochs this run reaches again). Returns 0, or -1 with err. */
+static int s_remove_spares(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d))) {
+        if (!s_is_spare(e->d_name))
+            continue;
+        char *path = s_join(dir, e->d_name);
+        if (unlink(path) != 0 && errno != ENOENT)
+            rc = carls_errorf(err, errlen, -1, "journal: cannot remove %s: %s", path, strerror(errno));
+        free(path);
+    }
+    closedir(d);
+    return rc;
+}
+
 /* fsyncs the journal directory, after files were removed from it. */
 static void s_fsync_dir(const char *dir)
 {
@@ -58,17 +92,19 @@ static void s_fsync_dir(const char *dir)
         LOG_WARN("journal: fsync of %s failed: %s", dir, strerror(errno));
 }
 
-int kb_journal_open(const char *data_dir, bool sync, kb_journal_t **out, char *err, size_t errlen)
+int kb_journal_open(const char *data_dir, bool sync, uint64_t segment_bytes, kb_journal_t **out, char *err,
+                    size_t errlen)
 {
     *out = NULL;
     char *dir = s_journal_dir(data_dir);
-    if (carls_mkdir_p(dir, 0700, err, errlen) != 0) {
+    if (carls_mkdir_p(dir, 0700, err, errlen) != 0 || s_remove_spares(dir, err, errlen) != 0) {
         free(dir);
         return -1;
     }
     kb_journal_t *self = carls_xcalloc(1, sizeof *self);
     self->dir = dir;
     self->sync = sync;
+    self->segment_bytes = segment_bytes ? segment_bytes : KB_JOURNAL_SEGMENT_BYTES;
     self->fd = -1;
     pthread_mutex_init(&self->mutex, NULL);
     *out = self;
@@ -86,19 +122,53 @@ void kb_journal_close(kb_journal_t **self_p)
     for (size_t i = 0; i < self->closed_count; i++)
         free(self->closed[i].path);
     free(self->closed);
+    for (size_t i = 0; i < self->spare_count; i++)
+        free(self->spares[i]);
     free(self->dir);
     pthread_mutex_destroy(&self->mutex);
     free(self);
     *self_p = NULL;
 }
 
-/* Starts a new segment named by its first epoch; the directory is fsynced so the file itself survives. */
+/* Makes a spare the segment `path` (a rename: its blocks are reused, so appends overwrite in place and an
+ * fdatasync need not update the file's size and block map, which costs about as much as the data on ext4).
+ * Returns the open descriptor with *file_bytes its size, or -1 (no spare, or it could not be used). */
+static int s_take_spare(kb_journal_t *self, const char *path, uint64_t *file_bytes)
+{
+    while (self->spare_count > 0) {
+        char *spare = self->spares[--self->spare_count];
+        int fd = rename(spare, path) == 0 ? open(path, O_WRONLY | O_CLOEXEC) : -1;
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0) {
+            free(spare);
+            *file_bytes = (uint64_t)st.st_size;
+            return fd;
+        }
+        LOG_WARN("journal: cannot reuse %s: %s", spare, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        unlink(spare);
+        unlink(path);
+        free(spare);
+    }
+    return -1;
+}
+
+/* Starts a new segment named by its first epoch, over a spare when there is one (sync mode); the directory
+ * is fsynced so the file itself survives. */
 static int s_begin_segment(kb_journal_t *self, uint64_t epoch, char *err, size_t errlen)
 {
     char name[64];
-    snprintf(name, sizeof name, "%020" PRIu64 SUFFIX, epoch);
+    snprintf(name, sizeof name, "%020" PRIu64 RECYCLED_SUFFIX, epoch);
     char *path = s_join(self->dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+    uint64_t file_bytes = 0;
+    int fd = s_take_spare(self, path, &file_bytes);
+    if (fd < 0) {
+        snprintf(name, sizeof name, "%020" PRIu64 SUFFIX, epoch);
+        free(path);
+        path = s_join(self->dir, name);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    }
     if (fd < 0 || carls_fsync_dir_of(path) != 0) {
         int e = errno;
         snprintf(err, errlen, "journal: cannot create %s: %s", path, strerror(e));
@@ -108,13 +178,26 @@ static int s_begin_segment(kb_journal_t *self, uint64_t epoch, char *err, size_t
         return -1;
     }
     self->fd = fd;
-    self->current = (s_segment_t){.path = path, .last_epoch = 0, .bytes = 0};
+    self->current = (s_segment_t){.path = path, .last_epoch = 0, .bytes = 0, .file_bytes = file_bytes};
     return 0;
 }
 
-/* Closes the open segment and keeps it on the list for kb_journal_release. */
+/* Marks the journal broken after a failed write or sync: nothing more is acknowledged. */
+static void s_break(kb_journal_t *self, const char *path, int e)
+{
+    snprintf(self->broken, sizeof self->broken, "journal: writing %s failed: %s (no write is acknowledged "
+             "from now on; restart the server once the disk is fixed)", path, strerror(e));
+    LOG_ERROR("%s", self->broken);
+}
+
+/* Closes the open segment and keeps it on the list for kb_journal_release. A segment written over a spare is
+ * cut to its records first, and the cut made durable before the next segment exists: only the last segment
+ * may hold stale bytes after its records. */
 static void s_close_segment(kb_journal_t *self)
 {
+    if (self->current.file_bytes > self->current.bytes &&
+        (ftruncate(self->fd, (off_t)self->current.bytes) != 0 || fsync(self->fd) != 0))
+        s_break(self, self->current.path, errno);
     close(self->fd);
     self->fd = -1;
     self->closed = carls_grow(self->closed, &self->closed_cap, self->closed_count + 1, sizeof *self->closed);
@@ -122,15 +205,16 @@ static void s_close_segment(kb_journal_t *self)
     self->current = (s_segment_t){0};
 }
 
-static int s_write_all(int fd, struct iovec *iov, int n)
+static int s_write_all(int fd, struct iovec *iov, int n, uint64_t at)
 {
     while (n > 0) {
-        ssize_t w = writev(fd, iov, n);
+        ssize_t w = pwritev(fd, iov, n, (off_t)at);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
             return -1;
         }
+        at += (uint64_t)w;
         while (n > 0 && (size_t)w >= iov->iov_len) {
             w -= (ssize_t)iov->iov_len;
             iov++;
@@ -164,21 +248,20 @@ int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, s
     uint32_t crc = carls_crc32(carls_crc32(0, header + 8, 8), payload, len);
     carls_put_le32(header + 16, crc);
     struct iovec iov[2] = {{header, HEADER_BYTES}, {(void *)payload, len}};
-    if (s_write_all(self->fd, iov, len ? 2 : 1) != 0 || (self->sync && fdatasync(self->fd) != 0)) {
+    if (s_write_all(self->fd, iov, len ? 2 : 1, self->current.bytes) != 0 ||
+        (self->sync && fdatasync(self->fd) != 0)) {
         /* After a failed write or fdatasync the file's state is unknown (Linux may drop the dirty pages of
          * a failed fsync): nothing more is acknowledged. The torn record, if any, is at the end of the last
          * segment, where replay stops. */
-        snprintf(self->broken, sizeof self->broken, "journal: writing %s failed: %s (no write is acknowledged "
-                 "from now on; restart the server once the disk is fixed)", self->current.path, strerror(errno));
+        s_break(self, self->current.path, errno);
         snprintf(err, errlen, "%s", self->broken);
-        LOG_ERROR("%s", self->broken);
         goto done;
     }
     self->current.last_epoch = epoch;
     self->current.bytes += HEADER_BYTES + len;
     self->bytes += HEADER_BYTES + len;
-    if (self->current.bytes >= SEGMENT_BYTES)
-        s_close_segment(self);
+    if (self->current.bytes >= self->segment_bytes)
+        s_close_segment(self); /* the record is durable: a failed cut only breaks later appends */
     rc = 0;
 done:
     pthread_mutex_unlock(&self->mutex);
@@ -196,6 +279,20 @@ void kb_journal_release(kb_journal_t *self, uint64_t upto)
     bool removed = false;
     for (size_t i = 0; i < self->closed_count; i++) {
         s_segment_t *seg = &self->closed[i];
+        if (seg->last_epoch <= upto && self->sync && self->spare_count < MAX_SPARES) {
+            /* Kept as a spare for a later segment (s_take_spare) instead of removed. */
+            char name[64];
+            snprintf(name, sizeof name, SPARE_PREFIX "%020" PRIu64 SPARE_SUFFIX, seg->last_epoch);
+            char *spare = s_join(self->dir, name);
+            if (rename(seg->path, spare) == 0) {
+                self->spares[self->spare_count++] = spare;
+                self->bytes -= seg->bytes;
+                removed = true;
+                free(seg->path);
+                continue;
+            }
+            free(spare);
+        }
         if (seg->last_epoch <= upto && unlink(seg->path) == 0) {
             self->bytes -= seg->bytes;
             removed = true;
@@ -223,7 +320,36 @@ uint64_t kb_journal_bytes(kb_journal_t *self)
 static int s_is_segment(const char *name)
 {
     size_t n = strlen(name);
-    return n == 20 + strlen(SUFFIX) && strcmp(name + 20, SUFFIX) == 0 && strspn(name, "0123456789") == 20;
+    return n == 20 + strlen(SUFFIX) && (strcmp(name + 20, SUFFIX) == 0 || strcmp(name + 20, RECYCLED_SUFFIX) == 0) &&
+           strspn(name, "0123456789") == 20;
+}
+
+/* Whether a whole record of this life (epoch >= first and > seen, checksum right) starts anywhere in
+ * buf[from, size): then a bad record before it is damage, not the end of the log. */
+static bool s_record_follows(const uint8_t *buf, uint64_t size, uint64_t from, uint64_t first, uint64_t seen)
+{
+    for (uint64_t at = from; at + HEADER_BYTES <= size; at++) {
+        if (carls_get_le32(buf + at) != MAGIC)
+            continue;
+        uint32_t len = carls_get_le32(buf + at + 4);
+        uint64_t epoch = carls_get_le64(buf + at + 8);
+        if (epoch < first || epoch <= seen || len > size - at - HEADER_BYTES)
+            continue;
+        if (carls_crc32(carls_crc32(0, buf + at + 8, 8), buf + at + HEADER_BYTES, len) == carls_get_le32(buf + at + 16))
+            return true;
+    }
+    return false;
+}
+
+/* The rest of file f from byte `from`, read whole (a segment is at most a few tens of MiB). NULL on error. */
+static uint8_t *s_read_rest(FILE *f, uint64_t from, uint64_t size)
+{
+    uint8_t *buf = carls_xmalloc(size ? size : 1);
+    if (fseeko(f, (off_t)from, SEEK_SET) != 0 || fread(buf + from, 1, size - from, f) != size - from) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
 }
 
 static int s_compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -263,9 +389,11 @@ static void s_free_names(char **names, size_t n)
     free(names);
 }
 
-/* Replays one segment. last: whether it is the newest (a torn record there ends the journal). */
-static int s_replay_segment(const char *path, bool last, uint64_t after, kb_journal_record_fn fn, void *ctx,
-                            uint64_t *seen, char *err, size_t errlen)
+/* Replays one segment. last: whether it is the newest (a torn record there ends the journal). first: the
+ * epoch in its name; recycled: written over a spare, so stale records of the file's earlier life (older
+ * epochs) may follow its own. */
+static int s_replay_segment(const char *path, bool last, uint64_t first, bool recycled, uint64_t after,
+                            kb_journal_record_fn fn, void *ctx, uint64_t *seen, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -306,7 +434,7 @@ static int s_replay_segment(const char *path, bool last, uint64_t after, kb_jour
             problem = "a record's checksum does not match";
             break;
         }
-        if (epoch <= *seen) {
+        if (epoch <= *seen || epoch < first) {
             problem = "epochs go backwards";
             break;
         }
@@ -322,12 +450,26 @@ static int s_replay_segment(const char *path, bool last, uint64_t after, kb_jour
         at += HEADER_BYTES + len;
     }
     free(payload);
+    /* A crash tears at most the record being appended, which is then the last thing in the file (in a
+     * recycled segment, the last thing of this life: no record of it follows): a bad record with more of
+     * this life after it is damage to acknowledged data, wherever it is. */
+    bool at_end = problem && (size - at < HEADER_BYTES || at + HEADER_BYTES + torn_len >= size);
+    if (problem && recycled && rc == 0) {
+        uint8_t *rest = s_read_rest(f, at, size);
+        if (!rest)
+            rc = carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", path, strerror(errno));
+        at_end = rest && !s_record_follows(rest, size, at + 1, first, *seen);
+        free(rest);
+    }
     fclose(f);
     if (rc != 0)
         return -1;
-    /* A crash tears at most the record being appended, which is then the last thing in the file: a bad
-     * record with more bytes after it is damage to acknowledged data, wherever it is. */
-    bool at_end = problem && (size - at < HEADER_BYTES || at + HEADER_BYTES + torn_len >= size);
+    if (problem && last && at_end && recycled) {
+        /* What follows is the file's earlier life, and perhaps an append a crash tore (never acknowledged). */
+        LOG_INFO("journal: %s: its records end at byte %" PRIu64 " (the %" PRIu64 " bytes after them are an "
+                 "earlier segment's, or an append a crash interrupted)", path, at, size - at);
+        return 0;
+    }
     if (problem && last && at_end) {
         /* The append that was torn by the crash was never acknowledged: the journal ends before it. */
         LOG_WARN("journal: %s ends with an incomplete record at byte %" PRIu64 " (%" PRIu64
@@ -354,7 +496,9 @@ int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn
     int rc = s_list(dir, &names, &n, err, errlen);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         char *path = s_join(dir, names[i]);
-        rc = s_replay_segment(path, i + 1 == n, after, fn, ctx, &seen, err, errlen);
+        uint64_t first = strtoull(names[i], NULL, 10);
+        bool recycled = strcmp(names[i] + 20, RECYCLED_SUFFIX) == 0;
+        rc = s_replay_segment(path, i + 1 == n, first, recycled, after, fn, ctx, &seen, err, errlen);
         free(path);
     }
     *last_epoch = seen > after ? seen : after;
@@ -375,6 +519,8 @@ int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen)
             rc = carls_errorf(err, errlen, -1, "journal: cannot remove %s: %s", path, strerror(errno));
         free(path);
     }
+    if (rc == 0)
+        rc = s_remove_spares(dir, err, errlen);
     if (rc == 0 && n > 0)
         s_fsync_dir(dir);
     s_free_names(names, n);
@@ -460,9 +606,11 @@ int kb_journal_copy(kb_journal_t *self, uint64_t after, uint64_t upto, const cha
     size_t n = self->closed_count + (self->current.path ? 1 : 0);
     s_segment_t *segs = carls_xcalloc(n + 1, sizeof *segs);
     for (size_t i = 0; i < self->closed_count; i++)
-        segs[i] = (s_segment_t){strdup(self->closed[i].path), self->closed[i].last_epoch, self->closed[i].bytes};
+        segs[i] = (s_segment_t){.path = strdup(self->closed[i].path), .last_epoch = self->closed[i].last_epoch,
+                                .bytes = self->closed[i].bytes};
     if (self->current.path)
-        segs[n - 1] = (s_segment_t){strdup(self->current.path), self->current.last_epoch, self->current.bytes};
+        segs[n - 1] = (s_segment_t){.path = strdup(self->current.path), .last_epoch = self->current.last_epoch,
+                                    .bytes = self->current.bytes};
     pthread_mutex_unlock(&self->mutex);
 
     char name[64];

@@ -9,9 +9,16 @@
  *
  * Files: <data dir>/journal/<first epoch, 20 digits>.kbj, each a sequence of records:
  *   u32 magic 'KBJ1' | u32 payload length | u64 epoch | u32 CRC-32 of (epoch bytes, payload) | payload
- * (little-endian). A segment is closed after SEGMENT_BYTES and a new one begun. A crash can leave a torn
+ * (little-endian). A segment is closed after segment_bytes and a new one begun. A crash can leave a torn
  * last record in the last segment: replay stops there (its write was never acknowledged). Anything
  * unreadable elsewhere is corruption, and the server refuses to start with the file and offset.
+ *
+ * Spares (sync mode): a released segment is renamed spare-<epoch>.kbs (at most two) and the next segment
+ * is that file renamed <first epoch>.kbr, written over from its start. Overwriting allocated blocks makes
+ * each commit's fdatasync cheaper (no size or block-map update to journal: on ext4 here 0.24 against
+ * 0.42 ms for 96 KiB). The stale records of the file's earlier life that follow the log carry older
+ * epochs than the name's, so replay tells them apart; a .kbr segment is cut to its records when it is
+ * closed. Spares belong to one run: open and remove_all delete them.
  *
  * One thread appends (the persister); release may come from another (the compactor): a mutex orders them. */
 #ifndef KB_JOURNAL_H
@@ -23,10 +30,14 @@
 
 typedef struct kb_journal kb_journal_t;
 
+#define KB_JOURNAL_SEGMENT_BYTES (16u << 20)
+
 /* Opens the journal of data_dir for appending (creating <data_dir>/journal). Existing segments must have
  * been replayed and removed first (kb_journal_replay, kb_journal_remove_all). With sync, every append is
- * fdatasync'ed before it returns. Returns 0, or -1 with a message in err. */
-int kb_journal_open(const char *data_dir, bool sync, kb_journal_t **out, char *err, size_t errlen);
+ * fdatasync'ed before it returns, and released segments are reused (spares). segment_bytes: when a segment
+ * is closed (0: KB_JOURNAL_SEGMENT_BYTES). Returns 0, or -1 with a message in err. */
+int kb_journal_open(const char *data_dir, bool sync, uint64_t segment_bytes, kb_journal_t **out, char *err,
+                    size_t errlen);
 
 /* Closes the files (nothing is removed). Accepts NULL; nulls *self_p. */
 void kb_journal_close(kb_journal_t **self_p);
@@ -37,7 +48,8 @@ void kb_journal_close(kb_journal_t **self_p);
 int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, char *err,
                       size_t errlen);
 
-/* Removes the closed segments whose records all have epoch <= upto (they are compacted). */
+/* Removes the closed segments whose records all have epoch <= upto (they are compacted); in sync mode up to
+ * two of them become spares instead. */
 void kb_journal_release(kb_journal_t *self, uint64_t upto);
 
 /* Bytes in the segments not yet removed. */
@@ -50,7 +62,8 @@ typedef int (*kb_journal_record_fn)(void *ctx, uint64_t epoch, const uint8_t *pa
 int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn fn, void *ctx,
                       uint64_t *last_epoch, char *err, size_t errlen);
 
-/* Removes every segment of data_dir's journal (after they have been compacted). Returns 0, or -1 with err. */
+/* Removes every segment and spare of data_dir's journal (after they have been compacted). Returns 0, or -1
+ * with err. */
 int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen);
 
 /* ---- snapshots (kb_snapshot.h) ---- */

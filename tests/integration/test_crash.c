@@ -14,12 +14,18 @@
  * during compaction: the same exactly-once pushes in sync durability, but every kill lands while the
  * compactor has a transaction open, moving journaled epochs into SQLite (the server runs with
  * CARLS_KB_TEST_COMPACTION_DELAY_MS, which holds that transaction open, and the test kills only once stats
- * say `compacting`). The restart must replay the journal over the rolled-back transaction. */
+ * say `compacting`). The restart must replay the journal over the rolled-back transaction.
+ *
+ * while segments are reused: the same exactly-once pushes in sync durability, with 64 KiB journal segments
+ * and 20 ms compaction delay, so that compacted segments become spares and new segments are written over
+ * them all the time; every kill lands while a segment written over a spare (.kbr) is in the journal, so
+ * replay must stop at its own records and skip the stale ones of the file's earlier life. */
 #include "kb_client.h"
 #include "log.h"
 #include "server_fixture.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -352,6 +358,64 @@ static void test_sync_kill9_during_compaction(void **state)
     assert_true(total > ROUNDS);
 }
 
+/* Whether the server's journal (<data dir>/db/journal) holds a segment written over a spare, waiting up to
+ * 10 s for one. */
+static bool s_wait_reused_segment(const char *data_dir)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/db/journal", data_dir);
+    for (int i = 0; i < 1000; i++) {
+        DIR *d = opendir(dir);
+        bool found = false;
+        struct dirent *e;
+        while (d && (e = readdir(d)))
+            found |= strstr(e->d_name, ".kbr") != NULL;
+        if (d)
+            closedir(d);
+        if (found)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+static void test_sync_kill9_while_segments_are_reused(void **state)
+{
+    enum { ROUNDS = 8 };
+    server_fixture_t *f = *state;
+    const char *args[] = {"--durability", "sync", "--journal-segment-bytes", "65536", "--compact-delay-ms", "20",
+                          NULL};
+    server_fixture_start(f, args);
+    s_create_grad_tables(f->client);
+    char endpoint[sizeof f->srv.endpoint];
+    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
+    const char *fixed[] = {"--durability", "sync", "--journal-segment-bytes", "65536", "--compact-delay-ms", "20",
+                           "--listen", endpoint, NULL};
+    atomic_int stop = 0;
+    grad_writer_t w[WRITERS];
+    pthread_t th[WRITERS];
+    s_start_grad_writers(w, th, endpoint, &stop);
+    char data_dir[sizeof f->srv.data_dir];
+    snprintf(data_dir, sizeof data_dir, "%s", f->srv.data_dir);
+    unsigned rng = 20261127u;
+    int during = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        bool reused = s_wait_reused_segment(data_dir);
+        usleep((useconds_t)(s_rand(&rng) % 50) * 1000);
+        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
+        during += reused;
+        assert_int_equal(test_server_start(&f->srv, fixed), 0);
+    }
+    usleep(300 * 1000);
+    s_stop_grad_writers(th, &stop);
+    assert_int_equal(during, ROUNDS);
+
+    int total = s_check_writers(f->client, w);
+    print_message("%d kills with a reused journal segment in place, %d acknowledged pushes, all present exactly "
+                  "once\n", during, total);
+    assert_true(total > ROUNDS);
+}
+
 int main(void)
 {
     /* Every kill makes the clients log a reconnect; only errors are worth reading here. */
@@ -360,6 +424,7 @@ int main(void)
         SERVER_FIXTURE_TEST(test_sync_kill9_twenty_times, &s_patient),
         SERVER_FIXTURE_TEST(test_interval_kill9_loses_at_most_the_window, &s_patient),
         SERVER_FIXTURE_TEST(test_sync_kill9_during_compaction, &s_patient),
+        SERVER_FIXTURE_TEST(test_sync_kill9_while_segments_are_reused, &s_patient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -205,7 +205,7 @@ static void s_append_five(void)
 {
     kb_journal_t *j = NULL;
     char err[512];
-    assert_int_equal(kb_journal_open(s_dir, true, &j, err, sizeof err), 0);
+    assert_int_equal(kb_journal_open(s_dir, true, 0, &j, err, sizeof err), 0);
     for (uint64_t e = 1; e <= 5; e++) {
         char text[32];
         snprintf(text, sizeof text, "payload %llu", (unsigned long long)e);
@@ -215,8 +215,9 @@ static void s_append_five(void)
     kb_journal_close(&j);
 }
 
-/* The one segment of the journal (the tests write few records). */
-static void s_segment_path(char *out, size_t outlen)
+/* How many files of the journal directory have suffix in their name; out (when not NULL): the last one's
+ * path. */
+static int s_find_files(const char *suffix, char *out, size_t outlen)
 {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/journal", s_dir);
@@ -225,13 +226,20 @@ static void s_segment_path(char *out, size_t outlen)
     struct dirent *e;
     int found = 0;
     while ((e = readdir(d))) {
-        if (strstr(e->d_name, ".kbj")) {
+        if (!strstr(e->d_name, suffix))
+            continue;
+        if (out)
             snprintf(out, outlen, "%s/%s", dir, e->d_name);
-            found++;
-        }
+        found++;
     }
     closedir(d);
-    assert_int_equal(found, 1);
+    return found;
+}
+
+/* The one segment of the journal (the tests write few records). */
+static void s_segment_path(char *out, size_t outlen)
+{
+    assert_int_equal(s_find_files(".kbj", out, outlen), 1);
 }
 
 static void test_append_and_replay(void **state)
@@ -295,6 +303,167 @@ static void test_damage_before_acknowledged_records_is_refused(void **state)
     assert_int_equal(kb_journal_remove_all(s_dir, err, sizeof err), 0);
 }
 
+/* ---- spares: released segments reused in sync mode ---- */
+
+static int s_collect_any(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len)
+{
+    (void)payload;
+    (void)len;
+    s_seen_t *seen = ctx;
+    assert_true(seen->n < 16);
+    seen->epochs[seen->n++] = epoch;
+    return 0;
+}
+
+/* Appends epoch e with a payload of `len` bytes ('payload <e>' padded with dots). */
+static void s_append_sized(kb_journal_t *j, uint64_t e, size_t len)
+{
+    char text[128];
+    memset(text, '.', sizeof text);
+    int n = snprintf(text, sizeof text, "payload %llu", (unsigned long long)e);
+    text[n] = '.';
+    char err[512];
+    assert_int_equal(kb_journal_append(j, e, text, len, err, sizeof err), 0);
+}
+
+static int s_count_files(const char *suffix) { return s_find_files(suffix, NULL, 0); }
+
+static void s_journal_file(char *out, size_t outlen, uint64_t first, const char *suffix)
+{
+    snprintf(out, outlen, "%s/journal/%020llu%s", s_dir, (unsigned long long)first, suffix);
+}
+
+/* Writes segments 1..4, 5..8 (released: spares), 9..12, then 13 and 14 over a spare. */
+static void s_write_over_a_spare(void)
+{
+    kb_journal_t *j = NULL;
+    char err[512];
+    assert_int_equal(kb_journal_open(s_dir, true, 100, &j, err, sizeof err), 0);
+    for (uint64_t e = 1; e <= 9; e++)
+        s_append_sized(j, e, 9); /* 29 bytes a record: a segment closes after 4 */
+    assert_int_equal(s_count_files(".kbj"), 3);
+    kb_journal_release(j, 8);
+    assert_int_equal(s_count_files(".kbs"), 2);
+    assert_int_equal(s_count_files(".kbj"), 1);
+    assert_int_equal(kb_journal_bytes(j), 29);
+    for (uint64_t e = 10; e <= 14; e++)
+        s_append_sized(j, e, 10);
+    assert_int_equal(s_count_files(".kbr"), 1); /* 13 began a segment over a spare */
+    assert_int_equal(s_count_files(".kbs"), 1);
+    kb_journal_close(&j);
+}
+
+/* Replay reads a segment written over a spare up to its own records: the stale records of the file's earlier
+ * life after them (older epochs, checksums right) are not replayed, and a torn record there ends the log. */
+static void test_spare_reused_and_replayed_to_its_end(void **state)
+{
+    (void)state;
+    s_write_over_a_spare();
+    s_seen_t seen = {0};
+    uint64_t last = 0;
+    char err[512];
+    assert_int_equal(kb_journal_replay(s_dir, 0, s_collect_any, &seen, &last, err, sizeof err), 0);
+    assert_int_equal(seen.n, 6);
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(seen.epochs[i], 9 + i);
+    assert_int_equal(last, 14);
+
+    /* Tear record 14 (the last append): the log ends at 13, with stale records still after it. */
+    char path[600];
+    s_journal_file(path, sizeof path, 13, ".kbr");
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t byte = 'X';
+    assert_int_equal(pwrite(fd, &byte, 1, 30 + 20 + 3), 1);
+    close(fd);
+    seen.n = 0;
+    assert_int_equal(kb_journal_replay(s_dir, 0, s_collect_any, &seen, &last, err, sizeof err), 0);
+    assert_int_equal(seen.n, 5);
+    assert_int_equal(last, 13);
+
+    /* Damage record 13 instead, with 14 intact after it: acknowledged data is lost, so replay refuses. */
+    byte = 'Y';
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "payload 14", 10, 30 + 20), 10); /* 14 whole again */
+    assert_int_equal(pwrite(fd, &byte, 1, 20 + 3), 1);
+    close(fd);
+    seen.n = 0;
+    assert_int_equal(kb_journal_replay(s_dir, 0, s_collect_any, &seen, &last, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "corrupt at byte 0"));
+    assert_int_equal(kb_journal_remove_all(s_dir, err, sizeof err), 0);
+    assert_int_equal(s_count_files(".kb"), 0); /* spares included */
+}
+
+/* A segment written over a larger spare is cut to its records when it closes, so a later segment follows it
+ * cleanly; spares left by an earlier run are removed when a journal opens. */
+static void test_spare_segment_cut_at_close(void **state)
+{
+    (void)state;
+    kb_journal_t *j = NULL;
+    char err[512];
+    assert_int_equal(kb_journal_open(s_dir, true, 100, &j, err, sizeof err), 0);
+    s_append_sized(j, 1, 60);
+    s_append_sized(j, 2, 60); /* 160 bytes: closed */
+    s_append_sized(j, 3, 9);
+    kb_journal_release(j, 2);
+    assert_int_equal(s_count_files(".kbs"), 1);
+    for (uint64_t e = 4; e <= 7; e++)
+        s_append_sized(j, e, 9); /* 3..6 close their segment (116 bytes); 7 begins one over the spare */
+    for (uint64_t e = 8; e <= 10; e++)
+        s_append_sized(j, e, 10);
+    /* 7..10: 29 + 3 * 30 = 119 bytes: closed and cut from the spare's 160 */
+    char path[600];
+    s_journal_file(path, sizeof path, 7, ".kbr");
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 119);
+    s_append_sized(j, 11, 10); /* a new file: no spare left */
+    assert_int_equal(s_count_files(".kbs"), 0);
+    kb_journal_release(j, 6); /* 3..6 becomes a spare ... */
+    assert_int_equal(s_count_files(".kbs"), 1);
+    kb_journal_close(&j);
+
+    s_seen_t seen = {0};
+    uint64_t last = 0;
+    assert_int_equal(kb_journal_replay(s_dir, 6, s_collect_any, &seen, &last, err, sizeof err), 0);
+    assert_int_equal(seen.n, 5);
+    assert_int_equal(seen.epochs[0], 7);
+    assert_int_equal(last, 11);
+    /* ... and the next run's journal removes it. */
+    assert_int_equal(kb_journal_open(s_dir, true, 100, &j, err, sizeof err), 0);
+    assert_int_equal(s_count_files(".kbs"), 0);
+    kb_journal_close(&j);
+    assert_int_equal(kb_journal_remove_all(s_dir, err, sizeof err), 0);
+}
+
+/* A crash right after a spare became a segment, before its first record was written: the segment holds only
+ * the earlier life's records (whole, checksums right, epochs older than its name), and none is replayed. */
+static void test_spare_renamed_before_its_first_record(void **state)
+{
+    (void)state;
+    kb_journal_t *j = NULL;
+    char err[512];
+    assert_int_equal(kb_journal_open(s_dir, true, 100, &j, err, sizeof err), 0);
+    for (uint64_t e = 1; e <= 5; e++)
+        s_append_sized(j, e, 9);
+    kb_journal_release(j, 4);
+    kb_journal_close(&j);
+    char spare[600], segment[600], five[600];
+    snprintf(spare, sizeof spare, "%s/journal/spare-%020d.kbs", s_dir, 4);
+    s_journal_file(segment, sizeof segment, 6, ".kbr");
+    s_journal_file(five, sizeof five, 5, ".kbj");
+    assert_int_equal(rename(spare, segment), 0);
+    assert_int_equal(unlink(five), 0); /* compacted: the renamed spare is the whole journal */
+    s_seen_t seen = {0};
+    uint64_t last = 0;
+    assert_int_equal(kb_journal_replay(s_dir, 0, s_collect_any, &seen, &last, err, sizeof err), 0);
+    assert_int_equal(seen.n, 0);
+    assert_int_equal(last, 0);
+    assert_int_equal(kb_journal_remove_all(s_dir, err, sizeof err), 0);
+}
+
 /* A journal left by a crash (a record of a table and a row that never reached SQLite) is replayed into the
  * store when a bank opens the directory, and removed; the table and row are there, and so after a clean
  * close and a second open. */
@@ -323,7 +492,7 @@ static void test_bank_replays_journal_left_by_crash(void **state)
     size_t len;
     uint8_t *bytes = kb_batch_encode(&b, &len);
     kb_journal_t *j = NULL;
-    assert_int_equal(kb_journal_open(s_dir, true, &j, err, sizeof err), 0);
+    assert_int_equal(kb_journal_open(s_dir, true, 0, &j, err, sizeof err), 0);
     assert_int_equal(kb_journal_append(j, 4, bytes, len, err, sizeof err), 0);
     kb_journal_close(&j);
     free(bytes);
@@ -363,6 +532,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_append_and_replay, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_torn_last_record_is_dropped, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_damage_before_acknowledged_records_is_refused, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_spare_reused_and_replayed_to_its_end, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_spare_segment_cut_at_close, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_spare_renamed_before_its_first_record, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bank_replays_journal_left_by_crash, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
