@@ -46,6 +46,8 @@ typedef struct {
     bool keep_data;
     bool json;
     bool verbose;
+    uint32_t repeat;           /* rounds of every case; each figure is reported as the round with the median
+                                * ratio (or value), with the spread over the rounds */
     const char *mode;          /* "quick", "smoke", "full" or "custom": printed with the results */
 } bench_opts_t;
 
@@ -117,11 +119,13 @@ typedef struct {
     const char *note;        /* short remark (why unavailable...), or NULL */
 } bench_result_t;
 
-/* Prints one result (table row or JSON line) at once, and remembers it for the summary. */
+/* Prints one result (table row or JSON line) at once, and remembers it for the summary; with --repeat it is
+ * kept instead, and bench_report_end prints each figure's median round. */
 void bench_report(const bench_opts_t *opts, const bench_result_t *r);
 /* Prints the table header (people) once. */
 void bench_report_begin(const bench_opts_t *opts);
-/* Prints the footer: load average, cores, elapsed time, targets met/missed. */
+/* With --repeat, prints each figure's median round first; then the footer: load average, cores, elapsed
+ * time, targets met/missed. */
 void bench_report_end(const bench_opts_t *opts, double elapsed_s);
 /* Number of results reported so far, and how many of them failed (value not finite). */
 size_t bench_report_count(void);

@@ -58,6 +58,10 @@ static void s_usage(FILE *out)
             "  --json                 one JSON object per line and result: case, value, unit, reference,\n"
             "                         reference_value, ratio, target, target_met, p50_us, p99_us, ...\n"
             "  --verbose              progress on stderr also with --json\n"
+            "  --repeat N             run every case N times (1); each figure is then the round with the median\n"
+            "                         ratio to its reference (or median value), printed with the range over the\n"
+            "                         rounds (JSON: rounds, ratio_min, ratio_max): on a loaded or small machine\n"
+            "                         one round's ratio can fall on either side of a target\n"
             "  -h, --help\n"
             "\n"
             "Exit status: 0 when every kb case ran (references may be n/a) and every server it started stopped\n"
@@ -176,6 +180,7 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
             if (strncmp(argv[i], "--", 2) == 0 && strcmp(argv[i] + 2, s_modes[m].name) == 0)
                 s_mode(o, &s_modes[m]);
     s_default_server(strings->kb_server, sizeof strings->kb_server);
+    o->repeat = 1;
     o->kb_server = strings->kb_server;
     o->redis_server = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server" : "";
     uint32_t interval_ms = 1000;
@@ -211,6 +216,7 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
         carls_arg_set("keep-data", &o->keep_data),
         carls_arg_set("json", &o->json),
         carls_arg_set("verbose", &o->verbose),
+        carls_arg_u32("repeat", &o->repeat, 1, 100),
         {0},
     };
     int parsed = carls_args_parse("kb-bench", argc, argv, args, s_usage);
@@ -274,12 +280,17 @@ static int s_run(bench_opts_t *o)
     double t0 = bench_now();
     if (!o->json) {
         printf("kb-bench (%s): dim %u, batch %u, %u keys, %u clients, %.1f s per case, server threads %u, knn "
-               "threads %u; %ld cores, load average %.2f at start\n\n",
+               "threads %u, %u round%s; %ld cores, load average %.2f at start\n\n",
                o->mode, o->dim, o->batch, o->keys, o->clients, o->seconds, o->server_threads, o->knn_threads,
-               sysconf(_SC_NPROCESSORS_ONLN), bench_load1());
+               o->repeat, o->repeat == 1 ? "" : "s", sysconf(_SC_NPROCESSORS_ONLN), bench_load1());
     }
     bench_report_begin(o);
-    int rc = bench_kb_all(o);
+    int rc = 0;
+    for (uint32_t round = 0; round < o->repeat; round++) {
+        if (o->repeat > 1)
+            bench_progress(o, "round %u of %u", round + 1, o->repeat);
+        rc |= bench_kb_all(o);
+    }
     bench_report_end(o, bench_now() - t0);
     if (own_dir && !o->keep_data)
         rmdir(tmpdir); /* the servers' directories are gone already */

@@ -325,11 +325,126 @@ void bench_report_begin(const bench_opts_t *opts)
            "target");
 }
 
+static double s_ratio(const bench_result_t *r)
+{
+    return isfinite(r->value) && isfinite(r->reference_value) && r->reference_value != 0
+               ? r->value / r->reference_value
+               : NAN;
+}
+
+/* ---- --repeat: results kept until the end, then each figure's median round ---- */
+
+typedef struct {
+    bench_result_t r; /* strings owned (copied: cases build theirs on the stack) */
+    double load1;
+} s_kept_t;
+static s_kept_t *s_kept;
+static size_t s_n_kept, s_kept_cap;
+
+/* The spread of a figure over the rounds, printed with its median round. */
+typedef struct {
+    uint32_t rounds;   /* rounds with a finite figure */
+    bool by_ratio;     /* the median and the spread are of the ratio (else of the value) */
+    double min, max;
+} s_spread_t;
+
+static char *s_dup_or_null(const char *text)
+{
+    if (!text)
+        return NULL;
+    char *copy = strdup(text);
+    if (!copy)
+        CARLS_FATAL("out of memory");
+    return copy;
+}
+
+static void s_keep(const bench_result_t *r)
+{
+    s_kept = carls_grow(s_kept, &s_kept_cap, s_n_kept + 1, sizeof *s_kept);
+    s_kept_t *k = &s_kept[s_n_kept++];
+    k->r = *r;
+    k->r.name = s_dup_or_null(r->name);
+    k->r.unit = s_dup_or_null(r->unit);
+    k->r.reference = s_dup_or_null(r->reference);
+    k->r.target = s_dup_or_null(r->target);
+    k->r.note = s_dup_or_null(r->note);
+    k->load1 = bench_load1();
+}
+
+static void s_emit(const bench_opts_t *opts, const bench_result_t *r, const s_spread_t *spread);
+
+static double s_key(const s_kept_t *k, bool by_ratio) { return by_ratio ? s_ratio(&k->r) : k->r.value; }
+
+/* Prints, in the order figures first appeared, each figure's round with the median ratio (or value, for
+ * figures without a reference), with the spread over the rounds; frees what was kept. */
+static void s_emit_medians(const bench_opts_t *opts)
+{
+    bool *done = carls_xcalloc(s_n_kept ? s_n_kept : 1, sizeof *done);
+    size_t *idx = carls_xmalloc((s_n_kept ? s_n_kept : 1) * sizeof *idx);
+    for (size_t i = 0; i < s_n_kept; i++) {
+        if (done[i])
+            continue;
+        size_t n = 0;
+        bool by_ratio = true;
+        for (size_t j = i; j < s_n_kept; j++) {
+            if (done[j] || strcmp(s_kept[j].r.name, s_kept[i].r.name) != 0)
+                continue;
+            done[j] = true;
+            idx[n++] = j;
+            by_ratio &= isfinite(s_ratio(&s_kept[j].r));
+        }
+        /* The rounds with a finite figure, sorted by it (insertion sort: a handful of rounds). */
+        size_t finite = 0, first = idx[0];
+        for (size_t a = 0; a < n; a++) {
+            size_t cur = idx[a];
+            double key = s_key(&s_kept[cur], by_ratio);
+            if (!isfinite(key))
+                continue;
+            size_t b = finite++;
+            while (b > 0 && s_key(&s_kept[idx[b - 1]], by_ratio) > key) {
+                idx[b] = idx[b - 1];
+                b--;
+            }
+            idx[b] = cur;
+        }
+        s_spread_t spread = {.rounds = (uint32_t)finite, .by_ratio = by_ratio};
+        size_t pick = first; /* no round has the figure: show the first round's failure */
+        if (finite > 0) {
+            /* A round that happened, never an average; of two middle rounds the less favourable one. */
+            bool lower_better = s_kept[i].r.lower_is_better && by_ratio;
+            pick = idx[finite % 2 == 0 && lower_better ? finite / 2 : (finite - 1) / 2];
+            spread.min = s_key(&s_kept[idx[0]], by_ratio);
+            spread.max = s_key(&s_kept[idx[finite - 1]], by_ratio);
+        }
+        s_emit(opts, &s_kept[pick].r, &spread);
+    }
+    for (size_t i = 0; i < s_n_kept; i++) {
+        bench_result_t *r = &s_kept[i].r;
+        free((char *)r->name);
+        free((char *)r->unit);
+        free((char *)r->reference);
+        free((char *)r->target);
+        free((char *)r->note);
+    }
+    free(s_kept);
+    s_kept = NULL;
+    s_n_kept = s_kept_cap = 0;
+    free(done);
+    free(idx);
+}
+
 void bench_report(const bench_opts_t *opts, const bench_result_t *r)
 {
-    double ratio = isfinite(r->value) && isfinite(r->reference_value) && r->reference_value != 0
-                       ? r->value / r->reference_value
-                       : NAN;
+    if (opts->repeat > 1)
+        s_keep(r);
+    else
+        s_emit(opts, r, NULL);
+}
+
+/* Prints one result and counts it for the summary. spread: with --repeat, the figure over the rounds. */
+static void s_emit(const bench_opts_t *opts, const bench_result_t *r, const s_spread_t *spread)
+{
+    double ratio = s_ratio(r);
     bool has_target = r->target != NULL;
     bool met = false;
     if (has_target && isfinite(ratio))
@@ -380,6 +495,13 @@ void bench_report(const bench_opts_t *opts, const bench_result_t *r)
             fputs(",\"note\":", f);
             s_json_string(f, r->note);
         }
+        if (spread) {
+            fprintf(f, ",\"rounds\":%u,\"of_rounds\":%u,\"%s_min\":", spread->rounds, opts->repeat,
+                    spread->by_ratio ? "ratio" : "value");
+            s_json_number(f, spread->rounds ? spread->min : NAN);
+            fprintf(f, ",\"%s_max\":", spread->by_ratio ? "ratio" : "value");
+            s_json_number(f, spread->rounds ? spread->max : NAN);
+        }
         fputs("}\n", f);
     } else {
         char v[32], rv[32], ra[32], tg[64];
@@ -393,8 +515,19 @@ void bench_report(const bench_opts_t *opts, const bench_result_t *r)
             snprintf(tg, sizeof tg, "%s %s", r->target, isfinite(ratio) ? (met ? "met" : "MISSED") : "n/a");
         else
             tg[0] = '\0';
-        printf("%-28s %10s %-9s %-28s %10s %7s  %s%s%s\n", r->name, v, r->unit,
-               r->reference && r->reference[0] ? r->reference : "-", rv, ra, tg, r->note ? "  " : "",
+        char rounds[96] = "";
+        if (spread && spread->rounds > 0 && spread->by_ratio)
+            snprintf(rounds, sizeof rounds, "  [median of %u/%u rounds; ratio %.2f-%.2f]", spread->rounds,
+                     opts->repeat, spread->min, spread->max);
+        else if (spread && spread->rounds > 0) {
+            char lo[32], hi[32];
+            s_human(lo, sizeof lo, spread->min);
+            s_human(hi, sizeof hi, spread->max);
+            snprintf(rounds, sizeof rounds, "  [median of %u/%u rounds; %s-%s]", spread->rounds, opts->repeat, lo,
+                     hi);
+        }
+        printf("%-28s %10s %-9s %-28s %10s %7s  %s%s%s%s\n", r->name, v, r->unit,
+               r->reference && r->reference[0] ? r->reference : "-", rv, ra, tg, rounds, r->note ? "  " : "",
                r->note ? r->note : "");
     }
     fflush(stdout);
@@ -403,6 +536,8 @@ void bench_report(const bench_opts_t *opts, const bench_result_t *r)
 void bench_report_end(const bench_opts_t *opts, double elapsed_s)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (opts->repeat > 1)
+        s_emit_medians(opts);
     if (opts->json)
         return;
     /* The targets again, together: issue 18's table (figure, ratio, target, met) in one place. */
@@ -417,9 +552,12 @@ void bench_report_end(const bench_opts_t *opts, double elapsed_s)
         printf("%-28s %7s  %-7s %s\n", t->name, ra, t->target,
                isfinite(t->ratio) ? (t->met ? "met" : "MISSED") : "n/a");
     }
-    printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met; %ld cores, load average %.2f; "
+    char rounds[48] = "";
+    if (opts->repeat > 1)
+        snprintf(rounds, sizeof rounds, ", each figure the median of %u rounds", opts->repeat);
+    printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met%s; %ld cores, load average %.2f; "
            "%.0f s in all (%s run)\n",
-           s_results, s_failed, s_targets_met, s_targets, cores, bench_load1(), elapsed_s, opts->mode);
+           s_results, s_failed, s_targets_met, s_targets, rounds, cores, bench_load1(), elapsed_s, opts->mode);
 }
 
 void bench_progress(const bench_opts_t *opts, const char *fmt, ...)

@@ -336,6 +336,38 @@ static void test_table_for_people(void **state)
             fail_msg("target summary lacks %s", summarized[i]);
 }
 
+/* --repeat 3: every figure once, as one of its rounds: the ratio printed lies within the spread over the
+ * rounds, and the spread says how many rounds had the figure. */
+static void test_repeat_reports_median_rounds(void **state)
+{
+    (void)state;
+    static run_t run;
+    static char out[1 << 16];
+    s_run("--smoke --cases put --redis-server none --repeat 3 --json", true, &run, out, sizeof out);
+    if (run.status != 0)
+        fprintf(stderr, "kb-bench --repeat 3 exited %d; its output:\n%s", run.status, out);
+    assert_int_equal(run.status, 0);
+    static const char *const expected[] = {"put.interval", "put.sync", "put.sync.vs_redis", "put.sync.16w"};
+    assert_int_equal(run.n, sizeof expected / sizeof *expected); /* each figure once, not once per round */
+    for (size_t i = 0; i < sizeof expected / sizeof *expected; i++) {
+        const object_t *o = s_case(&run, expected[i]);
+        if (!o)
+            fail_msg("case %s missing", expected[i]);
+        assert_int_equal((int)s_num(o, "of_rounds"), 3);
+        assert_int_equal((int)s_num(o, "rounds"), 3);
+        double ratio = s_num(o, "ratio");
+        if (isfinite(ratio)) {
+            double lo = s_num(o, "ratio_min"), hi = s_num(o, "ratio_max");
+            if (!(lo <= ratio + 1e-9 && ratio <= hi + 1e-9))
+                fail_msg("%s: ratio %g outside its rounds' %g-%g", expected[i], ratio, lo, hi);
+        } else { /* no Redis here: the spread is of the value */
+            double v = s_num(o, "value"), lo = s_num(o, "value_min"), hi = s_num(o, "value_max");
+            if (!(lo <= v && v <= hi))
+                fail_msg("%s: value %g outside its rounds' %g-%g", expected[i], v, lo, hi);
+        }
+    }
+}
+
 static void test_usage(void **state)
 {
     (void)state;
@@ -354,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_table_for_people),
         cmocka_unit_test(test_smoke_json),
+        cmocka_unit_test(test_repeat_reports_median_rounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
