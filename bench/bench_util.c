@@ -334,11 +334,7 @@ static double s_ratio(const bench_result_t *r)
 
 /* ---- --repeat: results kept until the end, then each figure's median round ---- */
 
-typedef struct {
-    bench_result_t r; /* strings owned (copied: cases build theirs on the stack) */
-    double load1;
-} s_kept_t;
-static s_kept_t *s_kept;
+static bench_result_t *s_kept; /* strings owned (copied: cases build theirs on the stack) */
 static size_t s_n_kept, s_kept_cap;
 
 /* The spread of a figure over the rounds, printed with its median round. */
@@ -361,19 +357,18 @@ static char *s_dup_or_null(const char *text)
 static void s_keep(const bench_result_t *r)
 {
     s_kept = carls_grow(s_kept, &s_kept_cap, s_n_kept + 1, sizeof *s_kept);
-    s_kept_t *k = &s_kept[s_n_kept++];
-    k->r = *r;
-    k->r.name = s_dup_or_null(r->name);
-    k->r.unit = s_dup_or_null(r->unit);
-    k->r.reference = s_dup_or_null(r->reference);
-    k->r.target = s_dup_or_null(r->target);
-    k->r.note = s_dup_or_null(r->note);
-    k->load1 = bench_load1();
+    bench_result_t *k = &s_kept[s_n_kept++];
+    *k = *r;
+    k->name = s_dup_or_null(r->name);
+    k->unit = s_dup_or_null(r->unit);
+    k->reference = s_dup_or_null(r->reference);
+    k->target = s_dup_or_null(r->target);
+    k->note = s_dup_or_null(r->note);
 }
 
 static void s_emit(const bench_opts_t *opts, const bench_result_t *r, const s_spread_t *spread);
 
-static double s_key(const s_kept_t *k, bool by_ratio) { return by_ratio ? s_ratio(&k->r) : k->r.value; }
+static double s_key(const bench_result_t *k, bool by_ratio) { return by_ratio ? s_ratio(k) : k->value; }
 
 /* Prints, in the order figures first appeared, each figure's round with the median ratio (or value, for
  * figures without a reference), with the spread over the rounds; frees what was kept. */
@@ -387,11 +382,11 @@ static void s_emit_medians(const bench_opts_t *opts)
         size_t n = 0;
         bool by_ratio = true;
         for (size_t j = i; j < s_n_kept; j++) {
-            if (done[j] || strcmp(s_kept[j].r.name, s_kept[i].r.name) != 0)
+            if (done[j] || strcmp(s_kept[j].name, s_kept[i].name) != 0)
                 continue;
             done[j] = true;
             idx[n++] = j;
-            by_ratio &= isfinite(s_ratio(&s_kept[j].r));
+            by_ratio &= isfinite(s_ratio(&s_kept[j]));
         }
         /* The rounds with a finite figure, sorted by it (insertion sort: a handful of rounds). */
         size_t finite = 0, first = idx[0];
@@ -411,15 +406,15 @@ static void s_emit_medians(const bench_opts_t *opts)
         size_t pick = first; /* no round has the figure: show the first round's failure */
         if (finite > 0) {
             /* A round that happened, never an average; of two middle rounds the less favourable one. */
-            bool lower_better = s_kept[i].r.lower_is_better && by_ratio;
+            bool lower_better = s_kept[i].lower_is_better && by_ratio;
             pick = idx[finite % 2 == 0 && lower_better ? finite / 2 : (finite - 1) / 2];
             spread.min = s_key(&s_kept[idx[0]], by_ratio);
             spread.max = s_key(&s_kept[idx[finite - 1]], by_ratio);
         }
-        s_emit(opts, &s_kept[pick].r, &spread);
+        s_emit(opts, &s_kept[pick], &spread);
     }
     for (size_t i = 0; i < s_n_kept; i++) {
-        bench_result_t *r = &s_kept[i].r;
+        bench_result_t *r = &s_kept[i];
         free((char *)r->name);
         free((char *)r->unit);
         free((char *)r->reference);

@@ -48,6 +48,12 @@ struct kb_journal {
     size_t spare_count;
 };
 
+/* A record's checksum: CRC-32 of its epoch (the header's bytes 8..16) and its payload. */
+static uint32_t s_record_crc(const uint8_t *header, const void *payload, size_t len)
+{
+    return carls_crc32(carls_crc32(0, header + 8, 8), payload, len);
+}
+
 static char *s_join(const char *dir, const char *name)
 {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -58,31 +64,74 @@ static char *s_join(const char *dir, const char *name)
 
 static char *s_journal_dir(const char *data_dir) { return s_join(data_dir, "journal"); }
 
+
+
+static bool s_is_segment(const char *name)
+{
+    size_t n = strlen(name);
+    return n == 20 + strlen(SUFFIX) && (strcmp(name + 20, SUFFIX) == 0 || strcmp(name + 20, RECYCLED_SUFFIX) == 0) &&
+           strspn(name, "0123456789") == 20;
+}
+
 static bool s_is_spare(const char *name)
 {
     size_t n = strlen(name), p = strlen(SPARE_PREFIX), x = strlen(SPARE_SUFFIX);
     return n > p + x && strncmp(name, SPARE_PREFIX, p) == 0 && strcmp(name + n - x, SPARE_SUFFIX) == 0;
 }
 
-/* Removes the spares in dir (they belong to the process that made them: records of a spare from an earlier
- * run could carry epochs this run reaches again). Returns 0, or -1 with err. */
-static int s_remove_spares(const char *dir, char *err, size_t errlen)
+static int s_compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The names in dir that `want` accepts, sorted (segments: oldest first); *out malloc'd, each name too. -1 if
+ * dir cannot be read (a missing directory is no journal: 0 names). */
+static int s_list(const char *dir, bool (*want)(const char *name), char ***out, size_t *count, char *err,
+                  size_t errlen)
 {
+    *out = NULL;
+    *count = 0;
     DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? 0 : carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", dir, strerror(errno));
-    int rc = 0;
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        return carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", dir, strerror(errno));
+    }
+    size_t cap = 0;
     struct dirent *e;
-    while (rc == 0 && (e = readdir(d))) {
-        if (!s_is_spare(e->d_name))
+    while ((e = readdir(d))) {
+        if (!want(e->d_name))
             continue;
-        char *path = s_join(dir, e->d_name);
-        if (unlink(path) != 0 && errno != ENOENT)
+        *out = carls_grow(*out, &cap, *count + 1, sizeof **out);
+        (*out)[(*count)++] = strdup(e->d_name);
+        if (!(*out)[*count - 1])
+            CARLS_FATAL("out of memory");
+    }
+    closedir(d);
+    if (*count > 1)
+        qsort(*out, *count, sizeof **out, s_compare_names);
+    return 0;
+}
+
+static void s_free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* Removes the files of dir that `want` accepts (the directory is not fsynced). Returns how many there were,
+ * or -1 with err. */
+static int s_remove_listed(const char *dir, bool (*want)(const char *name), char *err, size_t errlen)
+{
+    char **names;
+    size_t n;
+    int rc = s_list(dir, want, &names, &n, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        char *path = s_join(dir, names[i]);
+        if (unlink(path) != 0)
             rc = carls_errorf(err, errlen, -1, "journal: cannot remove %s: %s", path, strerror(errno));
         free(path);
     }
-    closedir(d);
-    return rc;
+    s_free_names(names, n);
+    return rc == 0 ? (int)n : -1;
 }
 
 /* fsyncs the journal directory, after files were removed from it. */
@@ -97,7 +146,9 @@ int kb_journal_open(const char *data_dir, bool sync, uint64_t segment_bytes, kb_
 {
     *out = NULL;
     char *dir = s_journal_dir(data_dir);
-    if (carls_mkdir_p(dir, 0700, err, errlen) != 0 || s_remove_spares(dir, err, errlen) != 0) {
+    /* Spares belong to the run that made them: records of a spare from an earlier run could carry epochs this
+     * run reaches again. */
+    if (carls_mkdir_p(dir, 0700, err, errlen) != 0 || s_remove_listed(dir, s_is_spare, err, errlen) < 0) {
         free(dir);
         return -1;
     }
@@ -245,7 +296,7 @@ int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, s
     carls_put_le32(header, MAGIC);
     carls_put_le32(header + 4, (uint32_t)len);
     carls_put_le64(header + 8, epoch);
-    uint32_t crc = carls_crc32(carls_crc32(0, header + 8, 8), payload, len);
+    uint32_t crc = s_record_crc(header, payload, len);
     carls_put_le32(header + 16, crc);
     struct iovec iov[2] = {{header, HEADER_BYTES}, {(void *)payload, len}};
     if (s_write_all(self->fd, iov, len ? 2 : 1, self->current.bytes) != 0 ||
@@ -268,6 +319,23 @@ done:
     return rc;
 }
 
+/* Sync mode: keeps a compacted segment as a spare for a later one (s_take_spare) instead of removing it, while
+ * there are fewer than MAX_SPARES. Whether it did. */
+static bool s_keep_spare(kb_journal_t *self, const s_segment_t *seg)
+{
+    if (!self->sync || self->spare_count >= MAX_SPARES)
+        return false;
+    char name[64];
+    snprintf(name, sizeof name, SPARE_PREFIX "%020" PRIu64 SPARE_SUFFIX, seg->last_epoch);
+    char *spare = s_join(self->dir, name);
+    if (rename(seg->path, spare) != 0) {
+        free(spare);
+        return false;
+    }
+    self->spares[self->spare_count++] = spare;
+    return true;
+}
+
 void kb_journal_release(kb_journal_t *self, uint64_t upto)
 {
     pthread_mutex_lock(&self->mutex);
@@ -279,21 +347,7 @@ void kb_journal_release(kb_journal_t *self, uint64_t upto)
     bool removed = false;
     for (size_t i = 0; i < self->closed_count; i++) {
         s_segment_t *seg = &self->closed[i];
-        if (seg->last_epoch <= upto && self->sync && self->spare_count < MAX_SPARES) {
-            /* Kept as a spare for a later segment (s_take_spare) instead of removed. */
-            char name[64];
-            snprintf(name, sizeof name, SPARE_PREFIX "%020" PRIu64 SPARE_SUFFIX, seg->last_epoch);
-            char *spare = s_join(self->dir, name);
-            if (rename(seg->path, spare) == 0) {
-                self->spares[self->spare_count++] = spare;
-                self->bytes -= seg->bytes;
-                removed = true;
-                free(seg->path);
-                continue;
-            }
-            free(spare);
-        }
-        if (seg->last_epoch <= upto && unlink(seg->path) == 0) {
+        if (seg->last_epoch <= upto && (s_keep_spare(self, seg) || unlink(seg->path) == 0)) {
             self->bytes -= seg->bytes;
             removed = true;
             free(seg->path);
@@ -317,12 +371,6 @@ uint64_t kb_journal_bytes(kb_journal_t *self)
 
 /* ---- replay ---- */
 
-static int s_is_segment(const char *name)
-{
-    size_t n = strlen(name);
-    return n == 20 + strlen(SUFFIX) && (strcmp(name + 20, SUFFIX) == 0 || strcmp(name + 20, RECYCLED_SUFFIX) == 0) &&
-           strspn(name, "0123456789") == 20;
-}
 
 /* Whether a whole record of this life (epoch >= first and > seen, checksum right) starts anywhere in
  * buf[from, size): then a bad record before it is damage, not the end of the log. */
@@ -335,59 +383,25 @@ static bool s_record_follows(const uint8_t *buf, uint64_t size, uint64_t from, u
         uint64_t epoch = carls_get_le64(buf + at + 8);
         if (epoch < first || epoch <= seen || len > size - at - HEADER_BYTES)
             continue;
-        if (carls_crc32(carls_crc32(0, buf + at + 8, 8), buf + at + HEADER_BYTES, len) == carls_get_le32(buf + at + 16))
+        if (s_record_crc(buf + at, buf + at + HEADER_BYTES, len) == carls_get_le32(buf + at + 16))
             return true;
     }
     return false;
 }
 
-/* The rest of file f from byte `from`, read whole (a segment is at most a few tens of MiB). NULL on error. */
+/* The rest of file f from byte `from` to `size`, read whole (a segment is at most a few tens of MiB). NULL on
+ * error. */
 static uint8_t *s_read_rest(FILE *f, uint64_t from, uint64_t size)
 {
-    uint8_t *buf = carls_xmalloc(size ? size : 1);
-    if (fseeko(f, (off_t)from, SEEK_SET) != 0 || fread(buf + from, 1, size - from, f) != size - from) {
+    uint8_t *buf = carls_xmalloc(size - from ? size - from : 1);
+    if (fseeko(f, (off_t)from, SEEK_SET) != 0 || fread(buf, 1, size - from, f) != size - from) {
         free(buf);
         return NULL;
     }
     return buf;
 }
 
-static int s_compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* The segment file names of dir, sorted (oldest first); *out malloc'd, each name too. -1 if dir cannot be
- * read (a missing directory is no journal: 0 names). */
-static int s_list(const char *dir, char ***out, size_t *count, char *err, size_t errlen)
-{
-    *out = NULL;
-    *count = 0;
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT)
-            return 0;
-        return carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", dir, strerror(errno));
-    }
-    size_t cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!s_is_segment(e->d_name))
-            continue;
-        *out = carls_grow(*out, &cap, *count + 1, sizeof **out);
-        (*out)[(*count)++] = strdup(e->d_name);
-        if (!(*out)[*count - 1])
-            CARLS_FATAL("out of memory");
-    }
-    closedir(d);
-    if (*count > 1)
-        qsort(*out, *count, sizeof **out, s_compare_names);
-    return 0;
-}
-
-static void s_free_names(char **names, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-}
 
 /* Replays one segment. last: whether it is the newest (a torn record there ends the journal). first: the
  * epoch in its name; recycled: written over a spare, so stale records of the file's earlier life (older
@@ -430,7 +444,7 @@ static int s_replay_segment(const char *path, bool last, uint64_t first, bool re
             problem = "a record is cut short";
             break;
         }
-        if (carls_crc32(carls_crc32(0, header + 8, 8), payload, len) != carls_get_le32(header + 16)) {
+        if (s_record_crc(header, payload, len) != carls_get_le32(header + 16)) {
             problem = "a record's checksum does not match";
             break;
         }
@@ -458,7 +472,7 @@ static int s_replay_segment(const char *path, bool last, uint64_t first, bool re
         uint8_t *rest = s_read_rest(f, at, size);
         if (!rest)
             rc = carls_errorf(err, errlen, -1, "journal: cannot read %s: %s", path, strerror(errno));
-        at_end = rest && !s_record_follows(rest, size, at + 1, first, *seen);
+        at_end = rest && !s_record_follows(rest, size - at, 1, first, *seen); /* after the bad record's start */
         free(rest);
     }
     fclose(f);
@@ -493,7 +507,7 @@ int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn
     char *dir = s_journal_dir(data_dir);
     char **names;
     size_t n;
-    int rc = s_list(dir, &names, &n, err, errlen);
+    int rc = s_list(dir, s_is_segment, &names, &n, err, errlen);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         char *path = s_join(dir, names[i]);
         uint64_t first = strtoull(names[i], NULL, 10);
@@ -510,20 +524,10 @@ int kb_journal_replay(const char *data_dir, uint64_t after, kb_journal_record_fn
 int kb_journal_remove_all(const char *data_dir, char *err, size_t errlen)
 {
     char *dir = s_journal_dir(data_dir);
-    char **names;
-    size_t n;
-    int rc = s_list(dir, &names, &n, err, errlen);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        char *path = s_join(dir, names[i]);
-        if (unlink(path) != 0)
-            rc = carls_errorf(err, errlen, -1, "journal: cannot remove %s: %s", path, strerror(errno));
-        free(path);
-    }
-    if (rc == 0)
-        rc = s_remove_spares(dir, err, errlen);
-    if (rc == 0 && n > 0)
+    int segments = s_remove_listed(dir, s_is_segment, err, errlen);
+    int rc = segments < 0 ? -1 : s_remove_listed(dir, s_is_spare, err, errlen) < 0 ? -1 : 0;
+    if (rc == 0 && segments > 0)
         s_fsync_dir(dir);
-    s_free_names(names, n);
     free(dir);
     return rc;
 }
@@ -575,7 +579,7 @@ static int s_copy_segment(const char *path, uint64_t bytes, uint64_t after, uint
         free(payload);
         payload = carls_xmalloc(len ? len : 1);
         if (fread(payload, 1, len, f) != len ||
-            carls_crc32(carls_crc32(0, header + 8, 8), payload, len) != carls_get_le32(header + 16)) {
+            s_record_crc(header, payload, len) != carls_get_le32(header + 16)) {
             rc = carls_errorf(err, errlen, -1, "journal: %s: the record at byte %" PRIu64 " is unreadable or its "
                               "checksum does not match", path, at);
             break;

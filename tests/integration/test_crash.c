@@ -307,12 +307,57 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
     assert_int_equal(missing, 0);
 }
 
+
+/* A moment a kill aims at: waits for it and says whether it came (false: gave up waiting). */
+typedef bool (*s_moment_fn)(server_fixture_t *f);
+
+/* Sync writers push (exactly-once, as in test_sync_kill9_twenty_times) while the server, started with args
+ * (without --listen), is killed `rounds` times, each at the moment `moment` waits for; every kill must land
+ * at that moment and every acknowledged push be present exactly once. `what` names the moment in the log. */
+static void s_kill9_at(server_fixture_t *f, const char *const *args, int rounds, s_moment_fn moment,
+                       const char *what)
+{
+    server_fixture_start(f, args);
+    s_create_grad_tables(f->client);
+    /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
+    char endpoint[sizeof f->srv.endpoint];
+    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
+    const char *fixed[16];
+    int n = 0;
+    while (args[n] && n < 13) {
+        fixed[n] = args[n];
+        n++;
+    }
+    assert_null(args[n]);
+    fixed[n++] = "--listen";
+    fixed[n++] = endpoint;
+    fixed[n] = NULL;
+    atomic_int stop = 0;
+    grad_writer_t w[WRITERS];
+    pthread_t th[WRITERS];
+    s_start_grad_writers(w, th, endpoint, &stop);
+    int during = 0;
+    for (int round = 0; round < rounds; round++) {
+        bool at_moment = moment(f);
+        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
+        during += at_moment;
+        assert_int_equal(test_server_start(&f->srv, fixed), 0);
+    }
+    usleep(300 * 1000);
+    s_stop_grad_writers(th, &stop);
+    assert_int_equal(during, rounds);
+
+    int total = s_check_writers(f->client, w);
+    print_message("%d kills %s, %d acknowledged pushes, all present exactly once\n", during, what, total);
+    assert_true(total > rounds);
+}
+
 /* Polls stats until the server says a compaction transaction is open (true), or gives up after 10 s. */
-static bool s_wait_compacting(kb_client_t *c)
+static bool s_compacting(server_fixture_t *f)
 {
     for (int i = 0; i < 2000; i++) {
         Carls__Response *r = NULL;
-        bool compacting = kb_client_stats(c, NULL, &r) == 0 && r->stats->compacting;
+        bool compacting = kb_client_stats(f->client, NULL, &r) == 0 && r->stats->compacting;
         carls__response__free_unpacked(r, NULL);
         if (compacting)
             return true;
@@ -323,47 +368,21 @@ static bool s_wait_compacting(kb_client_t *c)
 
 static void test_sync_kill9_during_compaction(void **state)
 {
-    enum { ROUNDS = 6 };
-    server_fixture_t *f = *state;
-    /* A compaction holds its transaction open 400 ms before it commits: the window the kills aim at. */
+    /* A compaction holds its transaction open 400 ms before it commits: the window the kills aim at. Each
+     * kill comes once stats say `compacting`, within the few ms of one request. */
     setenv("CARLS_KB_TEST_COMPACTION_DELAY_MS", "400", 1);
     const char *args[] = {"--durability", "sync", "--compact-delay-ms", "100", NULL};
-    server_fixture_start(f, args);
-    s_create_grad_tables(f->client);
-    /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
-    char endpoint[sizeof f->srv.endpoint];
-    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
-    const char *fixed[] = {"--durability", "sync", "--compact-delay-ms", "100", "--listen", endpoint, NULL};
-    atomic_int stop = 0;
-    grad_writer_t w[WRITERS];
-    pthread_t th[WRITERS];
-    s_start_grad_writers(w, th, endpoint, &stop);
-    int during = 0;
-    for (int round = 0; round < ROUNDS; round++) {
-        bool compacting = s_wait_compacting(f->client);
-        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
-        during += compacting;
-        assert_int_equal(test_server_start(&f->srv, fixed), 0);
-    }
-    usleep(300 * 1000);
-    s_stop_grad_writers(th, &stop);
+    s_kill9_at(*state, args, 6, s_compacting, "inside a compaction transaction");
     unsetenv("CARLS_KB_TEST_COMPACTION_DELAY_MS");
-    /* Every kill came while a compaction transaction was open (each is seen by stats, then killed within
-     * the few ms of one request; the transaction stays open 400 ms). */
-    assert_int_equal(during, ROUNDS);
-
-    int total = s_check_writers(f->client, w);
-    print_message("%d kills inside a compaction transaction, %d acknowledged pushes, all present exactly once\n",
-                  during, total);
-    assert_true(total > ROUNDS);
 }
 
 /* Whether the server's journal (<data dir>/db/journal) holds a segment written over a spare, waiting up to
- * 10 s for one. */
-static bool s_wait_reused_segment(const char *data_dir)
+ * 10 s for one; then 0-50 ms more, so kills land at different points of the segment's life. */
+static bool s_reused_segment(server_fixture_t *f)
 {
+    static unsigned rng = 20261127u;
     char dir[400];
-    snprintf(dir, sizeof dir, "%s/db/journal", data_dir);
+    snprintf(dir, sizeof dir, "%s/db/journal", f->srv.data_dir);
     for (int i = 0; i < 1000; i++) {
         DIR *d = opendir(dir);
         bool found = false;
@@ -372,8 +391,10 @@ static bool s_wait_reused_segment(const char *data_dir)
             found |= strstr(e->d_name, ".kbr") != NULL;
         if (d)
             closedir(d);
-        if (found)
+        if (found) {
+            usleep((useconds_t)(s_rand(&rng) % 50) * 1000);
             return true;
+        }
         usleep(10 * 1000);
     }
     return false;
@@ -381,39 +402,9 @@ static bool s_wait_reused_segment(const char *data_dir)
 
 static void test_sync_kill9_while_segments_are_reused(void **state)
 {
-    enum { ROUNDS = 8 };
-    server_fixture_t *f = *state;
     const char *args[] = {"--durability", "sync", "--journal-segment-bytes", "65536", "--compact-delay-ms", "20",
                           NULL};
-    server_fixture_start(f, args);
-    s_create_grad_tables(f->client);
-    char endpoint[sizeof f->srv.endpoint];
-    snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
-    const char *fixed[] = {"--durability", "sync", "--journal-segment-bytes", "65536", "--compact-delay-ms", "20",
-                           "--listen", endpoint, NULL};
-    atomic_int stop = 0;
-    grad_writer_t w[WRITERS];
-    pthread_t th[WRITERS];
-    s_start_grad_writers(w, th, endpoint, &stop);
-    char data_dir[sizeof f->srv.data_dir];
-    snprintf(data_dir, sizeof data_dir, "%s", f->srv.data_dir);
-    unsigned rng = 20261127u;
-    int during = 0;
-    for (int round = 0; round < ROUNDS; round++) {
-        bool reused = s_wait_reused_segment(data_dir);
-        usleep((useconds_t)(s_rand(&rng) % 50) * 1000);
-        assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
-        during += reused;
-        assert_int_equal(test_server_start(&f->srv, fixed), 0);
-    }
-    usleep(300 * 1000);
-    s_stop_grad_writers(th, &stop);
-    assert_int_equal(during, ROUNDS);
-
-    int total = s_check_writers(f->client, w);
-    print_message("%d kills with a reused journal segment in place, %d acknowledged pushes, all present exactly "
-                  "once\n", during, total);
-    assert_true(total > ROUNDS);
+    s_kill9_at(*state, args, 8, s_reused_segment, "with a reused journal segment in place");
 }
 
 int main(void)
