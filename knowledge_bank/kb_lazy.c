@@ -10,9 +10,12 @@
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Up to this many gradients the scratch space lives on the stack; the common pending set is small. */
 #define S_STACK_ROWS 64
+/* Up to this dimension the column sums live on the stack too. */
+#define S_STACK_DIM 512
 
 /* qsort order for norms; NaN sorts after everything so that it cannot become the median of mostly finite
  * norms. */
@@ -24,18 +27,49 @@ static int s_cmp_double(const void *pa, const void *pb)
     return (a > b) - (a < b);
 }
 
-static double s_row_norm(const float *row, uint32_t dim)
+/* L2 norms of count rows. Four rows at a time: each row's sum still runs in column order (so every norm is
+ * the same double as summing that row alone), but four independent sums keep the adder busy. */
+static void s_row_norms(const float *grads, uint32_t count, uint32_t dim, double *norms)
 {
-    double s = 0.0;
-    for (uint32_t j = 0; j < dim; j++)
-        s += (double)row[j] * (double)row[j];
-    return sqrt(s);
+    uint32_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        const float *a = grads + (size_t)i * dim, *b = a + dim, *c = b + dim, *d = c + dim;
+        double sa = 0.0, sb = 0.0, sc = 0.0, sd = 0.0;
+        for (uint32_t j = 0; j < dim; j++) {
+            sa += (double)a[j] * (double)a[j];
+            sb += (double)b[j] * (double)b[j];
+            sc += (double)c[j] * (double)c[j];
+            sd += (double)d[j] * (double)d[j];
+        }
+        norms[i] = sqrt(sa);
+        norms[i + 1] = sqrt(sb);
+        norms[i + 2] = sqrt(sc);
+        norms[i + 3] = sqrt(sd);
+    }
+    for (; i < count; i++) {
+        const float *a = grads + (size_t)i * dim;
+        double s = 0.0;
+        for (uint32_t j = 0; j < dim; j++)
+            s += (double)a[j] * (double)a[j];
+        norms[i] = sqrt(s);
+    }
 }
 
-/* Median of n >= 1 values; sorts v in place. An even count takes the mean of the two middle values. */
+/* Median of n >= 1 values; sorts v in place. An even count takes the mean of the two middle values. A
+ * pending set is a few dozen norms at most, where insertion sort beats qsort's calls through a pointer. */
 static double s_median(double *v, uint32_t n)
 {
-    qsort(v, n, sizeof(double), s_cmp_double);
+    if (n <= S_STACK_ROWS) {
+        for (uint32_t i = 1; i < n; i++) {
+            double x = v[i];
+            uint32_t j = i;
+            for (; j > 0 && s_cmp_double(&v[j - 1], &x) > 0; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+    } else {
+        qsort(v, n, sizeof(double), s_cmp_double);
+    }
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -62,8 +96,8 @@ uint32_t kb_lazy_average(const kb_outlier_config_t *cfg, const float *grads, uin
             norms = heap;
             sorted = heap + count;
         }
-        for (uint32_t i = 0; i < count; i++)
-            sorted[i] = norms[i] = s_row_norm(grads + (size_t)i * dim, dim);
+        s_row_norms(grads, count, dim, norms);
+        memcpy(sorted, norms, count * sizeof(double));
         double median = s_median(sorted, count);
         /* A threshold below 1 could drop the median row itself (and then every row); clamping to 1 keeps the
          * header's promise that at least one row survives. fmax also maps a NaN threshold to 1. */
@@ -84,16 +118,24 @@ uint32_t kb_lazy_average(const kb_outlier_config_t *cfg, const float *grads, uin
     }
     assert(kept >= 1);
 
-    for (uint32_t j = 0; j < dim; j++) {
-        double s = 0.0;
-        for (uint32_t i = 0; i < count; i++) {
-            if (filter && !(norms[i] <= limit))
-                continue;
-            s += (double)grads[(size_t)i * dim + j];
-        }
-        avg[j] = (float)(s / (double)kept);
+    /* Row by row into a double per column: each column is summed in row order as before, and the inner loop
+     * runs over contiguous floats (the compiler vectorizes it) instead of striding down a column. */
+    double stack_sums[S_STACK_DIM];
+    double *sums = dim <= S_STACK_DIM ? stack_sums : carls_xmalloc((size_t)dim * sizeof(double));
+    for (uint32_t j = 0; j < dim; j++)
+        sums[j] = 0.0;
+    for (uint32_t i = 0; i < count; i++) {
+        if (filter && !(norms[i] <= limit))
+            continue;
+        const float *row = grads + (size_t)i * dim;
+        for (uint32_t j = 0; j < dim; j++)
+            sums[j] += (double)row[j];
     }
+    for (uint32_t j = 0; j < dim; j++)
+        avg[j] = (float)(sums[j] / (double)kept);
 
+    if (sums != stack_sums)
+        free(sums);
     free(heap);
     if (dropped)
         *dropped = count - kept;

@@ -42,6 +42,8 @@ typedef struct {
     int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
     size_t knn_count, knn_capacity;
     size_t clock_pos;                      /* --cache-bytes: the eviction hand's slot in the map */
+    float *pending_pool;                   /* applied pending buffers kept for reuse (s_pending_take) */
+    uint32_t pending_pooled;
     uint64_t cache_gen;                    /* --cache-bytes: rows that left memory (a read may be stale) */
 } kb_stripe_t;
 
@@ -97,9 +99,42 @@ static int64_t s_row_bytes(const kb_table_t *self, uint32_t key_len)
                                     ((size_t)self->cfg.dim + self->opt_floats) * sizeof(float));
 }
 
-static int64_t s_pending_bytes(const kb_table_t *self)
+/* A pending buffer's size: room for max_pending gradients, and for the pool's link (s_pending_give). */
+static size_t s_pending_size(const kb_table_t *self)
 {
-    return (int64_t)kb_memory_chunk((size_t)self->cfg.max_pending * self->cfg.dim * sizeof(float));
+    size_t bytes = (size_t)self->cfg.max_pending * self->cfg.dim * sizeof(float);
+    return bytes < sizeof(float *) ? sizeof(float *) : bytes;
+}
+
+static int64_t s_pending_bytes(const kb_table_t *self) { return (int64_t)kb_memory_chunk(s_pending_size(self)); }
+
+/* Each stripe keeps up to this many bytes of applied pending buffers for the next key that needs one. Under a
+ * push load keys fill and empty their sets all the time; reusing a buffer that was just averaged spares
+ * malloc's search and a buffer that is still in cache. Pooled buffers stay counted in the estimate. */
+#define S_PENDING_POOL_BYTES (64u << 10)
+
+static float *s_pending_take(kb_table_t *self, kb_stripe_t *st)
+{
+    float *buf = st->pending_pool;
+    if (buf) {
+        memcpy(&st->pending_pool, buf, sizeof buf);
+        st->pending_pooled--;
+        return buf;
+    }
+    s_mem(self, s_pending_bytes(self));
+    return carls_xmalloc(s_pending_size(self));
+}
+
+static void s_pending_give(kb_table_t *self, kb_stripe_t *st, float *buf)
+{
+    if ((size_t)(st->pending_pooled + 1) * s_pending_size(self) <= S_PENDING_POOL_BYTES) {
+        memcpy(buf, &st->pending_pool, sizeof buf);
+        st->pending_pool = buf;
+        st->pending_pooled++;
+        return;
+    }
+    free(buf);
+    s_mem(self, -s_pending_bytes(self));
 }
 
 /* The row map's two slot arrays at a capacity. */
@@ -357,6 +392,11 @@ void kb_table_destroy(kb_table_t **self_p)
             if (st->map.slots[j].hash)
                 s_row_free(self, st->map.slots[j].row);
         kb_rowmap_free(&st->map);
+        while (st->pending_pool) {
+            float *buf = st->pending_pool;
+            memcpy(&st->pending_pool, buf, sizeof buf);
+            free(buf);
+        }
         free(st->knn_ids);
         pthread_mutex_destroy(&st->mutex);
     }
@@ -662,8 +702,7 @@ static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
     atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
     atomic_fetch_sub(&self->stats.pending_keys, 1);
     s_list_unlink(&st->pending, row, PENDING_LINK);
-    free(row->pending);
-    s_mem(self, -s_pending_bytes(self));
+    s_pending_give(self, st, row->pending);
     row->pending = NULL;
     row->pending_count = 0;
 }
@@ -832,8 +871,7 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
     atomic_fetch_sub(&self->stats.pending_gradients, count);
     atomic_fetch_sub(&self->stats.pending_keys, 1);
     atomic_fetch_add(reason, 1);
-    free(row->pending);
-    s_mem(self, -s_pending_bytes(self));
+    s_pending_give(self, st, row->pending);
     row->pending = NULL;
     row->pending_count = 0;
     s_list_unlink(&st->pending, row, PENDING_LINK);
@@ -995,6 +1033,26 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
         kb_table_cache_shrink(self);
 }
 
+/* Pending buffers are the coldest memory a push touches (max_pending gradients per key, all over the heap):
+ * fetch the slot each key's gradient goes to, and the whole set where this gradient completes it and it is
+ * averaged at once, before the first of the group's copies waits on a miss. Stripe locked. */
+static void s_prefetch_pending(const kb_table_t *self, const kb_stripe_t *st, const s_groups_t *g, int s,
+                               const ProtobufCBinaryData *keys)
+{
+    size_t row_bytes = (size_t)self->cfg.dim * sizeof(float);
+    for (uint32_t j = g->starts[s]; j < g->starts[s + 1]; j++) {
+        size_t i = g->order[j];
+        const kb_row_t *row = kb_rowmap_find(&st->map, g->hashes[i], keys[i].data, keys[i].len);
+        if (!row || !row->pending)
+            continue;
+        bool completes = row->pending_count + 1 >= self->cfg.max_pending;
+        const char *from = (const char *)row->pending + (completes ? 0 : row->pending_count * row_bytes);
+        size_t bytes = completes ? (row->pending_count + 1) * row_bytes : row_bytes;
+        for (size_t at = 0; at < bytes; at += 64)
+            __builtin_prefetch(from + at, 1);
+    }
+}
+
 uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, const float *gradients)
 {
     uint32_t dim = self->cfg.dim;
@@ -1003,6 +1061,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
     s_groups_make(&g, keys, n);
     for (int s = 0; s < KB_TABLE_STRIPES; s++) {
         kb_stripe_t *st = s_group_lock(self, &g, s);
+        if (st && !self->cfg.immediate)
+            s_prefetch_pending(self, st, &g, s, keys);
         for (uint32_t j = g.starts[s]; st && j < g.starts[s + 1]; j++) {
             size_t i = g.order[j];
             const float *grad = gradients + i * dim;
@@ -1016,8 +1076,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
                 steps++;
             } else {
                 if (row->pending_count == 0) {
-                    row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
-                    s_mem(self, s_pending_bytes(self));
+                    row->pending = s_pending_take(self, st);
                     row->pending_since_ms = carls_monotonic_ms();
                     s_list_append(&st->pending, row, PENDING_LINK);
                     atomic_fetch_add(&self->stats.pending_keys, 1);
@@ -1425,6 +1484,19 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
 
 /* ---- persistence ---- */
 
+/* Gives a row without pending gradients the stored (or imported) set of count gradients. The monotonic clock
+ * does not survive a restart: the set's age starts now. Stripe locked. */
+static void s_pending_load(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const float *pending, uint32_t count)
+{
+    row->pending = s_pending_take(self, st);
+    memcpy(row->pending, pending, (size_t)count * self->cfg.dim * sizeof(float));
+    row->pending_count = count;
+    row->pending_since_ms = carls_monotonic_ms();
+    s_list_append(&st->pending, row, PENDING_LINK);
+    atomic_fetch_add(&self->stats.pending_keys, 1);
+    atomic_fetch_add(&self->stats.pending_gradients, count);
+}
+
 /* Whether a stored row fits the table's config. */
 static bool s_record_fits(const kb_table_t *self, const kb_store_row_t *rec)
 {
@@ -1456,17 +1528,8 @@ static kb_row_t *s_row_restore(kb_table_t *self, kb_stripe_t *st, uint64_t hash,
             memcpy(row->record, rec->record, rec->record_len);
         row->record_len = rec->record_len;
     }
-    if (rec->pending_count > 0) {
-        row->pending = carls_xmalloc((size_t)self->cfg.max_pending * rec->dim * sizeof(float));
-        s_mem(self, s_pending_bytes(self));
-        memcpy(row->pending, rec->pending, (size_t)rec->pending_count * rec->dim * sizeof(float));
-        row->pending_count = rec->pending_count;
-        /* The monotonic clock does not survive a restart: restored pending sets start their age now. */
-        row->pending_since_ms = carls_monotonic_ms();
-        s_list_append(&st->pending, row, PENDING_LINK);
-        atomic_fetch_add(&self->stats.pending_keys, 1);
-        atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
-    }
+    if (rec->pending_count > 0)
+        s_pending_load(self, st, row, rec->pending, rec->pending_count);
     s_map_insert(self, st, hash, row);
     s_by_id_set(self, row->id, row);
     /* Use order is not persisted: after a restart rows count as used in creation (row id) order. */
@@ -1739,16 +1802,8 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
         row->frequency = rec->frequency;
         /* The row's pending set becomes the imported one. */
         s_drop_pending(self, st, row);
-        if (rec->pending_count && !feature) {
-            row->pending = carls_xmalloc((size_t)self->cfg.max_pending * dim * sizeof(float));
-            s_mem(self, s_pending_bytes(self));
-            memcpy(row->pending, rec->pending, (size_t)rec->pending_count * dim * sizeof(float));
-            row->pending_count = rec->pending_count;
-            row->pending_since_ms = carls_monotonic_ms();
-            s_list_append(&st->pending, row, PENDING_LINK);
-            atomic_fetch_add(&self->stats.pending_keys, 1);
-            atomic_fetch_add(&self->stats.pending_gradients, rec->pending_count);
-        }
+        if (rec->pending_count && !feature)
+            s_pending_load(self, st, row, rec->pending, rec->pending_count);
         if (feature) {
             s_mem(self, (int64_t)kb_memory_chunk(rec->record_len) -
                             (row->record ? (int64_t)kb_memory_chunk(row->record_len) : 0));

@@ -207,6 +207,68 @@ static void test_many_rows(void **st)
     assert_true(avg[0] == 0.0f && avg[1] == 0.0f);
 }
 
+/* The definition written out plainly (norms row by row, the median by sorting, column sums in row order),
+ * for comparing kb_lazy_average's unrolled loops with. */
+static uint32_t s_reference_average(const float *grads, uint32_t count, uint32_t dim, float *avg)
+{
+    double norms[16] = {0}, sorted[16] = {0};
+    for (uint32_t i = 0; i < count; i++) {
+        double s = 0.0;
+        for (uint32_t j = 0; j < dim; j++)
+            s += (double)grads[(size_t)i * dim + j] * (double)grads[(size_t)i * dim + j];
+        norms[i] = sorted[i] = sqrt(s);
+    }
+    for (uint32_t i = 1; i < count; i++) /* no NaN here */
+        for (uint32_t k = i; k > 0 && sorted[k - 1] > sorted[k]; k--) {
+            double t = sorted[k];
+            sorted[k] = sorted[k - 1];
+            sorted[k - 1] = t;
+        }
+    double median = count % 2 ? sorted[count / 2] : 0.5 * (sorted[count / 2 - 1] + sorted[count / 2]);
+    double limit = 3.0 * median;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < count; i++)
+        kept += norms[i] <= limit;
+    for (uint32_t j = 0; j < dim; j++) {
+        double s = 0.0;
+        for (uint32_t i = 0; i < count; i++)
+            if (norms[i] <= limit)
+                s += (double)grads[(size_t)i * dim + j];
+        avg[j] = (float)(s / (double)kept);
+    }
+    return kept;
+}
+
+/* Counts that are and are not a multiple of four (the norms go four rows at a time) and a dimension above
+ * the stack's 512 column sums: every average is the same float as the plain definition's, outliers too. */
+static void test_matches_plain_definition(void **st)
+{
+    (void)st;
+    enum { D = 600 };
+    static float grads[16 * D];
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++) {
+        seed = seed * 1103515245u + 12345u;
+        grads[i] = (float)((int)(seed >> 9) % 20001 - 10000) * 1e-4f;
+    }
+    for (uint32_t j = 0; j < D; j++) /* row 5 is an outlier wherever it is among the kept */
+        grads[5 * D + j] *= 50.0f;
+    const uint32_t counts[] = {3, 4, 7, 8, 13, 16};
+    const uint32_t dims[] = {1, 3, 64, D};
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            static float got[D], want[D];
+            uint32_t dropped = 0;
+            uint32_t kept = kb_lazy_average(&s_default, grads, counts[c], dims[d], got, &dropped);
+            assert_int_equal(kept, s_reference_average(grads, counts[c], dims[d], want));
+            assert_int_equal(kept + dropped, counts[c]);
+            if (dims[d] == D && counts[c] > 5)
+                assert_int_equal(dropped, 1);
+            assert_memory_equal(got, want, dims[d] * sizeof(float));
+        }
+    }
+}
+
 /* Lazy vs immediate with SGD: applying the average once equals lr * mean, not the sum; with the outlier
  * removed the outlier has no effect at all. */
 static void test_lazy_sgd_step_uses_mean(void **st)
@@ -241,6 +303,7 @@ int main(void)
         cmocka_unit_test(test_small_threshold_keeps_median),
         cmocka_unit_test(test_nan_gradient_dropped),
         cmocka_unit_test(test_many_rows),
+        cmocka_unit_test(test_matches_plain_definition),
         cmocka_unit_test(test_lazy_sgd_step_uses_mean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
