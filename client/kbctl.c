@@ -1103,6 +1103,7 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("compaction_queue_rows: %llu\n", (unsigned long long)s->compaction_queue_rows);
     printf("compacting: %s\n", s->compacting ? "yes" : "no");
     printf("compaction_rows_skipped: %llu\n", (unsigned long long)s->compaction_rows_skipped);
+    printf("compactions_without_pending: %llu\n", (unsigned long long)s->compactions_without_pending);
     if (s->cache_bytes) { /* kb-server --cache-bytes (docs/STATE.md) */
         printf("cache_bytes: %llu\n", (unsigned long long)s->cache_bytes);
         printf("cache_resident_bytes: %llu\n", (unsigned long long)s->cache_resident_bytes);

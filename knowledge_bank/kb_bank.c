@@ -86,6 +86,12 @@ struct kb_bank {
     bool compactor_stop;
     int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
     int compaction_paused;         /* snapshots reading their cut (kb_bank_snapshot_cut): start no compaction */
+    /* Pending sets (see "pending sets" below): background compactions store rows without their pending
+     * gradients, which live on in the journal from a round that re-journaled every pending set. */
+    bool pending_in_journal;       /* off with a cache (rows leave memory and come back from SQLite) */
+    atomic_bool rejournal_due;     /* compactor -> persister: re-journal every pending set next round */
+    bool rejournal_in_batch;       /* persister only: the batch being committed holds such a round */
+    uint64_t rejournal_epoch;      /* compact mutex: the newest committed epoch that did (0: none yet) */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
@@ -361,8 +367,9 @@ static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
     return due;
 }
 
-/* Collects one epoch's changes into b (appending to what a failed commit left there). */
-static void s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
+/* Collects one epoch's changes into b (appending to what a failed commit left there). Returns true when the
+ * compactor had asked for the pending sets and this round took every one of them. */
+static bool s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
     pthread_rwlock_wrlock(&self->gate);
     b->epoch = atomic_fetch_add(&self->epoch, 1);
@@ -378,10 +385,14 @@ static void s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
     }
     pthread_mutex_unlock(&self->registry_mutex);
 
+    bool rejournal = atomic_exchange(&self->rejournal_due, false);
     kb_table_t **tables;
     size_t n = kb_bank_acquire_all(self, &tables);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (rejournal)
+            kb_table_mark_pending_dirty(tables[i]);
         kb_table_take_dirty(tables[i], &b->rows, &b->row_count, &b->row_capacity);
+    }
 
     kb_dedup_record_t *fresh = NULL;
     size_t fresh_cap = 0;
@@ -405,6 +416,7 @@ static void s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
         b->client_count += fresh_n;
     }
     free(fresh);
+    return rejournal;
 }
 
 /* Brings the estimate's share of the persister's batch and of the de-duplication records up to date.
@@ -453,7 +465,8 @@ static void s_wait_for_compaction_room(kb_bank_t *self)
 static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
     s_wait_for_compaction_room(self);
-    s_collect(self, b, writer_waits);
+    if (s_collect(self, b, writer_waits))
+        self->rejournal_in_batch = true; /* kept until the batch commits, however many rounds that takes */
     s_account(self, b);
     bool empty = b->op_count == 0 && b->row_count == 0 && b->client_count == 0;
     char why[512] = "";
@@ -490,11 +503,20 @@ static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
         self->commit_hook(self->commit_hook_ctx);
     pthread_mutex_unlock(&self->commit_mutex);
     if (rc == 0) {
+        uint64_t epoch = b->epoch;
         if (empty)
             kb_batch_clear(b);
         else
             s_queue_batch(self, b);
         s_account(self, b);
+        if (self->rejournal_in_batch) {
+            /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
+            self->rejournal_in_batch = false;
+            pthread_mutex_lock(&self->compact_mutex);
+            self->rejournal_epoch = epoch;
+            pthread_cond_signal(&self->compact_cond);
+            pthread_mutex_unlock(&self->compact_mutex);
+        }
     }
     /* On failure the batch is kept and written again, with newer changes after it, next round. */
     return rc;
@@ -572,7 +594,8 @@ bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out)
 
 /* Writes batches into SQLite in one transaction that also records the newest epoch they hold. Store
  * mutex taken here. 0 on success. */
-static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, size_t whylen)
+static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, bool without_pending, char *why,
+                     size_t whylen)
 {
     uint64_t last = batches[n - 1].epoch;
     /* A hot row is in many of the queued epochs: only its newest whole-row write needs to reach SQLite. */
@@ -580,7 +603,7 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
     pthread_mutex_lock(&self->store_mutex);
     int rc = kb_store_begin(self->store);
     for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = kb_batch_write_into(&batches[i], self->store);
+        rc = kb_batch_write_into(&batches[i], self->store, without_pending);
     if (rc == 0)
         rc = kb_store_put_meta(self->store, "journal_epoch", last);
     if (rc == 0 && self->compact_delay_ms > 0) { /* a crash test's window: the transaction is open */
@@ -597,6 +620,7 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
     if (rc == 0) {
         pthread_mutex_lock(&self->commit_mutex);
         self->stats.compaction_rows_skipped += skipped;
+        self->stats.compactions_without_pending += without_pending;
         pthread_mutex_unlock(&self->commit_mutex);
     }
     return rc;
@@ -611,8 +635,41 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, char *why, 
 static bool s_compaction_due(kb_bank_t *self, int64_t now)
 {
     int64_t enough = self->queue_max_bytes / 4 < COMPACT_BYTES ? self->queue_max_bytes / 4 : COMPACT_BYTES;
-    return self->compactor_stop || self->compact_now || self->queue_bytes >= enough ||
+    /* The re-journaling round that the last compaction left queued alone is not a reason by its size: it
+     * waits for the next epochs (to be compacted without its pending sets then) or for the delay. */
+    bool only_rejournal = self->queue_count == 1 && self->queue[0].epoch == self->rejournal_epoch;
+    return self->compactor_stop || self->compact_now || (self->queue_bytes >= enough && !only_rejournal) ||
            now - self->queue_since_ms >= self->opts.compact_delay_ms;
+}
+
+/* Bytes of pending gradients in a batch's rows. */
+static int64_t s_batch_pending_bytes(const kb_batch_t *b)
+{
+    int64_t bytes = 0;
+    for (size_t i = 0; i < b->row_count; i++)
+        bytes += (int64_t)b->rows[i].pending_count * b->rows[i].dim * (int64_t)sizeof(float);
+    return bytes;
+}
+
+/* Whether re-journaling every pending set (what stripping them from a compaction costs) writes fewer bytes
+ * than the queued epochs' pending sets that SQLite would otherwise get: true under a push load, where each
+ * epoch holds nearly every pending set again; false when a few writes trickle in beside many long-pending
+ * sets, or when the queue is the last re-journaling round alone. Compact mutex held. */
+static bool s_rejournal_pays(kb_bank_t *self)
+{
+    int64_t queued = 0, live = 0;
+    for (size_t i = 0; i < self->queue_count; i++)
+        queued += s_batch_pending_bytes(&self->queue[i]);
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self, &tables);
+    for (size_t i = 0; i < n; i++) {
+        kb_table_stats_t st;
+        kb_table_get_stats(tables[i], &st);
+        live += (int64_t)st.pending_gradients * kb_table_config(tables[i])->dim * (int64_t)sizeof(float);
+        kb_bank_release(self, tables[i]);
+    }
+    free(tables);
+    return queued > live;
 }
 
 static void *s_compactor_main(void *arg)
@@ -639,16 +696,47 @@ static void *s_compactor_main(void *arg)
             pthread_cond_timedwait(&self->compact_cond, &self->compact_mutex, &deadline);
             continue;
         }
+        /* Pending sets. Under a push load nearly every row holds pending gradients, and writing them into
+         * SQLite at each compaction (max_pending x dim floats a row, on overflow pages) cost the server more
+         * CPU than serving the pushes. A background compaction therefore stores rows without them, and only
+         * compacts the epochs before a round that re-journaled every pending set (s_collect): whatever
+         * pending set those epochs held is either in that round's records or was applied or dropped by a
+         * change journaled after them, so SQLite plus the journal after it is still the whole state. At
+         * close, for a checkpoint, with a cache, or while writers wait for room, rows go in whole. */
+        bool whole = !self->pending_in_journal || self->compactor_stop || self->compact_now ||
+                     self->queue_bytes > self->queue_max_bytes / 2;
+        size_t n = self->queue_count;
+        if (!whole && self->rejournal_epoch <= self->queue[0].epoch && !s_rejournal_pays(self))
+            whole = true;
+        if (!whole) {
+            if (self->rejournal_epoch <= self->queue[0].epoch) { /* ask the persister's next round */
+                atomic_store(&self->rejournal_due, true);
+                struct timespec deadline;
+                s_deadline(&deadline, 1000);
+                pthread_cond_timedwait(&self->compact_cond, &self->compact_mutex, &deadline);
+                continue;
+            }
+            n = 0;
+            while (n < self->queue_count && self->queue[n].epoch < self->rejournal_epoch)
+                n++;
+        }
         self->compact_now = false;
         kb_batch_t *batches = self->queue;
-        size_t n = self->queue_count;
-        self->queue = NULL;
-        self->queue_count = self->queue_cap = 0;
+        if (n == self->queue_count) {
+            self->queue = NULL;
+            self->queue_count = self->queue_cap = 0;
+        } else { /* the re-journaling round and what came after it wait for the next compaction */
+            batches = carls_xmalloc(n * sizeof *batches);
+            memcpy(batches, self->queue, n * sizeof *batches);
+            memmove(self->queue, self->queue + n, (self->queue_count - n) * sizeof *batches);
+            self->queue_count -= n;
+            self->queue_since_ms = carls_monotonic_ms();
+        }
         self->compacting = true;
         pthread_mutex_unlock(&self->compact_mutex);
 
         char why[512];
-        int rc = s_compact(self, batches, n, why, sizeof why);
+        int rc = s_compact(self, batches, n, !whole, why, sizeof why);
         int64_t bytes = 0;
         if (rc == 0) {
             for (size_t i = 0; i < n; i++)
@@ -841,7 +929,7 @@ static int s_replay_record(void *ctx, uint64_t epoch, const uint8_t *payload, si
     kb_batch_t b;
     if (s_decode_record(epoch, payload, len, &b) != 0)
         return -1;
-    int rc = kb_batch_write_into(&b, self->store);
+    int rc = kb_batch_write_into(&b, self->store, false);
     kb_batch_free(&b);
     return rc;
 }
@@ -1047,6 +1135,7 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
                  ? ", over --max-memory: requests that create rows will be refused"
                  : "");
 
+    self->pending_in_journal = self->cache == NULL;
     if (pthread_create(&self->compactor, NULL, s_compactor_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
     self->compactor_started = true;

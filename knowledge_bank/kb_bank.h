@@ -122,6 +122,7 @@ typedef struct {
     uint64_t compacted_epoch;       /* the newest epoch in SQLite */
     uint64_t compaction_queue_rows; /* rows journaled but not yet in SQLite */
     uint64_t compaction_rows_skipped; /* journaled row writes superseded by a newer one before compaction */
+    uint64_t compactions_without_pending; /* compactions that left pending gradients to the journal */
     bool compacting;                /* a compaction transaction is open now */
 } kb_bank_stats_t;
 

@@ -28,7 +28,7 @@ void kb_batch_clear(kb_batch_t *b)
     b->client_count = 0;
 }
 
-int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store)
+int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store, bool without_pending)
 {
     for (size_t i = 0; i < b->op_count; i++) {
         const kb_table_op_t *op = &b->ops[i];
@@ -38,7 +38,14 @@ int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store)
             return -1;
     }
     for (size_t i = 0; i < b->row_count; i++) {
-        if (!b->rows[i].superseded && kb_store_put_row(store, &b->rows[i]) != 0)
+        if (b->rows[i].superseded)
+            continue;
+        kb_store_row_t row = b->rows[i];
+        if (without_pending) {
+            row.pending = NULL;
+            row.pending_count = 0;
+        }
+        if (kb_store_put_row(store, &row) != 0)
             return -1;
     }
     for (size_t i = 0; i < b->client_count; i++) {

@@ -35,8 +35,9 @@ typedef struct {
 /* Frees what the batch holds and empties it (its arrays stay allocated for reuse). */
 void kb_batch_clear(kb_batch_t *b);
 
-/* Writes a batch into the store's open transaction (kb_store_begin). 0 on success. Caller holds the store. */
-int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store);
+/* Writes a batch into the store's open transaction (kb_store_begin). 0 on success. Caller holds the store.
+ * without_pending: rows are stored with no pending gradients (the caller has them journaled later). */
+int kb_batch_write_into(const kb_batch_t *b, kb_store_t *store, bool without_pending);
 
 /* Heap bytes of a batch (its row snapshots and arrays), for the memory estimate. */
 int64_t kb_batch_bytes(const kb_batch_t *b);

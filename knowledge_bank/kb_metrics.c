@@ -183,6 +183,9 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
                       "Rows journaled but not yet in SQLite.");
     carls_prom_metric(f, "carls_bank_compaction_rows_skipped_total", "counter", (double)st->compaction_rows_skipped,
                       "Journaled row writes a newer one superseded before compaction.");
+    carls_prom_metric(f, "carls_bank_compactions_without_pending_total", "counter",
+                      (double)st->compactions_without_pending,
+                      "Compactions that stored rows without their pending gradients (the journal holds them).");
     carls_prom_metric(f, "carls_bank_committed_epoch", "gauge", (double)st->committed_epoch,
              "Last committed epoch (group commit number).");
     carls_prom_metric(f, "carls_bank_memory_bytes", "gauge", (double)st->memory_bytes,

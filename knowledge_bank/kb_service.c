@@ -630,6 +630,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->compaction_queue_rows = bs.compaction_queue_rows;
     st->compacting = bs.compacting;
     st->compaction_rows_skipped = bs.compaction_rows_skipped;
+    st->compactions_without_pending = bs.compactions_without_pending;
     st->durability = self->durability;
     st->threads = self->threads;
     kb_memory_t *mem = kb_bank_memory(self->bank);

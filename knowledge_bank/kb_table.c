@@ -1633,6 +1633,17 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
     }
 }
 
+void kb_table_mark_pending_dirty(kb_table_t *self)
+{
+    for (int i = 0; i < KB_TABLE_STRIPES; i++) {
+        kb_stripe_t *st = &self->stripes[i];
+        pthread_mutex_lock(&st->mutex);
+        for (kb_row_t *row = st->pending.head; row; row = row->pending_link.next)
+            s_mark_dirty(st, row);
+        pthread_mutex_unlock(&st->mutex);
+    }
+}
+
 void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity)
 {
     uint64_t epoch = self->cache ? kb_cache_collecting(self->cache) : 0;

@@ -194,6 +194,11 @@ void kb_table_take_frequencies(kb_table_t *self, kb_store_row_t **out, size_t *c
  * row could leave memory before that epoch is in SQLite. */
 void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, size_t *capacity);
 
+/* Marks every row that holds pending gradients dirty, so the next kb_table_take_dirty takes it whole. The
+ * bank does this before it compacts journal epochs into SQLite without their pending sets: the sets as they
+ * are then live on in the journal (kb_bank.c, "pending sets"). */
+void kb_table_mark_pending_dirty(kb_table_t *self);
+
 /* Read-only serving (kb-server --read-only): from now on no pending gradient is applied -- lookups and
  * peeks answer the stored value, kb_table_expire does nothing -- so the sets stay as loaded. Call before the
  * table is shared. */

@@ -2,7 +2,7 @@
  * gradient pushes (still pending) and check everything after a restart; replay a write after a crash and
  * check it is applied once; kill -9 while concurrent writers run and check every acknowledged write. In
  * interval durability, check that only writes acknowledged within the last interval (plus commit time)
- * can be missing. Reads rewrite no row: their use counts are written in bulk and survive as documented. */
+ * can be missing. Pending gradients that compactions left to the journal survive kill -9. Reads rewrite no row: their use counts are written in bulk and survive as documented. */
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
@@ -88,6 +88,66 @@ static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void *
         assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 3, v, NULL), 0);
         /* zeros - 1.0 * mean of the two pending gradients */
         assert_true(v[0] == -2.0f && v[1] == -2.0f && v[2] == -(3.0f + (float)i) / 2.0f);
+    }
+}
+
+/* The bank's compaction counters. */
+static Carls__StatsResult s_bank_stats(kb_client_t *c)
+{
+    Carls__Response *r = NULL;
+    assert_int_equal(kb_client_stats(c, NULL, &r), 0);
+    Carls__StatsResult st = *r->stats;
+    carls__response__free_unpacked(r, NULL);
+    return st;
+}
+
+/* Compactions that leave pending gradients to the journal (docs/RELIABILITY.md, "Pending gradients live in
+ * the journal"), then kill -9 before the journal's last round reaches SQLite: after a restart every
+ * acknowledged gradient is pending again, none twice. Each step pushes one gradient to every key twice in
+ * a row, so two epochs of pending sets are queued when compaction comes due, which makes re-journaling pay. */
+static void test_kill9_after_compactions_without_pending_keeps_pending_gradients(void **state)
+{
+    server_fixture_t *f = *state;
+    const char *args[] = {"--durability", "sync", "--compact-delay-ms", "200", NULL};
+    server_fixture_start(f, args);
+    s_create(f->client, "t", 2);
+    enum { KEYS = 40, STEPS = 3, PER_STEP = 2 };
+    char names[KEYS][16];
+    kb_key_t keys[KEYS];
+    for (int k = 0; k < KEYS; k++) {
+        s_key_name(names[k], sizeof names[k], "g", k);
+        keys[k] = (kb_key_t){names[k], strlen(names[k])};
+    }
+    int pushed = 0;
+    for (int step = 0; step < STEPS; step++) {
+        uint64_t before = s_bank_stats(f->client).compactions_without_pending;
+        for (int p = 0; p < PER_STEP; p++, pushed++) {
+            float g[KEYS * 2];
+            for (int k = 0; k < KEYS; k++) {
+                g[2 * k] = (float)(k + 1);
+                g[2 * k + 1] = (float)pushed;
+            }
+            assert_int_equal(kb_client_push_gradients(f->client, "t", keys, KEYS, 2, g), 0);
+        }
+        /* ctest's timeout bounds the wait: the compaction comes 200 ms after the first queued epoch. */
+        while (s_bank_stats(f->client).compactions_without_pending == before)
+            usleep(10 * 1000);
+    }
+    /* The rows SQLite got last lack their pending sets; the round that holds them is journaled only. */
+    Carls__StatsResult st = s_bank_stats(f->client);
+    assert_true(st.compactions_without_pending >= STEPS);
+    assert_true(st.compacted_epoch < st.committed_epoch);
+    s_kill_and_restart(f, "sync");
+
+    Carls__TableStats ts = test_table_stats(f->client, "t");
+    assert_int_equal(ts.pending_keys, KEYS);
+    assert_int_equal(ts.pending_gradients, KEYS * pushed);
+    for (int k = 0; k < KEYS; k++) {
+        float v[2];
+        assert_int_equal(kb_client_lookup(f->client, "t", &keys[k], 1, 2, v, NULL), 0);
+        /* zeros - 1.0 * mean: (k + 1) in every push, 0 .. pushed-1 in the second dimension */
+        assert_true(v[0] == -(float)(k + 1));
+        assert_true(v[1] == -(float)(pushed - 1) / 2.0f);
     }
 }
 
@@ -340,6 +400,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         SERVER_FIXTURE_TEST(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, NULL),
+        SERVER_FIXTURE_TEST(test_kill9_after_compactions_without_pending_keeps_pending_gradients, NULL),
         SERVER_FIXTURE_TEST(test_replayed_write_after_crash_applies_once, NULL),
         SERVER_FIXTURE_TEST(test_sync_kill9_under_concurrent_writers, NULL),
         SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
