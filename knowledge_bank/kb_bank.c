@@ -651,10 +651,15 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
     return bytes;
 }
 
-/* Whether re-journaling every pending set (what stripping them from a compaction costs) writes fewer bytes
- * than the queued epochs' pending sets that SQLite would otherwise get: true under a push load, where each
- * epoch holds nearly every pending set again; false when a few writes trickle in beside many long-pending
- * sets, or when the queue is the last re-journaling round alone. Compact mutex held. */
+/* A byte written into SQLite's B-tree costs the server about this many times a byte appended to the journal:
+ * under a push load the compactor spent 1.35-1.44 us per pushed row writing rows whole, the persister
+ * 0.25-0.40 us collecting, encoding and appending the same rows (docs/BENCHMARKS.md). */
+#define SQLITE_BYTE_COST 4
+
+/* Whether re-journaling every pending set (what stripping them from a compaction costs) is cheaper than
+ * writing the queued epochs' pending sets into SQLite: true under a push load, where each epoch holds nearly
+ * every pending set again; false when a few writes trickle in beside many long-pending sets, or when the
+ * queue is the last re-journaling round alone. Compact mutex held. */
 static bool s_rejournal_pays(kb_bank_t *self)
 {
     int64_t queued = 0, live = 0;
@@ -669,7 +674,7 @@ static bool s_rejournal_pays(kb_bank_t *self)
         kb_bank_release(self, tables[i]);
     }
     free(tables);
-    return queued > live;
+    return queued * SQLITE_BYTE_COST > live && self->queue[self->queue_count - 1].epoch != self->rejournal_epoch;
 }
 
 static void *s_compactor_main(void *arg)
