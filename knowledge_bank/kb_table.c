@@ -884,6 +884,18 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
  * the key is served, near enough that the lines are still in cache. */
 #define S_AHEAD_SLOT 8
 #define S_AHEAD_ROW 4
+#define S_AHEAD_PENDING 2
+
+/* Asks for the cache lines of [from, from + bytes), to be written or only read. */
+static inline void s_prefetch(const void *from, size_t bytes, bool write)
+{
+    for (size_t at = 0; at < bytes; at += 64) {
+        if (write)
+            __builtin_prefetch((const char *)from + at, 1);
+        else
+            __builtin_prefetch((const char *)from + at, 0);
+    }
+}
 
 /* Serves key i of a lookup from its row (NULL: none, the key's initial value); returns the optimizer steps
  * taken (the row's pending set applied). Stripe locked. */
@@ -940,7 +952,18 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
         if (g.starts[s] != g.starts[s + 1])
             pthread_mutex_lock(&self->stripes[s].mutex);
     size_t row_bytes = sizeof(kb_row_t) + 16 + (size_t)dim * sizeof(float);
+    /* Under pushes, a lookup averages the pending sets of most keys it reads, and those buffers are colder
+     * than the rows: fetch them a stage later still (without pending sets there is nothing to fetch, and
+     * the stage is skipped rather than paying for a second search of the map). */
+    bool prefetch_pending = atomic_load(&self->stats.pending_keys) > 0 && !self->read_only;
     for (size_t j = 0; j < n; j++) {
+        if (prefetch_pending && j + S_AHEAD_PENDING < n) {
+            size_t a = g.order[j + S_AHEAD_PENDING];
+            const kb_row_t *ahead = kb_rowmap_find(&s_stripe(self, g.hashes[a])->map, g.hashes[a], keys[a].data,
+                                                   keys[a].len);
+            if (ahead && ahead->pending_count)
+                s_prefetch(ahead->pending, (size_t)ahead->pending_count * dim * sizeof(float), false);
+        }
         if (j + S_AHEAD_SLOT < n) {
             uint64_t h = g.hashes[g.order[j + S_AHEAD_SLOT]];
             kb_rowmap_prefetch_slot(&s_stripe(self, h)->map, h);
@@ -1047,9 +1070,7 @@ static void s_prefetch_pending(const kb_table_t *self, const kb_stripe_t *st, co
             continue;
         bool completes = row->pending_count + 1 >= self->cfg.max_pending;
         const char *from = (const char *)row->pending + (completes ? 0 : row->pending_count * row_bytes);
-        size_t bytes = completes ? (row->pending_count + 1) * row_bytes : row_bytes;
-        for (size_t at = 0; at < bytes; at += 64)
-            __builtin_prefetch(from + at, 1);
+        s_prefetch(from, completes ? (row->pending_count + 1) * row_bytes : row_bytes, true);
     }
 }
 
