@@ -29,6 +29,15 @@ typedef struct {
     bool dropped;
 } s_entry_t;
 
+/* One round on its way to the journal: an epoch's batch, its encoding and the estimate's share of both. */
+typedef struct {
+    kb_batch_t batch;
+    uint8_t *bytes; /* NULL for an empty round */
+    size_t len;
+    int64_t counted;
+    bool rejournal; /* it holds every pending set (the compactor asked for them) */
+} s_round_t;
+
 struct kb_bank {
     kb_bank_options_t opts;
     char *data_dir;
@@ -54,12 +63,20 @@ struct kb_bank {
     uint64_t wanted_epoch;        /* pipelined sync writes: the newest epoch a parked reply waits for */
     void (*commit_hook)(void *ctx);
     void *commit_hook_ctx;
-    int waiters;
     bool stopping;
     char storage_error[512];      /* last commit failure, "" after a success */
 
     pthread_t persister, sweeper;
     bool threads_started;
+    uint64_t collected_epoch;     /* commit mutex: the newest epoch the persister has collected */
+
+    /* Sync durability pipelines its rounds: while the syncer appends and fdatasyncs epoch N, the persister
+     * collects and encodes N+1 (a round waits here, in the slot, for the syncer). */
+    pthread_t syncer;
+    bool syncer_started, syncer_stop, slot_full;
+    pthread_mutex_t slot_mutex;
+    pthread_cond_t slot_cond;
+    s_round_t slot;
     pthread_mutex_t sweep_mutex;
     pthread_cond_t sweep_cond;
 
@@ -90,7 +107,6 @@ struct kb_bank {
      * gradients, which live on in the journal from a round that re-journaled every pending set. */
     bool pending_in_journal;       /* off with a cache (rows leave memory and come back from SQLite) */
     atomic_bool rejournal_due;     /* compactor -> persister: re-journal every pending set next round */
-    bool rejournal_in_batch;       /* persister only: the batch being committed holds such a round */
     uint64_t rejournal_epoch;      /* compact mutex: the newest committed epoch that did (0: none yet) */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
@@ -293,7 +309,8 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
     s_deadline(&deadline, timeout_ms);
     int rc = KB_BANK_OK;
     pthread_mutex_lock(&self->commit_mutex);
-    self->waiters++;
+    if (ticket > self->wanted_epoch)
+        self->wanted_epoch = ticket;
     pthread_cond_signal(&self->persist_cond);
     while (self->committed_epoch < ticket && !self->stopping) {
         if (pthread_cond_timedwait(&self->commit_cond, &self->commit_mutex, &deadline) == ETIMEDOUT)
@@ -303,7 +320,6 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
         s_not_committed_locked(self, timeout_ms, err, errlen);
         rc = KB_BANK_ESTORAGE;
     }
-    self->waiters--;
     pthread_mutex_unlock(&self->commit_mutex);
     return rc;
 }
@@ -460,31 +476,39 @@ static void s_wait_for_compaction_room(kb_bank_t *self)
     pthread_mutex_unlock(&self->compact_mutex);
 }
 
-/* One round: collect, append to the journal (the commit), publish, queue for compaction. Returns 0 on
- * success. Persister thread only, so rounds never reorder. */
-static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
+/* First half of a round: collect the epoch (moving it out of b, whose arrays the next round regrows) and
+ * encode it. Persister thread only. */
+static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s_round_t *r)
 {
     s_wait_for_compaction_room(self);
-    if (s_collect(self, b, writer_waits))
-        self->rejournal_in_batch = true; /* kept until the batch commits, however many rounds that takes */
+    memset(r, 0, sizeof *r);
+    r->rejournal = s_collect(self, b, writer_waits);
+    pthread_mutex_lock(&self->commit_mutex);
+    self->collected_epoch = b->epoch;
+    pthread_mutex_unlock(&self->commit_mutex);
+    r->batch = *b;
+    memset(b, 0, sizeof *b);
     s_account(self, b);
-    bool empty = b->op_count == 0 && b->row_count == 0 && b->client_count == 0;
-    char why[512] = "";
-    int rc = 0;
-    if (!empty) {
-        size_t len;
-        uint8_t *bytes = kb_batch_encode(b, &len);
-        /* The encoded copy is as large as the batch for a moment: the estimate counts it while it lives, so
+    r->counted = kb_batch_bytes(&r->batch);
+    if (r->batch.op_count || r->batch.row_count || r->batch.client_count) {
+        r->bytes = kb_batch_encode(&r->batch, &r->len);
+        /* The encoded copy is as large as the batch for a while: the estimate counts it while it lives, so
          * a flood of new rows meets --max-memory before the resident size goes past it. */
-        int64_t counted = (int64_t)kb_memory_chunk(len);
-        kb_memory_add(self->mem, counted);
-        rc = kb_journal_append(self->journal, b->epoch, bytes, len, why, sizeof why);
-        free(bytes);
-        kb_memory_add(self->mem, -counted);
+        r->counted += (int64_t)kb_memory_chunk(r->len);
     }
+    kb_memory_add(self->mem, r->counted);
+}
+
+/* Second half: append to the journal (the commit), publish, queue for compaction. Returns 0 on success;
+ * on failure r is kept as it is, to be tried again. Rounds finish in the order they were prepared. */
+static int s_finish_round(kb_bank_t *self, s_round_t *r)
+{
+    kb_batch_t *b = &r->batch;
+    char why[512] = "";
+    int rc = r->bytes ? kb_journal_append(self->journal, b->epoch, r->bytes, r->len, why, sizeof why) : 0;
     pthread_mutex_lock(&self->commit_mutex);
     if (rc == 0) {
-        if (!empty)
+        if (r->bytes)
             self->stats.commits++;
         size_t frequencies = 0;
         for (size_t i = 0; i < b->row_count; i++)
@@ -502,24 +526,55 @@ static int s_persist_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
     if (self->commit_hook)
         self->commit_hook(self->commit_hook_ctx);
     pthread_mutex_unlock(&self->commit_mutex);
-    if (rc == 0) {
-        uint64_t epoch = b->epoch;
-        if (empty)
-            kb_batch_clear(b);
-        else
-            s_queue_batch(self, b);
-        s_account(self, b);
-        if (self->rejournal_in_batch) {
-            /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
-            self->rejournal_in_batch = false;
-            pthread_mutex_lock(&self->compact_mutex);
-            self->rejournal_epoch = epoch;
-            pthread_cond_signal(&self->compact_cond);
-            pthread_mutex_unlock(&self->compact_mutex);
-        }
+    if (rc != 0)
+        return rc;
+    uint64_t epoch = b->epoch;
+    bool journaled = r->bytes != NULL;
+    kb_memory_add(self->mem, -r->counted);
+    free(r->bytes);
+    if (journaled)
+        s_queue_batch(self, b); /* counts the batch again, now in the queue */
+    kb_batch_free(b);
+    if (r->rejournal) {
+        /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
+        pthread_mutex_lock(&self->compact_mutex);
+        self->rejournal_epoch = epoch;
+        pthread_cond_signal(&self->compact_cond);
+        pthread_mutex_unlock(&self->compact_mutex);
     }
-    /* On failure the batch is kept and written again, with newer changes after it, next round. */
-    return rc;
+    memset(r, 0, sizeof *r);
+    return 0;
+}
+
+/* Whether a failing round is dropped: once the bank is closing and it failed three times. */
+static bool s_give_up(kb_bank_t *self, int failures)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    bool stopping = self->stopping;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return stopping && failures >= 3;
+}
+
+/* Finishes r, trying again every 100 ms while it fails (a failed append breaks the journal for good in most
+ * cases, and then nothing more is acknowledged: writers get the storage error). Gives up only once the bank
+ * is closing and three tries failed, then drops the round and logs what was not saved. */
+static void s_finish_retrying(kb_bank_t *self, s_round_t *r)
+{
+    for (int failures = 0; s_finish_round(self, r) != 0;) {
+        failures++;
+        if (failures % 50 == 1)
+            LOG_ERROR("commit failed (%d in a row), will retry: %s", failures, self->storage_error);
+        if (s_give_up(self, failures)) {
+            LOG_ERROR("commit given up: %s; %zu rows not saved", self->storage_error, r->batch.row_count);
+            kb_memory_add(self->mem, -r->counted);
+            free(r->bytes);
+            kb_batch_free(&r->batch);
+            memset(r, 0, sizeof *r);
+            return;
+        }
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
 }
 
 /* ---- tables larger than memory (kb_cache.h) ---- */
@@ -792,6 +847,47 @@ static void *s_compactor_main(void *arg)
     return NULL;
 }
 
+/* Whether a writer waits on an epoch the persister has not collected yet. Commit mutex held. */
+static bool s_writer_waits(const kb_bank_t *self) { return self->wanted_epoch > self->collected_epoch; }
+
+
+/* Hands a prepared round on: to the syncer's slot in sync durability (waiting while it holds the round
+ * before), else finishes it here. */
+static void s_hand_over(kb_bank_t *self, s_round_t *r)
+{
+    if (!self->syncer_started) {
+        s_finish_retrying(self, r);
+        return;
+    }
+    pthread_mutex_lock(&self->slot_mutex);
+    while (self->slot_full)
+        pthread_cond_wait(&self->slot_cond, &self->slot_mutex);
+    self->slot = *r;
+    self->slot_full = true;
+    pthread_cond_broadcast(&self->slot_cond);
+    pthread_mutex_unlock(&self->slot_mutex);
+}
+
+static void *s_syncer_main(void *arg)
+{
+    kb_bank_t *self = arg;
+    pthread_mutex_lock(&self->slot_mutex);
+    for (;;) {
+        while (!self->slot_full && !self->syncer_stop)
+            pthread_cond_wait(&self->slot_cond, &self->slot_mutex);
+        if (!self->slot_full)
+            break; /* stopping, and the persister's last round is done */
+        s_round_t r = self->slot; /* the syncer's until it is finished */
+        pthread_mutex_unlock(&self->slot_mutex);
+        s_finish_retrying(self, &r);
+        pthread_mutex_lock(&self->slot_mutex);
+        self->slot_full = false; /* only now: the persister's next round must not overtake this one */
+        pthread_cond_broadcast(&self->slot_cond);
+    }
+    pthread_mutex_unlock(&self->slot_mutex);
+    return NULL;
+}
+
 static void *s_persister_main(void *arg)
 {
     kb_bank_t *self = arg;
@@ -799,36 +895,30 @@ static void *s_persister_main(void *arg)
     /* Sync mode: idle rounds still come, so use counts (frequency_period_ms) and pending gradients reach
      * disk without a write to carry them. */
     int idle_ms = self->opts.sync ? 200 : (int)self->opts.interval_ms;
-    int failures = 0;
     pthread_mutex_lock(&self->commit_mutex);
     while (!self->stopping) {
-        bool writer_waits = self->waiters > 0 || self->wanted_epoch > self->committed_epoch;
-        if (!writer_waits || failures) { /* after a failure, retry at most every 100 ms */
+        if (!s_writer_waits(self)) {
             struct timespec deadline;
-            s_deadline(&deadline, failures ? 100 : idle_ms);
+            s_deadline(&deadline, idle_ms);
             pthread_cond_timedwait(&self->persist_cond, &self->commit_mutex, &deadline);
             if (self->stopping)
                 break;
             /* Interval mode: only the timer (or a checkpoint, which waits) starts a round. */
         }
-        writer_waits = self->waiters > 0 || self->wanted_epoch > self->committed_epoch;
+        bool writer_waits = s_writer_waits(self);
         pthread_mutex_unlock(&self->commit_mutex);
-        int rc = s_persist_round(self, &batch, writer_waits);
-        failures = rc ? failures + 1 : 0;
-        if (rc && failures % 50 == 1)
-            LOG_ERROR("commit failed (%d in a row), will retry: %s", failures, self->storage_error);
+        s_round_t r;
+        s_prepare_round(self, &batch, writer_waits, &r);
+        s_hand_over(self, &r);
         pthread_mutex_lock(&self->commit_mutex);
     }
     pthread_mutex_unlock(&self->commit_mutex);
     /* Final round so that a clean shutdown loses nothing, use counts included. */
     atomic_store(&self->frequencies_due, true);
-    if (s_persist_round(self, &batch, false) != 0)
-        LOG_ERROR("final commit failed: %s; %zu rows not saved", self->storage_error, batch.row_count);
-    kb_batch_clear(&batch);
-    free(batch.rows);
-    free(batch.clients);
-    batch.row_capacity = batch.client_capacity = 0;
-    s_account(self, &batch);
+    s_round_t r;
+    s_prepare_round(self, &batch, false, &r);
+    s_hand_over(self, &r);
+    kb_batch_free(&batch);
     return NULL;
 }
 
@@ -963,7 +1053,7 @@ static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
     if (kb_journal_remove_all(self->data_dir, err, errlen) != 0)
         return -1;
     self->compacted_epoch = self->queued_epoch = last;
-    self->committed_epoch = self->stats.committed_epoch = last;
+    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = last;
     atomic_store(&self->epoch, last + 1);
     return 0;
 }
@@ -1034,7 +1124,7 @@ static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
         rows += kb_table_row_count(self->entries[i].table);
     }
     self->compacted_epoch = self->queued_epoch = compacted;
-    self->committed_epoch = self->stats.committed_epoch = last;
+    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = last;
     self->stats.compacted_epoch = compacted;
     atomic_store(&self->epoch, last + 1);
     self->dedup_mem_counted = (int64_t)kb_dedup_memory(self->dedup);
@@ -1079,6 +1169,8 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_cond_init(&self->persist_cond, NULL);
     pthread_mutex_init(&self->sweep_mutex, NULL);
     pthread_cond_init(&self->sweep_cond, NULL);
+    pthread_mutex_init(&self->slot_mutex, NULL);
+    pthread_cond_init(&self->slot_cond, NULL);
     atomic_init(&self->epoch, 1);
     atomic_init(&self->frequencies_due, false);
     self->frequencies_taken_ms = carls_monotonic_ms();
@@ -1144,6 +1236,12 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     if (pthread_create(&self->compactor, NULL, s_compactor_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
     self->compactor_started = true;
+    /* Sync durability: the syncer appends and fdatasyncs while the persister collects the next epoch. */
+    if (self->opts.sync) {
+        if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
+            CARLS_FATAL("cannot start bank threads");
+        self->syncer_started = true;
+    }
     if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0 ||
         pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
@@ -1170,6 +1268,13 @@ void kb_bank_close(kb_bank_t **self_p)
         pthread_mutex_unlock(&self->sweep_mutex);
         pthread_join(self->sweeper, NULL);
         pthread_join(self->persister, NULL);
+    }
+    if (self->syncer_started) { /* after the persister: its last round must be finished first */
+        pthread_mutex_lock(&self->slot_mutex);
+        self->syncer_stop = true;
+        pthread_cond_broadcast(&self->slot_cond);
+        pthread_mutex_unlock(&self->slot_mutex);
+        pthread_join(self->syncer, NULL);
     }
     if (self->compactor_started) {
         /* The persister's last round is queued: let the compactor put everything into SQLite, then the
@@ -1219,6 +1324,8 @@ void kb_bank_close(kb_bank_t **self_p)
     pthread_cond_destroy(&self->persist_cond);
     pthread_mutex_destroy(&self->sweep_mutex);
     pthread_cond_destroy(&self->sweep_cond);
+    pthread_mutex_destroy(&self->slot_mutex);
+    pthread_cond_destroy(&self->slot_cond);
     free(self->data_dir);
     free(self);
     *self_p = NULL;
