@@ -318,13 +318,11 @@ static int s_op_trainer(void *state, uint64_t *rng, uint64_t *units, char *err, 
 {
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
-    s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0)
-        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
+    if (s_op_lookup(state, rng, units, err, errlen) != 0)
+        return -1;
     s_draw_values(t, rng, b, 0.01f);
     if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0)
         return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
-    *units = b;
     return 0;
 }
 
@@ -335,15 +333,13 @@ static int s_op_trainer_pipelined(void *state, uint64_t *rng, uint64_t *units, c
 {
     s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
-    s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0)
-        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
+    if (s_op_lookup(state, rng, units, err, errlen) != 0)
+        return -1;
     if (t->push && kb_cluster_push_gradients_wait(t->bank, &t->push) != 0)
         return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
     s_draw_values(t, rng, b, 0.01f);
     if (kb_cluster_push_gradients_send(t->bank, S_TABLE, t->ckeys, b, dim, t->vals, &t->push) != 0)
         return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
-    *units = b;
     return 0;
 }
 

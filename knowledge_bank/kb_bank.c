@@ -383,7 +383,7 @@ static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
     return due;
 }
 
-/* Collects one epoch's changes into b (appending to what a failed commit left there). Returns true when the
+/* Collects one epoch's changes into b (empty: each round moves its batch out). Returns true when the
  * compactor had asked for the pending sets and this round took every one of them. */
 static bool s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 {
@@ -499,6 +499,16 @@ static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s
     kb_memory_add(self->mem, r->counted);
 }
 
+/* Frees what a round still holds (its encoding, and its batch unless the queue took it) and its share of the
+ * estimate; r is left empty. */
+static void s_round_free(kb_bank_t *self, s_round_t *r)
+{
+    kb_memory_add(self->mem, -r->counted);
+    free(r->bytes);
+    kb_batch_free(&r->batch);
+    memset(r, 0, sizeof *r);
+}
+
 /* Second half: append to the journal (the commit), publish, queue for compaction. Returns 0 on success;
  * on failure r is kept as it is, to be tried again. Rounds finish in the order they were prepared. */
 static int s_finish_round(kb_bank_t *self, s_round_t *r)
@@ -529,12 +539,8 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
     if (rc != 0)
         return rc;
     uint64_t epoch = b->epoch;
-    bool journaled = r->bytes != NULL;
-    kb_memory_add(self->mem, -r->counted);
-    free(r->bytes);
-    if (journaled)
-        s_queue_batch(self, b); /* counts the batch again, now in the queue */
-    kb_batch_free(b);
+    if (r->bytes)
+        s_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
     if (r->rejournal) {
         /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
         pthread_mutex_lock(&self->compact_mutex);
@@ -542,7 +548,7 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
         pthread_cond_signal(&self->compact_cond);
         pthread_mutex_unlock(&self->compact_mutex);
     }
-    memset(r, 0, sizeof *r);
+    s_round_free(self, r);
     return 0;
 }
 
@@ -566,10 +572,7 @@ static void s_finish_retrying(kb_bank_t *self, s_round_t *r)
             LOG_ERROR("commit failed (%d in a row), will retry: %s", failures, self->storage_error);
         if (s_give_up(self, failures)) {
             LOG_ERROR("commit given up: %s; %zu rows not saved", self->storage_error, r->batch.row_count);
-            kb_memory_add(self->mem, -r->counted);
-            free(r->bytes);
-            kb_batch_free(&r->batch);
-            memset(r, 0, sizeof *r);
+            s_round_free(self, r);
             return;
         }
         struct timespec pause = {0, 100 * 1000 * 1000};
@@ -687,13 +690,19 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, bool withou
  * (kb_batch_mark_superseded); the byte bound keeps the memory that waiting holds small. Compact mutex held. */
 #define COMPACT_BYTES ((int64_t)32 << 20)
 
+/* Whether the queue holds only the re-journaling round that the last compaction left. Compact mutex held. */
+static bool s_only_rejournal_queued(const kb_bank_t *self)
+{
+    return self->queue_count == 1 && self->queue[0].epoch == self->rejournal_epoch;
+}
+
 static bool s_compaction_due(kb_bank_t *self, int64_t now)
 {
     int64_t enough = self->queue_max_bytes / 4 < COMPACT_BYTES ? self->queue_max_bytes / 4 : COMPACT_BYTES;
-    /* The re-journaling round that the last compaction left queued alone is not a reason by its size: it
-     * waits for the next epochs (to be compacted without its pending sets then) or for the delay. */
-    bool only_rejournal = self->queue_count == 1 && self->queue[0].epoch == self->rejournal_epoch;
-    return self->compactor_stop || self->compact_now || (self->queue_bytes >= enough && !only_rejournal) ||
+    /* That round alone is not a reason by its size: it waits for the next epochs (to be compacted without
+     * its pending sets then) or for the delay. */
+    return self->compactor_stop || self->compact_now ||
+           (self->queue_bytes >= enough && !s_only_rejournal_queued(self)) ||
            now - self->queue_since_ms >= self->opts.compact_delay_ms;
 }
 
@@ -717,6 +726,8 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
  * queue is the last re-journaling round alone. Compact mutex held. */
 static bool s_rejournal_pays(kb_bank_t *self)
 {
+    if (s_only_rejournal_queued(self))
+        return false;
     int64_t queued = 0, live = 0;
     for (size_t i = 0; i < self->queue_count; i++)
         queued += s_batch_pending_bytes(&self->queue[i]);
@@ -729,7 +740,7 @@ static bool s_rejournal_pays(kb_bank_t *self)
         kb_bank_release(self, tables[i]);
     }
     free(tables);
-    return queued * SQLITE_BYTE_COST > live && self->queue[self->queue_count - 1].epoch != self->rejournal_epoch;
+    return queued * SQLITE_BYTE_COST > live;
 }
 
 static void *s_compactor_main(void *arg)
@@ -766,10 +777,11 @@ static void *s_compactor_main(void *arg)
         bool whole = !self->pending_in_journal || self->compactor_stop || self->compact_now ||
                      self->queue_bytes > self->queue_max_bytes / 2;
         size_t n = self->queue_count;
-        if (!whole && self->rejournal_epoch <= self->queue[0].epoch && !s_rejournal_pays(self))
+        bool needs_round = self->rejournal_epoch <= self->queue[0].epoch; /* none after the oldest epoch */
+        if (!whole && needs_round && !s_rejournal_pays(self))
             whole = true;
         if (!whole) {
-            if (self->rejournal_epoch <= self->queue[0].epoch) { /* ask the persister's next round */
+            if (needs_round) { /* ask the persister's next round */
                 atomic_store(&self->rejournal_due, true);
                 struct timespec deadline;
                 s_deadline(&deadline, 1000);
@@ -849,7 +861,6 @@ static void *s_compactor_main(void *arg)
 
 /* Whether a writer waits on an epoch the persister has not collected yet. Commit mutex held. */
 static bool s_writer_waits(const kb_bank_t *self) { return self->wanted_epoch > self->collected_epoch; }
-
 
 /* Hands a prepared round on: to the syncer's slot in sync durability (waiting while it holds the round
  * before), else finishes it here. */

@@ -113,14 +113,23 @@ static int64_t s_pending_bytes(const kb_table_t *self) { return (int64_t)kb_memo
  * malloc's search and a buffer that is still in cache. Pooled buffers stay counted in the estimate. */
 #define S_PENDING_POOL_BYTES (64u << 10)
 
-static float *s_pending_take(kb_table_t *self, kb_stripe_t *st)
+/* Takes the stripe's most recently pooled buffer (NULL: none). Each pooled buffer holds the next one's
+ * address in its first bytes. */
+static float *s_pool_pop(kb_stripe_t *st)
 {
     float *buf = st->pending_pool;
     if (buf) {
         memcpy(&st->pending_pool, buf, sizeof buf);
         st->pending_pooled--;
-        return buf;
     }
+    return buf;
+}
+
+static float *s_pending_take(kb_table_t *self, kb_stripe_t *st)
+{
+    float *buf = s_pool_pop(st);
+    if (buf)
+        return buf;
     s_mem(self, s_pending_bytes(self));
     return carls_xmalloc(s_pending_size(self));
 }
@@ -392,11 +401,8 @@ void kb_table_destroy(kb_table_t **self_p)
             if (st->map.slots[j].hash)
                 s_row_free(self, st->map.slots[j].row);
         kb_rowmap_free(&st->map);
-        while (st->pending_pool) {
-            float *buf = st->pending_pool;
-            memcpy(&st->pending_pool, buf, sizeof buf);
+        for (float *buf; (buf = s_pool_pop(st)) != NULL;)
             free(buf);
-        }
         free(st->knn_ids);
         pthread_mutex_destroy(&st->mutex);
     }
@@ -868,13 +874,8 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
 
     atomic_fetch_add(&self->stats.gradients_applied, kept);
     atomic_fetch_add(&self->stats.outliers_dropped, dropped);
-    atomic_fetch_sub(&self->stats.pending_gradients, count);
-    atomic_fetch_sub(&self->stats.pending_keys, 1);
     atomic_fetch_add(reason, 1);
-    s_pending_give(self, st, row->pending);
-    row->pending = NULL;
-    row->pending_count = 0;
-    s_list_unlink(&st->pending, row, PENDING_LINK);
+    s_drop_pending(self, st, row); /* applied now: the set goes as a dropped one does */
     s_mark_dirty(st, row);
 }
 
