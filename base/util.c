@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/random.h>
 #include <time.h>
@@ -115,6 +116,32 @@ void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char
     ptr = carls_xrealloc_at(ptr, grown * elem, file, line);
     *cap = grown;
     return ptr;
+}
+
+/* Whether any of BLOCK floats is NaN or Inf (exponent bits all ones). A fixed count and no early exit: GCC
+ * vectorizes it at -O2. */
+enum { S_FINITE_BLOCK = 256 };
+static bool s_block_has_nonfinite(const float *v)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < S_FINITE_BLOCK; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i], sizeof bits);
+        bad |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad != 0;
+}
+
+size_t carls_first_nonfinite(const float *v, size_t n)
+{
+    size_t start = 0;
+    for (; start + S_FINITE_BLOCK <= n; start += S_FINITE_BLOCK)
+        if (s_block_has_nonfinite(v + start))
+            break;
+    for (size_t i = start; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return n;
 }
 
 uint32_t carls_crc32(uint32_t crc, const void *data, size_t len)

@@ -52,6 +52,10 @@ void *carls_grow_at(void *ptr, size_t *cap, size_t need, size_t elem, const char
  * feed the pieces in order. Any len (zlib's own takes 32-bit lengths). */
 uint32_t carls_crc32(uint32_t crc, const void *data, size_t len);
 
+/* The index of the first NaN or Inf among v[0..n), or n when every value is finite. Scans in blocks without
+ * an early exit inside a block, so the compiler vectorizes it (a request's rows are checked on the hot path). */
+size_t carls_first_nonfinite(const float *v, size_t n);
+
 /* Strict number parsing for command lines and text fields: the whole string must be a number in range,
  * integers in decimal digits only (carls_parse_i64: after an optional '-'; no blanks, no '+'). 0 on
  * success, -1 otherwise (*out untouched). */

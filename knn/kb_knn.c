@@ -321,15 +321,7 @@ static const char *s_faiss_message(void)
 }
 
 /* Whether all n values are finite: NaN or Inf would poison distances and, in HNSW, the graph. */
-static bool s_finite(const float *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(v[i])) {
-            return false;
-        }
-    }
-    return true;
-}
+static bool s_finite(const float *v, size_t n) { return carls_first_nonfinite(v, n) == n; }
 
 /* Scales v to unit L2 norm; a zero vector is left as it is (it has no direction). */
 static void s_normalize(float *v, uint32_t dim)

@@ -236,10 +236,10 @@ static int s_check_rows(s_reply_t *rp, const char *what, size_t n, uint32_t dim,
     if (n_values != n * dim)
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                       "%zu %s for %zu keys of dim %u: expected %zu", n_values, what, n, dim, n * (size_t)dim);
-    for (size_t i = 0; i < n_values; i++)
-        if (!isfinite(values[i]))
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s row %zu holds NaN or Inf", what,
-                          i / dim);
+    size_t bad = carls_first_nonfinite(values, n_values);
+    if (bad < n_values)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s row %zu holds NaN or Inf", what,
+                      bad / dim);
     return 0;
 }
 
@@ -1045,10 +1045,10 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
             return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                           "import_rows: %zu values for %zu keys of dim %u: expected %zu", im->n_values, n, dim,
                           n * (size_t)dim);
-        for (size_t i = 0; i < n * dim; i++)
-            if (!isfinite(im->values[i]))
-                return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, i / dim, &im->keys[i / dim],
-                                     "its value holds NaN or Inf");
+        size_t bad = carls_first_nonfinite(im->values, n * dim);
+        if (bad < n * dim)
+            return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, bad / dim, &im->keys[bad / dim],
+                                 "its value holds NaN or Inf");
         if (im->opt_floats != 0 && im->opt_floats != opt_floats)
             return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                           "import_rows: %u optimizer floats per row, but table '%s' (%s, dim %u) keeps %u (or send "
@@ -1086,10 +1086,9 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
         size_t at = 0;
         for (size_t i = 0; i < n; i++) {
             size_t floats = (size_t)im->pending_counts[i] * dim;
-            for (size_t j = 0; j < floats; j++)
-                if (!isfinite(im->pending[at + j]))
-                    return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, i, &im->keys[i],
-                                         "a pending gradient holds NaN or Inf");
+            if (carls_first_nonfinite(im->pending + at, floats) < floats)
+                return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, i, &im->keys[i],
+                                     "a pending gradient holds NaN or Inf");
             at += floats;
         }
     }

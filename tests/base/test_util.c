@@ -1,9 +1,10 @@
 /* base/util and base/bytes: growable arrays (capacities, contents kept, several arrays sharing one count),
  * CRC-32 (the standard check value, pieces fed in turn, agreement with zlib's crc32) and little-endian
- * integers in byte buffers, strict integer parsing. */
+ * integers in byte buffers, strict integer parsing, the scan for NaN and Inf. */
 #include "bytes.h"
 #include "util.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,6 +66,38 @@ static void test_grow_keeps_contents(void **state)
     assert_true(w[39] == 19.5);
     free(off);
     free(w);
+}
+
+/* The first NaN or Inf is found wherever it is: in a full block, in the tail after the blocks, at either end
+ * of a block, and the smaller index wins when there are two; all finite (the largest float and a subnormal
+ * included) gives n. */
+static void test_first_nonfinite(void **state)
+{
+    (void)state;
+    enum { N = 256 * 3 + 37 };
+    float *v = malloc(N * sizeof *v);
+    for (size_t i = 0; i < N; i++)
+        v[i] = (float)i * 0.5f - 100.0f;
+    v[5] = 3.4028235e38f;
+    v[6] = 1e-45f;
+    assert_int_equal(carls_first_nonfinite(v, N), N);
+    assert_int_equal(carls_first_nonfinite(v, 0), 0);
+    const size_t at[] = {0, 255, 256, 511, 600, 767, 768, N - 1};
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+        for (size_t b = 0; b < 3; b++) {
+            float keep = v[at[a]];
+            v[at[a]] = bad[b];
+            assert_int_equal(carls_first_nonfinite(v, N), at[a]);
+            assert_int_equal(carls_first_nonfinite(v, at[a]), at[a]); /* before it: all finite */
+            v[at[a]] = keep;
+        }
+    }
+    v[700] = NAN;
+    v[300] = INFINITY;
+    assert_int_equal(carls_first_nonfinite(v, N), 300);
+    assert_int_equal(carls_first_nonfinite(v + 301, N - 301), 700 - 301);
+    free(v);
 }
 
 static void test_crc32(void **state)
@@ -166,6 +199,7 @@ int main(void)
         cmocka_unit_test(test_grow_cap),
         cmocka_unit_test(test_grow_keeps_contents),
         cmocka_unit_test(test_crc32),
+        cmocka_unit_test(test_first_nonfinite),
         cmocka_unit_test(test_little_endian),
         cmocka_unit_test(test_parse_integers),
         cmocka_unit_test(test_name_index),
