@@ -1078,6 +1078,7 @@ int kb_knn_new(const kb_knn_config_t *cfg, kb_knn_t **out, char *err, size_t err
             rc = -EAGAIN;
             goto cleanup;
         }
+        pthread_setname_np(self->worker, "kb-knn-build");
         self->worker_started = true;
     }
     LOG_DEBUG("kb_knn: new '%s' %s dim %u: %s, %s", self->spec, kb_knn_metric_name(self->metric), self->dim,

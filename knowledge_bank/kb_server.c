@@ -201,6 +201,7 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     for (uint32_t i = 0; i < self->opts.threads; i++) {
         if (pthread_create(&self->workers[i], NULL, s_worker_main, self) != 0)
             CARLS_FATAL("cannot start worker thread");
+        pthread_setname_np(self->workers[i], "kb-worker");
         self->worker_count++;
     }
     *out = self;

@@ -249,6 +249,7 @@ kb_auth_t *kb_auth_new(void *zmq_ctx, kb_auth_allow_t **allow_p, char *err, size
         carls_errorf(err, errlen, KB_AUTH_EIO, "cannot start the ZAP thread: %s", strerror(prc));
         goto fail;
     }
+    pthread_setname_np(self->thread, "kb-zap");
     LOG_INFO("ZAP handler: %zu client key(s) allowed", kb_auth_allow_count(self->allow));
     return self;
 

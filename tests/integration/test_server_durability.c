@@ -2,7 +2,8 @@
  * gradient pushes (still pending) and check everything after a restart; replay a write after a crash and
  * check it is applied once; kill -9 while concurrent writers run and check every acknowledged write. In
  * interval durability, check that only writes acknowledged within the last interval (plus commit time)
- * can be missing. Pending gradients that compactions left to the journal survive kill -9. Reads rewrite no row: their use counts are written in bulk and survive as documented. */
+ * can be missing. Pending gradients that compactions left to the journal survive kill -9. Reads rewrite no row: their use counts are written in bulk and survive as documented. The
+ * threads that do this carry the names docs/DESIGN.md lists. */
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
@@ -396,6 +397,32 @@ static void test_reads_write_only_use_counts_in_bulk(void **state)
     s_read_all(f->client, true, 9);
 }
 
+/* Reads /proc/PID/task/TID/comm for every thread of pid into names (one per line). */
+static void s_thread_names(pid_t pid, char *names, size_t size)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "cat /proc/%d/task/*/comm", (int)pid);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(names, 1, size - 1, p);
+    names[n] = '\0';
+    pclose(p);
+}
+
+/* A sync server's bank threads and workers are named, so top -H, perf and gdb tell them apart. */
+static void test_sync_server_threads_are_named(void **state)
+{
+    server_fixture_t *f = *state;
+    s_start(f, "sync");
+    char names[4096];
+    s_thread_names(f->srv.pid, names, sizeof names);
+    const char *want[] = {"kb-server\n", "kb-worker\n", "kb-persister\n", "kb-syncer\n", "kb-compactor\n",
+                          "kb-sweeper\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(names, want[i]))
+            fail_msg("no thread named %.*s among:\n%s", (int)strlen(want[i]) - 1, want[i], names);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -405,6 +432,7 @@ int main(void)
         SERVER_FIXTURE_TEST(test_sync_kill9_under_concurrent_writers, NULL),
         SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
         SERVER_FIXTURE_TEST(test_reads_write_only_use_counts_in_bulk, NULL),
+        SERVER_FIXTURE_TEST(test_sync_server_threads_are_named, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
