@@ -34,6 +34,7 @@ typedef struct {
     kb_batch_t batch;
     uint8_t *bytes; /* NULL for an empty round */
     size_t len;
+    uint32_t crc;   /* the journal record's checksum, computed with the encoding */
     int64_t counted;
     bool rejournal; /* it holds every pending set (the compactor asked for them) */
 } s_round_t;
@@ -492,6 +493,7 @@ static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s
     r->counted = kb_batch_bytes(&r->batch);
     if (r->batch.op_count || r->batch.row_count || r->batch.client_count) {
         r->bytes = kb_batch_encode(&r->batch, &r->len);
+        r->crc = kb_journal_crc(r->batch.epoch, r->bytes, r->len);
         /* The encoded copy is as large as the batch for a while: the estimate counts it while it lives, so
          * a flood of new rows meets --max-memory before the resident size goes past it. */
         r->counted += (int64_t)kb_memory_chunk(r->len);
@@ -515,7 +517,8 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
 {
     kb_batch_t *b = &r->batch;
     char why[512] = "";
-    int rc = r->bytes ? kb_journal_append(self->journal, b->epoch, r->bytes, r->len, why, sizeof why) : 0;
+    int rc = r->bytes ? kb_journal_append_crc(self->journal, b->epoch, r->bytes, r->len, r->crc, why, sizeof why)
+                      : 0;
     pthread_mutex_lock(&self->commit_mutex);
     if (rc == 0) {
         if (r->bytes)

@@ -279,8 +279,21 @@ static int s_write_all(int fd, struct iovec *iov, int n, uint64_t at)
     return 0;
 }
 
+uint32_t kb_journal_crc(uint64_t epoch, const void *payload, size_t len)
+{
+    uint8_t header[HEADER_BYTES] = {0};
+    carls_put_le64(header + 8, epoch);
+    return s_record_crc(header, payload, len);
+}
+
 int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, char *err,
                       size_t errlen)
+{
+    return kb_journal_append_crc(self, epoch, payload, len, kb_journal_crc(epoch, payload, len), err, errlen);
+}
+
+int kb_journal_append_crc(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, uint32_t crc,
+                          char *err, size_t errlen)
 {
     if (len > UINT32_MAX)
         return carls_errorf(err, errlen, -1, "journal: an epoch of %zu bytes is larger than a record can be", len);
@@ -296,7 +309,6 @@ int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, s
     carls_put_le32(header, MAGIC);
     carls_put_le32(header + 4, (uint32_t)len);
     carls_put_le64(header + 8, epoch);
-    uint32_t crc = s_record_crc(header, payload, len);
     carls_put_le32(header + 16, crc);
     struct iovec iov[2] = {{header, HEADER_BYTES}, {(void *)payload, len}};
     if (s_write_all(self->fd, iov, len ? 2 : 1, self->current.bytes) != 0 ||

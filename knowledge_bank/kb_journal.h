@@ -48,6 +48,14 @@ void kb_journal_close(kb_journal_t **self_p);
 int kb_journal_append(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, char *err,
                       size_t errlen);
 
+/* The same with the record's checksum computed beforehand by kb_journal_crc (the bank's persister does it
+ * while the syncer writes the epoch before, which keeps the CRC off the serial append + fdatasync). */
+int kb_journal_append_crc(kb_journal_t *self, uint64_t epoch, const void *payload, size_t len, uint32_t crc,
+                          char *err, size_t errlen);
+
+/* The checksum a record of this epoch and payload carries. */
+uint32_t kb_journal_crc(uint64_t epoch, const void *payload, size_t len);
+
 /* Removes the closed segments whose records all have epoch <= upto (they are compacted); in sync mode up to
  * two of them become spares instead. */
 void kb_journal_release(kb_journal_t *self, uint64_t upto);

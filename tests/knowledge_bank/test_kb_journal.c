@@ -261,6 +261,29 @@ static void test_append_and_replay(void **state)
     assert_int_equal(last, 0);
 }
 
+/* A record appended with a checksum computed beforehand (kb_journal_crc, as the bank's persister does) replays
+ * like one appended plainly; a wrong checksum makes that last record torn, so replay stops before it. */
+static void test_append_with_precomputed_crc(void **state)
+{
+    (void)state;
+    kb_journal_t *j = NULL;
+    char err[512];
+    assert_int_equal(kb_journal_open(s_dir, true, 0, &j, err, sizeof err), 0);
+    for (uint64_t e = 1; e <= 3; e++) {
+        char text[32];
+        snprintf(text, sizeof text, "payload %llu", (unsigned long long)e);
+        uint32_t crc = kb_journal_crc(e, text, strlen(text)) ^ (e == 3 ? 1u : 0u);
+        assert_int_equal(kb_journal_append_crc(j, e, text, strlen(text), crc, err, sizeof err), 0);
+    }
+    kb_journal_close(&j);
+    s_seen_t seen = {0};
+    uint64_t last = 0;
+    assert_int_equal(kb_journal_replay(s_dir, 0, s_collect, &seen, &last, err, sizeof err), 0);
+    assert_int_equal(seen.n, 2);
+    assert_int_equal(seen.epochs[1], 2);
+    assert_int_equal(last, 2);
+}
+
 static void test_torn_last_record_is_dropped(void **state)
 {
     (void)state;
@@ -530,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_batch_decode_refuses_truncation),
         cmocka_unit_test(test_superseded_rows_marked),
         cmocka_unit_test_setup_teardown(test_append_and_replay, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_append_with_precomputed_crc, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_torn_last_record_is_dropped, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_damage_before_acknowledged_records_is_refused, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_spare_reused_and_replayed_to_its_end, s_setup, s_teardown),
