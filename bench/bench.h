@@ -117,6 +117,8 @@ typedef struct {
     uint32_t clients, batch, shards;
     uint64_t rows;
     const char *note;        /* short remark (why unavailable...), or NULL */
+    double steal_pct;        /* set by bench_report: the share of CPU time the hypervisor gave to other guests
+                              * since this case began (its bench_progress line), NAN where /proc/stat has none */
 } bench_result_t;
 
 /* Prints one result (table row or JSON line) at once, and remembers it for the summary; with --repeat it is

@@ -86,6 +86,39 @@ double bench_load1(void)
     return getloadavg(load, 1) == 1 ? load[0] : -1.0;
 }
 
+/* All CPUs' time and its steal part (in a virtual machine: time the hypervisor ran other guests while this
+ * one had work), from /proc/stat's first line; ok false where it cannot be read. */
+typedef struct {
+    unsigned long long total, steal;
+    bool ok;
+} s_cpu_t;
+
+static s_cpu_t s_read_cpu(void)
+{
+    s_cpu_t c = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return c;
+    unsigned long long v[8] = {0};
+    c.ok = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                  &v[6], &v[7]) == 8;
+    fclose(f);
+    for (int i = 0; i < 8; i++)
+        c.total += v[i];
+    c.steal = v[7];
+    return c;
+}
+
+/* Steal as a percentage of all CPU time between two readings, NAN when either failed or none passed. */
+static double s_steal_pct(s_cpu_t a, s_cpu_t b)
+{
+    if (!a.ok || !b.ok || b.total <= a.total)
+        return NAN;
+    return 100.0 * (double)(b.steal - a.steal) / (double)(b.total - a.total);
+}
+
+static s_cpu_t s_run_cpu, s_case_cpu; /* at bench_report_begin; at the current case's bench_progress line */
+
 /* ---- the timed runner ---- */
 
 /* How long past its end a window may be stretched while no request has completed in it (a loaded machine,
@@ -319,6 +352,7 @@ static void s_human(char *buf, size_t len, double v)
 
 void bench_report_begin(const bench_opts_t *opts)
 {
+    s_run_cpu = s_case_cpu = s_read_cpu();
     if (opts->json)
         return;
     printf("%-28s %10s %-9s %-28s %10s %7s  %s\n", "case", "value", "unit", "reference", "ref value", "ratio",
@@ -430,10 +464,12 @@ static void s_emit_medians(const bench_opts_t *opts)
 
 void bench_report(const bench_opts_t *opts, const bench_result_t *r)
 {
+    bench_result_t with_steal = *r;
+    with_steal.steal_pct = s_steal_pct(s_case_cpu, s_read_cpu());
     if (opts->repeat > 1)
-        s_keep(r);
+        s_keep(&with_steal);
     else
-        s_emit(opts, r, NULL);
+        s_emit(opts, &with_steal, NULL);
 }
 
 /* Prints one result and counts it for the summary. spread: with --repeat, the figure over the rounds. */
@@ -484,6 +520,8 @@ static void s_emit(const bench_opts_t *opts, const bench_result_t *r, const s_sp
         fprintf(f, ",\"clients\":%u,\"batch\":%u,\"shards\":%u,\"rows\":%llu,\"dim\":%u,\"load1\":", r->clients,
                 r->batch, r->shards, (unsigned long long)r->rows, opts->dim);
         s_json_number(f, bench_load1());
+        fputs(",\"steal_pct\":", f);
+        s_json_number(f, r->steal_pct);
         fputs(",\"mode\":", f);
         s_json_string(f, opts->mode);
         if (r->note) {
@@ -550,13 +588,18 @@ void bench_report_end(const bench_opts_t *opts, double elapsed_s)
     char rounds[48] = "";
     if (opts->repeat > 1)
         snprintf(rounds, sizeof rounds, ", each figure the median of %u rounds", opts->repeat);
-    printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met%s; %ld cores, load average %.2f; "
+    char steal[64] = "";
+    double steal_pct = s_steal_pct(s_run_cpu, s_read_cpu());
+    if (isfinite(steal_pct))
+        snprintf(steal, sizeof steal, ", CPU steal %.1f%%", steal_pct);
+    printf("\n%zu results (%zu unavailable or failed); targets: %zu of %zu met%s; %ld cores, load average %.2f%s; "
            "%.0f s in all (%s run)\n",
-           s_results, s_failed, s_targets_met, s_targets, rounds, cores, bench_load1(), elapsed_s, opts->mode);
+           s_results, s_failed, s_targets_met, s_targets, rounds, cores, bench_load1(), steal, elapsed_s, opts->mode);
 }
 
 void bench_progress(const bench_opts_t *opts, const char *fmt, ...)
 {
+    s_case_cpu = s_read_cpu(); /* a case begins with its progress line: its results' steal counts from here */
     if (opts->json && !opts->verbose)
         return;
     static double start;

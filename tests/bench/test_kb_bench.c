@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
@@ -247,6 +248,7 @@ static void test_smoke_json(void **state)
     assert_int_equal(run.status, 0);
     assert_true(run.n >= 20);
 
+    int steal_numbers = 0;
     for (int i = 0; i < run.n; i++) {
         const object_t *o = &run.obj[i];
         const field_t *c = s_get(o, "case"), *v = s_get(o, "value"), *u = s_get(o, "unit");
@@ -281,7 +283,17 @@ static void test_smoke_json(void **state)
         const field_t *tm = s_get(o, "target_met");
         if (tm)
             assert_true(tm->type == V_BOOL || tm->type == V_NULL);
+        /* CPU steal since the case began: a percentage, or null (no /proc/stat, or no clock tick passed) */
+        const field_t *steal = s_get(o, "steal_pct");
+        assert_non_null(steal);
+        assert_true(steal->type == V_NUMBER || steal->type == V_NULL);
+        if (steal->type == V_NUMBER) {
+            assert_true(steal->num >= 0.0 && steal->num <= 100.0);
+            steal_numbers++;
+        }
     }
+    if (access("/proc/stat", R_OK) == 0)
+        assert_true(steal_numbers > 0);
 
     static const char *const expected[] = {
         "lookup.p50", "lookup.p99", "lookup.throughput", "lookup.throughput.vs_zmq", "lookup.no_create",
