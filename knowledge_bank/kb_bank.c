@@ -65,6 +65,7 @@ struct kb_bank {
     void (*commit_hook)(void *ctx);
     void *commit_hook_ctx;
     bool stopping;
+    bool journal_broken;  /* commit mutex: an append failed, so no later write can commit until a restart */
     char storage_error[512];      /* last commit failure, "" after a success */
 
     pthread_t persister, sweeper;
@@ -299,8 +300,11 @@ static void s_deadline(struct timespec *ts, int timeout_ms)
 /* The error of a write still not durable after timeout_ms, with the last storage error. Commit mutex held. */
 static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
 {
-    snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms, self->storage_error[0] ? ": " : "",
-             self->storage_error);
+    if (self->journal_broken)
+        snprintf(err, errlen, "write not committed: %s", self->storage_error);
+    else
+        snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms,
+                 self->storage_error[0] ? ": " : "", self->storage_error);
 }
 
 /* Waits until epoch `ticket` has committed, waking the persister. Any durability mode. */
@@ -313,7 +317,7 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
     if (ticket > self->wanted_epoch)
         self->wanted_epoch = ticket;
     pthread_cond_signal(&self->persist_cond);
-    while (self->committed_epoch < ticket && !self->stopping) {
+    while (self->committed_epoch < ticket && !self->stopping && !self->journal_broken) {
         if (pthread_cond_timedwait(&self->commit_cond, &self->commit_mutex, &deadline) == ETIMEDOUT)
             break;
     }
@@ -340,6 +344,14 @@ void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
         pthread_cond_signal(&self->persist_cond);
     }
     pthread_mutex_unlock(&self->commit_mutex);
+}
+
+bool kb_bank_commits_broken(kb_bank_t *self)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    bool broken = self->journal_broken;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return broken;
 }
 
 uint64_t kb_bank_durable_epoch(kb_bank_t *self)
@@ -534,6 +546,8 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
     } else {
         self->stats.commit_failures++;
         snprintf(self->storage_error, sizeof self->storage_error, "%s", why);
+        /* Waiting writers are answered now: their commit cannot come before a restart. */
+        self->journal_broken = kb_journal_is_broken(self->journal);
     }
     pthread_cond_broadcast(&self->commit_cond);
     if (self->commit_hook)

@@ -279,6 +279,14 @@ static int s_write_all(int fd, struct iovec *iov, int n, uint64_t at)
     return 0;
 }
 
+bool kb_journal_is_broken(kb_journal_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    bool broken = self->broken[0] != '\0';
+    pthread_mutex_unlock(&self->mutex);
+    return broken;
+}
+
 uint32_t kb_journal_crc(uint64_t epoch, const void *payload, size_t len)
 {
     uint8_t header[HEADER_BYTES] = {0};

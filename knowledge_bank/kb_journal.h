@@ -39,6 +39,10 @@ typedef struct kb_journal kb_journal_t;
 int kb_journal_open(const char *data_dir, bool sync, uint64_t segment_bytes, kb_journal_t **out, char *err,
                     size_t errlen);
 
+/* Whether an append failed: from then on every append fails with the same message (the file's state after a
+ * failed write or fdatasync is unknown), until the journal is opened again. */
+bool kb_journal_is_broken(kb_journal_t *self);
+
 /* Closes the files (nothing is removed). Accepts NULL; nulls *self_p. */
 void kb_journal_close(kb_journal_t **self_p);
 

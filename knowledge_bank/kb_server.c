@@ -240,10 +240,11 @@ static void s_send_durable(kb_server_t *self)
         return;
     uint64_t durable = kb_bank_durable_epoch(self->bank);
     int64_t now = carls_monotonic_ms();
+    bool broken = kb_bank_commits_broken(self->bank); /* then nothing parked can commit: answer now */
     while (self->parked.head) {
         s_item_t *it = self->parked.head;
         if (it->wait.durable_ticket > durable) {
-            if (it->deadline_ms > now)
+            if (it->deadline_ms > now && !broken)
                 break;
             char text[700];
             kb_bank_not_committed(self->bank, kb_service_commit_timeout_ms(self->service), text, sizeof text);

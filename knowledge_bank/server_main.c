@@ -105,7 +105,8 @@ static void s_usage(FILE *out)
             "  -h, --help                 this help\n"
             "\n"
             "SIGINT or SIGTERM stops the server cleanly: requests in progress are answered and everything\n"
-            "is committed before it exits.\n",
+            "is committed before it exits. Exit status 1 when it could not start, or when its journal failed\n"
+            "while it served (a full disk: writes after that were refused and are not saved).\n",
             CARLS_DEFAULT_MAX_MESSAGE_BYTES, CARLS_DEFAULT_MAX_KEY_BYTES, CARLS_DEFAULT_MAX_DIM,
             CARLS_DEFAULT_MAX_KEYS_PER_REQUEST);
 }
@@ -256,6 +257,9 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file size limit (ulimit -f) reached by the journal or SQLite is then a failed write (EFBIG), which the
+     * bank reports and refuses further writes over, instead of a signal that kills the server. */
+    signal(SIGXFSZ, SIG_IGN);
 
     bank_opts.read_only = limits.read_only;
     kb_knn_set_threads(knn_threads, 1);
@@ -317,7 +321,13 @@ done:
     kb_metrics_server_stop(&metrics);
     kb_server_destroy(&server);
     kb_service_destroy(&service);
+    /* A journal that failed while serving refused every write after it: say so in the exit status too. */
+    bool refused = bank && kb_bank_commits_broken(bank);
     kb_bank_close(&bank);
-    LOG_INFO("kb-server stopped");
+    if (refused) {
+        LOG_ERROR("the journal failed while serving (see above): writes after that were refused and not saved");
+        rc = 1;
+    }
+    LOG_INFO("kb-server stopped%s", refused ? " (exit status 1)" : "");
     return rc;
 }

@@ -3,7 +3,8 @@
  * check it is applied once; kill -9 while concurrent writers run and check every acknowledged write. In
  * interval durability, check that only writes acknowledged within the last interval (plus commit time)
  * can be missing. Pending gradients that compactions left to the journal survive kill -9. Reads rewrite no row: their use counts are written in bulk and survive as documented. The
- * threads that do this carry the names docs/DESIGN.md lists. */
+ * threads that do this carry the names docs/DESIGN.md lists. A commit the disk refuses is answered at once
+ * and never acknowledged. */
 #include "kb_client.h"
 #include "protocol.h"
 #include "raw_client.h"
@@ -12,6 +13,7 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -397,6 +399,46 @@ static void test_reads_write_only_use_counts_in_bulk(void **state)
     s_read_all(f->client, true, 9);
 }
 
+/* A sync server whose journal append fails (its file size limit set to 1 byte from here with prlimit: the
+ * server ignores SIGXFSZ, so the append fails with EFBIG as on a full disk) answers the waiting put and a later
+ * one with an error naming the journal, at once: the client's timeout is 10 minutes, far past ctest's.
+ * SIGTERM still stops it, with exit status 1; the restart has the acknowledged put and commits again. */
+static void test_sync_refused_commit_answered_at_once(void **state)
+{
+    server_fixture_t *f = *state;
+    s_start(f, "sync");
+    s_create(f->client, "t", 1);
+    kb_key_t a = {"a", 1}, b = {"b", 1}, c = {"c", 1};
+    float one = 1.0f, two = 2.0f, three = 3.0f;
+    assert_int_equal(kb_client_put(f->client, "t", &a, 1, 1, &one, 1), 0);
+
+    kb_client_destroy(&f->client);
+    kb_client_options_t patient = f->client_options;
+    patient.timeout_ms = 600 * 1000;
+    patient.retries = 0;
+    kb_client_t *c1 = kb_client_new(f->srv.endpoint, &patient);
+    assert_non_null(c1);
+    struct rlimit tiny = {1, RLIM_INFINITY}, saved;
+    assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &tiny, &saved), 0);
+    assert_int_not_equal(kb_client_put(c1, "t", &b, 1, 1, &two, 1), 0);
+    const char *why = kb_client_last_error(c1);
+    if (!strstr(why, "not committed") || !strstr(why, "journal"))
+        fail_msg("refused put answered: %s", why);
+    assert_int_not_equal(kb_client_put(c1, "t", &c, 1, 1, &three, 1), 0);
+    kb_client_destroy(&c1);
+    assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &saved, NULL), 0);
+
+    /* It stops, with exit status 1: writes were refused and are not saved. */
+    assert_int_equal(server_fixture_restart(f, SIGTERM, (const char *const[]){"--durability", "sync", NULL}), 1);
+    float v = 0.0f;
+    assert_int_equal(kb_client_lookup(f->client, "t", &a, 1, 1, &v, NULL), 0);
+    assert_true(v == 1.0f);
+    assert_int_equal(kb_client_put(f->client, "t", &c, 1, 1, &three, 1), 0);
+    server_fixture_restart(f, SIGTERM, (const char *const[]){"--durability", "sync", NULL});
+    assert_int_equal(kb_client_lookup(f->client, "t", &c, 1, 1, &v, NULL), 0);
+    assert_true(v == 3.0f);
+}
+
 /* Reads /proc/PID/task/TID/comm for every thread of pid into names (one per line). */
 static void s_thread_names(pid_t pid, char *names, size_t size)
 {
@@ -433,6 +475,7 @@ int main(void)
         SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
         SERVER_FIXTURE_TEST(test_reads_write_only_use_counts_in_bulk, NULL),
         SERVER_FIXTURE_TEST(test_sync_server_threads_are_named, NULL),
+        SERVER_FIXTURE_TEST(test_sync_refused_commit_answered_at_once, NULL),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,8 @@
 /* Unit tests for the journal in front of SQLite (kb_journal) and the batch records it holds (kb_batch):
  * encode/decode round trip of every kind of row, decoding of every truncated prefix and of lying counts,
  * append and replay (only epochs after the compacted one), a torn last record dropped, damage followed by
- * acknowledged records refused with the file and offset, and a bank that opens over a journal left by a
- * crash replays it into SQLite and removes it. */
+ * acknowledged records refused with the file and offset, a bank that opens over a journal left by a
+ * crash replays it into SQLite and removes it, and a sync commit the disk refuses is never acknowledged. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -546,6 +548,83 @@ static void test_bank_replays_journal_left_by_crash(void **state)
     }
 }
 
+/* One put of key k = v in the sync bank, and the wait for its commit: 0 (acknowledged) or KB_BANK_ESTORAGE.
+ * The wait is far longer than ctest lets the test run: a refused commit must be answered without it. */
+static int s_put_and_wait(kb_bank_t *bank, const char *k, const float v[2], char *err, size_t errlen)
+{
+    kb_bank_write_begin(bank);
+    kb_table_t *t = kb_bank_acquire(bank, "emb");
+    assert_non_null(t);
+    ProtobufCBinaryData key = {strlen(k), (uint8_t *)k};
+    kb_table_put(t, &key, 1, v, 1);
+    kb_bank_release(bank, t);
+    uint64_t ticket = kb_bank_write_end(bank);
+    return kb_bank_wait_durable(bank, ticket, 3600 * 1000, err, errlen);
+}
+
+static void s_expect_value(kb_bank_t *bank, const char *k, const float v[2])
+{
+    kb_table_t *t = kb_bank_acquire(bank, "emb");
+    assert_non_null(t);
+    ProtobufCBinaryData key = {strlen(k), (uint8_t *)k};
+    float out[2];
+    uint64_t version, frequency;
+    int64_t updated;
+    kb_table_lookup(t, &key, 1, true, out, &version, &updated, &frequency);
+    kb_bank_release(bank, t);
+    assert_memory_equal(out, v, sizeof out);
+}
+
+/* A sync commit that the disk refuses (RLIMIT_FSIZE: every write that would grow a file fails with EFBIG,
+ * which is what a full disk looks like to the journal) is not acknowledged, nor is any later write; the
+ * failure is counted; closing gives up after its retries instead of hanging; and after a restart every
+ * acknowledged write is there and new writes commit again. */
+static void test_bank_refused_commit_is_not_acknowledged(void **state)
+{
+    (void)state;
+    char err[512];
+    kb_bank_options_t opts = {.data_dir = s_dir, .sync = true};
+    kb_bank_t *bank = NULL;
+    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+    kb_table_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = KB_TABLE_EMBEDDING;
+    cfg.dim = 2;
+    assert_int_equal(kb_table_config_finish(&cfg, 1024, err, sizeof err), 0);
+    kb_bank_write_begin(bank);
+    assert_int_equal(kb_bank_create_table(bank, "emb", &cfg, false), 0);
+    assert_int_equal(kb_bank_wait_durable(bank, kb_bank_write_end(bank), 3000, err, sizeof err), 0);
+    const float a[2] = {1.0f, 2.0f}, b[2] = {3.0f, 4.0f}, c[2] = {5.0f, 6.0f};
+    assert_int_equal(s_put_and_wait(bank, "a", a, err, sizeof err), 0);
+
+    struct rlimit saved, tiny;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    tiny = saved;
+    tiny.rlim_cur = 1;
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+    int refused = s_put_and_wait(bank, "b", b, err, sizeof err);
+    int refused_again = s_put_and_wait(bank, "c", c, err, sizeof err);
+    kb_bank_stats_t st;
+    kb_bank_get_stats(bank, &st);
+    kb_bank_close(&bank); /* the final round fails too: it gives up after three tries */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &saved), 0);
+    signal(SIGXFSZ, old_handler);
+    assert_int_equal(refused, KB_BANK_ESTORAGE);
+    assert_int_equal(refused_again, KB_BANK_ESTORAGE);
+    assert_non_null(strstr(err, "journal"));
+    assert_true(st.commit_failures >= 1);
+
+    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+    s_expect_value(bank, "a", a);
+    assert_int_equal(s_put_and_wait(bank, "c", c, err, sizeof err), 0);
+    kb_bank_close(&bank);
+    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+    s_expect_value(bank, "a", a);
+    s_expect_value(bank, "c", c);
+    kb_bank_close(&bank);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -560,6 +639,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spare_segment_cut_at_close, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_spare_renamed_before_its_first_record, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bank_replays_journal_left_by_crash, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_bank_refused_commit_is_not_acknowledged, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
