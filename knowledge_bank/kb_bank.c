@@ -65,7 +65,8 @@ struct kb_bank {
     void (*commit_hook)(void *ctx);
     void *commit_hook_ctx;
     bool stopping;
-    bool journal_broken;  /* commit mutex: an append failed, so no later write can commit until a restart */
+    atomic_bool journal_broken; /* set under the commit mutex: an append failed, so no later write can commit
+                                 * until a restart (writers read it without the mutex, kb_bank_commits_broken) */
     char storage_error[512];      /* last commit failure, "" after a success */
 
     pthread_t persister, sweeper;
@@ -300,7 +301,7 @@ static void s_deadline(struct timespec *ts, int timeout_ms)
 /* The error of a write still not durable after timeout_ms, with the last storage error. Commit mutex held. */
 static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
 {
-    if (self->journal_broken)
+    if (atomic_load(&self->journal_broken))
         snprintf(err, errlen, "write not committed: %s", self->storage_error);
     else
         snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms,
@@ -317,7 +318,7 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
     if (ticket > self->wanted_epoch)
         self->wanted_epoch = ticket;
     pthread_cond_signal(&self->persist_cond);
-    while (self->committed_epoch < ticket && !self->stopping && !self->journal_broken) {
+    while (self->committed_epoch < ticket && !self->stopping && !atomic_load(&self->journal_broken)) {
         if (pthread_cond_timedwait(&self->commit_cond, &self->commit_mutex, &deadline) == ETIMEDOUT)
             break;
     }
@@ -346,13 +347,7 @@ void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-bool kb_bank_commits_broken(kb_bank_t *self)
-{
-    pthread_mutex_lock(&self->commit_mutex);
-    bool broken = self->journal_broken;
-    pthread_mutex_unlock(&self->commit_mutex);
-    return broken;
-}
+bool kb_bank_commits_broken(kb_bank_t *self) { return atomic_load(&self->journal_broken); }
 
 uint64_t kb_bank_durable_epoch(kb_bank_t *self)
 {
@@ -547,7 +542,7 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
         self->stats.commit_failures++;
         snprintf(self->storage_error, sizeof self->storage_error, "%s", why);
         /* Waiting writers are answered now: their commit cannot come before a restart. */
-        self->journal_broken = kb_journal_is_broken(self->journal);
+        atomic_store(&self->journal_broken, kb_journal_is_broken(self->journal));
     }
     pthread_cond_broadcast(&self->commit_cond);
     if (self->commit_hook)

@@ -97,8 +97,9 @@ int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char 
  * waiting. The caller learns of it through the commit hook and kb_bank_durable_epoch. */
 void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket);
 
-/* Whether a journal append failed: then no write commits until the server restarts, and writes waiting for
- * a commit are answered at once (kb_bank_wait_durable, kb_bank_not_committed) instead of at their timeout. */
+/* Whether a journal append failed: then no write commits until the server restarts, writes waiting for a
+ * commit are answered at once (kb_bank_wait_durable, kb_bank_not_committed) instead of at their timeout, and
+ * the service refuses new writes before applying them. Cheap (an atomic load). */
 bool kb_bank_commits_broken(kb_bank_t *self);
 
 /* The last durable epoch (every write whose ticket is <= it is on disk). */

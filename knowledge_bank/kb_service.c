@@ -350,6 +350,13 @@ typedef int (*s_apply_fn)(kb_service_t *self, const Carls__Request *req, kb_tabl
 static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp,
                        s_apply_fn apply)
 {
+    /* After a failed journal append nothing commits until a restart: refuse before changing anything, so that
+     * no write is applied in memory that the server could never save (in interval durability too). */
+    if (kb_bank_commits_broken(self->bank)) {
+        char text[700];
+        kb_bank_not_committed(self->bank, 0, text, sizeof text);
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", text);
+    }
     kb_bank_write_begin(self->bank);
     if (kb_bank_seen_write(self->bank, req->client_id, req->sequence)) {
         uint64_t ticket = kb_bank_write_end(self->bank);
