@@ -732,10 +732,6 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
  * 0.25-0.40 us collecting, encoding and appending the same rows (docs/BENCHMARKS.md). */
 #define SQLITE_BYTE_COST 4
 
-/* Whether re-journaling every pending set (what stripping them from a compaction costs) is cheaper than
- * writing the queued epochs' pending sets into SQLite: true under a push load, where each epoch holds nearly
- * every pending set again; false when a few writes trickle in beside many long-pending sets, or when the
- * queue is the last re-journaling round alone. Compact mutex held. */
 /* Bytes of the pending gradients the tables hold now: what a re-journaling round writes. */
 static int64_t s_live_pending_bytes(kb_bank_t *self)
 {
@@ -752,6 +748,16 @@ static int64_t s_live_pending_bytes(kb_bank_t *self)
     return live;
 }
 
+/* Whether re-journaling every pending set (what stripping them from a compaction costs) is cheaper than
+ * writing epochs holding pending_bytes of pending sets into SQLite. */
+static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes)
+{
+    return pending_bytes * SQLITE_BYTE_COST > s_live_pending_bytes(self);
+}
+
+/* The same for the queued epochs: true under a push load, where each epoch holds nearly every pending set
+ * again; false when a few writes trickle in beside many long-pending sets, or when the queue is the last
+ * re-journaling round alone. Compact mutex held. */
 static bool s_rejournal_pays(kb_bank_t *self)
 {
     if (s_only_rejournal_queued(self))
@@ -759,7 +765,7 @@ static bool s_rejournal_pays(kb_bank_t *self)
     int64_t queued = 0;
     for (size_t i = 0; i < self->queue_count; i++)
         queued += s_batch_pending_bytes(&self->queue[i]);
-    return queued * SQLITE_BYTE_COST > s_live_pending_bytes(self);
+    return s_rejournal_pays_for(self, queued);
 }
 
 static void *s_compactor_main(void *arg)
@@ -841,7 +847,7 @@ static void *s_compactor_main(void *arg)
              * load), so that it is queued when the next compaction is due. Waiting to ask until then let
              * the queue grow past its half-bound meanwhile, and that compaction went whole: 60k rows with
              * their pending sets, 1.0-1.3 s, in a 20k-key push load (docs/BENCHMARKS.md). */
-            if (self->pending_in_journal && compacted_pending * SQLITE_BYTE_COST > s_live_pending_bytes(self))
+            if (self->pending_in_journal && s_rejournal_pays_for(self, compacted_pending))
                 atomic_store(&self->rejournal_due, true);
         }
 

@@ -399,6 +399,13 @@ static void test_reads_write_only_use_counts_in_bulk(void **state)
     s_read_all(f->client, true, 9);
 }
 
+/* Fails unless why is the answer to a write refused because the journal failed. */
+static void s_expect_journal_refusal(const char *why)
+{
+    if (!strstr(why, "not committed") || !strstr(why, "journal"))
+        fail_msg("refused put answered: %s", why);
+}
+
 /* A sync server whose journal append fails (its file size limit set to 1 byte from here with prlimit: the
  * server ignores SIGXFSZ, so the append fails with EFBIG as on a full disk) answers the waiting put and a later
  * one with an error naming the journal, at once: the client's timeout is 10 minutes, far past ctest's.
@@ -421,9 +428,7 @@ static void test_sync_refused_commit_answered_at_once(void **state)
     struct rlimit tiny = {1, RLIM_INFINITY}, saved;
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &tiny, &saved), 0);
     assert_int_not_equal(kb_client_put(c1, "t", &b, 1, 1, &two, 1), 0);
-    const char *why = kb_client_last_error(c1);
-    if (!strstr(why, "not committed") || !strstr(why, "journal"))
-        fail_msg("refused put answered: %s", why);
+    s_expect_journal_refusal(kb_client_last_error(c1));
     assert_int_not_equal(kb_client_put(c1, "t", &c, 1, 1, &three, 1), 0);
     kb_client_destroy(&c1);
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &saved, NULL), 0);
@@ -460,9 +465,7 @@ static void test_interval_writes_refused_after_failed_commit(void **state)
         acknowledged++;
         usleep(5 * 1000);
     }
-    const char *why = kb_client_last_error(f->client);
-    if (!strstr(why, "not committed") || !strstr(why, "journal"))
-        fail_msg("refused put answered: %s", why);
+    s_expect_journal_refusal(kb_client_last_error(f->client));
     assert_int_not_equal(kb_client_put(f->client, "t", &b, 1, 1, &two, 1), 0); /* and every one after it */
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &saved, NULL), 0);
 
