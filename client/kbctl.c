@@ -1101,6 +1101,7 @@ static void s_print_stats(const Carls__StatsResult *s)
     printf("compactions: %llu\n", (unsigned long long)s->compactions);
     printf("compacted_epoch: %llu\n", (unsigned long long)s->compacted_epoch);
     printf("compaction_queue_rows: %llu\n", (unsigned long long)s->compaction_queue_rows);
+    printf("compaction_queue_bytes: %llu\n", (unsigned long long)s->compaction_queue_bytes);
     printf("compacting: %s\n", s->compacting ? "yes" : "no");
     printf("compaction_rows_skipped: %llu\n", (unsigned long long)s->compaction_rows_skipped);
     printf("compactions_without_pending: %llu\n", (unsigned long long)s->compactions_without_pending);

@@ -111,6 +111,9 @@ struct kb_bank {
     bool pending_in_journal;       /* off with a cache (rows leave memory and come back from SQLite) */
     atomic_bool rejournal_due;     /* compactor -> persister: re-journal every pending set next round */
     uint64_t rejournal_epoch;      /* compact mutex: the newest committed epoch that did (0: none yet) */
+    int64_t stripped_pending_bytes; /* compact mutex: pending sets freed from queued batches (s_strip_pending) */
+    int64_t queue_pending_bytes;   /* compact mutex: the pending sets' share of queue_bytes */
+    int64_t gradient_bytes_seen;   /* persister only: gradient bytes the tables had received at the last round */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
@@ -454,6 +457,8 @@ static void s_account(kb_bank_t *self, const kb_batch_t *b)
     self->dedup_mem_counted = dedup;
 }
 
+static int64_t s_pending_heap_bytes(const kb_batch_t *b);
+
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
 static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
 {
@@ -464,6 +469,7 @@ static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
         self->queue_since_ms = carls_monotonic_ms();
     self->queue[self->queue_count++] = *b;
     self->queue_bytes += bytes;
+    self->queue_pending_bytes += s_pending_heap_bytes(b);
     self->queued_epoch = b->epoch;
     pthread_cond_signal(&self->compact_cond);
     pthread_mutex_unlock(&self->compact_mutex);
@@ -471,12 +477,99 @@ static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
     memset(b, 0, sizeof *b);
 }
 
+static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes);
+
+/* Heap bytes of a batch's pending sets (their share of kb_batch_bytes). */
+static int64_t s_pending_heap_bytes(const kb_batch_t *b)
+{
+    int64_t bytes = 0;
+    for (size_t i = 0; i < b->row_count; i++)
+        if (b->rows[i].pending)
+            bytes += (int64_t)kb_memory_chunk((size_t)b->rows[i].pending_count * b->rows[i].dim * sizeof(float));
+    return bytes;
+}
+
+/* The queue's bytes that a compaction writes or frees: with pending sets kept in the journal, the newest
+ * re-journaling round's pending sets (and those of the rounds after it) are not among them. They are as
+ * large as the tables' own pending sets and no larger however far SQLite lags, so they count in the memory
+ * estimate but not towards a compaction or the persister's backpressure. Compact mutex held. */
+static int64_t s_compactable_bytes(const kb_bank_t *self)
+{
+    return self->queue_bytes - (self->pending_in_journal ? self->queue_pending_bytes : 0);
+}
+
+/* Over all tables: the bytes of the pending gradients they hold now (what a re-journaling round writes) and
+ * of the gradients they have received since they were created. */
+static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *received)
+{
+    *pending = *received = 0;
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self, &tables);
+    for (size_t i = 0; i < n; i++) {
+        kb_table_stats_t st;
+        kb_table_get_stats(tables[i], &st);
+        int64_t row_bytes = kb_table_config(tables[i])->dim * (int64_t)sizeof(float);
+        *pending += (int64_t)st.pending_gradients * row_bytes;
+        *received += (int64_t)st.gradients_received * row_bytes;
+        kb_bank_release(self, tables[i]);
+    }
+    free(tables);
+}
+
+/* Under a push load every round is a re-journaling round: when the gradients pushed since the last round
+ * would make re-journaling every pending set pay (s_rejournal_pays_for), the next round takes them all.
+ * Nearly every pending set is dirty in such a round anyway, and each such round lets the compactor store the
+ * rounds before it without their pending sets (s_strip_pending). Asking only after a compaction left the
+ * first rounds of a load without one: at 100k keys each held 200-220 MB of pending sets, the queue passed
+ * its bound and compactions went whole, 3.7-8.5 s each, with the persister waiting. Persister thread. */
+static void s_ask_rejournal_under_pushes(kb_bank_t *self)
+{
+    if (!self->pending_in_journal)
+        return;
+    int64_t live, received;
+    s_gradient_bytes(self, &live, &received);
+    int64_t pushed = received > self->gradient_bytes_seen ? received - self->gradient_bytes_seen : 0;
+    self->gradient_bytes_seen = received;
+    if (pushed > 0 && s_rejournal_pays_for(self, pushed))
+        atomic_store(&self->rejournal_due, true);
+}
+
+/* Frees the pending sets of the queued batches older than a re-journaling round just queued (epoch): no
+ * compaction needs them any more. A background compaction stores those batches without them, and a whole one
+ * (close, checkpoint) writes them in epoch order up to and past that round, which holds every pending set
+ * there was; a set missing from it was applied or dropped by a change journaled in between (s_compactor_main).
+ * Under a push load nearly every row has a pending set in every round, max_pending x dim floats: a queue that
+ * kept them held 184 MB a round at 100k keys, passed its bound after one, and compactions went whole. Returns
+ * the bytes freed. Compact mutex held. */
+static int64_t s_strip_pending(kb_bank_t *self, uint64_t epoch)
+{
+    int64_t freed = 0;
+    for (size_t i = 0; i < self->queue_count && self->queue[i].epoch < epoch; i++) {
+        kb_batch_t *b = &self->queue[i];
+        int64_t before = kb_batch_bytes(b), pending = 0;
+        self->queue_pending_bytes -= s_pending_heap_bytes(b);
+        for (size_t j = 0; j < b->row_count; j++) {
+            kb_store_row_t *row = &b->rows[j];
+            if (!row->pending)
+                continue;
+            pending += (int64_t)row->pending_count * row->dim * (int64_t)sizeof(float);
+            free(row->pending);
+            row->pending = NULL;
+            row->pending_count = 0;
+        }
+        self->stripped_pending_bytes += pending;
+        freed += before - kb_batch_bytes(b);
+    }
+    self->queue_bytes -= freed;
+    return freed;
+}
+
 /* Backpressure: while SQLite lags too far behind the journal, the persister waits for the compactor (so
  * memory stays bounded; writers then wait at the speed of SQLite). */
 static void s_wait_for_compaction_room(kb_bank_t *self)
 {
     pthread_mutex_lock(&self->compact_mutex);
-    while (self->queue_bytes > self->queue_max_bytes && !self->compactor_stop) {
+    while (s_compactable_bytes(self) > self->queue_max_bytes && !self->compactor_stop) {
         struct timespec deadline;
         s_deadline(&deadline, 100);
         pthread_cond_timedwait(&self->compacted_cond, &self->compact_mutex, &deadline);
@@ -551,14 +644,18 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
     if (rc != 0)
         return rc;
     uint64_t epoch = b->epoch;
+    s_ask_rejournal_under_pushes(self);
     if (r->bytes)
         s_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
     if (r->rejournal) {
         /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
         pthread_mutex_lock(&self->compact_mutex);
         self->rejournal_epoch = epoch;
+        int64_t freed = s_strip_pending(self, epoch);
         pthread_cond_signal(&self->compact_cond);
+        pthread_cond_broadcast(&self->compacted_cond); /* the queue shrank */
         pthread_mutex_unlock(&self->compact_mutex);
+        kb_memory_add(self->mem, -freed);
     }
     s_round_free(self, r);
     return 0;
@@ -714,7 +811,7 @@ static bool s_compaction_due(kb_bank_t *self, int64_t now)
     /* That round alone is not a reason by its size: it waits for the next epochs (to be compacted without
      * its pending sets then) or for the delay. */
     return self->compactor_stop || self->compact_now ||
-           (self->queue_bytes >= enough && !s_only_rejournal_queued(self)) ||
+           (s_compactable_bytes(self) >= enough && !s_only_rejournal_queued(self)) ||
            now - self->queue_since_ms >= self->opts.compact_delay_ms;
 }
 
@@ -732,27 +829,13 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
  * 0.25-0.40 us collecting, encoding and appending the same rows (docs/BENCHMARKS.md). */
 #define SQLITE_BYTE_COST 4
 
-/* Bytes of the pending gradients the tables hold now: what a re-journaling round writes. */
-static int64_t s_live_pending_bytes(kb_bank_t *self)
-{
-    int64_t live = 0;
-    kb_table_t **tables;
-    size_t n = kb_bank_acquire_all(self, &tables);
-    for (size_t i = 0; i < n; i++) {
-        kb_table_stats_t st;
-        kb_table_get_stats(tables[i], &st);
-        live += (int64_t)st.pending_gradients * kb_table_config(tables[i])->dim * (int64_t)sizeof(float);
-        kb_bank_release(self, tables[i]);
-    }
-    free(tables);
-    return live;
-}
-
 /* Whether re-journaling every pending set (what stripping them from a compaction costs) is cheaper than
  * writing epochs holding pending_bytes of pending sets into SQLite. */
 static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes)
 {
-    return pending_bytes * SQLITE_BYTE_COST > s_live_pending_bytes(self);
+    int64_t live, received;
+    s_gradient_bytes(self, &live, &received);
+    return pending_bytes * SQLITE_BYTE_COST > live;
 }
 
 /* The same for the queued epochs: true under a push load, where each epoch holds nearly every pending set
@@ -805,7 +888,7 @@ static void *s_compactor_main(void *arg)
         bool whole = !self->pending_in_journal || self->compactor_stop || self->compact_now;
         size_t n = self->queue_count;
         bool needs_round = self->rejournal_epoch <= self->queue[0].epoch; /* none after the oldest epoch */
-        if (!whole && needs_round && (self->queue_bytes > self->queue_max_bytes / 2 || !s_rejournal_pays(self)))
+        if (!whole && needs_round && (s_compactable_bytes(self) > self->queue_max_bytes / 2 || !s_rejournal_pays(self)))
             whole = true;
         if (!whole) {
             if (needs_round) { /* ask the persister's next round */
@@ -820,6 +903,9 @@ static void *s_compactor_main(void *arg)
                 n++;
         }
         self->compact_now = false;
+        /* Every stripped batch is older than the newest re-journaling round, so it is in this compaction. */
+        int64_t stripped = self->stripped_pending_bytes;
+        self->stripped_pending_bytes = 0;
         kb_batch_t *batches = self->queue;
         if (n == self->queue_count) {
             self->queue = NULL;
@@ -836,10 +922,11 @@ static void *s_compactor_main(void *arg)
 
         char why[512];
         int rc = s_compact(self, batches, n, !whole, why, sizeof why);
-        int64_t bytes = 0, compacted_pending = 0;
+        int64_t bytes = 0, pending_heap = 0, compacted_pending = stripped;
         if (rc == 0) {
             for (size_t i = 0; i < n; i++) {
                 bytes += kb_batch_bytes(&batches[i]);
+                pending_heap += s_pending_heap_bytes(&batches[i]);
                 compacted_pending += s_batch_pending_bytes(&batches[i]);
             }
             kb_journal_release(self->journal, batches[n - 1].epoch);
@@ -859,6 +946,7 @@ static void *s_compactor_main(void *arg)
             kb_cache_set_compacted(self->cache, self->compacted_epoch);
             self->compactions++;
             self->queue_bytes -= bytes;
+            self->queue_pending_bytes -= pending_heap;
             for (size_t i = 0; i < n; i++)
                 kb_batch_free(&batches[i]);
             free(batches);
@@ -873,6 +961,7 @@ static void *s_compactor_main(void *arg)
             continue;
         }
         /* Keep them, in front of what arrived meanwhile; the journal still holds them all. */
+        self->stripped_pending_bytes += stripped;
         failures++;
         if (failures % 20 == 1)
             LOG_ERROR("compaction into SQLite failed (%d in a row), will retry: %s", failures, why);
@@ -1433,6 +1522,7 @@ void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
     out->compacting = self->compacting;
     for (size_t i = 0; i < self->queue_count; i++)
         out->compaction_queue_rows += self->queue[i].row_count;
+    out->compaction_queue_bytes = (uint64_t)self->queue_bytes;
     pthread_mutex_unlock(&self->compact_mutex);
     out->journal_bytes = self->journal ? kb_journal_bytes(self->journal) : 0;
 }

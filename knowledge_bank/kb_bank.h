@@ -126,6 +126,7 @@ typedef struct {
     uint64_t compactions;           /* transactions that moved journaled epochs into SQLite */
     uint64_t compacted_epoch;       /* the newest epoch in SQLite */
     uint64_t compaction_queue_rows; /* rows journaled but not yet in SQLite */
+    uint64_t compaction_queue_bytes; /* the memory those rows hold, pending sets included */
     uint64_t compaction_rows_skipped; /* journaled row writes superseded by a newer one before compaction */
     uint64_t compactions_without_pending; /* compactions that left pending gradients to the journal */
     bool compacting;                /* a compaction transaction is open now */

@@ -181,6 +181,8 @@ int kb_metrics_render(const Carls__StatsResult *st, char **text_out, size_t *len
                       "The newest epoch SQLite holds.");
     carls_prom_metric(f, "carls_bank_compaction_queue_rows", "gauge", (double)st->compaction_queue_rows,
                       "Rows journaled but not yet in SQLite.");
+    carls_prom_metric(f, "carls_bank_compaction_queue_bytes", "gauge", (double)st->compaction_queue_bytes,
+                      "Memory the rows journaled but not yet in SQLite hold, pending gradients included.");
     carls_prom_metric(f, "carls_bank_compaction_rows_skipped_total", "counter", (double)st->compaction_rows_skipped,
                       "Journaled row writes a newer one superseded before compaction.");
     carls_prom_metric(f, "carls_bank_compactions_without_pending_total", "counter",

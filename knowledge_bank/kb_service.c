@@ -635,6 +635,7 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     st->compactions = bs.compactions;
     st->compacted_epoch = bs.compacted_epoch;
     st->compaction_queue_rows = bs.compaction_queue_rows;
+    st->compaction_queue_bytes = bs.compaction_queue_bytes;
     st->compacting = bs.compacting;
     st->compaction_rows_skipped = bs.compaction_rows_skipped;
     st->compactions_without_pending = bs.compactions_without_pending;
