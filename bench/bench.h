@@ -29,6 +29,7 @@ typedef struct {
     double seconds;        /* measured time per case */
     double warmup;         /* seconds before measuring */
     double mixed_seconds;  /* the mixed-load case */
+    uint32_t mixed_makers; /* makers (put loops) beside the trainers in the mixed load (1) */
     uint32_t knn_batch;    /* queries per knn request */
     uint32_t knn_k;        /* neighbours per query */
     uint32_t knn_rows[4];  /* table sizes for the knn cases (0-terminated) */

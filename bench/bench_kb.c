@@ -921,18 +921,21 @@ static void *s_concurrent_main(void *arg)
     return NULL;
 }
 
-/* The trainers (op) and one maker (puts) at once, for the mixed load's duration. Returns 0 when both ran;
- * else reports name as failed. */
+/* The trainers (op) and the makers (puts, --mixed-makers) at once, for the mixed load's duration. Returns 0
+ * when both ran; else reports name as failed. */
 static int s_run_mixed(const bench_opts_t *opts, bench_proc_t *srv, bench_op_fn op, const char *name,
                        s_concurrent_t *tr, s_concurrent_t *mk, int *failures)
 {
     *tr = (s_concurrent_t){.opts = opts, .srv = srv, .op = op, .clients = opts->clients};
-    *mk = (s_concurrent_t){.opts = opts, .srv = srv, .op = s_op_put, .clients = 1};
+    *mk = (s_concurrent_t){.opts = opts, .srv = srv, .op = s_op_put, .clients = opts->mixed_makers};
     pthread_t a, b;
-    if (pthread_create(&a, NULL, s_concurrent_main, tr) != 0 || pthread_create(&b, NULL, s_concurrent_main, mk) != 0)
+    bool makers = opts->mixed_makers > 0;
+    if (pthread_create(&a, NULL, s_concurrent_main, tr) != 0 ||
+        (makers && pthread_create(&b, NULL, s_concurrent_main, mk) != 0))
         CARLS_FATAL("cannot start the mixed load");
     pthread_join(a, NULL);
-    pthread_join(b, NULL);
+    if (makers)
+        pthread_join(b, NULL);
     if (tr->rc == 0 && mk->rc == 0)
         return 0;
     s_report_failed(opts, name, "emb/s", tr->rc != 0 ? tr->m.error : mk->m.error);
@@ -942,7 +945,7 @@ static int s_run_mixed(const bench_opts_t *opts, bench_proc_t *srv, bench_op_fn 
 
 static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
 {
-    uint32_t makers = 1;
+    uint32_t makers = opts->mixed_makers;
     bench_progress(opts, "mixed: %u trainers (lookup + push) and %u maker (put) for %.1f s, %s", opts->clients,
                    makers, opts->mixed_seconds, opts->connect ? opts->connect : opts->interval);
     s_concurrent_t tr, mk;
@@ -956,7 +959,9 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     r.target_ratio = 0.5;
     r.p50_us = tr.m.p50_us;
     r.p99_us = tr.m.p99_us;
-    r.note = "latency: one trainer step = lookup + push";
+    r.note = makers == 1 ? "latency: one trainer step = lookup + push"
+                         : makers ? "latency: one trainer step = lookup + push; not 1 maker (--mixed-makers)"
+                                  : "latency: one trainer step = lookup + push; no maker (--mixed-makers 0)";
     bench_report(opts, &r);
 
     r = s_result(opts, "mixed.push", "rows/s");
@@ -965,14 +970,16 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
     bench_report(opts, &r);
 
-    r = s_result(opts, "mixed.put", "rows/s");
-    r.value = mk.m.rate;
-    r.reference = "put.interval (alone)";
-    r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
-    r.clients = makers;
-    r.p50_us = mk.m.p50_us;
-    r.p99_us = mk.m.p99_us;
-    bench_report(opts, &r);
+    if (makers) {
+        r = s_result(opts, "mixed.put", "rows/s");
+        r.value = mk.m.rate;
+        r.reference = "put.interval (alone)";
+        r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
+        r.clients = makers;
+        r.p50_us = mk.m.p50_us;
+        r.p99_us = mk.m.p99_us;
+        bench_report(opts, &r);
+    }
 
     /* The same load with each trainer's push pipelined behind its next lookup: how much of mixed.lookup's
      * gap is the push's own round trip rather than the maker's writes. */

@@ -40,6 +40,8 @@ static void s_usage(FILE *out)
             "  --clients N            client threads per case (2)\n"
             "  --seconds S            measured seconds per case (mode); --warmup S before it\n"
             "  --mixed-seconds S      the mixed load's duration (mode)\n"
+            "  --mixed-makers N       makers putting beside the trainers in the mixed load (1; 0: the\n"
+            "                         trainers alone, to see what the makers cost them)\n"
             "  --knn-batch N          queries per knn request (16); --knn-k K neighbours (10)\n"
             "  --knn-rows LIST        knn table sizes, e.g. 100000,1000000 (mode)\n"
             "  --knn-specs LIST       which indexes: flat,ivf,hnsw (all)\n"
@@ -125,6 +127,7 @@ static void s_mode(bench_opts_t *o, const s_mode_t *m)
     o->seconds = m->seconds;
     o->warmup = m->warmup;
     o->mixed_seconds = m->mixed_seconds;
+    o->mixed_makers = 1;
     o->knn_batch = 16;
     o->knn_k = 10;
     o->server_threads = 2;
@@ -200,6 +203,7 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
         carls_arg_double("seconds", &o->seconds, 0.05, 86400),
         carls_arg_double("warmup", &o->warmup, 0, 86400),
         carls_arg_double("mixed-seconds", &o->mixed_seconds, 0.05, 86400),
+        carls_arg_u32("mixed-makers", &o->mixed_makers, 0, 64),
         carls_arg_u32("knn-batch", &o->knn_batch, 1, UINT32_MAX),
         carls_arg_u32("knn-k", &o->knn_k, 1, UINT32_MAX),
         carls_arg_custom("knn-rows", &knn_rows, s_arg_list),
