@@ -113,7 +113,8 @@ struct kb_bank {
     uint64_t rejournal_epoch;      /* compact mutex: the newest committed epoch that did (0: none yet) */
     int64_t stripped_pending_bytes; /* compact mutex: pending sets freed from queued batches (s_strip_pending) */
     int64_t queue_pending_bytes;   /* compact mutex: the pending sets' share of queue_bytes */
-    int64_t gradient_bytes_seen;   /* persister only: gradient bytes the tables had received at the last round */
+    int64_t gradient_bytes_seen;   /* the thread finishing rounds (persister, or syncer in sync mode; rounds are
+                                    * serial): gradient bytes the tables had received at the last round */
 
     kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
     int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
@@ -458,6 +459,7 @@ static void s_account(kb_bank_t *self, const kb_batch_t *b)
 }
 
 static int64_t s_pending_heap_bytes(const kb_batch_t *b);
+static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *received);
 
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
 static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
@@ -489,13 +491,21 @@ static int64_t s_pending_heap_bytes(const kb_batch_t *b)
     return bytes;
 }
 
-/* The queue's bytes that a compaction writes or frees: with pending sets kept in the journal, the newest
- * re-journaling round's pending sets (and those of the rounds after it) are not among them. They are as
- * large as the tables' own pending sets and no larger however far SQLite lags, so they count in the memory
- * estimate but not towards a compaction or the persister's backpressure. Compact mutex held. */
-static int64_t s_compactable_bytes(const kb_bank_t *self)
+/* The queue's bytes that a compaction writes or frees. With pending sets kept in the journal, the queued
+ * pending sets that belong to the newest re-journaling round (and the rounds after it, or the rounds before
+ * one that is coming: they let go of theirs when it is queued, s_strip_pending) are not among them. Those
+ * are as large as the tables' own pending sets however far SQLite lags, so up to that much the queue's
+ * pending sets count in the memory estimate but not towards a compaction or the persister's backpressure;
+ * beyond it (rounds that kept theirs because re-journaling did not pay) they count. Counting them all made
+ * the first round of a push load, 220 MB at 100k keys, pass the half-bound and go into SQLite whole. Compact
+ * mutex held. */
+static int64_t s_compactable_bytes(kb_bank_t *self)
 {
-    return self->queue_bytes - (self->pending_in_journal ? self->queue_pending_bytes : 0);
+    if (!self->pending_in_journal || self->queue_pending_bytes == 0)
+        return self->queue_bytes;
+    int64_t live, received;
+    s_gradient_bytes(self, &live, &received);
+    return self->queue_bytes - (self->queue_pending_bytes < live ? self->queue_pending_bytes : live);
 }
 
 /* Over all tables: the bytes of the pending gradients they hold now (what a re-journaling round writes) and

@@ -1082,7 +1082,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
     /* Gradients made pending, not yet in stats.pending_gradients: one atomic add per row fenced each row's
      * copy into its cold pending buffer (a locked add waits for the stores before it), and was a third of
      * the request thread's time in kb_table_push under a push load. Added before a set is applied or may be
-     * evicted (either subtracts its count) and at the end, so the counter never goes below what is pending. */
+     * evicted (either subtracts its count) and before each stripe is unlocked (then other threads may apply
+     * or drop those sets), so the counter never goes below what is pending. */
     uint64_t unpublished = 0;
     s_groups_t g;
     s_groups_make(&g, keys, n);
@@ -1124,11 +1125,14 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
             }
             s_mark_dirty(st, row);
         }
+        if (unpublished) {
+            atomic_fetch_add(&self->stats.pending_gradients, unpublished);
+            unpublished = 0;
+        }
         if (st)
             pthread_mutex_unlock(&st->mutex);
     }
     s_groups_free(&g);
-    atomic_fetch_add(&self->stats.pending_gradients, unpublished);
     atomic_fetch_add(&self->stats.gradients_received, n);
     if (self->cache)
         kb_table_cache_shrink(self);
