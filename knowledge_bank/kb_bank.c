@@ -479,7 +479,8 @@ static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
     memset(b, 0, sizeof *b);
 }
 
-static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes);
+static int64_t s_batch_pending_bytes(const kb_batch_t *b);
+static bool s_rejournal_pays_against(int64_t pending_bytes, int64_t live_bytes);
 
 /* Heap bytes of a batch's pending sets (their share of kb_batch_bytes). */
 static int64_t s_pending_heap_bytes(const kb_batch_t *b)
@@ -527,7 +528,7 @@ static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *receive
 }
 
 /* Under a push load every round is a re-journaling round: when the gradients pushed since the last round
- * would make re-journaling every pending set pay (s_rejournal_pays_for), the next round takes them all.
+ * would make re-journaling every pending set pay (s_rejournal_pays_against), the next round takes them all.
  * Nearly every pending set is dirty in such a round anyway, and each such round lets the compactor store the
  * rounds before it without their pending sets (s_strip_pending). Asking only after a compaction left the
  * first rounds of a load without one: at 100k keys each held 200-220 MB of pending sets, the queue passed
@@ -540,7 +541,7 @@ static void s_ask_rejournal_under_pushes(kb_bank_t *self)
     s_gradient_bytes(self, &live, &received);
     int64_t pushed = received > self->gradient_bytes_seen ? received - self->gradient_bytes_seen : 0;
     self->gradient_bytes_seen = received;
-    if (pushed > 0 && s_rejournal_pays_for(self, pushed))
+    if (pushed > 0 && s_rejournal_pays_against(pushed, live))
         atomic_store(&self->rejournal_due, true);
 }
 
@@ -556,20 +557,15 @@ static int64_t s_strip_pending(kb_bank_t *self, uint64_t epoch)
     int64_t freed = 0;
     for (size_t i = 0; i < self->queue_count && self->queue[i].epoch < epoch; i++) {
         kb_batch_t *b = &self->queue[i];
-        int64_t before = kb_batch_bytes(b), pending = 0;
-        self->queue_pending_bytes -= s_pending_heap_bytes(b);
+        freed += s_pending_heap_bytes(b); /* the pending arrays' share of kb_batch_bytes: what goes */
+        self->stripped_pending_bytes += s_batch_pending_bytes(b);
         for (size_t j = 0; j < b->row_count; j++) {
-            kb_store_row_t *row = &b->rows[j];
-            if (!row->pending)
-                continue;
-            pending += (int64_t)row->pending_count * row->dim * (int64_t)sizeof(float);
-            free(row->pending);
-            row->pending = NULL;
-            row->pending_count = 0;
+            free(b->rows[j].pending);
+            b->rows[j].pending = NULL;
+            b->rows[j].pending_count = 0;
         }
-        self->stripped_pending_bytes += pending;
-        freed += before - kb_batch_bytes(b);
     }
+    self->queue_pending_bytes -= freed;
     self->queue_bytes -= freed;
     return freed;
 }
@@ -839,13 +835,19 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
  * 0.25-0.40 us collecting, encoding and appending the same rows (docs/BENCHMARKS.md). */
 #define SQLITE_BYTE_COST 4
 
-/* Whether re-journaling every pending set (what stripping them from a compaction costs) is cheaper than
- * writing epochs holding pending_bytes of pending sets into SQLite. */
+/* Whether re-journaling every pending set, live_bytes of them (what stripping them from a compaction costs),
+ * is cheaper than writing epochs holding pending_bytes of pending sets into SQLite. */
+static bool s_rejournal_pays_against(int64_t pending_bytes, int64_t live_bytes)
+{
+    return pending_bytes * SQLITE_BYTE_COST > live_bytes;
+}
+
+/* The same against the pending sets the tables hold now. */
 static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes)
 {
     int64_t live, received;
     s_gradient_bytes(self, &live, &received);
-    return pending_bytes * SQLITE_BYTE_COST > live;
+    return s_rejournal_pays_against(pending_bytes, live);
 }
 
 /* The same for the queued epochs: true under a push load, where each epoch holds nearly every pending set

@@ -1075,6 +1075,14 @@ static void s_prefetch_pending(const kb_table_t *self, const kb_stripe_t *st, co
     }
 }
 
+/* Adds *unpublished to stats.pending_gradients and zeroes it (kb_table_push). */
+static void s_publish_pending(kb_table_t *self, uint64_t *unpublished)
+{
+    if (*unpublished)
+        atomic_fetch_add(&self->stats.pending_gradients, *unpublished);
+    *unpublished = 0;
+}
+
 uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, const float *gradients)
 {
     uint32_t dim = self->cfg.dim;
@@ -1094,10 +1102,8 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
         for (uint32_t j = g.starts[s]; st && j < g.starts[s + 1]; j++) {
             size_t i = g.order[j];
             const float *grad = gradients + i * dim;
-            if (unpublished && self->cfg.eviction != KB_EVICT_NONE) { /* a new row may evict a pending set */
-                atomic_fetch_add(&self->stats.pending_gradients, unpublished);
-                unpublished = 0;
-            }
+            if (self->cfg.eviction != KB_EVICT_NONE) /* a new row may evict a pending set */
+                s_publish_pending(self, &unpublished);
             kb_row_t *row = s_row_get(self, st, g.hashes[i], &keys[i], true);
             if (!row) /* not admitted yet: the gradient of a key without a row is dropped (counted) */
                 continue;
@@ -1117,18 +1123,14 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
                 row->pending_count++;
                 unpublished++;
                 if (row->pending_count >= self->cfg.max_pending) {
-                    atomic_fetch_add(&self->stats.pending_gradients, unpublished);
-                    unpublished = 0;
+                    s_publish_pending(self, &unpublished);
                     s_row_apply_pending(self, st, row, &self->stats.applied_on_count);
                     steps++;
                 }
             }
             s_mark_dirty(st, row);
         }
-        if (unpublished) {
-            atomic_fetch_add(&self->stats.pending_gradients, unpublished);
-            unpublished = 0;
-        }
+        s_publish_pending(self, &unpublished);
         if (st)
             pthread_mutex_unlock(&st->mutex);
     }
