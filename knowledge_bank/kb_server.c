@@ -29,6 +29,18 @@ typedef struct {
     s_item_t *head, *tail;
 } s_fifo_t;
 
+/* One request's work in n parts that idle workers help with (kb_service_set_parallel). It lives on the
+ * stack of the thread that runs it; every field past fn and arg is guarded by the server's mutex. */
+typedef struct s_share {
+    kb_parallel_fn fn;
+    void *arg;
+    size_t n;
+    size_t claimed;  /* parts begun */
+    size_t finished; /* parts returned */
+    pthread_cond_t all_finished;
+    struct s_share *next; /* in the server's list while claimed < n */
+} s_share_t;
+
 struct kb_server {
     kb_service_t *service;
     kb_bank_t *bank;
@@ -38,10 +50,11 @@ struct kb_server {
     char endpoint[256];
     int wake_fd;    /* eventfd: a worker finished a reply, or the persister finished a round */
 
-    pthread_mutex_t mutex; /* guards jobs, done, stop_workers */
+    pthread_mutex_t mutex; /* guards jobs, done, shares, stop_workers */
     pthread_cond_t job_cond;
     s_fifo_t jobs;  /* requests that may block, for the workers */
     s_fifo_t done;  /* the workers' replies, for the request thread to send */
+    s_share_t *shares; /* requests' parts not begun yet, for idle workers */
     bool stop_workers;
     s_fifo_t parked; /* request thread only: sync writes' replies in ticket order, until their commit */
 
@@ -118,16 +131,76 @@ static void s_drain(void *socket)
     }
 }
 
+/* Begins the next part of share: its index, or share->n when every part has begun. The share leaves the
+ * list as its last part begins. Mutex held. */
+static size_t s_share_claim(kb_server_t *self, s_share_t *share)
+{
+    if (share->claimed == share->n)
+        return share->n;
+    size_t i = share->claimed++;
+    if (share->claimed == share->n) {
+        s_share_t **p = &self->shares;
+        while (*p != share)
+            p = &(*p)->next;
+        *p = share->next;
+    }
+    return i;
+}
+
+/* Runs part i of share, and marks it finished. Mutex held on entry and on return. */
+static void s_share_run(kb_server_t *self, s_share_t *share, size_t i)
+{
+    pthread_mutex_unlock(&self->mutex);
+    share->fn(share->arg, i);
+    pthread_mutex_lock(&self->mutex);
+    if (++share->finished == share->n)
+        pthread_cond_signal(&share->all_finished); /* the owner may return (and free share) once we unlock */
+}
+
+/* kb_parallel_run_fn: the caller (a worker with a long request) offers the parts to idle workers, runs the
+ * parts nobody has begun itself, and waits for the ones others are still running. Nobody waits for a part
+ * that has not begun, so helpers can never deadlock. */
+static void s_parallel_run(void *ctx, size_t n, kb_parallel_fn fn, void *arg)
+{
+    kb_server_t *self = ctx;
+    if (n <= 1 || self->worker_count <= 1) {
+        for (size_t i = 0; i < n; i++)
+            fn(arg, i);
+        return;
+    }
+    s_share_t share = {.fn = fn, .arg = arg, .n = n};
+    pthread_cond_init(&share.all_finished, NULL);
+    pthread_mutex_lock(&self->mutex);
+    s_share_t **tail = &self->shares;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = &share;
+    pthread_cond_broadcast(&self->job_cond);
+    size_t i;
+    while ((i = s_share_claim(self, &share)) < n)
+        s_share_run(self, &share, i);
+    while (share.finished < n)
+        pthread_cond_wait(&share.all_finished, &self->mutex);
+    pthread_mutex_unlock(&self->mutex);
+    pthread_cond_destroy(&share.all_finished);
+}
+
 /* Workers run the operations that may take long (kb_service_request_may_block), so that the request thread
- * keeps answering lookups and writes meanwhile. */
+ * keeps answering lookups and writes meanwhile. A worker with nothing of its own helps with the parts of
+ * another worker's request (s_parallel_run); a new request comes first, as it needs no hand-back. */
 static void *s_worker_main(void *arg)
 {
     kb_server_t *self = arg;
     pthread_mutex_lock(&self->mutex);
     for (;;) {
-        while (!self->jobs.head && !self->stop_workers)
+        while (!self->jobs.head && !self->shares && !self->stop_workers)
             pthread_cond_wait(&self->job_cond, &self->mutex);
         s_item_t *job = s_pop(&self->jobs);
+        if (!job && self->shares) {
+            s_share_t *share = self->shares;
+            s_share_run(self, share, s_share_claim(self, share));
+            continue;
+        }
         if (!job)
             break; /* stopping, and every job taken has been answered */
         pthread_mutex_unlock(&self->mutex);
@@ -197,6 +270,7 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     zmq_getsockopt(self->frontend, ZMQ_LAST_ENDPOINT, self->endpoint, &len);
 
     kb_bank_set_commit_hook(self->bank, s_wake_hook, self);
+    kb_service_set_parallel(self->service, s_parallel_run, self);
     self->workers = carls_xcalloc(self->opts.threads, sizeof *self->workers);
     for (uint32_t i = 0; i < self->opts.threads; i++) {
         if (pthread_create(&self->workers[i], NULL, s_worker_main, self) != 0)
@@ -381,6 +455,8 @@ void kb_server_destroy(kb_server_t **self_p)
     for (uint32_t i = 0; i < self->worker_count; i++)
         pthread_join(self->workers[i], NULL);
     free(self->workers);
+    if (self->service)
+        kb_service_set_parallel(self->service, NULL, NULL);
     if (self->bank)
         kb_bank_set_commit_hook(self->bank, NULL, NULL);
     /* Replies never sent (the server stopped before serving): free them. */

@@ -50,6 +50,8 @@ struct kb_service {
     _Atomic(s_table_counters_t *) table_counters[S_TABLE_SLOTS];
     atomic_bool table_counters_full_logged;
     kb_snapshots_t *snapshots; /* this server's bank snapshots (kb_snapshot.h) */
+    kb_parallel_run_fn parallel; /* NULL: no helpers (kb_service_set_parallel) */
+    void *parallel_ctx;
 };
 
 static const char *s_op_name(int index);
@@ -689,6 +691,58 @@ static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_repl
 
 #define KB_MAX_K 4096u
 
+void kb_service_set_parallel(kb_service_t *self, kb_parallel_run_fn run, void *ctx)
+{
+    self->parallel = run;
+    self->parallel_ctx = ctx;
+}
+
+/* A knn's queries in slices that threads search at once: FAISS answers each query on its own, so the
+ * slices' answers are the whole request's answer. */
+typedef struct {
+    kb_table_t *table;
+    const float *queries;
+    const int64_t *exclude;
+    size_t nq, per_slice;
+    uint32_t k, dim;
+    ProtobufCBinaryData *keys;
+    float *scores;
+    int rc[]; /* per slice */
+} s_knn_slices_t;
+
+static void s_knn_slice(void *arg, size_t i)
+{
+    s_knn_slices_t *s = arg;
+    size_t first = i * s->per_slice;
+    size_t n = s->nq - first < s->per_slice ? s->nq - first : s->per_slice;
+    s->rc[i] = kb_table_knn(s->table, s->queries + first * s->dim, n, s->k, s->exclude ? s->exclude + first : NULL,
+                            s->keys + first * s->k, s->scores + first * s->k);
+}
+
+/* kb_table_knn over every query, in up to two slices per thread (so that a helper that comes late still
+ * finds work) of at least KB_KNN_SLICE_MIN queries (a slice's fixed cost stays small beside its search). */
+#define KB_KNN_SLICE_MIN 4u
+static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *queries, size_t nq, uint32_t k,
+                          const int64_t *exclude, ProtobufCBinaryData *keys, float *scores)
+{
+    size_t slices = (size_t)self->threads * 2;
+    if (slices > nq / KB_KNN_SLICE_MIN)
+        slices = nq / KB_KNN_SLICE_MIN;
+    if (!self->parallel || slices <= 1)
+        return kb_table_knn(t, queries, nq, k, exclude, keys, scores);
+    s_knn_slices_t *s = carls_xcalloc(1, sizeof *s + slices * sizeof s->rc[0]);
+    *s = (s_knn_slices_t){.table = t, .queries = queries, .exclude = exclude, .nq = nq,
+                          .per_slice = (nq + slices - 1) / slices, .k = k, .dim = kb_table_config(t)->dim,
+                          .keys = keys, .scores = scores};
+    slices = (nq + s->per_slice - 1) / s->per_slice; /* rounding up may leave the last slice empty */
+    self->parallel(self->parallel_ctx, slices, s_knn_slice, s);
+    int rc = 0;
+    for (size_t i = 0; i < slices && rc == 0; i++)
+        rc = s->rc[i];
+    free(s);
+    return rc;
+}
+
 static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Knn *q = req->knn;
@@ -738,7 +792,7 @@ static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp
     res->n_keys = res->n_scores = nq * q->k;
     res->keys = s_own(rp, carls_xcalloc(nq * q->k, sizeof *res->keys));
     res->scores = s_own(rp, carls_xmalloc(nq * q->k * sizeof(float)));
-    int krc = kb_table_knn(t, queries, nq, q->k, exclude, res->keys, res->scores);
+    int krc = s_knn_parallel(self, t, queries, nq, q->k, exclude, res->keys, res->scores);
     for (size_t i = 0; i < nq * q->k; i++)
         if (res->keys[i].data)
             s_own(rp, res->keys[i].data);

@@ -69,6 +69,16 @@ int kb_service_commit_timeout_ms(const kb_service_t *self);
  * frame's field tags only. */
 bool kb_service_request_may_block(const uint8_t *frame, size_t len);
 
+/* Runs fn(arg, 0), ..., fn(arg, n - 1), several at once where threads are free, and returns when every
+ * call has returned. The transport provides it (its idle workers help); without one, the calls run one
+ * after another on the calling thread. */
+typedef void (*kb_parallel_fn)(void *arg, size_t i);
+typedef void (*kb_parallel_run_fn)(void *ctx, size_t n, kb_parallel_fn fn, void *arg);
+
+/* Lets one long request (a knn of many queries) use threads that would otherwise wait: a lone trainer's
+ * search is not limited to one core. Set before serving; run(ctx, ...) must be callable from any thread. */
+void kb_service_set_parallel(kb_service_t *self, kb_parallel_run_fn run, void *ctx);
+
 /* Counts a frame dropped by the transport before it could be handled (e.g. a multi-part message). */
 void kb_service_count_dropped(kb_service_t *self);
 

@@ -113,6 +113,25 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     assert_true(resp->knn->scores[0] < 1e-6f);
     carls__response__free_unpacked(resp, NULL);
 
+    /* Many queries at once (the server splits them among its workers): each answer is its own query's, with
+     * the exclusion of its own key. 37 leaves a short last slice. */
+    for (int n = 37; n <= N; n += N - 37) {
+        resp = test_knn(f->client, "knn_l2", NULL, 0, keys, (size_t)n, 1, false);
+        assert_int_equal(resp->knn->n_keys, n);
+        for (int q = 0; q < n; q++)
+            if (resp->knn->keys[q].len != strlen(keybuf[q]) || memcmp(resp->knn->keys[q].data, keybuf[q], 8) != 0)
+                fail_msg("%d queries: query %d (%s) found %.*s first", n, q, keybuf[q], (int)resp->knn->keys[q].len,
+                         (const char *)resp->knn->keys[q].data);
+        carls__response__free_unpacked(resp, NULL);
+        resp = test_knn(f->client, "knn_l2", NULL, 0, keys, (size_t)n, 2, true);
+        assert_int_equal(resp->knn->n_keys, 2 * n);
+        for (int i = 0; i < 2 * n; i++)
+            if (resp->knn->keys[i].len == 0 || memcmp(resp->knn->keys[i].data, keybuf[i / 2], 8) == 0)
+                fail_msg("%d queries excluding themselves: answer %d of query %d is '%.*s'", n, i % 2, i / 2,
+                         (int)resp->knn->keys[i].len, (const char *)resp->knn->keys[i].data);
+        carls__response__free_unpacked(resp, NULL);
+    }
+
     /* After a restart the index is rebuilt from the stored rows. */
     server_fixture_restart(f, SIGKILL, NULL);
     resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
