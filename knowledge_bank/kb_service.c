@@ -65,6 +65,7 @@ void kb_limits_defaults(kb_limits_t *limits)
     limits->max_keys_per_request = CARLS_DEFAULT_MAX_KEYS_PER_REQUEST;
     limits->commit_timeout_ms = 30000;
     limits->read_only = false;
+    limits->knn_slice_us = 250;
 }
 
 kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_t threads, const char *durability)
@@ -719,22 +720,25 @@ static void s_knn_slice(void *arg, size_t i)
                             s->keys + first * s->k, s->scores + first * s->k);
 }
 
-/* kb_table_knn over every query, in up to two slices per thread (so that a helper that comes late still
- * finds work) of at least KB_KNN_SLICE_MIN queries (a slice's fixed cost stays small beside its search). */
-#define KB_KNN_SLICE_MIN 4u
+/* kb_table_knn over every query, in slices of about --knn-slice-us of search each (from the table's recent
+ * time per query; KB_KNN_SLICE_FIRST queries before it has one). A slice is short beside a request's round
+ * trip (about 300 us on 2 cores), so a worker that helps is soon free again when its own next request comes;
+ * with slices of 4 HNSW queries at 100k rows (5 ms), helpers held new requests back and the owners idled
+ * waiting for them: 1,376-1,498 -> 1,197-1,216 q/s. It is long beside a slice's own cost (a few us). */
+#define KB_KNN_SLICE_FIRST 4u
 static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *queries, size_t nq, uint32_t k,
                           const int64_t *exclude, ProtobufCBinaryData *keys, float *scores)
 {
-    size_t slices = (size_t)self->threads * 2;
-    if (slices > nq / KB_KNN_SLICE_MIN)
-        slices = nq / KB_KNN_SLICE_MIN;
-    if (!self->parallel || slices <= 1)
+    uint64_t query_ns = kb_table_knn_query_ns(t), slice_ns = (uint64_t)self->limits.knn_slice_us * 1000u;
+    size_t per_slice = query_ns ? (size_t)(slice_ns / query_ns) : KB_KNN_SLICE_FIRST;
+    if (per_slice == 0)
+        per_slice = 1;
+    if (!self->parallel || self->threads < 2 || slice_ns == 0 || per_slice >= nq)
         return kb_table_knn(t, queries, nq, k, exclude, keys, scores);
+    size_t slices = (nq + per_slice - 1) / per_slice;
     s_knn_slices_t *s = carls_xcalloc(1, sizeof *s + slices * sizeof s->rc[0]);
-    *s = (s_knn_slices_t){.table = t, .queries = queries, .exclude = exclude, .nq = nq,
-                          .per_slice = (nq + slices - 1) / slices, .k = k, .dim = kb_table_config(t)->dim,
-                          .keys = keys, .scores = scores};
-    slices = (nq + s->per_slice - 1) / s->per_slice; /* rounding up may leave the last slice empty */
+    *s = (s_knn_slices_t){.table = t, .queries = queries, .exclude = exclude, .nq = nq, .per_slice = per_slice,
+                          .k = k, .dim = kb_table_config(t)->dim, .keys = keys, .scores = scores};
     self->parallel(self->parallel_ctx, slices, s_knn_slice, s);
     int rc = 0;
     for (size_t i = 0; i < slices && rc == 0; i++)

@@ -27,6 +27,7 @@ typedef struct {
     bool read_only;        /* refuse every write */
     uint32_t shard_index;  /* this server is shard shard_index of shard_count (--shard i/n) */
     uint32_t shard_count;  /* 0 or 1: unsharded; otherwise keys of other shards are refused */
+    uint32_t knn_slice_us; /* a knn is split among idle workers in slices of about this much search; 0: never */
 } kb_limits_t;
 
 /* Fills the defaults. */

@@ -74,6 +74,7 @@ struct kb_table {
     atomic_int_fast64_t mem_bytes;
     kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
     int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
+    atomic_uint_fast64_t knn_query_ns; /* kb_table_knn_query_ns */
     bool read_only;             /* kb_table_set_read_only: pending gradients are never applied */
     /* --cache-bytes (kb_cache.h): NULL when every row stays in memory. */
     kb_cache_t *cache;
@@ -1280,6 +1281,11 @@ static int s_knn_flush(kb_table_t *self)
 
 int kb_table_knn_flush(kb_table_t *self) { return self->knn ? s_knn_flush(self) : 0; }
 
+uint64_t kb_table_knn_query_ns(const kb_table_t *self)
+{
+    return atomic_load_explicit(&((kb_table_t *)self)->knn_query_ns, memory_order_relaxed);
+}
+
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                  ProtobufCBinaryData *keys_out, float *scores_out)
 {
@@ -1289,7 +1295,14 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
     if (rc != 0)
         return rc;
     int64_t *ids = carls_xmalloc(nq * k * sizeof *ids);
+    int64_t t0 = carls_monotonic_us();
     rc = kb_knn_search(self->knn, queries, nq, k, exclude, ids, scores_out);
+    if (rc == 0 && nq > 0) {
+        /* Calls may race here: the average loses a sample then, which an estimate can afford. */
+        uint64_t sample = (uint64_t)(carls_monotonic_us() - t0) * 1000u / nq;
+        uint64_t old = atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
+        atomic_store_explicit(&self->knn_query_ns, old ? (3 * old + sample) / 4 : sample, memory_order_relaxed);
+    }
     for (size_t i = 0; i < nq * k; i++) {
         keys_out[i].data = NULL;
         keys_out[i].len = 0;

@@ -231,6 +231,10 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                  ProtobufCBinaryData *keys_out, float *scores_out);
 
+/* The recent search time per query of kb_table_knn, in ns (a moving average over calls), 0 before the first:
+ * how finely a request may be split among threads. */
+uint64_t kb_table_knn_query_ns(const kb_table_t *self);
+
 /* Brings the nearest-neighbour index up to date with every change made so far (the sweeper calls it so the
  * index does not lag far behind; kb_table_knn calls it before searching). 0 without an index. */
 int kb_table_knn_flush(kb_table_t *self);

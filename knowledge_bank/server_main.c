@@ -61,6 +61,10 @@ static void s_usage(FILE *out)
             "  --knn-threads N            OpenMP threads per nearest-neighbour search (default 1; OpenBLAS\n"
             "                             stays at 1: their product must not oversubscribe the cores, and\n"
             "                             the worker threads already search in parallel)\n"
+            "  --knn-slice-us N           idle workers help with a knn request of many queries, in slices of\n"
+            "                             about N us of search each (default 250: short beside a round\n"
+            "                             trip, so a helper is soon free for its own next request; 0: a\n"
+            "                             request is searched by one worker)\n"
             "  --read-only                serve an existing bank without changing its files: every write\n"
             "                             (and checkpoint) is refused, the files are opened read-only, the\n"
             "                             journal is replayed into memory only, pending gradients stay\n"
@@ -206,6 +210,7 @@ int main(int argc, char **argv)
         carls_arg_set("read-only", &limits.read_only),
         carls_arg_custom("shard", &limits, s_arg_shard),
         carls_arg_int("knn-threads", &knn_threads, 1, INT_MAX),
+        carls_arg_u32("knn-slice-us", &limits.knn_slice_us, 0, 10000000),
         carls_arg_int("metrics-port", &metrics_port, 0, 65535),
         carls_arg_string("metrics-address", &metrics_address),
         carls_arg_string("curve-secret", &curve_secret),

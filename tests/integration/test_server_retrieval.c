@@ -113,8 +113,11 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     assert_true(resp->knn->scores[0] < 1e-6f);
     carls__response__free_unpacked(resp, NULL);
 
-    /* Many queries at once (the server splits them among its workers): each answer is its own query's, with
-     * the exclusion of its own key. 37 leaves a short last slice. */
+    /* Many queries at once, split among the workers in slices of a query or a few (--knn-slice-us 1: these
+     * searches take about a microsecond a query): each answer is its own query's, with the exclusion of its
+     * own key. 37 leaves a short last slice while the table has no time per query yet. */
+    const char *const slice_args[] = {"--knn-slice-us", "1", NULL};
+    server_fixture_restart(f, SIGTERM, slice_args);
     for (int n = 37; n <= N; n += N - 37) {
         resp = test_knn(f->client, "knn_l2", NULL, 0, keys, (size_t)n, 1, false);
         assert_int_equal(resp->knn->n_keys, n);
