@@ -1283,7 +1283,7 @@ int kb_table_knn_flush(kb_table_t *self) { return self->knn ? s_knn_flush(self) 
 
 uint64_t kb_table_knn_query_ns(const kb_table_t *self)
 {
-    return atomic_load_explicit(&((kb_table_t *)self)->knn_query_ns, memory_order_relaxed);
+    return atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
 }
 
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
@@ -1298,8 +1298,11 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
     int64_t t0 = carls_monotonic_us();
     rc = kb_knn_search(self->knn, queries, nq, k, exclude, ids, scores_out);
     if (rc == 0 && nq > 0) {
-        /* Calls may race here: the average loses a sample then, which an estimate can afford. */
+        /* Calls may race here: the average loses a sample then, which an estimate can afford. A search
+         * under the clock's microsecond counts as 1 ns a query, so that 0 keeps meaning "not measured". */
         uint64_t sample = (uint64_t)(carls_monotonic_us() - t0) * 1000u / nq;
+        if (sample == 0)
+            sample = 1;
         uint64_t old = atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
         atomic_store_explicit(&self->knn_query_ns, old ? (3 * old + sample) / 4 : sample, memory_order_relaxed);
     }
