@@ -34,6 +34,7 @@
 #include <faiss/c_api/error_c.h>
 #include <faiss/c_api/impl/AuxIndexStructures_c.h>
 #include <faiss/c_api/index_factory_c.h>
+#include <faiss/c_api/utils/distances_c.h>
 
 #include "log.h"
 #include "util.h"
@@ -1442,6 +1443,17 @@ uint64_t kb_knn_memory(kb_knn_t *self)
     uint64_t bytes = s_memory(self);
     pthread_rwlock_unlock(&self->lock);
     return bytes;
+}
+
+#define KB_KNN_FLAT_BATCH 256u /* kb_knn_batch_min */
+
+size_t kb_knn_batch_min(const kb_knn_t *self)
+{
+    assert(self);
+    size_t threshold = (size_t)faiss_get_distance_compute_blas_threshold();
+    if (strncmp(self->spec, "Flat", 4) == 0)
+        return threshold > KB_KNN_FLAT_BATCH ? threshold : KB_KNN_FLAT_BATCH;
+    return 1;
 }
 
 uint32_t kb_knn_dim(const kb_knn_t *self)

@@ -1286,6 +1286,8 @@ uint64_t kb_table_knn_query_ns(const kb_table_t *self)
     return atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
 }
 
+size_t kb_table_knn_batch_min(const kb_table_t *self) { return self->knn ? kb_knn_batch_min(self->knn) : 1; }
+
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                  ProtobufCBinaryData *keys_out, float *scores_out)
 {
@@ -1297,9 +1299,12 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
     int64_t *ids = carls_xmalloc(nq * k * sizeof *ids);
     int64_t t0 = carls_monotonic_us();
     rc = kb_knn_search(self->knn, queries, nq, k, exclude, ids, scores_out);
-    if (rc == 0 && nq > 0) {
-        /* Calls may race here: the average loses a sample then, which an estimate can afford. A search
-         * under the clock's microsecond counts as 1 ns a query, so that 0 keeps meaning "not measured". */
+    if (rc == 0 && nq > 0 && nq >= kb_knn_batch_min(self->knn)) {
+        /* Only searches of a whole BLAS batch or more are timed: the time is used to size slices, which are
+         * never smaller (kb_table_knn_batch_min), and a lone query's scalar path costs several times as
+         * much per query. Calls may race here: the average loses a sample then, which an estimate can
+         * afford. A search under the clock's microsecond counts as 1 ns a query, so that 0 keeps meaning
+         * "not measured". */
         uint64_t sample = (uint64_t)(carls_monotonic_us() - t0) * 1000u / nq;
         if (sample == 0)
             sample = 1;

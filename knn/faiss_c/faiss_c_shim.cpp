@@ -17,6 +17,7 @@
 #include <faiss/impl/FaissException.h>
 #include <faiss/impl/IDSelector.h>
 #include <faiss/index_factory.h>
+#include <faiss/utils/distances.h>
 
 #include <exception>
 #include <string>
@@ -29,6 +30,7 @@ extern "C" {
 #include <faiss/c_api/error_c.h>
 #include <faiss/c_api/impl/AuxIndexStructures_c.h>
 #include <faiss/c_api/index_factory_c.h>
+#include <faiss/c_api/utils/distances_c.h>
 }
 
 namespace {
@@ -118,6 +120,12 @@ int faiss_Index_remove_ids(FaissIndex *index, const FaissIDSelector *sel, size_t
             *n_removed = n;
         }
     });
+}
+
+/* ---- distances ---- */
+
+int faiss_get_distance_compute_blas_threshold() {
+    return faiss::distance_compute_blas_threshold;
 }
 
 /* ---- index_factory ---- */

@@ -19,6 +19,8 @@
 #include "kb_knn.h"
 #include "util.h"
 
+#include <faiss/c_api/utils/distances_c.h>
+
 /* ---- data and reference ---- */
 
 static float s_uniform(uint64_t *rng)
@@ -705,6 +707,26 @@ static void test_hnsw_staleness(void **st)
     free(after);
 }
 
+/* The slice floor the server splits a knn request by (kb-server's s_knn_parallel): a Flat search of fewer
+ * queries than FAISS's BLAS threshold takes the scalar path, which cost 13 times as much (kb-maker graph over
+ * 8k x 784 in slices of one query); HNSW and IVF search query by query and may be split to single queries. */
+static void test_batch_min(void **st)
+{
+    (void)st;
+    kb_knn_t *flat = s_new("Flat", KB_KNN_METRIC_L2, 8, false);
+    kb_knn_t *ivf = s_new("IVF4,Flat", KB_KNN_METRIC_L2, 8, false);
+    kb_knn_t *hnsw = s_new("HNSW16", KB_KNN_METRIC_L2, 8, false);
+    int threshold = faiss_get_distance_compute_blas_threshold();
+    assert_true(threshold > 1);
+    assert_true(kb_knn_batch_min(flat) >= (size_t)threshold);
+    assert_true(kb_knn_batch_min(flat) >= 256);
+    assert_int_equal(kb_knn_batch_min(ivf), 1);
+    assert_int_equal(kb_knn_batch_min(hnsw), 1);
+    kb_knn_destroy(&flat);
+    kb_knn_destroy(&ivf);
+    kb_knn_destroy(&hnsw);
+}
+
 static void test_bad_input(void **st)
 {
     (void)st;
@@ -1030,6 +1052,7 @@ int main(void)
         cmocka_unit_test(test_hnsw_recall),
         cmocka_unit_test(test_move_remove_exclude),
         cmocka_unit_test(test_hnsw_staleness),
+        cmocka_unit_test(test_batch_min),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_random_ops),
         cmocka_unit_test(test_concurrent),
