@@ -50,6 +50,7 @@ typedef struct {
     uint32_t repeat;           /* rounds of every case; each figure is reported as the round with the median
                                 * ratio (or value), with the spread over the rounds */
     const char *mode;          /* "quick", "smoke", "full" or "custom": printed with the results */
+    bool guard;                /* --guard: exit 1 when a figure with a target is below a third of it */
 } bench_opts_t;
 
 /* Whether case group `name` (lookup, push, put, knn, mixed, shards, rows) is selected by opts->cases. */
@@ -130,6 +131,11 @@ void bench_report_begin(const bench_opts_t *opts);
 /* With --repeat, prints each figure's median round first; then the footer: load average, cores, elapsed
  * time, targets met/missed. */
 void bench_report_end(const bench_opts_t *opts, double elapsed_s);
+/* --guard: prints a line for each figure with a target whose ratio is unavailable or misses a third of
+ * its bound (three times it, for figures where lower is better), and returns how many. A 5x slowdown of
+ * any guarded figure that meets its target by less than 5/3 fails; noise, which moves ratios by tens of
+ * percent, does not. Call after bench_report_end. */
+int bench_guard_failures(void);
 /* Number of results reported so far, and how many of them failed (value not finite). */
 size_t bench_report_count(void);
 
@@ -193,6 +199,30 @@ int bench_faiss(const bench_opts_t *opts, const char *spec, const float *rows, u
 void bench_knn_queries(const float *rows, uint32_t n, uint32_t dim, uint32_t nq, uint64_t *rng, float *out);
 
 /* ---- kb workloads (bench_kb.c) ---- */
+
+/* The requests bench_kb_measure sends, each to table "emb" (random keys of [0, keys)):
+ *   LOOKUP      lookup of batch keys without counting uses (a trainer's neighbour fetch), units: rows
+ *   PUSH        gradient push of batch rows, units: rows
+ *   PUT         put of batch rows with a growing version, units: rows
+ *   KNN_BY_KEY  knn of opts->knn_batch stored rows by key, each excluding itself, opts->knn_k neighbours
+ *               (kb-maker's graph), units: queries
+ *   SAMPLE      uniform sampling of batch rows (two-tower negatives), units: rows */
+typedef enum { BENCH_KB_LOOKUP, BENCH_KB_PUSH, BENCH_KB_PUT, BENCH_KB_KNN_BY_KEY, BENCH_KB_SAMPLE } bench_kb_op_t;
+
+/* Creates table "emb" of opts->dim on the server at endpoint (with a knn index of knn_spec, l2, or none when
+ * NULL), puts n rows (rows, or bench_value when NULL), and waits until the index holds them. 0 or -1. */
+int bench_kb_table(const bench_opts_t *opts, const char *endpoint, const char *knn_spec, uint32_t n,
+                   const float *rows);
+
+/* Runs op on opts->clients threads for opts->seconds after opts->warmup (bench_run). 0 or -1. */
+int bench_kb_measure(const bench_opts_t *opts, const char *endpoint, bench_kb_op_t op, uint32_t keys,
+                     uint32_t batch, bench_measure_t *m);
+
+/* The server's own p50 of op (its latency stats), NAN when unknown. */
+double bench_kb_server_p50(const char *endpoint, const char *op);
+
+/* The experiments' request shapes against their floors (bench_workload.c): case group "workload". */
+void bench_workload_all(const bench_opts_t *opts, int *failures);
 
 /* Runs every selected kb case and its references, reporting as it goes. Returns 0, or -1 when a kb case
  * failed (the failure is reported too). */

@@ -385,6 +385,34 @@ static int s_op_knn(void *state, uint64_t *rng, uint64_t *units, char *err, size
     return 0;
 }
 
+/* A trainer's neighbour query as kb-maker's graph sends it: knn_batch stored rows by key, each answered
+ * without itself (exclude_query). Units: queries. */
+static int s_op_knn_by_key(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    const bench_opts_t *o = t->a->opts;
+    s_draw_keys(t, rng, o->knn_batch);
+    kb_knn_result_t *res = NULL;
+    if (kb_cluster_knn_by_key(t->bank, S_TABLE, t->ckeys, o->knn_batch, o->knn_k, true, &res) != 0)
+        return carls_errorf(err, errlen, -1, "knn by key: %s", kb_cluster_last_error(t->bank));
+    kb_knn_result_destroy(&res);
+    *units = o->knn_batch;
+    return 0;
+}
+
+/* Uniform candidate sampling of batch rows (two-tower negatives). Units: rows drawn. */
+static int s_op_sample(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    kb_sample_result_t *res = NULL;
+    if (kb_cluster_sample(t->bank, S_TABLE, NULL, 0, t->a->batch, CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,
+                          bench_rand(rng) | 1, &res) != 0)
+        return carls_errorf(err, errlen, -1, "sample: %s", kb_cluster_last_error(t->bank));
+    *units = res->n;
+    kb_sample_result_destroy(&res);
+    return 0;
+}
+
 static int s_run_kb(const bench_opts_t *opts, bench_proc_t *servers, uint32_t shards, uint32_t keys,
                     uint32_t batch, bench_op_fn op, uint32_t clients, double seconds, bench_measure_t *m)
 {
@@ -395,6 +423,41 @@ static int s_run_kb(const bench_opts_t *opts, bench_proc_t *servers, uint32_t sh
     bench_workload_t w = {s_kb_thread_new, s_kb_thread_free, op, &a};
     return bench_run(&w, clients, opts->warmup, seconds, m);
 }
+
+/* ---- pieces for the workload cases (bench_workload.c) ---- */
+
+static int s_wait_index(kb_cluster_t *bank, uint64_t n, double timeout_s);
+
+int bench_kb_table(const bench_opts_t *opts, const char *endpoint, const char *knn_spec, uint32_t n,
+                   const float *rows)
+{
+    char ep[1][256];
+    s_ep(ep[0], endpoint);
+    kb_cluster_t *bank = s_bank_open(ep, 1);
+    int rc = bank ? s_create(bank, opts->dim, knn_spec) : -1;
+    if (rc == 0)
+        rc = s_load(bank, opts->dim, 0, n, rows);
+    if (rc == 0 && knn_spec)
+        rc = s_wait_index(bank, n, 1800.0);
+    kb_cluster_destroy(&bank);
+    return rc;
+}
+
+int bench_kb_measure(const bench_opts_t *opts, const char *endpoint, bench_kb_op_t op, uint32_t keys,
+                     uint32_t batch, bench_measure_t *m)
+{
+    static const bench_op_fn fns[] = {
+        [BENCH_KB_LOOKUP] = s_op_lookup_no_create, [BENCH_KB_PUSH] = s_op_push, [BENCH_KB_PUT] = s_op_put,
+        [BENCH_KB_KNN_BY_KEY] = s_op_knn_by_key,   [BENCH_KB_SAMPLE] = s_op_sample,
+    };
+    char endpoints[1][256];
+    s_ep(endpoints[0], endpoint);
+    s_kb_arg_t a = {.opts = opts, .endpoints = endpoints, .shards = 1, .keys = keys, .batch = batch};
+    bench_workload_t w = {s_kb_thread_new, s_kb_thread_free, fns[op], &a};
+    return bench_run(&w, opts->clients, opts->warmup, opts->seconds, m);
+}
+
+double bench_kb_server_p50(const char *endpoint, const char *op) { return s_server_p50(endpoint, op); }
 
 /* ---- reporting helpers ---- */
 
@@ -1350,5 +1413,7 @@ int bench_kb_all(const bench_opts_t *opts)
         s_case_rows(opts, &failures);
     if (opts->cases && bench_selected(opts, "cache")) /* only when named: see s_case_cache */
         s_case_cache(opts, &st, &failures);
+    if (opts->cases && bench_selected(opts, "workload")) /* only when named: a minute more at --quick */
+        bench_workload_all(opts, &failures);
     return failures ? -1 : 0;
 }

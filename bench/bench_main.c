@@ -49,8 +49,13 @@ static void s_usage(FILE *out)
             "  --rows LIST            row counts for the growth case, e.g. 10000,100000,1000000\n"
             "  --server-threads N     kb-server --threads (2); --knn-threads N (1, also in-process FAISS)\n"
             "  --interval MS          the interval durability to compare sync with (1000)\n"
-            "  --cases LIST           case groups: lookup,push,put,knn,mixed,shards,rows (all), and cache\n"
-            "                         (--cache-bytes: lookup.cached, lookup.cold, cache.peak_rss; only when named)\n"
+            "  --cases LIST           case groups: lookup,push,put,knn,mixed,shards,rows (all), and, only when\n"
+            "                         named, cache (--cache-bytes: lookup.cached, lookup.cold, cache.peak_rss)\n"
+            "                         and workload (the experiments' requests: wl.graph.knn, wl.graph.neighbours,\n"
+            "                         wl.graph.embed_put, wl.twotower.negatives, wl.twotower.hard,\n"
+            "                         wl.word2vec.push, each against its floor in the same run)\n"
+            "  --guard                exit 1 when a figure with a target is unavailable or below a third of\n"
+            "                         its target (CI: a 5x slowdown fails, noise does not)\n"
             "  --kb-server PATH       (default: kb-server beside kb-bench)\n"
             "  --redis-server PATH    (default /usr/bin/redis-server; 'none' skips Redis)\n"
             "  --connect ENDPOINT     use a running kb-server for lookup/push/put/mixed (creates table 'emb');\n"
@@ -67,8 +72,8 @@ static void s_usage(FILE *out)
             "                         one round's ratio can fall on either side of a target\n"
             "  -h, --help\n"
             "\n"
-            "Exit status: 0 when every kb case ran (references may be n/a) and every server it started stopped\n"
-            "cleanly, 1 otherwise, 2 usage.\n");
+            "Exit status: 0 when every kb case ran (references may be n/a), every server it started stopped\n"
+            "cleanly and, with --guard, every guarded figure passed; 1 otherwise, 2 usage.\n");
 }
 
 /* A comma list option's destination: at most cap - 1 values, then 0. */
@@ -220,6 +225,7 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
         carls_arg_string("data-dir", &o->data_dir),
         carls_arg_set("keep-data", &o->keep_data),
         carls_arg_set("json", &o->json),
+        carls_arg_set("guard", &o->guard),
         carls_arg_set("verbose", &o->verbose),
         carls_arg_u32("repeat", &o->repeat, 1, 100),
         {0},
@@ -297,6 +303,8 @@ static int s_run(bench_opts_t *o)
         rc |= bench_kb_all(o);
     }
     bench_report_end(o, bench_now() - t0);
+    if (o->guard && bench_guard_failures() > 0)
+        rc = -1;
     if (own_dir && !o->keep_data)
         rmdir(tmpdir); /* the servers' directories are gone already */
     else if (o->keep_data)

@@ -306,12 +306,35 @@ typedef struct {
     char name[48];
     char target[16];
     double ratio; /* NAN: the figure or its reference is unavailable */
+    double bound; /* the target's bound on the ratio */
+    bool lower_is_better;
     bool met;
 } s_target_t;
 static s_target_t s_target_rows[S_MAX_TARGETS];
 static size_t s_n_target_rows;
 
 size_t bench_report_count(void) { return s_results; }
+
+int bench_guard_failures(void)
+{
+    int failures = 0;
+    for (size_t i = 0; i < s_n_target_rows; i++) {
+        const s_target_t *t = &s_target_rows[i];
+        double floor = t->lower_is_better ? t->bound * 3.0 : t->bound / 3.0;
+        bool ok = isfinite(t->ratio) && (t->lower_is_better ? t->ratio <= floor : t->ratio >= floor);
+        if (ok)
+            continue;
+        failures++;
+        if (isfinite(t->ratio))
+            fprintf(stderr, "kb-bench: guard: %s: ratio %.3g to its reference, past the guard's bound %.3g "
+                    "(%s its target %s): a slowdown\n", t->name, t->ratio, floor,
+                    t->lower_is_better ? "three times" : "a third of", t->target);
+        else
+            fprintf(stderr, "kb-bench: guard: %s has no ratio (the figure or its floor was not measured)\n",
+                    t->name);
+    }
+    return failures;
+}
 
 static void s_json_string(FILE *f, const char *s)
 {
@@ -492,6 +515,8 @@ static void s_emit(const bench_opts_t *opts, const bench_result_t *r, const s_sp
         snprintf(t->name, sizeof t->name, "%s", r->name);
         snprintf(t->target, sizeof t->target, "%s", r->target);
         t->ratio = ratio;
+        t->bound = r->target_ratio;
+        t->lower_is_better = r->lower_is_better;
         t->met = met;
     }
     if (opts->json) {
