@@ -1,6 +1,8 @@
 /* kb-bench: measures kb-server against what users would pick instead, side by side in one run.
  * See `kb-bench --help` and docs/BENCHMARKS.md ("Knowledge bank"). */
 #include "bench.h"
+
+#include "protocol.h"
 #include "files.h"
 
 #include "carls_args.h"
@@ -252,8 +254,8 @@ static int s_check_options(const bench_opts_t *o)
             fprintf(stderr, "kb-bench: at most 8 shards\n");
             return 2;
         }
-    if (o->batch > 100000 || o->knn_batch * o->dim > 16u << 20 || o->knn_k > 4096) {
-        fprintf(stderr, "kb-bench: --batch at most 100000, --knn-k at most 4096\n");
+    if (o->batch > 100000 || o->knn_batch * o->dim > 16u << 20 || o->knn_k > CARLS_MAX_KNN_K) {
+        fprintf(stderr, "kb-bench: --batch at most 100000, --knn-k at most %u\n", CARLS_MAX_KNN_K);
         return 2;
     }
     if (o->connect && strchr(o->connect, ',')) {

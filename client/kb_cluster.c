@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define S_MAX_K 4096u /* the server's cap on k (docs/PROTOCOL.md) */
 
 /* What the cluster remembers about one table. */
 typedef struct {
@@ -1116,11 +1115,11 @@ static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t
         s_set_error(self, "knn: no queries");
         return KB_CLIENT_EINVAL;
     }
-    if (k == 0 || k > S_MAX_K) {
-        s_set_error(self, "knn: k must be in 1..%u, got %u", S_MAX_K, k);
+    if (k == 0 || k > CARLS_MAX_KNN_K) {
+        s_set_error(self, "knn: k must be in 1..%u, got %u", CARLS_MAX_KNN_K, k);
         return KB_CLIENT_EINVAL;
     }
-    if (nq > SIZE_MAX / S_MAX_K / self->n / sizeof(s_hit_t)) {
+    if (nq > SIZE_MAX / CARLS_MAX_KNN_K / self->n / sizeof(s_hit_t)) {
         s_set_error(self, "knn: %zu queries are too many", nq);
         return KB_CLIENT_EINVAL;
     }
@@ -1189,7 +1188,7 @@ int kb_cluster_knn_by_key(kb_cluster_t *self, const char *table, const kb_key_t 
     rc = kb_cluster_lookup_ex(self, table, keys, nq, info.dim, true, vecs, NULL);
     if (rc == 0) {
         /* The query key itself may take one of a shard's k places: ask for one more so k remain. */
-        uint32_t k_ask = exclude_self && k < S_MAX_K ? k + 1 : k;
+        uint32_t k_ask = exclude_self && k < CARLS_MAX_KNN_K ? k + 1 : k;
         rc = s_knn_merge(self, table, vecs, nq, info.dim, k, k_ask, s_higher_first(info.metric),
                          exclude_self ? keys : NULL, out);
     }

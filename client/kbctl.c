@@ -43,7 +43,6 @@ enum {
 #define S_MAX_REPORTED_LINES 20 /* invalid input lines reported before "... and K more" */
 #define S_PROGRESS_MIN_ROWS 10000 /* put/push-grad print a final progress line from this many rows on */
 #define S_DEFAULT_SCAN_PAGE 1000
-#define S_MAX_K 4096
 
 /* The global options (before the verb), in the order of their G_* index. */
 enum { G_KB, G_TIMEOUT_MS, G_RETRIES, G_LOG_LEVEL, G_CURVE_KEY, G_CURVE_SERVER_KEY, G_N };
@@ -1269,7 +1268,7 @@ static int s_knn(s_call_t *call)
 {
     const char *key_text = call->opt[KNN_KEY];
     uint64_t k = 10;
-    if (s_opt_count(call, KNN_K, 1, S_MAX_K, &k) != 0)
+    if (s_opt_count(call, KNN_K, 1, CARLS_MAX_KNN_K, &k) != 0)
         return S_EXIT_USAGE;
     if (!key_text == !call->opt[KNN_VECTOR]) {
         fprintf(stderr, "kbctl %s: give exactly one of --key KEY and --vector \"v1 v2 ...\"\n", call->name);

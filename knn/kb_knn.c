@@ -44,7 +44,6 @@
 void openblas_set_num_threads(int num_threads);
 
 #define KB_KNN_MAX_DIM 65536u
-#define KB_KNN_MAX_K 4096u
 #define KB_KNN_MAX_SPEC 256u
 #define KB_KNN_DEFAULT_EF 256u
 #define KB_KNN_DEFAULT_EF_CONSTRUCTION 80u

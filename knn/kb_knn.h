@@ -108,6 +108,8 @@ typedef struct {
 
 typedef struct kb_knn kb_knn_t;
 
+#define KB_KNN_MAX_K 4096u /* neighbours per query, at most */
+
 /* Estimated heap bytes held: the copy (ids and vectors, by capacity), its id maps and the FAISS index
  * (per indexed vector by the spec's kind: vector or code, id, HNSW links; plus IVF centroids and PQ
  * codebooks). A build in progress holds a second copy and index for a while; that is not counted. */
@@ -157,7 +159,7 @@ int kb_knn_remove(kb_knn_t *self, int64_t id);
  * exclude[q] being an id never returned for query q (-1: none), e.g. the query's own row.
  * Writes out_ids[nq * k] and out_scores[nq * k]: for query q, out_ids[q * k + j] is its j-th best, best
  * first, with its score (see Metrics). When fewer than k vectors qualify, the rest of the row is id -1
- * with score -INFINITY (ip, cosine) or +INFINITY (l2). k is 1..4096. Safe to call from many threads. */
+ * with score -INFINITY (ip, cosine) or +INFINITY (l2). k is 1..KB_KNN_MAX_K. Safe to call from many threads. */
 int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                   int64_t *out_ids, float *out_scores);
 

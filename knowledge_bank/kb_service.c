@@ -690,7 +690,7 @@ static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_repl
 
 /* ---- retrieval operations ---- */
 
-#define KB_MAX_K 4096u
+_Static_assert(CARLS_MAX_KNN_K <= KB_KNN_MAX_K, "the protocol's k must be one the index answers");
 
 void kb_service_set_parallel(kb_service_t *self, kb_parallel_run_fn run, void *ctx)
 {
@@ -758,8 +758,8 @@ static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *querie
 static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     const Carls__Knn *q = req->knn;
-    if (q->k == 0 || q->k > KB_MAX_K)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "k must be in 1..%u, got %u", KB_MAX_K, q->k);
+    if (q->k == 0 || q->k > CARLS_MAX_KNN_K)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "k must be in 1..%u, got %u", CARLS_MAX_KNN_K, q->k);
     if ((q->n_keys > 0) == (q->n_vectors > 0))
         return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "knn needs query keys or query vectors, not both");
     if (q->exclude_query && q->n_keys == 0)

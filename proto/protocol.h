@@ -19,6 +19,7 @@
 #define CARLS_DEFAULT_MAX_KEYS_PER_REQUEST 100000u
 #define CARLS_MAX_TABLE_NAME_BYTES 128u
 #define CARLS_MAX_PENDING_LIMIT 1024u
+#define CARLS_MAX_KNN_K 4096u /* neighbours per knn query (kb_knn.h's KB_KNN_MAX_K is the index's own, no lower) */
 
 /* Short stable name of a status code ("OK", "INVALID_ARGUMENT", ...). */
 const char *carls_status_name(Carls__StatusCode status);
