@@ -1446,11 +1446,11 @@ uint64_t kb_knn_memory(kb_knn_t *self)
 
 #define KB_KNN_FLAT_BATCH 256u /* kb_knn_batch_min */
 
-size_t kb_knn_batch_min(const kb_knn_t *self)
+size_t kb_knn_batch_min(const kb_knn_t *self, size_t nq)
 {
     assert(self);
     size_t threshold = (size_t)faiss_get_distance_compute_blas_threshold();
-    if (strncmp(self->spec, "Flat", 4) == 0)
+    if (strncmp(self->spec, "Flat", 4) == 0 && nq >= threshold)
         return threshold > KB_KNN_FLAT_BATCH ? threshold : KB_KNN_FLAT_BATCH;
     return 1;
 }

@@ -721,10 +721,10 @@ static void s_knn_slice(void *arg, size_t i)
 }
 
 /* kb_table_knn over every query, in slices of about --knn-slice-us of search each (from the table's recent
- * time per query; KB_KNN_SLICE_FIRST queries before it has one) and never of fewer queries than the index
- * searches at about full speed (kb_table_knn_batch_min: below FAISS's BLAS batch a Flat index scans query
- * by query; kb-maker's graph over 8k x 784 items in requests of 1,024 queries took 14.5 s in slices of one
- * query against 1.1 s unsliced). A slice is short beside a request's round
+ * time per query; KB_KNN_SLICE_FIRST queries before it has one) and never of fewer queries than keep the
+ * request's per-query cost (kb_table_knn_batch_min: a Flat index scans fewer queries than FAISS's BLAS
+ * batch one by one; kb-maker's graph over 8k x 784 items in requests of 1,024 queries took 14.5 s in
+ * slices of one query against 1.1 s unsliced). A slice is short beside a request's round
  * trip (about 300 us on 2 cores), so a worker that helps is soon free again when its own next request comes;
  * with slices of 4 HNSW queries at 100k rows (5 ms), helpers held new requests back and the owners idled
  * waiting for them: 1,376-1,498 -> 1,197-1,216 q/s. It is long beside a slice's own cost (a few us). */
@@ -732,9 +732,9 @@ static void s_knn_slice(void *arg, size_t i)
 static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *queries, size_t nq, uint32_t k,
                           const int64_t *exclude, ProtobufCBinaryData *keys, float *scores)
 {
-    uint64_t query_ns = kb_table_knn_query_ns(t), slice_ns = (uint64_t)self->limits.knn_slice_us * 1000u;
+    uint64_t query_ns = kb_table_knn_query_ns(t, nq), slice_ns = (uint64_t)self->limits.knn_slice_us * 1000u;
     size_t per_slice = query_ns ? (size_t)(slice_ns / query_ns) : KB_KNN_SLICE_FIRST;
-    size_t batch_min = kb_table_knn_batch_min(t);
+    size_t batch_min = kb_table_knn_batch_min(t, nq);
     if (per_slice < batch_min)
         per_slice = batch_min;
     /* An index that gains from batching is cut in no more slices than workers, so that a request nobody

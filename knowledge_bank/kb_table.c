@@ -74,7 +74,7 @@ struct kb_table {
     atomic_int_fast64_t mem_bytes;
     kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
     int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
-    atomic_uint_fast64_t knn_query_ns; /* kb_table_knn_query_ns */
+    atomic_uint_fast64_t knn_query_ns[2]; /* kb_table_knn_query_ns: searches split to single queries, larger */
     bool read_only;             /* kb_table_set_read_only: pending gradients are never applied */
     /* --cache-bytes (kb_cache.h): NULL when every row stays in memory. */
     kb_cache_t *cache;
@@ -1281,12 +1281,15 @@ static int s_knn_flush(kb_table_t *self)
 
 int kb_table_knn_flush(kb_table_t *self) { return self->knn ? s_knn_flush(self) : 0; }
 
-uint64_t kb_table_knn_query_ns(const kb_table_t *self)
+size_t kb_table_knn_batch_min(const kb_table_t *self, size_t nq)
 {
-    return atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
+    return self->knn ? kb_knn_batch_min(self->knn, nq) : 1;
 }
 
-size_t kb_table_knn_batch_min(const kb_table_t *self) { return self->knn ? kb_knn_batch_min(self->knn) : 1; }
+uint64_t kb_table_knn_query_ns(const kb_table_t *self, size_t nq)
+{
+    return atomic_load_explicit(&self->knn_query_ns[kb_table_knn_batch_min(self, nq) > 1], memory_order_relaxed);
+}
 
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                  ProtobufCBinaryData *keys_out, float *scores_out)
@@ -1299,17 +1302,19 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
     int64_t *ids = carls_xmalloc(nq * k * sizeof *ids);
     int64_t t0 = carls_monotonic_us();
     rc = kb_knn_search(self->knn, queries, nq, k, exclude, ids, scores_out);
-    if (rc == 0 && nq > 0 && nq >= kb_knn_batch_min(self->knn)) {
-        /* Only searches of a whole BLAS batch or more are timed: the time is used to size slices, which are
-         * never smaller (kb_table_knn_batch_min), and a lone query's scalar path costs several times as
-         * much per query. Calls may race here: the average loses a sample then, which an estimate can
-         * afford. A search under the clock's microsecond counts as 1 ns a query, so that 0 keeps meaning
-         * "not measured". */
+    size_t batch_min = kb_knn_batch_min(self->knn, nq);
+    if (rc == 0 && nq > 0 && nq >= batch_min) {
+        /* Two averages: searches that may be split to single queries, and those that keep batches of
+         * batch_min or more (a Flat index's BLAS product), which cost several times less per query; a search
+         * between the two is neither, and is not timed. Calls may race here: the average loses a sample
+         * then, which an estimate can afford. A search under the clock's microsecond counts as 1 ns a
+         * query, so that 0 keeps meaning "not measured". */
+        atomic_uint_fast64_t *avg = &self->knn_query_ns[batch_min > 1];
         uint64_t sample = (uint64_t)(carls_monotonic_us() - t0) * 1000u / nq;
         if (sample == 0)
             sample = 1;
-        uint64_t old = atomic_load_explicit(&self->knn_query_ns, memory_order_relaxed);
-        atomic_store_explicit(&self->knn_query_ns, old ? (3 * old + sample) / 4 : sample, memory_order_relaxed);
+        uint64_t old = atomic_load_explicit(avg, memory_order_relaxed);
+        atomic_store_explicit(avg, old ? (3 * old + sample) / 4 : sample, memory_order_relaxed);
     }
     for (size_t i = 0; i < nq * k; i++) {
         keys_out[i].data = NULL;

@@ -231,12 +231,13 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
 int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, const int64_t *exclude,
                  ProtobufCBinaryData *keys_out, float *scores_out);
 
-/* The recent search time per query of kb_table_knn, in ns (a moving average over calls of at least
- * kb_table_knn_batch_min queries), 0 before the first: how finely a request may be split among threads. */
-uint64_t kb_table_knn_query_ns(const kb_table_t *self);
+/* The fewest queries a slice of a request of nq queries may have (kb_knn_batch_min; 1 without an index). */
+size_t kb_table_knn_batch_min(const kb_table_t *self, size_t nq);
 
-/* The fewest queries a slice of one request may have (kb_knn_batch_min; 1 without an index). */
-size_t kb_table_knn_batch_min(const kb_table_t *self);
+/* The recent search time per query of kb_table_knn in ns, a moving average over calls like one of nq
+ * queries (split to single queries, or kept in batches of kb_table_knn_batch_min), 0 before the first:
+ * how finely a request of nq queries may be split among threads. */
+uint64_t kb_table_knn_query_ns(const kb_table_t *self, size_t nq);
 
 /* Brings the nearest-neighbour index up to date with every change made so far (the sweeper calls it so the
  * index does not lag far behind; kb_table_knn calls it before searching). 0 without an index. */

@@ -707,21 +707,23 @@ static void test_hnsw_staleness(void **st)
     free(after);
 }
 
-/* The slice floor the server splits a knn request by (kb-server's s_knn_parallel): a Flat search of fewer
- * queries than FAISS's BLAS threshold takes the scalar path, which cost 13 times as much (kb-maker graph over
- * 8k x 784 in slices of one query); HNSW and IVF search query by query and may be split to single queries. */
+/* The slice floor the server splits a knn request by (kb-server's s_knn_parallel): a Flat search of a
+ * BLAS batch or more must not be cut below it (the scalar path cost 13 times as much: kb-maker graph over
+ * 8k x 784 in slices of one query); a smaller one is scanned query by query whole or split, and so are
+ * every HNSW and IVF search. */
 static void test_batch_min(void **st)
 {
     (void)st;
     kb_knn_t *flat = s_new("Flat", KB_KNN_METRIC_L2, 8, false);
     kb_knn_t *ivf = s_new("IVF4,Flat", KB_KNN_METRIC_L2, 8, false);
     kb_knn_t *hnsw = s_new("HNSW16", KB_KNN_METRIC_L2, 8, false);
-    int threshold = faiss_get_distance_compute_blas_threshold();
+    size_t threshold = (size_t)faiss_get_distance_compute_blas_threshold();
     assert_true(threshold > 1);
-    assert_true(kb_knn_batch_min(flat) >= (size_t)threshold);
-    assert_true(kb_knn_batch_min(flat) >= 256);
-    assert_int_equal(kb_knn_batch_min(ivf), 1);
-    assert_int_equal(kb_knn_batch_min(hnsw), 1);
+    assert_true(kb_knn_batch_min(flat, threshold) >= threshold);
+    assert_true(kb_knn_batch_min(flat, 1024) >= 256);
+    assert_int_equal(kb_knn_batch_min(flat, threshold - 1), 1);
+    assert_int_equal(kb_knn_batch_min(ivf, 1024), 1);
+    assert_int_equal(kb_knn_batch_min(hnsw, 1024), 1);
     kb_knn_destroy(&flat);
     kb_knn_destroy(&ivf);
     kb_knn_destroy(&hnsw);
