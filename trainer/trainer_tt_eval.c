@@ -10,6 +10,8 @@
 #include "trainer_tt.h"
 #include "trainer_w2v.h"
 
+#include "bytes.h"
+#include "checkpoint.h"
 #include "data_gcide_bags.h"
 
 #include "log.h"
@@ -248,30 +250,34 @@ static size_t s_held(const data_gcide_t *g, size_t **out)
     return H;
 }
 
-#define TT_VEC_MAGIC "CARLSTTV"
+/* The vectors file is a checkpoint (base/checkpoint.h: versioned, CRC-32, little-endian, written atomically)
+ * of kind TT_VEC_KIND: tensors "queries" (H, D) and "words" (W, D), and the held-out sense indices as blob
+ * "held" (H little-endian uint64), so a file written for another hold-out is refused. */
+#define TT_VEC_KIND "twotower-vectors"
 
-/* The vectors file: magic, then H, W, D, step (uint64 each), the held-out sense indices (H uint64), Q (H, D)
- * and V (W, D) as floats, host byte order. */
 static int s_save_vectors(const char *path, const size_t *held, size_t H, size_t W, int D, uint64_t step,
                           const float *Q, const float *V)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        LOG_ERROR("trainer: cannot write %s", path);
-        return -1;
-    }
-    uint64_t hdr[4] = {H, W, (uint64_t)D, step};
-    bool ok = fwrite(TT_VEC_MAGIC, 1, 8, f) == 8 && fwrite(hdr, sizeof hdr, 1, f) == 1;
-    for (size_t i = 0; i < H && ok; i++) {
-        uint64_t s = held[i];
-        ok = fwrite(&s, sizeof s, 1, f) == 1;
-    }
-    ok = ok && fwrite(Q, sizeof(float) * (size_t)D, H, f) == H && fwrite(V, sizeof(float) * (size_t)D, W, f) == W;
-    if (fclose(f) != 0 || !ok) {
-        LOG_ERROR("trainer: writing %s failed", path);
-        return -1;
-    }
-    return 0;
+    carls_ckpt_t *ck = carls_ckpt_new(TT_VEC_KIND, step);
+    uint8_t *held_le = carls_xmalloc((H + 1) * 8);
+    for (size_t i = 0; i < H; i++)
+        carls_put_le64(held_le + i * 8, held[i]);
+    int64_t qdims[2] = {(int64_t)H, D}, wdims[2] = {(int64_t)W, D};
+    char err[512] = "";
+    int rc = H > 0 ? carls_ckpt_add(ck, "queries", 2, qdims, Q) : 0;
+    if (rc == 0)
+        rc = carls_ckpt_add(ck, "words", 2, wdims, V);
+    if (rc == 0 && H > 0)
+        rc = carls_ckpt_add_blob(ck, "held", held_le, H * 8);
+    if (rc == 0)
+        rc = carls_ckpt_write(ck, path, err, sizeof err);
+    else
+        snprintf(err, sizeof err, "%s", carls_ckpt_strerror(rc));
+    if (rc != 0)
+        LOG_ERROR("trainer: writing the vectors file %s failed: %s", path, err);
+    free(held_le);
+    carls_ckpt_destroy(&ck);
+    return rc == 0 ? 0 : -1;
 }
 
 /* Ranks the H held-out definitions (query vectors Q) against every headword (V), alone and fused with the
@@ -414,35 +420,44 @@ int tt_evaluate_saved(const tt_eval_in_t *in, const char *path)
     size_t H = s_held(g, &held);
     float *Q = NULL, *V = NULL;
     int status = -1;
-    FILE *f = fopen(path, "rb");
-    char magic[8];
-    uint64_t hdr[4];
-    if (!f || fread(magic, 1, 8, f) != 8 || memcmp(magic, TT_VEC_MAGIC, 8) != 0 || fread(hdr, sizeof hdr, 1, f) != 1) {
-        fprintf(stderr, "trainer: %s is not a vectors file (--save-vectors)\n", path);
+    carls_ckpt_t *ck = NULL;
+    char err[512];
+    if (carls_ckpt_read(path, &ck, err, sizeof err) != 0) {
+        fprintf(stderr, "trainer: %s is not a vectors file (--save-vectors): %s\n", path, err);
         goto out;
     }
-    if (hdr[0] != H || hdr[1] != W || hdr[2] != (uint64_t)D) {
-        fprintf(stderr, "trainer: %s holds %llu queries, %llu words of dim %llu; this run has %zu, %zu, %d\n", path,
-                (unsigned long long)hdr[0], (unsigned long long)hdr[1], (unsigned long long)hdr[2], H, W, D);
+    const carls_ckpt_tensor_t *q = carls_ckpt_find(ck, "queries"), *w = carls_ckpt_find(ck, "words");
+    size_t held_len = 0;
+    const uint8_t *held_le = carls_ckpt_blob(ck, "held", &held_len);
+    if (strcmp(carls_ckpt_kind(ck), TT_VEC_KIND) != 0 || !w || w->ndim != 2 || (q && q->ndim != 2)) {
+        fprintf(stderr, "trainer: %s is a checkpoint of kind '%s', not a vectors file (--save-vectors)\n", path,
+                carls_ckpt_kind(ck));
+        goto out;
+    }
+    size_t fh = q ? (size_t)q->dims[0] : 0;
+    if (fh != H || (size_t)w->dims[0] != W || w->dims[1] != D || (q && q->dims[1] != D)) {
+        fprintf(stderr, "trainer: %s holds %zu queries, %lld words of dim %lld; this run has %zu, %zu, %d\n", path,
+                fh, (long long)w->dims[0], (long long)w->dims[1], H, W, D);
+        goto out;
+    }
+    if (held_len != H * 8 || (H > 0 && !held_le)) {
+        fprintf(stderr, "trainer: %s has %zu bytes of held-out senses, expected %zu\n", path, held_len, H * 8);
         goto out;
     }
     for (size_t i = 0; i < H; i++) {
-        uint64_t s;
-        if (fread(&s, sizeof s, 1, f) != 1 || s != held[i]) {
-            fprintf(stderr, "trainer: %s was written for another hold-out\n", path);
+        if (carls_get_le64(held_le + i * 8) != held[i]) {
+            fprintf(stderr, "trainer: %s was written for another hold-out (held-out sense %zu differs)\n", path, i);
             goto out;
         }
     }
     Q = carls_xmalloc((H + 1) * (size_t)D * sizeof(float));
     V = carls_xmalloc(W * (size_t)D * sizeof(float));
-    if (fread(Q, sizeof(float) * (size_t)D, H, f) != H || fread(V, sizeof(float) * (size_t)D, W, f) != W) {
-        fprintf(stderr, "trainer: %s is truncated\n", path);
-        goto out;
-    }
+    if (H > 0)
+        memcpy(Q, q->data, H * (size_t)D * sizeof(float));
+    memcpy(V, w->data, W * (size_t)D * sizeof(float));
     status = s_rank_and_report(in, Q, V, held, H, t0, NAN);
 out:
-    if (f)
-        fclose(f);
+    carls_ckpt_destroy(&ck);
     free(held);
     free(Q);
     free(V);

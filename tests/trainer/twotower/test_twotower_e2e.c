@@ -309,6 +309,16 @@ static void test_makers(void **state)
     const char *bargv[] = {TRAINER, "twotower", "--index", e.index, "--dict", e.dict, "--holdout-count", "20",
                            "--holdout-seed", "4", "--out-dim", "16", "--eval-vectors", vectors, NULL};
     assert_int_equal(s_wait(s_spawn(bargv, NULL)), 1);
+    /* The file is a checkpoint: one byte changed in its vectors fails its CRC-32, and the evaluation refuses it. */
+    FILE *vf = fopen(vectors, "r+b");
+    assert_non_null(vf);
+    assert_int_equal(fseek(vf, -64, SEEK_END), 0);
+    int byte = fgetc(vf);
+    assert_true(byte != EOF);
+    assert_int_equal(fseek(vf, -64, SEEK_END), 0);
+    assert_true(fputc(byte ^ 0x5a, vf) != EOF);
+    assert_int_equal(fclose(vf), 0);
+    assert_int_equal(s_wait(s_spawn(eargv, NULL)), 1); /* the old raw file took the changed float as it was */
     s_env_done(&e);
 }
 
