@@ -2,6 +2,7 @@
 #include "carls_report.h"
 
 #include "carls_knowledge.h"
+#include "carls_stages.h"
 #include "log.h"
 
 #include <inttypes.h>
@@ -283,7 +284,8 @@ int carls_report_write(const char *dir, const char *config_path, const carls_ini
         fprintf(f, "| %s | %.6g |\n", r->key[i], r->value[i]);
     }
     if (phases && *phases) {
-        fprintf(f, "\n## Phases\n\n| phase | seconds |\n| --- | --- |\n%s", phases);
+        fprintf(f, "\n## Stages\n\nThe wall time of each stage, in the order they ran (they do not overlap; also "
+                   "in `" CARLS_STAGES_JSON "`).\n\n| stage | seconds |\n| --- | --- |\n%s", phases);
     }
     if (faults && *faults) {
         fprintf(f, "\n## Faults\n\n%s", faults);

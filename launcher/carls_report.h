@@ -1,6 +1,6 @@
 /* What the launcher writes after a run into runs/<name>/: PNG plots of the trainer's metrics CSV (through
- * gnuplot, when it is installed) and report.md with the configuration, the result table and the phases'
- * timings. */
+ * gnuplot, when it is installed) and report.md with the configuration, the result table and the stages'
+ * timings (carls_stages.h). */
 #ifndef CARLS_REPORT_H
 #define CARLS_REPORT_H
 
@@ -30,9 +30,9 @@ const double *carls_result_get(const carls_result_t *r, const char *key);
  * (logged; the report says so). */
 int carls_report_plots(const char *dir, const char *metrics_csv, const char *experiment);
 
-/* Writes dir/report.md. phases: a text table of timings (may be NULL). faults: markdown for the "Faults"
- * section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. With dir/knowledge.csv, a
- * "Knowledge per refresh" section shows its rows. */
+/* Writes dir/report.md. phases: the rows of the stage table (carls_stages_table; may be NULL). faults: markdown
+ * for the "Faults" section (restarts, deaths; may be NULL). plotted: whether the PNGs exist. With
+ * dir/knowledge.csv, a "Knowledge per refresh" section shows its rows. */
 int carls_report_write(const char *dir, const char *config_path, const carls_ini_t *ini, const carls_result_t *r,
                        const char *phases, const char *faults, int plotted);
 

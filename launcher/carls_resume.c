@@ -78,6 +78,14 @@ static int s_steps(const char *ckpt_dir, long long *steps, int max)
     return n;
 }
 
+int carls_resume_count(const char *ckpt_dir)
+{
+    long long steps[CARLS_RESUME_MAX];
+    errno = 0;
+    const int n = s_steps(ckpt_dir, steps, CARLS_RESUME_MAX);
+    return n < 0 && errno == ENOENT ? 0 : n;
+}
+
 int carls_resume_candidates(const char *ckpt_dir, bool need_snapshot, const char *const *shard_dirs, int n_shards,
                             carls_resume_candidates_t *out)
 {

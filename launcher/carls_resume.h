@@ -33,6 +33,10 @@ typedef struct {
 int carls_resume_candidates(const char *ckpt_dir, bool need_snapshot, const char *const *shard_dirs, int n_shards,
                             carls_resume_candidates_t *out);
 
+/* How many checkpoint files (ckpt-<step>.ckpt, readable or not) ckpt_dir holds: 0 also when it does not exist
+ * (a run stopped before the trainer's first checkpoint), or -1 when it cannot be read (errno says why). */
+int carls_resume_count(const char *ckpt_dir);
+
 /* Makes the checkpoint of step the newest of ckpt_dir: the later ones (and temporary files) go, and latest
  * names it (atomically), so makers and the trainer start from it. 0, or -1 with err. */
 int carls_resume_rollback(const char *ckpt_dir, unsigned long long step, char *err, size_t errlen);

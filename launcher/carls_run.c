@@ -8,6 +8,7 @@
 #include "carls_report.h"
 #include "carls_resume.h"
 #include "carls_slurm.h"
+#include "carls_stages.h"
 
 #include "files.h"
 #include "log.h"
@@ -452,10 +453,13 @@ typedef struct {
     char snap_prefix[48];             /* its --bank-snapshot prefix (the run's name, carls_resume_prefix) */
     /* --resume RUN_DIR: where the run resumed (s_resume_bank). */
     const char *resume_dir;           /* NULL: a fresh run */
+    const char *note;                 /* settings the launcher changed to fit the data ("": none), for report.md */
+    const char *restart_dir;          /* --resume of a run with no checkpoint yet: run again from the start in
+                                       * this directory, its run.ini kept */
     carls_resume_pair_t resumed;      /* the checkpoint and snapshot it resumed from */
-    /* How long each phase took, as rows of a markdown table for report.md. */
-    char phases[4096];
-    size_t plen;
+    /* How long each stage took (report.md's table, stages.json); total_s: the whole run's, once measured. */
+    carls_stages_t stages;
+    double total_s;
     /* What happened, as rows of a markdown table for report.md. */
     char events[8192];
     size_t elen;
@@ -958,9 +962,138 @@ static int s_twotower_result(const s_run_t *r, const carls_result_t *res, int pl
     return 0;
 }
 
+/* ---- user data and the settings made for images ------------------------------------------------------
+ * A user's data set (data = npy:... or csv:...) is one row of features per item (data/data_user.h), never an
+ * image, while experiments/graphreg.ini is tuned on Fashion-MNIST's 28x28 images: HOG features (which need
+ * 6x6 pixels or more), a convolutional encoder, shifted and flipped training images. s_fit_user_data turns
+ * those off for user data when they come from the configuration file, saying so, and refuses them when they
+ * were asked for with --set. */
+
+/* The shape of the features file of user data spec ("npy:F,L" or "csv:F,L") in words into out ("600 x 16" for
+ * .npy, "rows of 16 values" for CSV); "" when the file cannot be read (the makers and trainer name the problem
+ * when they load it). */
+static void s_user_shape(const char *spec, char *out, size_t len)
+{
+    *out = '\0';
+    char path[4096];
+    const size_t n = strcspn(spec + 4, ",");
+    if (n >= sizeof path) {
+        return;
+    }
+    memcpy(path, spec + 4, n);
+    path[n] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return;
+    }
+    char head[4096];
+    const size_t got = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    head[got] = '\0';
+    if (strncmp(spec, "npy:", 4) == 0) {
+        /* The header's dict (after the 10- or 12-byte preamble) holds 'shape': (N, D). */
+        const char *shape = got > 10 && memcmp(head, "\x93NUMPY", 6) == 0 ? strstr(head + 10, "'shape':") : NULL;
+        const char *open = shape ? strchr(shape, '(') : NULL;
+        unsigned long long rows = 0, cols = 0;
+        const int k = open ? sscanf(open, "(%llu, %llu)", &rows, &cols) : 0;
+        if (k == 2) {
+            snprintf(out, len, "%llu x %llu", rows, cols);
+        } else if (k == 1) {
+            snprintf(out, len, "%llu values, one dimension", rows);
+        }
+        return;
+    }
+    /* CSV: the fields of the first line of numbers (a first line that is not numbers is a header). */
+    char *line = head;
+    char *end = NULL;
+    strtod(line, &end);
+    if (end == line) {
+        line = strchr(head, '\n');
+        line = line ? line + 1 : head + got;
+    }
+    line[strcspn(line, "\r\n")] = '\0';
+    if (*line) {
+        int fields = 1;
+        for (const char *c = line; *c; c++) {
+            fields += *c == ',';
+        }
+        snprintf(out, len, "rows of %d values", fields);
+    }
+}
+
+/* Index of key in ini, or -1. */
+static int s_ini_index(const carls_ini_t *ini, const char *key)
+{
+    for (int i = 0; i < ini->n; i++) {
+        if (strcmp(ini->key[i], key) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Graphreg on user data: the image-only settings (above) turned off when the configuration file set them,
+ * in one line on stderr (and into note, notelen bytes, for report.md); refused when --set asked for them.
+ * Returns 0, or 2 after saying which setting to change. */
+static int s_fit_user_data(carls_ini_t *ini, s_cfg_t *c, const char *config, char *note, size_t notelen)
+{
+    *note = '\0';
+    const bool user = strncmp(c->data, "npy:", 4) == 0 || strncmp(c->data, "csv:", 4) == 0;
+    if (strcmp(c->experiment, "graphreg") != 0 || !user) {
+        return 0;
+    }
+    const struct {
+        const char *key;
+        bool images;       /* set to something only images can take */
+        const char *off;   /* the value that works for any data */
+        const char *needs; /* what the setting needs, in words */
+        const char *use;   /* what to use instead */
+    } image_only[] = {
+        {"pixel_features", strcmp(c->pixel_features, "hog") == 0, "centered",
+         "images of 6x6 pixels or more (HOG)", "pixel_features = centered, raw or sqrt"},
+        {"conv", *c->conv && strcmp(c->conv, "none") != 0, "none", "images (rows x columns of pixels)",
+         "conv = none"},
+        {"augment_shift", c->augment_shift != 0, "0", "images to shift", "augment_shift = 0"},
+        {"augment_flip", c->augment_flip != 0, "0", "images to flip", "augment_flip = 0"},
+    };
+    char shape[128], data[800];
+    s_user_shape(c->data, shape, sizeof shape);
+    s_fmt(data, sizeof data, "data = %.500s holds one row of features per item%s%s%s, not images", c->data,
+          *shape ? " (" : "", shape, *shape ? ")" : "");
+    char was[512] = "", now[512] = "";
+    for (size_t k = 0; k < sizeof image_only / sizeof image_only[0]; k++) {
+        const int i = s_ini_index(ini, image_only[k].key);
+        if (!image_only[k].images || i < 0) {
+            continue;
+        }
+        if (ini->overridden[i]) {
+            fprintf(stderr, "carls: --set %s=%s needs %s, but %s: use %s\n", image_only[k].key, ini->value[i],
+                    image_only[k].needs, data, image_only[k].use);
+            return 2;
+        }
+        const size_t w = strlen(was), n = strlen(now);
+        snprintf(was + w, sizeof was - w, "%s%s = %s", w ? ", " : "", image_only[k].key, ini->value[i]);
+        snprintf(now + n, sizeof now - n, "%s%s = %s", n ? ", " : "", image_only[k].key, image_only[k].off);
+        /* The value in place (not marked --set): the settings structure points at it, report.md and run.ini
+         * show what ran. */
+        s_fmt(ini->value[i], sizeof ini->value[i], "%s", image_only[k].off);
+    }
+    if (!*was) {
+        return 0;
+    }
+    c->augment_shift = 0;
+    c->augment_flip = 0;
+    /* No '|' in it: it becomes a row of report.md's table. */
+    snprintf(note, notelen, "%s: %s from %s %s for images, so this run uses %s (other features: --set "
+             "pixel_features=raw or sqrt)", data, was, config, strchr(was, ',') ? "are" : "is", now);
+    fprintf(stderr, "carls: %s\n", note);
+    return 0;
+}
+
 /* Reads CONFIG (argv[1]) into ini, applies --set key=value (or --set=key=value) and --quiet, and checks the
  * settings into *c. Returns 0, or the exit status (2) after reporting the problem. */
-static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bool *quiet)
+static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bool *quiet, char *note,
+                         size_t notelen)
 {
     const char *config = argv[1];
     char err[2048];
@@ -990,7 +1123,7 @@ static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bo
         fprintf(stderr, "carls: %s: %s\n", config, err);
         return 2;
     }
-    return 0;
+    return s_fit_user_data(ini, c, config, note, notelen);
 }
 
 /* Names the run's files and gives it a fresh directory: the bank, checkpoints and logs of an earlier run with
@@ -1000,8 +1133,8 @@ static int s_load_config(int argc, char **argv, carls_ini_t *ini, s_cfg_t *c, bo
 static int s_prepare_dir(s_run_t *r)
 {
     const s_cfg_t *c = r->c;
-    if (r->resume_dir) {
-        s_fmt(r->dir, sizeof r->dir, "%s", r->resume_dir);
+    if (r->resume_dir || r->restart_dir) {
+        s_fmt(r->dir, sizeof r->dir, "%s", r->resume_dir ? r->resume_dir : r->restart_dir);
     } else {
         s_fmt(r->dir, sizeof r->dir, "%s/%s", c->runs_dir, c->name);
     }
@@ -1037,8 +1170,10 @@ static int s_prepare_dir(s_run_t *r)
         s_fmt(cmd, sizeof cmd, "cd '%s' && rm -rf keys && { [ ! -e processes.tsv ] || mv -f processes.tsv "
               "processes.before-resume.tsv; }", r->dir);
     } else {
+        /* A restart keeps run.ini: it is the configuration being run. */
         s_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* ckpt logs keys "
-              "metrics.csv trainer.out processes.tsv processes.before-resume.tsv " CARLS_RESUME_SETTINGS, r->dir);
+              "metrics.csv trainer.out processes.tsv processes.before-resume.tsv %s", r->dir,
+              r->restart_dir ? "" : CARLS_RESUME_SETTINGS);
     }
     if (system(cmd) != 0 || carls_mkdir_p(r->logs, 0755, NULL, 0) != 0) {
         fprintf(stderr, "carls: cannot prepare %s\n", r->dir);
@@ -1046,7 +1181,8 @@ static int s_prepare_dir(s_run_t *r)
     }
     char settings[4400], err[1024];
     s_fmt(settings, sizeof settings, "%s/%s", r->dir, CARLS_RESUME_SETTINGS);
-    if (!r->resume_dir && carls_resume_write_settings(settings, r->config, r->ini, err, sizeof err) != 0) {
+    if (!r->resume_dir && !r->restart_dir &&
+        carls_resume_write_settings(settings, r->config, r->ini, err, sizeof err) != 0) {
         fprintf(stderr, "carls: %s\n", err);
         return -1;
     }
@@ -1067,17 +1203,6 @@ static void s_print_plan(const s_run_t *r)
                r->bank_emb ? ", neighbour embeddings from the maker fleet" : "", r->dir);
     }
     fflush(stdout);
-}
-
-/* Appends a row to the report's phase table. */
-static void s_phase(s_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void s_phase(s_run_t *r, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(r->phases + r->plen, sizeof r->phases - r->plen, fmt, ap);
-    va_end(ap);
-    r->plen += (size_t)n;
 }
 
 /* Runs `kb-keygen PATH` (PATH.key, mode 0600, and PATH.pub), its output in logs/keygen.log. 0 or -1 (logged). */
@@ -1122,7 +1247,12 @@ static int s_make_keys(s_run_t *r)
     }
     char server[4400];
     s_fmt(server, sizeof server, "%s/server", r->keys);
-    if (s_keygen(r, server) != 0 || s_each_client(r, s_make_client_key) != 0) {
+    const int64_t t0 = carls_monotonic_ms();
+    const int rc = s_keygen(r, server) != 0 || s_each_client(r, s_make_client_key) != 0 ? -1 : 0;
+    carls_stages_add(&r->stages, "curve_keys", (double)(carls_monotonic_ms() - t0) / 1000.0,
+                     "CURVE keys: kb-keygen for the servers and %d clients%s", r->n_client_keys,
+                     rc ? " (failed)" : "");
+    if (rc != 0) {
         return -1;
     }
     printf("[carls] CURVE: a server key pair and %d client keys in %s; the servers admit only those clients\n",
@@ -1136,7 +1266,6 @@ static int s_make_keys(s_run_t *r)
 static int s_start_bank(s_run_t *r, const char *restore)
 {
     const s_cfg_t *c = r->c;
-    const int64_t t0 = carls_monotonic_ms();
     r->endpoints[0] = '\0';
     for (int i = 0; i < r->n_shards; i++) {
         s_shard_t *b = &r->shard[i];
@@ -1191,9 +1320,15 @@ static int s_start_bank(s_run_t *r, const char *restore)
     }
     printf("%s (each restarted on the same endpoint and data if it dies, up to %d times)\n",
            r->curve ? ", CURVE only" : "", (int)c->max_bank_restarts);
-    s_phase(r, "| bank: %d kb-server%s%s | %.1f |\n", r->n_shards, r->n_shards == 1 ? "" : "s (shards)",
-            r->curve ? ", CURVE (a key per process)" : "", (double)(carls_monotonic_ms() - t0) / 1000.0);
     return 0;
+}
+
+/* The bank in words, for the stage table: "1 kb-server", "2 kb-servers (shards), CURVE (a key per process)". */
+static const char *s_bank_words(const s_run_t *r, char *buf, size_t len)
+{
+    s_fmt(buf, len, "%d kb-server%s%s", r->n_shards, r->n_shards == 1 ? "" : "s (shards)",
+          r->curve ? ", CURVE (a key per process)" : "");
+    return buf;
 }
 
 /* The last non-empty line of path into out (len bytes; "" when there is none). */
@@ -1280,9 +1415,11 @@ static int s_resume_bank(s_run_t *r)
         fflush(stdout);
         s_event(r, "resumed from step %llu (checkpoint `%s`, snapshot `%s`)", r->resumed.step, r->resumed.path,
                 snap);
-        s_phase(r, "| resume: bank restored from snapshot %s | %.1f |\n", snap,
-                (double)(carls_monotonic_ms() - t0) / 1000.0);
     }
+    char bank[96];
+    carls_stages_add(&r->stages, "bank_restore", (double)(carls_monotonic_ms() - t0) / 1000.0,
+                     "bank: %s, %s%s (--resume)", s_bank_words(r, bank, sizeof bank),
+                     rc == 0 ? "restored from snapshot " : "no snapshot restored", rc == 0 ? r->resumed.snapshot : "");
     free(refused);
     free(cand);
     return rc;
@@ -1295,17 +1432,22 @@ static int s_initial_graph(s_run_t *r)
     double s = 0;
     const int n = (int)c->makers;
     const char *px[] = {"--encoder", "pixels", "--pixel-features", c->pixel_features, NULL};
-    if (s_fleet_once(r, "pixels", "embed", n, px, &s) != 0) {
+    int rc = s_fleet_once(r, "pixels", "embed", n, px, &s);
+    carls_stages_add(&r->stages, "pixel_embeddings", s,
+                     "initial makers: pixel embeddings (%s features, %d maker%s)%s", c->pixel_features, n,
+                     n == 1 ? "" : "s", rc ? " (failed)" : "");
+    if (rc != 0) {
         return -1;
     }
-    s_phase(r, "| pixel embeddings (%d makers) | %.1f |\n", n, s);
     char kbuf[32];
     s_fmt(kbuf, sizeof kbuf, "%d", (int)c->graph_k);
     const char *gr[] = {"--source", "pixels", "--k", kbuf, NULL};
-    if (s_fleet_once(r, "graph", "graph", n, gr, &s) != 0) {
+    rc = s_fleet_once(r, "graph", "graph", n, gr, &s);
+    carls_stages_add(&r->stages, "initial_graph", s, "initial graph: k=%d neighbours by graph makers (%d)%s",
+                     (int)c->graph_k, n, rc ? " (failed)" : "");
+    if (rc != 0) {
         return -1;
     }
-    s_phase(r, "| initial k=%d graph (%d makers) | %.1f |\n", (int)c->graph_k, n, s);
     if (r->label_first) {
         char lpc[32], lseed[32], sa_[32], si[32], bal[32];
         s_fmt(lpc, sizeof lpc, "%d", (int)c->labels_per_class);
@@ -1315,10 +1457,12 @@ static int s_initial_graph(s_run_t *r)
         s_fmt(bal, sizeof bal, "%d", (int)c->label_balance);
         const char *lb[] = {"--labels-per-class", lpc, "--label-seed", lseed, "--k", kbuf, "--spread-alpha", sa_,
                             "--spread-iters", si, "--balance", bal, NULL};
-        if (s_fleet_once(r, "labels0", "label", 1, lb, &s) != 0) {
+        rc = s_fleet_once(r, "labels0", "label", 1, lb, &s);
+        carls_stages_add(&r->stages, "label_spreading", s, "label maker: first label spreading over the graph%s",
+                         rc ? " (failed)" : "");
+        if (rc != 0) {
             return -1;
         }
-        s_phase(r, "| first label spreading | %.1f |\n", s);
     }
     return 0;
 }
@@ -1545,6 +1689,24 @@ static void s_stop_all(s_run_t *r)
     }
 }
 
+/* The trainer's stages (wall seconds from its start until the launcher stopped waiting for it): split into
+ * start-up, training and evaluation by what it reported when it finished (carls_stages_trainer); one stage
+ * when it failed or was stopped. */
+static void s_trainer_stages(s_run_t *r, double wall)
+{
+    if (r->trainer.running || r->trainer.status != 0) {
+        carls_stages_add(&r->stages, "trainer", wall, "trainer (makers beside it): %s",
+                         r->trainer.running ? "stopped by the launcher" : "failed");
+        return;
+    }
+    carls_result_t *res = carls_xmalloc(sizeof *res);
+    carls_result_read(res, r->out);
+    char log[4400];
+    s_fmt(log, sizeof log, "%s/trainer.log", r->logs);
+    carls_stages_trainer(&r->stages, wall, r->c->experiment, res, r->metrics, log);
+    free(res);
+}
+
 /* Prints the graphreg run's result line (accuracy first); returns the launcher's status. */
 static int s_graphreg_result(const s_run_t *r, const carls_result_t *res, int plotted, double wall)
 {
@@ -1563,17 +1725,22 @@ static int s_graphreg_result(const s_run_t *r, const carls_result_t *res, int pl
     return 0;
 }
 
-/* The trainer finished: plots, report.md (phases, faults) and the result line. Returns the launcher's status. */
+/* The trainer finished: plots, report.md (stages, faults) and the result line. Returns the launcher's status. */
 static int s_report(s_run_t *r, double wall)
 {
     const s_cfg_t *c = r->c;
     carls_result_t res;
     carls_result_read(&res, r->out);
-    s_phase(r, "| whole run | %.1f |\n", wall);
+    const int64_t t0 = carls_monotonic_ms();
     char knowledge[4400]; /* the knowledge per refresh from the makers' logs, for the report and its plots */
     s_fmt(knowledge, sizeof knowledge, "%s/" CARLS_KNOWLEDGE_CSV, r->dir);
     carls_knowledge_write(r->logs, knowledge);
     int plotted = carls_report_plots(r->dir, r->metrics, c->experiment) == 0;
+    carls_stages_add(&r->stages, "report", (double)(carls_monotonic_ms() - t0) / 1000.0,
+                     "report: knowledge per refresh%s", plotted ? " and plots (gnuplot)" : "");
+    r->total_s = s_elapsed(r);
+    char *stages = carls_xmalloc(8192);
+    carls_stages_table(&r->stages, r->total_s, stages, 8192);
     const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
     char faults[10240];
     snprintf(faults, sizeof faults,
@@ -1583,7 +1750,8 @@ static int s_report(s_run_t *r, double wall)
              r->bank_restarts, (int)c->max_bank_restarts, r->maker_deaths, r->maker_restarts,
              (int)c->max_maker_restarts, skipped ? *skipped : 0.0,
              r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
-    carls_report_write(r->dir, r->config, r->ini, &res, r->phases, faults, plotted);
+    carls_report_write(r->dir, r->config, r->ini, &res, stages, faults, plotted);
+    free(stages);
     return r->tt ? s_twotower_result(r, &res, plotted, wall) : s_graphreg_result(r, &res, plotted, wall);
 }
 
@@ -1608,21 +1776,34 @@ static int s_run(s_run_t *r)
     r->fleet_argv = carls_xcalloc(CARLS_PROC_MAX, sizeof *r->fleet_argv);
     carls_ptab_init(&r->ptab, r->ptab_path);
     s_print_plan(r);
+    if (*r->note) {
+        s_event(r, "%s", r->note);
+    }
     s_write_metrics_targets(c, r->dir, r->tt, r->embed_fleet, r->graph_refresh, r->label_loop);
     bool ready = !r->curve || s_make_keys(r) == 0;
     if (ready && r->resume_dir) {
         ready = s_resume_bank(r) == 0; /* the graph and pseudo-labels come back with the snapshot */
     } else if (ready) {
-        ready = s_start_bank(r, NULL) == 0 && (!r->graph_needed || s_initial_graph(r) == 0);
+        const int64_t t_bank = carls_monotonic_ms();
+        ready = s_start_bank(r, NULL) == 0;
+        char bank[96];
+        carls_stages_add(&r->stages, "bank_startup", (double)(carls_monotonic_ms() - t_bank) / 1000.0,
+                         "bank: %s%s", s_bank_words(r, bank, sizeof bank), ready ? "" : " (failed)");
+        ready = ready && (!r->graph_needed || s_initial_graph(r) == 0);
     }
+    int64_t t = carls_monotonic_ms();
     if (ready && s_start_fleet(r) == 0) {
-        const int64_t t_train = carls_monotonic_ms();
+        carls_stages_add(&r->stages, "makers_start", (double)(carls_monotonic_ms() - t) / 1000.0,
+                         "resident makers started (%d process%s)", r->n_fleet, r->n_fleet == 1 ? "" : "es");
+        t = carls_monotonic_ms();
         if (s_run_trainer(r) == 0) {
-            s_phase(r, "| trainer (makers running beside it) | %.1f |\n",
-                    (double)(carls_monotonic_ms() - t_train) / 1000.0);
+            s_trainer_stages(r, (double)(carls_monotonic_ms() - t) / 1000.0);
         }
     }
+    t = carls_monotonic_ms();
     s_stop_all(r);
+    carls_stages_add(&r->stages, "shutdown", (double)(carls_monotonic_ms() - t) / 1000.0,
+                     "shutdown: trainer, makers and bank stopped");
     const double wall = (double)(carls_monotonic_ms() - r->t0) / 1000.0;
     int status = 1;
     if (s_interrupted) {
@@ -1636,6 +1817,13 @@ static int s_run(s_run_t *r)
         status = s_report(r, wall);
     } else if (r->trainer.name[0]) {
         LOG_ERROR("trainer failed with status %d (see %s/trainer.log)", r->trainer.status, r->logs);
+    }
+    /* Every run, finished or not, leaves its stage times (report.md has them only when it finished). */
+    char path[4400], err[1024];
+    s_fmt(path, sizeof path, "%s/" CARLS_STAGES_JSON, r->dir);
+    if (carls_stages_write_json(path, &r->stages, r->total_s > 0 ? r->total_s : s_elapsed(r), c->name,
+                                c->experiment, status, err, sizeof err) != 0) {
+        LOG_WARN("cannot write the stage times: %s", err);
     }
     fflush(stdout);
     free(r->fleet_argv);
@@ -1664,6 +1852,23 @@ static int s_resume_args(int argc, char **argv, char *settings, size_t settings_
     return 0;
 }
 
+/* Whether the run in dir (settings c) stopped before the trainer wrote its first checkpoint: nothing to resume
+ * from, so --resume starts it again from the beginning, and says so. A checkpoint directory that cannot be
+ * read is not that case (s_resume_bank names the problem). */
+static bool s_nothing_to_resume(const char *dir, const s_cfg_t *c)
+{
+    char ckpt[4400];
+    s_fmt(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    if (carls_resume_count(ckpt) != 0) {
+        return false;
+    }
+    /* graphreg checkpoints before its first step, twotower after ckpt_every steps. */
+    const bool tt = strcmp(c->experiment, "twotower") == 0;
+    fprintf(stderr, "carls: %s has no checkpoint yet (the run stopped before the trainer's first one, at step %d): "
+            "starting it again from the beginning\n", dir, tt ? (int)c->ckpt_every : 0);
+    return true;
+}
+
 int carls_run_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
@@ -1674,7 +1879,9 @@ int carls_run_main(int argc, char **argv)
                "  --resume RUN_DIR: continue a graphreg or twotower run that was stopped or killed (runs/<name>)\n"
                "  from its newest checkpoint that has a complete bank snapshot: the bank restored from the snapshot,\n"
                "  the trainer from the checkpoint (model, optimiser, data position, RNG), makers restarted; the\n"
-               "  settings are RUN_DIR/run.ini (docs/STATE.md \"Resuming a run\")\n");
+               "  settings are RUN_DIR/run.ini (docs/STATE.md \"Resuming a run\"); a run stopped before the trainer's\n"
+               "  first checkpoint starts again from the beginning\n"
+               "  stage times of every run: report.md's Stages table and RUN_DIR/stages.json\n");
         return argc < 2 ? 2 : 0;
     }
     const char *resume_dir = NULL;
@@ -1691,7 +1898,8 @@ int carls_run_main(int argc, char **argv)
     carls_ini_t *ini = carls_xcalloc(1, sizeof *ini);
     s_cfg_t c;
     bool quiet = false;
-    int status = s_load_config(argc, argv, ini, &c, &quiet);
+    char note[1600];
+    int status = s_load_config(argc, argv, ini, &c, &quiet, note, sizeof note);
     if (status == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -1704,6 +1912,11 @@ int carls_run_main(int argc, char **argv)
         r->ini = ini;
         r->quiet = quiet;
         r->resume_dir = resume_dir;
+        r->note = note;
+        if (resume_dir && s_nothing_to_resume(resume_dir, &c)) {
+            r->resume_dir = NULL;
+            r->restart_dir = resume_dir;
+        }
         status = s_prepare_dir(r) == 0 && carls_slurm_begin(r->dir, c.name) == 0 ? s_run(r) : 1;
         carls_slurm_end();
         free(r);

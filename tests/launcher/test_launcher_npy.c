@@ -6,7 +6,11 @@
  * refused before anything trains, with a message naming the file and the row. Last, a run with metrics_port
  * set is scraped while it trains: every target in its prometheus-targets.json (the bank, the trainer, the
  * embed maker) must serve a page that `promtool check metrics` accepts (skipped, saying so, without
- * promtool); then it is interrupted. Needs no Debian data set. */
+ * promtool); then it is interrupted. The same clusters also go through the default experiments/graphreg.ini
+ * (HOG features, a convolutional encoder and shifted images, all for images; here with small sizes): the
+ * launcher turns those off for data whose items are rows of features, says so in one line and the run
+ * finishes; asked for with --set pixel_features=hog, it refuses in one line naming the setting and the data's
+ * shape. Needs no Debian data set. */
 #include "maker_testlib.h"
 
 #include "npy.h"
@@ -154,6 +158,46 @@ int main(void)
              "the error does not name the file and the row (see %s)", path);
     snprintf(path, sizeof path, "%s/carls-bad.log", dir);
     MT_CHECK(!mt_file_contains(path, "[trainer]"), "the trainer started on bad data (see %s)", path);
+
+    /* The default experiments/graphreg.ini with these clusters: its image-only settings turned off, saying so. */
+    char graphreg[512], set_test[600], set_runs[300], log4[160];
+    snprintf(graphreg, sizeof graphreg, "%s/experiments/graphreg.ini", CARLS_SOURCE_DIR);
+    snprintf(set_data, sizeof set_data, "data=npy:%s/x.npy,%s/y.npy", dir, dir);
+    snprintf(set_test, sizeof set_test, "test_data=npy:%s/tx.npy,%s/ty.npy", dir, dir);
+    snprintf(set_runs, sizeof set_runs, "runs_dir=%s/runs", dir);
+    snprintf(log4, sizeof log4, "%s/carls-default.log", dir);
+    char *argv4[] = {"carls", "run", graphreg, "--set", set_data, "--set", set_test, "--set", set_runs, "--set",
+                     "name=default", "--set", "tables=clusters", "--set", "labels_per_class=5", "--set", "makers=1",
+                     "--set", "maker_device=cpu", "--set", "graph_k=5", "--set", "neighbors=5", "--set",
+                     "hidden=32,16", "--set", "steps=60", "--set", "batch_labelled=20", "--set",
+                     "batch_unlabelled=32", "--set", "lr=0.01", "--set", "ckpt_every=30", "--set", "eval_every=30",
+                     "--set", "timeout_s=120", NULL};
+    mt_check_run_result(mt_wait(mt_spawn("carls", argv4, log4), 180000), log4, line, sizeof line);
+    MT_CHECK(mt_file_contains(log4, "holds one row of features per item (600 x 16), not images: pixel_features = "
+                                    "hog, conv = 16:5:2, augment_shift = 2 from ") &&
+                 mt_file_contains(log4, "so this run uses pixel_features = centered, conv = none, augment_shift = 0 "
+                                        "(other features: --set pixel_features=raw or sqrt)\n"),
+             "the launcher did not say which settings it changed (see %s)", log4);
+    snprintf(path, sizeof path, "%s/runs/default/logs/pixels-0.log", dir);
+    MT_CHECK(mt_file_contains(path, "embed pixels: 600 items (centered, dim 16)"),
+             "the pixel makers did not embed the centered features (see %s)", path);
+    snprintf(path, sizeof path, "%s/runs/default/run.ini", dir);
+    MT_CHECK(mt_file_contains(path, "pixel_features = centered\n") && mt_file_contains(path, "conv = none\n"),
+             "run.ini does not hold the settings that ran (see %s)", path);
+    printf("default graphreg.ini on rows of features: %s\n", line);
+    /* Asked for explicitly: refused before anything starts, naming the setting and the data's shape. */
+    char *argv5[] = {"carls", "run", graphreg, "--set", set_data, "--set", set_test, "--set", set_runs, "--set",
+                     "name=hog", "--set", "pixel_features=hog", NULL};
+    snprintf(log4, sizeof log4, "%s/carls-hog.log", dir);
+    MT_CHECK(mt_wait(mt_spawn("carls", argv5, log4), 30000) == 2, "--set pixel_features=hog on rows of features was "
+             "not refused (see %s)", log4);
+    MT_CHECK(mt_file_contains(log4, "carls: --set pixel_features=hog needs images of 6x6 pixels or more (HOG), but "
+                                    "data = npy:") &&
+                 mt_file_contains(log4, "holds one row of features per item (600 x 16), not images: use "
+                                        "pixel_features = centered, raw or sqrt\n"),
+             "the refusal does not name the setting and the data's shape (see %s)", log4);
+    snprintf(path, sizeof path, "%s/runs/hog", dir);
+    MT_CHECK(access(path, F_OK) != 0, "the refused run made %s", path);
 
     /* Metrics of every program during a run. The base port is drawn from the pid, away from the ports the
      * kernel hands out for port 0 (32768 and up), and moved on while the three it will use are taken. */

@@ -10,7 +10,10 @@
  *   - a damaged newest snapshot (a byte of its store flipped) is refused by kb-server --restore, and the run
  *     resumes from the pair before it, saying which snapshot was refused;
  *   - with no complete snapshot left, and for a missing or foreign directory, --resume fails with messages
- *     that name the file.
+ *     that name the file;
+ *   - first of all, a run killed (the same way) while its initial makers embed the pixels, before the trainer's
+ *     first checkpoint: --resume says in one line that it starts the run again from the beginning and runs it
+ *     to the end (step 0 on, not "resumed from step").
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 
@@ -84,6 +87,51 @@ static int s_metric_rows(const char *run, int step)
     return n;
 }
 
+/* A run killed before its first checkpoint (SIGKILL to its process group while the initial makers embed the
+ * pixels), then `carls run --resume`: it must start again from the beginning, say so in one line, and finish. */
+static void s_killed_before_first_checkpoint(const char *ini, const char *runs, const char *dir)
+{
+    char run[256], log[256], set_runs[300], path[512], line[8192];
+    snprintf(run, sizeof run, "%s/early", runs);
+    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
+    char *argv[] = {"carls", "run", (char *)ini, "--set", set_runs, "--set", "name=early", "--set", "items=1000",
+                    "--set", "makers=1", "--set", "maker_device=cpu", "--set", "trainer_device=cpu", "--set",
+                    "graph_k=5", "--set", "neighbors=5", "--set", "hidden=32,16", "--set", "steps=100", "--set",
+                    "batch_unlabelled=64", "--set", "ckpt_every=50", "--set", "eval_every=50", "--set",
+                    "timeout_s=120", NULL};
+    snprintf(log, sizeof log, "%s/carls-early.log", dir);
+    snprintf(path, sizeof path, "%s/logs/pixels-0.log", run);
+    const pid_t launcher = s_spawn_group(argv, log);
+    const int64_t deadline = carls_monotonic_ms() + 60000;
+    while (access(path, F_OK) != 0 && carls_monotonic_ms() < deadline && waitpid(launcher, NULL, WNOHANG) == 0) {
+        usleep(5 * 1000);
+    }
+    MT_CHECK(kill(-launcher, SIGKILL) == 0, "kill the run's process group: %s", strerror(errno));
+    waitpid(launcher, NULL, 0);
+    for (int i = 0; i < 500 && kill(-launcher, 0) == 0; i++) {
+        usleep(20 * 1000);
+    }
+    MT_CHECK(access(path, F_OK) == 0 && s_latest_step(run) < 0,
+             "not killed while the pixels were embedded, before any checkpoint (see %s)", log);
+    if (mt_failures) {
+        return;
+    }
+    snprintf(log, sizeof log, "%s/carls-early-resumed.log", dir);
+    mt_check_run_result(s_resume(run, log), log, line, sizeof line);
+    snprintf(line, sizeof line, "carls: %s has no checkpoint yet (the run stopped before the trainer's first one, at "
+             "step 0): starting it again from the beginning\n", run);
+    MT_CHECK(mt_file_contains(log, line), "no line saying the run starts again (see %s)", log);
+    MT_CHECK(!mt_file_contains(log, "resumed from step"), "a run without checkpoints 'resumed' (see %s)", log);
+    MT_CHECK(!mt_file_contains(log, "cannot read the checkpoint directory"), "--resume refused it (see %s)", log);
+    MT_CHECK(s_metric_rows(run, 50) == 1 && s_metric_rows(run, 100) == 1,
+             "metrics.csv lacks the evaluations of steps 50 and 100 (see %s)", run);
+    snprintf(path, sizeof path, "%s/trainer.out", run);
+    MT_CHECK(!mt_file_contains(path, "resumed_from_step="), "the trainer resumed (see %s)", path);
+    snprintf(path, sizeof path, "%s/run.ini", run);
+    MT_CHECK(mt_file_contains(path, "name = early"), "run.ini lost its settings (see %s)", path);
+    printf("a run killed before its first checkpoint started again from the beginning and finished\n");
+}
+
 /* Checks that run (whose log is log) resumed from some step in [lo, hi] and finished; returns that step. */
 static long s_check_resumed(const char *run, const char *log, int st, long lo, long hi)
 {
@@ -132,6 +180,12 @@ int main(void)
                     "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
                     "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=500",
                     "--set", "timeout_s=500", NULL};
+
+    /* 0. Killed before the first checkpoint: started again from the beginning. */
+    s_killed_before_first_checkpoint(ini, runs, dir);
+    if (mt_failures) {
+        return mt_finish("test_launcher_resume", dir);
+    }
 
     /* 1. The run, killed as a whole (SIGKILL to its process group) once the checkpoint after step 0 is
      * written. */

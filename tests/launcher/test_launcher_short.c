@@ -3,15 +3,98 @@
  * write report.md, metrics.csv and knowledge.csv (the initial graph's purity and the first pseudo-labels'
  * accuracy); a run with a convolutional encoder and the dynamic graph (graph_refresh = 2) records refreshes
  * after step 0; a run interrupted with SIGINT while the trainer runs must stop every process and exit
- * 130. `--set` of an unknown key is refused. Exits 77 (skipped) without dataset-fashion-mnist. */
+ * 130. `--set` of an unknown key is refused. Every run leaves its stage times (launcher/carls_stages.h) in
+ * stages.json, and a finished one in report.md's "Stages" table: the stages the launcher waits for and the
+ * trainer's split, none negative, together no more than the run's total. Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "maker_testlib.h"
 
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "util.h"
 #include "test_util.h"
+
+/* Checks RUN/stages.json: exit_status `status`, each key of want (NULL-terminated) among its stages, every
+ * stage >= 0 and their sum at most "total" (each is rounded to 1 ms). Returns the number of stages. */
+static int s_check_stages_json(const char *run, int status, const char *const *want)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/stages.json", run);
+    size_t len = 0;
+    char *json = (char *)test_read_file(path, 1, &len);
+    MT_CHECK(json != NULL, "no %s", path);
+    if (!json) {
+        return 0;
+    }
+    json[len] = '\0';
+    char st[64];
+    snprintf(st, sizeof st, "\"exit_status\": %d,", status);
+    MT_CHECK(strstr(json, st) != NULL, "%s lacks %s", path, st);
+    const char *t = strstr(json, "\"total\": ");
+    const double total = t ? atof(t + strlen("\"total\": ")) : -1;
+    /* "stages": {"key": seconds, ...}: every number up to its closing brace. */
+    const char *p = strstr(json, "\"stages\": {");
+    const char *end = p ? strchr(p, '}') : NULL;
+    int n = 0;
+    double sum = 0;
+    for (const char *q = p ? strstr(p + 11, "\": ") : NULL; q && q < end; q = strstr(q + 1, "\": ")) {
+        const double v = atof(q + 3);
+        MT_CHECK(v >= 0, "a negative stage in %s: %.40s", path, q - 20 > p ? q - 20 : p);
+        sum += v;
+        n++;
+    }
+    for (int i = 0; want[i]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\": ", want[i]);
+        MT_CHECK(p && strstr(p, key) && strstr(p, key) < end, "%s lacks stage %s", path, want[i]);
+    }
+    MT_CHECK(total > 0 && sum <= total + 0.001 * n, "%d stages of %.3f s in all, total %.3f s (%s)", n, sum, total,
+             path);
+    free(json);
+    return n;
+}
+
+/* Checks report.md's "Stages" table: rows "| what | seconds |" up to the total's row, none negative, their sum at
+ * most the total (each rounded to 0.1 s). Returns the number of rows. */
+static int s_check_stages_table(const char *report)
+{
+    FILE *f = fopen(report, "r");
+    char line[1024];
+    int rows = 0, in_table = 0;
+    double sum = 0, total = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "## ", 3) == 0) {
+            in_table = strcmp(line, "## Stages\n") == 0;
+            continue;
+        }
+        const char *cell = strrchr(line, '|');
+        const char *prev = NULL;
+        for (const char *c = line; c < cell; c++) {
+            prev = *c == '|' ? c : prev;
+        }
+        if (!in_table || !cell || !prev || strncmp(line, "| stage |", 9) == 0 || strncmp(line, "| --- |", 7) == 0) {
+            continue;
+        }
+        char *e = NULL;
+        const double v = strtod(prev + 1, &e);
+        MT_CHECK(e != prev + 1 && v >= 0, "a stage row without seconds >= 0 in %s: %s", report, line);
+        if (strncmp(line, "| total (the whole run) |", 25) == 0) {
+            total = v;
+        } else {
+            sum += v;
+            rows++;
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    MT_CHECK(rows >= 5 && total > 0 && sum <= total + 0.05 * rows, "report.md's Stages: %d rows of %.1f s, total %.1f "
+             "(%s)", rows, sum, total, report);
+    return rows;
+}
 
 static void s_write_ini(const char *path)
 {
@@ -65,6 +148,17 @@ int main(void)
     MT_CHECK(mt_file_contains(path, "## Knowledge per refresh") && mt_file_contains(path, "| 0 | 0."),
              "report.md lacks the knowledge per refresh");
     MT_CHECK(!mt_file_contains(log, "ended with status"), "a process did not stop cleanly (see %s)", log);
+    /* Stage times: what the launcher waited for (the bank, the one-shot maker fleets) and the trainer's split. */
+    snprintf(path, sizeof path, "%s/e2e", runs);
+    const char *const want[] = {"bank_startup", "pixel_embeddings", "initial_graph", "label_spreading",
+                                "makers_start", "trainer_startup", "training", "evaluation", "shutdown", "report",
+                                NULL};
+    const int stages = s_check_stages_json(path, 0, want);
+    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    MT_CHECK(mt_file_contains(path, "| initial makers: pixel embeddings (") &&
+                 mt_file_contains(path, "| training: the trainer's steps"),
+             "report.md's Stages table lacks a stage (see %s)", path);
+    MT_CHECK(s_check_stages_table(path) == stages, "report.md and stages.json differ in their stages (%s)", path);
     printf("end-to-end run: %s (%.1f s)\n", line, (double)(carls_monotonic_ms() - t0) / 1000.0);
 
     /* The dynamic graph with a convolutional encoder (graph_refresh = 2, alpha 0): the embed fleet runs without
@@ -111,5 +205,9 @@ int main(void)
     MT_CHECK(st == 130, "interrupted run exited with %d (see %s)", st, log2);
     MT_CHECK(mt_file_contains(log2, "every process stopped"), "no clean stop reported (see %s)", log2);
     MT_CHECK(!mt_file_contains(log2, "SIGKILL"), "a process needed SIGKILL (see %s)", log2);
+    /* An interrupted run has its stage times too: the trainer's as one stage, stopped. */
+    snprintf(path, sizeof path, "%s/e2e-int", runs);
+    const char *const want2[] = {"bank_startup", "pixel_embeddings", "trainer", "shutdown", NULL};
+    s_check_stages_json(path, 130, want2);
     return mt_finish("test_launcher_short", dir);
 }
