@@ -51,6 +51,8 @@ typedef struct {
                                 * ratio (or value), with the spread over the rounds */
     const char *mode;          /* "quick", "smoke", "full" or "custom": printed with the results */
     bool guard;                /* --guard: exit 1 when a figure with a target is below a third of it */
+    const char *server_flags[8]; /* --server-flag: more kb-server arguments, for every server started */
+    int n_server_flags;
 } bench_opts_t;
 
 /* Whether case group `name` (lookup, push, put, knn, mixed, shards, rows) is selected by opts->cases. */

@@ -56,6 +56,8 @@ static void s_usage(FILE *out)
             "                         and workload (the experiments' requests: wl.graph.knn, wl.graph.neighbours,\n"
             "                         wl.graph.embed_put, wl.twotower.negatives, wl.twotower.hard,\n"
             "                         wl.word2vec.push, each against its floor in the same run)\n"
+            "  --server-flag ARG      one more argument for every kb-server started (repeat it, up to 8: e.g.\n"
+            "                         --server-flag=--knn-slice-us --server-flag=0), to compare settings\n"
             "  --guard                exit 1 when a figure with a target is unavailable or below a third of\n"
             "                         its target (CI: a 5x slowdown fails, noise does not)\n"
             "  --kb-server PATH       (default: kb-server beside kb-bench)\n"
@@ -76,6 +78,18 @@ static void s_usage(FILE *out)
             "\n"
             "Exit status: 0 when every kb case ran (references may be n/a), every server it started stopped\n"
             "cleanly and, with --guard, every guarded figure passed; 1 otherwise, 2 usage.\n");
+}
+
+/* --server-flag: one more kb-server argument (the text lives in argv). */
+static int s_arg_server_flag(const char *prog, const char *name, const char *text, void *out)
+{
+    bench_opts_t *o = out;
+    if (o->n_server_flags == (int)(sizeof o->server_flags / sizeof o->server_flags[0])) {
+        fprintf(stderr, "%s: --%s: at most %zu of them\n", prog, name, sizeof o->server_flags / sizeof o->server_flags[0]);
+        return -1;
+    }
+    o->server_flags[o->n_server_flags++] = text;
+    return 0;
 }
 
 /* A comma list option's destination: at most cap - 1 values, then 0. */
@@ -228,6 +242,7 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
         carls_arg_set("keep-data", &o->keep_data),
         carls_arg_set("json", &o->json),
         carls_arg_set("guard", &o->guard),
+        {.name = "server-flag", .kind = CARLS_ARG_CUSTOM, .out = o, .parse = s_arg_server_flag},
         carls_arg_set("verbose", &o->verbose),
         carls_arg_u32("repeat", &o->repeat, 1, 100),
         {0},

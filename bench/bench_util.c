@@ -705,6 +705,8 @@ int bench_kb_start(const bench_opts_t *opts, const char *tag, const char *const 
     argv[argc++] = "warn";
     for (int i = 0; extra && extra[i] && argc < 46; i++)
         argv[argc++] = extra[i];
+    for (int i = 0; i < opts->n_server_flags && argc < 46; i++)
+        argv[argc++] = opts->server_flags[i];
     argv[argc] = NULL;
     out->pid = bench_spawn(argv, out->log);
     if (out->pid < 0) {
