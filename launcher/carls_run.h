@@ -21,9 +21,17 @@
  * in report.md's Faults section and counted in the result line (bank_restarts, maker_deaths,
  * maker_restarts). runs/<name>/processes.tsv lists every process started, live (carls_ptab.h).
  *
- * Each process's arguments are built by one function of carls_run.c: s_server_args (a shard),
- * s_bank_client_args (the bank and keys of any client), s_maker_args, s_graphreg_args, s_twotower_args;
- * s_each_client lists the client processes of a run (their keys are made before the servers start).
+ * The modules, one room each (the run in progress, carls_run_t, is shared through carls_run_internal.h):
+ *   carls_run.c     the phases in order, the run's directory, CURVE keys, supervision rounds, report and result;
+ *   carls_config.c  the settings (carls_config_t): defaults, checks, user data, metrics ports;
+ *   carls_shards.c  the bank's kb-servers: start, restore (--resume), restart, stop;
+ *   carls_fleet.c   the makers: one-shot fleets (the initial graph) and the resident fleet;
+ *   carls_train.c   the trainer: its command line, start and the log lines followed;
+ *   carls_argv.c    child command lines in fixed storage.
+ * Each process's arguments are built by one function: s_server_args in carls_shards.c (a shard),
+ * carls_run_bank_client_args (the bank and keys of any client), s_maker_args in carls_fleet.c, s_graphreg_args
+ * and s_twotower_args in carls_train.c; s_each_client in carls_run.c lists the client processes of a run (their
+ * keys are made before the servers start).
  *
  * Resuming (docs/STATE.md "Resuming a run"): every run writes its settings to runs/<name>/run.ini, and its
  * graphreg trainer snapshots the bank at each checkpoint (--bank-snapshot <name> --keep 2: the newest two pairs
