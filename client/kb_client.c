@@ -13,6 +13,8 @@
  * that is not in flight), the id is no longer in flight afterwards. */
 #include "kb_client.h"
 
+#include "kb_cluster.h"
+
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
@@ -221,6 +223,20 @@ Carls__StatusCode kb_client_last_status(const kb_client_t *self)
 {
     assert(self);
     return self->last_status;
+}
+
+const char *kb_client_endpoint(const kb_client_t *self)
+{
+    assert(self);
+    return self->endpoint;
+}
+
+void kb_client_set_last_error(kb_client_t *self, Carls__StatusCode status, const char *text)
+{
+    assert(self && text);
+    if (text != self->last_error)
+        s_set_error(self, "%s", text);
+    self->last_status = status;
 }
 
 uint64_t kb_client_id(const kb_client_t *self)
@@ -474,128 +490,36 @@ int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **res
     return kb_client_wait(self, id, response_out);
 }
 
-/* kb_client_call for helpers that only need the status: frees the answer. When `want` is not
- * CARLS__RESPONSE__RESULT__NOT_SET, an OK answer must carry that result (else KB_CLIENT_EMALFORMED). */
-static int s_call_status(kb_client_t *self, Carls__Request *req, Carls__Response__ResultCase want)
-{
-    Carls__Response *resp = NULL;
-    int rc = kb_client_call(self, req, &resp);
-    if (rc == 0 && want != CARLS__RESPONSE__RESULT__NOT_SET && resp->result_case != want) {
-        s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
-                    (int)resp->result_case);
-        rc = KB_CLIENT_EMALFORMED;
-    }
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
-    return rc;
-}
+/* ---- blocking helpers: kb_cluster's calls on a one-shard cluster over this client ---- */
 
-/* kb_client_call that keeps an OK answer only if it carries result `want`. */
-static int s_call_result(kb_client_t *self, Carls__Request *req, Carls__Response__ResultCase want,
-                         Carls__Response **out)
+/* Ends a blocking helper's run on its one-shard cluster: a failure the cluster found (arguments it refused,
+ * an answer that does not fit the request) becomes the client's; the transport's own failures already are,
+ * with the same text and status. */
+static int s_over_done(kb_client_t *self, kb_cluster_t **cluster_p, int rc)
 {
-    assert(out);
-    *out = NULL;
-    Carls__Response *resp = NULL;
-    int rc = kb_client_call(self, req, &resp);
-    if (rc == 0 && resp->result_case != want) {
-        s_set_error(self, "answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
-                    (int)resp->result_case);
-        rc = KB_CLIENT_EMALFORMED;
-    }
-    if (rc == 0)
-        *out = resp;
-    else if (resp)
-        carls__response__free_unpacked(resp, NULL);
+    if (rc != 0)
+        kb_client_set_last_error(self, kb_cluster_last_status(*cluster_p), kb_cluster_last_error(*cluster_p));
+    kb_cluster_destroy(cluster_p);
     return rc;
 }
 
 int kb_client_create_table(kb_client_t *self, const char *table, const Carls__TableConfig *cfg,
                            bool if_not_exists)
 {
-    assert(self);
-    s_clear_error(self);
-    if (!table || !cfg) {
-        s_set_error(self, "create_table: table name and config are required");
-        return KB_CLIENT_EINVAL;
-    }
-    Carls__CreateTable op = CARLS__CREATE_TABLE__INIT;
-    /* Packing only reads the config, so the caller's const config can be pointed at. */
-    op.config = (Carls__TableConfig *)cfg;
-    op.if_not_exists = if_not_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_CREATE_TABLE;
-    req.create_table = &op;
-    return s_call_status(self, &req, CARLS__RESPONSE__RESULT__NOT_SET);
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_create_table(cluster, table, cfg, if_not_exists));
 }
 
 int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists)
 {
-    assert(self);
-    s_clear_error(self);
-    if (!table) {
-        s_set_error(self, "drop_table: table name is required");
-        return KB_CLIENT_EINVAL;
-    }
-    Carls__DropTable op = CARLS__DROP_TABLE__INIT;
-    op.if_exists = if_exists;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_DROP_TABLE;
-    req.drop_table = &op;
-    return s_call_status(self, &req, CARLS__RESPONSE__RESULT__NOT_SET);
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_drop_table(cluster, table, if_exists));
 }
 
 int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out)
 {
-    assert(self && list_out);
-    Carls__ListTables op = CARLS__LIST_TABLES__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
-    req.list_tables = &op;
-    return s_call_result(self, &req, CARLS__RESPONSE__RESULT_TABLE_LIST, list_out);
-}
-
-/* Checks a batch's arguments and builds the wire key array (pointing at the caller's bytes). Returns 0
- * and *keys_out (caller frees), or KB_CLIENT_EINVAL (error set). values may be NULL only for lookups
- * (need_values false). */
-static int s_batch_args(kb_client_t *self, const char *what, const char *table, const kb_key_t *keys, size_t n,
-                        uint32_t dim, bool need_values, const void *values, ProtobufCBinaryData **keys_out)
-{
-    *keys_out = NULL;
-    if (!table || !*table) {
-        s_set_error(self, "%s: no table name", what);
-        return KB_CLIENT_EINVAL;
-    }
-    if (!keys || n == 0) {
-        s_set_error(self, "%s: no keys", what);
-        return KB_CLIENT_EINVAL;
-    }
-    if (dim == 0) {
-        s_set_error(self, "%s: dim is 0", what);
-        return KB_CLIENT_EINVAL;
-    }
-    if (n > SIZE_MAX / sizeof(float) / dim) {
-        s_set_error(self, "%s: %zu rows of dim %u overflow", what, n, dim);
-        return KB_CLIENT_EINVAL;
-    }
-    if (need_values && !values) {
-        s_set_error(self, "%s: no values", what);
-        return KB_CLIENT_EINVAL;
-    }
-    ProtobufCBinaryData *wire = carls_xmalloc(n * sizeof *wire);
-    for (size_t i = 0; i < n; i++) {
-        if (keys[i].len == 0 || !keys[i].data) {
-            s_set_error(self, "%s: key %zu is empty", what, i);
-            free(wire);
-            return KB_CLIENT_EINVAL;
-        }
-        wire[i].data = (uint8_t *)keys[i].data;
-        wire[i].len = keys[i].len;
-    }
-    *keys_out = wire;
-    return 0;
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_list_tables(cluster, list_out));
 }
 
 int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
@@ -607,43 +531,9 @@ int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys,
 int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                         bool no_create, float *values_out, kb_row_meta_t *meta_out)
 {
-    assert(self);
-    s_clear_error(self);
-    ProtobufCBinaryData *wire = NULL;
-    Carls__Response *resp = NULL;
-    int rc = s_batch_args(self, "lookup", table, keys, n, dim, true, values_out, &wire);
-    if (rc != 0)
-        return rc;
-    Carls__Lookup op = CARLS__LOOKUP__INIT;
-    op.n_keys = n;
-    op.keys = wire;
-    op.no_create = no_create;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_LOOKUP;
-    req.lookup = &op;
-    rc = s_call_result(self, &req, CARLS__RESPONSE__RESULT_LOOKUP, &resp);
-    if (rc != 0)
-        goto cleanup;
-
-    /* The server's sizes are checked before anything is copied into the caller's n*dim buffer. */
-    const Carls__LookupResult *res = resp->lookup;
-    rc = kb_client_check_lookup(res, table, n, dim, meta_out != NULL, self->last_error, sizeof self->last_error);
-    if (rc != 0)
-        goto cleanup;
-    memcpy(values_out, res->values, n * dim * sizeof(float));
-    if (meta_out) {
-        for (size_t i = 0; i < n; i++) {
-            meta_out[i].version = res->versions[i];
-            meta_out[i].updated_at_ms = res->updated_at_ms[i];
-            meta_out[i].frequency = res->frequencies[i];
-        }
-    }
-cleanup:
-    if (resp)
-        carls__response__free_unpacked(resp, NULL);
-    free(wire);
-    return rc;
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster,
+                       kb_cluster_lookup_ex(cluster, table, keys, n, dim, no_create, values_out, meta_out));
 }
 
 int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
@@ -666,67 +556,25 @@ int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, si
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                   const float *values, uint64_t version)
 {
-    assert(self);
-    s_clear_error(self);
-    ProtobufCBinaryData *wire = NULL;
-    int rc = s_batch_args(self, "put", table, keys, n, dim, true, values, &wire);
-    if (rc != 0)
-        return rc;
-    Carls__Put op = CARLS__PUT__INIT;
-    op.n_keys = n;
-    op.keys = wire;
-    op.n_values = n * dim;
-    op.values = (float *)values;
-    op.version = version;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &op;
-    rc = s_call_status(self, &req, CARLS__RESPONSE__RESULT_WRITE);
-    free(wire);
-    return rc;
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_put(cluster, table, keys, n, dim, values, version));
 }
 
 int kb_client_push_gradients(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                              const float *gradients)
 {
-    assert(self);
-    s_clear_error(self);
-    ProtobufCBinaryData *wire = NULL;
-    int rc = s_batch_args(self, "push_gradients", table, keys, n, dim, true, gradients, &wire);
-    if (rc != 0)
-        return rc;
-    Carls__PushGradients op = CARLS__PUSH_GRADIENTS__INIT;
-    op.n_keys = n;
-    op.keys = wire;
-    op.n_gradients = n * dim;
-    op.gradients = (float *)gradients;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = (char *)table;
-    req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
-    req.push_gradients = &op;
-    rc = s_call_status(self, &req, CARLS__RESPONSE__RESULT_WRITE);
-    free(wire);
-    return rc;
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_push_gradients(cluster, table, keys, n, dim, gradients));
 }
 
 int kb_client_stats(kb_client_t *self, const char *table, Carls__Response **stats_out)
 {
-    assert(self && stats_out);
-    Carls__Stats op = CARLS__STATS__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.table = table ? (char *)table : (char *)protobuf_c_empty_string;
-    req.op_case = CARLS__REQUEST__OP_STATS;
-    req.stats = &op;
-    return s_call_result(self, &req, CARLS__RESPONSE__RESULT_STATS, stats_out);
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_stats(cluster, 0, table, stats_out));
 }
 
 int kb_client_checkpoint(kb_client_t *self)
 {
-    assert(self);
-    Carls__Checkpoint op = CARLS__CHECKPOINT__INIT;
-    Carls__Request req = CARLS__REQUEST__INIT;
-    req.op_case = CARLS__REQUEST__OP_CHECKPOINT;
-    req.checkpoint = &op;
-    return s_call_status(self, &req, CARLS__RESPONSE__RESULT_CHECKPOINT);
+    kb_cluster_t *cluster = kb_cluster_over(self);
+    return s_over_done(self, &cluster, kb_cluster_checkpoint(cluster, NULL));
 }

@@ -33,6 +33,7 @@ typedef struct {
 struct kb_cluster {
     uint32_t n;                /* shards */
     kb_client_t **clients;     /* (n) shard i's client */
+    bool borrowed;             /* kb_cluster_over: the one client is the caller's, not closed on destroy */
     char **endpoints;          /* (n) shard i's endpoint */
     s_cached_table_t *tables;  /* cache filled by list_tables */
     size_t n_tables;
@@ -182,6 +183,22 @@ fail:
     return NULL;
 }
 
+kb_cluster_t *kb_cluster_over(kb_client_t *client)
+{
+    assert(client);
+    kb_cluster_t *self = carls_xcalloc(1, sizeof *self);
+    self->failed_shard = -1;
+    const char *endpoint = kb_client_endpoint(client);
+    self->endpoints = carls_xcalloc(1, sizeof *self->endpoints);
+    self->endpoints[0] = carls_xmalloc(strlen(endpoint) + 1);
+    strcpy(self->endpoints[0], endpoint);
+    self->clients = carls_xcalloc(1, sizeof *self->clients);
+    self->clients[0] = client;
+    self->n = 1;
+    self->borrowed = true;
+    return self;
+}
+
 void kb_cluster_forget_tables(kb_cluster_t *self)
 {
     assert(self);
@@ -199,7 +216,7 @@ void kb_cluster_destroy(kb_cluster_t **self_p)
     kb_cluster_t *self = *self_p;
     /* endpoints holds every parsed entry; clients may be shorter when kb_cluster_new failed midway. */
     for (uint32_t i = 0; i < self->n; i++) {
-        if (self->clients)
+        if (self->clients && !self->borrowed)
             kb_client_destroy(&self->clients[i]);
         free(self->endpoints[i]);
     }
@@ -1665,15 +1682,39 @@ int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t
 
 /* ---- per shard -------------------------------------------------------------------------------------- */
 
+/* Sends req to shard s and waits for its answer: 0 with *out (the caller's) carrying result want, or the
+ * failure (error set, *out NULL). */
+static int s_call_shard(kb_cluster_t *self, uint32_t s, Carls__Request *req, Carls__Response__ResultCase want,
+                        Carls__Response **out)
+{
+    *out = NULL;
+    Carls__Response *resp = NULL;
+    self->requests++;
+    int rc = kb_client_call(self->clients[s], req, &resp);
+    if (rc == 0 && resp->result_case != want) {
+        s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
+                       (int)resp->result_case);
+        rc = KB_CLIENT_EMALFORMED;
+    } else if (rc != 0) {
+        s_client_error(self, s);
+    }
+    if (rc == 0)
+        *out = resp;
+    else if (resp)
+        carls__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
 int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carls__Response **stats_out)
 {
     assert(self && stats_out && shard < self->n);
     s_clear_error(self);
-    self->requests++;
-    int rc = kb_client_stats(self->clients[shard], table, stats_out);
-    if (rc != 0)
-        s_client_error(self, shard);
-    return rc;
+    Carls__Stats op = CARLS__STATS__INIT;
+    Carls__Request req = CARLS__REQUEST__INIT;
+    req.table = table ? (char *)table : (char *)protobuf_c_empty_string;
+    req.op_case = CARLS__REQUEST__OP_STATS;
+    req.stats = &op;
+    return s_call_shard(self, shard, &req, CARLS__RESPONSE__RESULT_STATS, stats_out);
 }
 
 int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard_out)
@@ -1712,16 +1753,9 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
     req.op_case = CARLS__REQUEST__OP_SCAN;
     req.scan = &op;
     Carls__Response *resp = NULL;
-    self->requests++;
-    int rc = kb_client_call(self->clients[shard], &req, &resp);
-    if (rc == 0 && resp->result_case != CARLS__RESPONSE__RESULT_SCAN) {
-        s_shard_errorf(self, shard, "the answer to scan carries the wrong result (case %d)", (int)resp->result_case);
-        rc = KB_CLIENT_EMALFORMED;
-    } else if (rc != 0) {
-        s_client_error(self, shard);
-    }
+    int rc = s_call_shard(self, shard, &req, CARLS__RESPONSE__RESULT_SCAN, &resp);
     if (rc != 0)
-        goto fail;
+        return rc;
     const Carls__ScanResult *r = resp->scan;
     size_t n = r->n_keys;
     bool ok = r->n_row_ids == n && r->n_versions == n && r->n_frequencies == n;

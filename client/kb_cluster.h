@@ -3,8 +3,9 @@
  * A kb_cluster_t holds one kb_client_t per shard. The endpoint list "tcp://a:1,tcp://b:2,..." is in shard
  * order: the i-th endpoint serves shard i of N. A key belongs to shard carls_shard_of(key, len, N) and to no
  * other (a sharded server refuses keys of other shards, so a list in the wrong order fails loudly instead of
- * scattering data). With a single endpoint every call sends the one request (keys in the caller's order)
- * that the matching kb_client call would.
+ * scattering data). With a single endpoint every call sends one request (keys in the caller's order) to
+ * that server. This is the client's one request API: kb_client (the transport under it) only sends,
+ * resends and receives, and its blocking helpers are these calls on a one-shard cluster (kb_cluster_over).
  *
  * How each operation spreads over the shards:
  *   - create_table, drop_table, checkpoint: sent to every shard (in parallel). Not atomic across shards: when
@@ -57,7 +58,12 @@ typedef struct kb_cluster kb_cluster_t;
  * the result; NULL on failure (logged). */
 kb_cluster_t *kb_cluster_new(const char *endpoints, const kb_client_options_t *opts);
 
-/* Closes every client and frees the cluster; accepts NULL and *self_p == NULL; nulls *self_p. */
+/* A one-shard cluster over client, which stays the caller's: kb_cluster_destroy leaves it open, and the
+ * caller keeps it alive and uses it from no other thread while the cluster lives. Caller owns the result. */
+kb_cluster_t *kb_cluster_over(kb_client_t *client);
+
+/* Closes every client (not a kb_cluster_over one) and frees the cluster; accepts NULL and *self_p == NULL;
+ * nulls *self_p. */
 void kb_cluster_destroy(kb_cluster_t **self_p);
 
 /* Number of shards (endpoints), >= 1. */
