@@ -38,6 +38,7 @@
 #include "trainer_metrics.h"
 #include "trainer_prefetch.h"
 #include "trainer_resume.h"
+#include "trainer_run_args.h"
 #include "trainer_util.h"
 
 #include "kb_curve_args.h"
@@ -156,18 +157,19 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .ckpt_dir = "runs/graphreg",
         .ckpt_every = 100,
         .eval_every = 500,
-        .keep = 3,
-        .device = "auto",
     };
     trainer_mlp_args_t mlp;
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
     carls_fmnist_args_t data;
     carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 1, &o->label_seed);
     kb_curve_args(&o->curve);
+    trainer_run_args_t run;
+    trainer_run_args(&run, &o->ckpt_dir, &o->keep, &o->resume, &o->metrics, &o->device, &o->threads);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
         carls_arg_group(data.rows),
         carls_arg_group(o->curve.rows),
+        carls_arg_group(run.rows),
         carls_arg_string("test-data", &o->test_data),
         carls_arg_int("train-items", &o->train_items, 0, 100000000),
         carls_arg_int("validation", &o->validation, 0, 100000000),
@@ -187,15 +189,9 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("neighbor-refresh", &o->nbr_refresh, 1, 100000000),
         carls_arg_string("kb", &o->kb),
         carls_arg_string("tables", &o->tables),
-        carls_arg_string("ckpt-dir", &o->ckpt_dir),
-        carls_arg_string("metrics", &o->metrics),
         carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
         carls_arg_int("eval-every", &o->eval_every, 1, 100000000),
-        carls_arg_int("keep", &o->keep, 1, 1000000),
-        carls_arg_set("resume", &o->resume),
         carls_arg_string("bank-snapshot", &o->bank_snapshot),
-        carls_arg_string("device", &o->device),
-        carls_arg_int("threads", &o->threads, 1, 1024),
         carls_arg_log_level(),
         {0},
     };

@@ -15,6 +15,7 @@
 #include "trainer.h"
 #include "trainer_metrics.h"
 #include "trainer_resume.h"
+#include "trainer_run_args.h"
 #include "progress.h"
 #include "trainer_util.h"
 
@@ -96,27 +97,22 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .batch = 128,
         .model = {.n_hidden = 2, .hidden = {512, 256}, .dropout = 0.2f},
         .ckpt_dir = "runs/supervised",
-        .device = "auto",
         .eval_every = 1,
-        .keep = 3,
     };
     trainer_mlp_args_t mlp;
     trainer_mlp_args(&mlp, &o->model, &o->opt, &o->cosine, &o->seed);
     carls_fmnist_args_t data; /* --labels-per-class 0: every training image */
     carls_fmnist_args(&data, &o->data, &o->data_dir, &o->labels_per_class, 0, &o->label_seed);
+    trainer_run_args_t run;
+    trainer_run_args(&run, &o->ckpt_dir, &o->keep, &o->resume, &o->metrics, &o->device, &o->threads);
     const carls_arg_t args[] = {
         carls_arg_group(mlp.rows),
         carls_arg_group(data.rows),
+        carls_arg_group(run.rows),
         carls_arg_int("epochs", &o->epochs, 1, 1000000),
         carls_arg_int("batch", &o->batch, 1, 65536),
         carls_arg_float("momentum", &o->opt.momentum, 0.0, 0.999),
         carls_arg_int("eval-every", &o->eval_every, 1, 1000000),
-        carls_arg_string("ckpt-dir", &o->ckpt_dir),
-        carls_arg_int("keep", &o->keep, 1, 1000000),
-        carls_arg_set("resume", &o->resume),
-        carls_arg_string("metrics", &o->metrics),
-        carls_arg_string("device", &o->device),
-        carls_arg_int("threads", &o->threads, 1, 1024),
         carls_arg_log_level(),
         {0},
     };

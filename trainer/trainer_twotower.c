@@ -18,6 +18,7 @@
 #include "trainer.h"
 #include "trainer_metrics.h"
 #include "trainer_resume.h"
+#include "trainer_run_args.h"
 #include "trainer_tt.h"
 #include "trainer_util.h"
 #include "trainer_w2v.h"
@@ -235,9 +236,10 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         .seed = 1,
         .timeout_ms = 10000,
         .retries = 60,
-        .keep = 3,
     };
     kb_curve_args(&o->curve);
+    trainer_run_args_t run; /* no --device, no --threads: the towers train on the CPU */
+    trainer_run_args(&run, &o->ckpt_dir, &o->keep, &o->resume, &o->metrics, NULL, NULL);
     int emb_opt = 0, lexical = 0, sampling = 0; /* indices in the choices below */
     const char *const emb_opts[] = {"adam", "adagrad", "sgd", NULL};
     const Carls__OptimizerKind emb_opt_kinds[] = {CARLS__OPTIMIZER_KIND__OPT_ADAM, CARLS__OPTIMIZER_KIND__OPT_ADAGRAD,
@@ -252,6 +254,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_string("write-holdout", &o->write_holdout),
         carls_arg_string("kb", &o->kb),
         carls_arg_group(o->curve.rows),
+        carls_arg_group(run.rows),
         carls_arg_string("table", &o->table),
         carls_arg_int("dim", &o->E, 2, 4096),
         carls_arg_int("out-dim", &o->D, 2, 4096),
@@ -272,10 +275,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("kb-negatives", &o->negatives, 0, TT_MAX_NEGATIVES),
         carls_arg_int("negatives-every", &o->negatives_every, 1, 1000000),
         carls_arg_u64("seed", &o->seed),
-        carls_arg_string("ckpt-dir", &o->ckpt_dir),
         carls_arg_int("ckpt-every", &o->ckpt_every, 1, 100000000),
-        carls_arg_int("keep", &o->keep, 1, 1000000),
-        carls_arg_set("resume", &o->resume),
         carls_arg_string("bank-snapshot", &o->bank_snapshot),
         carls_arg_either("vectors", &o->vectors_from_trainer, (const char *const[]){"trainer", "makers", NULL}),
         carls_arg_int("word-defs", &o->word_defs, 0, 1000),
@@ -285,7 +285,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_float("wait-fresh-s", &o->wait_fresh_s, 0.0, 1e6),
         carls_arg_float("fuse-tfidf", &o->fuse_tfidf, 0.0, 1000.0),
         carls_arg_int("knn-check", &o->knn_check, 0, 1000000),
-        carls_arg_string("metrics", &o->metrics),
         carls_arg_int("kb-timeout-ms", &o->timeout_ms, 1, 3600000),
         carls_arg_int("kb-retries", &o->retries, 0, 1000000),
         carls_arg_log_level(),
