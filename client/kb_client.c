@@ -1,4 +1,5 @@
-/* Client library for kb-server (contract in kb_client.h).
+/* Client library for kb-server: the transport (contract in kb_client.h; the blocking helpers are in
+ * kb_client_ops.c).
  *
  * State: one ZeroMQ context and one DEALER socket per client, plus a table of requests in flight. Each entry
  * keeps the packed bytes that were sent, so a resend after a timeout is byte-for-byte the same request
@@ -12,8 +13,6 @@
  * A kb_client_wait call always ends its request: whatever it returns (except KB_CLIENT_EINVAL for an id
  * that is not in flight), the id is no longer in flight afterwards. */
 #include "kb_client.h"
-
-#include "kb_cluster.h"
 
 #include "log.h"
 #include "protocol.h"
@@ -488,93 +487,4 @@ int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **res
     if (rc != 0)
         return rc;
     return kb_client_wait(self, id, response_out);
-}
-
-/* ---- blocking helpers: kb_cluster's calls on a one-shard cluster over this client ---- */
-
-/* Ends a blocking helper's run on its one-shard cluster: a failure the cluster found (arguments it refused,
- * an answer that does not fit the request) becomes the client's; the transport's own failures already are,
- * with the same text and status. */
-static int s_over_done(kb_client_t *self, kb_cluster_t **cluster_p, int rc)
-{
-    if (rc != 0)
-        kb_client_set_last_error(self, kb_cluster_last_status(*cluster_p), kb_cluster_last_error(*cluster_p));
-    kb_cluster_destroy(cluster_p);
-    return rc;
-}
-
-int kb_client_create_table(kb_client_t *self, const char *table, const Carls__TableConfig *cfg,
-                           bool if_not_exists)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_create_table(cluster, table, cfg, if_not_exists));
-}
-
-int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_drop_table(cluster, table, if_exists));
-}
-
-int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_list_tables(cluster, list_out));
-}
-
-int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                     float *values_out, kb_row_meta_t *meta_out)
-{
-    return kb_client_lookup_ex(self, table, keys, n, dim, false, values_out, meta_out);
-}
-
-int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                        bool no_create, float *values_out, kb_row_meta_t *meta_out)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster,
-                       kb_cluster_lookup_ex(cluster, table, keys, n, dim, no_create, values_out, meta_out));
-}
-
-int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
-                           bool with_meta, char *err, size_t errlen)
-{
-    if (res->dim != dim)
-        return carls_errorf(err, errlen, KB_CLIENT_EINVAL, "lookup in %s: the table has dim %u, the caller expected %u",
-                            table, res->dim, dim);
-    if (res->n_values != n * dim)
-        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
-                            "lookup in %s: the server sent %zu values for %zu keys of dim %u", table, res->n_values, n,
-                            dim);
-    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n))
-        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
-                            "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
-                            res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
-    return 0;
-}
-
-int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                  const float *values, uint64_t version)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_put(cluster, table, keys, n, dim, values, version));
-}
-
-int kb_client_push_gradients(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                             const float *gradients)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_push_gradients(cluster, table, keys, n, dim, gradients));
-}
-
-int kb_client_stats(kb_client_t *self, const char *table, Carls__Response **stats_out)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_stats(cluster, 0, table, stats_out));
-}
-
-int kb_client_checkpoint(kb_client_t *self)
-{
-    kb_cluster_t *cluster = kb_cluster_over(self);
-    return s_over_done(self, &cluster, kb_cluster_checkpoint(cluster, NULL));
 }

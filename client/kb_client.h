@@ -118,47 +118,26 @@ int kb_client_cancel(kb_client_t *self, uint64_t request_id);
 /* kb_client_send + kb_client_wait. */
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out);
 
-/* ---- blocking helpers -------------------------------------------------------------------------------
- * Each is the kb_cluster call of the same name (kb_cluster.h) on a one-shard cluster over this client: the
- * same request, checks and errors, reported by kb_client_last_error() and kb_client_last_status(). For
- * programs and tests that talk to one server through a kb_client_t; new code calls kb_cluster.
- * `cfg` is copied into the request (fields left zero take the server's defaults). */
+/* ---- blocking helpers (kb_client_ops.c) --------------------------------------------------------------
+ * Each is the kb_cluster call of the same name (kb_cluster.h, where each is described) on a one-shard
+ * cluster over this client: the same request, checks and errors, reported by kb_client_last_error() and
+ * kb_client_last_status(). For programs and tests that talk to one server through a kb_client_t; new code
+ * calls kb_cluster. */
 int kb_client_create_table(kb_client_t *self, const char *table, const Carls__TableConfig *cfg,
                            bool if_not_exists);
 int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists);
-
-/* Caller owns *list_out (a Response whose result is table_list). */
 int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
-
-/* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
- * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with
- * KB_CLIENT_EMALFORMED if the answer holds another number of values or metadata records than n*dim / n
- * (nothing is copied). */
 int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                      float *values_out, kb_row_meta_t *meta_out);
-
-/* kb_client_lookup with the request's no_create flag: when true the server answers unseen keys with their
- * initial value without inserting them (kbctl get --no-create). */
 int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                         bool no_create, float *values_out, kb_row_meta_t *meta_out);
-
-/* Checks a lookup answer for n keys of table (dim dim) before anything is copied out of it: KB_CLIENT_EINVAL
- * when the table's dim differs, KB_CLIENT_EMALFORMED when it holds another number of values than n * dim or (when
- * with_meta) of metadata records than n; the reason in err. 0 when it fits. Shared with kb_cluster. */
-int kb_client_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim,
-                           bool with_meta, char *err, size_t errlen);
-
-/* Writes n rows (n*dim floats) tagged with version. */
 int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                   const float *values, uint64_t version);
-
-/* Pushes n gradient rows (n*dim floats); each row is one gradient. */
 int kb_client_push_gradients(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                              const float *gradients);
-
-/* table may be NULL or "" for every table. Caller owns *stats_out (result is stats). */
+/* kb_cluster_stats of the one shard. */
 int kb_client_stats(kb_client_t *self, const char *table, Carls__Response **stats_out);
-
+/* kb_cluster_checkpoint without the per-shard results. */
 int kb_client_checkpoint(kb_client_t *self);
 
 #endif

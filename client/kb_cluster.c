@@ -811,6 +811,26 @@ int kb_cluster_lookup_send(kb_cluster_t *self, const char *table, const kb_key_t
     return s_pending_send(self, p, pending_out);
 }
 
+/* Checks a lookup answer for n keys of table (dim dim) before anything is copied out of it: KB_CLIENT_EINVAL
+ * when the table's dim differs, KB_CLIENT_EMALFORMED when it holds another number of values than n * dim or (when
+ * with_meta) of metadata records than n; the reason in err. 0 when it fits. */
+static int s_check_lookup(const Carls__LookupResult *res, const char *table, size_t n, uint32_t dim, bool with_meta,
+                          char *err, size_t errlen)
+{
+    if (res->dim != dim)
+        return carls_errorf(err, errlen, KB_CLIENT_EINVAL, "lookup in %s: the table has dim %u, the caller expected %u",
+                            table, res->dim, dim);
+    if (res->n_values != n * dim)
+        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
+                            "lookup in %s: the server sent %zu values for %zu keys of dim %u", table, res->n_values, n,
+                            dim);
+    if (with_meta && (res->n_versions != n || res->n_updated_at_ms != n || res->n_frequencies != n))
+        return carls_errorf(err, errlen, KB_CLIENT_EMALFORMED,
+                            "lookup in %s: the server sent metadata for %zu/%zu/%zu rows, not %zu", table,
+                            res->n_versions, res->n_updated_at_ms, res->n_frequencies, n);
+    return 0;
+}
+
 /* Checks every shard's lookup answer, then copies the rows (when values_out is not NULL) and the metadata
  * (when meta_out is not NULL) to the caller's key order. Nothing is copied when any answer fails its check. */
 static int s_lookup_scatter(kb_cluster_t *self, const s_fan_t *fan, uint32_t dim, float *values_out,
@@ -821,8 +841,8 @@ static int s_lookup_scatter(kb_cluster_t *self, const s_fan_t *fan, uint32_t dim
         if (!fan->resps[s])
             continue;
         char what[512];
-        int rc = kb_client_check_lookup(fan->resps[s]->lookup, fan->table, sp->count[s], dim, meta_out != NULL,
-                                        what, sizeof what);
+        int rc = s_check_lookup(fan->resps[s]->lookup, fan->table, sp->count[s], dim, meta_out != NULL, what,
+                                sizeof what);
         if (rc != 0) {
             s_shard_error(self, s, what);
             return rc;

@@ -100,7 +100,8 @@ typedef struct {
     Carls__KnnMetric metric;  /* its metric (meaningful when has_knn) */
 } kb_cluster_table_t;
 
-/* Creates the table on every shard. cfg is copied into the requests. */
+/* Creates the table on every shard. cfg is copied into the requests (fields left zero take the server's
+ * defaults). */
 int kb_cluster_create_table(kb_cluster_t *self, const char *table, const Carls__TableConfig *cfg,
                             bool if_not_exists);
 
@@ -125,15 +126,23 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
 
 /* ---- rows -------------------------------------------------------------------------------------------- */
 
-/* As kb_client_lookup / kb_client_lookup_ex / kb_client_put / kb_client_push_gradients, with the keys split
- * over the shards (see the top of this file). values_out, meta_out and the input rows are in the caller's
- * key order. */
+/* The row operations, with the keys split over the shards (see the top of this file). values_out, meta_out
+ * and the input rows are in the caller's key order. */
+
+/* Looks up n keys of a table of dimension dim: writes n*dim floats to values_out and, when meta_out is not
+ * NULL, n metadata records. Fails with KB_CLIENT_EINVAL if the server's dim differs, and with
+ * KB_CLIENT_EMALFORMED if an answer holds another number of values or metadata records than its keys need
+ * (nothing is copied). */
 int kb_cluster_lookup(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                       float *values_out, kb_row_meta_t *meta_out);
+/* kb_cluster_lookup with the request's no_create flag: when true the server answers unseen keys with their
+ * initial value without inserting them (kbctl get --no-create). */
 int kb_cluster_lookup_ex(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                          bool no_create, float *values_out, kb_row_meta_t *meta_out);
+/* Writes n rows (n*dim floats) tagged with version. */
 int kb_cluster_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
                    const float *values, uint64_t version);
+/* Pushes n gradient rows (n*dim floats); each row is one gradient. */
 int kb_cluster_push_gradients(kb_cluster_t *self, const char *table, const kb_key_t *keys, size_t n,
                               uint32_t dim, const float *gradients);
 
