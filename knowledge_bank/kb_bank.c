@@ -37,6 +37,7 @@ typedef struct {
     uint32_t crc;   /* the journal record's checksum, computed with the encoding */
     int64_t counted;
     bool rejournal; /* it holds every pending set (the compactor asked for them) */
+    bool shipped;   /* the ship hook has seen it (a retried append does not ship it again) */
 } s_round_t;
 
 struct kb_bank {
@@ -68,9 +69,20 @@ struct kb_bank {
     atomic_bool journal_broken; /* set under the commit mutex: an append failed, so no later write can commit
                                  * until a restart (writers read it without the mutex, kb_bank_commits_broken) */
     char storage_error[512];      /* last commit failure, "" after a success */
+    /* Replication (docs/REPLICATION.md). A replica's epochs are its primary's (kb_bank_apply_replicated); a
+     * primary hands every round to the ship hook before its own append, and with min_replicas K > 0 a write
+     * is durable once its epoch is committed here and replicated_epoch (K followers applied it) reaches it. */
+    bool replica;                 /* commit mutex; changes only under the exclusive gate too (promotion) */
+    uint64_t replicated_epoch;    /* commit mutex */
+    uint32_t min_replicas;        /* commit mutex */
+    kb_bank_ship_fn ship_hook;    /* commit mutex */
+    void *ship_hook_ctx;
+    atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
+    char fence_reason[256];       /* commit mutex */
 
     pthread_t persister, sweeper;
-    bool threads_started;
+    bool threads_started;         /* the persister (a replica starts it when promoted) */
+    bool sweeper_started;
     uint64_t collected_epoch;     /* commit mutex: the newest epoch the persister has collected */
 
     /* Sync durability pipelines its rounds: while the syncer appends and fdatasyncs epoch N, the persister
@@ -302,18 +314,38 @@ static void s_deadline(struct timespec *ts, int timeout_ms)
     }
 }
 
+/* The newest epoch a write may be acknowledged at: committed here and, with min_replicas, applied by that
+ * many followers. Commit mutex held. */
+static uint64_t s_durable_locked(const kb_bank_t *self)
+{
+    if (self->min_replicas && self->replicated_epoch < self->committed_epoch)
+        return self->replicated_epoch;
+    return self->committed_epoch;
+}
+
+/* Whether waiting longer for a commit is pointless: the journal broke, or the bank was fenced. */
+static bool s_commit_hopeless(kb_bank_t *self)
+{
+    return atomic_load(&self->journal_broken) || atomic_load(&self->fenced);
+}
+
 /* The error of a write still not durable after timeout_ms, with the last storage error. Commit mutex held. */
 static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
 {
-    if (atomic_load(&self->journal_broken))
+    if (atomic_load(&self->fenced))
+        snprintf(err, errlen, "write not acknowledged: %s", self->fence_reason);
+    else if (atomic_load(&self->journal_broken))
         snprintf(err, errlen, "write not committed: %s", self->storage_error);
     else
-        snprintf(err, errlen, "write not committed within %d ms%s%s", timeout_ms,
+        snprintf(err, errlen, "write not committed within %d ms%s%s%s", timeout_ms,
+                 s_durable_locked(self) < self->committed_epoch ? " (not yet on --min-replicas followers)" : "",
                  self->storage_error[0] ? ": " : "", self->storage_error);
 }
 
-/* Waits until epoch `ticket` has committed, waking the persister. Any durability mode. */
-static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
+/* Waits until epoch `ticket` has committed (and, with `replicated`, reached min_replicas followers), waking
+ * the persister. Any durability mode. */
+static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, bool replicated, int timeout_ms, char *err,
+                        size_t errlen)
 {
     struct timespec deadline;
     s_deadline(&deadline, timeout_ms);
@@ -322,11 +354,13 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *
     if (ticket > self->wanted_epoch)
         self->wanted_epoch = ticket;
     pthread_cond_signal(&self->persist_cond);
-    while (self->committed_epoch < ticket && !self->stopping && !atomic_load(&self->journal_broken)) {
+    while ((replicated ? s_durable_locked(self) : self->committed_epoch) < ticket && !self->stopping &&
+           !(replicated ? s_commit_hopeless(self) : atomic_load(&self->journal_broken))) {
         if (pthread_cond_timedwait(&self->commit_cond, &self->commit_mutex, &deadline) == ETIMEDOUT)
             break;
     }
-    if (self->committed_epoch < ticket) {
+    if ((replicated ? s_durable_locked(self) : self->committed_epoch) < ticket ||
+        (replicated && atomic_load(&self->fenced))) {
         s_not_committed_locked(self, timeout_ms, err, errlen);
         rc = KB_BANK_ESTORAGE;
     }
@@ -338,7 +372,7 @@ int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char 
 {
     if (!self->opts.sync)
         return KB_BANK_OK;
-    return s_wait_epoch(self, ticket, timeout_ms, err, errlen);
+    return s_wait_epoch(self, ticket, true, timeout_ms, err, errlen);
 }
 
 void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
@@ -351,12 +385,14 @@ void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-bool kb_bank_commits_broken(kb_bank_t *self) { return atomic_load(&self->journal_broken); }
+bool kb_bank_commits_broken(kb_bank_t *self) { return s_commit_hopeless(self); }
+
+bool kb_bank_fenced(kb_bank_t *self) { return atomic_load(&self->fenced); }
 
 uint64_t kb_bank_durable_epoch(kb_bank_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
-    uint64_t epoch = self->committed_epoch;
+    uint64_t epoch = s_durable_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
     return epoch;
 }
@@ -374,6 +410,78 @@ void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx
     self->commit_hook = hook;
     self->commit_hook_ctx = ctx;
     pthread_mutex_unlock(&self->commit_mutex);
+}
+
+/* ---- replication (docs/REPLICATION.md) ---- */
+
+void kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    self->ship_hook = hook;
+    self->ship_hook_ctx = ctx;
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+/* Publishes a change of the durable point to waiters and to the transport (commit mutex held). */
+static void s_publish_locked(kb_bank_t *self)
+{
+    pthread_cond_broadcast(&self->commit_cond);
+    if (self->commit_hook)
+        self->commit_hook(self->commit_hook_ctx);
+}
+
+void kb_bank_set_replicated(kb_bank_t *self, uint64_t epoch)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    if (epoch > self->replicated_epoch) {
+        self->replicated_epoch = epoch;
+        s_publish_locked(self);
+    }
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+void kb_bank_set_min_replicas(kb_bank_t *self, uint32_t min_replicas)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    self->min_replicas = min_replicas;
+    s_publish_locked(self);
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+uint32_t kb_bank_min_replicas(kb_bank_t *self)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    uint32_t k = self->min_replicas;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return k;
+}
+
+void kb_bank_fence(kb_bank_t *self, const char *reason)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    if (!atomic_load(&self->fenced)) {
+        snprintf(self->fence_reason, sizeof self->fence_reason, "%s", reason);
+        atomic_store(&self->fenced, true);
+        LOG_WARN("writes are refused from now on: %s", reason);
+    }
+    s_publish_locked(self);
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+bool kb_bank_is_replica(kb_bank_t *self)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    bool replica = self->replica;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return replica;
+}
+
+uint64_t kb_bank_committed_epoch(kb_bank_t *self)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    uint64_t epoch = self->committed_epoch;
+    pthread_mutex_unlock(&self->commit_mutex);
+    return epoch;
 }
 
 /* ---- persister ---- */
@@ -623,6 +731,16 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
 {
     kb_batch_t *b = &r->batch;
     char why[512] = "";
+    if (!r->shipped) {
+        /* Followers get the round before the local append, so their fdatasync overlaps this one's. */
+        pthread_mutex_lock(&self->commit_mutex);
+        kb_bank_ship_fn ship = self->ship_hook;
+        void *ship_ctx = self->ship_hook_ctx;
+        pthread_mutex_unlock(&self->commit_mutex);
+        if (ship)
+            ship(ship_ctx, b->epoch, r->bytes, r->len, r->crc, r->rejournal);
+        r->shipped = true;
+    }
     int rc = r->bytes ? kb_journal_append_crc(self->journal, b->epoch, r->bytes, r->len, r->crc, why, sizeof why)
                       : 0;
     pthread_mutex_lock(&self->commit_mutex);
@@ -1267,7 +1385,7 @@ static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
         return -1;
     size_t rows = 0;
     for (size_t i = 0; i < self->entry_count; i++) {
-        kb_table_set_read_only(self->entries[i].table);
+        kb_table_set_read_only(self->entries[i].table, true);
         rows += kb_table_row_count(self->entries[i].table);
     }
     self->compacted_epoch = self->queued_epoch = compacted;
@@ -1281,6 +1399,201 @@ static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
              self->entry_count, rows, self->data_dir, (long long)(carls_monotonic_ms() - t0),
              (unsigned long long)compacted, (unsigned long long)last);
     return 0;
+}
+
+/* ---- a replica's epochs (kb_bank_apply_replicated) ---- */
+
+/* Drops the table with this id from the registry (a replicated drop; its rows go with the batch's op). */
+static void s_drop_table_id(kb_bank_t *self, int64_t id)
+{
+    bool freed = false;
+    pthread_mutex_lock(&self->registry_mutex);
+    for (size_t i = 0; i < self->entry_count; i++) {
+        if (!self->entries[i].dropped && kb_table_id(self->entries[i].table) == id) {
+            LOG_INFO("dropped table %s as the primary did", kb_table_name(self->entries[i].table));
+            self->entries[i].dropped = true;
+            freed = s_unref(self, i);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+    if (freed)
+        s_trim();
+}
+
+/* The live table with this id, acquired, or NULL. */
+static kb_table_t *s_acquire_id(kb_bank_t *self, int64_t id)
+{
+    kb_table_t *t = NULL;
+    pthread_mutex_lock(&self->registry_mutex);
+    for (size_t i = 0; i < self->entry_count && !t; i++) {
+        if (!self->entries[i].dropped && kb_table_id(self->entries[i].table) == id) {
+            self->entries[i].refs++;
+            t = self->entries[i].table;
+        }
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+    return t;
+}
+
+/* Applies a replicated batch's table creates and drops to the registry, as the primary made them (same ids). */
+static int s_apply_ops(kb_bank_t *self, const kb_batch_t *b)
+{
+    for (size_t i = 0; i < b->op_count; i++) {
+        const kb_table_op_t *op = &b->ops[i];
+        kb_table_t *existing = s_acquire_id(self, op->id);
+        if (existing)
+            kb_bank_release(self, existing);
+        if (op->drop) {
+            if (existing)
+                s_drop_table_id(self, op->id);
+            continue;
+        }
+        if (existing)
+            continue; /* a table id is created once */
+        kb_table_config_t cfg;
+        char why[256];
+        if (kb_table_config_unpack(op->config, op->config_len, &cfg, why, sizeof why) != 0) {
+            LOG_ERROR("replicated table %s has an unreadable config (%s)", op->name, why);
+            return -1;
+        }
+        kb_table_t *table = kb_table_new(op->id, op->name, &cfg);
+        kb_table_set_memory(table, self->mem);
+        kb_table_set_read_only(table, true);
+        pthread_mutex_lock(&self->registry_mutex);
+        s_add_entry(self, table);
+        if (op->id >= self->next_table_id)
+            self->next_table_id = op->id + 1;
+        pthread_mutex_unlock(&self->registry_mutex);
+        LOG_INFO("created table %s (dim %u) from the primary", op->name, cfg.dim);
+    }
+    return 0;
+}
+
+/* Applies a replicated batch's rows and de-duplication records to the tables in memory. */
+static void s_apply_rows(kb_bank_t *self, const kb_batch_t *b)
+{
+    kb_table_t *t = NULL;
+    for (size_t i = 0; i < b->row_count; i++) {
+        const kb_store_row_t *rec = &b->rows[i];
+        if (!t || kb_table_id(t) != rec->table_id) {
+            kb_bank_release(self, t);
+            t = s_acquire_id(self, rec->table_id);
+        }
+        if (t && kb_table_apply_row(t, rec) != 0)
+            LOG_WARN("replicated row of table %s does not match its config; skipped", kb_table_name(t));
+    }
+    kb_bank_release(self, t);
+    for (size_t i = 0; i < b->client_count; i++) {
+        const kb_dedup_record_t *c = &b->clients[i];
+        if (kb_dedup_restore(self->dedup, c->client_id, c->max_seq, c->window, sizeof c->window) != 0)
+            LOG_WARN("client %llx: malformed replicated de-duplication record skipped", (unsigned long long)c->client_id);
+    }
+}
+
+int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
+                             char *err, size_t errlen)
+{
+    pthread_mutex_lock(&self->commit_mutex);
+    bool replica = self->replica;
+    uint64_t committed = self->committed_epoch;
+    pthread_mutex_unlock(&self->commit_mutex);
+    if (!replica)
+        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu refused: this server is not a follower",
+                            (unsigned long long)epoch);
+    if (epoch <= committed)
+        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu refused: epoch %llu is applied already",
+                            (unsigned long long)epoch, (unsigned long long)committed);
+    kb_batch_t b = {0};
+    if (len) {
+        if (kb_journal_crc(epoch, payload, len) != crc)
+            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: the record's CRC-32 does not match",
+                                (unsigned long long)epoch);
+        char why[256];
+        if (kb_batch_decode(payload, len, &b, why, sizeof why) != 0)
+            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: %s", (unsigned long long)epoch, why);
+        if (b.epoch != epoch) {
+            kb_batch_free(&b);
+            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: the record holds epoch %llu's batch",
+                                (unsigned long long)epoch, (unsigned long long)b.epoch);
+        }
+        /* The same record as the primary's journal holds, so this journal replays to the same state. */
+        if (kb_journal_append_crc(self->journal, epoch, payload, len, crc, err, errlen) != 0) {
+            pthread_mutex_lock(&self->commit_mutex);
+            self->stats.commit_failures++;
+            snprintf(self->storage_error, sizeof self->storage_error, "%s", err);
+            atomic_store(&self->journal_broken, kb_journal_is_broken(self->journal));
+            pthread_mutex_unlock(&self->commit_mutex);
+            kb_batch_free(&b);
+            return KB_BANK_ESTORAGE;
+        }
+        /* Readers see whole epochs: rows change while no write bracket (none runs here) and no collection
+         * is open, and the epoch is published after its last row. */
+        pthread_rwlock_wrlock(&self->gate);
+        int rc = s_apply_ops(self, &b);
+        if (rc == 0)
+            s_apply_rows(self, &b);
+        pthread_rwlock_unlock(&self->gate);
+        if (rc != 0) {
+            kb_batch_free(&b);
+            return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "epoch %llu: a table could not be created",
+                                (unsigned long long)epoch);
+        }
+    }
+    atomic_store(&self->epoch, epoch + 1);
+    pthread_mutex_lock(&self->commit_mutex);
+    if (len) {
+        self->stats.commits++;
+        self->stats.rows_written += b.row_count;
+    }
+    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = epoch;
+    s_publish_locked(self);
+    pthread_mutex_unlock(&self->commit_mutex);
+    if (len)
+        s_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
+    return KB_BANK_OK;
+}
+
+static void s_start_writer_threads(kb_bank_t *self);
+
+int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)
+{
+    pthread_rwlock_wrlock(&self->gate);
+    pthread_mutex_lock(&self->commit_mutex);
+    bool replica = self->replica;
+    self->replica = false;
+    pthread_mutex_unlock(&self->commit_mutex);
+    if (!replica) {
+        pthread_rwlock_unlock(&self->gate);
+        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "this server is not a follower");
+    }
+    kb_table_t **tables;
+    size_t n = kb_bank_acquire_all(self, &tables);
+    for (size_t i = 0; i < n; i++) {
+        kb_table_set_read_only(tables[i], false);
+        kb_bank_release(self, tables[i]);
+    }
+    free(tables);
+    pthread_rwlock_unlock(&self->gate);
+    s_start_writer_threads(self);
+    LOG_INFO("promoted: accepting writes from epoch %llu", (unsigned long long)atomic_load(&self->epoch));
+    return KB_BANK_OK;
+}
+
+/* The persister, and in sync durability the syncer, which appends and fdatasyncs while the persister collects
+ * the next epoch. */
+static void s_start_writer_threads(kb_bank_t *self)
+{
+    if (self->opts.sync) {
+        if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
+            CARLS_FATAL("cannot start bank threads");
+        pthread_setname_np(self->syncer, "kb-syncer");
+        self->syncer_started = true;
+    }
+    if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0)
+        CARLS_FATAL("cannot start bank threads");
+    pthread_setname_np(self->persister, "kb-persister");
+    self->threads_started = true;
 }
 
 int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
@@ -1379,24 +1692,25 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
                  ? ", over --max-memory: requests that create rows will be refused"
                  : "");
 
-    self->pending_in_journal = self->cache == NULL;
+    /* A follower compacts every batch whole: its pending sets cannot wait for a re-journaling round, which
+     * only its primary decides. */
+    self->pending_in_journal = self->cache == NULL && !opts->replica;
+    self->replica = opts->replica;
+    self->min_replicas = opts->replica ? 0 : opts->min_replicas;
+    if (opts->replica) {
+        for (size_t i = 0; i < self->entry_count; i++)
+            kb_table_set_read_only(self->entries[i].table, true);
+    }
     if (pthread_create(&self->compactor, NULL, s_compactor_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
     pthread_setname_np(self->compactor, "kb-compactor"); /* names for top -H, perf and gdb (15 chars at most) */
     self->compactor_started = true;
-    /* Sync durability: the syncer appends and fdatasyncs while the persister collects the next epoch. */
-    if (self->opts.sync) {
-        if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
-            CARLS_FATAL("cannot start bank threads");
-        pthread_setname_np(self->syncer, "kb-syncer");
-        self->syncer_started = true;
-    }
-    if (pthread_create(&self->persister, NULL, s_persister_main, self) != 0 ||
-        pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
+    if (pthread_create(&self->sweeper, NULL, s_sweeper_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
-    pthread_setname_np(self->persister, "kb-persister");
     pthread_setname_np(self->sweeper, "kb-sweeper");
-    self->threads_started = true;
+    self->sweeper_started = true;
+    if (!opts->replica) /* a follower's epochs are its primary's, until it is promoted */
+        s_start_writer_threads(self);
     *out = self;
     return 0;
 fail:
@@ -1409,7 +1723,7 @@ void kb_bank_close(kb_bank_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_bank_t *self = *self_p;
-    if (self->threads_started) {
+    if (self->sweeper_started) {
         pthread_mutex_lock(&self->sweep_mutex);
         pthread_mutex_lock(&self->commit_mutex);
         self->stopping = true;
@@ -1418,8 +1732,9 @@ void kb_bank_close(kb_bank_t **self_p)
         pthread_cond_broadcast(&self->sweep_cond);
         pthread_mutex_unlock(&self->sweep_mutex);
         pthread_join(self->sweeper, NULL);
-        pthread_join(self->persister, NULL);
     }
+    if (self->threads_started)
+        pthread_join(self->persister, NULL);
     if (self->syncer_started) { /* after the persister: its last round must be finished first */
         pthread_mutex_lock(&self->slot_mutex);
         self->syncer_stop = true;
@@ -1486,13 +1801,15 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
 {
     if (self->opts.read_only) /* nothing to commit, and the files must not change */
         return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is read-only: it commits nothing");
+    if (kb_bank_is_replica(self)) /* its commits are its primary's */
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is a follower: checkpoint its primary");
 
     /* Everything written before this call is in an epoch <= the one being filled now, and the round that
      * collects it (or an earlier one, collecting after this store) takes the use counts too. */
     atomic_store(&self->frequencies_due, true);
     kb_bank_write_begin(self);
     uint64_t ticket = kb_bank_write_end(self);
-    if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)
+    if (s_wait_epoch(self, ticket, false, 30000, err, errlen) != 0)
         return KB_BANK_ESTORAGE;
     /* Then until SQLite holds everything journaled so far, so the file alone is complete. */
     struct timespec deadline;
@@ -1551,7 +1868,7 @@ int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t
     atomic_store(&self->frequencies_due, true);
     kb_bank_write_begin(self);
     uint64_t ticket = kb_bank_write_end(self);
-    if (s_wait_epoch(self, ticket, 30000, err, errlen) != 0)
+    if (s_wait_epoch(self, ticket, false, 30000, err, errlen) != 0)
         return KB_BANK_ESTORAGE;
     /* No compaction runs while fn reads SQLite's epoch, so the file it reads holds exactly the epochs <= C;
      * the journal keeps every segment from now until kb_bank_snapshot_end. */

@@ -47,6 +47,11 @@ typedef struct {
     uint64_t cache_bytes; /* --cache-bytes: tables keep about this much in memory, the rest only in storage
                            * (kb_cache.h; tables with a knn index or an eviction policy stay resident);
                            * 0 = every row in memory */
+    bool replica;          /* a replication follower (docs/REPLICATION.md): no persister; its epochs are its
+                            * primary's, applied with kb_bank_apply_replicated; tables read-only until
+                            * kb_bank_promote */
+    uint32_t min_replicas; /* sync durability on a primary: a write is durable once this many followers applied
+                            * its epoch too (kb_bank_set_replicated); 0 = the local commit alone */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -97,9 +102,10 @@ int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char 
  * waiting. The caller learns of it through the commit hook and kb_bank_durable_epoch. */
 void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket);
 
-/* Whether a journal append failed: then no write commits until the server restarts, writes waiting for a
- * commit are answered at once (kb_bank_wait_durable, kb_bank_not_committed) instead of at their timeout, and
- * the service refuses new writes before applying them. Cheap (an atomic load). */
+/* Whether a journal append failed, or the bank was fenced (kb_bank_fence): then no write commits until the
+ * server restarts, writes waiting for a commit are answered at once (kb_bank_wait_durable,
+ * kb_bank_not_committed) instead of at their timeout, and the service refuses new writes before applying
+ * them. Cheap (atomic loads). */
 bool kb_bank_commits_broken(kb_bank_t *self);
 
 /* The last durable epoch (every write whose ticket is <= it is on disk). */
@@ -112,6 +118,38 @@ void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t er
 /* hook(ctx) is called by the persister after every round, committed or failed (from its thread: it must
  * only signal, e.g. write an eventfd). Set before serving; NULL removes it. */
 void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx);
+
+/* ---- replication (docs/REPLICATION.md; the transport is kb_replica.h) ---- */
+
+/* hook(ctx, epoch, payload, len, crc, rejournal) sees every round of a primary, in epoch order, before it is
+ * appended to the local journal; an empty round has len 0. Called from the persister or syncer thread; it
+ * must copy what it keeps. NULL removes it. */
+typedef void (*kb_bank_ship_fn)(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
+                                bool rejournal);
+void kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx);
+
+/* A follower applies its primary's round: checks the CRC, appends the record unchanged to its own journal
+ * (fdatasync'ed in sync durability), applies table ops, rows and de-duplication records to the tables, and
+ * publishes the epoch. Epochs must increase. One thread calls it. KB_BANK_OK, or an error with err. */
+int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
+                             char *err, size_t errlen);
+
+/* A follower becomes a primary: tables writable, persister started; new epochs follow the last applied. */
+int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen);
+bool kb_bank_is_replica(kb_bank_t *self);
+
+/* Primary: K followers have applied every epoch <= epoch (the transport counts acks). */
+void kb_bank_set_replicated(kb_bank_t *self, uint64_t epoch);
+void kb_bank_set_min_replicas(kb_bank_t *self, uint32_t min_replicas);
+uint32_t kb_bank_min_replicas(kb_bank_t *self);
+
+/* Deposes the bank: from now on writes are refused (kb_bank_commits_broken) and writes waiting for their
+ * commit are answered with reason. For good: a deposed primary rejoins as a follower by restarting. */
+void kb_bank_fence(kb_bank_t *self, const char *reason);
+bool kb_bank_fenced(kb_bank_t *self);
+
+/* The newest epoch committed here (applied, on a follower), whether or not replicated. */
+uint64_t kb_bank_committed_epoch(kb_bank_t *self);
 
 /* Commits everything now and checkpoints the SQLite WAL. */
 int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen);

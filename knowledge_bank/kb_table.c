@@ -75,7 +75,8 @@ struct kb_table {
     kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
     int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
     atomic_uint_fast64_t knn_query_ns[2]; /* kb_table_knn_query_ns: searches split to single queries, larger */
-    bool read_only;             /* kb_table_set_read_only: pending gradients are never applied */
+    atomic_bool read_only;      /* kb_table_set_read_only: pending gradients are never applied, reads count no
+                                 * use (a follower's rows change only by its primary's records) */
     /* --cache-bytes (kb_cache.h): NULL when every row stays in memory. */
     kb_cache_t *cache;
     pthread_mutex_t cache_mutex; /* one eviction hand at a time; guards the fields below */
@@ -83,6 +84,12 @@ struct kb_table {
     bool cache_stuck;            /* the last shrink found nothing more to free ... */
     uint64_t stuck_compacted, stuck_loads; /* ... and nothing became clean since (compaction, loads) */
 };
+
+/* Whether the table is read-only now (a follower's tables are, until it is promoted). */
+static inline bool s_read_only(const kb_table_t *self)
+{
+    return atomic_load_explicit(&self->read_only, memory_order_relaxed);
+}
 
 /* Adds delta bytes to the table's estimate and the bank's. */
 static void s_mem(kb_table_t *self, int64_t delta)
@@ -689,6 +696,8 @@ static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
  * rewrite a row's value. */
 static void s_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
+    if (s_read_only(self))
+        return;
     row->frequency++;
     if (self->cfg.admission == KB_ADMIT_FREQUENCY && row->frequency == self->cfg.min_frequency) {
         atomic_fetch_sub(&self->stats.not_persisted, 1);
@@ -915,7 +924,7 @@ static inline uint64_t s_lookup_serve(kb_table_t *self, kb_stripe_t *st, kb_row_
         frequencies[i] = 0;
         return 0;
     }
-    if (row->pending_count > 0 && !self->read_only) {
+    if (row->pending_count > 0 && !s_read_only(self)) {
         s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
         steps++;
     }
@@ -957,7 +966,7 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     /* Under pushes, a lookup averages the pending sets of most keys it reads, and those buffers are colder
      * than the rows: fetch them a stage later still (without pending sets there is nothing to fetch, and
      * the stage is skipped rather than paying for a second search of the map). */
-    bool prefetch_pending = atomic_load(&self->stats.pending_keys) > 0 && !self->read_only;
+    bool prefetch_pending = atomic_load(&self->stats.pending_keys) > 0 && !s_read_only(self);
     for (size_t j = 0; j < n; j++) {
         if (prefetch_pending && j + S_AHEAD_PENDING < n) {
             size_t a = g.order[j + S_AHEAD_PENDING];
@@ -1019,7 +1028,7 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
         if (!row && self->cache)
             row = s_row_cold(self, st, hash, &keys[i]);
         if (row) {
-            if (row->pending_count > 0 && !self->read_only)
+            if (row->pending_count > 0 && !s_read_only(self))
                 s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
             memcpy(values + i * dim, row->value, dim * sizeof(float));
             ids[i] = row->id;
@@ -1144,7 +1153,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
 
 uint64_t kb_table_expire(kb_table_t *self, int64_t now_ms)
 {
-    if (self->cfg.immediate || self->cfg.kind != KB_TABLE_EMBEDDING || self->read_only)
+    if (self->cfg.immediate || self->cfg.kind != KB_TABLE_EMBEDDING || s_read_only(self))
         return 0;
     uint64_t applied = 0;
     int64_t max_age = self->cfg.max_age_ms;
@@ -1811,7 +1820,10 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
 
 /* ---- read-only serving and journal replay into memory (kb-server --read-only) ---- */
 
-void kb_table_set_read_only(kb_table_t *self) { self->read_only = true; }
+void kb_table_set_read_only(kb_table_t *self, bool read_only)
+{
+    atomic_store_explicit(&self->read_only, read_only, memory_order_relaxed);
+}
 
 /* Takes a row out of a table that is not shared yet (start-up) and frees it. */
 static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
@@ -1852,6 +1864,38 @@ int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
     if (rec->deleted)
         return 0;
     return kb_table_restore_row(self, rec);
+}
+
+int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec)
+{
+    if (rec->key_len == 0 || (!rec->frequency_only && !rec->deleted && !s_record_fits(self, rec)))
+        return -1;
+    uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
+    kb_stripe_t *st = s_stripe(self, hash);
+    pthread_mutex_lock(&st->mutex);
+    kb_row_t *row = kb_rowmap_find(&st->map, hash, rec->key, rec->key_len);
+    if (rec->frequency_only) {
+        if (row && row->id == rec->row_id)
+            row->frequency = rec->frequency; /* admission filters do not apply on a follower */
+        pthread_mutex_unlock(&st->mutex);
+        return 0;
+    }
+    /* A read-only table's rows are never dirty nor on the use-count list (s_count_use), so taking one out
+     * leaves no list pointing at it; readers find rows only under this stripe's mutex or through by_id,
+     * which s_unload_row clears before it frees. */
+    if (row)
+        s_unload_row(self, st, hash, row);
+    if (!rec->deleted) {
+        row = s_row_restore(self, st, hash, rec);
+        atomic_fetch_add(&self->stats.rows, 1);
+        if (!s_persistable(self, row))
+            atomic_fetch_add(&self->stats.not_persisted, 1);
+        int_fast64_t next = atomic_load(&self->next_row_id);
+        while (rec->row_id >= next && !atomic_compare_exchange_weak(&self->next_row_id, &next, rec->row_id + 1)) {
+        }
+    }
+    pthread_mutex_unlock(&st->mutex);
+    return 0;
 }
 
 /* ---- import of rows with their whole state (import_rows) ---- */

@@ -199,16 +199,20 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
  * are then live on in the journal (kb_bank.c, "pending sets"). */
 void kb_table_mark_pending_dirty(kb_table_t *self);
 
-/* Read-only serving (kb-server --read-only): from now on no pending gradient is applied -- lookups and
- * peeks answer the stored value, kb_table_expire does nothing -- so the sets stay as loaded. Call before the
- * table is shared. */
-void kb_table_set_read_only(kb_table_t *self);
+/* Read-only serving (kb-server --read-only, and a replication follower until it is promoted): while set, no
+ * pending gradient is applied -- lookups and peeks answer the stored value, kb_table_expire does nothing --
+ * so the sets stay as loaded, and reads count no use. May be changed while the table is shared. */
+void kb_table_set_read_only(kb_table_t *self, bool read_only);
 
 /* Applies one journaled row record to a table that is not shared yet (start-up of a read-only server,
  * which replays the journal into memory instead of into the store): a whole row replaces the key's row
  * (row id included), a deletion removes it, a frequency-only record sets the count of the row with that
  * row id. Returns 0, or -1 when a whole row does not fit the table's config (the caller logs and skips). */
 int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec);
+
+/* kb_table_replay_row for a shared, read-only table (a replication follower applying its primary's records
+ * while it serves reads): takes the row's stripe lock. */
+int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec);
 
 /* import_rows: creates or replaces each key's row with recs[i]'s whole state -- value (dim floats), optimizer
  * state (opt_floats equal to the table's; 0: the state starts fresh), opt_steps, version, updated_at_ms,
