@@ -49,27 +49,36 @@ static void s_rehash(w2v_map_t *m)
     }
 }
 
-uint32_t w2v_map_get(const w2v_map_t *m, const char *key, uint8_t len)
+/* The slot of key: the one holding it (its index into *index), or the empty slot where probing stopped
+ * (*index UINT32_MAX). */
+static uint32_t s_probe(const w2v_map_t *m, const char *key, uint8_t len, uint32_t *index)
 {
     uint32_t s = s_hash(key, len) & (m->cap - 1);
     while (m->slots[s]) {
         uint32_t i = m->slots[s] - 1;
-        if (m->len[i] == len && memcmp(m->key[i], key, len) == 0)
-            return i;
+        if (m->len[i] == len && memcmp(m->key[i], key, len) == 0) {
+            *index = i;
+            return s;
+        }
         s = (s + 1) & (m->cap - 1);
     }
-    return UINT32_MAX;
+    *index = UINT32_MAX;
+    return s;
+}
+
+uint32_t w2v_map_get(const w2v_map_t *m, const char *key, uint8_t len)
+{
+    uint32_t i;
+    s_probe(m, key, len, &i);
+    return i;
 }
 
 uint32_t w2v_map_put(w2v_map_t *m, const char *key, uint8_t len)
 {
-    uint32_t s = s_hash(key, len) & (m->cap - 1);
-    while (m->slots[s]) {
-        uint32_t i = m->slots[s] - 1;
-        if (m->len[i] == len && memcmp(m->key[i], key, len) == 0)
-            return i;
-        s = (s + 1) & (m->cap - 1);
-    }
+    uint32_t found;
+    const uint32_t s = s_probe(m, key, len, &found);
+    if (found != UINT32_MAX)
+        return found;
     if (m->n == m->n_cap) {
         m->n_cap = m->n_cap ? m->n_cap * 2 : 1024;
         m->key = carls_xrealloc(m->key, m->n_cap * sizeof *m->key);
