@@ -2,8 +2,8 @@
  * in the knowledge bank and negatives whose word-tower embeddings come from the bank (CARLS §4.3). The model
  * is nn/nn_tower.h; the data set data/data_gcide.h.
  *
- * Internal interface between trainer_twotower.c (options, training loop) and trainer_tt_eval.c (word
- * vectors and the held-out evaluation). */
+ * Internal interface between trainer_twotower.c (the training loop; its options in trainer_tt_opts.c) and
+ * trainer_tt_eval.c (word vectors and the held-out evaluation). */
 #ifndef TRAINER_TT_H
 #define TRAINER_TT_H
 
