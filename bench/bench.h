@@ -125,6 +125,9 @@ typedef struct {
                               * since this case began (its bench_progress line), NAN where /proc/stat has none */
 } bench_result_t;
 
+/* A result of case `name` in unit, not measured yet: value and reference unavailable (NAN, ""), no latency,
+ * the sizes of opts (clients, batch, keys as rows), one shard. */
+bench_result_t bench_result(const bench_opts_t *opts, const char *name, const char *unit);
 /* Prints one result (table row or JSON line) at once, and remembers it for the summary; with --repeat it is
  * kept instead, and bench_report_end prints each figure's median round. */
 void bench_report(const bench_opts_t *opts, const bench_result_t *r);

@@ -461,18 +461,10 @@ double bench_kb_server_p50(const char *endpoint, const char *op) { return s_serv
 
 /* ---- reporting helpers ---- */
 
-static bench_result_t s_result(const bench_opts_t *opts, const char *name, const char *unit)
-{
-    bench_result_t r = {.name = name, .unit = unit, .reference = "", .reference_value = NAN, .value = NAN,
-                        .p50_us = NAN, .p99_us = NAN, .clients = opts->clients, .batch = opts->batch,
-                        .shards = 1, .rows = opts->keys};
-    return r;
-}
-
 /* Reports a failed measurement (value n/a) with its error as the note. */
 static void s_report_failed(const bench_opts_t *opts, const char *name, const char *unit, const char *why)
 {
-    bench_result_t r = s_result(opts, name, unit);
+    bench_result_t r = bench_result(opts, name, unit);
     r.note = why;
     bench_report(opts, &r);
 }
@@ -576,7 +568,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     snprintf(note, sizeof note, "request %zu B, reply %zu B; inside the server p50 %.0f us", req_bytes, rep_bytes,
              s_server_p50(srv->endpoint, "lookup"));
 
-    bench_result_t r = s_result(opts, "lookup.p50", "us");
+    bench_result_t r = bench_result(opts, "lookup.p50", "us");
     r.value = kb.p50_us;
     r.reference = "zmq.echo.p50 (same bytes)";
     r.reference_value = erc == 0 ? echo.p50_us : NAN;
@@ -588,7 +580,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     r.note = note;
     bench_report(opts, &r);
 
-    r = s_result(opts, "lookup.p99", "us");
+    r = bench_result(opts, "lookup.p99", "us");
     r.value = kb.p99_us;
     r.reference = "zmq.echo.p99 (same bytes)";
     r.reference_value = erc == 0 ? echo.p99_us : NAN;
@@ -597,7 +589,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     r.p99_us = kb.p99_us;
     bench_report(opts, &r);
 
-    r = s_result(opts, "lookup.throughput", "emb/s");
+    r = bench_result(opts, "lookup.throughput", "emb/s");
     r.value = kb.rate;
     r.reference = "redis.mget";
     r.reference_value = st->have_redis ? st->redis_mget.rate : NAN;
@@ -608,7 +600,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     r.note = st->have_redis ? NULL : st->redis_note;
     bench_report(opts, &r);
 
-    r = s_result(opts, "lookup.throughput.vs_zmq", "emb/s");
+    r = bench_result(opts, "lookup.throughput.vs_zmq", "emb/s");
     r.value = kb.rate;
     r.reference = "zmq.echo (same bytes)";
     r.reference_value = erc == 0 ? echo.rate : NAN;
@@ -623,7 +615,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
         (*failures)++;
         return;
     }
-    r = s_result(opts, "lookup.no_create", "emb/s");
+    r = bench_result(opts, "lookup.no_create", "emb/s");
     r.value = nc.rate;
     r.reference = "lookup.throughput";
     r.reference_value = kb.rate;
@@ -698,7 +690,7 @@ static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *
     st->push_int = kb;
     st->have_push_int = true;
 
-    bench_result_t r = s_result(opts, "push.accepted", "rows/s");
+    bench_result_t r = bench_result(opts, "push.accepted", "rows/s");
     r.value = kb.rate;
     r.reference = "zmq.echo (same bytes)";
     r.reference_value = erc == 0 ? echo.rate : NAN;
@@ -709,7 +701,7 @@ static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *
     r.note = durability;
     bench_report(opts, &r);
 
-    r = s_result(opts, "push.applied", "rows/s");
+    r = bench_result(opts, "push.applied", "rows/s");
     r.value = applied;
     r.reference = "push.received (same run)";
     r.reference_value = received;
@@ -728,7 +720,7 @@ static void s_case_push_sync(const bench_opts_t *opts, bench_proc_t *srv, s_stat
         (*failures)++;
         return;
     }
-    bench_result_t r = s_result(opts, "push.accepted.sync", "rows/s");
+    bench_result_t r = bench_result(opts, "push.accepted.sync", "rows/s");
     r.value = kb.rate;
     r.reference = "push.accepted";
     r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
@@ -750,7 +742,7 @@ static void s_case_put_interval(const bench_opts_t *opts, bench_proc_t *srv, s_s
     }
     st->put_int = m;
     st->have_put_int = true;
-    bench_result_t r = s_result(opts, "put.interval", "rows/s");
+    bench_result_t r = bench_result(opts, "put.interval", "rows/s");
     r.value = m.rate;
     r.reference = "redis.set (pipelined)";
     r.reference_value = st->have_redis ? st->redis_set.rate : NAN;
@@ -795,7 +787,7 @@ static void s_case_put_sync(const bench_opts_t *opts, bench_proc_t *srv, s_state
             (*failures)++;
             continue;
         }
-        bench_result_t r = s_result(opts, name, "rows/s");
+        bench_result_t r = bench_result(opts, name, "rows/s");
         r.value = m.rate;
         r.reference = "put.interval";
         r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
@@ -835,7 +827,7 @@ static void s_case_lookup_interval(const bench_opts_t *opts, bench_proc_t *srv, 
     }
     st->lookup_int = m;
     st->have_lookup_int = true;
-    bench_result_t r = s_result(opts, "lookup.throughput.interval", "emb/s");
+    bench_result_t r = bench_result(opts, "lookup.throughput.interval", "emb/s");
     r.value = m.rate;
     r.reference = "lookup.throughput";
     r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
@@ -936,7 +928,7 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
                 continue;
             }
             int frc = bench_faiss(opts, specs[si], rows, n, &ref, &build_ref_s);
-            bench_result_t r = s_result(opts, name, "queries/s");
+            bench_result_t r = bench_result(opts, name, "queries/s");
             r.value = kb.rate;
             r.reference = "faiss.inprocess";
             r.reference_value = frc == 0 ? ref.rate : NAN;
@@ -952,7 +944,7 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
             r.note = frc == 0 ? note : ref.error;
             bench_report(opts, &r);
 
-            r = s_result(opts, load_name, "rows/s");
+            r = bench_result(opts, load_name, "rows/s");
             r.value = (double)n / load_s;
             r.reference = "faiss.inprocess build";
             r.reference_value = frc == 0 ? (double)n / build_ref_s : NAN;
@@ -1014,7 +1006,7 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     s_concurrent_t tr, mk;
     if (s_run_mixed(opts, srv, s_op_trainer, "mixed.lookup", &tr, &mk, failures) != 0)
         return;
-    bench_result_t r = s_result(opts, "mixed.lookup", "emb/s");
+    bench_result_t r = bench_result(opts, "mixed.lookup", "emb/s");
     r.value = tr.m.rate;
     r.reference = "lookup.throughput.interval (alone)";
     r.reference_value = st->have_lookup_int ? st->lookup_int.rate : NAN;
@@ -1027,14 +1019,14 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
                                   : "latency: one trainer step = lookup + push; no maker (--mixed-makers 0)";
     bench_report(opts, &r);
 
-    r = s_result(opts, "mixed.push", "rows/s");
+    r = bench_result(opts, "mixed.push", "rows/s");
     r.value = tr.m.rate; /* every step pushes as many rows as it read */
     r.reference = "push.accepted (alone)";
     r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
     bench_report(opts, &r);
 
     if (makers) {
-        r = s_result(opts, "mixed.put", "rows/s");
+        r = bench_result(opts, "mixed.put", "rows/s");
         r.value = mk.m.rate;
         r.reference = "put.interval (alone)";
         r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
@@ -1051,7 +1043,7 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     s_concurrent_t tp, mp;
     if (s_run_mixed(opts, srv, s_op_trainer_pipelined, "mixed.lookup.pipelined", &tp, &mp, failures) != 0)
         return;
-    r = s_result(opts, "mixed.lookup.pipelined", "emb/s");
+    r = bench_result(opts, "mixed.lookup.pipelined", "emb/s");
     r.value = tp.m.rate;
     r.reference = "lookup.throughput.interval (alone)";
     r.reference_value = st->have_lookup_int ? st->lookup_int.rate : NAN;
@@ -1108,7 +1100,7 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
         }
         char ref[64];
         snprintf(ref, sizeof ref, "shards.%u.lookup", opts->shard_counts[0]);
-        bench_result_t r = s_result(opts, name, "emb/s");
+        bench_result_t r = bench_result(opts, name, "emb/s");
         r.value = lk.rate;
         r.reference = ref;
         r.reference_value = base_lookup;
@@ -1120,7 +1112,7 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
         char pname[64], pref[64];
         snprintf(pname, sizeof pname, "shards.%u.put.sync", shards);
         snprintf(pref, sizeof pref, "shards.%u.put.sync", opts->shard_counts[0]);
-        r = s_result(opts, pname, "rows/s");
+        r = bench_result(opts, pname, "rows/s");
         r.value = pt.rate;
         r.reference = pref;
         r.reference_value = base_put;
@@ -1183,7 +1175,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
             snprintf(base_name, sizeof base_name, "%s", name);
             snprintf(base_mem_name, sizeof base_mem_name, "%s", mem_name);
         }
-        bench_result_t r = s_result(opts, name, "emb/s");
+        bench_result_t r = bench_result(opts, name, "emb/s");
         r.value = m.rate;
         r.reference = base_name;
         r.reference_value = base;
@@ -1191,7 +1183,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
         r.p99_us = m.p99_us;
         r.rows = n;
         bench_report(opts, &r);
-        r = s_result(opts, mem_name, "B/row");
+        r = bench_result(opts, mem_name, "B/row");
         r.value = per_row;
         r.reference = base_mem_name;
         r.reference_value = base_mem;
@@ -1258,7 +1250,7 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     char note[200];
     snprintf(note, sizeof note, "--cache-bytes %s, %u rows; keys drawn from the first %u (in memory)", cache_arg,
              rows, S_CACHE_HOT_ROWS);
-    bench_result_t r = s_result(opts, "lookup.cached", "emb/s");
+    bench_result_t r = bench_result(opts, "lookup.cached", "emb/s");
     r.value = hot.rate;
     r.reference = "lookup.throughput";
     r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
@@ -1271,7 +1263,7 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     char cold_note[200];
     snprintf(cold_note, sizeof cold_note, "keys drawn from all %u rows, about %.0f%% of them in memory: the rest "
              "read from SQLite", rows, 100.0 * (double)cache / (double)row_bytes / rows);
-    r = s_result(opts, "lookup.cold", "emb/s");
+    r = bench_result(opts, "lookup.cold", "emb/s");
     r.value = cold.rate;
     r.reference = "lookup.cached";
     r.reference_value = hot.rate;
@@ -1281,7 +1273,7 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     r.note = cold_note;
     bench_report(opts, &r);
 
-    r = s_result(opts, "cache.peak_rss", "MiB");
+    r = bench_result(opts, "cache.peak_rss", "MiB");
     r.value = hwm_mib;
     r.reference = "whole table in memory (estimate)";
     r.reference_value = (double)rows * (double)row_bytes / (1024.0 * 1024.0);

@@ -485,6 +485,14 @@ static void s_emit_medians(const bench_opts_t *opts)
     free(idx);
 }
 
+bench_result_t bench_result(const bench_opts_t *opts, const char *name, const char *unit)
+{
+    bench_result_t r = {.name = name, .unit = unit, .reference = "", .reference_value = NAN, .value = NAN,
+                        .p50_us = NAN, .p99_us = NAN, .clients = opts->clients, .batch = opts->batch,
+                        .shards = 1, .rows = opts->keys};
+    return r;
+}
+
 void bench_report(const bench_opts_t *opts, const bench_result_t *r)
 {
     bench_result_t with_steal = *r;
