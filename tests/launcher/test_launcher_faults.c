@@ -13,6 +13,7 @@
  *     items) carry a checkpoint step later than the kill of the bank, the restarted maker's (odd items) one
  *     later than its kill: both wrote to the restarted bank.
  * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "launcher_testlib.h"
 #include "maker_testlib.h"
 
 #include "util.h"
@@ -24,23 +25,6 @@
 #include <unistd.h>
 
 #define S_STEPS 3000
-
-/* The trainer's newest checkpoint step (from ckpt/latest), 0 when there is none. */
-static long s_latest_step(const char *run)
-{
-    char path[512], text[128] = "";
-    snprintf(path, sizeof path, "%s/ckpt/latest", run);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return 0;
-    }
-    if (!fgets(text, sizeof text, f)) {
-        text[0] = '\0';
-    }
-    fclose(f);
-    const char *d = strpbrk(text, "0123456789");
-    return d ? atol(d) : 0;
-}
 
 /* processes.tsv, split into fields. */
 typedef struct {
@@ -113,20 +97,15 @@ static long long s_sql(sqlite3 *db, const char *sql)
 
 int main(void)
 {
-    if (!mt_have_fmnist()) {
-        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+    lt_scratch_t sc;
+    if (lt_scratch(&sc, "faults") != 0) {
         return 77;
     }
-    char dir[64], ini[512], runs[128], run[160], log[128], set_runs[160], path[512], line[8192];
-    mt_tempdir(dir, "faults");
+    char ini[512], path[512], line[8192];
     snprintf(ini, sizeof ini, "%s/experiments/graphreg-quick.ini", CARLS_SOURCE_DIR);
-    snprintf(runs, sizeof runs, "%s/runs", dir);
-    snprintf(run, sizeof run, "%s/faults", runs);
-    snprintf(log, sizeof log, "%s/carls.log", dir);
-    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
     char steps[32];
     snprintf(steps, sizeof steps, "steps=%d", S_STEPS);
-    char *argv[] = {"carls", "run", ini, "--set", set_runs, "--set", "name=faults", "--set", "items=1000",
+    char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "name=faults", "--set", "items=1000",
                     "--set", "makers=2", "--set", "maker_device=cpu", "--set", "trainer_device=cpu",
                     "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
                     "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=1000",
@@ -135,56 +114,57 @@ int main(void)
                      * on a quiet machine the whole run after the kill takes less than 10 s. */
                     "--set", "maker_bank_timeout_ms=1000", NULL};
     const int64_t t0 = carls_monotonic_ms();
-    pid_t launcher = mt_spawn("carls", argv, log);
+    pid_t launcher = mt_spawn("carls", argv, sc.log);
 
     /* 1. Mid-training, SIGKILL the bank. */
     int64_t deadline = carls_monotonic_ms() + 300000;
-    while (s_latest_step(run) < S_STEPS / 10 && carls_monotonic_ms() < deadline) {
+    while (lt_latest_step(sc.run, 0) < S_STEPS / 10 && carls_monotonic_ms() < deadline) {
         usleep(20 * 1000);
     }
-    const long bank_kill_step = s_latest_step(run);
-    pid_t bank = s_running_pid(run, "kb-server 0/1");
+    const long bank_kill_step = lt_latest_step(sc.run, 0);
+    pid_t bank = s_running_pid(sc.run, "kb-server 0/1");
     MT_CHECK(bank_kill_step >= S_STEPS / 10 && bank > 0, "the trainer never got 10%% in (step %ld; see %s)",
-             bank_kill_step, log);
+             bank_kill_step, sc.log);
     if (mt_failures) {
         kill(launcher, SIGTERM);
         mt_wait(launcher, 60000);
         return 1;
     }
-    pid_t maker = s_running_pid(run, "maker embed 1/2");
-    pid_t trainer = s_running_pid(run, "trainer");
+    pid_t maker = s_running_pid(sc.run, "maker embed 1/2");
+    pid_t trainer = s_running_pid(sc.run, "trainer");
     MT_CHECK(maker > 0 && trainer > 0, "maker embed 1/2 (%d) or the trainer (%d) is not running (see %s)", (int)maker,
-             (int)trainer, log);
+             (int)trainer, sc.log);
     MT_CHECK(kill(bank, SIGKILL) == 0, "kill kb-server %d", (int)bank);
     printf("SIGKILL kb-server (pid %d) at trainer checkpoint step %ld, %.1f s into the run\n", (int)bank,
            bank_kill_step, (double)(carls_monotonic_ms() - t0) / 1000.0);
 
     /* 2. Right after, SIGKILL maker embed 1/2: the trainer, 10% in, certainly still runs (waiting for the bank
      * to be reported back first would leave a fast machine's trainer time to finish). */
-    const long maker_kill_step = s_latest_step(run);
+    const long maker_kill_step = lt_latest_step(sc.run, 0);
     MT_CHECK(maker > 0 && kill(maker, SIGKILL) == 0, "kill maker %d", (int)maker);
     printf("SIGKILL maker embed 1/2 (pid %d) at trainer checkpoint step %ld, %.1f s into the run\n", (int)maker,
            maker_kill_step, (double)(carls_monotonic_ms() - t0) / 1000.0);
-    MT_CHECK(s_wait_text(log, "listening again", 120000), "the launcher never reported the bank back (see %s)", log);
+    MT_CHECK(s_wait_text(sc.log, "listening again", 120000), "the launcher never reported the bank back (see %s)",
+             sc.log);
 
     /* 3. The run finishes with a result. */
     int st = mt_wait(launcher, 450000);
     const double secs = (double)(carls_monotonic_ms() - t0) / 1000.0;
-    mt_check_run_result(st, log, line, sizeof line);
+    mt_check_run_result(st, sc.log, line, sizeof line);
     MT_CHECK(strstr(line, " bank_restarts=1 ") != NULL, "bank_restarts is not 1: %s", line);
     MT_CHECK(strstr(line, " maker_deaths=1 ") != NULL, "maker_deaths is not 1: %s", line);
     MT_CHECK(strstr(line, " maker_restarts=1 ") != NULL, "maker_restarts is not 1: %s", line);
-    MT_CHECK(mt_file_contains(log, "kb-server exited on signal 9 (SIGKILL); restarting (1/3)"),
-             "no clear log line for the bank's death (see %s)", log);
-    MT_CHECK(mt_file_contains(log, "maker embed 1/2 exited on signal 9 (SIGKILL); restarting it (1/3)"),
-             "no clear log line for the maker's death (see %s)", log);
+    MT_CHECK(mt_file_contains(sc.log, "kb-server exited on signal 9 (SIGKILL); restarting (1/3)"),
+             "no clear log line for the bank's death (see %s)", sc.log);
+    MT_CHECK(mt_file_contains(sc.log, "maker embed 1/2 exited on signal 9 (SIGKILL); restarting it (1/3)"),
+             "no clear log line for the maker's death (see %s)", sc.log);
     const char *skipped = strstr(line, "bank_fetches_skipped=");
     const long long n_skipped = skipped ? atoll(skipped + 21) : -1;
     printf("result after %.1f s: %s", secs, line);
 
     /* 4. processes.tsv: every process, how each ended. */
     s_ptab_t *t = calloc(1, sizeof *t);
-    MT_CHECK(s_ptab_read(run, t), "processes.tsv is missing or has another header");
+    MT_CHECK(s_ptab_read(sc.run, t), "processes.tsv is missing or has another header");
     const char *names[] = {"kb-server 0/1", "kb-server 0/1", "pixels 0/2",      "pixels 1/2",
                            "graph 0/2",     "graph 1/2",     "labels0 0/1",     "maker embed 0/2",
                            "maker embed 1/2", "maker embed 1/2", "trainer"};
@@ -209,12 +189,12 @@ int main(void)
                  t->field[i][1], (int)pid, t->field[i][5], t->field[i][6]);
     }
     free(t);
-    snprintf(path, sizeof path, "%s/report.md", run);
+    snprintf(path, sizeof path, "%s/report.md", sc.run);
     MT_CHECK(mt_file_contains(path, "## Faults") && mt_file_contains(path, "kb-server restarts: 1"),
              "report.md has no Faults section");
 
     /* 5. The trainer reconnected: neighbours from the bank in the last evaluation window. */
-    snprintf(path, sizeof path, "%s/metrics.csv", run);
+    snprintf(path, sizeof path, "%s/metrics.csv", sc.run);
     test_last_line(path, line, sizeof line);
     double col[20] = {0};
     char *save = NULL, *tok = strtok_r(line, ",", &save);
@@ -226,7 +206,7 @@ int main(void)
 
     /* 6. The bank's data directory: the tables, and embeddings written after each kill. */
     sqlite3 *db = NULL;
-    snprintf(path, sizeof path, "%s/kb/bank.sqlite", run);
+    snprintf(path, sizeof path, "%s/kb/bank.sqlite", sc.run);
     MT_CHECK(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK, "open %s", path);
     MT_CHECK(s_sql(db, "SELECT COUNT(*) FROM tables WHERE name IN "
                        "('fmnist.pixels', 'fmnist.graph', 'fmnist.labels', 'fmnist.emb')") == 4,
@@ -245,10 +225,10 @@ int main(void)
            "batches without the bank: %lld\n",
            v0, v1, n_skipped);
     if (mt_failures) {
-        fprintf(stderr, "files in %s\n", dir);
+        fprintf(stderr, "files in %s\n", sc.dir);
         return 1;
     }
-    test_rmrf(dir);
+    test_rmrf(sc.dir);
     printf("test_launcher_faults: OK (%.1f s)\n", secs);
     return 0;
 }

@@ -15,6 +15,7 @@
  *     first checkpoint: --resume says in one line that it starts the run again from the beginning and runs it
  *     to the end (step 0 on, not "resumed from step").
  * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "launcher_testlib.h"
 #include "maker_testlib.h"
 
 #include "util.h"
@@ -27,23 +28,6 @@
 #include <unistd.h>
 
 #define S_STEPS 3000
-
-/* The trainer's newest checkpoint step (from ckpt/latest), -1 when there is none. */
-static long s_latest_step(const char *run)
-{
-    char path[512], text[128] = "";
-    snprintf(path, sizeof path, "%s/ckpt/latest", run);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return -1;
-    }
-    if (!fgets(text, sizeof text, f)) {
-        text[0] = '\0';
-    }
-    fclose(f);
-    const char *d = strpbrk(text, "0123456789");
-    return d ? atol(d) : -1;
-}
 
 /* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
 static pid_t s_spawn_group(char *const argv[], const char *log)
@@ -111,7 +95,7 @@ static void s_killed_before_first_checkpoint(const char *ini, const char *runs, 
     for (int i = 0; i < 500 && kill(-launcher, 0) == 0; i++) {
         usleep(20 * 1000);
     }
-    MT_CHECK(access(path, F_OK) == 0 && s_latest_step(run) < 0,
+    MT_CHECK(access(path, F_OK) == 0 && lt_latest_step(run, -1) < 0,
              "not killed while the pixels were embedded, before any checkpoint (see %s)", log);
     if (mt_failures) {
         return;
@@ -164,70 +148,67 @@ static long s_check_resumed(const char *run, const char *log, int st, long lo, l
 
 int main(void)
 {
-    if (!mt_have_fmnist()) {
-        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+    lt_scratch_t sc;
+    if (lt_scratch(&sc, "resume") != 0) {
         return 77;
     }
-    char dir[64], ini[512], runs[128], run[160], log[128], set_runs[160], path[512], steps[32];
-    mt_tempdir(dir, "resume");
+    char ini[512], path[512], steps[32];
     snprintf(ini, sizeof ini, "%s/experiments/graphreg-quick.ini", CARLS_SOURCE_DIR);
-    snprintf(runs, sizeof runs, "%s/runs", dir);
-    snprintf(run, sizeof run, "%s/resume", runs);
-    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
     snprintf(steps, sizeof steps, "steps=%d", S_STEPS);
-    char *argv[] = {"carls", "run", ini, "--set", set_runs, "--set", "name=resume", "--set", "items=1000",
+    char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "name=resume", "--set", "items=1000",
                     "--set", "makers=1", "--set", "maker_device=cpu", "--set", "trainer_device=cpu",
                     "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
                     "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=500",
                     "--set", "timeout_s=500", NULL};
 
     /* 0. Killed before the first checkpoint: started again from the beginning. */
-    s_killed_before_first_checkpoint(ini, runs, dir);
+    s_killed_before_first_checkpoint(ini, sc.runs, sc.dir);
     if (mt_failures) {
-        return mt_finish("test_launcher_resume", dir);
+        return mt_finish("test_launcher_resume", sc.dir);
     }
 
     /* 1. The run, killed as a whole (SIGKILL to its process group) once the checkpoint after step 0 is
      * written. */
-    snprintf(log, sizeof log, "%s/carls-killed.log", dir);
-    const pid_t launcher = s_spawn_group(argv, log);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-killed.log", sc.dir);
+    const pid_t launcher = s_spawn_group(argv, sc.log);
     const int64_t deadline = carls_monotonic_ms() + 300000;
-    while (s_latest_step(run) < 100 && carls_monotonic_ms() < deadline && waitpid(launcher, NULL, WNOHANG) == 0) {
+    while (lt_latest_step(sc.run, -1) < 100 && carls_monotonic_ms() < deadline &&
+           waitpid(launcher, NULL, WNOHANG) == 0) {
         usleep(20 * 1000);
     }
     MT_CHECK(kill(-launcher, SIGKILL) == 0, "kill the run's process group: %s", strerror(errno));
-    const long killed_at = s_latest_step(run);
+    const long killed_at = lt_latest_step(sc.run, -1);
     waitpid(launcher, NULL, 0);
     for (int i = 0; i < 500 && kill(-launcher, 0) == 0; i++) {
         usleep(20 * 1000); /* the group's other processes go */
     }
     printf("SIGKILL to the run's process group at trainer checkpoint step %ld\n", killed_at);
     MT_CHECK(killed_at >= 100 && killed_at < S_STEPS, "killed at step %ld: not between the first checkpoint and the "
-             "end (see %s)", killed_at, log);
+             "end (see %s)", killed_at, sc.log);
     if (mt_failures) {
-        return mt_finish("test_launcher_resume", dir);
+        return mt_finish("test_launcher_resume", sc.dir);
     }
 
     /* 2. Resumed: from a checkpoint written before the kill (not step 0), to the end. */
-    snprintf(log, sizeof log, "%s/carls-resumed.log", dir);
-    const long resumed = s_check_resumed(run, log, s_resume(run, log), 100, killed_at);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-resumed.log", sc.dir);
+    const long resumed = s_check_resumed(sc.run, sc.log, s_resume(sc.run, sc.log), 100, killed_at);
     for (int step = 500; step <= S_STEPS; step += 500) {
-        MT_CHECK(s_metric_rows(run, step) == 1, "metrics.csv has %d rows of step %d, 1 expected", s_metric_rows(run, step),
+        MT_CHECK(s_metric_rows(sc.run, step) == 1, "metrics.csv has %d rows of step %d, 1 expected", s_metric_rows(sc.run, step),
                  step);
     }
     const char *left[] = {"ckpt/ckpt-000000002900.ckpt", "ckpt/ckpt-000000003000.ckpt",
                           "kb/snapshots/resume-step2900/MANIFEST", "kb/snapshots/resume-step3000/MANIFEST"};
     for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", run, left[i]);
+        snprintf(path, sizeof path, "%s/%s", sc.run, left[i]);
         MT_CHECK(access(path, R_OK) == 0, "%s is missing after the run", path);
     }
     snprintf(path, sizeof path, "ls '%s/kb/snapshots' | wc -l | grep -qx 2 && ls '%s/ckpt' | grep -c ckpt- | grep -qx 2",
-             run, run);
-    MT_CHECK(system(path) == 0, "more than the newest 2 checkpoints and snapshots are left in %s", run);
+             sc.run, sc.run);
+    MT_CHECK(system(path) == 0, "more than the newest 2 checkpoints and snapshots are left in %s", sc.run);
     printf("resumed from step %ld and finished\n", resumed);
 
     /* 3. The newest snapshot damaged: refused, and the pair before it used. */
-    snprintf(path, sizeof path, "%s/kb/snapshots/resume-step3000/bank.sqlite", run);
+    snprintf(path, sizeof path, "%s/kb/snapshots/resume-step3000/bank.sqlite", sc.run);
     FILE *f = fopen(path, "r+b");
     MT_CHECK(f != NULL, "open %s", path);
     if (f) {
@@ -237,26 +218,26 @@ int main(void)
         fputc(byte ^ 0x5a, f);
         fclose(f);
     }
-    snprintf(log, sizeof log, "%s/carls-damaged.log", dir);
-    s_check_resumed(run, log, s_resume(run, log), 2900, 2900);
-    MT_CHECK(mt_file_contains(log, "refused snapshot resume-step3000"), "the damaged snapshot is not named (see %s)",
-             log);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-damaged.log", sc.dir);
+    s_check_resumed(sc.run, sc.log, s_resume(sc.run, sc.log), 2900, 2900);
+    MT_CHECK(mt_file_contains(sc.log, "refused snapshot resume-step3000"), "the damaged snapshot is not named (see %s)",
+             sc.log);
 
     /* 4. No complete snapshot left; a missing directory; a directory that is not a run's. */
-    snprintf(path, sizeof path, "rm '%s'/kb/snapshots/*/MANIFEST", run);
+    snprintf(path, sizeof path, "rm '%s'/kb/snapshots/*/MANIFEST", sc.run);
     MT_CHECK(system(path) == 0, "%s", path);
-    snprintf(log, sizeof log, "%s/carls-nosnapshot.log", dir);
-    MT_CHECK(s_resume(run, log) == 1, "a run without a complete snapshot resumed (see %s)", log);
-    MT_CHECK(mt_file_contains(log, "no checkpoint with a usable bank snapshot to resume from") &&
-                 mt_file_contains(log, "is missing or incomplete: no ") &&
-                 mt_file_contains(log, "/kb/snapshots/resume-step3000/MANIFEST"),
-             "the missing snapshot is not named (see %s)", log);
-    snprintf(log, sizeof log, "%s/carls-nodir.log", dir);
-    snprintf(path, sizeof path, "%s/no-such-run", runs);
-    MT_CHECK(s_resume(path, log) == 2 && mt_file_contains(log, "no-such-run: No such file or directory"),
-             "a missing directory: unclear (see %s)", log);
-    snprintf(log, sizeof log, "%s/carls-notrun.log", dir);
-    MT_CHECK(s_resume(dir, log) == 2 && mt_file_contains(log, "no run.ini in it"),
-             "a directory that is not a run's: unclear (see %s)", log);
-    return mt_finish("test_launcher_resume", dir);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-nosnapshot.log", sc.dir);
+    MT_CHECK(s_resume(sc.run, sc.log) == 1, "a run without a complete snapshot resumed (see %s)", sc.log);
+    MT_CHECK(mt_file_contains(sc.log, "no checkpoint with a usable bank snapshot to resume from") &&
+                 mt_file_contains(sc.log, "is missing or incomplete: no ") &&
+                 mt_file_contains(sc.log, "/kb/snapshots/resume-step3000/MANIFEST"),
+             "the missing snapshot is not named (see %s)", sc.log);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-nodir.log", sc.dir);
+    snprintf(path, sizeof path, "%s/no-such-run", sc.runs);
+    MT_CHECK(s_resume(path, sc.log) == 2 && mt_file_contains(sc.log, "no-such-run: No such file or directory"),
+             "a missing directory: unclear (see %s)", sc.log);
+    snprintf(sc.log, sizeof sc.log, "%s/carls-notrun.log", sc.dir);
+    MT_CHECK(s_resume(sc.dir, sc.log) == 2 && mt_file_contains(sc.log, "no run.ini in it"),
+             "a directory that is not a run's: unclear (see %s)", sc.log);
+    return mt_finish("test_launcher_resume", sc.dir);
 }

@@ -11,6 +11,7 @@
  *      killed with SIGKILL, is restarted on its endpoint with the same keys (the trainer's key gets answers
  *      again, no key still none); Ctrl-C stops everything (exit 130).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "launcher_testlib.h"
 #include "maker_testlib.h"
 
 #include "files.h"
@@ -133,16 +134,12 @@ static int s_kbctl(const char *endpoints, const char *const *extra, const char *
 
 int main(void)
 {
-    if (!mt_have_fmnist()) {
-        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+    lt_scratch_t sc;
+    if (lt_scratch(&sc, "shards") != 0) {
         return 77;
     }
-    char dir[64], ini[128], runs[128], log[128], set_runs[160], path[600], line[4096];
-    mt_tempdir(dir, "shards");
-    snprintf(ini, sizeof ini, "%s/shards.ini", dir);
-    snprintf(runs, sizeof runs, "%s/runs", dir);
-    snprintf(log, sizeof log, "%s/carls.log", dir);
-    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
+    char ini[128], path[600], line[4096];
+    snprintf(ini, sizeof ini, "%s/shards.ini", sc.dir);
     s_write_ini(ini);
 
     /* 1. Bad settings. */
@@ -150,19 +147,19 @@ int main(void)
                             {"curve=maybe", "curve = 'maybe'"}};
     for (int i = 0; i < 4; i++) {
         char bad_log[160];
-        snprintf(bad_log, sizeof bad_log, "%s/bad-%d.log", dir, i);
-        char *argv[] = {"carls", "run", ini, "--set", set_runs, "--set", (char *)bad[i][0], NULL};
+        snprintf(bad_log, sizeof bad_log, "%s/bad-%d.log", sc.dir, i);
+        char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", (char *)bad[i][0], NULL};
         MT_CHECK(mt_wait(mt_spawn("carls", argv, bad_log), 10000) == 2, "--set %s was accepted", bad[i][0]);
         MT_CHECK(mt_file_contains(bad_log, bad[i][1]), "no message naming %s (see %s)", bad[i][1], bad_log);
     }
 
     /* 2. A run to the end. */
-    char *argv[] = {"carls", "run", ini, "--set", set_runs, "--quiet", NULL};
-    int st = mt_wait(mt_spawn("carls", argv, log), 300000);
-    mt_check_run_result(st, log, line, sizeof line);
+    char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, "--quiet", NULL};
+    int st = mt_wait(mt_spawn("carls", argv, sc.log), 300000);
+    mt_check_run_result(st, sc.log, line, sizeof line);
     MT_CHECK(strstr(line, " shards=2 curve=1 bank_restarts=0 maker_deaths=0 "), "result line: %s", line);
     char run[300];
-    snprintf(run, sizeof run, "%s/shards", runs);
+    snprintf(run, sizeof run, "%s/shards", sc.runs);
     snprintf(path, sizeof path, "%s/report.md", run);
     MT_CHECK(mt_file_contains(path, "| bank: 2 kb-servers (shards), CURVE (a key per process) |"),
              "report.md does not name the bank (see %s)", path);
@@ -193,30 +190,30 @@ int main(void)
 
     /* 3. A run interrupted while it trains: only the run's keys get in. */
     char log2[160], kb_log[160], stranger[160];
-    snprintf(log2, sizeof log2, "%s/carls-int.log", dir);
-    snprintf(kb_log, sizeof kb_log, "%s/kbctl.log", dir);
-    snprintf(stranger, sizeof stranger, "%s/stranger", dir);
+    snprintf(log2, sizeof log2, "%s/carls-int.log", sc.dir);
+    snprintf(kb_log, sizeof kb_log, "%s/kbctl.log", sc.dir);
+    snprintf(stranger, sizeof stranger, "%s/stranger", sc.dir);
     char *keygen[] = {"kb-keygen", stranger, NULL};
     MT_CHECK(mt_wait(mt_spawn("kb-keygen", keygen, kb_log), 10000) == 0, "kb-keygen");
-    char *argv2[] = {"carls", "run", ini, "--set", set_runs, "--set", "steps=100000", "--set", "name=int", NULL};
+    char *argv2[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "steps=100000", "--set", "name=int", NULL};
     pid_t pid = mt_spawn("carls", argv2, log2);
     int64_t deadline = carls_monotonic_ms() + 120000;
     while (!mt_file_contains(log2, "[trainer]") && carls_monotonic_ms() < deadline)
         usleep(100 * 1000);
     MT_CHECK(mt_file_contains(log2, "[trainer]"), "the trainer never reported (see %s)", log2);
     char ep0[256] = "", ep1[256] = "", endpoints[600], key[400], server_pub[400], stranger_key[200];
-    snprintf(path, sizeof path, "%s/int/kb-0.endpoint", runs);
+    snprintf(path, sizeof path, "%s/int/kb-0.endpoint", sc.runs);
     carls_read_first_line(path, ep0, sizeof ep0);
-    snprintf(path, sizeof path, "%s/int/kb-1.endpoint", runs);
+    snprintf(path, sizeof path, "%s/int/kb-1.endpoint", sc.runs);
     carls_read_first_line(path, ep1, sizeof ep1);
     snprintf(endpoints, sizeof endpoints, "%s,%s", ep0, ep1);
-    snprintf(key, sizeof key, "%s/int/keys/clients/trainer.key", runs);
-    snprintf(server_pub, sizeof server_pub, "%s/int/keys/server.pub", runs);
+    snprintf(key, sizeof key, "%s/int/keys/clients/trainer.key", sc.runs);
+    snprintf(server_pub, sizeof server_pub, "%s/int/keys/server.pub", sc.runs);
     snprintf(stranger_key, sizeof stranger_key, "%s.key", stranger);
     const char *no_key[] = {NULL};
     const char *run_key[] = {"--curve-key", key, "--curve-server-key", server_pub, NULL};
     const char *other_key[] = {"--curve-key", stranger_key, "--curve-server-key", server_pub, NULL};
-    MT_CHECK(*ep0 && *ep1, "no endpoints in %s/int", runs);
+    MT_CHECK(*ep0 && *ep1, "no endpoints in %s/int", sc.runs);
     MT_CHECK(s_kbctl(endpoints, no_key, kb_log) == 2, "a client without a key got an answer (see %s)", kb_log);
     MT_CHECK(s_kbctl(endpoints, other_key, kb_log) == 2, "a client with a foreign key got an answer (see %s)",
              kb_log);
@@ -224,7 +221,7 @@ int main(void)
     MT_CHECK(mt_file_contains(kb_log, "fmnist.graph"), "list-tables with the run's key shows no table (see %s)",
              kb_log);
     /* A shard killed mid-run comes back on its endpoint, with its keys: the run's client gets answers again. */
-    snprintf(path, sizeof path, "%s/int/processes.tsv", runs);
+    snprintf(path, sizeof path, "%s/int/processes.tsv", sc.runs);
     int shard_pid = s_pid_of(path, "kb-server 1/2");
     MT_CHECK(shard_pid > 0, "no kb-server 1/2 in %s", path);
     if (shard_pid > 0)
@@ -240,5 +237,5 @@ int main(void)
     st = mt_wait(pid, 60000);
     MT_CHECK(st == 130, "interrupted run exited with %d (see %s)", st, log2);
     MT_CHECK(mt_file_contains(log2, "every process stopped"), "no clean stop reported (see %s)", log2);
-    return mt_finish("test_launcher_shards", dir);
+    return mt_finish("test_launcher_shards", sc.dir);
 }

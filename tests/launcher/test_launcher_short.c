@@ -6,6 +6,7 @@
  * 130. `--set` of an unknown key is refused. Every run leaves its stage times (launcher/carls_stages.h) in
  * stages.json, and a finished one in report.md's "Stages" table: the stages the launcher waits for and the
  * trainer's split, none negative, together no more than the run's total. Exits 77 (skipped) without dataset-fashion-mnist. */
+#include "launcher_testlib.h"
 #include "maker_testlib.h"
 
 #include <signal.h>
@@ -110,51 +111,47 @@ static void s_write_ini(const char *path)
 
 int main(void)
 {
-    if (!mt_have_fmnist()) {
-        printf("SKIPPED: dataset-fashion-mnist is not installed\n");
+    lt_scratch_t sc;
+    if (lt_scratch(&sc, "e2e") != 0) {
         return 77;
     }
-    char dir[64], ini[128], runs[128], log[128], set_runs[160], path[256], line[4096];
-    mt_tempdir(dir, "e2e");
-    snprintf(ini, sizeof ini, "%s/e2e.ini", dir);
-    snprintf(runs, sizeof runs, "%s/runs", dir);
-    snprintf(log, sizeof log, "%s/carls.log", dir);
-    snprintf(set_runs, sizeof set_runs, "runs_dir=%s", runs);
+    char ini[128], path[256], line[4096];
+    snprintf(ini, sizeof ini, "%s/e2e.ini", sc.dir);
     s_write_ini(ini);
 
     /* Unknown keys are refused before anything starts. */
     char *bad[] = {"carls", "run", ini, "--set", "no_such_key=1", NULL};
-    MT_CHECK(mt_wait(mt_spawn("carls", bad, log), 10000) == 2, "--set of an unknown key was accepted");
+    MT_CHECK(mt_wait(mt_spawn("carls", bad, sc.log), 10000) == 2, "--set of an unknown key was accepted");
 
-    char *argv[] = {"carls", "run", ini, "--set", set_runs, NULL};
+    char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, NULL};
     int64_t t0 = carls_monotonic_ms();
-    int st = mt_wait(mt_spawn("carls", argv, log), 300000);
-    mt_check_run_result(st, log, line, sizeof line);
+    int st = mt_wait(mt_spawn("carls", argv, sc.log), 300000);
+    mt_check_run_result(st, sc.log, line, sizeof line);
     MT_CHECK(strstr(line, "steps_per_s=") != NULL, "no steps_per_s in the result line: %s", line);
-    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    snprintf(path, sizeof path, "%s/e2e/report.md", sc.runs);
     MT_CHECK(mt_file_contains(path, "test_accuracy"), "report.md lacks the result");
-    snprintf(path, sizeof path, "%s/e2e/metrics.csv", runs);
+    snprintf(path, sizeof path, "%s/e2e/metrics.csv", sc.runs);
     MT_CHECK(mt_file_contains(path, "test_accuracy") && mt_file_contains(path, "150,"), "metrics.csv incomplete");
     /* The knowledge per refresh from the makers' logs: the initial graph's purity and the first label spreading's
      * accuracy at step 0, in knowledge.csv and report.md (issue 22). */
-    snprintf(path, sizeof path, "%s/e2e/knowledge.csv", runs);
+    snprintf(path, sizeof path, "%s/e2e/knowledge.csv", sc.runs);
     size_t klen = 0;
     char *knowledge = (char *)test_read_file(path, 1, &klen);
     const char kfirst[] = "step,graph_purity,pseudo_label_accuracy,confident_accuracy,confident_share\n0,0.";
     MT_CHECK(knowledge && klen >= sizeof kfirst - 1 && memcmp(knowledge, kfirst, sizeof kfirst - 1) == 0,
              "knowledge.csv lacks the step-0 row (see %s)", path);
     free(knowledge);
-    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    snprintf(path, sizeof path, "%s/e2e/report.md", sc.runs);
     MT_CHECK(mt_file_contains(path, "## Knowledge per refresh") && mt_file_contains(path, "| 0 | 0."),
              "report.md lacks the knowledge per refresh");
-    MT_CHECK(!mt_file_contains(log, "ended with status"), "a process did not stop cleanly (see %s)", log);
+    MT_CHECK(!mt_file_contains(sc.log, "ended with status"), "a process did not stop cleanly (see %s)", sc.log);
     /* Stage times: what the launcher waited for (the bank, the one-shot maker fleets) and the trainer's split. */
-    snprintf(path, sizeof path, "%s/e2e", runs);
+    snprintf(path, sizeof path, "%s/e2e", sc.runs);
     const char *const want[] = {"bank_startup", "pixel_embeddings", "initial_graph", "label_spreading",
                                 "makers_start", "trainer_startup", "training", "evaluation", "shutdown", "report",
                                 NULL};
     const int stages = s_check_stages_json(path, 0, want);
-    snprintf(path, sizeof path, "%s/e2e/report.md", runs);
+    snprintf(path, sizeof path, "%s/e2e/report.md", sc.runs);
     MT_CHECK(mt_file_contains(path, "| initial makers: pixel embeddings (") &&
                  mt_file_contains(path, "| training: the trainer's steps"),
              "report.md's Stages table lacks a stage (see %s)", path);
@@ -166,12 +163,12 @@ int main(void)
      * resident label maker spreads again over each rebuilt graph: knowledge.csv has refreshes after step 0
      * with both a graph purity and a pseudo-label accuracy. */
     char log3[140];
-    snprintf(log3, sizeof log3, "%s/carls-dyn.log", dir);
-    char *argv3[] = {"carls", "run", ini, "--set", set_runs, "--set", "name=e2e-dyn", "--set", "conv=4:5:2", "--set",
+    snprintf(log3, sizeof log3, "%s/carls-dyn.log", sc.dir);
+    char *argv3[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "name=e2e-dyn", "--set", "conv=4:5:2", "--set",
                      "graph_refresh=2", "--set", "alpha=0", NULL};
     st = mt_wait(mt_spawn("carls", argv3, log3), 300000);
     mt_check_run_result(st, log3, line, sizeof line);
-    snprintf(path, sizeof path, "%s/e2e-dyn/knowledge.csv", runs);
+    snprintf(path, sizeof path, "%s/e2e-dyn/knowledge.csv", sc.runs);
     knowledge = (char *)test_read_file(path, 1, &klen);
     if (knowledge) {
         knowledge[klen] = '\0';
@@ -185,15 +182,15 @@ int main(void)
     }
     free(knowledge);
     MT_CHECK(refreshed >= 1, "knowledge.csv has no refresh after step 0 with graph and labels (see %s)", path);
-    snprintf(path, sizeof path, "%s/e2e-dyn/logs/maker-graph-0.log", runs);
+    snprintf(path, sizeof path, "%s/e2e-dyn/logs/maker-graph-0.log", sc.runs);
     MT_CHECK(mt_file_contains(path, "graph from fmnist.emb + fmnist.pixels"), "no union graph was built (see %s)",
              path);
     printf("dynamic-graph run: %s, %d refreshes\n", line, refreshed);
 
     /* Ctrl-C while the trainer runs: every process stops, exit 130. */
     char log2[140];
-    snprintf(log2, sizeof log2, "%s/carls-int.log", dir);
-    char *argv2[] = {"carls", "run", ini, "--set", set_runs, "--set", "steps=100000", "--set", "name=e2e-int", NULL};
+    snprintf(log2, sizeof log2, "%s/carls-int.log", sc.dir);
+    char *argv2[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "steps=100000", "--set", "name=e2e-int", NULL};
     pid_t pid = mt_spawn("carls", argv2, log2);
     int64_t deadline = carls_monotonic_ms() + 120000;
     while (!mt_file_contains(log2, "[trainer]") && carls_monotonic_ms() < deadline) {
@@ -206,8 +203,8 @@ int main(void)
     MT_CHECK(mt_file_contains(log2, "every process stopped"), "no clean stop reported (see %s)", log2);
     MT_CHECK(!mt_file_contains(log2, "SIGKILL"), "a process needed SIGKILL (see %s)", log2);
     /* An interrupted run has its stage times too: the trainer's as one stage, stopped. */
-    snprintf(path, sizeof path, "%s/e2e-int", runs);
+    snprintf(path, sizeof path, "%s/e2e-int", sc.runs);
     const char *const want2[] = {"bank_startup", "pixel_embeddings", "trainer", "shutdown", NULL};
     s_check_stages_json(path, 130, want2);
-    return mt_finish("test_launcher_short", dir);
+    return mt_finish("test_launcher_short", sc.dir);
 }

@@ -1,0 +1,22 @@
+/* What the `carls run` integration tests (test_launcher_*.c) share: a run's scratch files and its newest
+ * checkpoint. Over maker_testlib (mt_*). */
+#ifndef LAUNCHER_TESTLIB_H
+#define LAUNCHER_TESTLIB_H
+
+/* The files of one test's runs. */
+typedef struct {
+    char dir[64];       /* a fresh scratch directory (mt_tempdir) */
+    char runs[128];     /* DIR/runs: runs_dir of the test's runs */
+    char run[160];      /* DIR/runs/NAME: the run named NAME */
+    char log[128];      /* DIR/carls.log: the launcher's output */
+    char set_runs[160]; /* "runs_dir=DIR/runs", for --set */
+} lt_scratch_t;
+
+/* Names t's files for runs named name (their scratch directory tagged with it). Returns 0, or 77 (the test is
+ * skipped) after saying so when dataset-fashion-mnist is not installed. */
+int lt_scratch(lt_scratch_t *t, const char *name);
+
+/* The trainer's newest checkpoint step in run (from RUN/ckpt/latest), or none when there is none. */
+long lt_latest_step(const char *run, long none);
+
+#endif
