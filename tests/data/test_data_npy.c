@@ -103,6 +103,19 @@ static void test_roundtrip(void **state)
     carls_npy_free(&a);
 }
 
+/* Reads the .npy file at path and checks that its values, as int64, are want[0..n). */
+static void s_check_i64(const char *path, const int64_t *want, size_t n)
+{
+    char err[512] = "";
+    carls_npy_t a;
+    assert_int_equal(carls_npy_read(path, &a, err, sizeof err), 0);
+    int64_t *v;
+    assert_int_equal(carls_npy_to_i64(&a, path, &v, err, sizeof err), 0);
+    assert_memory_equal(v, want, n * sizeof *want);
+    free(v);
+    carls_npy_free(&a);
+}
+
 /* The dtypes NumPy writes for small integers, sign-extended right; version 2.0 headers. */
 static void test_int_dtypes(void **state)
 {
@@ -110,24 +123,11 @@ static void test_int_dtypes(void **state)
     unsigned char buf[256];
     const int8_t i1[3] = {-1, 7, -128};
     const char *dict1 = "{'descr': '|i1', 'fortran_order': False, 'shape': (3,), }";
-    const char *path = s_write("i1.npy", buf, s_make(buf, dict1, i1, 3));
-    char err[512] = "";
-    carls_npy_t a;
-    assert_int_equal(carls_npy_read(path, &a, err, sizeof err), 0);
-    int64_t *v;
-    assert_int_equal(carls_npy_to_i64(&a, path, &v, err, sizeof err), 0);
-    assert_true(v[0] == -1 && v[1] == 7 && v[2] == -128);
-    free(v);
-    carls_npy_free(&a);
+    s_check_i64(s_write("i1.npy", buf, s_make(buf, dict1, i1, 3)), (const int64_t[]){-1, 7, -128}, 3);
 
     const unsigned char i2[4] = {0xfe, 0xff, 0x02, 0x00}; /* -2, 2 little-endian */
     const char *dict2 = "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }";
-    path = s_write("i2.npy", buf, s_make_v(buf, 2, dict2, i2, 4));
-    assert_int_equal(carls_npy_read(path, &a, err, sizeof err), 0);
-    assert_int_equal(carls_npy_to_i64(&a, path, &v, err, sizeof err), 0);
-    assert_true(v[0] == -2 && v[1] == 2);
-    free(v);
-    carls_npy_free(&a);
+    s_check_i64(s_write("i2.npy", buf, s_make_v(buf, 2, dict2, i2, 4)), (const int64_t[]){-2, 2}, 2);
 }
 
 /* Every bad file is refused with a message naming the file and what is wrong. */
