@@ -61,3 +61,12 @@ void carls_argv_add_nums(carls_argv_t *a, const carls_argv_num_t *nums, size_t n
         }
     }
 }
+
+void carls_argv_copy(carls_argv_t *dst, const carls_argv_t *src)
+{
+    *dst = *src;
+    for (int k = 0; k < dst->n; k++) {
+        dst->ptr[k] = dst->arg[k];
+    }
+    dst->ptr[dst->n] = NULL;
+}

@@ -25,6 +25,9 @@ void carls_fmt(char *buf, size_t len, const char *fmt, ...) __attribute__((forma
 
 void carls_argv_add(carls_argv_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Copies src into dst, whose ptr[] then point at dst's own strings. */
+void carls_argv_copy(carls_argv_t *dst, const carls_argv_t *src);
+
 /* Appends every string of the NULL-terminated list. */
 void carls_argv_add_list(carls_argv_t *a, const char *const *list);
 

@@ -181,10 +181,7 @@ static int s_fleet_once(carls_run_t *r, const char *label, const char *task, int
 static int s_fleet_start(carls_run_t *r, const char *name, const carls_argv_t *a, const char *log)
 {
     const int i = r->n_fleet;
-    r->fleet_argv[i] = *a;
-    for (int k = 0; k < a->n; k++) {
-        r->fleet_argv[i].ptr[k] = r->fleet_argv[i].arg[k];
-    }
+    carls_argv_copy(&r->fleet_argv[i], a);
     carls_fmt(r->fleet_log[i], sizeof r->fleet_log[0], "%s", log);
     if (carls_proc_start(&r->fleet[i], name, r->fleet_argv[i].ptr, log, log) != 0) {
         return -1;

@@ -119,10 +119,7 @@ int carls_shards_start(carls_run_t *r, const char *restore)
         carls_argv_t *first = &b->argv, *with = NULL;
         if (restore) {
             with = carls_xmalloc(sizeof *with);
-            *with = b->argv;
-            for (int k = 0; k < with->n; k++) {
-                with->ptr[k] = with->arg[k];
-            }
+            carls_argv_copy(with, &b->argv);
             carls_argv_add_list(with, (const char *const[]){"--restore", restore, NULL});
             first = with;
         }
