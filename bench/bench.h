@@ -128,6 +128,12 @@ typedef struct {
 /* A result of case `name` in unit, not measured yet: value and reference unavailable (NAN, ""), no latency,
  * the sizes of opts (clients, batch, keys as rows), one shard. */
 bench_result_t bench_result(const bench_opts_t *opts, const char *name, const char *unit);
+/* bench_result with its value, against reference, whose value is reference_value (NAN when unavailable). */
+bench_result_t bench_result_vs(const bench_opts_t *opts, const char *name, const char *unit, double value,
+                               const char *reference, double reference_value);
+/* bench_result_vs of a measured case: m's rate as the value, and m's latency. */
+bench_result_t bench_result_of(const bench_opts_t *opts, const char *name, const char *unit,
+                               const bench_measure_t *m, const char *reference, double reference_value);
 /* Prints one result (table row or JSON line) at once, and remembers it for the summary; with --repeat it is
  * kept instead, and bench_report_end prints each figure's median round. */
 void bench_report(const bench_opts_t *opts, const bench_result_t *r);

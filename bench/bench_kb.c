@@ -142,20 +142,31 @@ static int s_stats(kb_cluster_t *bank, s_tstats_t *out)
     return 0;
 }
 
+/* A connection to one server for the server-wide stats below (60 s per attempt); NULL on failure (logged). */
+static kb_cluster_t *s_stats_open(const char *endpoint)
+{
+    kb_client_options_t o = {.timeout_ms = 60000};
+    return kb_cluster_new(endpoint, &o);
+}
+
+/* The server's stats of every table. 0 with *resp (caller frees), or -1. */
+static int s_server_stats(kb_cluster_t *bank, Carls__Response **resp)
+{
+    return bank && kb_cluster_stats(bank, 0, "", resp) == 0 ? 0 : -1;
+}
+
 /* The server's commit counters (stats of every table). */
 static int s_commits(const char *endpoint, uint64_t *commits, uint64_t *rows_written)
 {
-    kb_client_options_t o = {.timeout_ms = 60000};
-    kb_client_t *c = kb_client_new(endpoint, &o);
+    kb_cluster_t *bank = s_stats_open(endpoint);
     Carls__Response *resp = NULL;
-    int rc = c ? kb_client_stats(c, "", &resp) : -1;
+    int rc = s_server_stats(bank, &resp);
     if (rc == 0) {
         *commits = resp->stats->commits;
         *rows_written = resp->stats->rows_written;
-    }
-    if (resp)
         carls__response__free_unpacked(resp, NULL);
-    kb_client_destroy(&c);
+    }
+    kb_cluster_destroy(&bank);
     return rc;
 }
 
@@ -163,17 +174,13 @@ static int s_commits(const char *endpoint, uint64_t *commits, uint64_t *rows_wri
  * next does not share the cores with the compaction of an earlier case's writes. 0 when it is quiet. */
 static int s_wait_not_compacting(const char *endpoint, double timeout_s)
 {
-    kb_client_options_t o = {.timeout_ms = 60000};
-    kb_client_t *c = kb_client_new(endpoint, &o);
+    kb_cluster_t *bank = s_stats_open(endpoint);
     double deadline = bench_now() + timeout_s;
     int rc = -1;
-    while (c && bench_now() < deadline) {
+    while (bank && bench_now() < deadline) {
         Carls__Response *resp = NULL;
-        if (kb_client_stats(c, "", &resp) != 0) {
-            if (resp)
-                carls__response__free_unpacked(resp, NULL);
+        if (s_server_stats(bank, &resp) != 0)
             break;
-        }
         bool compacting = resp->stats->compacting;
         carls__response__free_unpacked(resp, NULL);
         if (!compacting) {
@@ -183,24 +190,23 @@ static int s_wait_not_compacting(const char *endpoint, double timeout_s)
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&bank);
     return rc;
 }
 
 /* The server's own p50 for operation op (time inside kb_service_handle, from its histogram), or NAN. */
 static double s_server_p50(const char *endpoint, const char *op)
 {
-    kb_client_options_t o = {.timeout_ms = 60000};
-    kb_client_t *c = kb_client_new(endpoint, &o);
+    kb_cluster_t *bank = s_stats_open(endpoint);
     Carls__Response *resp = NULL;
     double p50 = NAN;
-    if (c && kb_client_stats(c, "", &resp) == 0)
+    if (s_server_stats(bank, &resp) == 0) {
         for (size_t i = 0; i < resp->stats->n_latency; i++)
             if (strcmp(resp->stats->latency[i]->op, op) == 0)
                 p50 = resp->stats->latency[i]->p50_us;
-    if (resp)
         carls__response__free_unpacked(resp, NULL);
-    kb_client_destroy(&c);
+    }
+    kb_cluster_destroy(&bank);
     return p50;
 }
 
@@ -288,42 +294,48 @@ static void s_draw_keys(s_kb_thread_t *t, uint64_t *rng, uint32_t n)
     }
 }
 
-/* A trainer's read: lookup of batch random keys (one request when unsharded, routed to every shard in
- * parallel otherwise). */
-static int s_op_lookup(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+/* Lookup of batch random keys (one request when unsharded, routed to every shard in parallel otherwise). */
+static int s_lookup(s_kb_thread_t *t, uint64_t *rng, bool no_create, uint64_t *units, char *err, size_t errlen)
 {
-    s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
     s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup(t->bank, S_TABLE, t->ckeys, b, dim, t->out, NULL) != 0)
+    if (kb_cluster_lookup_ex(t->bank, S_TABLE, t->ckeys, b, dim, no_create, t->out, NULL) != 0)
         return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
     *units = b;
     return 0;
+}
+
+/* A trainer's read: s_lookup, counting each key's use. */
+static int s_op_lookup(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    return s_lookup(state, rng, false, units, err, errlen);
 }
 
 /* The same read with no_create: keys are not counted, so no use count is left to persist (the difference to
  * s_op_lookup is the cost of counting uses and writing the counts in bulk later). */
 static int s_op_lookup_no_create(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
 {
-    s_kb_thread_t *t = state;
-    uint32_t b = t->a->batch, dim = t->a->opts->dim;
-    s_draw_keys(t, rng, b);
-    if (kb_cluster_lookup_ex(t->bank, S_TABLE, t->ckeys, b, dim, true, t->out, NULL) != 0)
-        return carls_errorf(err, errlen, -1, "lookup: %s", kb_cluster_last_error(t->bank));
-    *units = b;
-    return 0;
+    return s_lookup(state, rng, true, units, err, errlen);
 }
 
-/* A trainer's gradient push: batch rows for random keys, small values (no outliers by design). */
-static int s_op_push(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+/* Pushes gradients for t's current batch keys: small values (no outliers by design). */
+static int s_push(s_kb_thread_t *t, uint64_t *rng, char *err, size_t errlen)
 {
-    s_kb_thread_t *t = state;
     uint32_t b = t->a->batch, dim = t->a->opts->dim;
-    s_draw_keys(t, rng, b);
     s_draw_values(t, rng, b, 0.01f);
     if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0)
         return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
-    *units = b;
+    return 0;
+}
+
+/* A trainer's gradient push: batch rows for random keys. */
+static int s_op_push(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
+{
+    s_kb_thread_t *t = state;
+    s_draw_keys(t, rng, t->a->batch);
+    if (s_push(t, rng, err, errlen) != 0)
+        return -1;
+    *units = t->a->batch;
     return 0;
 }
 
@@ -344,14 +356,9 @@ static int s_op_put(void *state, uint64_t *rng, uint64_t *units, char *err, size
 /* A trainer step in the mixed load: read a batch, push its gradients. Units: embeddings read. */
 static int s_op_trainer(void *state, uint64_t *rng, uint64_t *units, char *err, size_t errlen)
 {
-    s_kb_thread_t *t = state;
-    uint32_t b = t->a->batch, dim = t->a->opts->dim;
     if (s_op_lookup(state, rng, units, err, errlen) != 0)
         return -1;
-    s_draw_values(t, rng, b, 0.01f);
-    if (kb_cluster_push_gradients(t->bank, S_TABLE, t->ckeys, b, dim, t->vals) != 0)
-        return carls_errorf(err, errlen, -1, "push: %s", kb_cluster_last_error(t->bank));
-    return 0;
+    return s_push(state, rng, err, errlen);
 }
 
 /* The same trainer step with the push pipelined, as trainer_word2vec and carls' push_gradients(wait=False)
@@ -461,12 +468,32 @@ double bench_kb_server_p50(const char *endpoint, const char *op) { return s_serv
 
 /* ---- reporting helpers ---- */
 
-/* Reports a failed measurement (value n/a) with its error as the note. */
-static void s_report_failed(const bench_opts_t *opts, const char *name, const char *unit, const char *why)
+/* Reports a failed measurement (value n/a) with its error as the note, and counts it in *failures (when
+ * failures is not NULL). */
+static void s_report_failed(const bench_opts_t *opts, const char *name, const char *unit, const char *why,
+                            int *failures)
 {
     bench_result_t r = bench_result(opts, name, unit);
     r.note = why;
     bench_report(opts, &r);
+    if (failures)
+        (*failures)++;
+}
+
+/* Measures op alone on srv (opts' clients, batch and keys) and reports it as case `name` against reference
+ * (reference_value: NAN when unavailable), with note. 0 with *m, or -1 (reported and counted in *failures). */
+static int s_case_alone(const bench_opts_t *opts, bench_proc_t *srv, bench_op_fn op, const char *name,
+                        const char *unit, const char *reference, double reference_value, const char *note,
+                        bench_measure_t *m, int *failures)
+{
+    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, op, opts->clients, opts->seconds, m) != 0) {
+        s_report_failed(opts, name, unit, m->error, failures);
+        return -1;
+    }
+    bench_result_t r = bench_result_of(opts, name, unit, m, reference, reference_value);
+    r.note = note;
+    bench_report(opts, &r);
+    return 0;
 }
 
 /* ---- the cases ---- */
@@ -557,8 +584,7 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     if (rc == 0)
         rc = s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &kb);
     if (rc != 0) {
-        s_report_failed(opts, "lookup.throughput", "emb/s", kb.error);
-        (*failures)++;
+        s_report_failed(opts, "lookup.throughput", "emb/s", kb.error, failures);
         return;
     }
     st->lookup = kb;
@@ -568,61 +594,35 @@ static void s_case_lookup(const bench_opts_t *opts, bench_proc_t *srv, s_state_t
     snprintf(note, sizeof note, "request %zu B, reply %zu B; inside the server p50 %.0f us", req_bytes, rep_bytes,
              s_server_p50(srv->endpoint, "lookup"));
 
-    bench_result_t r = bench_result(opts, "lookup.p50", "us");
+    /* Latency figures: the value is a percentile, not the rate. */
+    bench_result_t r =
+        bench_result_of(opts, "lookup.p50", "us", &kb, "zmq.echo.p50 (same bytes)", erc == 0 ? echo.p50_us : NAN);
     r.value = kb.p50_us;
-    r.reference = "zmq.echo.p50 (same bytes)";
-    r.reference_value = erc == 0 ? echo.p50_us : NAN;
     r.lower_is_better = true;
     r.target = "<= 1.5";
     r.target_ratio = 1.5;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
     r.note = note;
     bench_report(opts, &r);
 
-    r = bench_result(opts, "lookup.p99", "us");
+    r = bench_result_of(opts, "lookup.p99", "us", &kb, "zmq.echo.p99 (same bytes)", erc == 0 ? echo.p99_us : NAN);
     r.value = kb.p99_us;
-    r.reference = "zmq.echo.p99 (same bytes)";
-    r.reference_value = erc == 0 ? echo.p99_us : NAN;
     r.lower_is_better = true;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
     bench_report(opts, &r);
 
-    r = bench_result(opts, "lookup.throughput", "emb/s");
-    r.value = kb.rate;
-    r.reference = "redis.mget";
-    r.reference_value = st->have_redis ? st->redis_mget.rate : NAN;
+    r = bench_result_of(opts, "lookup.throughput", "emb/s", &kb, "redis.mget",
+                        st->have_redis ? st->redis_mget.rate : NAN);
     r.target = ">= 1.0";
     r.target_ratio = 1.0;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
     r.note = st->have_redis ? NULL : st->redis_note;
     bench_report(opts, &r);
 
-    r = bench_result(opts, "lookup.throughput.vs_zmq", "emb/s");
-    r.value = kb.rate;
-    r.reference = "zmq.echo (same bytes)";
-    r.reference_value = erc == 0 ? echo.rate : NAN;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
+    r = bench_result_of(opts, "lookup.throughput.vs_zmq", "emb/s", &kb, "zmq.echo (same bytes)",
+                        erc == 0 ? echo.rate : NAN);
     bench_report(opts, &r);
 
     bench_measure_t nc;
-    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup_no_create, opts->clients, opts->seconds,
-                 &nc) != 0) {
-        s_report_failed(opts, "lookup.no_create", "emb/s", nc.error);
-        (*failures)++;
-        return;
-    }
-    r = bench_result(opts, "lookup.no_create", "emb/s");
-    r.value = nc.rate;
-    r.reference = "lookup.throughput";
-    r.reference_value = kb.rate;
-    r.p50_us = nc.p50_us;
-    r.p99_us = nc.p99_us;
-    r.note = "keys not counted (no use count to write later)";
-    bench_report(opts, &r);
+    s_case_alone(opts, srv, s_op_lookup_no_create, "lookup.no_create", "emb/s", "lookup.throughput", kb.rate,
+                 "keys not counted (no use count to write later)", &nc, failures);
 }
 
 /* Pushes for the configured time, then waits until nothing is pending. *applied_rate: gradient rows
@@ -683,28 +683,20 @@ static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *
     s_wait_not_compacting(srv->endpoint, 30.0);
     int erc = bench_zmq_echo(opts, s_push_request_bytes(opts), 8, opts->batch, &echo);
     if (s_measure_push(opts, srv, &kb, &applied, &received) != 0) {
-        s_report_failed(opts, "push.accepted", "rows/s", kb.error);
-        (*failures)++;
+        s_report_failed(opts, "push.accepted", "rows/s", kb.error, failures);
         return;
     }
     st->push_int = kb;
     st->have_push_int = true;
 
-    bench_result_t r = bench_result(opts, "push.accepted", "rows/s");
-    r.value = kb.rate;
-    r.reference = "zmq.echo (same bytes)";
-    r.reference_value = erc == 0 ? echo.rate : NAN;
+    bench_result_t r = bench_result_of(opts, "push.accepted", "rows/s", &kb, "zmq.echo (same bytes)",
+                                       erc == 0 ? echo.rate : NAN);
     r.target = ">= 0.5";
     r.target_ratio = 0.5;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
     r.note = durability;
     bench_report(opts, &r);
 
-    r = bench_result(opts, "push.applied", "rows/s");
-    r.value = applied;
-    r.reference = "push.received (same run)";
-    r.reference_value = received;
+    r = bench_result_vs(opts, "push.applied", "rows/s", applied, "push.received (same run)", received);
     r.note = isfinite(applied) ? "rows applied / time until nothing was pending" : "still pending after 60 s";
     bench_report(opts, &r);
 }
@@ -716,16 +708,11 @@ static void s_case_push_sync(const bench_opts_t *opts, bench_proc_t *srv, s_stat
     bench_measure_t kb;
     double applied, received;
     if (s_measure_push(opts, srv, &kb, &applied, &received) != 0) {
-        s_report_failed(opts, "push.accepted.sync", "rows/s", kb.error);
-        (*failures)++;
+        s_report_failed(opts, "push.accepted.sync", "rows/s", kb.error, failures);
         return;
     }
-    bench_result_t r = bench_result(opts, "push.accepted.sync", "rows/s");
-    r.value = kb.rate;
-    r.reference = "push.accepted";
-    r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
+    bench_result_t r = bench_result_of(opts, "push.accepted.sync", "rows/s", &kb, "push.accepted",
+                                       st->have_push_int ? st->push_int.rate : NAN);
     r.note = "each push waits for its group commit";
     bench_report(opts, &r);
 }
@@ -734,22 +721,9 @@ static void s_case_push_sync(const bench_opts_t *opts, bench_proc_t *srv, s_stat
 static void s_case_put_interval(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
 {
     bench_progress(opts, "put: %u writers, batch %u rows, %s", opts->clients, opts->batch, opts->interval);
-    bench_measure_t m;
-    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_put, opts->clients, opts->seconds, &m) != 0) {
-        s_report_failed(opts, "put.interval", "rows/s", m.error);
-        (*failures)++;
-        return;
-    }
-    st->put_int = m;
-    st->have_put_int = true;
-    bench_result_t r = bench_result(opts, "put.interval", "rows/s");
-    r.value = m.rate;
-    r.reference = "redis.set (pipelined)";
-    r.reference_value = st->have_redis ? st->redis_set.rate : NAN;
-    r.p50_us = m.p50_us;
-    r.p99_us = m.p99_us;
-    r.note = st->have_redis ? opts->interval : st->redis_note;
-    bench_report(opts, &r);
+    st->have_put_int = s_case_alone(opts, srv, s_op_put, "put.interval", "rows/s", "redis.set (pipelined)",
+                                    st->have_redis ? st->redis_set.rate : NAN,
+                                    st->have_redis ? opts->interval : st->redis_note, &st->put_int, failures) == 0;
 }
 
 /* Puts with `writers` writers on srv; the note says how many commits and rows per commit it took. */
@@ -781,22 +755,17 @@ static void s_case_put_sync(const bench_opts_t *opts, bench_proc_t *srv, s_state
         bench_progress(opts, "%s: %u writers, batch %u rows, sync durability", name, counts[i], opts->batch);
         bench_measure_t m;
         if (s_measure_put(opts, srv, counts[i], &m, note, sizeof note) != 0) {
-            s_report_failed(opts, name, "rows/s", m.error);
+            s_report_failed(opts, name, "rows/s", m.error, failures);
             if (i == 0)
-                s_report_failed(opts, "put.sync.vs_redis", "rows/s", m.error);
-            (*failures)++;
+                s_report_failed(opts, "put.sync.vs_redis", "rows/s", m.error, NULL);
             continue;
         }
-        bench_result_t r = bench_result(opts, name, "rows/s");
-        r.value = m.rate;
-        r.reference = "put.interval";
-        r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
+        bench_result_t r =
+            bench_result_of(opts, name, "rows/s", &m, "put.interval", st->have_put_int ? st->put_int.rate : NAN);
         if (i == 0) {
             r.target = ">= 0.5";
             r.target_ratio = 0.5;
         }
-        r.p50_us = m.p50_us;
-        r.p99_us = m.p99_us;
         r.clients = counts[i];
         r.note = note;
         bench_report(opts, &r);
@@ -819,22 +788,9 @@ static void s_case_put_sync(const bench_opts_t *opts, bench_proc_t *srv, s_state
 static void s_case_lookup_interval(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *st, int *failures)
 {
     bench_progress(opts, "lookup: %u clients, batch %u, %s", opts->clients, opts->batch, opts->interval);
-    bench_measure_t m;
-    if (s_run_kb(opts, srv, 1, opts->keys, opts->batch, s_op_lookup, opts->clients, opts->seconds, &m) != 0) {
-        s_report_failed(opts, "lookup.throughput.interval", "emb/s", m.error);
-        (*failures)++;
-        return;
-    }
-    st->lookup_int = m;
-    st->have_lookup_int = true;
-    bench_result_t r = bench_result(opts, "lookup.throughput.interval", "emb/s");
-    r.value = m.rate;
-    r.reference = "lookup.throughput";
-    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
-    r.p50_us = m.p50_us;
-    r.p99_us = m.p99_us;
-    r.note = opts->interval;
-    bench_report(opts, &r);
+    st->have_lookup_int = s_case_alone(opts, srv, s_op_lookup, "lookup.throughput.interval", "emb/s",
+                                       "lookup.throughput", st->have_lookup ? st->lookup.rate : NAN, opts->interval,
+                                       &st->lookup_int, failures) == 0;
 }
 
 /* nlist for an IVF table of n rows: sqrt(n) rounded down to a power of two, 16..1024. */
@@ -923,19 +879,14 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
                 snprintf(why, sizeof why, "kb-server did not start");
             }
             if (rc != 0) {
-                s_report_failed(opts, name, "queries/s", why);
-                (*failures)++;
+                s_report_failed(opts, name, "queries/s", why, failures);
                 continue;
             }
             int frc = bench_faiss(opts, specs[si], rows, n, &ref, &build_ref_s);
-            bench_result_t r = bench_result(opts, name, "queries/s");
-            r.value = kb.rate;
-            r.reference = "faiss.inprocess";
-            r.reference_value = frc == 0 ? ref.rate : NAN;
+            bench_result_t r = bench_result_of(opts, name, "queries/s", &kb, "faiss.inprocess",
+                                               frc == 0 ? ref.rate : NAN);
             r.target = ">= 0.8";
             r.target_ratio = 0.8;
-            r.p50_us = kb.p50_us;
-            r.p99_us = kb.p99_us;
             r.batch = opts->knn_batch;
             r.rows = n;
             char note[200];
@@ -944,10 +895,8 @@ static void s_case_knn(const bench_opts_t *opts, int *failures)
             r.note = frc == 0 ? note : ref.error;
             bench_report(opts, &r);
 
-            r = bench_result(opts, load_name, "rows/s");
-            r.value = (double)n / load_s;
-            r.reference = "faiss.inprocess build";
-            r.reference_value = frc == 0 ? (double)n / build_ref_s : NAN;
+            r = bench_result_vs(opts, load_name, "rows/s", (double)n / load_s,
+                                "faiss.inprocess build", frc == 0 ? (double)n / build_ref_s : NAN);
             r.batch = S_LOAD_BATCH;
             r.clients = 1;
             r.rows = n;
@@ -993,8 +942,7 @@ static int s_run_mixed(const bench_opts_t *opts, bench_proc_t *srv, bench_op_fn 
         pthread_join(b, NULL);
     if (tr->rc == 0 && mk->rc == 0)
         return 0;
-    s_report_failed(opts, name, "emb/s", tr->rc != 0 ? tr->m.error : mk->m.error);
-    (*failures)++;
+    s_report_failed(opts, name, "emb/s", tr->rc != 0 ? tr->m.error : mk->m.error, failures);
     return -1;
 }
 
@@ -1006,33 +954,24 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     s_concurrent_t tr, mk;
     if (s_run_mixed(opts, srv, s_op_trainer, "mixed.lookup", &tr, &mk, failures) != 0)
         return;
-    bench_result_t r = bench_result(opts, "mixed.lookup", "emb/s");
-    r.value = tr.m.rate;
-    r.reference = "lookup.throughput.interval (alone)";
-    r.reference_value = st->have_lookup_int ? st->lookup_int.rate : NAN;
+    bench_result_t r = bench_result_of(opts, "mixed.lookup", "emb/s", &tr.m, "lookup.throughput.interval (alone)",
+                                       st->have_lookup_int ? st->lookup_int.rate : NAN);
     r.target = ">= 0.5";
     r.target_ratio = 0.5;
-    r.p50_us = tr.m.p50_us;
-    r.p99_us = tr.m.p99_us;
     r.note = makers == 1 ? "latency: one trainer step = lookup + push"
                          : makers ? "latency: one trainer step = lookup + push; not 1 maker (--mixed-makers)"
                                   : "latency: one trainer step = lookup + push; no maker (--mixed-makers 0)";
     bench_report(opts, &r);
 
-    r = bench_result(opts, "mixed.push", "rows/s");
-    r.value = tr.m.rate; /* every step pushes as many rows as it read */
-    r.reference = "push.accepted (alone)";
-    r.reference_value = st->have_push_int ? st->push_int.rate : NAN;
+    /* Every step pushes as many rows as it read: the trainers' rate (their latency is mixed.lookup's). */
+    r = bench_result_vs(opts, "mixed.push", "rows/s", tr.m.rate,
+                        "push.accepted (alone)", st->have_push_int ? st->push_int.rate : NAN);
     bench_report(opts, &r);
 
     if (makers) {
-        r = bench_result(opts, "mixed.put", "rows/s");
-        r.value = mk.m.rate;
-        r.reference = "put.interval (alone)";
-        r.reference_value = st->have_put_int ? st->put_int.rate : NAN;
+        r = bench_result_of(opts, "mixed.put", "rows/s", &mk.m, "put.interval (alone)",
+                            st->have_put_int ? st->put_int.rate : NAN);
         r.clients = makers;
-        r.p50_us = mk.m.p50_us;
-        r.p99_us = mk.m.p99_us;
         bench_report(opts, &r);
     }
 
@@ -1043,12 +982,8 @@ static void s_case_mixed(const bench_opts_t *opts, bench_proc_t *srv, s_state_t 
     s_concurrent_t tp, mp;
     if (s_run_mixed(opts, srv, s_op_trainer_pipelined, "mixed.lookup.pipelined", &tp, &mp, failures) != 0)
         return;
-    r = bench_result(opts, "mixed.lookup.pipelined", "emb/s");
-    r.value = tp.m.rate;
-    r.reference = "lookup.throughput.interval (alone)";
-    r.reference_value = st->have_lookup_int ? st->lookup_int.rate : NAN;
-    r.p50_us = tp.m.p50_us;
-    r.p99_us = tp.m.p99_us;
+    r = bench_result_of(opts, "mixed.lookup.pipelined", "emb/s", &tp.m, "lookup.throughput.interval (alone)",
+                        st->have_lookup_int ? st->lookup_int.rate : NAN);
     r.note = "trainers keep one push in flight, as trainer_word2vec does; no target";
     bench_report(opts, &r);
 }
@@ -1090,8 +1025,7 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
         char name[64];
         snprintf(name, sizeof name, "shards.%u.lookup", shards);
         if (rc != 0) {
-            s_report_failed(opts, name, "emb/s", "a shard failed");
-            (*failures)++;
+            s_report_failed(opts, name, "emb/s", "a shard failed", failures);
             continue;
         }
         if (i == 0) {
@@ -1100,24 +1034,14 @@ static void s_case_shards(const bench_opts_t *opts, int *failures)
         }
         char ref[64];
         snprintf(ref, sizeof ref, "shards.%u.lookup", opts->shard_counts[0]);
-        bench_result_t r = bench_result(opts, name, "emb/s");
-        r.value = lk.rate;
-        r.reference = ref;
-        r.reference_value = base_lookup;
-        r.p50_us = lk.p50_us;
-        r.p99_us = lk.p99_us;
+        bench_result_t r = bench_result_of(opts, name, "emb/s", &lk, ref, base_lookup);
         r.shards = shards;
         bench_report(opts, &r);
 
         char pname[64], pref[64];
         snprintf(pname, sizeof pname, "shards.%u.put.sync", shards);
         snprintf(pref, sizeof pref, "shards.%u.put.sync", opts->shard_counts[0]);
-        r = bench_result(opts, pname, "rows/s");
-        r.value = pt.rate;
-        r.reference = pref;
-        r.reference_value = base_put;
-        r.p50_us = pt.p50_us;
-        r.p99_us = pt.p99_us;
+        r = bench_result_of(opts, pname, "rows/s", &pt, pref, base_put);
         r.shards = shards;
         bench_report(opts, &r);
     }
@@ -1131,8 +1055,7 @@ static int s_start_with_table(const bench_opts_t *opts, const char *name, const 
 {
     *bank = NULL;
     if (bench_kb_start(opts, name, extra, srv) != 0) {
-        s_report_failed(opts, case_name, "emb/s", why);
-        (*failures)++;
+        s_report_failed(opts, case_name, "emb/s", why, failures);
         return -2;
     }
     char ep[1][256];
@@ -1175,18 +1098,10 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
             snprintf(base_name, sizeof base_name, "%s", name);
             snprintf(base_mem_name, sizeof base_mem_name, "%s", mem_name);
         }
-        bench_result_t r = bench_result(opts, name, "emb/s");
-        r.value = m.rate;
-        r.reference = base_name;
-        r.reference_value = base;
-        r.p50_us = m.p50_us;
-        r.p99_us = m.p99_us;
+        bench_result_t r = bench_result_of(opts, name, "emb/s", &m, base_name, base);
         r.rows = n;
         bench_report(opts, &r);
-        r = bench_result(opts, mem_name, "B/row");
-        r.value = per_row;
-        r.reference = base_mem_name;
-        r.reference_value = base_mem;
+        r = bench_result_vs(opts, mem_name, "B/row", per_row, base_mem_name, base_mem);
         r.rows = n;
         r.note = "server RSS growth / rows (dim floats + optimizer state + key + SQLite cache)";
         bench_report(opts, &r);
@@ -1194,8 +1109,7 @@ static void s_case_rows(const bench_opts_t *opts, int *failures)
     kb_cluster_destroy(&bank);
     bench_proc_stop(opts, &srv);
     if (rc != 0) {
-        s_report_failed(opts, "rows.lookup", "emb/s", "loading or lookups failed");
-        (*failures)++;
+        s_report_failed(opts, "rows.lookup", "emb/s", "loading or lookups failed", failures);
     }
 }
 
@@ -1243,19 +1157,15 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     double hwm_mib = (double)kb_memory_proc_status_kb(srv.pid, "VmHWM") / 1024.0;
     bench_proc_stop(opts, &srv);
     if (rc != 0) {
-        s_report_failed(opts, "lookup.cached", "emb/s", hot.error[0] ? hot.error : "loading or lookups failed");
-        (*failures)++;
+        s_report_failed(opts, "lookup.cached", "emb/s", hot.error[0] ? hot.error : "loading or lookups failed",
+                        failures);
         return;
     }
     char note[200];
     snprintf(note, sizeof note, "--cache-bytes %s, %u rows; keys drawn from the first %u (in memory)", cache_arg,
              rows, S_CACHE_HOT_ROWS);
-    bench_result_t r = bench_result(opts, "lookup.cached", "emb/s");
-    r.value = hot.rate;
-    r.reference = "lookup.throughput";
-    r.reference_value = st->have_lookup ? st->lookup.rate : NAN;
-    r.p50_us = hot.p50_us;
-    r.p99_us = hot.p99_us;
+    bench_result_t r = bench_result_of(opts, "lookup.cached", "emb/s", &hot, "lookup.throughput",
+                                       st->have_lookup ? st->lookup.rate : NAN);
     r.rows = rows;
     r.note = note;
     bench_report(opts, &r);
@@ -1263,20 +1173,13 @@ static void s_case_cache(const bench_opts_t *opts, s_state_t *st, int *failures)
     char cold_note[200];
     snprintf(cold_note, sizeof cold_note, "keys drawn from all %u rows, about %.0f%% of them in memory: the rest "
              "read from SQLite", rows, 100.0 * (double)cache / (double)row_bytes / rows);
-    r = bench_result(opts, "lookup.cold", "emb/s");
-    r.value = cold.rate;
-    r.reference = "lookup.cached";
-    r.reference_value = hot.rate;
-    r.p50_us = cold.p50_us;
-    r.p99_us = cold.p99_us;
+    r = bench_result_of(opts, "lookup.cold", "emb/s", &cold, "lookup.cached", hot.rate);
     r.rows = rows;
     r.note = cold_note;
     bench_report(opts, &r);
 
-    r = bench_result(opts, "cache.peak_rss", "MiB");
-    r.value = hwm_mib;
-    r.reference = "whole table in memory (estimate)";
-    r.reference_value = (double)rows * (double)row_bytes / (1024.0 * 1024.0);
+    r = bench_result_vs(opts, "cache.peak_rss", "MiB", hwm_mib,
+                        "whole table in memory (estimate)", (double)rows * (double)row_bytes / (1024.0 * 1024.0));
     r.lower_is_better = true;
     r.rows = rows;
     r.note = "server VmHWM over the load and both cases";
@@ -1367,7 +1270,7 @@ int bench_kb_all(const bench_opts_t *opts)
             rc = s_prepare(opts, &int_srv);
     }
     if (rc != 0) {
-        s_report_failed(opts, "setup", "", "a kb-server could not be started or loaded");
+        s_report_failed(opts, "setup", "", "a kb-server could not be started or loaded", NULL);
         bench_proc_stop(opts, &sync_srv);
         bench_proc_stop(opts, &int_srv);
         return -1;

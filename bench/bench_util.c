@@ -493,6 +493,25 @@ bench_result_t bench_result(const bench_opts_t *opts, const char *name, const ch
     return r;
 }
 
+bench_result_t bench_result_vs(const bench_opts_t *opts, const char *name, const char *unit, double value,
+                               const char *reference, double reference_value)
+{
+    bench_result_t r = bench_result(opts, name, unit);
+    r.value = value;
+    r.reference = reference;
+    r.reference_value = reference_value;
+    return r;
+}
+
+bench_result_t bench_result_of(const bench_opts_t *opts, const char *name, const char *unit,
+                               const bench_measure_t *m, const char *reference, double reference_value)
+{
+    bench_result_t r = bench_result_vs(opts, name, unit, m->rate, reference, reference_value);
+    r.p50_us = m->p50_us;
+    r.p99_us = m->p99_us;
+    return r;
+}
+
 void bench_report(const bench_opts_t *opts, const bench_result_t *r)
 {
     bench_result_t with_steal = *r;

@@ -128,9 +128,8 @@ static void s_case(const bench_opts_t *opts, const s_shape_t *s, int *failures)
     double server_p50 = NAN, build_s = NAN;
     char why[300] = "";
     const char *unit = s->op == BENCH_KB_KNN_BY_KEY ? "queries/s" : "rows/s";
-    bench_result_t r = {.name = s->name, .unit = unit, .reference = "", .reference_value = NAN, .value = NAN,
-                        .p50_us = NAN, .p99_us = NAN, .clients = s->clients, .batch = s->batch, .shards = 1,
-                        .rows = n};
+    bench_result_t r = bench_result(&o, s->name, unit);
+    r.rows = n;
     if (s_measure_kb(&o, s, n, rows, &kb, &server_p50, why, sizeof why) != 0) {
         r.note = why;
         bench_report(opts, &r);
@@ -140,22 +139,21 @@ static void s_case(const bench_opts_t *opts, const s_shape_t *s, int *failures)
     }
     int frc;
     size_t req = 0, rep = 0;
+    const char *reference;
     if (s->floor == S_FLOOR_FAISS) {
         frc = bench_faiss(&o, s->knn_spec, rows, n, &ref, &build_s);
-        r.reference = "faiss.inprocess";
+        reference = "faiss.inprocess";
     } else {
         s_sizes(s, &req, &rep);
         frc = bench_zmq_echo(&o, req, rep, s->batch, &ref);
-        r.reference = "zmq.echo (about the same bytes)";
+        reference = "zmq.echo (about the same bytes)";
     }
-    r.value = kb.rate;
-    r.reference_value = frc == 0 ? ref.rate : NAN;
+    r = bench_result_of(&o, s->name, unit, &kb, reference, frc == 0 ? ref.rate : NAN);
+    r.rows = n;
     char target[16];
     snprintf(target, sizeof target, ">= %g", s->target);
     r.target = target;
     r.target_ratio = s->target;
-    r.p50_us = kb.p50_us;
-    r.p99_us = kb.p99_us;
     char note[400];
     snprintf(note, sizeof note, "%s; p50 per request: %.0f us here, %.0f us inside the server, %.0f us floor",
              s->what, kb.p50_us, server_p50, frc == 0 ? ref.p50_us : NAN);
