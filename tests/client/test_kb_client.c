@@ -30,10 +30,54 @@ static kb_client_t *s_client(fake_kb_server_t *srv, int timeout_ms, int retries)
     return c;
 }
 
+/* A fake server answering in mode, with table "emb" of dim (none when dim is 0), and a client of it. */
+typedef struct {
+    fake_kb_server_t *srv;
+    kb_client_t *c;
+} s_fake_t;
+
+static s_fake_t s_fake(uint32_t dim, fake_mode_t mode, int timeout_ms, int retries)
+{
+    s_fake_t f = {fake_kb_server_new(), NULL};
+    if (dim > 0)
+        fake_kb_server_add_table(f.srv, "emb", dim, 0);
+    fake_kb_server_set_mode(f.srv, mode);
+    f.c = s_client(f.srv, timeout_ms, retries);
+    return f;
+}
+
+static void s_fake_destroy(s_fake_t *f)
+{
+    kb_client_destroy(&f->c);
+    fake_kb_server_destroy(&f->srv);
+}
+
 static kb_key_t s_key(const char *s)
 {
     kb_key_t k = {s, strlen(s)};
     return k;
+}
+
+/* Request i that the fake received has request id `id` and write sequence number `seq`. */
+static void s_assert_ids(fake_kb_server_t *srv, size_t i, uint64_t id, uint64_t seq)
+{
+    Carls__Request *r = fake_kb_server_request(srv, i);
+    assert_non_null(r);
+    assert_int_equal(r->request_id, id);
+    assert_int_equal(r->sequence, seq);
+    carls__request__free_unpacked(r, NULL);
+}
+
+/* Request i that the fake received is operation op with client id cid and sequence number seq (0 and 0 for a
+ * read). */
+static void s_assert_sent(fake_kb_server_t *srv, size_t i, Carls__Request__OpCase op, uint64_t cid, uint64_t seq)
+{
+    Carls__Request *r = fake_kb_server_request(srv, i);
+    assert_non_null(r);
+    assert_int_equal(r->op_case, op);
+    assert_int_equal(r->client_id, cid);
+    assert_int_equal(r->sequence, seq);
+    carls__request__free_unpacked(r, NULL);
 }
 
 /* Sends a one-key lookup with kb_client_send and returns its request id. */
@@ -145,22 +189,12 @@ static void test_envelope(void **state)
     req.feature_put = &fput;
     assert_int_equal(kb_client_call(c, &req, &resp), KB_CLIENT_ESTATUS);
     carls__response__free_unpacked(resp, NULL);
-    Carls__Request req2 = CARLS__REQUEST__INIT;
-    req2.table = "emb";
-    req2.op_case = CARLS__REQUEST__OP_KNN;
-    req2.knn = &knn;
-    assert_int_equal(kb_client_call(c, &req2, &resp), KB_CLIENT_ESTATUS);
+    req.op_case = CARLS__REQUEST__OP_KNN; /* the same request made a knn: kb_client_send fills in its envelope */
+    req.knn = &knn;
+    assert_int_equal(kb_client_call(c, &req, &resp), KB_CLIENT_ESTATUS);
     carls__response__free_unpacked(resp, NULL);
-    Carls__Request *r = fake_kb_server_request(srv, n);
-    assert_int_equal(r->op_case, CARLS__REQUEST__OP_FEATURE_PUT);
-    assert_int_equal(r->client_id, cid);
-    assert_int_equal(r->sequence, want_seq);
-    carls__request__free_unpacked(r, NULL);
-    r = fake_kb_server_request(srv, n + 1);
-    assert_int_equal(r->op_case, CARLS__REQUEST__OP_KNN);
-    assert_int_equal(r->client_id, 0);
-    assert_int_equal(r->sequence, 0);
-    carls__request__free_unpacked(r, NULL);
+    s_assert_sent(srv, n, CARLS__REQUEST__OP_FEATURE_PUT, cid, want_seq);
+    s_assert_sent(srv, n + 1, CARLS__REQUEST__OP_KNN, 0, 0);
 
     kb_client_destroy(&c);
     assert_null(c);
@@ -203,65 +237,55 @@ static void test_client_ids(void **state)
 static void test_resend_after_ignored_attempt(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", 2, 0);
-    fake_kb_server_set_mode(srv, FAKE_IGNORE_FIRST);
-    kb_client_t *c = s_client(srv, 300, 3);
+    s_fake_t f = s_fake(2, FAKE_IGNORE_FIRST, 300, 3);
     kb_key_t k = s_key("row");
     float v[2] = {0.5f, 0.25f};
-    assert_int_equal(kb_client_put(c, "emb", &k, 1, 2, v, 3), KB_CLIENT_OK);
+    assert_int_equal(kb_client_put(f.c, "emb", &k, 1, 2, v, 3), KB_CLIENT_OK);
 
-    size_t n = fake_kb_server_count(srv);
+    size_t n = fake_kb_server_count(f.srv);
     assert_true(n >= 2);
     static uint8_t first[256], other[256];
-    size_t len0 = fake_kb_server_request_bytes(srv, 0, first, sizeof first);
+    size_t len0 = fake_kb_server_request_bytes(f.srv, 0, first, sizeof first);
     assert_true(len0 > 0 && len0 <= sizeof first);
     for (size_t i = 1; i < n; i++) {
-        size_t len = fake_kb_server_request_bytes(srv, i, other, sizeof other);
+        size_t len = fake_kb_server_request_bytes(f.srv, i, other, sizeof other);
         assert_int_equal(len, len0);
         assert_memory_equal(first, other, len0);
     }
-    Carls__Request *r = fake_kb_server_request(srv, 1);
+    Carls__Request *r = fake_kb_server_request(f.srv, 1);
     assert_int_equal(r->request_id, 1);
-    assert_int_equal(r->client_id, kb_client_id(c));
+    assert_int_equal(r->client_id, kb_client_id(f.c));
     assert_int_equal(r->sequence, 1);
     carls__request__free_unpacked(r, NULL);
 
     /* The next write gets the next sequence number, not a reused one. */
-    assert_int_equal(kb_client_put(c, "emb", &k, 1, 2, v, 4), KB_CLIENT_OK);
-    r = fake_kb_server_request(srv, fake_kb_server_count(srv) - 1);
-    assert_int_equal(r->request_id, 2);
-    assert_int_equal(r->sequence, 2);
-    carls__request__free_unpacked(r, NULL);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    assert_int_equal(kb_client_put(f.c, "emb", &k, 1, 2, v, 4), KB_CLIENT_OK);
+    s_assert_ids(f.srv, fake_kb_server_count(f.srv) - 1, 2, 2);
+    s_fake_destroy(&f);
 }
 
 /* A server that never answers: KB_CLIENT_ETIMEOUT after 1 + retries attempts, all the same request. */
 static void test_timeout(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_set_mode(srv, FAKE_SILENT);
-    kb_client_t *c = s_client(srv, 300, 2);
+    s_fake_t f = s_fake(0, FAKE_SILENT, 300, 2);
     Carls__Response *resp = (Carls__Response *)(uintptr_t)1; /* must be reset to NULL */
     Carls__ListTables op = CARLS__LIST_TABLES__INIT;
     Carls__Request req = CARLS__REQUEST__INIT;
     req.op_case = CARLS__REQUEST__OP_LIST_TABLES;
     req.list_tables = &op;
-    assert_int_equal(kb_client_call(c, &req, &resp), KB_CLIENT_ETIMEOUT);
+    assert_int_equal(kb_client_call(f.c, &req, &resp), KB_CLIENT_ETIMEOUT);
     assert_null(resp);
-    assert_non_null(strstr(kb_client_last_error(c), "no answer"));
-    assert_int_equal(fake_kb_server_wait_count(srv, 3, 3000), 3);
+    assert_non_null(strstr(kb_client_last_error(f.c), "no answer"));
+    assert_int_equal(fake_kb_server_wait_count(f.srv, 3, 3000), 3);
     for (size_t i = 0; i < 3; i++) {
-        Carls__Request *r = fake_kb_server_request(srv, i);
+        Carls__Request *r = fake_kb_server_request(f.srv, i);
         assert_int_equal(r->request_id, 1);
         carls__request__free_unpacked(r, NULL);
     }
     /* The request is over: waiting for it again is an argument error, not another timeout. */
-    assert_int_equal(kb_client_wait(c, 1, &resp), KB_CLIENT_EINVAL);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    assert_int_equal(kb_client_wait(f.c, 1, &resp), KB_CLIENT_EINVAL);
+    s_fake_destroy(&f);
 }
 
 /* Two requests in flight, answered in reverse order: each wait gets its own answer, and the answer that
@@ -270,27 +294,23 @@ static void test_timeout(void **state)
 static void test_out_of_order(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", 3, 0);
-    fake_kb_server_set_mode(srv, FAKE_REVERSE_PAIRS);
-    kb_client_t *c = s_client(srv, 2000, 0);
-    uint64_t a = s_send_lookup(c, "emb", "first");
-    uint64_t b = s_send_lookup(c, "emb", "second");
+    s_fake_t f = s_fake(3, FAKE_REVERSE_PAIRS, 2000, 0);
+    uint64_t a = s_send_lookup(f.c, "emb", "first");
+    uint64_t b = s_send_lookup(f.c, "emb", "second");
     assert_true(a != b);
 
     Carls__Response *ra = NULL, *rb = NULL;
-    assert_int_equal(kb_client_wait(c, a, &ra), KB_CLIENT_OK);
-    fake_kb_server_set_mode(srv, FAKE_SILENT);
-    assert_int_equal(kb_client_wait(c, b, &rb), KB_CLIENT_OK);
+    assert_int_equal(kb_client_wait(f.c, a, &ra), KB_CLIENT_OK);
+    fake_kb_server_set_mode(f.srv, FAKE_SILENT);
+    assert_int_equal(kb_client_wait(f.c, b, &rb), KB_CLIENT_OK);
     assert_int_equal(ra->request_id, a);
     assert_int_equal(rb->request_id, b);
     assert_true(ra->lookup->values[0] == fake_kb_value("first", 5, 0));
     assert_true(rb->lookup->values[2] == fake_kb_value("second", 6, 2));
     carls__response__free_unpacked(ra, NULL);
     carls__response__free_unpacked(rb, NULL);
-    assert_int_equal(fake_kb_server_count(srv), 2); /* nothing was resent */
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    assert_int_equal(fake_kb_server_count(f.srv), 2); /* nothing was resent */
+    s_fake_destroy(&f);
 }
 
 /* After a timeout the client reconnects and resends every request in flight, not only the one it waits
@@ -298,25 +318,21 @@ static void test_out_of_order(void **state)
 static void test_reconnect_resends_all_in_flight(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", 1, 0);
-    fake_kb_server_set_mode(srv, FAKE_IGNORE_FIRST);
     const int timeout_ms = 1500;
-    kb_client_t *c = s_client(srv, timeout_ms, 1);
-    uint64_t a = s_send_lookup(c, "emb", "a");
-    uint64_t b = s_send_lookup(c, "emb", "b");
+    s_fake_t f = s_fake(1, FAKE_IGNORE_FIRST, timeout_ms, 1);
+    uint64_t a = s_send_lookup(f.c, "emb", "a");
+    uint64_t b = s_send_lookup(f.c, "emb", "b");
     Carls__Response *ra = NULL, *rb = NULL;
-    assert_int_equal(kb_client_wait(c, a, &ra), KB_CLIENT_OK);
+    assert_int_equal(kb_client_wait(f.c, a, &ra), KB_CLIENT_OK);
     int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(kb_client_wait(c, b, &rb), KB_CLIENT_OK);
+    assert_int_equal(kb_client_wait(f.c, b, &rb), KB_CLIENT_OK);
     int64_t waited = carls_monotonic_ms() - t0;
     /* Without the resend, b's wait would first time out (timeout_ms) and only then resend. */
     assert_true(waited < timeout_ms / 2);
     assert_int_equal(rb->request_id, b);
     carls__response__free_unpacked(ra, NULL);
     carls__response__free_unpacked(rb, NULL);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    s_fake_destroy(&f);
 }
 
 /* Every answer arrives twice: the second copy is for an id no longer in flight and must not be taken as
@@ -324,55 +340,45 @@ static void test_reconnect_resends_all_in_flight(void **state)
 static void test_stale_duplicates_ignored(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", 1, 0);
-    fake_kb_server_set_mode(srv, FAKE_DUPLICATE);
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    s_fake_t f = s_fake(1, FAKE_DUPLICATE, LONG_TIMEOUT_MS, 0);
     for (uint64_t i = 1; i <= 4; i++) {
         Carls__Response *resp = NULL;
-        assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_OK);
+        assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_OK);
         assert_int_equal(resp->request_id, i);
         carls__response__free_unpacked(resp, NULL);
     }
     kb_key_t k = s_key("key");
     float v = 0;
-    assert_int_equal(kb_client_lookup(c, "emb", &k, 1, 1, &v, NULL), KB_CLIENT_OK);
+    assert_int_equal(kb_client_lookup(f.c, "emb", &k, 1, 1, &v, NULL), KB_CLIENT_OK);
     assert_true(v == fake_kb_value("key", 3, 0));
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    s_fake_destroy(&f);
 }
 
 /* A frame that does not decode fails the call with KB_CLIENT_EMALFORMED; the client stays usable. */
 static void test_garbage_answer(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_set_mode(srv, FAKE_GARBAGE);
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    s_fake_t f = s_fake(0, FAKE_GARBAGE, LONG_TIMEOUT_MS, 0);
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_EMALFORMED);
+    assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_EMALFORMED);
     assert_null(resp);
-    assert_non_null(strstr(kb_client_last_error(c), "does not decode"));
-    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_OK); /* no status: no answer */
-    fake_kb_server_set_mode(srv, FAKE_ANSWER);
-    assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_OK);
+    assert_non_null(strstr(kb_client_last_error(f.c), "does not decode"));
+    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_OK); /* no status: no answer */
+    fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
+    assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_OK);
     assert_int_equal(resp->request_id, 2);
     carls__response__free_unpacked(resp, NULL);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    s_fake_destroy(&f);
 }
 
 /* An OK answer in another protocol version is refused. */
 static void test_wrong_version(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_set_mode(srv, FAKE_WRONG_VERSION);
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
-    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_EIO);
-    assert_non_null(strstr(kb_client_last_error(c), "protocol version 99"));
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    s_fake_t f = s_fake(0, FAKE_WRONG_VERSION, LONG_TIMEOUT_MS, 0);
+    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_EIO);
+    assert_non_null(strstr(kb_client_last_error(f.c), "protocol version 99"));
+    s_fake_destroy(&f);
 }
 
 /* Lookup answers with the wrong dim, too many or too few values, or too few metadata rows: an error, and
@@ -382,9 +388,7 @@ static void test_lookup_bad_sizes(void **state)
 {
     (void)state;
     enum { N = 3, DIM = 4, GUARD = 8 };
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", DIM, 0);
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    s_fake_t f = s_fake(DIM, FAKE_ANSWER, LONG_TIMEOUT_MS, 0);
     kb_key_t keys[N] = {s_key("k0"), s_key("k1"), s_key("k2")};
     static const struct {
         fake_mode_t mode;
@@ -397,15 +401,15 @@ static void test_lookup_bad_sizes(void **state)
         {FAKE_LOOKUP_BAD_META, KB_CLIENT_EMALFORMED, true},
     };
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
-        fake_kb_server_set_mode(srv, cases[t].mode);
+        fake_kb_server_set_mode(f.srv, cases[t].mode);
         float *buf = malloc((N * DIM + GUARD) * sizeof *buf);
         for (size_t i = 0; i < N * DIM + GUARD; i++)
             buf[i] = -12345.0f;
         kb_row_meta_t meta[N + 1];
         memset(meta, 0xab, sizeof meta);
-        int rc = kb_client_lookup(c, "emb", keys, N, DIM, buf, cases[t].meta ? meta : NULL);
+        int rc = kb_client_lookup(f.c, "emb", keys, N, DIM, buf, cases[t].meta ? meta : NULL);
         assert_int_equal(rc, cases[t].want);
-        assert_true(strlen(kb_client_last_error(c)) > 0);
+        assert_true(strlen(kb_client_last_error(f.c)) > 0);
         for (size_t i = 0; i < N * DIM + GUARD; i++)
             assert_true(buf[i] == -12345.0f);
         for (size_t i = 0; i < sizeof meta; i++)
@@ -413,14 +417,13 @@ static void test_lookup_bad_sizes(void **state)
         free(buf);
     }
     /* The sizes were the only problem: a correct answer goes through. */
-    fake_kb_server_set_mode(srv, FAKE_ANSWER);
+    fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
     float ok[N * DIM];
     kb_row_meta_t meta[N];
-    assert_int_equal(kb_client_lookup(c, "emb", keys, N, DIM, ok, meta), KB_CLIENT_OK);
+    assert_int_equal(kb_client_lookup(f.c, "emb", keys, N, DIM, ok, meta), KB_CLIENT_OK);
     assert_true(ok[N * DIM - 1] == fake_kb_value("k2", 2, DIM - 1));
     assert_int_equal(meta[2].frequency, 3);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    s_fake_destroy(&f);
 }
 
 /* A non-OK status: KB_CLIENT_ESTATUS, the status as the enum (kb_client_last_status), "STATUS_NAME: server
@@ -428,14 +431,13 @@ static void test_lookup_bad_sizes(void **state)
 static void test_status_error(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named 'ghost'");
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    s_fake_t f = s_fake(0, FAKE_ANSWER, LONG_TIMEOUT_MS, 0);
+    fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named 'ghost'");
     kb_key_t k = s_key("k");
     float v = 1;
-    assert_int_equal(kb_client_put(c, "ghost", &k, 1, 1, &v, 0), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
-    assert_string_equal(kb_client_last_error(c), "NOT_FOUND: no table named 'ghost'");
+    assert_int_equal(kb_client_put(f.c, "ghost", &k, 1, 1, &v, 0), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
+    assert_string_equal(kb_client_last_error(f.c), "NOT_FOUND: no table named 'ghost'");
 
     Carls__Stats op = CARLS__STATS__INIT;
     Carls__Request req = CARLS__REQUEST__INIT;
@@ -443,26 +445,25 @@ static void test_status_error(void **state)
     req.op_case = CARLS__REQUEST__OP_STATS;
     req.stats = &op;
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_call(c, &req, &resp), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_call(f.c, &req, &resp), KB_CLIENT_ESTATUS);
     assert_non_null(resp);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_NOT_FOUND);
     assert_string_equal(resp->error, "no table named 'ghost'");
     carls__response__free_unpacked(resp, NULL);
 
-    fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "batch above 10 keys");
+    fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "batch above 10 keys");
     Carls__Response *stats = NULL;
-    assert_int_equal(kb_client_stats(c, NULL, &stats), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_stats(f.c, NULL, &stats), KB_CLIENT_ESTATUS);
     assert_null(stats); /* the blocking helpers hand back only OK answers */
-    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_TOO_LARGE);
-    assert_string_equal(kb_client_last_error(c), "TOO_LARGE: batch above 10 keys");
-    fake_kb_server_set_status(srv, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "shutting down");
-    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
-    fake_kb_server_set_mode(srv, FAKE_ANSWER);
-    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_OK);
-    assert_int_equal(kb_client_last_status(c), CARLS__STATUS_CODE__STATUS_OK);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_TOO_LARGE);
+    assert_string_equal(kb_client_last_error(f.c), "TOO_LARGE: batch above 10 keys");
+    fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "shutting down");
+    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
+    fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
+    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_OK);
+    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_OK);
+    s_fake_destroy(&f);
 }
 
 /* Arguments that cannot make a valid request are refused before anything is sent, and spend no request
@@ -470,46 +471,40 @@ static void test_status_error(void **state)
 static void test_refused_before_sending(void **state)
 {
     (void)state;
-    fake_kb_server_t *srv = fake_kb_server_new();
-    fake_kb_server_add_table(srv, "emb", 2, 0);
-    kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    s_fake_t f = s_fake(2, FAKE_ANSWER, LONG_TIMEOUT_MS, 0);
     kb_key_t keys[2] = {s_key("a"), s_key("b")};
     float v[4] = {0};
 
-    assert_int_equal(kb_client_put(c, "emb", keys, 0, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(c, "emb", keys, 2, 0, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(c, "emb", NULL, 2, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(c, "emb", keys, 2, 2, NULL, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 0, 2, v), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 2, 0, v, NULL), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 2, 2, NULL, NULL), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(c, NULL, keys, 2, 2, v, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_put(f.c, "emb", keys, 0, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 0, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_put(f.c, "emb", NULL, 2, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 2, NULL, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_push_gradients(f.c, "emb", keys, 0, 2, v), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_lookup(f.c, "emb", keys, 2, 0, v, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_lookup(f.c, "emb", keys, 2, 2, NULL, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_lookup(f.c, NULL, keys, 2, 2, v, NULL), KB_CLIENT_EINVAL);
     kb_key_t empty[2] = {s_key("a"), {"", 0}};
-    assert_int_equal(kb_client_put(c, "emb", empty, 2, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_non_null(strstr(kb_client_last_error(c), "key 1 is empty"));
-    assert_int_equal(kb_client_create_table(c, "t", NULL, false), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_put(f.c, "emb", empty, 2, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_non_null(strstr(kb_client_last_error(f.c), "key 1 is empty"));
+    assert_int_equal(kb_client_create_table(f.c, "t", NULL, false), KB_CLIENT_EINVAL);
 
     Carls__Request noop = CARLS__REQUEST__INIT;
     uint64_t id;
-    assert_int_equal(kb_client_send(c, &noop, &id), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_client_send(f.c, &noop, &id), KB_CLIENT_EINVAL);
 
     /* One row just above the 64 MiB frame limit. */
     uint32_t big_dim = CARLS_DEFAULT_MAX_MESSAGE_BYTES / sizeof(float) + 16;
     float *big = calloc(big_dim, sizeof *big);
     assert_non_null(big);
-    assert_int_equal(kb_client_put(c, "emb", keys, 1, big_dim, big, 0), KB_CLIENT_EINVAL);
-    assert_non_null(strstr(kb_client_last_error(c), "message limit"));
+    assert_int_equal(kb_client_put(f.c, "emb", keys, 1, big_dim, big, 0), KB_CLIENT_EINVAL);
+    assert_non_null(strstr(kb_client_last_error(f.c), "message limit"));
     free(big);
 
-    assert_int_equal(fake_kb_server_wait_count(srv, 1, 300), 0);
+    assert_int_equal(fake_kb_server_wait_count(f.srv, 1, 300), 0);
     /* Nothing was spent: the first request that goes out is request 1, sequence 1. */
-    assert_int_equal(kb_client_put(c, "emb", keys, 2, 2, v, 0), KB_CLIENT_OK);
-    Carls__Request *r = fake_kb_server_request(srv, 0);
-    assert_int_equal(r->request_id, 1);
-    assert_int_equal(r->sequence, 1);
-    carls__request__free_unpacked(r, NULL);
-    kb_client_destroy(&c);
-    fake_kb_server_destroy(&srv);
+    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 2, v, 0), KB_CLIENT_OK);
+    s_assert_ids(f.srv, 0, 1, 1);
+    s_fake_destroy(&f);
 }
 
 /* Unknown ids, cancelled requests, and NULL handling of the lifecycle. */

@@ -142,6 +142,19 @@ static int s_open(const s_buf_t *s, char *err, size_t errlen)
     return rc;
 }
 
+/* Opens a writer of table `table` (dim dim, default settings) at scratch file `file`, whose path goes to
+ * path. */
+static kb_export_writer_t *s_writer(const char *file, const char *table, uint32_t dim, char *path, size_t pathlen)
+{
+    char err[256];
+    s_path(file, path, pathlen);
+    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
+    cfg.dim = dim;
+    kb_export_writer_t *w = NULL;
+    assert_int_equal(kb_export_writer_open(path, table, &cfg, &w, err, sizeof err), 0);
+    return w;
+}
+
 /* ---- tests ---- */
 
 static void test_writer_round_trip(void **state)
@@ -280,11 +293,7 @@ static void test_state_round_trip(void **state)
 {
     (void)state;
     char path[320], err[256];
-    s_path("state.kbx", path, sizeof path);
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = 2;
-    kb_export_writer_t *w = NULL;
-    assert_int_equal(kb_export_writer_open(path, "emb", &cfg, &w, err, sizeof err), 0);
+    kb_export_writer_t *w = s_writer("state.kbx", "emb", 2, path, sizeof path);
     float v[2] = {1.5f, -2.0f}, opt[2] = {0.1f, 3.25f}, pend[6] = {1, 2, 3, 4, 5, 6};
     kb_export_state_t st = {.version = 7, .frequency = 9, .updated_at_ms = 1700000000123, .opt_steps = 4,
                             .opt_floats = 2, .opt_state = opt, .pending_count = 3, .pending = pend};
@@ -588,11 +597,7 @@ static void test_every_byte_matters(void **state)
 {
     (void)state;
     char path[320], err[512];
-    s_path("small.kbx", path, sizeof path);
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = 2;
-    kb_export_writer_t *w = NULL;
-    assert_int_equal(kb_export_writer_open(path, "small", &cfg, &w, err, sizeof err), 0);
+    kb_export_writer_t *w = s_writer("small.kbx", "small", 2, path, sizeof path);
     const float v[2] = {1.25f, -3};
     assert_int_equal(kb_export_writer_add(w, "k1", 2, 1, 1, v, NULL, err, sizeof err), 0);
     assert_int_equal(kb_export_writer_add(w, "k2", 2, 2, 2, v, NULL, err, sizeof err), 0);
