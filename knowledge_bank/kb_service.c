@@ -10,6 +10,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ enum {
     OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN,
     OP_IMPORT_ROWS,
     OP_SNAPSHOT,
+    OP_REPLICA,
     OP_COUNT
 };
 
@@ -52,6 +54,12 @@ struct kb_service {
     kb_snapshots_t *snapshots; /* this server's bank snapshots (kb_snapshot.h) */
     kb_parallel_run_fn parallel; /* NULL: no helpers (kb_service_set_parallel) */
     void *parallel_ctx;
+    /* Replication (kb_service_set_replication, kb_service_set_role). */
+    kb_service_replication_t replication;
+    atomic_uint_fast64_t term;
+    atomic_bool writable;
+    pthread_mutex_t primary_mutex;
+    char primary[256];
 };
 
 static const char *s_op_name(int index);
@@ -81,6 +89,8 @@ kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_
     for (int i = 0; i < OP_COUNT; i++)
         kb_latency_init(&self->latency[i]);
     self->snapshots = kb_snapshots_new(bank, limits->shard_index, limits->shard_count);
+    atomic_init(&self->writable, true);
+    pthread_mutex_init(&self->primary_mutex, NULL);
     return self;
 }
 
@@ -91,6 +101,7 @@ void kb_service_destroy(kb_service_t **self_p)
     for (size_t i = 0; i < S_TABLE_SLOTS; i++)
         free(atomic_load(&(*self_p)->table_counters[i]));
     kb_snapshots_destroy(&(*self_p)->snapshots);
+    pthread_mutex_destroy(&(*self_p)->primary_mutex);
     free((*self_p)->durability);
     free(*self_p);
     *self_p = NULL;
@@ -148,6 +159,7 @@ typedef struct {
         Carls__FeatureResult features;
         Carls__ScanResult scan;
         Carls__SnapshotResult snapshot;
+        Carls__ReplicaResult replica;
     } r;
     void **owned; /* malloc'd buffers the response points into */
     size_t owned_count, owned_capacity;
@@ -179,6 +191,8 @@ static void s_fill_latency(s_reply_t *rp, Carls__LatencySummary *l, kb_latency_t
 /* Releases the tables the reply held and frees it. */
 static void s_reply_free(kb_service_t *self, s_reply_t *rp)
 {
+    if (rp->resp.result_case == CARLS__RESPONSE__RESULT_REPLICA && self->replication.free_result)
+        self->replication.free_result(self->replication.ctx, &rp->r.replica);
     for (size_t i = 0; i < rp->held_count; i++)
         kb_bank_release(self->bank, rp->held[i]);
     free(rp->held);
@@ -463,7 +477,7 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
         return -1;
     uint32_t dim = kb_table_config(t)->dim;
     size_t n = lk->n_keys;
-    bool no_create = lk->no_create || self->limits.read_only;
+    bool no_create = lk->no_create || self->limits.read_only || !atomic_load(&self->writable);
     uint64_t reserved = 0;
     if (!no_create && s_reserve_rows(self, rp, t, KB_GROW_LOOKUP, lk->keys, n, NULL, &reserved) != 0) {
         kb_bank_release(self->bank, t);
@@ -1361,6 +1375,38 @@ static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_
     return 0;
 }
 
+/* ---- replication (kb_replica.h answers the op and sets the role) ---- */
+
+void kb_service_set_replication(kb_service_t *self, const kb_service_replication_t *replication)
+{
+    self->replication = *replication;
+}
+
+void kb_service_set_role(kb_service_t *self, uint64_t term, bool writable, const char *primary)
+{
+    pthread_mutex_lock(&self->primary_mutex);
+    snprintf(self->primary, sizeof self->primary, "%s", primary ? primary : "");
+    pthread_mutex_unlock(&self->primary_mutex);
+    atomic_store(&self->term, term);
+    atomic_store(&self->writable, writable);
+}
+
+static int s_op_replica(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+{
+    if (!self->replication.handle)
+        return s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
+                      "this server does not replicate (start it with --replica-of, --replication-listen or "
+                      "--min-replicas)");
+    carls__replica_result__init(&rp->r.replica);
+    char err[512] = "";
+    int status = self->replication.handle(self->replication.ctx, req->replica, &rp->r.replica, err, sizeof err);
+    rp->resp.result_case = CARLS__RESPONSE__RESULT_REPLICA;
+    rp->resp.replica = &rp->r.replica;
+    if (status != CARLS__STATUS_CODE__STATUS_OK)
+        return s_fail(rp, (Carls__StatusCode)status, "%s", err);
+    return 0;
+}
+
 static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
 {
     return s_run_write(self, req, NULL, rp, s_apply_create);
@@ -1394,6 +1440,7 @@ static const struct {
     [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, s_op_scan, true, false},
     [OP_IMPORT_ROWS] = {CARLS__REQUEST__OP_IMPORT_ROWS, s_op_import_rows, true, true},
     [OP_SNAPSHOT] = {CARLS__REQUEST__OP_SNAPSHOT, s_op_snapshot, false, false},
+    [OP_REPLICA] = {CARLS__REQUEST__OP_REPLICA, s_op_replica, false, false},
 };
 
 static const char *s_op_name(int index) { return carls_op_name(s_ops[index].op); }
@@ -1420,6 +1467,16 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
         return -1;
     }
     if (s_ops[index].write) {
+        if (!atomic_load(&self->writable)) {
+            pthread_mutex_lock(&self->primary_mutex);
+            rp->resp.primary = s_own(rp, strdup(self->primary));
+            pthread_mutex_unlock(&self->primary_mutex);
+            if (!rp->resp.primary)
+                CARLS_FATAL("out of memory");
+            s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY, "this member of the shard is not its primary%s%s; "
+                   "%s refused", rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
+            return -1;
+        }
         if (self->limits.read_only) {
             s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
                    s_op_name(index));
@@ -1497,6 +1554,7 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
         rp->resp.request_id = req->request_id;
         op_index = s_dispatch(self, req, rp);
     }
+    rp->resp.term = atomic_load(&self->term);
     if (rp->durable_ticket && !deferred) {
         char err[512];
         if (kb_bank_wait_durable(self->bank, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
@@ -1573,6 +1631,7 @@ bool kb_service_request_may_block(const uint8_t *frame, size_t len)
     case CARLS__REQUEST__OP_SAMPLE:
     case CARLS__REQUEST__OP_SCAN:
     case CARLS__REQUEST__OP_SNAPSHOT:
+    case CARLS__REQUEST__OP_REPLICA:
         return true;
     default:
         return false;

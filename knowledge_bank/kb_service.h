@@ -59,6 +59,19 @@ void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t
 void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
                             size_t *reply_len);
 
+/* Replication (kb_replica.h provides it): handle answers the replica op, filling res (what it points to is
+ * the handler's until free_result(ctx, res) after the reply is packed) and returning a StatusCode with err. */
+typedef struct {
+    int (*handle)(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *res, char *err, size_t errlen);
+    void (*free_result)(void *ctx, Carls__ReplicaResult *res);
+    void *ctx;
+} kb_service_replication_t;
+void kb_service_set_replication(kb_service_t *self, const kb_service_replication_t *replication);
+
+/* The member's role as every reply shows it: its term (0: not replicated), whether writes are accepted (else
+ * they get STATUS_NOT_PRIMARY naming primary, "" when unknown, and lookups create no rows). Any thread. */
+void kb_service_set_role(kb_service_t *self, uint64_t term, bool writable, const char *primary);
+
 /* The bank the service was made with. */
 kb_bank_t *kb_service_bank(kb_service_t *self);
 

@@ -207,6 +207,26 @@ int kb_term_begin(kb_term_state_t *st, uint64_t term, uint64_t first_epoch)
     return 0;
 }
 
+int kb_term_record(kb_term_state_t *st, uint64_t term, uint64_t epoch)
+{
+    if (st->n_history == 0)
+        return -EINVAL;
+    kb_term_span_t *last = &st->history[st->n_history - 1];
+    if (term == last->term)
+        return epoch >= last->first_epoch ? 0 : -EINVAL;
+    if (term < last->term || epoch < last->first_epoch)
+        return -EINVAL;
+    if (epoch == last->first_epoch)
+        last->term = term;
+    else if (st->n_history == KB_TERM_MAX_HISTORY)
+        return -EINVAL;
+    else
+        st->history[st->n_history++] = (kb_term_span_t){term, epoch};
+    if (term > st->term)
+        st->term = term;
+    return 0;
+}
+
 uint64_t kb_term_of_epoch(const kb_term_state_t *st, uint64_t epoch)
 {
     uint64_t term = 0;

@@ -69,6 +69,11 @@ int kb_term_save(const char *data_dir, const kb_term_state_t *st, char *err, siz
  * caller saves. */
 int kb_term_begin(kb_term_state_t *st, uint64_t term, uint64_t first_epoch);
 
+/* A follower applies a record of `term` at `epoch`: the history gets a span from epoch on when term is newer
+ * than the last span's (and st->term follows it up; a fence may have raised st->term already). 0, or -EINVAL
+ * for a term or epoch older than the last span's; the caller saves. */
+int kb_term_record(kb_term_state_t *st, uint64_t term, uint64_t epoch);
+
 /* The term epoch was written in by st's history, 0 for an epoch before the first span. */
 uint64_t kb_term_of_epoch(const kb_term_state_t *st, uint64_t epoch);
 

@@ -5,6 +5,7 @@
 #include "kb_metrics.h"
 #include "kb_knn.h"
 #include "kb_memory.h"
+#include "kb_replica.h"
 #include "kb_server.h"
 #include "kb_service.h"
 #include "kb_snapshot.h"
@@ -79,6 +80,20 @@ static void s_usage(FILE *out)
             "                             naming the file, and nothing is changed\n"
             "  --shard I/N                this server is shard I of N (0-based): it refuses keys that belong\n"
             "                             to other shards (clients route keys with the same hash)\n"
+            "\n"
+            "replicated shards (docs/REPLICATION.md):\n"
+            "  --replication-listen EP    be a shard's primary: followers connect to EP (default: the host of\n"
+            "                             --listen, a free port; `kbctl replica status` shows it)\n"
+            "  --min-replicas K           with --durability sync: acknowledge a write once K followers applied\n"
+            "                             it too (journal append + fdatasync on each), so losing this machine\n"
+            "                             loses no acknowledged write (default 0: followers may lag)\n"
+            "  --replica-of ENDPOINT      be a follower of the primary whose client endpoint this is: apply its\n"
+            "                             rounds, serve reads, refuse writes (NOT_PRIMARY names the primary)\n"
+            "  --replication-buffer-bytes N  rounds a primary keeps for followers that fall behind (256M); one\n"
+            "                             further behind is refused and must be seeded from a snapshot\n"
+            "  --member NAME              this member's name in the shard (default: its bound endpoint)\n"
+            "                             A member whose DATA/REPLICATION exists, started without --replica-of,\n"
+            "                             is a standby: it refuses writes until `kbctl replica promote`\n"
             "  --max-message-bytes N      largest request frame (default %u)\n"
             "  --max-key-bytes N          longest key (default %u)\n"
             "  --max-dim N                largest table dimension (default %u)\n"
@@ -150,11 +165,10 @@ static int s_arg_shard(const char *prog, const char *name, const char *text, voi
     return carls_args_part_value(prog, name, text, 65536, &limits->shard_index, &limits->shard_count);
 }
 
-/* A byte count (kb_memory_parse) into the bank's options. */
-static int s_arg_max_memory(const char *prog, const char *name, const char *text, void *out)
+/* A byte count (kb_memory_parse) into a uint64_t. */
+static int s_arg_bytes(const char *prog, const char *name, const char *text, void *out)
 {
-    kb_bank_options_t *bank = out;
-    if (kb_memory_parse(text, &bank->max_memory) != 0) {
+    if (kb_memory_parse(text, out) != 0) {
         fprintf(stderr, "%s: --%s: '%s' is not a byte count such as 536870912, 512M or 4G (or 'unlimited')\n",
                 prog, name, text);
         return -1;
@@ -199,6 +213,8 @@ int main(int argc, char **argv)
     kb_limits_t limits;
     kb_limits_defaults(&limits);
     kb_bank_options_t bank_opts = {.data_dir = "./kb-data", .sync = true};
+    kb_replica_options_t replica_opts = {0};
+    uint64_t replication_buffer = 0;
     s_durability_t durability = {.text = "sync", .bank = &bank_opts};
 
     const carls_arg_t args[] = {
@@ -222,10 +238,15 @@ int main(int argc, char **argv)
         carls_arg_u32("max-dim", &limits.max_dim, 1, UINT32_MAX),
         carls_arg_u32("max-keys-per-request", &limits.max_keys_per_request, 1, UINT32_MAX),
         carls_arg_int("commit-timeout-ms", &limits.commit_timeout_ms, 1, INT_MAX),
-        carls_arg_custom("max-memory", &bank_opts, s_arg_max_memory),
+        carls_arg_custom("max-memory", &bank_opts.max_memory, s_arg_bytes),
         carls_arg_custom("cache-bytes", &bank_opts, s_arg_cache_bytes),
         carls_arg_string("endpoint-file", &endpoint_file),
         carls_arg_string("restore", &restore),
+        carls_arg_string("replica-of", &replica_opts.replica_of),
+        carls_arg_string("replication-listen", &replica_opts.listen),
+        carls_arg_u32("min-replicas", &replica_opts.min_replicas, 0, 15),
+        carls_arg_custom("replication-buffer-bytes", &replication_buffer, s_arg_bytes),
+        carls_arg_string("member", &replica_opts.member),
         carls_arg_log_level(),
         {0},
     };
@@ -235,6 +256,24 @@ int main(int argc, char **argv)
     }
     if (!curve_secret != !curve_allow) {
         fprintf(stderr, "kb-server: --curve-secret and --curve-allow go together\n");
+        return 2;
+    }
+    bool replicating = replica_opts.replica_of || replica_opts.listen || replica_opts.min_replicas;
+    if (replicating && (limits.read_only || bank_opts.cache_bytes || curve_secret)) {
+        fprintf(stderr, "kb-server: --replica-of, --replication-listen and --min-replicas cannot be used with %s%s\n",
+                limits.read_only ? "--read-only" : bank_opts.cache_bytes ? "--cache-bytes" : "--curve-secret",
+                curve_secret && !limits.read_only && !bank_opts.cache_bytes
+                    ? " (the replication stream is not encrypted yet: keep replicated shards on a trusted network)"
+                    : "");
+        return 2;
+    }
+    if (replica_opts.min_replicas && !bank_opts.sync) {
+        fprintf(stderr, "kb-server: --min-replicas needs --durability sync (interval durability waits for nobody)\n");
+        return 2;
+    }
+    if (replica_opts.replica_of && (replica_opts.listen || replica_opts.min_replicas)) {
+        fprintf(stderr, "kb-server: --replica-of starts a follower; --replication-listen and --min-replicas are a "
+                        "primary's (a promoted follower binds the host of --listen)\n");
         return 2;
     }
     if (bank_opts.cache_bytes && bank_opts.max_memory && bank_opts.cache_bytes > bank_opts.max_memory) {
@@ -281,6 +320,22 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err);
         return 1;
     }
+    replica_opts.data_dir = bank_opts.data_dir;
+    replica_opts.shard_index = limits.shard_index;
+    replica_opts.shard_count = limits.shard_count;
+    replica_opts.buffer_bytes = replication_buffer;
+    bool bank_replica = false;
+    if (!limits.read_only && kb_replica_bank_mode(&replica_opts, &bank_replica, err, sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return 1;
+    }
+    replicating |= bank_replica; /* a member with DATA/REPLICATION replicates, as a standby without flags */
+    bank_opts.replica = bank_replica;
+    bank_opts.min_replicas = replica_opts.min_replicas;
+    if (bank_replica && bank_opts.cache_bytes) {
+        LOG_ERROR("%s holds a replicated member (REPLICATION): --cache-bytes cannot be used", bank_opts.data_dir);
+        return 1;
+    }
     if (kb_bank_open(&bank_opts, &bank, err, sizeof err) != 0) {
         LOG_ERROR("cannot open the bank: %s", err);
         return 1;
@@ -295,11 +350,21 @@ int main(int argc, char **argv)
     };
     kb_server_t *server = NULL;
     kb_metrics_server_t *metrics = NULL;
+    kb_replica_t *replica = NULL;
     int rc = 0;
     if (kb_server_new(service, &server_opts, &server, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
         rc = 1;
         goto done;
+    }
+    if (replicating) {
+        if (!replica_opts.member)
+            replica_opts.member = kb_server_endpoint(server);
+        if (kb_replica_new(bank, service, &replica_opts, &replica, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            rc = 1;
+            goto done;
+        }
     }
     /* Before the endpoint file is written, so whoever waits for that file finds the metrics up too. */
     if (metrics_port >= 0) {
@@ -327,9 +392,10 @@ int main(int argc, char **argv)
 done:
     kb_metrics_server_stop(&metrics);
     kb_server_destroy(&server);
+    kb_replica_destroy(&replica);
     kb_service_destroy(&service);
     /* A journal that failed while serving refused every write after it: say so in the exit status too. */
-    bool refused = bank && kb_bank_commits_broken(bank);
+    bool refused = bank && kb_bank_commits_broken(bank) && !kb_bank_fenced(bank);
     kb_bank_close(&bank);
     if (refused) {
         LOG_ERROR("the journal failed while serving (see above): writes after that were refused and not saved");

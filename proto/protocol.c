@@ -18,6 +18,7 @@ const char *carls_status_name(Carls__StatusCode status)
     case CARLS__STATUS_CODE__STATUS_UNAVAILABLE: return "UNAVAILABLE";
     case CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
     case CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case CARLS__STATUS_CODE__STATUS_NOT_PRIMARY: return "NOT_PRIMARY";
     default: return "UNKNOWN_STATUS";
     }
 }
@@ -40,6 +41,7 @@ const char *carls_op_name(Carls__Request__OpCase op)
     case CARLS__REQUEST__OP_SCAN: return "scan";
     case CARLS__REQUEST__OP_IMPORT_ROWS: return "import_rows";
     case CARLS__REQUEST__OP_SNAPSHOT: return "snapshot";
+    case CARLS__REQUEST__OP_REPLICA: return "replica";
     default: return "none";
     }
 }
@@ -90,8 +92,8 @@ Carls__Request__OpCase carls_request_peek_op(const uint8_t *frame, size_t len)
         if (!s_varint(&p, end, &tag))
             break;
         uint64_t field = tag >> 3;
-        if (field == CARLS__REQUEST__OP_SNAPSHOT)
-            return CARLS__REQUEST__OP_SNAPSHOT;
+        if (field == CARLS__REQUEST__OP_SNAPSHOT || field == CARLS__REQUEST__OP_REPLICA)
+            return (Carls__Request__OpCase)field;
         if (field >= CARLS__REQUEST__OP_CREATE_TABLE && field <= CARLS__REQUEST__OP_SCAN)
             return (Carls__Request__OpCase)field;
         switch (tag & 7) {

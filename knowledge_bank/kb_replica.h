@@ -1,0 +1,58 @@
+/* Replicated shards (docs/REPLICATION.md): a shard's members are one primary and its followers, each a
+ * kb-server with its own journal and SQLite file.
+ *
+ * The primary hands every persister round to a replicator thread (kb_bank_set_ship_hook), which keeps recent
+ * rounds in memory and streams them over a ROUTER socket of its own (--replication-listen) to each follower's
+ * DEALER; followers apply them (kb_bank_apply_replicated) and acknowledge. With --min-replicas K a write is
+ * acknowledged once K followers applied its epoch too (kb_bank_set_replicated). A follower asks the primary's
+ * client endpoint (--replica-of) for the replication endpoint with the replica op.
+ *
+ * Terms (kb_term.h) keep two primaries of a shard from both acknowledging writes: every round and reply carries
+ * the member's term; a follower refuses rounds of an older term (which deposes the primary that sent them);
+ * promotion takes a term above every member's. The coordinator (carls run, or an operator with kbctl) decides:
+ * fence the followers with the new term, promote the most advanced one, restart the others as its followers.
+ * A member that has replicated before (DATA/REPLICATION exists) and is started without --replica-of is a
+ * standby: it serves reads and refuses writes until it is promoted, so terms only ever come from a promotion.
+ *
+ * What a follower cannot get from the primary's memory (it was away longer than --replication-buffer-bytes
+ * of rounds, or the primary restarted) is refused as TOO_FAR_BEHIND: seed it from a snapshot of the primary
+ * (kbctl snapshot, then kb-server --restore). Replication traffic is not encrypted: the server refuses
+ * replication flags together with --curve-secret. */
+#ifndef KB_REPLICA_H
+#define KB_REPLICA_H
+
+#include "kb_bank.h"
+#include "kb_service.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *data_dir;
+    const char *member;       /* this member's name: its client endpoint */
+    const char *replica_of;   /* the primary's client endpoint: this member follows it; NULL: primary or standby */
+    const char *listen;       /* what a primary binds for its followers (NULL: tcp://<member's host>:*) */
+    uint32_t min_replicas;    /* --min-replicas (sync durability) */
+    uint32_t shard_index, shard_count;
+    uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */
+} kb_replica_options_t;
+
+typedef struct kb_replica kb_replica_t;
+
+/* Before the bank opens: whether it must open as a replica (a follower, or a standby because DATA/REPLICATION
+ * exists). 0, or -1 with err when the REPLICATION file is unreadable. */
+int kb_replica_bank_mode(const kb_replica_options_t *opts, bool *replica, char *err, size_t errlen);
+
+/* Takes the member's role: a primary binds its replication socket and starts its replicator, a follower starts
+ * following, a standby waits for a promotion. Sets the service's role and replica op. 0, or -1 with err. */
+int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_options_t *opts, kb_replica_t **out,
+                   char *err, size_t errlen);
+
+/* The replication endpoint a primary bound ("" otherwise). */
+const char *kb_replica_endpoint(kb_replica_t *self);
+
+/* Stops the threads and closes the sockets (before the bank closes). Accepts NULL; nulls *self_p. */
+void kb_replica_destroy(kb_replica_t **self_p);
+
+#endif
