@@ -1,5 +1,4 @@
-/* Client library for kb-server: the transport (contract in kb_client.h; the blocking helpers are in
- * kb_client_ops.c).
+/* Client library for kb-server: the transport (contract in kb_client.h; requests are built by kb_cluster.c).
  *
  * State: one ZeroMQ context and one DEALER socket per client, plus a table of requests in flight. Each entry
  * keeps the packed bytes that were sent, so a resend after a timeout is byte-for-byte the same request
@@ -228,14 +227,6 @@ const char *kb_client_endpoint(const kb_client_t *self)
 {
     assert(self);
     return self->endpoint;
-}
-
-void kb_client_set_last_error(kb_client_t *self, Carls__StatusCode status, const char *text)
-{
-    assert(self && text);
-    if (text != self->last_error)
-        s_set_error(self, "%s", text);
-    self->last_status = status;
 }
 
 uint64_t kb_client_id(const kb_client_t *self)

@@ -4,7 +4,7 @@
  * thread at a time. It is the transport: it sends requests the caller built (kb_client_send, kb_client_call),
  * resends them, and receives their answers; many requests may be in flight (kb_client_send +
  * kb_client_wait). Requests are built by kb_cluster (kb_cluster.h), the one request API, also for one
- * server; the blocking helpers at the end of this file are its calls on a one-shard cluster over a client.
+ * server (kb_cluster_new with one endpoint, or kb_cluster_over a client).
  *
  * Timeouts and retries: each attempt waits timeout_ms; after a timeout the client closes and reopens its
  * socket (dropping anything queued for a dead peer) and resends the same request with the same request id,
@@ -92,11 +92,6 @@ uint64_t kb_client_id(const kb_client_t *self);
 /* The endpoint this client connects to, as given to kb_client_new. */
 const char *kb_client_endpoint(const kb_client_t *self);
 
-/* Records a failure that the request layer found above the transport (arguments it refused, an answer that
- * does not fit its request): kb_client_last_error() is then text and kb_client_last_status() status
- * (STATUS_OK for a failure without a server status) until the next call on the client. */
-void kb_client_set_last_error(kb_client_t *self, Carls__StatusCode status, const char *text);
-
 /* Low level. Fills req's protocol_version and request_id, and for writes (create/drop table, put, push
  * gradients) client_id and a fresh sequence number; packs and sends it. *request_id_out identifies it. */
 int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_out);
@@ -117,27 +112,5 @@ int kb_client_cancel(kb_client_t *self, uint64_t request_id);
 
 /* kb_client_send + kb_client_wait. */
 int kb_client_call(kb_client_t *self, Carls__Request *req, Carls__Response **response_out);
-
-/* ---- blocking helpers (kb_client_ops.c) --------------------------------------------------------------
- * Each is the kb_cluster call of the same name (kb_cluster.h, where each is described) on a one-shard
- * cluster over this client: the same request, checks and errors, reported by kb_client_last_error() and
- * kb_client_last_status(). For programs and tests that talk to one server through a kb_client_t; new code
- * calls kb_cluster. */
-int kb_client_create_table(kb_client_t *self, const char *table, const Carls__TableConfig *cfg,
-                           bool if_not_exists);
-int kb_client_drop_table(kb_client_t *self, const char *table, bool if_exists);
-int kb_client_list_tables(kb_client_t *self, Carls__Response **list_out);
-int kb_client_lookup(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                     float *values_out, kb_row_meta_t *meta_out);
-int kb_client_lookup_ex(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                        bool no_create, float *values_out, kb_row_meta_t *meta_out);
-int kb_client_put(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                  const float *values, uint64_t version);
-int kb_client_push_gradients(kb_client_t *self, const char *table, const kb_key_t *keys, size_t n, uint32_t dim,
-                             const float *gradients);
-/* kb_cluster_stats of the one shard. */
-int kb_client_stats(kb_client_t *self, const char *table, Carls__Response **stats_out);
-/* kb_cluster_checkpoint without the per-shard results. */
-int kb_client_checkpoint(kb_client_t *self);
 
 #endif

@@ -5,7 +5,8 @@
  * other (a sharded server refuses keys of other shards, so a list in the wrong order fails loudly instead of
  * scattering data). With a single endpoint every call sends one request (keys in the caller's order) to
  * that server. This is the client's one request API: kb_client (the transport under it) only sends,
- * resends and receives, and its blocking helpers are these calls on a one-shard cluster (kb_cluster_over).
+ * resends and receives; a program holding a kb_client_t makes its requests on a one-shard cluster over it
+ * (kb_cluster_over).
  *
  * How each operation spreads over the shards:
  *   - create_table, drop_table, checkpoint: sent to every shard (in parallel). Not atomic across shards: when

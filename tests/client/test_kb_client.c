@@ -1,7 +1,8 @@
-/* Tests of the client library (client/kb_client.c) against the fake server in fake_kb_server.c: the request
- * envelope (protocol version, request ids, client id and sequence numbers for writes only), resends after a
- * timeout, timeouts, answers out of order, stale duplicates, undecodable answers, lookups whose sizes do
- * not match, error statuses, and requests refused before anything is sent. */
+/* Tests of the client library (client/kb_client.c, and kb_cluster's requests over one client) against the
+ * fake server in fake_kb_server.c: the request envelope (protocol version, request ids, client id and
+ * sequence numbers for writes only), resends after a timeout, timeouts, answers out of order, stale
+ * duplicates, undecodable answers, lookups whose sizes do not match, error statuses, and requests refused
+ * before anything is sent. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 
 #include "fake_kb_server.h"
 #include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "util.h"
 
@@ -30,24 +32,28 @@ static kb_client_t *s_client(fake_kb_server_t *srv, int timeout_ms, int retries)
     return c;
 }
 
-/* A fake server answering in mode, with table "emb" of dim (none when dim is 0), and a client of it. */
+/* A fake server answering in mode, with table "emb" of dim (none when dim is 0), a client of it, and the
+ * requests (kb_cluster) over the client. */
 typedef struct {
     fake_kb_server_t *srv;
     kb_client_t *c;
+    kb_cluster_t *cl;
 } s_fake_t;
 
 static s_fake_t s_fake(uint32_t dim, fake_mode_t mode, int timeout_ms, int retries)
 {
-    s_fake_t f = {fake_kb_server_new(), NULL};
+    s_fake_t f = {fake_kb_server_new(), NULL, NULL};
     if (dim > 0)
         fake_kb_server_add_table(f.srv, "emb", dim, 0);
     fake_kb_server_set_mode(f.srv, mode);
     f.c = s_client(f.srv, timeout_ms, retries);
+    f.cl = kb_cluster_over(f.c);
     return f;
 }
 
 static void s_fake_destroy(s_fake_t *f)
 {
+    kb_cluster_destroy(&f->cl);
     kb_client_destroy(&f->c);
     fake_kb_server_destroy(&f->srv);
 }
@@ -105,39 +111,40 @@ static void test_envelope(void **state)
     fake_kb_server_t *srv = fake_kb_server_new();
     fake_kb_server_add_table(srv, "emb", 2, 10);
     kb_client_t *c = s_client(srv, LONG_TIMEOUT_MS, 0);
+    kb_cluster_t *cl = kb_cluster_over(c);
     uint64_t cid = kb_client_id(c);
     assert_true(cid != 0);
 
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(c, &resp), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_list_tables(cl, &resp), KB_CLIENT_OK);
     assert_int_equal(resp->result_case, CARLS__RESPONSE__RESULT_TABLE_LIST);
     assert_int_equal(resp->table_list->n_tables, 1);
     carls__response__free_unpacked(resp, NULL);
 
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 3;
-    assert_int_equal(kb_client_create_table(c, "t2", &cfg, true), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_create_table(cl, "t2", &cfg, true), KB_CLIENT_OK);
 
     kb_key_t keys[2] = {s_key("alpha"), s_key("beta")};
     float vals[4] = {1.5f, -2.0f, 3.25f, 4.0f};
-    assert_int_equal(kb_client_put(c, "emb", keys, 2, 2, vals, 99), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_put(cl, "emb", keys, 2, 2, vals, 99), KB_CLIENT_OK);
 
     float got[4];
     kb_row_meta_t meta[2];
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 2, 2, got, meta), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_lookup(cl, "emb", keys, 2, 2, got, meta), KB_CLIENT_OK);
     for (int i = 0; i < 4; i++)
         assert_true(got[i] == fake_kb_value(keys[i / 2].data, keys[i / 2].len, (uint32_t)(i % 2)));
     assert_int_equal(meta[0].version, 7);
     assert_int_equal(meta[1].updated_at_ms, 1001);
     assert_int_equal(meta[1].frequency, 2);
 
-    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 2, 2, vals), KB_CLIENT_OK);
-    assert_int_equal(kb_client_stats(c, NULL, &resp), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_push_gradients(cl, "emb", keys, 2, 2, vals), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_stats(cl, 0, NULL, &resp), KB_CLIENT_OK);
     assert_int_equal(resp->result_case, CARLS__RESPONSE__RESULT_STATS);
     carls__response__free_unpacked(resp, NULL);
-    assert_int_equal(kb_client_checkpoint(c), KB_CLIENT_OK);
-    assert_int_equal(kb_client_drop_table(c, "t2", true), KB_CLIENT_OK);
-    assert_string_equal(kb_client_last_error(c), "");
+    assert_int_equal(kb_cluster_checkpoint(cl, NULL), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_drop_table(cl, "t2", true), KB_CLIENT_OK);
+    assert_string_equal(kb_cluster_last_error(cl), "");
 
     static const Carls__Request__OpCase ops[] = {
         CARLS__REQUEST__OP_LIST_TABLES, CARLS__REQUEST__OP_CREATE_TABLE, CARLS__REQUEST__OP_PUT,
@@ -196,6 +203,7 @@ static void test_envelope(void **state)
     s_assert_sent(srv, n, CARLS__REQUEST__OP_FEATURE_PUT, cid, want_seq);
     s_assert_sent(srv, n + 1, CARLS__REQUEST__OP_KNN, 0, 0);
 
+    kb_cluster_destroy(&cl);
     kb_client_destroy(&c);
     assert_null(c);
     fake_kb_server_destroy(&srv);
@@ -211,9 +219,10 @@ static void test_client_ids(void **state)
     kb_client_t *c = kb_client_new(fake_kb_server_endpoint(srv), &opts);
     assert_non_null(c);
     assert_int_equal(kb_client_id(c), 0xabcdef12345ULL);
+    kb_cluster_t *cl = kb_cluster_over(c);
     kb_key_t k = s_key("x");
     float v = 1.0f;
-    assert_int_equal(kb_client_put(c, "emb", &k, 1, 1, &v, 0), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_put(cl, "emb", &k, 1, 1, &v, 0), KB_CLIENT_OK);
     Carls__Request *r = fake_kb_server_request(srv, 0);
     assert_non_null(r);
     assert_int_equal(r->client_id, 0xabcdef12345ULL);
@@ -228,6 +237,7 @@ static void test_client_ids(void **state)
     assert_true(kb_client_id(a) != kb_client_id(b));
     kb_client_destroy(&a);
     kb_client_destroy(&b);
+    kb_cluster_destroy(&cl);
     kb_client_destroy(&c);
     fake_kb_server_destroy(&srv);
 }
@@ -240,7 +250,7 @@ static void test_resend_after_ignored_attempt(void **state)
     s_fake_t f = s_fake(2, FAKE_IGNORE_FIRST, 300, 3);
     kb_key_t k = s_key("row");
     float v[2] = {0.5f, 0.25f};
-    assert_int_equal(kb_client_put(f.c, "emb", &k, 1, 2, v, 3), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", &k, 1, 2, v, 3), KB_CLIENT_OK);
 
     size_t n = fake_kb_server_count(f.srv);
     assert_true(n >= 2);
@@ -259,7 +269,7 @@ static void test_resend_after_ignored_attempt(void **state)
     carls__request__free_unpacked(r, NULL);
 
     /* The next write gets the next sequence number, not a reused one. */
-    assert_int_equal(kb_client_put(f.c, "emb", &k, 1, 2, v, 4), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", &k, 1, 2, v, 4), KB_CLIENT_OK);
     s_assert_ids(f.srv, fake_kb_server_count(f.srv) - 1, 2, 2);
     s_fake_destroy(&f);
 }
@@ -343,13 +353,13 @@ static void test_stale_duplicates_ignored(void **state)
     s_fake_t f = s_fake(1, FAKE_DUPLICATE, LONG_TIMEOUT_MS, 0);
     for (uint64_t i = 1; i <= 4; i++) {
         Carls__Response *resp = NULL;
-        assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_OK);
+        assert_int_equal(kb_cluster_list_tables(f.cl, &resp), KB_CLIENT_OK);
         assert_int_equal(resp->request_id, i);
         carls__response__free_unpacked(resp, NULL);
     }
     kb_key_t k = s_key("key");
     float v = 0;
-    assert_int_equal(kb_client_lookup(f.c, "emb", &k, 1, 1, &v, NULL), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_lookup(f.cl, "emb", &k, 1, 1, &v, NULL), KB_CLIENT_OK);
     assert_true(v == fake_kb_value("key", 3, 0));
     s_fake_destroy(&f);
 }
@@ -360,12 +370,12 @@ static void test_garbage_answer(void **state)
     (void)state;
     s_fake_t f = s_fake(0, FAKE_GARBAGE, LONG_TIMEOUT_MS, 0);
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_EMALFORMED);
+    assert_int_equal(kb_cluster_list_tables(f.cl, &resp), KB_CLIENT_EMALFORMED);
     assert_null(resp);
-    assert_non_null(strstr(kb_client_last_error(f.c), "does not decode"));
-    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_OK); /* no status: no answer */
+    assert_non_null(strstr(kb_cluster_last_error(f.cl), "does not decode"));
+    assert_int_equal(kb_cluster_last_status(f.cl), CARLS__STATUS_CODE__STATUS_OK); /* no status: no answer */
     fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
-    assert_int_equal(kb_client_list_tables(f.c, &resp), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_list_tables(f.cl, &resp), KB_CLIENT_OK);
     assert_int_equal(resp->request_id, 2);
     carls__response__free_unpacked(resp, NULL);
     s_fake_destroy(&f);
@@ -376,8 +386,8 @@ static void test_wrong_version(void **state)
 {
     (void)state;
     s_fake_t f = s_fake(0, FAKE_WRONG_VERSION, LONG_TIMEOUT_MS, 0);
-    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_EIO);
-    assert_non_null(strstr(kb_client_last_error(f.c), "protocol version 99"));
+    assert_int_equal(kb_cluster_checkpoint(f.cl, NULL), KB_CLIENT_EIO);
+    assert_non_null(strstr(kb_cluster_last_error(f.cl), "protocol version 99"));
     s_fake_destroy(&f);
 }
 
@@ -407,9 +417,9 @@ static void test_lookup_bad_sizes(void **state)
             buf[i] = -12345.0f;
         kb_row_meta_t meta[N + 1];
         memset(meta, 0xab, sizeof meta);
-        int rc = kb_client_lookup(f.c, "emb", keys, N, DIM, buf, cases[t].meta ? meta : NULL);
+        int rc = kb_cluster_lookup(f.cl, "emb", keys, N, DIM, buf, cases[t].meta ? meta : NULL);
         assert_int_equal(rc, cases[t].want);
-        assert_true(strlen(kb_client_last_error(f.c)) > 0);
+        assert_true(strlen(kb_cluster_last_error(f.cl)) > 0);
         for (size_t i = 0; i < N * DIM + GUARD; i++)
             assert_true(buf[i] == -12345.0f);
         for (size_t i = 0; i < sizeof meta; i++)
@@ -420,13 +430,13 @@ static void test_lookup_bad_sizes(void **state)
     fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
     float ok[N * DIM];
     kb_row_meta_t meta[N];
-    assert_int_equal(kb_client_lookup(f.c, "emb", keys, N, DIM, ok, meta), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_lookup(f.cl, "emb", keys, N, DIM, ok, meta), KB_CLIENT_OK);
     assert_true(ok[N * DIM - 1] == fake_kb_value("k2", 2, DIM - 1));
     assert_int_equal(meta[2].frequency, 3);
     s_fake_destroy(&f);
 }
 
-/* A non-OK status: KB_CLIENT_ESTATUS, the status as the enum (kb_client_last_status), "STATUS_NAME: server
+/* A non-OK status: KB_CLIENT_ESTATUS, the status as the enum (kb_cluster_last_status), "STATUS_NAME: server
  * text" in last_error, and from the low-level call the response itself. The next success clears it. */
 static void test_status_error(void **state)
 {
@@ -435,9 +445,9 @@ static void test_status_error(void **state)
     fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named 'ghost'");
     kb_key_t k = s_key("k");
     float v = 1;
-    assert_int_equal(kb_client_put(f.c, "ghost", &k, 1, 1, &v, 0), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
-    assert_string_equal(kb_client_last_error(f.c), "NOT_FOUND: no table named 'ghost'");
+    assert_int_equal(kb_cluster_put(f.cl, "ghost", &k, 1, 1, &v, 0), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f.cl), CARLS__STATUS_CODE__STATUS_NOT_FOUND);
+    assert_string_equal(kb_cluster_last_error(f.cl), "NOT_FOUND: no table named 'ghost'");
 
     Carls__Stats op = CARLS__STATS__INIT;
     Carls__Request req = CARLS__REQUEST__INIT;
@@ -453,16 +463,16 @@ static void test_status_error(void **state)
 
     fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "batch above 10 keys");
     Carls__Response *stats = NULL;
-    assert_int_equal(kb_client_stats(f.c, NULL, &stats), KB_CLIENT_ESTATUS);
-    assert_null(stats); /* the blocking helpers hand back only OK answers */
-    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_TOO_LARGE);
-    assert_string_equal(kb_client_last_error(f.c), "TOO_LARGE: batch above 10 keys");
+    assert_int_equal(kb_cluster_stats(f.cl, 0, NULL, &stats), KB_CLIENT_ESTATUS);
+    assert_null(stats); /* the blocking calls hand back only OK answers */
+    assert_int_equal(kb_cluster_last_status(f.cl), CARLS__STATUS_CODE__STATUS_TOO_LARGE);
+    assert_string_equal(kb_cluster_last_error(f.cl), "TOO_LARGE: batch above 10 keys");
     fake_kb_server_set_status(f.srv, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "shutting down");
-    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
+    assert_int_equal(kb_cluster_checkpoint(f.cl, NULL), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f.cl), CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
     fake_kb_server_set_mode(f.srv, FAKE_ANSWER);
-    assert_int_equal(kb_client_checkpoint(f.c), KB_CLIENT_OK);
-    assert_int_equal(kb_client_last_status(f.c), CARLS__STATUS_CODE__STATUS_OK);
+    assert_int_equal(kb_cluster_checkpoint(f.cl, NULL), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_last_status(f.cl), CARLS__STATUS_CODE__STATUS_OK);
     s_fake_destroy(&f);
 }
 
@@ -475,18 +485,18 @@ static void test_refused_before_sending(void **state)
     kb_key_t keys[2] = {s_key("a"), s_key("b")};
     float v[4] = {0};
 
-    assert_int_equal(kb_client_put(f.c, "emb", keys, 0, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 0, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(f.c, "emb", NULL, 2, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 2, NULL, 0), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_push_gradients(f.c, "emb", keys, 0, 2, v), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(f.c, "emb", keys, 2, 0, v, NULL), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(f.c, "emb", keys, 2, 2, NULL, NULL), KB_CLIENT_EINVAL);
-    assert_int_equal(kb_client_lookup(f.c, NULL, keys, 2, 2, v, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", keys, 0, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", keys, 2, 0, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", NULL, 2, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", keys, 2, 2, NULL, 0), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_push_gradients(f.cl, "emb", keys, 0, 2, v), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_lookup(f.cl, "emb", keys, 2, 0, v, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_lookup(f.cl, "emb", keys, 2, 2, NULL, NULL), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_lookup(f.cl, NULL, keys, 2, 2, v, NULL), KB_CLIENT_EINVAL);
     kb_key_t empty[2] = {s_key("a"), {"", 0}};
-    assert_int_equal(kb_client_put(f.c, "emb", empty, 2, 2, v, 0), KB_CLIENT_EINVAL);
-    assert_non_null(strstr(kb_client_last_error(f.c), "key 1 is empty"));
-    assert_int_equal(kb_client_create_table(f.c, "t", NULL, false), KB_CLIENT_EINVAL);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", empty, 2, 2, v, 0), KB_CLIENT_EINVAL);
+    assert_non_null(strstr(kb_cluster_last_error(f.cl), "key 1 is empty"));
+    assert_int_equal(kb_cluster_create_table(f.cl, "t", NULL, false), KB_CLIENT_EINVAL);
 
     Carls__Request noop = CARLS__REQUEST__INIT;
     uint64_t id;
@@ -496,13 +506,13 @@ static void test_refused_before_sending(void **state)
     uint32_t big_dim = CARLS_DEFAULT_MAX_MESSAGE_BYTES / sizeof(float) + 16;
     float *big = calloc(big_dim, sizeof *big);
     assert_non_null(big);
-    assert_int_equal(kb_client_put(f.c, "emb", keys, 1, big_dim, big, 0), KB_CLIENT_EINVAL);
-    assert_non_null(strstr(kb_client_last_error(f.c), "message limit"));
+    assert_int_equal(kb_cluster_put(f.cl, "emb", keys, 1, big_dim, big, 0), KB_CLIENT_EINVAL);
+    assert_non_null(strstr(kb_cluster_last_error(f.cl), "message limit"));
     free(big);
 
     assert_int_equal(fake_kb_server_wait_count(f.srv, 1, 300), 0);
     /* Nothing was spent: the first request that goes out is request 1, sequence 1. */
-    assert_int_equal(kb_client_put(f.c, "emb", keys, 2, 2, v, 0), KB_CLIENT_OK);
+    assert_int_equal(kb_cluster_put(f.cl, "emb", keys, 2, 2, v, 0), KB_CLIENT_OK);
     s_assert_ids(f.srv, 0, 1, 1);
     s_fake_destroy(&f);
 }

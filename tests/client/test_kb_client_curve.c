@@ -17,6 +17,7 @@
 
 #include "fake_kb_server.h"
 #include "kb_client.h"
+#include "kb_cluster.h"
 
 static kb_auth_keypair_t s_server, s_alice, s_mallory;
 
@@ -41,11 +42,13 @@ static void test_allowed_client_gets_answers(void **state)
     fake_kb_server_t *srv = fake_kb_server_new_curve(&s_server, &s_alice.public_key);
     fake_kb_server_add_table(srv, "emb", 3, 10);
     kb_client_t *c = s_client(fake_kb_server_endpoint(srv), &s_alice, &s_server.public_key, 5000, 0);
+    kb_cluster_t *cl = kb_cluster_over(c);
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(c, &resp), 0);
+    assert_int_equal(kb_cluster_list_tables(cl, &resp), 0);
     assert_int_equal(resp->table_list->n_tables, 1);
     carls__response__free_unpacked(resp, NULL);
 
+    kb_cluster_destroy(&cl);
     kb_client_destroy(&c);
 
     /* The fake ignores each request's first attempt: the answer comes only to the resend, on a socket the
@@ -53,11 +56,13 @@ static void test_allowed_client_gets_answers(void **state)
     fake_kb_server_set_mode(srv, FAKE_IGNORE_FIRST);
     size_t before = fake_kb_server_count(srv);
     c = s_client(fake_kb_server_endpoint(srv), &s_alice, &s_server.public_key, 300, 2);
+    cl = kb_cluster_over(c);
     kb_key_t key = {"k", 1};
     float v[3];
-    assert_int_equal(kb_client_lookup(c, "emb", &key, 1, 3, v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(cl, "emb", &key, 1, 3, v, NULL), 0);
     assert_true(v[2] == fake_kb_value("k", 1, 2));
     assert_int_equal(fake_kb_server_count(srv) - before, 2); /* the ignored attempt and the resend */
+    kb_cluster_destroy(&cl);
     kb_client_destroy(&c);
     fake_kb_server_destroy(&srv);
 }
@@ -75,8 +80,10 @@ static void test_others_get_nothing(void **state)
         s_client(ep, &s_alice, &s_mallory.public_key, 300, 0),
     };
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(kb_client_list_tables(clients[i], &resp), KB_CLIENT_ETIMEOUT);
+        kb_cluster_t *cl = kb_cluster_over(clients[i]);
+        assert_int_equal(kb_cluster_list_tables(cl, &resp), KB_CLIENT_ETIMEOUT);
         assert_null(resp);
+        kb_cluster_destroy(&cl);
         kb_client_destroy(&clients[i]);
     }
     /* Not one of their frames reached the server. */
@@ -103,11 +110,11 @@ static void test_key_files(void **state)
     /* The loaded keys work. */
     fake_kb_server_t *srv = fake_kb_server_new_curve(&s_server, &s_alice.public_key);
     kb_client_options_t opts = {.timeout_ms = 5000, .curve = &curve};
-    kb_client_t *c = kb_client_new(fake_kb_server_endpoint(srv), &opts);
+    kb_cluster_t *cl = kb_cluster_new(fake_kb_server_endpoint(srv), &opts);
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_list_tables(c, &resp), 0);
+    assert_int_equal(kb_cluster_list_tables(cl, &resp), 0);
     carls__response__free_unpacked(resp, NULL);
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&cl);
     fake_kb_server_destroy(&srv);
     /* A public file where the secret belongs, a missing file, a missing argument. */
     assert_true(kb_client_curve_load(pub, spub, &curve, err, sizeof err) < 0);

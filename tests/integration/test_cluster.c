@@ -206,11 +206,11 @@ static void test_rows_split_and_equal(void **state)
     for (size_t i = 0; i < N; i++) {
         if (kb_cluster_shard_of(f->cluster, k.keys[i].data, k.keys[i].len) == 1) {
             float v[DIM];
-            kb_client_t *c0 = kb_client_new(kb_cluster_endpoint(f->cluster, 0), NULL);
+            kb_cluster_t *c0 = kb_cluster_new(kb_cluster_endpoint(f->cluster, 0), NULL);
             assert_non_null(c0);
-            assert_int_equal(kb_client_lookup(c0, "rows", &k.keys[i], 1, DIM, v, NULL), KB_CLIENT_ESTATUS);
-            assert_int_equal(kb_client_last_status(c0), CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT);
-            kb_client_destroy(&c0);
+            assert_int_equal(kb_cluster_lookup(c0, "rows", &k.keys[i], 1, DIM, v, NULL), KB_CLIENT_ESTATUS);
+            assert_int_equal(kb_cluster_last_status(c0), CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT);
+            kb_cluster_destroy(&c0);
             break;
         }
     }

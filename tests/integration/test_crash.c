@@ -21,7 +21,7 @@
  * and 20 ms compaction delay, so that compacted segments become spares and new segments are written over
  * them all the time; every kill lands while a segment written over a spare (.kbr) is in the journal, so
  * replay must stop at its own records and skip the stale ones of the file's earlier life. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "log.h"
 #include "server_fixture.h"
 #include "util.h"
@@ -56,15 +56,15 @@ typedef struct {
 /* Short attempts, many of them: a restart takes well under the 20 s this allows. */
 static kb_client_options_t s_patient = {.timeout_ms = 250, .retries = 80};
 
-static kb_client_t *s_patient_client(const char *endpoint)
+static kb_cluster_t *s_patient_cluster(const char *endpoint)
 {
-    return kb_client_new(endpoint, &s_patient);
+    return kb_cluster_new(endpoint, &s_patient);
 }
 
 static void *s_grad_writer(void *p)
 {
     grad_writer_t *w = p;
-    kb_client_t *c = s_patient_client(w->endpoint);
+    kb_cluster_t *c = s_patient_cluster(w->endpoint);
     if (!c) {
         w->failed++;
         return NULL;
@@ -76,8 +76,8 @@ static void *s_grad_writer(void *p)
     while (!atomic_load(w->stop)) {
         /* Small integers: sums stay exact in float. */
         float g = (float)(1 + (w->acked * 7 + w->id) % 5);
-        if (kb_client_push_gradients(c, "sgd", &k, 1, 1, &g) != 0 ||
-            kb_client_push_gradients(c, "ada", &k, 1, 1, &g) != 0) {
+        if (kb_cluster_push_gradients(c, "sgd", &k, 1, 1, &g) != 0 ||
+            kb_cluster_push_gradients(c, "ada", &k, 1, 1, &g) != 0) {
             w->failed++;
             break;
         }
@@ -86,13 +86,13 @@ static void *s_grad_writer(void *p)
         w->ada_w -= 0.1 * g / (sqrt(w->ada_a) + 1e-7);
         w->acked++;
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     return NULL;
 }
 
 /* Checks every writer's rows: each acknowledged push applied exactly once (SGD: exactly; AdaGrad: to
  * rounding; versions count the steps). Returns the pushes acknowledged. */
-static int s_check_writers(kb_client_t *c, const grad_writer_t *w)
+static int s_check_writers(kb_cluster_t *c, const grad_writer_t *w)
 {
     int total = 0;
     for (int i = 0; i < WRITERS; i++) {
@@ -103,12 +103,12 @@ static int s_check_writers(kb_client_t *c, const grad_writer_t *w)
         kb_key_t k = {key, strlen(key)};
         float v;
         kb_row_meta_t meta;
-        assert_int_equal(kb_client_lookup(c, "sgd", &k, 1, 1, &v, &meta), 0);
+        assert_int_equal(kb_cluster_lookup(c, "sgd", &k, 1, 1, &v, &meta), 0);
         if ((double)v != w[i].sgd_ref)
             fail_msg("writer %d: SGD value %.1f, expected %.1f after %d acknowledged pushes", i, v, w[i].sgd_ref,
                      w[i].acked);
         assert_int_equal(meta.version, (uint64_t)w[i].acked); /* one optimizer step per push, none twice */
-        assert_int_equal(kb_client_lookup(c, "ada", &k, 1, 1, &v, &meta), 0);
+        assert_int_equal(kb_cluster_lookup(c, "ada", &k, 1, 1, &v, &meta), 0);
         assert_int_equal(meta.version, (uint64_t)w[i].acked);
         if (fabs(v - w[i].ada_w) > 1e-4 * (1 + fabs(w[i].ada_w)))
             fail_msg("writer %d: AdaGrad value %.7g, reference %.7g", i, v, w[i].ada_w);
@@ -116,7 +116,7 @@ static int s_check_writers(kb_client_t *c, const grad_writer_t *w)
     return total;
 }
 
-static void s_create(kb_client_t *c, const char *name, Carls__OptimizerKind kind, float lr)
+static void s_create(kb_cluster_t *c, const char *name, Carls__OptimizerKind kind, float lr)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
@@ -128,11 +128,11 @@ static void s_create(kb_client_t *c, const char *name, Carls__OptimizerKind kind
     lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    assert_int_equal(kb_client_create_table(c, name, &cfg, true), 0);
+    assert_int_equal(kb_cluster_create_table(c, name, &cfg, true), 0);
 }
 
 /* The two tables the gradient writers push to: SGD (lr 1) and AdaGrad (lr 0.1), immediate updates. */
-static void s_create_grad_tables(kb_client_t *c)
+static void s_create_grad_tables(kb_cluster_t *c)
 {
     s_create(c, "sgd", CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f);
     s_create(c, "ada", CARLS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f);
@@ -166,7 +166,8 @@ static void test_sync_kill9_twenty_times(void **state)
     server_fixture_t *f = *state;
     const char *args[] = {"--durability", "sync", NULL};
     server_fixture_start(f, args);
-    s_create_grad_tables(f->client);
+    s_create_grad_tables(f->cluster);
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
 
     /* The server's port changes on every restart unless we keep it: restart on the same endpoint. The
@@ -187,8 +188,8 @@ static void test_sync_kill9_twenty_times(void **state)
     usleep(300 * 1000);
     s_stop_grad_writers(th, &stop);
 
-    f->client = s_patient_client(f->srv.endpoint);
-    int total = s_check_writers(f->client, w);
+    f->cluster = s_patient_cluster(f->srv.endpoint);
+    int total = s_check_writers(f->cluster, w);
     print_message("%d kills, %d acknowledged pushes, all present exactly once\n", KILLS, total);
     assert_true(total > KILLS);
 }
@@ -206,7 +207,7 @@ typedef struct {
 static void *s_put_writer(void *p)
 {
     put_writer_t *w = p;
-    kb_client_t *c = s_patient_client(w->endpoint);
+    kb_cluster_t *c = s_patient_cluster(w->endpoint);
     char name[32];
     while (!atomic_load(w->stop) && atomic_load(&w->acked) < w->capacity) {
         int n = atomic_load(&w->acked);
@@ -214,12 +215,12 @@ static void *s_put_writer(void *p)
         kb_key_t k = {name, strlen(name)};
         float v = (float)n;
         w->sent_at_ms[n] = carls_monotonic_ms();
-        if (kb_client_put(c, "puts", &k, 1, 1, &v, 1) != 0)
+        if (kb_cluster_put(c, "puts", &k, 1, 1, &v, 1) != 0)
             break;
         w->acked_at_ms[n] = carls_monotonic_ms();
         atomic_store(&w->acked, n + 1);
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     return NULL;
 }
 
@@ -231,8 +232,9 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
     server_fixture_start(f, args);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    assert_int_equal(kb_client_create_table(f->client, "puts", &cfg, false), 0);
-    assert_int_equal(kb_client_checkpoint(f->client), 0);
+    assert_int_equal(kb_cluster_create_table(f->cluster, "puts", &cfg, false), 0);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
     char endpoint[sizeof f->srv.endpoint]; /* the writers' own copy: a restart rewrites f->srv.endpoint */
     snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
@@ -286,7 +288,7 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
         }
     }
 
-    kb_client_t *c = f->client = s_patient_client(f->srv.endpoint);
+    kb_cluster_t *c = f->cluster = s_patient_cluster(f->srv.endpoint);
     int checked = 0, survived_a_kill = 0, missing = 0;
     char name[32];
     for (int i = 0; i < WRITERS; i++) {
@@ -298,7 +300,7 @@ static void test_interval_kill9_loses_at_most_the_window(void **state)
             kb_key_t k = {name, strlen(name)};
             float v;
             kb_row_meta_t meta;
-            assert_int_equal(kb_client_lookup_ex(c, "puts", &k, 1, 1, true, &v, &meta), 0);
+            assert_int_equal(kb_cluster_lookup_ex(c, "puts", &k, 1, 1, true, &v, &meta), 0);
             if (meta.version != 1 || v != (float)j) {
                 if (missing < 5)
                     print_message("missing %s (sent at %lld ms, acknowledged at %lld ms): version %llu, value %g\n",
@@ -331,7 +333,7 @@ static void s_kill9_at(server_fixture_t *f, const char *const *args, int rounds,
                        const char *what)
 {
     server_fixture_start(f, args);
-    s_create_grad_tables(f->client);
+    s_create_grad_tables(f->cluster);
     /* The writers get their own copy of the endpoint: a restart rewrites f->srv.endpoint while it waits. */
     char endpoint[sizeof f->srv.endpoint];
     snprintf(endpoint, sizeof endpoint, "%s", f->srv.endpoint);
@@ -360,7 +362,7 @@ static void s_kill9_at(server_fixture_t *f, const char *const *args, int rounds,
     s_stop_grad_writers(th, &stop);
     assert_int_equal(during, rounds);
 
-    int total = s_check_writers(f->client, w);
+    int total = s_check_writers(f->cluster, w);
     print_message("%d kills %s, %d acknowledged pushes, all present exactly once\n", during, what, total);
     assert_true(total > rounds);
 }
@@ -370,7 +372,7 @@ static bool s_compacting(server_fixture_t *f)
 {
     for (int i = 0; i < 2000; i++) {
         Carls__Response *r = NULL;
-        bool compacting = kb_client_stats(f->client, NULL, &r) == 0 && r->stats->compacting;
+        bool compacting = kb_cluster_stats(f->cluster, 0, NULL, &r) == 0 && r->stats->compacting;
         carls__response__free_unpacked(r, NULL);
         if (compacting)
             return true;

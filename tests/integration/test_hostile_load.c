@@ -11,7 +11,7 @@
  * in /proc/PID/status, sampled VmRSS beside it) stays under its resident size before the load + --max-memory
  * + S_OVERHEAD_MIB (see there; more under ASan); and it exits 0 on SIGTERM (under the
  * sanitizers LeakSanitizer checks it then). Everything is on 127.0.0.1. Prints the figures. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
 #include "kb_memory.h"
@@ -112,7 +112,7 @@ static void *s_flood_main(void *arg)
 {
     s_shared_t *sh = arg;
     kb_client_options_t opts = {.timeout_ms = 60000, .retries = 0};
-    kb_client_t *c = kb_client_new(sh->endpoint, &opts);
+    kb_cluster_t *c = kb_cluster_new(sh->endpoint, &opts);
     kb_key_t *keys = calloc(FLOOD_BATCH, sizeof *keys);
     char *text = calloc(FLOOD_BATCH, 16);
     float *values = calloc((size_t)FLOOD_BATCH * DIM, sizeof *values);
@@ -128,21 +128,21 @@ static void *s_flood_main(void *arg)
             keys[i] = (kb_key_t){.data = text + 16 * i, .len = (size_t)len};
         }
         /* Alternate puts and lookups that create rows. */
-        int rc = round % 2 == 0 ? kb_client_put(c, "flood", keys, n, DIM, values, 1)
-                                : kb_client_lookup(c, "flood", keys, n, DIM, out, NULL);
+        int rc = round % 2 == 0 ? kb_cluster_put(c, "flood", keys, n, DIM, values, 1)
+                                : kb_cluster_lookup(c, "flood", keys, n, DIM, out, NULL);
         sent += n;
         sh->keys_sent = sent;
         if (rc == 0) {
             sh->requests_ok++;
         } else if (rc == KB_CLIENT_ESTATUS &&
-                   kb_client_last_status(c) == CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED) {
+                   kb_cluster_last_status(c) == CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED) {
             sh->requests_refused++;
         } else {
             sh->requests_other++;
-            snprintf(sh->flood_error, sizeof sh->flood_error, "%s", kb_client_last_error(c));
+            snprintf(sh->flood_error, sizeof sh->flood_error, "%s", kb_cluster_last_error(c));
         }
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     free(keys);
     free(text);
     free(values);
@@ -394,7 +394,7 @@ static void *s_good_main(void *arg)
 {
     s_shared_t *sh = arg;
     kb_client_options_t opts = {.timeout_ms = REPLY_DEADLINE_MS, .retries = 0};
-    kb_client_t *c = kb_client_new(sh->endpoint, &opts);
+    kb_cluster_t *c = kb_cluster_new(sh->endpoint, &opts);
     kb_key_t keys[GOOD_BATCH];
     char text[GOOD_BATCH][16];
     float out[GOOD_BATCH * DIM], want[DIM];
@@ -406,14 +406,14 @@ static void *s_good_main(void *arg)
             keys[i] = (kb_key_t){.data = text[i], .len = (size_t)len};
         }
         int64_t t0 = carls_monotonic_us();
-        int rc = kb_client_lookup(c, "good", keys, GOOD_BATCH, DIM, out, NULL);
+        int rc = kb_cluster_lookup(c, "good", keys, GOOD_BATCH, DIM, out, NULL);
         int64_t us = carls_monotonic_us() - t0;
         sh->good_lookups++;
         if (us > sh->good_max_us)
             sh->good_max_us = us;
         if (rc != 0) {
             sh->good_failures++;
-            snprintf(sh->good_error, sizeof sh->good_error, "%s", kb_client_last_error(c));
+            snprintf(sh->good_error, sizeof sh->good_error, "%s", kb_cluster_last_error(c));
             continue;
         }
         for (size_t i = 0; i < GOOD_BATCH; i++) {
@@ -424,7 +424,7 @@ static void *s_good_main(void *arg)
     }
     if (!c)
         sh->good_failures++;
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     return NULL;
 }
 
@@ -447,12 +447,12 @@ static void test_hostile_load(void **state)
 {
     server_fixture_t *f = *state;
     kb_client_options_t opts = {.timeout_ms = 30000, .retries = 0};
-    kb_client_t *admin = kb_client_new(f->srv.endpoint, &opts);
+    kb_cluster_t *admin = kb_cluster_new(f->srv.endpoint, &opts);
     assert_non_null(admin);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = DIM;
-    assert_int_equal(kb_client_create_table(admin, "good", &cfg, false), 0);
-    assert_int_equal(kb_client_create_table(admin, "flood", &cfg, false), 0);
+    assert_int_equal(kb_cluster_create_table(admin, "good", &cfg, false), 0);
+    assert_int_equal(kb_cluster_create_table(admin, "flood", &cfg, false), 0);
     kb_key_t keys[GOOD_KEYS];
     char text[GOOD_KEYS][16];
     float *vals = calloc(GOOD_KEYS * DIM, sizeof *vals);
@@ -461,7 +461,7 @@ static void test_hostile_load(void **state)
         keys[i] = (kb_key_t){.data = text[i], .len = (size_t)len};
         s_good_value(i, vals + i * DIM);
     }
-    assert_int_equal(kb_client_put(admin, "good", keys, GOOD_KEYS, DIM, vals, 1), 0);
+    assert_int_equal(kb_cluster_put(admin, "good", keys, GOOD_KEYS, DIM, vals, 1), 0);
     free(vals);
     /* The idle server's resident size: libraries, threads, SQLite. */
     uint64_t base_kb = kb_memory_proc_status_kb(f->srv.pid, "VmRSS");
@@ -492,7 +492,7 @@ static void test_hostile_load(void **state)
     int64_t elapsed = carls_monotonic_ms() - t0;
 
     Carls__Response *r = NULL;
-    assert_int_equal(kb_client_stats(admin, NULL, &r), 0);
+    assert_int_equal(kb_cluster_stats(admin, 0, NULL, &r), 0);
     Carls__StatsResult *st = r->stats;
     uint64_t flood_refusals = 0, flood_rows = 0;
     for (size_t i = 0; i < st->n_tables; i++)
@@ -552,10 +552,10 @@ static void test_hostile_load(void **state)
     /* The good rows are intact. */
     float out[DIM], want[DIM];
     kb_key_t k = {.data = "good1", .len = 5};
-    assert_int_equal(kb_client_lookup(admin, "good", &k, 1, DIM, out, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(admin, "good", &k, 1, DIM, out, NULL), 0);
     s_good_value(1, want);
     assert_memory_equal(out, want, sizeof want);
-    kb_client_destroy(&admin);
+    kb_cluster_destroy(&admin);
     /* The teardown stops the server with SIGTERM and fails unless it exits 0. */
 }
 

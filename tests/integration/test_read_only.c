@@ -8,7 +8,7 @@
  * byte-identical, none added or removed. A writable server started afterwards still finds the gradients
  * pending. A data directory without a bank (none, empty, not a database, a WAL without its index) is
  * refused with a message saying so, and nothing in it is created. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "server_fixture.h"
 #include "test_proto.h"
@@ -133,7 +133,7 @@ static void s_row_value(char prefix, int i, float *v)
 
 /* Puts rows prefix-0 .. prefix-(ROWS-1) (version i+1), then pushes two gradients each to the first five
  * (they stay pending: max_age is an hour and max_pending 16). */
-static void s_write_rows(kb_client_t *c, char prefix)
+static void s_write_rows(kb_cluster_t *c, char prefix)
 {
     char name[16];
     for (int i = 0; i < ROWS; i++) {
@@ -141,24 +141,24 @@ static void s_write_rows(kb_client_t *c, char prefix)
         kb_key_t k = {name, strlen(name)};
         float v[DIM];
         s_row_value(prefix, i, v);
-        assert_int_equal(kb_client_put(c, "emb", &k, 1, DIM, v, (uint64_t)i + 1), 0);
+        assert_int_equal(kb_cluster_put(c, "emb", &k, 1, DIM, v, (uint64_t)i + 1), 0);
     }
     for (int i = 0; i < 5; i++) {
         s_key(name, sizeof name, prefix, i);
         kb_key_t k[2] = {{name, strlen(name)}, {name, strlen(name)}};
         float g[2 * DIM] = {0.5f, -0.5f, 1.0f, 2.0f, 0.25f, 0.5f, -1.0f, 1.0f};
-        assert_int_equal(kb_client_push_gradients(c, "emb", k, 2, DIM, g), 0);
+        assert_int_equal(kb_cluster_push_gradients(c, "emb", k, 2, DIM, g), 0);
     }
 }
 
-static Carls__StatsResult *s_stats(kb_client_t *c, Carls__Response **resp)
+static Carls__StatsResult *s_stats(kb_cluster_t *c, Carls__Response **resp)
 {
-    assert_int_equal(kb_client_stats(c, NULL, resp), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, NULL, resp), 0);
     return (*resp)->stats;
 }
 
 /* Waits (without a deadline of its own: ctest's timeout bounds it) until SQLite holds every committed epoch. */
-static void s_wait_compacted(kb_client_t *c)
+static void s_wait_compacted(kb_cluster_t *c)
 {
     for (;;) {
         Carls__Response *resp = NULL;
@@ -171,12 +171,12 @@ static void s_wait_compacted(kb_client_t *c)
     }
 }
 
-static void s_lookup(kb_client_t *c, char prefix, int i, float *v, kb_row_meta_t *meta)
+static void s_lookup(kb_cluster_t *c, char prefix, int i, float *v, kb_row_meta_t *meta)
 {
     char name[16];
     s_key(name, sizeof name, prefix, i);
     kb_key_t k = {name, strlen(name)};
-    assert_int_equal(kb_client_lookup(c, "emb", &k, 1, DIM, v, meta), 0);
+    assert_int_equal(kb_cluster_lookup(c, "emb", &k, 1, DIM, v, meta), 0);
 }
 
 /* Leaves the bank in f's data directory with rows 'a' only in SQLite's WAL and rows 'b' only in the
@@ -195,20 +195,20 @@ static void s_make_bank(server_fixture_t *f)
     lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    test_create_table(f->client, "emb", &cfg);
-    s_write_rows(f->client, 'a');
+    test_create_table(f->cluster, "emb", &cfg);
+    s_write_rows(f->cluster, 'a');
     float v[DIM];
     for (int i = 5; i < 10; i++) /* use counts */
-        s_lookup(f->client, 'a', i, v, NULL);
-    s_wait_compacted(f->client);
+        s_lookup(f->cluster, 'a', i, v, NULL);
+    s_wait_compacted(f->cluster);
     assert_int_equal(server_fixture_stop(f, SIGKILL), 128 + SIGKILL);
 
     /* Compaction waits an hour now: what this server commits stays in the journal. */
     const char *slow[] = {"--compact-delay-ms", "3600000", NULL};
     server_fixture_start(f, slow);
-    s_write_rows(f->client, 'b');
+    s_write_rows(f->cluster, 'b');
     Carls__Response *resp = NULL;
-    Carls__StatsResult *st = s_stats(f->client, &resp);
+    Carls__StatsResult *st = s_stats(f->cluster, &resp);
     assert_true(st->committed_epoch > st->compacted_epoch);
     assert_true(st->journal_bytes > 0);
     carls__response__free_unpacked(resp, NULL);
@@ -238,7 +238,7 @@ static void test_read_only_changes_no_file(void **state)
         for (int i = 0; i < ROWS; i++) {
             float v[DIM], want[DIM];
             kb_row_meta_t meta;
-            s_lookup(f->client, prefix, i, v, &meta);
+            s_lookup(f->cluster, prefix, i, v, &meta);
             s_row_value(prefix, i, want);
             assert_memory_equal(v, want, sizeof v);
             assert_int_equal(meta.version, (uint64_t)i + 1);
@@ -247,9 +247,9 @@ static void test_read_only_changes_no_file(void **state)
     /* A lookup of a key without a row answers its initial value and creates nothing. */
     float v[DIM];
     kb_key_t unseen = {"zz", 2};
-    assert_int_equal(kb_client_lookup(f->client, "emb", &unseen, 1, DIM, v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &unseen, 1, DIM, v, NULL), 0);
 
-    Carls__TableStats ts = test_table_stats(f->client, "emb");
+    Carls__TableStats ts = test_table_stats(f->cluster, "emb");
     assert_int_equal(ts.rows, 2 * ROWS);
     assert_int_equal(ts.pending_keys, 10);
     assert_int_equal(ts.pending_gradients, 20);
@@ -279,10 +279,10 @@ static void test_read_only_changes_no_file(void **state)
 
     /* Writes and checkpoints are refused. */
     kb_key_t k = {"a-1", 3};
-    assert_int_equal(kb_client_put(f->client, "emb", &k, 1, DIM, v, 9), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(f->client), CARLS__STATUS_CODE__STATUS_READ_ONLY);
-    assert_int_equal(kb_client_checkpoint(f->client), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_last_status(f->client), CARLS__STATUS_CODE__STATUS_READ_ONLY);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", &k, 1, DIM, v, 9), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_last_status(f->cluster), CARLS__STATUS_CODE__STATUS_READ_ONLY);
     assert_int_equal(server_fixture_stop(f, SIGTERM), 0);
 
     s_tree_t after = s_tree(data);
@@ -294,7 +294,7 @@ static void test_read_only_changes_no_file(void **state)
     server_fixture_start(f, NULL);
     for (int p = 0; p < 2; p++) {
         float got[DIM], put[DIM];
-        s_lookup(f->client, p ? 'b' : 'a', 3, got, NULL);
+        s_lookup(f->cluster, p ? 'b' : 'a', 3, got, NULL);
         s_row_value(p ? 'b' : 'a', 3, put);
         assert_true(memcmp(got, put, sizeof got) != 0);
     }

@@ -15,7 +15,7 @@
  *    acknowledged write (the journal is replayed into SQLite before rows are read back);
  *  - sample of a cached table is refused with UNIMPLEMENTED; a table with a knn index stays in memory and
  *    answers. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "kb_memory.h"
 #include "server_fixture.h"
 #include "test_proto.h"
@@ -62,7 +62,7 @@ static void s_fill(float *values, size_t first, size_t n, uint32_t dim, const ui
             values[i * dim + j] = s_value(first + i, j, gens ? gens[first + i] : 0);
 }
 
-static void s_create(kb_client_t *c, const char *name, uint32_t dim, bool knn)
+static void s_create(kb_cluster_t *c, const char *name, uint32_t dim, bool knn)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__KnnConfig kc = CARLS__KNN_CONFIG__INIT;
@@ -74,12 +74,12 @@ static void s_create(kb_client_t *c, const char *name, uint32_t dim, bool knn)
 }
 
 /* Looks up rows [first, first + n) (no_create) and asserts each holds its generation's value. */
-static void s_check(kb_client_t *c, const char *table, size_t first, size_t n, uint32_t dim, const uint32_t *gens,
+static void s_check(kb_cluster_t *c, const char *table, size_t first, size_t n, uint32_t dim, const uint32_t *gens,
                     float *got, float *want)
 {
     kb_key_t *keys = s_keys(first, n);
-    if (kb_client_lookup_ex(c, table, keys, n, dim, true, got, NULL) != 0)
-        fail_msg("lookup of rows %zu..%zu: %s", first, first + n - 1, kb_client_last_error(c));
+    if (kb_cluster_lookup_ex(c, table, keys, n, dim, true, got, NULL) != 0)
+        fail_msg("lookup of rows %zu..%zu: %s", first, first + n - 1, kb_cluster_last_error(c));
     s_fill(want, first, n, dim, gens);
     for (size_t i = 0; i < n * dim; i++)
         if (got[i] != want[i])
@@ -106,10 +106,10 @@ static void s_logged_cache(server_fixture_t *f, unsigned long long *read_back, u
 }
 
 /* The server's cache figures from stats: budget, rows read back, rows that left memory. */
-static void s_stats_cache(kb_client_t *c, uint64_t *budget, uint64_t *loads, uint64_t *evictions)
+static void s_stats_cache(kb_cluster_t *c, uint64_t *budget, uint64_t *loads, uint64_t *evictions)
 {
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_stats(c, NULL, &resp), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, NULL, &resp), 0);
     *budget = resp->stats->cache_bytes;
     *loads = resp->stats->cache_loads;
     *evictions = resp->stats->cache_evictions;
@@ -129,23 +129,23 @@ static void test_big_table_in_small_cache(void **state)
     server_fixture_t *f = *state;
     const char *args[] = {"--cache-bytes", "32M", NULL};
     server_fixture_start(f, args);
-    s_create(f->client, "emb", BIG_DIM, false);
+    s_create(f->cluster, "emb", BIG_DIM, false);
     float *values = malloc((size_t)BATCH * BIG_DIM * sizeof *values);
     float *want = malloc((size_t)BATCH * BIG_DIM * sizeof *want);
     assert_non_null(values);
     assert_non_null(want);
     for (size_t first = 0; first < BIG_ROWS; first += BATCH) {
         s_fill(values, first, BATCH, BIG_DIM, NULL);
-        if (kb_client_put(f->client, "emb", s_keys(first, BATCH), BATCH, BIG_DIM, values, 1) != 0)
-            fail_msg("put of rows %zu..: %s", first, kb_client_last_error(f->client));
+        if (kb_cluster_put(f->cluster, "emb", s_keys(first, BATCH), BATCH, BIG_DIM, values, 1) != 0)
+            fail_msg("put of rows %zu..: %s", first, kb_cluster_last_error(f->cluster));
     }
-    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS);
+    assert_int_equal(test_table_stats(f->cluster, "emb").rows, BIG_ROWS);
     /* Every row, in order (most of them only in storage by now), then a stride across the table. */
     for (size_t first = 0; first < BIG_ROWS; first += BATCH)
-        s_check(f->client, "emb", first, BATCH, BIG_DIM, NULL, values, want);
+        s_check(f->cluster, "emb", first, BATCH, BIG_DIM, NULL, values, want);
     uint64_t hwm_loaded = s_hwm_kb(f);
     uint64_t budget = 0, loads = 0, evictions = 0;
-    s_stats_cache(f->client, &budget, &loads, &evictions);
+    s_stats_cache(f->cluster, &budget, &loads, &evictions);
     assert_int_equal(budget, 32u << 20);
     assert_true(loads > 0 && evictions > 0);
 
@@ -154,14 +154,14 @@ static void test_big_table_in_small_cache(void **state)
     unsigned long long read_back = 0, evicted = 0;
     s_logged_cache(f, &read_back, &evicted);
     assert_true(read_back > 0 && evicted > 0);
-    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS);
+    assert_int_equal(test_table_stats(f->cluster, "emb").rows, BIG_ROWS);
     for (size_t first = BIG_ROWS; first > 0; first -= BATCH)
-        s_check(f->client, "emb", first - BATCH, BATCH, BIG_DIM, NULL, values, want);
+        s_check(f->cluster, "emb", first - BATCH, BATCH, BIG_DIM, NULL, values, want);
     /* A new key after the restart is a new row (not one of the stored ones). */
     float fresh[BIG_DIM];
     kb_key_t nk = {.data = "new-key", .len = 7};
-    assert_int_equal(kb_client_lookup(f->client, "emb", &nk, 1, BIG_DIM, fresh, NULL), 0);
-    assert_int_equal(test_table_stats(f->client, "emb").rows, BIG_ROWS + 1);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &nk, 1, BIG_DIM, fresh, NULL), 0);
+    assert_int_equal(test_table_stats(f->cluster, "emb").rows, BIG_ROWS + 1);
     uint64_t hwm_restarted = s_hwm_kb(f);
     print_message("--cache-bytes 32M, %u rows of dim %u: VmHWM %llu kB while loading and reading, %llu kB after a "
                   "restart and reading every row\n",
@@ -230,7 +230,7 @@ static void s_scan_check(kb_client_t *c, const char *table, size_t rows, uint32_
 static void s_mix_start(server_fixture_t *f, const char *const *args, uint32_t **gens, float **values, float **want)
 {
     server_fixture_start(f, args);
-    s_create(f->client, "mix", MIX_DIM, false);
+    s_create(f->cluster, "mix", MIX_DIM, false);
     *gens = calloc(MIX_ROWS, sizeof **gens);
     *values = malloc((size_t)BATCH * MIX_DIM * sizeof **values);
     *want = malloc((size_t)BATCH * MIX_DIM * sizeof **want);
@@ -239,7 +239,7 @@ static void s_mix_start(server_fixture_t *f, const char *const *args, uint32_t *
     assert_non_null(*want);
     for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
         s_fill(*values, first, BATCH, MIX_DIM, *gens);
-        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, *values, 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, *values, 1), 0);
     }
 }
 
@@ -259,19 +259,19 @@ static void test_updates_of_cold_rows(void **state)
             for (size_t i = first; i < first + n; i++)
                 gens[i]++;
             s_fill(values, first, n, MIX_DIM, gens);
-            assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, n), n, MIX_DIM, values, 2), 0);
+            assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, n), n, MIX_DIM, values, 2), 0);
         } else {
-            s_check(f->client, "mix", first, n, MIX_DIM, gens, values, want);
+            s_check(f->cluster, "mix", first, n, MIX_DIM, gens, values, want);
         }
     }
     for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
     /* Rows changed last are in memory (some not yet compacted), the rest only in storage: a scan merges them. */
     for (size_t first = 0; first < 300; first += 100) {
         for (size_t i = first; i < first + 100; i++)
             gens[i]++;
         s_fill(values, first, 100, MIX_DIM, gens);
-        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, 100), 100, MIX_DIM, values, 3), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, 100), 100, MIX_DIM, values, 3), 0);
     }
     s_scan_check(f->client, "mix", MIX_ROWS, MIX_DIM, gens);
     /* Storage holds the same: a server that loads every row answers it too. */
@@ -281,9 +281,9 @@ static void test_updates_of_cold_rows(void **state)
     print_message("--cache-bytes 1M, %u rows of dim %u: %llu rows read back from storage, %llu left memory\n",
                   MIX_ROWS, MIX_DIM, read_back, evicted);
     assert_true(read_back > 0 && evicted > 0);
-    assert_int_equal(test_table_stats(f->client, "mix").rows, MIX_ROWS);
+    assert_int_equal(test_table_stats(f->cluster, "mix").rows, MIX_ROWS);
     for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
     free(gens);
     free(values);
     free(want);
@@ -295,13 +295,13 @@ static void test_updates_of_cold_rows(void **state)
 #define PUSH_ROUNDS 300
 
 /* Looks up rows [first, first + n) on both servers and asserts the same values and versions, bit for bit. */
-static void s_compare(kb_client_t *cached, kb_client_t *resident, size_t first, size_t n)
+static void s_compare(kb_cluster_t *cached, kb_cluster_t *resident, size_t first, size_t n)
 {
     static float a[BATCH * PUSH_DIM], b[BATCH * PUSH_DIM];
     static kb_row_meta_t ma[BATCH], mb[BATCH];
     kb_key_t *keys = s_keys(first, n);
-    assert_int_equal(kb_client_lookup_ex(cached, "adam", keys, n, PUSH_DIM, true, a, ma), 0);
-    assert_int_equal(kb_client_lookup_ex(resident, "adam", keys, n, PUSH_DIM, true, b, mb), 0);
+    assert_int_equal(kb_cluster_lookup_ex(cached, "adam", keys, n, PUSH_DIM, true, a, ma), 0);
+    assert_int_equal(kb_cluster_lookup_ex(resident, "adam", keys, n, PUSH_DIM, true, b, mb), 0);
     for (size_t i = 0; i < n; i++) {
         if (memcmp(a + i * PUSH_DIM, b + i * PUSH_DIM, PUSH_DIM * sizeof *a) != 0 || ma[i].version != mb[i].version)
             fail_msg("row k%zu differs: %g (version %llu) in the cached server, %g (version %llu) in the other",
@@ -318,7 +318,8 @@ static void test_pushes_match_resident_server(void **state)
     test_server_t other;
     test_server_init(&other);
     assert_int_equal(test_server_start(&other, NULL), 0);
-    kb_client_t *c2 = test_client_connect(other.endpoint, &s_client_options);
+    kb_cluster_t *c2 = kb_cluster_new(other.endpoint, &s_client_options);
+    assert_non_null(c2);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
     Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
@@ -327,13 +328,13 @@ static void test_pushes_match_resident_server(void **state)
     cfg.dim = PUSH_DIM;
     cfg.optimizer = &opt;
     cfg.lazy = &lazy;
-    test_create_table(f->client, "adam", &cfg);
+    test_create_table(f->cluster, "adam", &cfg);
     test_create_table(c2, "adam", &cfg);
     static float values[BATCH * PUSH_DIM];
     for (size_t first = 0; first < PUSH_ROWS; first += BATCH) {
         s_fill(values, first, BATCH, PUSH_DIM, NULL);
-        assert_int_equal(kb_client_put(f->client, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
-        assert_int_equal(kb_client_put(c2, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
+        assert_int_equal(kb_cluster_put(c2, "adam", s_keys(first, BATCH), BATCH, PUSH_DIM, values, 1), 0);
     }
     uint64_t rng = 0x2545f4914f6cdd1dULL;
     for (int round = 0; round < PUSH_ROUNDS; round++) {
@@ -342,20 +343,20 @@ static void test_pushes_match_resident_server(void **state)
         for (size_t i = 0; i < n; i++)
             for (uint32_t j = 0; j < PUSH_DIM; j++)
                 values[i * PUSH_DIM + j] = (float)((int)((first + i) * 31 + j * 7 + (size_t)round) % 17 - 8) / 16.0f;
-        assert_int_equal(kb_client_push_gradients(f->client, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
-        assert_int_equal(kb_client_push_gradients(c2, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
+        assert_int_equal(kb_cluster_push_gradients(f->cluster, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
+        assert_int_equal(kb_cluster_push_gradients(c2, "adam", s_keys(first, n), n, PUSH_DIM, values), 0);
         if (round % 3 == 0)
-            s_compare(f->client, c2, first, n);
+            s_compare(f->cluster, c2, first, n);
     }
     for (size_t first = 0; first < PUSH_ROWS; first += BATCH)
-        s_compare(f->client, c2, first, BATCH);
+        s_compare(f->cluster, c2, first, BATCH);
     assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
     unsigned long long read_back = 0, evicted = 0;
     s_logged_cache(f, &read_back, &evicted);
     assert_true(read_back > 0 && evicted > 0);
     for (size_t first = 0; first < PUSH_ROWS; first += BATCH)
-        s_compare(f->client, c2, first, BATCH);
-    kb_client_destroy(&c2);
+        s_compare(f->cluster, c2, first, BATCH);
+    kb_cluster_destroy(&c2);
     assert_int_equal(test_server_cleanup(&other), 0);
 }
 
@@ -410,7 +411,7 @@ static void test_feature_rows_leave_memory(void **state)
     server_fixture_start(f, args);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    test_create_table(f->client, "feat", &cfg);
+    test_create_table(f->cluster, "feat", &cfg);
     for (size_t first = 0; first < FEAT_ROWS; first += FEAT_BATCH)
         s_features(f->client, first, true);
     for (size_t first = 0; first < FEAT_ROWS; first += FEAT_BATCH)
@@ -436,12 +437,12 @@ static void test_kill_then_read_back(void **state)
         for (size_t i = first; i < first + BATCH; i++)
             gens[i]++;
         s_fill(values, first, BATCH, MIX_DIM, gens);
-        assert_int_equal(kb_client_put(f->client, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 2), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 2), 0);
     }
     assert_int_equal(server_fixture_restart(f, SIGKILL, args), 128 + SIGKILL);
-    assert_int_equal(test_table_stats(f->client, "mix").rows, MIX_ROWS);
+    assert_int_equal(test_table_stats(f->cluster, "mix").rows, MIX_ROWS);
     for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->client, "mix", first, BATCH, MIX_DIM, gens, values, want);
+        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
     free(gens);
     free(values);
     free(want);
@@ -460,12 +461,12 @@ static void test_sample_refused_knn_resident(void **state)
     server_fixture_t *f = *state;
     const char *args[] = {"--cache-bytes", "1M", NULL};
     server_fixture_start(f, args);
-    s_create(f->client, "emb", 4, false);
-    s_create(f->client, "near", 4, true);
+    s_create(f->cluster, "emb", 4, false);
+    s_create(f->cluster, "near", 4, true);
     float values[10 * 4];
     s_fill(values, 0, 10, 4, NULL);
-    assert_int_equal(kb_client_put(f->client, "emb", s_keys(0, 10), 10, 4, values, 1), 0);
-    assert_int_equal(kb_client_put(f->client, "near", s_keys(0, 10), 10, 4, values, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", s_keys(0, 10), 10, 4, values, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "near", s_keys(0, 10), 10, 4, values, 1), 0);
 
     Carls__Request sreq = CARLS__REQUEST__INIT;
     Carls__Sample sm = CARLS__SAMPLE__INIT;

@@ -7,7 +7,7 @@
  * in bulk and survive as documented. The
  * threads that do this carry the names docs/DESIGN.md lists. A commit the disk refuses is answered at once
  * and never acknowledged. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_fixture.h"
@@ -41,7 +41,7 @@ static void s_kill_and_restart(server_fixture_t *f, const char *durability)
 
 /* A lazy table of zeros, learning rate 1, no outlier filter; gradients stay pending until max_pending of them
  * gathered (0: the default) or a lookup. */
-static void s_create_lazy(kb_client_t *c, const char *name, uint32_t dim, uint32_t max_pending)
+static void s_create_lazy(kb_cluster_t *c, const char *name, uint32_t dim, uint32_t max_pending)
 {
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
@@ -57,7 +57,7 @@ static void s_create_lazy(kb_client_t *c, const char *name, uint32_t dim, uint32
     test_create_table(c, name, &cfg);
 }
 
-static void s_create(kb_client_t *c, const char *name, uint32_t dim) { s_create_lazy(c, name, dim, 0); }
+static void s_create(kb_cluster_t *c, const char *name, uint32_t dim) { s_create_lazy(c, name, dim, 0); }
 
 static void s_key_name(char *buf, size_t n, const char *prefix, int i) { snprintf(buf, n, "%s-%d", prefix, i); }
 
@@ -65,20 +65,20 @@ static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void *
 {
     server_fixture_t *f = *state;
     s_start(f, "sync");
-    s_create(f->client, "t", 3);
+    s_create(f->cluster, "t", 3);
     enum { PUTS = 200, PUSHED = 50 };
     char name[32];
     for (int i = 0; i < PUTS; i++) {
         s_key_name(name, sizeof name, "put", i);
         kb_key_t k = {name, strlen(name)};
         float v[3] = {(float)i, (float)-i, 0.5f * (float)i};
-        assert_int_equal(kb_client_put(f->client, "t", &k, 1, 3, v, (uint64_t)i + 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "t", &k, 1, 3, v, (uint64_t)i + 1), 0);
     }
     for (int i = 0; i < PUSHED; i++) {
         s_key_name(name, sizeof name, "grad", i);
         kb_key_t k[2] = {{name, strlen(name)}, {name, strlen(name)}};
         float g[6] = {1, 2, 3, 3, 2, (float)i};
-        assert_int_equal(kb_client_push_gradients(f->client, "t", k, 2, 3, g), 0);
+        assert_int_equal(kb_cluster_push_gradients(f->cluster, "t", k, 2, 3, g), 0);
     }
     s_kill_and_restart(f, "sync");
 
@@ -87,7 +87,7 @@ static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void *
         kb_key_t k = {name, strlen(name)};
         float v[3];
         kb_row_meta_t meta;
-        assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 3, v, &meta), 0);
+        assert_int_equal(kb_cluster_lookup(f->cluster, "t", &k, 1, 3, v, &meta), 0);
         assert_true(v[0] == (float)i && v[1] == (float)-i && v[2] == 0.5f * (float)i);
         assert_int_equal(meta.version, (uint64_t)i + 1);
     }
@@ -95,17 +95,17 @@ static void test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients(void *
         s_key_name(name, sizeof name, "grad", i);
         kb_key_t k = {name, strlen(name)};
         float v[3];
-        assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 3, v, NULL), 0);
+        assert_int_equal(kb_cluster_lookup(f->cluster, "t", &k, 1, 3, v, NULL), 0);
         /* zeros - 1.0 * mean of the two pending gradients */
         assert_true(v[0] == -2.0f && v[1] == -2.0f && v[2] == -(3.0f + (float)i) / 2.0f);
     }
 }
 
 /* The bank's compaction counters. */
-static Carls__StatsResult s_bank_stats(kb_client_t *c)
+static Carls__StatsResult s_bank_stats(kb_cluster_t *c)
 {
     Carls__Response *r = NULL;
-    assert_int_equal(kb_client_stats(c, NULL, &r), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, NULL, &r), 0);
     Carls__StatsResult st = *r->stats;
     carls__response__free_unpacked(r, NULL);
     return st;
@@ -120,7 +120,7 @@ static void test_kill9_after_compactions_without_pending_keeps_pending_gradients
     server_fixture_t *f = *state;
     const char *args[] = {"--durability", "sync", "--compact-delay-ms", "200", NULL};
     server_fixture_start(f, args);
-    s_create(f->client, "t", 2);
+    s_create(f->cluster, "t", 2);
     enum { KEYS = 40, STEPS = 3, PER_STEP = 2 };
     char names[KEYS][16];
     kb_key_t keys[KEYS];
@@ -130,31 +130,31 @@ static void test_kill9_after_compactions_without_pending_keeps_pending_gradients
     }
     int pushed = 0;
     for (int step = 0; step < STEPS; step++) {
-        uint64_t before = s_bank_stats(f->client).compactions_without_pending;
+        uint64_t before = s_bank_stats(f->cluster).compactions_without_pending;
         for (int p = 0; p < PER_STEP; p++, pushed++) {
             float g[KEYS * 2];
             for (int k = 0; k < KEYS; k++) {
                 g[2 * k] = (float)(k + 1);
                 g[2 * k + 1] = (float)pushed;
             }
-            assert_int_equal(kb_client_push_gradients(f->client, "t", keys, KEYS, 2, g), 0);
+            assert_int_equal(kb_cluster_push_gradients(f->cluster, "t", keys, KEYS, 2, g), 0);
         }
         /* ctest's timeout bounds the wait: the compaction comes 200 ms after the first queued epoch. */
-        while (s_bank_stats(f->client).compactions_without_pending == before)
+        while (s_bank_stats(f->cluster).compactions_without_pending == before)
             usleep(10 * 1000);
     }
     /* The rows SQLite got last lack their pending sets; the round that holds them is journaled only. */
-    Carls__StatsResult st = s_bank_stats(f->client);
+    Carls__StatsResult st = s_bank_stats(f->cluster);
     assert_true(st.compactions_without_pending >= STEPS);
     assert_true(st.compacted_epoch < st.committed_epoch);
     s_kill_and_restart(f, "sync");
 
-    Carls__TableStats ts = test_table_stats(f->client, "t");
+    Carls__TableStats ts = test_table_stats(f->cluster, "t");
     assert_int_equal(ts.pending_keys, KEYS);
     assert_int_equal(ts.pending_gradients, KEYS * pushed);
     for (int k = 0; k < KEYS; k++) {
         float v[2];
-        assert_int_equal(kb_client_lookup(f->client, "t", &keys[k], 1, 2, v, NULL), 0);
+        assert_int_equal(kb_cluster_lookup(f->cluster, "t", &keys[k], 1, 2, v, NULL), 0);
         /* zeros - 1.0 * mean: (k + 1) in every push, 0 .. pushed-1 in the second dimension */
         assert_true(v[0] == -(float)(k + 1));
         assert_true(v[1] == -(float)(pushed - 1) / 2.0f);
@@ -174,7 +174,7 @@ static void test_interval_queue_drops_older_pending_sets_and_clean_stop_keeps_gr
     const char *args[] = {"--durability", "interval:50", "--compact-delay-ms", "600000", NULL};
     server_fixture_start(f, args);
     enum { KEYS = 64, DIM = 64, ROUNDS = 10, PER_ROUND = 2, MAX_PENDING = 8 };
-    s_create_lazy(f->client, "t", DIM, MAX_PENDING);
+    s_create_lazy(f->cluster, "t", DIM, MAX_PENDING);
     char names[KEYS][16];
     kb_key_t keys[KEYS];
     for (int k = 0; k < KEYS; k++) {
@@ -190,14 +190,14 @@ static void test_interval_queue_drops_older_pending_sets_and_clean_stop_keeps_gr
                 g[k * DIM] = (float)(k + 1);
                 g[k * DIM + 1] = (float)pushed;
             }
-            assert_int_equal(kb_client_push_gradients(f->client, "t", keys, KEYS, DIM, g), 0);
+            assert_int_equal(kb_cluster_push_gradients(f->cluster, "t", keys, KEYS, DIM, g), 0);
         }
         /* This round's commit, and the next (which the pushes make a re-journaling one). */
-        uint64_t epoch = s_bank_stats(f->client).committed_epoch;
-        while (s_bank_stats(f->client).committed_epoch < epoch + 2)
+        uint64_t epoch = s_bank_stats(f->cluster).committed_epoch;
+        while (s_bank_stats(f->cluster).committed_epoch < epoch + 2)
             usleep(5 * 1000);
     }
-    Carls__StatsResult st = s_bank_stats(f->client);
+    Carls__StatsResult st = s_bank_stats(f->cluster);
     assert_int_equal(st.compactions, 0);
     /* Every round's rows are queued, each with its value, key and record (640 bytes is generous for the last
      * two and the allocator's share); pending sets only from the newest re-journaling round on: at most two
@@ -212,13 +212,13 @@ static void test_interval_queue_drops_older_pending_sets_and_clean_stop_keeps_gr
                  (unsigned long long)st.compaction_queue_rows, (unsigned long long)(rows_bound + newest_pending));
 
     assert_int_equal(server_fixture_restart(f, SIGTERM, args), 0);
-    Carls__TableStats ts = test_table_stats(f->client, "t");
+    Carls__TableStats ts = test_table_stats(f->cluster, "t");
     int left = pushed % MAX_PENDING; /* applied in sets of MAX_PENDING; the rest still pending */
     assert_int_equal(ts.pending_keys, KEYS);
     assert_int_equal(ts.pending_gradients, KEYS * left);
     for (int k = 0; k < KEYS; k++) {
         float v[DIM];
-        assert_int_equal(kb_client_lookup(f->client, "t", &keys[k], 1, DIM, v, NULL), 0);
+        assert_int_equal(kb_cluster_lookup(f->cluster, "t", &keys[k], 1, DIM, v, NULL), 0);
         /* zeros - the mean of each set (the lookup applies the last, partial one): k + 1 in every gradient,
          * and in the second dimension the push numbers, whose set means add up to the mean of each set */
         float want1 = 0.0f;
@@ -238,7 +238,7 @@ static void test_replayed_write_after_crash_applies_once(void **state)
 {
     server_fixture_t *f = *state;
     s_start(f, "sync");
-    s_create(f->client, "t", 1);
+    s_create(f->cluster, "t", 1);
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__PushGradients push = CARLS__PUSH_GRADIENTS__INIT;
     ProtobufCBinaryData key = {1, (uint8_t *)"k"};
@@ -271,7 +271,7 @@ static void test_replayed_write_after_crash_applies_once(void **state)
 
     float v;
     kb_key_t k = {"k", 1};
-    assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 1, &v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "t", &k, 1, 1, &v, NULL), 0);
     assert_true(v == -3.0f); /* one pending set {4, 2}: -1.0 * 3 */
 }
 
@@ -288,18 +288,18 @@ static void *s_writer_main(void *p)
 {
     writer_t *w = p;
     kb_client_options_t opts = {.timeout_ms = 300, .retries = 0};
-    kb_client_t *c = kb_client_new(w->endpoint, &opts);
+    kb_cluster_t *c = kb_cluster_new(w->endpoint, &opts);
     char name[32];
     while (!atomic_load(w->stop) && w->acked < w->capacity) {
         snprintf(name, sizeof name, "w%d-%d", w->id, w->acked);
         kb_key_t k = {name, strlen(name)};
         float v = (float)w->acked;
-        if (kb_client_put(c, "t", &k, 1, 1, &v, 1) != 0)
+        if (kb_cluster_put(c, "t", &k, 1, 1, &v, 1) != 0)
             break; /* the server died under us: this write was not acknowledged */
         w->acked_at_ms[w->acked] = carls_monotonic_ms();
         w->acked++;
     }
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     return NULL;
 }
 
@@ -318,6 +318,7 @@ static int s_crash_round(server_fixture_t *f, const char *durability, int run_ms
     }
     usleep((useconds_t)run_ms * 1000);
     int64_t killed_at = carls_monotonic_ms();
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
     assert_int_equal(test_server_stop(&f->srv, SIGKILL), 128 + SIGKILL);
     atomic_store(&stop, 1);
@@ -337,7 +338,7 @@ static int s_crash_round(server_fixture_t *f, const char *durability, int run_ms
             kb_key_t k = {name, strlen(name)};
             float v;
             kb_row_meta_t meta;
-            assert_int_equal(kb_client_lookup_ex(f->client, "t", &k, 1, 1, true, &v, &meta), 0);
+            assert_int_equal(kb_cluster_lookup_ex(f->cluster, "t", &k, 1, 1, true, &v, &meta), 0);
             if (meta.version != 1 || v != (float)j)
                 missing++;
         }
@@ -350,7 +351,7 @@ static void test_sync_kill9_under_concurrent_writers(void **state)
 {
     server_fixture_t *f = *state;
     s_start(f, "sync");
-    s_create(f->client, "t", 1);
+    s_create(f->cluster, "t", 1);
     for (int round = 0; round < 3; round++) {
         int acked = 0;
         int missing = s_crash_round(f, "sync", 300 + 100 * round, 0, &acked);
@@ -364,7 +365,7 @@ static void test_interval_loses_at_most_the_window(void **state)
 {
     server_fixture_t *f = *state;
     s_start(f, "interval:100");
-    s_create(f->client, "t", 1);
+    s_create(f->cluster, "t", 1);
     int acked = 0;
     /* Documented window: 100 ms; allow a generous second for the commit itself on a loaded machine. */
     int missing = s_crash_round(f, "interval:100", 800, 1100, &acked);
@@ -378,10 +379,10 @@ typedef struct {
     uint64_t rows, frequencies;
 } s_written_t;
 
-static s_written_t s_written(kb_client_t *c)
+static s_written_t s_written(kb_cluster_t *c)
 {
     Carls__Response *r = NULL;
-    assert_int_equal(kb_client_stats(c, NULL, &r), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, NULL, &r), 0);
     s_written_t w = {r->stats->rows_written, r->stats->frequencies_written};
     carls__response__free_unpacked(r, NULL);
     return w;
@@ -391,7 +392,7 @@ enum { READ_KEYS = 100 };
 
 /* Looks up every key of table "t" (counted, or not when no_create) in one request and checks that each has
  * the value and version its put gave it and the use count `frequency`, unless that is 0. */
-static void s_read_all(kb_client_t *c, bool no_create, uint64_t frequency)
+static void s_read_all(kb_cluster_t *c, bool no_create, uint64_t frequency)
 {
     char names[READ_KEYS][16];
     kb_key_t keys[READ_KEYS];
@@ -401,7 +402,7 @@ static void s_read_all(kb_client_t *c, bool no_create, uint64_t frequency)
     }
     float v[READ_KEYS * 3];
     kb_row_meta_t meta[READ_KEYS];
-    assert_int_equal(kb_client_lookup_ex(c, "t", keys, READ_KEYS, 3, no_create, v, meta), 0);
+    assert_int_equal(kb_cluster_lookup_ex(c, "t", keys, READ_KEYS, 3, no_create, v, meta), 0);
     for (int i = 0; i < READ_KEYS; i++) {
         assert_true(v[3 * i] == (float)i && v[3 * i + 1] == 1.0f && v[3 * i + 2] == -1.0f);
         assert_int_equal(meta[i].version, 7);
@@ -419,7 +420,7 @@ static void test_reads_write_only_use_counts_in_bulk(void **state)
     server_fixture_t *f = *state;
     const char *no_period[] = {"--durability", "interval:20", "--frequency-period-ms", "3600000", NULL};
     server_fixture_start(f, no_period);
-    s_create(f->client, "t", 3);
+    s_create(f->cluster, "t", 3);
     char names[READ_KEYS][16];
     kb_key_t keys[READ_KEYS];
     float values[READ_KEYS * 3];
@@ -430,52 +431,52 @@ static void test_reads_write_only_use_counts_in_bulk(void **state)
         values[3 * i + 1] = 1.0f;
         values[3 * i + 2] = -1.0f;
     }
-    assert_int_equal(kb_client_put(f->client, "t", keys, READ_KEYS, 3, values, 7), 0);
-    assert_int_equal(kb_client_checkpoint(f->client), 0);
-    s_written_t w0 = s_written(f->client);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", keys, READ_KEYS, 3, values, 7), 0);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
+    s_written_t w0 = s_written(f->cluster);
     assert_int_equal(w0.rows, READ_KEYS);
     assert_int_equal(w0.frequencies, 0);
 
     /* Five counted reads of every row, then many commit intervals: nothing written. */
     for (uint64_t pass = 1; pass <= 5; pass++)
-        s_read_all(f->client, false, pass);
+        s_read_all(f->cluster, false, pass);
     usleep(200 * 1000);
-    s_written_t w1 = s_written(f->client);
+    s_written_t w1 = s_written(f->cluster);
     assert_int_equal(w1.rows, w0.rows);
     assert_int_equal(w1.frequencies, 0);
     /* A checkpoint writes each read row's count once, however often it was read; still no whole row. */
-    assert_int_equal(kb_client_checkpoint(f->client), 0);
-    s_written_t w2 = s_written(f->client);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
+    s_written_t w2 = s_written(f->cluster);
     assert_int_equal(w2.rows, w0.rows);
     assert_int_equal(w2.frequencies, READ_KEYS);
 
     /* Counts read after the checkpoint are lost in a crash (up to the period); values never are. */
-    s_read_all(f->client, false, 6);
+    s_read_all(f->cluster, false, 6);
     assert_int_equal(server_fixture_restart(f, SIGKILL, no_period), 128 + SIGKILL);
-    s_read_all(f->client, true, 5);
+    s_read_all(f->cluster, true, 5);
 
     /* A clean shutdown writes the counts. */
     for (uint64_t pass = 6; pass <= 8; pass++)
-        s_read_all(f->client, false, pass);
+        s_read_all(f->cluster, false, pass);
     assert_int_equal(server_fixture_restart(f, SIGTERM, no_period), 0);
-    s_read_all(f->client, true, 8);
-    s_written_t w3 = s_written(f->client);
+    s_read_all(f->cluster, true, 8);
+    s_written_t w3 = s_written(f->cluster);
     assert_int_equal(w3.rows, 0); /* counters restart with the process; reads wrote nothing */
 
     /* With a short period the counts reach the store on their own, and survive a crash after that. */
     const char *short_period[] = {"--durability", "interval:20", "--frequency-period-ms", "50", NULL};
     assert_int_equal(server_fixture_restart(f, SIGTERM, short_period), 0);
-    s_read_all(f->client, false, 9);
+    s_read_all(f->cluster, false, 9);
     /* Waits for the persister (a bound for a broken build, not a timing claim). */
-    s_written_t w4 = s_written(f->client);
+    s_written_t w4 = s_written(f->cluster);
     for (int i = 0; i < 3000 && w4.frequencies < READ_KEYS; i++) {
         usleep(10 * 1000);
-        w4 = s_written(f->client);
+        w4 = s_written(f->cluster);
     }
     assert_int_equal(w4.frequencies, READ_KEYS);
     assert_int_equal(w4.rows, 0);
     assert_int_equal(server_fixture_restart(f, SIGKILL, short_period), 128 + SIGKILL);
-    s_read_all(f->client, true, 9);
+    s_read_all(f->cluster, true, 9);
 }
 
 /* Fails unless why is the answer to a write refused because the journal failed. */
@@ -493,33 +494,34 @@ static void test_sync_refused_commit_answered_at_once(void **state)
 {
     server_fixture_t *f = *state;
     s_start(f, "sync");
-    s_create(f->client, "t", 1);
+    s_create(f->cluster, "t", 1);
     kb_key_t a = {"a", 1}, b = {"b", 1}, c = {"c", 1};
     float one = 1.0f, two = 2.0f, three = 3.0f;
-    assert_int_equal(kb_client_put(f->client, "t", &a, 1, 1, &one, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &a, 1, 1, &one, 1), 0);
 
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
     kb_client_options_t patient = f->client_options;
     patient.timeout_ms = 600 * 1000;
     patient.retries = 0;
-    kb_client_t *c1 = kb_client_new(f->srv.endpoint, &patient);
+    kb_cluster_t *c1 = kb_cluster_new(f->srv.endpoint, &patient);
     assert_non_null(c1);
     struct rlimit tiny = {1, RLIM_INFINITY}, saved;
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &tiny, &saved), 0);
-    assert_int_not_equal(kb_client_put(c1, "t", &b, 1, 1, &two, 1), 0);
-    s_expect_journal_refusal(kb_client_last_error(c1));
-    assert_int_not_equal(kb_client_put(c1, "t", &c, 1, 1, &three, 1), 0);
-    kb_client_destroy(&c1);
+    assert_int_not_equal(kb_cluster_put(c1, "t", &b, 1, 1, &two, 1), 0);
+    s_expect_journal_refusal(kb_cluster_last_error(c1));
+    assert_int_not_equal(kb_cluster_put(c1, "t", &c, 1, 1, &three, 1), 0);
+    kb_cluster_destroy(&c1);
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &saved, NULL), 0);
 
     /* It stops, with exit status 1: writes were refused and are not saved. */
     assert_int_equal(server_fixture_restart(f, SIGTERM, (const char *const[]){"--durability", "sync", NULL}), 1);
     float v = 0.0f;
-    assert_int_equal(kb_client_lookup(f->client, "t", &a, 1, 1, &v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "t", &a, 1, 1, &v, NULL), 0);
     assert_true(v == 1.0f);
-    assert_int_equal(kb_client_put(f->client, "t", &c, 1, 1, &three, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &c, 1, 1, &three, 1), 0);
     server_fixture_restart(f, SIGTERM, (const char *const[]){"--durability", "sync", NULL});
-    assert_int_equal(kb_client_lookup(f->client, "t", &c, 1, 1, &v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "t", &c, 1, 1, &v, NULL), 0);
     assert_true(v == 3.0f);
 }
 
@@ -530,30 +532,30 @@ static void test_interval_writes_refused_after_failed_commit(void **state)
 {
     server_fixture_t *f = *state;
     s_start(f, "interval:20");
-    s_create(f->client, "t", 1);
+    s_create(f->cluster, "t", 1);
     kb_key_t a = {"a", 1}, b = {"b", 1};
     float one = 1.0f, two = 2.0f;
-    assert_int_equal(kb_client_put(f->client, "t", &a, 1, 1, &one, 1), 0);
-    assert_int_equal(kb_client_checkpoint(f->client), 0); /* "a" is in the journal and SQLite */
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &a, 1, 1, &one, 1), 0);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0); /* "a" is in the journal and SQLite */
 
     struct rlimit tiny = {1, RLIM_INFINITY}, saved;
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &tiny, &saved), 0);
     /* Acknowledged until a round (every 20 ms) fails; ctest's timeout bounds the loop. */
     int acknowledged = 0;
-    while (kb_client_put(f->client, "t", &b, 1, 1, &two, 1) == 0) {
+    while (kb_cluster_put(f->cluster, "t", &b, 1, 1, &two, 1) == 0) {
         acknowledged++;
         usleep(5 * 1000);
     }
-    s_expect_journal_refusal(kb_client_last_error(f->client));
-    assert_int_not_equal(kb_client_put(f->client, "t", &b, 1, 1, &two, 1), 0); /* and every one after it */
+    s_expect_journal_refusal(kb_cluster_last_error(f->cluster));
+    assert_int_not_equal(kb_cluster_put(f->cluster, "t", &b, 1, 1, &two, 1), 0); /* and every one after it */
     assert_int_equal(prlimit(f->srv.pid, RLIMIT_FSIZE, &saved, NULL), 0);
 
     assert_int_equal(server_fixture_restart(f, SIGTERM, (const char *const[]){"--durability", "interval:20", NULL}),
                      1);
     float v = 0.0f;
-    assert_int_equal(kb_client_lookup(f->client, "t", &a, 1, 1, &v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "t", &a, 1, 1, &v, NULL), 0);
     assert_true(v == 1.0f);
-    assert_int_equal(kb_client_put(f->client, "t", &b, 1, 1, &two, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &b, 1, 1, &two, 1), 0);
     (void)acknowledged; /* any number: those before the failed round are within the interval's window */
 }
 

@@ -2,7 +2,7 @@
  * unknown tables, wrong dimensions, NaN/Inf, empty and over-long keys, too many keys, bad configs and
  * thousands of random mutations of valid requests each get a clear error (or are dropped and counted when
  * no request can be read), and the server keeps answering a well-behaved client throughout. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_fixture.h"
@@ -34,9 +34,12 @@ static int s_setup(void **state)
         return -1;
     server_fixture_t *f = *state;
     f->client = kb_client_new(f->srv.endpoint, &f->client_options);
+    if (!f->client)
+        return -1;
+    f->cluster = kb_cluster_over(f->client);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 4;
-    if (!f->client || kb_client_create_table(f->client, "emb", &cfg, false) != 0)
+    if (kb_cluster_create_table(f->cluster, "emb", &cfg, false) != 0)
         return -1;
     return raw_open(&f->raw, f->srv.endpoint) == 0 ? 0 : -1;
 }
@@ -46,8 +49,8 @@ static void s_assert_healthy(server_fixture_t *f)
 {
     float v[4] = {1, 2, 3, 4}, out[4];
     kb_key_t k = {.data = "healthy", .len = 7};
-    assert_int_equal(kb_client_put(f->client, "emb", &k, 1, 4, v, 7), 0);
-    assert_int_equal(kb_client_lookup(f->client, "emb", &k, 1, 4, out, NULL), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", &k, 1, 4, v, 7), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &k, 1, 4, out, NULL), 0);
     assert_memory_equal(v, out, sizeof v);
 }
 
@@ -111,7 +114,7 @@ static void test_garbage_truncated_and_multipart(void **state)
     free(buf);
 
     Carls__Response *stats;
-    assert_int_equal(kb_client_stats(f->client, NULL, &stats), 0);
+    assert_int_equal(kb_cluster_stats(f->cluster, 0, NULL, &stats), 0);
     assert_true(stats->stats->malformed_frames >= 3);
     carls__response__free_unpacked(stats, NULL);
     s_assert_healthy(f);

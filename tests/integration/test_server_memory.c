@@ -4,7 +4,7 @@
  * request is applied, while reads and updates of existing rows, lookups with no_create and new keys of an
  * eviction table at its cap keep working. Refusals are counted in stats (server-wide and per table, also as
  * kbctl prints them), and dropping a table gives its budget back. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_fixture.h"
@@ -53,27 +53,33 @@ static void s_create(server_fixture_t *f, const char *name, Carls__EvictionConfi
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = DIM;
     cfg.eviction = eviction;
-    test_create_table(f->client, name, &cfg);
+    test_create_table(f->cluster, name, &cfg);
 }
 
 static Carls__Response *s_stats(server_fixture_t *f, const char *table)
 {
     Carls__Response *r = NULL;
-    assert_int_equal(kb_client_stats(f->client, table, &r), 0);
+    assert_int_equal(kb_cluster_stats(f->cluster, 0, table, &r), 0);
     return r;
 }
 
 static uint64_t s_rows(server_fixture_t *f, const char *table)
 {
-    return test_table_stats(f->client, table).rows;
+    return test_table_stats(f->cluster, table).rows;
 }
 
-/* Asserts the client's last call was refused for memory. */
+/* Asserts a call that returned rc with status and error was refused for memory. */
+static void s_assert_refused_for_memory(int rc, Carls__StatusCode status, const char *error)
+{
+    if (rc != KB_CLIENT_ESTATUS || status != CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED)
+        fail_msg("expected RESOURCE_EXHAUSTED, got rc %d: %s", rc, error);
+    assert_non_null(strstr(error, "memory limit"));
+}
+
+/* Asserts the cluster's last call was refused for memory. */
 static void s_assert_exhausted(server_fixture_t *f, int rc)
 {
-    if (rc != KB_CLIENT_ESTATUS || kb_client_last_status(f->client) != CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED)
-        fail_msg("expected RESOURCE_EXHAUSTED, got rc %d: %s", rc, kb_client_last_error(f->client));
-    assert_non_null(strstr(kb_client_last_error(f->client), "memory limit"));
+    s_assert_refused_for_memory(rc, kb_cluster_last_status(f->cluster), kb_cluster_last_error(f->cluster));
 }
 
 /* Puts new rows into "emb" in batches of 1000, then 100, 10 and 1, until even one row is refused. Returns
@@ -86,7 +92,7 @@ static size_t s_fill(server_fixture_t *f)
         bool refused_after_checkpoint = false;
         while (!refused_after_checkpoint) {
             uint64_t before = s_rows(f, "emb");
-            int rc = kb_client_put(f->client, "emb", s_keys(0, "row", next, batch), batch, DIM, s_values, 1);
+            int rc = kb_cluster_put(f->cluster, "emb", s_keys(0, "row", next, batch), batch, DIM, s_values, 1);
             if (rc == 0) {
                 next += batch;
                 assert_true(next < 200000); /* 8 MiB cannot hold that many */
@@ -94,8 +100,8 @@ static size_t s_fill(server_fixture_t *f)
             }
             s_assert_exhausted(f, rc);
             assert_true(s_rows(f, "emb") == before); /* all or nothing */
-            assert_int_equal(kb_client_checkpoint(f->client), 0);
-            rc = kb_client_put(f->client, "emb", s_keys(0, "row", next, batch), batch, DIM, s_values, 1);
+            assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
+            rc = kb_cluster_put(f->cluster, "emb", s_keys(0, "row", next, batch), batch, DIM, s_values, 1);
             if (rc == 0)
                 next += batch;
             else
@@ -152,15 +158,15 @@ static void test_refuse_new_rows_keep_existing(void **state)
     lru.kind = CARLS__EVICTION_KIND__EVICT_LRU;
     lru.max_rows = 200;
     s_create(f, "lru", &lru);
-    assert_int_equal(kb_client_put(f->client, "lru", s_keys(0, "l", 0, 200), 200, DIM, s_values, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "lru", s_keys(0, "l", 0, 200), 200, DIM, s_values, 1), 0);
     Carls__TableConfig fcfg = CARLS__TABLE_CONFIG__INIT;
     fcfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    assert_int_equal(kb_client_create_table(f->client, "feat", &fcfg, false), 0);
+    assert_int_equal(kb_cluster_create_table(f->cluster, "feat", &fcfg, false), 0);
     assert_int_equal(s_feature_put(f, "known"), 0);
     /* A table to drop later: 5000 rows of budget. */
     s_create(f, "spare", NULL);
     for (size_t i = 0; i < 5000; i += 1000)
-        assert_int_equal(kb_client_put(f->client, "spare", s_keys(0, "s", i, 1000), 1000, DIM, s_values, 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "spare", s_keys(0, "s", i, 1000), 1000, DIM, s_values, 1), 0);
 
     size_t filled = s_fill(f);
     print_message("filled %zu rows of dim %d under --max-memory 8M\n", filled, DIM);
@@ -169,34 +175,35 @@ static void test_refuse_new_rows_keep_existing(void **state)
     /* Every kind of creation is refused now. */
     float one[DIM] = {9, 9, 9, 9}, out[DIM * 2];
     kb_key_t *fresh = s_keys(1, "fresh", 0, 2);
-    s_assert_exhausted(f, kb_client_put(f->client, "emb", fresh, 1, DIM, one, 1));
-    s_assert_exhausted(f, kb_client_lookup(f->client, "emb", fresh, 1, DIM, out, NULL));
-    s_assert_exhausted(f, kb_client_push_gradients(f->client, "emb", fresh, 1, DIM, one));
-    s_assert_exhausted(f, s_feature_put(f, "unknown"));
+    s_assert_exhausted(f, kb_cluster_put(f->cluster, "emb", fresh, 1, DIM, one, 1));
+    s_assert_exhausted(f, kb_cluster_lookup(f->cluster, "emb", fresh, 1, DIM, out, NULL));
+    s_assert_exhausted(f, kb_cluster_push_gradients(f->cluster, "emb", fresh, 1, DIM, one));
+    int rc = s_feature_put(f, "unknown");
+    s_assert_refused_for_memory(rc, kb_client_last_status(f->client), kb_client_last_error(f->client));
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = DIM;
-    s_assert_exhausted(f, kb_client_create_table(f->client, "another", &cfg, false));
+    s_assert_exhausted(f, kb_cluster_create_table(f->cluster, "another", &cfg, false));
     /* A request mixing an existing key with a new one is refused whole: the existing row is not changed. */
     kb_key_t mixed[2] = {s_keys(0, "row", 0, 1)[0], fresh[1]};
     float two[2 * DIM] = {7, 7, 7, 7, 7, 7, 7, 7};
-    s_assert_exhausted(f, kb_client_put(f->client, "emb", mixed, 2, DIM, two, 5));
+    s_assert_exhausted(f, kb_cluster_put(f->cluster, "emb", mixed, 2, DIM, two, 5));
     kb_row_meta_t meta[2];
-    assert_int_equal(kb_client_lookup(f->client, "emb", mixed, 1, DIM, out, meta), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", mixed, 1, DIM, out, meta), 0);
     assert_true(out[0] == 0.5f && meta[0].version == 1);
 
     /* What exists keeps working: lookups, puts and pushes of existing rows, lookups without creating. */
     kb_key_t *old = s_keys(0, "row", 0, 1000);
-    assert_int_equal(kb_client_put(f->client, "emb", old, 1000, DIM, s_values, 2), 0);
-    assert_int_equal(kb_client_push_gradients(f->client, "emb", old, 1000, DIM, s_values), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", old, 1000, DIM, s_values, 2), 0);
+    assert_int_equal(kb_cluster_push_gradients(f->cluster, "emb", old, 1000, DIM, s_values), 0);
     float *vals = calloc(1000 * DIM, sizeof *vals);
-    assert_int_equal(kb_client_lookup(f->client, "emb", old, 1000, DIM, vals, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", old, 1000, DIM, vals, NULL), 0);
     free(vals);
-    assert_int_equal(kb_client_lookup_ex(f->client, "emb", fresh, 2, DIM, true, out, meta), 0);
+    assert_int_equal(kb_cluster_lookup_ex(f->cluster, "emb", fresh, 2, DIM, true, out, meta), 0);
     assert_true(meta[0].frequency == 0 && meta[1].frequency == 0); /* answered, not created */
     assert_int_equal(s_feature_put(f, "known"), 0);
-    assert_int_equal(kb_client_create_table(f->client, "emb", &cfg, true), 0); /* exists: nothing to create */
+    assert_int_equal(kb_cluster_create_table(f->cluster, "emb", &cfg, true), 0); /* exists: nothing to create */
     /* An eviction table at its cap takes new keys: each replaces an evicted row. */
-    assert_int_equal(kb_client_put(f->client, "lru", s_keys(0, "l", 1000, 100), 100, DIM, s_values, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "lru", s_keys(0, "l", 1000, 100), 100, DIM, s_values, 1), 0);
     assert_true(s_rows(f, "lru") == 200);
 
     /* Stats: the refusals, server-wide and per table, and an estimate within the limit. */
@@ -234,9 +241,9 @@ static void test_refuse_new_rows_keep_existing(void **state)
     free(text);
 
     /* Dropping a table gives its budget back: new rows and tables are accepted again. */
-    assert_int_equal(kb_client_drop_table(f->client, "spare", false), 0);
-    assert_int_equal(kb_client_put(f->client, "emb", fresh, 2, DIM, two, 1), 0);
-    assert_int_equal(kb_client_create_table(f->client, "another", &cfg, false), 0);
+    assert_int_equal(kb_cluster_drop_table(f->cluster, "spare", false), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "emb", fresh, 2, DIM, two, 1), 0);
+    assert_int_equal(kb_cluster_create_table(f->cluster, "another", &cfg, false), 0);
 }
 
 /* A write refused for memory is forgotten by the exactly-once record, so its retry (same client id and
@@ -248,7 +255,7 @@ static void test_refused_write_is_not_remembered(void **state)
     s_create(f, "emb", NULL);
     s_create(f, "spare", NULL);
     for (size_t i = 0; i < 5000; i += 1000)
-        assert_int_equal(kb_client_put(f->client, "spare", s_keys(0, "s", i, 1000), 1000, DIM, s_values, 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "spare", s_keys(0, "s", i, 1000), 1000, DIM, s_values, 1), 0);
     s_fill(f);
     /* The same request (same client id and sequence) sent twice: refused, then applied after a drop. It
      * carries 100 new rows: the fill stopped at the first refused row, and the room left then (up to one
@@ -272,7 +279,7 @@ static void test_refused_write_is_not_remembered(void **state)
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED);
     carls__response__free_unpacked(resp, NULL);
     assert_true(req.client_id != 0 && req.sequence != 0); /* filled in by the client */
-    assert_int_equal(kb_client_drop_table(f->client, "spare", false), 0);
+    assert_int_equal(kb_cluster_drop_table(f->cluster, "spare", false), 0);
     /* The very same bytes again (a retry): applied now, and not as a duplicate. */
     raw_client_t raw;
     assert_int_equal(raw_open(&raw, f->srv.endpoint), 0);
@@ -282,7 +289,7 @@ static void test_refused_write_is_not_remembered(void **state)
     raw_close(&raw);
     float out[DIM];
     kb_key_t k = {.data = names[LATER - 1], .len = key[LATER - 1].len};
-    assert_int_equal(kb_client_lookup(f->client, "emb", &k, 1, DIM, out, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "emb", &k, 1, DIM, out, NULL), 0);
     assert_memory_equal(out, v + (LATER - 1) * DIM, sizeof out);
 }
 

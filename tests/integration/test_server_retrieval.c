@@ -3,7 +3,7 @@
  * frequency and Bloom admission keep rare keys out; LRU and oldest-first eviction keep what they should and
  * delete the rest from storage; scan pages cover every row once; --read-only and --shard refuse what they
  * must. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "protocol.h"
 #include "server_fixture.h"
 #include "test_proto.h"
@@ -44,8 +44,8 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     for (int m = 0; m < 3; m++) {
         Carls__KnnConfig kc;
         Carls__TableConfig cfg = test_knn_table_config(&kc, DIM, "Flat", metrics[m]);
-        test_create_table(f->client, names[m], &cfg);
-        assert_int_equal(kb_client_put(f->client, names[m], keys, N, DIM, data, 1), 0);
+        test_create_table(f->cluster, names[m], &cfg);
+        assert_int_equal(kb_cluster_put(f->cluster, names[m], keys, N, DIM, data, 1), 0);
 
         float queries[NQ * DIM];
         for (int i = 0; i < NQ * DIM; i++)
@@ -95,7 +95,7 @@ static void test_flat_knn_matches_brute_force_and_follows_updates(void **state)
     memcpy(old, data + 7 * DIM, sizeof old);
     for (int j = 0; j < DIM; j++)
         far[j] = 50.0f + (float)j;
-    assert_int_equal(kb_client_put(f->client, "knn_l2", &keys[7], 1, DIM, far, 2), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "knn_l2", &keys[7], 1, DIM, far, 2), 0);
     Carls__Response *resp = test_knn(f->client, "knn_l2", far, DIM, NULL, 0, 1, false);
     assert_memory_equal(resp->knn->keys[0].data, "item0007", 8);
     carls__response__free_unpacked(resp, NULL);
@@ -147,7 +147,7 @@ static void test_feature_records_round_trip(void **state)
     server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.kind = CARLS__TABLE_KIND__TABLE_FEATURE;
-    test_create_table(f->client, "graph", &cfg);
+    test_create_table(f->cluster, "graph", &cfg);
 
     Carls__FeatureRecord rec = CARLS__FEATURE_RECORD__INIT;
     ProtobufCBinaryData nbrs[2] = {{2, (uint8_t *)"n1"}, {2, (uint8_t *)"n2"}};
@@ -176,7 +176,7 @@ static void test_feature_records_round_trip(void **state)
     /* Embedding operations on a feature table are refused. */
     kb_key_t k = {"node", 4};
     float v;
-    assert_int_equal(kb_client_lookup(f->client, "graph", &k, 1, 1, &v, NULL), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "graph", &k, 1, 1, &v, NULL), KB_CLIENT_ESTATUS);
 
     server_fixture_restart(f, SIGKILL, NULL);
     ProtobufCBinaryData keys[2] = {{4, (uint8_t *)"node"}, {7, (uint8_t *)"missing"}};
@@ -210,39 +210,39 @@ static void test_admission_keeps_rare_keys_out(void **state)
     cfg.admission = &adm;
     adm.kind = CARLS__ADMISSION_KIND__ADMIT_FREQUENCY;
     adm.min_frequency = 3;
-    test_create_table(f->client, "freq", &cfg);
+    test_create_table(f->cluster, "freq", &cfg);
     adm.kind = CARLS__ADMISSION_KIND__ADMIT_BLOOM;
-    test_create_table(f->client, "bloom", &cfg);
+    test_create_table(f->cluster, "bloom", &cfg);
 
     kb_key_t rare = {"rare", 4}, common = {"common", 6};
     float v[2];
     for (int i = 0; i < 3; i++)
-        assert_int_equal(kb_client_lookup(f->client, "freq", &common, 1, 2, v, NULL), 0);
-    assert_int_equal(kb_client_lookup(f->client, "freq", &rare, 1, 2, v, NULL), 0);
-    Carls__TableStats ts = test_table_stats(f->client, "freq");
+        assert_int_equal(kb_cluster_lookup(f->cluster, "freq", &common, 1, 2, v, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "freq", &rare, 1, 2, v, NULL), 0);
+    Carls__TableStats ts = test_table_stats(f->cluster, "freq");
     assert_int_equal(ts.rows, 2);
     assert_int_equal(ts.not_persisted, 1);
 
     /* Bloom: no row until the third sighting; gradients for a key without a row are dropped and counted. */
     float g[2] = {1, 1};
-    assert_int_equal(kb_client_push_gradients(f->client, "bloom", &rare, 1, 2, g), 0);
-    assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(kb_cluster_push_gradients(f->cluster, "bloom", &rare, 1, 2, g), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "bloom", &rare, 1, 2, v, NULL), 0);
+    ts = test_table_stats(f->cluster, "bloom");
     assert_int_equal(ts.rows, 0);
     assert_int_equal(ts.not_admitted, 2);
-    assert_int_equal(kb_client_lookup(f->client, "bloom", &rare, 1, 2, v, NULL), 0);
-    ts = test_table_stats(f->client, "bloom");
+    assert_int_equal(kb_cluster_lookup(f->cluster, "bloom", &rare, 1, 2, v, NULL), 0);
+    ts = test_table_stats(f->cluster, "bloom");
     assert_int_equal(ts.rows, 1);
 
     /* Checkpoint, crash: the frequent key was persisted, the rare one was not. */
-    assert_int_equal(kb_client_checkpoint(f->client), 0);
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
     server_fixture_restart(f, SIGKILL, NULL);
-    ts = test_table_stats(f->client, "freq");
+    ts = test_table_stats(f->cluster, "freq");
     assert_int_equal(ts.rows, 1);
     kb_row_meta_t meta;
-    assert_int_equal(kb_client_lookup_ex(f->client, "freq", &common, 1, 2, true, v, &meta), 0);
+    assert_int_equal(kb_cluster_lookup_ex(f->cluster, "freq", &common, 1, 2, true, v, &meta), 0);
     assert_int_equal(meta.frequency, 3);
-    assert_int_equal(kb_client_lookup_ex(f->client, "freq", &rare, 1, 2, true, v, &meta), 0);
+    assert_int_equal(kb_cluster_lookup_ex(f->cluster, "freq", &rare, 1, 2, true, v, &meta), 0);
     assert_int_equal(meta.frequency, 0);
 }
 
@@ -259,27 +259,27 @@ static void test_eviction_lru_and_oldest(void **state)
         cfg.eviction = &ev;
         ev.kind = kinds[m];
         ev.max_rows = CAP;
-        test_create_table(f->client, names[m], &cfg);
+        test_create_table(f->cluster, names[m], &cfg);
         kb_key_t hot = {"hot", 3};
         float v = 5.0f;
-        assert_int_equal(kb_client_put(f->client, names[m], &hot, 1, 1, &v, 1), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, names[m], &hot, 1, 1, &v, 1), 0);
         char name[16];
         for (int i = 0; i < TOTAL; i++) {
             s_key_name(name, sizeof name, i);
             kb_key_t k = {name, strlen(name)};
-            assert_int_equal(kb_client_put(f->client, names[m], &k, 1, 1, &v, 1), 0);
+            assert_int_equal(kb_cluster_put(f->cluster, names[m], &k, 1, 1, &v, 1), 0);
             float got;
-            assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, NULL), 0);
+            assert_int_equal(kb_cluster_lookup_ex(f->cluster, names[m], &hot, 1, 1, true, &got, NULL), 0);
             if (m == 0 && i % 10 == 0) /* keep "hot" recently used (a lookup is a use) */
-                assert_int_equal(kb_client_lookup(f->client, names[m], &hot, 1, 1, &got, NULL), 0);
+                assert_int_equal(kb_cluster_lookup(f->cluster, names[m], &hot, 1, 1, &got, NULL), 0);
         }
-        Carls__TableStats ts = test_table_stats(f->client, names[m]);
+        Carls__TableStats ts = test_table_stats(f->cluster, names[m]);
         /* Each new row over the cap evicts one: the cap holds exactly once reached. */
         assert_int_equal(ts.rows, CAP);
         assert_int_equal(ts.rows + ts.evictions, TOTAL + 1);
         kb_row_meta_t meta;
         float got;
-        assert_int_equal(kb_client_lookup_ex(f->client, names[m], &hot, 1, 1, true, &got, &meta), 0);
+        assert_int_equal(kb_cluster_lookup_ex(f->cluster, names[m], &hot, 1, 1, true, &got, &meta), 0);
         if (m == 0)
             assert_int_equal(meta.version, 1); /* LRU kept the hot key */
         else
@@ -287,14 +287,14 @@ static void test_eviction_lru_and_oldest(void **state)
         /* The newest key is always there. */
         s_key_name(name, sizeof name, TOTAL - 1);
         kb_key_t newest = {name, strlen(name)};
-        assert_int_equal(kb_client_lookup_ex(f->client, names[m], &newest, 1, 1, true, &got, &meta), 0);
+        assert_int_equal(kb_cluster_lookup_ex(f->cluster, names[m], &newest, 1, 1, true, &got, &meta), 0);
         assert_int_equal(meta.version, 1);
     }
     /* Evicted rows are deleted from storage too. */
-    assert_int_equal(kb_client_checkpoint(f->client), 0);
-    uint64_t rows_before = test_table_stats(f->client, "lru").rows;
+    assert_int_equal(kb_cluster_checkpoint(f->cluster, NULL), 0);
+    uint64_t rows_before = test_table_stats(f->cluster, "lru").rows;
     server_fixture_restart(f, SIGKILL, NULL);
-    assert_int_equal(test_table_stats(f->client, "lru").rows, rows_before);
+    assert_int_equal(test_table_stats(f->cluster, "lru").rows, rows_before);
 }
 
 static void test_scan_pages_cover_every_row_once(void **state)
@@ -302,14 +302,14 @@ static void test_scan_pages_cover_every_row_once(void **state)
     server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 2;
-    test_create_table(f->client, "scan", &cfg);
+    test_create_table(f->cluster, "scan", &cfg);
     enum { N = 537 };
     char name[16];
     for (int i = 0; i < N; i++) {
         s_key_name(name, sizeof name, i);
         kb_key_t k = {name, strlen(name)};
         float v[2] = {(float)i, -(float)i};
-        assert_int_equal(kb_client_put(f->client, "scan", &k, 1, 2, v, 3), 0);
+        assert_int_equal(kb_cluster_put(f->cluster, "scan", &k, 1, 2, v, 3), 0);
     }
     static bool seen[N];
     int64_t after = 0;
@@ -354,20 +354,20 @@ static void test_read_only_and_shard_refusals(void **state)
     server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    test_create_table(f->client, "t", &cfg);
+    test_create_table(f->cluster, "t", &cfg);
     kb_key_t k = {"a", 1};
     float v = 1.0f;
-    assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 1), 0);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &k, 1, 1, &v, 1), 0);
 
     const char *ro[] = {"--read-only", NULL};
     server_fixture_restart(f, SIGTERM, ro);
-    assert_int_equal(kb_client_put(f->client, "t", &k, 1, 1, &v, 2), KB_CLIENT_ESTATUS);
-    assert_non_null(strstr(kb_client_last_error(f->client), "READ_ONLY"));
-    assert_int_equal(kb_client_push_gradients(f->client, "t", &k, 1, 1, &v), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_create_table(f->client, "u", &cfg, false), KB_CLIENT_ESTATUS);
-    assert_int_equal(kb_client_drop_table(f->client, "t", false), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_put(f->cluster, "t", &k, 1, 1, &v, 2), KB_CLIENT_ESTATUS);
+    assert_non_null(strstr(kb_cluster_last_error(f->cluster), "READ_ONLY"));
+    assert_int_equal(kb_cluster_push_gradients(f->cluster, "t", &k, 1, 1, &v), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_create_table(f->cluster, "u", &cfg, false), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_drop_table(f->cluster, "t", false), KB_CLIENT_ESTATUS);
     float got;
-    assert_int_equal(kb_client_lookup(f->client, "t", &k, 1, 1, &got, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(f->cluster, "t", &k, 1, 1, &got, NULL), 0);
     assert_true(got == 1.0f);
 
     /* Shard 0 of 2 refuses keys of shard 1. */
@@ -378,13 +378,13 @@ static void test_read_only_and_shard_refusals(void **state)
     for (int i = 0; i < 40; i++) {
         s_key_name(name, sizeof name, i);
         kb_key_t key = {name, strlen(name)};
-        int rc = kb_client_put(f->client, "t", &key, 1, 1, &v, 1);
+        int rc = kb_cluster_put(f->cluster, "t", &key, 1, 1, &v, 1);
         if (carls_shard_of(name, strlen(name), 2) == 0) {
             assert_int_equal(rc, 0);
             accepted++;
         } else {
             assert_int_equal(rc, KB_CLIENT_ESTATUS);
-            assert_non_null(strstr(kb_client_last_error(f->client), "shard"));
+            assert_non_null(strstr(kb_cluster_last_error(f->cluster), "shard"));
             refused++;
         }
     }
@@ -419,7 +419,7 @@ static void test_sampling_probabilities_and_frequencies(void **state)
     server_fixture_t *f = *state;
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 1;
-    test_create_table(f->client, "words", &cfg);
+    test_create_table(f->cluster, "words", &cfg);
     Carls__Response *resp = s_sample(f->client, "words", CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM, 5, NULL, 1,
                                      KB_CLIENT_ESTATUS);
     assert_int_equal(resp->status, CARLS__STATUS_CODE__STATUS_NOT_FOUND);
@@ -434,7 +434,7 @@ static void test_sampling_probabilities_and_frequencies(void **state)
         kb_key_t k = {name, strlen(name)};
         float v;
         for (int j = 0; j <= i; j++)
-            assert_int_equal(kb_client_lookup(f->client, "words", &k, 1, 1, &v, NULL), 0);
+            assert_int_equal(kb_cluster_lookup(f->cluster, "words", &k, 1, 1, &v, NULL), 0);
         mass += pow(i + 1, 0.75);
     }
     const Carls__SampleStrategy strategies[2] = {CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM,

@@ -13,7 +13,7 @@
  *
  * Prints the figures: requests and rows served, resident size at the start and end of the mixed phase, the
  * estimate. For longer runs (docs/RELIABILITY.md), run the binary directly: CARLS_SOAK_SECONDS=600. */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "kb_memory.h"
 #include "server_fixture.h"
 #include "util.h"
@@ -141,10 +141,10 @@ static void test_soak(void **state)
 
     /* The server's own count of what it served. */
     kb_client_options_t opts = {.timeout_ms = 30000};
-    kb_client_t *c = kb_client_new(f->srv.endpoint, &opts);
+    kb_cluster_t *c = kb_cluster_new(f->srv.endpoint, &opts);
     assert_non_null(c);
     Carls__Response *r = NULL;
-    assert_int_equal(kb_client_stats(c, "emb", &r), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, "emb", &r), 0);
     Carls__StatsResult *st = r->stats;
     Carls__TableStats *t = st->tables[0];
 
@@ -186,7 +186,7 @@ static void test_soak(void **state)
                  (unsigned long long)first_max, (unsigned long long)last_max);
 #endif
     carls__response__free_unpacked(r, NULL);
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     free(rss);
     /* The teardown stops the server with SIGTERM; it must exit 0 (LeakSanitizer under the sanitizers). */
 }

@@ -3,7 +3,7 @@
  * hand-made stats answer (escaping, grouping, latency histograms), then a real server is scraped over HTTP
  * after known traffic: every line must be valid exposition format, the numbers must match what was done, and
  * `promtool check metrics` must accept both pages with no problem (skipped, saying so, without promtool). */
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "kb_latency.h"
 #include "kb_metrics.h"
 #include "test_util.h"
@@ -256,31 +256,31 @@ static void test_scrape_real_server(void **state)
 
     kb_client_options_t opts = {.timeout_ms = 10000, .retries = 1};
     f->client = kb_client_new(f->srv.endpoint, &opts);
-    kb_client_t *c = f->client;
-    assert_non_null(c);
+    assert_non_null(f->client);
+    kb_cluster_t *c = f->cluster = kb_cluster_over(f->client);
     Carls__KnnConfig knn;
     Carls__TableConfig cfg = test_knn_table_config(&knn, 4, "Flat", CARLS__KNN_METRIC__METRIC_IP);
-    assert_int_equal(kb_client_create_table(c, "emb", &cfg, false), 0);
+    assert_int_equal(kb_cluster_create_table(c, "emb", &cfg, false), 0);
     kb_key_t keys[3] = {{"a", 1}, {"b", 1}, {"c", 1}};
     float vals[12] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};
-    assert_int_equal(kb_client_put(c, "emb", keys, 3, 4, vals, 1), 0);
+    assert_int_equal(kb_cluster_put(c, "emb", keys, 3, 4, vals, 1), 0);
     float out[12];
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 3, 4, out, NULL), 0);
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 2, 4, out, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(c, "emb", keys, 3, 4, out, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(c, "emb", keys, 2, 4, out, NULL), 0);
     float grads[8] = {1, 1, 1, 1, 2, 2, 2, 2};
-    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 2, 4, grads), 0);
+    assert_int_equal(kb_cluster_push_gradients(c, "emb", keys, 2, 4, grads), 0);
     /* an error on the table: wrong dimension */
-    assert_int_equal(kb_client_put(c, "emb", keys, 2, 4, vals, 1), 0);
+    assert_int_equal(kb_cluster_put(c, "emb", keys, 2, 4, vals, 1), 0);
     float bad[3] = {1, 2, 3};
-    assert_int_equal(kb_client_push_gradients(c, "emb", keys, 1, 3, bad), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_push_gradients(c, "emb", keys, 1, 3, bad), KB_CLIENT_ESTATUS);
     /* a request naming a table that does not exist is not counted per table */
-    assert_int_equal(kb_client_lookup(c, "nosuch", keys, 1, 4, out, NULL), KB_CLIENT_ESTATUS);
+    assert_int_equal(kb_cluster_lookup(c, "nosuch", keys, 1, 4, out, NULL), KB_CLIENT_ESTATUS);
     /* a knn request brings the index up to date with every put */
-    carls__response__free_unpacked(test_knn(c, "emb", NULL, 0, &keys[0], 1, 2, false), NULL);
+    carls__response__free_unpacked(test_knn(f->client, "emb", NULL, 0, &keys[0], 1, 2, false), NULL);
 
     /* stats over the protocol carries the new per-table fields */
     Carls__Response *resp = NULL;
-    assert_int_equal(kb_client_stats(c, "", &resp), 0);
+    assert_int_equal(kb_cluster_stats(c, 0, "", &resp), 0);
     Carls__StatsResult *st = resp->stats;
     assert_int_equal(st->n_tables, 1);
     Carls__TableStats *t = st->tables[0];
@@ -360,7 +360,7 @@ static void test_scrape_real_server(void **state)
     assert_non_null(strstr(answer, " 405 "));
     free(answer);
     /* the server still serves the protocol and scrapes */
-    assert_int_equal(kb_client_lookup(c, "emb", keys, 1, 4, out, NULL), 0);
+    assert_int_equal(kb_cluster_lookup(c, "emb", keys, 1, 4, out, NULL), 0);
     answer = s_http(port, "GET", "/metrics");
     assert_non_null(strstr(answer, " 200 "));
     free(answer);

@@ -19,7 +19,7 @@
 #include "nn_mlp.h"
 
 #include "checkpoint.h"
-#include "kb_client.h"
+#include "kb_cluster.h"
 
 #include <math.h>
 #include <string.h>
@@ -59,11 +59,11 @@ static void s_fleet(const char *endpoint, const char *dir, int n, const char *co
     }
 }
 
-static uint64_t s_stat(kb_client_t *c, const char *table, const char *field)
+static uint64_t s_stat(kb_cluster_t *c, const char *table, const char *field)
 {
     Carls__Response *r = NULL;
     uint64_t v = UINT64_MAX;
-    if (kb_client_stats(c, table, &r) == 0) {
+    if (kb_cluster_stats(c, 0, table, &r) == 0) {
         for (size_t i = 0; i < r->stats->n_tables; i++) {
             const Carls__TableStats *t = r->stats->tables[i];
             if (strcmp(t->name, table) == 0) {
@@ -106,7 +106,7 @@ int main(void)
     const char *embed[] = {"--task", "embed", "--ckpt-dir", ckpt, NULL};
     s_fleet(srv.endpoint, dir, 3, embed);
     km_bank_t *bank = km_bank_new(srv.endpoint, 5000, NULL);
-    kb_client_t *client = kb_client_new(srv.endpoint, NULL);
+    kb_cluster_t *client = kb_cluster_new(srv.endpoint, NULL);
     static uint32_t items[N_ITEMS];
     static uint64_t ver[N_ITEMS];
     static int64_t upd[N_ITEMS];
@@ -279,7 +279,7 @@ int main(void)
     MT_CHECK(worst_diff < 1e-4, "hog rows differ from km_hog by %g", worst_diff);
     carls_fmnist_free(&ds);
 
-    kb_client_destroy(&client);
+    kb_cluster_destroy(&client);
     km_bank_destroy(&bank);
     MT_CHECK(test_server_cleanup(&srv) == 0, "kb-server did not shut down cleanly");
     return mt_finish("test_maker_fleet", dir);

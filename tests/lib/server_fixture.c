@@ -35,13 +35,17 @@ int server_fixture_setup_started(void **state)
         return -1;
     server_fixture_t *f = *state;
     f->client = kb_client_new(f->srv.endpoint, &f->client_options);
-    return f->client ? 0 : -1;
+    if (!f->client)
+        return -1;
+    f->cluster = kb_cluster_over(f->client);
+    return 0;
 }
 
 int server_fixture_teardown(void **state)
 {
     server_fixture_t *f = *state;
     raw_close(&f->raw);
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
     int status = test_server_cleanup(&f->srv);
     free(f);
@@ -52,10 +56,12 @@ void server_fixture_start(server_fixture_t *f, const char *const *args)
 {
     assert_int_equal(test_server_start(&f->srv, args), 0);
     f->client = test_client_connect(f->srv.endpoint, &f->client_options);
+    f->cluster = kb_cluster_over(f->client);
 }
 
 int server_fixture_stop(server_fixture_t *f, int sig)
 {
+    kb_cluster_destroy(&f->cluster);
     kb_client_destroy(&f->client);
     return test_server_stop(&f->srv, sig);
 }
@@ -101,11 +107,11 @@ Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, 
     return resp;
 }
 
-Carls__TableStats test_table_stats(kb_client_t *c, const char *table)
+Carls__TableStats test_table_stats(kb_cluster_t *c, const char *table)
 {
     Carls__Response *resp = NULL;
-    if (kb_client_stats(c, table, &resp) != 0)
-        fail_msg("stats of %s: %s", table, kb_client_last_error(c));
+    if (kb_cluster_stats(c, 0, table, &resp) != 0)
+        fail_msg("stats of %s: %s", table, kb_cluster_last_error(c));
     assert_int_equal(resp->stats->n_tables, 1);
     Carls__TableStats counters = *resp->stats->tables[0];
     counters.name = NULL;
@@ -115,8 +121,8 @@ Carls__TableStats test_table_stats(kb_client_t *c, const char *table)
     return counters;
 }
 
-void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg)
+void test_create_table(kb_cluster_t *c, const char *name, const Carls__TableConfig *cfg)
 {
-    if (kb_client_create_table(c, name, cfg, false) != 0)
-        fail_msg("create %s: %s", name, kb_client_last_error(c));
+    if (kb_cluster_create_table(c, name, cfg, false) != 0)
+        fail_msg("create %s: %s", name, kb_cluster_last_error(c));
 }

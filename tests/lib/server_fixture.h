@@ -4,12 +4,15 @@
 #define CARLS_SERVER_FIXTURE_H
 
 #include "kb_client.h"
+#include "kb_cluster.h"
 #include "raw_client.h"
 #include "server_harness.h"
 
 typedef struct {
     test_server_t srv;
     kb_client_t *client;                /* connected by server_fixture_start; NULL while stopped */
+    kb_cluster_t *cluster;              /* the requests over client (kb_cluster_over), or a cluster of the
+                                         * test's own (client NULL then); NULL while stopped */
     kb_client_options_t client_options; /* how server_fixture_start connects */
     raw_client_t raw;                   /* for the test to open when it sends raw frames; closed by the teardown */
 } server_fixture_t;
@@ -37,10 +40,11 @@ int server_fixture_setup_started(void **state);
  * data directory; fails unless the server exited with status 0 (under the sanitizers a leak fails it). */
 int server_fixture_teardown(void **state);
 
-/* Starts the server with extra args (NULL-terminated, or NULL) and connects f->client; asserts both. */
+/* Starts the server with extra args (NULL-terminated, or NULL) and connects f->client (and f->cluster over
+ * it); asserts both. */
 void server_fixture_start(server_fixture_t *f, const char *const *args);
 
-/* Destroys the client and stops the server with sig; returns the server's exit status (128+signal). */
+/* Destroys the cluster and the client and stops the server with sig; returns the server's exit status (128+signal). */
 int server_fixture_stop(server_fixture_t *f, int sig);
 
 /* server_fixture_stop, then server_fixture_start with args; returns the stopped server's exit status. */
@@ -54,11 +58,11 @@ kb_client_t *test_client_connect(const char *endpoint, const kb_client_options_t
 Carls__Response *test_knn(kb_client_t *c, const char *table, const float *vecs, size_t nvals, const kb_key_t *keys,
                           size_t nkeys, uint32_t k, bool exclude);
 
-/* The stats of table through c (failing the test when the call fails): its counters only, the name and the
- * latency list going with the reply. */
-Carls__TableStats test_table_stats(kb_client_t *c, const char *table);
+/* The stats of table through c's shard 0 (failing the test when the call fails): its counters only, the name
+ * and the latency list going with the reply. */
+Carls__TableStats test_table_stats(kb_cluster_t *c, const char *table);
 
-/* Creates table name with cfg through c, failing the test with the client's error otherwise. */
-void test_create_table(kb_client_t *c, const char *name, const Carls__TableConfig *cfg);
+/* Creates table name with cfg through c, failing the test with the cluster's error otherwise. */
+void test_create_table(kb_cluster_t *c, const char *name, const Carls__TableConfig *cfg);
 
 #endif

@@ -6,7 +6,7 @@
 #include "maker_testlib.h"
 #include "server_harness.h"
 
-#include "kb_client.h"
+#include "kb_cluster.h"
 #include "prefetch_bank.h"
 #include "trainer_prefetch.h"
 
@@ -53,16 +53,16 @@ static void s_put_labels(km_bank_t *bank)
 static uint64_t s_rows(const char *endpoint, const char *table)
 {
     kb_client_options_t o = {.timeout_ms = 5000};
-    kb_client_t *c = kb_client_new(endpoint, &o);
+    kb_cluster_t *c = kb_cluster_new(endpoint, &o);
     Carls__Response *resp = NULL;
     uint64_t rows = 0;
-    if (c && kb_client_list_tables(c, &resp) == 0)
+    if (c && kb_cluster_list_tables(c, &resp) == 0)
         for (size_t i = 0; i < resp->table_list->n_tables; i++)
             if (strcmp(resp->table_list->tables[i]->name, table) == 0)
                 rows = resp->table_list->tables[i]->rows;
     if (resp)
         carls__response__free_unpacked(resp, NULL);
-    kb_client_destroy(&c);
+    kb_cluster_destroy(&c);
     return rows;
 }
 

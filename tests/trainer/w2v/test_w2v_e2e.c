@@ -12,7 +12,6 @@
 #include "trainer_w2v.h"
 
 #include "files.h"
-#include "kb_client.h"
 #include "kb_cluster.h"
 #include "util.h"
 
@@ -329,19 +328,19 @@ static void test_bank_restart_mid_training(void **state)
     /* Once the trainer has pushed gradients, kill the bank without warning and bring it back on the same
      * address. */
     kb_client_options_t quick = {.timeout_ms = 500};
-    kb_client_t *kb = kb_client_new(endpoint, &quick);
+    kb_cluster_t *kb = kb_cluster_new(endpoint, &quick);
     assert_non_null(kb);
     uint64_t pushed = 0;
     for (int i = 0; i < 2000 && pushed == 0; i++) {
         Carls__Response *st = NULL;
-        if (kb_client_stats(kb, "w2vt", &st) == 0 && st->stats->n_tables == 1)
+        if (kb_cluster_stats(kb, 0, "w2vt", &st) == 0 && st->stats->n_tables == 1)
             pushed = st->stats->tables[0]->gradients_received;
         if (st)
             carls__response__free_unpacked(st, NULL);
         struct timespec poll = {0, 10000000};
         nanosleep(&poll, NULL);
     }
-    kb_client_destroy(&kb);
+    kb_cluster_destroy(&kb);
     assert_true(pushed > 0);
     /* Three commit intervals more, so the tables themselves are on disk (a crash within the durability
      * interval may lose acknowledged writes, table creation included: docs/PROTOCOL.md). */
@@ -387,15 +386,15 @@ static void test_sharded_bank(void **state)
     s_check_learned(endpoints, files.vec, true);
     /* Both shards hold part of the vocabulary. */
     for (int i = 0; i < 2; i++) {
-        kb_client_t *kb = kb_client_new(i ? fx->srv2.endpoint : fx->srv.endpoint, NULL);
+        kb_cluster_t *kb = kb_cluster_new(i ? fx->srv2.endpoint : fx->srv.endpoint, NULL);
         assert_non_null(kb);
         Carls__Response *st = NULL;
-        assert_int_equal(kb_client_stats(kb, "w2vt", &st), 0);
+        assert_int_equal(kb_cluster_stats(kb, 0, "w2vt", &st), 0);
         assert_int_equal(st->stats->n_tables, 1);
         printf("  shard %d: %llu rows\n", i, (unsigned long long)st->stats->tables[0]->rows);
         assert_true(st->stats->tables[0]->rows > 30);
         carls__response__free_unpacked(st, NULL);
-        kb_client_destroy(&kb);
+        kb_cluster_destroy(&kb);
     }
 }
 
