@@ -33,10 +33,8 @@ static int s_setup(void **state)
     if (server_fixture_setup_server(state, args) != 0)
         return -1;
     server_fixture_t *f = *state;
-    f->client = kb_client_new(f->srv.endpoint, &f->client_options);
-    if (!f->client)
+    if (server_fixture_connect(f) != 0)
         return -1;
-    f->cluster = kb_cluster_over(f->client);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
     cfg.dim = 4;
     if (kb_cluster_create_table(f->cluster, "emb", &cfg, false) != 0)

@@ -29,16 +29,20 @@ int server_fixture_setup_server(void **state, const char *const *args)
     return test_server_start(&f->srv, args) == 0 ? 0 : -1;
 }
 
-int server_fixture_setup_started(void **state)
+int server_fixture_connect(server_fixture_t *f)
 {
-    if (server_fixture_setup_server(state, NULL) != 0)
-        return -1;
-    server_fixture_t *f = *state;
     f->client = kb_client_new(f->srv.endpoint, &f->client_options);
     if (!f->client)
         return -1;
     f->cluster = kb_cluster_over(f->client);
     return 0;
+}
+
+int server_fixture_setup_started(void **state)
+{
+    if (server_fixture_setup_server(state, NULL) != 0)
+        return -1;
+    return server_fixture_connect(*state);
 }
 
 int server_fixture_teardown(void **state)

@@ -26,6 +26,10 @@ int server_fixture_setup(void **state);
  * extra args (or NULL) and no client. Returns 0, or -1 when the server did not start. */
 int server_fixture_setup_server(void **state, const char *const *args);
 
+/* Connects f->client (with f->client_options) to the running server and makes f->cluster over it; for a cmocka
+ * setup (nothing asserted). Returns 0, or -1 when the client could not be made. */
+int server_fixture_connect(server_fixture_t *f);
+
 /* server_fixture_setup, then a server started with no extra arguments and a client connected. */
 int server_fixture_setup_started(void **state);
 
