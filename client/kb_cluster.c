@@ -1725,6 +1725,14 @@ static int s_call_shard(kb_cluster_t *self, uint32_t s, Carls__Request *req, Car
     return rc;
 }
 
+int kb_cluster_call(kb_cluster_t *self, uint32_t shard, Carls__Request *req, Carls__Response__ResultCase want,
+                    Carls__Response **resp_out)
+{
+    assert(self && req && resp_out && shard < self->n);
+    s_clear_error(self);
+    return s_call_shard(self, shard, req, want, resp_out);
+}
+
 int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carls__Response **stats_out)
 {
     assert(self && stats_out && shard < self->n);

@@ -306,6 +306,12 @@ int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_impor
 
 /* ---- per shard ----------------------------------------------------------------------------------------- */
 
+/* Sends req, built by the caller (op and its fields; the transport fills the ids), to shard and waits for the
+ * answer: 0 with *resp_out (the caller's) carrying result `want`; a failure as the other calls (*resp_out
+ * NULL). For an operation without a call of its own here (kbctl replica). */
+int kb_cluster_call(kb_cluster_t *self, uint32_t shard, Carls__Request *req, Carls__Response__ResultCase want,
+                    Carls__Response **resp_out);
+
 /* The shard's stats (table NULL or "" for every table). Caller owns *stats_out. */
 int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carls__Response **stats_out);
 

@@ -13,7 +13,7 @@
  * error (timeout, error status, undecodable answer).
  *
  * This file is the command line: global options, a verb's options and arguments, --help, main. The verbs
- * themselves are in kbctl_admin.c and kbctl_rows.c (kbctl_verb.h). */
+ * themselves are in kbctl_admin.c, kbctl_rows.c and kbctl_replica.c (kbctl_verb.h). */
 #include "kbctl_verb.h"
 
 #include "kb_cluster.h"
@@ -141,6 +141,7 @@ static const kbctl_verb_t *const s_verbs[] = {
     &kbctl_verb_snapshot,
     &kbctl_verb_snapshots,
     &kbctl_verb_snapshot_delete,
+    &kbctl_verb_replica,
 };
 #define S_N_VERBS (sizeof s_verbs / sizeof s_verbs[0])
 

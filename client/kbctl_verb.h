@@ -1,8 +1,8 @@
 /* kbctl's verbs: what a verb is (its help, options, positional arguments and run function), one run of it
  * (kbctl_call_t), and what the verbs share: option values, the connection to the bank, the message and exit
  * status of a failed call. kbctl.c parses the command line and runs the verb; the verbs live in
- * kbctl_admin.c (tables, stats, checkpoint, snapshots) and kbctl_rows.c (rows, features, knn, sample,
- * export and import).
+ * kbctl_admin.c (tables, stats, checkpoint, snapshots), kbctl_rows.c (rows, features, knn, sample,
+ * export and import) and kbctl_replica.c (a member of a replicated shard).
  *
  * Each verb comes as its help text (what `kbctl VERB --help` prints), the options it accepts (an enum naming
  * their indices in kbctl_call_t.opt), the function that runs it, and a kbctl_verb_t naming them, declared
@@ -102,5 +102,7 @@ extern const kbctl_verb_t kbctl_verb_create_table, kbctl_verb_list_tables, kbctl
 /* kbctl_rows.c */
 extern const kbctl_verb_t kbctl_verb_put, kbctl_verb_push_grad, kbctl_verb_get, kbctl_verb_knn, kbctl_verb_sample,
     kbctl_verb_put_feature, kbctl_verb_get_feature, kbctl_verb_export, kbctl_verb_import;
+/* kbctl_replica.c */
+extern const kbctl_verb_t kbctl_verb_replica;
 
 #endif

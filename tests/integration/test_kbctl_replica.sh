@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Integration: kbctl's replica verbs (status, promote, fence, set) against a real replicated shard, a primary
+# with --min-replicas 1 and its follower: roles and terms, a row written on the primary read on the follower,
+# a write to the follower refused with NOT_PRIMARY naming the primary, then kill -9 of the primary, promotion
+# of the follower (term 2) that takes writes, a second promotion refused, a fence that stops writes.
+# Usage: test_kbctl_replica.sh BIN_DIR
+set -uo pipefail
+bin=${1:?usage: test_kbctl_replica.sh BIN_DIR}
+work=$(mktemp -d /tmp/carls-kbctl-replica-XXXXXX)
+. "$(dirname "$0")/kbctl_testlib.sh"
+k=$bin/kbctl
+primary= follower=
+cleanup() { # both members (kbctl_testlib.sh's trap calls this)
+  for p in $primary $follower; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+
+start_member() { # start_member NAME [EXTRA ARGS...]: a kb-server on $work/NAME; its endpoint in $work/NAME.ep
+  local name=$1; shift
+  "$bin/kb-server" --listen 'tcp://127.0.0.1:*' --endpoint-file "$work/$name.ep" --data "$work/$name" "$@" \
+    2>>"$work/$name.log" &
+  member=$!
+  for _ in $(seq 200); do [ -s "$work/$name.ep" ] && break; sleep 0.05; done
+  [ -s "$work/$name.ep" ] || { echo "$name did not start"; cat "$work/$name.log"; exit 1; }
+}
+field() { # field KEY: the value of "KEY: value" in the status on stdin
+  sed -n "s/^$1: //p"
+}
+
+start_member primary --min-replicas 1
+primary=$member
+P=$(cat "$work/primary.ep")
+start_member follower --replica-of "$P"
+follower=$member
+F=$(cat "$work/follower.ep")
+
+# The follower says hello to the primary; wait until the primary counts it live and the follower has
+# applied a round of term 1 (it has no term before its first round).
+for _ in $(seq 100); do
+  [ "$($k --kb "$P" replica status 2>/dev/null | grep -c 'live=yes$')" == 1 ] &&
+    [ "$($k --kb "$F" replica status 2>/dev/null | field term)" == 1 ] && break
+  sleep 0.1
+done
+status=$($k --kb "$P" replica status); st=$?
+check "primary status exit" 0 "$st"
+check "primary role" primary "$(echo "$status" | field role)"
+check "primary term" 1 "$(echo "$status" | field term)"
+check "primary min replicas" 1 "$(echo "$status" | field min_replicas)"
+check "primary: one follower" 1 "$(echo "$status" | field followers)"
+check "primary: the follower live" "follower: $F live=yes" \
+  "$(echo "$status" | grep '^follower: ' | sed 's/ acked_epoch=[0-9]* lag_ms=[0-9]*//')"
+check "primary: replication endpoint" 1 "$(echo "$status" | field replication_endpoint | grep -c '^tcp://127.0.0.1:')"
+status=$($k --kb "$F" replica status)
+check "follower role" follower "$(echo "$status" | field role)"
+check "follower term" 1 "$(echo "$status" | field term)"
+check "follower's primary" "$P" "$(echo "$status" | field primary)"
+check "follower status json" 1 "$($k --kb "$F" replica status --json | grep -c '^{"role":"follower","term":1,')"
+
+check "create table on the primary" 0 "$(status_of $k --kb "$P" create-table emb --dim 2 --init zeros)"
+printf 'a\t1 2\n' | $k --kb "$P" put emb 2>/dev/null
+check "put on the primary" 0 "$?"
+check "the follower has the row" $'a\t1 2' "$($k --kb "$F" get emb a)"
+err=$(printf 'b\t3 4\n' | $k --kb "$F" put emb 2>&1 >/dev/null); st=$?
+check "put on the follower: exit" 2 "$st"
+check "put on the follower: NOT_PRIMARY naming the primary" 1 "$(echo "$err" | grep -c "NOT_PRIMARY: .*$P")"
+
+kill -9 "$primary"; wait "$primary" 2>/dev/null; primary=
+check "promote the follower" 0 "$(status_of $k --kb "$F" replica promote --term 2)"
+status=$($k --kb "$F" replica status)
+check "promoted: role" primary "$(echo "$status" | field role)"
+check "promoted: term" 2 "$(echo "$status" | field term)"
+printf 'b\t3 4\n' | $k --kb "$F" put emb 2>/dev/null
+check "put on the new primary" 0 "$?"
+check "the new primary's rows" $'a\t1 2\nb\t3 4' "$($k --kb "$F" get emb a b)"
+err=$($k --kb "$F" replica promote --term 2 2>&1 >/dev/null); st=$?
+check "promote again: exit" 2 "$st"
+check "promote again: the server's refusal" 1 "$(echo "$err" | grep -c '^kbctl replica promote: INVALID_ARGUMENT: ')"
+check "fence at term 3" 0 "$(status_of $k --kb "$F" replica fence --term 3)"
+check "fenced: term" 3 "$($k --kb "$F" replica status | field term)"
+err=$(printf 'c\t5 6\n' | $k --kb "$F" put emb 2>&1 >/dev/null); st=$?
+check "put after the fence: exit" 2 "$st"
+check "put after the fence: NOT_PRIMARY" 1 "$(echo "$err" | grep -c 'NOT_PRIMARY')"
+
+# The command line.
+check "help" 0 "$(status_of $k replica --help)"
+check "in kbctl --help" 1 "$($k --help | grep -c '^  kbctl replica status|promote|fence|set')"
+check "a list of members: usage" 1 "$(status_of $k --kb "$F,$F" replica status)"
+check "promote without --term: usage" 1 "$(status_of $k --kb "$F" replica promote)"
+check "set without --min-replicas: usage" 1 "$(status_of $k --kb "$F" replica set)"
+check "status with --term: usage" 1 "$(status_of $k --kb "$F" replica status --term 4)"
+check "unknown action: usage" 1 "$(status_of $k --kb "$F" replica elect)"
+check "no action: usage" 1 "$(status_of $k --kb "$F" replica)"
+
+kill -TERM "$follower"; wait "$follower"; st=$?; follower=
+check "follower stops cleanly" 0 "$st"
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
