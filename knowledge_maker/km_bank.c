@@ -97,14 +97,42 @@ bool km_bank_unreachable(const km_bank_t *self)
     return self->unreachable;
 }
 
-/* Keys of items[0..n) in one buffer: keys[i] points into text (n * 11 bytes). */
-static void s_keys(const uint32_t *items, size_t n, kb_key_t *keys, char *text)
+/* items[0..n) taken in chunks of at most `size` (one request each): the keys of one chunk at a time, in
+ * buffers kept for the whole call. */
+typedef struct {
+    const uint32_t *items;
+    size_t n, size;
+    size_t off, m;  /* the current chunk: items[off .. off + m) */
+    kb_key_t *keys; /* (size) the current chunk's keys, pointing into text */
+    char *text;     /* (size * 11) */
+} s_chunks_t;
+
+static s_chunks_t s_chunks(const uint32_t *items, size_t n, size_t size)
 {
-    for (size_t i = 0; i < n; i++) {
-        char *k = text + i * 11;
-        keys[i].len = km_item_key(items[i], k);
-        keys[i].data = k;
+    return (s_chunks_t){.items = items, .n = n, .size = size, .keys = carls_xmalloc(sizeof(kb_key_t) * size),
+                        .text = carls_xmalloc(11 * size)};
+}
+
+/* Moves to the next chunk and makes its keys; false after the last one. */
+static bool s_chunk_next(s_chunks_t *c)
+{
+    c->off += c->m;
+    if (c->off >= c->n) {
+        return false;
     }
+    c->m = c->n - c->off < c->size ? c->n - c->off : c->size;
+    for (size_t i = 0; i < c->m; i++) {
+        char *k = c->text + i * 11;
+        c->keys[i].len = km_item_key(c->items[c->off + i], k);
+        c->keys[i].data = k;
+    }
+    return true;
+}
+
+static void s_chunks_free(s_chunks_t *c)
+{
+    free(c->keys);
+    free(c->text);
 }
 
 int km_bank_create_embedding(km_bank_t *self, const char *table, uint32_t dim)
@@ -131,50 +159,42 @@ int km_bank_create_feature(km_bank_t *self, const char *table)
 int km_bank_put(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t dim,
                 const float *values, uint64_t version)
 {
-    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
-    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    s_chunks_t ch = s_chunks(items, n, KM_BANK_CHUNK);
     int rc = 0;
-    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
-        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_keys(items + off, m, keys, text);
-        rc = kb_cluster_put(self->bank, table, keys, m, dim, values + off * dim, version);
+    while (rc == 0 && s_chunk_next(&ch)) {
+        rc = kb_cluster_put(self->bank, table, ch.keys, ch.m, dim, values + ch.off * dim, version);
         if (rc) {
             s_fail(self, rc, "put", table);
         }
     }
-    free(keys);
-    free(text);
+    s_chunks_free(&ch);
     return rc;
 }
 
 int km_bank_lookup(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t dim,
                    float *values, uint64_t *versions, int64_t *updated_at_ms)
 {
-    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
-    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    s_chunks_t ch = s_chunks(items, n, KM_BANK_CHUNK);
     kb_row_meta_t *meta = carls_xmalloc(sizeof *meta * KM_BANK_CHUNK);
     float *scratch = values ? NULL : carls_xmalloc(sizeof(float) * KM_BANK_CHUNK * dim);
     int rc = 0;
-    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
-        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_keys(items + off, m, keys, text);
-        rc = kb_cluster_lookup_ex(self->bank, table, keys, m, dim, true, values ? values + off * dim : scratch,
-                                  meta);
+    while (rc == 0 && s_chunk_next(&ch)) {
+        rc = kb_cluster_lookup_ex(self->bank, table, ch.keys, ch.m, dim, true,
+                                  values ? values + ch.off * dim : scratch, meta);
         if (rc) {
             s_fail(self, rc, "lookup", table);
             break;
         }
-        for (size_t i = 0; i < m; i++) {
+        for (size_t i = 0; i < ch.m; i++) {
             if (versions) {
-                versions[off + i] = meta[i].version;
+                versions[ch.off + i] = meta[i].version;
             }
             if (updated_at_ms) {
-                updated_at_ms[off + i] = meta[i].updated_at_ms;
+                updated_at_ms[ch.off + i] = meta[i].updated_at_ms;
             }
         }
     }
-    free(keys);
-    free(text);
+    s_chunks_free(&ch);
     free(meta);
     free(scratch);
     return rc;
@@ -183,15 +203,13 @@ int km_bank_lookup(km_bank_t *self, const char *table, const uint32_t *items, si
 int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t k, uint32_t *nbr,
                 float *score)
 {
-    const size_t chunk = 1024; /* queries per request: keeps each answer (chunk * k keys) small */
-    kb_key_t *keys = carls_xmalloc(sizeof *keys * chunk);
-    char *text = carls_xmalloc(11 * chunk);
+    /* 1024 queries per request: keeps each answer (1024 * k keys) small */
+    s_chunks_t ch = s_chunks(items, n, 1024);
     int rc = 0;
-    for (size_t off = 0; off < n && rc == 0; off += chunk) {
-        size_t m = n - off < chunk ? n - off : chunk;
-        s_keys(items + off, m, keys, text);
+    while (rc == 0 && s_chunk_next(&ch)) {
+        size_t off = ch.off, m = ch.m;
         kb_knn_result_t *res = NULL;
-        rc = kb_cluster_knn_by_key(self->bank, table, keys, m, k, true, &res);
+        rc = kb_cluster_knn_by_key(self->bank, table, ch.keys, m, k, true, &res);
         if (rc) {
             s_fail(self, rc, "knn", table);
             break;
@@ -204,8 +222,7 @@ int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_
         }
         kb_knn_result_destroy(&res);
     }
-    free(keys);
-    free(text);
+    s_chunks_free(&ch);
     return rc;
 }
 
@@ -213,24 +230,20 @@ int km_bank_knn(km_bank_t *self, const char *table, const uint32_t *items, size_
 static int s_feature_put(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
                          Carls__FeatureRecord *records)
 {
-    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
+    s_chunks_t ch = s_chunks(items, n, KM_BANK_CHUNK);
     const Carls__FeatureRecord **ptrs = carls_xmalloc(sizeof *ptrs * KM_BANK_CHUNK);
-    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
     int rc = 0;
-    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
-        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_keys(items + off, m, keys, text);
-        for (size_t i = 0; i < m; i++) {
-            ptrs[i] = &records[off + i];
+    while (rc == 0 && s_chunk_next(&ch)) {
+        for (size_t i = 0; i < ch.m; i++) {
+            ptrs[i] = &records[ch.off + i];
         }
-        rc = kb_cluster_feature_put(self->bank, table, keys, m, ptrs);
+        rc = kb_cluster_feature_put(self->bank, table, ch.keys, ch.m, ptrs);
         if (rc) {
             s_fail(self, rc, "feature_put", table);
         }
     }
-    free(keys);
+    s_chunks_free(&ch);
     free(ptrs);
-    free(text);
     return rc;
 }
 
@@ -285,29 +298,30 @@ int km_bank_put_labels(km_bank_t *self, const char *table, const uint32_t *items
     return rc;
 }
 
-/* feature_get of items[0..n) in chunks; calls fn(ctx, index, record) for each item in order. */
-static int s_feature_get(km_bank_t *self, const char *table, const uint32_t *items, size_t n,
+/* feature_get of items[0..n) in chunks; calls fn(ctx, index, record) for each item in order and, when versions
+ * is not NULL, sets versions[index] to the record's version (0 for an item without one). */
+static int s_feature_get(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint64_t *versions,
                          void (*fn)(void *ctx, size_t i, const Carls__FeatureRecord *r), void *ctx)
 {
-    kb_key_t *keys = carls_xmalloc(sizeof *keys * KM_BANK_CHUNK);
-    char *text = carls_xmalloc(11 * (size_t)KM_BANK_CHUNK);
+    s_chunks_t ch = s_chunks(items, n, KM_BANK_CHUNK);
     int rc = 0;
-    for (size_t off = 0; off < n && rc == 0; off += KM_BANK_CHUNK) {
-        size_t m = n - off < KM_BANK_CHUNK ? n - off : KM_BANK_CHUNK;
-        s_keys(items + off, m, keys, text);
+    while (rc == 0 && s_chunk_next(&ch)) {
         kb_feature_result_t *res = NULL;
-        rc = kb_cluster_feature_get(self->bank, table, keys, m, &res);
+        rc = kb_cluster_feature_get(self->bank, table, ch.keys, ch.m, &res);
         if (rc) {
             s_fail(self, rc, "feature_get", table);
             break;
         }
-        for (size_t i = 0; i < m; i++) {
-            fn(ctx, off + i, res->records[i]);
+        for (size_t i = 0; i < ch.m; i++) {
+            const Carls__FeatureRecord *r = res->records[i];
+            fn(ctx, ch.off + i, r);
+            if (versions) {
+                versions[ch.off + i] = r->found ? r->version : 0;
+            }
         }
         kb_feature_result_destroy(&res);
     }
-    free(keys);
-    free(text);
+    s_chunks_free(&ch);
     return rc;
 }
 
@@ -315,7 +329,6 @@ typedef struct {
     uint32_t k;
     uint32_t *nbr;
     float *weight;
-    uint64_t *versions;
 } s_nbr_ctx_t;
 
 static void s_take_neighbors(void *ctx, size_t i, const Carls__FeatureRecord *r)
@@ -333,22 +346,18 @@ static void s_take_neighbors(void *ctx, size_t i, const Carls__FeatureRecord *r)
         c->nbr[i * c->k + j] = it;
         c->weight[i * c->k + j] = it == KM_NO_ITEM ? 0.0f : r->neighbor_weights[j];
     }
-    if (c->versions) {
-        c->versions[i] = r->found ? r->version : 0;
-    }
 }
 
 int km_bank_get_neighbors(km_bank_t *self, const char *table, const uint32_t *items, size_t n, uint32_t k,
                           uint32_t *nbr, float *weight, uint64_t *versions)
 {
-    s_nbr_ctx_t ctx = {.k = k, .nbr = nbr, .weight = weight, .versions = versions};
-    return s_feature_get(self, table, items, n, s_take_neighbors, &ctx);
+    s_nbr_ctx_t ctx = {.k = k, .nbr = nbr, .weight = weight};
+    return s_feature_get(self, table, items, n, versions, s_take_neighbors, &ctx);
 }
 
 typedef struct {
     int32_t *label;
     float *confidence;
-    uint64_t *versions;
 } s_label_ctx_t;
 
 static void s_take_label(void *ctx, size_t i, const Carls__FeatureRecord *r)
@@ -357,14 +366,11 @@ static void s_take_label(void *ctx, size_t i, const Carls__FeatureRecord *r)
     bool has = r->found && r->label_case == CARLS__FEATURE_RECORD__LABEL_INT_LABEL;
     c->label[i] = has ? (int32_t)r->int_label : -1;
     c->confidence[i] = has ? r->label_confidence : 0.0f;
-    if (c->versions) {
-        c->versions[i] = r->found ? r->version : 0;
-    }
 }
 
 int km_bank_get_labels(km_bank_t *self, const char *table, const uint32_t *items, size_t n, int32_t *label,
                        float *confidence, uint64_t *versions)
 {
-    s_label_ctx_t ctx = {.label = label, .confidence = confidence, .versions = versions};
-    return s_feature_get(self, table, items, n, s_take_label, &ctx);
+    s_label_ctx_t ctx = {.label = label, .confidence = confidence};
+    return s_feature_get(self, table, items, n, versions, s_take_label, &ctx);
 }
