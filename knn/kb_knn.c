@@ -354,6 +354,20 @@ static const float *s_metric_input(const kb_knn_t *self, const float *vecs, size
     return *normed;
 }
 
+/* The way in for n vectors a caller gives (to store or to search for): NULL (and *normed NULL) when one of
+ * their values is not finite; otherwise s_metric_input's answer, with FAISS's thread count set for the
+ * work that follows. */
+static const float *s_caller_input(const kb_knn_t *self, const float *vecs, size_t n, float **normed)
+{
+    *normed = NULL;
+    if (!s_finite(vecs, n * self->dim)) {
+        return NULL;
+    }
+    const float *use = s_metric_input(self, vecs, n, normed);
+    s_apply_threads();
+    return use;
+}
+
 /* The score FAISS would give: inner product, or squared L2 distance. */
 static float s_score(const kb_knn_t *self, const float *a, const float *b)
 {
@@ -847,34 +861,28 @@ void kb_knn_config_default(kb_knn_config_t *cfg)
     cfg->background = true;
 }
 
+/* Each metric's name, for parsing and printing alike. */
+static const char *const s_metric_names[] = {
+    [KB_KNN_METRIC_IP] = "ip",
+    [KB_KNN_METRIC_L2] = "l2",
+    [KB_KNN_METRIC_COSINE] = "cosine",
+};
+
+#define S_N_METRICS (sizeof s_metric_names / sizeof s_metric_names[0])
+
 int kb_knn_metric_parse(const char *name, kb_knn_metric_t *out)
 {
-    if (!name) {
+    int m = carls_name_index(name, s_metric_names, (int)S_N_METRICS);
+    if (m < 0 || strcmp(name, s_metric_names[m]) != 0) { /* the names in lower case only */
         return -EINVAL;
     }
-    if (strcmp(name, "ip") == 0) {
-        *out = KB_KNN_METRIC_IP;
-    } else if (strcmp(name, "l2") == 0) {
-        *out = KB_KNN_METRIC_L2;
-    } else if (strcmp(name, "cosine") == 0) {
-        *out = KB_KNN_METRIC_COSINE;
-    } else {
-        return -EINVAL;
-    }
+    *out = (kb_knn_metric_t)m;
     return 0;
 }
 
 const char *kb_knn_metric_name(kb_knn_metric_t metric)
 {
-    switch (metric) {
-    case KB_KNN_METRIC_IP:
-        return "ip";
-    case KB_KNN_METRIC_L2:
-        return "l2";
-    case KB_KNN_METRIC_COSINE:
-        return "cosine";
-    }
-    return "?";
+    return (size_t)metric < S_N_METRICS ? s_metric_names[metric] : "?";
 }
 
 /* Parses a decimal number in [lo, hi] at *p and advances past it. */
@@ -1169,6 +1177,19 @@ static int s_apply_locked(kb_knn_t *self, size_t n, const int64_t *ids, const fl
     return rc;
 }
 
+/* s_apply_locked under the write lock, then the worker woken when a build is due. */
+static int s_apply(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs, size_t *removed)
+{
+    pthread_rwlock_wrlock(&self->lock);
+    int rc = s_apply_locked(self, n, ids, vecs, removed);
+    bool due = s_needs_build_locked(self);
+    pthread_rwlock_unlock(&self->lock);
+    if (due) {
+        s_wake_worker(self);
+    }
+    return rc;
+}
+
 int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const float *vecs)
 {
     assert(self);
@@ -1183,19 +1204,12 @@ int kb_knn_upsert_batch(kb_knn_t *self, size_t n, const int64_t *ids, const floa
             return -EINVAL;
         }
     }
-    if (!s_finite(vecs, n * self->dim)) {
+    float *normed;
+    const float *use = s_caller_input(self, vecs, n, &normed);
+    if (!use) {
         return -EINVAL;
     }
-    float *normed;
-    const float *use = s_metric_input(self, vecs, n, &normed);
-    s_apply_threads();
-    pthread_rwlock_wrlock(&self->lock);
-    int rc = s_apply_locked(self, n, ids, use, NULL);
-    bool due = s_needs_build_locked(self);
-    pthread_rwlock_unlock(&self->lock);
-    if (due) {
-        s_wake_worker(self);
-    }
+    int rc = s_apply(self, n, ids, use, NULL);
     free(normed);
     return rc;
 }
@@ -1218,14 +1232,7 @@ int kb_knn_remove_batch(kb_knn_t *self, size_t n, const int64_t *ids, size_t *re
         return -EINVAL;
     }
     s_apply_threads();
-    pthread_rwlock_wrlock(&self->lock);
-    int rc = s_apply_locked(self, n, ids, NULL, removed);
-    bool due = s_needs_build_locked(self);
-    pthread_rwlock_unlock(&self->lock);
-    if (due) {
-        s_wake_worker(self);
-    }
-    return rc;
+    return s_apply(self, n, ids, NULL, removed);
 }
 
 int kb_knn_remove(kb_knn_t *self, int64_t id)
@@ -1366,12 +1373,11 @@ int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, c
     if (!queries || !out_ids || !out_scores || k == 0 || k > KB_KNN_MAX_K) {
         return -EINVAL;
     }
-    if (!s_finite(queries, nq * self->dim)) {
+    float *normed;
+    const float *use = s_caller_input(self, queries, nq, &normed);
+    if (!use) {
         return -EINVAL;
     }
-    float *normed;
-    const float *use = s_metric_input(self, queries, nq, &normed);
-    s_apply_threads();
     int rc = 0;
     pthread_rwlock_rdlock(&self->lock);
     if (self->index) {
