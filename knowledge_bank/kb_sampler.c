@@ -35,34 +35,31 @@ struct kb_sampler {
     size_t *alias;          /* (n) otherwise take alias[i] */
 };
 
+/* Each strategy's name, for parsing and printing alike ("log-uniform" is parsed too). */
+static const char *const s_strategy_names[] = {
+    [KB_SAMPLER_UNIFORM] = "uniform",
+    [KB_SAMPLER_LOG_UNIFORM] = "log_uniform",
+    [KB_SAMPLER_UNIGRAM] = "unigram",
+};
+
+#define S_N_STRATEGIES (sizeof s_strategy_names / sizeof s_strategy_names[0])
+
 int kb_sampler_strategy_parse(const char *name, kb_sampler_strategy_t *out)
 {
-    if (!name) {
+    if (name && strcmp(name, "log-uniform") == 0) {
+        name = s_strategy_names[KB_SAMPLER_LOG_UNIFORM];
+    }
+    int s = carls_name_index(name, s_strategy_names, (int)S_N_STRATEGIES);
+    if (s < 0 || strcmp(name, s_strategy_names[s]) != 0) { /* the names in lower case only */
         return -EINVAL;
     }
-    if (strcmp(name, "uniform") == 0) {
-        *out = KB_SAMPLER_UNIFORM;
-    } else if (strcmp(name, "log_uniform") == 0 || strcmp(name, "log-uniform") == 0) {
-        *out = KB_SAMPLER_LOG_UNIFORM;
-    } else if (strcmp(name, "unigram") == 0) {
-        *out = KB_SAMPLER_UNIGRAM;
-    } else {
-        return -EINVAL;
-    }
+    *out = (kb_sampler_strategy_t)s;
     return 0;
 }
 
 const char *kb_sampler_strategy_name(kb_sampler_strategy_t strategy)
 {
-    switch (strategy) {
-    case KB_SAMPLER_UNIFORM:
-        return "uniform";
-    case KB_SAMPLER_LOG_UNIFORM:
-        return "log_uniform";
-    case KB_SAMPLER_UNIGRAM:
-        return "unigram";
-    }
-    return "?";
+    return (size_t)strategy < S_N_STRATEGIES ? s_strategy_names[strategy] : "?";
 }
 
 /* ---- random numbers ---- */
