@@ -225,22 +225,56 @@ static void s_scan_check(kb_client_t *c, const char *table, size_t rows, uint32_
 #define MIX_DIM 32u
 #define MIX_ROUNDS 300
 
-/* A server started with args holding table "mix": MIX_ROWS rows of generation 0; *gens (all 0), *values and
- * *want (a batch each) for the caller to free. */
-static void s_mix_start(server_fixture_t *f, const char *const *args, uint32_t **gens, float **values, float **want)
+/* What a test of table "mix" knows: each row's generation, and a batch of values and of expected values. */
+typedef struct {
+    uint32_t *gens;
+    float *values, *want;
+} s_mix_t;
+
+/* A server started with args holding table "mix": MIX_ROWS rows of generation 0. Free m with s_mix_free. */
+static void s_mix_start(server_fixture_t *f, const char *const *args, s_mix_t *m)
 {
     server_fixture_start(f, args);
     s_create(f->cluster, "mix", MIX_DIM, false);
-    *gens = calloc(MIX_ROWS, sizeof **gens);
-    *values = malloc((size_t)BATCH * MIX_DIM * sizeof **values);
-    *want = malloc((size_t)BATCH * MIX_DIM * sizeof **want);
-    assert_non_null(*gens);
-    assert_non_null(*values);
-    assert_non_null(*want);
+    m->gens = calloc(MIX_ROWS, sizeof *m->gens);
+    m->values = malloc((size_t)BATCH * MIX_DIM * sizeof *m->values);
+    m->want = malloc((size_t)BATCH * MIX_DIM * sizeof *m->want);
+    assert_non_null(m->gens);
+    assert_non_null(m->values);
+    assert_non_null(m->want);
     for (size_t first = 0; first < MIX_ROWS; first += BATCH) {
-        s_fill(*values, first, BATCH, MIX_DIM, *gens);
-        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, *values, 1), 0);
+        s_fill(m->values, first, BATCH, MIX_DIM, m->gens);
+        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, m->values, 1), 0);
     }
+}
+
+static void s_mix_free(s_mix_t *m)
+{
+    free(m->gens);
+    free(m->values);
+    free(m->want);
+}
+
+/* Moves rows [first, first + n) of "mix" to their next generation: their new values put with version. */
+static void s_mix_bump(server_fixture_t *f, s_mix_t *m, size_t first, size_t n, uint64_t version)
+{
+    for (size_t i = first; i < first + n; i++)
+        m->gens[i]++;
+    s_fill(m->values, first, n, MIX_DIM, m->gens);
+    assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, n), n, MIX_DIM, m->values, version), 0);
+}
+
+/* Checks rows [first, first + n) of "mix" against their generations. */
+static void s_mix_check(server_fixture_t *f, s_mix_t *m, size_t first, size_t n)
+{
+    s_check(f->cluster, "mix", first, n, MIX_DIM, m->gens, m->values, m->want);
+}
+
+/* Checks every row of "mix". */
+static void s_mix_check_all(server_fixture_t *f, s_mix_t *m)
+{
+    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
+        s_mix_check(f, m, first, BATCH);
 }
 
 /* Random puts and lookups over rows that keep leaving memory. */
@@ -248,32 +282,23 @@ static void test_updates_of_cold_rows(void **state)
 {
     server_fixture_t *f = *state;
     const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "20", NULL};
-    uint32_t *gens;
-    float *values, *want;
-    s_mix_start(f, args, &gens, &values, &want);
+    s_mix_t m;
+    s_mix_start(f, args, &m);
     uint64_t rng = 0x9e3779b97f4a7c15ULL;
     for (int round = 0; round < MIX_ROUNDS; round++) {
         size_t first = (size_t)(test_xorshift64(&rng) % (MIX_ROWS / 100)) * 100;
         size_t n = 1 + (size_t)(test_xorshift64(&rng) % 100);
         if (test_xorshift64(&rng) % 2) {
-            for (size_t i = first; i < first + n; i++)
-                gens[i]++;
-            s_fill(values, first, n, MIX_DIM, gens);
-            assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, n), n, MIX_DIM, values, 2), 0);
+            s_mix_bump(f, &m, first, n, 2);
         } else {
-            s_check(f->cluster, "mix", first, n, MIX_DIM, gens, values, want);
+            s_mix_check(f, &m, first, n);
         }
     }
-    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
+    s_mix_check_all(f, &m);
     /* Rows changed last are in memory (some not yet compacted), the rest only in storage: a scan merges them. */
-    for (size_t first = 0; first < 300; first += 100) {
-        for (size_t i = first; i < first + 100; i++)
-            gens[i]++;
-        s_fill(values, first, 100, MIX_DIM, gens);
-        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, 100), 100, MIX_DIM, values, 3), 0);
-    }
-    s_scan_check(f->client, "mix", MIX_ROWS, MIX_DIM, gens);
+    for (size_t first = 0; first < 300; first += 100)
+        s_mix_bump(f, &m, first, 100, 3);
+    s_scan_check(f->client, "mix", MIX_ROWS, MIX_DIM, m.gens);
     /* Storage holds the same: a server that loads every row answers it too. */
     assert_int_equal(server_fixture_restart(f, SIGTERM, NULL), 0);
     unsigned long long read_back = 0, evicted = 0;
@@ -282,11 +307,8 @@ static void test_updates_of_cold_rows(void **state)
                   MIX_ROWS, MIX_DIM, read_back, evicted);
     assert_true(read_back > 0 && evicted > 0);
     assert_int_equal(test_table_stats(f->cluster, "mix").rows, MIX_ROWS);
-    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
-    free(gens);
-    free(values);
-    free(want);
+    s_mix_check_all(f, &m);
+    s_mix_free(&m);
 }
 
 /* The same pushes to a cached server and to one holding every row. */
@@ -430,22 +452,14 @@ static void test_kill_then_read_back(void **state)
     /* Compaction waits up to 2 s (or a queue of 256 KiB), so the last writes are likely still only in the
      * journal when the server is killed. */
     const char *args[] = {"--cache-bytes", "1M", "--compact-delay-ms", "2000", NULL};
-    uint32_t *gens;
-    float *values, *want;
-    s_mix_start(f, args, &gens, &values, &want);
-    for (size_t first = 0; first < MIX_ROWS; first += 2 * BATCH) {
-        for (size_t i = first; i < first + BATCH; i++)
-            gens[i]++;
-        s_fill(values, first, BATCH, MIX_DIM, gens);
-        assert_int_equal(kb_cluster_put(f->cluster, "mix", s_keys(first, BATCH), BATCH, MIX_DIM, values, 2), 0);
-    }
+    s_mix_t m;
+    s_mix_start(f, args, &m);
+    for (size_t first = 0; first < MIX_ROWS; first += 2 * BATCH)
+        s_mix_bump(f, &m, first, BATCH, 2);
     assert_int_equal(server_fixture_restart(f, SIGKILL, args), 128 + SIGKILL);
     assert_int_equal(test_table_stats(f->cluster, "mix").rows, MIX_ROWS);
-    for (size_t first = 0; first < MIX_ROWS; first += BATCH)
-        s_check(f->cluster, "mix", first, BATCH, MIX_DIM, gens, values, want);
-    free(gens);
-    free(values);
-    free(want);
+    s_mix_check_all(f, &m);
+    s_mix_free(&m);
 }
 
 /* Asserts the client's last call failed with UNIMPLEMENTED naming --cache-bytes. */
