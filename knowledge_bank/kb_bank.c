@@ -75,8 +75,10 @@ struct kb_bank {
     bool replica;                 /* commit mutex; changes only under the exclusive gate too (promotion) */
     uint64_t replicated_epoch;    /* commit mutex */
     uint32_t min_replicas;        /* commit mutex */
-    kb_bank_ship_fn ship_hook;    /* commit mutex */
+    pthread_mutex_t ship_mutex;   /* held while the ship hook runs, so removing it waits for a call in flight */
+    kb_bank_ship_fn ship_hook;    /* ship mutex */
     void *ship_hook_ctx;
+    uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
     atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
     char fence_reason[256];       /* commit mutex */
 
@@ -414,12 +416,17 @@ void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx
 
 /* ---- replication (docs/REPLICATION.md) ---- */
 
-void kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
+uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
 {
-    pthread_mutex_lock(&self->commit_mutex);
+    pthread_mutex_lock(&self->ship_mutex);
     self->ship_hook = hook;
     self->ship_hook_ctx = ctx;
+    /* Rounds are collected, then shipped in order: every record the hook will not see is of an epoch <= this. */
+    pthread_mutex_lock(&self->commit_mutex);
+    uint64_t shipped_before = self->record_epoch;
     pthread_mutex_unlock(&self->commit_mutex);
+    pthread_mutex_unlock(&self->ship_mutex);
+    return shipped_before;
 }
 
 /* Publishes a change of the durable point to waiters and to the transport (commit mutex held). */
@@ -698,14 +705,17 @@ static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s
     s_wait_for_compaction_room(self);
     memset(r, 0, sizeof *r);
     r->rejournal = s_collect(self, b, writer_waits);
+    bool record = b->op_count || b->row_count || b->client_count;
     pthread_mutex_lock(&self->commit_mutex);
     self->collected_epoch = b->epoch;
+    if (record)
+        self->record_epoch = b->epoch;
     pthread_mutex_unlock(&self->commit_mutex);
     r->batch = *b;
     memset(b, 0, sizeof *b);
     s_account(self, b);
     r->counted = kb_batch_bytes(&r->batch);
-    if (r->batch.op_count || r->batch.row_count || r->batch.client_count) {
+    if (record) {
         r->bytes = kb_batch_encode(&r->batch, &r->len);
         r->crc = kb_journal_crc(r->batch.epoch, r->bytes, r->len);
         /* The encoded copy is as large as the batch for a while: the estimate counts it while it lives, so
@@ -733,12 +743,10 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
     char why[512] = "";
     if (!r->shipped) {
         /* Followers get the round before the local append, so their fdatasync overlaps this one's. */
-        pthread_mutex_lock(&self->commit_mutex);
-        kb_bank_ship_fn ship = self->ship_hook;
-        void *ship_ctx = self->ship_hook_ctx;
-        pthread_mutex_unlock(&self->commit_mutex);
-        if (ship)
-            ship(ship_ctx, b->epoch, r->bytes, r->len, r->crc, r->rejournal);
+        pthread_mutex_lock(&self->ship_mutex);
+        if (self->ship_hook)
+            self->ship_hook(self->ship_hook_ctx, b->epoch, r->bytes, r->len, r->crc, r->rejournal);
+        pthread_mutex_unlock(&self->ship_mutex);
         r->shipped = true;
     }
     int rc = r->bytes ? kb_journal_append_crc(self->journal, b->epoch, r->bytes, r->len, r->crc, why, sizeof why)
@@ -1318,7 +1326,7 @@ static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
     if (kb_journal_remove_all(self->data_dir, err, errlen) != 0)
         return -1;
     self->compacted_epoch = self->queued_epoch = last;
-    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = last;
+    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = self->record_epoch = last;
     atomic_store(&self->epoch, last + 1);
     return 0;
 }
@@ -1517,6 +1525,18 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
             return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: the record holds epoch %llu's batch",
                                 (unsigned long long)epoch, (unsigned long long)b.epoch);
         }
+        for (size_t i = 0; i < b.op_count; i++) {
+            kb_table_config_t cfg;
+            if (!b.ops[i].drop &&
+                kb_table_config_unpack(b.ops[i].config, b.ops[i].config_len, &cfg, why, sizeof why) != 0) {
+                /* refused before anything is written, so the epoch is never half applied */
+                carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: table %s: %s", (unsigned long long)epoch,
+                             b.ops[i].name ? b.ops[i].name : "?", why);
+                kb_batch_free(&b);
+                return KB_BANK_ECONFLICT;
+            }
+        }
+        s_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
         /* The same record as the primary's journal holds, so this journal replays to the same state. */
         if (kb_journal_append_crc(self->journal, epoch, payload, len, crc, err, errlen) != 0) {
             pthread_mutex_lock(&self->commit_mutex);
@@ -1547,6 +1567,8 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
         self->stats.rows_written += b.row_count;
     }
     self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = epoch;
+    if (len)
+        self->record_epoch = epoch;
     s_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
     if (len)
@@ -1625,6 +1647,7 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_rwlock_init(&self->gate, &gate_attr);
     pthread_rwlockattr_destroy(&gate_attr);
     pthread_mutex_init(&self->commit_mutex, NULL);
+    pthread_mutex_init(&self->ship_mutex, NULL);
     pthread_cond_init(&self->commit_cond, NULL);
     pthread_cond_init(&self->persist_cond, NULL);
     pthread_mutex_init(&self->sweep_mutex, NULL);
@@ -1786,6 +1809,7 @@ void kb_bank_close(kb_bank_t **self_p)
     pthread_cond_destroy(&self->compacted_cond);
     pthread_rwlock_destroy(&self->gate);
     pthread_mutex_destroy(&self->commit_mutex);
+    pthread_mutex_destroy(&self->ship_mutex);
     pthread_cond_destroy(&self->commit_cond);
     pthread_cond_destroy(&self->persist_cond);
     pthread_mutex_destroy(&self->sweep_mutex);

@@ -126,7 +126,10 @@ void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx
  * must copy what it keeps. NULL removes it. */
 typedef void (*kb_bank_ship_fn)(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
                                 bool rejournal);
-void kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx);
+/* Returns the newest epoch with a record that the hook may not see (a round collected before it was set):
+ * the hook sees every record after it, and may see rounds up to it too (to be ignored). Removing the hook
+ * (NULL) waits for a call in progress. */
+uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx);
 
 /* A follower applies its primary's round: checks the CRC, appends the record unchanged to its own journal
  * (fdatasync'ed in sync durability), applies table ops, rows and de-duplication records to the tables, and

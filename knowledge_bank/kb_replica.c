@@ -1,11 +1,16 @@
 #include "kb_replica.h"
 
+#include "kb_snapshot.h"
 #include "kb_term.h"
+#include "files.h"
 #include "log.h"
 #include "protocol.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,6 +26,9 @@
 #define S_FOLLOWER_SILENT_MS 3000 /* a follower not heard from this long is no longer counted live */
 #define S_PRIMARY_SILENT_MS 1000  /* a follower that hears nothing this long says hello again */
 #define S_DEFAULT_BUFFER_BYTES ((uint64_t)256 << 20)
+#define S_CHUNK_BYTES ((size_t)1 << 20)
+#define S_CHUNK_WINDOW 8u          /* snapshot chunks sent and not yet acknowledged */
+#define S_MAX_SNAPSHOT_FILES 64
 
 /* One round kept for the followers: shared by the ring and every message that sends it (zero-copy). */
 typedef struct {
@@ -39,7 +47,35 @@ typedef struct {
     uint64_t sent_epoch, acked_epoch;
     int64_t heard_ms;
     bool live;
+    bool sync; /* it runs --durability sync: its ack means its journal holds the round */
 } s_follower_t;
+
+/* A snapshot on its way to one follower (one at a time). */
+typedef struct {
+    bool active;        /* a follower needs one */
+    bool taking;        /* the snapshot thread runs */
+    bool ready;         /* taken: files and cut known */
+    char member[KB_TERM_MAX_MEMBER + 1];
+    uint8_t id[256];
+    size_t id_len;
+    char name[KB_SNAPSHOT_MAX_NAME + 1];
+    uint64_t cut_epoch, bytes;
+    char files[S_MAX_SNAPSHOT_FILES][300]; /* relative to the snapshot's directory, MANIFEST last */
+    size_t n_files, file_at;
+    uint64_t offset;
+    uint32_t next_chunk, acked_chunks;
+    bool begun;
+    pthread_t thread;
+    bool thread_joinable;
+} s_transfer_t;
+
+/* What a follower received and checked, to restore once the server has stopped (kb_replica_take_catch_up). */
+struct kb_replica_catch_up {
+    char *data_dir;
+    char name[KB_SNAPSHOT_MAX_NAME + 1];
+    uint32_t shard_index, shard_count;
+    kb_term_state_t state; /* the primary's history up to the cut, as this member's */
+};
 
 struct kb_replica {
     kb_bank_t *bank;
@@ -48,6 +84,7 @@ struct kb_replica {
     uint32_t min_replicas, shard_index, shard_count;
     uint64_t buffer_bytes;
 
+    pthread_mutex_t op_mutex; /* replica ops (promote, fence, set) one at a time */
     pthread_mutex_t mutex; /* the state below, the ring and the followers */
     kb_term_state_t *state;
     bool have_state;        /* DATA/REPLICATION exists (a fresh follower has none before its first round) */
@@ -65,15 +102,30 @@ struct kb_replica {
     size_t ring_first, ring_count, ring_cap;
     uint64_t ring_bytes;
     uint64_t ring_base;     /* every round after this epoch is in the ring */
+    bool ring_ready;        /* ring_base is known (kb_bank_set_ship_hook answered) */
     uint64_t shipped_epoch;
     s_follower_t followers[S_MAX_FOLLOWERS];
     size_t n_followers;
+    kb_snapshots_t *snapshots;
+    s_transfer_t transfer;
 
     /* follower */
     pthread_t follower_thread;
     bool follower_running;
     atomic_bool follower_stop;
+    volatile sig_atomic_t *server_stop;
+    kb_replica_catch_up_t *catch_up; /* a received snapshot waiting for the server to stop */
 };
+
+static char *s_dup(const char *s)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        CARLS_FATAL("out of memory");
+    return d;
+}
 
 static void s_round_unref(void *data, void *hint)
 {
@@ -163,6 +215,22 @@ static int s_send(void *socket, const uint8_t *id, size_t id_len, const Carls__R
     return 0;
 }
 
+/* Sends msg (any size) and, when payload is not NULL, a frame of its bytes (copied), to the routing id. */
+static int s_send_big(void *socket, const uint8_t *id, size_t id_len, const Carls__ReplMessage *msg,
+                      const void *payload, size_t len)
+{
+    size_t n = carls__repl_message__get_packed_size(msg);
+    uint8_t *buf = carls_xmalloc(n ? n : 1);
+    carls__repl_message__pack(msg, buf);
+    int rc = -1;
+    if ((!id || zmq_send(socket, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) &&
+        zmq_send(socket, buf, n, (payload ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) >= 0 &&
+        (!payload || zmq_send(socket, payload, len, ZMQ_DONTWAIT) >= 0))
+        rc = 0;
+    free(buf);
+    return rc;
+}
+
 static void s_send_refuse(void *socket, const uint8_t *id, size_t id_len, uint64_t term, Carls__ReplRefusal reason,
                           const char *text)
 {
@@ -219,6 +287,11 @@ static void s_ship(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len
     if (len)
         memcpy(r->data, payload, len);
     pthread_mutex_lock(&self->mutex);
+    if (self->ring_ready && epoch <= self->ring_base) { /* collected before the hook was set */
+        pthread_mutex_unlock(&self->mutex);
+        s_round_unref(NULL, r);
+        return;
+    }
     if (self->ring_first > 0 && self->ring_first >= self->ring_count / 2) {
         memmove(self->ring, self->ring + self->ring_first, (self->ring_count - self->ring_first) * sizeof *self->ring);
         self->ring_count -= self->ring_first;
@@ -226,13 +299,13 @@ static void s_ship(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len
     }
     self->ring = carls_grow(self->ring, &self->ring_cap, self->ring_count + 1, sizeof *self->ring);
     self->ring[self->ring_count++] = r;
-    self->ring_bytes += len;
+    self->ring_bytes += sizeof *r + len; /* empty rounds count too, or an idle primary would keep them all */
     self->shipped_epoch = epoch;
     /* Oldest rounds go once over the budget (never the newest): a follower that still needed one is told
      * it is too far behind. */
     while (self->ring_bytes > self->buffer_bytes && self->ring_count - self->ring_first > 1) {
         s_round_t *old = self->ring[self->ring_first++];
-        self->ring_bytes -= old->len;
+        self->ring_bytes -= sizeof *old + old->len;
         self->ring_base = old->epoch;
         s_round_unref(NULL, old);
     }
@@ -250,6 +323,173 @@ static s_follower_t *s_follower_by_id(kb_replica_t *self, zmq_msg_t *id)
             return f;
     }
     return NULL;
+}
+
+/* ---- primary: snapshot catch-up ---- */
+
+/* The snapshot thread: takes the snapshot (it waits for a commit) and lists its files. */
+static void *s_snapshot_main(void *arg)
+{
+    kb_replica_t *self = arg;
+    char name[KB_SNAPSHOT_MAX_NAME + 1], err[512];
+    pthread_mutex_lock(&self->mutex);
+    snprintf(name, sizeof name, "%s", self->transfer.name);
+    pthread_mutex_unlock(&self->mutex);
+    kb_snapshot_info_t info;
+    memset(&info, 0, sizeof info);
+    int rc = kb_snapshots_create(self->snapshots, name, 0, 0, &info, err, sizeof err);
+    pthread_mutex_lock(&self->mutex);
+    s_transfer_t *t = &self->transfer;
+    t->taking = false;
+    if (rc != KB_SNAPSHOT_OK) {
+        LOG_ERROR("replication: snapshot %s for follower %s failed: %s", name, t->member, err);
+        t->active = false;
+    } else {
+        t->cut_epoch = info.cut_epoch;
+        t->bytes = info.bytes;
+        t->n_files = 0;
+        snprintf(t->files[t->n_files++], sizeof t->files[0], "bank.sqlite");
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/snapshots/%s/journal", self->data_dir, name);
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d)) && t->n_files < S_MAX_SNAPSHOT_FILES - 1;)
+            if (e->d_name[0] != '.' && strlen(e->d_name) < 40)
+                snprintf(t->files[t->n_files++], sizeof t->files[0], "journal/%s", e->d_name);
+        if (d)
+            closedir(d);
+        snprintf(t->files[t->n_files++], sizeof t->files[0], "MANIFEST");
+        t->ready = true;
+        LOG_INFO("replication: snapshot %s (cut epoch %" PRIu64 ", %" PRIu64 " bytes) goes to follower %s", name,
+                 t->cut_epoch, t->bytes, t->member);
+    }
+    pthread_mutex_unlock(&self->mutex);
+    kb_snapshot_info_free(&info);
+    uint64_t one = 1;
+    if (write(self->event_fd, &one, sizeof one) < 0)
+        LOG_WARN("replicator wake-up failed: %s", strerror(errno));
+    return NULL;
+}
+
+/* A follower the ring cannot serve gets a snapshot (one follower at a time). Mutex held. */
+static void s_transfer_start(kb_replica_t *self, const uint8_t *rid, size_t rid_len, const char *member,
+                             const char *why)
+{
+    s_transfer_t *t = &self->transfer;
+    if (t->taking && strcmp(t->member, member) != 0) {
+        s_send_refuse(self->router, rid, rid_len, self->state->term, CARLS__REPL_REFUSAL__REPL_REFUSE_OTHER,
+                      "another follower is receiving a snapshot; try again");
+        return;
+    }
+    t->id_len = rid_len < sizeof t->id ? rid_len : sizeof t->id;
+    memcpy(t->id, rid, t->id_len);
+    if (t->active && strcmp(t->member, member) != 0) {
+        s_send_refuse(self->router, rid, rid_len, self->state->term, CARLS__REPL_REFUSAL__REPL_REFUSE_OTHER,
+                      "another follower is receiving a snapshot; try again");
+        return;
+    }
+    if (t->active) { /* the follower started again: so does the transfer, once the snapshot is there */
+        t->file_at = 0;
+        t->offset = 0;
+        t->next_chunk = t->acked_chunks = 0;
+        t->begun = false;
+        return;
+    }
+    if (t->thread_joinable) {
+        pthread_join(t->thread, NULL);
+        t->thread_joinable = false;
+    }
+    memset(t, 0, sizeof *t);
+    t->active = t->taking = true;
+    snprintf(t->member, sizeof t->member, "%s", member);
+    t->id_len = rid_len < sizeof t->id ? rid_len : sizeof t->id;
+    memcpy(t->id, rid, t->id_len);
+    snprintf(t->name, sizeof t->name, "replica-%lld", (long long)carls_monotonic_us());
+    LOG_WARN("follower %s: %s; sending it snapshot %s", member, why, t->name);
+    if (pthread_create(&t->thread, NULL, s_snapshot_main, self) != 0)
+        CARLS_FATAL("cannot start the snapshot thread");
+    t->thread_joinable = true;
+}
+
+/* Sends the next chunks of a ready snapshot within the window, and End once all are acknowledged. Mutex held. */
+static void s_transfer_step(kb_replica_t *self)
+{
+    s_transfer_t *t = &self->transfer;
+    if (!t->active || !t->ready)
+        return;
+    Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
+    if (!t->begun) {
+        Carls__ReplSnapshotBegin b = CARLS__REPL_SNAPSHOT_BEGIN__INIT;
+        uint64_t terms[KB_TERM_MAX_HISTORY], epochs[KB_TERM_MAX_HISTORY];
+        b.term = self->state->term;
+        b.name = t->name;
+        b.cut_epoch = t->cut_epoch;
+        b.bytes = t->bytes;
+        for (size_t i = 0; i < self->state->n_history && self->state->history[i].first_epoch <= t->cut_epoch; i++) {
+            terms[i] = self->state->history[i].term;
+            epochs[i] = self->state->history[i].first_epoch;
+            b.n_history_terms = b.n_history_epochs = i + 1;
+        }
+        b.history_terms = terms;
+        b.history_epochs = epochs;
+        msg.body_case = CARLS__REPL_MESSAGE__BODY_SNAPSHOT_BEGIN;
+        msg.snapshot_begin = &b;
+        if (s_send_big(self->router, t->id, t->id_len, &msg, NULL, 0) != 0)
+            return;
+        t->begun = true;
+    }
+    uint8_t *buf = NULL;
+    while (t->file_at < t->n_files && t->next_chunk - t->acked_chunks < S_CHUNK_WINDOW) {
+        char path[1300];
+        snprintf(path, sizeof path, "%s/snapshots/%s/%s", self->data_dir, t->name, t->files[t->file_at]);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (!buf)
+            buf = carls_xmalloc(S_CHUNK_BYTES);
+        ssize_t n = fd >= 0 ? pread(fd, buf, S_CHUNK_BYTES, (off_t)t->offset) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (n < 0) {
+            LOG_ERROR("replication: reading %s for follower %s: %s", path, t->member, strerror(errno));
+            t->active = false;
+            break;
+        }
+        Carls__ReplSnapshotChunk c = CARLS__REPL_SNAPSHOT_CHUNK__INIT;
+        c.index = t->next_chunk;
+        c.path = t->files[t->file_at];
+        c.offset = t->offset;
+        c.file_end = (size_t)n < S_CHUNK_BYTES;
+        msg.body_case = CARLS__REPL_MESSAGE__BODY_SNAPSHOT_CHUNK;
+        msg.snapshot_chunk = &c;
+        if (s_send_big(self->router, t->id, t->id_len, &msg, buf, (size_t)n) != 0) {
+            if (errno == EHOSTUNREACH) { /* it went away; its next hello starts again */
+                LOG_WARN("replication: follower %s left during snapshot %s", t->member, t->name);
+                t->active = false;
+            }
+            break;
+        }
+        t->next_chunk++;
+        if (c.file_end) {
+            t->file_at++;
+            t->offset = 0;
+        } else
+            t->offset += (uint64_t)n;
+    }
+    free(buf);
+    if (t->active && t->file_at == t->n_files && t->acked_chunks == t->next_chunk) {
+        Carls__ReplSnapshotEnd e = CARLS__REPL_SNAPSHOT_END__INIT;
+        e.chunks = t->next_chunk;
+        msg.body_case = CARLS__REPL_MESSAGE__BODY_SNAPSHOT_END;
+        msg.snapshot_end = &e;
+        if (s_send_big(self->router, t->id, t->id_len, &msg, NULL, 0) != 0)
+            return;
+        LOG_INFO("replication: snapshot %s sent to follower %s (%u chunks)", t->name, t->member, t->next_chunk);
+        t->active = false;
+    }
+    if (!t->active) {
+        char err[512];
+        kb_snapshot_info_t info;
+        if (kb_snapshots_delete(self->snapshots, t->name, &info, err, sizeof err) == KB_SNAPSHOT_OK)
+            kb_snapshot_info_free(&info);
+    }
 }
 
 /* A follower says hello: check it may follow from its last epoch, then stream from there. Mutex held. */
@@ -276,25 +516,24 @@ static void s_on_hello(kb_replica_t *self, zmq_msg_t *id, const Carls__ReplHello
     }
     uint64_t last = h->last_epoch;
     if (last > self->shipped_epoch || (last > 0 && h->last_term != kb_term_of_epoch(self->state, last))) {
-        snprintf(text, sizeof text, "the follower holds epoch %" PRIu64 " of term %" PRIu64 "; this primary's epoch "
-                 "%" PRIu64 " is of term %" PRIu64 " and its newest is %" PRIu64 ": move the follower's data "
-                 "directory away and seed it from a snapshot of this primary",
+        snprintf(text, sizeof text, "diverged: it holds epoch %" PRIu64 " of term %" PRIu64 "; this primary's epoch "
+                 "%" PRIu64 " is of term %" PRIu64 " and its newest is %" PRIu64,
                  last, h->last_term, last, kb_term_of_epoch(self->state, last), self->shipped_epoch);
-        s_send_refuse(self->router, rid, rid_len, term, CARLS__REPL_REFUSAL__REPL_REFUSE_DIVERGED, text);
-        LOG_WARN("follower %s: diverged: %s", h->member, text);
+        s_transfer_start(self, rid, rid_len, h->member, text);
         return;
     }
     if (last < self->ring_base) {
-        snprintf(text, sizeof text, "the follower needs the rounds after epoch %" PRIu64 "; this primary keeps "
-                 "those after %" PRIu64 " (--replication-buffer-bytes): seed the follower from a snapshot "
-                 "(kbctl snapshot NAME, copy DATA/snapshots/NAME, kb-server --restore NAME)", last, self->ring_base);
-        s_send_refuse(self->router, rid, rid_len, term, CARLS__REPL_REFUSAL__REPL_REFUSE_TOO_FAR_BEHIND, text);
-        LOG_WARN("follower %s: too far behind: %s", h->member, text);
+        snprintf(text, sizeof text, "too far behind: it needs the rounds after epoch %" PRIu64 "; this primary "
+                 "keeps those after %" PRIu64 " (--replication-buffer-bytes)", last, self->ring_base);
+        s_transfer_start(self, rid, rid_len, h->member, text);
         return;
     }
     s_follower_t *f = NULL;
     for (size_t i = 0; i < self->n_followers && !f; i++)
         if (strcmp(self->followers[i].member, h->member) == 0)
+            f = &self->followers[i];
+    for (size_t i = 0; i < self->n_followers && !f; i++)
+        if (!self->followers[i].live) /* a member that left (a restarted one may have a new name) */
             f = &self->followers[i];
     if (!f && self->n_followers < S_MAX_FOLLOWERS)
         f = &self->followers[self->n_followers++];
@@ -311,15 +550,26 @@ static void s_on_hello(kb_replica_t *self, zmq_msg_t *id, const Carls__ReplHello
     f->sent_epoch = f->acked_epoch = last;
     f->heard_ms = carls_monotonic_ms();
     f->live = true;
+    f->sync = h->sync;
+    if (!h->sync && kb_bank_min_replicas(self->bank))
+        LOG_WARN("follower %s runs interval durability: it does not count towards --min-replicas", h->member);
 }
 
 /* Sends every live follower the rounds it has not been sent. Mutex held. */
 static void s_stream(kb_replica_t *self)
 {
-    for (size_t i = 0; i < self->n_followers; i++) {
+    for (size_t i = 0; self->ring_ready && !self->fenced && i < self->n_followers; i++) {
         s_follower_t *f = &self->followers[i];
         if (!f->live)
             continue;
+        if (f->sent_epoch < self->ring_base) { /* rounds it was not sent have left the ring */
+            f->live = false;
+            char text[200];
+            snprintf(text, sizeof text, "fell behind: sent up to epoch %" PRIu64 ", the ring starts after %" PRIu64,
+                     f->sent_epoch, self->ring_base);
+            s_transfer_start(self, f->id, f->id_len, f->member, text);
+            continue;
+        }
         size_t at = self->ring_first;
         while (at < self->ring_count && self->ring[at]->epoch <= f->sent_epoch)
             at++;
@@ -354,8 +604,8 @@ static void s_update_replicated(kb_replica_t *self)
         return;
     uint64_t acked[S_MAX_FOLLOWERS];
     size_t n = 0;
-    for (size_t i = 0; i < self->n_followers; i++)
-        if (self->followers[i].live)
+    for (size_t i = 0; i < self->n_followers; i++) /* only followers that fdatasync count (kb-server --help) */
+        if (self->followers[i].live && self->followers[i].sync)
             acked[n++] = self->followers[i].acked_epoch;
     if (n < k)
         return;
@@ -384,16 +634,22 @@ static void s_on_primary_message(kb_replica_t *self, zmq_msg_t *parts, int n)
         s_on_hello(self, &parts[0], msg->hello);
         break;
     case CARLS__REPL_MESSAGE__BODY_ACK:
-        if (msg->ack->term > self->state->term)
+        if (f && msg->ack->term > self->state->term) /* only a follower it streams to can depose it */
             s_depose(self, msg->ack->term, "a follower acknowledged in a newer term");
-        else if (f && f->live && msg->ack->term == self->state->term) {
-            if (msg->ack->applied_epoch > f->acked_epoch)
-                f->acked_epoch = msg->ack->applied_epoch;
+        else if (self->transfer.active && self->transfer.id_len == zmq_msg_size(&parts[0]) &&
+                 memcmp(self->transfer.id, zmq_msg_data(&parts[0]), self->transfer.id_len) == 0) {
+            if (msg->ack->chunks > self->transfer.acked_chunks && msg->ack->chunks <= self->transfer.next_chunk)
+                self->transfer.acked_chunks = msg->ack->chunks;
+        } else if (f && f->live && msg->ack->term == self->state->term) {
+            /* Never beyond what it was sent: an ack is a claim from the network. */
+            uint64_t applied = msg->ack->applied_epoch < f->sent_epoch ? msg->ack->applied_epoch : f->sent_epoch;
+            if (applied > f->acked_epoch)
+                f->acked_epoch = applied;
             f->heard_ms = carls_monotonic_ms();
         }
         break;
     case CARLS__REPL_MESSAGE__BODY_REFUSE:
-        if (msg->refuse->term > self->state->term)
+        if (f && msg->refuse->term > self->state->term)
             s_depose(self, msg->refuse->term, msg->refuse->text ? msg->refuse->text : "refused");
         else if (f)
             LOG_WARN("follower %s refused a round: %s", f->member, msg->refuse->text);
@@ -430,6 +686,8 @@ static void s_heartbeat(kb_replica_t *self)
         if (s_send(self->router, f->id, f->id_len, &msg, NULL) != 0 && errno != EAGAIN)
             f->live = false;
     }
+    if (self->transfer.active) /* so that it does not take the silence for a lost primary */
+        s_send(self->router, self->transfer.id, self->transfer.id_len, &msg, NULL);
 }
 
 static void *s_primary_main(void *arg)
@@ -452,6 +710,7 @@ static void *s_primary_main(void *arg)
         }
         pthread_mutex_lock(&self->mutex);
         s_stream(self);
+        s_transfer_step(self);
         if (carls_monotonic_ms() - last_beat >= S_HEARTBEAT_MS) {
             s_heartbeat(self);
             s_update_replicated(self);
@@ -494,19 +753,29 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
     self->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (self->event_fd < 0)
         return carls_errorf(err, errlen, -1, "eventfd: %s", strerror(errno));
-    uint64_t committed = kb_bank_committed_epoch(self->bank);
-    pthread_mutex_lock(&self->mutex);
-    self->ring_base = self->shipped_epoch = committed;
-    pthread_mutex_unlock(&self->mutex);
     kb_bank_set_min_replicas(self->bank, self->min_replicas);
-    kb_bank_set_ship_hook(self->bank, s_ship, self);
+    pthread_mutex_lock(&self->mutex);
+    self->ring_ready = false;
+    pthread_mutex_unlock(&self->mutex);
+    /* Every record after `before` reaches s_ship; rounds it saw up to it are dropped. */
+    uint64_t before = kb_bank_set_ship_hook(self->bank, s_ship, self);
+    pthread_mutex_lock(&self->mutex);
+    self->ring_base = self->shipped_epoch = before;
+    while (self->ring_first < self->ring_count && self->ring[self->ring_first]->epoch <= before) {
+        s_round_t *old = self->ring[self->ring_first++];
+        self->ring_bytes -= sizeof *old + old->len;
+        s_round_unref(NULL, old);
+    }
+    if (self->ring_first < self->ring_count)
+        self->shipped_epoch = self->ring[self->ring_count - 1]->epoch;
+    self->ring_ready = true;
+    pthread_mutex_unlock(&self->mutex);
     atomic_store(&self->primary_stop, false);
     if (pthread_create(&self->primary_thread, NULL, s_primary_main, self) != 0)
         CARLS_FATAL("cannot start the replicator");
     pthread_setname_np(self->primary_thread, "kb-replicator");
     pthread_mutex_lock(&self->mutex);
     self->primary_running = true;
-    s_publish_role(self);
     pthread_mutex_unlock(&self->mutex);
     LOG_INFO("primary of term %" PRIu64 ": followers connect to %s (min replicas %u)", self->state->term,
              self->endpoint, self->min_replicas);
@@ -586,6 +855,7 @@ static void s_hello(kb_replica_t *self, void *dealer)
     h.member = self->member;
     h.shard_index = self->shard_index;
     h.shard_count = self->shard_count;
+    h.sync = kb_bank_sync(self->bank);
     msg.body_case = CARLS__REPL_MESSAGE__BODY_HELLO;
     msg.hello = &h;
     s_send(dealer, NULL, 0, &msg, NULL);
@@ -619,15 +889,29 @@ static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch)
 
 /* Applies one record (frames: message, payload). Returns 1 when applied, 0 when dropped, -1 when the stream
  * must start again (a gap, or the round did not apply). */
-static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord *rec, zmq_msg_t *payload)
+static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord *rec, zmq_msg_t *payload,
+                       uint64_t *through)
 {
-    uint64_t committed = kb_bank_committed_epoch(self->bank);
-    if (rec->epoch <= committed)
+    if (rec->epoch <= *through)
         return 0; /* sent again after a hello that crossed it */
-    if (rec->prev_epoch != committed) {
-        LOG_WARN("replication: round %" PRIu64 " follows %" PRIu64 " but %" PRIu64 " is the last applied; asking "
-                 "again", rec->epoch, rec->prev_epoch, committed);
+    if (rec->prev_epoch != *through) {
+        LOG_WARN("replication: round %" PRIu64 " follows %" PRIu64 " but %" PRIu64 " is the last received; asking "
+                 "again", rec->epoch, rec->prev_epoch, *through);
         return -1;
+    }
+    if (zmq_msg_size(payload) == 0) {
+        /* An empty round: nothing to keep (its epoch is not journaled here either), but the stream and the
+         * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the epoch after the last record: every epoch from there on is of it. */
+        if (s_accept_term(self, rec->term, kb_bank_committed_epoch(self->bank) + 1) != 0) {
+            pthread_mutex_lock(&self->mutex);
+            uint64_t mine = self->state->term;
+            pthread_mutex_unlock(&self->mutex);
+            s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
+                          "a round of an older term than this follower's");
+            return 0;
+        }
+        *through = rec->epoch;
+        return 1;
     }
     if (s_accept_term(self, rec->term, rec->epoch) != 0) {
         pthread_mutex_lock(&self->mutex);
@@ -643,6 +927,124 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
         LOG_ERROR("replication: round %" PRIu64 " not applied: %s", rec->epoch, err);
         return -1;
     }
+    *through = rec->epoch;
+    return 1;
+}
+
+/* ---- follower: receiving a snapshot ---- */
+
+typedef struct {
+    bool active;
+    char name[KB_SNAPSHOT_MAX_NAME + 1];
+    char dir[1200];
+    uint32_t next_chunk;
+    kb_replica_catch_up_t pending; /* what Begin said */
+} s_receive_t;
+
+static int s_remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+static void s_remove_tree(const char *path) { nftw(path, s_remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* The only files a snapshot has (kb_snapshot.h): nothing else may be written from the network. */
+static bool s_snapshot_path_ok(const char *p)
+{
+    if (strcmp(p, "bank.sqlite") == 0 || strcmp(p, "MANIFEST") == 0)
+        return true;
+    if (strncmp(p, "journal/", 8) != 0 || strlen(p) != 8 + 20 + 4 || strcmp(p + 28, ".kbj") != 0)
+        return false;
+    for (int i = 8; i < 28; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+    return true;
+}
+
+static int s_on_snapshot_begin(kb_replica_t *self, s_receive_t *rx, const Carls__ReplSnapshotBegin *b)
+{
+    if (!kb_snapshot_name_valid(b->name) || b->n_history_terms != b->n_history_epochs ||
+        b->n_history_terms == 0 || b->n_history_terms > KB_TERM_MAX_HISTORY) {
+        LOG_ERROR("replication: a malformed snapshot announcement from the primary dropped");
+        return -1;
+    }
+    memset(rx, 0, sizeof *rx);
+    snprintf(rx->name, sizeof rx->name, "%s", b->name);
+    snprintf(rx->dir, sizeof rx->dir, "%s/snapshots/%s", self->data_dir, b->name);
+    s_remove_tree(rx->dir);
+    char jdir[1300], err[512];
+    snprintf(jdir, sizeof jdir, "%s/journal", rx->dir);
+    if (carls_mkdir_p(jdir, 0700, err, sizeof err) != 0) {
+        LOG_ERROR("replication: %s", err);
+        return -1;
+    }
+    kb_term_state_t *st = &rx->pending.state;
+    memset(st, 0, sizeof *st);
+    st->term = b->term;
+    st->role = KB_TERM_FOLLOWER;
+    snprintf(st->member, sizeof st->member, "%s", self->member);
+    st->n_history = b->n_history_terms;
+    for (size_t i = 0; i < st->n_history; i++)
+        st->history[i] = (kb_term_span_t){b->history_terms[i], b->history_epochs[i]};
+    rx->active = true;
+    LOG_INFO("replication: receiving snapshot %s (cut epoch %" PRIu64 ", %" PRIu64 " bytes) from the primary",
+             b->name, b->cut_epoch, b->bytes);
+    return 0;
+}
+
+static int s_on_snapshot_chunk(s_receive_t *rx, const Carls__ReplSnapshotChunk *c, zmq_msg_t *data)
+{
+    if (!rx->active || c->index != rx->next_chunk || !s_snapshot_path_ok(c->path)) {
+        LOG_ERROR("replication: snapshot chunk %u (%s) out of order or not a snapshot file; starting again",
+                  c->index, c->path);
+        return -1;
+    }
+    char path[1300];
+    snprintf(path, sizeof path, "%s/%s", rx->dir, c->path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (c->offset == 0 ? O_TRUNC : 0), 0600);
+    size_t len = zmq_msg_size(data);
+    bool ok = fd >= 0 && pwrite(fd, zmq_msg_data(data), len, (off_t)c->offset) == (ssize_t)len &&
+              (!c->file_end || fsync(fd) == 0);
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (!ok) {
+        LOG_ERROR("replication: writing %s: %s", path, strerror(e));
+        return -1;
+    }
+    rx->next_chunk++;
+    return 0;
+}
+
+/* End: the snapshot is checked (every file's CRC-32); a sound one waits for the server to stop and restore
+ * it. Returns 1 then, -1 when it must start again. */
+static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__ReplSnapshotEnd *e)
+{
+    if (!rx->active || e->chunks != rx->next_chunk)
+        return -1;
+    carls_fsync_dir(rx->dir);
+    kb_snapshot_info_t info;
+    if (kb_snapshot_check(self->data_dir, rx->name, true, &info) != KB_SNAPSHOT_OK || !info.valid) {
+        LOG_ERROR("replication: the snapshot received is not sound: %s", info.problem);
+        kb_snapshot_info_free(&info);
+        return -1;
+    }
+    kb_snapshot_info_free(&info);
+    kb_replica_catch_up_t *cu = carls_xmalloc(sizeof *cu);
+    *cu = rx->pending;
+    cu->data_dir = s_dup(self->data_dir);
+    snprintf(cu->name, sizeof cu->name, "%s", rx->name);
+    cu->shard_index = self->shard_index;
+    cu->shard_count = self->shard_count;
+    pthread_mutex_lock(&self->mutex);
+    self->catch_up = cu;
+    pthread_mutex_unlock(&self->mutex);
+    LOG_INFO("replication: snapshot %s received and checked; the server restarts on it", rx->name);
+    if (self->server_stop)
+        *self->server_stop = 1;
     return 1;
 }
 
@@ -654,7 +1056,10 @@ static void *s_follower_main(void *arg)
     void *dealer = NULL;
     int64_t heard = 0, hello_at = 0, wait_until = 0;
     int64_t echo = 0;
-    while (!atomic_load(&self->follower_stop)) {
+    s_receive_t *rx = carls_xcalloc(1, sizeof *rx);
+    uint64_t through = 0; /* the stream's position: every round up to it received (records applied) */
+    bool caught_up_by_snapshot = false;
+    while (!atomic_load(&self->follower_stop) && !caught_up_by_snapshot) {
         int64_t now = carls_monotonic_ms();
         if (!dealer) {
             if (now < wait_until || s_ask_endpoint(self, endpoint, sizeof endpoint, err, sizeof err) != 0) {
@@ -680,11 +1085,12 @@ static void *s_follower_main(void *arg)
             LOG_INFO("following %s (replication endpoint %s) from epoch %" PRIu64, self->replica_of, endpoint,
                      kb_bank_committed_epoch(self->bank));
             s_hello(self, dealer);
+            through = kb_bank_committed_epoch(self->bank); /* what the hello said */
             heard = hello_at = now;
         }
         zmq_pollitem_t item = {dealer, 0, ZMQ_POLLIN, 0};
         zmq_poll(&item, 1, 50);
-        bool applied = false, restart = false;
+        bool applied = false, restart = false, chunked = false;
         zmq_msg_t parts[3];
         int n;
         while (!restart && (n = s_recv(dealer, parts, 3)) > 0) {
@@ -692,7 +1098,7 @@ static void *s_follower_main(void *arg)
             if (!msg) {
                 LOG_WARN("replication: an undecodable message from the primary dropped");
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_RECORD && n == 2) {
-                int rc = s_on_record(self, dealer, msg->record, &parts[1]);
+                int rc = s_on_record(self, dealer, msg->record, &parts[1], &through);
                 applied |= rc == 1;
                 restart = rc < 0;
                 if (rc == 1)
@@ -706,6 +1112,17 @@ static void *s_follower_main(void *arg)
                     s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
                                   "a heartbeat of an older term than this follower's");
                 heard = carls_monotonic_ms();
+            } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_BEGIN) {
+                restart = s_on_snapshot_begin(self, rx, msg->snapshot_begin) != 0;
+                heard = carls_monotonic_ms();
+            } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_CHUNK && n == 2) {
+                restart = s_on_snapshot_chunk(rx, msg->snapshot_chunk, &parts[1]) != 0;
+                chunked = !restart;
+                heard = carls_monotonic_ms();
+            } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_END) {
+                int rc = s_on_snapshot_end(self, rx, msg->snapshot_end);
+                restart = rc < 0;
+                caught_up_by_snapshot = rc > 0;
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_REFUSE) {
                 LOG_ERROR("replication: the primary refused this follower: %s", msg->refuse->text);
                 wait_until = carls_monotonic_ms() + 5000;
@@ -715,14 +1132,15 @@ static void *s_follower_main(void *arg)
                 carls__repl_message__free_unpacked(msg, NULL);
             s_close_parts(parts, n);
         }
-        if (applied) {
+        if (applied || chunked) {
             Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
             Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
             pthread_mutex_lock(&self->mutex);
             ack.term = self->have_state ? self->state->term : 0;
             pthread_mutex_unlock(&self->mutex);
-            ack.applied_epoch = kb_bank_committed_epoch(self->bank);
+            ack.applied_epoch = through;
             ack.echo_sent_us = echo;
+            ack.chunks = chunked ? rx->next_chunk : 0;
             msg.body_case = CARLS__REPL_MESSAGE__BODY_ACK;
             msg.ack = &ack;
             s_send(dealer, NULL, 0, &msg, NULL);
@@ -736,10 +1154,12 @@ static void *s_follower_main(void *arg)
             /* A new connection: the primary answers its hello from the last epoch applied here. */
             zmq_close(dealer);
             dealer = NULL;
+            rx->active = false;
         }
     }
     if (dealer)
         zmq_close(dealer);
+    free(rx);
     return NULL;
 }
 
@@ -815,7 +1235,7 @@ static void s_free_result(void *ctx, Carls__ReplicaResult *res)
     free(res->followers);
 }
 
-static int s_promote(kb_replica_t *self, uint64_t term, char *err, size_t errlen)
+static int s_promote(kb_replica_t *self, uint64_t term, uint32_t min_replicas, char *err, size_t errlen)
 {
     pthread_mutex_lock(&self->mutex);
     bool primary = self->primary_running;
@@ -828,6 +1248,10 @@ static int s_promote(kb_replica_t *self, uint64_t term, char *err, size_t errlen
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                             "promote needs a term above this member's %" PRIu64 " (--term %" PRIu64 " given)", mine,
                             term);
+    if (min_replicas && !kb_bank_sync(self->bank))
+        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                            "min replicas need --durability sync");
+    self->min_replicas = min_replicas;
     s_stop_follower(self); /* nothing more of the old primary is applied */
     uint64_t committed = kb_bank_committed_epoch(self->bank);
     pthread_mutex_lock(&self->mutex);
@@ -842,15 +1266,27 @@ static int s_promote(kb_replica_t *self, uint64_t term, char *err, size_t errlen
     self->state->term = term;
     self->state->role = KB_TERM_PRIMARY;
     int saved = s_save(self);
+    pthread_mutex_unlock(&self->mutex);
+    char why[512];
+    /* The replicator first, while the bank has no persister (every round it will make is shipped); writes
+     * only once the term is saved and the bank promoted. A failure leaves a standby of the new term. */
+    if (saved != 0 || s_start_primary(self, why, sizeof why) != 0) {
+        pthread_mutex_lock(&self->mutex);
+        self->state->role = KB_TERM_STANDBY;
+        s_save(self);
+        pthread_mutex_unlock(&self->mutex);
+        if (self->replica_of)
+            s_start_follower(self);
+        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "promotion failed: %s",
+                            saved != 0 ? "the new term could not be saved in " KB_TERM_FILE : why);
+    }
+    if (kb_bank_promote(self->bank, why, sizeof why) != 0)
+        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "promotion failed: %s", why);
+    pthread_mutex_lock(&self->mutex);
     free(self->replica_of);
     self->replica_of = NULL;
+    s_publish_role(self);
     pthread_mutex_unlock(&self->mutex);
-    if (saved != 0)
-        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "the new term could not be saved in "
-                            "%s/" KB_TERM_FILE, self->data_dir);
-    char why[512];
-    if (kb_bank_promote(self->bank, why, sizeof why) != 0 || s_start_primary(self, why, sizeof why) != 0)
-        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "promotion failed: %s", why);
     LOG_INFO("promoted to primary of term %" PRIu64 " at epoch %" PRIu64, term, committed);
     return 0;
 }
@@ -877,11 +1313,17 @@ static int s_handle(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *
 {
     kb_replica_t *self = ctx;
     int rc = 0;
+    if (req->min_replicas > S_MAX_FOLLOWERS - 1) {
+        s_status(self, res);
+        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                            "min replicas %u: at most %d", req->min_replicas, S_MAX_FOLLOWERS - 1);
+    }
+    pthread_mutex_lock(&self->op_mutex); /* one promotion or fence at a time (workers run ops in parallel) */
     switch (req->action) {
     case CARLS__REPLICA_ACTION__REPLICA_STATUS:
         break;
     case CARLS__REPLICA_ACTION__REPLICA_PROMOTE:
-        rc = s_promote(self, req->term, err, errlen);
+        rc = s_promote(self, req->term, req->min_replicas, err, errlen);
         break;
     case CARLS__REPLICA_ACTION__REPLICA_FENCE:
         rc = s_fence(self, req->term, err, errlen);
@@ -890,13 +1332,16 @@ static int s_handle(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *
         if (!kb_bank_sync(self->bank) && req->min_replicas)
             rc = carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                               "min replicas need --durability sync");
-        else
+        else {
+            self->min_replicas = req->min_replicas; /* kept by a later promotion's replicator */
             kb_bank_set_min_replicas(self->bank, req->min_replicas);
+        }
         break;
     default:
         rc = carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown replica action %d",
                           (int)req->action);
     }
+    pthread_mutex_unlock(&self->op_mutex);
     s_status(self, res);
     return rc;
 }
@@ -912,16 +1357,6 @@ int kb_replica_bank_mode(const kb_replica_options_t *opts, bool *replica, char *
         return -1;
     *replica = opts->replica_of != NULL || rc == 0;
     return 0;
-}
-
-static char *s_dup(const char *s)
-{
-    if (!s)
-        return NULL;
-    char *d = strdup(s);
-    if (!d)
-        CARLS_FATAL("out of memory");
-    return d;
 }
 
 int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_options_t *opts, kb_replica_t **out,
@@ -940,7 +1375,10 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     self->shard_count = opts->shard_count;
     self->buffer_bytes = opts->buffer_bytes ? opts->buffer_bytes : S_DEFAULT_BUFFER_BYTES;
     self->event_fd = -1;
+    self->server_stop = opts->server_stop;
+    self->snapshots = kb_snapshots_new(bank, opts->shard_index, opts->shard_count);
     pthread_mutex_init(&self->mutex, NULL);
+    pthread_mutex_init(&self->op_mutex, NULL);
     self->state = carls_xcalloc(1, sizeof *self->state);
     self->zctx = zmq_ctx_new();
     if (!self->zctx)
@@ -983,6 +1421,9 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
         self->have_state = true;
         if (s_start_primary(self, err, errlen) != 0)
             goto fail;
+        pthread_mutex_lock(&self->mutex);
+        s_publish_role(self);
+        pthread_mutex_unlock(&self->mutex);
     }
     *out = self;
     return 0;
@@ -992,6 +1433,38 @@ fail:
 }
 
 const char *kb_replica_endpoint(kb_replica_t *self) { return self->endpoint; }
+
+kb_replica_catch_up_t *kb_replica_take_catch_up(kb_replica_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    kb_replica_catch_up_t *cu = self->catch_up;
+    self->catch_up = NULL;
+    pthread_mutex_unlock(&self->mutex);
+    return cu;
+}
+
+int kb_replica_catch_up_apply(const kb_replica_catch_up_t *cu, char *err, size_t errlen)
+{
+    /* Whatever this member held is replaced: rounds no acknowledged write needs (a diverged member's) go. */
+    if (kb_snapshot_restore(cu->data_dir, cu->name, cu->shard_index, cu->shard_count, err, errlen) != 0)
+        return -1;
+    if (kb_term_save(cu->data_dir, &cu->state, err, errlen) != 0)
+        return -1;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/snapshots/%s", cu->data_dir, cu->name);
+    s_remove_tree(dir);
+    LOG_INFO("restored the primary's snapshot %s (term %" PRIu64 ")", cu->name, cu->state.term);
+    return 0;
+}
+
+void kb_replica_catch_up_free(kb_replica_catch_up_t **cu_p)
+{
+    if (!cu_p || !*cu_p)
+        return;
+    free((*cu_p)->data_dir);
+    free(*cu_p);
+    *cu_p = NULL;
+}
 
 void kb_replica_destroy(kb_replica_t **self_p)
 {
@@ -1004,6 +1477,10 @@ void kb_replica_destroy(kb_replica_t **self_p)
         atomic_store(&self->primary_stop, true);
         pthread_join(self->primary_thread, NULL);
     }
+    if (self->transfer.thread_joinable)
+        pthread_join(self->transfer.thread, NULL);
+    kb_snapshots_destroy(&self->snapshots);
+    kb_replica_catch_up_free(&self->catch_up);
     if (self->router)
         zmq_close(self->router);
     if (self->zctx)
@@ -1019,6 +1496,7 @@ void kb_replica_destroy(kb_replica_t **self_p)
     free(self->replica_of);
     free(self->listen);
     pthread_mutex_destroy(&self->mutex);
+    pthread_mutex_destroy(&self->op_mutex);
     free(self);
     *self_p = NULL;
 }

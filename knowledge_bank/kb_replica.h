@@ -14,16 +14,17 @@
  * A member that has replicated before (DATA/REPLICATION exists) and is started without --replica-of is a
  * standby: it serves reads and refuses writes until it is promoted, so terms only ever come from a promotion.
  *
- * What a follower cannot get from the primary's memory (it was away longer than --replication-buffer-bytes
- * of rounds, or the primary restarted) is refused as TOO_FAR_BEHIND: seed it from a snapshot of the primary
- * (kbctl snapshot, then kb-server --restore). Replication traffic is not encrypted: the server refuses
- * replication flags together with --curve-secret. */
+ * A follower the primary's memory cannot bring up to date (it was away longer than --replication-buffer-bytes
+ * of rounds, it is new to a primary that holds data, or it diverged: it holds rounds of an old term the new
+ * primary never had) is sent a snapshot (kb_snapshot.h), which it checks, restores and continues from.
+ * Replication traffic is not encrypted: the server refuses replication flags together with --curve-secret. */
 #ifndef KB_REPLICA_H
 #define KB_REPLICA_H
 
 #include "kb_bank.h"
 #include "kb_service.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t min_replicas;    /* --min-replicas (sync durability) */
     uint32_t shard_index, shard_count;
     uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */
+    volatile sig_atomic_t *server_stop; /* set to 1 when a follower received a snapshot to restart on */
 } kb_replica_options_t;
 
 typedef struct kb_replica kb_replica_t;
@@ -51,6 +53,15 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
 
 /* The replication endpoint a primary bound ("" otherwise). */
 const char *kb_replica_endpoint(kb_replica_t *self);
+
+/* Snapshot catch-up of a follower: after the server stopped because a snapshot was received, the snapshot
+ * to restore (NULL when none; the caller frees it). With every part of the server closed, apply restores it
+ * into the data directory (kb_snapshot_restore) and writes the primary's term history; the server then
+ * starts again as the same follower and continues from the snapshot's cut. */
+typedef struct kb_replica_catch_up kb_replica_catch_up_t;
+kb_replica_catch_up_t *kb_replica_take_catch_up(kb_replica_t *self);
+int kb_replica_catch_up_apply(const kb_replica_catch_up_t *cu, char *err, size_t errlen);
+void kb_replica_catch_up_free(kb_replica_catch_up_t **cu_p);
 
 /* Stops the threads and closes the sockets (before the bank closes). Accepts NULL; nulls *self_p. */
 void kb_replica_destroy(kb_replica_t **self_p);

@@ -1400,11 +1400,11 @@ static int s_op_replica(kb_service_t *self, const Carls__Request *req, s_reply_t
     carls__replica_result__init(&rp->r.replica);
     char err[512] = "";
     int status = self->replication.handle(self->replication.ctx, req->replica, &rp->r.replica, err, sizeof err);
+    int rc = status == CARLS__STATUS_CODE__STATUS_OK ? 0 : s_fail(rp, (Carls__StatusCode)status, "%s", err);
+    /* The member's status goes with a refusal too (s_fail clears the result; s_reply_free frees it by this). */
     rp->resp.result_case = CARLS__RESPONSE__RESULT_REPLICA;
     rp->resp.replica = &rp->r.replica;
-    if (status != CARLS__STATUS_CODE__STATUS_OK)
-        return s_fail(rp, (Carls__StatusCode)status, "%s", err);
-    return 0;
+    return rc;
 }
 
 static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)

@@ -1866,9 +1866,20 @@ int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
     return kb_table_restore_row(self, rec);
 }
 
+/* Whether a whole row from the network carries every buffer its counts promise, and a row id the by-id
+ * index can hold (a record's CRC proves only that the sender meant it). */
+static bool s_record_complete(const kb_table_t *self, const kb_store_row_t *rec)
+{
+    return (rec->dim == 0 || rec->value) && (rec->opt_floats == 0 || rec->opt_state) &&
+           (rec->pending_count == 0 || rec->pending) &&
+           (self->cfg.kind != KB_TABLE_FEATURE || rec->record_len == 0 || rec->record) &&
+           rec->row_id > 0 && rec->row_id <= KB_TABLE_MAX_ROW_ID;
+}
+
 int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec)
 {
-    if (rec->key_len == 0 || (!rec->frequency_only && !rec->deleted && !s_record_fits(self, rec)))
+    if (rec->key_len == 0 || !rec->key || rec->row_id <= 0 || rec->row_id > KB_TABLE_MAX_ROW_ID ||
+        (!rec->frequency_only && !rec->deleted && (!s_record_fits(self, rec) || !s_record_complete(self, rec))))
         return -1;
     uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
     kb_stripe_t *st = s_stripe(self, hash);

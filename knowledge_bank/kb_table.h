@@ -211,7 +211,9 @@ void kb_table_set_read_only(kb_table_t *self, bool read_only);
 int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec);
 
 /* kb_table_replay_row for a shared, read-only table (a replication follower applying its primary's records
- * while it serves reads): takes the row's stripe lock. */
+ * while it serves reads): takes the row's stripe lock. The record came from the network: one missing a
+ * buffer its counts promise, or with a row id above KB_TABLE_MAX_ROW_ID, is refused (-1). */
+#define KB_TABLE_MAX_ROW_ID ((int64_t)1 << 40)
 int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec);
 
 /* import_rows: creates or replaces each key's row with recs[i]'s whole state -- value (dim floats), optimizer

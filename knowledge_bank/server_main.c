@@ -21,11 +21,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t s_stop = 0;
+static volatile sig_atomic_t s_stop = 0;     /* the server loop returns: a signal, or a replica's catch-up */
+static volatile sig_atomic_t s_signalled = 0;
 
 static void s_on_signal(int sig)
 {
     (void)sig;
+    s_signalled = 1;
     s_stop = 1;
 }
 
@@ -336,11 +338,16 @@ int main(int argc, char **argv)
         LOG_ERROR("%s holds a replicated member (REPLICATION): --cache-bytes cannot be used", bank_opts.data_dir);
         return 1;
     }
+    replica_opts.server_stop = &s_stop;
+    char bound[256] = "", member[256] = ""; /* kept across a follower's restart on a snapshot (kb_replica.h) */
+serve:
     if (kb_bank_open(&bank_opts, &bank, err, sizeof err) != 0) {
         LOG_ERROR("cannot open the bank: %s", err);
         return 1;
     }
     kb_service_t *service = kb_service_new(bank, &limits, threads, durability.text);
+    if (bank_replica) /* no write is taken before the member knows its role (kb_replica_new) */
+        kb_service_set_role(service, 0, false, replica_opts.replica_of);
     kb_server_options_t server_opts = {
         .endpoint = listen,
         .threads = threads,
@@ -357,9 +364,12 @@ int main(int argc, char **argv)
         rc = 1;
         goto done;
     }
+    snprintf(bound, sizeof bound, "%s", kb_server_endpoint(server));
     if (replicating) {
-        if (!replica_opts.member)
-            replica_opts.member = kb_server_endpoint(server);
+        if (!replica_opts.member) {
+            snprintf(member, sizeof member, "%s", bound);
+            replica_opts.member = member;
+        }
         if (kb_replica_new(bank, service, &replica_opts, &replica, err, sizeof err) != 0) {
             LOG_ERROR("%s", err);
             rc = 1;
@@ -389,7 +399,8 @@ int main(int argc, char **argv)
         goto done;
     }
     kb_server_run(server, &s_stop);
-done:
+done:;
+    kb_replica_catch_up_t *catch_up = replica && !s_signalled ? kb_replica_take_catch_up(replica) : NULL;
     kb_metrics_server_stop(&metrics);
     kb_server_destroy(&server);
     kb_replica_destroy(&replica);
@@ -401,6 +412,21 @@ done:
         LOG_ERROR("the journal failed while serving (see above): writes after that were refused and not saved");
         rc = 1;
     }
+    if (catch_up && rc == 0) {
+        /* A follower too far behind its primary received a snapshot: restore it and serve again, on the same
+         * endpoint, from the snapshot's cut. */
+        int crc = kb_replica_catch_up_apply(catch_up, err, sizeof err);
+        kb_replica_catch_up_free(&catch_up);
+        if (crc != 0) {
+            LOG_ERROR("%s", err);
+            return 1;
+        }
+        s_stop = 0;
+        listen = bound;
+        endpoint_file = NULL; /* written once; the endpoint is the same */
+        goto serve;
+    }
+    kb_replica_catch_up_free(&catch_up);
     LOG_INFO("kb-server stopped%s", refused ? " (exit status 1)" : "");
     return rc;
 }
