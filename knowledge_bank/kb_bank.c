@@ -1,4 +1,5 @@
 #include "kb_bank.h"
+#include "kb_bank_internal.h"
 
 #include "kb_batch.h"
 #include "kb_cache.h"
@@ -22,126 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A table in the registry. refs counts the registry itself (while not dropped) plus every acquire. */
-typedef struct {
-    kb_table_t *table;
-    int refs;
-    bool dropped;
-} s_entry_t;
-
-/* One round on its way to the journal: an epoch's batch, its encoding and the estimate's share of both. */
-typedef struct {
-    kb_batch_t batch;
-    uint8_t *bytes; /* NULL for an empty round */
-    size_t len;
-    uint32_t crc;   /* the journal record's checksum, computed with the encoding */
-    int64_t counted;
-    bool rejournal; /* it holds every pending set (the compactor asked for them) */
-    bool shipped;   /* the ship hook has seen it (a retried append does not ship it again) */
-} s_round_t;
-
-struct kb_bank {
-    kb_bank_options_t opts;
-    char *data_dir;
-    kb_store_t *store;
-    pthread_mutex_t store_mutex; /* the persister and checkpoints take turns on the store */
-    kb_dedup_t *dedup;
-
-    pthread_mutex_t registry_mutex;
-    s_entry_t *entries;
-    size_t entry_count, entry_capacity;
-    int64_t next_table_id;
-    kb_table_op_t *ops; /* guarded by registry_mutex */
-    size_t op_count, op_capacity;
-
-    /* Held shared by write requests, exclusively by the persister while it collects an epoch. */
-    pthread_rwlock_t gate;
-    atomic_uint_fast64_t epoch; /* the epoch being filled; advanced only under the exclusive gate */
-
-    pthread_mutex_t commit_mutex;
-    pthread_cond_t commit_cond;   /* persister -> waiters: committed_epoch advanced or a failure */
-    pthread_cond_t persist_cond;  /* waiters -> persister: someone waits */
-    uint64_t committed_epoch;
-    uint64_t wanted_epoch;        /* pipelined sync writes: the newest epoch a parked reply waits for */
-    void (*commit_hook)(void *ctx);
-    void *commit_hook_ctx;
-    bool stopping;
-    atomic_bool journal_broken; /* set under the commit mutex: an append failed, so no later write can commit
-                                 * until a restart (writers read it without the mutex, kb_bank_commits_broken) */
-    char storage_error[512];      /* last commit failure, "" after a success */
-    /* Replication (docs/REPLICATION.md). A replica's epochs are its primary's (kb_bank_apply_replicated); a
-     * primary hands every round to the ship hook before its own append, and with min_replicas K > 0 a write
-     * is durable once its epoch is committed here and replicated_epoch (K followers applied it) reaches it. */
-    bool replica;                 /* commit mutex; changes only under the exclusive gate too (promotion) */
-    uint64_t replicated_epoch;    /* commit mutex */
-    uint32_t min_replicas;        /* commit mutex */
-    pthread_mutex_t ship_mutex;   /* held while the ship hook runs, so removing it waits for a call in flight */
-    kb_bank_ship_fn ship_hook;    /* ship mutex */
-    void *ship_hook_ctx;
-    uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
-    atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
-    char fence_reason[256];       /* commit mutex */
-
-    pthread_t persister, sweeper;
-    bool threads_started;         /* the persister (a replica starts it when promoted) */
-    bool sweeper_started;
-    uint64_t collected_epoch;     /* commit mutex: the newest epoch the persister has collected */
-
-    /* Sync durability pipelines its rounds: while the syncer appends and fdatasyncs epoch N, the persister
-     * collects and encodes N+1 (a round waits here, in the slot, for the syncer). */
-    pthread_t syncer;
-    bool syncer_started, syncer_stop, slot_full;
-    pthread_mutex_t slot_mutex;
-    pthread_cond_t slot_cond;
-    s_round_t slot;
-    pthread_mutex_t sweep_mutex;
-    pthread_cond_t sweep_cond;
-
-    kb_bank_stats_t stats; /* guarded by commit_mutex */
-
-    /* The journal and its compactor (kb_journal.h): the persister appends each epoch's batch to the journal
-     * (that is the commit) and queues it; the compactor writes queued batches into SQLite. */
-    kb_journal_t *journal;
-    pthread_t compactor;
-    bool compactor_started;
-    pthread_mutex_t compact_mutex;
-    pthread_cond_t compact_cond;   /* persister -> compactor: batches queued, or stop */
-    pthread_cond_t compacted_cond; /* compactor -> persister, checkpoints: the queue shrank */
-    kb_batch_t *queue;             /* journaled batches not yet in SQLite, oldest first */
-    size_t queue_count, queue_cap;
-    int64_t queue_bytes;           /* their heap bytes (counted in mem) */
-    int64_t queue_max_bytes;       /* the persister waits while the queue holds more */
-    uint64_t queued_epoch;         /* the newest epoch ever queued */
-    uint64_t compacted_epoch;      /* the newest epoch in SQLite (meta 'journal_epoch') */
-    uint64_t compactions;
-    int64_t queue_since_ms;        /* when the oldest queued epoch was queued */
-    bool compact_now;              /* a checkpoint waits: compact without delay */
-    bool compacting;               /* a compaction transaction is open */
-    bool compactor_stop;
-    int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
-    int compaction_paused;         /* snapshots reading their cut (kb_bank_snapshot_cut): start no compaction */
-    /* Pending sets (see "pending sets" below): background compactions store rows without their pending
-     * gradients, which live on in the journal from a round that re-journaled every pending set. */
-    bool pending_in_journal;       /* off with a cache (rows leave memory and come back from SQLite) */
-    atomic_bool rejournal_due;     /* compactor -> persister: re-journal every pending set next round */
-    uint64_t rejournal_epoch;      /* compact mutex: the newest committed epoch that did (0: none yet) */
-    int64_t stripped_pending_bytes; /* compact mutex: pending sets freed from queued batches (s_strip_pending) */
-    int64_t queue_pending_bytes;   /* compact mutex: the pending sets' share of queue_bytes */
-    int64_t gradient_bytes_seen;   /* the thread finishing rounds (persister, or syncer in sync mode; rounds are
-                                    * serial): gradient bytes the tables had received at the last round */
-
-    kb_memory_t *mem;           /* the memory estimate and --max-memory budget (kb_memory.h) */
-    int64_t dedup_mem_counted;  /* persister only: de-duplication records as last added to mem */
-    int64_t batch_mem_counted;  /* persister only: the batch being committed as last added to mem */
-    atomic_bool frequencies_due; /* a checkpoint or close wants the use counts in the next round */
-    int64_t frequencies_taken_ms; /* persister only: monotonic time use counts were last collected */
-
-    kb_cache_t *cache;          /* --cache-bytes (kb_cache.h), or NULL */
-};
 
 /* ---- registry ---- */
 
-static s_entry_t *s_find_entry(kb_bank_t *self, const char *name)
+static kb_bank_entry_t *s_find_entry(kb_bank_t *self, const char *name)
 {
     for (size_t i = 0; i < self->entry_count; i++)
         if (!self->entries[i].dropped && strcmp(kb_table_name(self->entries[i].table), name) == 0)
@@ -149,20 +34,20 @@ static s_entry_t *s_find_entry(kb_bank_t *self, const char *name)
     return NULL;
 }
 
-static void s_add_entry(kb_bank_t *self, kb_table_t *table)
+void kb_bank_add_entry(kb_bank_t *self, kb_table_t *table)
 {
     if (self->entry_count == self->entry_capacity) {
         self->entry_capacity = self->entry_capacity ? self->entry_capacity * 2 : 8;
         self->entries = carls_xrealloc(self->entries, self->entry_capacity * sizeof *self->entries);
     }
-    self->entries[self->entry_count++] = (s_entry_t){.table = table, .refs = 1, .dropped = false};
+    self->entries[self->entry_count++] = (kb_bank_entry_t){.table = table, .refs = 1, .dropped = false};
 }
 
 /* Drops one reference; frees the table and its entry when it was the last (then returns true). Registry
  * mutex held. */
-static bool s_unref(kb_bank_t *self, size_t index)
+bool kb_bank_unref_entry(kb_bank_t *self, size_t index)
 {
-    s_entry_t *e = &self->entries[index];
+    kb_bank_entry_t *e = &self->entries[index];
     if (--e->refs > 0)
         return false;
     kb_table_destroy(&e->table);
@@ -173,12 +58,12 @@ static bool s_unref(kb_bank_t *self, size_t index)
 /* After a dropped table was freed: its rows were many small blocks spread over the heap; hand the whole free
  * pages among them back to the system, so the resident size follows the estimate down (glibc keeps them
  * otherwise). Called without the registry mutex: on a large heap this takes a while. */
-static void s_trim(void) { malloc_trim(0); }
+void kb_bank_trim(void) { malloc_trim(0); }
 
 kb_table_t *kb_bank_acquire(kb_bank_t *self, const char *name)
 {
     pthread_mutex_lock(&self->registry_mutex);
-    s_entry_t *e = s_find_entry(self, name);
+    kb_bank_entry_t *e = s_find_entry(self, name);
     kb_table_t *t = NULL;
     if (e) {
         e->refs++;
@@ -196,13 +81,13 @@ void kb_bank_release(kb_bank_t *self, kb_table_t *table)
     pthread_mutex_lock(&self->registry_mutex);
     for (size_t i = 0; i < self->entry_count; i++) {
         if (self->entries[i].table == table) {
-            freed = s_unref(self, i);
+            freed = kb_bank_unref_entry(self, i);
             break;
         }
     }
     pthread_mutex_unlock(&self->registry_mutex);
     if (freed)
-        s_trim();
+        kb_bank_trim();
 }
 
 static int s_compare_tables(const void *a, const void *b)
@@ -239,7 +124,7 @@ static void s_queue_op(kb_bank_t *self, kb_table_op_t op)
 int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists)
 {
     pthread_mutex_lock(&self->registry_mutex);
-    s_entry_t *e = s_find_entry(self, name);
+    kb_bank_entry_t *e = s_find_entry(self, name);
     if (e) {
         int rc = KB_BANK_EEXISTS;
         if (if_not_exists)
@@ -251,7 +136,7 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
     kb_table_t *table = kb_table_new(id, name, cfg);
     kb_table_set_memory(table, self->mem);
     kb_table_set_cache(table, self->cache); /* --cache-bytes: ignored by tables that stay resident */
-    s_add_entry(self, table);
+    kb_bank_add_entry(self, table);
     kb_table_op_t op = {.drop = false, .id = id, .name = strdup(name)};
     if (!op.name)
         CARLS_FATAL("out of memory");
@@ -265,17 +150,17 @@ int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_confi
 int kb_bank_drop_table(kb_bank_t *self, const char *name)
 {
     pthread_mutex_lock(&self->registry_mutex);
-    s_entry_t *e = s_find_entry(self, name);
+    kb_bank_entry_t *e = s_find_entry(self, name);
     if (!e) {
         pthread_mutex_unlock(&self->registry_mutex);
         return KB_BANK_ENOTFOUND;
     }
     e->dropped = true;
     s_queue_op(self, (kb_table_op_t){.drop = true, .id = kb_table_id(e->table)});
-    bool freed = s_unref(self, (size_t)(e - self->entries));
+    bool freed = kb_bank_unref_entry(self, (size_t)(e - self->entries));
     pthread_mutex_unlock(&self->registry_mutex);
     if (freed)
-        s_trim();
+        kb_bank_trim();
     LOG_INFO("dropped table %s", name);
     return KB_BANK_OK;
 }
@@ -430,7 +315,7 @@ uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
 }
 
 /* Publishes a change of the durable point to waiters and to the transport (commit mutex held). */
-static void s_publish_locked(kb_bank_t *self)
+void kb_bank_publish_locked(kb_bank_t *self)
 {
     pthread_cond_broadcast(&self->commit_cond);
     if (self->commit_hook)
@@ -442,7 +327,7 @@ void kb_bank_set_replicated(kb_bank_t *self, uint64_t epoch)
     pthread_mutex_lock(&self->commit_mutex);
     if (epoch > self->replicated_epoch) {
         self->replicated_epoch = epoch;
-        s_publish_locked(self);
+        kb_bank_publish_locked(self);
     }
     pthread_mutex_unlock(&self->commit_mutex);
 }
@@ -451,7 +336,7 @@ void kb_bank_set_min_replicas(kb_bank_t *self, uint32_t min_replicas)
 {
     pthread_mutex_lock(&self->commit_mutex);
     self->min_replicas = min_replicas;
-    s_publish_locked(self);
+    kb_bank_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
@@ -471,7 +356,7 @@ void kb_bank_fence(kb_bank_t *self, const char *reason)
         atomic_store(&self->fenced, true);
         LOG_WARN("writes are refused from now on: %s", reason);
     }
-    s_publish_locked(self);
+    kb_bank_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
@@ -577,7 +462,7 @@ static int64_t s_pending_heap_bytes(const kb_batch_t *b);
 static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *received);
 
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
-static void s_queue_batch(kb_bank_t *self, kb_batch_t *b)
+void kb_bank_queue_batch(kb_bank_t *self, kb_batch_t *b)
 {
     int64_t bytes = kb_batch_bytes(b);
     pthread_mutex_lock(&self->compact_mutex);
@@ -687,7 +572,7 @@ static int64_t s_strip_pending(kb_bank_t *self, uint64_t epoch)
 
 /* Backpressure: while SQLite lags too far behind the journal, the persister waits for the compactor (so
  * memory stays bounded; writers then wait at the speed of SQLite). */
-static void s_wait_for_compaction_room(kb_bank_t *self)
+void kb_bank_wait_for_compaction_room(kb_bank_t *self)
 {
     pthread_mutex_lock(&self->compact_mutex);
     while (s_compactable_bytes(self) > self->queue_max_bytes && !self->compactor_stop) {
@@ -700,9 +585,9 @@ static void s_wait_for_compaction_room(kb_bank_t *self)
 
 /* First half of a round: collect the epoch (moving it out of b, whose arrays the next round regrows) and
  * encode it. Persister thread only. */
-static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s_round_t *r)
+static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, kb_bank_round_t *r)
 {
-    s_wait_for_compaction_room(self);
+    kb_bank_wait_for_compaction_room(self);
     memset(r, 0, sizeof *r);
     r->rejournal = s_collect(self, b, writer_waits);
     bool record = b->op_count || b->row_count || b->client_count;
@@ -727,7 +612,7 @@ static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, s
 
 /* Frees what a round still holds (its encoding, and its batch unless the queue took it) and its share of the
  * estimate; r is left empty. */
-static void s_round_free(kb_bank_t *self, s_round_t *r)
+static void s_round_free(kb_bank_t *self, kb_bank_round_t *r)
 {
     kb_memory_add(self->mem, -r->counted);
     free(r->bytes);
@@ -737,7 +622,7 @@ static void s_round_free(kb_bank_t *self, s_round_t *r)
 
 /* Second half: append to the journal (the commit), publish, queue for compaction. Returns 0 on success;
  * on failure r is kept as it is, to be tried again. Rounds finish in the order they were prepared. */
-static int s_finish_round(kb_bank_t *self, s_round_t *r)
+static int s_finish_round(kb_bank_t *self, kb_bank_round_t *r)
 {
     kb_batch_t *b = &r->batch;
     char why[512] = "";
@@ -778,7 +663,7 @@ static int s_finish_round(kb_bank_t *self, s_round_t *r)
     uint64_t epoch = b->epoch;
     s_ask_rejournal_under_pushes(self);
     if (r->bytes)
-        s_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
+        kb_bank_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
     if (r->rejournal) {
         /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
         pthread_mutex_lock(&self->compact_mutex);
@@ -805,7 +690,7 @@ static bool s_give_up(kb_bank_t *self, int failures)
 /* Finishes r, trying again every 100 ms while it fails (a failed append breaks the journal for good in most
  * cases, and then nothing more is acknowledged: writers get the storage error). Gives up only once the bank
  * is closing and three tries failed, then drops the round and logs what was not saved. */
-static void s_finish_retrying(kb_bank_t *self, s_round_t *r)
+static void s_finish_retrying(kb_bank_t *self, kb_bank_round_t *r)
 {
     for (int failures = 0; s_finish_round(self, r) != 0;) {
         failures++;
@@ -1094,7 +979,7 @@ static void *s_compactor_main(void *arg)
              * (glibc keeps them otherwise, and the resident size would stay above the estimate). */
             pthread_mutex_unlock(&self->compact_mutex);
             s_cache_shrink_all(self); /* the rows just compacted may leave memory */
-            s_trim();
+            kb_bank_trim();
             pthread_mutex_lock(&self->compact_mutex);
             continue;
         }
@@ -1126,7 +1011,7 @@ static bool s_writer_waits(const kb_bank_t *self) { return self->wanted_epoch > 
 
 /* Hands a prepared round on: to the syncer's slot in sync durability (waiting while it holds the round
  * before), else finishes it here. */
-static void s_hand_over(kb_bank_t *self, s_round_t *r)
+static void s_hand_over(kb_bank_t *self, kb_bank_round_t *r)
 {
     if (!self->syncer_started) {
         s_finish_retrying(self, r);
@@ -1150,7 +1035,7 @@ static void *s_syncer_main(void *arg)
             pthread_cond_wait(&self->slot_cond, &self->slot_mutex);
         if (!self->slot_full)
             break; /* stopping, and the persister's last round is done */
-        s_round_t r = self->slot; /* the syncer's until it is finished */
+        kb_bank_round_t r = self->slot; /* the syncer's until it is finished */
         pthread_mutex_unlock(&self->slot_mutex);
         s_finish_retrying(self, &r);
         pthread_mutex_lock(&self->slot_mutex);
@@ -1180,7 +1065,7 @@ static void *s_persister_main(void *arg)
         }
         bool writer_waits = s_writer_waits(self);
         pthread_mutex_unlock(&self->commit_mutex);
-        s_round_t r;
+        kb_bank_round_t r;
         s_prepare_round(self, &batch, writer_waits, &r);
         s_hand_over(self, &r);
         pthread_mutex_lock(&self->commit_mutex);
@@ -1188,7 +1073,7 @@ static void *s_persister_main(void *arg)
     pthread_mutex_unlock(&self->commit_mutex);
     /* Final round so that a clean shutdown loses nothing, use counts included. */
     atomic_store(&self->frequencies_due, true);
-    s_round_t r;
+    kb_bank_round_t r;
     s_prepare_round(self, &batch, false, &r);
     s_hand_over(self, &r);
     kb_batch_free(&batch);
@@ -1244,7 +1129,7 @@ static int s_load_table(void *ctx, int64_t id, const char *name, const uint8_t *
     }
     kb_table_t *table = kb_table_new(id, name, &cfg);
     kb_table_set_memory(table, self->mem);
-    s_add_entry(self, table);
+    kb_bank_add_entry(self, table);
     if (id >= self->next_table_id)
         self->next_table_id = id + 1;
     return 0;
@@ -1420,13 +1305,13 @@ static void s_drop_table_id(kb_bank_t *self, int64_t id)
         if (!self->entries[i].dropped && kb_table_id(self->entries[i].table) == id) {
             LOG_INFO("dropped table %s as the primary did", kb_table_name(self->entries[i].table));
             self->entries[i].dropped = true;
-            freed = s_unref(self, i);
+            freed = kb_bank_unref_entry(self, i);
             break;
         }
     }
     pthread_mutex_unlock(&self->registry_mutex);
     if (freed)
-        s_trim();
+        kb_bank_trim();
 }
 
 /* The live table with this id, acquired, or NULL. */
@@ -1469,7 +1354,7 @@ static int s_apply_ops(kb_bank_t *self, const kb_batch_t *b)
         kb_table_set_memory(table, self->mem);
         kb_table_set_read_only(table, true);
         pthread_mutex_lock(&self->registry_mutex);
-        s_add_entry(self, table);
+        kb_bank_add_entry(self, table);
         if (op->id >= self->next_table_id)
             self->next_table_id = op->id + 1;
         pthread_mutex_unlock(&self->registry_mutex);
@@ -1536,7 +1421,7 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
                 return KB_BANK_ECONFLICT;
             }
         }
-        s_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
+        kb_bank_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
         /* The same record as the primary's journal holds, so this journal replays to the same state. */
         if (kb_journal_append_crc(self->journal, epoch, payload, len, crc, err, errlen) != 0) {
             pthread_mutex_lock(&self->commit_mutex);
@@ -1569,14 +1454,12 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
     self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = epoch;
     if (len)
         self->record_epoch = epoch;
-    s_publish_locked(self);
+    kb_bank_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
     if (len)
-        s_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
+        kb_bank_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
     return KB_BANK_OK;
 }
-
-static void s_start_writer_threads(kb_bank_t *self);
 
 int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)
 {
@@ -1597,14 +1480,14 @@ int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)
     }
     free(tables);
     pthread_rwlock_unlock(&self->gate);
-    s_start_writer_threads(self);
+    kb_bank_start_writer_threads(self);
     LOG_INFO("promoted: accepting writes from epoch %llu", (unsigned long long)atomic_load(&self->epoch));
     return KB_BANK_OK;
 }
 
 /* The persister, and in sync durability the syncer, which appends and fdatasyncs while the persister collects
  * the next epoch. */
-static void s_start_writer_threads(kb_bank_t *self)
+void kb_bank_start_writer_threads(kb_bank_t *self)
 {
     if (self->opts.sync) {
         if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
@@ -1733,7 +1616,7 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_setname_np(self->sweeper, "kb-sweeper");
     self->sweeper_started = true;
     if (!opts->replica) /* a follower's epochs are its primary's, until it is promoted */
-        s_start_writer_threads(self);
+        kb_bank_start_writer_threads(self);
     *out = self;
     return 0;
 fail:
