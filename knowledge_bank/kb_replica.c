@@ -114,6 +114,13 @@ struct kb_replica {
     bool follower_running;
     atomic_bool follower_stop;
     volatile sig_atomic_t *server_stop;
+    /* Read bounds (mutex): what the follower thread knows of how far behind it is. */
+    uint64_t through;       /* every round up to it received, records applied */
+    uint64_t hb_shipped;    /* the primary's newest round at its last heartbeat */
+    int64_t hb_ms;          /* when that heartbeat came (this machine's monotonic clock) */
+    int64_t caught_up_ms;   /* the newest heartbeat time whose announced rounds were all received */
+    uint64_t pending_shipped;
+    int64_t pending_ms;     /* a heartbeat not yet caught up with */
     kb_replica_catch_up_t *catch_up; /* a received snapshot waiting for the server to stop */
 };
 
@@ -1048,6 +1055,61 @@ static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__R
     return 1;
 }
 
+/* ---- follower: read bounds (REPLICATION.md section 5) ---- */
+
+static void s_note_heartbeat(kb_replica_t *self, uint64_t shipped, uint64_t through, int64_t now)
+{
+    pthread_mutex_lock(&self->mutex);
+    self->hb_shipped = shipped;
+    self->hb_ms = now;
+    self->through = through;
+    if (through >= shipped)
+        self->caught_up_ms = now;
+    else if (!self->pending_ms) { /* the oldest unmet one: staleness is judged conservatively */
+        self->pending_shipped = shipped;
+        self->pending_ms = now;
+    }
+    pthread_mutex_unlock(&self->mutex);
+}
+
+static void s_note_through(kb_replica_t *self, uint64_t through)
+{
+    pthread_mutex_lock(&self->mutex);
+    self->through = through;
+    if (self->pending_ms && through >= self->pending_shipped) {
+        self->caught_up_ms = self->pending_ms;
+        self->pending_ms = 0;
+    }
+    pthread_mutex_unlock(&self->mutex);
+}
+
+/* The service's check of a bounded read (kb_service_replication_t.check_read). */
+static int s_check_read(void *ctx, uint32_t max_staleness_ms, uint64_t max_lag_epochs, uint64_t min_epoch,
+                        uint64_t *applied, char *why, size_t whylen)
+{
+    kb_replica_t *self = ctx;
+    int64_t now = carls_monotonic_ms();
+    int rc = 0;
+    pthread_mutex_lock(&self->mutex);
+    *applied = self->through;
+    if (min_epoch && self->through < min_epoch)
+        rc = carls_errorf(why, whylen, -1, "it has applied epoch %" PRIu64 ", the read needs %" PRIu64,
+                          self->through, min_epoch);
+    else if (max_staleness_ms && (!self->caught_up_ms || now - self->caught_up_ms > (int64_t)max_staleness_ms))
+        rc = self->caught_up_ms
+                 ? carls_errorf(why, whylen, -1, "it was last caught up with its primary %" PRId64 " ms ago (bound %u)",
+                                now - self->caught_up_ms, max_staleness_ms)
+                 : carls_errorf(why, whylen, -1, "it has not caught up with a primary yet");
+    else if (max_lag_epochs && (!self->hb_ms || now - self->hb_ms > S_PRIMARY_SILENT_MS))
+        rc = carls_errorf(why, whylen, -1, "no heartbeat from its primary for %" PRId64 " ms",
+                          self->hb_ms ? now - self->hb_ms : now);
+    else if (max_lag_epochs && self->hb_shipped > self->through && self->hb_shipped - self->through > max_lag_epochs)
+        rc = carls_errorf(why, whylen, -1, "it is %" PRIu64 " rounds behind (bound %" PRIu64 ")",
+                          self->hb_shipped - self->through, max_lag_epochs);
+    pthread_mutex_unlock(&self->mutex);
+    return rc;
+}
+
 static void *s_follower_main(void *arg)
 {
     kb_replica_t *self = arg;
@@ -1086,6 +1148,7 @@ static void *s_follower_main(void *arg)
                      kb_bank_committed_epoch(self->bank));
             s_hello(self, dealer);
             through = kb_bank_committed_epoch(self->bank); /* what the hello said */
+            s_note_through(self, through);
             heard = hello_at = now;
         }
         zmq_pollitem_t item = {dealer, 0, ZMQ_POLLIN, 0};
@@ -1112,6 +1175,7 @@ static void *s_follower_main(void *arg)
                     s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
                                   "a heartbeat of an older term than this follower's");
                 heard = carls_monotonic_ms();
+                s_note_heartbeat(self, msg->heartbeat->shipped_epoch, through, heard);
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_BEGIN) {
                 restart = s_on_snapshot_begin(self, rx, msg->snapshot_begin) != 0;
                 heard = carls_monotonic_ms();
@@ -1132,6 +1196,8 @@ static void *s_follower_main(void *arg)
                 carls__repl_message__free_unpacked(msg, NULL);
             s_close_parts(parts, n);
         }
+        if (applied)
+            s_note_through(self, through);
         if (applied || chunked) {
             Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
             Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
@@ -1391,7 +1457,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
         carls_errorf(err, errlen, -1, "the bank was opened in the wrong mode for this member (kb_replica_bank_mode)");
         goto fail;
     }
-    kb_service_replication_t hooks = {s_handle, s_free_result, self};
+    kb_service_replication_t hooks = {s_handle, s_free_result, s_check_read, self};
     kb_service_set_replication(service, &hooks);
     if (self->replica_of) {
         if (self->have_state && self->state->role != KB_TERM_FOLLOWER) {

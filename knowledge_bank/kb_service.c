@@ -389,6 +389,7 @@ static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t
     uint64_t ticket = kb_bank_write_end(self->bank);
     if (rc != 0)
         return rc;
+    rp->resp.epoch = ticket; /* a follower's read with min_epoch = this sees the write */
     s_after_durable(self, rp, ticket);
     return 0;
 }
@@ -1487,6 +1488,17 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
                    "writes need a nonzero client_id and sequence (for exactly-once retries)");
             return -1;
         }
+    }
+    if (!s_ops[index].write && (req->max_staleness_ms || req->max_lag_epochs || req->min_epoch) &&
+        !atomic_load(&self->writable) && self->replication.check_read) {
+        char why[256];
+        uint64_t applied = 0;
+        if (self->replication.check_read(self->replication.ctx, req->max_staleness_ms, req->max_lag_epochs,
+                                         req->min_epoch, &applied, why, sizeof why) != 0) {
+            s_fail(rp, CARLS__STATUS_CODE__STATUS_STALE, "this follower is behind its bounds: %s", why);
+            return -1;
+        }
+        rp->resp.epoch = applied;
     }
     s_ops[index].run(self, req, rp);
     return index;

@@ -64,6 +64,10 @@ void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char 
 typedef struct {
     int (*handle)(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *res, char *err, size_t errlen);
     void (*free_result)(void *ctx, Carls__ReplicaResult *res);
+    /* A read with bounds on a member that is not the primary: 0 when it is within them (*applied: its
+     * epoch), else -1 with why (how far behind). */
+    int (*check_read)(void *ctx, uint32_t max_staleness_ms, uint64_t max_lag_epochs, uint64_t min_epoch,
+                      uint64_t *applied, char *why, size_t whylen);
     void *ctx;
 } kb_service_replication_t;
 void kb_service_set_replication(kb_service_t *self, const kb_service_replication_t *replication);

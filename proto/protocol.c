@@ -19,6 +19,7 @@ const char *carls_status_name(Carls__StatusCode status)
     case CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
     case CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case CARLS__STATUS_CODE__STATUS_NOT_PRIMARY: return "NOT_PRIMARY";
+    case CARLS__STATUS_CODE__STATUS_STALE: return "STALE";
     default: return "UNKNOWN_STATUS";
     }
 }

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -374,12 +375,106 @@ static void test_new_follower_catches_up_by_snapshot(void **state)
     assert_int_equal(test_server_cleanup(&p), 0);
 }
 
+/* A bounded lookup of key-0 from the follower: the response (caller frees). */
+static Carls__Response *s_bounded_lookup(raw_client_t *rc, uint32_t staleness_ms, uint64_t min_epoch)
+{
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Lookup lk = CARLS__LOOKUP__INIT;
+    ProtobufCBinaryData key = {5, (uint8_t *)"key-0"};
+    req.protocol_version = CARLS_PROTOCOL_VERSION;
+    req.request_id = 9;
+    req.table = "t";
+    req.max_staleness_ms = staleness_ms;
+    req.min_epoch = min_epoch;
+    lk.n_keys = 1;
+    lk.keys = &key;
+    lk.no_create = true;
+    req.op_case = CARLS__REQUEST__OP_LOOKUP;
+    req.lookup = &lk;
+    Carls__Response *r = raw_call(rc, &req, 5000);
+    assert_non_null(r);
+    return r;
+}
+
+/* Reads from a follower within bounds: a staleness bound holds while the primary's heartbeats come and fails
+ * (STATUS_STALE) once the primary stops; a read without bounds is still answered; min_epoch = a write's
+ * epoch reads that write. */
+static void test_follower_reads_within_bounds(void **state)
+{
+    (void)state;
+    test_server_t p, f;
+    s_start_pair(&p, &f);
+    kb_cluster_t *cp = s_client(p.endpoint, 10000);
+    s_create_table(cp);
+    raw_client_t wc;
+    assert_int_equal(raw_open(&wc, p.endpoint), 0);
+    Carls__Request req = CARLS__REQUEST__INIT;
+    Carls__Put put = CARLS__PUT__INIT;
+    ProtobufCBinaryData key = {5, (uint8_t *)"key-0"};
+    float v[S_DIM] = {1, 2, 3, 4};
+    req.protocol_version = CARLS_PROTOCOL_VERSION;
+    req.request_id = 8;
+    req.client_id = 99;
+    req.sequence = 1;
+    req.table = "t";
+    put.n_keys = 1;
+    put.keys = &key;
+    put.n_values = S_DIM;
+    put.values = v;
+    req.op_case = CARLS__REQUEST__OP_PUT;
+    req.put = &put;
+    Carls__Response *w = raw_call(&wc, &req, 5000);
+    assert_non_null(w);
+    assert_int_equal(w->status, CARLS__STATUS_CODE__STATUS_OK);
+    uint64_t written = w->epoch;
+    assert_true(written > 0);
+    carls__response__free_unpacked(w, NULL);
+    raw_close(&wc);
+
+    raw_client_t rc;
+    assert_int_equal(raw_open(&rc, f.endpoint), 0);
+    Carls__Response *r = s_bounded_lookup(&rc, 1000, written);
+    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_OK);
+    assert_true(r->epoch >= written);
+    assert_true(r->lookup->values[0] == 1.0f);
+    carls__response__free_unpacked(r, NULL);
+    r = s_bounded_lookup(&rc, 0, written + 1000000); /* an epoch nobody wrote yet */
+    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_STALE);
+    carls__response__free_unpacked(r, NULL);
+
+    assert_int_equal(kill(p.pid, SIGSTOP), 0);
+    usleep(1500 * 1000);
+    r = s_bounded_lookup(&rc, 1000, 0);
+    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_STALE);
+    assert_non_null(strstr(r->error, "ms ago"));
+    carls__response__free_unpacked(r, NULL);
+    r = s_bounded_lookup(&rc, 0, 0); /* no bound: the sandbox read */
+    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_OK);
+    carls__response__free_unpacked(r, NULL);
+    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    int64_t deadline = carls_monotonic_ms() + 5000;
+    bool fresh = false;
+    while (!fresh && carls_monotonic_ms() < deadline) {
+        r = s_bounded_lookup(&rc, 1000, 0);
+        fresh = r->status == CARLS__STATUS_CODE__STATUS_OK;
+        carls__response__free_unpacked(r, NULL);
+        if (!fresh)
+            usleep(50 * 1000);
+    }
+    assert_true(fresh);
+    raw_close(&rc);
+    kb_cluster_destroy(&cp);
+    assert_int_equal(test_server_cleanup(&f), 0);
+    assert_int_equal(test_server_cleanup(&p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follower_applies_serves_and_refuses_writes),
         cmocka_unit_test(test_kill9_failover_cycles_keep_every_acknowledged_write),
         cmocka_unit_test(test_new_follower_catches_up_by_snapshot),
+        cmocka_unit_test(test_follower_reads_within_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
