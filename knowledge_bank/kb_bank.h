@@ -137,6 +137,11 @@ uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
 int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
                              char *err, size_t errlen);
 
+/* A follower's hook(ctx, epoch), called by kb_bank_apply_replicated on its thread once the round is in the
+ * journal (fdatasync'ed in sync durability) and before it is applied: the moment it may be acknowledged.
+ * Set before the first apply. */
+void kb_bank_set_journaled_hook(kb_bank_t *self, void (*hook)(void *ctx, uint64_t epoch), void *ctx);
+
 /* A follower becomes a primary: tables writable, persister started; new epochs follow the last applied. */
 int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen);
 bool kb_bank_is_replica(kb_bank_t *self);

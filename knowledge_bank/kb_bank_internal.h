@@ -72,6 +72,8 @@ struct kb_bank {
     pthread_mutex_t ship_mutex;   /* held while the ship hook runs, so removing it waits for a call in flight */
     kb_bank_ship_fn ship_hook;    /* ship mutex */
     void *ship_hook_ctx;
+    void (*journaled_hook)(void *ctx, uint64_t epoch); /* a follower's: a round is in its journal */
+    void *journaled_ctx;
     uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
     atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
     char fence_reason[256];       /* commit mutex */

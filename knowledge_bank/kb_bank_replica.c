@@ -227,6 +227,10 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
             kb_batch_free(&b);
             return KB_BANK_ESTORAGE;
         }
+        /* Durable here: it may be acknowledged before it is applied (a restart replays the journal), which
+         * keeps the applying off the primary's wait. */
+        if (self->journaled_hook)
+            self->journaled_hook(self->journaled_ctx, epoch);
         /* Readers see whole epochs: rows change while no write bracket (none runs here) and no collection
          * is open, and the epoch is published after its last row. */
         pthread_rwlock_wrlock(&self->gate);
@@ -254,6 +258,12 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
     if (len)
         kb_bank_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
     return KB_BANK_OK;
+}
+
+void kb_bank_set_journaled_hook(kb_bank_t *self, void (*hook)(void *ctx, uint64_t epoch), void *ctx)
+{
+    self->journaled_hook = hook;
+    self->journaled_ctx = ctx;
 }
 
 int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)

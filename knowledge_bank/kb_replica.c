@@ -121,6 +121,8 @@ struct kb_replica {
     int64_t caught_up_ms;   /* the newest heartbeat time whose announced rounds were all received */
     uint64_t pending_shipped;
     int64_t pending_ms;     /* a heartbeat not yet caught up with */
+    void *ack_dealer;       /* follower thread: the socket and echo s_journaled acknowledges with */
+    int64_t ack_echo;
     kb_replica_catch_up_t *catch_up; /* a received snapshot waiting for the server to stop */
 };
 
@@ -929,8 +931,12 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
         return 0;
     }
     char err[512];
-    if (kb_bank_apply_replicated(self->bank, rec->epoch, zmq_msg_data(payload), zmq_msg_size(payload),
-                                 rec->crc, err, sizeof err) != 0) {
+    self->ack_dealer = dealer;
+    self->ack_echo = rec->sent_us;
+    int rc = kb_bank_apply_replicated(self->bank, rec->epoch, zmq_msg_data(payload), zmq_msg_size(payload),
+                                      rec->crc, err, sizeof err);
+    self->ack_dealer = NULL;
+    if (rc != 0) {
         LOG_ERROR("replication: round %" PRIu64 " not applied: %s", rec->epoch, err);
         return -1;
     }
@@ -1053,6 +1059,25 @@ static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__R
     if (self->server_stop)
         *self->server_stop = 1;
     return 1;
+}
+
+/* The bank's journaled hook (follower thread, inside kb_bank_apply_replicated): the round is durable here,
+ * so it is acknowledged now, before it is applied. */
+static void s_journaled(void *ctx, uint64_t epoch)
+{
+    kb_replica_t *self = ctx;
+    if (!self->ack_dealer)
+        return;
+    Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
+    Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
+    pthread_mutex_lock(&self->mutex);
+    ack.term = self->have_state ? self->state->term : 0;
+    pthread_mutex_unlock(&self->mutex);
+    ack.applied_epoch = epoch;
+    ack.echo_sent_us = self->ack_echo;
+    msg.body_case = CARLS__REPL_MESSAGE__BODY_ACK;
+    msg.ack = &ack;
+    s_send(self->ack_dealer, NULL, 0, &msg, NULL);
 }
 
 /* ---- follower: read bounds (REPLICATION.md section 5) ---- */
@@ -1231,6 +1256,7 @@ static void *s_follower_main(void *arg)
 
 static void s_start_follower(kb_replica_t *self)
 {
+    kb_bank_set_journaled_hook(self->bank, s_journaled, self);
     atomic_store(&self->follower_stop, false);
     if (pthread_create(&self->follower_thread, NULL, s_follower_main, self) != 0)
         CARLS_FATAL("cannot start the replica thread");
