@@ -1,16 +1,17 @@
 /* Sharded client (contract in kb_cluster.h).
  *
  * Every operation that talks to more than one shard, and every row operation even with one shard, goes
- * through one fan-out engine (s_fan_t): build at most one request per shard, send them all (kb_client_send
- * never blocks), then wait for each in shard order. While we wait for shard 0 the other shards work and
- * their answers queue on their own sockets, so a fan-out costs about one round trip to the slowest shard,
- * not the sum. Keys are split with s_split (a counting sort by shard that remembers each key's position in
- * the caller's arrays) and answers are scattered back through the same map. A kb_cluster_pending_t is a
+ * through one fan-out engine (kb_cluster_fan_t): build at most one request per shard, send them all
+ * (kb_client_send never blocks), then wait for each in shard order. While we wait for shard 0 the other shards
+ * work and their answers queue on their own sockets, so a fan-out costs about one round trip to the slowest
+ * shard, not the sum. Keys are split with kb_cluster_split (a counting sort by shard that remembers each key's
+ * position in the caller's arrays) and answers are scattered back through the same map. A kb_cluster_pending_t is a
  * fan-out whose answers are collected later (the *_send / *_wait calls); the blocking calls are send + wait.
  *
  * Every answer is checked against what was asked (counts per key, dims) before anything is copied into
  * the caller's buffers: a shard is another process and may be broken or hostile. */
 #include "kb_cluster.h"
+#include "kb_cluster_internal.h"
 
 #include "log.h"
 #include "protocol.h"
@@ -23,29 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-/* What the cluster remembers about one table. */
-typedef struct {
-    char *name;
-    kb_cluster_table_t info;
-} s_cached_table_t;
-
-struct kb_cluster {
-    uint32_t n;                /* shards */
-    kb_client_t **clients;     /* (n) shard i's client */
-    bool borrowed;             /* kb_cluster_over: the one client is the caller's, not closed on destroy */
-    char **endpoints;          /* (n) shard i's endpoint */
-    s_cached_table_t *tables;  /* cache filled by list_tables */
-    size_t n_tables;
-    int failed_shard;          /* shard the last error is about, or -1 */
-    Carls__StatusCode last_status; /* the status of the last KB_CLIENT_ESTATUS failure; OK otherwise */
-    uint64_t requests;         /* requests sent so far (kb_cluster_requests) */
-    char last_error[768];      /* "" after success */
-};
-
-static void s_set_error(kb_cluster_t *self, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void s_set_error(kb_cluster_t *self, const char *fmt, ...)
+void kb_cluster_set_error(kb_cluster_t *self, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -55,7 +34,7 @@ static void s_set_error(kb_cluster_t *self, const char *fmt, ...)
     self->last_status = CARLS__STATUS_CODE__STATUS_OK;
 }
 
-static void s_clear_error(kb_cluster_t *self)
+void kb_cluster_clear_error(kb_cluster_t *self)
 {
     self->last_error[0] = '\0';
     self->failed_shard = -1;
@@ -64,25 +43,22 @@ static void s_clear_error(kb_cluster_t *self)
 
 /* An error the cluster answers itself with the status a single server would give (the text starts with
  * the status's name, as a server's does). Returns KB_CLIENT_ESTATUS. */
-static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int s_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
+int kb_cluster_status_error(kb_cluster_t *self, Carls__StatusCode status, const char *fmt, ...)
 {
     char what[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    s_set_error(self, "%s: %s", carls_status_name(status), what);
+    kb_cluster_set_error(self, "%s: %s", carls_status_name(status), what);
     self->last_status = status;
     return KB_CLIENT_ESTATUS;
 }
 
 /* Records that shard s failed, with the shard's client error as the text (replacing any earlier text: the
- * callers decide which failure of a call is reported, see s_fan_failed). With one shard the text is the client's
- * own (a single server needs no name). */
-static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
+ * callers decide which failure of a call is reported, see kb_cluster_fan_failed). With one shard the text is the
+ * client's own (a single server needs no name). */
+void kb_cluster_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
 {
     if (self->n == 1)
         snprintf(self->last_error, sizeof self->last_error, "%s", what);
@@ -93,23 +69,21 @@ static void s_shard_error(kb_cluster_t *self, uint32_t s, const char *what)
 }
 
 /* Shard s's client failed: its error text and its status (for KB_CLIENT_ESTATUS) become the cluster's. */
-static void s_client_error(kb_cluster_t *self, uint32_t s)
+void kb_cluster_client_error(kb_cluster_t *self, uint32_t s)
 {
-    s_shard_error(self, s, kb_client_last_error(self->clients[s]));
+    kb_cluster_shard_error(self, s, kb_client_last_error(self->clients[s]));
     self->last_status = kb_client_last_status(self->clients[s]);
 }
 
-/* s_shard_error with a formatted reason (for answers that fail our checks). */
-static void s_shard_errorf(kb_cluster_t *self, uint32_t s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void s_shard_errorf(kb_cluster_t *self, uint32_t s, const char *fmt, ...)
+/* kb_cluster_shard_error with a formatted reason (for answers that fail our checks). */
+void kb_cluster_shard_errorf(kb_cluster_t *self, uint32_t s, const char *fmt, ...)
 {
     char what[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    s_shard_error(self, s, what);
+    kb_cluster_shard_error(self, s, what);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------------------- */
@@ -271,16 +245,7 @@ Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self)
 
 /* ---- splitting keys by shard ------------------------------------------------------------------------- */
 
-/* Keys grouped by shard: shard s's keys are wire[start[s] .. start[s] + count[s]), and order[j] is the
- * caller's index of grouped key j. Within a shard the caller's order is kept. */
-typedef struct {
-    size_t *count;              /* (shards) */
-    size_t *start;              /* (shards) */
-    size_t *order;              /* (n) */
-    ProtobufCBinaryData *wire;  /* (n) pointing at the caller's key bytes (valid until the requests are sent) */
-} s_split_t;
-
-static void s_split_free(s_split_t *sp)
+void kb_cluster_split_free(kb_cluster_split_t *sp)
 {
     free(sp->count);
     free(sp->start);
@@ -289,13 +254,13 @@ static void s_split_free(s_split_t *sp)
     memset(sp, 0, sizeof *sp);
 }
 
-/* Checks keys (non-empty) and groups them by shard into *sp (caller frees with s_split_free, also on
+/* Checks keys (non-empty) and groups them by shard into *sp (caller frees with kb_cluster_split_free, also on
  * failure). 0, or KB_CLIENT_EINVAL (error set). */
-static int s_split(kb_cluster_t *self, const char *what, const kb_key_t *keys, size_t n, s_split_t *sp)
+int kb_cluster_split(kb_cluster_t *self, const char *what, const kb_key_t *keys, size_t n, kb_cluster_split_t *sp)
 {
     memset(sp, 0, sizeof *sp);
     if (!keys || n == 0) {
-        s_set_error(self, "%s: no keys", what);
+        kb_cluster_set_error(self, "%s: no keys", what);
         return KB_CLIENT_EINVAL;
     }
     sp->count = carls_xcalloc(self->n, sizeof *sp->count);
@@ -305,7 +270,7 @@ static int s_split(kb_cluster_t *self, const char *what, const kb_key_t *keys, s
     uint32_t *shard = carls_xmalloc(n * sizeof *shard);
     for (size_t i = 0; i < n; i++) {
         if (keys[i].len == 0 || !keys[i].data) {
-            s_set_error(self, "%s: key %zu is empty", what, i);
+            kb_cluster_set_error(self, "%s: key %zu is empty", what, i);
             free(shard);
             return KB_CLIENT_EINVAL;
         }
@@ -331,42 +296,7 @@ static int s_split(kb_cluster_t *self, const char *what, const kb_key_t *keys, s
 
 /* ---- the fan-out engine ------------------------------------------------------------------------------ */
 
-/* The operation one shard's request carries (the request's oneof points at it). */
-typedef union {
-    Carls__Lookup lookup;
-    Carls__Put put;
-    Carls__PushGradients push_gradients;
-    Carls__FeatureGet feature_get;
-    Carls__FeaturePut feature_put;
-    Carls__Sample sample;
-    Carls__Knn knn;
-    Carls__ImportRows import_rows;
-} s_op_t;
-
-/* One operation spread over the shards: at most one request per shard, all sent before any answer is
- * awaited, then the answers. Every operation of this file goes through it:
- *   s_fan_init                             one fan-out on a table, whose answers must carry result `want`
- *   s_fan_keys, s_fan_request, s_to_all    build the requests (keys split by shard, or one per shard)
- *   s_fan_send, s_fan_wait (or s_fan_run)  send them all, then collect every answer
- *   s_fan_free                             frees it, cancelling requests still in flight (abandoned)
- * A failure is reported for the first shard in shard order that failed (kb_cluster_failed_shard). */
-typedef struct {
-    char *table;                      /* a copy of the table name the requests point at */
-    Carls__Response__ResultCase want; /* the result every answer must carry */
-    s_split_t sp;                     /* the keys by shard (s_fan_keys); empty for operations without keys */
-    Carls__Request *reqs;             /* (shards) shard s's request; op_case NOT_SET: nothing for shard s */
-    s_op_t *ops;                      /* (shards) shard s's own operation (s_fan_request; s_to_all's requests
-                                       * share the caller's instead) */
-    float *rows;                      /* put, push_gradients: the caller's rows in shard order (several shards) */
-    Carls__FeatureRecord **records;   /* feature_put: the caller's records in shard order */
-    uint64_t *ids;                    /* (shards) request id of each request sent */
-    bool *in_flight;                  /* (shards) sent and not waited for yet */
-    Carls__Response **resps;          /* (shards) the answers after a successful s_fan_wait; NULL where none */
-    int rc;                           /* the failure reported (0: none yet) */
-    int failed;                       /* the shard it is about, or -1 */
-} s_fan_t;
-
-static void s_fan_init(kb_cluster_t *self, s_fan_t *fan, const char *table, Carls__Response__ResultCase want)
+void kb_cluster_fan_init(kb_cluster_t *self, kb_cluster_fan_t *fan, const char *table, Carls__Response__ResultCase want)
 {
     memset(fan, 0, sizeof *fan);
     if (table) {
@@ -384,7 +314,7 @@ static void s_fan_init(kb_cluster_t *self, s_fan_t *fan, const char *table, Carl
 
 /* Frees everything; requests still in flight are cancelled (their answers, if they come, are dropped).
  * Accepts a fan that was never initialised (all zero). */
-static void s_fan_free(kb_cluster_t *self, s_fan_t *fan)
+void kb_cluster_fan_free(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; fan->reqs && s < self->n; s++) {
         if (fan->in_flight[s])
@@ -392,7 +322,7 @@ static void s_fan_free(kb_cluster_t *self, s_fan_t *fan)
         if (fan->resps[s])
             carls__response__free_unpacked(fan->resps[s], NULL);
     }
-    s_split_free(&fan->sp);
+    kb_cluster_split_free(&fan->sp);
     free(fan->table);
     free(fan->reqs);
     free(fan->ops);
@@ -407,8 +337,8 @@ static void s_fan_free(kb_cluster_t *self, s_fan_t *fan)
 /* Makes req (initialised, of fan's table) carry operation op, its oneof member pointing at msg, and returns
  * the descriptor of op's message. Every operation is set the same way, so this reads protobuf-c's descriptors
  * instead of naming each generated member: a oneof's case number is its member's field number in Request. */
-static const ProtobufCMessageDescriptor *s_request_op(const s_fan_t *fan, Carls__Request *req,
-                                                      Carls__Request__OpCase op, void *msg)
+const ProtobufCMessageDescriptor *kb_cluster_request_op(const kb_cluster_fan_t *fan, Carls__Request *req,
+                                                        Carls__Request__OpCase op, void *msg)
 {
     const ProtobufCFieldDescriptor *member =
         protobuf_c_message_descriptor_get_field(&carls__request__descriptor, (unsigned)op);
@@ -423,12 +353,12 @@ static const ProtobufCMessageDescriptor *s_request_op(const s_fan_t *fan, Carls_
 /* Builds shard s's request for operation op (initialised, in fan->ops[s]) carrying the n_keys keys (a
  * sample's positives; none: NULL, 0): the operation's repeated bytes field "keys" ("positives" in Sample).
  * Returns the operation for the caller to fill in. */
-static s_op_t *s_fan_request(s_fan_t *fan, uint32_t s, Carls__Request__OpCase op, ProtobufCBinaryData *keys,
-                             size_t n_keys)
+kb_cluster_op_t *kb_cluster_fan_request(kb_cluster_fan_t *fan, uint32_t s, Carls__Request__OpCase op,
+                                        ProtobufCBinaryData *keys, size_t n_keys)
 {
-    s_op_t *o = &fan->ops[s];
-    const ProtobufCMessageDescriptor *desc = s_request_op(fan, &fan->reqs[s], op, o);
-    assert(desc->sizeof_message <= sizeof *o); /* s_op_t lists every operation built here */
+    kb_cluster_op_t *o = &fan->ops[s];
+    const ProtobufCMessageDescriptor *desc = kb_cluster_request_op(fan, &fan->reqs[s], op, o);
+    assert(desc->sizeof_message <= sizeof *o); /* kb_cluster_op_t lists every operation built here */
     protobuf_c_message_init(desc, o);
     const ProtobufCFieldDescriptor *key_field =
         protobuf_c_message_descriptor_get_field_by_name(desc, op == CARLS__REQUEST__OP_SAMPLE ? "positives" : "keys");
@@ -440,24 +370,24 @@ static s_op_t *s_fan_request(s_fan_t *fan, uint32_t s, Carls__Request__OpCase op
 
 /* Splits keys by shard (fan->sp) and builds operation op for every shard holding keys, with its keys.
  * 0, or KB_CLIENT_EINVAL (error set). */
-static int s_fan_keys(kb_cluster_t *self, s_fan_t *fan, const char *what, Carls__Request__OpCase op,
-                      const kb_key_t *keys, size_t n)
+int kb_cluster_fan_keys(kb_cluster_t *self, kb_cluster_fan_t *fan, const char *what, Carls__Request__OpCase op,
+                        const kb_key_t *keys, size_t n)
 {
-    int rc = s_split(self, what, keys, n, &fan->sp);
+    int rc = kb_cluster_split(self, what, keys, n, &fan->sp);
     if (rc != 0)
         return rc;
     for (uint32_t s = 0; s < self->n; s++)
         if (fan->sp.count[s] > 0)
-            s_fan_request(fan, s, op, fan->sp.wire + fan->sp.start[s], fan->sp.count[s]);
+            kb_cluster_fan_request(fan, s, op, fan->sp.wire + fan->sp.start[s], fan->sp.count[s]);
     return 0;
 }
 
 /* put and push_gradients: gives each shard's operation its rows (n * dim floats in the caller's key order).
  * With several shards the rows are copied into shard order so each request points at one block; with one,
  * the order is the caller's and the rows are used as they are. */
-static void s_fan_rows(kb_cluster_t *self, s_fan_t *fan, const float *rows, uint32_t dim)
+static void s_fan_rows(kb_cluster_t *self, kb_cluster_fan_t *fan, const float *rows, uint32_t dim)
 {
-    const s_split_t *sp = &fan->sp;
+    const kb_cluster_split_t *sp = &fan->sp;
     const float *ordered = rows;
     if (self->n > 1) {
         size_t n = sp->start[self->n - 1] + sp->count[self->n - 1];
@@ -483,7 +413,7 @@ static void s_fan_rows(kb_cluster_t *self, s_fan_t *fan, const float *rows, uint
 
 /* Records rc as the failure of shard s if it is the first in shard order so far. True when it is (the
  * caller then sets the error text). */
-static bool s_fan_failed(s_fan_t *fan, uint32_t s, int rc)
+bool kb_cluster_fan_failed(kb_cluster_fan_t *fan, uint32_t s, int rc)
 {
     if (fan->failed >= 0 && (int)s > fan->failed)
         return false;
@@ -493,16 +423,16 @@ static bool s_fan_failed(s_fan_t *fan, uint32_t s, int rc)
 }
 
 /* Sends every shard's request without waiting (kb_client_send never blocks). After a failed send nothing
- * more is sent; the failure is returned and kept for s_fan_wait, which still collects what was sent. */
-static int s_fan_send(kb_cluster_t *self, s_fan_t *fan)
+ * more is sent; the failure is returned and kept for kb_cluster_fan_wait, which still collects what was sent. */
+int kb_cluster_fan_send(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; s < self->n; s++) {
         if (fan->reqs[s].op_case == CARLS__REQUEST__OP__NOT_SET)
             continue;
         int rc = kb_client_send(self->clients[s], &fan->reqs[s], &fan->ids[s]);
         if (rc != 0) {
-            if (s_fan_failed(fan, s, rc))
-                s_client_error(self, s);
+            if (kb_cluster_fan_failed(fan, s, rc))
+                kb_cluster_client_error(self, s);
             return rc;
         }
         fan->in_flight[s] = true;
@@ -515,7 +445,7 @@ static int s_fan_send(kb_cluster_t *self, s_fan_t *fan)
  * answers queue on their own sockets. 0 with every answer in fan->resps (each carrying fan->want), or the
  * code of the first failure in shard order (a failed send included), the error naming that shard; the
  * answers are then freed. Everything sent is waited for even after a failure, so nothing stays in flight. */
-static int s_fan_wait(kb_cluster_t *self, s_fan_t *fan)
+int kb_cluster_fan_wait(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; s < self->n; s++) {
         if (!fan->in_flight[s])
@@ -525,11 +455,11 @@ static int s_fan_wait(kb_cluster_t *self, s_fan_t *fan)
         fan->in_flight[s] = false;
         if (rc == 0 && resp->result_case != fan->want) {
             rc = KB_CLIENT_EMALFORMED;
-            if (s_fan_failed(fan, s, rc))
-                s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
-                               carls_op_name(fan->reqs[s].op_case), (int)resp->result_case);
-        } else if (rc != 0 && s_fan_failed(fan, s, rc)) {
-            s_client_error(self, s);
+            if (kb_cluster_fan_failed(fan, s, rc))
+                kb_cluster_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
+                                        carls_op_name(fan->reqs[s].op_case), (int)resp->result_case);
+        } else if (rc != 0 && kb_cluster_fan_failed(fan, s, rc)) {
+            kb_cluster_client_error(self, s);
         }
         if (rc != 0) {
             if (resp)
@@ -548,26 +478,26 @@ static int s_fan_wait(kb_cluster_t *self, s_fan_t *fan)
     return fan->rc;
 }
 
-/* s_fan_send, then s_fan_wait. */
-static int s_fan_run(kb_cluster_t *self, s_fan_t *fan)
+/* kb_cluster_fan_send, then kb_cluster_fan_wait. */
+int kb_cluster_fan_run(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
-    s_fan_send(self, fan);
-    return s_fan_wait(self, fan);
+    kb_cluster_fan_send(self, fan);
+    return kb_cluster_fan_wait(self, fan);
 }
 
 /* Common argument checks of the row operations. 0 or KB_CLIENT_EINVAL (error set). */
 static int s_row_args(kb_cluster_t *self, const char *what, const char *table, size_t n, uint32_t dim)
 {
     if (!table || !*table) {
-        s_set_error(self, "%s: no table name", what);
+        kb_cluster_set_error(self, "%s: no table name", what);
         return KB_CLIENT_EINVAL;
     }
     if (dim == 0) {
-        s_set_error(self, "%s: dim is 0", what);
+        kb_cluster_set_error(self, "%s: dim is 0", what);
         return KB_CLIENT_EINVAL;
     }
     if (n > SIZE_MAX / sizeof(float) / dim) {
-        s_set_error(self, "%s: %zu rows of dim %u overflow", what, n, dim);
+        kb_cluster_set_error(self, "%s: %zu rows of dim %u overflow", what, n, dim);
         return KB_CLIENT_EINVAL;
     }
     return 0;
@@ -575,19 +505,13 @@ static int s_row_args(kb_cluster_t *self, const char *what, const char *table, s
 
 /* ---- requests in flight (kb_cluster_pending_t) ------------------------------------------------------- */
 
-struct kb_cluster_pending {
-    s_fan_t fan;                 /* the requests; their answers once waited for */
-    uint32_t dim;                /* lookup: the rows' dim */
-    kb_sample_result_t *sample;  /* sample with several shards: the draws, made when it was sent */
-};
-
 void kb_cluster_pending_destroy(kb_cluster_t *self, kb_cluster_pending_t **pending_p)
 {
     assert(self);
     if (!pending_p || !*pending_p)
         return;
     kb_cluster_pending_t *p = *pending_p;
-    s_fan_free(self, &p->fan);
+    kb_cluster_fan_free(self, &p->fan);
     kb_sample_result_destroy(&p->sample);
     free(p);
     *pending_p = NULL;
@@ -595,11 +519,11 @@ void kb_cluster_pending_destroy(kb_cluster_t *self, kb_cluster_pending_t **pendi
 
 /* Sends p's requests. 0 with *out = p (the caller's now), or the failure: what was sent is collected, the
  * error names the first shard that failed, and p is freed. */
-static int s_pending_send(kb_cluster_t *self, kb_cluster_pending_t *p, kb_cluster_pending_t **out)
+int kb_cluster_pending_send(kb_cluster_t *self, kb_cluster_pending_t *p, kb_cluster_pending_t **out)
 {
-    int rc = s_fan_send(self, &p->fan);
+    int rc = kb_cluster_fan_send(self, &p->fan);
     if (rc != 0) {
-        rc = s_fan_wait(self, &p->fan);
+        rc = kb_cluster_fan_wait(self, &p->fan);
         kb_cluster_pending_destroy(self, &p);
         return rc;
     }
@@ -608,10 +532,10 @@ static int s_pending_send(kb_cluster_t *self, kb_cluster_pending_t *p, kb_cluste
 }
 
 /* A new pending of table whose answers carry `want`. */
-static kb_cluster_pending_t *s_pending_new(kb_cluster_t *self, const char *table, Carls__Response__ResultCase want)
+kb_cluster_pending_t *kb_cluster_pending_new(kb_cluster_t *self, const char *table, Carls__Response__ResultCase want)
 {
     kb_cluster_pending_t *p = carls_xcalloc(1, sizeof *p);
-    s_fan_init(self, &p->fan, table, want);
+    kb_cluster_fan_init(self, &p->fan, table, want);
     return p;
 }
 
@@ -619,14 +543,14 @@ static kb_cluster_pending_t *s_pending_new(kb_cluster_t *self, const char *table
 
 /* Sends operation op (its message msg, shared by every shard's request; each shard's client fills in its
  * own ids) on table (NULL: none) to every shard and waits for every answer, which must carry result want:
- * fan (the caller frees it with s_fan_free) holds them on success. */
-static int s_to_all(kb_cluster_t *self, s_fan_t *fan, const char *table, Carls__Request__OpCase op, void *msg,
-                    Carls__Response__ResultCase want)
+ * fan (the caller frees it with kb_cluster_fan_free) holds them on success. */
+int kb_cluster_to_all(kb_cluster_t *self, kb_cluster_fan_t *fan, const char *table, Carls__Request__OpCase op,
+                      void *msg, Carls__Response__ResultCase want)
 {
-    s_fan_init(self, fan, table, want);
+    kb_cluster_fan_init(self, fan, table, want);
     for (uint32_t s = 0; s < self->n; s++)
-        s_request_op(fan, &fan->reqs[s], op, msg);
-    return s_fan_run(self, fan);
+        kb_cluster_request_op(fan, &fan->reqs[s], op, msg);
+    return kb_cluster_fan_run(self, fan);
 }
 
 /* Drops table from the cache. */
@@ -645,35 +569,35 @@ int kb_cluster_create_table(kb_cluster_t *self, const char *table, const Carls__
                             bool if_not_exists)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!table || !cfg) {
-        s_set_error(self, "create_table: table name and config are required");
+        kb_cluster_set_error(self, "create_table: table name and config are required");
         return KB_CLIENT_EINVAL;
     }
     s_forget_table(self, table);
     Carls__CreateTable op = CARLS__CREATE_TABLE__INIT;
     op.config = (Carls__TableConfig *)cfg; /* packing only reads it */
     op.if_not_exists = if_not_exists;
-    s_fan_t fan;
-    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_CREATE_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
-    s_fan_free(self, &fan);
+    kb_cluster_fan_t fan;
+    int rc = kb_cluster_to_all(self, &fan, table, CARLS__REQUEST__OP_CREATE_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
 int kb_cluster_drop_table(kb_cluster_t *self, const char *table, bool if_exists)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!table) {
-        s_set_error(self, "drop_table: table name is required");
+        kb_cluster_set_error(self, "drop_table: table name is required");
         return KB_CLIENT_EINVAL;
     }
     s_forget_table(self, table);
     Carls__DropTable op = CARLS__DROP_TABLE__INIT;
     op.if_exists = if_exists;
-    s_fan_t fan;
-    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_DROP_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
-    s_fan_free(self, &fan);
+    kb_cluster_fan_t fan;
+    int rc = kb_cluster_to_all(self, &fan, table, CARLS__REQUEST__OP_DROP_TABLE, &op, CARLS__RESPONSE__RESULT_WRITE);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
@@ -688,7 +612,7 @@ static void s_cache_tables(kb_cluster_t *self, const Carls__TableList *list)
         const Carls__TableInfo *t = list->tables[i];
         if (!t || !t->name || !t->config)
             continue;
-        s_cached_table_t *c = &self->tables[self->n_tables++];
+        kb_cluster_cached_table_t *c = &self->tables[self->n_tables++];
         c->name = carls_xmalloc(strlen(t->name) + 1);
         strcpy(c->name, t->name);
         c->info.kind = t->config->kind;
@@ -701,11 +625,12 @@ static void s_cache_tables(kb_cluster_t *self, const Carls__TableList *list)
 int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out)
 {
     assert(self && list_out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *list_out = NULL;
     Carls__ListTables op = CARLS__LIST_TABLES__INIT;
-    s_fan_t fan;
-    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_LIST_TABLES, &op, CARLS__RESPONSE__RESULT_TABLE_LIST);
+    kb_cluster_fan_t fan;
+    int rc =
+        kb_cluster_to_all(self, &fan, NULL, CARLS__REQUEST__OP_LIST_TABLES, &op, CARLS__RESPONSE__RESULT_TABLE_LIST);
     Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
@@ -729,16 +654,16 @@ int kb_cluster_list_tables(kb_cluster_t *self, Carls__Response **list_out)
     *list_out = resps[0];
     resps[0] = NULL;
 cleanup:
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
 int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *out)
 {
     assert(self && out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!table || !*table) {
-        s_set_error(self, "no table name");
+        kb_cluster_set_error(self, "no table name");
         return KB_CLIENT_EINVAL;
     }
     for (int pass = 0; pass < 2; pass++) {
@@ -756,7 +681,7 @@ int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *
             return rc;
         carls__response__free_unpacked(list, NULL);
     }
-    return s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
+    return kb_cluster_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
 }
 
 int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableConfig **cfg_out)
@@ -767,7 +692,7 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
     int rc = kb_cluster_list_tables(self, &list);
     if (rc != 0)
         return rc;
-    rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
+    rc = kb_cluster_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named \"%s\"", table);
     for (size_t i = 0; i < list->table_list->n_tables; i++) {
         const Carls__TableInfo *t = list->table_list->tables[i];
         if (!t || !t->name || strcmp(t->name, table) != 0 || !t->config)
@@ -780,7 +705,7 @@ int kb_cluster_table_config(kb_cluster_t *self, const char *table, Carls__TableC
         free(buf);
         if (!*cfg_out)
             CARLS_FATAL("cannot decode a table config we just packed");
-        s_clear_error(self);
+        kb_cluster_clear_error(self);
         rc = 0;
         break;
     }
@@ -794,21 +719,21 @@ int kb_cluster_lookup_send(kb_cluster_t *self, const char *table, const kb_key_t
                            bool no_create, kb_cluster_pending_t **pending_out)
 {
     assert(self && pending_out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *pending_out = NULL;
     int rc = s_row_args(self, "lookup", table, n, dim);
     if (rc != 0)
         return rc;
-    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_LOOKUP);
+    kb_cluster_pending_t *p = kb_cluster_pending_new(self, table, CARLS__RESPONSE__RESULT_LOOKUP);
     p->dim = dim;
-    rc = s_fan_keys(self, &p->fan, "lookup", CARLS__REQUEST__OP_LOOKUP, keys, n);
+    rc = kb_cluster_fan_keys(self, &p->fan, "lookup", CARLS__REQUEST__OP_LOOKUP, keys, n);
     if (rc != 0) {
         kb_cluster_pending_destroy(self, &p);
         return rc;
     }
     for (uint32_t s = 0; s < self->n; s++)
         p->fan.ops[s].lookup.no_create = no_create; /* (unused where nothing is sent) */
-    return s_pending_send(self, p, pending_out);
+    return kb_cluster_pending_send(self, p, pending_out);
 }
 
 /* Checks a lookup answer for n keys of table (dim dim) before anything is copied out of it: KB_CLIENT_EINVAL
@@ -833,10 +758,10 @@ static int s_check_lookup(const Carls__LookupResult *res, const char *table, siz
 
 /* Checks every shard's lookup answer, then copies the rows (when values_out is not NULL) and the metadata
  * (when meta_out is not NULL) to the caller's key order. Nothing is copied when any answer fails its check. */
-static int s_lookup_scatter(kb_cluster_t *self, const s_fan_t *fan, uint32_t dim, float *values_out,
+static int s_lookup_scatter(kb_cluster_t *self, const kb_cluster_fan_t *fan, uint32_t dim, float *values_out,
                             kb_row_meta_t *meta_out)
 {
-    const s_split_t *sp = &fan->sp;
+    const kb_cluster_split_t *sp = &fan->sp;
     for (uint32_t s = 0; s < self->n; s++) {
         if (!fan->resps[s])
             continue;
@@ -844,7 +769,7 @@ static int s_lookup_scatter(kb_cluster_t *self, const s_fan_t *fan, uint32_t dim
         int rc = s_check_lookup(fan->resps[s]->lookup, fan->table, sp->count[s], dim, meta_out != NULL, what,
                                 sizeof what);
         if (rc != 0) {
-            s_shard_error(self, s, what);
+            kb_cluster_shard_error(self, s, what);
             return rc;
         }
     }
@@ -870,9 +795,9 @@ int kb_cluster_lookup_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p,
                            kb_row_meta_t *meta_out)
 {
     assert(self && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_LOOKUP);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     kb_cluster_pending_t *p = *pending_p;
-    int rc = s_fan_wait(self, &p->fan);
+    int rc = kb_cluster_fan_wait(self, &p->fan);
     if (rc == 0)
         rc = s_lookup_scatter(self, &p->fan, p->dim, values_out, meta_out);
     kb_cluster_pending_destroy(self, pending_p);
@@ -889,9 +814,9 @@ int kb_cluster_lookup_ex(kb_cluster_t *self, const char *table, const kb_key_t *
                          bool no_create, float *values_out, kb_row_meta_t *meta_out)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!values_out) {
-        s_set_error(self, "lookup: no values");
+        kb_cluster_set_error(self, "lookup: no values");
         return KB_CLIENT_EINVAL;
     }
     kb_cluster_pending_t *p = NULL;
@@ -908,13 +833,13 @@ static int s_write_send(kb_cluster_t *self, const char *table, const kb_key_t *k
     *pending_out = NULL;
     int rc = s_row_args(self, what, table, n, dim);
     if (rc == 0 && !rows) {
-        s_set_error(self, "%s: no values", what);
+        kb_cluster_set_error(self, "%s: no values", what);
         rc = KB_CLIENT_EINVAL;
     }
     if (rc != 0)
         return rc;
-    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_WRITE);
-    rc = s_fan_keys(self, &p->fan, what, op, keys, n);
+    kb_cluster_pending_t *p = kb_cluster_pending_new(self, table, CARLS__RESPONSE__RESULT_WRITE);
+    rc = kb_cluster_fan_keys(self, &p->fan, what, op, keys, n);
     if (rc != 0) {
         kb_cluster_pending_destroy(self, &p);
         return rc;
@@ -922,7 +847,7 @@ static int s_write_send(kb_cluster_t *self, const char *table, const kb_key_t *k
     s_fan_rows(self, &p->fan, rows, dim);
     for (uint32_t s = 0; op == CARLS__REQUEST__OP_PUT && s < self->n; s++)
         p->fan.ops[s].put.version = version;
-    rc = s_pending_send(self, p, pending_out);
+    rc = kb_cluster_pending_send(self, p, pending_out);
     /* The requests are packed: the rows in shard order are not needed any more. */
     if (rc == 0) {
         free((*pending_out)->fan.rows);
@@ -935,7 +860,7 @@ int kb_cluster_push_gradients_send(kb_cluster_t *self, const char *table, const 
                                    uint32_t dim, const float *gradients, kb_cluster_pending_t **pending_out)
 {
     assert(self && pending_out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     return s_write_send(self, table, keys, n, dim, gradients, CARLS__REQUEST__OP_PUSH_GRADIENTS, 0, pending_out);
 }
 
@@ -943,8 +868,8 @@ int kb_cluster_push_gradients_send(kb_cluster_t *self, const char *table, const 
 static int s_write_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p)
 {
     assert(self && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_WRITE);
-    s_clear_error(self);
-    int rc = s_fan_wait(self, &(*pending_p)->fan);
+    kb_cluster_clear_error(self);
+    int rc = kb_cluster_fan_wait(self, &(*pending_p)->fan);
     kb_cluster_pending_destroy(self, pending_p);
     return rc;
 }
@@ -958,7 +883,7 @@ int kb_cluster_put(kb_cluster_t *self, const char *table, const kb_key_t *keys, 
                    const float *values, uint64_t version)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     kb_cluster_pending_t *p = NULL;
     int rc = s_write_send(self, table, keys, n, dim, values, CARLS__REQUEST__OP_PUT, version, &p);
     return rc != 0 ? rc : s_write_wait(self, &p);
@@ -1018,8 +943,9 @@ static int s_hit_lower_first(const void *a, const void *b)
 static int s_check_knn(kb_cluster_t *self, uint32_t s, const Carls__KnnResult *res, size_t nq, uint32_t k)
 {
     if (res->k != k || res->n_keys != nq * k || res->n_scores != nq * k) {
-        s_shard_errorf(self, s, "knn: the server sent k %u with %zu keys and %zu scores for %zu queries of k %u",
-                       res->k, res->n_keys, res->n_scores, nq, k);
+        kb_cluster_shard_errorf(self, s,
+                                "knn: the server sent k %u with %zu keys and %zu scores for %zu queries of k %u",
+                                res->k, res->n_keys, res->n_scores, nq, k);
         return KB_CLIENT_EMALFORMED;
     }
     return 0;
@@ -1061,9 +987,9 @@ static int s_knn_merge(kb_cluster_t *self, const char *table, const float *queri
     op.vectors = (float *)queries;
     op.n_vectors = nq * dim;
     op.k = k_ask;
-    s_fan_t fan;
+    kb_cluster_fan_t fan;
     s_hit_t *cand = NULL, *chosen = NULL;
-    int rc = s_to_all(self, &fan, table, CARLS__REQUEST__OP_KNN, &op, CARLS__RESPONSE__RESULT_KNN);
+    int rc = kb_cluster_to_all(self, &fan, table, CARLS__REQUEST__OP_KNN, &op, CARLS__RESPONSE__RESULT_KNN);
     Carls__Response **resps = fan.resps;
     if (rc != 0)
         goto cleanup;
@@ -1095,7 +1021,7 @@ static int s_knn_merge(kb_cluster_t *self, const char *table, const float *queri
 cleanup:
     free(cand);
     free(chosen);
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
@@ -1103,8 +1029,8 @@ cleanup:
 static int s_knn_single(kb_cluster_t *self, const char *table, const float *queries, size_t nq, uint32_t dim,
                         const kb_key_t *keys, uint32_t k, bool exclude, kb_knn_result_t **out)
 {
-    s_fan_t fan;
-    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_KNN);
+    kb_cluster_fan_t fan;
+    kb_cluster_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_KNN);
     ProtobufCBinaryData *wire = NULL;
     if (keys) {
         wire = carls_xmalloc(nq * sizeof *wire);
@@ -1113,7 +1039,7 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
             wire[i].len = keys[i].len;
         }
     }
-    Carls__Knn *op = &s_fan_request(&fan, 0, CARLS__REQUEST__OP_KNN, wire, keys ? nq : 0)->knn;
+    Carls__Knn *op = &kb_cluster_fan_request(&fan, 0, CARLS__REQUEST__OP_KNN, wire, keys ? nq : 0)->knn;
     if (keys) {
         op->exclude_query = exclude;
     } else {
@@ -1122,7 +1048,7 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
     }
     op->k = k;
     s_hit_t *hits = NULL;
-    int rc = s_fan_run(self, &fan);
+    int rc = kb_cluster_fan_run(self, &fan);
     if (rc != 0)
         goto cleanup;
     const Carls__KnnResult *res = fan.resps[0]->knn;
@@ -1136,7 +1062,7 @@ static int s_knn_single(kb_cluster_t *self, const char *table, const float *quer
     *out = s_knn_result(nq, k, hits);
 cleanup:
     free(hits);
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     free(wire);
     return rc;
 }
@@ -1145,19 +1071,19 @@ cleanup:
 static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t k, kb_cluster_table_t *info)
 {
     if (!table || !*table) {
-        s_set_error(self, "knn: no table name");
+        kb_cluster_set_error(self, "knn: no table name");
         return KB_CLIENT_EINVAL;
     }
     if (nq == 0) {
-        s_set_error(self, "knn: no queries");
+        kb_cluster_set_error(self, "knn: no queries");
         return KB_CLIENT_EINVAL;
     }
     if (k == 0 || k > CARLS_MAX_KNN_K) {
-        s_set_error(self, "knn: k must be in 1..%u, got %u", CARLS_MAX_KNN_K, k);
+        kb_cluster_set_error(self, "knn: k must be in 1..%u, got %u", CARLS_MAX_KNN_K, k);
         return KB_CLIENT_EINVAL;
     }
     if (nq > SIZE_MAX / CARLS_MAX_KNN_K / self->n / sizeof(s_hit_t)) {
-        s_set_error(self, "knn: %zu queries are too many", nq);
+        kb_cluster_set_error(self, "knn: %zu queries are too many", nq);
         return KB_CLIENT_EINVAL;
     }
     if (!info)
@@ -1167,8 +1093,8 @@ static int s_knn_args(kb_cluster_t *self, const char *table, size_t nq, uint32_t
         return rc;
     if (info->kind != CARLS__TABLE_KIND__TABLE_EMBEDDING || !info->has_knn) {
         /* What every shard would answer, so it reads the same as the single-server error. */
-        return s_status_error(self, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                              "table '%s' has no nearest-neighbour index (create it with a knn spec)", table);
+        return kb_cluster_status_error(self, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                       "table '%s' has no nearest-neighbour index (create it with a knn spec)", table);
     }
     return 0;
 }
@@ -1179,10 +1105,10 @@ int kb_cluster_knn(kb_cluster_t *self, const char *table, const float *queries, 
                    uint32_t k, kb_knn_result_t **out)
 {
     assert(self && out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *out = NULL;
     if (!queries || dim == 0 || (nq > 0 && SIZE_MAX / dim / sizeof(float) < nq)) {
-        s_set_error(self, "knn: no query vectors, or dim 0");
+        kb_cluster_set_error(self, "knn: no query vectors, or dim 0");
         return KB_CLIENT_EINVAL;
     }
     kb_cluster_table_t info;
@@ -1192,7 +1118,8 @@ int kb_cluster_knn(kb_cluster_t *self, const char *table, const float *queries, 
     if (self->n == 1)
         return s_knn_single(self, table, queries, nq, dim, NULL, k, false, out);
     if (info.dim != dim) {
-        s_set_error(self, "knn in %s: the table has dim %u, the caller's queries have %u", table, info.dim, dim);
+        kb_cluster_set_error(self, "knn in %s: the table has dim %u, the caller's queries have %u", table, info.dim,
+                             dim);
         return KB_CLIENT_EINVAL;
     }
     return s_knn_merge(self, table, queries, nq, dim, k, k, s_higher_first(info.metric), NULL, out);
@@ -1202,15 +1129,15 @@ int kb_cluster_knn_by_key(kb_cluster_t *self, const char *table, const kb_key_t 
                           bool exclude_self, kb_knn_result_t **out)
 {
     assert(self && out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *out = NULL;
     if (!keys) {
-        s_set_error(self, "knn: no query keys");
+        kb_cluster_set_error(self, "knn: no query keys");
         return KB_CLIENT_EINVAL;
     }
     for (size_t i = 0; i < nq; i++) {
         if (keys[i].len == 0 || !keys[i].data) {
-            s_set_error(self, "knn: query key %zu is empty", i);
+            kb_cluster_set_error(self, "knn: query key %zu is empty", i);
             return KB_CLIENT_EINVAL;
         }
     }
@@ -1254,20 +1181,20 @@ static int s_check_sample(kb_cluster_t *self, uint32_t s, const Carls__SampleRes
 {
     if (res->n_keys < n_pos || res->n_keys - n_pos > n || res->n_probabilities != res->n_keys ||
         res->n_is_positive != res->n_keys) {
-        s_shard_errorf(self, s, "sample: the server sent %zu keys, %zu probabilities and %zu flags for %zu "
-                       "positives and %u candidates", res->n_keys, res->n_probabilities, res->n_is_positive,
-                       n_pos, n);
+        kb_cluster_shard_errorf(self, s, "sample: the server sent %zu keys, %zu probabilities and %zu flags for %zu "
+                                "positives and %u candidates", res->n_keys, res->n_probabilities, res->n_is_positive,
+                                n_pos, n);
         return KB_CLIENT_EMALFORMED;
     }
     if (!isfinite(res->mass) || res->mass < 0) {
-        s_shard_errorf(self, s, "sample: the server sent mass %g", res->mass);
+        kb_cluster_shard_errorf(self, s, "sample: the server sent mass %g", res->mass);
         return KB_CLIENT_EMALFORMED;
     }
     for (size_t i = 0; i < res->n_keys; i++) {
         float p = res->probabilities[i];
         if (res->is_positive[i] != (i < n_pos) || !(p >= 0.0f && p <= 1.0f) || (i >= n_pos && res->keys[i].len == 0)) {
-            s_shard_errorf(self, s, "sample: entry %zu of the answer is malformed (probability %g, %s)", i,
-                           (double)p, res->is_positive[i] ? "positive" : "candidate");
+            kb_cluster_shard_errorf(self, s, "sample: entry %zu of the answer is malformed (probability %g, %s)", i,
+                                    (double)p, res->is_positive[i] ? "positive" : "candidate");
             return KB_CLIENT_EMALFORMED;
         }
     }
@@ -1286,8 +1213,9 @@ static uint64_t s_shard_seed(uint64_t seed, uint32_t s)
 /* Builds one Sample request per shard in fan: positives of that shard (grouped per sp; sp may be NULL for
  * none), counts[s] candidates (NULL: 0 each), shards with nothing to do skipped unless ask_all. Shard s
  * draws with s_shard_seed(seed, s), or with seed itself when raw_seed (the single-shard pass-through). */
-static void s_sample_build(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp, const uint32_t *counts,
-                           bool ask_all, Carls__SampleStrategy strategy, uint64_t seed, bool raw_seed)
+static void s_sample_build(kb_cluster_t *self, kb_cluster_fan_t *fan, const kb_cluster_split_t *sp,
+                           const uint32_t *counts, bool ask_all, Carls__SampleStrategy strategy, uint64_t seed,
+                           bool raw_seed)
 {
     for (uint32_t s = 0; s < self->n; s++) {
         size_t np = sp ? sp->count[s] : 0;
@@ -1295,7 +1223,7 @@ static void s_sample_build(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp
         if (!ask_all && np == 0 && nc == 0)
             continue;
         Carls__Sample *op =
-            &s_fan_request(fan, s, CARLS__REQUEST__OP_SAMPLE, np ? sp->wire + sp->start[s] : NULL, np)->sample;
+            &kb_cluster_fan_request(fan, s, CARLS__REQUEST__OP_SAMPLE, np ? sp->wire + sp->start[s] : NULL, np)->sample;
         op->n = nc;
         op->strategy = strategy;
         op->seed = raw_seed ? seed : s_shard_seed(seed, s);
@@ -1303,7 +1231,7 @@ static void s_sample_build(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp
 }
 
 /* Checks every answer of a sample fan-out against its request (s_check_sample). */
-static int s_sample_check(kb_cluster_t *self, const s_fan_t *fan)
+static int s_sample_check(kb_cluster_t *self, const kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; s < self->n; s++) {
         if (!fan->resps[s])
@@ -1317,11 +1245,11 @@ static int s_sample_check(kb_cluster_t *self, const s_fan_t *fan)
 }
 
 /* One round of the sharded sample on an initialised fan: s_sample_build, then every answer, checked. */
-static int s_sample_round(kb_cluster_t *self, s_fan_t *fan, const s_split_t *sp, const uint32_t *counts,
-                          bool ask_all, Carls__SampleStrategy strategy, uint64_t seed)
+static int s_sample_round(kb_cluster_t *self, kb_cluster_fan_t *fan, const kb_cluster_split_t *sp,
+                          const uint32_t *counts, bool ask_all, Carls__SampleStrategy strategy, uint64_t seed)
 {
     s_sample_build(self, fan, sp, counts, ask_all, strategy, seed, false);
-    int rc = s_fan_run(self, fan);
+    int rc = kb_cluster_fan_run(self, fan);
     return rc != 0 ? rc : s_sample_check(self, fan);
 }
 
@@ -1353,16 +1281,16 @@ static int s_sample_args(kb_cluster_t *self, const char *table, const kb_key_t *
                          Carls__SampleStrategy strategy)
 {
     if (!table || !*table) {
-        s_set_error(self, "sample: no table name");
+        kb_cluster_set_error(self, "sample: no table name");
         return KB_CLIENT_EINVAL;
     }
     if (strategy != CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM && strategy != CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM &&
         strategy != CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM) {
-        s_set_error(self, "sample: unknown strategy %d", (int)strategy);
+        kb_cluster_set_error(self, "sample: unknown strategy %d", (int)strategy);
         return KB_CLIENT_EINVAL;
     }
     if (n_positives > 0 && !positives) {
-        s_set_error(self, "sample: no positive keys");
+        kb_cluster_set_error(self, "sample: no positive keys");
         return KB_CLIENT_EINVAL;
     }
     return 0;
@@ -1391,21 +1319,21 @@ static int s_sample_sharded(kb_cluster_t *self, const char *table, const kb_key_
     /* The split needs a seed here (one shard would pick its own for 0). */
     while (seed == 0) {
         if (carls_random_bytes(&seed, sizeof seed) != 0) {
-            s_set_error(self, "sample: cannot read random bytes for a seed");
+            kb_cluster_set_error(self, "sample: cannot read random bytes for a seed");
             return KB_CLIENT_EIO;
         }
     }
-    s_split_t sp;
-    s_fan_t round1, round2; /* every shard's mass (and its positives'), then its draws */
+    kb_cluster_split_t sp;
+    kb_cluster_fan_t round1, round2; /* every shard's mass (and its positives'), then its draws */
     memset(&sp, 0, sizeof sp);
-    s_fan_init(self, &round1, table, CARLS__RESPONSE__RESULT_SAMPLE);
-    s_fan_init(self, &round2, table, CARLS__RESPONSE__RESULT_SAMPLE);
+    kb_cluster_fan_init(self, &round1, table, CARLS__RESPONSE__RESULT_SAMPLE);
+    kb_cluster_fan_init(self, &round2, table, CARLS__RESPONSE__RESULT_SAMPLE);
     uint32_t *counts = carls_xcalloc(self->n, sizeof *counts);
     size_t *next_pos = carls_xcalloc(self->n, sizeof *next_pos);
     kb_sample_result_t *r = NULL;
     int rc = 0;
     if (n_positives > 0) {
-        rc = s_split(self, "sample", positives, n_positives, &sp);
+        rc = kb_cluster_split(self, "sample", positives, n_positives, &sp);
         if (rc != 0)
             goto cleanup;
     }
@@ -1422,8 +1350,8 @@ static int s_sample_sharded(kb_cluster_t *self, const char *table, const kb_key_
     }
     if (n > 0 && !(total > 0)) {
         /* What a single server answers when it has nothing to draw from. */
-        rc = s_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "table '%s' has no rows that strategy can draw",
-                            table);
+        rc = kb_cluster_status_error(self, CARLS__STATUS_CODE__STATUS_NOT_FOUND,
+                                     "table '%s' has no rows that strategy can draw", table);
         goto cleanup;
     }
     /* The multinomial split of n by mass (shards with no mass get no draws). */
@@ -1499,11 +1427,11 @@ static int s_sample_sharded(kb_cluster_t *self, const char *table, const kb_key_
     }
     *out = r;
 cleanup:
-    s_fan_free(self, &round1);
-    s_fan_free(self, &round2);
+    kb_cluster_fan_free(self, &round1);
+    kb_cluster_fan_free(self, &round2);
     free(counts);
     free(next_pos);
-    s_split_free(&sp);
+    kb_cluster_split_free(&sp);
     return rc;
 }
 
@@ -1512,12 +1440,12 @@ int kb_cluster_sample_send(kb_cluster_t *self, const char *table, const kb_key_t
                            kb_cluster_pending_t **pending_out)
 {
     assert(self && pending_out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *pending_out = NULL;
     int rc = s_sample_args(self, table, positives, n_positives, strategy);
     if (rc != 0)
         return rc;
-    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_SAMPLE);
+    kb_cluster_pending_t *p = kb_cluster_pending_new(self, table, CARLS__RESPONSE__RESULT_SAMPLE);
     if (self->n > 1) {
         /* Round 2 depends on round 1's answers: the draws are made now. */
         rc = s_sample_sharded(self, table, positives, n_positives, n, strategy, seed, &p->sample);
@@ -1530,20 +1458,20 @@ int kb_cluster_sample_send(kb_cluster_t *self, const char *table, const kb_key_t
     }
     /* One shard: one request with everything, as given (the server picks a seed for 0). */
     if (n_positives > 0) {
-        rc = s_split(self, "sample", positives, n_positives, &p->fan.sp);
+        rc = kb_cluster_split(self, "sample", positives, n_positives, &p->fan.sp);
         if (rc != 0) {
             kb_cluster_pending_destroy(self, &p);
             return rc;
         }
     }
     s_sample_build(self, &p->fan, n_positives ? &p->fan.sp : NULL, &n, true, strategy, seed, true);
-    return s_pending_send(self, p, pending_out);
+    return kb_cluster_pending_send(self, p, pending_out);
 }
 
 int kb_cluster_sample_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_sample_result_t **out)
 {
     assert(self && out && pending_p && *pending_p && (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_SAMPLE);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *out = NULL;
     kb_cluster_pending_t *p = *pending_p;
     int rc = 0;
@@ -1551,7 +1479,7 @@ int kb_cluster_sample_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p,
         *out = p->sample;
         p->sample = NULL;
     } else {
-        rc = s_fan_wait(self, &p->fan);
+        rc = kb_cluster_fan_wait(self, &p->fan);
         if (rc == 0)
             rc = s_sample_check(self, &p->fan);
         if (rc == 0)
@@ -1591,32 +1519,32 @@ int kb_cluster_feature_get_send(kb_cluster_t *self, const char *table, const kb_
                                 kb_cluster_pending_t **pending_out)
 {
     assert(self && pending_out);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *pending_out = NULL;
     if (!table || !*table) {
-        s_set_error(self, "feature_get: no table name");
+        kb_cluster_set_error(self, "feature_get: no table name");
         return KB_CLIENT_EINVAL;
     }
-    kb_cluster_pending_t *p = s_pending_new(self, table, CARLS__RESPONSE__RESULT_FEATURES);
-    int rc = s_fan_keys(self, &p->fan, "feature_get", CARLS__REQUEST__OP_FEATURE_GET, keys, n);
+    kb_cluster_pending_t *p = kb_cluster_pending_new(self, table, CARLS__RESPONSE__RESULT_FEATURES);
+    int rc = kb_cluster_fan_keys(self, &p->fan, "feature_get", CARLS__REQUEST__OP_FEATURE_GET, keys, n);
     if (rc != 0) {
         kb_cluster_pending_destroy(self, &p);
         return rc;
     }
-    return s_pending_send(self, p, pending_out);
+    return kb_cluster_pending_send(self, p, pending_out);
 }
 
 int kb_cluster_feature_get_wait(kb_cluster_t *self, kb_cluster_pending_t **pending_p, kb_feature_result_t **out)
 {
     assert(self && out && pending_p && *pending_p &&
            (*pending_p)->fan.want == CARLS__RESPONSE__RESULT_FEATURES);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *out = NULL;
-    s_fan_t *fan = &(*pending_p)->fan;
-    int rc = s_fan_wait(self, fan);
+    kb_cluster_fan_t *fan = &(*pending_p)->fan;
+    int rc = kb_cluster_fan_wait(self, fan);
     if (rc != 0)
         goto cleanup;
-    const s_split_t *sp = &fan->sp;
+    const kb_cluster_split_t *sp = &fan->sp;
     for (uint32_t s = 0; s < self->n; s++) {
         if (!fan->resps[s])
             continue;
@@ -1625,8 +1553,8 @@ int kb_cluster_feature_get_wait(kb_cluster_t *self, kb_cluster_pending_t **pendi
         for (size_t j = 0; ok && j < res->n_records; j++)
             ok = res->records[j] != NULL;
         if (!ok) {
-            s_shard_errorf(self, s, "feature_get: the server sent %zu records for %zu keys", res->n_records,
-                           sp->count[s]);
+            kb_cluster_shard_errorf(self, s, "feature_get: the server sent %zu records for %zu keys", res->n_records,
+                                    sp->count[s]);
             rc = KB_CLIENT_EMALFORMED;
             goto cleanup;
         }
@@ -1665,26 +1593,26 @@ int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t
                            const Carls__FeatureRecord *const *records)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!table || !*table) {
-        s_set_error(self, "feature_put: no table name");
+        kb_cluster_set_error(self, "feature_put: no table name");
         return KB_CLIENT_EINVAL;
     }
     if (!records) {
-        s_set_error(self, "feature_put: no records");
+        kb_cluster_set_error(self, "feature_put: no records");
         return KB_CLIENT_EINVAL;
     }
     for (size_t i = 0; i < n; i++) {
         if (!records[i]) {
-            s_set_error(self, "feature_put: record %zu is missing", i);
+            kb_cluster_set_error(self, "feature_put: record %zu is missing", i);
             return KB_CLIENT_EINVAL;
         }
     }
-    s_fan_t fan;
-    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
-    int rc = s_fan_keys(self, &fan, "feature_put", CARLS__REQUEST__OP_FEATURE_PUT, keys, n);
+    kb_cluster_fan_t fan;
+    kb_cluster_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
+    int rc = kb_cluster_fan_keys(self, &fan, "feature_put", CARLS__REQUEST__OP_FEATURE_PUT, keys, n);
     if (rc == 0) {
-        const s_split_t *sp = &fan.sp;
+        const kb_cluster_split_t *sp = &fan.sp;
         fan.records = carls_xmalloc(n * sizeof *fan.records);
         for (size_t j = 0; j < n; j++)
             fan.records[j] = (Carls__FeatureRecord *)records[sp->order[j]]; /* packing only reads them */
@@ -1694,9 +1622,9 @@ int kb_cluster_feature_put(kb_cluster_t *self, const char *table, const kb_key_t
             fan.ops[s].feature_put.n_records = sp->count[s];
             fan.ops[s].feature_put.records = fan.records + sp->start[s];
         }
-        rc = s_fan_run(self, &fan);
+        rc = kb_cluster_fan_run(self, &fan);
     }
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
@@ -1712,11 +1640,11 @@ static int s_call_shard(kb_cluster_t *self, uint32_t s, Carls__Request *req, Car
     self->requests++;
     int rc = kb_client_call(self->clients[s], req, &resp);
     if (rc == 0 && resp->result_case != want) {
-        s_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)", carls_op_name(req->op_case),
-                       (int)resp->result_case);
+        kb_cluster_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
+                                carls_op_name(req->op_case), (int)resp->result_case);
         rc = KB_CLIENT_EMALFORMED;
     } else if (rc != 0) {
-        s_client_error(self, s);
+        kb_cluster_client_error(self, s);
     }
     if (rc == 0)
         *out = resp;
@@ -1729,14 +1657,14 @@ int kb_cluster_call(kb_cluster_t *self, uint32_t shard, Carls__Request *req, Car
                     Carls__Response **resp_out)
 {
     assert(self && req && resp_out && shard < self->n);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     return s_call_shard(self, shard, req, want, resp_out);
 }
 
 int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carls__Response **stats_out)
 {
     assert(self && stats_out && shard < self->n);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     Carls__Stats op = CARLS__STATS__INIT;
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = table ? (char *)table : (char *)protobuf_c_empty_string;
@@ -1748,10 +1676,11 @@ int kb_cluster_stats(kb_cluster_t *self, uint32_t shard, const char *table, Carl
 int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard_out)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     Carls__Checkpoint op = CARLS__CHECKPOINT__INIT;
-    s_fan_t fan;
-    int rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_CHECKPOINT, &op, CARLS__RESPONSE__RESULT_CHECKPOINT);
+    kb_cluster_fan_t fan;
+    int rc =
+        kb_cluster_to_all(self, &fan, NULL, CARLS__REQUEST__OP_CHECKPOINT, &op, CARLS__RESPONSE__RESULT_CHECKPOINT);
     if (rc == 0 && per_shard_out) {
         for (uint32_t s = 0; s < self->n; s++) {
             carls__checkpoint_result__init(&per_shard_out[s]);
@@ -1759,7 +1688,7 @@ int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard
             per_shard_out[s].rows = fan.resps[s]->checkpoint->rows;
         }
     }
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
@@ -1767,10 +1696,10 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
                     Carls__Response **page_out)
 {
     assert(self && page_out && shard < self->n);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     *page_out = NULL;
     if (!table || !*table) {
-        s_set_error(self, "scan: no table name");
+        kb_cluster_set_error(self, "scan: no table name");
         return KB_CLIENT_EINVAL;
     }
     Carls__Scan op = CARLS__SCAN__INIT;
@@ -1811,9 +1740,9 @@ int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64
         ok = ok && r->n_pending == pending * r->dim;
     }
     if (!ok || (limit > 0 && n > limit)) {
-        s_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, %zu "
-                       "frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids, r->n_versions,
-                       r->n_frequencies, r->dim, r->n_values, r->n_records);
+        kb_cluster_shard_errorf(self, shard, "scan of %s: inconsistent page (%zu keys, %zu row ids, %zu versions, "
+                                "%zu frequencies, dim %u with %zu values, %zu records)", table, n, r->n_row_ids,
+                                r->n_versions, r->n_frequencies, r->dim, r->n_values, r->n_records);
         rc = KB_CLIENT_EMALFORMED;
         goto fail;
     }
@@ -1833,7 +1762,7 @@ static int s_snapshot_op(kb_cluster_t *self, Carls__Snapshot *op, Carls__Snapsho
 {
     carls__snapshot__init(op);
     if (action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && (!name || !*name)) {
-        s_set_error(self, "snapshot: no snapshot name");
+        kb_cluster_set_error(self, "snapshot: no snapshot name");
         return KB_CLIENT_EINVAL;
     }
     op->action = action;
@@ -1846,24 +1775,24 @@ int kb_cluster_snapshot_each(kb_cluster_t *self, Carls__SnapshotAction action, c
                              Carls__Response **per_shard_out)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     for (uint32_t s = 0; per_shard_out && s < self->n; s++)
         per_shard_out[s] = NULL;
     Carls__Snapshot op;
     int rc = s_snapshot_op(self, &op, action, name, verify);
     if (rc != 0)
         return rc;
-    s_fan_t fan;
-    rc = s_to_all(self, &fan, NULL, CARLS__REQUEST__OP_SNAPSHOT, &op, CARLS__RESPONSE__RESULT_SNAPSHOT);
+    kb_cluster_fan_t fan;
+    rc = kb_cluster_to_all(self, &fan, NULL, CARLS__REQUEST__OP_SNAPSHOT, &op, CARLS__RESPONSE__RESULT_SNAPSHOT);
     for (uint32_t s = 0; rc == 0 && s < self->n; s++) {
         const Carls__SnapshotResult *res = fan.resps[s]->snapshot;
         if (action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && (res->n_snapshots != 1 || !res->snapshots[0])) {
-            s_shard_errorf(self, s, "the answer to snapshot holds %zu snapshots, not 1", res->n_snapshots);
+            kb_cluster_shard_errorf(self, s, "the answer to snapshot holds %zu snapshots, not 1", res->n_snapshots);
             rc = KB_CLIENT_EMALFORMED;
         }
         for (size_t i = 0; rc == 0 && i < res->n_snapshots; i++) {
             if (!res->snapshots[i]) {
-                s_shard_errorf(self, s, "the answer to snapshot holds an empty entry");
+                kb_cluster_shard_errorf(self, s, "the answer to snapshot holds an empty entry");
                 rc = KB_CLIENT_EMALFORMED;
             }
         }
@@ -1872,7 +1801,7 @@ int kb_cluster_snapshot_each(kb_cluster_t *self, Carls__SnapshotAction action, c
         per_shard_out[s] = fan.resps[s];
         fan.resps[s] = NULL;
     }
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     return rc;
 }
 
@@ -1887,17 +1816,17 @@ static int s_error_out(kb_cluster_t *self, char *err, size_t errlen)
 int kb_cluster_snapshot(kb_cluster_t *self, const char *name, char *err, size_t errlen)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     Carls__Snapshot op;
     if (s_snapshot_op(self, &op, CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE, name, false) != 0)
         return s_error_out(self, err, errlen);
     /* Each shard's answer is awaited on its own, so that when one fails the parts the others took are
      * known, and deleted again: a snapshot is on every shard or on none (as far as the shards answer). */
-    s_fan_t fan;
-    s_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
+    kb_cluster_fan_t fan;
+    kb_cluster_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
     for (uint32_t s = 0; s < self->n; s++)
-        s_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &op);
-    s_fan_send(self, &fan);
+        kb_cluster_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &op);
+    kb_cluster_fan_send(self, &fan);
     bool *made = carls_xcalloc(self->n, sizeof *made);
     uint32_t n_made = 0;
     for (uint32_t s = 0; s < self->n; s++) {
@@ -1909,30 +1838,30 @@ int kb_cluster_snapshot(kb_cluster_t *self, const char *name, char *err, size_t 
         if (rc == 0 && resp->result_case == CARLS__RESPONSE__RESULT_SNAPSHOT) {
             made[s] = true;
             n_made++;
-        } else if (s_fan_failed(&fan, s, rc ? rc : KB_CLIENT_EMALFORMED)) {
+        } else if (kb_cluster_fan_failed(&fan, s, rc ? rc : KB_CLIENT_EMALFORMED)) {
             if (rc)
-                s_client_error(self, s);
+                kb_cluster_client_error(self, s);
             else
-                s_shard_errorf(self, s, "the answer to snapshot carries the wrong result");
+                kb_cluster_shard_errorf(self, s, "the answer to snapshot carries the wrong result");
         }
         if (resp)
             carls__response__free_unpacked(resp, NULL);
     }
     int rc = fan.rc;
-    if (rc == 0 && n_made < self->n) /* a send failed: s_fan_send recorded it */
+    if (rc == 0 && n_made < self->n) /* a send failed: kb_cluster_fan_send recorded it */
         rc = KB_CLIENT_EIO;
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     if (rc != 0 && n_made > 0) {
         char first[sizeof self->last_error];
         snprintf(first, sizeof first, "%s", self->last_error);
         Carls__Snapshot del;
         s_snapshot_op(self, &del, CARLS__SNAPSHOT_ACTION__SNAPSHOT_DELETE, name, false);
-        s_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
+        kb_cluster_fan_init(self, &fan, NULL, CARLS__RESPONSE__RESULT_SNAPSHOT);
         for (uint32_t s = 0; s < self->n; s++)
             if (made[s])
-                s_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &del);
-        int drc = s_fan_run(self, &fan);
-        s_fan_free(self, &fan);
+                kb_cluster_request_op(&fan, &fan.reqs[s], CARLS__REQUEST__OP_SNAPSHOT, &del);
+        int drc = kb_cluster_fan_run(self, &fan);
+        kb_cluster_fan_free(self, &fan);
         snprintf(self->last_error, sizeof self->last_error, "%.600s; the part %u other shard(s) took %s", first,
                  n_made, drc == 0 ? "was deleted again" : "could not be deleted (kbctl snapshot-delete)");
     }
@@ -1974,9 +1903,9 @@ int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_impor
                            uint32_t dim, uint32_t opt_floats)
 {
     assert(self);
-    s_clear_error(self);
+    kb_cluster_clear_error(self);
     if (!table || !*table || !rows || n == 0) {
-        s_set_error(self, "import_rows: a table name and rows are required");
+        kb_cluster_set_error(self, "import_rows: a table name and rows are required");
         return KB_CLIENT_EINVAL;
     }
     bool feature = rows[0].record != NULL;
@@ -1985,8 +1914,9 @@ int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_impor
         const kb_import_row_t *r = &rows[i];
         if ((r->record != NULL) != feature || (!feature && !r->values) || (opt_floats && !feature && !r->opt_state) ||
             (r->pending_count && (feature || !r->pending))) {
-            s_set_error(self, "import_rows: row %zu: every row needs values (embedding tables, with %u optimizer "
-                        "floats) or a record (feature tables), and its pending gradients", i, opt_floats);
+            kb_cluster_set_error(self, "import_rows: row %zu: every row needs values (embedding tables, with %u "
+                                 "optimizer floats) or a record (feature tables), and its pending gradients", i,
+                                 opt_floats);
             return KB_CLIENT_EINVAL;
         }
         pending_floats += (size_t)r->pending_count * dim;
@@ -1994,12 +1924,12 @@ int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_impor
     kb_key_t *keys = carls_xmalloc(n * sizeof *keys);
     for (size_t i = 0; i < n; i++)
         keys[i] = rows[i].key;
-    s_fan_t fan;
-    s_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
+    kb_cluster_fan_t fan;
+    kb_cluster_fan_init(self, &fan, table, CARLS__RESPONSE__RESULT_WRITE);
     s_import_arrays_t a = {0};
-    int rc = s_fan_keys(self, &fan, "import_rows", CARLS__REQUEST__OP_IMPORT_ROWS, keys, n);
+    int rc = kb_cluster_fan_keys(self, &fan, "import_rows", CARLS__REQUEST__OP_IMPORT_ROWS, keys, n);
     if (rc == 0) {
-        const s_split_t *sp = &fan.sp;
+        const kb_cluster_split_t *sp = &fan.sp;
         a.values = carls_xmalloc((feature ? 1 : n * dim) * sizeof *a.values);
         a.opt_state = carls_xmalloc((opt_floats > 0 ? n * (size_t)opt_floats : 1) * sizeof *a.opt_state);
         a.pending = carls_xmalloc((pending_floats ? pending_floats : 1) * sizeof *a.pending);
@@ -2050,9 +1980,9 @@ int kb_cluster_import_rows(kb_cluster_t *self, const char *table, const kb_impor
             im->updated_at_ms = a.updated_at_ms + start;
             im->pending_counts = a.pending_counts + start;
         }
-        rc = s_fan_run(self, &fan);
+        rc = kb_cluster_fan_run(self, &fan);
     }
-    s_fan_free(self, &fan);
+    kb_cluster_fan_free(self, &fan);
     s_import_arrays_free(&a);
     free(keys);
     return rc;
