@@ -11,6 +11,22 @@
  * client id and sequence number, up to `retries` more times. The server applies a write with a given
  * (client_id, sequence) once, so a retried write never applies twice.
  *
+ * Replicated shards (docs/REPLICATION.md section 4): the endpoint may name the members of one shard separated
+ * by '|' ("tcp://a:1|tcp://b:2"; ',' between shards is kb_cluster's). A client of several members talks to
+ * one of them at a time (the first to begin with), keeps the highest term seen in answers, and moves to
+ * another member, resending every request in flight byte for byte (same request id, client id and
+ * sequence, so a write is still applied once), when:
+ *   - the member is not connected failover_timeout_ms after the attempt began (a dead process or a lost
+ *     node: ZeroMQ heartbeats drop a silent connection within about a second), or gave no answer in
+ *     timeout_ms although connected;
+ *   - it answers STATUS_NOT_PRIMARY: to the primary its answer names (added to the members when new), else
+ *     to the next member after a 100 ms pause; STATUS_UNAVAILABLE (shutting down) likewise;
+ *   - it answers with a term below the highest seen (a deposed primary): the answer is dropped.
+ * Each move is logged (LOG_WARN) with its reason. A wait gives up after failover_wait_ms: with the last
+ * NOT_PRIMARY/UNAVAILABLE answer to its request (KB_CLIENT_ESTATUS) if there was one, else
+ * KB_CLIENT_ETIMEOUT. A client of one member does none of this: NOT_PRIMARY is an error status as any
+ * other, and timeouts and retries are as above.
+ *
  * Return convention: 0 on success, a negative KB_CLIENT_E* code on failure; kb_client_last_error() then
  * describes it (for KB_CLIENT_ESTATUS: the server's status name and error text) and, for KB_CLIENT_ESTATUS,
  * kb_client_last_status() is the server's status as the protobuf enum: callers test the enum, never the
@@ -27,6 +43,9 @@
 #include <stdint.h>
 
 typedef struct kb_client kb_client_t;
+
+/* The most members one client keeps (given, and primaries named in answers). */
+#define KB_CLIENT_MAX_MEMBERS 16
 
 enum {
     KB_CLIENT_OK = 0,
@@ -54,6 +73,12 @@ typedef struct {
      * that refuses this client's public key, never answers (the calls time out). Copied by kb_client_new,
      * so the caller may wipe its copy afterwards. kb_client_new fails when libzmq lacks CURVE. */
     const kb_client_curve_t *curve;
+    /* Several members only (see above): how long an attempt waits for a connection to the member before
+     * moving on; 0 means 1000 (and never above timeout_ms). */
+    int failover_timeout_ms;
+    /* Several members only: how long a wait keeps trying members (a promotion may take seconds); 0 means
+     * the larger of 10000 and timeout_ms x (retries + 1). */
+    int failover_wait_ms;
 } kb_client_options_t;
 
 /* A key: any byte string (not NUL-terminated). */
@@ -71,8 +96,10 @@ typedef struct {
 int kb_client_curve_load(const char *key_file, const char *server_key_file, kb_client_curve_t *out, char *err,
                          size_t errlen);
 
-/* Connects to endpoint ("tcp://127.0.0.1:7000"). opts may be NULL for defaults. Caller owns the result;
- * NULL on failure (logged). Connecting never blocks: a server that is not up yet is waited for per call. */
+/* Connects to endpoint ("tcp://127.0.0.1:7000", or the members of one replicated shard,
+ * "tcp://a:1|tcp://b:2", spaces around each allowed). opts may be NULL for defaults. Caller owns the result;
+ * NULL on failure (logged: also an empty or repeated member, or more than KB_CLIENT_MAX_MEMBERS). Connecting
+ * never blocks: a server that is not up yet is waited for per call. */
 kb_client_t *kb_client_new(const char *endpoint, const kb_client_options_t *opts);
 
 /* Closes the socket and frees the client; accepts NULL and *self_p == NULL; nulls *self_p. */
@@ -91,6 +118,15 @@ uint64_t kb_client_id(const kb_client_t *self);
 
 /* The endpoint this client connects to, as given to kb_client_new. */
 const char *kb_client_endpoint(const kb_client_t *self);
+
+/* The member in use (the endpoint itself for a client of one member). Valid until the next call. */
+const char *kb_client_member(const kb_client_t *self);
+
+/* Number of members: those given, and primaries that NOT_PRIMARY answers named since. */
+size_t kb_client_members(const kb_client_t *self);
+
+/* The highest term seen in answers (0: none, or not a replicated shard). */
+uint64_t kb_client_term(const kb_client_t *self);
 
 /* Low level. Fills req's protocol_version and request_id, and for writes (create/drop table, put, push
  * gradients) client_id and a fresh sequence number; packs and sends it. *request_id_out identifies it. */

@@ -44,6 +44,8 @@ struct fake_kb_server {
     fake_mode_t mode;
     Carls__StatusCode status;  /* FAKE_STATUS */
     char status_text[256];
+    char primary[256];         /* FAKE_STATUS: Response.primary ("" for none) */
+    uint64_t term;             /* Response.term of every answer */
     s_table_t tables[S_MAX_TABLES];
     size_t n_tables;
     s_frame_t *log;            /* every frame received */
@@ -106,9 +108,11 @@ static s_frame_t s_answer(fake_kb_server_t *self, const Carls__Request *req)
     Carls__Response resp = CARLS__RESPONSE__INIT;
     resp.protocol_version = self->mode == FAKE_WRONG_VERSION ? 99 : CARLS_PROTOCOL_VERSION;
     resp.request_id = req->request_id;
+    resp.term = self->term;
     if (self->mode == FAKE_STATUS) {
         resp.status = self->status;
         resp.error = self->status_text;
+        resp.primary = self->primary;
         return s_pack(&resp);
     }
 
@@ -429,6 +433,22 @@ void fake_kb_server_set_status(fake_kb_server_t *self, Carls__StatusCode status,
     self->mode = FAKE_STATUS;
     self->status = status;
     snprintf(self->status_text, sizeof self->status_text, "%s", text);
+    self->primary[0] = '\0';
+    pthread_mutex_unlock(&self->mu);
+}
+
+void fake_kb_server_set_not_primary(fake_kb_server_t *self, const char *primary)
+{
+    fake_kb_server_set_status(self, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY, "this member is not the primary");
+    pthread_mutex_lock(&self->mu);
+    snprintf(self->primary, sizeof self->primary, "%s", primary ? primary : "");
+    pthread_mutex_unlock(&self->mu);
+}
+
+void fake_kb_server_set_term(fake_kb_server_t *self, uint64_t term)
+{
+    pthread_mutex_lock(&self->mu);
+    self->term = term;
     pthread_mutex_unlock(&self->mu);
 }
 

@@ -1,7 +1,7 @@
 /* A fake kb-server for the client tests: a thread with a ROUTER socket on a free loopback port that records
  * every frame it receives and answers according to a mode the test sets (normal answers, silence, garbage,
- * duplicates, reordering, bad lookup sizes, error statuses). It keeps a small table list so kbctl can be
- * driven against it. Setup failures abort: they are bugs in the test environment, not results. */
+ * duplicates, reordering, bad lookup sizes, error statuses, a replicated shard member's NOT_PRIMARY and
+ * terms). It keeps a small table list so kbctl can be driven against it. Setup failures abort: they are bugs in the test environment, not results. */
 #ifndef FAKE_KB_SERVER_H
 #define FAKE_KB_SERVER_H
 
@@ -42,6 +42,12 @@ const char *fake_kb_server_endpoint(const fake_kb_server_t *self);
 void fake_kb_server_set_mode(fake_kb_server_t *self, fake_mode_t mode);
 /* Sets mode FAKE_STATUS answering with status and text. */
 void fake_kb_server_set_status(fake_kb_server_t *self, Carls__StatusCode status, const char *text);
+
+/* Sets mode FAKE_STATUS answering STATUS_NOT_PRIMARY, naming primary (NULL or "": none) in Response.primary,
+ * as a follower of a replicated shard refuses a write. */
+void fake_kb_server_set_not_primary(fake_kb_server_t *self, const char *primary);
+/* Every answer from now on carries this term (0, the default: not a replicated shard). */
+void fake_kb_server_set_term(fake_kb_server_t *self, uint64_t term);
 
 /* Adds (or replaces) a table that list_tables, lookup and stats report. create_table adds one too. */
 void fake_kb_server_add_table(fake_kb_server_t *self, const char *name, uint32_t dim, uint64_t rows);
