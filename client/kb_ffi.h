@@ -40,7 +40,8 @@ enum {
 };
 
 /* Connects to the bank at endpoints: "tcp://host:port", or a comma-separated list of them in shard order
- * (kb_cluster.h). timeout_ms per attempt (0: 5000), retries after a timeout (negative: 0). With key_file and
+ * (kb_cluster.h); a shard replicated on several servers is its members joined by '|' ("tcp://a:1|tcp://b:2",
+ * kb_client.h: the client follows the shard's primary). timeout_ms per attempt (0: 5000), retries after a timeout (negative: 0). With key_file and
  * server_key_file (both or neither; NULL or "" for neither) every connection is CURVE-encrypted
  * (docs/SECURITY.md). Caller owns the result (kb_ffi_close); NULL on failure, with the reason in err. */
 kb_ffi_t *kb_ffi_open(const char *endpoints, int timeout_ms, int retries, const char *key_file,

@@ -152,15 +152,19 @@ array), the bank's sampling mass and the rows drawn from."""
 
 class Client:
     """A client of one bank: endpoints is one "tcp://host:port" or a list of them in shard order (a bank
-    sharded over several kb-servers). timeout_ms per attempt, retries after a timeout; with curve_key (this
-    client's secret key file, from kb-keygen) and server_key (the server's public key file) the connection is
-    CURVE-encrypted. One Client is used from one thread at a time."""
+    sharded over several kb-servers). A shard replicated on several kb-servers is given as the list of its
+    members, or as one string with "|" between them: [["tcp://a:1", "tcp://b:2"], "tcp://c:3|tcp://d:4"] is
+    two shards of two members each; the client follows each shard's primary (docs/REPLICATION.md). timeout_ms
+    per attempt, retries after a timeout; with curve_key (this client's secret key file, from kb-keygen) and
+    server_key (the server's public key file) the connection is CURVE-encrypted. One Client is used from one
+    thread at a time."""
 
     def __init__(self, endpoints, timeout_ms=5000, retries=2, curve_key=None, server_key=None):
         if isinstance(endpoints, (list, tuple)):
-            endpoints = ",".join(endpoints)
+            endpoints = ",".join("|".join(s) if isinstance(s, (list, tuple)) else s for s in endpoints)
         if not isinstance(endpoints, str):
-            raise TypeError("endpoints: a str or a list of str, not %s" % type(endpoints).__name__)
+            raise TypeError("endpoints: a str, a list of str, or a list of lists of str (the members of each "
+                            "shard), not %s" % type(endpoints).__name__)
         self._h = ffi.NULL
         err = ffi.new("char[]", 512)
         h = lib.kb_ffi_open(endpoints.encode(), int(timeout_ms), int(retries),

@@ -1,7 +1,9 @@
 """carls.Client against a real kb-server: every method, the forms keys take, and errors as exceptions."""
 import os
 import re
+import signal
 import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -330,3 +332,32 @@ def test_push_gradients_without_waiting(bank, table_name):
     assert e.value.status == "INVALID_ARGUMENT"
     bank.flush()  # nothing left in flight
     np.testing.assert_array_equal(bank.lookup(table_name, ["a"]), [[-101, -101]])
+
+
+def test_replicated_shard_members():
+    """A shard's members as a list of lists or a "|" string: writes go to the primary whichever member is
+    named first, and after kill -9 of the primary and promotion of the follower (kbctl replica promote) the
+    same client writes on."""
+    # Acknowledged only once the follower has it (K = 1 counts followers of sync durability; the later flag
+    # wins over the fixture's).
+    primary = Server("--durability", "sync", "--min-replicas", "1")
+    follower = Server("--durability", "sync", "--replica-of", primary.endpoint)
+    try:
+        with carls.Client([[follower.endpoint, primary.endpoint]], timeout_ms=5000) as c:
+            assert c.shards == 1
+            c.create_table("rep", dim=2, init="zeros")
+            c.put("rep", ["a"], np.array([[1, 2]], dtype=np.float32))
+            with carls.Client("%s | %s" % (primary.endpoint, follower.endpoint)) as c2:
+                np.testing.assert_array_equal(c2.lookup("rep", ["a"]), [[1, 2]])
+            assert primary.stop(signal.SIGKILL) == -signal.SIGKILL
+            subprocess.run([os.path.join(os.environ.get("CARLS_BIN_DIR", os.path.join(ROOT, "build", "bin")),
+                                         "kbctl"), "--kb", follower.endpoint, "replica", "promote", "--term", "2"],
+                           check=True, stdout=subprocess.DEVNULL)
+            c.put("rep", ["b"], np.array([[3, 4]], dtype=np.float32))
+        with carls.Client(follower.endpoint) as c3:
+            np.testing.assert_array_equal(c3.lookup("rep", ["a", "b"], no_create=True), [[1, 2], [3, 4]])
+        with pytest.raises(TypeError):
+            carls.Client([[follower.endpoint, 7]])
+    finally:
+        follower.cleanup()
+        primary.cleanup()
