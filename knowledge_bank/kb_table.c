@@ -1,4 +1,5 @@
 #include "kb_table.h"
+#include "kb_table_internal.h"
 
 #include "kb_bloom.h"
 #include "kb_memory.h"
@@ -27,64 +28,6 @@
 /* A pending set holds max_pending * dim floats per key: keep it bounded (16 MiB). */
 #define MAX_PENDING_FLOATS (4u << 20)
 
-/* An intrusive list of rows, linked through the kb_row_link_t at a given offset in each row. */
-typedef struct {
-    kb_row_t *head, *tail;
-} s_row_list_t;
-
-typedef struct {
-    pthread_mutex_t mutex;
-    kb_rowmap_t map;
-    s_row_list_t pending;                  /* rows with pending gradients, oldest first */
-    kb_row_t *dirty_head;                  /* rows changed since the last persist (and evicted rows) */
-    s_row_list_t frequency_dirty;          /* persisted rows whose use count alone changed (reads) */
-    s_row_list_t lru;                      /* eviction order: head goes first */
-    int64_t *knn_ids;                      /* rows whose index entry is stale (changed or evicted) */
-    size_t knn_count, knn_capacity;
-    size_t clock_pos;                      /* --cache-bytes: the eviction hand's slot in the map */
-    float *pending_pool;                   /* applied pending buffers kept for reuse (s_pending_take) */
-    uint32_t pending_pooled;
-    uint64_t cache_gen;                    /* --cache-bytes: rows that left memory (a read may be stale) */
-} kb_stripe_t;
-
-struct kb_table {
-    int64_t id;
-    char *name;
-    kb_table_config_t cfg;
-    uint32_t opt_floats;     /* optimizer state floats per row */
-    atomic_int_fast64_t next_row_id;
-    kb_stripe_t stripes[KB_TABLE_STRIPES];
-    pthread_mutex_t id_mutex; /* guards by_id; taken inside a stripe lock, never the other way */
-    kb_row_t **by_id;         /* row id -> row (ids are dense from 1), for answering knn with keys */
-    size_t by_id_capacity;
-    kb_knn_t *knn;            /* NULL without an index */
-    pthread_mutex_t knn_mutex; /* one index flush at a time, so updates reach the index in order */
-    kb_bloom_t *bloom;        /* ADMIT_BLOOM only */
-    atomic_uint_fast64_t tick; /* use counter for eviction order */
-    atomic_uint_fast64_t evict_rng; /* picks the stripes an eviction samples */
-    pthread_mutex_t sample_mutex;   /* guards the sampling snapshots */
-    struct s_sample_cache *samplers[3]; /* per strategy */
-    struct {
-        atomic_uint_fast64_t rows, pending_keys, pending_gradients, gradients_received, gradients_applied,
-            outliers_dropped, updates_applied, applied_on_lookup, applied_on_age, applied_on_count, lookups, puts,
-            not_admitted, not_persisted, evictions;
-    } stats;
-    /* Memory estimate (kb_memory.h): every allocation the table makes is added here as malloc sizes it, and
-     * passed on to the bank's accounting when one is attached. */
-    atomic_int_fast64_t mem_bytes;
-    kb_memory_t *mem;           /* the bank's accounting, or NULL; set once before the table is shared */
-    int64_t knn_mem_counted;    /* the index's estimate as last added (under knn_mutex) */
-    atomic_uint_fast64_t knn_query_ns[2]; /* kb_table_knn_query_ns: searches split to single queries, larger */
-    atomic_bool read_only;      /* kb_table_set_read_only: pending gradients are never applied, reads count no
-                                 * use (a follower's rows change only by its primary's records) */
-    /* --cache-bytes (kb_cache.h): NULL when every row stays in memory. */
-    kb_cache_t *cache;
-    pthread_mutex_t cache_mutex; /* one eviction hand at a time; guards the fields below */
-    int clock_stripe;            /* the stripe the hand visits next */
-    bool cache_stuck;            /* the last shrink found nothing more to free ... */
-    uint64_t stuck_compacted, stuck_loads; /* ... and nothing became clean since (compaction, loads) */
-};
-
 /* Whether the table is read-only now (a follower's tables are, until it is promoted). */
 static inline bool s_read_only(const kb_table_t *self)
 {
@@ -92,7 +35,7 @@ static inline bool s_read_only(const kb_table_t *self)
 }
 
 /* Adds delta bytes to the table's estimate and the bank's. */
-static void s_mem(kb_table_t *self, int64_t delta)
+void kb_table_mem(kb_table_t *self, int64_t delta)
 {
     atomic_fetch_add(&self->mem_bytes, delta);
     kb_memory_add(self->mem, delta);
@@ -133,12 +76,12 @@ static float *s_pool_pop(kb_stripe_t *st)
     return buf;
 }
 
-static float *s_pending_take(kb_table_t *self, kb_stripe_t *st)
+float *kb_table_pending_take(kb_table_t *self, kb_stripe_t *st)
 {
     float *buf = s_pool_pop(st);
     if (buf)
         return buf;
-    s_mem(self, s_pending_bytes(self));
+    kb_table_mem(self, s_pending_bytes(self));
     return carls_xmalloc(s_pending_size(self));
 }
 
@@ -151,7 +94,7 @@ static void s_pending_give(kb_table_t *self, kb_stripe_t *st, float *buf)
         return;
     }
     free(buf);
-    s_mem(self, -s_pending_bytes(self));
+    kb_table_mem(self, -s_pending_bytes(self));
 }
 
 /* The row map's two slot arrays at a capacity. */
@@ -293,7 +236,7 @@ int kb_table_config_finish(kb_table_config_t *cfg, uint32_t max_dim, char *err, 
 }
 
 /* A sampling snapshot: the sampler and the keys of its entries (index order). */
-struct s_sample_cache {
+struct kb_table_sample_cache {
     kb_sampler_t *sampler;
     uint8_t *key_bytes;  /* all keys, back to back */
     size_t *key_offset;  /* entries + 1 */
@@ -302,7 +245,7 @@ struct s_sample_cache {
     int64_t bytes;       /* heap bytes held (the memory estimate) */
 };
 
-static void s_sample_cache_free(struct s_sample_cache *c)
+void kb_table_sample_cache_free(struct kb_table_sample_cache *c)
 {
     if (!c)
         return;
@@ -375,7 +318,7 @@ uint64_t kb_table_memory(kb_table_t *self)
     return v > 0 ? (uint64_t)v : 0;
 }
 
-static void s_row_free(kb_table_t *self, kb_row_t *row)
+void kb_table_row_free(kb_table_t *self, kb_row_t *row)
 {
     if (!row)
         return;
@@ -384,7 +327,7 @@ static void s_row_free(kb_table_t *self, kb_row_t *row)
         bytes += s_pending_bytes(self);
     if (row->record)
         bytes += (int64_t)kb_memory_chunk(row->record_len);
-    s_mem(self, -bytes);
+    kb_table_mem(self, -bytes);
     free(row->pending);
     free(row->record);
     free(row);
@@ -402,12 +345,12 @@ void kb_table_destroy(kb_table_t **self_p)
         for (kb_row_t *row = st->dirty_head; row;) {
             kb_row_t *next = row->dirty_next;
             if (row->evicted)
-                s_row_free(self, row);
+                kb_table_row_free(self, row);
             row = next;
         }
         for (size_t j = 0; j < st->map.capacity; j++)
             if (st->map.slots[j].hash)
-                s_row_free(self, st->map.slots[j].row);
+                kb_table_row_free(self, st->map.slots[j].row);
         kb_rowmap_free(&st->map);
         for (float *buf; (buf = s_pool_pop(st)) != NULL;)
             free(buf);
@@ -419,7 +362,7 @@ void kb_table_destroy(kb_table_t **self_p)
     pthread_mutex_destroy(&self->sample_mutex);
     pthread_mutex_destroy(&self->cache_mutex);
     for (int i = 0; i < 3; i++)
-        s_sample_cache_free(self->samplers[i]);
+        kb_table_sample_cache_free(self->samplers[i]);
     kb_bloom_destroy(&self->bloom);
     free(self->by_id);
     free(self->name);
@@ -459,22 +402,22 @@ void kb_table_get_stats(kb_table_t *self, kb_table_stats_t *out)
         kb_knn_get_stats(self->knn, &out->knn);
 }
 
-/* ---- rows (all s_row_* and s_* list helpers run with the row's stripe locked) ---- */
+/* ---- rows (all s_row_*, kb_table_row_* and list helpers run with the row's stripe locked) ---- */
 
 /* The row map uses the low bits of the hash; pick the stripe from the high bits so both stay uniform. */
 static uint32_t s_stripe_index(uint64_t hash) { return (uint32_t)((hash >> 58) % KB_TABLE_STRIPES); }
 
-static kb_stripe_t *s_stripe(kb_table_t *self, uint64_t hash)
+kb_stripe_t *kb_table_stripe(kb_table_t *self, uint64_t hash)
 {
     return &self->stripes[s_stripe_index(hash)];
 }
 
 /* Locks the stripe that holds key (batch operations lock one key's stripe at a time) and returns it, with
  * the key's hash in *hash. */
-static kb_stripe_t *s_lock_key(kb_table_t *self, const ProtobufCBinaryData *key, uint64_t *hash)
+kb_stripe_t *kb_table_lock_key(kb_table_t *self, const ProtobufCBinaryData *key, uint64_t *hash)
 {
     *hash = kb_rowmap_hash(key->data, key->len);
-    kb_stripe_t *st = s_stripe(self, *hash);
+    kb_stripe_t *st = kb_table_stripe(self, *hash);
     pthread_mutex_lock(&st->mutex);
     return st;
 }
@@ -540,23 +483,23 @@ static kb_stripe_t *s_group_lock(kb_table_t *self, const s_groups_t *g, int s)
 }
 
 /* Inserts a row into its stripe's map, counting the map's growth. */
-static void s_map_insert(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
+void kb_table_map_insert(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
 {
     size_t before = st->map.capacity;
     kb_rowmap_insert(&st->map, hash, row);
     if (st->map.capacity != before)
-        s_mem(self, s_map_bytes(st->map.capacity) - s_map_bytes(before));
+        kb_table_mem(self, s_map_bytes(st->map.capacity) - s_map_bytes(before));
 }
 
 /* Allocates a row: one block holding the struct, value, optimizer state and key. */
-static kb_row_t *s_row_alloc(kb_table_t *self, const uint8_t *key, uint32_t key_len)
+kb_row_t *kb_table_row_alloc(kb_table_t *self, const uint8_t *key, uint32_t key_len)
 {
     /* The key right after the struct and the value right after the key (16-byte aligned): a lookup's key
      * compare and the start of its value copy share a cache line. */
     size_t floats = (size_t)self->cfg.dim + self->opt_floats;
     size_t key_space = (key_len + 15u) & ~(size_t)15u;
     kb_row_t *row = carls_xcalloc(1, sizeof *row + key_space + floats * sizeof(float));
-    s_mem(self, s_row_bytes(self, key_len));
+    kb_table_mem(self, s_row_bytes(self, key_len));
     row->key = (uint8_t *)(row + 1);
     row->value = (float *)(row->key + key_space);
     row->opt_state = row->value + self->cfg.dim;
@@ -566,7 +509,7 @@ static kb_row_t *s_row_alloc(kb_table_t *self, const uint8_t *key, uint32_t key_
     return row;
 }
 
-static void s_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
+void kb_table_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
 {
     pthread_mutex_lock(&self->id_mutex);
     if ((size_t)id >= self->by_id_capacity) {
@@ -574,8 +517,10 @@ static void s_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
         while (cap <= (size_t)id)
             cap *= 2;
         self->by_id = carls_xrealloc(self->by_id, cap * sizeof *self->by_id);
-        s_mem(self, (int64_t)kb_memory_chunk(cap * sizeof *self->by_id) -
-                        (self->by_id_capacity ? (int64_t)kb_memory_chunk(self->by_id_capacity * sizeof *self->by_id) : 0));
+        kb_table_mem(self, (int64_t)kb_memory_chunk(cap * sizeof *self->by_id) -
+                               (self->by_id_capacity
+                                    ? (int64_t)kb_memory_chunk(self->by_id_capacity * sizeof *self->by_id)
+                                    : 0));
         memset(self->by_id + self->by_id_capacity, 0, (cap - self->by_id_capacity) * sizeof *self->by_id);
         self->by_id_capacity = cap;
     }
@@ -584,7 +529,7 @@ static void s_by_id_set(kb_table_t *self, int64_t id, kb_row_t *row)
 }
 
 /* The row with this id or NULL. Only dereference it with the row's stripe locked. */
-static kb_row_t *s_by_id_get(kb_table_t *self, int64_t id)
+kb_row_t *kb_table_by_id_get(kb_table_t *self, int64_t id)
 {
     pthread_mutex_lock(&self->id_mutex);
     kb_row_t *row = id >= 0 && (size_t)id < self->by_id_capacity ? self->by_id[id] : NULL;
@@ -594,7 +539,7 @@ static kb_row_t *s_by_id_get(kb_table_t *self, int64_t id)
 
 /* The stripe of the row with this id, or NULL. A row is alive while it is in by_id (eviction takes it out
  * before the row can be freed), so reading its stripe under id_mutex is safe. */
-static kb_stripe_t *s_by_id_stripe(kb_table_t *self, int64_t id)
+kb_stripe_t *kb_table_by_id_stripe(kb_table_t *self, int64_t id)
 {
     pthread_mutex_lock(&self->id_mutex);
     kb_row_t *row = id >= 0 && (size_t)id < self->by_id_capacity ? self->by_id[id] : NULL;
@@ -603,7 +548,7 @@ static kb_stripe_t *s_by_id_stripe(kb_table_t *self, int64_t id)
     return st;
 }
 
-static void s_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+void kb_table_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     if (!self->knn || row->knn_dirty)
         return;
@@ -612,18 +557,14 @@ static void s_knn_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
         int64_t old = st->knn_capacity ? (int64_t)kb_memory_chunk(st->knn_capacity * sizeof *st->knn_ids) : 0;
         st->knn_capacity = st->knn_capacity ? st->knn_capacity * 2 : 64;
         st->knn_ids = carls_xrealloc(st->knn_ids, st->knn_capacity * sizeof *st->knn_ids);
-        s_mem(self, (int64_t)kb_memory_chunk(st->knn_capacity * sizeof *st->knn_ids) - old);
+        kb_table_mem(self, (int64_t)kb_memory_chunk(st->knn_capacity * sizeof *st->knn_ids) - old);
     }
     st->knn_ids[st->knn_count++] = row->id;
 }
 
-#define PENDING_LINK offsetof(kb_row_t, pending_link)
-#define LRU_LINK offsetof(kb_row_t, lru_link)
-#define FREQUENCY_LINK offsetof(kb_row_t, frequency_link)
-
 static kb_row_link_t *s_link(kb_row_t *row, size_t offset) { return (kb_row_link_t *)((char *)row + offset); }
 
-static void s_list_unlink(s_row_list_t *list, kb_row_t *row, size_t offset)
+void kb_table_list_unlink(kb_table_row_list_t *list, kb_row_t *row, size_t offset)
 {
     kb_row_link_t *l = s_link(row, offset);
     if (l->prev)
@@ -637,7 +578,7 @@ static void s_list_unlink(s_row_list_t *list, kb_row_t *row, size_t offset)
     l->prev = l->next = NULL;
 }
 
-static void s_list_append(s_row_list_t *list, kb_row_t *row, size_t offset)
+void kb_table_list_append(kb_table_row_list_t *list, kb_row_t *row, size_t offset)
 {
     kb_row_link_t *l = s_link(row, offset);
     l->next = NULL;
@@ -651,7 +592,7 @@ static void s_list_append(s_row_list_t *list, kb_row_t *row, size_t offset)
 
 /* The whole row is written next round; that record carries the use count, so a frequency-only mark is
  * dropped. */
-static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
+void kb_table_mark_dirty(kb_stripe_t *st, kb_row_t *row)
 {
     if (row->dirty)
         return;
@@ -660,19 +601,19 @@ static void s_mark_dirty(kb_stripe_t *st, kb_row_t *row)
     st->dirty_head = row;
     if (row->frequency_dirty) {
         row->frequency_dirty = false;
-        s_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
+        kb_table_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
     }
 }
 
 /* A row changed: persist it and (embedding tables) re-index it. */
-static void s_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+void kb_table_row_changed(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
-    s_mark_dirty(st, row);
-    s_knn_touch(self, st, row);
+    kb_table_mark_dirty(st, row);
+    kb_table_knn_touch(self, st, row);
 }
 
 /* A use of the row: with LRU eviction it becomes the most recent. */
-static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+void kb_table_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     if (self->cache)
         row->cache_ref = true;
@@ -680,12 +621,12 @@ static void s_lru_touch(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
         return;
     row->last_used = atomic_fetch_add(&self->tick, 1);
     if (st->lru.tail != row) {
-        s_list_unlink(&st->lru, row, LRU_LINK);
-        s_list_append(&st->lru, row, LRU_LINK);
+        kb_table_list_unlink(&st->lru, row, LRU_LINK);
+        kb_table_list_append(&st->lru, row, LRU_LINK);
     }
 }
 
-static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
+bool kb_table_persistable(const kb_table_t *self, const kb_row_t *row)
 {
     return self->cfg.admission != KB_ADMIT_FREQUENCY || row->frequency >= self->cfg.min_frequency;
 }
@@ -694,30 +635,30 @@ static bool s_persistable(const kb_table_t *self, const kb_row_t *row)
  * when it reaches min_frequency (then the whole row is written). Otherwise a count alone does not make the
  * row dirty: it is marked for the bank's bulk frequency write (kb_table_take_frequencies), so reads never
  * rewrite a row's value. */
-static void s_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+void kb_table_count_use(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     if (s_read_only(self))
         return;
     row->frequency++;
     if (self->cfg.admission == KB_ADMIT_FREQUENCY && row->frequency == self->cfg.min_frequency) {
         atomic_fetch_sub(&self->stats.not_persisted, 1);
-        s_mark_dirty(st, row);
+        kb_table_mark_dirty(st, row);
         return;
     }
-    if (row->dirty || row->frequency_dirty || !s_persistable(self, row))
+    if (row->dirty || row->frequency_dirty || !kb_table_persistable(self, row))
         return;
     row->frequency_dirty = true;
-    s_list_append(&st->frequency_dirty, row, FREQUENCY_LINK);
+    kb_table_list_append(&st->frequency_dirty, row, FREQUENCY_LINK);
 }
 
 /* Drops the row's pending set, if any, without applying it (stats, pending list, memory). Stripe locked. */
-static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
+void kb_table_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     if (!row->pending_count)
         return;
     atomic_fetch_sub(&self->stats.pending_gradients, row->pending_count);
     atomic_fetch_sub(&self->stats.pending_keys, 1);
-    s_list_unlink(&st->pending, row, PENDING_LINK);
+    kb_table_list_unlink(&st->pending, row, PENDING_LINK);
     s_pending_give(self, st, row->pending);
     row->pending = NULL;
     row->pending_count = 0;
@@ -728,14 +669,14 @@ static void s_drop_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 static void s_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row)
 {
     kb_rowmap_remove(&st->map, kb_rowmap_hash(row->key, row->key_len), row->key, row->key_len);
-    s_drop_pending(self, st, row);
-    s_list_unlink(&st->lru, row, LRU_LINK);
-    s_by_id_set(self, row->id, NULL);
-    if (!s_persistable(self, row))
+    kb_table_drop_pending(self, st, row);
+    kb_table_list_unlink(&st->lru, row, LRU_LINK);
+    kb_table_by_id_set(self, row->id, NULL);
+    if (!kb_table_persistable(self, row))
         atomic_fetch_sub(&self->stats.not_persisted, 1);
-    s_knn_touch(self, st, row); /* the flush finds no row for the id and removes it from the index */
+    kb_table_knn_touch(self, st, row); /* the flush finds no row for the id and removes it from the index */
     row->evicted = true;
-    s_mark_dirty(st, row);
+    kb_table_mark_dirty(st, row);
     atomic_fetch_sub(&self->stats.rows, 1);
     atomic_fetch_add(&self->stats.evictions, 1);
 }
@@ -776,7 +717,7 @@ static void s_evict_one(kb_table_t *self, kb_stripe_t *st, kb_row_t *keep)
 static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const uint8_t *key,
                               uint32_t key_len)
 {
-    kb_row_t *row = s_row_alloc(self, key, key_len);
+    kb_row_t *row = kb_table_row_alloc(self, key, key_len);
     row->id = atomic_fetch_add(&self->next_row_id, 1);
     row->stripe = (uint16_t)(st - self->stripes);
     if (self->cfg.kind == KB_TABLE_EMBEDDING) {
@@ -784,59 +725,55 @@ static kb_row_t *s_row_create(kb_table_t *self, kb_stripe_t *st, uint64_t hash, 
                       self->cfg.dim);
         kb_optimizer_state_init(&self->cfg.optimizer, row->opt_state, self->cfg.dim);
     }
-    s_map_insert(self, st, hash, row);
-    s_by_id_set(self, row->id, row);
+    kb_table_map_insert(self, st, hash, row);
+    kb_table_by_id_set(self, row->id, row);
     row->last_used = atomic_fetch_add(&self->tick, 1);
-    s_list_append(&st->lru, row, LRU_LINK);
+    kb_table_list_append(&st->lru, row, LRU_LINK);
     atomic_fetch_add(&self->stats.rows, 1);
-    if (!s_persistable(self, row))
+    if (!kb_table_persistable(self, row))
         atomic_fetch_add(&self->stats.not_persisted, 1);
-    s_row_changed(self, st, row);
+    kb_table_row_changed(self, st, row);
     if (self->cfg.eviction != KB_EVICT_NONE && atomic_load(&self->stats.rows) > self->cfg.max_rows)
         s_evict_one(self, st, row);
     return row;
 }
 
-static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key);
-static kb_row_t *s_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
-                           bool create);
-
 /* The key's row; created when create is set and admission allows it, else NULL. With a cache, a key
  * missing from memory is read from storage first (with the stripe locked: the paths that must not wait
- * on storage under a lock use s_row_lookup and s_row_fetch). */
-static kb_row_t *s_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
+ * on storage under a lock use s_row_lookup and kb_table_row_fetch). */
+kb_row_t *kb_table_row_get(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
                            bool create)
 {
     kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
     if (row) {
-        s_lru_touch(self, st, row);
+        kb_table_lru_touch(self, st, row);
         return row;
     }
-    if (self->cache && (row = s_row_cold(self, st, hash, key)) != NULL)
+    if (self->cache && (row = kb_table_row_cold(self, st, hash, key)) != NULL)
         return row;
-    return s_row_new(self, st, hash, key, create);
+    return kb_table_row_new(self, st, hash, key, create);
 }
 
-/* s_row_get of a lookup: a key missing from memory with a cache sets *cold and is served later by
- * s_row_fetch, after the batch's stripes are unlocked. */
+/* kb_table_row_get of a lookup: a key missing from memory with a cache sets *cold and is served later by
+ * kb_table_row_fetch, after the batch's stripes are unlocked. */
 static inline kb_row_t *s_row_lookup(kb_table_t *self, kb_stripe_t *st, uint64_t hash,
                                      const ProtobufCBinaryData *key, bool create, bool *cold)
 {
     kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
     if (row) {
-        s_lru_touch(self, st, row);
+        kb_table_lru_touch(self, st, row);
         return row;
     }
     if (self->cache) {
         *cold = true;
         return NULL;
     }
-    return s_row_new(self, st, hash, key, create);
+    return kb_table_row_new(self, st, hash, key, create);
 }
 
 /* A key with no row in memory (nor in storage, with a cache): its new row when create is set and admission
  * allows it, else NULL. */
-static kb_row_t *s_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
+kb_row_t *kb_table_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key,
                            bool create)
 {
     if (!create)
@@ -850,9 +787,9 @@ static kb_row_t *s_row_new(kb_table_t *self, kb_stripe_t *st, uint64_t hash, con
 
 /* The row of a key an explicit write (put, feature put) replaces: found and touched, or created. Admission
  * filters do not apply to explicit writes. */
-static kb_row_t *s_row_for_write(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
+kb_row_t *kb_table_row_for_write(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
 {
-    kb_row_t *row = s_row_get(self, st, hash, key, false);
+    kb_row_t *row = kb_table_row_get(self, st, hash, key, false);
     return row ? row : s_row_create(self, st, hash, key->data, (uint32_t)key->len);
 }
 
@@ -863,7 +800,7 @@ static void s_row_step(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const f
     row->version++;
     row->updated_at_ms = carls_wall_ms();
     atomic_fetch_add(&self->stats.updates_applied, 1);
-    s_row_changed(self, st, row);
+    kb_table_row_changed(self, st, row);
 }
 
 /* Applies the row's pending set (outliers dropped, average, one step) and empties it. */
@@ -885,8 +822,8 @@ static void s_row_apply_pending(kb_table_t *self, kb_stripe_t *st, kb_row_t *row
     atomic_fetch_add(&self->stats.gradients_applied, kept);
     atomic_fetch_add(&self->stats.outliers_dropped, dropped);
     atomic_fetch_add(reason, 1);
-    s_drop_pending(self, st, row); /* applied now: the set goes as a dropped one does */
-    s_mark_dirty(st, row);
+    kb_table_drop_pending(self, st, row); /* applied now: the set goes as a dropped one does */
+    kb_table_mark_dirty(st, row);
 }
 
 /* ---- operations ---- */
@@ -929,7 +866,7 @@ static inline uint64_t s_lookup_serve(kb_table_t *self, kb_stripe_t *st, kb_row_
         steps++;
     }
     if (!no_create)
-        s_count_use(self, st, row);
+        kb_table_count_use(self, st, row);
     memcpy(values + i * dim, row->value, dim * sizeof(float));
     versions[i] = row->version;
     updated_at_ms[i] = row->updated_at_ms;
@@ -938,15 +875,12 @@ static inline uint64_t s_lookup_serve(kb_table_t *self, kb_stripe_t *st, kb_row_
 }
 
 /* The keys of a lookup not in memory (with a cache), served after the batch's stripes are unlocked: each
- * with its stripe's eviction count when it was found missing (s_row_fetch). */
+ * with its stripe's eviction count when it was found missing (kb_table_row_fetch). */
 typedef struct {
     uint32_t *index;
     uint64_t *gen;
     size_t n;
 } s_cold_keys_t;
-
-static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
-                             uint64_t gen, kb_stripe_t **locked);
 
 uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, bool no_create,
                          float *values, uint64_t *versions, int64_t *updated_at_ms, uint64_t *frequencies)
@@ -970,21 +904,21 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     for (size_t j = 0; j < n; j++) {
         if (prefetch_pending && j + S_AHEAD_PENDING < n) {
             size_t a = g.order[j + S_AHEAD_PENDING];
-            const kb_row_t *ahead = kb_rowmap_find(&s_stripe(self, g.hashes[a])->map, g.hashes[a], keys[a].data,
+            const kb_row_t *ahead = kb_rowmap_find(&kb_table_stripe(self, g.hashes[a])->map, g.hashes[a], keys[a].data,
                                                    keys[a].len);
             if (ahead && ahead->pending_count)
                 s_prefetch(ahead->pending, (size_t)ahead->pending_count * dim * sizeof(float), false);
         }
         if (j + S_AHEAD_SLOT < n) {
             uint64_t h = g.hashes[g.order[j + S_AHEAD_SLOT]];
-            kb_rowmap_prefetch_slot(&s_stripe(self, h)->map, h);
+            kb_rowmap_prefetch_slot(&kb_table_stripe(self, h)->map, h);
         }
         if (j + S_AHEAD_ROW < n) {
             uint64_t h = g.hashes[g.order[j + S_AHEAD_ROW]];
-            kb_rowmap_prefetch_row(&s_stripe(self, h)->map, h, row_bytes);
+            kb_rowmap_prefetch_row(&kb_table_stripe(self, h)->map, h, row_bytes);
         }
         size_t i = g.order[j];
-        kb_stripe_t *st = s_stripe(self, g.hashes[i]);
+        kb_stripe_t *st = kb_table_stripe(self, g.hashes[i]);
         bool cold = false;
         kb_row_t *row = s_row_lookup(self, st, g.hashes[i], &keys[i], !no_create, &cold);
         if (cold) {
@@ -1005,7 +939,7 @@ uint64_t kb_table_lookup(kb_table_t *self, const ProtobufCBinaryData *keys, size
     for (size_t c = 0; c < cold_keys.n; c++) {
         size_t i = cold_keys.index[c];
         kb_stripe_t *st;
-        kb_row_t *row = s_row_fetch(self, g.hashes[i], &keys[i], !no_create, cold_keys.gen[c], &st);
+        kb_row_t *row = kb_table_row_fetch(self, g.hashes[i], &keys[i], !no_create, cold_keys.gen[c], &st);
         steps += s_lookup_serve(self, st, row, &keys[i], no_create, i, values, versions, updated_at_ms, frequencies);
         pthread_mutex_unlock(&st->mutex);
     }
@@ -1023,10 +957,10 @@ void kb_table_peek(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, 
     uint32_t dim = self->cfg.dim;
     for (size_t i = 0; i < n; i++) {
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
+        kb_stripe_t *st = kb_table_lock_key(self, &keys[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len);
         if (!row && self->cache)
-            row = s_row_cold(self, st, hash, &keys[i]);
+            row = kb_table_row_cold(self, st, hash, &keys[i]);
         if (row) {
             if (row->pending_count > 0 && !s_read_only(self))
                 s_row_apply_pending(self, st, row, &self->stats.applied_on_lookup);
@@ -1052,11 +986,11 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
         kb_stripe_t *st = s_group_lock(self, &g, s);
         for (uint32_t j = g.starts[s]; st && j < g.starts[s + 1]; j++) {
             size_t i = g.order[j];
-            kb_row_t *row = s_row_for_write(self, st, g.hashes[i], &keys[i]);
+            kb_row_t *row = kb_table_row_for_write(self, st, g.hashes[i], &keys[i]);
             memcpy(row->value, values + i * dim, dim * sizeof(float));
             row->version = version;
             row->updated_at_ms = now;
-            s_row_changed(self, st, row);
+            kb_table_row_changed(self, st, row);
         }
         if (st)
             pthread_mutex_unlock(&st->mutex);
@@ -1114,19 +1048,19 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
             const float *grad = gradients + i * dim;
             if (self->cfg.eviction != KB_EVICT_NONE) /* a new row may evict a pending set */
                 s_publish_pending(self, &unpublished);
-            kb_row_t *row = s_row_get(self, st, g.hashes[i], &keys[i], true);
+            kb_row_t *row = kb_table_row_get(self, st, g.hashes[i], &keys[i], true);
             if (!row) /* not admitted yet: the gradient of a key without a row is dropped (counted) */
                 continue;
-            s_count_use(self, st, row);
+            kb_table_count_use(self, st, row);
             if (self->cfg.immediate) {
                 s_row_step(self, st, row, grad);
                 atomic_fetch_add(&self->stats.gradients_applied, 1);
                 steps++;
             } else {
                 if (row->pending_count == 0) {
-                    row->pending = s_pending_take(self, st);
+                    row->pending = kb_table_pending_take(self, st);
                     row->pending_since_ms = carls_monotonic_ms();
-                    s_list_append(&st->pending, row, PENDING_LINK);
+                    kb_table_list_append(&st->pending, row, PENDING_LINK);
                     atomic_fetch_add(&self->stats.pending_keys, 1);
                 }
                 memcpy(row->pending + (size_t)row->pending_count * dim, grad, dim * sizeof(float));
@@ -1138,7 +1072,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
                     steps++;
                 }
             }
-            s_mark_dirty(st, row);
+            kb_table_mark_dirty(st, row);
         }
         s_publish_pending(self, &unpublished);
         if (st)
@@ -1185,7 +1119,7 @@ uint64_t kb_table_growth(kb_table_t *self, kb_table_growth_op_t op, const Protob
     bool filtered = self->bloom && (op == KB_GROW_LOOKUP || op == KB_GROW_PUSH);
     for (size_t i = 0; i < n; i++) {
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
+        kb_stripe_t *st = kb_table_lock_key(self, &keys[i], &hash);
         bool found = kb_rowmap_find(&st->map, hash, keys[i].data, keys[i].len) != NULL;
         pthread_mutex_unlock(&st->mutex);
         /* Bloom admission: a key gets a row only at its min_frequency-th sighting. */
@@ -1259,7 +1193,7 @@ static int s_knn_flush(kb_table_t *self)
         float *vecs = carls_xmalloc(n * dim * sizeof *vecs);
         size_t n_up = 0, n_gone = 0;
         for (size_t j = 0; j < n; j++) {
-            kb_row_t *row = s_by_id_get(self, st->knn_ids[j]);
+            kb_row_t *row = kb_table_by_id_get(self, st->knn_ids[j]);
             if (row && row->knn_dirty) {
                 memcpy(vecs + n_up * dim, row->value, dim * sizeof(float));
                 up_ids[n_up++] = row->id;
@@ -1281,7 +1215,7 @@ static int s_knn_flush(kb_table_t *self)
         /* The index grew or shrank with the changes just fed to it (counted stripe by stripe: feeding a
          * large batch to a graph index takes a while). */
         int64_t knn_bytes = (int64_t)kb_knn_memory(self->knn);
-        s_mem(self, knn_bytes - self->knn_mem_counted);
+        kb_table_mem(self, knn_bytes - self->knn_mem_counted);
         self->knn_mem_counted = knn_bytes;
     }
     pthread_mutex_unlock(&self->knn_mutex);
@@ -1331,11 +1265,11 @@ int kb_table_knn(kb_table_t *self, const float *queries, size_t nq, uint32_t k, 
         if (rc != 0 || ids[i] < 0)
             continue;
         /* The id's row may be evicted between search and here: then it is answered as missing. */
-        kb_stripe_t *st = s_by_id_stripe(self, ids[i]);
+        kb_stripe_t *st = kb_table_by_id_stripe(self, ids[i]);
         if (!st)
             continue;
         pthread_mutex_lock(&st->mutex);
-        kb_row_t *row = s_by_id_get(self, ids[i]);
+        kb_row_t *row = kb_table_by_id_get(self, ids[i]);
         if (row) {
             keys_out[i].data = carls_xmalloc(row->key_len);
             memcpy(keys_out[i].data, row->key, row->key_len);
@@ -1358,7 +1292,7 @@ static uint64_t s_activity(kb_table_t *self)
 
 /* Calls visit(row, ctx) for every row of the table, each stripe locked while its rows are visited (so a row is
  * seen whole, but rows of different stripes at different moments). */
-static void s_each_row(kb_table_t *self, void (*visit)(kb_row_t *row, void *ctx), void *ctx)
+void kb_table_each_row(kb_table_t *self, void (*visit)(kb_row_t *row, void *ctx), void *ctx)
 {
     for (int i = 0; i < KB_TABLE_STRIPES; i++) {
         kb_stripe_t *st = &self->stripes[i];
@@ -1373,7 +1307,7 @@ static void s_each_row(kb_table_t *self, void (*visit)(kb_row_t *row, void *ctx)
 
 /* The sampler's entries and the keys being gathered for a sample cache. */
 typedef struct {
-    struct s_sample_cache *cache;
+    struct kb_table_sample_cache *cache;
     kb_sampler_entry_t *entries;
     size_t n, cap, bytes, bytes_cap;
 } s_sample_rows_t;
@@ -1381,7 +1315,7 @@ typedef struct {
 static void s_sample_add_row(kb_row_t *row, void *ctx)
 {
     s_sample_rows_t *r = ctx;
-    struct s_sample_cache *c = r->cache;
+    struct kb_table_sample_cache *c = r->cache;
     if (r->n == r->cap) {
         r->cap = r->cap ? r->cap * 2 : 1024;
         r->entries = carls_xrealloc(r->entries, r->cap * sizeof *r->entries);
@@ -1399,18 +1333,18 @@ static void s_sample_add_row(kb_row_t *row, void *ctx)
 }
 
 /* Builds a snapshot of every row for one strategy. Returns NULL (with rc) when the sampler refuses. */
-static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strategy_t strategy, int *rc)
+static struct kb_table_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strategy_t strategy, int *rc)
 {
-    struct s_sample_cache *c = carls_xcalloc(1, sizeof *c);
+    struct kb_table_sample_cache *c = carls_xcalloc(1, sizeof *c);
     c->signature = s_activity(self);
     s_sample_rows_t r = {.cache = c};
-    s_each_row(self, s_sample_add_row, &r);
+    kb_table_each_row(self, s_sample_add_row, &r);
     c->key_offset = carls_xrealloc(c->key_offset, (r.n + 1) * sizeof *c->key_offset);
     c->key_offset[r.n] = r.bytes;
     *rc = kb_sampler_new(strategy, r.entries, r.n, &c->sampler);
     free(r.entries);
     if (*rc != 0) {
-        s_sample_cache_free(c);
+        kb_table_sample_cache_free(c);
         return NULL;
     }
     c->bytes = (int64_t)(kb_memory_chunk(sizeof *c) + kb_memory_chunk((r.n + 1) * sizeof *c->key_offset) +
@@ -1419,7 +1353,7 @@ static struct s_sample_cache *s_sample_build(kb_table_t *self, kb_sampler_strate
     return c;
 }
 
-static void s_copy_key(const struct s_sample_cache *c, size_t index, ProtobufCBinaryData *out)
+static void s_copy_key(const struct kb_table_sample_cache *c, size_t index, ProtobufCBinaryData *out)
 {
     size_t len = c->key_offset[index + 1] - c->key_offset[index];
     out->data = carls_xmalloc(len ? len : 1);
@@ -1435,7 +1369,7 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
         return -EINVAL;
     int rc = 0;
     pthread_mutex_lock(&self->sample_mutex);
-    struct s_sample_cache *c = self->samplers[strategy];
+    struct kb_table_sample_cache *c = self->samplers[strategy];
     /* A snapshot serves for up to a second; after that it is rebuilt if the table has changed. It is rebuilt
      * at once when the table has changed and its size is off by a factor of two (e.g. a first snapshot
      * taken of an empty table). */
@@ -1445,10 +1379,10 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
         stale = carls_monotonic_ms() - c->built_ms >= 1000 || now_rows > 2 * had || had > 2 * now_rows;
     }
     if (!c || stale) {
-        struct s_sample_cache *fresh = s_sample_build(self, strategy, &rc);
+        struct kb_table_sample_cache *fresh = s_sample_build(self, strategy, &rc);
         if (fresh) {
-            s_mem(self, fresh->bytes - (c ? c->bytes : 0));
-            s_sample_cache_free(c);
+            kb_table_mem(self, fresh->bytes - (c ? c->bytes : 0));
+            kb_table_sample_cache_free(c);
             c = self->samplers[strategy] = fresh;
         } else if (!c) {
             pthread_mutex_unlock(&self->sample_mutex);
@@ -1466,7 +1400,7 @@ int kb_table_sample(kb_table_t *self, kb_sampler_strategy_t strategy, const Prot
         int64_t id = -1;
         uint64_t freq = 0;
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &positives[i], &hash);
+        kb_stripe_t *st = kb_table_lock_key(self, &positives[i], &hash);
         kb_row_t *row = kb_rowmap_find(&st->map, hash, positives[i].data, positives[i].len);
         if (row) {
             id = row->id;
@@ -1512,13 +1446,13 @@ void kb_table_feature_get(kb_table_t *self, const ProtobufCBinaryData *keys, siz
 {
     for (size_t i = 0; i < n; i++) {
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
-        kb_row_t *row = s_row_get(self, st, hash, &keys[i], false);
+        kb_stripe_t *st = kb_table_lock_key(self, &keys[i], &hash);
+        kb_row_t *row = kb_table_row_get(self, st, hash, &keys[i], false);
         records[i] = NULL;
         lens[i] = 0;
         found[i] = row != NULL;
         if (row) {
-            s_count_use(self, st, row);
+            kb_table_count_use(self, st, row);
             records[i] = carls_xmalloc(row->record_len);
             if (row->record_len)
                 memcpy(records[i], row->record, row->record_len);
@@ -1537,19 +1471,19 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
     int64_t now = carls_wall_ms();
     for (size_t i = 0; i < n; i++) {
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &keys[i], &hash);
-        kb_row_t *row = s_row_for_write(self, st, hash, &keys[i]);
+        kb_stripe_t *st = kb_table_lock_key(self, &keys[i], &hash);
+        kb_row_t *row = kb_table_row_for_write(self, st, hash, &keys[i]);
         if (row->record)
-            s_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
+            kb_table_mem(self, -(int64_t)kb_memory_chunk(row->record_len));
         free(row->record);
         row->record = carls_xmalloc(lens[i]);
-        s_mem(self, (int64_t)kb_memory_chunk(lens[i]));
+        kb_table_mem(self, (int64_t)kb_memory_chunk(lens[i]));
         if (lens[i])
             memcpy(row->record, records[i], lens[i]);
         row->record_len = (uint32_t)lens[i];
         row->version++;
         row->updated_at_ms = now;
-        s_mark_dirty(st, row);
+        kb_table_mark_dirty(st, row);
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.puts, n);
@@ -1563,11 +1497,11 @@ void kb_table_feature_put(kb_table_t *self, const ProtobufCBinaryData *keys, siz
  * does not survive a restart: the set's age starts now. Stripe locked. */
 static void s_pending_load(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, const float *pending, uint32_t count)
 {
-    row->pending = s_pending_take(self, st);
+    row->pending = kb_table_pending_take(self, st);
     memcpy(row->pending, pending, (size_t)count * self->cfg.dim * sizeof(float));
     row->pending_count = count;
     row->pending_since_ms = carls_monotonic_ms();
-    s_list_append(&st->pending, row, PENDING_LINK);
+    kb_table_list_append(&st->pending, row, PENDING_LINK);
     atomic_fetch_add(&self->stats.pending_keys, 1);
     atomic_fetch_add(&self->stats.pending_gradients, count);
 }
@@ -1585,7 +1519,7 @@ static bool s_record_fits(const kb_table_t *self, const kb_store_row_t *rec)
 static kb_row_t *s_row_restore(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const kb_store_row_t *rec)
 {
     bool feature = self->cfg.kind == KB_TABLE_FEATURE;
-    kb_row_t *row = s_row_alloc(self, rec->key, rec->key_len);
+    kb_row_t *row = kb_table_row_alloc(self, rec->key, rec->key_len);
     row->id = rec->row_id;
     row->stripe = (uint16_t)(st - self->stripes);
     row->version = rec->version;
@@ -1598,21 +1532,21 @@ static kb_row_t *s_row_restore(kb_table_t *self, kb_stripe_t *st, uint64_t hash,
         memcpy(row->opt_state, rec->opt_state, (size_t)rec->opt_floats * sizeof(float));
     if (feature) {
         row->record = carls_xmalloc(rec->record_len);
-        s_mem(self, (int64_t)kb_memory_chunk(rec->record_len));
+        kb_table_mem(self, (int64_t)kb_memory_chunk(rec->record_len));
         if (rec->record_len)
             memcpy(row->record, rec->record, rec->record_len);
         row->record_len = rec->record_len;
     }
     if (rec->pending_count > 0)
         s_pending_load(self, st, row, rec->pending, rec->pending_count);
-    s_map_insert(self, st, hash, row);
-    s_by_id_set(self, row->id, row);
+    kb_table_map_insert(self, st, hash, row);
+    kb_table_by_id_set(self, row->id, row);
     /* Use order is not persisted: after a restart rows count as used in creation (row id) order. */
     row->last_used = (uint64_t)row->id;
     if (row->last_used >= atomic_load(&self->tick))
         atomic_store(&self->tick, row->last_used + 1);
-    s_list_append(&st->lru, row, LRU_LINK);
-    s_knn_touch(self, st, row);
+    kb_table_list_append(&st->lru, row, LRU_LINK);
+    kb_table_knn_touch(self, st, row);
     return row;
 }
 
@@ -1621,12 +1555,12 @@ int kb_table_restore_row(kb_table_t *self, const kb_store_row_t *rec)
     if (!s_record_fits(self, rec))
         return -1;
     uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
-    kb_stripe_t *st = s_stripe(self, hash);
+    kb_stripe_t *st = kb_table_stripe(self, hash);
     if (kb_rowmap_find(&st->map, hash, rec->key, rec->key_len))
         return -1;
     kb_row_t *row = s_row_restore(self, st, hash, rec);
     atomic_fetch_add(&self->stats.rows, 1);
-    if (!s_persistable(self, row))
+    if (!kb_table_persistable(self, row))
         atomic_fetch_add(&self->stats.not_persisted, 1);
     if (rec->row_id >= atomic_load(&self->next_row_id))
         atomic_store(&self->next_row_id, rec->row_id + 1);
@@ -1695,12 +1629,12 @@ void kb_table_take_dirty(kb_table_t *self, kb_store_row_t **out, size_t *count, 
             row->dirty_next = NULL;
             /* Rows below the admission frequency stay in memory only; they are marked dirty again when
              * they reach it. */
-            if (row->evicted || s_persistable(self, row)) {
+            if (row->evicted || kb_table_persistable(self, row)) {
                 s_snapshot_row(self, row, s_grow_records(out, *count, capacity));
                 (*count)++;
             }
             if (row->evicted)
-                s_row_free(self, row);
+                kb_table_row_free(self, row);
             row = next;
         }
         st->dirty_head = NULL;
@@ -1714,7 +1648,7 @@ void kb_table_mark_pending_dirty(kb_table_t *self)
         kb_stripe_t *st = &self->stripes[i];
         pthread_mutex_lock(&st->mutex);
         for (kb_row_t *row = st->pending.head; row; row = row->pending_link.next)
-            s_mark_dirty(st, row);
+            kb_table_mark_dirty(st, row);
         pthread_mutex_unlock(&st->mutex);
     }
 }
@@ -1798,7 +1732,7 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
         return s_scan_cached(self, after_id, limit, out, done);
     /* Pass 1: the ids after the cursor; keep the smallest `limit`. */
     s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
-    s_each_row(self, s_scan_id, &scan);
+    kb_table_each_row(self, s_scan_id, &scan);
     size_t n = scan.n;
     if (n > 0) /* qsort's pointer must be valid even for zero elements */
         qsort(scan.ids, n, sizeof *scan.ids, s_compare_ids);
@@ -1811,7 +1745,7 @@ size_t kb_table_scan(kb_table_t *self, int64_t after_id, size_t limit, kb_store_
     /* Pass 2: snapshot the rows in (after_id, last]; rows created since pass 1 get higher ids. */
     *out = NULL;
     if (n)
-        s_each_row(self, s_scan_row, &scan);
+        kb_table_each_row(self, s_scan_row, &scan);
     const size_t count = scan.count;
     if (count > 0)
         qsort(*out, count, sizeof **out, s_compare_records);
@@ -1829,14 +1763,14 @@ void kb_table_set_read_only(kb_table_t *self, bool read_only)
 static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_row_t *row)
 {
     kb_rowmap_remove(&st->map, hash, row->key, row->key_len);
-    s_drop_pending(self, st, row);
-    s_list_unlink(&st->lru, row, LRU_LINK);
-    s_by_id_set(self, row->id, NULL);
-    if (!s_persistable(self, row))
+    kb_table_drop_pending(self, st, row);
+    kb_table_list_unlink(&st->lru, row, LRU_LINK);
+    kb_table_by_id_set(self, row->id, NULL);
+    if (!kb_table_persistable(self, row))
         atomic_fetch_sub(&self->stats.not_persisted, 1);
-    s_knn_touch(self, st, row); /* an index flush finds no row for the id (or the row replacing it) */
+    kb_table_knn_touch(self, st, row); /* an index flush finds no row for the id (or the row replacing it) */
     atomic_fetch_sub(&self->stats.rows, 1);
-    s_row_free(self, row);
+    kb_table_row_free(self, row);
 }
 
 int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
@@ -1844,14 +1778,14 @@ int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
     if (rec->key_len == 0)
         return -1;
     uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
-    kb_stripe_t *st = s_stripe(self, hash);
+    kb_stripe_t *st = kb_table_stripe(self, hash);
     kb_row_t *row = kb_rowmap_find(&st->map, hash, rec->key, rec->key_len);
     if (rec->frequency_only) {
         /* As the store's update: only the row of that row id (a count of an evicted row is dropped). */
         if (row && row->id == rec->row_id) {
-            bool was = s_persistable(self, row);
+            bool was = kb_table_persistable(self, row);
             row->frequency = rec->frequency;
-            bool now = s_persistable(self, row);
+            bool now = kb_table_persistable(self, row);
             if (was && !now)
                 atomic_fetch_add(&self->stats.not_persisted, 1);
             else if (!was && now)
@@ -1882,7 +1816,7 @@ int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec)
         (!rec->frequency_only && !rec->deleted && (!s_record_fits(self, rec) || !s_record_complete(self, rec))))
         return -1;
     uint64_t hash = kb_rowmap_hash(rec->key, rec->key_len);
-    kb_stripe_t *st = s_stripe(self, hash);
+    kb_stripe_t *st = kb_table_stripe(self, hash);
     pthread_mutex_lock(&st->mutex);
     kb_row_t *row = kb_rowmap_find(&st->map, hash, rec->key, rec->key_len);
     if (rec->frequency_only) {
@@ -1891,7 +1825,7 @@ int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec)
         pthread_mutex_unlock(&st->mutex);
         return 0;
     }
-    /* A read-only table's rows are never dirty nor on the use-count list (s_count_use), so taking one out
+    /* A read-only table's rows are never dirty nor on the use-count list (kb_table_count_use), so taking one out
      * leaves no list pointing at it; readers find rows only under this stripe's mutex or through by_id,
      * which s_unload_row clears before it frees. */
     if (row)
@@ -1899,7 +1833,7 @@ int kb_table_apply_row(kb_table_t *self, const kb_store_row_t *rec)
     if (!rec->deleted) {
         row = s_row_restore(self, st, hash, rec);
         atomic_fetch_add(&self->stats.rows, 1);
-        if (!s_persistable(self, row))
+        if (!kb_table_persistable(self, row))
             atomic_fetch_add(&self->stats.not_persisted, 1);
         int_fast64_t next = atomic_load(&self->next_row_id);
         while (rec->row_id >= next && !atomic_compare_exchange_weak(&self->next_row_id, &next, rec->row_id + 1)) {
@@ -1919,9 +1853,9 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
         const kb_store_row_t *rec = &recs[i];
         ProtobufCBinaryData key = {rec->key_len, rec->key};
         uint64_t hash;
-        kb_stripe_t *st = s_lock_key(self, &key, &hash);
-        kb_row_t *row = s_row_for_write(self, st, hash, &key);
-        bool was_persistable = s_persistable(self, row);
+        kb_stripe_t *st = kb_table_lock_key(self, &key, &hash);
+        kb_row_t *row = kb_table_row_for_write(self, st, hash, &key);
+        bool was_persistable = kb_table_persistable(self, row);
         if (dim)
             memcpy(row->value, rec->value, (size_t)dim * sizeof(float));
         if (self->opt_floats && rec->opt_floats == self->opt_floats)
@@ -1933,24 +1867,24 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
         row->updated_at_ms = rec->updated_at_ms;
         row->frequency = rec->frequency;
         /* The row's pending set becomes the imported one. */
-        s_drop_pending(self, st, row);
+        kb_table_drop_pending(self, st, row);
         if (rec->pending_count && !feature)
             s_pending_load(self, st, row, rec->pending, rec->pending_count);
         if (feature) {
-            s_mem(self, (int64_t)kb_memory_chunk(rec->record_len) -
-                            (row->record ? (int64_t)kb_memory_chunk(row->record_len) : 0));
+            kb_table_mem(self, (int64_t)kb_memory_chunk(rec->record_len) -
+                                   (row->record ? (int64_t)kb_memory_chunk(row->record_len) : 0));
             free(row->record);
             row->record = carls_xmalloc(rec->record_len ? rec->record_len : 1);
             if (rec->record_len)
                 memcpy(row->record, rec->record, rec->record_len);
             row->record_len = rec->record_len;
         }
-        bool now_persistable = s_persistable(self, row);
+        bool now_persistable = kb_table_persistable(self, row);
         if (was_persistable && !now_persistable)
             atomic_fetch_add(&self->stats.not_persisted, 1);
         else if (!was_persistable && now_persistable)
             atomic_fetch_sub(&self->stats.not_persisted, 1);
-        s_row_changed(self, st, row);
+        kb_table_row_changed(self, st, row);
         pthread_mutex_unlock(&st->mutex);
     }
     atomic_fetch_add(&self->stats.puts, n);
@@ -1991,7 +1925,7 @@ static kb_row_t *s_row_from_store(kb_table_t *self, kb_stripe_t *st, uint64_t ha
 }
 
 /* With the stripe locked: the key's stored row made resident, or NULL when it has none. */
-static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
+kb_row_t *kb_table_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, const ProtobufCBinaryData *key)
 {
     kb_store_row_t rec = {0};
     if (kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec) != 1)
@@ -2005,22 +1939,22 @@ static kb_row_t *s_row_cold(kb_table_t *self, kb_stripe_t *st, uint64_t hash, co
  * with no lock held, then locks the stripe (*locked) and returns the key's row. Another thread may have
  * made it resident meanwhile (then that row is it), or made it resident, changed it and evicted it again
  * (the stripe's count moved: the read may be stale and is made again under the lock). */
-static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
+kb_row_t *kb_table_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBinaryData *key, bool create,
                              uint64_t gen, kb_stripe_t **locked)
 {
     kb_store_row_t rec = {0};
     int found = kb_cache_read(self->cache, self->id, key->data, (uint32_t)key->len, &rec);
-    kb_stripe_t *st = *locked = s_stripe(self, hash);
+    kb_stripe_t *st = *locked = kb_table_stripe(self, hash);
     pthread_mutex_lock(&st->mutex);
     kb_row_t *row = kb_rowmap_find(&st->map, hash, key->data, key->len);
     if (row)
-        s_lru_touch(self, st, row);
+        kb_table_lru_touch(self, st, row);
     else if (st->cache_gen != gen)
-        row = s_row_get(self, st, hash, key, create);
+        row = kb_table_row_get(self, st, hash, key, create);
     else if (found)
         row = s_row_from_store(self, st, hash, &rec);
     else
-        row = s_row_new(self, st, hash, key, create);
+        row = kb_table_row_new(self, st, hash, key, create);
     if (found)
         kb_store_row_free(&rec);
     return row;
@@ -2032,19 +1966,19 @@ static kb_row_t *s_row_fetch(kb_table_t *self, uint64_t hash, const ProtobufCBin
 static bool s_row_clean(const kb_table_t *self, const kb_row_t *row, uint64_t compacted)
 {
     return !row->dirty && row->pending_count == 0 && !row->knn_dirty && !row->evicted &&
-           row->cache_epoch <= compacted && s_persistable(self, row);
+           row->cache_epoch <= compacted && kb_table_persistable(self, row);
 }
 
 /* Frees a clean row; it lives on in storage. Stripe locked. */
 static void s_cache_evict(kb_table_t *self, kb_stripe_t *st, kb_row_t *row, uint64_t hash)
 {
     kb_rowmap_remove(&st->map, hash, row->key, row->key_len);
-    s_list_unlink(&st->lru, row, LRU_LINK);
+    kb_table_list_unlink(&st->lru, row, LRU_LINK);
     if (row->frequency_dirty)
-        s_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
-    s_by_id_set(self, row->id, NULL);
+        kb_table_list_unlink(&st->frequency_dirty, row, FREQUENCY_LINK);
+    kb_table_by_id_set(self, row->id, NULL);
     st->cache_gen++;
-    s_row_free(self, row);
+    kb_table_row_free(self, row);
     kb_cache_count_eviction(self->cache);
 }
 
@@ -2104,7 +2038,7 @@ static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb
 {
     pthread_mutex_lock(&self->cache_mutex);
     s_scan_t scan = {.self = self, .after_id = after_id, .out = out};
-    s_each_row(self, s_scan_id, &scan);
+    kb_table_each_row(self, s_scan_id, &scan);
     if (scan.n > 0)
         qsort(scan.ids, scan.n, sizeof *scan.ids, s_compare_ids);
     kb_store_row_t *stored = NULL;
@@ -2129,7 +2063,7 @@ static size_t s_scan_cached(kb_table_t *self, int64_t after_id, size_t limit, kb
     *out = NULL;
     scan.last = last;
     if (taken)
-        s_each_row(self, s_scan_row, &scan);
+        kb_table_each_row(self, s_scan_row, &scan);
     size_t resident = scan.count;
     if (resident > 0)
         qsort(*out, resident, sizeof **out, s_compare_records);
