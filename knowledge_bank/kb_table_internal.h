@@ -1,6 +1,7 @@
-/* The table's state and the helpers its files share (kb_table.c: config, lifecycle, rows, operations, memory,
- * feature records; and the files split from it). Private to the table: nothing outside knowledge_bank/kb_table*.c
- * includes it; the table's API is kb_table.h. */
+/* The table's state and the helpers its files share: kb_table.c (config, lifecycle, rows, operations, memory,
+ * feature records), kb_table_knn.c (the nearest-neighbour index, candidate sampling) and kb_table_persist.c
+ * (restore, dirty rows, scan, replay, apply_row, import, --cache-bytes). Private to the table: nothing outside
+ * knowledge_bank/kb_table*.c includes it; the table's API is kb_table.h. */
 #ifndef KB_TABLE_INTERNAL_H
 #define KB_TABLE_INTERNAL_H
 
