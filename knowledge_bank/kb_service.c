@@ -1,4 +1,5 @@
 #include "kb_service.h"
+#include "kb_service_internal.h"
 
 #include "kb_latency.h"
 #include "kb_snapshot.h"
@@ -15,52 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The operations, in the order of s_ops (further down); latency is kept per operation at these indexes. */
-enum {
-    OP_CREATE, OP_DROP, OP_LIST, OP_LOOKUP, OP_PUT, OP_PUSH, OP_STATS, OP_CHECKPOINT,
-    OP_KNN, OP_SAMPLE, OP_FEATURE_GET, OP_FEATURE_PUT, OP_SCAN,
-    OP_IMPORT_ROWS,
-    OP_SNAPSHOT,
-    OP_REPLICA,
-    OP_COUNT
-};
-
-/* Per-table request counters (stats: requests by kind, errors, latency). Kept in an open-addressed table of
- * S_TABLE_SLOTS slots filled lock-free (compare-and-swap on an empty slot) and never emptied, so a reader
- * never sees a counter freed under it; a dropped table's counters stay (and continue if the name is created
- * again). Only requests naming an existing table (or creating one) are counted, so clients cannot fill the
- * slots with made-up names; past S_TABLE_SLOTS tables the rest go uncounted per table. */
-#define S_TABLE_SLOTS 1024
-
-typedef struct {
-    char name[CARLS_MAX_TABLE_NAME_BYTES + 1];
-    atomic_uint_fast64_t errors;    /* requests on the table answered with a non-OK status */
-    atomic_uint_fast64_t mem_refusals, mem_refused_rows; /* RESOURCE_EXHAUSTED answers, rows they asked for */
-    kb_latency_t latency[OP_COUNT]; /* per operation: count and latency */
-} s_table_counters_t;
-
-struct kb_service {
-    kb_bank_t *bank;
-    kb_limits_t limits;
-    uint32_t threads;
-    char *durability;
-    int64_t started_ms;
-    atomic_uint_fast64_t requests, errors, malformed, duplicates;
-    atomic_uint_fast64_t mem_refusals, mem_refused_rows; /* RESOURCE_EXHAUSTED answers (create_table too) */
-    kb_latency_t latency[OP_COUNT];
-    _Atomic(s_table_counters_t *) table_counters[S_TABLE_SLOTS];
-    atomic_bool table_counters_full_logged;
-    kb_snapshots_t *snapshots; /* this server's bank snapshots (kb_snapshot.h) */
-    kb_parallel_run_fn parallel; /* NULL: no helpers (kb_service_set_parallel) */
-    void *parallel_ctx;
-    /* Replication (kb_service_set_replication, kb_service_set_role). */
-    kb_service_replication_t replication;
-    atomic_uint_fast64_t term;
-    atomic_bool writable;
-    pthread_mutex_t primary_mutex;
-    char primary[256];
-};
 
 static const char *s_op_name(int index);
 
@@ -111,13 +66,13 @@ void kb_service_count_dropped(kb_service_t *self) { atomic_fetch_add(&self->malf
 
 /* The counters of table `name` (a valid table name), created when create is set; NULL when absent (or when
  * every slot is taken). */
-static s_table_counters_t *s_table_counters(kb_service_t *self, const char *name, bool create)
+static kb_service_table_counters_t *s_table_counters(kb_service_t *self, const char *name, bool create)
 {
     size_t len = strlen(name);
     size_t slot = (size_t)carls_hash64(name, len, 0x6b62737461747321ULL) % S_TABLE_SLOTS;
-    s_table_counters_t *fresh = NULL;
+    kb_service_table_counters_t *fresh = NULL;
     for (size_t probe = 0; probe < S_TABLE_SLOTS; probe++, slot = (slot + 1) % S_TABLE_SLOTS) {
-        s_table_counters_t *c = atomic_load(&self->table_counters[slot]);
+        kb_service_table_counters_t *c = atomic_load(&self->table_counters[slot]);
         if (!c) {
             if (!create)
                 return NULL;
@@ -144,34 +99,8 @@ static s_table_counters_t *s_table_counters(kb_service_t *self, const char *name
 
 /* ---- replies ---- */
 
-/* Per-request scratch: the response and what its fields point to, freed after packing. */
-typedef struct {
-    Carls__Response resp;
-    char error[512];
-    union {
-        Carls__LookupResult lookup;
-        Carls__WriteResult write;
-        Carls__TableList list;
-        Carls__StatsResult stats;
-        Carls__CheckpointResult checkpoint;
-        Carls__KnnResult knn;
-        Carls__SampleResult sample;
-        Carls__FeatureResult features;
-        Carls__ScanResult scan;
-        Carls__SnapshotResult snapshot;
-        Carls__ReplicaResult replica;
-    } r;
-    void **owned; /* malloc'd buffers the response points into */
-    size_t owned_count, owned_capacity;
-    Carls__FeatureRecord **records; /* unpacked records the response points to */
-    size_t record_count;
-    kb_table_t **held; /* tables whose names the response points to: released once it is packed */
-    size_t held_count;
-    uint64_t durable_ticket; /* sync durability: the epoch that must commit before this reply may go out */
-} s_reply_t;
-
 /* Records a buffer to free once the reply is packed; returns it. */
-static void *s_own(s_reply_t *rp, void *ptr)
+void *kb_service_own(kb_service_reply_t *rp, void *ptr)
 {
     if (rp->owned_count == rp->owned_capacity) {
         rp->owned_capacity = rp->owned_capacity ? rp->owned_capacity * 2 : 16;
@@ -183,13 +112,13 @@ static void *s_own(s_reply_t *rp, void *ptr)
 
 /* Count, percentiles, maximum, sum and the power-of-two histogram of h (kb_latency_summarize), the histogram's
  * storage owned by the reply. */
-static void s_fill_latency(s_reply_t *rp, Carls__LatencySummary *l, kb_latency_t *h)
+static void s_fill_latency(kb_service_reply_t *rp, Carls__LatencySummary *l, kb_latency_t *h)
 {
-    kb_latency_summarize(h, l, s_own(rp, carls_xcalloc(KB_LATENCY_LE_BUCKETS, sizeof(uint64_t))));
+    kb_latency_summarize(h, l, kb_service_own(rp, carls_xcalloc(KB_LATENCY_LE_BUCKETS, sizeof(uint64_t))));
 }
 
 /* Releases the tables the reply held and frees it. */
-static void s_reply_free(kb_service_t *self, s_reply_t *rp)
+static void s_reply_free(kb_service_t *self, kb_service_reply_t *rp)
 {
     if (rp->resp.result_case == CARLS__RESPONSE__RESULT_REPLICA && self->replication.free_result)
         self->replication.free_result(self->replication.ctx, &rp->r.replica);
@@ -206,8 +135,7 @@ static void s_reply_free(kb_service_t *self, s_reply_t *rp)
     free(rp);
 }
 
-static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
+int kb_service_fail(kb_service_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -221,64 +149,65 @@ static int s_fail(s_reply_t *rp, Carls__StatusCode status, const char *fmt, ...)
 
 /* ---- validation ---- */
 
-static int s_check_keys(kb_service_t *self, s_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
+int kb_service_check_keys(kb_service_t *self, kb_service_reply_t *rp, size_t n, const ProtobufCBinaryData *keys)
 {
     if (n == 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "no keys");
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "no keys");
     if (n > self->limits.max_keys_per_request)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu keys in one request; the limit is %u", n,
-                      self->limits.max_keys_per_request);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu keys in one request; the limit is %u", n,
+                               self->limits.max_keys_per_request);
     for (size_t i = 0; i < n; i++) {
         if (keys[i].len == 0)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is empty", i);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is empty", i);
         if (keys[i].len > self->limits.max_key_bytes)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "key %zu is %zu bytes; the limit is %u",
-                          i, keys[i].len, self->limits.max_key_bytes);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "key %zu is %zu bytes; the limit is %u", i, keys[i].len, self->limits.max_key_bytes);
         if (self->limits.shard_count > 1) {
             uint32_t shard = carls_shard_of(keys[i].data, keys[i].len, self->limits.shard_count);
             if (shard != self->limits.shard_index)
-                return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                              "key %zu belongs to shard %u of %u; this server is shard %u (client routing "
-                              "disagrees with the server's --shard)",
-                              i, shard, self->limits.shard_count, self->limits.shard_index);
+                return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                       "key %zu belongs to shard %u of %u; this server is shard %u (client routing "
+                                       "disagrees with the server's --shard)",
+                                       i, shard, self->limits.shard_count, self->limits.shard_index);
         }
     }
     return 0;
 }
 
 /* Checks that a values array holds exactly n rows of dim finite floats. */
-static int s_check_rows(s_reply_t *rp, const char *what, size_t n, uint32_t dim, size_t n_values,
+static int s_check_rows(kb_service_reply_t *rp, const char *what, size_t n, uint32_t dim, size_t n_values,
                         const float *values)
 {
     if (n_values != n * dim)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                      "%zu %s for %zu keys of dim %u: expected %zu", n_values, what, n, dim, n * (size_t)dim);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                               "%zu %s for %zu keys of dim %u: expected %zu", n_values, what, n, dim, n * (size_t)dim);
     size_t bad = carls_first_nonfinite(values, n_values);
     if (bad < n_values)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s row %zu holds NaN or Inf", what,
-                      bad / dim);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s row %zu holds NaN or Inf", what,
+                               bad / dim);
     return 0;
 }
 
 /* ---- operations ---- */
 
 /* Acquires the request's table or fails NOT_FOUND. */
-static kb_table_t *s_table(kb_service_t *self, s_reply_t *rp, const char *name)
+kb_table_t *kb_service_table(kb_service_t *self, kb_service_reply_t *rp, const char *name)
 {
     kb_table_t *t = kb_bank_acquire(self->bank, name);
     if (!t)
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", name);
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", name);
     return t;
 }
 
 /* Acquires the request's table and checks it is of the kind its operation needs, or fails. */
-static kb_table_t *s_table_of_kind(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, kb_table_kind_t kind)
+static kb_table_t *s_table_of_kind(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp,
+                                   kb_table_kind_t kind)
 {
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = kb_service_table(self, rp, req->table);
     if (t && kb_table_config(t)->kind != kind) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s",
-               carls_op_name(req->op_case), kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature", req->table,
-               kind == KB_TABLE_EMBEDDING ? "a feature table" : "an embedding table");
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%s needs %s table; '%s' is %s",
+                        carls_op_name(req->op_case), kind == KB_TABLE_EMBEDDING ? "an embedding" : "a feature",
+                        req->table, kind == KB_TABLE_EMBEDDING ? "a feature table" : "an embedding table");
         kb_bank_release(self->bank, t);
         return NULL;
     }
@@ -286,15 +215,15 @@ static kb_table_t *s_table_of_kind(kb_service_t *self, const Carls__Request *req
 }
 
 /* For an operation on n keys: checks them, then acquires the table as s_table_of_kind does, or fails. */
-static kb_table_t *s_keyed_table(kb_service_t *self, const Carls__Request *req, s_reply_t *rp, size_t n,
+static kb_table_t *s_keyed_table(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp, size_t n,
                                  const ProtobufCBinaryData *keys, kb_table_kind_t kind)
 {
-    if (s_check_keys(self, rp, n, keys) != 0)
+    if (kb_service_check_keys(self, rp, n, keys) != 0)
         return NULL;
     return s_table_of_kind(self, req, rp, kind);
 }
 
-static void s_write_ok(s_reply_t *rp, uint32_t rows, bool duplicate, uint64_t updates)
+void kb_service_write_ok(kb_service_reply_t *rp, uint32_t rows, bool duplicate, uint64_t updates)
 {
     carls__write_result__init(&rp->r.write);
     rp->r.write.rows = rows;
@@ -311,30 +240,30 @@ static void s_count_refusal(kb_service_t *self, const char *name, uint64_t new_r
 {
     atomic_fetch_add(&self->mem_refusals, 1);
     atomic_fetch_add(&self->mem_refused_rows, new_rows);
-    s_table_counters_t *tc = name ? s_table_counters(self, name, true) : NULL;
+    kb_service_table_counters_t *tc = name ? s_table_counters(self, name, true) : NULL;
     if (tc) {
         atomic_fetch_add(&tc->mem_refusals, 1);
         atomic_fetch_add(&tc->mem_refused_rows, new_rows);
     }
 }
 
-static int s_refuse_memory(kb_service_t *self, s_reply_t *rp, const char *what, uint64_t bytes)
+static int s_refuse_memory(kb_service_t *self, kb_service_reply_t *rp, const char *what, uint64_t bytes)
 {
     kb_memory_t *mem = kb_bank_memory(self->bank);
-    return s_fail(rp, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED,
-                  "memory limit: %s would take about %llu KiB more, and the server's estimate is %llu MiB of its "
-                  "--max-memory %llu MiB (%llu KiB reserved by requests in progress); nothing was changed. Rows "
-                  "that exist can still be read and updated",
-                  what, (unsigned long long)(bytes >> 10), (unsigned long long)(kb_memory_used(mem) >> 20),
-                  (unsigned long long)(kb_memory_limit(mem) >> 20),
-                  (unsigned long long)(kb_memory_reserved(mem) >> 10));
+    return kb_service_fail(
+        rp, CARLS__STATUS_CODE__STATUS_RESOURCE_EXHAUSTED,
+        "memory limit: %s would take about %llu KiB more, and the server's estimate is %llu MiB of its "
+        "--max-memory %llu MiB (%llu KiB reserved by requests in progress); nothing was changed. Rows "
+        "that exist can still be read and updated",
+        what, (unsigned long long)(bytes >> 10), (unsigned long long)(kb_memory_used(mem) >> 20),
+        (unsigned long long)(kb_memory_limit(mem) >> 20), (unsigned long long)(kb_memory_reserved(mem) >> 10));
 }
 
 /* Before an operation that may create rows in table t: reserves what its new rows are estimated to take, or
  * refuses the whole request with RESOURCE_EXHAUSTED when that would take the estimate over --max-memory.
  * *reserved is what to kb_memory_release once the rows exist. Without a limit nothing is estimated. */
-static int s_reserve_rows(kb_service_t *self, s_reply_t *rp, kb_table_t *t, kb_table_growth_op_t op,
-                          const ProtobufCBinaryData *keys, size_t n, const size_t *record_lens, uint64_t *reserved)
+int kb_service_reserve_rows(kb_service_t *self, kb_service_reply_t *rp, kb_table_t *t, kb_table_growth_op_t op,
+                            const ProtobufCBinaryData *keys, size_t n, const size_t *record_lens, uint64_t *reserved)
 {
     *reserved = 0;
     kb_memory_t *mem = kb_bank_memory(self->bank);
@@ -354,7 +283,7 @@ static int s_reserve_rows(kb_service_t *self, s_reply_t *rp, kb_table_t *t, kb_t
 
 /* In sync durability, the reply must wait for epoch `ticket` to commit (kb_service_handle waits for it; a
  * deferred caller parks the reply until kb_bank_durable_epoch reaches it). */
-static void s_after_durable(kb_service_t *self, s_reply_t *rp, uint64_t ticket)
+static void s_after_durable(kb_service_t *self, kb_service_reply_t *rp, uint64_t ticket)
 {
     if (kb_bank_sync(self->bank) && ticket > rp->durable_ticket)
         rp->durable_ticket = ticket;
@@ -362,17 +291,15 @@ static void s_after_durable(kb_service_t *self, s_reply_t *rp, uint64_t ticket)
 
 /* Runs a validated write inside the bank's write bracket, with de-duplication; in sync mode the reply
  * waits for the commit (s_after_durable). apply returns 0 (success) or -1 (rp holds the error). */
-typedef int (*s_apply_fn)(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp);
-
-static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp,
-                       s_apply_fn apply)
+int kb_service_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t *table, kb_service_reply_t *rp,
+                         kb_service_apply_fn apply)
 {
     /* After a failed journal append nothing commits until a restart: refuse before changing anything, so that
      * no write is applied in memory that the server could never save (in interval durability too). */
     if (kb_bank_commits_broken(self->bank)) {
         char text[700];
         kb_bank_not_committed(self->bank, 0, text, sizeof text);
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", text);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", text);
     }
     kb_bank_write_begin(self->bank);
     if (kb_bank_seen_write(self->bank, req->client_id, req->sequence)) {
@@ -380,7 +307,7 @@ static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t
         atomic_fetch_add(&self->duplicates, 1);
         /* The first attempt may still be committing: answer once it is durable too. */
         s_after_durable(self, rp, ticket);
-        s_write_ok(rp, 0, true, 0);
+        kb_service_write_ok(rp, 0, true, 0);
         return 0;
     }
     int rc = apply(self, req, table, rp);
@@ -394,13 +321,13 @@ static int s_run_write(kb_service_t *self, const Carls__Request *req, kb_table_t
     return 0;
 }
 
-static int s_apply_create(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, s_reply_t *rp)
+static int s_apply_create(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, kb_service_reply_t *rp)
 {
     (void)unused;
     kb_table_config_t cfg;
     char err[256];
     if (kb_table_config_from_proto(req->create_table->config, self->limits.max_dim, &cfg, err, sizeof err) != 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "table config: %s", err);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "table config: %s", err);
     /* A new table takes memory too (its stripes, an admission filter, an index): refused over the limit. An
      * existing name is answered as usual (ALREADY_EXISTS, or success with if_not_exists). */
     kb_memory_t *mem = kb_bank_memory(self->bank);
@@ -419,20 +346,20 @@ static int s_apply_create(kb_service_t *self, const Carls__Request *req, kb_tabl
     int rc = kb_bank_create_table(self->bank, req->table, &cfg, req->create_table->if_not_exists);
     kb_memory_release(mem, reserved);
     if (rc == KB_BANK_EEXISTS)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS, "table '%s' exists", req->table);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS, "table '%s' exists", req->table);
     if (rc == KB_BANK_ECONFLICT)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS,
-                      "table '%s' exists with a different config", req->table);
-    s_write_ok(rp, 0, false, 0);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS,
+                               "table '%s' exists with a different config", req->table);
+    kb_service_write_ok(rp, 0, false, 0);
     return 0;
 }
 
-static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, s_reply_t *rp)
+static int s_apply_drop(kb_service_t *self, const Carls__Request *req, kb_table_t *unused, kb_service_reply_t *rp)
 {
     (void)unused;
     if (kb_bank_drop_table(self->bank, req->table) != KB_BANK_OK && !req->drop_table->if_exists)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", req->table);
-    s_write_ok(rp, 0, false, 0);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND, "no table named '%s'", req->table);
+    kb_service_write_ok(rp, 0, false, 0);
     return 0;
 }
 
@@ -453,11 +380,11 @@ static s_rows_t s_rows_of(const Carls__Request *req)
     return (s_rows_t){false, push->n_keys, push->keys, push->n_gradients, push->gradients};
 }
 
-static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_t *table, kb_service_reply_t *rp)
 {
     s_rows_t rows = s_rows_of(req);
     uint64_t reserved;
-    if (s_reserve_rows(self, rp, table, rows.put ? KB_GROW_PUT : KB_GROW_PUSH, rows.keys, rows.n, NULL,
+    if (kb_service_reserve_rows(self, rp, table, rows.put ? KB_GROW_PUT : KB_GROW_PUSH, rows.keys, rows.n, NULL,
                        &reserved) != 0)
         return -1;
     uint64_t steps = 0;
@@ -466,11 +393,11 @@ static int s_apply_rows(kb_service_t *self, const Carls__Request *req, kb_table_
     else
         steps = kb_table_push(table, rows.keys, rows.n, rows.values);
     kb_memory_release(kb_bank_memory(self->bank), reserved);
-    s_write_ok(rp, (uint32_t)rows.n, false, steps);
+    kb_service_write_ok(rp, (uint32_t)rows.n, false, steps);
     return 0;
 }
 
-static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_lookup(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__Lookup *lk = req->lookup;
     kb_table_t *t = s_keyed_table(self, req, rp, lk->n_keys, lk->keys, KB_TABLE_EMBEDDING);
@@ -480,7 +407,7 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     size_t n = lk->n_keys;
     bool no_create = lk->no_create || self->limits.read_only || !atomic_load(&self->writable);
     uint64_t reserved = 0;
-    if (!no_create && s_reserve_rows(self, rp, t, KB_GROW_LOOKUP, lk->keys, n, NULL, &reserved) != 0) {
+    if (!no_create && kb_service_reserve_rows(self, rp, t, KB_GROW_LOOKUP, lk->keys, n, NULL, &reserved) != 0) {
         kb_bank_release(self->bank, t);
         return -1;
     }
@@ -488,11 +415,11 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     carls__lookup_result__init(res);
     res->dim = dim;
     res->n_values = n * dim;
-    res->values = s_own(rp, carls_xmalloc(n * dim * sizeof(float)));
+    res->values = kb_service_own(rp, carls_xmalloc(n * dim * sizeof(float)));
     res->n_versions = res->n_updated_at_ms = res->n_frequencies = n;
-    res->versions = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
-    res->updated_at_ms = s_own(rp, carls_xmalloc(n * sizeof(int64_t)));
-    res->frequencies = s_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
+    res->versions = kb_service_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
+    res->updated_at_ms = kb_service_own(rp, carls_xmalloc(n * sizeof(int64_t)));
+    res->frequencies = kb_service_own(rp, carls_xmalloc(n * sizeof(uint64_t)));
     /* A lookup that applies pending gradients produces a value its reader sees: in sync durability that
      * value must be committed before the answer, like any write (after a crash the pending set would
      * otherwise be re-applied together with later gradients, and the reader's value would be lost). */
@@ -509,7 +436,7 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, s_reply_t 
     return 0;
 }
 
-static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_table_write(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     s_rows_t rows = s_rows_of(req);
     kb_table_t *t = s_keyed_table(self, req, rp, rows.n, rows.keys, KB_TABLE_EMBEDDING);
@@ -518,14 +445,14 @@ static int s_op_table_write(kb_service_t *self, const Carls__Request *req, s_rep
     int rc = s_check_rows(rp, rows.put ? "values" : "gradients", rows.n, kb_table_config(t)->dim, rows.n_values,
                           rows.values);
     if (rc == 0)
-        rc = s_run_write(self, req, t, rp, s_apply_rows);
+        rc = kb_service_run_write(self, req, t, rp, s_apply_rows);
     kb_bank_release(self->bank, t);
     return rc;
 }
 
 /* Lists every table; the references stay held (rp->held) until the reply is packed, since the reply points at
  * the tables' names. */
-static int s_op_list(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_list(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     (void)req;
     kb_table_t **tables;
@@ -534,9 +461,9 @@ static int s_op_list(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     rp->held_count = n;
     Carls__TableList *list = &rp->r.list;
     carls__table_list__init(list);
-    Carls__TableInfo *infos = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *infos));
-    kb_table_config_wire_t *wires = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *wires));
-    list->tables = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *list->tables));
+    Carls__TableInfo *infos = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *infos));
+    kb_table_config_wire_t *wires = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *wires));
+    list->tables = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *list->tables));
     list->n_tables = n;
     for (size_t i = 0; i < n; i++) {
         Carls__TableInfo *info = &infos[i];
@@ -552,12 +479,12 @@ static int s_op_list(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     return 0;
 }
 
-static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_stats(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     kb_table_t **tables;
     size_t n;
     if (req->table && req->table[0]) {
-        kb_table_t *t = s_table(self, rp, req->table);
+        kb_table_t *t = kb_service_table(self, rp, req->table);
         if (!t)
             return -1;
         tables = carls_xcalloc(1, sizeof *tables);
@@ -570,8 +497,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     rp->held_count = n;
     Carls__StatsResult *st = &rp->r.stats;
     carls__stats_result__init(st);
-    Carls__TableStats *ts = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *ts));
-    st->tables = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *st->tables));
+    Carls__TableStats *ts = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *ts));
+    st->tables = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *st->tables));
     st->n_tables = n;
     for (size_t i = 0; i < n; i++) {
         kb_table_stats_t s;
@@ -605,13 +532,13 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         ts[i].knn_failed_builds = s.knn.failed_builds;
         ts[i].knn_building = s.knn.building;
         ts[i].knn_last_build_ms = s.knn.last_build_ms;
-        s_table_counters_t *tc = s_table_counters(self, ts[i].name, false);
+        kb_service_table_counters_t *tc = s_table_counters(self, ts[i].name, false);
         if (tc) {
             ts[i].request_errors = atomic_load(&tc->errors);
             ts[i].memory_refusals = atomic_load(&tc->mem_refusals);
             ts[i].memory_refused_rows = atomic_load(&tc->mem_refused_rows);
-            Carls__LatencySummary *tl = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *tl));
-            ts[i].requests = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *ts[i].requests));
+            Carls__LatencySummary *tl = kb_service_own(rp, carls_xcalloc(OP_COUNT, sizeof *tl));
+            ts[i].requests = kb_service_own(rp, carls_xcalloc(OP_COUNT, sizeof *ts[i].requests));
             for (int op = 0; op < OP_COUNT; op++) {
                 if (kb_latency_count(&tc->latency[op]) == 0)
                     continue;
@@ -625,8 +552,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
         }
         st->tables[i] = &ts[i];
     }
-    Carls__LatencySummary *lat = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *lat));
-    st->latency = s_own(rp, carls_xcalloc(OP_COUNT, sizeof *st->latency));
+    Carls__LatencySummary *lat = kb_service_own(rp, carls_xcalloc(OP_COUNT, sizeof *lat));
+    st->latency = kb_service_own(rp, carls_xcalloc(OP_COUNT, sizeof *st->latency));
     for (int i = 0; i < OP_COUNT; i++) {
         if (kb_latency_count(&self->latency[i]) == 0)
             continue;
@@ -678,15 +605,16 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, s_reply_t *
     return 0;
 }
 
-static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     (void)req;
     if (self->limits.read_only) /* a read-only server commits nothing and changes no file */
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; checkpoint refused");
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY,
+                               "this server is read-only; checkpoint refused");
     uint64_t epoch = 0;
     char err[512];
     if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "checkpoint: %s", err);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "checkpoint: %s", err);
     Carls__CheckpointResult *ck = &rp->r.checkpoint;
     carls__checkpoint_result__init(ck);
     ck->committed_epoch = epoch;
@@ -701,7 +629,6 @@ static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, s_repl
     rp->resp.checkpoint = ck;
     return 0;
 }
-
 
 /* ---- retrieval operations ---- */
 
@@ -770,16 +697,18 @@ static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *querie
     return rc;
 }
 
-static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_knn(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__Knn *q = req->knn;
     if (q->k == 0 || q->k > CARLS_MAX_KNN_K)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "k must be in 1..%u, got %u", CARLS_MAX_KNN_K, q->k);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "k must be in 1..%u, got %u",
+                               CARLS_MAX_KNN_K, q->k);
     if ((q->n_keys > 0) == (q->n_vectors > 0))
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "knn needs query keys or query vectors, not both");
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                               "knn needs query keys or query vectors, not both");
     if (q->exclude_query && q->n_keys == 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "exclude_query needs query keys");
-    if (q->n_keys > 0 && s_check_keys(self, rp, q->n_keys, q->keys) != 0)
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "exclude_query needs query keys");
+    if (q->n_keys > 0 && kb_service_check_keys(self, rp, q->n_keys, q->keys) != 0)
         return -1;
     kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_EMBEDDING);
     if (!t)
@@ -791,9 +720,9 @@ static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp
     int rc = 0;
     if (q->n_vectors > 0) {
         if (q->n_vectors % dim != 0 || q->n_vectors / dim > self->limits.max_keys_per_request) {
-            rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                        "%zu query values: expected a multiple of dim %u, at most %u queries", q->n_vectors, dim,
-                        self->limits.max_keys_per_request);
+            rc = kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                 "%zu query values: expected a multiple of dim %u, at most %u queries", q->n_vectors,
+                                 dim, self->limits.max_keys_per_request);
             goto done;
         }
         nq = q->n_vectors / dim;
@@ -802,34 +731,35 @@ static int s_op_knn(kb_service_t *self, const Carls__Request *req, s_reply_t *rp
             goto done;
         }
     } else {
-        float *vecs = s_own(rp, carls_xmalloc(nq * dim * sizeof(float)));
-        exclude = s_own(rp, carls_xmalloc(nq * sizeof *exclude));
+        float *vecs = kb_service_own(rp, carls_xmalloc(nq * dim * sizeof(float)));
+        exclude = kb_service_own(rp, carls_xmalloc(nq * sizeof *exclude));
         kb_table_peek(t, q->keys, nq, vecs, exclude);
         queries = vecs;
         if (!q->exclude_query)
             exclude = NULL;
     }
     if ((uint64_t)nq * q->k > CARLS_DEFAULT_MAX_KEYS_PER_REQUEST * 10ull) {
-        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu queries x k %u is too many answers", nq, q->k);
+        rc = kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "%zu queries x k %u is too many answers", nq,
+                             q->k);
         goto done;
     }
     Carls__KnnResult *res = &rp->r.knn;
     carls__knn_result__init(res);
     res->k = q->k;
     res->n_keys = res->n_scores = nq * q->k;
-    res->keys = s_own(rp, carls_xcalloc(nq * q->k, sizeof *res->keys));
-    res->scores = s_own(rp, carls_xmalloc(nq * q->k * sizeof(float)));
+    res->keys = kb_service_own(rp, carls_xcalloc(nq * q->k, sizeof *res->keys));
+    res->scores = kb_service_own(rp, carls_xmalloc(nq * q->k * sizeof(float)));
     int krc = s_knn_parallel(self, t, queries, nq, q->k, exclude, res->keys, res->scores);
     for (size_t i = 0; i < nq * q->k; i++)
         if (res->keys[i].data)
-            s_own(rp, res->keys[i].data);
+            kb_service_own(rp, res->keys[i].data);
     if (krc == -ENOTSUP) {
-        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                    "table '%s' has no nearest-neighbour index (create it with a knn spec)", req->table);
+        rc = kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                             "table '%s' has no nearest-neighbour index (create it with a knn spec)", req->table);
         goto done;
     }
     if (krc != 0) {
-        rc = s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "nearest-neighbour search failed (%d)", krc);
+        rc = kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "nearest-neighbour search failed (%d)", krc);
         goto done;
     }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_KNN;
@@ -841,33 +771,35 @@ done:
 
 /* --cache-bytes: sampling draws from the rows in memory, so a table whose rows may be only in storage
  * refuses it (releasing t) rather than answer from part of it. */
-static int s_refuse_cached(kb_service_t *self, s_reply_t *rp, kb_table_t *t, const char *op)
+static int s_refuse_cached(kb_service_t *self, kb_service_reply_t *rp, kb_table_t *t, const char *op)
 {
     if (!kb_table_cached(t))
         return 0;
-    s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
-           "%s of table '%s' is not supported while kb-server keeps rows only in storage (--cache-bytes); "
-           "restart it without --cache-bytes", op, kb_table_name(t));
+    kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
+                    "%s of table '%s' is not supported while kb-server keeps rows only in storage (--cache-bytes); "
+                    "restart it without --cache-bytes", op, kb_table_name(t));
     kb_bank_release(self->bank, t);
     return -1;
 }
 
-static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_sample(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__Sample *sm = req->sample;
     if (sm->n > self->limits.max_keys_per_request || sm->n_positives > self->limits.max_keys_per_request)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "n and positives must each be at most %u",
-                      self->limits.max_keys_per_request);
-    if (sm->n_positives > 0 && s_check_keys(self, rp, sm->n_positives, sm->positives) != 0)
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "n and positives must each be at most %u",
+                               self->limits.max_keys_per_request);
+    if (sm->n_positives > 0 && kb_service_check_keys(self, rp, sm->n_positives, sm->positives) != 0)
         return -1;
     kb_sampler_strategy_t strategy;
     switch (sm->strategy) {
     case CARLS__SAMPLE_STRATEGY__SAMPLE_UNIFORM: strategy = KB_SAMPLER_UNIFORM; break;
     case CARLS__SAMPLE_STRATEGY__SAMPLE_LOG_UNIFORM: strategy = KB_SAMPLER_LOG_UNIFORM; break;
     case CARLS__SAMPLE_STRATEGY__SAMPLE_UNIGRAM: strategy = KB_SAMPLER_UNIGRAM; break;
-    default: return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown strategy %d", (int)sm->strategy);
+    default:
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown strategy %d",
+                               (int)sm->strategy);
     }
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = kb_service_table(self, rp, req->table);
     if (!t)
         return -1;
     if (s_refuse_cached(self, rp, t, "sample") != 0)
@@ -875,9 +807,9 @@ static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t 
     size_t total = sm->n_positives + sm->n;
     Carls__SampleResult *res = &rp->r.sample;
     carls__sample_result__init(res);
-    res->keys = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->keys));
-    res->probabilities = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->probabilities));
-    res->is_positive = s_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->is_positive));
+    res->keys = kb_service_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->keys));
+    res->probabilities = kb_service_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->probabilities));
+    res->is_positive = kb_service_own(rp, carls_xcalloc(total ? total : 1, sizeof *res->is_positive));
     uint64_t seed = sm->seed;
     if (seed == 0 && carls_random_bytes(&seed, sizeof seed) != 0)
         seed = (uint64_t)carls_monotonic_us();
@@ -888,12 +820,12 @@ static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t 
     kb_bank_release(self->bank, t);
     for (size_t i = 0; i < total; i++)
         if (res->keys[i].data)
-            s_own(rp, res->keys[i].data);
+            kb_service_own(rp, res->keys[i].data);
     if (rc == -ENODATA && sm->n > 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND,
-                      "table '%s' has no rows that strategy can draw", req->table);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_FOUND,
+                               "table '%s' has no rows that strategy can draw", req->table);
     if (rc != 0 && rc != -ENODATA)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "sampling failed (%d)", rc);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "sampling failed (%d)", rc);
     res->n_keys = res->n_probabilities = res->n_is_positive = total;
     res->mass = mass;
     res->rows = rows;
@@ -903,38 +835,40 @@ static int s_op_sample(kb_service_t *self, const Carls__Request *req, s_reply_t 
 }
 
 /* Checks a feature record from the wire. */
-static int s_check_record(kb_service_t *self, s_reply_t *rp, size_t i, const Carls__FeatureRecord *r)
+int kb_service_check_record(kb_service_t *self, kb_service_reply_t *rp, size_t i, const Carls__FeatureRecord *r)
 {
     if (!r)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu is missing", i);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu is missing", i);
     /* protobuf-c keeps unknown fields and can re-pack some of them (a multi-byte tag of field 0) into bytes
      * it then refuses to decode: storing them would acknowledge a record that can never be read back. */
     if (r->base.n_unknown_fields != 0)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu has %u fields this server "
-                      "does not know", i, r->base.n_unknown_fields);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu has %u fields this server "
+                               "does not know", i, r->base.n_unknown_fields);
     if (r->n_neighbor_keys != r->n_neighbor_weights)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                      "record %zu: %zu neighbour keys but %zu weights", i, r->n_neighbor_keys, r->n_neighbor_weights);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                               "record %zu: %zu neighbour keys but %zu weights", i, r->n_neighbor_keys,
+                               r->n_neighbor_weights);
     if (r->n_neighbor_keys > self->limits.max_keys_per_request)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "record %zu: %zu neighbours; the limit is %u", i,
-                      r->n_neighbor_keys, self->limits.max_keys_per_request);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "record %zu: %zu neighbours; the limit is %u",
+                               i, r->n_neighbor_keys, self->limits.max_keys_per_request);
     for (size_t j = 0; j < r->n_neighbor_keys; j++) {
         if (r->neighbor_keys[j].len == 0 || r->neighbor_keys[j].len > self->limits.max_key_bytes)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "record %zu: neighbour key %zu is empty or longer than %u bytes", i, j,
-                          self->limits.max_key_bytes);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "record %zu: neighbour key %zu is empty or longer than %u bytes", i, j,
+                                   self->limits.max_key_bytes);
         if (!isfinite(r->neighbor_weights[j]))
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: weight %zu is NaN or Inf",
-                          i, j);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "record %zu: weight %zu is NaN or Inf", i, j);
     }
     if (r->label_case == CARLS__FEATURE_RECORD__LABEL_FLOAT_LABEL && !isfinite(r->float_label))
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: label is NaN or Inf", i);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: label is NaN or Inf", i);
     if (!isfinite(r->label_confidence))
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: confidence is NaN or Inf", i);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "record %zu: confidence is NaN or Inf",
+                               i);
     return 0;
 }
 
-static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb_table_t *table, kb_service_reply_t *rp)
 {
     const Carls__FeaturePut *fp = req->feature_put;
     size_t n = fp->n_keys;
@@ -951,11 +885,11 @@ static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb
         carls__feature_record__pack(&r, bufs[i]);
     }
     uint64_t reserved;
-    int rc = s_reserve_rows(self, rp, table, KB_GROW_FEATURE_PUT, fp->keys, n, lens, &reserved);
+    int rc = kb_service_reserve_rows(self, rp, table, KB_GROW_FEATURE_PUT, fp->keys, n, lens, &reserved);
     if (rc == 0) {
         kb_table_feature_put(table, fp->keys, n, bufs, lens);
         kb_memory_release(kb_bank_memory(self->bank), reserved);
-        s_write_ok(rp, (uint32_t)n, false, 0);
+        kb_service_write_ok(rp, (uint32_t)n, false, 0);
     }
     for (size_t i = 0; i < n; i++)
         free(bufs[i]);
@@ -964,27 +898,27 @@ static int s_apply_feature_put(kb_service_t *self, const Carls__Request *req, kb
     return rc;
 }
 
-static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_feature_put(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__FeaturePut *fp = req->feature_put;
-    if (s_check_keys(self, rp, fp->n_keys, fp->keys) != 0)
+    if (kb_service_check_keys(self, rp, fp->n_keys, fp->keys) != 0)
         return -1;
     if (fp->n_records != fp->n_keys)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%zu records for %zu keys", fp->n_records,
-                      fp->n_keys);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "%zu records for %zu keys",
+                               fp->n_records, fp->n_keys);
     for (size_t i = 0; i < fp->n_records; i++)
-        if (s_check_record(self, rp, i, fp->records[i]) != 0)
+        if (kb_service_check_record(self, rp, i, fp->records[i]) != 0)
             return -1;
     kb_table_t *t = s_table_of_kind(self, req, rp, KB_TABLE_FEATURE);
     if (!t)
         return -1;
-    int rc = s_run_write(self, req, t, rp, s_apply_feature_put);
+    int rc = kb_service_run_write(self, req, t, rp, s_apply_feature_put);
     kb_bank_release(self->bank, t);
     return rc;
 }
 
 /* Decodes a stored record for a reply (kept in rp until packed); an empty "not found" one for NULL. */
-static Carls__FeatureRecord *s_reply_record(s_reply_t *rp, const uint8_t *buf, size_t len, bool found)
+Carls__FeatureRecord *kb_service_reply_record(kb_service_reply_t *rp, const uint8_t *buf, size_t len, bool found)
 {
     Carls__FeatureRecord *r = NULL;
     if (found)
@@ -1002,7 +936,7 @@ static Carls__FeatureRecord *s_reply_record(s_reply_t *rp, const uint8_t *buf, s
     return r;
 }
 
-static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__FeatureGet *fg = req->feature_get;
     kb_table_t *t = s_keyed_table(self, req, rp, fg->n_keys, fg->keys, KB_TABLE_FEATURE);
@@ -1017,9 +951,9 @@ static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_rep
     Carls__FeatureResult *res = &rp->r.features;
     carls__feature_result__init(res);
     res->n_records = n;
-    res->records = s_own(rp, carls_xcalloc(n, sizeof *res->records));
+    res->records = kb_service_own(rp, carls_xcalloc(n, sizeof *res->records));
     for (size_t i = 0; i < n; i++) {
-        res->records[i] = s_reply_record(rp, bufs[i], lens[i], found[i]);
+        res->records[i] = kb_service_reply_record(rp, bufs[i], lens[i], found[i]);
         free(bufs[i]);
     }
     free(bufs);
@@ -1033,7 +967,7 @@ static int s_op_feature_get(kb_service_t *self, const Carls__Request *req, s_rep
 /* ---- rows with their whole state: scan's state fields, import_rows (docs/STATE.md "Export and import") ---- */
 
 /* Fills the scan answer's state fields from the n row snapshots (each taken under its row's lock). */
-static void s_scan_state(s_reply_t *rp, const kb_table_config_t *cfg, const kb_store_row_t *rows, size_t n,
+static void s_scan_state(kb_service_reply_t *rp, const kb_table_config_t *cfg, const kb_store_row_t *rows, size_t n,
                          Carls__ScanResult *res)
 {
     uint32_t opt_floats =
@@ -1044,13 +978,13 @@ static void s_scan_state(s_reply_t *rp, const kb_table_config_t *cfg, const kb_s
     res->opt_floats = opt_floats;
     res->n_opt_state = n * opt_floats;
     size_t opt_total = n * opt_floats;
-    res->opt_state = s_own(rp, carls_xmalloc((opt_total > 0 ? opt_total : 1) * sizeof(float)));
+    res->opt_state = kb_service_own(rp, carls_xmalloc((opt_total > 0 ? opt_total : 1) * sizeof(float)));
     res->n_opt_steps = res->n_updated_at_ms = res->n_pending_counts = n;
-    res->opt_steps = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->opt_steps));
-    res->updated_at_ms = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->updated_at_ms));
-    res->pending_counts = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->pending_counts));
+    res->opt_steps = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->opt_steps));
+    res->updated_at_ms = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->updated_at_ms));
+    res->pending_counts = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->pending_counts));
     res->n_pending = pending_floats;
-    res->pending = s_own(rp, carls_xmalloc((pending_floats ? pending_floats : 1) * sizeof(float)));
+    res->pending = kb_service_own(rp, carls_xmalloc((pending_floats ? pending_floats : 1) * sizeof(float)));
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         const kb_store_row_t *r = &rows[i];
@@ -1084,7 +1018,7 @@ static uint32_t s_scan_page_rows(const kb_table_config_t *cfg, uint32_t limit)
 }
 
 /* Fails rp for import row i, naming its index and key (printable bytes, others as '?'). */
-static int s_import_fail(s_reply_t *rp, Carls__StatusCode status, size_t i, const ProtobufCBinaryData *key,
+static int s_import_fail(kb_service_reply_t *rp, Carls__StatusCode status, size_t i, const ProtobufCBinaryData *key,
                          const char *what)
 {
     char shown[41];
@@ -1092,14 +1026,15 @@ static int s_import_fail(s_reply_t *rp, Carls__StatusCode status, size_t i, cons
     for (size_t j = 0; j < len; j++)
         shown[j] = key->data[j] >= 0x20 && key->data[j] < 0x7f ? (char)key->data[j] : '?';
     shown[len] = '\0';
-    return s_fail(rp, status, "import_rows: row %zu (key '%s%s'): %s", i, shown, key->len > len ? "..." : "", what);
+    return kb_service_fail(rp, status, "import_rows: row %zu (key '%s%s'): %s", i, shown, key->len > len ? "..." : "",
+                           what);
 }
 
 /* Checks an import_rows request against table t's config: every per-key array has one entry per key, values
  * of dim finite floats, optimizer state of 0 or the table's floats per row (finite; AdaGrad's accumulators and
  * Adam's second moments not negative), pending gradients within max_pending (lazy embedding tables only) and
  * finite, feature records as feature_put checks them. 0, or -1 with the first bad row named. */
-static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, const Carls__ImportRows *im)
+static int s_check_import(kb_service_t *self, kb_service_reply_t *rp, kb_table_t *t, const Carls__ImportRows *im)
 {
     const kb_table_config_t *cfg = kb_table_config(t);
     bool feature = cfg->kind == KB_TABLE_FEATURE;
@@ -1108,19 +1043,20 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
     uint32_t opt_floats = feature ? 0 : kb_optimizer_state_floats(cfg->optimizer.kind, dim);
     if (im->n_versions != n || im->n_frequencies != n || im->n_opt_steps != n || im->n_updated_at_ms != n ||
         im->n_pending_counts != n)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                      "import_rows: %zu keys but %zu versions, %zu frequencies, %zu opt_steps, %zu updated_at_ms, "
-                      "%zu pending_counts (one each per key)",
-                      n, im->n_versions, im->n_frequencies, im->n_opt_steps, im->n_updated_at_ms,
-                      im->n_pending_counts);
+        return kb_service_fail(
+            rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+            "import_rows: %zu keys but %zu versions, %zu frequencies, %zu opt_steps, %zu updated_at_ms, "
+            "%zu pending_counts (one each per key)",
+            n, im->n_versions, im->n_frequencies, im->n_opt_steps, im->n_updated_at_ms, im->n_pending_counts);
     if (feature) {
         if (im->n_records != n || im->n_values || im->opt_floats || im->n_opt_state || im->n_pending)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: feature table '%s' takes one record per key (%zu records for %zu keys) and "
-                          "no values, optimizer state or pending gradients",
-                          kb_table_name(t), im->n_records, n);
+            return kb_service_fail(
+                rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                "import_rows: feature table '%s' takes one record per key (%zu records for %zu keys) and "
+                "no values, optimizer state or pending gradients",
+                kb_table_name(t), im->n_records, n);
         for (size_t i = 0; i < n; i++) {
-            if (s_check_record(self, rp, i, im->records[i]) != 0)
+            if (kb_service_check_record(self, rp, i, im->records[i]) != 0)
                 return -1;
             if (im->pending_counts[i] || im->opt_steps[i])
                 return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, i, &im->keys[i],
@@ -1128,24 +1064,26 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
         }
     } else {
         if (im->n_records)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: embedding table '%s' takes no feature records", kb_table_name(t));
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "import_rows: embedding table '%s' takes no feature records", kb_table_name(t));
         if (im->n_values != n * dim)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: %zu values for %zu keys of dim %u: expected %zu", im->n_values, n, dim,
-                          n * (size_t)dim);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "import_rows: %zu values for %zu keys of dim %u: expected %zu", im->n_values, n, dim,
+                                   n * (size_t)dim);
         size_t bad = carls_first_nonfinite(im->values, n * dim);
         if (bad < n * dim)
             return s_import_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, bad / dim, &im->keys[bad / dim],
                                  "its value holds NaN or Inf");
         if (im->opt_floats != 0 && im->opt_floats != opt_floats)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: %u optimizer floats per row, but table '%s' (%s, dim %u) keeps %u (or send "
-                          "0 to start the state fresh)",
-                          im->opt_floats, kb_table_name(t), kb_optimizer_name(cfg->optimizer.kind), dim, opt_floats);
+            return kb_service_fail(
+                rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                "import_rows: %u optimizer floats per row, but table '%s' (%s, dim %u) keeps %u (or send "
+                "0 to start the state fresh)",
+                im->opt_floats, kb_table_name(t), kb_optimizer_name(cfg->optimizer.kind), dim, opt_floats);
         if (im->n_opt_state != n * im->opt_floats)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: %zu optimizer floats for %zu rows of %u", im->n_opt_state, n, im->opt_floats);
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "import_rows: %zu optimizer floats for %zu rows of %u", im->n_opt_state, n,
+                                   im->opt_floats);
         bool adagrad = cfg->optimizer.kind == KB_OPT_ADAGRAD, adam = cfg->optimizer.kind == KB_OPT_ADAM;
         for (size_t i = 0; i < n * im->opt_floats; i++) {
             size_t row = i / im->opt_floats, j = i % im->opt_floats;
@@ -1169,9 +1107,9 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
             pending += c;
         }
         if (im->n_pending != pending * dim)
-            return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                          "import_rows: %zu pending floats; the pending counts need %llu", im->n_pending,
-                          (unsigned long long)(pending * dim));
+            return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                                   "import_rows: %zu pending floats; the pending counts need %llu", im->n_pending,
+                                   (unsigned long long)(pending * dim));
         size_t at = 0;
         for (size_t i = 0; i < n; i++) {
             size_t floats = (size_t)im->pending_counts[i] * dim;
@@ -1188,7 +1126,7 @@ static int s_check_import(kb_service_t *self, s_reply_t *rp, kb_table_t *t, cons
     return 0;
 }
 
-static int s_apply_import(kb_service_t *self, const Carls__Request *req, kb_table_t *table, s_reply_t *rp)
+static int s_apply_import(kb_service_t *self, const Carls__Request *req, kb_table_t *table, kb_service_reply_t *rp)
 {
     const Carls__ImportRows *im = req->import_rows;
     const kb_table_config_t *cfg = kb_table_config(table);
@@ -1223,12 +1161,12 @@ static int s_apply_import(kb_service_t *self, const Carls__Request *req, kb_tabl
         }
     }
     uint64_t reserved;
-    int rc = s_reserve_rows(self, rp, table, feature ? KB_GROW_FEATURE_PUT : KB_GROW_PUT, im->keys, n, lens,
-                            &reserved);
+    int rc = kb_service_reserve_rows(self, rp, table, feature ? KB_GROW_FEATURE_PUT : KB_GROW_PUT, im->keys, n, lens,
+                                     &reserved);
     if (rc == 0) {
         kb_table_import(table, recs, n);
         kb_memory_release(kb_bank_memory(self->bank), reserved);
-        s_write_ok(rp, (uint32_t)n, false, 0);
+        kb_service_write_ok(rp, (uint32_t)n, false, 0);
     }
     for (size_t i = 0; feature && i < n; i++)
         free(recs[i].record);
@@ -1237,28 +1175,28 @@ static int s_apply_import(kb_service_t *self, const Carls__Request *req, kb_tabl
     return rc;
 }
 
-static int s_op_import_rows(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+int kb_service_op_import_rows(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__ImportRows *im = req->import_rows;
-    if (s_check_keys(self, rp, im->n_keys, im->keys) != 0)
+    if (kb_service_check_keys(self, rp, im->n_keys, im->keys) != 0)
         return -1;
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = kb_service_table(self, rp, req->table);
     if (!t)
         return -1;
     int rc = s_check_import(self, rp, t, im);
     if (rc == 0)
-        rc = s_run_write(self, req, t, rp, s_apply_import);
+        rc = kb_service_run_write(self, req, t, rp, s_apply_import);
     kb_bank_release(self->bank, t);
     return rc;
 }
 
-static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+int kb_service_op_scan(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__Scan *sc = req->scan;
     uint32_t limit = sc->limit ? sc->limit : 1000;
     if (limit > self->limits.max_keys_per_request)
         limit = self->limits.max_keys_per_request;
-    kb_table_t *t = s_table(self, rp, req->table);
+    kb_table_t *t = kb_service_table(self, rp, req->table);
     if (!t)
         return -1;
     const kb_table_config_t *cfg = kb_table_config(t);
@@ -1272,21 +1210,21 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
     res->done = done;
     res->dim = cfg->dim;
     res->n_keys = res->n_row_ids = res->n_versions = res->n_frequencies = n;
-    res->keys = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->keys));
-    res->row_ids = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->row_ids));
-    res->versions = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->versions));
-    res->frequencies = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->frequencies));
+    res->keys = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->keys));
+    res->row_ids = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->row_ids));
+    res->versions = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->versions));
+    res->frequencies = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->frequencies));
     if (cfg->kind == KB_TABLE_EMBEDDING) {
         res->n_values = n * cfg->dim;
-        res->values = s_own(rp, carls_xmalloc((n ? n : 1) * cfg->dim * sizeof(float)));
+        res->values = kb_service_own(rp, carls_xmalloc((n ? n : 1) * cfg->dim * sizeof(float)));
     } else {
         res->n_records = n;
-        res->records = s_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->records));
+        res->records = kb_service_own(rp, carls_xcalloc(n ? n : 1, sizeof *res->records));
     }
     s_scan_state(rp, cfg, rows, n, res);
     for (size_t i = 0; i < n; i++) {
         kb_store_row_t *r = &rows[i];
-        res->keys[i].data = s_own(rp, r->key);
+        res->keys[i].data = kb_service_own(rp, r->key);
         res->keys[i].len = r->key_len;
         r->key = NULL;
         res->row_ids[i] = r->row_id;
@@ -1295,7 +1233,7 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
         if (cfg->kind == KB_TABLE_EMBEDDING)
             memcpy(res->values + i * cfg->dim, r->value, cfg->dim * sizeof(float));
         else
-            res->records[i] = s_reply_record(rp, r->record, r->record_len, true);
+            res->records[i] = kb_service_reply_record(rp, r->record, r->record_len, true);
         kb_store_row_free(r);
     }
     free(rows);
@@ -1307,12 +1245,12 @@ static int s_op_scan(kb_service_t *self, const Carls__Request *req, s_reply_t *r
 /* ---- snapshots (kb_snapshot.h) ---- */
 
 /* info as a SnapshotInfo owned by the reply (info's table names move into it). */
-static Carls__SnapshotInfo *s_snapshot_info(s_reply_t *rp, kb_snapshot_info_t *info)
+static Carls__SnapshotInfo *s_snapshot_info(kb_service_reply_t *rp, kb_snapshot_info_t *info)
 {
-    Carls__SnapshotInfo *si = s_own(rp, carls_xmalloc(sizeof *si));
+    Carls__SnapshotInfo *si = kb_service_own(rp, carls_xmalloc(sizeof *si));
     carls__snapshot_info__init(si);
-    si->name = s_own(rp, strdup(info->name));
-    si->problem = s_own(rp, strdup(info->problem));
+    si->name = kb_service_own(rp, strdup(info->name));
+    si->problem = kb_service_own(rp, strdup(info->problem));
     if (!si->name || !si->problem)
         CARLS_FATAL("out of memory");
     si->created_ms = info->created_ms;
@@ -1322,15 +1260,15 @@ static Carls__SnapshotInfo *s_snapshot_info(s_reply_t *rp, kb_snapshot_info_t *i
     si->shard_index = info->shard_index;
     si->shard_count = info->shard_count;
     si->n_tables = info->n_tables;
-    si->tables = s_own(rp, info->tables);
+    si->tables = kb_service_own(rp, info->tables);
     for (size_t i = 0; i < info->n_tables; i++)
-        s_own(rp, info->tables[i]);
+        kb_service_own(rp, info->tables[i]);
     info->tables = NULL;
     info->n_tables = 0;
     return si;
 }
 
-static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+int kb_service_op_snapshot(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     const Carls__Snapshot *q = req->snapshot;
     char err[1024] = "";
@@ -1338,8 +1276,9 @@ static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_
     size_t n = 0;
     int rc;
     if (q->action != CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST && self->limits.read_only)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; snapshot %s refused",
-                      q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE ? "create" : "delete");
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY,
+                               "this server is read-only; snapshot %s refused",
+                               q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE ? "create" : "delete");
     switch (q->action) {
     case CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE:
         rc = kb_snapshots_create(self->snapshots, q->name, req->client_id, req->sequence, &one, err, sizeof err);
@@ -1351,24 +1290,25 @@ static int s_op_snapshot(kb_service_t *self, const Carls__Request *req, s_reply_
         rc = kb_snapshots_list(self->snapshots, q->verify, &list, &n, err, sizeof err);
         break;
     default:
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown snapshot action %d", (int)q->action);
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT, "unknown snapshot action %d",
+                               (int)q->action);
     }
     if (rc != KB_SNAPSHOT_OK) {
         Carls__StatusCode status = rc == KB_SNAPSHOT_EINVAL      ? CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT
                                    : rc == KB_SNAPSHOT_EEXISTS   ? CARLS__STATUS_CODE__STATUS_ALREADY_EXISTS
                                    : rc == KB_SNAPSHOT_ENOTFOUND ? CARLS__STATUS_CODE__STATUS_NOT_FOUND
                                                                  : CARLS__STATUS_CODE__STATUS_INTERNAL;
-        return s_fail(rp, status, "snapshot: %s", err);
+        return kb_service_fail(rp, status, "snapshot: %s", err);
     }
     Carls__SnapshotResult *res = &rp->r.snapshot;
     carls__snapshot_result__init(res);
     if (q->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_LIST) {
-        res->snapshots = s_own(rp, carls_xcalloc(n + 1, sizeof *res->snapshots));
+        res->snapshots = kb_service_own(rp, carls_xcalloc(n + 1, sizeof *res->snapshots));
         for (size_t i = 0; i < n; i++)
             res->snapshots[res->n_snapshots++] = s_snapshot_info(rp, &list[i]);
         free(list);
     } else {
-        res->snapshots = s_own(rp, carls_xmalloc(sizeof *res->snapshots));
+        res->snapshots = kb_service_own(rp, carls_xmalloc(sizeof *res->snapshots));
         res->snapshots[res->n_snapshots++] = s_snapshot_info(rp, &one);
     }
     rp->resp.result_case = CARLS__RESPONSE__RESULT_SNAPSHOT;
@@ -1392,37 +1332,38 @@ void kb_service_set_role(kb_service_t *self, uint64_t term, bool writable, const
     atomic_store(&self->writable, writable);
 }
 
-static int s_op_replica(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_replica(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     if (!self->replication.handle)
-        return s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
-                      "this server does not replicate (start it with --replica-of, --replication-listen or "
-                      "--min-replicas)");
+        return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED,
+                               "this server does not replicate (start it with --replica-of, --replication-listen or "
+                               "--min-replicas)");
     carls__replica_result__init(&rp->r.replica);
     char err[512] = "";
     int status = self->replication.handle(self->replication.ctx, req->replica, &rp->r.replica, err, sizeof err);
-    int rc = status == CARLS__STATUS_CODE__STATUS_OK ? 0 : s_fail(rp, (Carls__StatusCode)status, "%s", err);
-    /* The member's status goes with a refusal too (s_fail clears the result; s_reply_free frees it by this). */
+    int rc = status == CARLS__STATUS_CODE__STATUS_OK ? 0 : kb_service_fail(rp, (Carls__StatusCode)status, "%s", err);
+    /* The member's status goes with a refusal too (kb_service_fail clears the result; s_reply_free frees it by
+     * this). */
     rp->resp.result_case = CARLS__RESPONSE__RESULT_REPLICA;
     rp->resp.replica = &rp->r.replica;
     return rc;
 }
 
-static int s_op_create(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_create(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
-    return s_run_write(self, req, NULL, rp, s_apply_create);
+    return kb_service_run_write(self, req, NULL, rp, s_apply_create);
 }
 
-static int s_op_drop(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_op_drop(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
-    return s_run_write(self, req, NULL, rp, s_apply_drop);
+    return kb_service_run_write(self, req, NULL, rp, s_apply_drop);
 }
 
 /* Every operation: its request case, its handler (0, or -1 with the status in rp), and what the envelope
  * must satisfy before it runs. */
 static const struct {
     Carls__Request__OpCase op;
-    int (*run)(kb_service_t *self, const Carls__Request *req, s_reply_t *rp);
+    int (*run)(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp);
     bool names_table; /* the table name is checked */
     bool write;       /* refused by a read-only server; needs client_id and sequence */
 } s_ops[OP_COUNT] = {
@@ -1438,54 +1379,55 @@ static const struct {
     [OP_SAMPLE] = {CARLS__REQUEST__OP_SAMPLE, s_op_sample, true, false},
     [OP_FEATURE_GET] = {CARLS__REQUEST__OP_FEATURE_GET, s_op_feature_get, true, false},
     [OP_FEATURE_PUT] = {CARLS__REQUEST__OP_FEATURE_PUT, s_op_feature_put, true, true},
-    [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, s_op_scan, true, false},
-    [OP_IMPORT_ROWS] = {CARLS__REQUEST__OP_IMPORT_ROWS, s_op_import_rows, true, true},
-    [OP_SNAPSHOT] = {CARLS__REQUEST__OP_SNAPSHOT, s_op_snapshot, false, false},
+    [OP_SCAN] = {CARLS__REQUEST__OP_SCAN, kb_service_op_scan, true, false},
+    [OP_IMPORT_ROWS] = {CARLS__REQUEST__OP_IMPORT_ROWS, kb_service_op_import_rows, true, true},
+    [OP_SNAPSHOT] = {CARLS__REQUEST__OP_SNAPSHOT, kb_service_op_snapshot, false, false},
     [OP_REPLICA] = {CARLS__REQUEST__OP_REPLICA, s_op_replica, false, false},
 };
 
 static const char *s_op_name(int index) { return carls_op_name(s_ops[index].op); }
 
 /* Validates the envelope and runs the operation. Returns the op index for latency, or -1. */
-static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *rp)
+static int s_dispatch(kb_service_t *self, const Carls__Request *req, kb_service_reply_t *rp)
 {
     if (req->protocol_version != CARLS_PROTOCOL_VERSION) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION,
-               "protocol version %u is not supported; this server speaks %u", req->protocol_version,
-               CARLS_PROTOCOL_VERSION);
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNSUPPORTED_VERSION,
+                        "protocol version %u is not supported; this server speaks %u", req->protocol_version,
+                        CARLS_PROTOCOL_VERSION);
         return -1;
     }
     int index = 0;
     while (index < OP_COUNT && s_ops[index].op != req->op_case)
         index++;
     if (index == OP_COUNT) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNIMPLEMENTED, "missing or unknown operation");
         return -1;
     }
     if (s_ops[index].names_table && !carls_table_name_valid(req->table)) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-               "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                        "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
         return -1;
     }
     if (s_ops[index].write) {
         if (!atomic_load(&self->writable)) {
             pthread_mutex_lock(&self->primary_mutex);
-            rp->resp.primary = s_own(rp, strdup(self->primary));
+            rp->resp.primary = kb_service_own(rp, strdup(self->primary));
             pthread_mutex_unlock(&self->primary_mutex);
             if (!rp->resp.primary)
                 CARLS_FATAL("out of memory");
-            s_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY, "this member of the shard is not its primary%s%s; "
-                   "%s refused", rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY,
+                            "this member of the shard is not its primary%s%s; %s refused",
+                            rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
             return -1;
         }
         if (self->limits.read_only) {
-            s_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
-                   s_op_name(index));
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
+                            s_op_name(index));
             return -1;
         }
         if (req->client_id == 0 || req->sequence == 0) {
-            s_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                   "writes need a nonzero client_id and sequence (for exactly-once retries)");
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                            "writes need a nonzero client_id and sequence (for exactly-once retries)");
             return -1;
         }
     }
@@ -1495,7 +1437,7 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
         uint64_t applied = 0;
         if (self->replication.check_read(self->replication.ctx, req->max_staleness_ms, req->max_lag_epochs,
                                          req->min_epoch, &applied, why, sizeof why) != 0) {
-            s_fail(rp, CARLS__STATUS_CODE__STATUS_STALE, "this follower is behind its bounds: %s", why);
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_STALE, "this follower is behind its bounds: %s", why);
             return -1;
         }
         rp->resp.epoch = applied;
@@ -1505,7 +1447,7 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, s_reply_t *
 }
 
 /* Packs rp's response into a malloc'd buffer. */
-static void s_pack(s_reply_t *rp, uint8_t **reply, size_t *reply_len)
+static void s_pack(kb_service_reply_t *rp, uint8_t **reply, size_t *reply_len)
 {
     *reply_len = carls__response__get_packed_size(&rp->resp);
     *reply = carls_xmalloc(*reply_len ? *reply_len : 1);
@@ -1546,7 +1488,7 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
                      kb_service_deferred_t *deferred)
 {
     int64_t t0 = carls_monotonic_us();
-    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    kb_service_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
     int op_index = -1;
@@ -1557,11 +1499,11 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
 
     atomic_fetch_add(&self->requests, 1);
     if (len > self->limits.max_message_bytes) {
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "message of %zu bytes; the limit is %u", len,
-               self->limits.max_message_bytes);
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_TOO_LARGE, "message of %zu bytes; the limit is %u", len,
+                        self->limits.max_message_bytes);
     } else if (!(req = carls__request__unpack(&allocator, len, frame))) {
         atomic_fetch_add(&self->malformed, 1);
-        s_fail(rp, CARLS__STATUS_CODE__STATUS_MALFORMED, "request could not be decoded (%zu bytes)", len);
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_MALFORMED, "request could not be decoded (%zu bytes)", len);
     } else {
         rp->resp.request_id = req->request_id;
         op_index = s_dispatch(self, req, rp);
@@ -1570,7 +1512,7 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
     if (rp->durable_ticket && !deferred) {
         char err[512];
         if (kb_bank_wait_durable(self->bank, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
-            s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
     }
     if (deferred) {
         deferred->durable_ticket = rp->durable_ticket;
@@ -1583,7 +1525,7 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
     }
     s_pack(rp, reply, reply_len);
 
-    s_table_counters_t *tc = NULL;
+    kb_service_table_counters_t *tc = NULL;
     bool ok = rp->resp.status == CARLS__STATUS_CODE__STATUS_OK;
     /* Per table: requests that named an existing table, or created one. The name was validated by
      * s_dispatch for every op that has one (op_index >= 0 means dispatch ran the operation). */
@@ -1618,11 +1560,11 @@ void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t
 void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
                             size_t *reply_len)
 {
-    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    kb_service_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
     rp->resp.request_id = request_id;
-    s_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", error);
+    kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", error);
     atomic_fetch_add(&self->errors, 1);
     s_pack(rp, reply, reply_len);
     s_reply_free(self, rp);
@@ -1654,7 +1596,7 @@ int kb_service_stats_snapshot(kb_service_t *self, Carls__StatsResult **out)
 {
     assert(self && out);
     *out = NULL;
-    s_reply_t *rp = carls_xcalloc(1, sizeof *rp);
+    kb_service_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     Carls__Request req = CARLS__REQUEST__INIT;
     req.table = "";
