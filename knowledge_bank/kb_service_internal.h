@@ -1,6 +1,6 @@
-/* The service's state and the helpers its files share (kb_service.c: requests, replies, validation, the
- * operations and their dispatch; and the files of some operations). Private to the service: nothing outside
- * knowledge_bank/kb_service*.c includes it. */
+/* The service's state and the helpers its files share: kb_service.c (requests, replies, validation, most
+ * operations and their dispatch) and kb_service_rows.c (scan, import_rows, snapshots). Private to the service:
+ * nothing outside knowledge_bank/kb_service*.c includes it. */
 #ifndef KB_SERVICE_INTERNAL_H
 #define KB_SERVICE_INTERNAL_H
 
