@@ -151,6 +151,11 @@ void kb_bank_set_replicated(kb_bank_t *self, uint64_t epoch);
 void kb_bank_set_min_replicas(kb_bank_t *self, uint32_t min_replicas);
 uint32_t kb_bank_min_replicas(kb_bank_t *self);
 
+/* The transport says too few followers have been connected for a while (reason), or enough again (NULL):
+ * while short, the service refuses new writes with STATUS_UNAVAILABLE before applying them. */
+void kb_bank_set_replicas_short(kb_bank_t *self, const char *reason);
+bool kb_bank_replicas_short(kb_bank_t *self, char *why, size_t whylen);
+
 /* Deposes the bank: from now on writes are refused (kb_bank_commits_broken) and writes waiting for their
  * commit are answered with reason. For good: a deposed primary rejoins as a follower by restarting. */
 void kb_bank_fence(kb_bank_t *self, const char *reason);

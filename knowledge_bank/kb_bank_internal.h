@@ -75,7 +75,9 @@ struct kb_bank {
     void (*journaled_hook)(void *ctx, uint64_t epoch); /* a follower's: a round is in its journal */
     void *journaled_ctx;
     uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
-    atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
+    atomic_bool fenced;
+    atomic_bool replicas_short;   /* fewer than min_replicas followers: new writes are refused */
+    char short_reason[200];       /* commit mutex */           /* deposed: no write is accepted or acknowledged any more */
     char fence_reason[256];       /* commit mutex */
 
     pthread_t persister, sweeper;

@@ -61,6 +61,30 @@ uint32_t kb_bank_min_replicas(kb_bank_t *self)
     return k;
 }
 
+void kb_bank_set_replicas_short(kb_bank_t *self, const char *reason)
+{
+    if (!reason && !atomic_load(&self->replicas_short))
+        return;
+    pthread_mutex_lock(&self->commit_mutex);
+    if (reason && !atomic_load(&self->replicas_short))
+        LOG_WARN("new writes are refused until enough followers are back: %s", reason);
+    else if (!reason)
+        LOG_INFO("enough followers again: writes are accepted");
+    snprintf(self->short_reason, sizeof self->short_reason, "%s", reason ? reason : "");
+    atomic_store(&self->replicas_short, reason != NULL);
+    pthread_mutex_unlock(&self->commit_mutex);
+}
+
+bool kb_bank_replicas_short(kb_bank_t *self, char *why, size_t whylen)
+{
+    if (!atomic_load(&self->replicas_short))
+        return false;
+    pthread_mutex_lock(&self->commit_mutex);
+    snprintf(why, whylen, "%s", self->short_reason);
+    pthread_mutex_unlock(&self->commit_mutex);
+    return true;
+}
+
 void kb_bank_fence(kb_bank_t *self, const char *reason)
 {
     pthread_mutex_lock(&self->commit_mutex);

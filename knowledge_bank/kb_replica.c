@@ -26,6 +26,7 @@
 #define S_FOLLOWER_SILENT_MS 3000 /* a follower not heard from this long is no longer counted live */
 #define S_PRIMARY_SILENT_MS 1000  /* a follower that hears nothing this long says hello again */
 #define S_DEFAULT_BUFFER_BYTES ((uint64_t)256 << 20)
+#define S_REPLICA_WAIT_MS 2000    /* fewer than --min-replicas followers this long: writes are refused */
 #define S_CHUNK_BYTES ((size_t)1 << 20)
 #define S_CHUNK_WINDOW 8u          /* snapshot chunks sent and not yet acknowledged */
 #define S_MAX_SNAPSHOT_FILES 64
@@ -106,6 +107,7 @@ struct kb_replica {
     uint64_t shipped_epoch;
     s_follower_t followers[S_MAX_FOLLOWERS];
     size_t n_followers;
+    int64_t short_since_ms; /* since when fewer than --min-replicas followers are live (0: enough) */
     kb_snapshots_t *snapshots;
     s_transfer_t transfer;
 
@@ -609,14 +611,26 @@ static void s_stream(kb_replica_t *self)
 static void s_update_replicated(kb_replica_t *self)
 {
     uint32_t k = kb_bank_min_replicas(self->bank);
-    if (k == 0)
-        return;
     uint64_t acked[S_MAX_FOLLOWERS];
     size_t n = 0;
     for (size_t i = 0; i < self->n_followers; i++) /* only followers that fdatasync count (kb-server --help) */
         if (self->followers[i].live && self->followers[i].sync)
             acked[n++] = self->followers[i].acked_epoch;
-    if (n < k)
+    /* Fewer than K for a while: new writes are refused (UNAVAILABLE, clients retry) instead of each waiting
+     * for its commit timeout. */
+    int64_t now = carls_monotonic_ms();
+    if (k == 0 || n >= k) {
+        self->short_since_ms = 0;
+        kb_bank_set_replicas_short(self->bank, NULL);
+    } else if (!self->short_since_ms) {
+        self->short_since_ms = now;
+    } else if (now - self->short_since_ms >= S_REPLICA_WAIT_MS) {
+        char why[200];
+        snprintf(why, sizeof why, "%zu of the %u followers --min-replicas needs (in --durability sync) are "
+                 "connected", n, k);
+        kb_bank_set_replicas_short(self->bank, why);
+    }
+    if (k == 0 || n < k)
         return;
     /* The k-th largest: sort descending (n <= 16). */
     for (size_t i = 1; i < n; i++)
@@ -1427,6 +1441,9 @@ static int s_handle(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *
         else {
             self->min_replicas = req->min_replicas; /* kept by a later promotion's replicator */
             kb_bank_set_min_replicas(self->bank, req->min_replicas);
+            pthread_mutex_lock(&self->mutex);
+            s_update_replicated(self); /* a lower K may end a refusal of writes at once */
+            pthread_mutex_unlock(&self->mutex);
         }
         break;
     default:

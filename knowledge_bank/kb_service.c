@@ -1068,6 +1068,12 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, kb_service_
                             rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
             return -1;
         }
+        char short_why[200];
+        if (kb_bank_replicas_short(self->bank, short_why, sizeof short_why)) {
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "%s refused, nothing changed: %s (retry later)",
+                            s_op_name(index), short_why);
+            return -1;
+        }
         if (self->limits.read_only) {
             kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_READ_ONLY, "this server is read-only; %s refused",
                             s_op_name(index));

@@ -204,10 +204,22 @@ static void test_follower_applies_serves_and_refuses_writes(void **state)
     /* Lookups on the follower create nothing. */
     assert_false(s_has(cf, 2000));
 
-    /* The follower killed, writes go on (--min-replicas 1 makes them wait: a second follower-less write is not
-     * acknowledged), and the restarted follower catches up from the primary's memory. */
+    /* The follower killed: after 2 s without it a --min-replicas 1 primary refuses new writes at once
+     * (UNAVAILABLE, nothing applied) rather than letting each wait for its commit timeout; with
+     * --min-replicas 0 writes go on, and the restarted follower catches up from the primary's memory. */
     assert_int_equal(test_server_stop(&f, SIGKILL), 128 + SIGKILL);
     kb_cluster_destroy(&cf);
+    usleep(5500 * 1000); /* 3 s until the follower counts as gone, 2 s more of too few */
+    assert_int_equal(raw_open(&rc, p.endpoint), 0);
+    req.sequence = 2;
+    int64_t t0 = carls_monotonic_ms();
+    r = raw_call(&rc, &req, 10000);
+    assert_non_null(r);
+    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_UNAVAILABLE);
+    assert_non_null(strstr(r->error, "min-replicas"));
+    assert_true(carls_monotonic_ms() - t0 < 2000);
+    carls__response__free_unpacked(r, NULL);
+    raw_close(&rc);
     Carls__Response *k0 = s_replica(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_SET_MIN_REPLICAS, 0);
     assert_int_equal(k0->status, CARLS__STATUS_CODE__STATUS_OK);
     assert_int_equal(k0->replica->min_replicas, 0);
@@ -433,7 +445,17 @@ static void test_follower_reads_within_bounds(void **state)
 
     raw_client_t rc;
     assert_int_equal(raw_open(&rc, f.endpoint), 0);
-    Carls__Response *r = s_bounded_lookup(&rc, 1000, written);
+    /* Acknowledged once in the follower's journal, applied there a moment later: until then the read with
+     * min_epoch is STALE, after it OK. */
+    Carls__Response *r = NULL;
+    for (int64_t until = carls_monotonic_ms() + 3000;;) {
+        r = s_bounded_lookup(&rc, 1000, written);
+        if (r->status == CARLS__STATUS_CODE__STATUS_OK || carls_monotonic_ms() > until)
+            break;
+        assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_STALE);
+        carls__response__free_unpacked(r, NULL);
+        usleep(10 * 1000);
+    }
     assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_OK);
     assert_true(r->epoch >= written);
     assert_true(r->lookup->values[0] == 1.0f);
