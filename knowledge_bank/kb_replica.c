@@ -1,4 +1,5 @@
 #include "kb_replica.h"
+#include "kb_replica_internal.h"
 
 #include "kb_snapshot.h"
 #include "kb_term.h"
@@ -21,114 +22,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#define S_MAX_FOLLOWERS 16
-#define S_HEARTBEAT_MS 100
-#define S_FOLLOWER_SILENT_MS 3000 /* a follower not heard from this long is no longer counted live */
-#define S_PRIMARY_SILENT_MS 1000  /* a follower that hears nothing this long says hello again */
-#define S_DEFAULT_BUFFER_BYTES ((uint64_t)256 << 20)
-#define S_REPLICA_WAIT_MS 2000    /* fewer than --min-replicas followers this long: writes are refused */
-#define S_CHUNK_BYTES ((size_t)1 << 20)
-#define S_CHUNK_WINDOW 8u          /* snapshot chunks sent and not yet acknowledged */
-#define S_MAX_SNAPSHOT_FILES 64
 
-/* One round kept for the followers: shared by the ring and every message that sends it (zero-copy). */
-typedef struct {
-    atomic_int refs;
-    uint64_t epoch;
-    uint32_t crc;
-    int64_t shipped_us;
-    size_t len;
-    uint8_t data[];
-} s_round_t;
-
-typedef struct {
-    char member[KB_TERM_MAX_MEMBER + 1];
-    uint8_t id[256]; /* the ROUTER's routing id of its connection */
-    size_t id_len;
-    uint64_t sent_epoch, acked_epoch;
-    int64_t heard_ms;
-    bool live;
-    bool sync; /* it runs --durability sync: its ack means its journal holds the round */
-} s_follower_t;
-
-/* A snapshot on its way to one follower (one at a time). */
-typedef struct {
-    bool active;        /* a follower needs one */
-    bool taking;        /* the snapshot thread runs */
-    bool ready;         /* taken: files and cut known */
-    char member[KB_TERM_MAX_MEMBER + 1];
-    uint8_t id[256];
-    size_t id_len;
-    char name[KB_SNAPSHOT_MAX_NAME + 1];
-    uint64_t cut_epoch, bytes;
-    char files[S_MAX_SNAPSHOT_FILES][300]; /* relative to the snapshot's directory, MANIFEST last */
-    size_t n_files, file_at;
-    uint64_t offset;
-    uint32_t next_chunk, acked_chunks;
-    bool begun;
-    pthread_t thread;
-    bool thread_joinable;
-} s_transfer_t;
-
-/* What a follower received and checked, to restore once the server has stopped (kb_replica_take_catch_up). */
-struct kb_replica_catch_up {
-    char *data_dir;
-    char name[KB_SNAPSHOT_MAX_NAME + 1];
-    uint32_t shard_index, shard_count;
-    kb_term_state_t state; /* the primary's history up to the cut, as this member's */
-};
-
-struct kb_replica {
-    kb_bank_t *bank;
-    kb_service_t *service;
-    char *data_dir, *member, *replica_of, *listen;
-    uint32_t min_replicas, shard_index, shard_count;
-    uint64_t buffer_bytes;
-
-    pthread_mutex_t op_mutex; /* replica ops (promote, fence, set) one at a time */
-    pthread_mutex_t mutex; /* the state below, the ring and the followers */
-    kb_term_state_t *state;
-    bool have_state;        /* DATA/REPLICATION exists (a fresh follower has none before its first round) */
-    bool fenced;
-    void *zctx;
-
-    /* primary */
-    void *router;
-    char endpoint[256];
-    int event_fd;
-    pthread_t primary_thread;
-    bool primary_running;
-    atomic_bool primary_stop;
-    s_round_t **ring;       /* recent rounds, oldest first, from ring_first on */
-    size_t ring_first, ring_count, ring_cap;
-    uint64_t ring_bytes;
-    uint64_t ring_base;     /* every round after this epoch is in the ring */
-    bool ring_ready;        /* ring_base is known (kb_bank_set_ship_hook answered) */
-    uint64_t shipped_epoch;
-    s_follower_t followers[S_MAX_FOLLOWERS];
-    size_t n_followers;
-    int64_t short_since_ms; /* since when fewer than --min-replicas followers are live (0: enough) */
-    kb_snapshots_t *snapshots;
-    s_transfer_t transfer;
-
-    /* follower */
-    pthread_t follower_thread;
-    bool follower_running;
-    atomic_bool follower_stop;
-    volatile sig_atomic_t *server_stop;
-    /* Read bounds (mutex): what the follower thread knows of how far behind it is. */
-    uint64_t through;       /* every round up to it received, records applied */
-    uint64_t hb_shipped;    /* the primary's newest round at its last heartbeat */
-    int64_t hb_ms;          /* when that heartbeat came (this machine's monotonic clock) */
-    int64_t caught_up_ms;   /* the newest heartbeat time whose announced rounds were all received */
-    uint64_t pending_shipped;
-    int64_t pending_ms;     /* a heartbeat not yet caught up with */
-    void *ack_dealer;       /* follower thread: the socket and echo s_journaled acknowledges with */
-    int64_t ack_echo;
-    kb_replica_catch_up_t *catch_up; /* a received snapshot waiting for the server to stop */
-};
-
-static char *s_dup(const char *s)
+char *kb_replica_dup(const char *s)
 {
     if (!s)
         return NULL;
@@ -910,6 +805,38 @@ static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch)
     return rc;
 }
 
+/* This member's term (0 before it has one). */
+static uint64_t s_term(kb_replica_t *self)
+{
+    pthread_mutex_lock(&self->mutex);
+    uint64_t term = self->have_state ? self->state->term : 0;
+    pthread_mutex_unlock(&self->mutex);
+    return term;
+}
+
+/* A follower refuses what a primary of an older term sent: that deposes the primary (s_on_primary_message). */
+static void s_refuse_stale(kb_replica_t *self, void *dealer, const char *what)
+{
+    char text[128];
+    snprintf(text, sizeof text, "a %s of an older term than this follower's", what);
+    s_send_refuse(dealer, NULL, 0, s_term(self), CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM, text);
+}
+
+/* A follower's acknowledgement: every round up to epoch received (records in its journal), and the chunks of
+ * a snapshot being received. */
+static void s_send_ack(kb_replica_t *self, void *dealer, uint64_t epoch, int64_t echo, uint32_t chunks)
+{
+    Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
+    Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
+    ack.term = s_term(self);
+    ack.applied_epoch = epoch;
+    ack.echo_sent_us = echo;
+    ack.chunks = chunks;
+    msg.body_case = CARLS__REPL_MESSAGE__BODY_ACK;
+    msg.ack = &ack;
+    s_send(dealer, NULL, 0, &msg, NULL);
+}
+
 /* Applies one record (frames: message, payload). Returns 1 when applied, 0 when dropped, -1 when the stream
  * must start again (a gap, or the round did not apply). */
 static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord *rec, zmq_msg_t *payload,
@@ -924,24 +851,17 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
     }
     if (zmq_msg_size(payload) == 0) {
         /* An empty round: nothing to keep (its epoch is not journaled here either), but the stream and the
-         * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the epoch after the last record: every epoch from there on is of it. */
+         * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the
+         * epoch after the last record: every epoch from there on is of it. */
         if (s_accept_term(self, rec->term, kb_bank_committed_epoch(self->bank) + 1) != 0) {
-            pthread_mutex_lock(&self->mutex);
-            uint64_t mine = self->state->term;
-            pthread_mutex_unlock(&self->mutex);
-            s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
-                          "a round of an older term than this follower's");
+            s_refuse_stale(self, dealer, "round");
             return 0;
         }
         *through = rec->epoch;
         return 1;
     }
     if (s_accept_term(self, rec->term, rec->epoch) != 0) {
-        pthread_mutex_lock(&self->mutex);
-        uint64_t mine = self->state->term;
-        pthread_mutex_unlock(&self->mutex);
-        s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
-                      "a round of an older term than this follower's");
+        s_refuse_stale(self, dealer, "round");
         return 0;
     }
     char err[512];
@@ -960,13 +880,6 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
 
 /* ---- follower: receiving a snapshot ---- */
 
-typedef struct {
-    bool active;
-    char name[KB_SNAPSHOT_MAX_NAME + 1];
-    char dir[1200];
-    uint32_t next_chunk;
-    kb_replica_catch_up_t pending; /* what Begin said */
-} s_receive_t;
 
 static int s_remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {
@@ -991,7 +904,7 @@ static bool s_snapshot_path_ok(const char *p)
     return true;
 }
 
-static int s_on_snapshot_begin(kb_replica_t *self, s_receive_t *rx, const Carls__ReplSnapshotBegin *b)
+int kb_replica_on_snapshot_begin(kb_replica_t *self, kb_replica_receive_t *rx, const Carls__ReplSnapshotBegin *b)
 {
     if (!kb_snapshot_name_valid(b->name) || b->n_history_terms != b->n_history_epochs ||
         b->n_history_terms == 0 || b->n_history_terms > KB_TERM_MAX_HISTORY) {
@@ -1022,7 +935,7 @@ static int s_on_snapshot_begin(kb_replica_t *self, s_receive_t *rx, const Carls_
     return 0;
 }
 
-static int s_on_snapshot_chunk(s_receive_t *rx, const Carls__ReplSnapshotChunk *c, zmq_msg_t *data)
+int kb_replica_on_snapshot_chunk(kb_replica_receive_t *rx, const Carls__ReplSnapshotChunk *c, zmq_msg_t *data)
 {
     if (!rx->active || c->index != rx->next_chunk || !s_snapshot_path_ok(c->path)) {
         LOG_ERROR("replication: snapshot chunk %u (%s) out of order or not a snapshot file; starting again",
@@ -1048,7 +961,7 @@ static int s_on_snapshot_chunk(s_receive_t *rx, const Carls__ReplSnapshotChunk *
 
 /* End: the snapshot is checked (every file's CRC-32); a sound one waits for the server to stop and restore
  * it. Returns 1 then, -1 when it must start again. */
-static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__ReplSnapshotEnd *e)
+int kb_replica_on_snapshot_end(kb_replica_t *self, kb_replica_receive_t *rx, const Carls__ReplSnapshotEnd *e)
 {
     if (!rx->active || e->chunks != rx->next_chunk)
         return -1;
@@ -1062,7 +975,7 @@ static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__R
     kb_snapshot_info_free(&info);
     kb_replica_catch_up_t *cu = carls_xmalloc(sizeof *cu);
     *cu = rx->pending;
-    cu->data_dir = s_dup(self->data_dir);
+    cu->data_dir = kb_replica_dup(self->data_dir);
     snprintf(cu->name, sizeof cu->name, "%s", rx->name);
     cu->shard_index = self->shard_index;
     cu->shard_count = self->shard_count;
@@ -1080,18 +993,8 @@ static int s_on_snapshot_end(kb_replica_t *self, s_receive_t *rx, const Carls__R
 static void s_journaled(void *ctx, uint64_t epoch)
 {
     kb_replica_t *self = ctx;
-    if (!self->ack_dealer)
-        return;
-    Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
-    Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
-    pthread_mutex_lock(&self->mutex);
-    ack.term = self->have_state ? self->state->term : 0;
-    pthread_mutex_unlock(&self->mutex);
-    ack.applied_epoch = epoch;
-    ack.echo_sent_us = self->ack_echo;
-    msg.body_case = CARLS__REPL_MESSAGE__BODY_ACK;
-    msg.ack = &ack;
-    s_send(self->ack_dealer, NULL, 0, &msg, NULL);
+    if (self->ack_dealer)
+        s_send_ack(self, self->ack_dealer, epoch, self->ack_echo, 0);
 }
 
 /* ---- follower: read bounds (REPLICATION.md section 5) ---- */
@@ -1157,7 +1060,7 @@ static void *s_follower_main(void *arg)
     void *dealer = NULL;
     int64_t heard = 0, hello_at = 0, wait_until = 0;
     int64_t echo = 0;
-    s_receive_t *rx = carls_xcalloc(1, sizeof *rx);
+    kb_replica_receive_t *rx = carls_xcalloc(1, sizeof *rx);
     uint64_t through = 0; /* the stream's position: every round up to it received (records applied) */
     bool caught_up_by_snapshot = false;
     while (!atomic_load(&self->follower_stop) && !caught_up_by_snapshot) {
@@ -1207,23 +1110,19 @@ static void *s_follower_main(void *arg)
                     echo = msg->record->sent_us;
                 heard = carls_monotonic_ms();
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_HEARTBEAT) {
-                pthread_mutex_lock(&self->mutex);
-                uint64_t mine = self->have_state ? self->state->term : 0;
-                pthread_mutex_unlock(&self->mutex);
-                if (msg->heartbeat->term < mine)
-                    s_send_refuse(dealer, NULL, 0, mine, CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM,
-                                  "a heartbeat of an older term than this follower's");
+                if (msg->heartbeat->term < s_term(self))
+                    s_refuse_stale(self, dealer, "heartbeat");
                 heard = carls_monotonic_ms();
                 s_note_heartbeat(self, msg->heartbeat->shipped_epoch, through, heard);
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_BEGIN) {
-                restart = s_on_snapshot_begin(self, rx, msg->snapshot_begin) != 0;
+                restart = kb_replica_on_snapshot_begin(self, rx, msg->snapshot_begin) != 0;
                 heard = carls_monotonic_ms();
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_CHUNK && n == 2) {
-                restart = s_on_snapshot_chunk(rx, msg->snapshot_chunk, &parts[1]) != 0;
+                restart = kb_replica_on_snapshot_chunk(rx, msg->snapshot_chunk, &parts[1]) != 0;
                 chunked = !restart;
                 heard = carls_monotonic_ms();
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_END) {
-                int rc = s_on_snapshot_end(self, rx, msg->snapshot_end);
+                int rc = kb_replica_on_snapshot_end(self, rx, msg->snapshot_end);
                 restart = rc < 0;
                 caught_up_by_snapshot = rc > 0;
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_REFUSE) {
@@ -1237,19 +1136,8 @@ static void *s_follower_main(void *arg)
         }
         if (applied)
             s_note_through(self, through);
-        if (applied || chunked) {
-            Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
-            Carls__ReplAck ack = CARLS__REPL_ACK__INIT;
-            pthread_mutex_lock(&self->mutex);
-            ack.term = self->have_state ? self->state->term : 0;
-            pthread_mutex_unlock(&self->mutex);
-            ack.applied_epoch = through;
-            ack.echo_sent_us = echo;
-            ack.chunks = chunked ? rx->next_chunk : 0;
-            msg.body_case = CARLS__REPL_MESSAGE__BODY_ACK;
-            msg.ack = &ack;
-            s_send(dealer, NULL, 0, &msg, NULL);
-        }
+        if (applied || chunked)
+            s_send_ack(self, dealer, through, echo, chunked ? rx->next_chunk : 0);
         now = carls_monotonic_ms();
         if (!restart && now - heard > S_PRIMARY_SILENT_MS && now - hello_at > S_PRIMARY_SILENT_MS) {
             LOG_WARN("replication: nothing from the primary for %d ms; connecting again", S_PRIMARY_SILENT_MS);
@@ -1475,10 +1363,10 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     kb_replica_t *self = carls_xcalloc(1, sizeof *self);
     self->bank = bank;
     self->service = service;
-    self->data_dir = s_dup(opts->data_dir);
-    self->member = s_dup(opts->member);
-    self->replica_of = s_dup(opts->replica_of);
-    self->listen = s_dup(opts->listen);
+    self->data_dir = kb_replica_dup(opts->data_dir);
+    self->member = kb_replica_dup(opts->member);
+    self->replica_of = kb_replica_dup(opts->replica_of);
+    self->listen = kb_replica_dup(opts->listen);
     self->min_replicas = opts->min_replicas;
     self->shard_index = opts->shard_index;
     self->shard_count = opts->shard_count;
