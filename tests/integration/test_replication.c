@@ -30,8 +30,9 @@
 
 #define S_DIM 4
 
-/* The replica op against endpoint; the caller frees the response. */
-static Carls__Response *s_replica(const char *endpoint, Carls__ReplicaAction action, uint64_t term)
+/* The replica op against endpoint (min_replicas: for promote and set); the caller frees the response. */
+static Carls__Response *s_replica_k(const char *endpoint, Carls__ReplicaAction action, uint64_t term,
+                                    uint32_t min_replicas)
 {
     raw_client_t rc;
     assert_int_equal(raw_open(&rc, endpoint), 0);
@@ -41,12 +42,18 @@ static Carls__Response *s_replica(const char *endpoint, Carls__ReplicaAction act
     req.request_id = 42;
     op.action = action;
     op.term = term;
+    op.min_replicas = min_replicas;
     req.op_case = CARLS__REQUEST__OP_REPLICA;
     req.replica = &op;
     Carls__Response *resp = raw_call(&rc, &req, 10000);
     raw_close(&rc);
     assert_non_null(resp);
     return resp;
+}
+
+static Carls__Response *s_replica(const char *endpoint, Carls__ReplicaAction action, uint64_t term)
+{
+    return s_replica_k(endpoint, action, term, 0);
 }
 
 /* The member's status (asserting an OK answer). */
@@ -279,20 +286,7 @@ static void *s_killer_main(void *arg)
 /* The coordinator's promotion of a follower to term, with --min-replicas 1. */
 static void s_promote(const char *endpoint, uint64_t term)
 {
-    raw_client_t rc;
-    assert_int_equal(raw_open(&rc, endpoint), 0);
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Replica op = CARLS__REPLICA__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 43;
-    op.action = CARLS__REPLICA_ACTION__REPLICA_PROMOTE;
-    op.term = term;
-    op.min_replicas = 1;
-    req.op_case = CARLS__REQUEST__OP_REPLICA;
-    req.replica = &op;
-    Carls__Response *r = raw_call(&rc, &req, 10000);
-    raw_close(&rc);
-    assert_non_null(r);
+    Carls__Response *r = s_replica_k(endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, term, 1);
     if (r->status != CARLS__STATUS_CODE__STATUS_OK)
         fail_msg("promote %s to term %llu: %s", endpoint, (unsigned long long)term, r->error);
     carls__response__free_unpacked(r, NULL);
