@@ -655,7 +655,7 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
         snprintf(listen, sizeof listen, "%s", self->listen);
     else {
         char host[256];
-        s_endpoint_host(self->member, host, sizeof host);
+        s_endpoint_host(self->client_endpoint ? self->client_endpoint : self->member, host, sizeof host);
         snprintf(listen, sizeof listen, "tcp://%s:*", host);
     }
     self->router = zmq_socket(self->zctx, ZMQ_ROUTER);
@@ -1256,6 +1256,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     self->member = kb_replica_dup(opts->member);
     self->replica_of = kb_replica_dup(opts->replica_of);
     self->listen = kb_replica_dup(opts->listen);
+    self->client_endpoint = kb_replica_dup(opts->client_endpoint);
     self->min_replicas = opts->min_replicas;
     self->shard_index = opts->shard_index;
     self->shard_count = opts->shard_count;
@@ -1347,6 +1348,7 @@ void kb_replica_destroy(kb_replica_t **self_p)
     free(self->state);
     free(self->data_dir);
     free(self->member);
+    free(self->client_endpoint);
     free(self->replica_of);
     free(self->listen);
     pthread_mutex_destroy(&self->mutex);

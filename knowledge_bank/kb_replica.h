@@ -31,9 +31,10 @@
 
 typedef struct {
     const char *data_dir;
-    const char *member;       /* this member's name: its client endpoint */
+    const char *member;       /* this member's name (--member; default its client endpoint) */
     const char *replica_of;   /* the primary's client endpoint: this member follows it; NULL: primary or standby */
-    const char *listen;       /* what a primary binds for its followers (NULL: tcp://<member's host>:*) */
+    const char *listen;       /* what a primary binds for its followers (NULL: tcp://<client endpoint's host>:*) */
+    const char *client_endpoint; /* the endpoint this server bound for its clients */
     uint32_t min_replicas;    /* --min-replicas (sync durability) */
     uint32_t shard_index, shard_count;
     uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */

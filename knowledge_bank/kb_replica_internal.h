@@ -74,7 +74,8 @@ struct kb_replica_catch_up {
 struct kb_replica {
     kb_bank_t *bank;
     kb_service_t *service;
-    char *data_dir, *member, *replica_of, *listen;
+    char *data_dir, *member, *replica_of, *listen, *client_endpoint; /* client_endpoint: the bound one, whose host a promoted
+                                                     * follower binds */
     uint32_t min_replicas, shard_index, shard_count;
     uint64_t buffer_bytes;
 

@@ -367,6 +367,7 @@ serve:
         goto done;
     }
     snprintf(bound, sizeof bound, "%s", kb_server_endpoint(server));
+    replica_opts.client_endpoint = bound;
     if (replicating) {
         if (!replica_opts.member) {
             snprintf(member, sizeof member, "%s", bound);

@@ -30,7 +30,7 @@ field() { # field KEY: the value of "KEY: value" in the status on stdin
 start_member primary --min-replicas 1
 primary=$member
 P=$(cat "$work/primary.ep")
-start_member follower --replica-of "$P"
+start_member follower --replica-of "$P" --member follower-1 # a name, not an endpoint: promote binds --listen's host
 follower=$member
 F=$(cat "$work/follower.ep")
 
@@ -47,7 +47,7 @@ check "primary role" primary "$(echo "$status" | field role)"
 check "primary term" 1 "$(echo "$status" | field term)"
 check "primary min replicas" 1 "$(echo "$status" | field min_replicas)"
 check "primary: one follower" 1 "$(echo "$status" | field followers)"
-check "primary: the follower live" "follower: $F live=yes" \
+check "primary: the follower live" "follower: follower-1 live=yes" \
   "$(echo "$status" | grep '^follower: ' | sed 's/ acked_epoch=[0-9]* lag_ms=[0-9]*//')"
 check "primary: replication endpoint" 1 "$(echo "$status" | field replication_endpoint | grep -c '^tcp://127.0.0.1:')"
 status=$($k --kb "$F" replica status)
