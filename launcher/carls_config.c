@@ -60,6 +60,8 @@ static int s_cfg(const carls_ini_t *ini, carls_config_t *c, char *err, size_t er
         {"label_seed", &c->label_seed, 0},
         {"validation", &c->validation, 0},
         {"shards", &c->shards, 1},
+        {"replicas", &c->replicas, 1},
+        {"min_replicas", &c->min_replicas, -1},
         {"kb_threads", &c->kb_threads, 2},
         {"makers", &c->makers, 2},
         {"graph_k", &c->graph_k, 10},
@@ -120,6 +122,9 @@ static int s_cfg(const carls_ini_t *ini, carls_config_t *c, char *err, size_t er
             return -1;
         }
     }
+    if (c->min_replicas == -1) { /* the default: no acknowledged write lost with one machine, where it can be */
+        c->min_replicas = c->replicas > 1 && strcmp(c->kb_durability, "sync") == 0 ? 1 : 0;
+    }
     return s_cfg_check(c, err, errlen);
 }
 
@@ -132,6 +137,27 @@ static int s_cfg_check(const carls_config_t *c, char *err, size_t errlen)
     }
     if (strcmp(c->curve, "on") != 0 && strcmp(c->curve, "off") != 0) {
         carls_fmt(err, errlen, "curve = '%s': on or off", c->curve);
+        return -1;
+    }
+    if (c->replicas < 1 || c->replicas > CARLS_MAX_REPLICAS || c->replicas != (double)(int)c->replicas) {
+        carls_fmt(err, errlen, "replicas = %g: need a whole number of kb-servers per shard in 1..%d (1: no followers)",
+                  c->replicas, CARLS_MAX_REPLICAS);
+        return -1;
+    }
+    if (c->min_replicas != -1 && (c->min_replicas < 0 || c->min_replicas > c->replicas - 1 ||
+                                  c->min_replicas != (double)(int)c->min_replicas)) {
+        carls_fmt(err, errlen, "min_replicas = %g: need a whole number of followers in 0..%d (replicas - 1)",
+                  c->min_replicas, (int)c->replicas - 1);
+        return -1;
+    }
+    if (c->min_replicas > 0 && strcmp(c->kb_durability, "sync") != 0) {
+        carls_fmt(err, errlen, "min_replicas = %g needs kb_durability = sync (interval durability acknowledges "
+                  "before anything is written, so it waits for no follower)", c->min_replicas);
+        return -1;
+    }
+    if (c->replicas > 1 && strcmp(c->curve, "on") == 0) {
+        carls_fmt(err, errlen, "replicas = %g cannot be used with curve = on yet: the replication stream between "
+                  "a shard's kb-servers is not encrypted (docs/REPLICATION.md)", c->replicas);
         return -1;
     }
     if (c->graph_refresh != 0 && c->graph_refresh != 1 && c->graph_refresh != 2) {
@@ -203,8 +229,9 @@ void carls_config_write_metrics_targets(const carls_config_t *c, const char *dir
     }
     const int p = (int)c->metrics_port, n = (int)c->makers;
     fprintf(f, "[\n  {\"targets\": [");
-    for (int shard = 0; shard < (int)c->shards; shard++)
-        fprintf(f, "%s\"127.0.0.1:%d\"", shard ? ", " : "", p + shard);
+    for (int m = 0; m < (int)c->replicas; m++)
+        for (int shard = 0; shard < (int)c->shards; shard++)
+            fprintf(f, "%s\"127.0.0.1:%d\"", shard || m ? ", " : "", p + shard + CARLS_MAX_SHARDS * m);
     fprintf(f, "], \"labels\": {\"job\": \"carls-bank\", \"run\": \"%s\"}},\n", c->name);
     fprintf(f, "  {\"targets\": [\"127.0.0.1:%d\"], \"labels\": {\"job\": \"carls-trainer\", \"run\": \"%s\"}},\n",
             p + CARLS_METRICS_TRAINER, c->name);

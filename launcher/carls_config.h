@@ -10,7 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define CARLS_MAX_SHARDS 16 /* kb-servers of one run (the endpoint list must fit one argument) */
+#define CARLS_MAX_SHARDS 16 /* shards of one run's bank (the endpoint list must fit one argument) */
+#define CARLS_MAX_REPLICAS 4 /* kb-servers of one shard (replicas = N: a primary and N - 1 followers) */
 /* metrics_port's slots (carls_config_metrics_arg): the trainer's, the first maker's, and how many there are. */
 #define CARLS_METRICS_TRAINER 64
 #define CARLS_METRICS_MAKERS 65
@@ -32,6 +33,9 @@ typedef struct {
     double alpha, beta, conf_threshold, rampup, neighbors, max_staleness, neighbor_refresh, steps, batch_labelled, batch_unlabelled;
     double dropout, lr, ckpt_every, eval_every, seed, timeout_s, shards;
     double max_bank_restarts, max_maker_restarts;
+    double replicas;                  /* kb-servers per shard: a primary and replicas - 1 followers (1: none) */
+    double min_replicas;              /* kb-server --min-replicas of a shard's primary (-1 in the file: the
+                                       * default, 1 with replicas > 1 and kb_durability = sync, else 0) */
     double maker_bank_timeout_ms;     /* kb-maker --bank-timeout-ms (0: the maker's default) */
     double metrics_port;              /* > 0: Prometheus /metrics of every long-running process
                                        * (carls_config_metrics_arg) */
@@ -41,7 +45,7 @@ typedef struct {
 } carls_config_t;
 
 /* metrics_port = P > 0: every long-running process serves Prometheus metrics on a port of its own, P + slot:
- * bank shard s at slot s, the trainer at CARLS_METRICS_TRAINER, the resident makers from CARLS_METRICS_MAKERS on
+ * bank shard s at slot s (member m of a replicated shard at s + CARLS_MAX_SHARDS * m), the trainer at CARLS_METRICS_TRAINER, the resident makers from CARLS_METRICS_MAKERS on
  * (embed i, graph makers + i, words 2 makers + i, label 3 makers); RUN/prometheus-targets.json lists them for
  * Prometheus's file_sd_configs (docs/EXPERIMENTS.md). One-shot fleets serve none. */
 void carls_config_metrics_arg(carls_argv_t *a, const carls_config_t *c, int slot);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,4 +148,75 @@ int carls_proc_stop(carls_proc_t *p, int grace_ms)
         carls_proc_wait(p, -1);
     }
     return p->status;
+}
+
+int carls_proc_capture(char *const argv[], char *out, size_t len, int timeout_ms)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        snprintf(out, len, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(out, len, "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        if (in >= 0) {
+            dup2(in, 0);
+        }
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execv(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    const int64_t deadline = carls_monotonic_ms() + timeout_ms;
+    bool timed_out = false;
+    for (;;) {
+        const int64_t left = deadline - carls_monotonic_ms();
+        if (left <= 0) {
+            timed_out = true;
+            break;
+        }
+        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+        const int ready = poll(&pfd, 1, (int)left);
+        if (ready < 0 && errno == EINTR) {
+            continue;
+        }
+        if (ready <= 0) {
+            timed_out = ready == 0;
+            break;
+        }
+        char chunk[4096];
+        const ssize_t n = read(fds[0], chunk, sizeof chunk);
+        if (n <= 0) {
+            break; /* end of its output: it exited (or closed both) */
+        }
+        const size_t take = used + 1 < len ? ((size_t)n < len - 1 - used ? (size_t)n : len - 1 - used) : 0;
+        memcpy(out + used, chunk, take);
+        used += take;
+        out[used] = '\0';
+    }
+    close(fds[0]);
+    if (timed_out) {
+        kill(pid, SIGKILL);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (timed_out) {
+        snprintf(out + used, len - used, "%s(no answer within %d ms: killed)", used ? " " : "", timeout_ms);
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
 }

@@ -52,4 +52,11 @@ const char *carls_proc_describe(const carls_proc_t *p, char *buf, size_t len);
 /* SIGTERM, wait up to grace_ms, then SIGKILL and wait. Returns the exit status (128 + signal when killed). */
 int carls_proc_stop(carls_proc_t *p, int grace_ms);
 
+/* Runs argv[0] (a path) on this machine, never through the runner (the launcher's own short commands, such
+ * as `kbctl replica`, which reach the servers over the network wherever they run), and waits up to timeout_ms
+ * for it. Its stdout and stderr together go to out (len bytes, NUL-terminated; the rest is dropped). Returns
+ * its exit status (128 + signal when a signal ended it), or -1 when it could not start or ran out of time
+ * (then it is killed, and out says so). */
+int carls_proc_capture(char *const argv[], char *out, size_t len, int timeout_ms);
+
 #endif

@@ -138,8 +138,12 @@ static void s_print_result_line(const carls_run_t *r, const carls_result_t *res,
             printf("%s=%.6g ", show[i], *x);
         }
     }
-    printf("shards=%d curve=%d bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->n_shards,
-           r->curve ? 1 : 0, r->bank_restarts, r->maker_deaths, r->maker_restarts, wall);
+    printf("shards=%d curve=%d ", r->n_shards, r->curve ? 1 : 0);
+    if (r->replicas > 1) {
+        printf("replicas=%d bank_failovers=%d failover_s=%.2f ", r->replicas, r->bank_failovers, r->failover_worst_s);
+    }
+    printf("bank_restarts=%d maker_deaths=%d maker_restarts=%d wall_s=%.1f\n", r->bank_restarts, r->maker_deaths,
+           r->maker_restarts, wall);
 }
 
 /* Prints the two-tower run's result line; returns the launcher's status. */
@@ -183,19 +187,36 @@ static int s_prepare_dir(carls_run_t *r)
     carls_fmt(r->client_keys, sizeof r->client_keys, "%s/clients", r->keys);
     r->curve = strcmp(c->curve, "on") == 0;
     r->n_shards = (int)c->shards;
-    for (int i = 0; i < r->n_shards; i++) {
+    r->replicas = (int)c->replicas;
+    r->n_members = r->n_shards * r->replicas;
+    carls_fmt(r->replication_tsv, sizeof r->replication_tsv, "%s/replication.tsv", r->dir);
+    for (int i = 0; i < r->n_members; i++) {
         carls_shard_t *b = &r->shard[i];
-        b->index = i;
-        carls_fmt(b->name, sizeof b->name, "kb-server %d/%d", i, r->n_shards);
-        carls_fmt(b->what, sizeof b->what, "%s", r->n_shards == 1 ? "kb-server" : b->name);
-        carls_fmt(b->log, sizeof b->log, "%s/kb-server-%d.log", r->logs, i);
-        if (r->n_shards == 1) {
-            carls_fmt(b->dir, sizeof b->dir, "%s/kb", r->dir);
-            carls_fmt(b->epfile, sizeof b->epfile, "%s/kb.endpoint", r->dir);
-        } else {
-            carls_fmt(b->dir, sizeof b->dir, "%s/kb-%d", r->dir, i);
-            carls_fmt(b->epfile, sizeof b->epfile, "%s/kb-%d.endpoint", r->dir, i);
+        b->index = i / r->replicas;
+        b->member = i % r->replicas;
+        /* Member 0 keeps an unreplicated shard's names (kb, kb-I); the others add -mM. */
+        char m[16] = "";
+        if (b->member) {
+            carls_fmt(m, sizeof m, "-m%d", b->member);
         }
+        if (r->replicas == 1) {
+            carls_fmt(b->name, sizeof b->name, "kb-server %d/%d", b->index, r->n_shards);
+        } else {
+            carls_fmt(b->name, sizeof b->name, "kb-server %d/%d member %d", b->index, r->n_shards, b->member);
+        }
+        carls_fmt(b->what, sizeof b->what, "%s", r->n_members == 1 ? "kb-server" : b->name);
+        carls_fmt(b->log, sizeof b->log, "%s/kb-server-%d%s.log", r->logs, b->index, m);
+        if (r->n_shards == 1) {
+            carls_fmt(b->dir, sizeof b->dir, "%s/kb%s", r->dir, m);
+            carls_fmt(b->epfile, sizeof b->epfile, "%s/kb%s.endpoint", r->dir, m);
+        } else {
+            carls_fmt(b->dir, sizeof b->dir, "%s/kb-%d%s", r->dir, b->index, m);
+            carls_fmt(b->epfile, sizeof b->epfile, "%s/kb-%d%s.endpoint", r->dir, b->index, m);
+        }
+    }
+    for (int i = 0; i < r->n_shards; i++) {
+        r->set[i] = (carls_replica_set_t){.primary = 0, .term = 1, .k = (int)c->min_replicas,
+                                          .k_now = (int)c->min_replicas};
     }
     /* Whatever an earlier run of this name left, whatever its number of shards. */
     char cmd[9000];
@@ -204,8 +225,8 @@ static int s_prepare_dir(carls_run_t *r)
               "processes.before-resume.tsv; }", r->dir);
     } else {
         /* A restart keeps run.ini: it is the configuration being run. */
-        carls_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* ckpt logs keys "
-              "metrics.csv trainer.out processes.tsv processes.before-resume.tsv %s", r->dir,
+        carls_fmt(cmd, sizeof cmd, "cd '%s' 2>/dev/null || exit 0; rm -rf kb kb.endpoint kb-[0-9]* kb-m[0-9]* ckpt logs keys "
+              "replication.tsv metrics.csv trainer.out processes.tsv processes.before-resume.tsv %s", r->dir,
               r->restart_dir ? "" : CARLS_RESUME_SETTINGS);
     }
     if (system(cmd) != 0 || carls_mkdir_p(r->logs, 0755, NULL, 0) != 0) {
@@ -342,10 +363,11 @@ static int s_report(carls_run_t *r, double wall)
     const double *skipped = carls_result_get(&res, "bank_fetches_skipped");
     char faults[10240];
     snprintf(faults, sizeof faults,
-             "kb-server restarts: %d (max_bank_restarts = %d per shard), maker deaths: %d, maker restarts: %d "
+             "kb-server restarts: %d (max_bank_restarts = %d per kb-server), failovers (a follower promoted): %d, "
+             "maker deaths: %d, maker restarts: %d "
              "(max_maker_restarts = %d), trainer batches without the bank: %.0f. Every process: "
              "`processes.tsv`.\n\n%s%s",
-             r->bank_restarts, (int)c->max_bank_restarts, r->maker_deaths, r->maker_restarts,
+             r->bank_restarts, (int)c->max_bank_restarts, r->bank_failovers, r->maker_deaths, r->maker_restarts,
              (int)c->max_maker_restarts, skipped ? *skipped : 0.0,
              r->elen ? "| at (s) | what happened |\n| --- | --- |\n" : "No process died.\n", r->events);
     carls_report_write(r->dir, r->config, r->ini, &res, stages, faults, plotted);
@@ -367,7 +389,7 @@ static int s_run(carls_run_t *r)
     r->label_loop = !r->tt && c->beta > 0 && c->label_maker > 0 && (c->label_model_weight > 0 || r->graph_refresh);
     r->label_first = r->graph_needed && c->beta > 0 && c->label_maker > 0;
     r->t0 = carls_monotonic_ms();
-    for (int i = 0; i < r->n_shards; i++) {
+    for (int i = 0; i < r->n_members; i++) {
         r->shard[i].row = -1;
     }
     r->trainer_row = -1;

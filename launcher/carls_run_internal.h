@@ -34,12 +34,18 @@ struct carls_run {
     char dir[4200], logs[4300], ckpt[4300], metrics[4300], out[4300], ptab_path[4300];
     int64_t t0;                       /* monotonic start of the run */
     carls_ptab_t ptab;                /* processes.tsv */
-    /* The bank: n_shards kb-servers, shard i of n_shards each. */
-    int n_shards;
-    carls_shard_t shard[CARLS_MAX_SHARDS];
-    char endpoints[CARLS_MAX_SHARDS * 257]; /* the shards' endpoints in shard order, comma-separated: every client's
-                                         * --kb */
-    int bank_restarts;                /* restarts of any shard */
+    /* The bank: n_shards shards of `replicas` kb-servers each (a primary and its followers), n_members in
+     * all; shard i's member m is shard[i * replicas + m]. */
+    int n_shards, replicas, n_members;
+    carls_shard_t shard[CARLS_MAX_SHARDS * CARLS_MAX_REPLICAS];
+    carls_replica_set_t set[CARLS_MAX_SHARDS]; /* replicas > 1: each shard's primary, term and K */
+    char endpoints[CARLS_MAX_SHARDS * CARLS_MAX_REPLICAS * 257]; /* the shards' endpoints in shard order,
+                                         * comma-separated, a replicated shard's members joined by '|': every
+                                         * client's --kb */
+    char replication_tsv[4300];       /* replicas > 1: RUN/replication.tsv, every term given (carls_replicas.h) */
+    int bank_restarts;                /* restarts of any kb-server */
+    int bank_failovers;               /* promotions of a follower after its primary died */
+    double failover_worst_s;          /* the longest of them: primary found dead to follower promoted */
     bool bank_lost;                   /* a shard died with no restarts left: the run stops */
     /* curve = on: the run's keys (s_make_keys in carls_run.c). */
     bool curve;

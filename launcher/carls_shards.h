@@ -7,15 +7,19 @@
 #include "carls_argv.h"
 #include "carls_proc.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct carls_run carls_run_t;
 
-/* One shard of the bank: its kb-server, files and supervision. */
+/* One kb-server of the bank: a shard's only server, or one member of a replicated shard (replicas = N), with
+ * its files and supervision. */
 typedef struct {
     int index;                        /* shard index of n_shards */
-    char name[32];                    /* "kb-server I/N": its process name (processes.tsv) */
+    int member;                       /* its member number in the shard, 0..replicas-1 (0 with replicas = 1) */
+    char name[32];                    /* "kb-server I/N" or "kb-server I/N member M": its process name
+                                       * (processes.tsv; Slurm places members of a shard on different nodes) */
     char what[32];                    /* in messages: "kb-server" (one shard) or its name */
     carls_proc_t proc;
     int row;                          /* its processes.tsv row */
@@ -27,8 +31,20 @@ typedef struct {
     char endpoint[256];               /* where it listens (the same after every restart) */
     int64_t down_ms;                  /* monotonic time it was found dead; 0 while it is up */
     int64_t wait_deadline;            /* a restarted server must be listening by then; 0: not waiting */
-    int restarts;                     /* of this shard (each shard has max_bank_restarts) */
+    int restarts;                     /* of this server (each has max_bank_restarts) */
+    bool promote_when_up;             /* restarted standby of a shard with no live follower: promote it once it
+                                       * listens (carls_replicas.h) */
 } carls_shard_t;
+
+/* A replicated shard (replicas > 1): who its primary is, in which term, and the K it runs with. */
+typedef struct {
+    int primary;                      /* the member that is primary (0 at start) */
+    uint64_t term;                    /* the primary's term: 1 at start, one more at each promotion */
+    int k;                            /* min_replicas the run asks for */
+    int k_now;                        /* what the primary was told: less than k after a failover left too few
+                                       * live followers, raised back once enough have caught up */
+    int64_t next_check_ms;            /* k_now < k: when to ask the primary again */
+} carls_replica_set_t;
 
 /* 1. The bank: n_shards kb-servers, each on a free loopback port; waits until every one listens, then
  * names the endpoint list every client gets. A restart (carls_shards_supervise) reuses a shard's arguments with

@@ -412,8 +412,10 @@ static int s_plan(s_step_t *st, const char *name, char *const argv[])
     st->name = name;
     const int k = s_sl.k;
     if (strncmp(name, "kb-server", 9) == 0) {
+        /* Member m of a replicated shard one node further on: a shard's members on different nodes. */
+        const char *member = strstr(name, " member ");
         st->role = S_SERVER;
-        st->node = s_worker_index(name) % k;
+        st->node = (s_worker_index(name) + (member ? atoi(member + 8) : 0)) % k;
     } else if (strcmp(name, "trainer") == 0) {
         st->role = S_TRAINER;
         st->node = 0;
@@ -448,8 +450,8 @@ static int s_plan(s_step_t *st, const char *name, char *const argv[])
                 s_fmt(st->ckpt_local, sizeof st->ckpt_local, "%s", a);
                 s_fmt(st->ckpt_remote, sizeof st->ckpt_remote, "%s", st->pool[n]);
             }
-        } else if (st->role == S_SERVER && strcmp(prev, "--listen") == 0 && strncmp(a, "tcp://", 6) == 0 &&
-                   strrchr(a, ':') > a + 5) {
+        } else if (st->role == S_SERVER && (strcmp(prev, "--listen") == 0 || strcmp(prev, "--replication-listen") == 0) &&
+                   strncmp(a, "tcp://", 6) == 0 && strrchr(a, ':') > a + 5) {
             /* The node's address when it is an IP address (what the others reach it at), else every interface. */
             struct in_addr ip;
             const char *bind = inet_pton(AF_INET, s_sl.addr[st->node], &ip) == 1 ? s_sl.addr[st->node] : "*";

@@ -1,0 +1,35 @@
+/* A replicated shard (replicas = N) as the launcher, its one coordinator, sees it: `kbctl replica` run on the
+ * launcher's machine against one member (the launcher links no ZeroMQ: docs/DESIGN.md) and what it answered,
+ * and RUN/replication.tsv, the record of every term given. The decisions (who is promoted, when K goes back
+ * up) are carls_shards.c's. */
+#ifndef CARLS_REPLICAS_H
+#define CARLS_REPLICAS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct carls_run carls_run_t;
+
+/* What one member said of itself (`kbctl replica ACTION`'s "key: value" lines). */
+typedef struct {
+    char role[16];             /* primary, follower, standby or deposed */
+    uint64_t term;             /* its term after the action */
+    uint64_t last_term;        /* the term of its newest record */
+    uint64_t committed_epoch;  /* its newest record's epoch */
+    int min_replicas;
+    int followers_caught_up;   /* a primary's followers connected now, with an acknowledged epoch and a lag
+                                * under a second */
+} carls_replica_status_t;
+
+/* Runs `kbctl --kb ENDPOINT replica ACTION` (status, fence --term T, promote --term T --min-replicas K, set
+ * --min-replicas K; term 0 and k < 0 leave those flags out) with a short timeout and no retries. Returns 0 with
+ * *st filled, or -1 with kbctl's words (or why it did not answer) in err. */
+int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *action, uint64_t term, int k,
+                       carls_replica_status_t *st, char *err, size_t errlen);
+
+/* Appends a line to RUN/replication.tsv (header written first): when, shard, term, primary member, its
+ * endpoint, K, and why; flushed and fsynced, so a term is on disk before it is used. */
+void carls_replica_record(const carls_run_t *r, int shard, uint64_t term, int member, const char *endpoint, int k,
+                          const char *why);
+
+#endif
