@@ -30,10 +30,10 @@
 typedef struct {
     int n;
     char field[64][7][96]; /* role, name, pid, started, ended, exit, note */
-} s_ptab_t;
+} lt_ptab_t;
 
 /* Reads run/processes.tsv into *t. Returns 1 when the header is the documented one. */
-static int s_ptab_read(const char *run, s_ptab_t *t)
+static int lt_ptab_read(const char *run, lt_ptab_t *t)
 {
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/processes.tsv", run);
@@ -56,11 +56,11 @@ static int s_ptab_read(const char *run, s_ptab_t *t)
 }
 
 /* The pid of the running process called name, 0 when there is none. */
-static pid_t s_running_pid(const char *run, const char *name)
+static pid_t lt_running_pid(const char *run, const char *name)
 {
-    s_ptab_t *t = calloc(1, sizeof *t);
+    lt_ptab_t *t = calloc(1, sizeof *t);
     pid_t pid = 0;
-    s_ptab_read(run, t);
+    lt_ptab_read(run, t);
     for (int i = 0; i < t->n; i++) {
         if (strcmp(t->field[i][1], name) == 0 && strcmp(t->field[i][5], "running") == 0) {
             pid = (pid_t)atoi(t->field[i][2]);
@@ -71,7 +71,7 @@ static pid_t s_running_pid(const char *run, const char *name)
 }
 
 /* Waits up to ms for text to appear in path. */
-static int s_wait_text(const char *path, const char *text, int ms)
+static int lt_wait_text(const char *path, const char *text, int ms)
 {
     for (int64_t deadline = carls_monotonic_ms() + ms; carls_monotonic_ms() < deadline; usleep(100 * 1000)) {
         if (mt_file_contains(path, text)) {
@@ -122,7 +122,7 @@ int main(void)
         usleep(20 * 1000);
     }
     const long bank_kill_step = lt_latest_step(sc.run, 0);
-    pid_t bank = s_running_pid(sc.run, "kb-server 0/1");
+    pid_t bank = lt_running_pid(sc.run, "kb-server 0/1");
     MT_CHECK(bank_kill_step >= S_STEPS / 10 && bank > 0, "the trainer never got 10%% in (step %ld; see %s)",
              bank_kill_step, sc.log);
     if (mt_failures) {
@@ -130,8 +130,8 @@ int main(void)
         mt_wait(launcher, 60000);
         return 1;
     }
-    pid_t maker = s_running_pid(sc.run, "maker embed 1/2");
-    pid_t trainer = s_running_pid(sc.run, "trainer");
+    pid_t maker = lt_running_pid(sc.run, "maker embed 1/2");
+    pid_t trainer = lt_running_pid(sc.run, "trainer");
     MT_CHECK(maker > 0 && trainer > 0, "maker embed 1/2 (%d) or the trainer (%d) is not running (see %s)", (int)maker,
              (int)trainer, sc.log);
     MT_CHECK(kill(bank, SIGKILL) == 0, "kill kb-server %d", (int)bank);
@@ -144,7 +144,7 @@ int main(void)
     MT_CHECK(maker > 0 && kill(maker, SIGKILL) == 0, "kill maker %d", (int)maker);
     printf("SIGKILL maker embed 1/2 (pid %d) at trainer checkpoint step %ld, %.1f s into the run\n", (int)maker,
            maker_kill_step, (double)(carls_monotonic_ms() - t0) / 1000.0);
-    MT_CHECK(s_wait_text(sc.log, "listening again", 120000), "the launcher never reported the bank back (see %s)",
+    MT_CHECK(lt_wait_text(sc.log, "listening again", 120000), "the launcher never reported the bank back (see %s)",
              sc.log);
 
     /* 3. The run finishes with a result. */
@@ -163,8 +163,8 @@ int main(void)
     printf("result after %.1f s: %s", secs, line);
 
     /* 4. processes.tsv: every process, how each ended. */
-    s_ptab_t *t = calloc(1, sizeof *t);
-    MT_CHECK(s_ptab_read(sc.run, t), "processes.tsv is missing or has another header");
+    lt_ptab_t *t = calloc(1, sizeof *t);
+    MT_CHECK(lt_ptab_read(sc.run, t), "processes.tsv is missing or has another header");
     const char *names[] = {"kb-server 0/1", "kb-server 0/1", "pixels 0/2",      "pixels 1/2",
                            "graph 0/2",     "graph 1/2",     "labels0 0/1",     "maker embed 0/2",
                            "maker embed 1/2", "maker embed 1/2", "trainer"};
