@@ -3,6 +3,8 @@
 #ifndef LAUNCHER_TESTLIB_H
 #define LAUNCHER_TESTLIB_H
 
+#include <sys/types.h>
+
 /* The files of one test's runs. */
 typedef struct {
     char dir[64];       /* a fresh scratch directory (mt_tempdir) */
@@ -18,5 +20,20 @@ int lt_scratch(lt_scratch_t *t, const char *name);
 
 /* The trainer's newest checkpoint step in run (from RUN/ckpt/latest), or none when there is none. */
 long lt_latest_step(const char *run, long none);
+
+/* processes.tsv, split into fields. */
+typedef struct {
+    int n;
+    char field[64][7][96]; /* role, name, pid, started, ended, exit, note */
+} lt_ptab_t;
+
+/* Reads run/processes.tsv into *t. Returns 1 when the header is the documented one. */
+int lt_ptab_read(const char *run, lt_ptab_t *t);
+
+/* The pid of the running process called name, 0 when there is none. */
+pid_t lt_running_pid(const char *run, const char *name);
+
+/* Waits up to ms for text to appear in path. */
+int lt_wait_text(const char *path, const char *text, int ms);
 
 #endif

@@ -26,61 +26,6 @@
 
 #define S_STEPS 3000
 
-/* processes.tsv, split into fields. */
-typedef struct {
-    int n;
-    char field[64][7][96]; /* role, name, pid, started, ended, exit, note */
-} lt_ptab_t;
-
-/* Reads run/processes.tsv into *t. Returns 1 when the header is the documented one. */
-static int lt_ptab_read(const char *run, lt_ptab_t *t)
-{
-    char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/processes.tsv", run);
-    memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return 0;
-    }
-    int header = fgets(line, sizeof line, f) && strcmp(line, "role\tname\tpid\tstarted\tended\texit\tnote\n") == 0;
-    while (t->n < 64 && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        char *save = NULL, *tok = strtok_r(line, "\t", &save);
-        for (int k = 0; k < 7 && tok; k++, tok = strtok_r(NULL, "\t", &save)) {
-            snprintf(t->field[t->n][k], sizeof t->field[0][0], "%s", tok);
-        }
-        t->n++;
-    }
-    fclose(f);
-    return header;
-}
-
-/* The pid of the running process called name, 0 when there is none. */
-static pid_t lt_running_pid(const char *run, const char *name)
-{
-    lt_ptab_t *t = calloc(1, sizeof *t);
-    pid_t pid = 0;
-    lt_ptab_read(run, t);
-    for (int i = 0; i < t->n; i++) {
-        if (strcmp(t->field[i][1], name) == 0 && strcmp(t->field[i][5], "running") == 0) {
-            pid = (pid_t)atoi(t->field[i][2]);
-        }
-    }
-    free(t);
-    return pid;
-}
-
-/* Waits up to ms for text to appear in path. */
-static int lt_wait_text(const char *path, const char *text, int ms)
-{
-    for (int64_t deadline = carls_monotonic_ms() + ms; carls_monotonic_ms() < deadline; usleep(100 * 1000)) {
-        if (mt_file_contains(path, text)) {
-            return 1;
-        }
-    }
-    return mt_file_contains(path, text);
-}
-
 /* One integer from an SQL query on the bank's database (-1 on error). */
 static long long s_sql(sqlite3 *db, const char *sql)
 {
