@@ -4,6 +4,7 @@
 #include "maker_testlib.h"
 
 #include "util.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,4 +89,16 @@ int lt_wait_text(const char *path, const char *text, int ms)
         }
     }
     return mt_file_contains(path, text);
+}
+
+void lt_last_metrics(const char *run, double *col, int n)
+{
+    char path[512], line[8192];
+    snprintf(path, sizeof path, "%s/metrics.csv", run);
+    test_last_line(path, line, sizeof line);
+    memset(col, 0, (size_t)n * sizeof *col);
+    char *save = NULL, *tok = strtok_r(line, ",", &save);
+    for (int k = 0; k < n && tok; k++, tok = strtok_r(NULL, ",", &save)) {
+        col[k] = atof(tok);
+    }
 }

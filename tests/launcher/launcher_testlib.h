@@ -36,4 +36,7 @@ pid_t lt_running_pid(const char *run, const char *name);
 /* Waits up to ms for text to appear in path. */
 int lt_wait_text(const char *path, const char *text, int ms);
 
+/* The last row of RUN/metrics.csv as numbers into col (n columns; those missing stay 0). */
+void lt_last_metrics(const char *run, double *col, int n);
+
 #endif

@@ -139,13 +139,8 @@ int main(void)
              "report.md has no Faults section");
 
     /* 5. The trainer reconnected: neighbours from the bank in the last evaluation window. */
-    snprintf(path, sizeof path, "%s/metrics.csv", sc.run);
-    test_last_line(path, line, sizeof line);
-    double col[20] = {0};
-    char *save = NULL, *tok = strtok_r(line, ",", &save);
-    for (int k = 0; k < 20 && tok; k++, tok = strtok_r(NULL, ",", &save)) {
-        col[k] = atof(tok);
-    }
+    double col[20];
+    lt_last_metrics(sc.run, col, 20);
     MT_CHECK(col[0] == S_STEPS && col[8] > 0, "last metrics row (step %g): %g neighbours/step from the bank", col[0],
              col[8]);
 
