@@ -494,7 +494,9 @@ int carls_run_main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
         printf("usage: carls run CONFIG.ini [--set key=value]... [--quiet]\n"
                "       carls run --resume RUN_DIR [--quiet]\n"
-               "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process);\n"
+               "  e.g. --set shards=2 (a bank of 2 kb-servers) --set curve=on (CURVE keys for every process)\n"
+               "  --set replicas=2 (each shard a primary and a follower, promoted when the primary dies; with\n"
+               "  kb_durability=sync every acknowledged write is on both);\n"
                "  every key of the file can be set (docs/EXPERIMENTS.md)\n"
                "  --resume RUN_DIR: continue a graphreg or twotower run that was stopped or killed (runs/<name>)\n"
                "  from its newest checkpoint that has a complete bank snapshot: the bank restored from the snapshot,\n"
