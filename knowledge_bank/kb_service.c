@@ -1056,18 +1056,21 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, kb_service_
                         "table name must be 1..%u characters of [A-Za-z0-9_.-]", CARLS_MAX_TABLE_NAME_BYTES);
         return -1;
     }
+    /* A follower's snapshot or checkpoint would wait for a commit that only its primary makes: both go to the
+     * primary, like writes. */
+    const bool primary_only = s_ops[index].write || index == OP_SNAPSHOT || index == OP_CHECKPOINT;
+    if (primary_only && !atomic_load(&self->writable)) {
+        pthread_mutex_lock(&self->primary_mutex);
+        rp->resp.primary = kb_service_own(rp, strdup(self->primary));
+        pthread_mutex_unlock(&self->primary_mutex);
+        if (!rp->resp.primary)
+            CARLS_FATAL("out of memory");
+        kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY,
+                        "this member of the shard is not its primary%s%s; %s refused",
+                        rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
+        return -1;
+    }
     if (s_ops[index].write) {
-        if (!atomic_load(&self->writable)) {
-            pthread_mutex_lock(&self->primary_mutex);
-            rp->resp.primary = kb_service_own(rp, strdup(self->primary));
-            pthread_mutex_unlock(&self->primary_mutex);
-            if (!rp->resp.primary)
-                CARLS_FATAL("out of memory");
-            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY,
-                            "this member of the shard is not its primary%s%s; %s refused",
-                            rp->resp.primary[0] ? ": the primary is " : "", rp->resp.primary, s_op_name(index));
-            return -1;
-        }
         char short_why[200];
         if (kb_bank_replicas_short(self->bank, short_why, sizeof short_why)) {
             kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "%s refused, nothing changed: %s (retry later)",

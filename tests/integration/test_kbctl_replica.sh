@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration: kbctl's replica verbs (status, promote, fence, set) against a real replicated shard, a primary
 # with --min-replicas 1 and its follower: roles and terms, a row written on the primary read on the follower,
-# a write to the follower refused with NOT_PRIMARY naming the primary, then kill -9 of the primary, promotion
+# a write, a snapshot and a checkpoint on the follower refused with NOT_PRIMARY naming the primary, then kill -9 of the primary, promotion
 # of the follower (term 2) that takes writes, a second promotion refused, a fence that stops writes.
 # Usage: test_kbctl_replica.sh BIN_DIR
 set -uo pipefail
@@ -63,6 +63,12 @@ check "the follower has the row" $'a\t1 2' "$($k --kb "$F" get emb a)"
 err=$(printf 'b\t3 4\n' | $k --kb "$F" put emb 2>&1 >/dev/null); st=$?
 check "put on the follower: exit" 2 "$st"
 check "put on the follower: NOT_PRIMARY naming the primary" 1 "$(echo "$err" | grep -c "NOT_PRIMARY: .*$P")"
+# A snapshot or checkpoint would wait on the follower for a commit only the primary makes: refused at once.
+for verb in "snapshot s1" checkpoint; do
+  err=$($k --kb "$F" --timeout-ms 3000 --retries 0 $verb 2>&1 >/dev/null); st=$?
+  check "$verb on the follower: exit" 2 "$st"
+  check "$verb on the follower: NOT_PRIMARY naming the primary" 1 "$(echo "$err" | grep -c "NOT_PRIMARY: .*$P")"
+done
 
 kill -9 "$primary"; wait "$primary" 2>/dev/null; primary=
 check "promote the follower" 0 "$(status_of $k --kb "$F" replica promote --term 2)"
