@@ -180,6 +180,18 @@ static int s_failover(carls_run_t *r, carls_shard_t *dead)
     return 0;
 }
 
+/* Whether a member of b's shard other than b is running (listening, or restarting). */
+static bool s_followers_alive(const carls_run_t *r, const carls_shard_t *b)
+{
+    for (int m = 0; m < r->replicas; m++) {
+        const carls_shard_t *o = &r->shard[b->index * r->replicas + m];
+        if (o != b && o->proc.running) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Server b died: restart it with its flags, data directory and endpoint, unless its max_bank_restarts are
  * used up (then r->bank_lost). The primary of a replicated shard is first replaced by a follower
  * (s_failover) and comes back as a follower of it. Returns 0, or -1 when the run must stop. */
@@ -200,13 +212,26 @@ static int s_bank_died(carls_run_t *r, carls_shard_t *b)
         return -1;
     }
     const bool was_primary = r->replicas > 1 && !s_primary_of(r, b);
-    if (was_primary) {
-        LOG_WARN("%s (primary of shard %d) %s: promoting a follower", b->what, b->index, how);
-        b->promote_when_up = s_failover(r, b) != 0;
-        if (b->promote_when_up) {
+    if (was_primary && !b->promote_when_up) {
+        const int64_t now = carls_monotonic_ms();
+        if (!b->failover_since_ms) {
+            LOG_WARN("%s (primary of shard %d) %s: promoting a follower", b->what, b->index, how);
+            b->failover_since_ms = now;
+        }
+        if (s_failover(r, b) != 0) {
+            /* A follower that is alive but did not answer (busy, or restarting) may yet: the dead primary stays
+             * down meanwhile, for it must not come back as a second primary. Only with no follower alive, or
+             * after a minute, is it restarted and promoted itself. */
+            if (s_followers_alive(r, b) && now - b->failover_since_ms < 60 * 1000) {
+                b->failover_retry_ms = now + 1000;
+                return 0;
+            }
+            b->promote_when_up = true;
             LOG_WARN("shard %d: no follower could be promoted; %s restarts and is promoted once it listens",
                      b->index, b->what);
         }
+        b->failover_since_ms = 0;
+        b->failover_retry_ms = 0;
     }
     b->restarts++;
     r->bank_restarts++;
@@ -239,6 +264,19 @@ static void s_bank_watch_restart(carls_run_t *r, carls_shard_t *b)
             LOG_ERROR("the restarted %s listens on %s, not %s: clients cannot find it", b->what, ep, b->endpoint);
         }
         if (b->promote_when_up) {
+            /* A member with its data comes back a standby; one that comes back a primary started on an empty
+             * data directory (moved to another node): the shard's data is gone with its members. */
+            carls_replica_status_t st;
+            char err[600];
+            if (carls_replica_call(r, b->endpoint, "status", 0, -1, &st, err, sizeof err) == 0 &&
+                strcmp(st.role, "primary") == 0) {
+                LOG_ERROR("shard %d lost every copy of its data: %s came back without it (an empty data directory, "
+                          "another node) and no follower is left; stopping the run (see %s)", b->index, b->what,
+                          b->log);
+                carls_run_event(r, "shard %d lost every copy of its data: the run stops", b->index);
+                r->bank_lost = true;
+                return;
+            }
             if (s_promote(r, b, "restarted after its shard lost every member") != 0) {
                 kill(b->proc.pid, SIGKILL); /* the next round restarts it and tries again */
                 b->wait_deadline = 0;
@@ -555,6 +593,13 @@ int carls_shards_supervise(carls_run_t *r)
     for (int i = 0; i < r->n_members; i++) {
         carls_shard_t *b = &r->shard[i];
         if (b->proc.running && carls_proc_poll(&b->proc) && s_bank_died(r, b) != 0) {
+            return -1;
+        }
+        if (!b->proc.running && b->failover_retry_ms && carls_monotonic_ms() >= b->failover_retry_ms &&
+            s_bank_died(r, b) != 0) {
+            return -1; /* a dead primary whose followers did not answer yet: try them again */
+        }
+        if (r->bank_lost) {
             return -1;
         }
         if (b->wait_deadline && b->proc.running) {

@@ -34,6 +34,8 @@ typedef struct {
     int restarts;                     /* of this server (each has max_bank_restarts) */
     bool promote_when_up;             /* restarted standby of a shard with no live follower: promote it once it
                                        * listens (carls_replicas.h) */
+    int64_t failover_since_ms;        /* dead primary: when the launcher began to look for a follower to promote */
+    int64_t failover_retry_ms;        /* dead primary whose followers did not answer yet: when to ask again */
 } carls_shard_t;
 
 /* A replicated shard (replicas > 1): who its primary is, in which term, and the K it runs with. */

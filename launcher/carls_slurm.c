@@ -130,6 +130,34 @@ static bool s_job_alive(void)
     return true;
 }
 
+/* Whether a `sinfo` state ("idle", "mix*", "down*", "drain", ...) is a node that cannot run steps: not
+ * responding ('*'), down, drained or failed. */
+static bool s_state_lost(const char *state)
+{
+    return strchr(state, '*') || strncmp(state, "down", 4) == 0 || strncmp(state, "drain", 5) == 0 ||
+           strncmp(state, "fail", 4) == 0;
+}
+
+/* Marks in lost[] (s_sl.k entries) the job's nodes Slurm says cannot run steps now. A sinfo that does not
+ * answer marks none. */
+static void s_lost_nodes(bool *lost)
+{
+    char out[8192];
+    memset(lost, 0, (size_t)s_sl.k * sizeof *lost);
+    if (s_capture("sinfo -h -N -o '%N %t' 2>/dev/null", out, sizeof out) != 0) {
+        return;
+    }
+    for (char *save = NULL, *tok = strtok_r(out, "\n", &save); tok; tok = strtok_r(NULL, "\n", &save)) {
+        char name[128], state[64];
+        if (sscanf(tok, "%127s %63s", name, state) != 2) {
+            continue;
+        }
+        for (int i = 0; i < s_sl.k; i++) {
+            lost[i] |= strcmp(s_sl.node[i], name) == 0 && s_state_lost(state);
+        }
+    }
+}
+
 /* ---- options -------------------------------------------------------------------------------------------- */
 
 void carls_slurm_print_help(FILE *out)
@@ -269,6 +297,7 @@ int carls_slurm_allocate(char **args)
     av[k++] = "salloc";
     av[k++] = nodes;
     av[k++] = "--exclusive";
+    av[k++] = "--no-kill"; /* a lost node ends only what ran there: the launcher moves or fails over it */
     av[k++] = name;
     for (int i = 0; i < s_sl.n_opt; i++) {
         av[k++] = (char *)s_sl.opt[i];
@@ -278,7 +307,7 @@ int carls_slurm_allocate(char **args)
         av[k++] = args[i];
     }
     av[k] = NULL;
-    printf("[carls] not inside a Slurm allocation: asking for one (salloc %s --exclusive %s", nodes, name);
+    printf("[carls] not inside a Slurm allocation: asking for one (salloc %s --exclusive --no-kill %s", nodes, name);
     for (int i = 0; i < s_sl.n_opt; i++) {
         printf(" %s", s_sl.opt[i]);
     }
@@ -422,6 +451,19 @@ static int s_plan(s_step_t *st, const char *name, char *const argv[])
     } else {
         st->role = S_MAKER;
         st->node = k == 1 ? 0 : 1 + s_worker_index(name) % (k - 1);
+    }
+    /* A node Slurm has lost (`--no-kill` keeps the job): a maker, or a member of a replicated shard (its data
+     * is on its shard's other members: it catches up from the primary), goes to the next node that runs; an
+     * unreplicated kb-server's data is on its node, so it stays (and fails there), as does the trainer. */
+    if (st->role == S_MAKER || (st->role == S_SERVER && strstr(name, " member "))) {
+        bool lost[S_MAX_NODES];
+        s_lost_nodes(lost);
+        for (int j = 0; j < k && lost[st->node]; j++) {
+            const int next = (st->node + 1) % k;
+            fprintf(stderr, "carls-step: %s: node %s is lost (sinfo): placed on %s\n", name, s_sl.node[st->node],
+                    s_sl.node[next]);
+            st->node = next;
+        }
     }
     st->cpus = 1;
     s_fmt(st->step_name, sizeof st->step_name, "carls-%d", (int)getpid());
@@ -701,11 +743,13 @@ static void s_relay_checkpoints(const s_step_t *st, const char *seen, char *last
         unlink(tarfile);
         return;
     }
-    /* The same files to every other node. */
+    /* The same files to every other node that runs (a lost one would hold the copy up). */
     char others[S_MAX_NODES * 130] = "";
     int n_others = 0;
+    bool lost[S_MAX_NODES];
+    s_lost_nodes(lost);
     for (int i = 0; i < s_sl.k; i++) {
-        if (i != st->node) {
+        if (i != st->node && !lost[i]) {
             size_t l = strlen(others);
             s_fmt(others + l, sizeof others - l, "%s%s", n_others ? "," : "", s_sl.node[i]);
             n_others++;
@@ -891,10 +935,28 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
     char watch_buf[2048], seen[1024];
     size_t watch_used = 0;
     int status = 0;
+    int64_t next_node_check = carls_monotonic_ms() + 2000;
+    bool node_lost = false;
     for (;;) {
         pid_t r = waitpid(srun, &status, WNOHANG);
         if (r == srun || (r < 0 && errno != EINTR)) {
             break;
+        }
+        /* srun itself notices a dead node only after SlurmdTimeout and then some (75 s with 60 s); Slurm marks
+         * it not responding sooner ('*' in sinfo): the step is then lost, and the launcher may restart it on
+         * another node. */
+        if (!asked && carls_monotonic_ms() >= next_node_check) {
+            next_node_check = carls_monotonic_ms() + 2000;
+            bool lost[S_MAX_NODES];
+            s_lost_nodes(lost);
+            if (lost[st.node]) {
+                fprintf(stderr, "carls-step: node %s stopped responding (sinfo): %s is lost\n", s_sl.node[st.node],
+                        name);
+                node_lost = true;
+                kill(srun, SIGKILL);
+                waitpid(srun, &status, 0);
+                break;
+            }
         }
         if (!*id && carls_monotonic_ms() - started > 300) {
             s_step_id(&st, id, sizeof id);
@@ -930,6 +992,9 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
         close(watch_fd);
     }
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    if (node_lost) {
+        s_exit_as(128 + SIGKILL); /* seen by the launcher as a process killed with its node */
+    }
     const bool alive = s_job_alive();
     if (st.role == S_TRAINER && alive) {
         if (*st.ckpt_remote) {

@@ -88,7 +88,7 @@ host=$(hostname -s)
   echo "KillWait=10"
   echo "MinJobAge=60"
   echo "SlurmctldTimeout=30"
-  echo "SlurmdTimeout=60"
+  echo "SlurmdTimeout=10"
   for i in $(seq "$nodes"); do
     echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((base + i)) CPUs=$cpus RealMemory=1000 State=UNKNOWN"
   done
