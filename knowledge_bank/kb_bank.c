@@ -165,11 +165,64 @@ int kb_bank_drop_table(kb_bank_t *self, const char *name)
     return KB_BANK_OK;
 }
 
+/* The commit pipeline's view of the registry (kb_commit_tables_t). */
+static size_t s_acquire_all_tables(void *ctx, kb_table_t ***out) { return kb_bank_acquire_all(ctx, out); }
+
+static void s_release_table(void *ctx, kb_table_t *table) { kb_bank_release(ctx, table); }
+
+/* Moves the table creates and drops queued since the last round onto b. */
+static void s_take_ops(void *ctx, kb_batch_t *b)
+{
+    kb_bank_t *self = ctx;
+    pthread_mutex_lock(&self->registry_mutex);
+    if (self->op_count) {
+        b->ops = carls_xrealloc(b->ops, (b->op_count + self->op_count) * sizeof *b->ops);
+        memcpy(b->ops + b->op_count, self->ops, self->op_count * sizeof *self->ops);
+        b->op_count += self->op_count;
+        self->op_count = 0;
+    }
+    pthread_mutex_unlock(&self->registry_mutex);
+}
+
+/* ---- the commit pipeline's functions, for the bank's users (kb_commit.h) ---- */
+
+kb_commit_t *kb_bank_commit(kb_bank_t *self) { return self->commit; }
+
+void kb_bank_write_begin(kb_bank_t *self) { kb_commit_write_begin(self->commit); }
+
+uint64_t kb_bank_write_end(kb_bank_t *self) { return kb_commit_write_end(self->commit); }
+
+bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+{
+    return kb_commit_seen_write(self->commit, client_id, seq);
+}
+
+void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+{
+    kb_commit_forget_write(self->commit, client_id, seq);
+}
+
+bool kb_bank_sync(const kb_bank_t *self) { return self->opts.sync; }
+
+int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
+{
+    return kb_commit_wait_durable(self->commit, ticket, timeout_ms, err, errlen);
+}
+
+bool kb_bank_commits_broken(kb_bank_t *self) { return kb_commit_broken(self->commit); }
+
+uint64_t kb_bank_durable_epoch(kb_bank_t *self) { return kb_commit_durable_epoch(self->commit); }
+
+void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
+{
+    kb_commit_not_committed(self->commit, timeout_ms, err, errlen);
+}
+
 /* ---- write bracket and durability ---- */
 
-void kb_bank_write_begin(kb_bank_t *self) { pthread_rwlock_rdlock(&self->gate); }
+void kb_commit_write_begin(kb_commit_t *self) { pthread_rwlock_rdlock(&self->gate); }
 
-uint64_t kb_bank_write_end(kb_bank_t *self)
+uint64_t kb_commit_write_end(kb_commit_t *self)
 {
     /* The persister advances the epoch only under the exclusive gate, so everything this request changed
      * is collected in the epoch read here, or (if it was read after a collection began) in a later one. */
@@ -178,17 +231,15 @@ uint64_t kb_bank_write_end(kb_bank_t *self)
     return ticket;
 }
 
-bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+bool kb_commit_seen_write(kb_commit_t *self, uint64_t client_id, uint64_t seq)
 {
     return kb_dedup_check_and_record(self->dedup, client_id, seq);
 }
 
-void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
+void kb_commit_forget_write(kb_commit_t *self, uint64_t client_id, uint64_t seq)
 {
     kb_dedup_forget(self->dedup, client_id, seq);
 }
-
-bool kb_bank_sync(const kb_bank_t *self) { return self->opts.sync; }
 
 static void s_deadline(struct timespec *ts, int timeout_ms)
 {
@@ -203,7 +254,7 @@ static void s_deadline(struct timespec *ts, int timeout_ms)
 
 /* The newest epoch a write may be acknowledged at: committed here and, with min_replicas, applied by that
  * many followers. Commit mutex held. */
-static uint64_t s_durable_locked(const kb_bank_t *self)
+static uint64_t s_durable_locked(const kb_commit_t *self)
 {
     if (self->min_replicas && self->replicated_epoch < self->committed_epoch)
         return self->replicated_epoch;
@@ -211,13 +262,13 @@ static uint64_t s_durable_locked(const kb_bank_t *self)
 }
 
 /* Whether waiting longer for a commit is pointless: the journal broke, or the bank was fenced. */
-static bool s_commit_hopeless(kb_bank_t *self)
+static bool s_commit_hopeless(kb_commit_t *self)
 {
     return atomic_load(&self->journal_broken) || atomic_load(&self->fenced);
 }
 
 /* The error of a write still not durable after timeout_ms, with the last storage error. Commit mutex held. */
-static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
+static void s_not_committed_locked(const kb_commit_t *self, int timeout_ms, char *err, size_t errlen)
 {
     if (atomic_load(&self->fenced))
         snprintf(err, errlen, "write not acknowledged: %s", self->fence_reason);
@@ -231,12 +282,12 @@ static void s_not_committed_locked(const kb_bank_t *self, int timeout_ms, char *
 
 /* Waits until epoch `ticket` has committed (and, with `replicated`, reached min_replicas followers), waking
  * the persister. Any durability mode. */
-static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, bool replicated, int timeout_ms, char *err,
+static int s_wait_epoch(kb_commit_t *self, uint64_t ticket, bool replicated, int timeout_ms, char *err,
                         size_t errlen)
 {
     struct timespec deadline;
     s_deadline(&deadline, timeout_ms);
-    int rc = KB_BANK_OK;
+    int rc = KB_COMMIT_OK;
     pthread_mutex_lock(&self->commit_mutex);
     if (ticket > self->wanted_epoch)
         self->wanted_epoch = ticket;
@@ -249,20 +300,20 @@ static int s_wait_epoch(kb_bank_t *self, uint64_t ticket, bool replicated, int t
     if ((replicated ? s_durable_locked(self) : self->committed_epoch) < ticket ||
         (replicated && atomic_load(&self->fenced))) {
         s_not_committed_locked(self, timeout_ms, err, errlen);
-        rc = KB_BANK_ESTORAGE;
+        rc = KB_COMMIT_ESTORAGE;
     }
     pthread_mutex_unlock(&self->commit_mutex);
     return rc;
 }
 
-int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
+int kb_commit_wait_durable(kb_commit_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
 {
     if (!self->opts.sync)
-        return KB_BANK_OK;
+        return KB_COMMIT_OK;
     return s_wait_epoch(self, ticket, true, timeout_ms, err, errlen);
 }
 
-void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
+void kb_commit_request_durable(kb_commit_t *self, uint64_t ticket)
 {
     pthread_mutex_lock(&self->commit_mutex);
     if (ticket > self->wanted_epoch) {
@@ -272,11 +323,11 @@ void kb_bank_request_durable(kb_bank_t *self, uint64_t ticket)
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-bool kb_bank_commits_broken(kb_bank_t *self) { return s_commit_hopeless(self); }
+bool kb_commit_broken(kb_commit_t *self) { return s_commit_hopeless(self); }
 
-bool kb_bank_fenced(kb_bank_t *self) { return atomic_load(&self->fenced); }
+bool kb_commit_fenced(kb_commit_t *self) { return atomic_load(&self->fenced); }
 
-uint64_t kb_bank_durable_epoch(kb_bank_t *self)
+uint64_t kb_commit_durable_epoch(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
     uint64_t epoch = s_durable_locked(self);
@@ -284,14 +335,14 @@ uint64_t kb_bank_durable_epoch(kb_bank_t *self)
     return epoch;
 }
 
-void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
+void kb_commit_not_committed(kb_commit_t *self, int timeout_ms, char *err, size_t errlen)
 {
     pthread_mutex_lock(&self->commit_mutex);
     s_not_committed_locked(self, timeout_ms, err, errlen);
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx)
+void kb_commit_set_commit_hook(kb_commit_t *self, void (*hook)(void *ctx), void *ctx)
 {
     pthread_mutex_lock(&self->commit_mutex);
     self->commit_hook = hook;
@@ -306,7 +357,7 @@ void kb_bank_set_commit_hook(kb_bank_t *self, void (*hook)(void *ctx), void *ctx
  * writer rarely pays for them but a steady write load cannot hold them back forever. Under the gate: a
  * checkpoint sets frequencies_due before it takes its ticket, so the round that collects the ticket's epoch
  * (or an earlier one) sees it. */
-static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
+static bool s_frequencies_due(kb_commit_t *self, bool writer_waits)
 {
     int64_t now = carls_monotonic_ms();
     int64_t since = now - self->frequencies_taken_ms;
@@ -320,25 +371,18 @@ static bool s_frequencies_due(kb_bank_t *self, bool writer_waits)
 
 /* Collects one epoch's changes into b (empty: each round moves its batch out). Returns true when the
  * compactor had asked for the pending sets and this round took every one of them. */
-static bool s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
+static bool s_collect(kb_commit_t *self, kb_batch_t *b, bool writer_waits)
 {
     pthread_rwlock_wrlock(&self->gate);
     b->epoch = atomic_fetch_add(&self->epoch, 1);
     kb_cache_note_epoch(self->cache, b->epoch); /* rows collected now are clean once b->epoch is compacted */
     bool frequencies = s_frequencies_due(self, writer_waits);
 
-    pthread_mutex_lock(&self->registry_mutex);
-    if (self->op_count) {
-        b->ops = carls_xrealloc(b->ops, (b->op_count + self->op_count) * sizeof *b->ops);
-        memcpy(b->ops + b->op_count, self->ops, self->op_count * sizeof *self->ops);
-        b->op_count += self->op_count;
-        self->op_count = 0;
-    }
-    pthread_mutex_unlock(&self->registry_mutex);
+    self->tables.take_ops(self->tables.ctx, b);
 
     bool rejournal = atomic_exchange(&self->rejournal_due, false);
     kb_table_t **tables;
-    size_t n = kb_bank_acquire_all(self, &tables);
+    size_t n = self->tables.acquire_all(self->tables.ctx, &tables);
     for (size_t i = 0; i < n; i++) {
         if (rejournal)
             kb_table_mark_pending_dirty(tables[i]);
@@ -356,7 +400,7 @@ static bool s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
     for (size_t i = 0; frequencies && i < n; i++)
         kb_table_take_frequencies(tables[i], &b->rows, &b->row_count, &b->row_capacity);
     for (size_t i = 0; i < n; i++)
-        kb_bank_release(self, tables[i]);
+        self->tables.release(self->tables.ctx, tables[i]);
     free(tables);
     if (fresh_n) {
         if (b->client_count + fresh_n > b->client_capacity) {
@@ -372,7 +416,7 @@ static bool s_collect(kb_bank_t *self, kb_batch_t *b, bool writer_waits)
 
 /* Brings the estimate's share of the persister's batch and of the de-duplication records up to date.
  * Persister thread only (or at close, after it stopped). */
-static void s_account(kb_bank_t *self, const kb_batch_t *b)
+static void s_account(kb_commit_t *self, const kb_batch_t *b)
 {
     int64_t batch = kb_batch_bytes(b);
     int64_t dedup = (int64_t)kb_dedup_memory(self->dedup);
@@ -382,10 +426,10 @@ static void s_account(kb_bank_t *self, const kb_batch_t *b)
 }
 
 static int64_t s_pending_heap_bytes(const kb_batch_t *b);
-static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *received);
+static void s_gradient_bytes(kb_commit_t *self, int64_t *pending, int64_t *received);
 
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
-void kb_bank_queue_batch(kb_bank_t *self, kb_batch_t *b)
+void kb_commit_queue_batch(kb_commit_t *self, kb_batch_t *b)
 {
     int64_t bytes = kb_batch_bytes(b);
     pthread_mutex_lock(&self->compact_mutex);
@@ -423,7 +467,7 @@ static int64_t s_pending_heap_bytes(const kb_batch_t *b)
  * beyond it (rounds that kept theirs because re-journaling did not pay) they count. Counting them all made
  * the first round of a push load, 220 MB at 100k keys, pass the half-bound and go into SQLite whole. Compact
  * mutex held. */
-static int64_t s_compactable_bytes(kb_bank_t *self)
+static int64_t s_compactable_bytes(kb_commit_t *self)
 {
     if (!self->pending_in_journal || self->queue_pending_bytes == 0)
         return self->queue_bytes;
@@ -434,18 +478,18 @@ static int64_t s_compactable_bytes(kb_bank_t *self)
 
 /* Over all tables: the bytes of the pending gradients they hold now (what a re-journaling round writes) and
  * of the gradients they have received since they were created. */
-static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *received)
+static void s_gradient_bytes(kb_commit_t *self, int64_t *pending, int64_t *received)
 {
     *pending = *received = 0;
     kb_table_t **tables;
-    size_t n = kb_bank_acquire_all(self, &tables);
+    size_t n = self->tables.acquire_all(self->tables.ctx, &tables);
     for (size_t i = 0; i < n; i++) {
         kb_table_stats_t st;
         kb_table_get_stats(tables[i], &st);
         int64_t row_bytes = kb_table_config(tables[i])->dim * (int64_t)sizeof(float);
         *pending += (int64_t)st.pending_gradients * row_bytes;
         *received += (int64_t)st.gradients_received * row_bytes;
-        kb_bank_release(self, tables[i]);
+        self->tables.release(self->tables.ctx, tables[i]);
     }
     free(tables);
 }
@@ -456,7 +500,7 @@ static void s_gradient_bytes(kb_bank_t *self, int64_t *pending, int64_t *receive
  * rounds before it without their pending sets (s_strip_pending). Asking only after a compaction left the
  * first rounds of a load without one: at 100k keys each held 200-220 MB of pending sets, the queue passed
  * its bound and compactions went whole, 3.7-8.5 s each, with the persister waiting. Persister thread. */
-static void s_ask_rejournal_under_pushes(kb_bank_t *self)
+static void s_ask_rejournal_under_pushes(kb_commit_t *self)
 {
     if (!self->pending_in_journal)
         return;
@@ -475,7 +519,7 @@ static void s_ask_rejournal_under_pushes(kb_bank_t *self)
  * Under a push load nearly every row has a pending set in every round, max_pending x dim floats: a queue that
  * kept them held 184 MB a round at 100k keys, passed its bound after one, and compactions went whole. Returns
  * the bytes freed. Compact mutex held. */
-static int64_t s_strip_pending(kb_bank_t *self, uint64_t epoch)
+static int64_t s_strip_pending(kb_commit_t *self, uint64_t epoch)
 {
     int64_t freed = 0;
     for (size_t i = 0; i < self->queue_count && self->queue[i].epoch < epoch; i++) {
@@ -495,7 +539,7 @@ static int64_t s_strip_pending(kb_bank_t *self, uint64_t epoch)
 
 /* Backpressure: while SQLite lags too far behind the journal, the persister waits for the compactor (so
  * memory stays bounded; writers then wait at the speed of SQLite). */
-void kb_bank_wait_for_compaction_room(kb_bank_t *self)
+void kb_commit_wait_for_compaction_room(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->compact_mutex);
     while (s_compactable_bytes(self) > self->queue_max_bytes && !self->compactor_stop) {
@@ -508,9 +552,9 @@ void kb_bank_wait_for_compaction_room(kb_bank_t *self)
 
 /* First half of a round: collect the epoch (moving it out of b, whose arrays the next round regrows) and
  * encode it. Persister thread only. */
-static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, kb_bank_round_t *r)
+static void s_prepare_round(kb_commit_t *self, kb_batch_t *b, bool writer_waits, kb_commit_round_t *r)
 {
-    kb_bank_wait_for_compaction_room(self);
+    kb_commit_wait_for_compaction_room(self);
     memset(r, 0, sizeof *r);
     r->rejournal = s_collect(self, b, writer_waits);
     bool record = b->op_count || b->row_count || b->client_count;
@@ -535,7 +579,7 @@ static void s_prepare_round(kb_bank_t *self, kb_batch_t *b, bool writer_waits, k
 
 /* Frees what a round still holds (its encoding, and its batch unless the queue took it) and its share of the
  * estimate; r is left empty. */
-static void s_round_free(kb_bank_t *self, kb_bank_round_t *r)
+static void s_round_free(kb_commit_t *self, kb_commit_round_t *r)
 {
     kb_memory_add(self->mem, -r->counted);
     free(r->bytes);
@@ -545,7 +589,7 @@ static void s_round_free(kb_bank_t *self, kb_bank_round_t *r)
 
 /* Second half: append to the journal (the commit), publish, queue for compaction. Returns 0 on success;
  * on failure r is kept as it is, to be tried again. Rounds finish in the order they were prepared. */
-static int s_finish_round(kb_bank_t *self, kb_bank_round_t *r)
+static int s_finish_round(kb_commit_t *self, kb_commit_round_t *r)
 {
     kb_batch_t *b = &r->batch;
     char why[512] = "";
@@ -586,7 +630,7 @@ static int s_finish_round(kb_bank_t *self, kb_bank_round_t *r)
     uint64_t epoch = b->epoch;
     s_ask_rejournal_under_pushes(self);
     if (r->bytes)
-        kb_bank_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
+        kb_commit_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
     if (r->rejournal) {
         /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
         pthread_mutex_lock(&self->compact_mutex);
@@ -602,7 +646,7 @@ static int s_finish_round(kb_bank_t *self, kb_bank_round_t *r)
 }
 
 /* Whether a failing round is dropped: once the bank is closing and it failed three times. */
-static bool s_give_up(kb_bank_t *self, int failures)
+static bool s_give_up(kb_commit_t *self, int failures)
 {
     pthread_mutex_lock(&self->commit_mutex);
     bool stopping = self->stopping;
@@ -613,7 +657,7 @@ static bool s_give_up(kb_bank_t *self, int failures)
 /* Finishes r, trying again every 100 ms while it fails (a failed append breaks the journal for good in most
  * cases, and then nothing more is acknowledged: writers get the storage error). Gives up only once the bank
  * is closing and three tries failed, then drops the round and logs what was not saved. */
-static void s_finish_retrying(kb_bank_t *self, kb_bank_round_t *r)
+static void s_finish_retrying(kb_commit_t *self, kb_commit_round_t *r)
 {
     for (int failures = 0; s_finish_round(self, r) != 0;) {
         failures++;
@@ -632,18 +676,19 @@ static void s_finish_retrying(kb_bank_t *self, kb_bank_round_t *r)
 /* ---- tables larger than memory (kb_cache.h) ---- */
 
 /* After a compaction: every cached table frees rows while the cache is over its budget. */
-static void s_cache_shrink_all(kb_bank_t *self)
+static void s_cache_shrink_all(kb_commit_t *self)
 {
     if (!self->cache || !kb_cache_over(self->cache))
         return;
     kb_table_t **tables;
-    size_t n = kb_bank_acquire_all(self, &tables);
+    size_t n = self->tables.acquire_all(self->tables.ctx, &tables);
     for (size_t i = 0; i < n; i++) {
         kb_table_cache_shrink(tables[i]);
-        kb_bank_release(self, tables[i]);
+        self->tables.release(self->tables.ctx, tables[i]);
     }
     free(tables);
 }
+
 
 static int s_load_cached_row(void *ctx, const kb_store_row_t *rec)
 {
@@ -676,16 +721,14 @@ static int s_load_cached(kb_bank_t *self)
     return 0;
 }
 
-/* Opens the cache's read connection and sizes what else takes memory from --cache-bytes: SQLite lags
- * the journal by at most a quarter of it. */
+/* Opens the cache's read connection (what else takes memory from --cache-bytes, SQLite's lag behind the
+ * journal, the commit pipeline bounds). */
 static int s_open_cache(kb_bank_t *self, uint32_t page_cache_kib, char *err, size_t errlen)
 {
     kb_store_reader_t *reader = NULL;
     if (kb_store_reader_open(self->data_dir, page_cache_kib, &reader, err, errlen) != 0)
         return -1;
     self->cache = kb_cache_new(self->opts.cache_bytes, reader);
-    if (self->queue_max_bytes > (int64_t)(self->opts.cache_bytes / 4))
-        self->queue_max_bytes = (int64_t)(self->opts.cache_bytes / 4);
     return 0;
 }
 
@@ -701,7 +744,7 @@ bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out)
 
 /* Writes batches into SQLite in one transaction that also records the newest epoch they hold. Store
  * mutex taken here. 0 on success. */
-static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, bool without_pending, char *why,
+static int s_compact(kb_commit_t *self, kb_batch_t *batches, size_t n, bool without_pending, char *why,
                      size_t whylen)
 {
     uint64_t last = batches[n - 1].epoch;
@@ -740,12 +783,12 @@ static int s_compact(kb_bank_t *self, kb_batch_t *batches, size_t n, bool withou
 #define COMPACT_BYTES ((int64_t)32 << 20)
 
 /* Whether the queue holds only the re-journaling round that the last compaction left. Compact mutex held. */
-static bool s_only_rejournal_queued(const kb_bank_t *self)
+static bool s_only_rejournal_queued(const kb_commit_t *self)
 {
     return self->queue_count == 1 && self->queue[0].epoch == self->rejournal_epoch;
 }
 
-static bool s_compaction_due(kb_bank_t *self, int64_t now)
+static bool s_compaction_due(kb_commit_t *self, int64_t now)
 {
     int64_t enough = self->queue_max_bytes / 4 < COMPACT_BYTES ? self->queue_max_bytes / 4 : COMPACT_BYTES;
     /* That round alone is not a reason by its size: it waits for the next epochs (to be compacted without
@@ -777,7 +820,7 @@ static bool s_rejournal_pays_against(int64_t pending_bytes, int64_t live_bytes)
 }
 
 /* The same against the pending sets the tables hold now. */
-static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes)
+static bool s_rejournal_pays_for(kb_commit_t *self, int64_t pending_bytes)
 {
     int64_t live, received;
     s_gradient_bytes(self, &live, &received);
@@ -787,7 +830,7 @@ static bool s_rejournal_pays_for(kb_bank_t *self, int64_t pending_bytes)
 /* The same for the queued epochs: true under a push load, where each epoch holds nearly every pending set
  * again; false when a few writes trickle in beside many long-pending sets, or when the queue is the last
  * re-journaling round alone. Compact mutex held. */
-static bool s_rejournal_pays(kb_bank_t *self)
+static bool s_rejournal_pays(kb_commit_t *self)
 {
     if (s_only_rejournal_queued(self))
         return false;
@@ -799,7 +842,7 @@ static bool s_rejournal_pays(kb_bank_t *self)
 
 static void *s_compactor_main(void *arg)
 {
-    kb_bank_t *self = arg;
+    kb_commit_t *self = arg;
     int failures = 0;
     /* SQLite work is background work: on a machine with few cores the request thread goes first. */
     if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
@@ -902,7 +945,7 @@ static void *s_compactor_main(void *arg)
              * (glibc keeps them otherwise, and the resident size would stay above the estimate). */
             pthread_mutex_unlock(&self->compact_mutex);
             s_cache_shrink_all(self); /* the rows just compacted may leave memory */
-            kb_bank_trim();
+            malloc_trim(0);
             pthread_mutex_lock(&self->compact_mutex);
             continue;
         }
@@ -930,11 +973,11 @@ static void *s_compactor_main(void *arg)
 }
 
 /* Whether a writer waits on an epoch the persister has not collected yet. Commit mutex held. */
-static bool s_writer_waits(const kb_bank_t *self) { return self->wanted_epoch > self->collected_epoch; }
+static bool s_writer_waits(const kb_commit_t *self) { return self->wanted_epoch > self->collected_epoch; }
 
 /* Hands a prepared round on: to the syncer's slot in sync durability (waiting while it holds the round
  * before), else finishes it here. */
-static void s_hand_over(kb_bank_t *self, kb_bank_round_t *r)
+static void s_hand_over(kb_commit_t *self, kb_commit_round_t *r)
 {
     if (!self->syncer_started) {
         s_finish_retrying(self, r);
@@ -951,14 +994,14 @@ static void s_hand_over(kb_bank_t *self, kb_bank_round_t *r)
 
 static void *s_syncer_main(void *arg)
 {
-    kb_bank_t *self = arg;
+    kb_commit_t *self = arg;
     pthread_mutex_lock(&self->slot_mutex);
     for (;;) {
         while (!self->slot_full && !self->syncer_stop)
             pthread_cond_wait(&self->slot_cond, &self->slot_mutex);
         if (!self->slot_full)
             break; /* stopping, and the persister's last round is done */
-        kb_bank_round_t r = self->slot; /* the syncer's until it is finished */
+        kb_commit_round_t r = self->slot; /* the syncer's until it is finished */
         pthread_mutex_unlock(&self->slot_mutex);
         s_finish_retrying(self, &r);
         pthread_mutex_lock(&self->slot_mutex);
@@ -971,7 +1014,7 @@ static void *s_syncer_main(void *arg)
 
 static void *s_persister_main(void *arg)
 {
-    kb_bank_t *self = arg;
+    kb_commit_t *self = arg;
     kb_batch_t batch = {0};
     /* Sync mode: idle rounds still come, so use counts (frequency_period_ms) and pending gradients reach
      * disk without a write to carry them. */
@@ -988,7 +1031,7 @@ static void *s_persister_main(void *arg)
         }
         bool writer_waits = s_writer_waits(self);
         pthread_mutex_unlock(&self->commit_mutex);
-        kb_bank_round_t r;
+        kb_commit_round_t r;
         s_prepare_round(self, &batch, writer_waits, &r);
         s_hand_over(self, &r);
         pthread_mutex_lock(&self->commit_mutex);
@@ -996,7 +1039,7 @@ static void *s_persister_main(void *arg)
     pthread_mutex_unlock(&self->commit_mutex);
     /* Final round so that a clean shutdown loses nothing, use counts included. */
     atomic_store(&self->frequencies_due, true);
-    kb_bank_round_t r;
+    kb_commit_round_t r;
     s_prepare_round(self, &batch, false, &r);
     s_hand_over(self, &r);
     kb_batch_free(&batch);
@@ -1007,12 +1050,12 @@ static void *s_persister_main(void *arg)
 
 static void *s_sweeper_main(void *arg)
 {
-    kb_bank_t *self = arg;
+    kb_commit_t *self = arg;
     pthread_mutex_lock(&self->sweep_mutex);
     while (!self->stopping) {
         pthread_mutex_unlock(&self->sweep_mutex);
         kb_table_t **tables;
-        size_t n = kb_bank_acquire_all(self, &tables);
+        size_t n = self->tables.acquire_all(self->tables.ctx, &tables);
         int64_t now = carls_monotonic_ms();
         uint32_t tick_ms = 100;
         for (size_t i = 0; i < n; i++) {
@@ -1025,7 +1068,7 @@ static void *s_sweeper_main(void *arg)
             /* Keep nearest-neighbour indexes within one tick of the table. */
             if (kb_table_knn_flush(tables[i]) != 0)
                 LOG_WARN("table %s: nearest-neighbour index update failed", kb_table_name(tables[i]));
-            kb_bank_release(self, tables[i]);
+            self->tables.release(self->tables.ctx, tables[i]);
         }
         free(tables);
         pthread_mutex_lock(&self->sweep_mutex);
@@ -1111,8 +1154,8 @@ static int s_replay_record(void *ctx, uint64_t epoch, const uint8_t *payload, si
 }
 
 /* Start-up: writes the journal's records newer than the store's last compacted epoch into SQLite (one
- * transaction), then removes the journal; new epochs continue after the newest one seen. */
-static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
+ * transaction), then removes the journal; *last_epoch: the newest one seen, which new epochs follow. */
+static int s_replay_journal(kb_bank_t *self, uint64_t *last_epoch, char *err, size_t errlen)
 {
     uint64_t compacted = kb_store_get_meta(self->store, "journal_epoch"), last = compacted;
     if (kb_store_begin(self->store) != 0)
@@ -1133,9 +1176,7 @@ static int s_replay_journal(kb_bank_t *self, char *err, size_t errlen)
                  (long long)(carls_monotonic_ms() - t0));
     if (kb_journal_remove_all(self->data_dir, err, errlen) != 0)
         return -1;
-    self->compacted_epoch = self->queued_epoch = last;
-    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = self->record_epoch = last;
-    atomic_store(&self->epoch, last + 1);
+    *last_epoch = last;
     return 0;
 }
 
@@ -1186,9 +1227,11 @@ static int s_replay_record_in_memory(void *ctx, uint64_t epoch, const uint8_t *p
 }
 
 /* kb_bank_open for opts->read_only: loads the store read-only, replays the journal's newer epochs into the
- * tables in memory (the journal files stay as they are), freezes every table's pending gradients, and
- * starts no thread: nothing is ever committed, compacted, swept or removed. */
-static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
+ * tables in memory (the journal files stay as they are) and freezes every table's pending gradients; the
+ * bank starts no thread: nothing is ever committed, compacted, swept or removed. *compacted_epoch: the
+ * store's newest epoch; *last_epoch: the journal's. */
+static int s_open_read_only(kb_bank_t *self, uint64_t *compacted_epoch, uint64_t *last_epoch, char *err,
+                            size_t errlen)
 {
     int64_t t0 = carls_monotonic_ms();
     if (kb_store_open_read_only(self->data_dir, &self->store, err, errlen) != 0)
@@ -1204,12 +1247,8 @@ static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
         kb_table_set_read_only(self->entries[i].table, true);
         rows += kb_table_row_count(self->entries[i].table);
     }
-    self->compacted_epoch = self->queued_epoch = compacted;
-    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = last;
-    self->stats.compacted_epoch = compacted;
-    atomic_store(&self->epoch, last + 1);
-    self->dedup_mem_counted = (int64_t)kb_dedup_memory(self->dedup);
-    kb_memory_add(self->mem, self->dedup_mem_counted);
+    *compacted_epoch = compacted;
+    *last_epoch = last;
     LOG_INFO("read-only: loaded %zu tables, %zu rows from %s in %lld ms (store up to epoch %llu, journal in "
              "memory up to %llu); nothing will be written",
              self->entry_count, rows, self->data_dir, (long long)(carls_monotonic_ms() - t0),
@@ -1219,7 +1258,7 @@ static int s_open_read_only(kb_bank_t *self, char *err, size_t errlen)
 
 /* The persister, and in sync durability the syncer, which appends and fdatasyncs while the persister collects
  * the next epoch. */
-void kb_bank_start_writer_threads(kb_bank_t *self)
+void kb_commit_start_writer_threads(kb_commit_t *self)
 {
     if (self->opts.sync) {
         if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
@@ -1233,26 +1272,17 @@ void kb_bank_start_writer_threads(kb_bank_t *self)
     self->threads_started = true;
 }
 
-int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
+kb_commit_t *kb_commit_new(const kb_commit_options_t *opts, const kb_commit_tables_t *tables)
 {
-    *out = NULL;
-    kb_bank_t *self = carls_xcalloc(1, sizeof *self);
+    kb_commit_t *self = carls_xcalloc(1, sizeof *self);
     self->opts = *opts;
-    self->data_dir = strdup(opts->data_dir);
-    if (!self->data_dir)
-        CARLS_FATAL("out of memory");
-    self->opts.data_dir = self->data_dir;
-    if (!self->opts.sync && self->opts.interval_ms == 0)
-        self->opts.interval_ms = 1000;
-    if (self->opts.frequency_period_ms == 0)
-        self->opts.frequency_period_ms = 10000;
-    if (self->opts.compact_delay_ms == 0)
-        self->opts.compact_delay_ms = 5000;
-    self->next_table_id = 1;
-    self->dedup = kb_dedup_new();
-    self->mem = kb_memory_new(opts->max_memory);
+    self->tables = *tables;
+    self->store = opts->store;
+    self->journal = opts->journal;
+    self->dedup = opts->dedup;
+    self->mem = opts->mem;
+    self->cache = opts->cache;
     pthread_mutex_init(&self->store_mutex, NULL);
-    pthread_mutex_init(&self->registry_mutex, NULL);
     /* Writer preference: glibc's default lets a steady stream of requests (readers of the gate) starve the
      * persister forever, and in interval durability nothing would ever be committed. No thread takes the
      * gate twice, so the non-recursive writer-preferring kind is safe. */
@@ -1269,7 +1299,6 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_cond_init(&self->sweep_cond, NULL);
     pthread_mutex_init(&self->slot_mutex, NULL);
     pthread_cond_init(&self->slot_cond, NULL);
-    atomic_init(&self->epoch, 1);
     atomic_init(&self->frequencies_due, false);
     self->frequencies_taken_ms = carls_monotonic_ms();
 
@@ -1277,68 +1306,30 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
     pthread_cond_init(&self->compact_cond, NULL);
     pthread_cond_init(&self->compacted_cond, NULL);
     /* SQLite may lag the journal by this much before writers wait for it: a quarter of --max-memory, else
-     * 256 MiB. */
+     * 256 MiB; with a cache, at most a quarter of --cache-bytes. */
     self->queue_max_bytes = opts->max_memory ? (int64_t)(opts->max_memory / 4) : (int64_t)256 << 20;
+    if (opts->cache && self->queue_max_bytes > (int64_t)(opts->cache_bytes / 4))
+        self->queue_max_bytes = (int64_t)(opts->cache_bytes / 4);
     const char *delay = getenv("CARLS_KB_TEST_COMPACTION_DELAY_MS");
     self->compact_delay_ms = delay ? atoi(delay) : 0;
 
-    if (opts->read_only) {
-        if (s_open_read_only(self, err, errlen) != 0)
-            goto fail;
-        *out = self;
-        return 0;
-    }
-
-    if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
-        goto fail;
-    /* A larger page cache than SQLite's 2 MiB: compaction writes rows all over the B-tree, and with the
-     * default most of its time went to reading pages back (pread). 32 MiB, or a sixteenth of --max-memory
-     * when that is less (at least the default): the cache is resident memory the estimate does not count. */
-    uint64_t cache_kib = 32768;
-    if (opts->max_memory && opts->max_memory / 16 / 1024 < cache_kib)
-        cache_kib = opts->max_memory / 16 / 1024 > 2048 ? opts->max_memory / 16 / 1024 : 2048;
-    /* --cache-bytes: the same share of it, for this connection and the cache's read connection each. */
-    if (opts->cache_bytes && opts->cache_bytes / 16 / 1024 < cache_kib)
-        cache_kib = opts->cache_bytes / 16 / 1024 > 2048 ? opts->cache_bytes / 16 / 1024 : 2048;
-    if (kb_store_set_cache(self->store, (uint32_t)cache_kib) != 0)
-        LOG_WARN("cannot set SQLite's page cache to %llu KiB: %s", (unsigned long long)cache_kib,
-                 kb_store_last_error(self->store));
-    int64_t t0 = carls_monotonic_ms();
-    if (s_replay_journal(self, err, errlen) != 0)
-        goto fail;
-    if (kb_journal_open(self->data_dir, opts->sync, opts->journal_segment_bytes, &self->journal, err, errlen) != 0)
-        goto fail;
-    if (opts->cache_bytes) {
-        if (s_open_cache(self, (uint32_t)cache_kib, err, errlen) != 0)
-            goto fail;
-        kb_cache_set_compacted(self->cache, self->compacted_epoch);
-    }
-    if (kb_store_load(self->store, s_load_table, self->cache ? NULL : s_load_row, s_load_client, self) != 0 ||
-        (self->cache && s_load_cached(self) != 0)) {
-        snprintf(err, errlen, "loading %s failed: %s", self->data_dir, kb_store_last_error(self->store));
-        goto fail;
-    }
-    size_t rows = 0;
-    for (size_t i = 0; i < self->entry_count; i++)
-        rows += kb_table_row_count(self->entries[i].table);
+    self->compacted_epoch = self->queued_epoch = opts->compacted_epoch;
+    self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = opts->committed_epoch;
+    if (!opts->read_only)
+        self->record_epoch = opts->committed_epoch;
+    atomic_init(&self->epoch, opts->committed_epoch + 1);
     self->dedup_mem_counted = (int64_t)kb_dedup_memory(self->dedup);
     kb_memory_add(self->mem, self->dedup_mem_counted);
-    LOG_INFO("loaded %zu tables, %zu rows, %zu clients from %s in %lld ms (estimated memory %llu MiB%s)",
-             self->entry_count, rows, kb_dedup_client_count(self->dedup), self->data_dir,
-             (long long)(carls_monotonic_ms() - t0), (unsigned long long)(kb_memory_used(self->mem) >> 20),
-             kb_memory_limit(self->mem) && kb_memory_used(self->mem) > kb_memory_limit(self->mem)
-                 ? ", over --max-memory: requests that create rows will be refused"
-                 : "");
-
     /* A follower compacts every batch whole: its pending sets cannot wait for a re-journaling round, which
      * only its primary decides. */
-    self->pending_in_journal = self->cache == NULL && !opts->replica;
+    self->pending_in_journal = !opts->read_only && self->cache == NULL && !opts->replica;
     self->replica = opts->replica;
     self->min_replicas = opts->replica ? 0 : opts->min_replicas;
-    if (opts->replica) {
-        for (size_t i = 0; i < self->entry_count; i++)
-            kb_table_set_read_only(self->entries[i].table, true);
-    }
+    return self;
+}
+
+void kb_commit_start(kb_commit_t *self)
+{
     if (pthread_create(&self->compactor, NULL, s_compactor_main, self) != 0)
         CARLS_FATAL("cannot start bank threads");
     pthread_setname_np(self->compactor, "kb-compactor"); /* names for top -H, perf and gdb (15 chars at most) */
@@ -1347,20 +1338,15 @@ int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size
         CARLS_FATAL("cannot start bank threads");
     pthread_setname_np(self->sweeper, "kb-sweeper");
     self->sweeper_started = true;
-    if (!opts->replica) /* a follower's epochs are its primary's, until it is promoted */
-        kb_bank_start_writer_threads(self);
-    *out = self;
-    return 0;
-fail:
-    kb_bank_close(&self);
-    return -1;
+    if (!self->opts.replica) /* a follower's epochs are its primary's, until it is promoted */
+        kb_commit_start_writer_threads(self);
 }
 
-void kb_bank_close(kb_bank_t **self_p)
+void kb_commit_destroy(kb_commit_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
-    kb_bank_t *self = *self_p;
+    kb_commit_t *self = *self_p;
     if (self->sweeper_started) {
         pthread_mutex_lock(&self->sweep_mutex);
         pthread_mutex_lock(&self->commit_mutex);
@@ -1397,12 +1383,152 @@ void kb_bank_close(kb_bank_t **self_p)
             LOG_ERROR("%zu journaled epochs could not be written into SQLite; the journal keeps them and the "
                       "next start replays them",
                       self->queue_count);
-        else if (kb_journal_remove_all(self->data_dir, err, sizeof err) != 0)
+        else if (kb_journal_remove_all(self->opts.data_dir, err, sizeof err) != 0)
             LOG_WARN("%s", err);
     }
     for (size_t i = 0; i < self->queue_count; i++)
         kb_batch_free(&self->queue[i]);
     free(self->queue);
+    pthread_mutex_destroy(&self->store_mutex);
+    pthread_mutex_destroy(&self->compact_mutex);
+    pthread_cond_destroy(&self->compact_cond);
+    pthread_cond_destroy(&self->compacted_cond);
+    pthread_rwlock_destroy(&self->gate);
+    pthread_mutex_destroy(&self->commit_mutex);
+    pthread_mutex_destroy(&self->ship_mutex);
+    pthread_cond_destroy(&self->commit_cond);
+    pthread_cond_destroy(&self->persist_cond);
+    pthread_mutex_destroy(&self->sweep_mutex);
+    pthread_cond_destroy(&self->sweep_cond);
+    pthread_mutex_destroy(&self->slot_mutex);
+    pthread_cond_destroy(&self->slot_cond);
+    free(self);
+    *self_p = NULL;
+}
+
+/* Hands the loaded tables to a new commit pipeline (which takes the journal, when there is one). */
+static void s_new_commit(kb_bank_t *self, uint64_t compacted_epoch, uint64_t committed_epoch)
+{
+    kb_commit_options_t copts = {
+        .data_dir = self->data_dir,
+        .sync = self->opts.sync,
+        .interval_ms = self->opts.interval_ms,
+        .frequency_period_ms = self->opts.frequency_period_ms,
+        .compacted_epoch = compacted_epoch,
+        .committed_epoch = committed_epoch,
+        .compact_delay_ms = self->opts.compact_delay_ms,
+        .max_memory = self->opts.max_memory,
+        .cache_bytes = self->opts.cache_bytes,
+        .read_only = self->opts.read_only,
+        .replica = self->opts.replica && !self->opts.read_only,
+        .min_replicas = self->opts.read_only ? 0 : self->opts.min_replicas,
+        .store = self->store,
+        .journal = self->journal,
+        .dedup = self->dedup,
+        .mem = self->mem,
+        .cache = self->cache,
+    };
+    kb_commit_tables_t tables = {
+        .acquire_all = s_acquire_all_tables,
+        .release = s_release_table,
+        .take_ops = s_take_ops,
+        .check_replicated = kb_bank_check_replicated,
+        .apply_replicated = kb_bank_apply_replicated_batch,
+        .ctx = self,
+    };
+    self->commit = kb_commit_new(&copts, &tables);
+    self->journal = NULL; /* the pipeline's now */
+}
+
+int kb_bank_open(const kb_bank_options_t *opts, kb_bank_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    kb_bank_t *self = carls_xcalloc(1, sizeof *self);
+    self->opts = *opts;
+    self->data_dir = strdup(opts->data_dir);
+    if (!self->data_dir)
+        CARLS_FATAL("out of memory");
+    self->opts.data_dir = self->data_dir;
+    if (!self->opts.sync && self->opts.interval_ms == 0)
+        self->opts.interval_ms = 1000;
+    if (self->opts.frequency_period_ms == 0)
+        self->opts.frequency_period_ms = 10000;
+    if (self->opts.compact_delay_ms == 0)
+        self->opts.compact_delay_ms = 5000;
+    self->next_table_id = 1;
+    self->dedup = kb_dedup_new();
+    self->mem = kb_memory_new(opts->max_memory);
+    pthread_mutex_init(&self->registry_mutex, NULL);
+
+    if (opts->read_only) {
+        uint64_t compacted = 0, last = 0;
+        if (s_open_read_only(self, &compacted, &last, err, errlen) != 0)
+            goto fail;
+        s_new_commit(self, compacted, last);
+        *out = self;
+        return 0;
+    }
+
+    if (kb_store_open(self->data_dir, opts->sync, &self->store, err, errlen) != 0)
+        goto fail;
+    /* A larger page cache than SQLite's 2 MiB: compaction writes rows all over the B-tree, and with the
+     * default most of its time went to reading pages back (pread). 32 MiB, or a sixteenth of --max-memory
+     * when that is less (at least the default): the cache is resident memory the estimate does not count. */
+    uint64_t cache_kib = 32768;
+    if (opts->max_memory && opts->max_memory / 16 / 1024 < cache_kib)
+        cache_kib = opts->max_memory / 16 / 1024 > 2048 ? opts->max_memory / 16 / 1024 : 2048;
+    /* --cache-bytes: the same share of it, for this connection and the cache's read connection each. */
+    if (opts->cache_bytes && opts->cache_bytes / 16 / 1024 < cache_kib)
+        cache_kib = opts->cache_bytes / 16 / 1024 > 2048 ? opts->cache_bytes / 16 / 1024 : 2048;
+    if (kb_store_set_cache(self->store, (uint32_t)cache_kib) != 0)
+        LOG_WARN("cannot set SQLite's page cache to %llu KiB: %s", (unsigned long long)cache_kib,
+                 kb_store_last_error(self->store));
+    int64_t t0 = carls_monotonic_ms();
+    uint64_t last = 0;
+    if (s_replay_journal(self, &last, err, errlen) != 0)
+        goto fail;
+    if (kb_journal_open(self->data_dir, opts->sync, opts->journal_segment_bytes, &self->journal, err, errlen) != 0)
+        goto fail;
+    if (opts->cache_bytes) {
+        if (s_open_cache(self, (uint32_t)cache_kib, err, errlen) != 0)
+            goto fail;
+        kb_cache_set_compacted(self->cache, last);
+    }
+    if (kb_store_load(self->store, s_load_table, self->cache ? NULL : s_load_row, s_load_client, self) != 0 ||
+        (self->cache && s_load_cached(self) != 0)) {
+        snprintf(err, errlen, "loading %s failed: %s", self->data_dir, kb_store_last_error(self->store));
+        goto fail;
+    }
+    size_t rows = 0;
+    for (size_t i = 0; i < self->entry_count; i++)
+        rows += kb_table_row_count(self->entries[i].table);
+    s_new_commit(self, last, last); /* counts the de-duplication records in the estimate */
+    LOG_INFO("loaded %zu tables, %zu rows, %zu clients from %s in %lld ms (estimated memory %llu MiB%s)",
+             self->entry_count, rows, kb_dedup_client_count(self->dedup), self->data_dir,
+             (long long)(carls_monotonic_ms() - t0), (unsigned long long)(kb_memory_used(self->mem) >> 20),
+             kb_memory_limit(self->mem) && kb_memory_used(self->mem) > kb_memory_limit(self->mem)
+                 ? ", over --max-memory: requests that create rows will be refused"
+                 : "");
+
+    if (opts->replica) {
+        for (size_t i = 0; i < self->entry_count; i++)
+            kb_table_set_read_only(self->entries[i].table, true);
+    }
+    kb_commit_start(self->commit);
+    *out = self;
+    return 0;
+fail:
+    kb_bank_close(&self);
+    return -1;
+}
+
+void kb_bank_close(kb_bank_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kb_bank_t *self = *self_p;
+    kb_commit_destroy(&self->commit); /* its last round commits and compacts the tables' changes */
+    kb_journal_close(&self->journal); /* a start-up that failed before the pipeline took it */
     for (size_t i = 0; i < self->entry_count; i++)
         kb_table_destroy(&self->entries[i].table);
     free(self->entries);
@@ -1417,39 +1543,21 @@ void kb_bank_close(kb_bank_t **self_p)
     free(self->ops);
     kb_store_close(&self->store);
     kb_dedup_destroy(&self->dedup);
-    pthread_mutex_destroy(&self->store_mutex);
     pthread_mutex_destroy(&self->registry_mutex);
-    pthread_mutex_destroy(&self->compact_mutex);
-    pthread_cond_destroy(&self->compact_cond);
-    pthread_cond_destroy(&self->compacted_cond);
-    pthread_rwlock_destroy(&self->gate);
-    pthread_mutex_destroy(&self->commit_mutex);
-    pthread_mutex_destroy(&self->ship_mutex);
-    pthread_cond_destroy(&self->commit_cond);
-    pthread_cond_destroy(&self->persist_cond);
-    pthread_mutex_destroy(&self->sweep_mutex);
-    pthread_cond_destroy(&self->sweep_cond);
-    pthread_mutex_destroy(&self->slot_mutex);
-    pthread_cond_destroy(&self->slot_cond);
     free(self->data_dir);
     free(self);
     *self_p = NULL;
 }
 
-int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
+int kb_commit_checkpoint(kb_commit_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
 {
-    if (self->opts.read_only) /* nothing to commit, and the files must not change */
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is read-only: it commits nothing");
-    if (kb_bank_is_replica(self)) /* its commits are its primary's */
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is a follower: checkpoint its primary");
-
     /* Everything written before this call is in an epoch <= the one being filled now, and the round that
      * collects it (or an earlier one, collecting after this store) takes the use counts too. */
     atomic_store(&self->frequencies_due, true);
-    kb_bank_write_begin(self);
-    uint64_t ticket = kb_bank_write_end(self);
+    kb_commit_write_begin(self);
+    uint64_t ticket = kb_commit_write_end(self);
     if (s_wait_epoch(self, ticket, false, 30000, err, errlen) != 0)
-        return KB_BANK_ESTORAGE;
+        return KB_COMMIT_ESTORAGE;
     /* Then until SQLite holds everything journaled so far, so the file alone is complete. */
     struct timespec deadline;
     s_deadline(&deadline, 30000);
@@ -1464,7 +1572,7 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
     bool compacted = self->compacted_epoch >= target;
     pthread_mutex_unlock(&self->compact_mutex);
     if (!compacted)
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE,
+        return carls_errorf(err, errlen, KB_COMMIT_ESTORAGE,
                             "checkpoint: the journal was not compacted into SQLite within 30 s");
     pthread_mutex_lock(&self->store_mutex);
     int rc = kb_store_checkpoint(self->store);
@@ -1474,12 +1582,21 @@ int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, si
     pthread_mutex_lock(&self->commit_mutex);
     *committed_epoch = self->committed_epoch;
     pthread_mutex_unlock(&self->commit_mutex);
-    return rc ? KB_BANK_ESTORAGE : KB_BANK_OK;
+    return rc ? KB_COMMIT_ESTORAGE : KB_COMMIT_OK;
+}
+
+int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
+{
+    if (self->opts.read_only) /* nothing to commit, and the files must not change */
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is read-only: it commits nothing");
+    if (kb_commit_is_replica(self->commit)) /* its commits are its primary's */
+        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is a follower: checkpoint its primary");
+    return kb_commit_checkpoint(self->commit, committed_epoch, err, errlen);
 }
 
 kb_memory_t *kb_bank_memory(kb_bank_t *self) { return self->mem; }
 
-void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
+void kb_commit_get_stats(kb_commit_t *self, kb_commit_stats_t *out)
 {
     pthread_mutex_lock(&self->commit_mutex);
     *out = self->stats;
@@ -1495,20 +1612,22 @@ void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out)
     out->journal_bytes = self->journal ? kb_journal_bytes(self->journal) : 0;
 }
 
+void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out) { kb_commit_get_stats(self->commit, out); }
+
 /* ---- snapshots (kb_snapshot.h) ---- */
 
 const char *kb_bank_data_dir(const kb_bank_t *self) { return self->data_dir; }
 
-int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
-                         uint64_t *compacted_epoch, char *err, size_t errlen)
+int kb_commit_snapshot_cut(kb_commit_t *self, kb_commit_cut_fn fn, void *ctx, uint64_t *cut_epoch,
+                           uint64_t *compacted_epoch, char *err, size_t errlen)
 {
     /* Every write acknowledged before this call is in an epoch <= ticket; the round that commits it takes
      * the use counts too. */
     atomic_store(&self->frequencies_due, true);
-    kb_bank_write_begin(self);
-    uint64_t ticket = kb_bank_write_end(self);
+    kb_commit_write_begin(self);
+    uint64_t ticket = kb_commit_write_end(self);
     if (s_wait_epoch(self, ticket, false, 30000, err, errlen) != 0)
-        return KB_BANK_ESTORAGE;
+        return KB_COMMIT_ESTORAGE;
     /* No compaction runs while fn reads SQLite's epoch, so the file it reads holds exactly the epochs <= C;
      * the journal keeps every segment from now until kb_bank_snapshot_end. */
     pthread_mutex_lock(&self->compact_mutex);
@@ -1531,20 +1650,21 @@ int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t
     pthread_cond_broadcast(&self->compact_cond);
     pthread_mutex_unlock(&self->compact_mutex);
     if (rc != 0) {
-        kb_bank_snapshot_end(self);
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "snapshot: reading the store at epoch %llu failed",
+        kb_commit_snapshot_end(self);
+        return carls_errorf(err, errlen, KB_COMMIT_ESTORAGE, "snapshot: reading the store at epoch %llu failed",
                             (unsigned long long)compacted);
     }
-    return KB_BANK_OK;
+    return KB_COMMIT_OK;
 }
 
-int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
-                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen)
+int kb_commit_snapshot_copy_journal(kb_commit_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
+                                    char *path_out, size_t path_len, uint64_t *records, char *err,
+                                    size_t errlen)
 {
     return kb_journal_copy(self->journal, after, upto, dest_dir, path_out, path_len, records, err, errlen);
 }
 
-void kb_bank_snapshot_end(kb_bank_t *self)
+void kb_commit_snapshot_end(kb_commit_t *self)
 {
     kb_journal_unhold(self->journal);
     pthread_mutex_lock(&self->compact_mutex);
@@ -1552,3 +1672,18 @@ void kb_bank_snapshot_end(kb_bank_t *self)
     pthread_mutex_unlock(&self->compact_mutex);
     kb_journal_release(self->journal, compacted); /* what compactions meanwhile would have removed */
 }
+
+int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
+                         uint64_t *compacted_epoch, char *err, size_t errlen)
+{
+    return kb_commit_snapshot_cut(self->commit, fn, ctx, cut_epoch, compacted_epoch, err, errlen);
+}
+
+int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
+                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen)
+{
+    return kb_commit_snapshot_copy_journal(self->commit, after, upto, dest_dir, path_out, path_len, records, err,
+                                           errlen);
+}
+
+void kb_bank_snapshot_end(kb_bank_t *self) { kb_commit_snapshot_end(self->commit); }

@@ -1,10 +1,11 @@
-/* The bank's state and the helpers its files share (kb_bank.c, kb_bank_replica.c). Private to the bank:
- * nothing outside knowledge_bank/kb_bank*.c includes it. */
+/* The bank's state and the commit pipeline's, and the helpers their files share (kb_bank.c,
+ * kb_bank_replica.c). Private to the bank: nothing outside knowledge_bank/kb_bank*.c includes it. */
 #ifndef KB_BANK_INTERNAL_H
 #define KB_BANK_INTERNAL_H
 
 #include "kb_bank.h"
 #include "kb_batch.h"
+#include "kb_commit.h"
 #include "kb_cache.h"
 #include "kb_dedup.h"
 #include "kb_journal.h"
@@ -32,21 +33,14 @@ typedef struct {
     int64_t counted;
     bool rejournal; /* it holds every pending set (the compactor asked for them) */
     bool shipped;   /* the ship hook has seen it (a retried append does not ship it again) */
-} kb_bank_round_t;
+} kb_commit_round_t;
 
-struct kb_bank {
-    kb_bank_options_t opts;
-    char *data_dir;
+struct kb_commit {
+    kb_commit_options_t opts;    /* its store, journal, dedup, mem and cache are the pointers below */
+    kb_commit_tables_t tables;   /* the owner's tables */
     kb_store_t *store;
-    pthread_mutex_t store_mutex; /* the persister and checkpoints take turns on the store */
+    pthread_mutex_t store_mutex; /* the compactor and checkpoints take turns on the store */
     kb_dedup_t *dedup;
-
-    pthread_mutex_t registry_mutex;
-    kb_bank_entry_t *entries;
-    size_t entry_count, entry_capacity;
-    int64_t next_table_id;
-    kb_table_op_t *ops; /* guarded by registry_mutex */
-    size_t op_count, op_capacity;
 
     /* Held shared by write requests, exclusively by the persister while it collects an epoch. */
     pthread_rwlock_t gate;
@@ -61,16 +55,16 @@ struct kb_bank {
     void *commit_hook_ctx;
     bool stopping;
     atomic_bool journal_broken; /* set under the commit mutex: an append failed, so no later write can commit
-                                 * until a restart (writers read it without the mutex, kb_bank_commits_broken) */
+                                 * until a restart (writers read it without the mutex, kb_commit_broken) */
     char storage_error[512];      /* last commit failure, "" after a success */
-    /* Replication (docs/REPLICATION.md). A replica's epochs are its primary's (kb_bank_apply_replicated); a
+    /* Replication (docs/REPLICATION.md). A replica's epochs are its primary's (kb_commit_apply_replicated); a
      * primary hands every round to the ship hook before its own append, and with min_replicas K > 0 a write
      * is durable once its epoch is committed here and replicated_epoch (K followers applied it) reaches it. */
     bool replica;                 /* commit mutex; changes only under the exclusive gate too (promotion) */
     uint64_t replicated_epoch;    /* commit mutex */
     uint32_t min_replicas;        /* commit mutex */
     pthread_mutex_t ship_mutex;   /* held while the ship hook runs, so removing it waits for a call in flight */
-    kb_bank_ship_fn ship_hook;    /* ship mutex */
+    kb_commit_ship_fn ship_hook;    /* ship mutex */
     void *ship_hook_ctx;
     void (*journaled_hook)(void *ctx, uint64_t epoch); /* a follower's: a round is in its journal */
     void *journaled_ctx;
@@ -91,11 +85,11 @@ struct kb_bank {
     bool syncer_started, syncer_stop, slot_full;
     pthread_mutex_t slot_mutex;
     pthread_cond_t slot_cond;
-    kb_bank_round_t slot;
+    kb_commit_round_t slot;
     pthread_mutex_t sweep_mutex;
     pthread_cond_t sweep_cond;
 
-    kb_bank_stats_t stats; /* guarded by commit_mutex */
+    kb_commit_stats_t stats; /* guarded by commit_mutex */
 
     /* The journal and its compactor (kb_journal.h): the persister appends each epoch's batch to the journal
      * (that is the commit) and queues it; the compactor writes queued batches into SQLite. */
@@ -117,7 +111,7 @@ struct kb_bank {
     bool compacting;               /* a compaction transaction is open */
     bool compactor_stop;
     int compact_delay_ms;          /* fault injection for the crash tests (CARLS_KB_TEST_COMPACTION_DELAY_MS) */
-    int compaction_paused;         /* snapshots reading their cut (kb_bank_snapshot_cut): start no compaction */
+    int compaction_paused;         /* snapshots reading their cut (kb_commit_snapshot_cut): start no compaction */
     /* Pending sets (see "pending sets" below): background compactions store rows without their pending
      * gradients, which live on in the journal from a round that re-journaled every pending set. */
     bool pending_in_journal;       /* off with a cache (rows leave memory and come back from SQLite) */
@@ -137,19 +131,39 @@ struct kb_bank {
     kb_cache_t *cache;          /* --cache-bytes (kb_cache.h), or NULL */
 };
 
+struct kb_bank {
+    kb_bank_options_t opts;
+    char *data_dir;
+    kb_store_t *store;
+    kb_dedup_t *dedup;
+
+    pthread_mutex_t registry_mutex;
+    kb_bank_entry_t *entries;
+    size_t entry_count, entry_capacity;
+    int64_t next_table_id;
+    kb_table_op_t *ops; /* guarded by registry_mutex */
+    size_t op_count, op_capacity;
+
+    kb_memory_t *mem;    /* the memory estimate and --max-memory budget (kb_memory.h) */
+    kb_cache_t *cache;   /* --cache-bytes (kb_cache.h), or NULL */
+    kb_journal_t *journal; /* opened at start-up, until the commit pipeline takes it */
+    kb_commit_t *commit; /* the commit pipeline (kb_commit.h), once the tables are loaded */
+};
+
 /* Registry mutex held: appends an entry holding the registry's reference. */
 void kb_bank_add_entry(kb_bank_t *self, kb_table_t *table);
 /* Registry mutex held: drops one reference; frees the table and its entry when it was the last (true). */
 bool kb_bank_unref_entry(kb_bank_t *self, size_t index);
 /* Hands freed heap pages back after a table was freed (without the registry mutex). */
 void kb_bank_trim(void);
+/* The commit pipeline's check_replicated and apply_replicated (kb_commit_tables_t) over the bank (ctx). */
+int kb_bank_check_replicated(void *ctx, const kb_batch_t *b, char *err, size_t errlen);
+int kb_bank_apply_replicated_batch(void *ctx, const kb_batch_t *b);
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
-void kb_bank_queue_batch(kb_bank_t *self, kb_batch_t *b);
+void kb_commit_queue_batch(kb_commit_t *self, kb_batch_t *b);
 /* Waits while SQLite lags the journal by more than the queue's bound. */
-void kb_bank_wait_for_compaction_room(kb_bank_t *self);
+void kb_commit_wait_for_compaction_room(kb_commit_t *self);
 /* Starts the persister, and the syncer in sync durability. */
-void kb_bank_start_writer_threads(kb_bank_t *self);
-/* Commit mutex held: wakes the writers waiting for the durable point and calls the commit hook. */
-void kb_bank_publish_locked(kb_bank_t *self);
+void kb_commit_start_writer_threads(kb_commit_t *self);
 
 #endif

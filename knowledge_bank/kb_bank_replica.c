@@ -14,7 +14,7 @@
 
 /* ---- replication (docs/REPLICATION.md) ---- */
 
-uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
+uint64_t kb_commit_set_ship_hook(kb_commit_t *self, kb_commit_ship_fn hook, void *ctx)
 {
     pthread_mutex_lock(&self->ship_mutex);
     self->ship_hook = hook;
@@ -28,32 +28,32 @@ uint64_t kb_bank_set_ship_hook(kb_bank_t *self, kb_bank_ship_fn hook, void *ctx)
 }
 
 /* Publishes a change of the durable point to waiters and to the transport (commit mutex held). */
-void kb_bank_publish_locked(kb_bank_t *self)
+static void s_publish_locked(kb_commit_t *self)
 {
     pthread_cond_broadcast(&self->commit_cond);
     if (self->commit_hook)
         self->commit_hook(self->commit_hook_ctx);
 }
 
-void kb_bank_set_replicated(kb_bank_t *self, uint64_t epoch)
+void kb_commit_set_replicated(kb_commit_t *self, uint64_t epoch)
 {
     pthread_mutex_lock(&self->commit_mutex);
     if (epoch > self->replicated_epoch) {
         self->replicated_epoch = epoch;
-        kb_bank_publish_locked(self);
+        s_publish_locked(self);
     }
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-void kb_bank_set_min_replicas(kb_bank_t *self, uint32_t min_replicas)
+void kb_commit_set_min_replicas(kb_commit_t *self, uint32_t min_replicas)
 {
     pthread_mutex_lock(&self->commit_mutex);
     self->min_replicas = min_replicas;
-    kb_bank_publish_locked(self);
+    s_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-uint32_t kb_bank_min_replicas(kb_bank_t *self)
+uint32_t kb_commit_min_replicas(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
     uint32_t k = self->min_replicas;
@@ -61,7 +61,7 @@ uint32_t kb_bank_min_replicas(kb_bank_t *self)
     return k;
 }
 
-void kb_bank_set_replicas_short(kb_bank_t *self, const char *reason)
+void kb_commit_set_replicas_short(kb_commit_t *self, const char *reason)
 {
     if (!reason && !atomic_load(&self->replicas_short))
         return;
@@ -75,7 +75,7 @@ void kb_bank_set_replicas_short(kb_bank_t *self, const char *reason)
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-bool kb_bank_replicas_short(kb_bank_t *self, char *why, size_t whylen)
+bool kb_commit_replicas_short(kb_commit_t *self, char *why, size_t whylen)
 {
     if (!atomic_load(&self->replicas_short))
         return false;
@@ -85,7 +85,7 @@ bool kb_bank_replicas_short(kb_bank_t *self, char *why, size_t whylen)
     return true;
 }
 
-void kb_bank_fence(kb_bank_t *self, const char *reason)
+void kb_commit_fence(kb_commit_t *self, const char *reason)
 {
     pthread_mutex_lock(&self->commit_mutex);
     if (!atomic_load(&self->fenced)) {
@@ -93,11 +93,11 @@ void kb_bank_fence(kb_bank_t *self, const char *reason)
         atomic_store(&self->fenced, true);
         LOG_WARN("writes are refused from now on: %s", reason);
     }
-    kb_bank_publish_locked(self);
+    s_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
 }
 
-bool kb_bank_is_replica(kb_bank_t *self)
+bool kb_commit_is_replica(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
     bool replica = self->replica;
@@ -105,7 +105,7 @@ bool kb_bank_is_replica(kb_bank_t *self)
     return replica;
 }
 
-uint64_t kb_bank_committed_epoch(kb_bank_t *self)
+uint64_t kb_commit_committed_epoch(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->commit_mutex);
     uint64_t epoch = self->committed_epoch;
@@ -203,44 +203,61 @@ static void s_apply_rows(kb_bank_t *self, const kb_batch_t *b)
     }
 }
 
-int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
-                             char *err, size_t errlen)
+int kb_bank_check_replicated(void *ctx, const kb_batch_t *b, char *err, size_t errlen)
+{
+    (void)ctx;
+    for (size_t i = 0; i < b->op_count; i++) {
+        kb_table_config_t cfg;
+        char why[256];
+        if (!b->ops[i].drop &&
+            kb_table_config_unpack(b->ops[i].config, b->ops[i].config_len, &cfg, why, sizeof why) != 0)
+            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: table %s: %s",
+                                (unsigned long long)b->epoch, b->ops[i].name ? b->ops[i].name : "?", why);
+    }
+    return 0;
+}
+
+int kb_bank_apply_replicated_batch(void *ctx, const kb_batch_t *b)
+{
+    kb_bank_t *self = ctx;
+    int rc = s_apply_ops(self, b);
+    if (rc == 0)
+        s_apply_rows(self, b);
+    return rc;
+}
+
+int kb_commit_apply_replicated(kb_commit_t *self, uint64_t epoch, const uint8_t *payload, size_t len, uint32_t crc,
+                               char *err, size_t errlen)
 {
     pthread_mutex_lock(&self->commit_mutex);
     bool replica = self->replica;
     uint64_t committed = self->committed_epoch;
     pthread_mutex_unlock(&self->commit_mutex);
     if (!replica)
-        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu refused: this server is not a follower",
+        return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "epoch %llu refused: this server is not a follower",
                             (unsigned long long)epoch);
     if (epoch <= committed)
-        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu refused: epoch %llu is applied already",
+        return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "epoch %llu refused: epoch %llu is applied already",
                             (unsigned long long)epoch, (unsigned long long)committed);
     kb_batch_t b = {0};
     if (len) {
         if (kb_journal_crc(epoch, payload, len) != crc)
-            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: the record's CRC-32 does not match",
+            return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "epoch %llu: the record's CRC-32 does not match",
                                 (unsigned long long)epoch);
         char why[256];
         if (kb_batch_decode(payload, len, &b, why, sizeof why) != 0)
-            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: %s", (unsigned long long)epoch, why);
+            return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "epoch %llu: %s", (unsigned long long)epoch, why);
         if (b.epoch != epoch) {
             kb_batch_free(&b);
-            return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: the record holds epoch %llu's batch",
+            return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "epoch %llu: the record holds epoch %llu's batch",
                                 (unsigned long long)epoch, (unsigned long long)b.epoch);
         }
-        for (size_t i = 0; i < b.op_count; i++) {
-            kb_table_config_t cfg;
-            if (!b.ops[i].drop &&
-                kb_table_config_unpack(b.ops[i].config, b.ops[i].config_len, &cfg, why, sizeof why) != 0) {
-                /* refused before anything is written, so the epoch is never half applied */
-                carls_errorf(err, errlen, KB_BANK_ECONFLICT, "epoch %llu: table %s: %s", (unsigned long long)epoch,
-                             b.ops[i].name ? b.ops[i].name : "?", why);
-                kb_batch_free(&b);
-                return KB_BANK_ECONFLICT;
-            }
+        if (self->tables.check_replicated(self->tables.ctx, &b, err, errlen) != 0) {
+            /* refused before anything is written, so the epoch is never half applied */
+            kb_batch_free(&b);
+            return KB_COMMIT_ECONFLICT;
         }
-        kb_bank_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
+        kb_commit_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
         /* The same record as the primary's journal holds, so this journal replays to the same state. */
         if (kb_journal_append_crc(self->journal, epoch, payload, len, crc, err, errlen) != 0) {
             pthread_mutex_lock(&self->commit_mutex);
@@ -249,7 +266,7 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
             atomic_store(&self->journal_broken, kb_journal_is_broken(self->journal));
             pthread_mutex_unlock(&self->commit_mutex);
             kb_batch_free(&b);
-            return KB_BANK_ESTORAGE;
+            return KB_COMMIT_ESTORAGE;
         }
         /* Durable here: it may be acknowledged before it is applied (a restart replays the journal), which
          * keeps the applying off the primary's wait. */
@@ -258,13 +275,11 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
         /* Readers see whole epochs: rows change while no write bracket (none runs here) and no collection
          * is open, and the epoch is published after its last row. */
         pthread_rwlock_wrlock(&self->gate);
-        int rc = s_apply_ops(self, &b);
-        if (rc == 0)
-            s_apply_rows(self, &b);
+        int rc = self->tables.apply_replicated(self->tables.ctx, &b);
         pthread_rwlock_unlock(&self->gate);
         if (rc != 0) {
             kb_batch_free(&b);
-            return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "epoch %llu: a table could not be created",
+            return carls_errorf(err, errlen, KB_COMMIT_ESTORAGE, "epoch %llu: a table could not be created",
                                 (unsigned long long)epoch);
         }
     }
@@ -277,20 +292,20 @@ int kb_bank_apply_replicated(kb_bank_t *self, uint64_t epoch, const uint8_t *pay
     self->committed_epoch = self->stats.committed_epoch = self->collected_epoch = epoch;
     if (len)
         self->record_epoch = epoch;
-    kb_bank_publish_locked(self);
+    s_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
     if (len)
-        kb_bank_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
-    return KB_BANK_OK;
+        kb_commit_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
+    return KB_COMMIT_OK;
 }
 
-void kb_bank_set_journaled_hook(kb_bank_t *self, void (*hook)(void *ctx, uint64_t epoch), void *ctx)
+void kb_commit_set_journaled_hook(kb_commit_t *self, void (*hook)(void *ctx, uint64_t epoch), void *ctx)
 {
     self->journaled_hook = hook;
     self->journaled_ctx = ctx;
 }
 
-int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)
+int kb_commit_promote(kb_commit_t *self, char *err, size_t errlen)
 {
     pthread_rwlock_wrlock(&self->gate);
     pthread_mutex_lock(&self->commit_mutex);
@@ -299,17 +314,17 @@ int kb_bank_promote(kb_bank_t *self, char *err, size_t errlen)
     pthread_mutex_unlock(&self->commit_mutex);
     if (!replica) {
         pthread_rwlock_unlock(&self->gate);
-        return carls_errorf(err, errlen, KB_BANK_ECONFLICT, "this server is not a follower");
+        return carls_errorf(err, errlen, KB_COMMIT_ECONFLICT, "this server is not a follower");
     }
     kb_table_t **tables;
-    size_t n = kb_bank_acquire_all(self, &tables);
+    size_t n = self->tables.acquire_all(self->tables.ctx, &tables);
     for (size_t i = 0; i < n; i++) {
         kb_table_set_read_only(tables[i], false);
-        kb_bank_release(self, tables[i]);
+        self->tables.release(self->tables.ctx, tables[i]);
     }
     free(tables);
     pthread_rwlock_unlock(&self->gate);
-    kb_bank_start_writer_threads(self);
+    kb_commit_start_writer_threads(self);
     LOG_INFO("promoted: accepting writes from epoch %llu", (unsigned long long)atomic_load(&self->epoch));
-    return KB_BANK_OK;
+    return KB_COMMIT_OK;
 }

@@ -82,7 +82,7 @@ static void s_depose(kb_replica_t *self, uint64_t term, const char *why)
         self->fenced = true;
         char reason[256];
         snprintf(reason, sizeof reason, "this member was deposed by term %" PRIu64 " (%s)", term, why);
-        kb_bank_fence(self->bank, reason);
+        kb_commit_fence(self->commit, reason);
     }
     s_publish_role(self);
 }
@@ -456,7 +456,7 @@ static void s_on_hello(kb_replica_t *self, zmq_msg_t *id, const Carls__ReplHello
     f->heard_ms = carls_monotonic_ms();
     f->live = true;
     f->sync = h->sync;
-    if (!h->sync && kb_bank_min_replicas(self->bank))
+    if (!h->sync && kb_commit_min_replicas(self->commit))
         LOG_WARN("follower %s runs interval durability: it does not count towards --min-replicas", h->member);
 }
 
@@ -504,7 +504,7 @@ static void s_stream(kb_replica_t *self)
 /* The K-th most advanced live follower's acknowledged epoch becomes the bank's replicated point. Mutex held. */
 static void s_update_replicated(kb_replica_t *self)
 {
-    uint32_t k = kb_bank_min_replicas(self->bank);
+    uint32_t k = kb_commit_min_replicas(self->commit);
     uint64_t acked[S_MAX_FOLLOWERS];
     size_t n = 0;
     for (size_t i = 0; i < self->n_followers; i++) /* only followers that fdatasync count (kb-server --help) */
@@ -515,14 +515,14 @@ static void s_update_replicated(kb_replica_t *self)
     int64_t now = carls_monotonic_ms();
     if (k == 0 || n >= k) {
         self->short_since_ms = 0;
-        kb_bank_set_replicas_short(self->bank, NULL);
+        kb_commit_set_replicas_short(self->commit, NULL);
     } else if (!self->short_since_ms) {
         self->short_since_ms = now;
     } else if (now - self->short_since_ms >= S_REPLICA_WAIT_MS) {
         char why[200];
         snprintf(why, sizeof why, "%zu of the %u followers --min-replicas needs (in --durability sync) are "
                  "connected", n, k);
-        kb_bank_set_replicas_short(self->bank, why);
+        kb_commit_set_replicas_short(self->commit, why);
     }
     if (k == 0 || n < k)
         return;
@@ -533,7 +533,7 @@ static void s_update_replicated(kb_replica_t *self)
             acked[j] = acked[j - 1];
             acked[j - 1] = t;
         }
-    kb_bank_set_replicated(self->bank, acked[k - 1]);
+    kb_commit_set_replicated(self->commit, acked[k - 1]);
 }
 
 static void s_on_primary_message(kb_replica_t *self, zmq_msg_t *parts, int n)
@@ -670,12 +670,12 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
     self->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (self->event_fd < 0)
         return carls_errorf(err, errlen, -1, "eventfd: %s", strerror(errno));
-    kb_bank_set_min_replicas(self->bank, self->min_replicas);
+    kb_commit_set_min_replicas(self->commit, self->min_replicas);
     pthread_mutex_lock(&self->mutex);
     self->ring_ready = false;
     pthread_mutex_unlock(&self->mutex);
     /* Every record after `before` reaches s_ship; rounds it saw up to it are dropped. */
-    uint64_t before = kb_bank_set_ship_hook(self->bank, s_ship, self);
+    uint64_t before = kb_commit_set_ship_hook(self->commit, s_ship, self);
     pthread_mutex_lock(&self->mutex);
     self->ring_base = self->shipped_epoch = before;
     while (self->ring_first < self->ring_count && self->ring[self->ring_first]->epoch <= before) {
@@ -761,7 +761,7 @@ done:
 
 static void s_hello(kb_replica_t *self, void *dealer)
 {
-    uint64_t last = kb_bank_committed_epoch(self->bank);
+    uint64_t last = kb_commit_committed_epoch(self->commit);
     Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
     Carls__ReplHello h = CARLS__REPL_HELLO__INIT;
     pthread_mutex_lock(&self->mutex);
@@ -852,7 +852,7 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
         /* An empty round: nothing to keep (its epoch is not journaled here either), but the stream and the
          * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the
          * epoch after the last record: every epoch from there on is of it. */
-        if (s_accept_term(self, rec->term, kb_bank_committed_epoch(self->bank) + 1) != 0) {
+        if (s_accept_term(self, rec->term, kb_commit_committed_epoch(self->commit) + 1) != 0) {
             s_refuse_stale(self, dealer, "round");
             return 0;
         }
@@ -866,8 +866,8 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
     char err[512];
     self->ack_dealer = dealer;
     self->ack_echo = rec->sent_us;
-    int rc = kb_bank_apply_replicated(self->bank, rec->epoch, zmq_msg_data(payload), zmq_msg_size(payload),
-                                      rec->crc, err, sizeof err);
+    int rc = kb_commit_apply_replicated(self->commit, rec->epoch, zmq_msg_data(payload), zmq_msg_size(payload),
+                                        rec->crc, err, sizeof err);
     self->ack_dealer = NULL;
     if (rc != 0) {
         LOG_ERROR("replication: round %" PRIu64 " not applied: %s", rec->epoch, err);
@@ -877,7 +877,7 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
     return 1;
 }
 
-/* The bank's journaled hook (follower thread, inside kb_bank_apply_replicated): the round is durable here,
+/* The bank's journaled hook (follower thread, inside kb_commit_apply_replicated): the round is durable here,
  * so it is acknowledged now, before it is applied. */
 static void s_journaled(void *ctx, uint64_t epoch)
 {
@@ -976,9 +976,9 @@ static void *s_follower_main(void *arg)
                 continue;
             }
             LOG_INFO("following %s (replication endpoint %s) from epoch %" PRIu64, self->replica_of, endpoint,
-                     kb_bank_committed_epoch(self->bank));
+                     kb_commit_committed_epoch(self->commit));
             s_hello(self, dealer);
-            through = kb_bank_committed_epoch(self->bank); /* what the hello said */
+            through = kb_commit_committed_epoch(self->commit); /* what the hello said */
             s_note_through(self, through);
             heard = hello_at = now;
         }
@@ -1047,7 +1047,7 @@ static void *s_follower_main(void *arg)
 
 static void s_start_follower(kb_replica_t *self)
 {
-    kb_bank_set_journaled_hook(self->bank, s_journaled, self);
+    kb_commit_set_journaled_hook(self->commit, s_journaled, self);
     atomic_store(&self->follower_stop, false);
     if (pthread_create(&self->follower_thread, NULL, s_follower_main, self) != 0)
         CARLS_FATAL("cannot start the replica thread");
@@ -1068,20 +1068,20 @@ static void s_stop_follower(kb_replica_t *self)
 
 static void s_status(kb_replica_t *self, Carls__ReplicaResult *res)
 {
-    uint64_t committed = kb_bank_committed_epoch(self->bank);
+    uint64_t committed = kb_commit_committed_epoch(self->commit);
     pthread_mutex_lock(&self->mutex);
     res->role = carls_xmalloc(16);
     snprintf(res->role, 16, "%s", s_role_name(self));
     res->term = self->have_state ? self->state->term : 0;
     res->last_term = self->have_state ? kb_term_of_epoch(self->state, committed) : 0;
     res->committed_epoch = committed;
-    res->durable_epoch = kb_bank_durable_epoch(self->bank);
+    res->durable_epoch = kb_commit_durable_epoch(self->commit);
     res->replication_endpoint = carls_xmalloc(sizeof self->endpoint);
     snprintf(res->replication_endpoint, sizeof self->endpoint, "%s", self->primary_running && !self->fenced ? self->endpoint : "");
     size_t plen = self->replica_of ? strlen(self->replica_of) + 1 : 1;
     res->primary = carls_xmalloc(plen);
     snprintf(res->primary, plen, "%s", self->replica_of ? self->replica_of : "");
-    res->min_replicas = kb_bank_min_replicas(self->bank);
+    res->min_replicas = kb_commit_min_replicas(self->commit);
     res->fenced = self->fenced;
     int64_t now_us = carls_monotonic_us();
     res->n_followers = self->n_followers;
@@ -1136,7 +1136,7 @@ static int s_promote(kb_replica_t *self, uint64_t term, uint32_t min_replicas, c
                             "min replicas need --durability sync");
     self->min_replicas = min_replicas;
     s_stop_follower(self); /* nothing more of the old primary is applied */
-    uint64_t committed = kb_bank_committed_epoch(self->bank);
+    uint64_t committed = kb_commit_committed_epoch(self->commit);
     pthread_mutex_lock(&self->mutex);
     if (!self->have_state) {
         kb_term_init(self->state, self->member, committed + 1);
@@ -1163,7 +1163,7 @@ static int s_promote(kb_replica_t *self, uint64_t term, uint32_t min_replicas, c
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "promotion failed: %s",
                             saved != 0 ? "the new term could not be saved in " KB_TERM_FILE : why);
     }
-    if (kb_bank_promote(self->bank, why, sizeof why) != 0)
+    if (kb_commit_promote(self->commit, why, sizeof why) != 0)
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INTERNAL, "promotion failed: %s", why);
     pthread_mutex_lock(&self->mutex);
     free(self->replica_of);
@@ -1217,7 +1217,7 @@ static int s_handle(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *
                               "min replicas need --durability sync");
         else {
             self->min_replicas = req->min_replicas; /* kept by a later promotion's replicator */
-            kb_bank_set_min_replicas(self->bank, req->min_replicas);
+            kb_commit_set_min_replicas(self->commit, req->min_replicas);
             pthread_mutex_lock(&self->mutex);
             s_update_replicated(self); /* a lower K may end a refusal of writes at once */
             pthread_mutex_unlock(&self->mutex);
@@ -1251,6 +1251,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     *out = NULL;
     kb_replica_t *self = carls_xcalloc(1, sizeof *self);
     self->bank = bank;
+    self->commit = kb_bank_commit(bank);
     self->service = service;
     self->data_dir = kb_replica_dup(opts->data_dir);
     self->member = kb_replica_dup(opts->member);
@@ -1274,7 +1275,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     if (rc != 0 && rc != -ENOENT)
         goto fail;
     self->have_state = rc == 0;
-    if (kb_bank_is_replica(bank) != (self->replica_of || self->have_state)) {
+    if (kb_commit_is_replica(self->commit) != (self->replica_of || self->have_state)) {
         carls_errorf(err, errlen, -1, "the bank was opened in the wrong mode for this member (kb_replica_bank_mode)");
         goto fail;
     }
@@ -1302,7 +1303,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
                  "started without --replica-of, so it refuses writes until it is promoted (kbctl replica promote "
                  "--term %" PRIu64 ")", self->state->term, self->data_dir, self->state->term + 1);
     } else {
-        kb_term_init(self->state, self->member, kb_bank_committed_epoch(bank) + 1);
+        kb_term_init(self->state, self->member, kb_commit_committed_epoch(self->commit) + 1);
         if (kb_term_save(self->data_dir, self->state, err, errlen) != 0)
             goto fail;
         self->have_state = true;
@@ -1328,7 +1329,7 @@ void kb_replica_destroy(kb_replica_t **self_p)
     kb_replica_t *self = *self_p;
     s_stop_follower(self);
     if (self->primary_running) {
-        kb_bank_set_ship_hook(self->bank, NULL, NULL);
+        kb_commit_set_ship_hook(self->commit, NULL, NULL);
         atomic_store(&self->primary_stop, true);
         pthread_join(self->primary_thread, NULL);
     }

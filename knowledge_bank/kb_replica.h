@@ -1,10 +1,10 @@
 /* Replicated shards (docs/REPLICATION.md): a shard's members are one primary and its followers, each a
  * kb-server with its own journal and SQLite file.
  *
- * The primary hands every persister round to a replicator thread (kb_bank_set_ship_hook), which keeps recent
+ * The primary hands every persister round to a replicator thread (kb_commit_set_ship_hook), which keeps recent
  * rounds in memory and streams them over a ROUTER socket of its own (--replication-listen) to each follower's
- * DEALER; followers apply them (kb_bank_apply_replicated) and acknowledge. With --min-replicas K a write is
- * acknowledged once K followers applied its epoch too (kb_bank_set_replicated). A follower asks the primary's
+ * DEALER; followers apply them (kb_commit_apply_replicated) and acknowledge. With --min-replicas K a write is
+ * acknowledged once K followers applied its epoch too (kb_commit_set_replicated). A follower asks the primary's
  * client endpoint (--replica-of) for the replication endpoint with the replica op.
  *
  * Terms (kb_term.h) keep two primaries of a shard from both acknowledging writes: every round and reply carries

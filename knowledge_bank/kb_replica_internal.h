@@ -73,6 +73,7 @@ struct kb_replica_catch_up {
 
 struct kb_replica {
     kb_bank_t *bank;
+    kb_commit_t *commit;    /* the bank's pipeline: ships rounds, applies a primary's, holds the durable point */
     kb_service_t *service;
     char *data_dir, *member, *replica_of, *listen, *client_endpoint; /* client_endpoint: the bound one, whose host a promoted
                                                      * follower binds */
@@ -97,7 +98,7 @@ struct kb_replica {
     size_t ring_first, ring_count, ring_cap;
     uint64_t ring_bytes;
     uint64_t ring_base;     /* every round after this epoch is in the ring */
-    bool ring_ready;        /* ring_base is known (kb_bank_set_ship_hook answered) */
+    bool ring_ready;        /* ring_base is known (kb_commit_set_ship_hook answered) */
     uint64_t shipped_epoch;
     s_follower_t followers[S_MAX_FOLLOWERS];
     size_t n_followers;

@@ -1,5 +1,6 @@
 #include "kb_server.h"
 
+#include "kb_commit.h"
 #include "kb_zap.h"
 #include "log.h"
 #include "util.h"
@@ -43,7 +44,7 @@ typedef struct s_share {
 
 struct kb_server {
     kb_service_t *service;
-    kb_bank_t *bank;
+    kb_commit_t *commit; /* the bank's commit pipeline: parked replies wait for their ticket */
     kb_server_options_t opts;
     void *ctx;
     void *frontend; /* ROUTER, clients: only the request thread (kb_server_run) touches it */
@@ -222,7 +223,7 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     *out = NULL;
     kb_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
-    self->bank = kb_service_bank(service);
+    self->commit = kb_bank_commit(kb_service_bank(service));
     self->opts = *opts;
     if (self->opts.threads == 0)
         self->opts.threads = 1;
@@ -269,7 +270,7 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     size_t len = sizeof self->endpoint;
     zmq_getsockopt(self->frontend, ZMQ_LAST_ENDPOINT, self->endpoint, &len);
 
-    kb_bank_set_commit_hook(self->bank, s_wake_hook, self);
+    kb_commit_set_commit_hook(self->commit, s_wake_hook, self);
     kb_service_set_parallel(self->service, s_parallel_run, self);
     self->workers = carls_xcalloc(self->opts.threads, sizeof *self->workers);
     for (uint32_t i = 0; i < self->opts.threads; i++) {
@@ -312,16 +313,16 @@ static void s_send_durable(kb_server_t *self)
 {
     if (!self->parked.head)
         return;
-    uint64_t durable = kb_bank_durable_epoch(self->bank);
+    uint64_t durable = kb_commit_durable_epoch(self->commit);
     int64_t now = carls_monotonic_ms();
-    bool broken = kb_bank_commits_broken(self->bank); /* then nothing parked can commit: answer now */
+    bool broken = kb_commit_broken(self->commit); /* then nothing parked can commit: answer now */
     while (self->parked.head) {
         s_item_t *it = self->parked.head;
         if (it->wait.durable_ticket > durable) {
             if (it->deadline_ms > now && !broken)
                 break;
             char text[700];
-            kb_bank_not_committed(self->bank, kb_service_commit_timeout_ms(self->service), text, sizeof text);
+            kb_commit_not_committed(self->commit, kb_service_commit_timeout_ms(self->service), text, sizeof text);
             free(it->reply);
             kb_service_error_reply(self->service, it->wait.request_id, text, &it->reply, &it->reply_len);
         }
@@ -379,7 +380,7 @@ static void s_serve_requests(kb_server_t *self, int budget)
             wanted = it->wait.durable_ticket;
     }
     if (wanted)
-        kb_bank_request_durable(self->bank, wanted);
+        kb_commit_request_durable(self->commit, wanted);
 }
 
 /* Poll timeout: at most 100 ms, less when a parked reply reaches its deadline sooner. */
@@ -457,8 +458,8 @@ void kb_server_destroy(kb_server_t **self_p)
     free(self->workers);
     if (self->service)
         kb_service_set_parallel(self->service, NULL, NULL);
-    if (self->bank)
-        kb_bank_set_commit_hook(self->bank, NULL, NULL);
+    if (self->commit)
+        kb_commit_set_commit_hook(self->commit, NULL, NULL);
     /* Replies never sent (the server stopped before serving): free them. */
     s_fifo_t *queues[] = {&self->jobs, &self->done, &self->parked};
     for (size_t q = 0; q < sizeof queues / sizeof *queues; q++) {

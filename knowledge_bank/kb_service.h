@@ -45,7 +45,7 @@ void kb_service_handle(kb_service_t *self, const uint8_t *frame, size_t len, uin
 
 /* What a deferred reply waits for before it may be sent. */
 typedef struct {
-    uint64_t durable_ticket; /* 0: send now; else once kb_bank_durable_epoch() >= durable_ticket */
+    uint64_t durable_ticket; /* 0: send now; else once kb_commit_durable_epoch() >= durable_ticket */
     uint64_t request_id;     /* for kb_service_error_reply if the commit fails or takes too long */
 } kb_service_deferred_t;
 

@@ -1,9 +1,9 @@
-/* Unit tests for a bank's replication half (kb_bank.h, docs/REPLICATION.md): two real banks in one process,
- * the primary's ship hook applying every round to the follower with kb_bank_apply_replicated. The follower
- * ends with the same rows (row ids, values, optimizer state, pending gradients) and de-duplication records,
- * refuses an epoch it has, survives a restart with what it applied, and once promoted takes writes in the
- * epochs after the last one applied. With --min-replicas a write is durable only once a follower applied it,
- * and a fenced bank answers waiting writes at once. The transport and the server are in
+/* Unit tests for a bank's replication half (kb_bank.h, kb_commit.h, docs/REPLICATION.md): two real banks in
+ * one process, the primary's ship hook applying every round to the follower with kb_commit_apply_replicated.
+ * The follower ends with the same rows (row ids, values, optimizer state, pending gradients) and
+ * de-duplication records, refuses an epoch it has, survives a restart with what it applied, and once promoted
+ * takes writes in the epochs after the last one applied. With --min-replicas a write is durable only once a
+ * follower applied it, and a fenced bank answers waiting writes at once. The transport and the server are in
  * tests/integration/test_replication.c. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -49,7 +49,8 @@ static void s_ship(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len
     link->last_epoch = epoch;
     link->rounds++;
     link->records += len > 0;
-    if (kb_bank_apply_replicated(link->follower, epoch, payload, len, crc, link->err, sizeof link->err) != 0)
+    if (kb_commit_apply_replicated(kb_bank_commit(link->follower), epoch, payload, len, crc, link->err,
+                                   sizeof link->err) != 0)
         link->errors++;
 }
 
@@ -142,10 +143,10 @@ static void test_follower_applies_every_round(void **state)
     snprintf(pdir, sizeof pdir, "%s/primary", test_scratch_dir);
     snprintf(fdir, sizeof fdir, "%s/follower", test_scratch_dir);
     kb_bank_t *follower = s_open(fdir, true, 0);
-    assert_true(kb_bank_is_replica(follower));
+    assert_true(kb_commit_is_replica(kb_bank_commit(follower)));
     kb_bank_t *primary = s_open(pdir, false, 0);
     s_link_t link = {.follower = follower};
-    kb_bank_set_ship_hook(primary, s_ship, &link);
+    kb_commit_set_ship_hook(kb_bank_commit(primary), s_ship, &link);
     s_create(primary, "t");
     uint64_t ticket = 0;
     for (int w = 0; w < 5; w++)
@@ -154,37 +155,38 @@ static void test_follower_applies_every_round(void **state)
     if (link.errors)
         fail_msg("%d rounds not applied: %s", link.errors, link.err);
     assert_true(link.records >= 2);
-    assert_true(kb_bank_committed_epoch(follower) >= ticket);
+    assert_true(kb_commit_committed_epoch(kb_bank_commit(follower)) >= ticket);
     s_expect_same_rows(primary, follower, 200);
 
     /* An epoch the follower has is refused, and so is a record whose CRC does not match. */
-    uint64_t applied = kb_bank_committed_epoch(follower);
-    assert_int_not_equal(kb_bank_apply_replicated(follower, applied, NULL, 0, 0, err, sizeof err), 0);
+    kb_commit_t *fc = kb_bank_commit(follower);
+    uint64_t applied = kb_commit_committed_epoch(fc);
+    assert_int_not_equal(kb_commit_apply_replicated(fc, applied, NULL, 0, 0, err, sizeof err), 0);
     assert_non_null(strstr(err, "applied already"));
     uint8_t junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    assert_int_not_equal(kb_bank_apply_replicated(follower, applied + 1, junk, sizeof junk, 0, err, sizeof err), 0);
+    assert_int_not_equal(kb_commit_apply_replicated(fc, applied + 1, junk, sizeof junk, 0, err, sizeof err), 0);
     assert_non_null(strstr(err, "CRC"));
     /* A follower takes no checkpoint: its commits are its primary's. */
     uint64_t epoch;
     assert_int_not_equal(kb_bank_checkpoint(follower, &epoch, err, sizeof err), 0);
     assert_non_null(strstr(err, "follower"));
 
-    kb_bank_set_ship_hook(primary, NULL, NULL);
+    kb_commit_set_ship_hook(kb_bank_commit(primary), NULL, NULL);
     kb_bank_close(&primary);
     /* Restarted, the follower holds what it applied (its journal and SQLite are its own). */
     kb_bank_close(&follower);
     follower = s_open(fdir, true, 0);
     /* Its newest record at least: empty rounds after it leave no record, and are sent again. */
-    assert_true(kb_bank_committed_epoch(follower) <= applied);
-    assert_true(kb_bank_committed_epoch(follower) >= ticket);
+    assert_true(kb_commit_committed_epoch(kb_bank_commit(follower)) <= applied);
+    assert_true(kb_commit_committed_epoch(kb_bank_commit(follower)) >= ticket);
     primary = s_open(pdir, false, 0);
     s_expect_same_rows(primary, follower, 200);
     kb_bank_close(&primary);
 
     /* Promoted, it takes writes in the epochs after the last one applied, and knows the primary's clients. */
-    assert_int_equal(kb_bank_promote(follower, err, sizeof err), 0);
-    assert_false(kb_bank_is_replica(follower));
-    assert_int_not_equal(kb_bank_promote(follower, err, sizeof err), 0);
+    assert_int_equal(kb_commit_promote(kb_bank_commit(follower), err, sizeof err), 0);
+    assert_false(kb_commit_is_replica(kb_bank_commit(follower)));
+    assert_int_not_equal(kb_commit_promote(kb_bank_commit(follower), err, sizeof err), 0);
     kb_bank_write_begin(follower);
     assert_true(kb_bank_seen_write(follower, 7, 3)); /* applied on the old primary: not again */
     kb_bank_write_end(follower);
@@ -206,7 +208,7 @@ static void test_min_replicas_and_fence(void **state)
     char dir[300], err[512];
     snprintf(dir, sizeof dir, "%s/k1", test_scratch_dir);
     kb_bank_t *bank = s_open(dir, false, 1);
-    assert_int_equal(kb_bank_min_replicas(bank), 1);
+    assert_int_equal(kb_commit_min_replicas(kb_bank_commit(bank)), 1);
     kb_table_config_t cfg;
     Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
     pc.dim = 4;
@@ -217,17 +219,17 @@ static void test_min_replicas_and_fence(void **state)
     /* Committed here, but no follower applied it: not durable. */
     assert_int_not_equal(kb_bank_wait_durable(bank, ticket, 300, err, sizeof err), 0);
     assert_non_null(strstr(err, "min-replicas"));
-    assert_true(kb_bank_committed_epoch(bank) >= ticket);
+    assert_true(kb_commit_committed_epoch(kb_bank_commit(bank)) >= ticket);
     assert_true(kb_bank_durable_epoch(bank) < ticket);
-    kb_bank_set_replicated(bank, ticket);
+    kb_commit_set_replicated(kb_bank_commit(bank), ticket);
     assert_int_equal(kb_bank_wait_durable(bank, ticket, 300, err, sizeof err), 0);
     assert_true(kb_bank_durable_epoch(bank) >= ticket);
 
     /* Fenced: refused at once, not at the timeout. */
     ticket = s_write(bank, 0, 4, 9, 1);
     assert_false(kb_bank_commits_broken(bank));
-    kb_bank_fence(bank, "deposed by term 2");
-    assert_true(kb_bank_fenced(bank));
+    kb_commit_fence(kb_bank_commit(bank), "deposed by term 2");
+    assert_true(kb_commit_fenced(kb_bank_commit(bank)));
     assert_true(kb_bank_commits_broken(bank));
     int64_t t0 = carls_monotonic_ms();
     assert_int_not_equal(kb_bank_wait_durable(bank, ticket, 20000, err, sizeof err), 0);
