@@ -11,17 +11,11 @@
 #include "log.h"
 #include "util.h"
 
-#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 
 /* ---- registry ---- */

@@ -1,5 +1,5 @@
-/* The bank's state and the commit pipeline's, and the helpers their files share (kb_bank.c,
- * kb_bank_replica.c). Private to the bank: nothing outside knowledge_bank/kb_bank*.c includes it. */
+/* The bank's state and the helpers its files share (kb_bank.c, kb_bank_replica.c). Private to the bank:
+ * nothing outside knowledge_bank/kb_bank*.c includes it. The commit pipeline's state is kb_commit.c's own. */
 #ifndef KB_BANK_INTERNAL_H
 #define KB_BANK_INTERNAL_H
 

@@ -1,6 +1,7 @@
-/* A bank that takes its epochs from a primary (docs/REPLICATION.md): the ship hook a primary hands its rounds
- * to, a follower's replica mode (kb_bank_apply_replicated applies the primary's records), promotion, the
- * durable point with --min-replicas, and fencing. The bank's state is kb_bank_internal.h. */
+/* The bank's half of a follower's epochs (docs/REPLICATION.md): kb_commit_apply_replicated journals the
+ * primary's record and has the bank apply it here, through kb_commit_tables_t: table creates and drops to the
+ * registry (same ids as the primary's), rows and de-duplication records to the tables. The bank's state is
+ * kb_bank_internal.h; the durable point, fencing and promotion are kb_commit.c's. */
 #include "kb_bank.h"
 #include "kb_bank_internal.h"
 
@@ -8,11 +9,9 @@
 #include "log.h"
 #include "util.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-/* ---- a replica's epochs (kb_bank_apply_replicated) ---- */
+/* ---- a replica's epochs (kb_commit_apply_replicated) ---- */
 
 /* Drops the table with this id from the registry (a replicated drop; its rows go with the batch's op). */
 static void s_drop_table_id(kb_bank_t *self, int64_t id)

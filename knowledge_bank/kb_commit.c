@@ -64,14 +64,14 @@ struct kb_commit {
     uint64_t replicated_epoch;    /* commit mutex */
     uint32_t min_replicas;        /* commit mutex */
     pthread_mutex_t ship_mutex;   /* held while the ship hook runs, so removing it waits for a call in flight */
-    kb_commit_ship_fn ship_hook;    /* ship mutex */
+    kb_commit_ship_fn ship_hook;  /* ship mutex */
     void *ship_hook_ctx;
     void (*journaled_hook)(void *ctx, uint64_t epoch); /* a follower's: a round is in its journal */
     void *journaled_ctx;
     uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
-    atomic_bool fenced;
+    atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
     atomic_bool replicas_short;   /* fewer than min_replicas followers: new writes are refused */
-    char short_reason[200];       /* commit mutex */           /* deposed: no write is accepted or acknowledged any more */
+    char short_reason[200];       /* commit mutex */
     char fence_reason[256];       /* commit mutex */
 
     pthread_t persister, sweeper;
@@ -131,12 +131,6 @@ struct kb_commit {
     kb_cache_t *cache;          /* --cache-bytes (kb_cache.h), or NULL */
 };
 
-/* Hands a journaled batch to the compactor (its contents move; b is left empty). */
-void kb_commit_queue_batch(kb_commit_t *self, kb_batch_t *b);
-/* Waits while SQLite lags the journal by more than the queue's bound. */
-void kb_commit_wait_for_compaction_room(kb_commit_t *self);
-/* Starts the persister, and the syncer in sync durability. */
-void kb_commit_start_writer_threads(kb_commit_t *self);
 
 /* ---- write bracket and durability ---- */
 
@@ -349,7 +343,7 @@ static int64_t s_pending_heap_bytes(const kb_batch_t *b);
 static void s_gradient_bytes(kb_commit_t *self, int64_t *pending, int64_t *received);
 
 /* Hands a journaled batch to the compactor (its contents move; b is left empty). */
-void kb_commit_queue_batch(kb_commit_t *self, kb_batch_t *b)
+static void s_queue_batch(kb_commit_t *self, kb_batch_t *b)
 {
     int64_t bytes = kb_batch_bytes(b);
     pthread_mutex_lock(&self->compact_mutex);
@@ -459,7 +453,7 @@ static int64_t s_strip_pending(kb_commit_t *self, uint64_t epoch)
 
 /* Backpressure: while SQLite lags too far behind the journal, the persister waits for the compactor (so
  * memory stays bounded; writers then wait at the speed of SQLite). */
-void kb_commit_wait_for_compaction_room(kb_commit_t *self)
+static void s_wait_for_compaction_room(kb_commit_t *self)
 {
     pthread_mutex_lock(&self->compact_mutex);
     while (s_compactable_bytes(self) > self->queue_max_bytes && !self->compactor_stop) {
@@ -474,7 +468,7 @@ void kb_commit_wait_for_compaction_room(kb_commit_t *self)
  * encode it. Persister thread only. */
 static void s_prepare_round(kb_commit_t *self, kb_batch_t *b, bool writer_waits, kb_commit_round_t *r)
 {
-    kb_commit_wait_for_compaction_room(self);
+    s_wait_for_compaction_room(self);
     memset(r, 0, sizeof *r);
     r->rejournal = s_collect(self, b, writer_waits);
     bool record = b->op_count || b->row_count || b->client_count;
@@ -550,7 +544,7 @@ static int s_finish_round(kb_commit_t *self, kb_commit_round_t *r)
     uint64_t epoch = b->epoch;
     s_ask_rejournal_under_pushes(self);
     if (r->bytes)
-        kb_commit_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
+        s_queue_batch(self, b); /* moves the batch (empties b), counted again, now in the queue */
     if (r->rejournal) {
         /* Even an empty round counts: then no row had a pending set, nor changed since the last round. */
         pthread_mutex_lock(&self->compact_mutex);
@@ -952,7 +946,7 @@ static void *s_sweeper_main(void *arg)
 
 /* The persister, and in sync durability the syncer, which appends and fdatasyncs while the persister collects
  * the next epoch. */
-void kb_commit_start_writer_threads(kb_commit_t *self)
+static void s_start_writer_threads(kb_commit_t *self)
 {
     if (self->opts.sync) {
         if (pthread_create(&self->syncer, NULL, s_syncer_main, self) != 0)
@@ -1033,7 +1027,7 @@ void kb_commit_start(kb_commit_t *self)
     pthread_setname_np(self->sweeper, "kb-sweeper");
     self->sweeper_started = true;
     if (!self->opts.replica) /* a follower's epochs are its primary's, until it is promoted */
-        kb_commit_start_writer_threads(self);
+        s_start_writer_threads(self);
 }
 
 void kb_commit_destroy(kb_commit_t **self_p)
@@ -1163,7 +1157,7 @@ int kb_commit_snapshot_cut(kb_commit_t *self, kb_commit_cut_fn fn, void *ctx, ui
     if (s_wait_epoch(self, ticket, false, 30000, err, errlen) != 0)
         return KB_COMMIT_ESTORAGE;
     /* No compaction runs while fn reads SQLite's epoch, so the file it reads holds exactly the epochs <= C;
-     * the journal keeps every segment from now until kb_bank_snapshot_end. */
+     * the journal keeps every segment from now until kb_commit_snapshot_end. */
     pthread_mutex_lock(&self->compact_mutex);
     self->compaction_paused++;
     while (self->compacting) {
@@ -1339,7 +1333,7 @@ int kb_commit_apply_replicated(kb_commit_t *self, uint64_t epoch, const uint8_t 
             kb_batch_free(&b);
             return KB_COMMIT_ECONFLICT;
         }
-        kb_commit_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
+        s_wait_for_compaction_room(self); /* a follower's SQLite may lag as a primary's may */
         /* The same record as the primary's journal holds, so this journal replays to the same state. */
         if (kb_journal_append_crc(self->journal, epoch, payload, len, crc, err, errlen) != 0) {
             pthread_mutex_lock(&self->commit_mutex);
@@ -1377,7 +1371,7 @@ int kb_commit_apply_replicated(kb_commit_t *self, uint64_t epoch, const uint8_t 
     s_publish_locked(self);
     pthread_mutex_unlock(&self->commit_mutex);
     if (len)
-        kb_commit_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
+        s_queue_batch(self, &b); /* the compactor writes it into SQLite as the primary's does */
     return KB_COMMIT_OK;
 }
 
@@ -1406,7 +1400,7 @@ int kb_commit_promote(kb_commit_t *self, char *err, size_t errlen)
     }
     free(tables);
     pthread_rwlock_unlock(&self->gate);
-    kb_commit_start_writer_threads(self);
+    s_start_writer_threads(self);
     LOG_INFO("promoted: accepting writes from epoch %llu", (unsigned long long)atomic_load(&self->epoch));
     return KB_COMMIT_OK;
 }

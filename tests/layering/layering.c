@@ -82,6 +82,7 @@ int layer_table_read(const char *path, layer_table_t *out, char *err, size_t err
             break;
         }
         memcpy(r->folder, folder[0], LAYER_NAME_LEN);
+        r->file = strchr(r->folder, '/') != NULL; /* a folder's trailing slash is dropped by s_cell_names */
         out->n++;
     }
     fclose(f);
@@ -112,6 +113,7 @@ typedef struct {
     int n_headers;
     int n_sources;  /* s_folder_has_sources' count */
     int violations;
+    bool file_seen[LAYER_MAX_FOLDERS]; /* file rows whose file was checked */
 } s_check_t;
 
 static bool s_is_source(const char *name)
@@ -195,10 +197,35 @@ static bool s_allowed(const layer_rule_t *rule, const char *folder)
     return false;
 }
 
+/* The file row of path (under the root), or NULL; marks it seen. */
+static const layer_rule_t *s_file_rule(s_check_t *c, const char *path)
+{
+    size_t root_len = strlen(c->root);
+    if (strncmp(path, c->root, root_len) != 0 || path[root_len] != '/')
+        return NULL;
+    for (int i = 0; i < c->table->n; i++) {
+        if (c->table->rules[i].file && strcmp(c->table->rules[i].folder, path + root_len + 1) == 0) {
+            c->file_seen[i] = true;
+            return &c->table->rules[i];
+        }
+    }
+    return NULL;
+}
+
+/* A file row: whether header (a quoted include's file name) is among the names it may include. */
+static bool s_file_allows(const layer_rule_t *rule, const char *header)
+{
+    for (int i = 0; i < rule->n_allowed; i++)
+        if (strcmp(rule->allowed[i], header) == 0)
+            return true;
+    return false;
+}
+
 static void s_check_file(s_check_t *c, const char *top, const char *path, const char *name)
 {
     (void)name;
     const layer_rule_t *rule = layer_table_find(c->table, top);
+    const layer_rule_t *file_rule = s_file_rule(c, path);
     FILE *f = fopen(path, "r");
     if (!f) {
         s_violation(c, path, 0, "cannot read the file");
@@ -237,6 +264,9 @@ static void s_check_file(s_check_t *c, const char *top, const char *path, const 
             for (int i = 0; i < rule->n_forbidden; i++)
                 if (strncmp(inc, rule->forbidden[i], strlen(rule->forbidden[i])) == 0)
                     s_violation(c, path, line_no, "%s/ may not include <%s>", top, inc);
+            for (int i = 0; file_rule && i < file_rule->n_forbidden; i++)
+                if (strncmp(inc, file_rule->forbidden[i], strlen(file_rule->forbidden[i])) == 0)
+                    s_violation(c, path, line_no, "%s may not include <%s>", file_rule->folder, inc);
             continue;
         }
         const char *base = strrchr(inc, '/');
@@ -248,6 +278,8 @@ static void s_check_file(s_check_t *c, const char *top, const char *path, const 
         }
         if (!s_allowed(rule, folder))
             s_violation(c, path, line_no, "%s/ may not include \"%s\" from %s/", top, inc, folder);
+        if (file_rule && !s_file_allows(file_rule, base))
+            s_violation(c, path, line_no, "%s may not include \"%s\" (not in its row)", file_rule->folder, inc);
         for (int i = 0; i < rule->n_forbidden; i++)
             if (strncmp(inc, rule->forbidden[i], strlen(rule->forbidden[i])) == 0)
                 s_violation(c, path, line_no, "%s/ may not include \"%s\"", top, inc);
@@ -314,6 +346,9 @@ int layer_check_tree(const char *root, const layer_table_t *table)
         }
         s_walk(c, tops[i], dir, s_check_file);
     }
+    for (int i = 0; i < table->n; i++)
+        if (table->rules[i].file && !c->file_seen[i])
+            s_violation(c, table->rules[i].folder, 0, "a file row names no source file of the tree");
     int violations = c->violations;
     free(c);
     return violations;
