@@ -30,7 +30,7 @@
 #define S_STEPS 3000
 
 /* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
-static pid_t s_spawn_group(char *const argv[], const char *log)
+static pid_t lt_spawn_group(char *const argv[], const char *log)
 {
     pid_t pid = fork();
     if (pid == 0) {
@@ -85,7 +85,7 @@ static void s_killed_before_first_checkpoint(const char *ini, const char *runs, 
                     "timeout_s=120", NULL};
     snprintf(log, sizeof log, "%s/carls-early.log", dir);
     snprintf(path, sizeof path, "%s/logs/pixels-0.log", run);
-    const pid_t launcher = s_spawn_group(argv, log);
+    const pid_t launcher = lt_spawn_group(argv, log);
     const int64_t deadline = carls_monotonic_ms() + 60000;
     while (access(path, F_OK) != 0 && carls_monotonic_ms() < deadline && waitpid(launcher, NULL, WNOHANG) == 0) {
         usleep(5 * 1000);
@@ -170,7 +170,7 @@ int main(void)
     /* 1. The run, killed as a whole (SIGKILL to its process group) once the checkpoint after step 0 is
      * written. */
     snprintf(sc.log, sizeof sc.log, "%s/carls-killed.log", sc.dir);
-    const pid_t launcher = s_spawn_group(argv, sc.log);
+    const pid_t launcher = lt_spawn_group(argv, sc.log);
     const int64_t deadline = carls_monotonic_ms() + 300000;
     while (lt_latest_step(sc.run, -1) < 100 && carls_monotonic_ms() < deadline &&
            waitpid(launcher, NULL, WNOHANG) == 0) {
