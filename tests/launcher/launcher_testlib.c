@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 int lt_scratch(lt_scratch_t *t, const char *name)
@@ -101,4 +102,23 @@ void lt_last_metrics(const char *run, double *col, int n)
     for (int k = 0; k < n && tok; k++, tok = strtok_r(NULL, ",", &save)) {
         col[k] = atof(tok);
     }
+}
+
+/* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
+pid_t lt_spawn_group(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(CARLS_BIN_DIR "/carls", argv);
+        _exit(127);
+    }
+    setpgid(pid, pid); /* whichever of the two runs first */
+    return pid;
 }

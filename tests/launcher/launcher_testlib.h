@@ -39,4 +39,7 @@ int lt_wait_text(const char *path, const char *text, int ms);
 /* The last row of RUN/metrics.csv as numbers into col (n columns; those missing stay 0). */
 void lt_last_metrics(const char *run, double *col, int n);
 
+/* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
+pid_t lt_spawn_group(char *const argv[], const char *log);
+
 #endif

@@ -29,25 +29,6 @@
 
 #define S_STEPS 3000
 
-/* Starts build/bin/carls with argv (argv[0] ignored), output to log, in a process group of its own. */
-static pid_t lt_spawn_group(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(CARLS_BIN_DIR "/carls", argv);
-        _exit(127);
-    }
-    setpgid(pid, pid); /* whichever of the two runs first */
-    return pid;
-}
-
 /* `carls run --resume run [extra]` to the end; returns its exit status. */
 static int s_resume(const char *run, const char *log)
 {
