@@ -10,6 +10,8 @@
  *      replicas=2 bank_failovers=2 bank_restarts=2; replication.tsv records every term; processes.tsv lists four
  *      kb-server lives, the killed two ended by signal 9; report.md's Faults section counts both failovers; the
  *      trainer still read neighbours from the bank in its last window (its clients followed the primary).
+ *   4. A second run, killed as a whole after a failover, resumes (`carls run --resume`) from a snapshot that
+ *      member 1 wrote after it and finishes (s_resume_after_failover).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "launcher_testlib.h"
 #include "maker_testlib.h"
@@ -44,19 +46,39 @@ static void s_bad_settings(const lt_scratch_t *sc, const char *ini)
     }
 }
 
+/* The run's command line: the small configuration, replicated, named name. */
+typedef struct {
+    char name[64], steps[32];
+    char *argv[48];
+} s_args_t;
+
+static void s_args(s_args_t *a, const lt_scratch_t *sc, const char *ini, const char *name)
+{
+    snprintf(a->name, sizeof a->name, "name=%s", name);
+    snprintf(a->steps, sizeof a->steps, "steps=%d", S_STEPS);
+    char *const argv[] = {"carls", "run", (char *)ini, "--set", (char *)sc->set_runs, "--set", a->name,
+                          "--set", "items=1000", "--set", "makers=2", "--set", "maker_device=cpu",
+                          "--set", "trainer_device=cpu", "--set", "graph_k=5", "--set", "neighbors=5",
+                          "--set", "hidden=64,32", "--set", a->steps, "--set", "batch_unlabelled=64",
+                          "--set", "ckpt_every=100", "--set", "eval_every=1000", "--set", "kb_durability=sync",
+                          "--set", "replicas=2", "--set", "timeout_s=500", "--set", "maker_bank_timeout_ms=1000",
+                          NULL};
+    memcpy(a->argv, argv, sizeof argv);
+}
+
 /* Kills the running process called name with SIGKILL once the trainer's checkpoint is past step; returns its
  * pid (0 after a failed check). */
-static pid_t s_kill_at(const lt_scratch_t *sc, const char *name, long step)
+static pid_t s_kill_at(const char *run, const char *log, const char *name, long step)
 {
     const int64_t deadline = carls_monotonic_ms() + 300000;
-    while (lt_latest_step(sc->run, 0) < step && carls_monotonic_ms() < deadline) {
+    while (lt_latest_step(run, 0) < step && carls_monotonic_ms() < deadline) {
         usleep(20 * 1000);
     }
-    const long at = lt_latest_step(sc->run, 0);
-    const pid_t pid = lt_running_pid(sc->run, name), trainer = lt_running_pid(sc->run, "trainer");
+    const long at = lt_latest_step(run, 0);
+    const pid_t pid = lt_running_pid(run, name), trainer = lt_running_pid(run, "trainer");
     MT_CHECK(at >= step && at < S_STEPS && pid > 0 && trainer > 0,
              "cannot kill %s (pid %d) mid-run: trainer pid %d at step %ld of %d (see %s)", name, (int)pid,
-             (int)trainer, at, S_STEPS, sc->log);
+             (int)trainer, at, S_STEPS, log);
     if (mt_failures) {
         return 0;
     }
@@ -64,6 +86,60 @@ static pid_t s_kill_at(const lt_scratch_t *sc, const char *name, long step)
     printf("SIGKILL %s (pid %d) at trainer checkpoint step %ld\n", name, (int)pid, at);
     fflush(stdout);
     return pid;
+}
+
+/* 4. --resume of a replicated run killed as a whole (SIGKILL to its process group) after a failover, so its
+ * newest snapshots were written by member 1: member 0 is restored from one of them (gathered from member 1's
+ * directory), member 1 starts empty and catches up, and the run finishes from a step after the failover. */
+static void s_resume_after_failover(const lt_scratch_t *sc, const char *ini)
+{
+    char run[300], log[300], path[600], line[8192];
+    snprintf(run, sizeof run, "%s/replicas-resume", sc->runs);
+    snprintf(log, sizeof log, "%s/carls-resume-killed.log", sc->dir);
+    s_args_t a;
+    s_args(&a, sc, ini, "replicas-resume");
+    const pid_t launcher = lt_spawn_group(a.argv, log);
+    const pid_t primary = s_kill_at(run, log, "kb-server 0/1 member 0", S_STEPS / 10);
+    MT_CHECK(primary == 0 || lt_wait_text(log, "kb-server 0/1 member 1 promoted to primary", 60000),
+             "member 1 was not promoted (see %s)", log);
+    const long failover_step = lt_latest_step(run, -1);
+    const int64_t deadline = carls_monotonic_ms() + 300000;
+    while (lt_latest_step(run, -1) < failover_step + 300 && carls_monotonic_ms() < deadline) {
+        usleep(20 * 1000);
+    }
+    MT_CHECK(kill(-launcher, SIGKILL) == 0, "kill the run's process group");
+    const long killed_at = lt_latest_step(run, -1);
+    for (int i = 0; i < 500 && kill(-launcher, 0) == 0; i++) {
+        usleep(10 * 1000);
+    }
+    mt_wait(launcher, 10000);
+    MT_CHECK(killed_at >= failover_step + 300 && killed_at < S_STEPS,
+             "the run was not killed 300 steps after its failover (step %ld, failover at %ld; see %s)", killed_at,
+             failover_step, log);
+    printf("killed the replicated run at step %ld (failover at %ld)\n", killed_at, failover_step);
+    if (mt_failures) {
+        return;
+    }
+    snprintf(log, sizeof log, "%s/carls-resumed.log", sc->dir);
+    char *argv[] = {"carls", "run", "--resume", run, NULL};
+    const int st = mt_wait(mt_spawn("carls", argv, log), 450000);
+    mt_check_run_result(st, log, line, sizeof line);
+    printf("resumed: %s", line);
+    long resumed_from = -1;
+    FILE *f = fopen(log, "r");
+    while (f && fgets(path, sizeof path, f)) {
+        const char *p = strstr(path, "[carls] resumed from step ");
+        resumed_from = p ? atol(p + 26) : resumed_from;
+    }
+    if (f) {
+        fclose(f);
+    }
+    MT_CHECK(resumed_from > failover_step && resumed_from <= killed_at,
+             "resumed from step %ld, not from a snapshot member 1 wrote after the failover (%ld..%ld; see %s)",
+             resumed_from, failover_step, killed_at, log);
+    snprintf(path, sizeof path, "%s/replication.tsv", run);
+    MT_CHECK(mt_file_contains(path, "\t0\t1\t0\ttcp://") && mt_file_contains(path, "\tresumed\n"),
+             "%s lacks the resumed shard's term 1", path);
 }
 
 int main(void)
@@ -76,24 +152,18 @@ int main(void)
     snprintf(ini, sizeof ini, "%s/experiments/graphreg-quick.ini", CARLS_SOURCE_DIR);
     s_bad_settings(&sc, ini);
 
-    char steps[32];
-    snprintf(steps, sizeof steps, "steps=%d", S_STEPS);
-    char *argv[] = {"carls", "run", ini, "--set", sc.set_runs, "--set", "name=replicas", "--set", "items=1000",
-                    "--set", "makers=2", "--set", "maker_device=cpu", "--set", "trainer_device=cpu",
-                    "--set", "graph_k=5", "--set", "neighbors=5", "--set", "hidden=64,32", "--set", steps,
-                    "--set", "batch_unlabelled=64", "--set", "ckpt_every=100", "--set", "eval_every=1000",
-                    "--set", "kb_durability=sync", "--set", "replicas=2", "--set", "timeout_s=500",
-                    "--set", "maker_bank_timeout_ms=1000", NULL};
+    s_args_t a;
+    s_args(&a, &sc, ini, "replicas");
     const int64_t t0 = carls_monotonic_ms();
-    pid_t launcher = mt_spawn("carls", argv, sc.log);
+    pid_t launcher = mt_spawn("carls", a.argv, sc.log);
 
     /* 2. Kill the primary, wait until the shard has its follower back with K = 1, kill the new primary. */
-    const pid_t first = s_kill_at(&sc, "kb-server 0/1 member 0", S_STEPS / 10);
+    const pid_t first = s_kill_at(sc.run, sc.log, "kb-server 0/1 member 0", S_STEPS / 10);
     MT_CHECK(first == 0 || lt_wait_text(sc.log, "kb-server 0/1 member 1 promoted to primary (term 3,", 60000),
              "member 1 was not promoted (see %s)", sc.log);
     MT_CHECK(first == 0 || lt_wait_text(sc.log, "shard 0: min_replicas back to 1", 120000),
              "min_replicas never went back to 1 after the first failover (see %s)", sc.log);
-    const pid_t second = mt_failures ? 0 : s_kill_at(&sc, "kb-server 0/1 member 1", 0);
+    const pid_t second = mt_failures ? 0 : s_kill_at(sc.run, sc.log, "kb-server 0/1 member 1", 0);
     MT_CHECK(second == 0 || lt_wait_text(sc.log, "kb-server 0/1 member 0 promoted to primary (term 5,", 60000),
              "member 0 was not promoted back (see %s)", sc.log);
     if (mt_failures) {
@@ -148,5 +218,8 @@ int main(void)
     lt_last_metrics(sc.run, col, 20);
     MT_CHECK(col[0] == S_STEPS && col[8] > 0, "last metrics row (step %g): %g neighbours/step from the bank", col[0],
              col[8]);
+    if (!mt_failures) {
+        s_resume_after_failover(&sc, ini);
+    }
     return mt_finish("test_launcher_replicas", sc.dir);
 }
