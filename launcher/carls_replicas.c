@@ -6,10 +6,13 @@
 #include "log.h"
 #include "util.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* How long one kbctl call may take: a live member answers in milliseconds, and the supervision loop that
@@ -79,6 +82,64 @@ int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *a
     out[strcspn(out, "\n")] = '\0'; /* kbctl's first line says why */
     snprintf(err, errlen, "kbctl replica %s at %s: %s", action, endpoint, *out ? out : "no answer");
     return -1;
+}
+
+int carls_replica_probe_start(const carls_run_t *r, const char *endpoint, carls_replica_probe_t *p)
+{
+    carls_argv_t *a = carls_xcalloc(1, sizeof *a);
+    carls_argv_add(a, "%s/kbctl", r->c->bin);
+    carls_argv_add_list(a, (const char *const[]){"--kb", endpoint, "--timeout-ms", "2000", "--retries", "0",
+                                                 "--log-level", "off", "replica", "status", NULL});
+    p->pid = fork();
+    if (p->pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execv(a->ptr[0], a->ptr);
+        _exit(127);
+    }
+    free(a);
+    if (p->pid < 0) {
+        p->pid = 0;
+        return -1;
+    }
+    p->started_ms = carls_monotonic_ms();
+    return 0;
+}
+
+int carls_replica_probe_poll(carls_replica_probe_t *p, int timeout_ms)
+{
+    if (!p->pid) {
+        return -1;
+    }
+    int st = 0;
+    const pid_t done = waitpid(p->pid, &st, WNOHANG);
+    if (done == 0 && carls_monotonic_ms() - p->started_ms < timeout_ms) {
+        return 0;
+    }
+    if (done == 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, &st, 0);
+        p->pid = 0;
+        return -1;
+    }
+    const bool answered = done > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    p->pid = 0;
+    return answered ? 1 : -1;
+}
+
+void carls_replica_probe_stop(carls_replica_probe_t *p)
+{
+    if (p->pid) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
 }
 
 void carls_replica_record(const carls_run_t *r, int shard, uint64_t term, int member, const char *endpoint, int k,

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct carls_run carls_run_t;
 
@@ -26,6 +27,23 @@ typedef struct {
  * *st filled, or -1 with kbctl's words (or why it did not answer) in err. */
 int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *action, uint64_t term, int k,
                        carls_replica_status_t *st, char *err, size_t errlen);
+
+/* A `kbctl replica status` started and not waited for: the launcher's watch on a primary, which must not
+ * hold up the supervision loop. */
+typedef struct {
+    pid_t pid;                 /* 0: none running */
+    int64_t started_ms;
+} carls_replica_probe_t;
+
+/* Starts a status probe of endpoint (its output dropped). 0, or -1 when it could not start. */
+int carls_replica_probe_start(const carls_run_t *r, const char *endpoint, carls_replica_probe_t *p);
+
+/* 1: the member answered; 0: the probe still runs (for less than timeout_ms); -1: it failed or ran out of
+ * time (then it is killed). */
+int carls_replica_probe_poll(carls_replica_probe_t *p, int timeout_ms);
+
+/* Stops a probe still running (the run is ending). */
+void carls_replica_probe_stop(carls_replica_probe_t *p);
 
 /* Appends a line to RUN/replication.tsv (header written first): when, shard, term, primary member, its
  * endpoint, K, and why; flushed and fsynced, so a term is on disk before it is used. */

@@ -585,10 +585,46 @@ static void s_raise_min_replicas(carls_run_t *r, int shard)
                     st.followers_caught_up, st.followers_caught_up == 1 ? "" : "s");
 }
 
+/* The watch on a replicated shard's primary: a status probe each second; one that misses CARLS_PROBES_MISSED
+ * in a row (a process stopped or stuck, a machine that stopped answering) is killed, and its death starts the
+ * failover like any other (a dead process answers nothing and is reaped at once). */
+static void s_watch_primary(carls_run_t *r, int shard)
+{
+    carls_replica_set_t *set = &r->set[shard];
+    carls_shard_t *p = &r->shard[shard * r->replicas + set->primary];
+    const int64_t now = carls_monotonic_ms();
+    if (!p->proc.running || p->wait_deadline || !*p->endpoint) {
+        carls_replica_probe_stop(&set->probe);
+        set->probes_missed = 0;
+        return;
+    }
+    if (set->probe.pid) {
+        const int answered = carls_replica_probe_poll(&set->probe, CARLS_PROBE_TIMEOUT_MS);
+        if (answered == 0) {
+            return;
+        }
+        set->probes_missed = answered > 0 ? 0 : set->probes_missed + 1;
+        if (set->probes_missed >= CARLS_PROBES_MISSED) {
+            LOG_WARN("%s (primary of shard %d, pid %d) did not answer %d status probes in a row: taking it for hung "
+                     "and killing it, so that a follower takes over", p->what, shard, (int)p->proc.pid,
+                     set->probes_missed);
+            carls_run_event(r, "%s (primary of shard %d, pid %d) did not answer %d status probes: killed as hung",
+                            p->what, shard, (int)p->proc.pid, set->probes_missed);
+            kill(p->proc.pid, SIGKILL);
+            set->probes_missed = 0;
+            return;
+        }
+    }
+    if (now >= set->next_probe_ms && carls_replica_probe_start(r, p->endpoint, &set->probe) == 0) {
+        set->next_probe_ms = now + 1000;
+    }
+}
+
 int carls_shards_supervise(carls_run_t *r)
 {
     for (int i = 0; r->replicas > 1 && i < r->n_shards; i++) {
         s_raise_min_replicas(r, i);
+        s_watch_primary(r, i);
     }
     for (int i = 0; i < r->n_members; i++) {
         carls_shard_t *b = &r->shard[i];
@@ -611,6 +647,9 @@ int carls_shards_supervise(carls_run_t *r)
 
 void carls_shards_stop(carls_run_t *r)
 {
+    for (int i = 0; r->replicas > 1 && i < r->n_shards; i++) {
+        carls_replica_probe_stop(&r->set[i].probe);
+    }
     for (int i = 0; i < r->n_members; i++) {
         carls_shard_t *b = &r->shard[i];
         if (b->proc.running && carls_proc_poll(&b->proc)) {

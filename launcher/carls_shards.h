@@ -6,6 +6,7 @@
 
 #include "carls_argv.h"
 #include "carls_proc.h"
+#include "carls_replicas.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -46,7 +47,15 @@ typedef struct {
     int k_now;                        /* what the primary was told: less than k after a failover left too few
                                        * live followers, raised back once enough have caught up */
     int64_t next_check_ms;            /* k_now < k: when to ask the primary again */
+    carls_replica_probe_t probe;      /* the watch on the primary: one status probe a second */
+    int64_t next_probe_ms;
+    int probes_missed;                /* in a row; at CARLS_PROBES_MISSED the primary counts as hung */
 } carls_replica_set_t;
+
+/* Status probes of 3 s each a primary may miss in a row before the launcher takes it for hung (a stopped
+ * process, a machine that stopped answering) and kills it, so that a follower takes over. */
+#define CARLS_PROBES_MISSED 5
+#define CARLS_PROBE_TIMEOUT_MS 3000
 
 /* 1. The bank: n_shards kb-servers, each on a free loopback port; waits until every one listens, then
  * names the endpoint list every client gets. A restart (carls_shards_supervise) reuses a shard's arguments with

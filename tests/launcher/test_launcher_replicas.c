@@ -10,8 +10,9 @@
  *      replicas=2 bank_failovers=2 bank_restarts=2; replication.tsv records every term; processes.tsv lists four
  *      kb-server lives, the killed two ended by signal 9; report.md's Faults section counts both failovers; the
  *      trainer still read neighbours from the bank in its last window (its clients followed the primary).
- *   4. A second run, killed as a whole after a failover, resumes (`carls run --resume`) from a snapshot that
- *      member 1 wrote after it and finishes (s_resume_after_failover).
+ *   4. A second run: its primary stopped (SIGSTOP, a hang) is taken for hung by the launcher's probes, killed
+ *      and replaced; the run, killed as a whole, resumes (`carls run --resume`) from a snapshot that member 1
+ *      wrote after the failover and finishes (s_resume_after_failover).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
 #include "launcher_testlib.h"
 #include "maker_testlib.h"
@@ -66,9 +67,9 @@ static void s_args(s_args_t *a, const lt_scratch_t *sc, const char *ini, const c
     memcpy(a->argv, argv, sizeof argv);
 }
 
-/* Kills the running process called name with SIGKILL once the trainer's checkpoint is past step; returns its
- * pid (0 after a failed check). */
-static pid_t s_kill_at(const char *run, const char *log, const char *name, long step)
+/* Sends sig (SIGKILL, or SIGSTOP for a hang) to the running process called name once the trainer's checkpoint
+ * is past step; returns its pid (0 after a failed check). */
+static pid_t s_kill_at(const char *run, const char *log, const char *name, long step, int sig)
 {
     const int64_t deadline = carls_monotonic_ms() + 300000;
     while (lt_latest_step(run, 0) < step && carls_monotonic_ms() < deadline) {
@@ -82,14 +83,16 @@ static pid_t s_kill_at(const char *run, const char *log, const char *name, long 
     if (mt_failures) {
         return 0;
     }
-    MT_CHECK(kill(pid, SIGKILL) == 0, "kill %s (pid %d)", name, (int)pid);
-    printf("SIGKILL %s (pid %d) at trainer checkpoint step %ld\n", name, (int)pid, at);
+    MT_CHECK(kill(pid, sig) == 0, "kill %s (pid %d)", name, (int)pid);
+    printf("%s %s (pid %d) at trainer checkpoint step %ld\n", sig == SIGSTOP ? "SIGSTOP" : "SIGKILL", name, (int)pid,
+           at);
     fflush(stdout);
     return pid;
 }
 
-/* 4. --resume of a replicated run killed as a whole (SIGKILL to its process group) after a failover, so its
- * newest snapshots were written by member 1: member 0 is restored from one of them (gathered from member 1's
+/* 4. A hung primary (SIGSTOP) is found by the launcher's status probes, killed and replaced; then the run is
+ * killed as a whole (SIGKILL to its process group), so its newest snapshots were written by member 1, and
+ * resumed: member 0 is restored from one of them (gathered from member 1's
  * directory), member 1 starts empty and catches up, and the run finishes from a step after the failover. */
 static void s_resume_after_failover(const lt_scratch_t *sc, const char *ini)
 {
@@ -99,7 +102,9 @@ static void s_resume_after_failover(const lt_scratch_t *sc, const char *ini)
     s_args_t a;
     s_args(&a, sc, ini, "replicas-resume");
     const pid_t launcher = lt_spawn_group(a.argv, log);
-    const pid_t primary = s_kill_at(run, log, "kb-server 0/1 member 0", S_STEPS / 10);
+    const pid_t primary = s_kill_at(run, log, "kb-server 0/1 member 0", S_STEPS / 10, SIGSTOP);
+    MT_CHECK(primary == 0 || lt_wait_text(log, "did not answer 5 status probes in a row: taking it for hung", 60000),
+             "the stopped primary was not taken for hung (see %s)", log);
     MT_CHECK(primary == 0 || lt_wait_text(log, "kb-server 0/1 member 1 promoted to primary", 60000),
              "member 1 was not promoted (see %s)", log);
     const long failover_step = lt_latest_step(run, -1);
@@ -158,12 +163,12 @@ int main(void)
     pid_t launcher = mt_spawn("carls", a.argv, sc.log);
 
     /* 2. Kill the primary, wait until the shard has its follower back with K = 1, kill the new primary. */
-    const pid_t first = s_kill_at(sc.run, sc.log, "kb-server 0/1 member 0", S_STEPS / 10);
+    const pid_t first = s_kill_at(sc.run, sc.log, "kb-server 0/1 member 0", S_STEPS / 10, SIGKILL);
     MT_CHECK(first == 0 || lt_wait_text(sc.log, "kb-server 0/1 member 1 promoted to primary (term 3,", 60000),
              "member 1 was not promoted (see %s)", sc.log);
     MT_CHECK(first == 0 || lt_wait_text(sc.log, "shard 0: min_replicas back to 1", 120000),
              "min_replicas never went back to 1 after the first failover (see %s)", sc.log);
-    const pid_t second = mt_failures ? 0 : s_kill_at(sc.run, sc.log, "kb-server 0/1 member 1", 0);
+    const pid_t second = mt_failures ? 0 : s_kill_at(sc.run, sc.log, "kb-server 0/1 member 1", 0, SIGKILL);
     MT_CHECK(second == 0 || lt_wait_text(sc.log, "kb-server 0/1 member 0 promoted to primary (term 5,", 60000),
              "member 0 was not promoted back (see %s)", sc.log);
     if (mt_failures) {
