@@ -150,6 +150,25 @@ int carls_proc_stop(carls_proc_t *p, int grace_ms)
     return p->status;
 }
 
+pid_t carls_proc_spawn_local(char *const argv[], int out_fd)
+{
+    const pid_t pid = fork();
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDWR);
+        if (in >= 0) {
+            dup2(in, 0);
+        }
+        dup2(out_fd >= 0 ? out_fd : in, 1);
+        dup2(out_fd >= 0 ? out_fd : in, 2);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execv(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
 int carls_proc_capture(char *const argv[], char *out, size_t len, int timeout_ms)
 {
     size_t used = 0;
@@ -159,27 +178,13 @@ int carls_proc_capture(char *const argv[], char *out, size_t len, int timeout_ms
         snprintf(out, len, "pipe: %s", strerror(errno));
         return -1;
     }
-    pid_t pid = fork();
+    pid_t pid = carls_proc_spawn_local(argv, fds[1]);
+    close(fds[1]);
     if (pid < 0) {
         snprintf(out, len, "fork: %s", strerror(errno));
         close(fds[0]);
-        close(fds[1]);
         return -1;
     }
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        if (in >= 0) {
-            dup2(in, 0);
-        }
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        execv(argv[0], argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(fds[1]);
     const int64_t deadline = carls_monotonic_ms() + timeout_ms;
     bool timed_out = false;
     for (;;) {

@@ -52,6 +52,10 @@ const char *carls_proc_describe(const carls_proc_t *p, char *buf, size_t len);
 /* SIGTERM, wait up to grace_ms, then SIGKILL and wait. Returns the exit status (128 + signal when killed). */
 int carls_proc_stop(carls_proc_t *p, int grace_ms);
 
+/* Starts argv[0] (a path) on this machine, never through the runner, with stdin from /dev/null and stdout and
+ * stderr to out_fd (-1: /dev/null), and returns its pid without waiting (-1 when fork failed). */
+pid_t carls_proc_spawn_local(char *const argv[], int out_fd);
+
 /* Runs argv[0] (a path) on this machine, never through the runner (the launcher's own short commands, such
  * as `kbctl replica`, which reach the servers over the network wherever they run), and waits up to timeout_ms
  * for it. Its stdout and stderr together go to out (len bytes, NUL-terminated; the rest is dropped). Returns

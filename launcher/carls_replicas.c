@@ -6,7 +6,6 @@
 #include "log.h"
 #include "util.h"
 
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -90,19 +89,7 @@ int carls_replica_probe_start(const carls_run_t *r, const char *endpoint, carls_
     carls_argv_add(a, "%s/kbctl", r->c->bin);
     carls_argv_add_list(a, (const char *const[]){"--kb", endpoint, "--timeout-ms", "2000", "--retries", "0",
                                                  "--log-level", "off", "replica", "status", NULL});
-    p->pid = fork();
-    if (p->pid == 0) {
-        int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 0);
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        execv(a->ptr[0], a->ptr);
-        _exit(127);
-    }
+    p->pid = carls_proc_spawn_local(a->ptr, -1);
     free(a);
     if (p->pid < 0) {
         p->pid = 0;
