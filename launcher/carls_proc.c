@@ -110,6 +110,13 @@ const char *carls_proc_describe(const carls_proc_t *p, char *buf, size_t len)
     return buf;
 }
 
+void carls_proc_kill(const carls_proc_t *p)
+{
+    if (p->running) {
+        kill(p->pid, s_runner.run ? CARLS_PROC_KILL_SIGNAL : SIGKILL);
+    }
+}
+
 bool carls_proc_poll(carls_proc_t *p)
 {
     if (!p->running) {

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 #include <sys/types.h>
 
 #define CARLS_PROC_MAX 64
@@ -35,6 +36,13 @@ typedef struct {
     void (*run)(void *ctx, const char *name, char *const argv[]);
     void *ctx;
 } carls_proc_runner_t;
+
+/* What a runner's process must take as "kill the program now, wherever it runs" (a hung one): SIGKILL would
+ * end only the runner's own process on this machine. */
+#define CARLS_PROC_KILL_SIGNAL SIGUSR1
+
+/* Sends SIGKILL to p's program: to the process itself, or CARLS_PROC_KILL_SIGNAL to a runner's process. */
+void carls_proc_kill(const carls_proc_t *p);
 
 /* Sets the runner for every later carls_proc_start (NULL: exec argv[0] directly, the default). The
  * structure is copied. */

@@ -610,7 +610,7 @@ static void s_watch_primary(carls_run_t *r, int shard)
                      set->probes_missed);
             carls_run_event(r, "%s (primary of shard %d, pid %d) did not answer %d status probes: killed as hung",
                             p->what, shard, (int)p->proc.pid, set->probes_missed);
-            kill(p->proc.pid, SIGKILL);
+            carls_proc_kill(&p->proc);
             set->probes_missed = 0;
             return;
         }

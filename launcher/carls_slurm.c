@@ -553,11 +553,13 @@ static int s_ship_inputs(const s_step_t *st, char *const argv[])
 
 /* ---- one step: the proxy ------------------------------------------------------------------------------------ */
 
-static volatile sig_atomic_t s_stop_asked = 0;
+static volatile sig_atomic_t s_stop_asked = 0, s_kill_asked = 0;
 
 static void s_on_stop(int sig)
 {
-    (void)sig;
+    if (sig == CARLS_PROC_KILL_SIGNAL) {
+        s_kill_asked = 1; /* the launcher took the process for hung: SIGKILL to the step itself */
+    }
     s_stop_asked = 1;
 }
 
@@ -909,6 +911,7 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
     sa.sa_handler = s_on_stop;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    sigaction(CARLS_PROC_KILL_SIGNAL, &sa, NULL);
     signal(SIGINT, SIG_IGN);
     /* A launcher that dies (SIGKILL) takes its steps with it, politely, rather than leave them running in an
      * allocation that outlives it (an interactive salloc shell). */
@@ -972,7 +975,8 @@ static void s_run_step(void *ctx, const char *name, char *const argv[])
             /* scancel signals the step's processes even when it then reports "Invalid job id" (Slurm 22.05),
              * so its status is not looked at; a step that does not stop is ended by SIGKILL to this proxy. */
             char cmd[256], out[256];
-            if (*id && s_fmt(cmd, sizeof cmd, "scancel --quiet --signal=TERM %s 2>/dev/null", id) == 0) {
+            if (*id && s_fmt(cmd, sizeof cmd, "scancel --quiet --signal=%s %s 2>/dev/null",
+                             s_kill_asked ? "KILL" : "TERM", id) == 0) {
                 s_capture(cmd, out, sizeof out);
             } else {
                 kill(srun, SIGTERM); /* no step yet: srun ends what there is */
