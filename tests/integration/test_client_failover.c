@@ -10,6 +10,7 @@
 #include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
+#include "replica_testlib.h"
 #include "server_harness.h"
 #include "util.h"
 
@@ -25,70 +26,6 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-
-#define S_DIM 4
-
-/* The replica op (action, term, min_replicas) to endpoint; fails the test unless it is answered OK. */
-static void s_replica_ok(const char *endpoint, Carls__ReplicaAction action, uint64_t term, uint32_t min_replicas)
-{
-    raw_client_t rc;
-    assert_int_equal(raw_open(&rc, endpoint), 0);
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Replica op = CARLS__REPLICA__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 42;
-    op.action = action;
-    op.term = term;
-    op.min_replicas = min_replicas;
-    req.op_case = CARLS__REQUEST__OP_REPLICA;
-    req.replica = &op;
-    Carls__Response *r = raw_call(&rc, &req, 10000);
-    raw_close(&rc);
-    assert_non_null(r);
-    if (r->status != CARLS__STATUS_CODE__STATUS_OK)
-        fail_msg("replica op %d on %s (term %llu): %s", (int)action, endpoint, (unsigned long long)term, r->error);
-    carls__response__free_unpacked(r, NULL);
-}
-
-static void s_row(int i, char *name, size_t len, float *v)
-{
-    snprintf(name, len, "key-%d", i);
-    for (int j = 0; j < S_DIM; j++)
-        v[j] = (float)i + (float)j / 8.0f;
-}
-
-static int s_put(kb_cluster_t *c, int i)
-{
-    char name[32];
-    float v[S_DIM];
-    s_row(i, name, sizeof name, v);
-    kb_key_t k = {name, strlen(name)};
-    return kb_cluster_put(c, "t", &k, 1, S_DIM, v, (uint64_t)i + 1);
-}
-
-/* Row i is on the server behind c with its value and version (looked up without creating it). */
-static bool s_has(kb_cluster_t *c, int i)
-{
-    char name[32];
-    float want[S_DIM], got[S_DIM];
-    s_row(i, name, sizeof name, want);
-    kb_key_t k = {name, strlen(name)};
-    kb_row_meta_t meta;
-    if (kb_cluster_lookup_ex(c, "t", &k, 1, S_DIM, true, got, &meta) != 0)
-        fail_msg("lookup of row %d: %s", i, kb_cluster_last_error(c));
-    return memcmp(got, want, sizeof want) == 0 && meta.version == (uint64_t)i + 1;
-}
-
-/* A primary with --min-replicas 1 and its follower, each with a fresh data directory. */
-static void s_start_pair(test_server_t *p, test_server_t *f)
-{
-    test_server_init(p);
-    test_server_init(f);
-    const char *pargs[] = {"--min-replicas", "1", NULL};
-    assert_int_equal(test_server_start(p, pargs), 0);
-    const char *fargs[] = {"--replica-of", p->endpoint, NULL};
-    assert_int_equal(test_server_start(f, fargs), 0);
-}
 
 /* A cluster of one shard whose members are a and b, with the default options. */
 static kb_cluster_t *s_shard(const char *a, const char *b)
@@ -114,10 +51,10 @@ static void *s_writer_main(void *arg)
 {
     s_writer_t *w = arg;
     for (int i = 0; !atomic_load(&w->stop); i++) {
-        if (s_put(w->c, i) != 0) {
+        if (repl_put(w->c, i) != 0) {
             if (w->errors++ == 0)
                 snprintf(w->first_error, sizeof w->first_error, "%s", kb_cluster_last_error(w->c));
-            if (s_put(w->c, i) != 0) {
+            if (repl_put(w->c, i) != 0) {
                 w->failed_again = i;
                 break;
             }
@@ -142,10 +79,10 @@ static void test_kill9_of_the_primary_is_invisible_to_the_writer(void **state)
 {
     (void)state;
     test_server_t p, f;
-    s_start_pair(&p, &f);
+    repl_start_pair(&p, &f, "1", NULL, NULL);
     s_writer_t w = {.c = s_shard(p.endpoint, f.endpoint), .failed_again = -1};
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = S_DIM;
+    cfg.dim = REPL_DIM;
     cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
     assert_int_equal(kb_cluster_create_table(w.c, "t", &cfg, false), 0);
     pthread_t thread;
@@ -157,7 +94,7 @@ static void test_kill9_of_the_primary_is_invisible_to_the_writer(void **state)
     /* The coordinator takes its time: the writer must wait through it. */
     usleep(1500 * 1000);
     int64_t promoted_ms = carls_monotonic_ms();
-    s_replica_ok(f.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2, 0);
+    repl_op_ok(f.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2, 0);
     int64_t promote_ms = carls_monotonic_ms() - promoted_ms;
     s_wait_acked(&w, at_kill + 1); /* at most the write in flight at the kill was acknowledged by then */
     int64_t resumed_ms = carls_monotonic_ms() - promoted_ms;
@@ -175,7 +112,7 @@ static void test_kill9_of_the_primary_is_invisible_to_the_writer(void **state)
     kb_cluster_t *cf = kb_cluster_new(f.endpoint, NULL);
     assert_non_null(cf);
     for (int i = 0; i < acked; i++)
-        if (!s_has(cf, i))
+        if (!repl_has(cf, i))
             fail_msg("acknowledged put %d of %d is not on the promoted follower", i, acked);
     kb_cluster_destroy(&cf);
     print_message("%d puts acknowledged (%d before the kill), %d failed once; promoted 1.5 s after the kill, "
@@ -193,24 +130,24 @@ static void test_fenced_primary_sends_the_client_on(void **state)
 {
     (void)state;
     test_server_t p, f;
-    s_start_pair(&p, &f);
+    repl_start_pair(&p, &f, "1", NULL, NULL);
     kb_cluster_t *c = s_shard(p.endpoint, f.endpoint);
     Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = S_DIM;
+    cfg.dim = REPL_DIM;
     cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
     assert_int_equal(kb_cluster_create_table(c, "t", &cfg, false), 0);
     for (int i = 0; i < 50; i++)
-        assert_int_equal(s_put(c, i), 0);
-    s_replica_ok(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_FENCE, 2, 0);
-    s_replica_ok(f.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2, 0);
+        assert_int_equal(repl_put(c, i), 0);
+    repl_op_ok(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_FENCE, 2, 0);
+    repl_op_ok(f.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2, 0);
     for (int i = 50; i < 100; i++)
-        if (s_put(c, i) != 0)
+        if (repl_put(c, i) != 0)
             fail_msg("put %d after the fence: %s", i, kb_cluster_last_error(c));
     kb_cluster_destroy(&c);
     kb_cluster_t *cf = kb_cluster_new(f.endpoint, NULL);
     assert_non_null(cf);
     for (int i = 0; i < 100; i++)
-        assert_true(s_has(cf, i));
+        assert_true(repl_has(cf, i));
     kb_cluster_destroy(&cf);
     assert_int_equal(test_server_cleanup(&f), 0);
     assert_int_equal(test_server_cleanup(&p), 0);

@@ -11,6 +11,7 @@
 #include "kb_cluster.h"
 #include "protocol.h"
 #include "raw_client.h"
+#include "replica_testlib.h"
 #include "server_harness.h"
 #include "util.h"
 
@@ -28,159 +29,28 @@
 
 #include <cmocka.h>
 
-#define S_DIM 4
-
-/* The replica op against endpoint (min_replicas: for promote and set); the caller frees the response. */
-static Carls__Response *s_replica_k(const char *endpoint, Carls__ReplicaAction action, uint64_t term,
-                                    uint32_t min_replicas)
-{
-    raw_client_t rc;
-    assert_int_equal(raw_open(&rc, endpoint), 0);
-    Carls__Request req = CARLS__REQUEST__INIT;
-    Carls__Replica op = CARLS__REPLICA__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 42;
-    op.action = action;
-    op.term = term;
-    op.min_replicas = min_replicas;
-    req.op_case = CARLS__REQUEST__OP_REPLICA;
-    req.replica = &op;
-    Carls__Response *resp = raw_call(&rc, &req, 10000);
-    raw_close(&rc);
-    assert_non_null(resp);
-    return resp;
-}
-
-static Carls__Response *s_replica(const char *endpoint, Carls__ReplicaAction action, uint64_t term)
-{
-    return s_replica_k(endpoint, action, term, 0);
-}
-
-/* The member's status (asserting an OK answer). */
-static Carls__Response *s_status(const char *endpoint)
-{
-    Carls__Response *r = s_replica(endpoint, CARLS__REPLICA_ACTION__REPLICA_STATUS, 0);
-    assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_OK);
-    assert_int_equal(r->result_case, CARLS__RESPONSE__RESULT_REPLICA);
-    return r;
-}
-
-static void s_expect_role(const char *endpoint, const char *role, uint64_t term)
-{
-    Carls__Response *r = s_status(endpoint);
-    if (strcmp(r->replica->role, role) != 0 || r->replica->term != term)
-        fail_msg("%s is a %s of term %llu; expected a %s of term %llu", endpoint, r->replica->role,
-                 (unsigned long long)r->replica->term, role, (unsigned long long)term);
-    assert_int_equal(r->term, term); /* every reply carries it */
-    carls__response__free_unpacked(r, NULL);
-}
-
-static kb_cluster_t *s_client(const char *endpoint, int timeout_ms)
-{
-    kb_client_options_t opts = {.timeout_ms = timeout_ms, .retries = 0};
-    kb_cluster_t *c = kb_cluster_new(endpoint, &opts);
-    assert_non_null(c);
-    return c;
-}
-
-static void s_create_table(kb_cluster_t *c)
-{
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    cfg.dim = S_DIM;
-    cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
-    assert_int_equal(kb_cluster_create_table(c, "t", &cfg, false), 0);
-}
-
-static void s_row(int i, char *name, size_t len, float *v)
-{
-    snprintf(name, len, "key-%d", i);
-    for (int j = 0; j < S_DIM; j++)
-        v[j] = (float)i + (float)j / 8.0f;
-}
-
-static int s_put(kb_cluster_t *c, int i)
-{
-    char name[32];
-    float v[S_DIM];
-    s_row(i, name, sizeof name, v);
-    kb_key_t k = {name, strlen(name)};
-    return kb_cluster_put(c, "t", &k, 1, S_DIM, v, (uint64_t)i + 1);
-}
-
-/* 1 when row i is on the server with its value and version (looked up without creating it), 0 when not, -1
- * when the lookup failed. */
-static int s_lookup_row(kb_cluster_t *c, int i)
-{
-    char name[32];
-    float want[S_DIM], got[S_DIM];
-    s_row(i, name, sizeof name, want);
-    kb_key_t k = {name, strlen(name)};
-    kb_row_meta_t meta;
-    if (kb_cluster_lookup_ex(c, "t", &k, 1, S_DIM, true, got, &meta) != 0)
-        return -1;
-    return memcmp(got, want, sizeof want) == 0 && meta.version == (uint64_t)i + 1;
-}
-
-static bool s_has(kb_cluster_t *c, int i)
-{
-    int rc = s_lookup_row(c, i);
-    assert_int_not_equal(rc, -1);
-    return rc == 1;
-}
-
-/* Waits up to 10 s for the follower to have rows 0..n-1. */
-static void s_expect_rows(kb_cluster_t *c, int n)
-{
-    int64_t deadline = carls_monotonic_ms() + 10000;
-    int missing = 0;
-    do {
-        missing = 0;
-        for (int i = 0; i < n; i++) /* a follower restarting on a snapshot answers nothing for a moment */
-            missing += s_lookup_row(c, i) != 1;
-        if (missing == 0)
-            return;
-        usleep(50 * 1000);
-    } while (carls_monotonic_ms() < deadline);
-    fail_msg("%d of %d rows missing or different after 10 s", missing, n);
-}
-
-static void s_start_primary(test_server_t *p, const char *min_replicas)
-{
-    const char *args[] = {"--min-replicas", min_replicas, NULL};
-    assert_int_equal(test_server_start(p, args), 0);
-}
-
 static void s_start_follower(test_server_t *f, const char *primary)
 {
     const char *args[] = {"--replica-of", primary, NULL};
     assert_int_equal(test_server_start(f, args), 0);
 }
 
-/* A primary with --min-replicas 1 and its follower, each with a fresh data directory. */
-static void s_start_pair(test_server_t *p, test_server_t *f)
-{
-    test_server_init(p);
-    test_server_init(f);
-    s_start_primary(p, "1");
-    s_start_follower(f, p->endpoint);
-}
-
 static void test_follower_applies_serves_and_refuses_writes(void **state)
 {
     (void)state;
     test_server_t p, f;
-    s_start_pair(&p, &f);
-    s_expect_role(p.endpoint, "primary", 1);
+    repl_start_pair(&p, &f, "1", NULL, NULL);
+    repl_expect_role(p.endpoint, "primary", 1);
 
-    kb_cluster_t *cp = s_client(p.endpoint, 10000), *cf = s_client(f.endpoint, 10000);
-    s_create_table(cp);
+    kb_cluster_t *cp = repl_client(p.endpoint, 10000), *cf = repl_client(f.endpoint, 10000);
+    repl_create_table(cp);
     for (int i = 0; i < 300; i++)
-        assert_int_equal(s_put(cp, i), 0);
+        assert_int_equal(repl_put(cp, i), 0);
     /* Acknowledged with --min-replicas 1: the follower has applied each one already. */
     for (int i = 0; i < 300; i++)
-        assert_true(s_has(cf, i));
-    s_expect_role(f.endpoint, "follower", 1);
-    Carls__Response *st = s_status(p.endpoint);
+        assert_true(repl_has(cf, i));
+    repl_expect_role(f.endpoint, "follower", 1);
+    Carls__Response *st = repl_status(p.endpoint);
     assert_int_equal(st->replica->n_followers, 1);
     assert_true(st->replica->followers[0]->live);
     assert_true(st->replica->followers[0]->acked_epoch >= st->replica->durable_epoch);
@@ -188,7 +58,7 @@ static void test_follower_applies_serves_and_refuses_writes(void **state)
     carls__response__free_unpacked(st, NULL);
 
     /* A write to the follower: NOT_PRIMARY naming the primary, and nothing changed. */
-    assert_int_not_equal(s_put(cf, 1000), 0);
+    assert_int_not_equal(repl_put(cf, 1000), 0);
     raw_client_t rc;
     assert_int_equal(raw_open(&rc, f.endpoint), 0);
     Carls__Request req = CARLS__REQUEST__INIT;
@@ -207,9 +77,9 @@ static void test_follower_applies_serves_and_refuses_writes(void **state)
     assert_int_equal(r->term, 1);
     carls__response__free_unpacked(r, NULL);
     raw_close(&rc);
-    assert_false(s_has(cp, 1000));
+    assert_false(repl_has(cp, 1000));
     /* Lookups on the follower create nothing. */
-    assert_false(s_has(cf, 2000));
+    assert_false(repl_has(cf, 2000));
 
     /* The follower killed: after 2 s without it a --min-replicas 1 primary refuses new writes at once
      * (UNAVAILABLE, nothing applied) rather than letting each wait for its commit timeout; with
@@ -227,39 +97,39 @@ static void test_follower_applies_serves_and_refuses_writes(void **state)
     assert_true(carls_monotonic_ms() - t0 < 2000);
     carls__response__free_unpacked(r, NULL);
     raw_close(&rc);
-    Carls__Response *k0 = s_replica(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_SET_MIN_REPLICAS, 0);
+    Carls__Response *k0 = repl_op_at(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_SET_MIN_REPLICAS, 0, 0);
     assert_int_equal(k0->status, CARLS__STATUS_CODE__STATUS_OK);
     assert_int_equal(k0->replica->min_replicas, 0);
     carls__response__free_unpacked(k0, NULL);
     for (int i = 300; i < 400; i++)
-        assert_int_equal(s_put(cp, i), 0);
+        assert_int_equal(repl_put(cp, i), 0);
     s_start_follower(&f, p.endpoint);
-    cf = s_client(f.endpoint, 10000);
-    s_expect_rows(cf, 400);
+    cf = repl_client(f.endpoint, 10000);
+    repl_expect_rows(cf, 400);
 
     /* Stopped cleanly and started without --replica-of, a member that replicated is a standby. */
     kb_cluster_destroy(&cp);
     assert_int_equal(test_server_stop(&p, SIGTERM), 0);
     assert_int_equal(test_server_start(&p, NULL), 0);
-    s_expect_role(p.endpoint, "standby", 1);
-    cp = s_client(p.endpoint, 10000);
-    assert_int_not_equal(s_put(cp, 5000), 0);
-    Carls__Response *bad = s_replica(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 1);
+    repl_expect_role(p.endpoint, "standby", 1);
+    cp = repl_client(p.endpoint, 10000);
+    assert_int_not_equal(repl_put(cp, 5000), 0);
+    Carls__Response *bad = repl_op_at(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 1, 0);
     assert_int_equal(bad->status, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT); /* term 1 is not newer */
     carls__response__free_unpacked(bad, NULL);
-    Carls__Response *ok = s_replica(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2);
+    Carls__Response *ok = repl_op_at(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, 2, 0);
     assert_int_equal(ok->status, CARLS__STATUS_CODE__STATUS_OK);
     carls__response__free_unpacked(ok, NULL);
-    s_expect_role(p.endpoint, "primary", 2);
-    assert_int_equal(s_put(cp, 5000), 0);
-    s_expect_rows(cp, 400);
+    repl_expect_role(p.endpoint, "primary", 2);
+    assert_int_equal(repl_put(cp, 5000), 0);
+    repl_expect_rows(cp, 400);
     /* Fenced with a newer term, it takes no more writes. */
-    Carls__Response *fence = s_replica(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_FENCE, 3);
+    Carls__Response *fence = repl_op_at(p.endpoint, CARLS__REPLICA_ACTION__REPLICA_FENCE, 3, 0);
     assert_int_equal(fence->status, CARLS__STATUS_CODE__STATUS_OK);
     assert_true(fence->replica->fenced);
     carls__response__free_unpacked(fence, NULL);
-    assert_int_not_equal(s_put(cp, 5001), 0);
-    assert_false(s_has(cp, 5001));
+    assert_int_not_equal(repl_put(cp, 5001), 0);
+    assert_false(repl_has(cp, 5001));
 
     kb_cluster_destroy(&cp);
     kb_cluster_destroy(&cf);
@@ -283,15 +153,6 @@ static void *s_killer_main(void *arg)
     return NULL;
 }
 
-/* The coordinator's promotion of a follower to term, with --min-replicas 1. */
-static void s_promote(const char *endpoint, uint64_t term)
-{
-    Carls__Response *r = s_replica_k(endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, term, 1);
-    if (r->status != CARLS__STATUS_CODE__STATUS_OK)
-        fail_msg("promote %s to term %llu: %s", endpoint, (unsigned long long)term, r->error);
-    carls__response__free_unpacked(r, NULL);
-}
-
 /* Again and again: writes stream to the primary (--min-replicas 1) until it is killed at a random moment;
  * the follower is promoted with the next term; the dead member comes back as its follower (from the new
  * primary's memory, or by a snapshot when it kept a round nobody acknowledged) and must have caught up
@@ -303,42 +164,42 @@ static void test_kill9_failover_cycles_keep_every_acknowledged_write(void **stat
     const char *env = getenv("CARLS_REPLICATION_CYCLES");
     int cycles = env ? atoi(env) : 10;
     test_server_t m[2];
-    s_start_pair(&m[0], &m[1]);
-    kb_cluster_t *c = s_client(m[0].endpoint, 10000);
-    s_create_table(c);
+    repl_start_pair(&m[0], &m[1], "1", NULL, NULL);
+    kb_cluster_t *c = repl_client(m[0].endpoint, 10000);
+    repl_create_table(c);
     kb_cluster_destroy(&c);
     int primary = 0, acked = 0;
     uint64_t term = 1;
     for (int cycle = 0; cycle < cycles; cycle++) {
         test_server_t *p = &m[primary], *f = &m[1 - primary];
-        kb_cluster_t *cp = s_client(p->endpoint, 2000);
+        kb_cluster_t *cp = repl_client(p->endpoint, 2000);
         s_killer_t killer = {.victim = p, .seed = (unsigned)getpid() * 31u + (unsigned)cycle};
         pthread_t thread;
         assert_int_equal(pthread_create(&thread, NULL, s_killer_main, &killer), 0);
         int before = acked;
-        while (s_put(cp, acked) == 0)
+        while (repl_put(cp, acked) == 0)
             acked++;
         pthread_join(thread, NULL);
         assert_true(atomic_load(&killer.killed));
         kb_cluster_destroy(&cp);
         assert_true(acked > before);
 
-        s_promote(f->endpoint, ++term);
+        repl_op_ok(f->endpoint, CARLS__REPLICA_ACTION__REPLICA_PROMOTE, ++term, 1);
         s_start_follower(p, f->endpoint);
         /* Acknowledged only once the old primary, now a follower, applied it. */
-        kb_cluster_t *cf = s_client(f->endpoint, 20000);
-        if (s_put(cf, acked) != 0)
+        kb_cluster_t *cf = repl_client(f->endpoint, 20000);
+        if (repl_put(cf, acked) != 0)
             fail_msg("cycle %d: the new primary acknowledged nothing within 20 s", cycle);
         acked++;
         kb_cluster_destroy(&cf);
-        s_expect_role(f->endpoint, "primary", term);
-        s_expect_role(p->endpoint, "follower", term);
+        repl_expect_role(f->endpoint, "primary", term);
+        repl_expect_role(p->endpoint, "follower", term);
         primary = 1 - primary;
     }
     for (int side = 0; side < 2; side++) {
-        kb_cluster_t *cm = s_client(m[side].endpoint, 10000);
+        kb_cluster_t *cm = repl_client(m[side].endpoint, 10000);
         for (int i = 0; i < acked; i++)
-            if (!s_has(cm, i))
+            if (!repl_has(cm, i))
                 fail_msg("acknowledged write %d of %d is not on %s", i, acked, side == primary ? "the primary" :
                                                                                                "the follower");
         kb_cluster_destroy(&cm);
@@ -357,24 +218,19 @@ static void test_new_follower_catches_up_by_snapshot(void **state)
     test_server_init(&f);
     const char *args[] = {"--replication-listen", "tcp://127.0.0.1:*", "--replication-buffer-bytes", "1K", NULL};
     assert_int_equal(test_server_start(&p, args), 0);
-    kb_cluster_t *cp = s_client(p.endpoint, 10000);
-    s_create_table(cp);
+    kb_cluster_t *cp = repl_client(p.endpoint, 10000);
+    repl_create_table(cp);
     for (int i = 0; i < 200; i++)
-        assert_int_equal(s_put(cp, i), 0);
+        assert_int_equal(repl_put(cp, i), 0);
     s_start_follower(&f, p.endpoint);
     /* Short attempts: a request sent just before the follower restarts on the snapshot gets no answer. */
-    kb_cluster_t *cf = s_client(f.endpoint, 500);
-    s_expect_rows(cf, 200);
+    kb_cluster_t *cf = repl_client(f.endpoint, 500);
+    repl_expect_rows(cf, 200);
     for (int i = 200; i < 250; i++) /* and follows on from the snapshot's cut */
-        assert_int_equal(s_put(cp, i), 0);
-    s_expect_rows(cf, 250);
-    char log[16384] = "";
-    FILE *lf = fopen(f.log_file, "r");
-    assert_non_null(lf);
-    log[fread(log, 1, sizeof log - 1, lf)] = '\0';
-    fclose(lf);
-    assert_non_null(strstr(log, "received and checked"));
-    s_expect_role(f.endpoint, "follower", 1);
+        assert_int_equal(repl_put(cp, i), 0);
+    repl_expect_rows(cf, 250);
+    assert_true(test_server_log_has(&f, "received and checked"));
+    repl_expect_role(f.endpoint, "follower", 1);
     kb_cluster_destroy(&cp);
     kb_cluster_destroy(&cf);
     assert_int_equal(test_server_cleanup(&f), 0);
@@ -409,15 +265,15 @@ static void test_follower_reads_within_bounds(void **state)
 {
     (void)state;
     test_server_t p, f;
-    s_start_pair(&p, &f);
-    kb_cluster_t *cp = s_client(p.endpoint, 10000);
-    s_create_table(cp);
+    repl_start_pair(&p, &f, "1", NULL, NULL);
+    kb_cluster_t *cp = repl_client(p.endpoint, 10000);
+    repl_create_table(cp);
     raw_client_t wc;
     assert_int_equal(raw_open(&wc, p.endpoint), 0);
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__Put put = CARLS__PUT__INIT;
     ProtobufCBinaryData key = {5, (uint8_t *)"key-0"};
-    float v[S_DIM] = {1, 2, 3, 4};
+    float v[REPL_DIM] = {1, 2, 3, 4};
     req.protocol_version = CARLS_PROTOCOL_VERSION;
     req.request_id = 8;
     req.client_id = 99;
@@ -425,7 +281,7 @@ static void test_follower_reads_within_bounds(void **state)
     req.table = "t";
     put.n_keys = 1;
     put.keys = &key;
-    put.n_values = S_DIM;
+    put.n_values = REPL_DIM;
     put.values = v;
     req.op_case = CARLS__REQUEST__OP_PUT;
     req.put = &put;

@@ -1,6 +1,7 @@
 #include "server_harness.h"
 
 #include "files.h"
+#include "test_util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -100,4 +101,16 @@ int test_server_cleanup(test_server_t *srv)
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", srv->data_dir);
     return status;
+}
+
+bool test_server_log_has(const test_server_t *srv, const char *text)
+{
+    size_t len = 0;
+    unsigned char *log = test_read_file(srv->log_file, 1, &len);
+    if (!log)
+        return false;
+    log[len] = '\0';
+    bool found = strstr((char *)log, text) != NULL;
+    free(log);
+    return found;
 }

@@ -3,6 +3,7 @@
 #define CARLS_SERVER_HARNESS_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 typedef struct {
@@ -22,6 +23,9 @@ int test_server_start(test_server_t *srv, const char *const *extra_args);
 
 /* Sends sig and waits for the process. Returns its exit status (or 128+signal). */
 int test_server_stop(test_server_t *srv, int sig);
+
+/* Whether the server's log (its stderr, all its starts) holds text so far. */
+bool test_server_log_has(const test_server_t *srv, const char *text);
 
 /* Stops the server if running with SIGTERM (a clean shutdown: under the sanitizers LeakSanitizer checks the
  * server then) and removes the data directory. Returns the server's exit status (0 when it was not
