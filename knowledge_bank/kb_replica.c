@@ -663,6 +663,10 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
     zmq_setsockopt(self->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(self->router, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(self->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    /* Before the bind: no follower is ever admitted without the ZAP handler's word. */
+    char why[512];
+    if (self->curve && kb_auth_setup_server(self->router, &self->curve_server, self->auth, why, sizeof why) != 0)
+        return carls_errorf(err, errlen, -1, "the replication socket's CURVE: %s", why);
     if (zmq_bind(self->router, listen) != 0)
         return carls_errorf(err, errlen, -1, "--replication-listen %s: %s", listen, zmq_strerror(errno));
     size_t len = sizeof self->endpoint;
@@ -701,17 +705,44 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
 
 /* ---- follower ---- */
 
+/* A follower's DEALER to endpoint (the primary's client or replication endpoint), a CURVE client with the
+ * member's --replica-curve-key when the shard uses CURVE. The socket, or NULL with err naming flag. */
+static void *s_connect(kb_replica_t *self, const char *endpoint, const char *flag, char *err, size_t errlen)
+{
+    void *s = zmq_socket(self->zctx, ZMQ_DEALER);
+    int linger = 0, hwm = 100000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    char why[512];
+    if (self->curve_follow &&
+        kb_auth_setup_client(s, &self->curve_client, &self->curve_server.public_key, why, sizeof why) != 0) {
+        carls_errorf(err, errlen, -1, "--replica-curve-key: %s", why);
+        zmq_close(s);
+        return NULL;
+    }
+    if (zmq_connect(s, endpoint) != 0) {
+        carls_errorf(err, errlen, -1, "%s %s: %s", flag, endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Why a primary may not answer a CURVE follower, for its log lines. */
+static const char *s_curve_hint(const kb_replica_t *self)
+{
+    return self->curve_follow ? " (CURVE: the public key of --replica-curve-key must be on the primary's "
+                                "--curve-allow list, and the primary must hold this member's --curve-secret pair)"
+                              : "";
+}
+
 /* Asks the primary's client endpoint for its replication endpoint (the replica op). 0, or -1 with err. */
 static int s_ask_endpoint(kb_replica_t *self, char *out, size_t len, char *err, size_t errlen)
 {
-    void *s = zmq_socket(self->zctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    void *s = s_connect(self, self->replica_of, "--replica-of", err, errlen);
+    if (!s)
+        return -1;
     int rc = -1;
-    if (zmq_connect(s, self->replica_of) != 0) {
-        carls_errorf(err, errlen, -1, "--replica-of %s: %s", self->replica_of, zmq_strerror(errno));
-        goto done;
-    }
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__Replica op = CARLS__REPLICA__INIT;
     req.protocol_version = CARLS_PROTOCOL_VERSION;
@@ -723,7 +754,7 @@ static int s_ask_endpoint(kb_replica_t *self, char *out, size_t len, char *err, 
     zmq_send(s, buf, n, 0);
     zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 1000) <= 0) {
-        carls_errorf(err, errlen, -1, "no answer from the primary at %s", self->replica_of);
+        carls_errorf(err, errlen, -1, "no answer from the primary at %s%s", self->replica_of, s_curve_hint(self));
         goto done;
     }
     zmq_msg_t m;
@@ -964,14 +995,9 @@ static void *s_follower_main(void *arg)
                 nanosleep(&pause, NULL);
                 continue;
             }
-            dealer = zmq_socket(self->zctx, ZMQ_DEALER);
-            int linger = 0, hwm = 100000;
-            zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
-            zmq_setsockopt(dealer, ZMQ_RCVHWM, &hwm, sizeof hwm);
-            if (zmq_connect(dealer, endpoint) != 0) {
-                LOG_ERROR("replication: cannot connect to %s: %s", endpoint, zmq_strerror(errno));
-                zmq_close(dealer);
-                dealer = NULL;
+            dealer = s_connect(self, endpoint, "the primary's replication endpoint", err, sizeof err);
+            if (!dealer) {
+                LOG_ERROR("replication: %s", err);
                 wait_until = now + 1000;
                 continue;
             }
@@ -1245,6 +1271,35 @@ int kb_replica_bank_mode(const kb_replica_options_t *opts, bool *replica, char *
     return 0;
 }
 
+/* CURVE (kb_replica.h): loads the server's key pair and allow-list and starts the ZAP handler of the
+ * replicator's context (a follower too: it may be promoted), and a follower's own key pair. 0, or -1 with err
+ * naming the flag whose file did not load. */
+static int s_curve_init(kb_replica_t *self, const kb_replica_options_t *opts, char *err, size_t errlen)
+{
+    char why[512];
+    if (!opts->curve_secret != !opts->curve_allow || (opts->curve_replica_key && !opts->curve_secret) ||
+        (opts->replica_of && opts->curve_secret && !opts->curve_replica_key))
+        return carls_errorf(err, errlen, -1, "--replica-curve-key goes with --replica-of, --curve-secret and "
+                                             "--curve-allow, and a follower with --curve-secret needs it");
+    if (!opts->curve_secret)
+        return 0;
+    kb_auth_allow_t *allow = NULL;
+    if (kb_auth_load_secret(opts->curve_secret, &self->curve_server, why, sizeof why) != 0)
+        return carls_errorf(err, errlen, -1, "--curve-secret: %s", why);
+    if (kb_auth_allow_load(opts->curve_allow, &allow, why, sizeof why) != 0)
+        return carls_errorf(err, errlen, -1, "--curve-allow: %s", why);
+    self->auth = kb_auth_new(self->zctx, &allow, why, sizeof why);
+    if (!self->auth)
+        return carls_errorf(err, errlen, -1, "the replication socket's ZAP handler: %s", why);
+    self->curve = true;
+    if (opts->curve_replica_key) {
+        if (kb_auth_load_secret(opts->curve_replica_key, &self->curve_client, why, sizeof why) != 0)
+            return carls_errorf(err, errlen, -1, "--replica-curve-key: %s", why);
+        self->curve_follow = true;
+    }
+    return 0;
+}
+
 int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_options_t *opts, kb_replica_t **out,
                    char *err, size_t errlen)
 {
@@ -1271,6 +1326,8 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     self->zctx = zmq_ctx_new();
     if (!self->zctx)
         CARLS_FATAL("zmq_ctx_new failed");
+    if (s_curve_init(self, opts, err, errlen) != 0)
+        goto fail;
     int rc = kb_term_load(self->data_dir, self->state, err, errlen);
     if (rc != 0 && rc != -ENOENT)
         goto fail;
@@ -1339,8 +1396,11 @@ void kb_replica_destroy(kb_replica_t **self_p)
     kb_replica_catch_up_free(&self->catch_up);
     if (self->router)
         zmq_close(self->router);
+    kb_auth_destroy(&self->auth);
     if (self->zctx)
         zmq_ctx_term(self->zctx);
+    explicit_bzero(&self->curve_server, sizeof self->curve_server);
+    explicit_bzero(&self->curve_client, sizeof self->curve_client);
     if (self->event_fd >= 0)
         close(self->event_fd);
     for (size_t i = self->ring_first; i < self->ring_count; i++)

@@ -17,7 +17,13 @@
  * A follower the primary's memory cannot bring up to date (it was away longer than --replication-buffer-bytes
  * of rounds, it is new to a primary that holds data, or it diverged: it holds rounds of an old term the new
  * primary never had) is sent a snapshot (kb_snapshot.h), which it checks, restores and continues from.
- * Replication traffic is not encrypted: the server refuses replication flags together with --curve-secret. */
+ *
+ * CURVE (docs/SECURITY.md): with the server's key pair (--curve-secret) and allow-list (--curve-allow) the
+ * replication socket is a CURVE server like the client socket, with a ZAP handler of its own in the
+ * replicator's ZeroMQ context admitting the same keys. A follower connects, to the primary's client endpoint
+ * (to ask for the replication endpoint) and to its replication socket, as a CURVE client with its own key
+ * pair (--replica-curve-key), trusting the public key of its own --curve-secret: a shard's members share one
+ * server key pair (their clients fail over between them with one --curve-server-key). */
 #ifndef KB_REPLICA_H
 #define KB_REPLICA_H
 
@@ -39,6 +45,9 @@ typedef struct {
     uint32_t shard_index, shard_count;
     uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */
     volatile sig_atomic_t *server_stop; /* set to 1 when a follower received a snapshot to restart on */
+    const char *curve_secret;  /* --curve-secret: the replication socket's key pair too (NULL: no CURVE) */
+    const char *curve_allow;   /* --curve-allow: the followers' (and clients') keys the socket admits */
+    const char *curve_replica_key; /* --replica-curve-key: a follower's client key pair (with curve_secret) */
 } kb_replica_options_t;
 
 typedef struct kb_replica kb_replica_t;
@@ -48,7 +57,8 @@ typedef struct kb_replica kb_replica_t;
 int kb_replica_bank_mode(const kb_replica_options_t *opts, bool *replica, char *err, size_t errlen);
 
 /* Takes the member's role: a primary binds its replication socket and starts its replicator, a follower starts
- * following, a standby waits for a promotion. Sets the service's role and replica op. 0, or -1 with err. */
+ * following, a standby waits for a promotion. Sets the service's role and replica op. 0, or -1 with err (a
+ * key file that does not load is named with its flag). */
 int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_options_t *opts, kb_replica_t **out,
                    char *err, size_t errlen);
 

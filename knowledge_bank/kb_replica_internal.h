@@ -6,6 +6,7 @@
 #include "kb_replica.h"
 #include "kb_snapshot.h"
 #include "kb_term.h"
+#include "kb_zap.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -86,6 +87,13 @@ struct kb_replica {
     bool have_state;        /* DATA/REPLICATION exists (a fresh follower has none before its first round) */
     bool fenced;
     void *zctx;
+    /* CURVE (kb_replica.h): the server's key pair and the ZAP handler of zctx for the replication socket; a
+     * follower's own key pair for its connections to the primary. */
+    bool curve;
+    kb_auth_keypair_t curve_server;
+    kb_auth_t *auth;
+    bool curve_follow;
+    kb_auth_keypair_t curve_client;
 
     /* primary */
     void *router;

@@ -98,6 +98,12 @@ static void s_usage(FILE *out)
             "  --member NAME              this member's name in the shard (default: its bound endpoint)\n"
             "                             A member whose DATA/REPLICATION exists, started without --replica-of,\n"
             "                             is a standby: it refuses writes until `kbctl replica promote`\n"
+            "  --replica-curve-key FILE   with --replica-of and --curve-secret (needed then): this follower's\n"
+            "                             client secret key (kb-keygen NAME.key), whose public key must be on\n"
+            "                             the primary's --curve-allow list. With --curve-secret the replication\n"
+            "                             socket is encrypted and admits the --curve-allow keys, as the client\n"
+            "                             socket; a shard's members share one --curve-secret pair, whose public\n"
+            "                             key a follower trusts (docs/SECURITY.md, replicated shards)\n"
             "  --max-message-bytes N      largest request frame (default %u)\n"
             "  --max-key-bytes N          longest key (default %u)\n"
             "  --max-dim N                largest table dimension (default %u)\n"
@@ -209,7 +215,7 @@ int main(int argc, char **argv)
     const char *listen = "tcp://127.0.0.1:7070";
     const char *endpoint_file = NULL;
     const char *restore = NULL; /* --restore NAME (kb_snapshot.h) */
-    const char *curve_secret = NULL, *curve_allow = NULL;
+    const char *curve_secret = NULL, *curve_allow = NULL, *replica_curve_key = NULL;
     uint32_t threads = 2;
     int knn_threads = 1;
     int metrics_port = -1; /* -1: no metrics server */
@@ -251,6 +257,7 @@ int main(int argc, char **argv)
         carls_arg_u32("min-replicas", &replica_opts.min_replicas, 0, 15),
         carls_arg_custom("replication-buffer-bytes", &replication_buffer, s_arg_bytes),
         carls_arg_string("member", &replica_opts.member),
+        carls_arg_string("replica-curve-key", &replica_curve_key),
         carls_arg_log_level(),
         {0},
     };
@@ -263,12 +270,20 @@ int main(int argc, char **argv)
         return 2;
     }
     bool replicating = replica_opts.replica_of || replica_opts.listen || replica_opts.min_replicas;
-    if (replicating && (limits.read_only || bank_opts.cache_bytes || curve_secret)) {
-        fprintf(stderr, "kb-server: --replica-of, --replication-listen and --min-replicas cannot be used with %s%s\n",
-                limits.read_only ? "--read-only" : bank_opts.cache_bytes ? "--cache-bytes" : "--curve-secret",
-                curve_secret && !limits.read_only && !bank_opts.cache_bytes
-                    ? " (the replication stream is not encrypted yet: keep replicated shards on a trusted network)"
-                    : "");
+    if (replicating && (limits.read_only || bank_opts.cache_bytes)) {
+        fprintf(stderr, "kb-server: --replica-of, --replication-listen and --min-replicas cannot be used with %s\n",
+                limits.read_only ? "--read-only" : "--cache-bytes");
+        return 2;
+    }
+    if (replica_curve_key && (!replica_opts.replica_of || !curve_secret)) {
+        fprintf(stderr, "kb-server: --replica-curve-key is a follower's key (--replica-of) towards a primary that "
+                        "uses CURVE, and goes with --curve-secret and --curve-allow (a shard's members all use "
+                        "CURVE or none does)\n");
+        return 2;
+    }
+    if (replica_opts.replica_of && curve_secret && !replica_curve_key) {
+        fprintf(stderr, "kb-server: --replica-of with --curve-secret needs --replica-curve-key FILE: this "
+                        "follower's client secret key, whose public key is on the primary's --curve-allow list\n");
         return 2;
     }
     if (replica_opts.min_replicas && !bank_opts.sync) {
@@ -328,6 +343,9 @@ int main(int argc, char **argv)
     replica_opts.shard_index = limits.shard_index;
     replica_opts.shard_count = limits.shard_count;
     replica_opts.buffer_bytes = replication_buffer;
+    replica_opts.curve_secret = curve_secret;
+    replica_opts.curve_allow = curve_allow;
+    replica_opts.curve_replica_key = replica_curve_key;
     bool bank_replica = false;
     if (!limits.read_only && kb_replica_bank_mode(&replica_opts, &bank_replica, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
