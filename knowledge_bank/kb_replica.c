@@ -1149,14 +1149,22 @@ static int s_promote(kb_replica_t *self, uint64_t term, uint32_t min_replicas, c
     pthread_mutex_lock(&self->mutex);
     bool primary = self->primary_running;
     uint64_t mine = self->have_state ? self->state->term : 0;
+    /* The coordinator fences the followers with the new term, then promotes one of them with that same term
+     * (REPLICATION.md section 4): a term this member was only fenced to, in which no epoch was written here
+     * (not as a primary, nor received from one), may be taken. */
+    uint64_t written = self->have_state ? self->state->history[self->state->n_history - 1].term : 0;
     pthread_mutex_unlock(&self->mutex);
     if (primary)
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                             "this member is a primary already (term %" PRIu64 ")", mine);
-    if (term <= mine)
+    if (term < mine)
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
-                            "promote needs a term above this member's %" PRIu64 " (--term %" PRIu64 " given)", mine,
-                            term);
+                            "promote needs this member's term %" PRIu64 " (if it was only fenced to it) or a newer "
+                            "one (--term %" PRIu64 " given)", mine, term);
+    if (term <= written)
+        return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
+                            "promote needs a term above this member's %" PRIu64 ", in which it holds epochs "
+                            "(--term %" PRIu64 " given)", written, term);
     if (min_replicas && !kb_bank_sync(self->bank))
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                             "min replicas need --durability sync");

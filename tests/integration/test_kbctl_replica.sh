@@ -71,6 +71,9 @@ for verb in "snapshot s1" checkpoint; do
 done
 
 kill -9 "$primary"; wait "$primary" 2>/dev/null; primary=
+# The coordinator's sequence (docs/REPLICATION.md section 4): fence with the new term, promote with the same.
+check "fence the follower" 0 "$(status_of $k --kb "$F" replica fence --term 2)"
+check "fenced follower: term" 2 "$($k --kb "$F" replica status | field term)"
 check "promote the follower" 0 "$(status_of $k --kb "$F" replica promote --term 2)"
 status=$($k --kb "$F" replica status)
 check "promoted: role" primary "$(echo "$status" | field role)"
