@@ -698,8 +698,9 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
     pthread_mutex_lock(&self->mutex);
     self->primary_running = true;
     pthread_mutex_unlock(&self->mutex);
-    LOG_INFO("primary of term %" PRIu64 ": followers connect to %s (min replicas %u)", self->state->term,
-             self->endpoint, self->min_replicas);
+    LOG_INFO("primary of term %" PRIu64 ": followers connect to %s%s%s (min replicas %u)", self->state->term,
+             self->endpoint, self->advertise ? ", told to connect to " : "", self->advertise ? self->advertise : "",
+             self->min_replicas);
     return 0;
 }
 
@@ -1102,8 +1103,11 @@ static void s_status(kb_replica_t *self, Carls__ReplicaResult *res)
     res->last_term = self->have_state ? kb_term_of_epoch(self->state, committed) : 0;
     res->committed_epoch = committed;
     res->durable_epoch = kb_commit_durable_epoch(self->commit);
-    res->replication_endpoint = carls_xmalloc(sizeof self->endpoint);
-    snprintf(res->replication_endpoint, sizeof self->endpoint, "%s", self->primary_running && !self->fenced ? self->endpoint : "");
+    /* What followers connect to: the advertised endpoint when there is one. */
+    const char *replication = self->advertise ? self->advertise : self->endpoint;
+    size_t rlen = strlen(replication) + 1;
+    res->replication_endpoint = carls_xmalloc(rlen);
+    snprintf(res->replication_endpoint, rlen, "%s", self->primary_running && !self->fenced ? replication : "");
     size_t plen = self->replica_of ? strlen(self->replica_of) + 1 : 1;
     res->primary = carls_xmalloc(plen);
     snprintf(res->primary, plen, "%s", self->replica_of ? self->replica_of : "");
@@ -1321,6 +1325,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     self->replica_of = kb_replica_dup(opts->replica_of);
     self->listen = kb_replica_dup(opts->listen);
     self->client_endpoint = kb_replica_dup(opts->client_endpoint);
+    self->advertise = kb_replica_dup(opts->advertise);
     self->min_replicas = opts->min_replicas;
     self->shard_index = opts->shard_index;
     self->shard_count = opts->shard_count;
@@ -1420,6 +1425,7 @@ void kb_replica_destroy(kb_replica_t **self_p)
     free(self->client_endpoint);
     free(self->replica_of);
     free(self->listen);
+    free(self->advertise);
     pthread_mutex_destroy(&self->mutex);
     pthread_mutex_destroy(&self->op_mutex);
     free(self);

@@ -41,6 +41,8 @@ typedef struct {
     const char *replica_of;   /* the primary's client endpoint: this member follows it; NULL: primary or standby */
     const char *listen;       /* what a primary binds for its followers (NULL: tcp://<client endpoint's host>:*) */
     const char *client_endpoint; /* the endpoint this server bound for its clients */
+    const char *advertise;    /* the replication endpoint followers are told (NULL: the bound one), for a
+                               * primary reached through a relay, a NAT or a tunnel */
     uint32_t min_replicas;    /* --min-replicas (sync durability) */
     uint32_t shard_index, shard_count;
     uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */

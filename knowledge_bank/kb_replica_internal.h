@@ -76,8 +76,8 @@ struct kb_replica {
     kb_bank_t *bank;
     kb_commit_t *commit;    /* the bank's pipeline: ships rounds, applies a primary's, holds the durable point */
     kb_service_t *service;
-    char *data_dir, *member, *replica_of, *listen, *client_endpoint; /* client_endpoint: the bound one, whose host a promoted
-                                                     * follower binds */
+    char *data_dir, *member, *replica_of, *listen, *advertise;
+    char *client_endpoint; /* the bound one, whose host a promoted follower binds */
     uint32_t min_replicas, shard_index, shard_count;
     uint64_t buffer_bytes;
 

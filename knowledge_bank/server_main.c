@@ -86,6 +86,9 @@ static void s_usage(FILE *out)
             "replicated shards (docs/REPLICATION.md):\n"
             "  --replication-listen EP    be a shard's primary: followers connect to EP (default: the host of\n"
             "                             --listen, a free port; `kbctl replica status` shows it)\n"
+            "  --replication-advertise EP  tell followers to connect to EP (tcp://HOST:PORT) instead of the\n"
+            "                             bound replication endpoint: a primary reached through a relay, a\n"
+            "                             NAT or a tunnel\n"
             "  --min-replicas K           with --durability sync: acknowledge a write once K followers applied\n"
             "                             it too (followers in --durability sync, which fdatasync before they\n"
             "                             acknowledge), so losing this machine loses no acknowledged write\n"
@@ -254,6 +257,7 @@ int main(int argc, char **argv)
         carls_arg_string("restore", &restore),
         carls_arg_string("replica-of", &replica_opts.replica_of),
         carls_arg_string("replication-listen", &replica_opts.listen),
+        carls_arg_string("replication-advertise", &replica_opts.advertise),
         carls_arg_u32("min-replicas", &replica_opts.min_replicas, 0, 15),
         carls_arg_custom("replication-buffer-bytes", &replication_buffer, s_arg_bytes),
         carls_arg_string("member", &replica_opts.member),
@@ -269,7 +273,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kb-server: --curve-secret and --curve-allow go together\n");
         return 2;
     }
-    bool replicating = replica_opts.replica_of || replica_opts.listen || replica_opts.min_replicas;
+    bool replicating = replica_opts.replica_of || replica_opts.listen || replica_opts.advertise ||
+                       replica_opts.min_replicas;
     if (replicating && (limits.read_only || bank_opts.cache_bytes)) {
         fprintf(stderr, "kb-server: --replica-of, --replication-listen and --min-replicas cannot be used with %s\n",
                 limits.read_only ? "--read-only" : "--cache-bytes");
@@ -290,9 +295,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "kb-server: --min-replicas needs --durability sync (interval durability waits for nobody)\n");
         return 2;
     }
-    if (replica_opts.replica_of && (replica_opts.listen || replica_opts.min_replicas)) {
-        fprintf(stderr, "kb-server: --replica-of starts a follower; --replication-listen and --min-replicas are a "
-                        "primary's (a promoted follower binds the host of --listen)\n");
+    if (replica_opts.replica_of && (replica_opts.listen || replica_opts.advertise || replica_opts.min_replicas)) {
+        fprintf(stderr, "kb-server: --replica-of starts a follower; --replication-listen, --replication-advertise "
+                        "and --min-replicas are a primary's (a promoted follower binds the host of --listen)\n");
+        return 2;
+    }
+    const char *port = replica_opts.advertise ? strrchr(replica_opts.advertise, ':') : NULL;
+    if (replica_opts.advertise &&
+        (strncmp(replica_opts.advertise, "tcp://", 6) != 0 || !port || port - replica_opts.advertise < 7 ||
+         strlen(port + 1) == 0 || strspn(port + 1, "0123456789") != strlen(port + 1))) {
+        fprintf(stderr, "kb-server: --replication-advertise '%s' is not tcp://HOST:PORT\n", replica_opts.advertise);
         return 2;
     }
     if (bank_opts.cache_bytes && bank_opts.max_memory && bank_opts.cache_bytes > bank_opts.max_memory) {
