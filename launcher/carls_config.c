@@ -155,11 +155,6 @@ static int s_cfg_check(const carls_config_t *c, char *err, size_t errlen)
                   "before anything is written, so it waits for no follower)", c->min_replicas);
         return -1;
     }
-    if (c->replicas > 1 && strcmp(c->curve, "on") == 0) {
-        carls_fmt(err, errlen, "replicas = %g cannot be used with curve = on yet: the replication stream between "
-                  "a shard's kb-servers is not encrypted (docs/REPLICATION.md)", c->replicas);
-        return -1;
-    }
     if (c->graph_refresh != 0 && c->graph_refresh != 1 && c->graph_refresh != 2) {
         carls_fmt(err, errlen, "graph_refresh = %g: need 0 (the pixel graph throughout), 1 (rebuilt from the learned "
               "embeddings) or 2 (learned embeddings' and pixels' neighbours together)", c->graph_refresh);

@@ -57,13 +57,26 @@ static int s_parse(const char *text, carls_replica_status_t *st)
     return 0;
 }
 
-int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *action, uint64_t term, int k,
-                       carls_replica_status_t *st, char *err, size_t errlen)
+/* `kbctl --kb ENDPOINT ... replica ACTION` (allocated), with the launcher's own key of the run with curve = on. */
+static carls_argv_t *s_kbctl(const carls_run_t *r, const char *endpoint, const char *log_level, const char *action)
 {
     carls_argv_t *a = carls_xcalloc(1, sizeof *a);
     carls_argv_add(a, "%s/kbctl", r->c->bin);
     carls_argv_add_list(a, (const char *const[]){"--kb", endpoint, "--timeout-ms", "2000", "--retries", "0",
-                                                 "--log-level", "error", "replica", action, NULL});
+                                                 "--log-level", log_level, NULL});
+    if (r->curve) {
+        carls_argv_add(a, "--curve-key");
+        carls_argv_add(a, "%s/%s.key", r->client_keys, CARLS_LAUNCHER_KEY_STEM);
+        carls_argv_add_list(a, (const char *const[]){"--curve-server-key", r->server_pub, NULL});
+    }
+    carls_argv_add_list(a, (const char *const[]){"replica", action, NULL});
+    return a;
+}
+
+int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *action, uint64_t term, int k,
+                       carls_replica_status_t *st, char *err, size_t errlen)
+{
+    carls_argv_t *a = s_kbctl(r, endpoint, "error", action);
     if (term) {
         carls_argv_add(a, "--term");
         carls_argv_add(a, "%" PRIu64, term);
@@ -85,10 +98,7 @@ int carls_replica_call(const carls_run_t *r, const char *endpoint, const char *a
 
 int carls_replica_probe_start(const carls_run_t *r, const char *endpoint, carls_replica_probe_t *p)
 {
-    carls_argv_t *a = carls_xcalloc(1, sizeof *a);
-    carls_argv_add(a, "%s/kbctl", r->c->bin);
-    carls_argv_add_list(a, (const char *const[]){"--kb", endpoint, "--timeout-ms", "2000", "--retries", "0",
-                                                 "--log-level", "off", "replica", "status", NULL});
+    carls_argv_t *a = s_kbctl(r, endpoint, "off", "status");
     p->pid = carls_proc_spawn_local(a->ptr, -1);
     free(a);
     if (p->pid < 0) {

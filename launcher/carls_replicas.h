@@ -11,6 +11,9 @@
 
 typedef struct carls_run carls_run_t;
 
+/* The launcher's own client key of the run (keys/clients/launcher.key) with curve = on and replicas > 1. */
+#define CARLS_LAUNCHER_KEY_STEM "launcher"
+
 /* What one member said of itself (`kbctl replica ACTION`'s "key: value" lines). */
 typedef struct {
     char role[16];             /* primary, follower, standby or deposed */

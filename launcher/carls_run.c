@@ -5,6 +5,7 @@
 #include "carls_knowledge.h"
 #include "carls_report.h"
 #include "carls_run_internal.h"
+#include "carls_replicas.h"
 #include "carls_shards.h"
 #include "carls_slurm.h"
 #include "carls_train.h"
@@ -87,7 +88,21 @@ static int s_each_client(carls_run_t *r, int (*fn)(carls_run_t *r, const char *s
             rc = fn(r, stem);
         }
     }
+    /* A replicated shard's members follow their primary as its clients (kb-server --replica-curve-key): any
+     * of them may be a follower in turn. */
+    for (int i = 0; r->replicas > 1 && i < r->n_members && rc == 0; i++) {
+        carls_run_member_stem(stem, sizeof stem, &r->shard[i]);
+        rc = fn(r, stem);
+    }
+    if (r->replicas > 1 && rc == 0) {
+        rc = fn(r, CARLS_LAUNCHER_KEY_STEM); /* its `kbctl replica` calls: probes, fences, promotions */
+    }
     return rc ? rc : fn(r, "trainer");
+}
+
+void carls_run_member_stem(char *stem, size_t len, const carls_shard_t *b)
+{
+    carls_fmt(stem, len, "kb-server-%d-m%d", b->index, b->member);
 }
 
 void carls_run_bank_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem)

@@ -91,6 +91,9 @@ void carls_run_resident_stem(char *stem, size_t len, const char *task, int i);
 /* The stem of one-shot fleet `label`'s maker number i ("pixels-1"). */
 void carls_run_once_stem(char *stem, size_t len, const char *label, int i);
 
+/* The key stem of member b of a replicated shard ("kb-server-0-m1"): its --replica-curve-key with curve = on. */
+void carls_run_member_stem(char *stem, size_t len, const carls_shard_t *b);
+
 /* The arguments every client of the bank gets: --kb with the shards' endpoints in shard order and, with
  * curve = on, its own secret key (keys/clients/STEM.key, made by s_make_keys in carls_run.c) and the servers' public key. */
 void carls_run_bank_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem);

@@ -58,6 +58,12 @@ static void s_server_args(carls_argv_t *a, const carls_run_t *r, carls_shard_t *
         const char *primary = s_primary_of(r, b);
         if (primary) {
             carls_argv_add_list(a, (const char *const[]){"--replica-of", primary, NULL});
+            if (r->curve) {
+                char stem[64];
+                carls_run_member_stem(stem, sizeof stem, b);
+                carls_argv_add(a, "--replica-curve-key");
+                carls_argv_add(a, "%s/%s.key", r->client_keys, stem);
+            }
         } else {
             carls_argv_add_list(a, (const char *const[]){"--replication-listen", "tcp://127.0.0.1:*", NULL});
             if (r->set[b->index].k_now > 0) {

@@ -2,7 +2,7 @@
  * shrunk with --set (1,000 items, 2 embed makers, S_STEPS trainer steps) with replicas = 2 and kb_durability =
  * sync, so min_replicas defaults to 1.
  *   1. Bad settings are refused before anything starts: replicas = 0, 5 or 1.5, min_replicas = 2 with two
- *      members, min_replicas = 1 with interval durability (the file's), replicas = 2 with curve = on (exit 2, naming it).
+ *      members, min_replicas = 1 with interval durability (the file's) (exit 2, naming it).
  *   2. Once the trainer is 10% in, SIGKILL the primary (member 0). The launcher must promote member 1 (term 3:
  *      the fence took term 2) and restart member 0 as its follower, then raise min_replicas back to 1 once it
  *      caught up. Then SIGKILL member 1, now the primary: member 0 is promoted back (term 5).
@@ -10,7 +10,7 @@
  *      replicas=2 bank_failovers=2 bank_restarts=2; replication.tsv records every term; processes.tsv lists four
  *      kb-server lives, the killed two ended by signal 9; report.md's Faults section counts both failovers; the
  *      trainer still read neighbours from the bank in its last window (its clients followed the primary).
- *   4. A second run: its primary stopped (SIGSTOP, a hang) is taken for hung by the launcher's probes, killed
+ *   4. A second run, with curve = on: its primary stopped (SIGSTOP, a hang) is taken for hung by the launcher's probes, killed
  *      and replaced; the run, killed as a whole, resumes (`carls run --resume`) from a snapshot that member 1
  *      wrote after the failover and finishes (s_resume_after_failover).
  * Exits 77 (skipped) without dataset-fashion-mnist. */
@@ -21,6 +21,7 @@
 #include "test_util.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,7 @@ static void s_bad_settings(const lt_scratch_t *sc, const char *ini)
                             {"replicas=5", "", "replicas = 5"},
                             {"replicas=1.5", "", "replicas = 1.5"},
                             {"replicas=2", "min_replicas=2", "min_replicas = 2"},
-                            {"replicas=2", "min_replicas=1", "needs kb_durability = sync"},
-                            {"replicas=2", "curve=on", "cannot be used with curve = on"}};
+                            {"replicas=2", "min_replicas=1", "needs kb_durability = sync"}};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
         char log[160];
         snprintf(log, sizeof log, "%s/bad-%d.log", sc->dir, i);
@@ -50,10 +50,10 @@ static void s_bad_settings(const lt_scratch_t *sc, const char *ini)
 /* The run's command line: the small configuration, replicated, named name. */
 typedef struct {
     char name[64], steps[32];
-    char *argv[48];
+    char *argv[50];
 } s_args_t;
 
-static void s_args(s_args_t *a, const lt_scratch_t *sc, const char *ini, const char *name)
+static void s_args(s_args_t *a, const lt_scratch_t *sc, const char *ini, const char *name, bool curve)
 {
     snprintf(a->name, sizeof a->name, "name=%s", name);
     snprintf(a->steps, sizeof a->steps, "steps=%d", S_STEPS);
@@ -63,7 +63,7 @@ static void s_args(s_args_t *a, const lt_scratch_t *sc, const char *ini, const c
                           "--set", "hidden=64,32", "--set", a->steps, "--set", "batch_unlabelled=64",
                           "--set", "ckpt_every=100", "--set", "eval_every=1000", "--set", "kb_durability=sync",
                           "--set", "replicas=2", "--set", "timeout_s=500", "--set", "maker_bank_timeout_ms=1000",
-                          NULL};
+                          "--set", curve ? "curve=on" : "curve=off", NULL};
     memcpy(a->argv, argv, sizeof argv);
 }
 
@@ -90,8 +90,8 @@ static pid_t s_kill_at(const char *run, const char *log, const char *name, long 
     return pid;
 }
 
-/* 4. A hung primary (SIGSTOP) is found by the launcher's status probes, killed and replaced; then the run is
- * killed as a whole (SIGKILL to its process group), so its newest snapshots were written by member 1, and
+/* 4. With CURVE on (followers hold client keys of the run), a hung primary (SIGSTOP) is found by the
+ * launcher's status probes, killed and replaced; then the run is killed as a whole (SIGKILL to its process group), so its newest snapshots were written by member 1, and
  * resumed: member 0 is restored from one of them (gathered from member 1's
  * directory), member 1 starts empty and catches up, and the run finishes from a step after the failover. */
 static void s_resume_after_failover(const lt_scratch_t *sc, const char *ini)
@@ -100,7 +100,7 @@ static void s_resume_after_failover(const lt_scratch_t *sc, const char *ini)
     snprintf(run, sizeof run, "%s/replicas-resume", sc->runs);
     snprintf(log, sizeof log, "%s/carls-resume-killed.log", sc->dir);
     s_args_t a;
-    s_args(&a, sc, ini, "replicas-resume");
+    s_args(&a, sc, ini, "replicas-resume", true);
     const pid_t launcher = lt_spawn_group(a.argv, log);
     const pid_t primary = s_kill_at(run, log, "kb-server 0/1 member 0", S_STEPS / 10, SIGSTOP);
     MT_CHECK(primary == 0 || lt_wait_text(log, "did not answer 5 status probes in a row: taking it for hung", 60000),
@@ -158,7 +158,7 @@ int main(void)
     s_bad_settings(&sc, ini);
 
     s_args_t a;
-    s_args(&a, &sc, ini, "replicas");
+    s_args(&a, &sc, ini, "replicas", false);
     const int64_t t0 = carls_monotonic_ms();
     pid_t launcher = mt_spawn("carls", a.argv, sc.log);
 
