@@ -583,10 +583,6 @@ void kb_bank_close(kb_bank_t **self_p)
 
 int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
 {
-    if (self->opts.read_only) /* nothing to commit, and the files must not change */
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is read-only: it commits nothing");
-    if (kb_commit_is_replica(self->commit)) /* its commits are its primary's */
-        return carls_errorf(err, errlen, KB_BANK_ESTORAGE, "this server is a follower: checkpoint its primary");
     return kb_commit_checkpoint(self->commit, committed_epoch, err, errlen);
 }
 

@@ -150,7 +150,8 @@ void kb_commit_not_committed(kb_commit_t *self, int timeout_ms, char *err, size_
 void kb_commit_set_commit_hook(kb_commit_t *self, void (*hook)(void *ctx), void *ctx);
 
 /* Commits everything now (use counts included), waits until SQLite holds it and checkpoints the SQLite WAL.
- * *committed_epoch: the newest committed epoch then. 0, or KB_COMMIT_ESTORAGE with err. */
+ * *committed_epoch: the newest committed epoch then. 0, or KB_COMMIT_ESTORAGE with err (also on a read-only
+ * server, which commits nothing, and on a follower, whose commits are its primary's). */
 int kb_commit_checkpoint(kb_commit_t *self, uint64_t *committed_epoch, char *err, size_t errlen);
 
 /* The pipeline's figures; journal_bytes is 0 without a journal. */
