@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* ---- registry ---- */
 
 static kb_bank_entry_t *s_find_entry(kb_bank_t *self, const char *name)
@@ -178,39 +177,13 @@ static void s_take_ops(void *ctx, kb_batch_t *b)
     pthread_mutex_unlock(&self->registry_mutex);
 }
 
-/* ---- the commit pipeline's functions, for the bank's users (kb_commit.h) ---- */
+/* ---- the commit pipeline (kb_commit.h) ---- */
 
 kb_commit_t *kb_bank_commit(kb_bank_t *self) { return self->commit; }
 
-void kb_bank_write_begin(kb_bank_t *self) { kb_commit_write_begin(self->commit); }
-
-uint64_t kb_bank_write_end(kb_bank_t *self) { return kb_commit_write_end(self->commit); }
-
-bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
-{
-    return kb_commit_seen_write(self->commit, client_id, seq);
-}
-
-void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq)
-{
-    kb_commit_forget_write(self->commit, client_id, seq);
-}
-
 bool kb_bank_sync(const kb_bank_t *self) { return self->opts.sync; }
 
-int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen)
-{
-    return kb_commit_wait_durable(self->commit, ticket, timeout_ms, err, errlen);
-}
-
 bool kb_bank_commits_broken(kb_bank_t *self) { return kb_commit_broken(self->commit); }
-
-uint64_t kb_bank_durable_epoch(kb_bank_t *self) { return kb_commit_durable_epoch(self->commit); }
-
-void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen)
-{
-    kb_commit_not_committed(self->commit, timeout_ms, err, errlen);
-}
 
 /* ---- tables larger than memory (kb_cache.h) ---- */
 
@@ -581,30 +554,8 @@ void kb_bank_close(kb_bank_t **self_p)
     *self_p = NULL;
 }
 
-int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
-{
-    return kb_commit_checkpoint(self->commit, committed_epoch, err, errlen);
-}
-
 kb_memory_t *kb_bank_memory(kb_bank_t *self) { return self->mem; }
-
-void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out) { kb_commit_get_stats(self->commit, out); }
 
 /* ---- snapshots (kb_snapshot.h) ---- */
 
 const char *kb_bank_data_dir(const kb_bank_t *self) { return self->data_dir; }
-
-int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
-                         uint64_t *compacted_epoch, char *err, size_t errlen)
-{
-    return kb_commit_snapshot_cut(self->commit, fn, ctx, cut_epoch, compacted_epoch, err, errlen);
-}
-
-int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
-                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen)
-{
-    return kb_commit_snapshot_copy_journal(self->commit, after, upto, dest_dir, path_out, path_len, records, err,
-                                           errlen);
-}
-
-void kb_bank_snapshot_end(kb_bank_t *self) { kb_commit_snapshot_end(self->commit); }

@@ -4,8 +4,7 @@
  * the SQLite store, the write de-duplication state, the memory estimate and the cache; opens them (replaying
  * the journal's epochs newer than SQLite into it first, or into memory when read-only) and closes them. How a
  * write becomes durable is the commit pipeline's (kb_commit.h: write bracket, tickets, persister, syncer,
- * compactor, sweeper), which the bank starts over its tables; the kb_bank_* commit functions below hand on
- * to it. */
+ * compactor, sweeper), which the bank starts over its tables; callers reach it through kb_bank_commit. */
 #ifndef KB_BANK_H
 #define KB_BANK_H
 
@@ -32,10 +31,10 @@ typedef struct {
                            * (kb_cache.h; tables with a knn index or an eviction policy stay resident);
                            * 0 = every row in memory */
     bool replica;          /* a replication follower (docs/REPLICATION.md): no persister; its epochs are its
-                            * primary's, applied with kb_bank_apply_replicated; tables read-only until
-                            * kb_bank_promote */
+                            * primary's, applied with kb_commit_apply_replicated; tables read-only until
+                            * kb_commit_promote */
     uint32_t min_replicas; /* sync durability on a primary: a write is durable once this many followers applied
-                            * its epoch too (kb_bank_set_replicated); 0 = the local commit alone */
+                            * its epoch too (kb_commit_set_replicated); 0 = the local commit alone */
 } kb_bank_options_t;
 
 typedef struct kb_bank kb_bank_t;
@@ -62,37 +61,20 @@ void kb_bank_release(kb_bank_t *self, kb_table_t *table);
 size_t kb_bank_acquire_all(kb_bank_t *self, kb_table_t ***out);
 
 /* Creates a table. With if_not_exists an existing table of the same config is success; a different config
- * is KB_BANK_ECONFLICT. Must be called between write_begin and write_end. */
+ * is KB_BANK_ECONFLICT. Must be called inside the write bracket (kb_commit_write_begin/_end). */
 int kb_bank_create_table(kb_bank_t *self, const char *name, const kb_table_config_t *cfg, bool if_not_exists);
 
-/* Drops a table and (at the next commit) its rows. Must be called between write_begin and write_end. */
+/* Drops a table and (at the next commit) its rows. Must be called inside the write bracket. */
 int kb_bank_drop_table(kb_bank_t *self, const char *name);
 
-/* ---- the commit pipeline (kb_commit.h) ----
- * Each of these hands on to the kb_commit_* function of the same name over the bank's pipeline, whose header
- * states its contract (KB_COMMIT_* codes equal the KB_BANK_* ones). */
+/* ---- the commit pipeline (kb_commit.h) ---- */
 
-/* The bank's commit pipeline, for those that talk to it directly (the transport, replication). Owned by the
- * bank. */
+/* The bank's commit pipeline: the write bracket (a create or drop above goes inside it), tickets and their
+ * waits, checkpoints, stats and snapshot cuts are kb_commit_* calls on it. Owned by the bank. */
 kb_commit_t *kb_bank_commit(kb_bank_t *self);
 
-void kb_bank_write_begin(kb_bank_t *self);
-uint64_t kb_bank_write_end(kb_bank_t *self);
-bool kb_bank_seen_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
-void kb_bank_forget_write(kb_bank_t *self, uint64_t client_id, uint64_t seq);
-int kb_bank_wait_durable(kb_bank_t *self, uint64_t ticket, int timeout_ms, char *err, size_t errlen);
-bool kb_bank_commits_broken(kb_bank_t *self); /* kb_commit_broken */
-uint64_t kb_bank_durable_epoch(kb_bank_t *self);
-void kb_bank_not_committed(kb_bank_t *self, int timeout_ms, char *err, size_t errlen);
-
-/* Replication (docs/REPLICATION.md) talks to the pipeline directly: kb_commit_set_ship_hook,
- * kb_commit_apply_replicated, kb_commit_promote, kb_commit_set_replicated, kb_commit_fence, ... */
-
-/* kb_commit_checkpoint; KB_BANK_ESTORAGE with err on a read-only server or a follower. */
-int kb_bank_checkpoint(kb_bank_t *self, uint64_t *committed_epoch, char *err, size_t errlen);
-
-typedef kb_commit_stats_t kb_bank_stats_t;
-void kb_bank_get_stats(kb_bank_t *self, kb_bank_stats_t *out);
+/* kb_commit_broken of the bank's pipeline (kept for the server's main loop). */
+bool kb_bank_commits_broken(kb_bank_t *self);
 
 /* opts->sync: whether a write's reply waits for its ticket. */
 bool kb_bank_sync(const kb_bank_t *self);
@@ -105,14 +87,6 @@ kb_memory_t *kb_bank_memory(kb_bank_t *self);
 
 /* The data directory the bank was opened on. */
 const char *kb_bank_data_dir(const kb_bank_t *self);
-
-/* kb_commit_snapshot_cut, kb_commit_snapshot_copy_journal, kb_commit_snapshot_end. */
-typedef kb_commit_cut_fn kb_bank_cut_fn;
-int kb_bank_snapshot_cut(kb_bank_t *self, kb_bank_cut_fn fn, void *ctx, uint64_t *cut_epoch,
-                         uint64_t *compacted_epoch, char *err, size_t errlen);
-int kb_bank_snapshot_copy_journal(kb_bank_t *self, uint64_t after, uint64_t upto, const char *dest_dir,
-                                  char *path_out, size_t path_len, uint64_t *records, char *err, size_t errlen);
-void kb_bank_snapshot_end(kb_bank_t *self);
 
 /* --cache-bytes: the cache's figures; false (nothing written) when every row stays in memory. */
 bool kb_bank_cache_stats(kb_bank_t *self, kb_cache_stats_t *out);

@@ -35,6 +35,7 @@ kb_service_t *kb_service_new(kb_bank_t *bank, const kb_limits_t *limits, uint32_
 {
     kb_service_t *self = carls_xcalloc(1, sizeof *self);
     self->bank = bank;
+    self->commit = kb_bank_commit(bank);
     self->limits = *limits;
     self->threads = threads;
     self->durability = strdup(durability ? durability : "");
@@ -282,7 +283,7 @@ int kb_service_reserve_rows(kb_service_t *self, kb_service_reply_t *rp, kb_table
 }
 
 /* In sync durability, the reply must wait for epoch `ticket` to commit (kb_service_handle waits for it; a
- * deferred caller parks the reply until kb_bank_durable_epoch reaches it). */
+ * deferred caller parks the reply until kb_commit_durable_epoch reaches it). */
 static void s_after_durable(kb_service_t *self, kb_service_reply_t *rp, uint64_t ticket)
 {
     if (kb_bank_sync(self->bank) && ticket > rp->durable_ticket)
@@ -296,14 +297,14 @@ int kb_service_run_write(kb_service_t *self, const Carls__Request *req, kb_table
 {
     /* After a failed journal append nothing commits until a restart: refuse before changing anything, so that
      * no write is applied in memory that the server could never save (in interval durability too). */
-    if (kb_bank_commits_broken(self->bank)) {
+    if (kb_commit_broken(self->commit)) {
         char text[700];
-        kb_bank_not_committed(self->bank, 0, text, sizeof text);
+        kb_commit_not_committed(self->commit, 0, text, sizeof text);
         return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", text);
     }
-    kb_bank_write_begin(self->bank);
-    if (kb_bank_seen_write(self->bank, req->client_id, req->sequence)) {
-        uint64_t ticket = kb_bank_write_end(self->bank);
+    kb_commit_write_begin(self->commit);
+    if (kb_commit_seen_write(self->commit, req->client_id, req->sequence)) {
+        uint64_t ticket = kb_commit_write_end(self->commit);
         atomic_fetch_add(&self->duplicates, 1);
         /* The first attempt may still be committing: answer once it is durable too. */
         s_after_durable(self, rp, ticket);
@@ -312,8 +313,8 @@ int kb_service_run_write(kb_service_t *self, const Carls__Request *req, kb_table
     }
     int rc = apply(self, req, table, rp);
     if (rc != 0)
-        kb_bank_forget_write(self->bank, req->client_id, req->sequence);
-    uint64_t ticket = kb_bank_write_end(self->bank);
+        kb_commit_forget_write(self->commit, req->client_id, req->sequence);
+    uint64_t ticket = kb_commit_write_end(self->commit);
     if (rc != 0)
         return rc;
     rp->resp.epoch = ticket; /* a follower's read with min_epoch = this sees the write */
@@ -423,10 +424,10 @@ static int s_op_lookup(kb_service_t *self, const Carls__Request *req, kb_service
     /* A lookup that applies pending gradients produces a value its reader sees: in sync durability that
      * value must be committed before the answer, like any write (after a crash the pending set would
      * otherwise be re-applied together with later gradients, and the reader's value would be lost). */
-    kb_bank_write_begin(self->bank);
+    kb_commit_write_begin(self->commit);
     uint64_t steps = kb_table_lookup(t, lk->keys, n, no_create, res->values, res->versions, res->updated_at_ms,
                                      res->frequencies);
-    uint64_t ticket = kb_bank_write_end(self->bank);
+    uint64_t ticket = kb_commit_write_end(self->commit);
     kb_memory_release(kb_bank_memory(self->bank), reserved);
     kb_bank_release(self->bank, t);
     if (steps > 0)
@@ -564,8 +565,8 @@ static int s_op_stats(kb_service_t *self, const Carls__Request *req, kb_service_
         s_fill_latency(rp, l, &self->latency[i]);
         st->latency[st->n_latency++] = l;
     }
-    kb_bank_stats_t bs;
-    kb_bank_get_stats(self->bank, &bs);
+    kb_commit_stats_t bs;
+    kb_commit_get_stats(self->commit, &bs);
     st->requests = atomic_load(&self->requests);
     st->errors = atomic_load(&self->errors);
     st->malformed_frames = atomic_load(&self->malformed);
@@ -613,7 +614,7 @@ static int s_op_checkpoint(kb_service_t *self, const Carls__Request *req, kb_ser
                                "this server is read-only; checkpoint refused");
     uint64_t epoch = 0;
     char err[512];
-    if (kb_bank_checkpoint(self->bank, &epoch, err, sizeof err) != KB_BANK_OK)
+    if (kb_commit_checkpoint(self->commit, &epoch, err, sizeof err) != KB_COMMIT_OK)
         return kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "checkpoint: %s", err);
     Carls__CheckpointResult *ck = &rp->r.checkpoint;
     carls__checkpoint_result__init(ck);
@@ -1168,7 +1169,7 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
     rp->resp.term = atomic_load(&self->term);
     if (rp->durable_ticket && !deferred) {
         char err[512];
-        if (kb_bank_wait_durable(self->bank, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
+        if (kb_commit_wait_durable(self->commit, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
             kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
     }
     if (deferred) {

@@ -43,6 +43,7 @@ typedef struct {
 
 struct kb_service {
     kb_bank_t *bank;
+    kb_commit_t *commit; /* the bank's commit pipeline (kb_bank_commit): write bracket, tickets, stats */
     kb_limits_t limits;
     uint32_t threads;
     char *durability;

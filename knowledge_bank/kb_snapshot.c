@@ -453,7 +453,7 @@ typedef struct {
     char why[512];      /* what failed in the cut callback */
 } s_take_t;
 
-/* kb_bank_snapshot_cut's callback: begins the read transaction while no compaction runs, and checks that
+/* kb_commit_snapshot_cut's callback: begins the read transaction while no compaction runs, and checks that
  * the store holds exactly epoch `compacted`. */
 static int s_begin_read(void *ctx, uint64_t compacted)
 {
@@ -583,6 +583,7 @@ static int s_take(kb_snapshots_t *self, const char *name, const char *dir, kb_sn
                   size_t errlen)
 {
     const char *data_dir = kb_bank_data_dir(self->bank);
+    kb_commit_t *commit = kb_bank_commit(self->bank);
     char path[S_PATH];
     s_take_t take = {0};
     int64_t *ids = NULL;
@@ -604,8 +605,8 @@ static int s_take(kb_snapshots_t *self, const char *name, const char *dir, kb_sn
     sqlite3_busy_timeout(take.src, 10000);
     s_test_delay();
     char why[512];
-    if (kb_bank_snapshot_cut(self->bank, s_begin_read, &take, &out->cut_epoch, &out->compacted_epoch, why,
-                             sizeof why) != KB_BANK_OK) {
+    if (kb_commit_snapshot_cut(commit, s_begin_read, &take, &out->cut_epoch, &out->compacted_epoch, why,
+                               sizeof why) != KB_COMMIT_OK) {
         carls_errorf(err, errlen, -1, "%s%s%s", why, take.why[0] ? ": " : "", take.why);
         goto done;
     }
@@ -620,10 +621,10 @@ static int s_take(kb_snapshots_t *self, const char *name, const char *dir, kb_sn
     files[n_files++] = (s_file_t){.path = "bank.sqlite"};
     uint64_t records = 0;
     char journal[64];
-    if (kb_bank_snapshot_copy_journal(self->bank, out->compacted_epoch, out->cut_epoch, dir, journal,
-                                      sizeof journal, &records, err, errlen) != 0)
+    if (kb_commit_snapshot_copy_journal(commit, out->compacted_epoch, out->cut_epoch, dir, journal,
+                                        sizeof journal, &records, err, errlen) != 0)
         goto done;
-    kb_bank_snapshot_end(self->bank);
+    kb_commit_snapshot_end(commit);
     cut = false;
     if (records) {
         snprintf(files[n_files++].path, sizeof files[0].path, "%s", journal);
@@ -660,7 +661,7 @@ done:
     if (take.src)
         sqlite3_close(take.src);
     if (cut)
-        kb_bank_snapshot_end(self->bank);
+        kb_commit_snapshot_end(commit);
     free(ids);
     if (rc != 0) {
         LOG_ERROR("snapshot %s failed: %s", name, err);

@@ -1,7 +1,7 @@
 /* Bank snapshots: a named, point-in-time, self-checking copy of one server's bank, taken while it serves,
  * and its restore (docs/STATE.md "Snapshots").
  *
- * Taking one (kb_snapshots_create, on a worker thread): kb_bank_snapshot_cut commits a round so that every
+ * Taking one (kb_snapshots_create, on a worker thread): kb_commit_snapshot_cut commits a round so that every
  * write acknowledged before the request is in an epoch <= E, and while the compactor is paused a read
  * transaction is opened on bank.sqlite, which then holds exactly the epochs <= C (meta 'journal_epoch',
  * checked). Compaction goes on; the snapshot is that read transaction's image (sqlite3_backup) plus the

@@ -154,10 +154,10 @@ static void s_restore_tables(void)
     }
     free(tables);
     if (n_drop > 0) {
-        kb_bank_write_begin(s.bank);
+        kb_commit_write_begin(kb_bank_commit(s.bank));
         for (size_t i = 0; i < n_drop; i++)
             kb_bank_drop_table(s.bank, drop[i]);
-        kb_bank_write_end(s.bank);
+        kb_commit_write_end(kb_bank_commit(s.bank));
     }
     free(drop);
     for (int i = 0; i < FUZZ_BASE_TABLES; i++)

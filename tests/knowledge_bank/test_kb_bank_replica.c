@@ -61,10 +61,10 @@ static void s_create(kb_bank_t *bank, const char *name)
     Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
     pc.dim = 4;
     assert_int_equal(kb_table_config_from_proto(&pc, 4096, &cfg, err, sizeof err), 0);
-    kb_bank_write_begin(bank);
+    kb_commit_write_begin(kb_bank_commit(bank));
     assert_int_equal(kb_bank_create_table(bank, name, &cfg, false), KB_BANK_OK);
-    uint64_t ticket = kb_bank_write_end(bank);
-    assert_int_equal(kb_bank_wait_durable(bank, ticket, 10000, err, sizeof err), 0);
+    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
+    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 10000, err, sizeof err), 0);
 }
 
 /* Puts keys first..first+n-1 of table t (value i + j/10), pushes one gradient to every third, as client
@@ -84,12 +84,13 @@ static uint64_t s_write(kb_bank_t *bank, int first, int n, uint64_t client, uint
         for (int j = 0; j < 4; j++)
             values[i * 4 + j] = (float)(first + i) + (float)j / 10.0f;
     }
-    kb_bank_write_begin(bank);
-    assert_false(kb_bank_seen_write(bank, client, seq));
+    kb_commit_t *commit = kb_bank_commit(bank);
+    kb_commit_write_begin(commit);
+    assert_false(kb_commit_seen_write(commit, client, seq));
     kb_table_put(t, keys, (size_t)n, values, 1);
     for (int i = 0; i < n; i += 3)
         kb_table_push(t, &keys[i], 1, &values[i * 4]);
-    uint64_t ticket = kb_bank_write_end(bank);
+    uint64_t ticket = kb_commit_write_end(commit);
     kb_bank_release(bank, t);
     return ticket;
 }
@@ -151,7 +152,7 @@ static void test_follower_applies_every_round(void **state)
     uint64_t ticket = 0;
     for (int w = 0; w < 5; w++)
         ticket = s_write(primary, w * 40, 40, 7, (uint64_t)w + 1);
-    assert_int_equal(kb_bank_wait_durable(primary, ticket, 10000, err, sizeof err), 0);
+    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(primary), ticket, 10000, err, sizeof err), 0);
     if (link.errors)
         fail_msg("%d rounds not applied: %s", link.errors, link.err);
     assert_true(link.records >= 2);
@@ -168,7 +169,7 @@ static void test_follower_applies_every_round(void **state)
     assert_non_null(strstr(err, "CRC"));
     /* A follower takes no checkpoint: its commits are its primary's. */
     uint64_t epoch;
-    assert_int_not_equal(kb_bank_checkpoint(follower, &epoch, err, sizeof err), 0);
+    assert_int_not_equal(kb_commit_checkpoint(kb_bank_commit(follower), &epoch, err, sizeof err), 0);
     assert_non_null(strstr(err, "follower"));
 
     kb_commit_set_ship_hook(kb_bank_commit(primary), NULL, NULL);
@@ -187,12 +188,12 @@ static void test_follower_applies_every_round(void **state)
     assert_int_equal(kb_commit_promote(kb_bank_commit(follower), err, sizeof err), 0);
     assert_false(kb_commit_is_replica(kb_bank_commit(follower)));
     assert_int_not_equal(kb_commit_promote(kb_bank_commit(follower), err, sizeof err), 0);
-    kb_bank_write_begin(follower);
-    assert_true(kb_bank_seen_write(follower, 7, 3)); /* applied on the old primary: not again */
-    kb_bank_write_end(follower);
+    kb_commit_write_begin(kb_bank_commit(follower));
+    assert_true(kb_commit_seen_write(kb_bank_commit(follower), 7, 3)); /* applied on the old primary: not again */
+    kb_commit_write_end(kb_bank_commit(follower));
     ticket = s_write(follower, 200, 10, 7, 6);
     assert_true(ticket > applied);
-    assert_int_equal(kb_bank_wait_durable(follower, ticket, 10000, err, sizeof err), 0);
+    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(follower), ticket, 10000, err, sizeof err), 0);
     kb_bank_close(&follower);
     follower = s_open(fdir, false, 0);
     kb_store_row_t *rows = NULL;
@@ -208,31 +209,32 @@ static void test_min_replicas_and_fence(void **state)
     char dir[300], err[512];
     snprintf(dir, sizeof dir, "%s/k1", test_scratch_dir);
     kb_bank_t *bank = s_open(dir, false, 1);
-    assert_int_equal(kb_commit_min_replicas(kb_bank_commit(bank)), 1);
+    kb_commit_t *commit = kb_bank_commit(bank);
+    assert_int_equal(kb_commit_min_replicas(commit), 1);
     kb_table_config_t cfg;
     Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
     pc.dim = 4;
     assert_int_equal(kb_table_config_from_proto(&pc, 4096, &cfg, err, sizeof err), 0);
-    kb_bank_write_begin(bank);
+    kb_commit_write_begin(commit);
     assert_int_equal(kb_bank_create_table(bank, "t", &cfg, false), KB_BANK_OK);
-    uint64_t ticket = kb_bank_write_end(bank);
+    uint64_t ticket = kb_commit_write_end(commit);
     /* Committed here, but no follower applied it: not durable. */
-    assert_int_not_equal(kb_bank_wait_durable(bank, ticket, 300, err, sizeof err), 0);
+    assert_int_not_equal(kb_commit_wait_durable(commit, ticket, 300, err, sizeof err), 0);
     assert_non_null(strstr(err, "min-replicas"));
-    assert_true(kb_commit_committed_epoch(kb_bank_commit(bank)) >= ticket);
-    assert_true(kb_bank_durable_epoch(bank) < ticket);
-    kb_commit_set_replicated(kb_bank_commit(bank), ticket);
-    assert_int_equal(kb_bank_wait_durable(bank, ticket, 300, err, sizeof err), 0);
-    assert_true(kb_bank_durable_epoch(bank) >= ticket);
+    assert_true(kb_commit_committed_epoch(commit) >= ticket);
+    assert_true(kb_commit_durable_epoch(commit) < ticket);
+    kb_commit_set_replicated(commit, ticket);
+    assert_int_equal(kb_commit_wait_durable(commit, ticket, 300, err, sizeof err), 0);
+    assert_true(kb_commit_durable_epoch(commit) >= ticket);
 
     /* Fenced: refused at once, not at the timeout. */
     ticket = s_write(bank, 0, 4, 9, 1);
-    assert_false(kb_bank_commits_broken(bank));
-    kb_commit_fence(kb_bank_commit(bank), "deposed by term 2");
-    assert_true(kb_commit_fenced(kb_bank_commit(bank)));
-    assert_true(kb_bank_commits_broken(bank));
+    assert_false(kb_commit_broken(commit));
+    kb_commit_fence(commit, "deposed by term 2");
+    assert_true(kb_commit_fenced(commit));
+    assert_true(kb_commit_broken(commit));
     int64_t t0 = carls_monotonic_ms();
-    assert_int_not_equal(kb_bank_wait_durable(bank, ticket, 20000, err, sizeof err), 0);
+    assert_int_not_equal(kb_commit_wait_durable(commit, ticket, 20000, err, sizeof err), 0);
     assert_true(carls_monotonic_ms() - t0 < 10000);
     assert_non_null(strstr(err, "deposed by term 2"));
     kb_bank_close(&bank);

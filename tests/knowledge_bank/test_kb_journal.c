@@ -537,8 +537,8 @@ static void test_bank_replays_journal_left_by_crash(void **state)
         assert_memory_equal(out, v, sizeof v);
         assert_int_equal(version, 7);
         kb_bank_release(bank, t);
-        kb_bank_stats_t st;
-        kb_bank_get_stats(bank, &st);
+        kb_commit_stats_t st;
+        kb_commit_get_stats(kb_bank_commit(bank), &st);
         assert_true(st.compacted_epoch >= 4); /* epochs go on after the replayed one */
         kb_bank_close(&bank);
         s_seen_t seen = {0};
@@ -548,18 +548,19 @@ static void test_bank_replays_journal_left_by_crash(void **state)
     }
 }
 
-/* One put of key k = v in the sync bank, and the wait for its commit: 0 (acknowledged) or KB_BANK_ESTORAGE.
+/* One put of key k = v in the sync bank, and the wait for its commit: 0 (acknowledged) or KB_COMMIT_ESTORAGE.
  * The wait is far longer than ctest lets the test run: a refused commit must be answered without it. */
 static int s_put_and_wait(kb_bank_t *bank, const char *k, const float v[2], char *err, size_t errlen)
 {
-    kb_bank_write_begin(bank);
+    kb_commit_t *commit = kb_bank_commit(bank);
+    kb_commit_write_begin(commit);
     kb_table_t *t = kb_bank_acquire(bank, "emb");
     assert_non_null(t);
     ProtobufCBinaryData key = {strlen(k), (uint8_t *)k};
     kb_table_put(t, &key, 1, v, 1);
     kb_bank_release(bank, t);
-    uint64_t ticket = kb_bank_write_end(bank);
-    return kb_bank_wait_durable(bank, ticket, 3600 * 1000, err, errlen);
+    uint64_t ticket = kb_commit_write_end(commit);
+    return kb_commit_wait_durable(commit, ticket, 3600 * 1000, err, errlen);
 }
 
 static void s_expect_value(kb_bank_t *bank, const char *k, const float v[2])
@@ -591,9 +592,10 @@ static void test_bank_refused_commit_is_not_acknowledged(void **state)
     cfg.kind = KB_TABLE_EMBEDDING;
     cfg.dim = 2;
     assert_int_equal(kb_table_config_finish(&cfg, 1024, err, sizeof err), 0);
-    kb_bank_write_begin(bank);
+    kb_commit_write_begin(kb_bank_commit(bank));
     assert_int_equal(kb_bank_create_table(bank, "emb", &cfg, false), 0);
-    assert_int_equal(kb_bank_wait_durable(bank, kb_bank_write_end(bank), 3000, err, sizeof err), 0);
+    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
+    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 3000, err, sizeof err), 0);
     const float a[2] = {1.0f, 2.0f}, b[2] = {3.0f, 4.0f}, c[2] = {5.0f, 6.0f};
     assert_int_equal(s_put_and_wait(bank, "a", a, err, sizeof err), 0);
 
@@ -605,13 +607,13 @@ static void test_bank_refused_commit_is_not_acknowledged(void **state)
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &tiny), 0);
     int refused = s_put_and_wait(bank, "b", b, err, sizeof err);
     int refused_again = s_put_and_wait(bank, "c", c, err, sizeof err);
-    kb_bank_stats_t st;
-    kb_bank_get_stats(bank, &st);
+    kb_commit_stats_t st;
+    kb_commit_get_stats(kb_bank_commit(bank), &st);
     kb_bank_close(&bank); /* the final round fails too: it gives up after three tries */
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &saved), 0);
     signal(SIGXFSZ, old_handler);
-    assert_int_equal(refused, KB_BANK_ESTORAGE);
-    assert_int_equal(refused_again, KB_BANK_ESTORAGE);
+    assert_int_equal(refused, KB_COMMIT_ESTORAGE);
+    assert_int_equal(refused_again, KB_COMMIT_ESTORAGE);
     assert_non_null(strstr(err, "journal"));
     assert_true(st.commit_failures >= 1);
 

@@ -81,10 +81,10 @@ static void s_create_table(kb_bank_t *bank, const char *name)
     Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
     pc.dim = 4;
     assert_int_equal(kb_table_config_from_proto(&pc, 4096, &cfg, err, sizeof err), 0);
-    kb_bank_write_begin(bank);
+    kb_commit_write_begin(kb_bank_commit(bank));
     assert_int_equal(kb_bank_create_table(bank, name, &cfg, false), KB_BANK_OK);
-    uint64_t ticket = kb_bank_write_end(bank);
-    assert_int_equal(kb_bank_wait_durable(bank, ticket, 10000, err, sizeof err), 0);
+    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
+    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 10000, err, sizeof err), 0);
 }
 
 /* Writes body plus its manifest_crc line as snapshot name's MANIFEST (making the directory). */
