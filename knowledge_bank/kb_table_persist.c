@@ -293,6 +293,17 @@ static void s_unload_row(kb_table_t *self, kb_stripe_t *st, uint64_t hash, kb_ro
     kb_table_row_free(self, row);
 }
 
+/* Keeps the not_persisted gauge right after row's frequency was replaced by a stored one (replay, import):
+ * was_persistable is kb_table_persistable before the change. */
+static void s_count_persistable_change(kb_table_t *self, bool was_persistable, const kb_row_t *row)
+{
+    bool now_persistable = kb_table_persistable(self, row);
+    if (was_persistable && !now_persistable)
+        atomic_fetch_add(&self->stats.not_persisted, 1);
+    else if (!was_persistable && now_persistable)
+        atomic_fetch_sub(&self->stats.not_persisted, 1);
+}
+
 int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
 {
     if (rec->key_len == 0)
@@ -303,13 +314,9 @@ int kb_table_replay_row(kb_table_t *self, const kb_store_row_t *rec)
     if (rec->frequency_only) {
         /* As the store's update: only the row of that row id (a count of an evicted row is dropped). */
         if (row && row->id == rec->row_id) {
-            bool was = kb_table_persistable(self, row);
+            bool was_persistable = kb_table_persistable(self, row);
             row->frequency = rec->frequency;
-            bool now = kb_table_persistable(self, row);
-            if (was && !now)
-                atomic_fetch_add(&self->stats.not_persisted, 1);
-            else if (!was && now)
-                atomic_fetch_sub(&self->stats.not_persisted, 1);
+            s_count_persistable_change(self, was_persistable, row);
         }
         return 0;
     }
@@ -399,11 +406,7 @@ void kb_table_import(kb_table_t *self, const kb_store_row_t *recs, size_t n)
                 memcpy(row->record, rec->record, rec->record_len);
             row->record_len = rec->record_len;
         }
-        bool now_persistable = kb_table_persistable(self, row);
-        if (was_persistable && !now_persistable)
-            atomic_fetch_add(&self->stats.not_persisted, 1);
-        else if (!was_persistable && now_persistable)
-            atomic_fetch_sub(&self->stats.not_persisted, 1);
+        s_count_persistable_change(self, was_persistable, row);
         kb_table_row_changed(self, st, row);
         pthread_mutex_unlock(&st->mutex);
     }
