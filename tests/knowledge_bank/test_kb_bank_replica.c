@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bank_testlib.h"
 #include "kb_bank.h"
 #include "kb_table_config.h"
 #include "test_util.h"
@@ -25,11 +26,7 @@
 static kb_bank_t *s_open(const char *data, bool replica, uint32_t min_replicas)
 {
     kb_bank_options_t opts = {.data_dir = data, .sync = true, .replica = replica, .min_replicas = min_replicas};
-    kb_bank_t *bank = NULL;
-    char err[512];
-    if (kb_bank_open(&opts, &bank, err, sizeof err) != 0)
-        fail_msg("open %s: %s", data, err);
-    return bank;
+    return bt_open_bank(&opts);
 }
 
 /* What the primary's ship hook does here: applies the round to the follower at once. */
@@ -52,19 +49,6 @@ static void s_ship(void *ctx, uint64_t epoch, const uint8_t *payload, size_t len
     if (kb_commit_apply_replicated(kb_bank_commit(link->follower), epoch, payload, len, crc, link->err,
                                    sizeof link->err) != 0)
         link->errors++;
-}
-
-static void s_create(kb_bank_t *bank, const char *name)
-{
-    kb_table_config_t cfg;
-    char err[256];
-    Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
-    pc.dim = 4;
-    assert_int_equal(kb_table_config_from_proto(&pc, 4096, &cfg, err, sizeof err), 0);
-    kb_commit_write_begin(kb_bank_commit(bank));
-    assert_int_equal(kb_bank_create_table(bank, name, &cfg, false), KB_BANK_OK);
-    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
-    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 10000, err, sizeof err), 0);
 }
 
 /* Puts keys first..first+n-1 of table t (value i + j/10), pushes one gradient to every third, as client
@@ -148,7 +132,7 @@ static void test_follower_applies_every_round(void **state)
     kb_bank_t *primary = s_open(pdir, false, 0);
     s_link_t link = {.follower = follower};
     kb_commit_set_ship_hook(kb_bank_commit(primary), s_ship, &link);
-    s_create(primary, "t");
+    bt_create_table(primary, "t", 4);
     uint64_t ticket = 0;
     for (int w = 0; w < 5; w++)
         ticket = s_write(primary, w * 40, 40, 7, (uint64_t)w + 1);

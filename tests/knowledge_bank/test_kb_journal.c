@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bank_testlib.h"
 #include "kb_bank.h"
 #include "kb_batch.h"
 #include "kb_journal.h"
@@ -525,8 +526,7 @@ static void test_bank_replays_journal_left_by_crash(void **state)
 
     for (int open_no = 0; open_no < 2; open_no++) {
         kb_bank_options_t opts = {.data_dir = s_dir, .sync = true};
-        kb_bank_t *bank = NULL;
-        assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+        kb_bank_t *bank = bt_open_bank(&opts);
         kb_table_t *t = kb_bank_acquire(bank, "emb");
         assert_non_null(t);
         ProtobufCBinaryData key = {1, (uint8_t *)"k"};
@@ -585,17 +585,8 @@ static void test_bank_refused_commit_is_not_acknowledged(void **state)
     (void)state;
     char err[512];
     kb_bank_options_t opts = {.data_dir = s_dir, .sync = true};
-    kb_bank_t *bank = NULL;
-    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
-    kb_table_config_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.kind = KB_TABLE_EMBEDDING;
-    cfg.dim = 2;
-    assert_int_equal(kb_table_config_finish(&cfg, 1024, err, sizeof err), 0);
-    kb_commit_write_begin(kb_bank_commit(bank));
-    assert_int_equal(kb_bank_create_table(bank, "emb", &cfg, false), 0);
-    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
-    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 3000, err, sizeof err), 0);
+    kb_bank_t *bank = bt_open_bank(&opts);
+    bt_create_table(bank, "emb", 2);
     const float a[2] = {1.0f, 2.0f}, b[2] = {3.0f, 4.0f}, c[2] = {5.0f, 6.0f};
     assert_int_equal(s_put_and_wait(bank, "a", a, err, sizeof err), 0);
 
@@ -617,11 +608,11 @@ static void test_bank_refused_commit_is_not_acknowledged(void **state)
     assert_non_null(strstr(err, "journal"));
     assert_true(st.commit_failures >= 1);
 
-    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+    bank = bt_open_bank(&opts);
     s_expect_value(bank, "a", a);
     assert_int_equal(s_put_and_wait(bank, "c", c, err, sizeof err), 0);
     kb_bank_close(&bank);
-    assert_int_equal(kb_bank_open(&opts, &bank, err, sizeof err), 0);
+    bank = bt_open_bank(&opts);
     s_expect_value(bank, "a", a);
     s_expect_value(bank, "c", c);
     kb_bank_close(&bank);

@@ -19,10 +19,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bank_testlib.h"
 #include "kb_bank.h"
 #include "kb_service.h"
 #include "kb_snapshot.h"
-#include "kb_table_config.h"
 #include "protocol.h"
 #include "test_util.h"
 #include "util.h"
@@ -67,24 +67,7 @@ static void test_snapshot_goes_to_a_worker(void **state)
 static kb_bank_t *s_open(const char *data)
 {
     kb_bank_options_t opts = {.data_dir = data, .sync = true, .compact_delay_ms = 3600000};
-    kb_bank_t *bank = NULL;
-    char err[512];
-    if (kb_bank_open(&opts, &bank, err, sizeof err) != 0)
-        fail_msg("open %s: %s", data, err);
-    return bank;
-}
-
-static void s_create_table(kb_bank_t *bank, const char *name)
-{
-    kb_table_config_t cfg;
-    char err[256];
-    Carls__TableConfig pc = CARLS__TABLE_CONFIG__INIT;
-    pc.dim = 4;
-    assert_int_equal(kb_table_config_from_proto(&pc, 4096, &cfg, err, sizeof err), 0);
-    kb_commit_write_begin(kb_bank_commit(bank));
-    assert_int_equal(kb_bank_create_table(bank, name, &cfg, false), KB_BANK_OK);
-    uint64_t ticket = kb_commit_write_end(kb_bank_commit(bank));
-    assert_int_equal(kb_commit_wait_durable(kb_bank_commit(bank), ticket, 10000, err, sizeof err), 0);
+    return bt_open_bank(&opts);
 }
 
 /* Writes body plus its manifest_crc line as snapshot name's MANIFEST (making the directory). */
@@ -121,7 +104,7 @@ static void test_take_check_hostile_restore(void **state)
     char data[300], err[1024], path[1024];
     snprintf(data, sizeof data, "%s/data", test_scratch_dir);
     kb_bank_t *bank = s_open(data);
-    s_create_table(bank, "t");
+    bt_create_table(bank, "t", 4);
     kb_snapshots_t *snaps = kb_snapshots_new(bank, 0, 0);
     kb_snapshot_info_t info;
     if (kb_snapshots_create(snaps, "one", 0, 0, &info, err, sizeof err) != KB_SNAPSHOT_OK)
