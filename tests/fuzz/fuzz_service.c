@@ -220,6 +220,14 @@ static void s_check_feature_put(const Carls__Request *put)
     free(reply);
 }
 
+/* A successful row write's reply: a write result with every one of its n_keys rows, or a duplicate (a resend
+ * of a write already applied). */
+static void s_check_rows_written(const Carls__Response *resp, size_t n_keys)
+{
+    FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
+    FUZZ_CHECK(resp->write->duplicate || resp->write->rows == n_keys);
+}
+
 /* The shape checks of a successful reply to req. */
 static void s_check_result(const Carls__Request *req, const Carls__Response *resp)
 {
@@ -229,22 +237,18 @@ static void s_check_result(const Carls__Request *req, const Carls__Response *res
         FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
         break;
     case CARLS__REQUEST__OP_PUT:
-        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
-        FUZZ_CHECK(resp->write->duplicate || resp->write->rows == req->put->n_keys);
+        s_check_rows_written(resp, req->put->n_keys);
         break;
     case CARLS__REQUEST__OP_PUSH_GRADIENTS:
-        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
-        FUZZ_CHECK(resp->write->duplicate || resp->write->rows == req->push_gradients->n_keys);
+        s_check_rows_written(resp, req->push_gradients->n_keys);
         break;
     case CARLS__REQUEST__OP_FEATURE_PUT:
-        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
-        FUZZ_CHECK(resp->write->duplicate || resp->write->rows == req->feature_put->n_keys);
+        s_check_rows_written(resp, req->feature_put->n_keys);
         if (!resp->write->duplicate)
             s_check_feature_put(req);
         break;
     case CARLS__REQUEST__OP_IMPORT_ROWS:
-        FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_WRITE);
-        FUZZ_CHECK(resp->write->duplicate || resp->write->rows == req->import_rows->n_keys);
+        s_check_rows_written(resp, req->import_rows->n_keys);
         break;
     case CARLS__REQUEST__OP_LIST_TABLES:
         FUZZ_CHECK(resp->result_case == CARLS__RESPONSE__RESULT_TABLE_LIST);
