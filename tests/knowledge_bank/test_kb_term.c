@@ -179,24 +179,24 @@ static void test_damaged_files(void **state)
     free(huge);
     s_expect_refused(-EINVAL, "larger than");
     /* Behind a correct checksum: each rule names its line. */
-    s_write_signed("something else 1\nterm 1\nrole primary\nmember m\nhistory 1 1\n");
-    s_expect_refused(-EINVAL, ":1: not a replication state file");
-    s_write_signed("carls-replication 9\nterm 1\nrole primary\nmember m\nhistory 1 1\n");
-    s_expect_refused(-EINVAL, "format version 9");
-    s_write_signed("carls-replication 1\nterm 1\nrole boss\nmember m\nhistory 1 1\n");
-    s_expect_refused(-EINVAL, ":3: role 'boss'");
-    s_write_signed("carls-replication 1\nterm x\nrole primary\nmember m\nhistory 1 1\n");
-    s_expect_refused(-EINVAL, ":2: term 'x' is not a number");
-    s_write_signed("carls-replication 1\nterm 1\nrole primary\nmember m\nhistory 1\n");
-    s_expect_refused(-EINVAL, ":5: history needs 'TERM FIRST_EPOCH'");
-    s_write_signed("carls-replication 1\nterm 1\nrole primary\nmember m\nhistory 1 1\nowner me\n");
-    s_expect_refused(-EINVAL, ":6: unknown key 'owner'");
-    s_write_signed("carls-replication 1\nterm 3\nrole primary\nmember m\nhistory 2 50\nhistory 3 40\n");
-    s_expect_refused(-EINVAL, "both must grow");
-    s_write_signed("carls-replication 1\nterm 2\nrole primary\nmember m\nhistory 5 1\n");
-    s_expect_refused(-EINVAL, "beyond the current term");
-    s_write_signed("carls-replication 1\nterm 2\nrole primary\nhistory 1 1\n");
-    s_expect_refused(-EINVAL, "needs term, role, member and a history line");
+    static const struct {
+        const char *body; /* the file before its crc line */
+        const char *problem;
+    } rules[] = {
+        {"something else 1\nterm 1\nrole primary\nmember m\nhistory 1 1\n", ":1: not a replication state file"},
+        {"carls-replication 9\nterm 1\nrole primary\nmember m\nhistory 1 1\n", "format version 9"},
+        {"carls-replication 1\nterm 1\nrole boss\nmember m\nhistory 1 1\n", ":3: role 'boss'"},
+        {"carls-replication 1\nterm x\nrole primary\nmember m\nhistory 1 1\n", ":2: term 'x' is not a number"},
+        {"carls-replication 1\nterm 1\nrole primary\nmember m\nhistory 1\n", ":5: history needs 'TERM FIRST_EPOCH'"},
+        {"carls-replication 1\nterm 1\nrole primary\nmember m\nhistory 1 1\nowner me\n", ":6: unknown key 'owner'"},
+        {"carls-replication 1\nterm 3\nrole primary\nmember m\nhistory 2 50\nhistory 3 40\n", "both must grow"},
+        {"carls-replication 1\nterm 2\nrole primary\nmember m\nhistory 5 1\n", "beyond the current term"},
+        {"carls-replication 1\nterm 2\nrole primary\nhistory 1 1\n", "needs term, role, member and a history line"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        s_write_signed(rules[i].body);
+        s_expect_refused(-EINVAL, rules[i].problem);
+    }
     /* The last good state is still readable after a save replaced a damaged file. */
     assert_int_equal(kb_term_save(s_dir, st, err, sizeof err), 0);
     assert_int_equal(kb_term_load(s_dir, st, err, sizeof err), 0);
