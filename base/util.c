@@ -197,6 +197,27 @@ int carls_parse_float(const char *text, float *out)
     return 0;
 }
 
+size_t carls_item_key(uint32_t item, char *buf)
+{
+    return (size_t)snprintf(buf, 11, "%u", item);
+}
+
+uint32_t carls_key_item(const void *data, size_t len)
+{
+    const char *s = data;
+    if (len == 0 || len > 10) {
+        return CARLS_NO_ITEM;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return CARLS_NO_ITEM;
+        }
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    return v >= CARLS_NO_ITEM ? CARLS_NO_ITEM : (uint32_t)v;
+}
+
 int carls_name_index(const char *name, const char *const *names, int n)
 {
     for (int i = 0; name && i < n; i++) {

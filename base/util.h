@@ -63,6 +63,15 @@ int carls_parse_u64(const char *text, uint64_t *out);
 int carls_parse_i64(const char *text, int64_t *out);
 int carls_parse_float(const char *text, float *out);
 
+/* Items' keys in the bank: kb-maker writes an item's rows (pixels, embedding, neighbour list, label) under its
+ * decimal index, and the trainer reads them, and the neighbour lists' keys, back. CARLS_NO_ITEM is no item
+ * (an empty neighbour slot). */
+#define CARLS_NO_ITEM UINT32_MAX
+/* Writes item's key to buf (>= 11 bytes); returns its length. */
+size_t carls_item_key(uint32_t item, char *buf);
+/* Parses a key written by carls_item_key; CARLS_NO_ITEM for anything else (including an empty slot). */
+uint32_t carls_key_item(const void *data, size_t len);
+
 /* The index of name among names[0..n-1], compared without regard to case (so config files and command lines
  * may write "Adam" or "INFO"), or -1 when it is none of them or NULL. For enums named by a table. */
 int carls_name_index(const char *name, const char *const *names, int n);

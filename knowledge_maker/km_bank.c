@@ -29,26 +29,9 @@ int km_tables_init(km_tables_t *t, const char *prefix)
     return 0;
 }
 
-size_t km_item_key(uint32_t item, char *buf)
-{
-    return (size_t)snprintf(buf, 11, "%u", item);
-}
+size_t km_item_key(uint32_t item, char *buf) { return carls_item_key(item, buf); }
 
-uint32_t km_key_item(const void *data, size_t len)
-{
-    const char *s = data;
-    if (len == 0 || len > 10) {
-        return KM_NO_ITEM;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            return KM_NO_ITEM;
-        }
-        v = v * 10 + (uint64_t)(s[i] - '0');
-    }
-    return v >= KM_NO_ITEM ? KM_NO_ITEM : (uint32_t)v;
-}
+uint32_t km_key_item(const void *data, size_t len) { return carls_key_item(data, len); }
 
 km_bank_t *km_bank_new(const char *endpoints, int timeout_ms, const kb_client_curve_t *curve)
 {

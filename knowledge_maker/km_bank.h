@@ -16,13 +16,14 @@
 #define KM_BANK_H
 
 #include "kb_client.h"
+#include "util.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define KM_BANK_CHUNK 4096u
-#define KM_NO_ITEM UINT32_MAX /* an empty neighbour slot */
+#define KM_NO_ITEM CARLS_NO_ITEM /* an empty neighbour slot */
 #define KM_TABLE_NAME_MAX 128
 
 typedef struct km_bank km_bank_t;
@@ -37,9 +38,8 @@ typedef struct {
 /* Fills the four table names from prefix ("fmnist" -> "fmnist.pixels", ...). -1 if the prefix is too long. */
 int km_tables_init(km_tables_t *t, const char *prefix);
 
-/* Writes item's key (its decimal index) to buf (>= 11 bytes); returns its length. */
+/* carls_item_key and carls_key_item (util.h): an item's key is its decimal index. */
 size_t km_item_key(uint32_t item, char *buf);
-/* Parses a key written by km_item_key; KM_NO_ITEM for anything else (including an empty slot). */
 uint32_t km_key_item(const void *data, size_t len);
 
 /* Connects to the bank. endpoints: one endpoint, or the comma-separated endpoints of a sharded bank in shard
