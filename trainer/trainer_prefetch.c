@@ -14,7 +14,7 @@
 #include <string.h>
 
 #define S_SLOTS TRAINER_PREFETCH_DEPTH
-#define S_KEY 11 /* bytes per decimal key buffer */
+#define S_KEY 11 /* bytes per item key buffer (carls_item_key) */
 
 struct trainer_prefetch {
     trainer_prefetch_config_t cfg;
@@ -50,28 +50,13 @@ struct trainer_prefetch {
     float *acc;                   /* (E) aggregate scratch */
 };
 
-static uint32_t s_key_item(const uint8_t *d, size_t len)
-{
-    if (len == 0 || len > 10) {
-        return TRAINER_NO_ITEM;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (d[i] < '0' || d[i] > '9') {
-            return TRAINER_NO_ITEM;
-        }
-        v = v * 10 + (uint64_t)(d[i] - '0');
-    }
-    return v >= TRAINER_NO_ITEM ? TRAINER_NO_ITEM : (uint32_t)v;
-}
-
 /* Sends a feature_get of the batch's items to table (every shard holding some of them). */
 static int s_send_feature_get(trainer_prefetch_t *p, const char *table, trainer_fetch_t *f,
                               kb_cluster_pending_t **pending)
 {
     for (int i = 0; i < f->B; i++) {
         char *k = p->key_text + (size_t)i * S_KEY;
-        p->ikeys[i].len = (size_t)snprintf(k, S_KEY, "%u", f->items[i]);
+        p->ikeys[i].len = carls_item_key(f->items[i], k);
         p->ikeys[i].data = k;
     }
     int rc = kb_cluster_feature_get_send(p->bank, table, p->ikeys, (size_t)f->B, pending);
@@ -156,7 +141,7 @@ static int s_read_rows(trainer_prefetch_t *p, trainer_fetch_t *f)
             continue;
         }
         char *k = p->key_text + (size_t)R * S_KEY;
-        p->ukeys[R].len = (size_t)snprintf(k, S_KEY, "%u", it);
+        p->ukeys[R].len = carls_item_key(it, k);
         p->ukeys[R].data = k;
         p->uread[R++] = it;
     }
@@ -319,7 +304,7 @@ static void s_fetch(trainer_prefetch_t *p, trainer_fetch_t *f)
             size_t have = r->found ? r->n_neighbor_keys : 0;
             have = have < r->n_neighbor_weights ? have : r->n_neighbor_weights;
             for (int j = 0; j < K && (size_t)j < have; j++) {
-                uint32_t it = s_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
+                uint32_t it = carls_key_item(r->neighbor_keys[j].data, r->neighbor_keys[j].len);
                 if (it != TRAINER_NO_ITEM && (int64_t)it < p->cfg.n_items) {
                     f->nbr[i * K + j] = it;
                     f->w[i * K + j] = r->neighbor_weights[j];

@@ -48,11 +48,12 @@
 #define TRAINER_PREFETCH_H
 
 #include "kb_client.h"
+#include "util.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TRAINER_NO_ITEM UINT32_MAX
+#define TRAINER_NO_ITEM CARLS_NO_ITEM /* no item: what carls_key_item answers for an empty slot */
 #define TRAINER_PREFETCH_DEPTH 3 /* result slots: the one in use + the batches fetched ahead */
 
 typedef struct {
