@@ -326,6 +326,7 @@ static void s_transfer_step(kb_replica_t *self)
         Carls__ReplSnapshotBegin b = CARLS__REPL_SNAPSHOT_BEGIN__INIT;
         uint64_t terms[KB_TERM_MAX_HISTORY], epochs[KB_TERM_MAX_HISTORY];
         b.term = self->state->term;
+        b.lineage = self->state->lineage;
         b.name = t->name;
         b.cut_epoch = t->cut_epoch;
         b.bytes = t->bytes;
@@ -420,6 +421,17 @@ static void s_on_hello(kb_replica_t *self, zmq_msg_t *id, const Carls__ReplHello
         return;
     }
     uint64_t last = h->last_epoch;
+    /* A follower holding rounds of another history of this shard did not get them from this primary or its
+     * predecessors: one of the two was started on an empty data directory (a new history). A snapshot from
+     * here would wipe what the follower holds, perhaps the shard's only copy: refuse, loudly. */
+    if (last > 0 && h->lineage && self->state->lineage && h->lineage != self->state->lineage) {
+        snprintf(text, sizeof text, "the follower holds epoch %" PRIu64 " of another history of this shard "
+                 "(lineage %016" PRIx64 "; this primary's %016" PRIx64 "): not overwriting it (was one of them "
+                 "started on an empty data directory?)", last, h->lineage, self->state->lineage);
+        LOG_ERROR("replication: follower %s: %s", h->member, text);
+        s_send_refuse(self->router, rid, rid_len, term, CARLS__REPL_REFUSAL__REPL_REFUSE_OTHER, text);
+        return;
+    }
     if (last > self->shipped_epoch || (last > 0 && h->last_term != kb_term_of_epoch(self->state, last))) {
         snprintf(text, sizeof text, "diverged: it holds epoch %" PRIu64 " of term %" PRIu64 "; this primary's epoch "
                  "%" PRIu64 " is of term %" PRIu64 " and its newest is %" PRIu64,
@@ -483,6 +495,7 @@ static void s_stream(kb_replica_t *self)
             Carls__ReplMessage msg = CARLS__REPL_MESSAGE__INIT;
             Carls__ReplRecord rec = CARLS__REPL_RECORD__INIT;
             rec.term = self->state->term;
+            rec.lineage = self->state->lineage;
             rec.epoch = r->epoch;
             rec.prev_epoch = f->sent_epoch;
             rec.crc = r->crc;
@@ -805,29 +818,45 @@ static void s_hello(kb_replica_t *self, void *dealer)
     h.shard_index = self->shard_index;
     h.shard_count = self->shard_count;
     h.sync = kb_bank_sync(self->bank);
+    h.lineage = self->have_state ? self->state->lineage : 0;
     msg.body_case = CARLS__REPL_MESSAGE__BODY_HELLO;
     msg.hello = &h;
     s_send(dealer, NULL, 0, &msg, NULL);
 }
 
-/* A record of `term` at `epoch` is to be applied: 0 when its term may be applied here (the history noted and
- * saved when it is a new term), -1 when it is older than this member's term. */
-static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch)
+/* A record of `term` at `epoch`, from a primary of shard history `lineage`, is to be applied: 0 when it may be
+ * applied here (the history noted and saved when it is a new term, the lineage taken over by a member that
+ * has none), -1 when its term is older than this member's or it belongs to another history. */
+static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch, uint64_t lineage)
 {
     int rc = 0;
     pthread_mutex_lock(&self->mutex);
     if (!self->have_state) {
         kb_term_init(self->state, self->member, epoch);
         self->state->term = self->state->history[0].term = term;
+        self->state->lineage = lineage;
         self->state->role = KB_TERM_FOLLOWER;
         s_save(self);
         s_publish_role(self);
+    } else if (lineage && self->state->lineage && lineage != self->state->lineage) {
+        LOG_ERROR("replication: the primary's rounds belong to another history of this shard (lineage %016" PRIx64
+                  ", this member's %016" PRIx64 "): not applied", lineage, self->state->lineage);
+        rc = -1;
     } else if (term < self->state->term) {
         rc = -1;
-    } else if (term != kb_term_of_epoch(self->state, epoch)) {
-        if (kb_term_record(self->state, term, epoch) != 0)
-            rc = -1;
-        else {
+    } else {
+        bool changed = false;
+        if (lineage && !self->state->lineage) { /* a file written before lineages */
+            self->state->lineage = lineage;
+            changed = true;
+        }
+        if (term != kb_term_of_epoch(self->state, epoch)) {
+            if (kb_term_record(self->state, term, epoch) != 0)
+                rc = -1;
+            else
+                changed = true;
+        }
+        if (rc == 0 && changed) {
             s_save(self);
             s_publish_role(self);
         }
@@ -884,14 +913,14 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
         /* An empty round: nothing to keep (its epoch is not journaled here either), but the stream and the
          * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the
          * epoch after the last record: every epoch from there on is of it. */
-        if (s_accept_term(self, rec->term, kb_commit_committed_epoch(self->commit) + 1) != 0) {
+        if (s_accept_term(self, rec->term, kb_commit_committed_epoch(self->commit) + 1, rec->lineage) != 0) {
             s_refuse_stale(self, dealer, "round");
             return 0;
         }
         *through = rec->epoch;
         return 1;
     }
-    if (s_accept_term(self, rec->term, rec->epoch) != 0) {
+    if (s_accept_term(self, rec->term, rec->epoch, rec->lineage) != 0) {
         s_refuse_stale(self, dealer, "round");
         return 0;
     }

@@ -63,6 +63,7 @@ int kb_replica_on_snapshot_begin(kb_replica_t *self, kb_replica_receive_t *rx, c
     kb_term_state_t *st = &rx->pending.state;
     memset(st, 0, sizeof *st);
     st->term = b->term;
+    st->lineage = b->lineage;
     st->role = KB_TERM_FOLLOWER;
     snprintf(st->member, sizeof st->member, "%s", self->member);
     st->n_history = b->n_history_terms;

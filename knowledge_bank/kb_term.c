@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define S_MAGIC "carls-replication"
 
@@ -19,9 +21,20 @@ const char *kb_term_role_name(kb_term_role_t role)
     return (unsigned)role < sizeof s_roles / sizeof s_roles[0] ? s_roles[role] : "unknown";
 }
 
+uint64_t kb_term_new_lineage(void)
+{
+    uint64_t id = 0;
+    while (id == 0) {
+        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+            id = (uint64_t)carls_wall_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    }
+    return id;
+}
+
 void kb_term_init(kb_term_state_t *st, const char *member, uint64_t first_epoch)
 {
     memset(st, 0, sizeof *st);
+    st->lineage = kb_term_new_lineage();
     st->term = 1;
     st->role = KB_TERM_PRIMARY;
     snprintf(st->member, sizeof st->member, "%s", member ? member : "");
@@ -66,6 +79,8 @@ int kb_term_save(const char *data_dir, const kb_term_state_t *st, char *err, siz
     char *text = carls_xmalloc(cap);
     size_t n = (size_t)snprintf(text, cap, "%s %u\nterm %" PRIu64 "\nrole %s\nmember %s\n", S_MAGIC,
                                 KB_TERM_VERSION, st->term, kb_term_role_name(st->role), st->member);
+    if (st->lineage)
+        n += (size_t)snprintf(text + n, cap - n, "lineage %016" PRIx64 "\n", st->lineage);
     for (size_t i = 0; i < st->n_history; i++)
         n += (size_t)snprintf(text + n, cap - n, "history %" PRIu64 " %" PRIu64 "\n", st->history[i].term,
                               st->history[i].first_epoch);
@@ -104,6 +119,13 @@ static int s_parse_line(const char *path, int no, char *line, kb_term_state_t *s
                                 KB_TERM_MAX_MEMBER);
         snprintf(st->member, sizeof st->member, "%s", rest);
         have[2] = true;
+    } else if (strcmp(line, "lineage") == 0) {
+        char *end = NULL;
+        errno = 0;
+        st->lineage = strtoull(rest, &end, 16);
+        if (errno || end == rest || *end || strlen(rest) != 16 || st->lineage == 0)
+            return carls_errorf(err, errlen, -EINVAL, "%s:%d: lineage '%s' is not 16 hex digits (nonzero)", path,
+                                no, rest);
     } else if (strcmp(line, "history") == 0) {
         char *epoch = strchr(rest, ' ');
         kb_term_span_t span;

@@ -15,6 +15,7 @@
  *   term 3
  *   role follower
  *   member tcp://node2:7070
+ *   lineage 5f0c2a9e41d7b803
  *   history 1 1
  *   history 3 4821
  *   crc 1a2b3c4d
@@ -46,6 +47,11 @@ typedef struct {
 } kb_term_span_t;
 
 typedef struct {
+    uint64_t lineage;          /* the shard's history this member belongs to: drawn at random by the member that
+                                * starts it (kb_term_init), taken over by every follower from its primary's
+                                * rounds or snapshot. Two members with data and different lineages hold
+                                * unrelated journals, whatever their terms and epochs say (a member started on
+                                * an empty data directory starts a new one). 0: unknown (a file without it). */
     uint64_t term;             /* the highest term this member has seen (>= 1) */
     kb_term_role_t role;
     char member[KB_TERM_MAX_MEMBER + 1];
@@ -53,8 +59,11 @@ typedef struct {
     kb_term_span_t history[KB_TERM_MAX_HISTORY];
 } kb_term_state_t;
 
-/* The state of a member that starts a shard: term 1, primary, history {1, first_epoch}. */
+/* The state of a member that starts a shard: a new lineage, term 1, primary, history {1, first_epoch}. */
 void kb_term_init(kb_term_state_t *st, const char *member, uint64_t first_epoch);
+
+/* A new lineage id: random, never 0. */
+uint64_t kb_term_new_lineage(void);
 
 /* Reads DATA_DIR/REPLICATION into *st. -ENOENT when there is none (a member that never replicated), -EINVAL
  * when it is malformed (err names the file and line), -EIO when it cannot be read. */

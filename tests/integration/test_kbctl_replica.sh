@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Integration: kbctl's replica verbs (status, promote, fence, set) against a real replicated shard, a primary
 # with --min-replicas 1 and its follower: roles and terms, a row written on the primary read on the follower,
-# a write, a snapshot and a checkpoint on the follower refused with NOT_PRIMARY naming the primary, then kill -9 of the primary, promotion
-# of the follower (term 2) that takes writes, a second promotion refused, a fence that stops writes.
+# a write, a snapshot and a checkpoint on the follower refused with NOT_PRIMARY naming the primary, then kill -9
+# of the primary, promotion of the follower (term 2) that takes writes, a second promotion refused, a fence
+# that stops writes; and a primary started again on an empty data directory (a new lineage) refused to
+# overwrite its follower's rows.
 # Usage: test_kbctl_replica.sh BIN_DIR
 set -uo pipefail
 bin=${1:?usage: test_kbctl_replica.sh BIN_DIR}
@@ -102,5 +104,30 @@ check "no action: usage" 1 "$(status_of $k --kb "$F" replica)"
 
 kill -TERM "$follower"; wait "$follower"; st=$?; follower=
 check "follower stops cleanly" 0 "$st"
+
+# A primary that lost its data (killed, its directory gone, started again empty on the same endpoint: a new
+# history of the shard) must not overwrite its follower's rows with its own emptiness: the follower holds
+# epochs of another lineage, the primary refuses it and says why, the follower keeps its rows.
+start_member p2 --replication-listen 'tcp://127.0.0.1:*'
+primary=$member
+P2=$(cat "$work/p2.ep")
+start_member f2 --replica-of "$P2"
+follower=$member
+F2=$(cat "$work/f2.ep")
+$k --kb "$P2" create-table emb --dim 2 --init zeros >/dev/null 2>&1
+printf 'x\t7 8\n' | $k --kb "$P2" put emb 2>/dev/null
+check "p2: put" 0 "$?"
+for _ in $(seq 100); do [ "$($k --kb "$F2" get emb x --no-create 2>/dev/null)" == $'x\t7 8' ] && break; sleep 0.05; done
+check "f2 has the row" $'x\t7 8' "$($k --kb "$F2" get emb x --no-create 2>/dev/null)"
+kill -9 "$primary"; wait "$primary" 2>/dev/null
+rm -rf "$work/p2" "$work/p2.ep"
+"$bin/kb-server" --listen "$P2" --endpoint-file "$work/p2.ep" --data "$work/p2" --replication-listen 'tcp://127.0.0.1:*' \
+  2>>"$work/p2.log" &
+primary=$!
+refusal='of another history of this shard (lineage '
+for _ in $(seq 200); do grep -q "$refusal" "$work/p2.log" && break; sleep 0.05; done
+check "the empty primary refuses to overwrite the follower" 1 "$(grep -c "$refusal" "$work/p2.log" | head -c 1)"
+check "f2 keeps its row" $'x\t7 8' "$($k --kb "$F2" get emb x --no-create 2>/dev/null)"
+kill -TERM "$follower"; wait "$follower"; follower=
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -75,6 +75,11 @@ static void test_round_trip(void **state)
     kb_term_init(st, "tcp://node1:7070", 1);
     assert_int_equal(st->term, 1);
     assert_int_equal(st->role, KB_TERM_PRIMARY);
+    assert_true(st->lineage != 0);
+    kb_term_state_t *other = calloc(1, sizeof *other);
+    kb_term_init(other, "tcp://node1:7070", 1); /* another member starting a shard: another history */
+    assert_true(other->lineage != 0 && other->lineage != st->lineage);
+    free(other);
     assert_int_equal(kb_term_begin(st, 3, 4821), 0);
     assert_int_equal(kb_term_begin(st, 4, 9000), 0);
     st->role = KB_TERM_FOLLOWER;
@@ -88,6 +93,12 @@ static void test_round_trip(void **state)
     assert_int_equal(back->history[1].first_epoch, 4821);
     assert_int_equal(back->history[2].first_epoch, 9000);
     assert_string_equal(kb_term_role_name(back->role), "follower");
+    assert_true(back->lineage == st->lineage);
+    /* A file written before lineages (no such line) reads as lineage 0, unknown. */
+    s_write_signed("carls-replication 1\nterm 2\nrole follower\nmember m\nhistory 1 1\nhistory 2 5\n");
+    assert_int_equal(kb_term_load(s_dir, back, err, sizeof err), 0);
+    assert_true(back->lineage == 0);
+    assert_int_equal(back->term, 2);
     free(st);
     free(back);
 }
@@ -192,6 +203,10 @@ static void test_damaged_files(void **state)
         {"carls-replication 1\nterm 3\nrole primary\nmember m\nhistory 2 50\nhistory 3 40\n", "both must grow"},
         {"carls-replication 1\nterm 2\nrole primary\nmember m\nhistory 5 1\n", "beyond the current term"},
         {"carls-replication 1\nterm 2\nrole primary\nhistory 1 1\n", "needs term, role, member and a history line"},
+        {"carls-replication 1\nterm 1\nrole primary\nmember m\nlineage 12g4\nhistory 1 1\n",
+         ":5: lineage '12g4' is not 16 hex digits"},
+        {"carls-replication 1\nterm 1\nrole primary\nmember m\nlineage 0000000000000000\nhistory 1 1\n",
+         ":5: lineage '0000000000000000' is not 16 hex digits (nonzero)"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         s_write_signed(rules[i].body);
