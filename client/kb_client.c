@@ -435,6 +435,12 @@ size_t kb_client_members(const kb_client_t *self)
     return self->n_members;
 }
 
+const char *kb_client_member_at(const kb_client_t *self, size_t i)
+{
+    assert(self && i < self->n_members);
+    return self->members[i];
+}
+
 uint64_t kb_client_term(const kb_client_t *self)
 {
     assert(self);

@@ -125,6 +125,9 @@ const char *kb_client_member(const kb_client_t *self);
 /* Number of members: those given, and primaries that NOT_PRIMARY answers named since. */
 size_t kb_client_members(const kb_client_t *self);
 
+/* Member i (< kb_client_members) as given or named. Valid until the next call. */
+const char *kb_client_member_at(const kb_client_t *self, size_t i);
+
 /* The highest term seen in answers (0: none, or not a replicated shard). */
 uint64_t kb_client_term(const kb_client_t *self);
 

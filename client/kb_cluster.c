@@ -146,6 +146,19 @@ kb_cluster_t *kb_cluster_new(const char *endpoints, const kb_client_options_t *o
     self->failed_shard = -1;
     if (s_parse_endpoints(self, endpoints) != 0)
         goto fail;
+    /* Kept for the read replicas' clients: the cluster's options, one attempt of the failover timeout. */
+    self->have_opts = true;
+    if (opts)
+        self->read_opts = *opts;
+    if (opts && opts->curve) {
+        self->curve = *opts->curve;
+        self->read_opts.curve = &self->curve;
+    }
+    int attempt = self->read_opts.failover_timeout_ms > 0 ? self->read_opts.failover_timeout_ms : 1000;
+    if (self->read_opts.timeout_ms > 0 && attempt > self->read_opts.timeout_ms)
+        attempt = self->read_opts.timeout_ms;
+    self->read_opts.timeout_ms = attempt;
+    self->read_opts.retries = 0;
     self->clients = carls_xcalloc(self->n, sizeof *self->clients);
     for (uint32_t i = 0; i < self->n; i++) {
         self->clients[i] = kb_client_new(self->endpoints[i], opts);
@@ -191,6 +204,8 @@ void kb_cluster_destroy(kb_cluster_t **self_p)
     if (!self_p || !*self_p)
         return;
     kb_cluster_t *self = *self_p;
+    kb_cluster_readers_free(self);
+    explicit_bzero(&self->curve, sizeof self->curve);
     /* endpoints holds every parsed entry; clients may be shorter when kb_cluster_new failed midway. */
     for (uint32_t i = 0; i < self->n; i++) {
         if (self->clients && !self->borrowed)
@@ -310,6 +325,7 @@ void kb_cluster_fan_init(kb_cluster_t *self, kb_cluster_fan_t *fan, const char *
     fan->reqs = carls_xcalloc(self->n, sizeof *fan->reqs);
     fan->ops = carls_xcalloc(self->n, sizeof *fan->ops);
     fan->ids = carls_xcalloc(self->n, sizeof *fan->ids);
+    fan->to = carls_xcalloc(self->n, sizeof *fan->to);
     fan->in_flight = carls_xcalloc(self->n, sizeof *fan->in_flight);
     fan->resps = carls_xcalloc(self->n, sizeof *fan->resps);
     fan->failed = -1;
@@ -321,7 +337,7 @@ void kb_cluster_fan_free(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; fan->reqs && s < self->n; s++) {
         if (fan->in_flight[s])
-            kb_client_cancel(self->clients[s], fan->ids[s]);
+            kb_client_cancel(fan->to[s] ? fan->to[s] : self->clients[s], fan->ids[s]);
         if (fan->resps[s])
             carls__response__free_unpacked(fan->resps[s], NULL);
     }
@@ -332,6 +348,7 @@ void kb_cluster_fan_free(kb_cluster_t *self, kb_cluster_fan_t *fan)
     free(fan->rows);
     free(fan->records);
     free(fan->ids);
+    free(fan->to);
     free(fan->in_flight);
     free(fan->resps);
     memset(fan, 0, sizeof *fan);
@@ -403,7 +420,7 @@ int kb_cluster_fan_send(kb_cluster_t *self, kb_cluster_fan_t *fan)
     for (uint32_t s = 0; s < self->n; s++) {
         if (fan->reqs[s].op_case == CARLS__REQUEST__OP__NOT_SET)
             continue;
-        int rc = kb_client_send(self->clients[s], &fan->reqs[s], &fan->ids[s]);
+        int rc = kb_cluster_send_to(self, s, &fan->reqs[s], &fan->to[s], &fan->ids[s]);
         if (rc != 0) {
             if (kb_cluster_fan_failed(fan, s, rc))
                 kb_cluster_client_error(self, s);
@@ -425,7 +442,7 @@ int kb_cluster_fan_wait(kb_cluster_t *self, kb_cluster_fan_t *fan)
         if (!fan->in_flight[s])
             continue;
         Carls__Response *resp = NULL;
-        int rc = kb_client_wait(self->clients[s], fan->ids[s], &resp);
+        int rc = kb_cluster_wait_from(self, s, &fan->reqs[s], fan->to[s], &fan->ids[s], fan->want, &resp);
         fan->in_flight[s] = false;
         if (rc == 0 && resp->result_case != fan->want) {
             rc = KB_CLIENT_EMALFORMED;

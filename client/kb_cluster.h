@@ -91,6 +91,27 @@ int kb_cluster_failed_shard(const kb_cluster_t *self);
  * INVALID_ARGUMENT for knn on a table without an index). STATUS_OK after a success or another failure. */
 Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self);
 
+/* ---- read replicas (docs/REPLICATION.md section 5) --------------------------------------------------- */
+
+/* Reads from followers: with staleness_ms > 0, the reads of a shard with several members ("a|b") -- lookups
+ * that create nothing (no_create), knn (its key lookup included), sample, feature_get, scan and list_tables
+ * (the table configs those reads look up), also through kb_cluster_call, whose req then carries the
+ * bound -- go first to a member the shard's client is not
+ * using (the primary, once a write found it), to each such member in turn, with max_staleness_ms =
+ * staleness_ms: a follower answers only when it was caught up with its primary at most that long ago. Any
+ * other outcome (STATUS_STALE above all, another error, or no answer within one attempt of the failover
+ * timeout, opts->failover_timeout_ms or 1000 ms) sends the read on to the shard's own client with the same
+ * bound: a primary ignores it, a follower that client is on applies it, so a read never returns data staler
+ * than asked (it fails with STALE instead, for instance while the primary is unreachable and the followers
+ * have stopped hearing from it). Writes, lookups that create rows and shards of one member are unaffected.
+ * 0 turns it off. 0, or KB_CLIENT_EINVAL for a cluster made by kb_cluster_over. */
+int kb_cluster_set_read_replicas(kb_cluster_t *self, uint32_t staleness_ms);
+
+/* Reads answered by the member they were sent to first (a follower, unless the shard's client sits on a
+ * follower itself: a failover moved it there and no write has moved it back yet, so the member asked first
+ * is the primary), and reads that went on to the shard's own client, since the cluster opened. */
+void kb_cluster_replica_reads(const kb_cluster_t *self, uint64_t *served, uint64_t *fell_back);
+
 /* ---- tables ---------------------------------------------------------------------------------------- */
 
 /* What the cluster caches about a table (from list_tables). */

@@ -21,7 +21,11 @@ static int s_call_shard(kb_cluster_t *self, uint32_t s, Carls__Request *req, Car
     *out = NULL;
     Carls__Response *resp = NULL;
     self->requests++;
-    int rc = kb_client_call(self->clients[s], req, &resp);
+    kb_client_t *to = NULL;
+    uint64_t id = 0;
+    int rc = kb_cluster_send_to(self, s, req, &to, &id);
+    if (rc == 0)
+        rc = kb_cluster_wait_from(self, s, req, to, &id, want, &resp);
     if (rc == 0 && resp->result_case != want) {
         kb_cluster_shard_errorf(self, s, "the answer to %s carries the wrong result (case %d)",
                                 carls_op_name(req->op_case), (int)resp->result_case);

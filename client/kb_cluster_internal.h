@@ -16,6 +16,14 @@ typedef struct {
     kb_cluster_table_t info;
 } kb_cluster_cached_table_t;
 
+/* A shard's read replicas (kb_cluster_set_read_replicas): a client of one member each, opened on first use. */
+typedef struct {
+    size_t n;
+    char *endpoint[KB_CLIENT_MAX_MEMBERS];
+    kb_client_t *client[KB_CLIENT_MAX_MEMBERS];
+    size_t next;                        /* the shard client's member index the next read starts from */
+} kb_cluster_readers_t;
+
 struct kb_cluster {
     uint32_t n;                         /* shards */
     kb_client_t **clients;              /* (n) shard i's client */
@@ -26,6 +34,13 @@ struct kb_cluster {
     int failed_shard;                   /* shard the last error is about, or -1 */
     Carls__StatusCode last_status;      /* the status of the last KB_CLIENT_ESTATUS failure; OK otherwise */
     uint64_t requests;                  /* requests sent so far (kb_cluster_requests) */
+    bool have_opts;                     /* kb_cluster_new: read_opts can open more clients */
+    kb_client_options_t read_opts;      /* the options of read replica clients: the cluster's, one attempt of
+                                         * the failover timeout */
+    kb_client_curve_t curve;            /* read_opts.curve points here when the cluster uses CURVE */
+    uint32_t read_staleness_ms;         /* kb_cluster_set_read_replicas; 0: reads go to the shard's client */
+    kb_cluster_readers_t *readers;      /* (n) once read replicas were turned on */
+    uint64_t replica_served, replica_fell_back; /* kb_cluster_replica_reads */
     char last_error[768];               /* "" after success */
 };
 
@@ -69,6 +84,8 @@ typedef struct {
     float *rows;                      /* put, push_gradients: the caller's rows in shard order (several shards) */
     Carls__FeatureRecord **records;   /* feature_put: the caller's records in shard order */
     uint64_t *ids;                    /* (shards) request id of each request sent */
+    kb_client_t **to;                 /* (shards) the client it was sent through: the shard's, or a read
+                                       * replica's (kb_cluster_send_to) */
     bool *in_flight;                  /* (shards) sent and not waited for yet */
     Carls__Response **resps;          /* (shards) the answers after a successful kb_cluster_fan_wait; NULL where
                                        * none */
@@ -97,6 +114,21 @@ void kb_cluster_client_error(kb_cluster_t *self, uint32_t s);
 /* kb_cluster_shard_error with a formatted reason. */
 void kb_cluster_shard_errorf(kb_cluster_t *self, uint32_t s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- one request to one shard, through a read replica when it may ---- */
+
+/* Sends req to shard s: a read (kb_cluster_set_read_replicas) to a follower first, with the staleness bound,
+ * else (or when that send fails) through the shard's client. *to is the client it went through and *id its
+ * request id. 0 or the send's failure (error not set). */
+int kb_cluster_send_to(kb_cluster_t *self, uint32_t s, Carls__Request *req, kb_client_t **to, uint64_t *id);
+/* Waits for the answer to *id from `to`; a read replica that fails it (any error, STALE above all, or an
+ * answer without result want) sends req again through the shard's client, and that answer counts (*id is
+ * then its id). As kb_client_wait: 0 with *resp, or the failure (*resp set on KB_CLIENT_ESTATUS; error not
+ * set). */
+int kb_cluster_wait_from(kb_cluster_t *self, uint32_t s, Carls__Request *req, kb_client_t *to, uint64_t *id,
+                         Carls__Response__ResultCase want, Carls__Response **resp);
+/* Closes the read replicas' clients (kb_cluster_destroy). */
+void kb_cluster_readers_free(kb_cluster_t *self);
 
 /* ---- the fan-out engine ---- */
 

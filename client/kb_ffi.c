@@ -145,6 +145,12 @@ uint32_t kb_ffi_shards(const kb_ffi_t *self)
     return kb_cluster_shards(self->cluster);
 }
 
+void kb_ffi_set_read_replicas(kb_ffi_t *self, uint32_t staleness_ms)
+{
+    assert(self);
+    kb_cluster_set_read_replicas(self->cluster, staleness_ms); /* a kb_cluster_new cluster: cannot fail */
+}
+
 /* ---- arguments -------------------------------------------------------------------------------------------------- */
 
 /* The n keys of (data, data_len, ends) as kb_key_t (in self->keys, pointing into data). what names the

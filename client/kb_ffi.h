@@ -67,6 +67,11 @@ const char *kb_ffi_status_name(int status);
 /* Number of shards (endpoints). */
 uint32_t kb_ffi_shards(const kb_ffi_t *self);
 
+/* Reads from followers within staleness_ms (kb_cluster_set_read_replicas; 0: off): lookups that create
+ * nothing, knn, sample, feature reads and the table list of a replicated shard go to a follower caught up with its primary at
+ * most that long ago, else to the primary. */
+void kb_ffi_set_read_replicas(kb_ffi_t *self, uint32_t staleness_ms);
+
 /* ---- tables ---------------------------------------------------------------------------------------------- */
 
 /* Creates table on every shard with the config that settings describes: lines "PATH=VALUE", PATH a field of

@@ -1,7 +1,7 @@
 /* kbctl: command-line client of kb-server for people and scripts.
  *
  *   kbctl [--kb ENDPOINT[,ENDPOINT...]] [--timeout-ms N] [--retries N] [--log-level L]
- *         [--curve-key FILE --curve-server-key FILE] VERB [ARGS...]
+ *         [--curve-key FILE --curve-server-key FILE] [--read-replica-ms N] VERB [ARGS...]
  *
  * Every verb goes through kb_cluster (client/kb_cluster.h): with one endpoint it talks to that server, with
  * a list "tcp://a:1,tcp://b:2" the i-th endpoint is shard i and keys are routed by carls_shard_of.
@@ -32,9 +32,10 @@
 #define S_DEFAULT_RETRIES 2
 
 /* The global options (before the verb), in the order of their G_* index. */
-enum { G_KB, G_TIMEOUT_MS, G_RETRIES, G_LOG_LEVEL, G_CURVE_KEY, G_CURVE_SERVER_KEY, G_N };
-static const char *const s_global_options[G_N] = {"kb", "timeout-ms", "retries", "log-level", KB_CURVE_ARG_KEY,
-                                                  KB_CURVE_ARG_SERVER_KEY};
+enum { G_KB, G_TIMEOUT_MS, G_RETRIES, G_LOG_LEVEL, G_CURVE_KEY, G_CURVE_SERVER_KEY, G_READ_REPLICA_MS, G_N };
+static const char *const s_global_options[G_N] = {"kb",           "timeout-ms",           "retries",
+                                                  "log-level",    KB_CURVE_ARG_KEY,       KB_CURVE_ARG_SERVER_KEY,
+                                                  "read-replica-ms"};
 
 /* ---- command-line parsing ---------------------------------------------------------------------------- */
 
@@ -149,17 +150,22 @@ static void s_usage(FILE *out)
 {
     fprintf(out,
             "usage: kbctl [--kb ENDPOINT[,ENDPOINT...]] [--timeout-ms N] [--retries N] [--log-level L]\n"
-            "             [--curve-key FILE --curve-server-key FILE] VERB [ARGS...]\n"
+            "             [--curve-key FILE --curve-server-key FILE] [--read-replica-ms N] VERB [ARGS...]\n"
             "Command-line client of kb-server. Results go to stdout, errors and summaries to stderr.\n"
             "\n"
             "Global options (before the verb):\n"
             "  --kb ENDPOINTS    server, e.g. tcp://127.0.0.1:7000, or the shards of a sharded bank in shard\n"
-            "                    order: tcp://h:7000,tcp://h:7001 (kb-server --shard 0/2, 1/2) (default: $CARLS_KB)\n"
+            "                    order: tcp://h:7000,tcp://h:7001 (kb-server --shard 0/2, 1/2) (default: $CARLS_KB);\n"
+            "                    a replicated shard's members joined by '|': tcp://a:7000|tcp://b:7000\n"
             "  --timeout-ms N    wait per attempt (default %d)\n"
             "  --retries N       reconnect and resend this many times after a timeout (default %d)\n"
             "  --log-level L     debug, info, warn, error or off (default warn, or $CARLS_LOG_LEVEL)\n"
             KB_CURVE_ARGS_HELP
             "                    (docs/SECURITY.md)\n"
+            "  --read-replica-ms N  reads of a replicated shard (get --no-create, knn, sample, scan, feature\n"
+            "                    reads, list-tables) go to a follower that was caught up with its primary at\n"
+            "                    most N ms ago, else to the primary (docs/REPLICATION.md section 5; default 0:\n"
+            "                    every request to the shard's primary)\n"
             "  --help            this text; `kbctl VERB --help` describes a verb\n"
             "\n"
             "Verbs:\n",
@@ -233,6 +239,11 @@ static int s_set_global(kbctl_global_t *g, int which, const char *value)
     case G_CURVE_SERVER_KEY:
         g->curve.server_key_file = value;
         return 0;
+    case G_READ_REPLICA_MS:
+        if (kbctl_opt_u64("", "read-replica-ms", value, 0, 24u * 3600 * 1000, &u) != 0)
+            return -1;
+        g->read_replica_ms = (uint32_t)u;
+        return 0;
     default:
         if (carls_log_parse_level(value, &level) != 0) {
             fprintf(stderr, "kbctl: --log-level: unknown level \"%s\" (debug, info, warn, error, off)\n", value);
@@ -286,7 +297,7 @@ int main(int argc, char **argv)
 {
     carls_log_set_level(CARLS_LOG_WARN);
     carls_log_init_from_env();
-    kbctl_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, {0}};
+    kbctl_global_t g = {getenv("CARLS_KB"), S_DEFAULT_TIMEOUT_MS, S_DEFAULT_RETRIES, {0}, 0};
     kb_curve_args(&g.curve);
     int i;
     int st = s_parse_globals(argc, argv, &g, &i);

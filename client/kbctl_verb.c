@@ -72,6 +72,8 @@ int kbctl_open(kbctl_call_t *call)
         fprintf(stderr, "kbctl: cannot open a connection to %s\n", g->endpoint);
         return KBCTL_EXIT_SERVER;
     }
+    if (g->read_replica_ms)
+        kb_cluster_set_read_replicas(call->c, g->read_replica_ms); /* cannot fail on a kb_cluster_new cluster */
     return KBCTL_EXIT_OK;
 }
 

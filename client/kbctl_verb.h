@@ -29,6 +29,7 @@ typedef struct {
     int timeout_ms;               /* per attempt */
     int retries;                  /* extra attempts after a timeout */
     kb_curve_args_t curve;        /* --curve-key, --curve-server-key (kb_curve_args.h; set by s_set_global) */
+    uint32_t read_replica_ms;     /* --read-replica-ms: reads from followers within this bound (0: off) */
 } kbctl_global_t;
 
 /* One option a verb accepts. */

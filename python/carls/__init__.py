@@ -156,10 +156,13 @@ class Client:
     members, or as one string with "|" between them: [["tcp://a:1", "tcp://b:2"], "tcp://c:3|tcp://d:4"] is
     two shards of two members each; the client follows each shard's primary (docs/REPLICATION.md). timeout_ms
     per attempt, retries after a timeout; with curve_key (this client's secret key file, from kb-keygen) and
-    server_key (the server's public key file) the connection is CURVE-encrypted. One Client is used from one
-    thread at a time."""
+    server_key (the server's public key file) the connection is CURVE-encrypted. With read_replica_ms > 0,
+    reads of a replicated shard (lookups with no_create, knn, sample, feature reads, the table list) go to a
+    follower that was caught up with its primary at most that many ms ago, else to the primary
+    (docs/REPLICATION.md section 5).
+    One Client is used from one thread at a time."""
 
-    def __init__(self, endpoints, timeout_ms=5000, retries=2, curve_key=None, server_key=None):
+    def __init__(self, endpoints, timeout_ms=5000, retries=2, curve_key=None, server_key=None, read_replica_ms=0):
         if isinstance(endpoints, (list, tuple)):
             endpoints = ",".join("|".join(s) if isinstance(s, (list, tuple)) else s for s in endpoints)
         if not isinstance(endpoints, str):
@@ -174,9 +177,15 @@ class Client:
             raise InvalidArgument("carls.Client(%r): %s" % (endpoints, ffi.string(err).decode(_ENC, "replace")),
                                   code=lib.KB_FFI_EINVAL)
         self._h = h
+        if not 0 <= int(read_replica_ms) <= 0xFFFFFFFF:
+            self.close()
+            raise InvalidArgument("carls.Client: read_replica_ms %r is not 0..2**32-1" % (read_replica_ms,),
+                                  code=lib.KB_FFI_EINVAL)
+        lib.kb_ffi_set_read_replicas(h, int(read_replica_ms))
         self._dims = {}
         self.endpoints = endpoints
-        self._options = dict(timeout_ms=timeout_ms, retries=retries, curve_key=curve_key, server_key=server_key)
+        self._options = dict(timeout_ms=timeout_ms, retries=retries, curve_key=curve_key, server_key=server_key,
+                             read_replica_ms=read_replica_ms)
 
     def clone(self):
         """A new client of the same bank with the same options (one per thread)."""

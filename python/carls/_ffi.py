@@ -33,6 +33,7 @@ const char *kb_ffi_last_error(const kb_ffi_t *self);
 int kb_ffi_last_status(const kb_ffi_t *self);
 const char *kb_ffi_status_name(int status);
 uint32_t kb_ffi_shards(const kb_ffi_t *self);
+void kb_ffi_set_read_replicas(kb_ffi_t *self, uint32_t staleness_ms);
 int kb_ffi_create_table(kb_ffi_t *self, const char *table, const char *settings, bool if_not_exists);
 int kb_ffi_drop_table(kb_ffi_t *self, const char *table, bool if_exists);
 int kb_ffi_table_info(kb_ffi_t *self, const char *table, uint32_t *dim_out, int *kind_out);

@@ -62,6 +62,13 @@ check "create table on the primary" 0 "$(status_of $k --kb "$P" create-table emb
 printf 'a\t1 2\n' | $k --kb "$P" put emb 2>/dev/null
 check "put on the primary" 0 "$?"
 check "the follower has the row" $'a\t1 2' "$($k --kb "$F" get emb a)"
+# --read-replica-ms: with the primary stopped, a read within the bound is the follower's at once (not the
+# primary's 20 s attempt: timeout 10 would end it).
+kill -STOP "$primary"
+got=$(timeout 10 $k --kb "$P|$F" --timeout-ms 20000 --read-replica-ms 60000 get emb --no-create a); st=$?
+kill -CONT "$primary"
+check "--read-replica-ms: served by the follower" "0 "$'a\t1 2' "$st $got"
+check "--read-replica-ms: not a number" 1 "$(status_of $k --kb "$F" --read-replica-ms x list-tables)"
 err=$(printf 'b\t3 4\n' | $k --kb "$F" put emb 2>&1 >/dev/null); st=$?
 check "put on the follower: exit" 2 "$st"
 check "put on the follower: NOT_PRIMARY naming the primary" 1 "$(echo "$err" | grep -c "NOT_PRIMARY: .*$P")"

@@ -4,6 +4,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -358,6 +359,31 @@ def test_replicated_shard_members():
             np.testing.assert_array_equal(c3.lookup("rep", ["a", "b"], no_create=True), [[1, 2], [3, 4]])
         with pytest.raises(TypeError):
             carls.Client([[follower.endpoint, 7]])
+    finally:
+        follower.cleanup()
+        primary.cleanup()
+
+
+def test_read_replica_ms():
+    """Client(read_replica_ms=N): a lookup without creating rows is answered by the follower, also while the
+    primary does not answer (SIGSTOP), as long as the follower was caught up less than N ms ago."""
+    primary = Server("--durability", "sync", "--min-replicas", "1")
+    follower = Server("--durability", "sync", "--replica-of", primary.endpoint)
+    try:
+        with carls.Client([[primary.endpoint, follower.endpoint]], timeout_ms=10000, read_replica_ms=5000) as c:
+            c.create_table("rr", dim=2, init="zeros")
+            c.put("rr", ["a"], np.array([[1, 2]], dtype=np.float32))  # on the follower once acknowledged
+            time.sleep(0.5)  # and a heartbeat (every 100 ms) has told the new follower it is caught up
+            os.kill(primary.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                np.testing.assert_array_equal(c.lookup("rr", ["a"], no_create=True), [[1, 2]])
+                # Not the primary's 10 s attempt and then the follower: the follower at once.
+                assert time.monotonic() - t0 < 5
+            finally:
+                os.kill(primary.proc.pid, signal.SIGCONT)
+        with pytest.raises(carls.InvalidArgument):
+            carls.Client(primary.endpoint, read_replica_ms=-1)
     finally:
         follower.cleanup()
         primary.cleanup()
