@@ -11,23 +11,9 @@
 set -uo pipefail
 bin=$1
 src=$2
-for prog in munged slurmctld slurmd srun salloc sinfo squeue scancel scontrol; do
-  command -v "$prog" >/dev/null || { echo "SKIPPED: $prog is not installed (slurm-wlm and munge: scripts/setup.sh)"; exit 77; }
-done
-[ "$(id -u)" -eq 0 ] || { echo "SKIPPED: a local Slurm cluster needs root (slurmd)"; exit 77; }
-[ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
-  { echo "SKIPPED: dataset-fashion-mnist is not installed"; exit 77; }
-
-tmp=$(mktemp -d /tmp/carls-slurm-test.XXXXXX)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-cleanup() { "$src/scripts/slurm/down.sh" "$tmp/cluster" >/dev/null 2>&1; }
-trap cleanup EXIT
-
-"$src/scripts/slurm/up.sh" "$tmp/cluster" 2 4 || { echo "FAIL: the cluster did not come up"; exit 1; }
-. "$tmp/cluster/env"
+. "$(dirname "$0")/slurm_testlib.sh"
+slurm_cluster_up slurm-test 2 4
 sinfo -N
-cd "$tmp"
 cat > e2e.ini <<'INI'
 # small end-to-end configuration (as test_launcher_short's)
 name = e2e
@@ -134,10 +120,10 @@ wait_clean || { fail "processes or jobs left after scancel:"; run_procs; squeue;
 if [ $fails -ne 0 ]; then
   echo "test_slurm: $fails failure(s); files in $tmp"
   trap - EXIT
-  cleanup
+  slurm_cluster_down
   exit 1
 fi
-cleanup
+slurm_cluster_down
 trap - EXIT
 rm -rf "$tmp"
 echo "test_slurm: OK"

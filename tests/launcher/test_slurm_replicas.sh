@@ -15,22 +15,8 @@
 set -uo pipefail
 bin=$1
 src=$2
-for prog in munged slurmctld slurmd srun salloc sinfo squeue scancel scontrol; do
-  command -v "$prog" >/dev/null || { echo "SKIPPED: $prog is not installed (slurm-wlm and munge: scripts/setup.sh)"; exit 77; }
-done
-[ "$(id -u)" -eq 0 ] || { echo "SKIPPED: a local Slurm cluster needs root (slurmd)"; exit 77; }
-[ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
-  { echo "SKIPPED: dataset-fashion-mnist is not installed"; exit 77; }
-
-tmp=$(mktemp -d /tmp/carls-slurm-replicas.XXXXXX)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-cleanup() { "$src/scripts/slurm/down.sh" "$tmp/cluster" >/dev/null 2>&1; }
-trap cleanup EXIT
-
-"$src/scripts/slurm/up.sh" "$tmp/cluster" 2 8 || { echo "FAIL: the cluster did not come up"; exit 1; }
-. "$tmp/cluster/env"
-cd "$tmp"
+. "$(dirname "$0")/slurm_testlib.sh"
+slurm_cluster_up slurm-replicas 2 8
 steps=12000
 cat > rep.ini <<INI
 # small graphreg run (as test_launcher_replicas's) on a replicated, sharded bank

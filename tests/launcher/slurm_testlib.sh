@@ -1,0 +1,24 @@
+# What the Slurm tests (test_slurm.sh, test_slurm_replicas.sh) share, sourced after `set -uo pipefail` with
+# $src set to the source directory: slurm_cluster_up NAME NODES CPUS skips (exit 77) without slurm-wlm/munge,
+# root or dataset-fashion-mnist, makes $tmp (/tmp/carls-NAME.XXXXXX), brings a throwaway cluster up in
+# $tmp/cluster (scripts/slurm/up.sh; slurm_cluster_down, also on exit), sources its env and enters $tmp;
+# fail MESSAGE counts a failure in $fails.
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+slurm_cluster_down() { "$src/scripts/slurm/down.sh" "$tmp/cluster" >/dev/null 2>&1; }
+
+slurm_cluster_up() {
+  local name=$1 nodes=$2 cpus=$3 prog
+  for prog in munged slurmctld slurmd srun salloc sinfo squeue scancel scontrol; do
+    command -v "$prog" >/dev/null || { echo "SKIPPED: $prog is not installed (slurm-wlm and munge: scripts/setup.sh)"; exit 77; }
+  done
+  [ "$(id -u)" -eq 0 ] || { echo "SKIPPED: a local Slurm cluster needs root (slurmd)"; exit 77; }
+  [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+    { echo "SKIPPED: dataset-fashion-mnist is not installed"; exit 77; }
+  tmp=$(mktemp -d "/tmp/carls-$name.XXXXXX")
+  trap slurm_cluster_down EXIT
+  "$src/scripts/slurm/up.sh" "$tmp/cluster" "$nodes" "$cpus" || { echo "FAIL: the cluster did not come up"; exit 1; }
+  . "$tmp/cluster/env"
+  cd "$tmp"
+}
