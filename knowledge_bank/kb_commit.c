@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,8 @@ struct kb_commit {
     uint64_t record_epoch;        /* commit mutex: the newest collected epoch that holds a journal record */
     atomic_bool fenced;           /* deposed: no write is accepted or acknowledged any more */
     atomic_bool replicas_short;   /* fewer than min_replicas followers: new writes are refused */
+    atomic_int_fast64_t lease_until_ms; /* a leased primary acknowledges writes only before it (monotonic);
+                                         * INT64_MAX: no lease asked */
     char short_reason[200];       /* commit mutex */
     char fence_reason[256];       /* commit mutex */
 
@@ -964,6 +967,7 @@ static void s_start_writer_threads(kb_commit_t *self)
 kb_commit_t *kb_commit_new(const kb_commit_options_t *opts, const kb_commit_tables_t *tables)
 {
     kb_commit_t *self = carls_xcalloc(1, sizeof *self);
+    atomic_init(&self->lease_until_ms, INT64_MAX);
     self->opts = *opts;
     self->tables = *tables;
     self->store = opts->store;
@@ -1278,6 +1282,22 @@ bool kb_commit_replicas_short(kb_commit_t *self, char *why, size_t whylen)
     snprintf(why, whylen, "%s", self->short_reason);
     pthread_mutex_unlock(&self->commit_mutex);
     return true;
+}
+
+void kb_commit_set_lease(kb_commit_t *self, int64_t until_ms)
+{
+    atomic_store(&self->lease_until_ms, until_ms);
+}
+
+bool kb_commit_leased(kb_commit_t *self, char *why, size_t whylen)
+{
+    const int64_t until = atomic_load(&self->lease_until_ms), now = carls_monotonic_ms();
+    if (until == INT64_MAX || now < until)
+        return true;
+    snprintf(why, whylen, "not acknowledged: this primary's lease ran out %" PRId64 " ms ago (no follower has "
+             "answered within --lease-ms; another member may be primary now); the write may be on this member's "
+             "disk only", now - until);
+    return false;
 }
 
 void kb_commit_fence(kb_commit_t *self, const char *reason)

@@ -466,6 +466,7 @@ static void s_on_hello(kb_replica_t *self, zmq_msg_t *id, const Carls__ReplHello
     memcpy(f->id, rid, f->id_len);
     f->sent_epoch = f->acked_epoch = last;
     f->heard_ms = carls_monotonic_ms();
+    f->echo_us = 0; /* its answers from now on renew the lease */
     f->live = true;
     f->sync = h->sync;
     if (!h->sync && kb_commit_min_replicas(self->commit))
@@ -514,6 +515,28 @@ static void s_stream(kb_replica_t *self)
     }
 }
 
+/* The end of a leased primary's lease (docs/REPLICATION.md section 4), on its monotonic clock in ms: the
+ * q-th newest send time (q = max(K, 1)) its live followers acknowledged, plus --lease-ms; 0 with fewer than q
+ * live followers. Mutex held. */
+static int64_t s_lease_until(kb_replica_t *self, uint32_t k)
+{
+    const uint32_t q = k ? k : 1;
+    int64_t echo[S_MAX_FOLLOWERS];
+    size_t n = 0;
+    for (size_t i = 0; i < self->n_followers; i++)
+        if (self->followers[i].live && self->followers[i].echo_us > 0)
+            echo[n++] = self->followers[i].echo_us;
+    if (n < q)
+        return 0;
+    for (size_t i = 1; i < n; i++) /* descending; n <= 16 */
+        for (size_t j = i; j > 0 && echo[j] > echo[j - 1]; j--) {
+            int64_t t = echo[j];
+            echo[j] = echo[j - 1];
+            echo[j - 1] = t;
+        }
+    return echo[q - 1] / 1000 + self->lease_ms;
+}
+
 /* The K-th most advanced live follower's acknowledged epoch becomes the bank's replicated point. Mutex held. */
 static void s_update_replicated(kb_replica_t *self)
 {
@@ -524,19 +547,25 @@ static void s_update_replicated(kb_replica_t *self)
         if (self->followers[i].live && self->followers[i].sync)
             acked[n++] = self->followers[i].acked_epoch;
     /* Fewer than K for a while: new writes are refused (UNAVAILABLE, clients retry) instead of each waiting
-     * for its commit timeout. */
+     * for its commit timeout. So are they once the lease has run out. */
     int64_t now = carls_monotonic_ms();
+    char why[200] = "";
     if (k == 0 || n >= k) {
         self->short_since_ms = 0;
-        kb_commit_set_replicas_short(self->commit, NULL);
     } else if (!self->short_since_ms) {
         self->short_since_ms = now;
     } else if (now - self->short_since_ms >= S_REPLICA_WAIT_MS) {
-        char why[200];
         snprintf(why, sizeof why, "%zu of the %u followers --min-replicas needs (in --durability sync) are "
                  "connected", n, k);
-        kb_commit_set_replicas_short(self->commit, why);
     }
+    if (self->lease_ms && self->primary_running) {
+        int64_t until = s_lease_until(self, k);
+        kb_commit_set_lease(self->commit, until);
+        if (now >= until && !*why)
+            snprintf(why, sizeof why, "the lease ran out: fewer than %u followers answered within --lease-ms %u",
+                     k ? k : 1, self->lease_ms);
+    }
+    kb_commit_set_replicas_short(self->commit, *why ? why : NULL);
     if (k == 0 || n < k)
         return;
     /* The k-th largest: sort descending (n <= 16). */
@@ -576,6 +605,12 @@ static void s_on_primary_message(kb_replica_t *self, zmq_msg_t *parts, int n)
             if (applied > f->acked_epoch)
                 f->acked_epoch = applied;
             f->heard_ms = carls_monotonic_ms();
+            /* The lease runs from when this primary sent what was answered, on its own clock; never later
+             * than now (an echo is a claim from the network). */
+            int64_t echo = msg->ack->echo_sent_us, now_us = carls_monotonic_us();
+            echo = echo < now_us ? echo : now_us;
+            if (echo > f->echo_us)
+                f->echo_us = echo;
         }
         break;
     case CARLS__REPL_MESSAGE__BODY_REFUSE:
@@ -688,6 +723,8 @@ static int s_start_primary(kb_replica_t *self, char *err, size_t errlen)
     if (self->event_fd < 0)
         return carls_errorf(err, errlen, -1, "eventfd: %s", strerror(errno));
     kb_commit_set_min_replicas(self->commit, self->min_replicas);
+    if (self->lease_ms)
+        kb_commit_set_lease(self->commit, 0); /* no write is acknowledged before a follower has answered */
     pthread_mutex_lock(&self->mutex);
     self->ring_ready = false;
     pthread_mutex_unlock(&self->mutex);
@@ -1059,6 +1096,8 @@ static void *s_follower_main(void *arg)
                     s_refuse_stale(self, dealer, "heartbeat");
                 heard = carls_monotonic_ms();
                 s_note_heartbeat(self, msg->heartbeat->shipped_epoch, through, heard);
+                if (msg->heartbeat->term >= s_term(self)) /* renews a leased primary's lease while idle */
+                    s_send_ack(self, dealer, through, msg->heartbeat->sent_us, 0);
             } else if (msg->body_case == CARLS__REPL_MESSAGE__BODY_SNAPSHOT_BEGIN) {
                 restart = kb_replica_on_snapshot_begin(self, rx, msg->snapshot_begin) != 0;
                 heard = carls_monotonic_ms();
@@ -1356,6 +1395,7 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
     self->client_endpoint = kb_replica_dup(opts->client_endpoint);
     self->advertise = kb_replica_dup(opts->advertise);
     self->min_replicas = opts->min_replicas;
+    self->lease_ms = opts->lease_ms;
     self->shard_index = opts->shard_index;
     self->shard_count = opts->shard_count;
     self->buffer_bytes = opts->buffer_bytes ? opts->buffer_bytes : S_DEFAULT_BUFFER_BYTES;

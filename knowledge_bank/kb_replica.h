@@ -44,6 +44,8 @@ typedef struct {
     const char *advertise;    /* the replication endpoint followers are told (NULL: the bound one), for a
                                * primary reached through a relay, a NAT or a tunnel */
     uint32_t min_replicas;    /* --min-replicas (sync durability) */
+    uint32_t lease_ms;        /* --lease-ms: a primary acknowledges writes only while max(K, 1) followers
+                               * answered a message it sent less than this long ago (0: no lease) */
     uint32_t shard_index, shard_count;
     uint64_t buffer_bytes;    /* rounds kept for followers that fall behind (0: 256 MiB) */
     volatile sig_atomic_t *server_stop; /* set to 1 when a follower received a snapshot to restart on */

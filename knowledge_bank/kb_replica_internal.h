@@ -41,6 +41,7 @@ typedef struct {
     size_t id_len;
     uint64_t sent_epoch, acked_epoch;
     int64_t heard_ms;
+    int64_t echo_us;  /* the newest of this primary's send times (monotonic) it acknowledged: the lease */
     bool live;
     bool sync; /* it runs --durability sync: its ack means its journal holds the round */
 } s_follower_t;
@@ -79,6 +80,7 @@ struct kb_replica {
     char *data_dir, *member, *replica_of, *listen, *advertise;
     char *client_endpoint; /* the bound one, whose host a promoted follower binds */
     uint32_t min_replicas, shard_index, shard_count;
+    uint32_t lease_ms;      /* --lease-ms (0: none) */
     uint64_t buffer_bytes;
 
     pthread_mutex_t op_mutex; /* replica ops (promote, fence, set) one at a time */

@@ -1171,6 +1171,8 @@ static void s_handle(kb_service_t *self, const uint8_t *frame, size_t len, uint8
         char err[512];
         if (kb_commit_wait_durable(self->commit, rp->durable_ticket, self->limits.commit_timeout_ms, err, sizeof err) != 0)
             kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", err);
+        else if (!kb_commit_leased(self->commit, err, sizeof err))
+            kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "%s", err);
     }
     if (deferred) {
         deferred->durable_ticket = rp->durable_ticket;
@@ -1218,11 +1220,17 @@ void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t
 void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
                             size_t *reply_len)
 {
+    kb_service_status_reply(self, request_id, CARLS__STATUS_CODE__STATUS_INTERNAL, error, reply, reply_len);
+}
+
+void kb_service_status_reply(kb_service_t *self, uint64_t request_id, Carls__StatusCode status, const char *error,
+                             uint8_t **reply, size_t *reply_len)
+{
     kb_service_reply_t *rp = carls_xcalloc(1, sizeof *rp);
     carls__response__init(&rp->resp);
     rp->resp.protocol_version = CARLS_PROTOCOL_VERSION;
     rp->resp.request_id = request_id;
-    kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_INTERNAL, "%s", error);
+    kb_service_fail(rp, status, "%s", error);
     atomic_fetch_add(&self->errors, 1);
     s_pack(rp, reply, reply_len);
     s_reply_free(self, rp);

@@ -59,6 +59,10 @@ void kb_service_handle_deferred(kb_service_t *self, const uint8_t *frame, size_t
 void kb_service_error_reply(kb_service_t *self, uint64_t request_id, const char *error, uint8_t **reply,
                             size_t *reply_len);
 
+/* The same with another status than INTERNAL. */
+void kb_service_status_reply(kb_service_t *self, uint64_t request_id, Carls__StatusCode status, const char *error,
+                             uint8_t **reply, size_t *reply_len);
+
 /* Replication (kb_replica.h provides it): handle answers the replica op, filling res (what it points to is
  * the handler's until free_result(ctx, res) after the reply is packed) and returning a StatusCode with err. */
 typedef struct {

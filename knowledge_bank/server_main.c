@@ -93,6 +93,11 @@ static void s_usage(FILE *out)
             "                             it too (followers in --durability sync, which fdatasync before they\n"
             "                             acknowledge), so losing this machine loses no acknowledged write\n"
             "                             (default 0: followers may lag; `kbctl replica set` changes it)\n"
+            "  --lease-ms L               as primary (now or once promoted), acknowledge writes only while\n"
+            "                             max(K, 1) followers answered within L ms; else refuse them\n"
+            "                             (UNAVAILABLE). A partitioned primary then stops acknowledging L ms\n"
+            "                             after its followers were cut off: a coordinator that cannot reach it\n"
+            "                             waits 1.1 L after fencing them before it promotes one (default 0: none)\n"
             "  --replica-of ENDPOINT      be a follower of the primary whose client endpoint this is: apply its\n"
             "                             rounds, serve reads, refuse writes (NOT_PRIMARY names the primary)\n"
             "  --replication-buffer-bytes N  rounds a primary keeps in memory for followers that fall behind\n"
@@ -259,6 +264,7 @@ int main(int argc, char **argv)
         carls_arg_string("replication-listen", &replica_opts.listen),
         carls_arg_string("replication-advertise", &replica_opts.advertise),
         carls_arg_u32("min-replicas", &replica_opts.min_replicas, 0, 15),
+        carls_arg_u32("lease-ms", &replica_opts.lease_ms, 0, 600000),
         carls_arg_custom("replication-buffer-bytes", &replication_buffer, s_arg_bytes),
         carls_arg_string("member", &replica_opts.member),
         carls_arg_string("replica-curve-key", &replica_curve_key),
@@ -274,7 +280,7 @@ int main(int argc, char **argv)
         return 2;
     }
     bool replicating = replica_opts.replica_of || replica_opts.listen || replica_opts.advertise ||
-                       replica_opts.min_replicas;
+                       replica_opts.min_replicas || replica_opts.lease_ms;
     if (replicating && (limits.read_only || bank_opts.cache_bytes)) {
         fprintf(stderr, "kb-server: --replica-of, --replication-listen and --min-replicas cannot be used with %s\n",
                 limits.read_only ? "--read-only" : "--cache-bytes");
