@@ -30,6 +30,29 @@ static int s_open_out(const char *path)
     return open(path ? path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
+/* In a forked child: stdin from /dev/null, stdout to out and stderr to err (-1: /dev/null), the default
+ * SIGINT and SIGTERM, then argv through the runner when one is given, else exec'd. Never returns. */
+static void s_child(int out, int err, const char *name, char *const argv[], const carls_proc_runner_t *runner)
+    __attribute__((noreturn));
+static void s_child(int out, int err, const char *name, char *const argv[], const carls_proc_runner_t *runner)
+{
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+        dup2(null, 0);
+    }
+    dup2(out >= 0 ? out : null, 1);
+    dup2(err >= 0 ? err : null, 2);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (runner && runner->run) {
+        runner->run(runner->ctx, name, argv);
+        _exit(127); /* run must not return */
+    }
+    execv(argv[0], argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
 int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], const char *out_path,
                      const char *err_path)
 {
@@ -55,21 +78,7 @@ int carls_proc_start(carls_proc_t *p, const char *name, char *const argv[], cons
         return -1;
     }
     if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        if (in >= 0) {
-            dup2(in, 0);
-        }
-        dup2(out, 1);
-        dup2(err, 2);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        if (s_runner.run) {
-            s_runner.run(s_runner.ctx, name, argv);
-            _exit(127); /* run must not return */
-        }
-        execv(argv[0], argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
+        s_child(out, err, name, argv, &s_runner);
     }
     close(out);
     close(err);
@@ -161,17 +170,7 @@ pid_t carls_proc_spawn_local(char *const argv[], int out_fd)
 {
     const pid_t pid = fork();
     if (pid == 0) {
-        int in = open("/dev/null", O_RDWR);
-        if (in >= 0) {
-            dup2(in, 0);
-        }
-        dup2(out_fd >= 0 ? out_fd : in, 1);
-        dup2(out_fd >= 0 ? out_fd : in, 2);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        execv(argv[0], argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
+        s_child(out_fd, out_fd, argv[0], argv, NULL);
     }
     return pid;
 }

@@ -41,10 +41,8 @@ static int s_parse(const char *text, carls_replica_status_t *st)
     role += role[0] == '\n' ? 7 : 6;
     const size_t len = strcspn(role, "\n");
     snprintf(st->role, sizeof st->role, "%.*s", (int)(len < sizeof st->role ? len : sizeof st->role - 1), role);
-    st->term = s_value(text, "term");
     st->last_term = s_value(text, "last_term");
     st->committed_epoch = s_value(text, "committed_epoch");
-    st->min_replicas = (int)s_value(text, "min_replicas");
     /* "follower: MEMBER acked_epoch=N lag_ms=N live=yes|no" */
     for (const char *f = strstr(text, "\nfollower: "); f; f = strstr(f + 1, "\nfollower: ")) {
         const char *acked = strstr(f, " acked_epoch="), *lag = strstr(f, " lag_ms="), *live = strstr(f, " live=yes");

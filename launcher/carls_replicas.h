@@ -17,10 +17,8 @@ typedef struct carls_run carls_run_t;
 /* What one member said of itself (`kbctl replica ACTION`'s "key: value" lines). */
 typedef struct {
     char role[16];             /* primary, follower, standby or deposed */
-    uint64_t term;             /* its term after the action */
     uint64_t last_term;        /* the term of its newest record */
     uint64_t committed_epoch;  /* its newest record's epoch */
-    int min_replicas;
     int followers_caught_up;   /* a primary's followers connected now, with an acknowledged epoch and a lag
                                 * under a second */
 } carls_replica_status_t;
