@@ -515,26 +515,32 @@ static void s_stream(kb_replica_t *self)
     }
 }
 
+/* The k-th largest of v[0..n) (1 <= k <= n; v is reordered: sorted descending, n <= S_MAX_FOLLOWERS). */
+static uint64_t s_kth_largest(uint64_t *v, size_t n, size_t k)
+{
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && v[j] > v[j - 1]; j--) {
+            uint64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[k - 1];
+}
+
 /* The end of a leased primary's lease (docs/REPLICATION.md section 4), on its monotonic clock in ms: the
  * q-th newest send time (q = max(K, 1)) its live followers acknowledged, plus --lease-ms; 0 with fewer than q
  * live followers. Mutex held. */
 static int64_t s_lease_until(kb_replica_t *self, uint32_t k)
 {
     const uint32_t q = k ? k : 1;
-    int64_t echo[S_MAX_FOLLOWERS];
+    uint64_t echo[S_MAX_FOLLOWERS];
     size_t n = 0;
     for (size_t i = 0; i < self->n_followers; i++)
         if (self->followers[i].live && self->followers[i].echo_us > 0)
-            echo[n++] = self->followers[i].echo_us;
+            echo[n++] = (uint64_t)self->followers[i].echo_us;
     if (n < q)
         return 0;
-    for (size_t i = 1; i < n; i++) /* descending; n <= 16 */
-        for (size_t j = i; j > 0 && echo[j] > echo[j - 1]; j--) {
-            int64_t t = echo[j];
-            echo[j] = echo[j - 1];
-            echo[j - 1] = t;
-        }
-    return echo[q - 1] / 1000 + self->lease_ms;
+    return (int64_t)(s_kth_largest(echo, n, q) / 1000) + self->lease_ms;
 }
 
 /* The K-th most advanced live follower's acknowledged epoch becomes the bank's replicated point. Mutex held. */
@@ -568,14 +574,7 @@ static void s_update_replicated(kb_replica_t *self)
     kb_commit_set_replicas_short(self->commit, *why ? why : NULL);
     if (k == 0 || n < k)
         return;
-    /* The k-th largest: sort descending (n <= 16). */
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && acked[j] > acked[j - 1]; j--) {
-            uint64_t t = acked[j];
-            acked[j] = acked[j - 1];
-            acked[j - 1] = t;
-        }
-    kb_commit_set_replicated(self->commit, acked[k - 1]);
+    kb_commit_set_replicated(self->commit, s_kth_largest(acked, n, k));
 }
 
 static void s_on_primary_message(kb_replica_t *self, zmq_msg_t *parts, int n)
