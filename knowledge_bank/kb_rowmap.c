@@ -1,6 +1,6 @@
 #include "kb_rowmap.h"
 
-#include "kb_table.h"
+#include "kb_row.h"
 #include "util.h"
 
 #include <stdlib.h>

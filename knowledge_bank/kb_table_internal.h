@@ -8,6 +8,7 @@
 #include "kb_table.h"
 
 #include "kb_bloom.h"
+#include "kb_row.h"
 #include "kb_rowmap.h"
 
 #include <pthread.h>

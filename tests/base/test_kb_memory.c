@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kb_memory.h"
+#include "kb_row.h"
 #include "kb_table.h"
 #include "kb_table_config.h"
 #include "protocol.h"

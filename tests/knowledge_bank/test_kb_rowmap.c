@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_row.h"
 #include "kb_rowmap.h"
-#include "kb_table.h"
 #include "test_util.h"
 
 /* A row as the map sees it: only key and key_len matter. The key gets its own allocation (at least one
