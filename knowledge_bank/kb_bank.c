@@ -181,10 +181,6 @@ static void s_take_ops(void *ctx, kb_batch_t *b)
 
 kb_commit_t *kb_bank_commit(kb_bank_t *self) { return self->commit; }
 
-bool kb_bank_sync(const kb_bank_t *self) { return self->opts.sync; }
-
-bool kb_bank_commits_broken(kb_bank_t *self) { return kb_commit_broken(self->commit); }
-
 /* ---- tables larger than memory (kb_cache.h) ---- */
 
 static int s_load_cached_row(void *ctx, const kb_store_row_t *rec)

@@ -73,12 +73,6 @@ int kb_bank_drop_table(kb_bank_t *self, const char *name);
  * waits, checkpoints, stats and snapshot cuts are kb_commit_* calls on it. Owned by the bank. */
 kb_commit_t *kb_bank_commit(kb_bank_t *self);
 
-/* kb_commit_broken of the bank's pipeline (kept for the server's main loop). */
-bool kb_bank_commits_broken(kb_bank_t *self);
-
-/* opts->sync: whether a write's reply waits for its ticket. */
-bool kb_bank_sync(const kb_bank_t *self);
-
 /* The bank's memory accounting: every table's estimate, the de-duplication records and the batch being
  * committed, against opts->max_memory. Owned by the bank. */
 kb_memory_t *kb_bank_memory(kb_bank_t *self);

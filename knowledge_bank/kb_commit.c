@@ -243,6 +243,8 @@ void kb_commit_request_durable(kb_commit_t *self, uint64_t ticket)
 
 bool kb_commit_broken(kb_commit_t *self) { return s_commit_hopeless(self); }
 
+bool kb_commit_sync(const kb_commit_t *self) { return self->opts.sync; }
+
 bool kb_commit_fenced(kb_commit_t *self) { return atomic_load(&self->fenced); }
 
 uint64_t kb_commit_durable_epoch(kb_commit_t *self)

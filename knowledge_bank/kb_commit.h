@@ -141,6 +141,9 @@ uint64_t kb_commit_durable_epoch(kb_commit_t *self);
  * them. Cheap (atomic loads). */
 bool kb_commit_broken(kb_commit_t *self);
 
+/* opts->sync: whether a write's reply waits for its ticket. */
+bool kb_commit_sync(const kb_commit_t *self);
+
 /* The error text of a write not durable after timeout_ms, with the last storage error: what
  * kb_commit_wait_durable answers, for a caller that parked the reply instead of waiting. */
 void kb_commit_not_committed(kb_commit_t *self, int timeout_ms, char *err, size_t errlen);

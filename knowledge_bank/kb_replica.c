@@ -853,7 +853,7 @@ static void s_hello(kb_replica_t *self, void *dealer)
     h.member = self->member;
     h.shard_index = self->shard_index;
     h.shard_count = self->shard_count;
-    h.sync = kb_bank_sync(self->bank);
+    h.sync = kb_commit_sync(self->commit);
     h.lineage = self->have_state ? self->state->lineage : 0;
     msg.body_case = CARLS__REPL_MESSAGE__BODY_HELLO;
     msg.hello = &h;
@@ -1236,7 +1236,7 @@ static int s_promote(kb_replica_t *self, uint64_t term, uint32_t min_replicas, c
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                             "promote needs a term above this member's %" PRIu64 ", in which it holds epochs "
                             "(--term %" PRIu64 " given)", written, term);
-    if (min_replicas && !kb_bank_sync(self->bank))
+    if (min_replicas && !kb_commit_sync(self->commit))
         return carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                             "min replicas need --durability sync");
     self->min_replicas = min_replicas;
@@ -1317,7 +1317,7 @@ static int s_handle(void *ctx, const Carls__Replica *req, Carls__ReplicaResult *
         rc = s_fence(self, req->term, err, errlen);
         break;
     case CARLS__REPLICA_ACTION__REPLICA_SET_MIN_REPLICAS:
-        if (!kb_bank_sync(self->bank) && req->min_replicas)
+        if (!kb_commit_sync(self->commit) && req->min_replicas)
             rc = carls_errorf(err, errlen, CARLS__STATUS_CODE__STATUS_INVALID_ARGUMENT,
                               "min replicas need --durability sync");
         else {

@@ -286,7 +286,7 @@ int kb_service_reserve_rows(kb_service_t *self, kb_service_reply_t *rp, kb_table
  * deferred caller parks the reply until kb_commit_durable_epoch reaches it). */
 static void s_after_durable(kb_service_t *self, kb_service_reply_t *rp, uint64_t ticket)
 {
-    if (kb_bank_sync(self->bank) && ticket > rp->durable_ticket)
+    if (kb_commit_sync(self->commit) && ticket > rp->durable_ticket)
         rp->durable_ticket = ticket;
 }
 

@@ -445,7 +445,7 @@ done:;
     kb_replica_destroy(&replica);
     kb_service_destroy(&service);
     /* A journal that failed while serving refused every write after it: say so in the exit status too. */
-    bool refused = bank && kb_bank_commits_broken(bank) && !kb_commit_fenced(kb_bank_commit(bank));
+    bool refused = bank && kb_commit_broken(kb_bank_commit(bank)) && !kb_commit_fenced(kb_bank_commit(bank));
     kb_bank_close(&bank);
     if (refused) {
         LOG_ERROR("the journal failed while serving (see above): writes after that were refused and not saved");
