@@ -678,8 +678,8 @@ static void s_case_push(const bench_opts_t *opts, bench_proc_t *srv, s_state_t *
     bench_measure_t kb, echo;
     double applied, received;
     /* The floor first, with the server quiet: measured after the pushes it shared the cores with their
-     * compaction, a load that moved with the server's own compaction policy (5.2-6.2M rows/s against
-     * 3.9-4.1M between two builds of kb-server, docs/BENCHMARKS.md). */
+     * compaction, a load that moved with the server's own compaction policy between two builds of
+     * kb-server. */
     s_wait_not_compacting(srv->endpoint, 30.0);
     int erc = bench_zmq_echo(opts, s_push_request_bytes(opts), 8, opts->batch, &echo);
     if (s_measure_push(opts, srv, &kb, &applied, &received) != 0) {

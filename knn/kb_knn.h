@@ -52,14 +52,13 @@
  *   runs without the lock; only the snapshot copy and the final swap take it exclusively. A large batch of
  *   new ids into HNSW is inserted under the lock (fine for a bulk load at start-up, before serving).
  *   FAISS parallelizes with OpenMP and calls BLAS (OpenBLAS, itself multi-threaded). With both set to the
- *   core count they multiply: OpenBLAS's threads and OpenMP's spinning threads fight for the same cores.
- *   Measured on 16 idle cores, a batch of 200 queries over 50k x 64 vectors: Flat 924 ms with 16 OpenMP x
- *   16 OpenBLAS threads against 69 ms with 16 x 1 (IVF256,Flat: 16.0 against 7.5 ms). So
+ *   core count they multiply: OpenBLAS's threads and OpenMP's spinning threads fight for the same cores,
+ *   an order of magnitude slower for Flat (docs/BENCHMARKS.md, "Figures behind the code's choices"). So
  *   kb_knn_set_threads() fixes both: OpenMP threads (default: the number of online cores) and OpenBLAS
  *   threads (default 1: the parallelism comes from OpenMP). OpenMP's thread count is a per-thread setting,
  *   so every kb_knn call applies it to its calling thread. OpenMP's barriers also suffer when the cores are
- *   busy with other work: on a loaded 2-core machine, Flat with 2 OpenMP threads ran 3 to 30 times slower
- *   than with 1. With W server threads searching at once, up to W * omp_threads threads run; a server with
+ *   busy with other work: on a loaded machine, Flat with 2 OpenMP threads ran several times slower than
+ *   with 1. With W server threads searching at once, up to W * omp_threads threads run; a server with
  *   several workers, or sharing its machine, should pass omp_threads = 1 (or a small number).
  *
  * Errors: functions return 0 or a negative errno: -EINVAL bad argument (wrong dim, negative id,
@@ -166,13 +165,12 @@ int kb_knn_search(kb_knn_t *self, const float *queries, size_t nq, uint32_t k, c
 /* The fewest queries a slice of a batch of nq queries should carry so that searching the batch in slices
  * costs no more per query than searching it whole. Flat: a search of FAISS's
  * distance_compute_blas_threshold (20) queries or more is one BLAS product of the queries and the stored
- * vectors, which gains with its height; fewer are scanned query by query. Measured in process, 8k x 784,
- * one thread, us per query: 463 at 20, 237 at 64, 163 at 256, 140 at 1,024. So a batch of 20 or more
- * gets max(256, threshold) (a batch under that is not split), a smaller one 1: it is scanned query by
- * query whole or split, and split it runs on several threads (16 queries over 20k x 128: 1.7 times
- * in-process FAISS's rate with 2 threads, 0.95 unsplit). Others: 1. They search query by query (HNSW,
- * PQ), or nearly: IVF64,Flat's centroids go through the same product, but its lists are scanned query by
- * query, and 8k x 784 cost 2.0 ms per query at 1, 20 and 1,024 queries a call. */
+ * vectors, whose cost per query falls with its height until about 256 rows and little after; fewer are
+ * scanned query by query. So a batch of 20 or more gets max(256, threshold) (a batch under that is not
+ * split), a smaller one 1: it is scanned query by query whole or split, and split it runs on several
+ * threads. Others: 1. They search query by query (HNSW, PQ), or nearly: IVF64,Flat's centroids go through
+ * the same product, but its lists are scanned query by query, at the same cost per query in batches of any
+ * size. The measurements: docs/BENCHMARKS.md, "Figures behind the code's choices". */
 size_t kb_knn_batch_min(const kb_knn_t *self, size_t nq);
 
 /* Builds a fresh index from the copy now, in the calling thread (training it if the index kind needs

@@ -418,8 +418,8 @@ static void s_gradient_bytes(kb_commit_t *self, int64_t *pending, int64_t *recei
  * would make re-journaling every pending set pay (s_rejournal_pays_against), the next round takes them all.
  * Nearly every pending set is dirty in such a round anyway, and each such round lets the compactor store the
  * rounds before it without their pending sets (s_strip_pending). Asking only after a compaction left the
- * first rounds of a load without one: at 100k keys each held 200-220 MB of pending sets, the queue passed
- * its bound and compactions went whole, 3.7-8.5 s each, with the persister waiting. Persister thread. */
+ * first rounds of a load without one: each held hundreds of MB of pending sets at 100k keys, the queue
+ * passed its bound and compactions went whole, seconds each, with the persister waiting. Persister thread. */
 static void s_ask_rejournal_under_pushes(kb_commit_t *self)
 {
     if (!self->pending_in_journal)
@@ -675,9 +675,9 @@ static int64_t s_batch_pending_bytes(const kb_batch_t *b)
     return bytes;
 }
 
-/* A byte written into SQLite's B-tree costs the server about this many times a byte appended to the journal:
- * under a push load the compactor spent 1.35-1.44 us per pushed row writing rows whole, the persister
- * 0.25-0.40 us collecting, encoding and appending the same rows (docs/BENCHMARKS.md). */
+/* A byte written into SQLite's B-tree costs the server about this many times a byte appended to the journal,
+ * as measured under a push load (compactor against persister per pushed row: docs/BENCHMARKS.md, "Figures
+ * behind the code's choices"). */
 #define SQLITE_BYTE_COST 4
 
 /* Whether re-journaling every pending set, live_bytes of them (what stripping them from a compaction costs),
@@ -740,8 +740,8 @@ static void *s_compactor_main(void *arg)
          * change journaled after them, so SQLite plus the journal after it is still the whole state. At
          * close, for a checkpoint, with a cache, or when the queue is past half its bound and has no such
          * round to compact up to (waiting for one would let it grow on), rows go in whole. With such a round
-         * queued, compacting up to it is the quicker way to free memory: a whole compaction of three 48 MB
-         * rounds took 1.0-1.3 s, one round without pending sets 150-290 ms. */
+         * queued, compacting up to it is the quicker way to free memory (several times quicker than a whole
+         * compaction of the same rounds). */
         bool whole = !self->pending_in_journal || self->compactor_stop || self->compact_now;
         size_t n = self->queue_count;
         bool needs_round = self->rejournal_epoch <= self->queue[0].epoch; /* none after the oldest epoch */
@@ -789,8 +789,8 @@ static void *s_compactor_main(void *arg)
             kb_journal_release(self->journal, batches[n - 1].epoch);
             /* Ask for the next re-journaling round now, when the epochs just compacted say it pays (a push
              * load), so that it is queued when the next compaction is due. Waiting to ask until then let
-             * the queue grow past its half-bound meanwhile, and that compaction went whole: 60k rows with
-             * their pending sets, 1.0-1.3 s, in a 20k-key push load (docs/BENCHMARKS.md). */
+             * the queue grow past its half-bound meanwhile, and that compaction went whole, rows with their
+             * pending sets. */
             if (self->pending_in_journal && s_rejournal_pays_for(self, compacted_pending))
                 atomic_store(&self->rejournal_due, true);
         }

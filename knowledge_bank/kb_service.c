@@ -666,11 +666,10 @@ static void s_knn_slice(void *arg, size_t i)
 /* kb_table_knn over every query, in slices of about --knn-slice-us of search each (from the table's recent
  * time per query; KB_KNN_SLICE_FIRST queries before it has one) and never of fewer queries than keep the
  * request's per-query cost (kb_table_knn_batch_min: a Flat index scans fewer queries than FAISS's BLAS
- * batch one by one; kb-maker's graph over 8k x 784 items in requests of 1,024 queries took 14.5 s in
- * slices of one query against 1.1 s unsliced). A slice is short beside a request's round
- * trip (about 300 us on 2 cores), so a worker that helps is soon free again when its own next request comes;
- * with slices of 4 HNSW queries at 100k rows (5 ms), helpers held new requests back and the owners idled
- * waiting for them: 1,376-1,498 -> 1,197-1,216 q/s. It is long beside a slice's own cost (a few us). */
+ * batch one by one, and slices of one query made kb-maker's graph an order of magnitude slower). A slice
+ * is short beside a request's round trip, so a worker that helps is soon free again when its own next
+ * request comes (longer slices let helpers hold new requests back while the owners idled waiting for them),
+ * and long beside a slice's own cost. Figures: docs/BENCHMARKS.md, "Figures behind the code's choices". */
 #define KB_KNN_SLICE_FIRST 4u
 static int s_knn_parallel(kb_service_t *self, kb_table_t *t, const float *queries, size_t nq, uint32_t k,
                           const int64_t *exclude, ProtobufCBinaryData *keys, float *scores)

@@ -43,9 +43,8 @@ int trainer_arg_optimizer(const char *prog, const char *name, const char *text, 
 
 /* Sets OpenBLAS threads: requested when > 0, else TRAINER_DEFAULT_THREADS. Logs and returns the number.
  *
- * Why 1 by default: the training loop's GEMMs are small (a batch of 128 rows: about 1 ms each), OpenBLAS
- * splits them over threads for little or no gain (measured on the 2-core development machine: 0.7-1.1x for
- * the layer GEMMs, 3x slower for the 10-column classifier GEMM), the element-wise half of a step runs on one
+ * Why 1 by default: the training loop's GEMMs are small (a batch of 128 rows), OpenBLAS splits them over
+ * threads for little or no gain and makes the 10-column classifier GEMM slower, the element-wise half of a step runs on one
  * thread anyway, and in a CARLS run the other core is wanted by the knowledge bank and the makers. Idle
  * waiting OpenBLAS threads also spin in sched_yield, which shows up as system time. See docs/BENCHMARKS.md. */
 #define TRAINER_DEFAULT_THREADS 1
