@@ -18,6 +18,7 @@
 #include "carls_args.h"
 #include "checkpoint.h"
 #include "log.h"
+#include "protocol.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -158,7 +159,7 @@ int km_opts_parse(int argc, char **argv, km_opts_t *o)
         carls_arg_choice("encoder", &encoder, (const char *const[]){"model", "pixels", NULL}),
         carls_arg_int("batch", &o->batch, 1, 1 << 20),
         carls_arg_choice("source", &source, (const char *const[]){"pixels", "emb", "emb+pixels", NULL}),
-        carls_arg_int("k", &o->k, 1, 4096),
+        carls_arg_int("k", &o->k, 1, CARLS_MAX_KNN_K),
         carls_arg_int("wait-embed-ms", &o->wait_embed_ms, 0, 86400000),
         carls_arg_set("wait-graph", &o->wait_graph),
         carls_arg_float("spread-alpha", &o->spread_alpha, 0.0, 0.9999),

@@ -242,7 +242,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         carls_arg_int("seed", &seed, 0, 2147483647),
         carls_arg_string("export", &o->export_path),
         carls_arg_string("predict", &o->predict),
-        carls_arg_u32("predict-k", &o->predict_k, 1, 4096),
+        carls_arg_u32("predict-k", &o->predict_k, 1, CARLS_MAX_KNN_K),
         carls_arg_u32("predict-eval", &o->predict_eval, 1, 20000),
         carls_arg_set("tokenize-only", &o->tokenize_only),
         carls_arg_string("metrics", &o->metrics),
@@ -865,7 +865,7 @@ typedef struct {
  * NAME.count: the most probable context words. */
 static int s_predict_topk(s_run_t *r, float *q, size_t nq, uint32_t k, bool prior, s_pred_t *out)
 {
-    uint32_t kk = prior ? (k * 20 < 4096 ? k * 20 : 4096) : k;
+    uint32_t kk = prior ? (k * 20 < CARLS_MAX_KNN_K ? k * 20 : CARLS_MAX_KNN_K) : k;
     if (kk < k)
         kk = k;
     memset(out, 0, nq * k * sizeof *out);
