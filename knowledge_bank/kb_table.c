@@ -443,6 +443,16 @@ static void s_groups_free(s_groups_t *g)
         free(g->order);
 }
 
+/* The end of a batch write (put, push) of n keys: its groups freed, n added to its counter and, with
+ * --cache-bytes, the rows it brought in trimmed back to the bound. */
+static void s_write_done(kb_table_t *self, s_groups_t *g, atomic_uint_fast64_t *counter, size_t n)
+{
+    s_groups_free(g);
+    atomic_fetch_add(counter, n);
+    if (self->cache)
+        kb_table_cache_shrink(self);
+}
+
 /* Locks stripe s and starts fetching what its keys need; NULL (nothing locked) when it has none. */
 static kb_stripe_t *s_group_lock(kb_table_t *self, const s_groups_t *g, int s)
 {
@@ -989,10 +999,7 @@ void kb_table_put(kb_table_t *self, const ProtobufCBinaryData *keys, size_t n, c
         if (st)
             pthread_mutex_unlock(&st->mutex);
     }
-    s_groups_free(&g);
-    atomic_fetch_add(&self->stats.puts, n);
-    if (self->cache)
-        kb_table_cache_shrink(self);
+    s_write_done(self, &g, &self->stats.puts, n);
 }
 
 /* Pending buffers are the coldest memory a push touches (max_pending gradients per key, all over the heap):
@@ -1072,10 +1079,7 @@ uint64_t kb_table_push(kb_table_t *self, const ProtobufCBinaryData *keys, size_t
         if (st)
             pthread_mutex_unlock(&st->mutex);
     }
-    s_groups_free(&g);
-    atomic_fetch_add(&self->stats.gradients_received, n);
-    if (self->cache)
-        kb_table_cache_shrink(self);
+    s_write_done(self, &g, &self->stats.gradients_received, n);
     return steps;
 }
 
