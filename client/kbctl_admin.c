@@ -531,15 +531,8 @@ static const char s_snapshot_usage[] =
 
 static int s_snapshot(kbctl_call_t *call)
 {
-    int st = kbctl_open(call);
-    if (st != KBCTL_EXIT_OK)
-        return st;
-    char err[1024];
-    if (kb_cluster_snapshot(call->c, call->pos[0], err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
-        return KBCTL_EXIT_SERVER;
-    }
-    return s_list_snapshots(call, false, call->pos[0]);
+    int st = kbctl_open_and_run_named(call, kb_cluster_snapshot);
+    return st != KBCTL_EXIT_OK ? st : s_list_snapshots(call, false, call->pos[0]);
 }
 
 enum { SNL_VERIFY, SNL_N };
@@ -565,16 +558,10 @@ static const char s_snapshot_delete_usage[] =
 
 static int s_snapshot_delete(kbctl_call_t *call)
 {
-    int st = kbctl_open(call);
-    if (st != KBCTL_EXIT_OK)
-        return st;
-    char err[1024];
-    if (kb_cluster_snapshot_delete(call->c, call->pos[0], err, sizeof err) != 0) {
-        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
-        return KBCTL_EXIT_SERVER;
-    }
-    fprintf(stderr, "deleted snapshot %s\n", call->pos[0]);
-    return KBCTL_EXIT_OK;
+    int st = kbctl_open_and_run_named(call, kb_cluster_snapshot_delete);
+    if (st == KBCTL_EXIT_OK)
+        fprintf(stderr, "deleted snapshot %s\n", call->pos[0]);
+    return st;
 }
 
 /* ---- the verbs ---- */

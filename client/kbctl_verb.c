@@ -83,3 +83,18 @@ int kbctl_fail(const kbctl_call_t *call, int rc)
     fprintf(stderr, "kbctl %s: %s\n", call->name, kb_cluster_last_error(call->c));
     return rc == KB_CLIENT_EINVAL ? KBCTL_EXIT_USAGE : KBCTL_EXIT_SERVER;
 }
+
+/* Opens the connection and runs fn on call->pos[0]; a failure prints "kbctl VERB: why". Exit status (a failed
+ * call is the server's). */
+int kbctl_open_and_run_named(kbctl_call_t *call, kbctl_named_fn fn)
+{
+    int st = kbctl_open(call);
+    if (st != KBCTL_EXIT_OK)
+        return st;
+    char err[1024];
+    if (fn(call->c, call->pos[0], err, sizeof err) != 0) {
+        fprintf(stderr, "kbctl %s: %s\n", call->name, err);
+        return KBCTL_EXIT_SERVER;
+    }
+    return KBCTL_EXIT_OK;
+}

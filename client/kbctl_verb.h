@@ -95,6 +95,14 @@ int kbctl_open(kbctl_call_t *call);
 /* Prints a failed call's error and returns the exit status for it. */
 int kbctl_fail(const kbctl_call_t *call, int rc);
 
+/* A whole-bank call that names one thing (the first positional argument) and reports a failure as text:
+ * kb_cluster_snapshot, kb_cluster_snapshot_delete. */
+typedef int (*kbctl_named_fn)(kb_cluster_t *c, const char *name, char *err, size_t errlen);
+
+/* Opens the connection and runs fn on call->pos[0]; a failure prints "kbctl VERB: why". Exit status (a failed
+ * call is the server's). */
+int kbctl_open_and_run_named(kbctl_call_t *call, kbctl_named_fn fn);
+
 /* ---- the verbs -------------------------------------------------------------------------------------- */
 
 /* kbctl_admin.c */
