@@ -34,25 +34,19 @@ typedef struct {
     uint32_t rank;
 } s_hit_t;
 
-static int s_hit_higher_first(const void *a, const void *b)
+/* qsort order of two hits: the better score first (higher or lower by the metric), then the tie-break. */
+static int s_hit_order(const s_hit_t *x, const s_hit_t *y, bool higher_first)
 {
-    const s_hit_t *x = a, *y = b;
     if (x->score != y->score)
-        return x->score > y->score ? -1 : 1;
+        return (higher_first ? x->score > y->score : x->score < y->score) ? -1 : 1;
     if (x->shard != y->shard)
         return x->shard < y->shard ? -1 : 1;
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-static int s_hit_lower_first(const void *a, const void *b)
-{
-    const s_hit_t *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score < y->score ? -1 : 1;
-    if (x->shard != y->shard)
-        return x->shard < y->shard ? -1 : 1;
-    return x->rank < y->rank ? -1 : x->rank > y->rank;
-}
+static int s_hit_higher_first(const void *a, const void *b) { return s_hit_order(a, b, true); }
+
+static int s_hit_lower_first(const void *a, const void *b) { return s_hit_order(a, b, false); }
 
 /* Checks a knn answer of shard s: nq * k keys and scores, k as asked. 0 or KB_CLIENT_EMALFORMED (error set). */
 static int s_check_knn(kb_cluster_t *self, uint32_t s, const Carls__KnnResult *res, size_t nq, uint32_t k)
