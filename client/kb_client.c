@@ -142,6 +142,23 @@ static int s_watch_socket(kb_client_t *self, void *sock)
     return 0;
 }
 
+/* Reads and drops the rest of a message whose first frame was read (only what is queued: it does not wait),
+ * so that the next read starts at a new message. */
+static void s_drop_frames(void *sock)
+{
+    bool more = true;
+    while (more) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&msg);
+            return;
+        }
+        more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+    }
+}
+
 /* Reads every connection event waiting on the monitor into self->connected. */
 static void s_read_monitor(kb_client_t *self)
 {
@@ -160,15 +177,8 @@ static void s_read_monitor(kb_client_t *self)
             memcpy(&event, zmq_msg_data(&msg), sizeof event);
         bool more = zmq_msg_more(&msg);
         zmq_msg_close(&msg);
-        while (more) {
-            zmq_msg_init(&msg);
-            if (zmq_msg_recv(&msg, self->monitor, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&msg);
-                break;
-            }
-            more = zmq_msg_more(&msg);
-            zmq_msg_close(&msg);
-        }
+        if (more)
+            s_drop_frames(self->monitor);
         if (event == ZMQ_EVENT_CONNECTED)
             self->connected = true;
         else if (event == ZMQ_EVENT_DISCONNECTED)
@@ -655,15 +665,7 @@ static int s_drain(kb_client_t *self)
         zmq_msg_close(&msg);
         if (more) {
             /* The protocol is one frame per message: swallow the rest so the socket stays usable. */
-            while (more) {
-                zmq_msg_init(&msg);
-                if (zmq_msg_recv(&msg, self->sock, ZMQ_DONTWAIT) < 0) {
-                    zmq_msg_close(&msg);
-                    break;
-                }
-                more = zmq_msg_more(&msg);
-                zmq_msg_close(&msg);
-            }
+            s_drop_frames(self->sock);
             s_set_error(self, "malformed answer from %s: a multi-frame message", s_member(self));
             return KB_CLIENT_EMALFORMED;
         }
