@@ -246,6 +246,25 @@ static void s_close_socket(kb_client_t *self)
     self->connected = false;
 }
 
+char *kb_client_list_item(const char **p, char sep)
+{
+    const char *a = *p, *end = strchr(a, sep);
+    if (!end)
+        end = a + strlen(a);
+    *p = *end ? end + 1 : NULL;
+    const char *b = end;
+    while (a < b && (*a == ' ' || *a == '\t'))
+        a++;
+    while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+        b--;
+    if (a == b)
+        return NULL;
+    char *item = carls_xmalloc((size_t)(b - a) + 1);
+    memcpy(item, a, (size_t)(b - a));
+    item[b - a] = '\0';
+    return item;
+}
+
 /* Index of member ep, or -1. */
 static long s_member_find(const kb_client_t *self, const char *ep)
 {
@@ -260,36 +279,25 @@ static long s_member_find(const kb_client_t *self, const char *ep)
 static int s_parse_members(kb_client_t *self, const char *endpoint)
 {
     const char *p = endpoint;
-    for (;;) {
-        const char *end = strchr(p, '|');
-        if (!end)
-            end = p + strlen(p);
-        const char *a = p, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t'))
-            a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
-            b--;
-        if (a == b) {
+    while (p) {
+        char *ep = kb_client_list_item(&p, '|');
+        if (!ep) {
             LOG_ERROR("kb_client_new: empty member at position %zu of \"%s\"", self->n_members + 1, endpoint);
             return -1;
         }
         if (self->n_members == KB_CLIENT_MAX_MEMBERS) {
             LOG_ERROR("kb_client_new: more than %d members in \"%s\"", KB_CLIENT_MAX_MEMBERS, endpoint);
+            free(ep);
             return -1;
         }
-        char *ep = carls_xmalloc((size_t)(b - a) + 1);
-        memcpy(ep, a, (size_t)(b - a));
-        ep[b - a] = '\0';
         if (s_member_find(self, ep) >= 0) {
             LOG_ERROR("kb_client_new: member %s is listed twice in \"%s\"", ep, endpoint);
             free(ep);
             return -1;
         }
         self->members[self->n_members++] = ep;
-        if (*end == '\0')
-            return 0;
-        p = end + 1;
     }
+    return 0;
 }
 
 int kb_client_curve_load(const char *key_file, const char *server_key_file, kb_client_curve_t *out, char *err,

@@ -96,6 +96,12 @@ typedef struct {
 int kb_client_curve_load(const char *key_file, const char *server_key_file, kb_client_curve_t *out, char *err,
                          size_t errlen);
 
+/* The one rule for the items of an endpoint list, a shard's members separated by '|' (kb_client_new) or the
+ * shards separated by ',' (kb_cluster_new): cut at sep, each item trimmed of spaces and tabs. Returns a copy
+ * of the item that begins at *p (the caller frees it), or NULL when it is empty; moves *p past the item's
+ * separator, to NULL after the last item. */
+char *kb_client_list_item(const char **p, char sep);
+
 /* Connects to endpoint ("tcp://127.0.0.1:7000", or the members of one replicated shard,
  * "tcp://a:1|tcp://b:2", spaces around each allowed). opts may be NULL for defaults. Caller owns the result;
  * NULL on failure (logged: also an empty or repeated member, or more than KB_CLIENT_MAX_MEMBERS). Connecting

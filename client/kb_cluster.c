@@ -103,22 +103,12 @@ static int s_parse_endpoints(kb_cluster_t *self, const char *list)
     }
     self->endpoints = carls_xcalloc(cap, sizeof *self->endpoints);
     const char *p = list;
-    for (;;) {
-        const char *end = strchr(p, ',');
-        if (!end)
-            end = p + strlen(p);
-        const char *a = p, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t'))
-            a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
-            b--;
-        if (a == b) {
+    while (p) {
+        char *ep = kb_client_list_item(&p, ',');
+        if (!ep) {
             LOG_ERROR("kb_cluster: empty endpoint at position %u of \"%s\"", self->n + 1, list);
             return -1;
         }
-        char *ep = carls_xmalloc((size_t)(b - a) + 1);
-        memcpy(ep, a, (size_t)(b - a));
-        ep[b - a] = '\0';
         for (uint32_t i = 0; i < self->n; i++) {
             if (strcmp(self->endpoints[i], ep) == 0) {
                 /* Two shards on one server would send keys to a server that refuses them (or, unsharded,
@@ -129,9 +119,6 @@ static int s_parse_endpoints(kb_cluster_t *self, const char *list)
             }
         }
         self->endpoints[self->n++] = ep;
-        if (*end == '\0')
-            break;
-        p = end + 1;
     }
     return 0;
 }
