@@ -469,12 +469,20 @@ int kb_ffi_put(kb_ffi_t *self, const char *table, const void *data, size_t data_
     return kb_cluster_put(self->cluster, table, self->keys, n, dim, values, version);
 }
 
-int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
-                          const uint64_t *ends, size_t n, uint32_t dim, const float *gradients)
+/* Starts a gradient push, waited for or only sent, and checks its arguments the same way for both. 0, or
+ * KB_FFI_EINVAL (error set). */
+static int s_push_args(kb_ffi_t *self, const char *table, const void *data, size_t data_len, const uint64_t *ends,
+                       size_t n, const float *gradients)
 {
     assert(self);
     s_begin(self);
-    if (s_keyed_args(self, "push_gradients", table, data, data_len, ends, n, gradients, "no gradients") != 0)
+    return s_keyed_args(self, "push_gradients", table, data, data_len, ends, n, gradients, "no gradients");
+}
+
+int kb_ffi_push_gradients(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
+                          const uint64_t *ends, size_t n, uint32_t dim, const float *gradients)
+{
+    if (s_push_args(self, table, data, data_len, ends, n, gradients) != 0)
         return KB_FFI_EINVAL;
     return kb_cluster_push_gradients(self->cluster, table, self->keys, n, dim, gradients);
 }
@@ -491,9 +499,7 @@ static int s_collect_oldest(kb_ffi_t *self)
 int kb_ffi_push_gradients_send(kb_ffi_t *self, const char *table, const void *data, size_t data_len,
                                const uint64_t *ends, size_t n, uint32_t dim, const float *gradients)
 {
-    assert(self);
-    s_begin(self);
-    if (s_keyed_args(self, "push_gradients", table, data, data_len, ends, n, gradients, "no gradients") != 0)
+    if (s_push_args(self, table, data, data_len, ends, n, gradients) != 0)
         return KB_FFI_EINVAL;
     if (self->n_pushes == KB_FFI_MAX_PUSHES) {
         int rc = s_collect_oldest(self);
