@@ -124,6 +124,12 @@ def _keys(keys, what="keys"):
     return b"".join(enc), ends, n
 
 
+def _key_args(keys, what="keys"):
+    """(data, ends, n) as the kb_ffi calls take them: _keys, with the end offsets as a uint64_t pointer."""
+    data, ends, n = _keys(keys, what)
+    return data, (ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)), n
+
+
 def _rows(values, n, dim, what):
     """values as a C-contiguous float32 array of shape (n, dim); TypeError / InvalidArgument otherwise."""
     a = np.asarray(values)
@@ -332,7 +338,7 @@ class Client:
         arrays of len(keys)."""
         h = self._handle()
         dim = self._vector_dim(table, "lookup")
-        data, ends, n = _keys(keys)
+        data, ends_p, n = _key_args(keys)
         values = np.empty((n, dim), np.float32)
         if n == 0:
             e = np.empty(0, np.uint64)
@@ -343,7 +349,6 @@ class Client:
                  ffi.from_buffer("uint64_t[]", freq))
         else:
             m = (ffi.NULL, ffi.NULL, ffi.NULL)
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_lookup(h, table.encode(), data, len(data), ends_p, n, dim, bool(no_create),
                                ffi.from_buffer("float[]", values), *m)
         if rc != 0:
@@ -354,11 +359,10 @@ class Client:
         """Writes rows: values (len(keys), dim) float32, tagged with version."""
         h = self._handle()
         dim = self._vector_dim(table, "put")
-        data, ends, n = _keys(keys)
+        data, ends_p, n = _key_args(keys)
         values = _rows(values, n, dim, "put %s: values" % table)
         if n == 0:
             return
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_put(h, table.encode(), data, len(data), ends_p, n, dim, ffi.from_buffer("float[]", values),
                             int(version))
         if rc != 0:
@@ -372,11 +376,10 @@ class Client:
         before the push is applied."""
         h = self._handle()
         dim = self._vector_dim(table, "push_gradients")
-        data, ends, n = _keys(keys)
+        data, ends_p, n = _key_args(keys)
         grads = _rows(grads, n, dim, "push_gradients %s: gradients" % table)
         if n == 0:
             return
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         push = lib.kb_ffi_push_gradients if wait else lib.kb_ffi_push_gradients_send
         rc = push(h, table.encode(), data, len(data), ends_p, n, dim, ffi.from_buffer("float[]", grads))
         if rc != 0:
@@ -439,9 +442,8 @@ class Client:
     def knn_by_key(self, table, keys, k, exclude_self=True):
         """The k rows nearest to each key's current row, as knn; with exclude_self a key never answers itself."""
         h = self._handle()
-        data, ends, n = _keys(keys)
+        data, ends_p, n = _key_args(keys)
         scores = np.zeros((n, k), np.float32)
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_knn_by_key(h, table.encode(), data, len(data), ends_p, n, int(k), bool(exclude_self),
                                    ffi.from_buffer("float[]", scores))
         if rc != 0:
@@ -452,11 +454,10 @@ class Client:
         """Draws n candidate keys (with replacement) from the whole bank by strategy uniform|log-uniform|unigram,
         after the positives; a Sample with each key's probability per draw (for a sampled-softmax correction)."""
         h = self._handle()
-        data, ends, npos = _keys(list(positives), "positives")
+        data, ends_p, npos = _key_args(list(positives), "positives")
         cap = npos + int(n)
         probs, pos = np.zeros(cap, np.float32), np.zeros(cap, np.uint8)
         count, mass, rows = ffi.new("size_t *"), ffi.new("double *"), ffi.new("uint64_t *")
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         rc = lib.kb_ffi_sample(h, table.encode(), data, len(data), ends_p, npos, int(n), strategy.encode(), int(seed),
                                cap, count, ffi.from_buffer("float[]", probs), ffi.from_buffer("uint8_t[]", pos),
                                mass, rows)
@@ -471,9 +472,8 @@ class Client:
         """The feature records of keys: per key None (no record) or a dict with neighbors (keys), weights,
         label (int, float or None), confidence, data (bytes), version and updated_at_ms."""
         h = self._handle()
-        data, ends, n = _keys(keys)
+        data, ends_p, n = _key_args(keys)
         out = ffi.new("const char **")
-        ends_p = ends if ends is ffi.NULL else ffi.from_buffer("uint64_t[]", ends)
         records = self._json(lib.kb_ffi_get_features_json(h, table.encode(), data, len(data), ends_p, n, out), out)
         result = []
         for r in records:
