@@ -355,12 +355,17 @@ class Client:
             self._raise(rc, table)
         return (values, versions, updated, freq) if meta else values
 
+    def _row_write_args(self, table, keys, rows, op, what):
+        """What a write of one float32 row per key (put, push_gradients) passes: (handle, data, ends, n, dim,
+        rows), the rows checked against the keys and the table's dim."""
+        h = self._handle()
+        dim = self._vector_dim(table, op)
+        data, ends_p, n = _key_args(keys)
+        return h, data, ends_p, n, dim, _rows(rows, n, dim, "%s %s: %s" % (op, table, what))
+
     def put(self, table, keys, values, version=0):
         """Writes rows: values (len(keys), dim) float32, tagged with version."""
-        h = self._handle()
-        dim = self._vector_dim(table, "put")
-        data, ends_p, n = _key_args(keys)
-        values = _rows(values, n, dim, "put %s: values" % table)
+        h, data, ends_p, n, dim, values = self._row_write_args(table, keys, values, "put", "values")
         if n == 0:
             return
         rc = lib.kb_ffi_put(h, table.encode(), data, len(data), ends_p, n, dim, ffi.from_buffer("float[]", values),
@@ -374,10 +379,7 @@ class Client:
         the rows are sent, without waiting for the bank's acknowledgement: flush() collects them (and raises
         the first failure), as does a later push once 64 are in flight; until then a lookup may be answered
         before the push is applied."""
-        h = self._handle()
-        dim = self._vector_dim(table, "push_gradients")
-        data, ends_p, n = _key_args(keys)
-        grads = _rows(grads, n, dim, "push_gradients %s: gradients" % table)
+        h, data, ends_p, n, dim, grads = self._row_write_args(table, keys, grads, "push_gradients", "gradients")
         if n == 0:
             return
         push = lib.kb_ffi_push_gradients if wait else lib.kb_ffi_push_gradients_send
