@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 typedef struct {
     const char *name;
@@ -239,13 +240,8 @@ static void test_refusals(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_values_and_defaults),
-        cmocka_unit_test(test_help),
-        cmocka_unit_test(test_part_value),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_values_and_defaults),
+    cmocka_unit_test(test_help),
+    cmocka_unit_test(test_part_value),
+    cmocka_unit_test(test_refusals))

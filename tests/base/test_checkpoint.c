@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void s_spit(const char *path, const unsigned char *buf, size_t len)
 {
@@ -438,12 +439,7 @@ static void test_blobs(void **state)
     free(v1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_and_latest),  cmocka_unit_test(test_add_rejects_bad_tensors),
-        cmocka_unit_test(test_write_failure_leaves_nothing), cmocka_unit_test(test_refuses_bad_files),
-        cmocka_unit_test(test_hostile_latest_pointer), cmocka_unit_test(test_blobs),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_round_trip_and_latest),  cmocka_unit_test(test_add_rejects_bad_tensors),
+    cmocka_unit_test(test_write_failure_leaves_nothing), cmocka_unit_test(test_refuses_bad_files),
+    cmocka_unit_test(test_hostile_latest_pointer), cmocka_unit_test(test_blobs))

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static char s_dir[256];
 
@@ -353,18 +354,13 @@ static void test_mkdir_p(void **state)
     assert_int_equal(stat(path, &st), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_write_creates_and_replaces),
-        cmocka_unit_test(test_exact_mode),
-        cmocka_unit_test(test_no_overwrite),
-        cmocka_unit_test(test_stream_commit),
-        cmocka_unit_test(test_stream_abort),
-        cmocka_unit_test(test_failures_leave_target),
-        cmocka_unit_test(test_read_first_line),
-        cmocka_unit_test(test_wait_first_line),
-        cmocka_unit_test(test_mkdir_p),
-    };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
-}
+CARLS_TEST_MAIN_GROUP(s_setup, s_teardown,
+    cmocka_unit_test(test_write_creates_and_replaces),
+    cmocka_unit_test(test_exact_mode),
+    cmocka_unit_test(test_no_overwrite),
+    cmocka_unit_test(test_stream_commit),
+    cmocka_unit_test(test_stream_abort),
+    cmocka_unit_test(test_failures_leave_target),
+    cmocka_unit_test(test_read_first_line),
+    cmocka_unit_test(test_wait_first_line),
+    cmocka_unit_test(test_mkdir_p))

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <malloc.h>
 #include <stdbool.h>
@@ -411,16 +412,11 @@ static void test_estimate_against_malloc(void **state)
 #endif
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse),
-        cmocka_unit_test(test_chunk),
-        cmocka_unit_test(test_reserve_rule),
-        cmocka_unit_test(test_table_estimate_and_growth),
-        cmocka_unit_test(test_admission_and_eviction),
-        cmocka_unit_test(test_records_and_index),
-        cmocka_unit_test(test_estimate_against_malloc),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_parse),
+    cmocka_unit_test(test_chunk),
+    cmocka_unit_test(test_reserve_rule),
+    cmocka_unit_test(test_table_estimate_and_growth),
+    cmocka_unit_test(test_admission_and_eviction),
+    cmocka_unit_test(test_records_and_index),
+    cmocka_unit_test(test_estimate_against_malloc))

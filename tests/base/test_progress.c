@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void test_known_total(void **state)
 {
@@ -54,11 +55,6 @@ static void test_unknown_total_and_loss(void **state)
     assert_non_null(strstr(line, "10s left"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_total),
-        cmocka_unit_test(test_unknown_total_and_loss),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_known_total),
+    cmocka_unit_test(test_unknown_total_and_loss))

@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void test_grow_cap(void **state)
 {
@@ -193,16 +194,11 @@ static void test_name_index(void **state)
     assert_int_equal(carls_name_index("adam", names, 2), -1); /* only the first n are looked at */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grow_cap),
-        cmocka_unit_test(test_grow_keeps_contents),
-        cmocka_unit_test(test_crc32),
-        cmocka_unit_test(test_first_nonfinite),
-        cmocka_unit_test(test_little_endian),
-        cmocka_unit_test(test_parse_integers),
-        cmocka_unit_test(test_name_index),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_grow_cap),
+    cmocka_unit_test(test_grow_keeps_contents),
+    cmocka_unit_test(test_crc32),
+    cmocka_unit_test(test_first_nonfinite),
+    cmocka_unit_test(test_little_endian),
+    cmocka_unit_test(test_parse_integers),
+    cmocka_unit_test(test_name_index))

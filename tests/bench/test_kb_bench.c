@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define BENCH CARLS_BIN_DIR "/kb-bench"
 
@@ -396,13 +397,8 @@ static void test_usage(void **state)
     assert_int_equal(run.status, 2);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage),
-        cmocka_unit_test(test_table_for_people),
-        cmocka_unit_test(test_smoke_json),
-        cmocka_unit_test(test_repeat_reports_median_rounds),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_usage),
+    cmocka_unit_test(test_table_for_people),
+    cmocka_unit_test(test_smoke_json),
+    cmocka_unit_test(test_repeat_reports_median_rounds))

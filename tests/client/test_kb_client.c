@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -552,22 +553,17 @@ static void test_misc(void **state)
     fake_kb_server_destroy(&srv);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_envelope),
-        cmocka_unit_test(test_client_ids),
-        cmocka_unit_test(test_resend_after_ignored_attempt),
-        cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_out_of_order),
-        cmocka_unit_test(test_reconnect_resends_all_in_flight),
-        cmocka_unit_test(test_stale_duplicates_ignored),
-        cmocka_unit_test(test_garbage_answer),
-        cmocka_unit_test(test_wrong_version),
-        cmocka_unit_test(test_lookup_bad_sizes),
-        cmocka_unit_test(test_status_error),
-        cmocka_unit_test(test_refused_before_sending),
-        cmocka_unit_test(test_misc),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_envelope),
+    cmocka_unit_test(test_client_ids),
+    cmocka_unit_test(test_resend_after_ignored_attempt),
+    cmocka_unit_test(test_timeout),
+    cmocka_unit_test(test_out_of_order),
+    cmocka_unit_test(test_reconnect_resends_all_in_flight),
+    cmocka_unit_test(test_stale_duplicates_ignored),
+    cmocka_unit_test(test_garbage_answer),
+    cmocka_unit_test(test_wrong_version),
+    cmocka_unit_test(test_lookup_bad_sizes),
+    cmocka_unit_test(test_status_error),
+    cmocka_unit_test(test_refused_before_sending),
+    cmocka_unit_test(test_misc))

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -337,19 +338,14 @@ static void test_member_lists(void **state)
     fake_kb_server_destroy(&b);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_not_primary_goes_to_the_named_member),
-        cmocka_unit_test(test_not_primary_naming_a_new_endpoint_adds_it),
-        cmocka_unit_test(test_not_primary_without_a_name_tries_the_next_member),
-        cmocka_unit_test(test_attempt_timeout_moves_to_the_next_member),
-        cmocka_unit_test(test_dead_member_is_left_within_the_failover_timeout),
-        cmocka_unit_test(test_stale_term_answer_is_dropped),
-        cmocka_unit_test(test_every_request_in_flight_is_resent),
-        cmocka_unit_test(test_gives_up_after_the_failover_wait),
-        cmocka_unit_test(test_single_member_behaves_as_before),
-        cmocka_unit_test(test_member_lists),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_not_primary_goes_to_the_named_member),
+    cmocka_unit_test(test_not_primary_naming_a_new_endpoint_adds_it),
+    cmocka_unit_test(test_not_primary_without_a_name_tries_the_next_member),
+    cmocka_unit_test(test_attempt_timeout_moves_to_the_next_member),
+    cmocka_unit_test(test_dead_member_is_left_within_the_failover_timeout),
+    cmocka_unit_test(test_stale_term_answer_is_dropped),
+    cmocka_unit_test(test_every_request_in_flight_is_resent),
+    cmocka_unit_test(test_gives_up_after_the_failover_wait),
+    cmocka_unit_test(test_single_member_behaves_as_before),
+    cmocka_unit_test(test_member_lists))

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,17 +293,12 @@ static void test_abandoned_pending(void **state)
     fake_kb_server_set_mode(f->fake[0], FAKE_ANSWER);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lookup_routes_and_scatters, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_put_sends_each_shard_its_rows, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_list_tables_sums_rows, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_silent_shard_named_and_others_sent, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_bad_answers_named, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_single_endpoint_pass_through, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_requests_in_flight, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_abandoned_pending, s_setup, s_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_lookup_routes_and_scatters, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_put_sends_each_shard_its_rows, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_list_tables_sums_rows, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_silent_shard_named_and_others_sent, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_bad_answers_named, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_single_endpoint_pass_through, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_requests_in_flight, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_abandoned_pending, s_setup, s_teardown))

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -634,15 +635,10 @@ static void test_every_byte_matters(void **state)
     free(bad.b);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_writer_round_trip),
-        cmocka_unit_test(test_feature_round_trip),
-        cmocka_unit_test(test_state_round_trip),
-        cmocka_unit_test(test_abandoned_writer_keeps_target),
-        cmocka_unit_test(test_crafted_files),
-        cmocka_unit_test(test_every_byte_matters),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_writer_round_trip),
+    cmocka_unit_test(test_feature_round_trip),
+    cmocka_unit_test(test_state_round_trip),
+    cmocka_unit_test(test_abandoned_writer_keeps_target),
+    cmocka_unit_test(test_crafted_files),
+    cmocka_unit_test(test_every_byte_matters))

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 typedef struct {
     test_server_t srv;
@@ -302,15 +303,10 @@ static void test_json(void **state)
     free(j.text);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_open_errors),
-        cmocka_unit_test(test_json),
-        cmocka_unit_test_setup_teardown(test_create_table_settings, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_rows_both_key_forms, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_knn_sample_keys, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_features, s_setup, s_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_open_errors),
+    cmocka_unit_test(test_json),
+    cmocka_unit_test_setup_teardown(test_create_table_settings, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_rows_both_key_forms, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_knn_sample_keys, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_features, s_setup, s_teardown))

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <float.h>
 #include <math.h>
@@ -551,22 +552,17 @@ static void test_feature_rows_read(void **state)
     kb_feature_rows_destroy(&rows);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid_lines),
-        cmocka_unit_test(test_invalid_lines),
-        cmocka_unit_test(test_length_bounded),
-        cmocka_unit_test(test_read_reports_line_numbers),
-        cmocka_unit_test(test_read_caps_reports),
-        cmocka_unit_test(test_key_lines),
-        cmocka_unit_test(test_many_rows),
-        cmocka_unit_test(test_format_float),
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_feature_lines_parse),
-        cmocka_unit_test(test_feature_lines_invalid),
-        cmocka_unit_test(test_feature_lines_round_trip),
-        cmocka_unit_test(test_feature_rows_read),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_valid_lines),
+    cmocka_unit_test(test_invalid_lines),
+    cmocka_unit_test(test_length_bounded),
+    cmocka_unit_test(test_read_reports_line_numbers),
+    cmocka_unit_test(test_read_caps_reports),
+    cmocka_unit_test(test_key_lines),
+    cmocka_unit_test(test_many_rows),
+    cmocka_unit_test(test_format_float),
+    cmocka_unit_test(test_round_trip),
+    cmocka_unit_test(test_feature_lines_parse),
+    cmocka_unit_test(test_feature_lines_invalid),
+    cmocka_unit_test(test_feature_lines_round_trip),
+    cmocka_unit_test(test_feature_rows_read))

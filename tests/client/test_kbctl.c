@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -464,18 +465,13 @@ static void test_stats_and_checkpoint(void **state)
     s_run_free(&r);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage_errors),
-        S_SERVER_TEST(test_list_tables),
-        S_SERVER_TEST(test_create_table),
-        S_SERVER_TEST(test_put),
-        S_SERVER_TEST(test_put_invalid_input),
-        S_SERVER_TEST(test_push_grad),
-        S_SERVER_TEST(test_get),
-        S_SERVER_TEST(test_server_errors),
-        S_SERVER_TEST(test_stats_and_checkpoint),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_usage_errors),
+    S_SERVER_TEST(test_list_tables),
+    S_SERVER_TEST(test_create_table),
+    S_SERVER_TEST(test_put),
+    S_SERVER_TEST(test_put_invalid_input),
+    S_SERVER_TEST(test_push_grad),
+    S_SERVER_TEST(test_get),
+    S_SERVER_TEST(test_server_errors),
+    S_SERVER_TEST(test_stats_and_checkpoint))

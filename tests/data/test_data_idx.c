@@ -16,6 +16,7 @@
 #include <zlib.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* Writes bytes to test_scratch_dir/name, gzipped when gz, and returns the path in a static buffer. */
 static const char *s_write(const char *name, const void *bytes, size_t len, bool gz)
@@ -292,13 +293,8 @@ static void test_shuffle_and_subsets(void **state)
     assert_int_equal(carls_label_subset(labels, N, 10, 0, 0, too_many, NULL), -1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_idx_good_files),
-        cmocka_unit_test(test_idx_bad_files),
-        cmocka_unit_test(test_image_sets),
-        cmocka_unit_test(test_shuffle_and_subsets),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_idx_good_files),
+    cmocka_unit_test(test_idx_bad_files),
+    cmocka_unit_test(test_image_sets),
+    cmocka_unit_test(test_shuffle_and_subsets))

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* test_scratch_dir/name, in a static buffer (two at a time). */
 static const char *s_path(const char *name)
@@ -285,14 +286,9 @@ static void test_user_data(void **state)
     assert_non_null(strstr(err, "l.csv: line 3: 'x' is not an integer label"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_int_dtypes),
-        cmocka_unit_test(test_bad_files),
-        cmocka_unit_test(test_values),
-        cmocka_unit_test(test_user_data),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_roundtrip),
+    cmocka_unit_test(test_int_dtypes),
+    cmocka_unit_test(test_bad_files),
+    cmocka_unit_test(test_values),
+    cmocka_unit_test(test_user_data))

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static const char *s_write(const char *name, const char *text)
 {
@@ -91,11 +92,6 @@ static void test_bad_lines(void **state)
     assert_int_equal(data_pairs_load("pairs:", &g, err, sizeof err), -1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load),
-        cmocka_unit_test(test_bad_lines),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_load),
+    cmocka_unit_test(test_bad_lines))

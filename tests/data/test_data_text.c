@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <sys/stat.h>
 
@@ -99,12 +100,7 @@ static void test_directory_and_utf8(void **state)
     test_rmrf(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_word_rule),
-        cmocka_unit_test(test_word_stops_at_len),
-        cmocka_unit_test(test_directory_and_utf8),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_word_rule),
+    cmocka_unit_test(test_word_stops_at_len),
+    cmocka_unit_test(test_directory_and_utf8))

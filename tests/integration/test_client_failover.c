@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* A cluster of one shard whose members are a and b, with the default options. */
 static kb_cluster_t *s_shard(const char *a, const char *b)
@@ -153,11 +154,6 @@ static void test_fenced_primary_sends_the_client_on(void **state)
     assert_int_equal(test_server_cleanup(&p), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill9_of_the_primary_is_invisible_to_the_writer),
-        cmocka_unit_test(test_fenced_primary_sends_the_client_on),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_kill9_of_the_primary_is_invisible_to_the_writer),
+    cmocka_unit_test(test_fenced_primary_sends_the_client_on))

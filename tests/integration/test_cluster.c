@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 enum { SHARDS = 3 };
 
@@ -797,17 +798,12 @@ static void test_errors_name_the_shard(void **state)
     s_free_keys(&k);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rows_split_and_equal),
-        cmocka_unit_test(test_knn_merged_equals_single),
-        cmocka_unit_test(test_sample_merged),
-        cmocka_unit_test(test_features_across_shards),
-        cmocka_unit_test(test_export_import_round_trip),
-        cmocka_unit_test(test_corrupt_exports_refused),
-        cmocka_unit_test(test_errors_name_the_shard),
-        cmocka_unit_test(test_empty_table_export),
-    };
-    return cmocka_run_group_tests(tests, s_group_setup, s_group_teardown);
-}
+CARLS_TEST_MAIN_GROUP(s_group_setup, s_group_teardown,
+    cmocka_unit_test(test_rows_split_and_equal),
+    cmocka_unit_test(test_knn_merged_equals_single),
+    cmocka_unit_test(test_sample_merged),
+    cmocka_unit_test(test_features_across_shards),
+    cmocka_unit_test(test_export_import_round_trip),
+    cmocka_unit_test(test_corrupt_exports_refused),
+    cmocka_unit_test(test_errors_name_the_shard),
+    cmocka_unit_test(test_empty_table_export))

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 enum { DIM = 8, KEYS = 120, MAX_PENDING = 4 };
 
@@ -356,13 +357,8 @@ static void test_wide_rows_export_in_short_pages(void **state)
     assert_memory_equal(va, vb, sizeof va);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_adagrad_export_import_into_two_shards_trains_the_same, s_setup,
-                                        s_teardown),
-        cmocka_unit_test_setup_teardown(test_import_rows_refusals_and_replay, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_wide_rows_export_in_short_pages, s_setup, s_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_adagrad_export_import_into_two_shards_trains_the_same, s_setup,
+                                    s_teardown),
+    cmocka_unit_test_setup_teardown(test_import_rows_refusals_and_replay, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_wide_rows_export_in_short_pages, s_setup, s_teardown))

@@ -36,6 +36,7 @@
 #include <zmq.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define LIMIT_MIB 64
 #define MAX_MESSAGE (4u << 20)
@@ -559,10 +560,5 @@ static void test_hostile_load(void **state)
     /* The teardown stops the server with SIGTERM and fails unless it exits 0. */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, server_fixture_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_hostile_load, s_setup, server_fixture_teardown))

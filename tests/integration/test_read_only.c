@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 enum { DIM = 4, ROWS = 20 };
 
@@ -346,11 +347,6 @@ static void test_read_only_refuses_a_missing_bank(void **state)
     s_tree_free(&t);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST(test_read_only_changes_no_file, NULL),
-        SERVER_FIXTURE_TEST(test_read_only_refuses_a_missing_bank, NULL),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST(test_read_only_changes_no_file, NULL),
+    SERVER_FIXTURE_TEST(test_read_only_refuses_a_missing_bank, NULL))

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define S_ROWS 50
 #define S_BOUND_MS 1000
@@ -116,10 +117,5 @@ static void test_cluster_reads_from_followers(void **state)
     assert_int_equal(test_server_cleanup(&p), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cluster_reads_from_followers),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_cluster_reads_from_followers))

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void s_start_follower(test_server_t *f, const char *primary)
 {
@@ -340,13 +341,8 @@ static void test_follower_reads_within_bounds(void **state)
     assert_int_equal(test_server_cleanup(&p), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_follower_applies_serves_and_refuses_writes),
-        cmocka_unit_test(test_kill9_failover_cycles_keep_every_acknowledged_write),
-        cmocka_unit_test(test_new_follower_catches_up_by_snapshot),
-        cmocka_unit_test(test_follower_reads_within_bounds),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_follower_applies_serves_and_refuses_writes),
+    cmocka_unit_test(test_kill9_failover_cycles_keep_every_acknowledged_write),
+    cmocka_unit_test(test_new_follower_catches_up_by_snapshot),
+    cmocka_unit_test(test_follower_reads_within_bounds))

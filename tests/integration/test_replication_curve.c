@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* Key files under one directory: KEYS/NAME.key and .pub; the allow-list ALLOW/ holds the .pub of the allowed. */
 typedef struct {
@@ -217,11 +218,6 @@ static void test_replica_curve_flags(void **state)
     test_server_cleanup(&srv);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_curve_follower_replicates_a_stranger_gets_nothing),
-        cmocka_unit_test(test_replica_curve_flags),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_curve_follower_replicates_a_stranger_gets_nothing),
+    cmocka_unit_test(test_replica_curve_flags))

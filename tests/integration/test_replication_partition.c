@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define S_WRITE_MS 7000 /* past the 3 + 2 s after which a primary short of followers refuses */
 #define S_FIRST_ROW 1000 /* the pinned client's rows: S_FIRST_ROW + i */
@@ -225,11 +226,6 @@ static void test_partitioned_leased_primary_never_acknowledges(void **state)
     s_partition(0, 500); /* K = 0: its lease runs out 500 ms after the cut */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_partitioned_primary_never_acknowledges),
-        cmocka_unit_test(test_partitioned_leased_primary_never_acknowledges),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_partitioned_primary_never_acknowledges),
+    cmocka_unit_test(test_partitioned_leased_primary_never_acknowledges))

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define BATCH 2000
 
@@ -502,15 +503,10 @@ static void test_sample_refused_knn_resident(void **state)
     s_scan_check(f->client, "near", 10, 4, gens);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST(test_sample_refused_knn_resident, &s_client_options),
-        SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
-        SERVER_FIXTURE_TEST(test_pushes_match_resident_server, &s_client_options),
-        SERVER_FIXTURE_TEST(test_feature_rows_leave_memory, &s_client_options),
-        SERVER_FIXTURE_TEST(test_kill_then_read_back, &s_client_options),
-        SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST(test_sample_refused_knn_resident, &s_client_options),
+    SERVER_FIXTURE_TEST(test_updates_of_cold_rows, &s_client_options),
+    SERVER_FIXTURE_TEST(test_pushes_match_resident_server, &s_client_options),
+    SERVER_FIXTURE_TEST(test_feature_rows_leave_memory, &s_client_options),
+    SERVER_FIXTURE_TEST(test_kill_then_read_back, &s_client_options),
+    SERVER_FIXTURE_TEST(test_big_table_in_small_cache, &s_client_options))

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void s_keygen(const char *dir, const char *name)
 {
@@ -102,11 +103,6 @@ static void test_curve_flags_go_together(void **state)
     test_server_cleanup(&srv);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_curve_admits_only_allowed_keys),
-        cmocka_unit_test(test_curve_flags_go_together),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_curve_admits_only_allowed_keys),
+    cmocka_unit_test(test_curve_flags_go_together))

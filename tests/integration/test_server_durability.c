@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void s_start(server_fixture_t *f, const char *durability)
 {
@@ -585,19 +586,14 @@ static void test_sync_server_threads_are_named(void **state)
             fail_msg("no thread named %.*s among:\n%s", (int)strlen(want[i]) - 1, want[i], names);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, NULL),
-        SERVER_FIXTURE_TEST(test_kill9_after_compactions_without_pending_keeps_pending_gradients, NULL),
-        SERVER_FIXTURE_TEST(test_interval_queue_drops_older_pending_sets_and_clean_stop_keeps_gradients, NULL),
-        SERVER_FIXTURE_TEST(test_replayed_write_after_crash_applies_once, NULL),
-        SERVER_FIXTURE_TEST(test_sync_kill9_under_concurrent_writers, NULL),
-        SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
-        SERVER_FIXTURE_TEST(test_reads_write_only_use_counts_in_bulk, NULL),
-        SERVER_FIXTURE_TEST(test_sync_server_threads_are_named, NULL),
-        SERVER_FIXTURE_TEST(test_sync_refused_commit_answered_at_once, NULL),
-        SERVER_FIXTURE_TEST(test_interval_writes_refused_after_failed_commit, NULL),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST(test_sync_kill9_keeps_acknowledged_puts_and_pending_gradients, NULL),
+    SERVER_FIXTURE_TEST(test_kill9_after_compactions_without_pending_keeps_pending_gradients, NULL),
+    SERVER_FIXTURE_TEST(test_interval_queue_drops_older_pending_sets_and_clean_stop_keeps_gradients, NULL),
+    SERVER_FIXTURE_TEST(test_replayed_write_after_crash_applies_once, NULL),
+    SERVER_FIXTURE_TEST(test_sync_kill9_under_concurrent_writers, NULL),
+    SERVER_FIXTURE_TEST(test_interval_loses_at_most_the_window, NULL),
+    SERVER_FIXTURE_TEST(test_reads_write_only_use_counts_in_bulk, NULL),
+    SERVER_FIXTURE_TEST(test_sync_server_threads_are_named, NULL),
+    SERVER_FIXTURE_TEST(test_sync_refused_commit_answered_at_once, NULL),
+    SERVER_FIXTURE_TEST(test_interval_writes_refused_after_failed_commit, NULL))

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define MAX_MESSAGE 65536
 #define MAX_KEY 16
@@ -325,19 +326,14 @@ static void test_random_mutations(void **state)
     s_assert_healthy(f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate_setup_teardown(test_garbage_truncated_and_multipart, s_setup, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_envelope_errors, s_setup, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_payload_errors, s_setup, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_oversized_frames, s_setup, server_fixture_teardown,
-                                                 &s_client_options),
-        cmocka_unit_test_prestate_setup_teardown(test_random_mutations, s_setup, server_fixture_teardown,
-                                                 &s_client_options),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_prestate_setup_teardown(test_garbage_truncated_and_multipart, s_setup, server_fixture_teardown,
+                                             &s_client_options),
+    cmocka_unit_test_prestate_setup_teardown(test_envelope_errors, s_setup, server_fixture_teardown,
+                                             &s_client_options),
+    cmocka_unit_test_prestate_setup_teardown(test_payload_errors, s_setup, server_fixture_teardown,
+                                             &s_client_options),
+    cmocka_unit_test_prestate_setup_teardown(test_oversized_frames, s_setup, server_fixture_teardown,
+                                             &s_client_options),
+    cmocka_unit_test_prestate_setup_teardown(test_random_mutations, s_setup, server_fixture_teardown,
+                                             &s_client_options))

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define LIMIT_BYTES (8u << 20)
 #define DIM 4
@@ -293,11 +294,6 @@ static void test_refused_write_is_not_remembered(void **state)
     assert_memory_equal(out, v + (LATER - 1) * DIM, sizeof out);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST(test_refuse_new_rows_keep_existing, &s_client_options),
-        SERVER_FIXTURE_TEST(test_refused_write_is_not_remembered, &s_client_options),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST(test_refuse_new_rows_keep_existing, &s_client_options),
+    SERVER_FIXTURE_TEST(test_refused_write_is_not_remembered, &s_client_options))

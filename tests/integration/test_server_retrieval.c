@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static uint64_t s_rng = 88172645463325252ULL; /* test_uniform_pm1's stream for the test data */
 
@@ -483,16 +484,11 @@ static void test_sampling_probabilities_and_frequencies(void **state)
 /* Patient clients: some scans and knn queries run long under the sanitizers. */
 static kb_client_options_t s_client_options = {.timeout_ms = 10000, .retries = 1};
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST_STARTED(test_flat_knn_matches_brute_force_and_follows_updates, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_feature_records_round_trip, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_admission_keeps_rare_keys_out, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_eviction_lru_and_oldest, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_scan_pages_cover_every_row_once, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_read_only_and_shard_refusals, &s_client_options),
-        SERVER_FIXTURE_TEST_STARTED(test_sampling_probabilities_and_frequencies, &s_client_options),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST_STARTED(test_flat_knn_matches_brute_force_and_follows_updates, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_feature_records_round_trip, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_admission_keeps_rare_keys_out, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_eviction_lru_and_oldest, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_scan_pages_cover_every_row_once, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_read_only_and_shard_refusals, &s_client_options),
+    SERVER_FIXTURE_TEST_STARTED(test_sampling_probabilities_and_frequencies, &s_client_options))

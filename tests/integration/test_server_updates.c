@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 typedef struct {
     uint32_t dim;
@@ -303,16 +304,11 @@ static void test_concurrent_writers(void **state)
     assert_int_equal(ts.updates_applied, WRITERS * PUSHES * 4);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        SERVER_FIXTURE_TEST_STARTED(test_lazy_average_arithmetic, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_outlier_rejected_and_counted, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_max_pending_and_max_age, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_immediate_policy, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_optimizers_against_reference_across_restarts, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_deterministic_init_across_restarts, NULL),
-        SERVER_FIXTURE_TEST_STARTED(test_concurrent_writers, NULL),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    SERVER_FIXTURE_TEST_STARTED(test_lazy_average_arithmetic, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_outlier_rejected_and_counted, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_max_pending_and_max_age, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_immediate_policy, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_optimizers_against_reference_across_restarts, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_deterministic_init_across_restarts, NULL),
+    SERVER_FIXTURE_TEST_STARTED(test_concurrent_writers, NULL))

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 enum { SHARDS = 2, WRITERS = 3, KEYS = 8, DIM = 4 };
 
@@ -535,12 +536,7 @@ static void test_snapshot_optimizer_state(void **state)
     kb_cluster_destroy(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_snapshot_under_write_load, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_snapshot_damaged_partial_names, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_snapshot_optimizer_state, s_setup, s_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_snapshot_under_write_load, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_snapshot_damaged_partial_names, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_snapshot_optimizer_state, s_setup, s_teardown))

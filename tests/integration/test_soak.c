@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define MAX_SAMPLES 100000
 
@@ -191,10 +192,5 @@ static void test_soak(void **state)
     /* The teardown stops the server with SIGTERM; it must exit 0 (LeakSanitizer under the sanitizers). */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_soak, s_setup, server_fixture_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_soak, s_setup, server_fixture_teardown))

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <errno.h>
 #include <math.h>
@@ -1044,20 +1045,15 @@ static void test_concurrent(void **st)
     free(shadow);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_flat_exact),
-        cmocka_unit_test(test_short_answers_padded),
-        cmocka_unit_test(test_ivf_train_and_recall),
-        cmocka_unit_test(test_ivf_retrains_as_it_grows),
-        cmocka_unit_test(test_hnsw_recall),
-        cmocka_unit_test(test_move_remove_exclude),
-        cmocka_unit_test(test_hnsw_staleness),
-        cmocka_unit_test(test_batch_min),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_random_ops),
-        cmocka_unit_test(test_concurrent),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_flat_exact),
+    cmocka_unit_test(test_short_answers_padded),
+    cmocka_unit_test(test_ivf_train_and_recall),
+    cmocka_unit_test(test_ivf_retrains_as_it_grows),
+    cmocka_unit_test(test_hnsw_recall),
+    cmocka_unit_test(test_move_remove_exclude),
+    cmocka_unit_test(test_hnsw_staleness),
+    cmocka_unit_test(test_batch_min),
+    cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_random_ops),
+    cmocka_unit_test(test_concurrent))

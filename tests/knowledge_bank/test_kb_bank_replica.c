@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -224,11 +225,6 @@ static void test_min_replicas_and_fence(void **state)
     kb_bank_close(&bank);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_follower_applies_every_round, test_scratch_setup, test_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_min_replicas_and_fence, test_scratch_setup, test_scratch_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_follower_applies_every_round, test_scratch_setup, test_scratch_teardown),
+    cmocka_unit_test_setup_teardown(test_min_replicas_and_fence, test_scratch_setup, test_scratch_teardown))

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -309,18 +310,13 @@ static void test_restore_wrong_length(void **st)
     kb_dedup_destroy(&d);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_first_and_repeat),
-        cmocka_unit_test(test_out_of_order_within_window),
-        cmocka_unit_test(test_window_slides),
-        cmocka_unit_test(test_older_than_window_is_duplicate),
-        cmocka_unit_test(test_forget),
-        cmocka_unit_test(test_many_clients),
-        cmocka_unit_test(test_take_dirty),
-        cmocka_unit_test(test_restore_round_trip),
-        cmocka_unit_test(test_restore_wrong_length),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_first_and_repeat),
+    cmocka_unit_test(test_out_of_order_within_window),
+    cmocka_unit_test(test_window_slides),
+    cmocka_unit_test(test_older_than_window_is_duplicate),
+    cmocka_unit_test(test_forget),
+    cmocka_unit_test(test_many_clients),
+    cmocka_unit_test(test_take_dirty),
+    cmocka_unit_test(test_restore_round_trip),
+    cmocka_unit_test(test_restore_wrong_length))

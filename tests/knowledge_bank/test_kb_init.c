@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -226,19 +227,14 @@ static void test_names_round_trip(void **st)
     assert_string_equal(kb_init_name((kb_init_kind_t)9), "unknown");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_key_same_bits),
-        cmocka_unit_test(test_different_key_or_seed_differs),
-        cmocka_unit_test(test_scale_scales),
-        cmocka_unit_test(test_zeros),
-        cmocka_unit_test(test_uniform_range_and_moments),
-        cmocka_unit_test(test_normal_moments),
-        cmocka_unit_test(test_normal_odd_dim),
-        cmocka_unit_test(test_keys_with_nul_bytes),
-        cmocka_unit_test(test_golden_sheep),
-        cmocka_unit_test(test_names_round_trip),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_same_key_same_bits),
+    cmocka_unit_test(test_different_key_or_seed_differs),
+    cmocka_unit_test(test_scale_scales),
+    cmocka_unit_test(test_zeros),
+    cmocka_unit_test(test_uniform_range_and_moments),
+    cmocka_unit_test(test_normal_moments),
+    cmocka_unit_test(test_normal_odd_dim),
+    cmocka_unit_test(test_keys_with_nul_bytes),
+    cmocka_unit_test(test_golden_sheep),
+    cmocka_unit_test(test_names_round_trip))

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -618,21 +619,16 @@ static void test_bank_refused_commit_is_not_acknowledged(void **state)
     kb_bank_close(&bank);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_round_trip),
-        cmocka_unit_test(test_batch_decode_refuses_truncation),
-        cmocka_unit_test(test_superseded_rows_marked),
-        cmocka_unit_test_setup_teardown(test_append_and_replay, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_append_with_precomputed_crc, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_torn_last_record_is_dropped, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_damage_before_acknowledged_records_is_refused, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_spare_reused_and_replayed_to_its_end, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_spare_segment_cut_at_close, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_spare_renamed_before_its_first_record, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_bank_replays_journal_left_by_crash, s_setup, s_teardown),
-        cmocka_unit_test_setup_teardown(test_bank_refused_commit_is_not_acknowledged, s_setup, s_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_batch_round_trip),
+    cmocka_unit_test(test_batch_decode_refuses_truncation),
+    cmocka_unit_test(test_superseded_rows_marked),
+    cmocka_unit_test_setup_teardown(test_append_and_replay, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_append_with_precomputed_crc, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_torn_last_record_is_dropped, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_damage_before_acknowledged_records_is_refused, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_spare_reused_and_replayed_to_its_end, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_spare_segment_cut_at_close, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_spare_renamed_before_its_first_record, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_bank_replays_journal_left_by_crash, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_bank_refused_commit_is_not_acknowledged, s_setup, s_teardown))

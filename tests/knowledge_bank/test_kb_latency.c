@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -265,17 +266,12 @@ static void test_concurrent(void **st)
     assert_true(med >= 2400.0 && med <= 2600.0 * s_ratio);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_single_values),
-        cmocka_unit_test(test_uniform),
-        cmocka_unit_test(test_log_uniform),
-        cmocka_unit_test(test_bimodal),
-        cmocka_unit_test(test_max_exact),
-        cmocka_unit_test(test_le_counts_exact),
-        cmocka_unit_test(test_concurrent),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_empty),
+    cmocka_unit_test(test_single_values),
+    cmocka_unit_test(test_uniform),
+    cmocka_unit_test(test_log_uniform),
+    cmocka_unit_test(test_bimodal),
+    cmocka_unit_test(test_max_exact),
+    cmocka_unit_test(test_le_counts_exact),
+    cmocka_unit_test(test_concurrent))

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <math.h>
 #include <string.h>
@@ -288,23 +289,18 @@ static void test_lazy_sgd_step_uses_mean(void **st)
     assert_true(w[1] == 1.0f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_design_example),
-        cmocka_unit_test(test_outlier_dropped),
-        cmocka_unit_test(test_threshold_boundary),
-        cmocka_unit_test(test_even_count_median_is_mean_of_middle),
-        cmocka_unit_test(test_exactly_min_count_filters),
-        cmocka_unit_test(test_fewer_than_min_count_keeps_all),
-        cmocka_unit_test(test_zero_median_keeps_all),
-        cmocka_unit_test(test_multi_dim_rows),
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_small_threshold_keeps_median),
-        cmocka_unit_test(test_nan_gradient_dropped),
-        cmocka_unit_test(test_many_rows),
-        cmocka_unit_test(test_matches_plain_definition),
-        cmocka_unit_test(test_lazy_sgd_step_uses_mean),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_design_example),
+    cmocka_unit_test(test_outlier_dropped),
+    cmocka_unit_test(test_threshold_boundary),
+    cmocka_unit_test(test_even_count_median_is_mean_of_middle),
+    cmocka_unit_test(test_exactly_min_count_filters),
+    cmocka_unit_test(test_fewer_than_min_count_keeps_all),
+    cmocka_unit_test(test_zero_median_keeps_all),
+    cmocka_unit_test(test_multi_dim_rows),
+    cmocka_unit_test(test_empty),
+    cmocka_unit_test(test_small_threshold_keeps_median),
+    cmocka_unit_test(test_nan_gradient_dropped),
+    cmocka_unit_test(test_many_rows),
+    cmocka_unit_test(test_matches_plain_definition),
+    cmocka_unit_test(test_lazy_sgd_step_uses_mean))

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* ---- a small checker of Prometheus text (exposition format 0.0.4) ---- */
 
@@ -386,12 +387,7 @@ static void test_metrics_port_in_use_fails(void **state)
     assert_int_not_equal(rc, 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render_escapes_and_groups),
-        SERVER_FIXTURE_TEST(test_scrape_real_server, NULL),
-        SERVER_FIXTURE_TEST(test_metrics_port_in_use_fails, NULL),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_render_escapes_and_groups),
+    SERVER_FIXTURE_TEST(test_scrape_real_server, NULL),
+    SERVER_FIXTURE_TEST(test_metrics_port_in_use_fails, NULL))

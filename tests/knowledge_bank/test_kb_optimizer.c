@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -340,19 +341,14 @@ static void test_names_round_trip(void **st)
     assert_string_equal(kb_optimizer_name((kb_optimizer_kind_t)99), "unknown");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgd_matches_reference),
-        cmocka_unit_test(test_momentum_matches_reference),
-        cmocka_unit_test(test_adagrad_matches_reference),
-        cmocka_unit_test(test_adam_matches_reference),
-        cmocka_unit_test(test_adam_first_step_is_lr_sized),
-        cmocka_unit_test(test_adam_uses_persisted_steps),
-        cmocka_unit_test(test_defaults_fill_zero_fields),
-        cmocka_unit_test(test_validate_rejects_bad_ranges),
-        cmocka_unit_test(test_state_floats_and_init),
-        cmocka_unit_test(test_names_round_trip),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_sgd_matches_reference),
+    cmocka_unit_test(test_momentum_matches_reference),
+    cmocka_unit_test(test_adagrad_matches_reference),
+    cmocka_unit_test(test_adam_matches_reference),
+    cmocka_unit_test(test_adam_first_step_is_lr_sized),
+    cmocka_unit_test(test_adam_uses_persisted_steps),
+    cmocka_unit_test(test_defaults_fill_zero_fields),
+    cmocka_unit_test(test_validate_rejects_bad_ranges),
+    cmocka_unit_test(test_state_floats_and_init),
+    cmocka_unit_test(test_names_round_trip))

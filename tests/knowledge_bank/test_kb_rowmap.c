@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -394,16 +395,11 @@ static void test_random_ops_crafted_hash(void **st)
     s_random_ops(HASH_CRAFTED, 0xc0ffeeULL);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty_map),
-        cmocka_unit_test(test_hash),
-        cmocka_unit_test(test_insert_find_many),
-        cmocka_unit_test(test_prefix_and_nul_keys),
-        cmocka_unit_test(test_wraparound_removal_orders),
-        cmocka_unit_test(test_random_ops_real_hash),
-        cmocka_unit_test(test_random_ops_crafted_hash),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_empty_map),
+    cmocka_unit_test(test_hash),
+    cmocka_unit_test(test_insert_find_many),
+    cmocka_unit_test(test_prefix_and_nul_keys),
+    cmocka_unit_test(test_wraparound_removal_orders),
+    cmocka_unit_test(test_random_ops_real_hash),
+    cmocka_unit_test(test_random_ops_crafted_hash))

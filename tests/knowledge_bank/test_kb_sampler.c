@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <errno.h>
 #include <math.h>
@@ -352,16 +353,11 @@ static void test_unigram_skewed(void **st)
     kb_sampler_destroy(&smp);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probabilities_sum_and_lookup),
-        cmocka_unit_test(test_formulas),
-        cmocka_unit_test(test_empirical),
-        cmocka_unit_test(test_log_uniform_large),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_edge_cases),
-        cmocka_unit_test(test_unigram_skewed),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_probabilities_sum_and_lookup),
+    cmocka_unit_test(test_formulas),
+    cmocka_unit_test(test_empirical),
+    cmocka_unit_test(test_log_uniform_large),
+    cmocka_unit_test(test_deterministic),
+    cmocka_unit_test(test_edge_cases),
+    cmocka_unit_test(test_unigram_skewed))

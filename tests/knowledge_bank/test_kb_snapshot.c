@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -253,12 +254,7 @@ static void test_take_check_hostile_restore(void **state)
     assert_int_equal(kb_snapshot_check_interrupted(data, err, sizeof err), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_snapshot_goes_to_a_worker),
-        cmocka_unit_test(test_take_check_hostile_restore),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_names),
+    cmocka_unit_test(test_snapshot_goes_to_a_worker),
+    cmocka_unit_test(test_take_check_hostile_restore))

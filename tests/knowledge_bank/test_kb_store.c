@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <sqlite3.h>
 #include <stdbool.h>
@@ -671,18 +672,13 @@ static void test_schema_version_refused(void **st)
     s_assert_holds_fixture(fx->s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_permissions),
-        cmocka_unit_test(test_open_bad_directory),
-        cmocka_unit_test(test_commit_reopen_load),
-        S_FIXTURE_TEST(test_rollback),
-        S_FIXTURE_TEST(test_frequency_only_update),
-        S_FIXTURE_TEST(test_drop_table),
-        S_FIXTURE_TEST(test_rows_of_missing_table_skipped),
-        S_FIXTURE_TEST(test_malformed_rows_skipped),
-        S_FIXTURE_TEST(test_schema_version_refused),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_permissions),
+    cmocka_unit_test(test_open_bad_directory),
+    cmocka_unit_test(test_commit_reopen_load),
+    S_FIXTURE_TEST(test_rollback),
+    S_FIXTURE_TEST(test_frequency_only_update),
+    S_FIXTURE_TEST(test_drop_table),
+    S_FIXTURE_TEST(test_rows_of_missing_table_skipped),
+    S_FIXTURE_TEST(test_malformed_rows_skipped),
+    S_FIXTURE_TEST(test_schema_version_refused))

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -1136,26 +1137,21 @@ static void test_restore_rejects_mismatch(void **st)
     kb_table_destroy(&t);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_defaults),
-        cmocka_unit_test(test_config_rejections),
-        cmocka_unit_test(test_config_round_trip),
-        cmocka_unit_test(test_config_plain),
-        cmocka_unit_test(test_lookup_creates_with_initializer),
-        cmocka_unit_test(test_put_then_lookup),
-        cmocka_unit_test(test_lazy_push_applies_on_lookup),
-        cmocka_unit_test(test_lazy_wide_rows),
-        cmocka_unit_test(test_put_keeps_pending),
-        cmocka_unit_test(test_max_pending_trigger),
-        cmocka_unit_test(test_expire_by_age),
-        cmocka_unit_test(test_immediate_policy),
-        cmocka_unit_test(test_take_dirty),
-        cmocka_unit_test(test_take_frequencies),
-        cmocka_unit_test(test_take_frequencies_evicted_row),
-        cmocka_unit_test(test_restore_round_trip),
-        cmocka_unit_test(test_restore_rejects_mismatch),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_config_defaults),
+    cmocka_unit_test(test_config_rejections),
+    cmocka_unit_test(test_config_round_trip),
+    cmocka_unit_test(test_config_plain),
+    cmocka_unit_test(test_lookup_creates_with_initializer),
+    cmocka_unit_test(test_put_then_lookup),
+    cmocka_unit_test(test_lazy_push_applies_on_lookup),
+    cmocka_unit_test(test_lazy_wide_rows),
+    cmocka_unit_test(test_put_keeps_pending),
+    cmocka_unit_test(test_max_pending_trigger),
+    cmocka_unit_test(test_expire_by_age),
+    cmocka_unit_test(test_immediate_policy),
+    cmocka_unit_test(test_take_dirty),
+    cmocka_unit_test(test_take_frequencies),
+    cmocka_unit_test(test_take_frequencies_evicted_row),
+    cmocka_unit_test(test_restore_round_trip),
+    cmocka_unit_test(test_restore_rejects_mismatch))

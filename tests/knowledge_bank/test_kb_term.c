@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -219,13 +220,8 @@ static void test_damaged_files(void **state)
     free(st);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_begin_rules),
-        cmocka_unit_test(test_divergence),
-        cmocka_unit_test(test_damaged_files),
-    };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
-}
+CARLS_TEST_MAIN_GROUP(s_setup, s_teardown,
+    cmocka_unit_test(test_round_trip),
+    cmocka_unit_test(test_begin_rules),
+    cmocka_unit_test(test_divergence),
+    cmocka_unit_test(test_damaged_files))

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define S_AT(sec) "2026-11-27T08:21:" sec "Z INFO  km_maker.c:356 "
 #define S_PFX S_AT("28.357")
@@ -261,12 +262,7 @@ static void test_report(void **state)
     free(text);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_collect_csv),
-        cmocka_unit_test(test_nothing),
-        cmocka_unit_test(test_report),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_collect_csv),
+    cmocka_unit_test(test_nothing),
+    cmocka_unit_test(test_report))

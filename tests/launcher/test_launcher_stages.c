@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* Writes text as dir/name into path (len bytes). */
 static void s_put(const char *name, const char *text, char *path, size_t len)
@@ -140,12 +141,7 @@ static void test_table_and_json(void **state)
     assert_non_null(strstr(err, "/nonexistent/dir"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_graphreg_split),
-        cmocka_unit_test(test_twotower_split),
-        cmocka_unit_test(test_table_and_json),
-    };
-    return cmocka_run_group_tests(tests, test_scratch_setup, test_scratch_teardown);
-}
+CARLS_TEST_MAIN_GROUP(test_scratch_setup, test_scratch_teardown,
+    cmocka_unit_test(test_graphreg_split),
+    cmocka_unit_test(test_twotower_split),
+    cmocka_unit_test(test_table_and_json))

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* Runs carls_slurm_take_args on a copy of args (NULL-terminated); the remaining arguments joined by ' '. */
 static int s_take(const char *const *args, char *rest, size_t len)
@@ -85,12 +86,7 @@ static void test_with_slurm(void **state)
     carls_slurm_end();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_without_slurm),
-        cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_with_slurm),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_without_slurm),
+    cmocka_unit_test(test_bad_values),
+    cmocka_unit_test(test_with_slurm))

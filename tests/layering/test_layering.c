@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include "test_main.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,12 +117,7 @@ static void test_table_errors_name_the_file(void **state)
     assert_non_null(strstr(err, "/nonexistent/DESIGN.md"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tree_follows_table),
-        cmocka_unit_test(test_checker_finds_each_kind_of_violation),
-        cmocka_unit_test(test_table_errors_name_the_file),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_tree_follows_table),
+    cmocka_unit_test(test_checker_finds_each_kind_of_violation),
+    cmocka_unit_test(test_table_errors_name_the_file))

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define N 16
 #define STEPS 7
@@ -137,12 +138,7 @@ static void test_both_minimise_a_quadratic(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgd_first_step_by_hand), cmocka_unit_test(test_adam_first_step_by_hand),
-        cmocka_unit_test(test_sgd_matches_reference),  cmocka_unit_test(test_adam_matches_reference),
-        cmocka_unit_test(test_both_minimise_a_quadratic),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_sgd_first_step_by_hand), cmocka_unit_test(test_adam_first_step_by_hand),
+    cmocka_unit_test(test_sgd_matches_reference),  cmocka_unit_test(test_adam_matches_reference),
+    cmocka_unit_test(test_both_minimise_a_quadratic))

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define EPS 2e-3f
 #define ATOL 2e-4
@@ -347,16 +348,11 @@ static void test_infonce_value_and_mask(void **state)
     assert_true(c.logits[1 * N + 3] != 0.0f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_trigrams),
-        cmocka_unit_test(test_chain_gradients),
-        cmocka_unit_test(test_chain_gradients_mlp),
-        cmocka_unit_test(test_chain_gradients_negative_inputs),
-        cmocka_unit_test(test_mlp_starts_linear),
-        cmocka_unit_test(test_head_from_ckpt),
-        cmocka_unit_test(test_infonce_value_and_mask),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_trigrams),
+    cmocka_unit_test(test_chain_gradients),
+    cmocka_unit_test(test_chain_gradients_mlp),
+    cmocka_unit_test(test_chain_gradients_negative_inputs),
+    cmocka_unit_test(test_mlp_starts_linear),
+    cmocka_unit_test(test_head_from_ckpt),
+    cmocka_unit_test(test_infonce_value_and_mask))

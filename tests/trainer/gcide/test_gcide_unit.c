@@ -16,6 +16,7 @@
 #include <zlib.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 /* ---- real articles (Abandon's Usage paragraph shortened) ---- */
 
@@ -800,22 +801,17 @@ static void test_bm25(void **state)
     data_gcide_destroy(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_numbered_with_quotations),
-        cmocka_unit_test(test_parse_sub_senses_and_sub_entries),
-        cmocka_unit_test(test_parse_pjc_and_inline_quotation),
-        cmocka_unit_test(test_parse_unnumbered),
-        cmocka_unit_test(test_mask),
-        cmocka_unit_test(test_b64),
-        cmocka_unit_test(test_load_small),
-        cmocka_unit_test(test_holdout_seed),
-        cmocka_unit_test(test_holdout_file),
-        cmocka_unit_test(test_rank_of_truth),
-        cmocka_unit_test(test_rank_metrics),
-        cmocka_unit_test(test_tfidf),
-        cmocka_unit_test(test_bm25),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_parse_numbered_with_quotations),
+    cmocka_unit_test(test_parse_sub_senses_and_sub_entries),
+    cmocka_unit_test(test_parse_pjc_and_inline_quotation),
+    cmocka_unit_test(test_parse_unnumbered),
+    cmocka_unit_test(test_mask),
+    cmocka_unit_test(test_b64),
+    cmocka_unit_test(test_load_small),
+    cmocka_unit_test(test_holdout_seed),
+    cmocka_unit_test(test_holdout_file),
+    cmocka_unit_test(test_rank_of_truth),
+    cmocka_unit_test(test_rank_metrics),
+    cmocka_unit_test(test_tfidf),
+    cmocka_unit_test(test_bm25))

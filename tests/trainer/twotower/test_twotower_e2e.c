@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define TRAINER CARLS_BIN_DIR "/trainer"
 #define MAKER CARLS_BIN_DIR "/kb-maker"
@@ -471,15 +472,10 @@ static void test_launcher_resume(void **state)
     s_env_done(&e);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_trainer_vectors),
-        cmocka_unit_test(test_makers),
-        cmocka_unit_test(test_inputs_only_options),
-        cmocka_unit_test(test_launcher),
-        cmocka_unit_test(test_launcher_pairs),
-        cmocka_unit_test(test_launcher_resume),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_trainer_vectors),
+    cmocka_unit_test(test_makers),
+    cmocka_unit_test(test_inputs_only_options),
+    cmocka_unit_test(test_launcher),
+    cmocka_unit_test(test_launcher_pairs),
+    cmocka_unit_test(test_launcher_resume))

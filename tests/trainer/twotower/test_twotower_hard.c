@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 #define X UINT32_MAX
 
@@ -42,10 +43,5 @@ static void test_select(void **state)
     assert_int_equal(tt_hard_select(only_pos, 2, 1, pos, 2, out, 6), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_select),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_select))

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_main.h"
 
 static void s_expect_tokens(const data_text_t *t, size_t line, const char *expect)
 {
@@ -259,13 +260,8 @@ static void test_names(void **state)
     assert_int_equal(w2v_names(longname, &n), -1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tokenize),      cmocka_unit_test(test_strip_bible),
-        cmocka_unit_test(test_slices),        cmocka_unit_test(test_map),
-        cmocka_unit_test(test_sgns_reference), cmocka_unit_test(test_vectors_and_quality),
-        cmocka_unit_test(test_names),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+CARLS_TEST_MAIN(
+    cmocka_unit_test(test_tokenize),      cmocka_unit_test(test_strip_bible),
+    cmocka_unit_test(test_slices),        cmocka_unit_test(test_map),
+    cmocka_unit_test(test_sgns_reference), cmocka_unit_test(test_vectors_and_quality),
+    cmocka_unit_test(test_names))
