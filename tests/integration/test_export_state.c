@@ -16,6 +16,7 @@
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_harness.h"
+#include "test_proto.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -304,11 +305,7 @@ static void test_import_rows_refusals_and_replay(void **state)
     im.opt_steps = &zero64;
     im.updated_at_ms = &zero_ts;
     im.pending_counts = &zero32;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 1;
-    req.client_id = 4242;
-    req.sequence = 1;
-    req.table = "small";
+    test_request_envelope(&req, "small", 1, 4242, 1);
     req.op_case = CARLS__REQUEST__OP_IMPORT_ROWS;
     req.import_rows = &im;
     assert_false(raw_write_is_duplicate(&raw, &req, 10000));

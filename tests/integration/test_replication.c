@@ -13,6 +13,7 @@
 #include "raw_client.h"
 #include "replica_testlib.h"
 #include "server_harness.h"
+#include "test_proto.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -64,13 +65,8 @@ static void test_follower_applies_serves_and_refuses_writes(void **state)
     assert_int_equal(raw_open(&rc, f.endpoint), 0);
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__Put put = CARLS__PUT__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 5;
-    req.client_id = 77;
-    req.sequence = 1;
-    req.table = "t";
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_request_envelope(&req, "t", 5, 77, 1);
+    test_put_request(&req, &put, NULL, 0, NULL, 0);
     Carls__Response *r = raw_call(&rc, &req, 5000);
     assert_non_null(r);
     assert_int_equal(r->status, CARLS__STATUS_CODE__STATUS_NOT_PRIMARY);
@@ -275,17 +271,8 @@ static void test_follower_reads_within_bounds(void **state)
     Carls__Put put = CARLS__PUT__INIT;
     ProtobufCBinaryData key = {5, (uint8_t *)"key-0"};
     float v[REPL_DIM] = {1, 2, 3, 4};
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 8;
-    req.client_id = 99;
-    req.sequence = 1;
-    req.table = "t";
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = REPL_DIM;
-    put.values = v;
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_request_envelope(&req, "t", 8, 99, 1);
+    test_put_request(&req, &put, &key, 1, v, REPL_DIM);
     Carls__Response *w = raw_call(&wc, &req, 5000);
     assert_non_null(w);
     assert_int_equal(w->status, CARLS__STATUS_CODE__STATUS_OK);

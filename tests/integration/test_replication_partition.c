@@ -16,6 +16,7 @@
 #include "replica_testlib.h"
 #include "server_harness.h"
 #include "tcp_relay.h"
+#include "test_proto.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -64,17 +65,8 @@ static void s_send_put(raw_client_t *rc, int i)
     ProtobufCBinaryData key = {strlen(name), (uint8_t *)name};
     Carls__Request req = CARLS__REQUEST__INIT;
     Carls__Put put = CARLS__PUT__INIT;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = (uint64_t)i + 1;
-    req.client_id = 4242;
-    req.sequence = (uint64_t)i + 1;
-    req.table = "t";
-    put.n_keys = 1;
-    put.keys = &key;
-    put.n_values = REPL_DIM;
-    put.values = v;
-    req.op_case = CARLS__REQUEST__OP_PUT;
-    req.put = &put;
+    test_request_envelope(&req, "t", (uint64_t)i + 1, 4242, (uint64_t)i + 1);
+    test_put_request(&req, &put, &key, 1, v, REPL_DIM);
     size_t len = carls__request__get_packed_size(&req);
     uint8_t buf[256];
     assert_true(len <= sizeof buf);

@@ -11,6 +11,7 @@
 #include "protocol.h"
 #include "raw_client.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -248,11 +249,7 @@ static void test_replayed_write_after_crash_applies_once(void **state)
     push.keys = &key;
     push.n_gradients = 1;
     push.gradients = &g;
-    req.protocol_version = CARLS_PROTOCOL_VERSION;
-    req.request_id = 1;
-    req.client_id = 0xfeedbeefULL;
-    req.sequence = 1;
-    req.table = "t";
+    test_request_envelope(&req, "t", 1, 0xfeedbeefULL, 1);
     req.op_case = CARLS__REQUEST__OP_PUSH_GRADIENTS;
     req.push_gradients = &push;
 

@@ -68,11 +68,7 @@ static void s_expect(server_fixture_t *f, Carls__Request *req, Carls__StatusCode
 static void s_request(Carls__Request *req, uint64_t id)
 {
     carls__request__init(req);
-    req->protocol_version = CARLS_PROTOCOL_VERSION;
-    req->request_id = id;
-    req->client_id = 77;
-    req->sequence = id;
-    req->table = "emb";
+    test_request_envelope(req, "emb", id, 77, id);
 }
 
 static void test_garbage_truncated_and_multipart(void **state)

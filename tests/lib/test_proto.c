@@ -1,6 +1,8 @@
 /* Builders of protocol messages for the tests (see test_proto.h). */
 #include "test_proto.h"
 
+#include "protocol.h"
+
 Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
                                          Carls__KnnMetric metric)
 {
@@ -11,6 +13,16 @@ Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, co
     cfg.dim = dim;
     cfg.knn = knn;
     return cfg;
+}
+
+void test_request_envelope(Carls__Request *req, const char *table, uint64_t request_id, uint64_t client_id,
+                           uint64_t sequence)
+{
+    req->protocol_version = CARLS_PROTOCOL_VERSION;
+    req->request_id = request_id;
+    req->client_id = client_id;
+    req->sequence = sequence;
+    req->table = (char *)table;
 }
 
 void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,

@@ -15,6 +15,11 @@ Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, co
 /* Points rec's neighbour keys and weights at keys and weights, n of each (the caller keeps them alive). */
 void test_record_neighbors(Carls__FeatureRecord *rec, ProtobufCBinaryData *keys, float *weights, size_t n);
 
+/* Fills req's envelope: this build's protocol version, request_id, the writer (client_id and its sequence, by
+ * which the server knows a resent write) and the table. The op is left as it is. */
+void test_request_envelope(Carls__Request *req, const char *table, uint64_t request_id, uint64_t client_id,
+                           uint64_t sequence);
+
 /* Makes req a put of n_keys keys with their values (n_values floats, all rows); put is the caller's storage
  * for the payload. The envelope (table, ids) is left as it is. */
 void test_put_request(Carls__Request *req, Carls__Put *put, ProtobufCBinaryData *keys, size_t n_keys, float *values,
