@@ -67,6 +67,14 @@ static int s_put(kb_cluster_t *cl)
     return kb_cluster_put(cl, "emb", &k, 1, 2, v, 1);
 }
 
+/* s_put through cl, which must give want: how many ms it took. */
+static int64_t s_timed_put(kb_cluster_t *cl, int want)
+{
+    int64_t t0 = carls_monotonic_ms();
+    assert_int_equal(s_put(cl), want);
+    return carls_monotonic_ms() - t0;
+}
+
 /* Frame i of fake a and frame j of fake b are the same bytes: a write (client id and sequence nonzero). */
 static void s_assert_same_write(fake_kb_server_t *a, size_t i, fake_kb_server_t *b, size_t j)
 {
@@ -83,6 +91,16 @@ static void s_assert_same_write(fake_kb_server_t *a, size_t i, fake_kb_server_t 
     carls__request__free_unpacked(r, NULL);
 }
 
+/* A put through s that its first member does not take: it succeeds on the second member, which gets the same
+ * bytes, after min_ms and before max_ms. */
+static void s_expect_moved_to_second(s_shard_t *s, int64_t min_ms, int64_t max_ms)
+{
+    int64_t took = s_timed_put(s->cl, KB_CLIENT_OK);
+    assert_true(took >= min_ms && took < max_ms);
+    assert_string_equal(kb_client_member(s->c), fake_kb_server_endpoint(s->srv[1]));
+    s_assert_same_write(s->srv[0], 0, s->srv[1], 0);
+}
+
 /* NOT_PRIMARY naming another member: the client goes straight there (not to the member between them) and
  * resends the same bytes; it stays there for the next request. */
 static void test_not_primary_goes_to_the_named_member(void **state)
@@ -92,9 +110,7 @@ static void test_not_primary_goes_to_the_named_member(void **state)
     s_open(&s, 3, 5000, 0, 0);
     fake_kb_server_set_not_primary(s.srv[0], fake_kb_server_endpoint(s.srv[2]));
     fake_kb_server_set_mode(s.srv[1], FAKE_SILENT);
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(s.cl), KB_CLIENT_OK);
-    assert_true(carls_monotonic_ms() - t0 < 1000); /* no pause, no timeout */
+    assert_true(s_timed_put(s.cl, KB_CLIENT_OK) < 1000); /* no pause, no timeout */
     assert_string_equal(kb_client_member(s.c), fake_kb_server_endpoint(s.srv[2]));
     assert_int_equal(fake_kb_server_count(s.srv[0]), 1);
     assert_int_equal(fake_kb_server_count(s.srv[1]), 0);
@@ -134,12 +150,7 @@ static void test_not_primary_without_a_name_tries_the_next_member(void **state)
     s_shard_t s;
     s_open(&s, 2, 5000, 0, 0);
     fake_kb_server_set_not_primary(s.srv[0], NULL);
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(s.cl), KB_CLIENT_OK);
-    int64_t took = carls_monotonic_ms() - t0;
-    assert_true(took >= 100 && took < 2000);
-    assert_string_equal(kb_client_member(s.c), fake_kb_server_endpoint(s.srv[1]));
-    s_assert_same_write(s.srv[0], 0, s.srv[1], 0);
+    s_expect_moved_to_second(&s, 100, 2000);
     s_close(&s);
 }
 
@@ -150,12 +161,7 @@ static void test_attempt_timeout_moves_to_the_next_member(void **state)
     s_shard_t s;
     s_open(&s, 2, 300, 0, 0);
     fake_kb_server_set_mode(s.srv[0], FAKE_SILENT);
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(s.cl), KB_CLIENT_OK);
-    int64_t took = carls_monotonic_ms() - t0;
-    assert_true(took >= 300 && took < 3000);
-    assert_string_equal(kb_client_member(s.c), fake_kb_server_endpoint(s.srv[1]));
-    s_assert_same_write(s.srv[0], 0, s.srv[1], 0);
+    s_expect_moved_to_second(&s, 300, 3000);
     s_close(&s);
 }
 
@@ -174,9 +180,7 @@ static void test_dead_member_is_left_within_the_failover_timeout(void **state)
     kb_client_options_t opts = {.timeout_ms = 20000, .failover_timeout_ms = 300};
     kb_cluster_t *cl = kb_cluster_new(list, &opts);
     assert_non_null(cl);
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(cl), KB_CLIENT_OK);
-    int64_t took = carls_monotonic_ms() - t0;
+    int64_t took = s_timed_put(cl, KB_CLIENT_OK);
     assert_true(took >= 300 && took < 3000);
     assert_int_equal(fake_kb_server_count(live), 1);
     kb_cluster_destroy(&cl);
@@ -247,9 +251,7 @@ static void test_gives_up_after_the_failover_wait(void **state)
     s_open(&s, 2, 5000, 0, 700);
     fake_kb_server_set_not_primary(s.srv[0], NULL);
     fake_kb_server_set_not_primary(s.srv[1], NULL);
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(s.cl), KB_CLIENT_ESTATUS);
-    int64_t took = carls_monotonic_ms() - t0;
+    int64_t took = s_timed_put(s.cl, KB_CLIENT_ESTATUS);
     assert_true(took >= 700 && took < 3000);
     assert_int_equal(kb_cluster_last_status(s.cl), CARLS__STATUS_CODE__STATUS_NOT_PRIMARY);
     assert_true(fake_kb_server_count(s.srv[0]) + fake_kb_server_count(s.srv[1]) >= 3);
@@ -258,9 +260,7 @@ static void test_gives_up_after_the_failover_wait(void **state)
     s_open(&s, 2, 200, 0, 700);
     fake_kb_server_set_mode(s.srv[0], FAKE_SILENT);
     fake_kb_server_set_mode(s.srv[1], FAKE_SILENT);
-    t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(s.cl), KB_CLIENT_ETIMEOUT);
-    took = carls_monotonic_ms() - t0;
+    took = s_timed_put(s.cl, KB_CLIENT_ETIMEOUT);
     assert_true(took >= 700 && took < 3000);
     assert_non_null(strstr(kb_cluster_last_error(s.cl), "no answer from the members"));
     s_close(&s);
@@ -280,9 +280,7 @@ static void test_single_member_behaves_as_before(void **state)
     assert_int_equal(kb_client_members(c), 1);
 
     fake_kb_server_set_not_primary(a, fake_kb_server_endpoint(b));
-    int64_t t0 = carls_monotonic_ms();
-    assert_int_equal(s_put(cl), KB_CLIENT_ESTATUS);
-    assert_true(carls_monotonic_ms() - t0 < 1000); /* at once: no pause of 100 ms, no timeout (one frame) */
+    assert_true(s_timed_put(cl, KB_CLIENT_ESTATUS) < 1000); /* at once: no pause of 100 ms, no timeout (one frame) */
     assert_int_equal(kb_cluster_last_status(cl), CARLS__STATUS_CODE__STATUS_NOT_PRIMARY);
     assert_int_equal(fake_kb_server_count(a), 1);
     assert_int_equal(fake_kb_server_count(b), 0);
