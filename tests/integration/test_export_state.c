@@ -162,6 +162,21 @@ static void s_assert_same_rows(kb_cluster_t *a, kb_cluster_t *b, bool expect_pen
         assert_true(pending_rows > KEYS / 4);
 }
 
+/* Exports table from the single server to dir/<table>.kbx (page rows a scan, 0: the default) and imports that
+ * file into the two shards (batch rows a message, 0: the default); each step must move want_rows rows. */
+static void s_export_then_import(s_fixture_t *f, const char *table, uint32_t page, size_t batch, uint64_t want_rows)
+{
+    char path[320], err[512];
+    snprintf(path, sizeof path, "%s/%s.kbx", f->dir, table);
+    uint64_t rows = 0;
+    if (kb_export_table(f->a, table, path, page, &rows, NULL, err, sizeof err) != 0)
+        fail_msg("export: %s", err);
+    assert_int_equal(rows, want_rows);
+    if (kb_import_table(f->b, table, path, batch, &rows, NULL, err, sizeof err) != 0)
+        fail_msg("import: %s", err);
+    assert_int_equal(rows, want_rows);
+}
+
 /* Creates table `name` on c: an embedding table of dim, optimizer kind (learning rate 0.3), lazy updates with
  * max_pending and an hour's max_age (only max_pending and lookups apply gradients: no timing in the tests),
  * uniform initial values of seed 42. */
@@ -208,15 +223,7 @@ static void test_adagrad_export_import_into_two_shards_trains_the_same(void **st
         s_push_round(f->a, round, &rng);
 
     /* Export from the single server, import into the two shards: the same rows, state and all. */
-    char path[320], err[512];
-    snprintf(path, sizeof path, "%s/emb.kbx", f->dir);
-    uint64_t rows = 0;
-    if (kb_export_table(f->a, "emb", path, 50, &rows, NULL, err, sizeof err) != 0)
-        fail_msg("export: %s", err);
-    assert_int_equal(rows, KEYS);
-    if (kb_import_table(f->b, "emb", path, 37, &rows, NULL, err, sizeof err) != 0)
-        fail_msg("import: %s", err);
-    assert_int_equal(rows, KEYS);
+    s_export_then_import(f, "emb", 50, 37, KEYS);
     s_assert_same_rows(f->a, f->b, true);
 
     /* The same further training on both: pushes, then lookups of every key (which apply what is pending). */
@@ -338,15 +345,7 @@ static void test_wide_rows_export_in_short_pages(void **state)
     assert_false(resp->scan->done);
     carls__response__free_unpacked(resp, NULL);
 
-    char path[320], err[512];
-    snprintf(path, sizeof path, "%s/wide.kbx", f->dir);
-    uint64_t rows = 0;
-    if (kb_export_table(f->a, "wide", path, 0, &rows, NULL, err, sizeof err) != 0)
-        fail_msg("export: %s", err);
-    assert_int_equal(rows, N);
-    if (kb_import_table(f->b, "wide", path, 0, &rows, NULL, err, sizeof err) != 0)
-        fail_msg("import: %s", err);
-    assert_int_equal(rows, N);
+    s_export_then_import(f, "wide", 0, 0, N);
     /* The two pending gradients came along: looking the keys up applies them on both banks alike. */
     static float va[N * WIDE], vb[N * WIDE];
     assert_int_equal(kb_cluster_lookup(f->a, "wide", keys, N, WIDE, va, NULL), 0);
