@@ -73,6 +73,15 @@ static int s_teardown(void **state)
 
 static void s_key(char *buf, size_t n, int i) { snprintf(buf, n, "key-%03d", i); }
 
+/* Keys 0..n-1: names[i] holds "key-NNN" and keys[i] points at it. */
+static void s_keys(char (*names)[16], kb_key_t *keys, int n)
+{
+    for (int i = 0; i < n; i++) {
+        s_key(names[i], sizeof names[i], i);
+        keys[i] = (kb_key_t){names[i], strlen(names[i])};
+    }
+}
+
 /* Pushes one gradient to each of the keys i with (i * 7 + round) % 3 != 0 -- so keys gather different numbers
  * of gradients, some reaching max_pending (applied) and some left pending -- with gradients drawn from rng. */
 static void s_push_round(kb_cluster_t *c, int round, uint64_t *rng)
@@ -207,10 +216,7 @@ static void test_adagrad_export_import_into_two_shards_trains_the_same(void **st
      * a few puts (versions). */
     static char names[KEYS][16];
     kb_key_t keys[KEYS];
-    for (int i = 0; i < KEYS; i++) {
-        s_key(names[i], sizeof names[i], i);
-        keys[i] = (kb_key_t){names[i], strlen(names[i])};
-    }
+    s_keys(names, keys, KEYS);
     static float values[KEYS * DIM];
     assert_int_equal(kb_cluster_lookup(f->a, "emb", keys, KEYS, DIM, values, NULL), 0);
     uint64_t rng = 7;
@@ -330,10 +336,7 @@ static void test_wide_rows_export_in_short_pages(void **state)
     s_create(f->a, "wide", WIDE, CARLS__OPTIMIZER_KIND__OPT_ADAM, 1024);
     static char names[N][16];
     kb_key_t keys[N];
-    for (int i = 0; i < N; i++) {
-        s_key(names[i], sizeof names[i], i);
-        keys[i] = (kb_key_t){names[i], strlen(names[i])};
-    }
+    s_keys(names, keys, N);
     static float values[N * WIDE];
     assert_int_equal(kb_cluster_lookup(f->a, "wide", keys, N, WIDE, values, NULL), 0);
     for (int i = 0; i < N * WIDE; i++)
