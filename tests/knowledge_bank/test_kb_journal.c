@@ -27,6 +27,7 @@
 #include "kb_batch.h"
 #include "kb_journal.h"
 #include "kb_table_config.h"
+#include "test_util.h"
 #include "util.h"
 
 static char s_dir[256];
@@ -34,16 +35,13 @@ static char s_dir[256];
 static int s_setup(void **state)
 {
     (void)state;
-    snprintf(s_dir, sizeof s_dir, "%s/test_kb_journal.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    return mkdtemp(s_dir) ? 0 : -1;
+    return test_tmpdir(s_dir, sizeof s_dir, "kb-journal");
 }
 
 static int s_teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_rmrf(s_dir);
 }
 
 static void *s_dup(const void *p, size_t n)
