@@ -17,30 +17,34 @@ fi
 echo "kb-server: $control server symbols (control)"
 
 fail=0
+# check_no_server_symbols FILE NAME: FILE (NAME in the messages) defines no symbol of the server's modules.
+check_no_server_symbols() {
+  local found
+  if [ ! -f "$1" ]; then
+    echo "FAIL: $1 not found"
+    fail=1
+    return
+  fi
+  found=$(nm --defined-only "$1" | grep -E "$server_symbols" || true)
+  if [ -n "$found" ]; then
+    echo "FAIL: $2 links server code:"
+    echo "$found" | head -5
+    fail=1
+  else
+    echo "ok: $(basename "$2") defines no server symbol"
+  fi
+}
+
 for prog in kbctl kb-keygen kb-bench trainer kb-maker carls; do
   if [ ! -x "$bin/$prog" ]; then
     echo "FAIL: $bin/$prog not built"
     fail=1
     continue
   fi
-  found=$(nm --defined-only "$bin/$prog" | grep -E "$server_symbols" || true)
-  if [ -n "$found" ]; then
-    echo "FAIL: $prog links server code:"
-    echo "$found" | head -5
-    fail=1
-  else
-    echo "ok: $prog defines no server symbol"
-  fi
+  check_no_server_symbols "$bin/$prog" "$prog"
 done
 if [ -n "$lib" ]; then
-  found=$(nm --defined-only "$lib" | grep -E "$server_symbols" || true)
-  if [ -n "$found" ]; then
-    echo "FAIL: $lib links server code:"
-    echo "$found" | head -5
-    fail=1
-  else
-    echo "ok: $(basename "$lib") defines no server symbol"
-  fi
+  check_no_server_symbols "$lib" "$lib"
   exports=$(nm -D --defined-only "$lib" | awk '$2 != "A" { print $3 }')
   if [ -z "$(echo "$exports" | grep -E '^kb_ffi_open(@|$)' || true)" ]; then
     echo "FAIL: $lib does not export kb_ffi_open; the export check is broken"
