@@ -2,7 +2,8 @@
 # $src set to the source directory: slurm_cluster_up NAME NODES CPUS skips (exit 77) without slurm-wlm/munge,
 # root or dataset-fashion-mnist, makes $tmp (/tmp/carls-NAME.XXXXXX), brings a throwaway cluster up in
 # $tmp/cluster (scripts/slurm/up.sh; slurm_cluster_down, also on exit), sources its env and enters $tmp;
-# fail MESSAGE counts a failure in $fails.
+# fail MESSAGE counts a failure in $fails; small_graphreg_ini prints the settings of the small graphreg
+# experiment both tests run (each adds its name, steps, cadence and bank).
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
@@ -21,4 +22,25 @@ slurm_cluster_up() {
   "$src/scripts/slurm/up.sh" "$tmp/cluster" "$nodes" "$cpus" || { echo "FAIL: the cluster did not come up"; exit 1; }
   . "$tmp/cluster/env"
   cd "$tmp"
+}
+
+small_graphreg_ini() {
+  cat <<'INI'
+runs_dir = runs
+items = 1000
+labels_per_class = 10
+makers = 2
+maker_device = cpu
+graph_k = 5
+label_maker = 1
+label_model_weight = 0
+hidden = 64,32
+batch_labelled = 100
+batch_unlabelled = 64
+alpha = 0.1
+neighbors = 5
+neighbors_from = bank
+beta = 1
+trainer_device = cpu
+INI
 }

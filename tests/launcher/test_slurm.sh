@@ -14,30 +14,17 @@ src=$2
 . "$(dirname "$0")/slurm_testlib.sh"
 slurm_cluster_up slurm-test 2 4
 sinfo -N
-cat > e2e.ini <<'INI'
-# small end-to-end configuration (as test_launcher_short's)
+{
+  echo "# small end-to-end configuration (as test_launcher_short's)"
+  small_graphreg_ini
+  cat <<'INI'
 name = e2e
-runs_dir = runs
-items = 1000
-labels_per_class = 10
-makers = 2
-maker_device = cpu
-graph_k = 5
-label_maker = 1
-label_model_weight = 0
-hidden = 64,32
 steps = 150
-batch_labelled = 100
-batch_unlabelled = 64
-alpha = 0.1
-neighbors = 5
-neighbors_from = bank
-beta = 1
 ckpt_every = 25
 eval_every = 50
-trainer_device = cpu
 timeout_s = 300
 INI
+} > e2e.ini
 scratch=$tmp/scratch
 
 # Processes of this test's runs still alive: their command lines name the scratch directory.

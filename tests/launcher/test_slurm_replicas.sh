@@ -18,28 +18,14 @@ src=$2
 . "$(dirname "$0")/slurm_testlib.sh"
 slurm_cluster_up slurm-replicas 2 8
 steps=12000
-cat > rep.ini <<INI
-# small graphreg run (as test_launcher_replicas's) on a replicated, sharded bank
+{
+  echo "# small graphreg run (as test_launcher_replicas's) on a replicated, sharded bank"
+  small_graphreg_ini
+  cat <<INI
 name = rep
-runs_dir = runs
-items = 1000
-labels_per_class = 10
-makers = 2
-maker_device = cpu
-graph_k = 5
-label_maker = 1
-label_model_weight = 0
-hidden = 64,32
 steps = $steps
-batch_labelled = 100
-batch_unlabelled = 64
-alpha = 0.1
-neighbors = 5
-neighbors_from = bank
-beta = 1
 ckpt_every = 100
 eval_every = 2000
-trainer_device = cpu
 timeout_s = 500
 shards = 2
 replicas = 2
@@ -47,6 +33,7 @@ kb_durability = sync
 kb_threads = 1
 maker_bank_timeout_ms = 1000
 INI
+} > rep.ini
 scratch=$tmp/scratch
 
 # Kills pid and everything under it, children first.
