@@ -223,7 +223,7 @@ int kb_server_new(kb_service_t *service, const kb_server_options_t *opts, kb_ser
     *out = NULL;
     kb_server_t *self = carls_xcalloc(1, sizeof *self);
     self->service = service;
-    self->commit = kb_bank_commit(kb_service_bank(service));
+    self->commit = kb_service_commit(service);
     self->opts = *opts;
     if (self->opts.threads == 0)
         self->opts.threads = 1;

@@ -1235,7 +1235,7 @@ void kb_service_status_reply(kb_service_t *self, uint64_t request_id, Carls__Sta
     s_reply_free(self, rp);
 }
 
-kb_bank_t *kb_service_bank(kb_service_t *self) { return self->bank; }
+kb_commit_t *kb_service_commit(kb_service_t *self) { return self->commit; }
 
 int kb_service_commit_timeout_ms(const kb_service_t *self) { return self->limits.commit_timeout_ms; }
 

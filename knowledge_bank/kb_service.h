@@ -80,8 +80,8 @@ void kb_service_set_replication(kb_service_t *self, const kb_service_replication
  * they get STATUS_NOT_PRIMARY naming primary, "" when unknown, and lookups create no rows). Any thread. */
 void kb_service_set_role(kb_service_t *self, uint64_t term, bool writable, const char *primary);
 
-/* The bank the service was made with. */
-kb_bank_t *kb_service_bank(kb_service_t *self);
+/* The commit pipeline of the bank the service was made with (the transport parks replies on it). */
+kb_commit_t *kb_service_commit(kb_service_t *self);
 
 /* How long a parked reply may wait for its commit (--commit-timeout-ms). */
 int kb_service_commit_timeout_ms(const kb_service_t *self);
