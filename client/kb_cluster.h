@@ -347,6 +347,14 @@ int kb_cluster_checkpoint(kb_cluster_t *self, Carls__CheckpointResult *per_shard
 int kb_cluster_scan(kb_cluster_t *self, uint32_t shard, const char *table, int64_t after_row_id, uint32_t limit,
                     Carls__Response **page_out);
 
+/* A page of kb_cluster_scan_all: true to go on, false to stop there. */
+typedef bool (*kb_cluster_page_fn)(void *ctx, uint32_t shard, const Carls__ScanResult *page);
+
+/* Every row of table, shard by shard, in pages of at most limit rows (kb_cluster_scan's checks) handed to
+ * fn(ctx, shard, page); a page with no keys is not handed over. Returns 0 once every page was seen or fn
+ * stopped (a caller that stops keeps why in ctx), or the code of the scan that failed (error set). */
+int kb_cluster_scan_all(kb_cluster_t *self, const char *table, uint32_t limit, kb_cluster_page_fn fn, void *ctx);
+
 /* ---- snapshots (docs/STATE.md "Snapshots") ------------------------------------------------------------ */
 
 /* Takes snapshot name (1..64 characters of [A-Za-z0-9_.-], not beginning with '.') on every shard, in

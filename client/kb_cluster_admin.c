@@ -141,6 +141,31 @@ fail:
     return rc;
 }
 
+int kb_cluster_scan_all(kb_cluster_t *self, const char *table, uint32_t limit, kb_cluster_page_fn fn, void *ctx)
+{
+    assert(self && fn);
+    for (uint32_t s = 0; s < self->n; s++) {
+        int64_t after = 0;
+        for (;;) {
+            Carls__Response *resp = NULL;
+            int rc = kb_cluster_scan(self, s, table, after, limit, &resp);
+            if (rc != 0)
+                return rc;
+            const Carls__ScanResult *page = resp->scan;
+            const bool go_on = page->n_keys == 0 || fn(ctx, s, page);
+            const bool done = page->done || page->n_keys == 0;
+            if (page->n_keys > 0)
+                after = page->row_ids[page->n_keys - 1];
+            carls__response__free_unpacked(resp, NULL);
+            if (!go_on)
+                return 0;
+            if (done)
+                break;
+        }
+    }
+    return 0;
+}
+
 /* ---- snapshots (docs/STATE.md "Snapshots") ------------------------------------------------------------ */
 
 /* Builds a Snapshot operation. 0, or KB_CLIENT_EINVAL (error set) for a create or delete without a name. */

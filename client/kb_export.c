@@ -762,42 +762,50 @@ void kb_export_reader_destroy(kb_export_reader_t **self_p)
 typedef int (*s_page_fn)(void *ctx, const Carls__TableConfig *cfg, const Carls__ScanResult *r, char *err,
                          size_t errlen);
 
+/* s_scan_table's state across kb_cluster_scan_all's pages. */
+typedef struct {
+    const Carls__TableConfig *cfg;
+    s_page_fn fn;
+    void *ctx;
+    carls_progress_t *progress;
+    char *err;
+    size_t errlen;
+    int rc;
+} s_scan_t;
+
+/* One page: checked against the table's config, then handed to the consumer; stops at the first error. */
+static bool s_scan_page(void *ctx, uint32_t shard, const Carls__ScanResult *r)
+{
+    s_scan_t *sc = ctx;
+    const Carls__TableConfig *cfg = sc->cfg;
+    const bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
+    if (!feature && (r->dim != cfg->dim || r->n_values != r->n_keys * cfg->dim))
+        sc->rc = carls_errorf(sc->err, sc->errlen, KB_EXPORT_EBANK,
+                              "shard %u sent rows of dim %u for a table of dim %u", shard, r->dim, cfg->dim);
+    else if (feature && r->n_records != r->n_keys)
+        sc->rc = carls_errorf(sc->err, sc->errlen, KB_EXPORT_EBANK,
+                              "shard %u sent embedding rows for a feature table", shard);
+    else
+        sc->rc = sc->fn(sc->ctx, cfg, r, sc->err, sc->errlen);
+    if (sc->progress && sc->rc == 0)
+        carls_progress_add(sc->progress, (int64_t)r->n_keys);
+    return sc->rc == 0;
+}
+
 /* Scans table on every shard in pages of `page` rows, checks each page against cfg and gives it to fn(ctx);
  * reports the rows to progress (may be NULL; started here, finished by the caller). Returns 0, fn's error, or
  * KB_EXPORT_EBANK. */
 static int s_scan_table(kb_cluster_t *bank, const char *table, uint32_t page, const Carls__TableConfig *cfg,
                         s_page_fn fn, void *ctx, carls_progress_t *progress, char *err, size_t errlen)
 {
-    const bool feature = cfg->kind == CARLS__TABLE_KIND__TABLE_FEATURE;
     char label[64];
     snprintf(label, sizeof label, "export %s", table);
     if (progress)
         carls_progress_start_units(progress, label, 0, "rows");
-    int rc = 0;
-    for (uint32_t s = 0; s < kb_cluster_shards(bank) && rc == 0; s++) {
-        int64_t after = 0;
-        bool done = false;
-        while (!done && rc == 0) {
-            Carls__Response *resp = NULL;
-            if (kb_cluster_scan(bank, s, table, after, page, &resp) != 0)
-                return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
-            const Carls__ScanResult *r = resp->scan;
-            if (!feature && r->n_keys > 0 && (r->dim != cfg->dim || r->n_values != r->n_keys * cfg->dim))
-                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent rows of dim %u for a table of dim %u",
-                                  s, r->dim, cfg->dim);
-            else if (feature && r->n_keys > 0 && r->n_records != r->n_keys)
-                rc = carls_errorf(err, errlen, KB_EXPORT_EBANK, "shard %u sent embedding rows for a feature table", s);
-            else
-                rc = fn(ctx, cfg, r, err, errlen);
-            if (progress && rc == 0)
-                carls_progress_add(progress, (int64_t)r->n_keys);
-            done = r->done || r->n_keys == 0;
-            if (r->n_keys > 0)
-                after = r->row_ids[r->n_keys - 1];
-            carls__response__free_unpacked(resp, NULL);
-        }
-    }
-    return rc;
+    s_scan_t sc = {.cfg = cfg, .fn = fn, .ctx = ctx, .progress = progress, .err = err, .errlen = errlen};
+    if (kb_cluster_scan_all(bank, table, page, s_scan_page, &sc) != 0)
+        return carls_errorf(err, errlen, KB_EXPORT_EBANK, "%s", kb_cluster_last_error(bank));
+    return sc.rc;
 }
 
 /* kb_export_table's page consumer: every row into the export writer (ctx). */

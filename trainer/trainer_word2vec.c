@@ -110,7 +110,6 @@ typedef struct {
     w2v_names_t names;
     data_text_t *text;
     kb_cluster_t *bank;
-    uint32_t shards;
     s_io_t io;
     size_t line_first, line_end; /* this worker's slice */
     size_t slice_tokens;
@@ -751,47 +750,55 @@ static int s_by_count(const void *a, const void *b)
     return strcmp(x->word, y->word);
 }
 
+/* s_export's rows as the scan of NAME hands them over. */
+typedef struct {
+    uint32_t dim;
+    s_row_t *rows;
+    size_t n, cap;
+    bool bad_dim; /* a page of another dim: the scan stopped there */
+} s_export_rows_t;
+
+static bool s_export_page(void *ctx, uint32_t shard, const Carls__ScanResult *sr)
+{
+    (void)shard;
+    s_export_rows_t *er = ctx;
+    const uint32_t dim = er->dim;
+    if (sr->dim != dim || sr->n_values != sr->n_keys * dim) {
+        er->bad_dim = true;
+        return false;
+    }
+    for (size_t i = 0; i < sr->n_keys; i++) {
+        if (er->n == er->cap) {
+            er->cap = er->cap ? er->cap * 2 : 4096;
+            er->rows = carls_xrealloc(er->rows, er->cap * sizeof *er->rows);
+        }
+        s_row_t *row = &er->rows[er->n++];
+        row->word = carls_xmalloc(sr->keys[i].len + 1);
+        memcpy(row->word, sr->keys[i].data, sr->keys[i].len);
+        row->word[sr->keys[i].len] = '\0';
+        row->vec = carls_xmalloc(dim * sizeof(float));
+        memcpy(row->vec, sr->values + i * dim, dim * sizeof(float));
+        row->count = 0;
+    }
+    return true;
+}
+
 /* Writes NAME's rows as a word2vec text file, most counted words first. */
 static int s_export(s_run_t *r, const char *path)
 {
     uint32_t dim = r->o.tables.dim;
-    s_row_t *rows = NULL;
-    size_t n = 0, cap = 0;
-    int64_t after = 0;
     int rc = -1;
-    for (uint32_t shard = 0; shard < r->shards; shard++) {
-        after = 0;
-        for (;;) {
-            Carls__Response *resp = NULL;
-            if (kb_cluster_scan(r->bank, shard, r->names.in, after, 2000, &resp) != 0) {
-                LOG_ERROR("word2vec: export: scanning %s: %s", r->names.in, kb_cluster_last_error(r->bank));
-                goto cleanup;
-            }
-            const Carls__ScanResult *sr = resp->scan;
-            if (sr->n_keys > 0 && (sr->dim != dim || sr->n_values != sr->n_keys * dim)) {
-                LOG_ERROR("word2vec: export: %s answered a page of another dim", r->names.in);
-                carls__response__free_unpacked(resp, NULL);
-                goto cleanup;
-            }
-            for (size_t i = 0; i < sr->n_keys; i++) {
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 4096;
-                    rows = carls_xrealloc(rows, cap * sizeof *rows);
-                }
-                rows[n].word = carls_xmalloc(sr->keys[i].len + 1);
-                memcpy(rows[n].word, sr->keys[i].data, sr->keys[i].len);
-                rows[n].word[sr->keys[i].len] = '\0';
-                rows[n].vec = carls_xmalloc(dim * sizeof(float));
-                memcpy(rows[n].vec, sr->values + i * dim, dim * sizeof(float));
-                rows[n].count = 0;
-                n++;
-                after = sr->row_ids[i];
-            }
-            bool done = sr->done || sr->n_keys == 0;
-            carls__response__free_unpacked(resp, NULL);
-            if (done)
-                break;
-        }
+    s_export_rows_t er = {.dim = dim};
+    const int scan_rc = kb_cluster_scan_all(r->bank, r->names.in, 2000, s_export_page, &er);
+    s_row_t *rows = er.rows;
+    size_t n = er.n;
+    if (scan_rc != 0) {
+        LOG_ERROR("word2vec: export: scanning %s: %s", r->names.in, kb_cluster_last_error(r->bank));
+        goto cleanup;
+    }
+    if (er.bad_dim) {
+        LOG_ERROR("word2vec: export: %s answered a page of another dim", r->names.in);
+        goto cleanup;
     }
     /* Word counts from NAME.count, to order the file as word2vec and fastText do. */
     for (size_t i0 = 0; i0 < n; i0 += 50000) {
@@ -958,6 +965,35 @@ cleanup:
     return rc;
 }
 
+/* The k most counted words of a scan of NAME.count, most counted first (counts[j] 0 while words[j] is NULL). */
+typedef struct {
+    char **words;
+    uint64_t *counts;
+    uint32_t k;
+} s_top_counted_t;
+
+static bool s_top_counted_page(void *ctx, uint32_t shard, const Carls__ScanResult *sr)
+{
+    (void)shard;
+    s_top_counted_t *t = ctx;
+    const uint32_t k = t->k;
+    for (size_t i = 0; i < sr->n_keys; i++) {
+        uint64_t f = sr->frequencies[i];
+        if (f <= t->counts[k - 1])
+            continue;
+        uint32_t p = k - 1;
+        free(t->words[p]);
+        while (p > 0 && t->counts[p - 1] < f) {
+            t->counts[p] = t->counts[p - 1];
+            t->words[p] = t->words[p - 1];
+            p--;
+        }
+        t->counts[p] = f;
+        t->words[p] = strndup((const char *)sr->keys[i].data, sr->keys[i].len);
+    }
+    return true;
+}
+
 /* Context prediction scored on n (center, context) pairs of the slice drawn like training pairs (dynamic
  * window), both words admitted: hit@k of the bank's top-k output rows for the center's input vector (u.v, and
  * u.v + log Pn), against always answering the k most counted words. */
@@ -1036,35 +1072,10 @@ static int s_predict_eval(s_run_t *r)
                 }
     }
     /* Baseline: always the k most counted words (a scan of NAME.count). */
-    for (uint32_t shard = 0; shard < r->shards; shard++) {
-        int64_t after = 0;
-        for (;;) {
-            Carls__Response *resp = NULL;
-            if (kb_cluster_scan(r->bank, shard, r->names.count, after, 5000, &resp) != 0) {
-                LOG_ERROR("word2vec: predict-eval: scanning %s: %s", r->names.count, kb_cluster_last_error(r->bank));
-                goto cleanup;
-            }
-            const Carls__ScanResult *sr = resp->scan;
-            for (size_t i = 0; i < sr->n_keys; i++) {
-                after = sr->row_ids[i];
-                uint64_t f = sr->frequencies[i];
-                if (f <= topf[k - 1])
-                    continue;
-                uint32_t p = k - 1;
-                free(topw[p]);
-                while (p > 0 && topf[p - 1] < f) {
-                    topf[p] = topf[p - 1];
-                    topw[p] = topw[p - 1];
-                    p--;
-                }
-                topf[p] = f;
-                topw[p] = strndup((const char *)sr->keys[i].data, sr->keys[i].len);
-            }
-            bool done = sr->done || sr->n_keys == 0;
-            carls__response__free_unpacked(resp, NULL);
-            if (done)
-                break;
-        }
+    s_top_counted_t top = {.words = topw, .counts = topf, .k = k};
+    if (kb_cluster_scan_all(r->bank, r->names.count, 5000, s_top_counted_page, &top) != 0) {
+        LOG_ERROR("word2vec: predict-eval: scanning %s: %s", r->names.count, kb_cluster_last_error(r->bank));
+        goto cleanup;
     }
     uint32_t base = 0;
     for (uint32_t i = 0; i < m; i++)
@@ -1170,8 +1181,6 @@ int trainer_word2vec_main(int argc, char **argv)
         goto cleanup;
     r->bank = kb_cluster_new(r->o.kb, &copts);
     explicit_bzero(&keys, sizeof keys);
-    if (r->bank)
-        r->shards = kb_cluster_shards(r->bank);
     if (!r->bank) {
         LOG_ERROR("word2vec: cannot open a client for %s", r->o.kb);
         goto cleanup;

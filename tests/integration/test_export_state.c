@@ -356,8 +356,65 @@ static void test_wide_rows_export_in_short_pages(void **state)
     assert_memory_equal(va, vb, sizeof va);
 }
 
+/* kb_cluster_scan_all over two shards: every row once, in pages of at most the limit, both shards visited;
+ * a callback that says stop gets no further page; a table that is not there is the scan's error. */
+typedef struct {
+    int seen[KEYS];
+    size_t pages, rows, largest_page;
+    uint32_t shards_seen; /* bit s: shard s handed a page */
+    size_t stop_after;    /* pages; 0: never stop */
+} s_scan_count_t;
+
+static bool s_count_page(void *ctx, uint32_t shard, const Carls__ScanResult *page)
+{
+    s_scan_count_t *sc = ctx;
+    sc->pages++;
+    sc->shards_seen |= 1u << shard;
+    if (page->n_keys > sc->largest_page)
+        sc->largest_page = page->n_keys;
+    for (size_t i = 0; i < page->n_keys; i++) {
+        const uint8_t *d = page->keys[i].data;
+        int k = (d[4] - '0') * 100 + (d[5] - '0') * 10 + (d[6] - '0');
+        assert_true(page->keys[i].len == 7 && k >= 0 && k < KEYS);
+        sc->seen[k]++;
+        sc->rows++;
+    }
+    return sc->stop_after == 0 || sc->pages < sc->stop_after;
+}
+
+static void test_scan_all_pages_every_shard(void **state)
+{
+    s_fixture_t *f = *state;
+    s_create(f->b, "emb", DIM, CARLS__OPTIMIZER_KIND__OPT_SGD, 4);
+    char names[KEYS][16];
+    kb_key_t keys[KEYS];
+    s_keys(names, keys, KEYS);
+    float values[KEYS * DIM];
+    for (size_t i = 0; i < KEYS * DIM; i++)
+        values[i] = (float)i;
+    assert_int_equal(kb_cluster_put(f->b, "emb", keys, KEYS, DIM, values, 1), 0);
+
+    s_scan_count_t all = {0};
+    assert_int_equal(kb_cluster_scan_all(f->b, "emb", 7, s_count_page, &all), 0);
+    assert_int_equal(all.rows, KEYS);
+    for (int k = 0; k < KEYS; k++)
+        assert_int_equal(all.seen[k], 1);
+    assert_int_equal(all.shards_seen, 3u);
+    assert_true(all.largest_page <= 7 && all.pages >= KEYS / 7);
+
+    s_scan_count_t first = {.stop_after = 1};
+    assert_int_equal(kb_cluster_scan_all(f->b, "emb", 7, s_count_page, &first), 0);
+    assert_int_equal(first.pages, 1);
+
+    s_scan_count_t none = {0};
+    assert_int_not_equal(kb_cluster_scan_all(f->b, "nosuch", 7, s_count_page, &none), 0);
+    assert_non_null(strstr(kb_cluster_last_error(f->b), "nosuch"));
+    assert_int_equal(none.pages, 0);
+}
+
 CARLS_TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_adagrad_export_import_into_two_shards_trains_the_same, s_setup,
                                     s_teardown),
     cmocka_unit_test_setup_teardown(test_import_rows_refusals_and_replay, s_setup, s_teardown),
-    cmocka_unit_test_setup_teardown(test_wide_rows_export_in_short_pages, s_setup, s_teardown))
+    cmocka_unit_test_setup_teardown(test_wide_rows_export_in_short_pages, s_setup, s_teardown),
+    cmocka_unit_test_setup_teardown(test_scan_all_pages_every_shard, s_setup, s_teardown))
