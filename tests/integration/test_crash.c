@@ -24,6 +24,7 @@
 #include "kb_cluster.h"
 #include "log.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -118,17 +119,10 @@ static int s_check_writers(kb_cluster_t *c, const grad_writer_t *w)
 
 static void s_create(kb_cluster_t *c, const char *name, Carls__OptimizerKind kind, float lr)
 {
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = 1;
-    cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
-    opt.kind = kind;
-    opt.learning_rate = lr;
-    lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    assert_int_equal(kb_cluster_create_table(c, name, &cfg, true), 0);
+    test_table_config_t t;
+    test_embedding_table_config(&t, 1, CARLS__INIT_KIND__INIT_ZEROS, 0, kind, lr,
+                                CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE);
+    assert_int_equal(kb_cluster_create_table(c, name, &t.cfg, true), 0);
 }
 
 /* The two tables the gradient writers push to: SGD (lr 1) and AdaGrad (lr 0.1), immediate updates. */

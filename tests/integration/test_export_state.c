@@ -191,19 +191,12 @@ static void s_export_then_import(s_fixture_t *f, const char *table, uint32_t pag
  * uniform initial values of seed 42. */
 static void s_create(kb_cluster_t *c, const char *name, uint32_t dim, Carls__OptimizerKind kind, uint32_t max_pending)
 {
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = dim;
-    cfg.init = CARLS__INIT_KIND__INIT_UNIFORM;
-    cfg.init_seed = 42;
-    opt.kind = kind;
-    opt.learning_rate = 0.3f;
-    lazy.max_pending = max_pending;
-    lazy.max_age_ms = 3600000;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    if (kb_cluster_create_table(c, name, &cfg, false) != 0)
+    test_table_config_t t;
+    test_embedding_table_config(&t, dim, CARLS__INIT_KIND__INIT_UNIFORM, 42, kind, 0.3f,
+                                CARLS__UPDATE_POLICY__UPDATE_LAZY);
+    t.lazy.max_pending = max_pending;
+    t.lazy.max_age_ms = 3600000;
+    if (kb_cluster_create_table(c, name, &t.cfg, false) != 0)
         fail_msg("create %s: %s", name, kb_cluster_last_error(c));
 }
 

@@ -343,16 +343,11 @@ static void test_pushes_match_resident_server(void **state)
     assert_int_equal(test_server_start(&other, NULL), 0);
     kb_cluster_t *c2 = kb_cluster_new(other.endpoint, &s_client_options);
     assert_non_null(c2);
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    opt.kind = CARLS__OPTIMIZER_KIND__OPT_ADAM;
-    lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
-    cfg.dim = PUSH_DIM;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    test_create_table(f->cluster, "adam", &cfg);
-    test_create_table(c2, "adam", &cfg);
+    test_table_config_t t;
+    test_embedding_table_config(&t, PUSH_DIM, CARLS__INIT_KIND__INIT_ZEROS, 0, CARLS__OPTIMIZER_KIND__OPT_ADAM, 0.0f,
+                                CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE);
+    test_create_table(f->cluster, "adam", &t.cfg);
+    test_create_table(c2, "adam", &t.cfg);
     static float values[BATCH * PUSH_DIM];
     for (size_t first = 0; first < PUSH_ROWS; first += BATCH) {
         s_fill(values, first, BATCH, PUSH_DIM, NULL);

@@ -45,18 +45,13 @@ static void s_kill_and_restart(server_fixture_t *f, const char *durability)
  * gathered (0: the default) or a lookup. */
 static void s_create_lazy(kb_cluster_t *c, const char *name, uint32_t dim, uint32_t max_pending)
 {
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = dim;
-    cfg.init = CARLS__INIT_KIND__INIT_ZEROS;
-    opt.learning_rate = 1.0f;
-    lazy.max_age_ms = 3600000; /* gradients stay pending until looked up */
-    lazy.max_pending = max_pending;
-    lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    test_create_table(c, name, &cfg);
+    test_table_config_t t;
+    test_embedding_table_config(&t, dim, CARLS__INIT_KIND__INIT_ZEROS, 0, CARLS__OPTIMIZER_KIND__OPT_SGD, 1.0f,
+                                CARLS__UPDATE_POLICY__UPDATE_LAZY);
+    t.lazy.max_age_ms = 3600000; /* gradients stay pending until looked up */
+    t.lazy.max_pending = max_pending;
+    t.lazy.outlier_rule = CARLS__OUTLIER_RULE__OUTLIER_NONE;
+    test_create_table(c, name, &t.cfg);
 }
 
 static void s_create(kb_cluster_t *c, const char *name, uint32_t dim) { s_create_lazy(c, name, dim, 0); }

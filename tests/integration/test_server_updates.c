@@ -4,6 +4,7 @@
  * across restarts, and concurrent writers. */
 #include "kb_cluster.h"
 #include "server_fixture.h"
+#include "test_proto.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -31,20 +32,12 @@ typedef struct {
 
 static void s_create(kb_cluster_t *c, const char *name, const table_spec_t *spec)
 {
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig opt = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = spec->dim;
-    cfg.init = spec->init;
-    opt.kind = spec->opt;
-    opt.learning_rate = spec->lr;
-    lazy.policy = spec->policy;
-    lazy.max_age_ms = spec->max_age_ms ? spec->max_age_ms : 600000;
-    lazy.max_pending = spec->max_pending;
-    lazy.outlier_threshold = spec->outlier_threshold;
-    cfg.optimizer = &opt;
-    cfg.lazy = &lazy;
-    test_create_table(c, name, &cfg);
+    test_table_config_t t;
+    test_embedding_table_config(&t, spec->dim, spec->init, 0, spec->opt, spec->lr, spec->policy);
+    t.lazy.max_age_ms = spec->max_age_ms ? spec->max_age_ms : 600000;
+    t.lazy.max_pending = spec->max_pending;
+    t.lazy.outlier_threshold = spec->outlier_threshold;
+    test_create_table(c, name, &t.cfg);
 }
 
 static kb_key_t s_key(const char *k) { return (kb_key_t){.data = k, .len = strlen(k)}; }

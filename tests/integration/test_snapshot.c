@@ -23,6 +23,7 @@
 #include "kb_cluster.h"
 #include "protocol.h"
 #include "server_harness.h"
+#include "test_proto.h"
 #include "test_util.h"
 #include "util.h"
 
@@ -97,21 +98,16 @@ static void s_stop(test_server_t *servers, int n)
 
 static void s_create_table(kb_cluster_t *c, const char *table, Carls__OptimizerKind opt, bool pending)
 {
-    Carls__TableConfig cfg = CARLS__TABLE_CONFIG__INIT;
-    Carls__OptimizerConfig oc = CARLS__OPTIMIZER_CONFIG__INIT;
-    Carls__LazyUpdateConfig lazy = CARLS__LAZY_UPDATE_CONFIG__INIT;
-    cfg.dim = DIM;
-    cfg.init = CARLS__INIT_KIND__INIT_UNIFORM;
-    cfg.init_seed = 7;
-    oc.kind = opt;
-    oc.learning_rate = 0.1f;
-    cfg.optimizer = &oc;
+    test_table_config_t t;
+    test_embedding_table_config(&t, DIM, CARLS__INIT_KIND__INIT_UNIFORM, 7, opt, 0.1f,
+                                CARLS__UPDATE_POLICY__UPDATE_LAZY);
     if (pending) { /* gradients stay pending until a lookup applies them */
-        lazy.max_age_ms = 3600000;
-        lazy.max_pending = 1024;
-        cfg.lazy = &lazy;
+        t.lazy.max_age_ms = 3600000;
+        t.lazy.max_pending = 1024;
+    } else {
+        t.cfg.lazy = NULL; /* no lazy-update part at all: the server's defaults */
     }
-    if (kb_cluster_create_table(c, table, &cfg, false) != 0)
+    if (kb_cluster_create_table(c, table, &t.cfg, false) != 0)
         fail_msg("create %s: %s", table, kb_cluster_last_error(c));
 }
 

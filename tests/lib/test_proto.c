@@ -3,6 +3,24 @@
 
 #include "protocol.h"
 
+Carls__TableConfig *test_embedding_table_config(test_table_config_t *t, uint32_t dim, Carls__InitKind init,
+                                                uint64_t init_seed, Carls__OptimizerKind opt_kind,
+                                                float learning_rate, Carls__UpdatePolicy policy)
+{
+    carls__table_config__init(&t->cfg);
+    carls__optimizer_config__init(&t->opt);
+    carls__lazy_update_config__init(&t->lazy);
+    t->cfg.dim = dim;
+    t->cfg.init = init;
+    t->cfg.init_seed = init_seed;
+    t->opt.kind = opt_kind;
+    t->opt.learning_rate = learning_rate;
+    t->lazy.policy = policy;
+    t->cfg.optimizer = &t->opt;
+    t->cfg.lazy = &t->lazy;
+    return &t->cfg;
+}
+
 Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,
                                          Carls__KnnMetric metric)
 {

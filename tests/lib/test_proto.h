@@ -7,6 +7,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A table's config with its optimizer and lazy-update parts, which cfg points to: pass &cfg, and do not copy
+ * the struct (the copy's cfg would still point into the original). */
+typedef struct {
+    Carls__TableConfig cfg;
+    Carls__OptimizerConfig opt;
+    Carls__LazyUpdateConfig lazy;
+} test_table_config_t;
+
+/* Fills t with an embedding table's config: width dim, initial values of init (seed), optimizer opt_kind
+ * at learning_rate, update policy; every other field is the protocol's zero (the server's default). Returns
+ * &t->cfg. A test that wants more (max_pending, outlier rule, knn...) sets those fields on t afterwards. */
+Carls__TableConfig *test_embedding_table_config(test_table_config_t *t, uint32_t dim, Carls__InitKind init,
+                                                uint64_t init_seed, Carls__OptimizerKind opt_kind,
+                                                float learning_rate, Carls__UpdatePolicy policy);
+
 /* An embedding table's config of width dim with a knn index (spec, metric); knn is the caller's storage for
  * the index part, which the config points to. */
 Carls__TableConfig test_knn_table_config(Carls__KnnConfig *knn, uint32_t dim, const char *spec,

@@ -20,6 +20,7 @@
 #include "maker_testlib.h"
 #include "resume_testlib.h"
 #include "server_harness.h"
+#include "test_proto.h"
 
 #include "checkpoint.h"
 #include "kb_cluster.h"
@@ -88,20 +89,11 @@ static void s_put_inputs(const char *endpoint, const char *pairs)
     if (!kb) {
         return;
     }
-    Carls__TableConfig tc;
-    Carls__OptimizerConfig opt;
-    Carls__LazyUpdateConfig lazy;
-    carls__table_config__init(&tc);
-    carls__optimizer_config__init(&opt);
-    carls__lazy_update_config__init(&lazy);
-    tc.kind = CARLS__TABLE_KIND__TABLE_EMBEDDING;
-    tc.optimizer = &opt;
-    tc.lazy = &lazy;
-    lazy.policy = CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE;
-    tc.dim = 16;
-    tc.init = CARLS__INIT_KIND__INIT_ZEROS;
-    opt.kind = CARLS__OPTIMIZER_KIND__OPT_SGD;
-    MT_CHECK(kb_cluster_create_table(kb, "rt.vecx", &tc, true) == 0, "create rt.vecx: %s", kb_cluster_last_error(kb));
+    test_table_config_t tc;
+    test_embedding_table_config(&tc, 16, CARLS__INIT_KIND__INIT_ZEROS, 0, CARLS__OPTIMIZER_KIND__OPT_SGD, 0.0f,
+                                CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE);
+    MT_CHECK(kb_cluster_create_table(kb, "rt.vecx", &tc.cfg, true) == 0, "create rt.vecx: %s",
+             kb_cluster_last_error(kb));
     char names[S_DOCS][16], line[256];
     kb_key_t keys[S_DOCS];
     float rows[S_DOCS * 16];
