@@ -3,6 +3,7 @@
 #include "fake_kb_server.h"
 
 #include "protocol.h"
+#include "test_proto.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -119,9 +120,7 @@ static s_frame_t s_answer(fake_kb_server_t *self, const Carls__Request *req)
     Carls__WriteResult write = CARLS__WRITE_RESULT__INIT;
     Carls__TableList list = CARLS__TABLE_LIST__INIT;
     Carls__TableInfo infos[S_MAX_TABLES], *info_ptrs[S_MAX_TABLES];
-    Carls__TableConfig cfgs[S_MAX_TABLES];
-    Carls__OptimizerConfig opts[S_MAX_TABLES];
-    Carls__LazyUpdateConfig lazies[S_MAX_TABLES];
+    test_table_config_t cfgs[S_MAX_TABLES];
     Carls__LookupResult look = CARLS__LOOKUP_RESULT__INIT;
     Carls__StatsResult stats = CARLS__STATS_RESULT__INIT;
     Carls__TableStats tstats[S_MAX_TABLES], *tstat_ptrs[S_MAX_TABLES];
@@ -159,17 +158,12 @@ static s_frame_t s_answer(fake_kb_server_t *self, const Carls__Request *req)
     case CARLS__REQUEST__OP_LIST_TABLES:
         for (size_t i = 0; i < self->n_tables; i++) {
             carls__table_info__init(&infos[i]);
-            carls__table_config__init(&cfgs[i]);
-            carls__optimizer_config__init(&opts[i]);
-            carls__lazy_update_config__init(&lazies[i]);
-            opts[i].kind = (i % 2) ? CARLS__OPTIMIZER_KIND__OPT_ADAM : CARLS__OPTIMIZER_KIND__OPT_SGD;
-            opts[i].learning_rate = 0.01f;
-            lazies[i].policy = (i % 2) ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY;
-            cfgs[i].dim = self->tables[i].dim;
-            cfgs[i].optimizer = &opts[i];
-            cfgs[i].lazy = &lazies[i];
+            bool odd = i % 2; /* odd tables: Adam, immediate updates; even ones: SGD, lazy */
             infos[i].name = self->tables[i].name;
-            infos[i].config = &cfgs[i];
+            infos[i].config = test_embedding_table_config(
+                &cfgs[i], self->tables[i].dim, CARLS__INIT_KIND__INIT_ZEROS, 0,
+                odd ? CARLS__OPTIMIZER_KIND__OPT_ADAM : CARLS__OPTIMIZER_KIND__OPT_SGD, 0.01f,
+                odd ? CARLS__UPDATE_POLICY__UPDATE_IMMEDIATE : CARLS__UPDATE_POLICY__UPDATE_LAZY);
             infos[i].rows = self->tables[i].rows;
             info_ptrs[i] = &infos[i];
         }
