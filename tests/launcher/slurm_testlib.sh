@@ -2,7 +2,9 @@
 # $src set to the source directory: slurm_cluster_up NAME NODES CPUS skips (exit 77) without slurm-wlm/munge,
 # root or dataset-fashion-mnist, makes $tmp (/tmp/carls-NAME.XXXXXX), brings a throwaway cluster up in
 # $tmp/cluster (scripts/slurm/up.sh; slurm_cluster_down, also on exit), sources its env and enters $tmp;
-# fail MESSAGE counts a failure in $fails; small_graphreg_ini prints the settings of the small graphreg
+# fail MESSAGE counts a failure in $fails; slurm_test_finish NAME [TEXT] stops the cluster first (its files
+# go with $tmp, and down.sh needs them), then ends the test: with failures exit 1 keeping $tmp, else removes
+# it and prints "NAME: OK TEXT"; small_graphreg_ini prints the settings of the small graphreg
 # experiment both tests run (each adds its name, steps, cadence and bank).
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -22,6 +24,19 @@ slurm_cluster_up() {
   "$src/scripts/slurm/up.sh" "$tmp/cluster" "$nodes" "$cpus" || { echo "FAIL: the cluster did not come up"; exit 1; }
   . "$tmp/cluster/env"
   cd "$tmp"
+}
+
+slurm_test_finish() {
+  trap - EXIT
+  slurm_cluster_down
+  if [ "$fails" -ne 0 ]; then
+    echo "$1: $fails failure(s); files in $tmp"
+    exit 1
+  fi
+  cd /
+  rm -rf "$tmp"
+  echo "$1: OK${2:+ $2}"
+  exit 0
 }
 
 small_graphreg_ini() {

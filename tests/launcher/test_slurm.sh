@@ -104,13 +104,4 @@ tail -n 12 cancel.log
 grep -q 'every process stopped' cancel.log || fail "no clean stop reported after scancel"
 wait_clean || { fail "processes or jobs left after scancel:"; run_procs; squeue; }
 
-if [ $fails -ne 0 ]; then
-  echo "test_slurm: $fails failure(s); files in $tmp"
-  trap - EXIT
-  slurm_cluster_down
-  exit 1
-fi
-slurm_cluster_down
-trap - EXIT
-rm -rf "$tmp"
-echo "test_slurm: OK"
+slurm_test_finish test_slurm

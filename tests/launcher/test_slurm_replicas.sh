@@ -92,11 +92,4 @@ awk -F'\t' '$1 == "kb-server 1/2 member 0" && $2 == "n1"' runs/rep/steps.tsv | g
 awk -F'\t' '$1 ~ /^maker embed/ && $2 == "n1"' runs/rep/steps.tsv | grep -q . ||
   fail "no embed maker was restarted on n1"
 
-if [ $fails -ne 0 ]; then
-  echo "test_slurm_replicas: $fails failure(s); files in $tmp"
-  exit 1
-fi
-echo "test_slurm_replicas: OK ($last)"
-cd /
-rm -rf "$tmp"
-exit 0
+slurm_test_finish test_slurm_replicas "($last)"
