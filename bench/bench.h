@@ -117,6 +117,8 @@ typedef struct {
     bool lower_is_better;    /* latency: ratio = value / reference and "better" means below */
     const char *target;      /* the target text, e.g. "<= 1.5" (ratio), or NULL */
     double target_ratio;     /* the bound the target sets on the ratio */
+    double guard_level;      /* > 0: --guard's bound is a third of this measured ratio (three times it when lower
+                              * is better) instead of the target's, for a figure that misses its target */
     double p50_us, p99_us;   /* per-request latency of the case (NAN when not measured) */
     uint32_t clients, batch, shards;
     uint64_t rows;
@@ -145,7 +147,8 @@ void bench_report_end(const bench_opts_t *opts, double elapsed_s);
 /* --guard: prints a line for each figure with a target whose ratio is unavailable or misses a third of
  * its bound (three times it, for figures where lower is better), and returns how many. A 5x slowdown of
  * any guarded figure that meets its target by less than 5/3 fails; noise, which moves ratios by tens of
- * percent, does not. Call after bench_report_end. */
+ * percent, does not. A figure that misses its target is bounded by its guard_level instead, where it has
+ * one, so that the bound does not fall inside its noise. Call after bench_report_end. */
 int bench_guard_failures(void);
 /* Number of results reported so far, and how many of them failed (value not finite). */
 size_t bench_report_count(void);
