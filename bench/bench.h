@@ -235,8 +235,13 @@ int bench_kb_measure(const bench_opts_t *opts, const char *endpoint, bench_kb_op
 /* The server's own p50 of op (its latency stats), NAN when unknown. */
 double bench_kb_server_p50(const char *endpoint, const char *op);
 
-/* The experiments' request shapes against their floors (bench_workload.c): case group "workload". */
+/* The experiments' request shapes against their floors (bench_workload.c): case group "workload", or the
+ * shapes --cases names one by one (wl.word2vec.push...). */
 void bench_workload_all(const bench_opts_t *opts, int *failures);
+
+/* Whether --cases names the workload group or one of its shapes; whether name (len bytes) is a shape's. */
+bool bench_workload_selected(const bench_opts_t *opts);
+bool bench_workload_is_shape(const char *name, size_t len);
 
 /* Runs every selected kb case and its references, reporting as it goes. Returns 0, or -1 when a kb case
  * failed (the failure is reported too). */

@@ -1308,7 +1308,7 @@ int bench_kb_all(const bench_opts_t *opts)
         s_case_rows(opts, &failures);
     if (opts->cases && bench_selected(opts, "cache")) /* only when named: see s_case_cache */
         s_case_cache(opts, &st, &failures);
-    if (opts->cases && bench_selected(opts, "workload")) /* only when named: a minute more at --quick */
+    if (bench_workload_selected(opts))
         bench_workload_all(opts, &failures);
     return failures ? -1 : 0;
 }

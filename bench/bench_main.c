@@ -55,7 +55,8 @@ static void s_usage(FILE *out)
             "                         named, cache (--cache-bytes: lookup.cached, lookup.cold, cache.peak_rss)\n"
             "                         and workload (the experiments' requests: wl.graph.knn, wl.graph.neighbours,\n"
             "                         wl.graph.embed_put, wl.twotower.negatives, wl.twotower.hard,\n"
-            "                         wl.word2vec.push, each against its floor in the same run)\n"
+            "                         wl.word2vec.push, each against its floor in the same run; a case may\n"
+            "                         also be named alone)\n"
             "  --server-flag ARG      one more argument for every kb-server started (repeat it, up to 8: e.g.\n"
             "                         --server-flag=--knn-slice-us --server-flag=0), to compare settings\n"
             "  --guard                exit 1 when a figure with a target is unavailable or below a third of\n"
@@ -265,6 +266,21 @@ static int s_parse_options(int argc, char **argv, bench_opts_t *o, s_strings_t *
 /* Refuses option values that fit no case. 0, or 2 (usage) after printing why. */
 static int s_check_options(const bench_opts_t *o)
 {
+    static const char *const groups[] = {"lookup", "push", "put", "knn", "mixed", "shards", "rows", "cache",
+                                         "workload"};
+    for (const char *p = o->cases ? o->cases : ""; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        bool known = bench_workload_is_shape(p, len);
+        for (size_t i = 0; !known && i < sizeof groups / sizeof groups[0]; i++)
+            known = strlen(groups[i]) == len && strncmp(groups[i], p, len) == 0;
+        if (!known) {
+            fprintf(stderr, "kb-bench: --cases: '%.*s' is none of lookup, push, put, knn, mixed, shards, rows, "
+                    "cache, workload and no workload case (kb-bench --help)\n", (int)len, p);
+            return 2;
+        }
+        p += len + (end ? 1 : 0);
+    }
     for (int i = 0; i < 4 && o->shard_counts[i]; i++)
         if (o->shard_counts[i] > 8) {
             fprintf(stderr, "kb-bench: at most 8 shards\n");

@@ -166,8 +166,30 @@ static void s_case(const bench_opts_t *opts, const s_shape_t *s, int *failures)
     free(rows);
 }
 
+#define S_SHAPES (sizeof s_shapes / sizeof s_shapes[0])
+
 void bench_workload_all(const bench_opts_t *opts, int *failures)
 {
-    for (size_t i = 0; i < sizeof s_shapes / sizeof s_shapes[0]; i++)
-        s_case(opts, &s_shapes[i], failures);
+    const bool all = bench_selected(opts, "workload");
+    for (size_t i = 0; i < S_SHAPES; i++)
+        if (all || bench_selected(opts, s_shapes[i].name))
+            s_case(opts, &s_shapes[i], failures);
+}
+
+bool bench_workload_selected(const bench_opts_t *opts)
+{
+    if (!opts->cases)
+        return false; /* only when named: a minute more at --quick */
+    for (size_t i = 0; i < S_SHAPES; i++)
+        if (bench_selected(opts, s_shapes[i].name))
+            return true;
+    return bench_selected(opts, "workload");
+}
+
+bool bench_workload_is_shape(const char *name, size_t len)
+{
+    for (size_t i = 0; i < S_SHAPES; i++)
+        if (strlen(s_shapes[i].name) == len && strncmp(s_shapes[i].name, name, len) == 0)
+            return true;
+    return false;
 }

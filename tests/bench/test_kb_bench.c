@@ -395,10 +395,30 @@ static void test_usage(void **state)
     assert_int_equal(run.status, 2);
     s_run("--batch 0 2>/dev/null", false, &run, NULL, 0);
     assert_int_equal(run.status, 2);
+    /* A --cases name that is no case is refused, by name, rather than running nothing. */
+    char text[1024] = "";
+    s_run("--cases lookup,wl.word2vec.pus 2>&1", false, &run, text, sizeof text);
+    assert_int_equal(run.status, 2);
+    assert_non_null(strstr(text, "--cases: 'wl.word2vec.pus' is none of"));
+}
+
+/* A workload case named alone runs alone. */
+static void test_one_workload_case(void **state)
+{
+    (void)state;
+    static run_t run;
+    static char out[16384];
+    s_run("--smoke --cases wl.word2vec.push --redis-server none --json", true, &run, out, sizeof out);
+    if (run.status != 0)
+        fprintf(stderr, "kb-bench --cases wl.word2vec.push exited %d; its output:\n%s", run.status, out);
+    assert_int_equal(run.status, 0);
+    assert_int_equal(run.n, 1);
+    assert_non_null(s_case(&run, "wl.word2vec.push"));
 }
 
 CARLS_TEST_MAIN(
     cmocka_unit_test(test_usage),
     cmocka_unit_test(test_table_for_people),
     cmocka_unit_test(test_smoke_json),
-    cmocka_unit_test(test_repeat_reports_median_rounds))
+    cmocka_unit_test(test_repeat_reports_median_rounds),
+    cmocka_unit_test(test_one_workload_case))
