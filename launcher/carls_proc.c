@@ -140,6 +140,15 @@ bool carls_proc_poll(carls_proc_t *p)
     return false;
 }
 
+bool carls_proc_ended(const carls_proc_t *p)
+{
+    if (!p->running) {
+        return true;
+    }
+    siginfo_t info = {0};
+    return waitid(P_PID, (id_t)p->pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == p->pid;
+}
+
 bool carls_proc_wait(carls_proc_t *p, int timeout_ms)
 {
     struct timespec ts = {0, 20 * 1000 * 1000};

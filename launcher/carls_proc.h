@@ -51,6 +51,11 @@ void carls_proc_set_runner(const carls_proc_runner_t *runner);
 /* Non-blocking: reaps p if it has exited. Returns true when it is no longer running. */
 bool carls_proc_poll(carls_proc_t *p);
 
+/* Non-blocking, and leaves the exit to be reaped by carls_proc_poll: whether p is no longer running or has
+ * exited. For a look at another member of a group whose deaths one loop handles (it would not see one reaped
+ * here). */
+bool carls_proc_ended(const carls_proc_t *p);
+
 /* Waits for p to exit (up to timeout_ms; negative: forever). Returns true when it exited. */
 bool carls_proc_wait(carls_proc_t *p, int timeout_ms);
 

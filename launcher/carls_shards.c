@@ -101,8 +101,8 @@ static int s_restart(carls_run_t *r, carls_shard_t *b, const char *ended_note, c
  * one (not a fault: its restarts are not counted). */
 static void s_repoint(carls_run_t *r, carls_shard_t *b)
 {
-    if (!b->proc.running || carls_proc_poll(&b->proc)) {
-        return; /* dead: the supervision restarts it, as a follower of the new primary */
+    if (carls_proc_ended(&b->proc)) {
+        return; /* dead: the supervision reaps and restarts it, as a follower of the new primary */
     }
     carls_proc_stop(&b->proc, 10000);
     if (s_restart(r, b, "stopped to follow the new primary: restarted", "re-pointed") == 0) {
@@ -144,7 +144,7 @@ static int s_failover(carls_run_t *r, carls_shard_t *dead)
     char err[600];
     for (int m = 0; m < r->replicas; m++) {
         carls_shard_t *b = &r->shard[dead->index * r->replicas + m];
-        if (b == dead || !b->proc.running || carls_proc_poll(&b->proc) || b->wait_deadline || !*b->endpoint) {
+        if (b == dead || carls_proc_ended(&b->proc) || b->wait_deadline || !*b->endpoint) {
             continue; /* dead, or not listening yet after a restart: nothing to promote */
         }
         if (carls_replica_call(r, b->endpoint, "fence", fence_term, -1, &st, err, sizeof err) != 0) {
@@ -284,7 +284,7 @@ static void s_bank_watch_restart(carls_run_t *r, carls_shard_t *b)
                 return;
             }
             if (s_promote(r, b, "restarted after its shard lost every member") != 0) {
-                kill(b->proc.pid, SIGKILL); /* the next round restarts it and tries again */
+                carls_proc_kill(&b->proc); /* the next round restarts it and tries again */
                 b->wait_deadline = 0;
                 return;
             }
@@ -303,7 +303,7 @@ static void s_bank_watch_restart(carls_run_t *r, carls_shard_t *b)
     } else if (carls_monotonic_ms() > b->wait_deadline) {
         LOG_ERROR("the restarted %s (pid %d) is not listening after 300 s: killing it (see %s)", b->what,
                   (int)b->proc.started_pid, b->log);
-        kill(b->proc.pid, SIGKILL);
+        carls_proc_kill(&b->proc);
         b->wait_deadline = 0;
     }
 }
