@@ -144,8 +144,7 @@ static int s_cfg_check(const carls_config_t *c, char *err, size_t errlen)
                   c->replicas, CARLS_MAX_REPLICAS);
         return -1;
     }
-    if (c->min_replicas != -1 && (c->min_replicas < 0 || c->min_replicas > c->replicas - 1 ||
-                                  c->min_replicas != (double)(int)c->min_replicas)) {
+    if (c->min_replicas < 0 || c->min_replicas > c->replicas - 1 || c->min_replicas != (double)(int)c->min_replicas) {
         carls_fmt(err, errlen, "min_replicas = %g: need a whole number of followers in 0..%d (replicas - 1)",
                   c->min_replicas, (int)c->replicas - 1);
         return -1;

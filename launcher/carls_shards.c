@@ -37,7 +37,6 @@ static void s_server_args(carls_argv_t *a, const carls_run_t *r, carls_shard_t *
     memset(a, 0, sizeof *a);
     carls_argv_add(a, "%s/kb-server", c->bin);
     carls_argv_add(a, "--listen");
-    b->listen_arg = a->n;
     carls_argv_add(a, "%s", *b->endpoint ? b->endpoint : "tcp://127.0.0.1:*");
     carls_argv_add_list(a, (const char *const[]){"--endpoint-file", b->epfile, "--data", b->dir, "--durability",
                                         c->kb_durability, NULL});
@@ -220,15 +219,14 @@ static int s_bank_died(carls_run_t *r, carls_shard_t *b)
     const bool was_primary = r->replicas > 1 && !s_primary_of(r, b);
     if (was_primary && !b->promote_when_up) {
         const int64_t now = carls_monotonic_ms();
-        if (!b->failover_since_ms) {
+        if (!b->failover_retry_ms) { /* the first try (down_ms: since when it is down) */
             LOG_WARN("%s (primary of shard %d) %s: promoting a follower", b->what, b->index, how);
-            b->failover_since_ms = now;
         }
         if (s_failover(r, b) != 0) {
             /* A follower that is alive but did not answer (busy, or restarting) may yet: the dead primary stays
              * down meanwhile, for it must not come back as a second primary. Only with no follower alive, or
              * after a minute, is it restarted and promoted itself. */
-            if (s_followers_alive(r, b) && now - b->failover_since_ms < 60 * 1000) {
+            if (s_followers_alive(r, b) && now - b->down_ms < 60 * 1000) {
                 b->failover_retry_ms = now + 1000;
                 return 0;
             }
@@ -236,7 +234,6 @@ static int s_bank_died(carls_run_t *r, carls_shard_t *b)
             LOG_WARN("shard %d: no follower could be promoted; %s restarts and is promoted once it listens",
                      b->index, b->what);
         }
-        b->failover_since_ms = 0;
         b->failover_retry_ms = 0;
     }
     b->restarts++;
@@ -343,7 +340,6 @@ static int s_wait_listening(carls_shard_t *b)
         LOG_ERROR("%s did not start (see %s)", b->what, b->log);
         return -1;
     }
-    memcpy(b->argv.arg[b->listen_arg], b->endpoint, strlen(b->endpoint) + 1);
     return 0;
 }
 

@@ -24,8 +24,7 @@ typedef struct {
     char what[32];                    /* in messages: "kb-server" (one shard) or its name */
     carls_proc_t proc;
     int row;                          /* its processes.tsv row */
-    carls_argv_t argv;                /* its arguments; once it listens, --listen names the bound endpoint */
-    int listen_arg;                   /* index of the --listen value in argv */
+    carls_argv_t argv;                /* its arguments (s_server_args, built again for each restart) */
     char dir[4300];                   /* its data: runs/<name>/kb (one shard) or kb-I */
     char epfile[4300];                /* where it writes its endpoint: kb.endpoint or kb-I.endpoint */
     char log[4400];                   /* logs/kb-server-I.log */
@@ -35,7 +34,6 @@ typedef struct {
     int restarts;                     /* of this server (each has max_bank_restarts) */
     bool promote_when_up;             /* restarted standby of a shard with no live follower: promote it once it
                                        * listens (carls_replicas.h) */
-    int64_t failover_since_ms;        /* dead primary: when the launcher began to look for a follower to promote */
     int64_t failover_retry_ms;        /* dead primary whose followers did not answer yet: when to ask again */
 } carls_shard_t;
 
@@ -58,8 +56,8 @@ typedef struct {
 #define CARLS_PROBE_TIMEOUT_MS 3000
 
 /* 1. The bank: n_shards kb-servers, each on a free loopback port; waits until every one listens, then
- * names the endpoint list every client gets. A restart (carls_shards_supervise) reuses a shard's arguments with
- * --listen set to its bound endpoint. Returns 0 or -1. */
+ * names the endpoint list every client gets. A restart (carls_shards_supervise) builds a shard's arguments
+ * again, with --listen set to its bound endpoint. Returns 0 or -1. */
 int carls_shards_start(carls_run_t *r, const char *restore);
 
 /* The bank in words, for the stage table: "1 kb-server", "2 kb-servers (shards), CURVE (a key per process)". */
