@@ -1299,9 +1299,11 @@ bool kb_commit_leased(kb_commit_t *self, char *why, size_t whylen)
     const int64_t now = carls_monotonic_ms();
     if (now < until)
         return true;
-    snprintf(why, whylen, "not acknowledged: this primary's lease ran out %" PRId64 " ms ago (no follower has "
-             "answered within --lease-ms; another member may be primary now); the write may be on this member's "
-             "disk only", now - until);
+    if (until == 0)
+        snprintf(why, whylen, "no follower has answered since this member became primary (--lease-ms)");
+    else
+        snprintf(why, whylen, "this primary's lease ran out %" PRId64 " ms ago (no follower has answered within "
+                 "--lease-ms; another member may be primary now)", now - until);
     return false;
 }
 

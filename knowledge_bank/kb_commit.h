@@ -192,15 +192,16 @@ void kb_commit_set_replicated(kb_commit_t *self, uint64_t epoch);
 void kb_commit_set_min_replicas(kb_commit_t *self, uint32_t min_replicas);
 uint32_t kb_commit_min_replicas(kb_commit_t *self);
 
-/* Too few followers have been connected for a while (reason), or enough again (NULL): while short, the
- * service refuses new writes with STATUS_UNAVAILABLE before applying them. */
-/* A primary's lease (kb-server --lease-ms, docs/REPLICATION.md section 4): writes are acknowledged only before
- * until_ms on this machine's monotonic clock (INT64_MAX, the default: no lease). */
+/* A primary's lease (kb-server --lease-ms, docs/REPLICATION.md section 4): writes are taken and acknowledged
+ * only before until_ms on this machine's monotonic clock (INT64_MAX, the default: no lease). */
 void kb_commit_set_lease(kb_commit_t *self, int64_t until_ms);
 
-/* Whether a write may be acknowledged now (true without a lease); false with the reason in why. */
+/* Whether a write may be taken or acknowledged now (true without a lease, with no clock read); false with the
+ * reason in why. The service asks before applying a write, the transport before acknowledging a parked one. */
 bool kb_commit_leased(kb_commit_t *self, char *why, size_t whylen);
 
+/* Too few followers have been connected for a while (reason), or enough again (NULL): while short, the
+ * service refuses new writes with STATUS_UNAVAILABLE before applying them. */
 void kb_commit_set_replicas_short(kb_commit_t *self, const char *reason);
 bool kb_commit_replicas_short(kb_commit_t *self, char *why, size_t whylen);
 

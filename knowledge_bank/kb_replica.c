@@ -553,7 +553,8 @@ static void s_update_replicated(kb_replica_t *self)
         if (self->followers[i].live && self->followers[i].sync)
             acked[n++] = self->followers[i].acked_epoch;
     /* Fewer than K for a while: new writes are refused (UNAVAILABLE, clients retry) instead of each waiting
-     * for its commit timeout. So are they once the lease has run out. */
+     * for its commit timeout. The lease is renewed here; the service and the transport check it themselves
+     * (kb_commit_leased), at the moment a write is taken or acknowledged. */
     int64_t now = carls_monotonic_ms();
     char why[200] = "";
     if (k == 0 || n >= k) {
@@ -564,13 +565,8 @@ static void s_update_replicated(kb_replica_t *self)
         snprintf(why, sizeof why, "%zu of the %u followers --min-replicas needs (in --durability sync) are "
                  "connected", n, k);
     }
-    if (self->lease_ms && self->primary_running) {
-        int64_t until = s_lease_until(self, k);
-        kb_commit_set_lease(self->commit, until);
-        if (now >= until && !*why)
-            snprintf(why, sizeof why, "the lease ran out: fewer than %u followers answered within --lease-ms %u",
-                     k ? k : 1, self->lease_ms);
-    }
+    if (self->lease_ms && self->primary_running)
+        kb_commit_set_lease(self->commit, s_lease_until(self, k));
     kb_commit_set_replicas_short(self->commit, *why ? why : NULL);
     if (k == 0 || n < k)
         return;

@@ -316,7 +316,10 @@ static void s_send_durable(kb_server_t *self)
     uint64_t durable = kb_commit_durable_epoch(self->commit);
     int64_t now = carls_monotonic_ms();
     bool broken = kb_commit_broken(self->commit); /* then nothing parked can commit: answer now */
-    char text_lease[400];
+    char why_lease[300], text_lease[400];
+    const bool leased = kb_commit_leased(self->commit, why_lease, sizeof why_lease);
+    snprintf(text_lease, sizeof text_lease, "not acknowledged: %s; the write may be on this member's disk only",
+             leased ? "" : why_lease);
     while (self->parked.head) {
         s_item_t *it = self->parked.head;
         if (it->wait.durable_ticket > durable) {
@@ -326,7 +329,7 @@ static void s_send_durable(kb_server_t *self)
             kb_commit_not_committed(self->commit, kb_service_commit_timeout_ms(self->service), text, sizeof text);
             free(it->reply);
             kb_service_error_reply(self->service, it->wait.request_id, text, &it->reply, &it->reply_len);
-        } else if (!kb_commit_leased(self->commit, text_lease, sizeof text_lease)) {
+        } else if (!leased) {
             free(it->reply);
             kb_service_status_reply(self->service, it->wait.request_id, CARLS__STATUS_CODE__STATUS_UNAVAILABLE,
                                     text_lease, &it->reply, &it->reply_len);

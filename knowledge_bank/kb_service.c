@@ -1072,7 +1072,8 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, kb_service_
     }
     if (s_ops[index].write) {
         char short_why[200];
-        if (kb_commit_replicas_short(kb_bank_commit(self->bank), short_why, sizeof short_why)) {
+        if (kb_commit_replicas_short(self->commit, short_why, sizeof short_why) ||
+            !kb_commit_leased(self->commit, short_why, sizeof short_why)) {
             kb_service_fail(rp, CARLS__STATUS_CODE__STATUS_UNAVAILABLE, "%s refused, nothing changed: %s (retry later)",
                             s_op_name(index), short_why);
             return -1;
