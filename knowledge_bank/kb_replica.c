@@ -858,10 +858,12 @@ static void s_hello(kb_replica_t *self, void *dealer)
 
 /* A record of `term` at `epoch`, from a primary of shard history `lineage`, is to be applied: 0 when it may be
  * applied here (the history noted and saved when it is a new term, the lineage taken over by a member that
- * has none), -1 when its term is older than this member's or it belongs to another history. */
+ * has none or holds no epoch yet, as the primary's hello check lets it), -1 when its term is older than this
+ * member's, -2 when it belongs to another history than the epochs this member holds. */
 static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch, uint64_t lineage)
 {
     int rc = 0;
+    const bool holds_epochs = kb_commit_committed_epoch(self->commit) > 0;
     pthread_mutex_lock(&self->mutex);
     if (!self->have_state) {
         kb_term_init(self->state, self->member, epoch);
@@ -870,15 +872,15 @@ static int s_accept_term(kb_replica_t *self, uint64_t term, uint64_t epoch, uint
         self->state->role = KB_TERM_FOLLOWER;
         s_save(self);
         s_publish_role(self);
-    } else if (lineage && self->state->lineage && lineage != self->state->lineage) {
+    } else if (lineage && self->state->lineage && lineage != self->state->lineage && holds_epochs) {
         LOG_ERROR("replication: the primary's rounds belong to another history of this shard (lineage %016" PRIx64
                   ", this member's %016" PRIx64 "): not applied", lineage, self->state->lineage);
-        rc = -1;
+        rc = -2;
     } else if (term < self->state->term) {
         rc = -1;
     } else {
         bool changed = false;
-        if (lineage && !self->state->lineage) { /* a file written before lineages */
+        if (lineage && self->state->lineage != lineage) { /* a file written before lineages, or no epoch held */
             self->state->lineage = lineage;
             changed = true;
         }
@@ -914,6 +916,16 @@ static void s_refuse_stale(kb_replica_t *self, void *dealer, const char *what)
     s_send_refuse(dealer, NULL, 0, s_term(self), CARLS__REPL_REFUSAL__REPL_REFUSE_STALE_TERM, text);
 }
 
+/* A round s_accept_term did not take (rc -1: an older term, -2: another history) is refused, saying why. */
+static void s_refuse_round(kb_replica_t *self, void *dealer, int rc)
+{
+    if (rc == -2)
+        s_send_refuse(dealer, NULL, 0, s_term(self), CARLS__REPL_REFUSAL__REPL_REFUSE_OTHER,
+                      "a round of another history of this shard than the epochs this follower holds");
+    else
+        s_refuse_stale(self, dealer, "round");
+}
+
 /* A follower's acknowledgement: every round up to epoch received (records in its journal), and the chunks of
  * a snapshot being received. */
 static void s_send_ack(kb_replica_t *self, void *dealer, uint64_t epoch, int64_t echo, uint32_t chunks)
@@ -945,15 +957,18 @@ static int s_on_record(kb_replica_t *self, void *dealer, const Carls__ReplRecord
         /* An empty round: nothing to keep (its epoch is not journaled here either), but the stream and the
          * acknowledgements move past it, so a write waiting on it is released. A new term is noted from the
          * epoch after the last record: every epoch from there on is of it. */
-        if (s_accept_term(self, rec->term, kb_commit_committed_epoch(self->commit) + 1, rec->lineage) != 0) {
-            s_refuse_stale(self, dealer, "round");
+        const uint64_t next = kb_commit_committed_epoch(self->commit) + 1;
+        const int accepted = s_accept_term(self, rec->term, next, rec->lineage);
+        if (accepted != 0) {
+            s_refuse_round(self, dealer, accepted);
             return 0;
         }
         *through = rec->epoch;
         return 1;
     }
-    if (s_accept_term(self, rec->term, rec->epoch, rec->lineage) != 0) {
-        s_refuse_stale(self, dealer, "round");
+    const int accepted = s_accept_term(self, rec->term, rec->epoch, rec->lineage);
+    if (accepted != 0) {
+        s_refuse_round(self, dealer, accepted);
         return 0;
     }
     char err[512];

@@ -3,8 +3,8 @@
 # with --min-replicas 1 and its follower: roles and terms, a row written on the primary read on the follower,
 # a write, a snapshot and a checkpoint on the follower refused with NOT_PRIMARY naming the primary, then kill -9
 # of the primary, promotion of the follower (term 2) that takes writes, a second promotion refused, a fence
-# that stops writes; and a primary started again on an empty data directory (a new lineage) refused to
-# overwrite its follower's rows.
+# that stops writes; a primary started again on an empty data directory (a new lineage) refused to
+# overwrite its follower's rows; and a member of another lineage that holds no epoch taken in as a follower.
 # Usage: test_kbctl_replica.sh BIN_DIR
 set -uo pipefail
 bin=${1:?usage: test_kbctl_replica.sh BIN_DIR}
@@ -135,6 +135,27 @@ refusal='of another history of this shard (lineage '
 for _ in $(seq 200); do grep -q "$refusal" "$work/p2.log" && break; sleep 0.05; done
 check "the empty primary refuses to overwrite the follower" 1 "$(grep -c "$refusal" "$work/p2.log" | head -c 1)"
 check "f2 keeps its row" $'x\t7 8' "$($k --kb "$F2" get emb x --no-create 2>/dev/null)"
+kill -TERM "$follower"; wait "$follower"; follower=
+kill -TERM "$primary"; wait "$primary"; primary=
+
+# A member that has a history of its own but holds no epoch of it (started once as a primary, nothing
+# written) and is then made the follower of another primary takes that primary's history: nothing of its
+# own is overwritten, so it is not refused (the primary lets it in, and it must not refuse the rounds).
+start_member p3 --replication-listen 'tcp://127.0.0.1:*'
+kill -TERM "$member"; wait "$member"
+start_member q --replication-listen 'tcp://127.0.0.1:*'
+primary=$member
+Q=$(cat "$work/q.ep")
+$k --kb "$Q" create-table emb --dim 2 --init zeros >/dev/null 2>&1
+printf 'y\t3 4\n' | $k --kb "$Q" put emb 2>/dev/null
+rm -f "$work/p3.ep"
+start_member p3 --replica-of "$Q"
+follower=$member
+F3=$(cat "$work/p3.ep")
+for _ in $(seq 100); do [ "$($k --kb "$F3" get emb y --no-create 2>/dev/null)" == $'y\t3 4' ] && break; sleep 0.05; done
+check "an empty member of another history takes the primary's rows" $'y\t3 4' \
+  "$($k --kb "$F3" get emb y --no-create 2>/dev/null)"
+check "and refuses none of its rounds" 0 "$(grep -c 'another history' "$work/p3.log")"
 kill -TERM "$follower"; wait "$follower"; follower=
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
