@@ -13,7 +13,6 @@
 #include "kb_store.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 

@@ -42,7 +42,6 @@ struct kb_commit {
     kb_store_t *store;
     pthread_mutex_t store_mutex; /* the compactor and checkpoints take turns on the store */
     kb_dedup_t *dedup;
-    bool read_only;              /* opts->read_only: nothing is committed, the files must not change */
 
     /* Held shared by write requests, exclusively by the persister while it collects an epoch. */
     pthread_rwlock_t gate;
@@ -1019,7 +1018,6 @@ kb_commit_t *kb_commit_new(const kb_commit_options_t *opts, const kb_commit_tabl
      * only its primary decides. */
     self->pending_in_journal = !opts->read_only && self->cache == NULL && !opts->replica;
     self->replica = opts->replica;
-    self->read_only = opts->read_only;
     self->min_replicas = opts->replica ? 0 : opts->min_replicas;
     return self;
 }
@@ -1104,7 +1102,7 @@ void kb_commit_destroy(kb_commit_t **self_p)
 
 int kb_commit_checkpoint(kb_commit_t *self, uint64_t *committed_epoch, char *err, size_t errlen)
 {
-    if (self->read_only) /* nothing to commit, and the files must not change */
+    if (self->opts.read_only) /* nothing to commit, and the files must not change */
         return carls_errorf(err, errlen, KB_COMMIT_ESTORAGE, "this server is read-only: it commits nothing");
     if (kb_commit_is_replica(self)) /* its commits are its primary's */
         return carls_errorf(err, errlen, KB_COMMIT_ESTORAGE, "this server is a follower: checkpoint its primary");

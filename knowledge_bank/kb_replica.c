@@ -1395,7 +1395,6 @@ int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_opti
 {
     *out = NULL;
     kb_replica_t *self = carls_xcalloc(1, sizeof *self);
-    self->bank = bank;
     self->commit = kb_bank_commit(bank);
     self->service = service;
     self->data_dir = kb_replica_dup(opts->data_dir);
@@ -1469,7 +1468,6 @@ fail:
     return -1;
 }
 
-const char *kb_replica_endpoint(kb_replica_t *self) { return self->endpoint; }
 
 void kb_replica_destroy(kb_replica_t **self_p)
 {

@@ -66,9 +66,6 @@ int kb_replica_bank_mode(const kb_replica_options_t *opts, bool *replica, char *
 int kb_replica_new(kb_bank_t *bank, kb_service_t *service, const kb_replica_options_t *opts, kb_replica_t **out,
                    char *err, size_t errlen);
 
-/* The replication endpoint a primary bound ("" otherwise). */
-const char *kb_replica_endpoint(kb_replica_t *self);
-
 /* Snapshot catch-up of a follower: after the server stopped because a snapshot was received, the snapshot
  * to restore (NULL when none; the caller frees it). With every part of the server closed, apply restores it
  * into the data directory (kb_snapshot_restore) and writes the primary's term history; the server then

@@ -74,7 +74,6 @@ struct kb_replica_catch_up {
 };
 
 struct kb_replica {
-    kb_bank_t *bank;
     kb_commit_t *commit;    /* the bank's pipeline: ships rounds, applies a primary's, holds the durable point */
     kb_service_t *service;
     char *data_dir, *member, *replica_of, *listen, *advertise;

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,11 +20,12 @@ const char *kb_term_role_name(kb_term_role_t role)
     return (unsigned)role < sizeof s_roles / sizeof s_roles[0] ? s_roles[role] : "unknown";
 }
 
-uint64_t kb_term_new_lineage(void)
+/* A new lineage id: random, never 0. */
+static uint64_t s_new_lineage(void)
 {
     uint64_t id = 0;
     while (id == 0) {
-        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        if (carls_random_bytes(&id, sizeof id) != 0)
             id = (uint64_t)carls_wall_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     }
     return id;
@@ -34,7 +34,7 @@ uint64_t kb_term_new_lineage(void)
 void kb_term_init(kb_term_state_t *st, const char *member, uint64_t first_epoch)
 {
     memset(st, 0, sizeof *st);
-    st->lineage = kb_term_new_lineage();
+    st->lineage = s_new_lineage();
     st->term = 1;
     st->role = KB_TERM_PRIMARY;
     snprintf(st->member, sizeof st->member, "%s", member ? member : "");

@@ -62,9 +62,6 @@ typedef struct {
 /* The state of a member that starts a shard: a new lineage, term 1, primary, history {1, first_epoch}. */
 void kb_term_init(kb_term_state_t *st, const char *member, uint64_t first_epoch);
 
-/* A new lineage id: random, never 0. */
-uint64_t kb_term_new_lineage(void);
-
 /* Reads DATA_DIR/REPLICATION into *st. -ENOENT when there is none (a member that never replicated), -EINVAL
  * when it is malformed (err names the file and line), -EIO when it cannot be read. */
 int kb_term_load(const char *data_dir, kb_term_state_t *st, char *err, size_t errlen);
