@@ -459,6 +459,12 @@ const char *kb_client_member_at(const kb_client_t *self, size_t i)
     return self->members[i];
 }
 
+int kb_client_failover_timeout_ms(const kb_client_t *self)
+{
+    assert(self);
+    return self->failover_timeout_ms;
+}
+
 uint64_t kb_client_term(const kb_client_t *self)
 {
     assert(self);

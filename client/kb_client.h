@@ -137,6 +137,10 @@ const char *kb_client_member_at(const kb_client_t *self, size_t i);
 /* The highest term seen in answers (0: none, or not a replicated shard). */
 uint64_t kb_client_term(const kb_client_t *self);
 
+/* The attempt one member gets before the next is tried: the options' failover_timeout_ms (default 1000 ms),
+ * at most timeout_ms. */
+int kb_client_failover_timeout_ms(const kb_client_t *self);
+
 /* Low level. Fills req's protocol_version and request_id, and for writes (create/drop table, put, push
  * gradients) client_id and a fresh sequence number; packs and sends it. *request_id_out identifies it. */
 int kb_client_send(kb_client_t *self, Carls__Request *req, uint64_t *request_id_out);

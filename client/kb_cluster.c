@@ -133,19 +133,13 @@ kb_cluster_t *kb_cluster_new(const char *endpoints, const kb_client_options_t *o
     self->failed_shard = -1;
     if (s_parse_endpoints(self, endpoints) != 0)
         goto fail;
-    /* Kept for the read replicas' clients: the cluster's options, one attempt of the failover timeout. */
-    self->have_opts = true;
+    /* Kept for the read replicas' clients (s_reader_of): the cluster's options. */
     if (opts)
         self->read_opts = *opts;
     if (opts && opts->curve) {
         self->curve = *opts->curve;
         self->read_opts.curve = &self->curve;
     }
-    int attempt = self->read_opts.failover_timeout_ms > 0 ? self->read_opts.failover_timeout_ms : 1000;
-    if (self->read_opts.timeout_ms > 0 && attempt > self->read_opts.timeout_ms)
-        attempt = self->read_opts.timeout_ms;
-    self->read_opts.timeout_ms = attempt;
-    self->read_opts.retries = 0;
     self->clients = carls_xcalloc(self->n, sizeof *self->clients);
     for (uint32_t i = 0; i < self->n; i++) {
         self->clients[i] = kb_client_new(self->endpoints[i], opts);
@@ -324,7 +318,7 @@ void kb_cluster_fan_free(kb_cluster_t *self, kb_cluster_fan_t *fan)
 {
     for (uint32_t s = 0; fan->reqs && s < self->n; s++) {
         if (fan->in_flight[s])
-            kb_client_cancel(fan->to[s] ? fan->to[s] : self->clients[s], fan->ids[s]);
+            kb_client_cancel(fan->to[s], fan->ids[s]); /* set by kb_cluster_send_to before in_flight */
         if (fan->resps[s])
             carls__response__free_unpacked(fan->resps[s], NULL);
     }

@@ -34,9 +34,7 @@ struct kb_cluster {
     int failed_shard;                   /* shard the last error is about, or -1 */
     Carls__StatusCode last_status;      /* the status of the last KB_CLIENT_ESTATUS failure; OK otherwise */
     uint64_t requests;                  /* requests sent so far (kb_cluster_requests) */
-    bool have_opts;                     /* kb_cluster_new: read_opts can open more clients */
-    kb_client_options_t read_opts;      /* the options of read replica clients: the cluster's, one attempt of
-                                         * the failover timeout */
+    kb_client_options_t read_opts;      /* the cluster's options, for read replica clients (s_reader_of) */
     kb_client_curve_t curve;            /* read_opts.curve points here when the cluster uses CURVE */
     uint32_t read_staleness_ms;         /* kb_cluster_set_read_replicas; 0: reads go to the shard's client */
     kb_cluster_readers_t *readers;      /* (n) once read replicas were turned on */

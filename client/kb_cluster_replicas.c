@@ -33,15 +33,20 @@ static bool s_is_read(const Carls__Request *req)
     }
 }
 
-/* The client of member endpoint among shard s's readers, opened when it is new. NULL when it cannot be. */
-static kb_client_t *s_reader_of(kb_cluster_t *self, kb_cluster_readers_t *r, const char *endpoint)
+/* The client of member endpoint among the readers r of the shard whose own client is own, opened when it is
+ * new (the cluster's options, one attempt of own's failover timeout, no retry). NULL when it cannot be. */
+static kb_client_t *s_reader_of(kb_cluster_t *self, kb_cluster_readers_t *r, const kb_client_t *own,
+                                const char *endpoint)
 {
     for (size_t i = 0; i < r->n; i++)
         if (strcmp(r->endpoint[i], endpoint) == 0)
             return r->client[i];
     if (r->n == KB_CLIENT_MAX_MEMBERS)
         return NULL;
-    kb_client_t *c = kb_client_new(endpoint, &self->read_opts);
+    kb_client_options_t opts = self->read_opts;
+    opts.timeout_ms = kb_client_failover_timeout_ms(own);
+    opts.retries = 0;
+    kb_client_t *c = kb_client_new(endpoint, &opts);
     if (!c)
         return NULL;
     r->endpoint[r->n] = carls_xmalloc(strlen(endpoint) + 1);
@@ -67,7 +72,7 @@ static kb_client_t *s_reader(kb_cluster_t *self, uint32_t s)
         if (strcmp(member, current) == 0)
             continue;
         r->next = i + 1;
-        return s_reader_of(self, r, member);
+        return s_reader_of(self, r, own, member);
     }
     return NULL;
 }
@@ -114,7 +119,7 @@ int kb_cluster_set_read_replicas(kb_cluster_t *self, uint32_t staleness_ms)
 {
     assert(self);
     kb_cluster_clear_error(self);
-    if (!self->have_opts) {
+    if (self->borrowed) {
         kb_cluster_set_error(self, "read replicas: not for a cluster over a client of the caller's "
                                    "(kb_cluster_over); open it with kb_cluster_new");
         return KB_CLIENT_EINVAL;
