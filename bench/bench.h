@@ -58,6 +58,10 @@ typedef struct {
 /* Whether case group `name` (lookup, push, put, knn, mixed, shards, rows) is selected by opts->cases. */
 bool bench_selected(const bench_opts_t *opts, const char *name);
 
+/* The --cases list item at *p (len bytes, up to the next ',' or the end), moving *p past it: true while there
+ * is one. */
+bool bench_case_next(const char **p, const char **item, size_t *len);
+
 /* ---- clocks and random numbers ---- */
 
 double bench_now(void); /* monotonic seconds */

@@ -268,18 +268,17 @@ static int s_check_options(const bench_opts_t *o)
 {
     static const char *const groups[] = {"lookup", "push", "put", "knn", "mixed", "shards", "rows", "cache",
                                          "workload"};
-    for (const char *p = o->cases ? o->cases : ""; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        bool known = bench_workload_is_shape(p, len);
+    const char *item;
+    size_t len;
+    for (const char *p = o->cases ? o->cases : ""; bench_case_next(&p, &item, &len);) {
+        bool known = bench_workload_is_shape(item, len);
         for (size_t i = 0; !known && i < sizeof groups / sizeof groups[0]; i++)
-            known = strlen(groups[i]) == len && strncmp(groups[i], p, len) == 0;
+            known = strlen(groups[i]) == len && strncmp(groups[i], item, len) == 0;
         if (!known) {
             fprintf(stderr, "kb-bench: --cases: '%.*s' is none of lookup, push, put, knn, mixed, shards, rows, "
-                    "cache, workload and no workload case (kb-bench --help)\n", (int)len, p);
+                    "cache, workload and no workload case (kb-bench --help)\n", (int)len, item);
             return 2;
         }
-        p += len + (end ? 1 : 0);
     }
     for (int i = 0; i < 4 && o->shard_counts[i]; i++)
         if (o->shard_counts[i] > 8) {

@@ -23,18 +23,26 @@
 
 /* ---- options ---- */
 
+bool bench_case_next(const char **p, const char **item, size_t *len)
+{
+    if (!**p)
+        return false;
+    const char *end = strchr(*p, ',');
+    *item = *p;
+    *len = end ? (size_t)(end - *p) : strlen(*p);
+    *p += *len + (end ? 1 : 0);
+    return true;
+}
+
 bool bench_selected(const bench_opts_t *opts, const char *name)
 {
     if (!opts->cases || !opts->cases[0])
         return true;
-    size_t n = strlen(name);
-    for (const char *p = opts->cases; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0)
+    size_t n = strlen(name), len;
+    const char *item;
+    for (const char *p = opts->cases; bench_case_next(&p, &item, &len);)
+        if (len == n && strncmp(item, name, n) == 0)
             return true;
-        p += len + (end ? 1 : 0);
-    }
     return false;
 }
 
