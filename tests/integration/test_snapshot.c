@@ -325,25 +325,12 @@ static uint64_t s_version(kb_cluster_t *c)
     return meta.version;
 }
 
-/* Whether the server's log mentions text. */
-static bool s_log_has(const test_server_t *srv, const char *text)
-{
-    size_t len;
-    char *log = (char *)test_read_file(srv->log_file, 1, &len);
-    if (!log)
-        return false;
-    log[len] = '\0';
-    bool found = strstr(log, text) != NULL;
-    free(log);
-    return found;
-}
-
 /* Starting with --restore name (and extra args) fails, and the log names `text`. */
 static void s_restore_refused(test_server_t *srv, const char *name, const char *shard, const char *text)
 {
     const char *args[] = {"--restore", name, shard ? "--shard" : NULL, shard, NULL};
     assert_int_not_equal(test_server_start(srv, args), 0);
-    if (!s_log_has(srv, text))
+    if (!test_server_log_has(srv, text))
         fail_msg("restoring %s was refused, but the log (%s) does not say '%s'", name, srv->log_file, text);
 }
 
@@ -435,7 +422,7 @@ static void test_snapshot_damaged_partial_names(void **state)
     fclose(f);
     const char *none[] = {NULL};
     assert_int_not_equal(test_server_start(srv, none), 0);
-    assert_true(s_log_has(srv, "run kb-server --restore good again"));
+    assert_true(test_server_log_has(srv, "run kb-server --restore good again"));
 
     /* The good one restores (version 1), and is kept. */
     s_start(srv, 1, "--restore", "good", endpoints, sizeof endpoints);
