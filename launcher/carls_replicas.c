@@ -62,11 +62,7 @@ static carls_argv_t *s_kbctl(const carls_run_t *r, const char *endpoint, const c
     carls_argv_add(a, "%s/kbctl", r->c->bin);
     carls_argv_add_list(a, (const char *const[]){"--kb", endpoint, "--timeout-ms", "2000", "--retries", "0",
                                                  "--log-level", log_level, NULL});
-    if (r->curve) {
-        carls_argv_add(a, "--curve-key");
-        carls_argv_add(a, "%s/%s.key", r->client_keys, CARLS_LAUNCHER_KEY_STEM);
-        carls_argv_add_list(a, (const char *const[]){"--curve-server-key", r->server_pub, NULL});
-    }
+    carls_run_curve_client_args(a, r, CARLS_LAUNCHER_KEY_STEM);
     carls_argv_add_list(a, (const char *const[]){"replica", action, NULL});
     return a;
 }

@@ -105,14 +105,19 @@ void carls_run_member_stem(char *stem, size_t len, const carls_shard_t *b)
     carls_fmt(stem, len, "kb-server-%d-m%d", b->index, b->member);
 }
 
-void carls_run_bank_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem)
+void carls_run_curve_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem)
 {
-    carls_argv_add_list(a, (const char *const[]){"--kb", r->endpoints, NULL});
     if (r->curve) {
         carls_argv_add(a, "--curve-key");
         carls_argv_add(a, "%s/%s.key", r->client_keys, stem);
         carls_argv_add_list(a, (const char *const[]){"--curve-server-key", r->server_pub, NULL});
     }
+}
+
+void carls_run_bank_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem)
+{
+    carls_argv_add_list(a, (const char *const[]){"--kb", r->endpoints, NULL});
+    carls_run_curve_client_args(a, r, stem);
 }
 
 void carls_run_event(carls_run_t *r, const char *fmt, ...)

@@ -98,6 +98,10 @@ void carls_run_member_stem(char *stem, size_t len, const carls_shard_t *b);
  * curve = on, its own secret key (keys/clients/STEM.key, made by s_make_keys in carls_run.c) and the servers' public key. */
 void carls_run_bank_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem);
 
+/* With curve = on, the client key arguments alone (--curve-key keys/clients/STEM.key --curve-server-key ...):
+ * for a client of one member (the launcher's kbctl calls). */
+void carls_run_curve_client_args(carls_argv_t *a, const carls_run_t *r, const char *stem);
+
 /* Appends a row to the report's fault table. */
 void carls_run_event(carls_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
