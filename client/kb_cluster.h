@@ -94,8 +94,8 @@ Carls__StatusCode kb_cluster_last_status(const kb_cluster_t *self);
 /* ---- read replicas (docs/REPLICATION.md section 5) --------------------------------------------------- */
 
 /* Reads from followers: with staleness_ms > 0, the reads of a shard with several members ("a|b") -- lookups
- * that create nothing (no_create), knn (its key lookup included), sample, feature_get and scan (not
- * list_tables: the cached table configs serve writes too), also through kb_cluster_call, whose req then carries the
+ * that create nothing (no_create), knn (its key lookup included), sample, feature_get, scan and list_tables
+ * (the table configs those reads look up), also through kb_cluster_call, whose req then carries the
  * bound -- go first to a member the shard's client is not
  * using (the primary, once a write found it), to each such member in turn, with max_staleness_ms =
  * staleness_ms: a follower answers only when it was caught up with its primary at most that long ago. Any

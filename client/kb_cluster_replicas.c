@@ -15,9 +15,7 @@
 #include <string.h>
 
 /* Whether req only reads, so a follower may answer it: lookups that create nothing, knn, sample, feature
- * records and scans. Not the table list: the cluster keeps the configs it names (dim, metric) for writes
- * too, and a follower within the bound may not have a table created a moment ago, or may still hold one
- * dropped and created again with another dim. */
+ * records, scans, and the table list (the configs those reads need: dim, metric). */
 static bool s_is_read(const Carls__Request *req)
 {
     switch (req->op_case) {
@@ -27,6 +25,7 @@ static bool s_is_read(const Carls__Request *req)
     case CARLS__REQUEST__OP_SAMPLE:
     case CARLS__REQUEST__OP_FEATURE_GET:
     case CARLS__REQUEST__OP_SCAN:
+    case CARLS__REQUEST__OP_LIST_TABLES:
         return true;
     default:
         return false;

@@ -163,7 +163,7 @@ class Client:
     two shards of two members each; the client follows each shard's primary (docs/REPLICATION.md). timeout_ms
     per attempt, retries after a timeout; with curve_key (this client's secret key file, from kb-keygen) and
     server_key (the server's public key file) the connection is CURVE-encrypted. With read_replica_ms > 0,
-    reads of a replicated shard (lookups with no_create, knn, sample, feature reads, scans) go to a
+    reads of a replicated shard (lookups with no_create, knn, sample, feature reads, the table list) go to a
     follower that was caught up with its primary at most that many ms ago, else to the primary
     (docs/REPLICATION.md section 5).
     One Client is used from one thread at a time."""
