@@ -1057,8 +1057,10 @@ static int s_dispatch(kb_service_t *self, const Carls__Request *req, kb_service_
         return -1;
     }
     /* A follower's snapshot or checkpoint would wait for a commit that only its primary makes: both go to the
-     * primary, like writes. */
-    const bool primary_only = s_ops[index].write || index == OP_SNAPSHOT || index == OP_CHECKPOINT;
+     * primary, like writes. Listing and deleting snapshots works on this member's own files. */
+    const bool creates_snapshot = index == OP_SNAPSHOT && req->snapshot &&
+                                  req->snapshot->action == CARLS__SNAPSHOT_ACTION__SNAPSHOT_CREATE;
+    const bool primary_only = s_ops[index].write || creates_snapshot || index == OP_CHECKPOINT;
     if (primary_only && !atomic_load(&self->writable)) {
         pthread_mutex_lock(&self->primary_mutex);
         rp->resp.primary = kb_service_own(rp, strdup(self->primary));

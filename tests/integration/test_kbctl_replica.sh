@@ -78,6 +78,8 @@ for verb in "snapshot s1" checkpoint; do
   check "$verb on the follower: exit" 2 "$st"
   check "$verb on the follower: NOT_PRIMARY naming the primary" 1 "$(echo "$err" | grep -c "NOT_PRIMARY: .*$P")"
 done
+# Listing its snapshots reads the follower's own files: answered.
+check "snapshots on the follower" 0 "$(status_of $k --kb "$F" --timeout-ms 3000 --retries 0 snapshots)"
 
 kill -9 "$primary"; wait "$primary" 2>/dev/null; primary=
 # The coordinator's sequence (docs/REPLICATION.md section 4): fence with the new term, promote with the same.
