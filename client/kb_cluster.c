@@ -620,17 +620,24 @@ int kb_cluster_table(kb_cluster_t *self, const char *table, kb_cluster_table_t *
         kb_cluster_set_error(self, "no table name");
         return KB_CLIENT_EINVAL;
     }
-    for (int pass = 0; pass < 2; pass++) {
+    /* Pass 0: the cache. Pass 1: the list, which with read replicas a follower may answer (the configs a read
+     * needs while the primary is away). Pass 2, read replicas only: a table the follower's list lacks may have
+     * been created a moment ago, so the shards' own clients are asked. */
+    for (int pass = 0; pass < 3; pass++) {
         for (size_t i = 0; i < self->n_tables; i++) {
             if (strcmp(self->tables[i].name, table) == 0) {
                 *out = self->tables[i].info;
                 return 0;
             }
         }
-        if (pass == 1)
+        if (pass == 2 || (pass == 1 && !self->read_staleness_ms))
             break;
+        const uint32_t bound = self->read_staleness_ms;
+        if (pass == 1)
+            self->read_staleness_ms = 0;
         Carls__Response *list = NULL;
         int rc = kb_cluster_list_tables(self, &list);
+        self->read_staleness_ms = bound;
         if (rc != 0)
             return rc;
         carls__response__free_unpacked(list, NULL);
