@@ -203,22 +203,21 @@ static const layer_rule_t *s_file_rule(s_check_t *c, const char *path)
     size_t root_len = strlen(c->root);
     if (strncmp(path, c->root, root_len) != 0 || path[root_len] != '/')
         return NULL;
-    for (int i = 0; i < c->table->n; i++) {
-        if (c->table->rules[i].file && strcmp(c->table->rules[i].folder, path + root_len + 1) == 0) {
-            c->file_seen[i] = true;
-            return &c->table->rules[i];
-        }
-    }
-    return NULL;
+    const layer_rule_t *rule = layer_table_find(c->table, path + root_len + 1);
+    if (!rule || !rule->file)
+        return NULL;
+    c->file_seen[rule - c->table->rules] = true;
+    return rule;
 }
 
-/* A file row: whether header (a quoted include's file name) is among the names it may include. */
-static bool s_file_allows(const layer_rule_t *rule, const char *header)
+/* rule's fourth column (a folder's or a file's, NULL: none) against include inc, written <inc> or "inc". */
+static void s_forbidden(s_check_t *c, const layer_rule_t *rule, const char *path, int line_no, const char *inc,
+                        char open)
 {
-    for (int i = 0; i < rule->n_allowed; i++)
-        if (strcmp(rule->allowed[i], header) == 0)
-            return true;
-    return false;
+    for (int i = 0; rule && i < rule->n_forbidden; i++)
+        if (strncmp(inc, rule->forbidden[i], strlen(rule->forbidden[i])) == 0)
+            s_violation(c, path, line_no, "%s%s may not include %c%s%c", rule->folder, rule->file ? "" : "/", open,
+                        inc, open == '<' ? '>' : '"');
 }
 
 static void s_check_file(s_check_t *c, const char *top, const char *path, const char *name)
@@ -260,15 +259,10 @@ static void s_check_file(s_check_t *c, const char *top, const char *path, const 
             len = sizeof inc - 1;
         memcpy(inc, p + 1, len);
         inc[len] = '\0';
-        if (open == '<') {
-            for (int i = 0; i < rule->n_forbidden; i++)
-                if (strncmp(inc, rule->forbidden[i], strlen(rule->forbidden[i])) == 0)
-                    s_violation(c, path, line_no, "%s/ may not include <%s>", top, inc);
-            for (int i = 0; file_rule && i < file_rule->n_forbidden; i++)
-                if (strncmp(inc, file_rule->forbidden[i], strlen(file_rule->forbidden[i])) == 0)
-                    s_violation(c, path, line_no, "%s may not include <%s>", file_rule->folder, inc);
+        s_forbidden(c, rule, path, line_no, inc, open);
+        s_forbidden(c, file_rule, path, line_no, inc, open);
+        if (open == '<')
             continue;
-        }
         const char *base = strrchr(inc, '/');
         base = base ? base + 1 : inc;
         const char *folder = s_header_folder(c, base);
@@ -278,11 +272,8 @@ static void s_check_file(s_check_t *c, const char *top, const char *path, const 
         }
         if (!s_allowed(rule, folder))
             s_violation(c, path, line_no, "%s/ may not include \"%s\" from %s/", top, inc, folder);
-        if (file_rule && !s_file_allows(file_rule, base))
+        if (file_rule && !s_allowed(file_rule, base)) /* its folder is a path: only its listed names */
             s_violation(c, path, line_no, "%s may not include \"%s\" (not in its row)", file_rule->folder, inc);
-        for (int i = 0; i < rule->n_forbidden; i++)
-            if (strncmp(inc, rule->forbidden[i], strlen(rule->forbidden[i])) == 0)
-                s_violation(c, path, line_no, "%s/ may not include \"%s\"", top, inc);
     }
     fclose(f);
 }
