@@ -47,7 +47,8 @@ int carls_replica_probe_poll(carls_replica_probe_t *p, int timeout_ms);
 void carls_replica_probe_stop(carls_replica_probe_t *p);
 
 /* Appends a line to RUN/replication.tsv (header written first): when, shard, term, primary member, its
- * endpoint, K, and why; flushed and fsynced, so a term is on disk before it is used. */
+ * endpoint, K, and why; flushed and fsynced (a record for people: --resume starts a new history and does not
+ * read it back). */
 void carls_replica_record(const carls_run_t *r, int shard, uint64_t term, int member, const char *endpoint, int k,
                           const char *why);
 
