@@ -1468,7 +1468,6 @@ fail:
     return -1;
 }
 
-
 void kb_replica_destroy(kb_replica_t **self_p)
 {
     if (!self_p || !*self_p)
